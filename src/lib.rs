@@ -1,0 +1,3 @@
+#![no_std]
+#[cfg(feature = "std")]
+extern crate std;
