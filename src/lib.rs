@@ -1,3 +1,41 @@
+//! kvevict: which cached tokens an LLM inference engine can evict from its KV cache, and
+//! compaction of what stays. `no_std`, allocation-free: every buffer comes from the caller,
+//! workspaces are sized by `*_workspace_size` queries first.
+//!
+//! Flow for one model: [`compute_gram`] once → per layer [`score_layer`] into `[Hkv][P]`
+//! → [`select_model`] over `[L][Hkv][P]` → [`compact`] each layer's K and V.
 #![no_std]
+#![allow(clippy::needless_range_loop)]
 #[cfg(feature = "std")]
 extern crate std;
+
+pub mod budget;
+pub mod compact;
+pub mod config;
+pub mod error;
+pub mod gram;
+pub mod numerics;
+pub mod pool;
+pub mod score;
+pub mod select;
+pub mod view;
+mod window;
+
+pub use budget::{
+    evicted_positions, select_model, select_output_len, select_workspace_size, ModelScores,
+};
+pub use config::*;
+pub use error::{Error, Result};
+pub use gram::{
+    compute_gram, compute_value_forms, compute_value_l1, gram_len, gram_workspace_size,
+    value_forms_len,
+};
+pub use score::{
+    layer_shape, score_layer, score_len, score_workspace_size, LayerInputs, LayerShape,
+};
+pub use view::{DType, View, ViewMut};
+
+/// Library version.
+pub const VERSION_MAJOR: u32 = 0;
+pub const VERSION_MINOR: u32 = 1;
+pub const VERSION_PATCH: u32 = 0;

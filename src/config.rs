@@ -1,0 +1,356 @@
+//! Configuration nouns shared by the Rust and C APIs. Every enum decodes from a plain
+//! integer with `from_u32`, so values from C are checked, never transmuted.
+
+use crate::error::{Error, Result};
+
+macro_rules! c_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $n:expr),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(u32)]
+        pub enum $name { $($(#[$vm])* $v = $n),+ }
+        impl $name {
+            pub const fn from_u32(v: u32) -> Result<Self> {
+                match v { $($n => Ok($name::$v),)+ _ => Err(Error::BadEnum) }
+            }
+        }
+    };
+}
+
+c_enum! {
+    /// Which scorer (SPEC §3).
+    ScorerKind {
+        SnapKv = 0,
+        Lava = 1,
+        LaProx = 2,
+        CriticalKv = 3,
+        StreamingLlm = 4,
+        KNorm = 5,
+        Tova = 6,
+    }
+}
+
+c_enum! {
+    /// 1-D pooling along tokens (SPEC §3).
+    PoolKind {
+        /// No pooling (same as kernel 1).
+        None = 0,
+        /// Average, pads count as zeros (count_include_pad).
+        Avg = 1,
+        /// Maximum, pads are -inf.
+        Max = 2,
+        /// Continuation pooling: `s'[i] = max_{0<=j<k} decay^j · s[i-j]`.
+        Forward = 3,
+    }
+}
+
+c_enum! {
+    /// How the `g` query heads of a KV group combine.
+    GqaReduce { Mean = 0, Max = 1, Sum = 2 }
+}
+
+c_enum! {
+    /// LaProx GQA modes (SPEC §3).
+    LaproxGqa {
+        /// `Σ_h p[h,i]` (default).
+        Sum = 0,
+        /// True Frobenius norm of the group's rank-g term, with cross-Gram blocks.
+        Exact = 1,
+        /// `||Σ_h A[h,:,i]||_2 · mean_h ||v Wo_h||`.
+        MeanAttn = 2,
+    }
+}
+
+c_enum! {
+    /// Where LaProx pools.
+    PoolPlacement {
+        /// `pool(||A||) · ||v Wo||` (default).
+        Attention = 0,
+        /// `pool(||A|| · ||v Wo||)`.
+        Product = 1,
+    }
+}
+
+/// A pooling step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pool {
+    pub kind: PoolKind,
+    /// Odd for avg/max; any >= 1 for forward.
+    pub kernel: u32,
+    /// Forward pooling only, in (0, 1].
+    pub decay: f32,
+}
+
+impl Pool {
+    pub const NONE: Pool = Pool {
+        kind: PoolKind::None,
+        kernel: 1,
+        decay: 1.0,
+    };
+    pub const fn avg(k: u32) -> Pool {
+        Pool {
+            kind: PoolKind::Avg,
+            kernel: k,
+            decay: 1.0,
+        }
+    }
+    pub const fn max(k: u32) -> Pool {
+        Pool {
+            kind: PoolKind::Max,
+            kernel: k,
+            decay: 1.0,
+        }
+    }
+    pub const fn forward(k: u32, decay: f32) -> Pool {
+        Pool {
+            kind: PoolKind::Forward,
+            kernel: k,
+            decay,
+        }
+    }
+    pub fn validate(&self) -> Result<()> {
+        match self.kind {
+            PoolKind::None => Ok(()),
+            PoolKind::Avg | PoolKind::Max if self.kernel % 2 == 1 && self.kernel <= 4095 => Ok(()),
+            PoolKind::Forward
+                if self.kernel >= 1
+                    && self.kernel <= 4096
+                    && self.decay > 0.0
+                    && self.decay <= 1.0 =>
+            {
+                Ok(())
+            }
+            _ => Err(Error::InvalidArgument),
+        }
+    }
+    /// True when this pool changes nothing.
+    pub fn is_identity(&self) -> bool {
+        matches!(self.kind, PoolKind::None) || self.kernel == 1
+    }
+}
+
+/// Everything a scorer needs to know (SPEC §3). Build one from a [`Preset`] and adjust.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoreConfig {
+    pub scorer: ScorerKind,
+    /// Observation window `w`: the last `w` positions; their queries are given.
+    pub window: u32,
+    /// Pooling of the per-query-head attention statistic.
+    pub pool: Pool,
+    /// GQA reduction for SnapKV-style scores (LAVa always uses max).
+    pub gqa: GqaReduce,
+    /// Reduce the query heads of a group before pooling instead of after.
+    pub reduce_before_pool: bool,
+    pub laprox_gqa: LaproxGqa,
+    pub placement: PoolPlacement,
+    /// StreamingLLM sink tokens.
+    pub sinks: u32,
+    /// CriticalKV: prefix tokens per KV head forced by the base score (first stage).
+    pub critical_first_stage: u32,
+}
+
+c_enum! {
+    /// Named defaults (SPEC §3).
+    Preset {
+        SnapKv = 0,
+        SnapKvKvpress = 1,
+        Lava = 2,
+        LaProx = 3,
+        LaProxSpan = 4,
+        CriticalKv = 5,
+        StreamingLlm = 6,
+        KNorm = 7,
+        Tova = 8,
+    }
+}
+
+impl ScoreConfig {
+    pub const fn preset(p: Preset) -> ScoreConfig {
+        let base = ScoreConfig {
+            scorer: ScorerKind::SnapKv,
+            window: 32,
+            pool: Pool::max(7),
+            gqa: GqaReduce::Mean,
+            reduce_before_pool: false,
+            laprox_gqa: LaproxGqa::Sum,
+            placement: PoolPlacement::Attention,
+            sinks: 4,
+            critical_first_stage: 0,
+        };
+        match p {
+            Preset::SnapKv => base,
+            Preset::SnapKvKvpress => ScoreConfig {
+                window: 64,
+                pool: Pool::avg(5),
+                ..base
+            },
+            Preset::Lava => ScoreConfig {
+                scorer: ScorerKind::Lava,
+                gqa: GqaReduce::Max,
+                ..base
+            },
+            Preset::LaProx => ScoreConfig {
+                scorer: ScorerKind::LaProx,
+                pool: Pool::avg(7),
+                ..base
+            },
+            Preset::LaProxSpan => ScoreConfig {
+                scorer: ScorerKind::LaProx,
+                pool: Pool::NONE,
+                ..base
+            },
+            Preset::CriticalKv => ScoreConfig {
+                scorer: ScorerKind::CriticalKv,
+                window: 64,
+                pool: Pool::avg(5),
+                ..base
+            },
+            Preset::StreamingLlm => ScoreConfig {
+                scorer: ScorerKind::StreamingLlm,
+                pool: Pool::NONE,
+                ..base
+            },
+            Preset::KNorm => ScoreConfig {
+                scorer: ScorerKind::KNorm,
+                pool: Pool::NONE,
+                ..base
+            },
+            Preset::Tova => ScoreConfig {
+                scorer: ScorerKind::Tova,
+                window: 1,
+                pool: Pool::NONE,
+                ..base
+            },
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        self.pool.validate()?;
+        if self.window == 0 {
+            return Err(Error::InvalidArgument);
+        }
+        if self.scorer == ScorerKind::Tova && self.window != 1 {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(())
+    }
+
+    /// Whether this scorer reads the window queries.
+    pub fn needs_queries(&self) -> bool {
+        !matches!(self.scorer, ScorerKind::StreamingLlm | ScorerKind::KNorm)
+    }
+    /// Whether this scorer reads V.
+    pub fn needs_values(&self) -> bool {
+        matches!(
+            self.scorer,
+            ScorerKind::Lava | ScorerKind::LaProx | ScorerKind::CriticalKv
+        )
+    }
+    /// Whether the LaProx path needs the g×g cross-head attention products.
+    pub(crate) fn needs_cross(&self) -> bool {
+        self.scorer == ScorerKind::LaProx && self.laprox_gqa != LaproxGqa::Sum
+    }
+}
+
+c_enum! {
+    /// Budget allocators (SPEC §4).
+    AllocatorKind {
+        Uniform = 0,
+        Ada = 1,
+        Pyramid = 2,
+        Lava = 3,
+        Global = 4,
+    }
+}
+
+c_enum! {
+    /// Unit that keeps one token set (SPEC §4, shared granularities).
+    Granularity {
+        /// Every (layer, KV head) keeps its own set (ragged).
+        Head = 0,
+        /// Heads of a layer share one set.
+        Layer = 1,
+        /// One set for the whole model (llama.cpp cells).
+        Token = 2,
+    }
+}
+
+c_enum! {
+    /// How layer scores are normalised before model-wide comparison.
+    Normalize {
+        /// Divide by the layer's sum of |score| (LaProx Alg. 2).
+        LayerSum = 0,
+        /// Raw scores (ablation).
+        None = 1,
+    }
+}
+
+/// Budget allocation and selection (SPEC §4).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SelectConfig {
+    pub allocator: AllocatorKind,
+    pub granularity: Granularity,
+    /// Average prefix tokens kept per (layer, KV head), window excluded (`C - w`).
+    pub budget: u64,
+    /// AdaKV / LAVa safeguard fraction.
+    pub alpha: f32,
+    /// PyramidKV ratio.
+    pub beta: u32,
+    pub normalize: Normalize,
+    /// Pool applied to the scores at the selection granularity (LaProx-span: forward 8, 0.9).
+    pub post_pool: Pool,
+}
+
+impl SelectConfig {
+    pub const fn new(allocator: AllocatorKind, granularity: Granularity, budget: u64) -> Self {
+        SelectConfig {
+            allocator,
+            granularity,
+            budget,
+            alpha: 0.2,
+            beta: 20,
+            normalize: Normalize::LayerSum,
+            post_pool: Pool::NONE,
+        }
+    }
+    /// LaProx-span's selection: token granularity, global, forward pooling k=8, decay 0.9.
+    pub const fn laprox_span(budget: u64) -> Self {
+        let mut s = Self::new(AllocatorKind::Global, Granularity::Token, budget);
+        s.post_pool = Pool::forward(8, 0.9);
+        s
+    }
+    pub fn validate(&self) -> Result<()> {
+        self.post_pool.validate()?;
+        if !(self.alpha >= 0.0 && self.alpha <= 1.0) || self.beta == 0 {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(())
+    }
+}
+
+/// Budget helpers: the average prefix tokens per (layer, KV head) for a cache of `n` tokens
+/// and a window of `w`.
+pub mod budget_from {
+    /// Capacity `C` per KV head, window included (SnapKV/AdaKV/PyramidKV convention).
+    pub fn capacity(c: u64, window: u64) -> u64 {
+        c.saturating_sub(window)
+    }
+    /// kvpress's convention: keep `floor(n·ratio)` tokens per head, the window inside that total.
+    pub fn keep_ratio_total(n: u64, window: u64, ratio: f64) -> u64 {
+        let r = if ratio.is_finite() {
+            ratio.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        ((n as f64 * r) as u64).saturating_sub(window.min(n))
+    }
+    /// Keep `floor(p·ratio)` of the `p = n - w` prefix tokens (the window on top).
+    pub fn keep_ratio_prefix(n: u64, window: u64, ratio: f64) -> u64 {
+        let r = if ratio.is_finite() {
+            ratio.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        (n.saturating_sub(window) as f64 * r) as u64
+    }
+}

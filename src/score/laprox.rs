@@ -1,0 +1,218 @@
+//! LaProx (SPEC §3): per query head `pool(||A[h,:,i]||_2) · ||v_i Wo_h||_2`, the value-output
+//! norm read from the Gram quadratic form `v G_h vᵀ`. GQA modes: `sum` over the group,
+//! `exact` (Frobenius norm of the group's rank-g term, cross-Gram blocks) and `mean-attn`.
+//! In `exact` mode attention and value terms do not factor, so the pool applies to the
+//! product whatever the placement says. Gram and value forms must be built with
+//! `cross = (gqa != sum)`.
+
+use super::{Bufs, LayerInputs, LayerShape};
+use crate::config::{LaproxGqa, PoolPlacement, ScoreConfig};
+use crate::error::{Error, Result};
+use crate::gram::{self, block_pair, blocks, quad_form};
+use crate::pool::{pool, pool_in_place};
+
+pub(super) fn check_inputs(
+    cfg: &ScoreConfig,
+    inputs: &LayerInputs,
+    shape: &LayerShape,
+) -> Result<()> {
+    let cross = cfg.needs_cross();
+    if let Some(f) = inputs.value_forms {
+        if f.len() < gram::value_forms_len(shape.hq, shape.hkv, shape.n, cross)? {
+            return Err(Error::ShapeMismatch);
+        }
+        return Ok(());
+    }
+    let g = inputs.gram.ok_or(Error::NullPointer)?;
+    inputs.values.as_ref().ok_or(Error::NullPointer)?;
+    if g.len() < gram::gram_len(shape.hq, shape.hkv, shape.dv, cross)? {
+        return Err(Error::ShapeMismatch);
+    }
+    if g.iter()
+        .take(gram::gram_len(shape.hq, shape.hkv, shape.dv, cross)?)
+        .any(|v| !v.is_finite())
+    {
+        return Err(Error::NonFinite);
+    }
+    Ok(())
+}
+
+/// Reject NaN/Inf in what the value term reads (cached forms or prefix values).
+pub(super) fn check_values_finite(
+    cfg: &ScoreConfig,
+    inputs: &LayerInputs,
+    shape: &LayerShape,
+    p: usize,
+    row: &mut [f32],
+) -> Result<()> {
+    if let Some(f) = inputs.value_forms {
+        let nb = blocks(shape.group(), cfg.needs_cross());
+        for blk in 0..shape.hkv * nb {
+            if f[blk * shape.n..blk * shape.n + p]
+                .iter()
+                .any(|v| !v.is_finite())
+            {
+                return Err(Error::NonFinite);
+            }
+        }
+        return Ok(());
+    }
+    let v = inputs.values.as_ref().ok_or(Error::NullPointer)?;
+    for kh in 0..shape.hkv {
+        for t in 0..p {
+            v.load_row(kh, t, row);
+            if row[..shape.dv].iter().any(|x| !x.is_finite()) {
+                return Err(Error::NonFinite);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Value form of block `k` for token `t` of KV head `kh`.
+struct Forms<'a> {
+    inputs: &'a LayerInputs<'a>,
+    shape: &'a LayerShape,
+    nb: usize,
+}
+
+impl Forms<'_> {
+    /// Fill `dst[t]` with block `k`'s form for tokens `0..p`.
+    fn fill(&self, kh: usize, k: usize, p: usize, row: &mut [f32], dst: &mut [f32]) {
+        let (n, dv) = (self.shape.n, self.shape.dv);
+        if let Some(f) = self.inputs.value_forms {
+            let nb = self.nb;
+            dst[..p].copy_from_slice(&f[(kh * nb + k) * n..(kh * nb + k) * n + p]);
+            return;
+        }
+        let (Some(v), Some(g)) = (self.inputs.values.as_ref(), self.inputs.gram) else {
+            return;
+        };
+        let nb = self.nb;
+        let gb = &g[(kh * nb + k) * dv * dv..(kh * nb + k + 1) * dv * dv];
+        for t in 0..p {
+            v.load_row(kh, t, row);
+            dst[t] = quad_form(&row[..dv], gb);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn score(
+    cfg: &ScoreConfig,
+    inputs: &LayerInputs,
+    shape: &LayerShape,
+    sq: &mut [f32],
+    cross: &mut [f32],
+    kh: usize,
+    p: usize,
+    bufs: &mut Bufs,
+    dst: &mut [f32],
+) {
+    let g = shape.group();
+    let forms = Forms {
+        inputs,
+        shape,
+        nb: blocks(g, cfg.needs_cross()),
+    };
+    let dst = &mut dst[..p];
+    match cfg.laprox_gqa {
+        LaproxGqa::Sum => {
+            dst.fill(0.0);
+            for a in 0..g {
+                let att = &mut sq[a * p..(a + 1) * p];
+                for v in att.iter_mut() {
+                    *v = libm::sqrtf(*v);
+                }
+                forms.fill(kh, a, p, bufs.row, bufs.tmp_b);
+                let vn = &mut bufs.tmp_b[..p];
+                for v in vn.iter_mut() {
+                    *v = libm::sqrtf(v.max(0.0));
+                }
+                match cfg.placement {
+                    PoolPlacement::Attention => {
+                        pool_in_place(&cfg.pool, att, bufs.tmp_a);
+                        for ((d, &x), &y) in dst.iter_mut().zip(att.iter()).zip(vn.iter()) {
+                            *d += x * y;
+                        }
+                    }
+                    PoolPlacement::Product => {
+                        for (x, &y) in att.iter_mut().zip(vn.iter()) {
+                            *x *= y;
+                        }
+                        pool_in_place(&cfg.pool, att, bufs.tmp_a);
+                        for (d, &x) in dst.iter_mut().zip(att.iter()) {
+                            *d += x;
+                        }
+                    }
+                }
+            }
+        }
+        LaproxGqa::Exact => {
+            // Σ_a |A_a|² F_aa + 2 Σ_{a<b} (A_a·A_b) F_ab, under a square root
+            let acc = &mut bufs.acc[..p];
+            acc.fill(0.0);
+            for k in 0..blocks(g, true) {
+                let (a, b) = block_pair(g, k);
+                forms.fill(kh, k, p, bufs.row, bufs.tmp_b);
+                let att = if a == b {
+                    &sq[a * p..(a + 1) * p]
+                } else {
+                    &cross[(k - g) * p..(k - g + 1) * p]
+                };
+                let w = if a == b { 1.0 } else { 2.0 };
+                for ((o, &x), &f) in acc.iter_mut().zip(att).zip(bufs.tmp_b[..p].iter()) {
+                    *o += w * x * f;
+                }
+            }
+            for v in acc.iter_mut() {
+                *v = libm::sqrtf(v.max(0.0));
+            }
+            pool(&cfg.pool, acc, dst);
+        }
+        LaproxGqa::MeanAttn => {
+            // ||Σ_a A_a||_2 = sqrt(Σ_a |A_a|² + 2 Σ_{a<b} A_a·A_b)
+            let att = &mut bufs.acc[..p];
+            att.fill(0.0);
+            for a in 0..g {
+                for (o, &x) in att.iter_mut().zip(&sq[a * p..(a + 1) * p]) {
+                    *o += x;
+                }
+            }
+            for k in 0..window_pairs(g) {
+                for (o, &x) in att.iter_mut().zip(&cross[k * p..(k + 1) * p]) {
+                    *o += 2.0 * x;
+                }
+            }
+            for v in att.iter_mut() {
+                *v = libm::sqrtf(v.max(0.0));
+            }
+            // mean value-output norm of the group, into dst
+            dst.fill(0.0);
+            for a in 0..g {
+                forms.fill(kh, a, p, bufs.row, bufs.tmp_b);
+                for (d, &f) in dst.iter_mut().zip(bufs.tmp_b[..p].iter()) {
+                    *d += libm::sqrtf(f.max(0.0)) / g as f32;
+                }
+            }
+            match cfg.placement {
+                PoolPlacement::Attention => {
+                    pool_in_place(&cfg.pool, att, bufs.tmp_a);
+                    for (d, &x) in dst.iter_mut().zip(att.iter()) {
+                        *d *= x;
+                    }
+                }
+                PoolPlacement::Product => {
+                    for (d, &x) in dst.iter_mut().zip(att.iter()) {
+                        *d *= x;
+                    }
+                    pool_in_place(&cfg.pool, dst, bufs.tmp_a);
+                }
+            }
+        }
+    }
+}
+
+fn window_pairs(g: usize) -> usize {
+    g * (g - 1) / 2
+}

@@ -1,0 +1,373 @@
+//! Scoring one layer (SPEC §3): one score per (KV head, prefix token), `[Hkv][P]`, where
+//! `P = N - min(w, N)`; window tokens are always kept and never scored.
+//!
+//! Data flow: validate everything → pass 1 of the window attention for every group
+//! (rejects NaN/Inf in Q and K before anything is written) → per group: column
+//! statistics → the scorer's formula → `out[kh]`.
+
+mod criticalkv;
+mod knorm;
+mod laprox;
+mod lava;
+mod snapkv;
+mod streaming;
+mod tova;
+
+use crate::config::{ScoreConfig, ScorerKind};
+use crate::error::{mul, Error, Result};
+use crate::gram;
+use crate::numerics::{Workspace, WorkspaceSize};
+use crate::view::View;
+use crate::window::{self, Needs, Stats};
+
+/// The tensors of one layer, where the engine keeps them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LayerInputs<'a> {
+    /// `[Hq, wq, dk]`: post-RoPE queries of the last `wq >= w` positions.
+    pub queries: Option<View<'a>>,
+    /// `[Hkv, N, dk]`: post-RoPE keys.
+    pub keys: Option<View<'a>>,
+    /// `[Hkv, N, dv]`: values (LAVa, LaProx without cached forms).
+    pub values: Option<View<'a>>,
+    /// LaProx: Gram blocks from [`gram::compute_gram`] (with `cross` for the exact and
+    /// mean-attn GQA modes). Not needed when `value_forms` is given.
+    pub gram: Option<&'a [f32]>,
+    /// LaProx: cached value forms `[Hkv][blocks][N]` from [`gram::compute_value_forms`].
+    pub value_forms: Option<&'a [f32]>,
+    /// CriticalKV: `[Hkv][N]` from [`gram::compute_value_l1`].
+    pub value_l1: Option<&'a [f32]>,
+}
+
+/// Sizes of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerShape {
+    pub hq: usize,
+    pub hkv: usize,
+    pub n: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+impl LayerShape {
+    pub fn group(&self) -> usize {
+        self.hq / self.hkv
+    }
+    /// Prefix tokens that get a score.
+    pub fn prefix(&self, window: u32) -> usize {
+        self.n - (window as usize).min(self.n)
+    }
+    fn validate(&self) -> Result<()> {
+        if self.hq == 0 || self.hkv == 0 || self.n == 0 || self.dk == 0 || self.dv == 0 {
+            return Err(Error::InvalidArgument);
+        }
+        if self.hq % self.hkv != 0 {
+            return Err(Error::ShapeMismatch);
+        }
+        if self.n > crate::error::MAX_TOKENS || self.dk > 1024 || self.dv > 1024 {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(())
+    }
+}
+
+/// Elements of the score output: `Hkv · P`.
+pub fn score_len(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usize> {
+    mul(shape.hkv, shape.prefix(cfg.window))
+}
+
+fn needs(cfg: &ScoreConfig) -> Needs {
+    match cfg.scorer {
+        ScorerKind::SnapKv | ScorerKind::Lava | ScorerKind::CriticalKv | ScorerKind::Tova => {
+            Needs {
+                sum: true,
+                sq: false,
+                cross: false,
+            }
+        }
+        ScorerKind::LaProx => Needs {
+            sum: false,
+            sq: true,
+            cross: cfg.needs_cross(),
+        },
+        ScorerKind::StreamingLlm | ScorerKind::KNorm => Needs::default(),
+    }
+}
+
+/// Workspace bytes [`score_layer`] needs for this configuration and shape.
+pub fn score_workspace_size(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usize> {
+    cfg.validate()?;
+    shape.validate()?;
+    let g = shape.group();
+    let w = (cfg.window as usize).min(shape.n);
+    let p = shape.prefix(cfg.window);
+    let nd = needs(cfg);
+    let mut ws = WorkspaceSize::new();
+    let rows = mul(shape.hq, w)?;
+    ws.add::<f32>(rows)?; // row max, every group
+    ws.add::<f64>(rows)?; // row denominators
+    ws.add::<f32>(if nd.sum { mul(g, p)? } else { 0 })?;
+    ws.add::<f32>(if nd.sq { mul(g, p)? } else { 0 })?;
+    ws.add::<f32>(if nd.cross {
+        mul(window::pairs(g), p)?
+    } else {
+        0
+    })?;
+    ws.add::<f32>(p)?; // tmp a
+    ws.add::<f32>(p)?; // tmp b
+    ws.add::<f32>(p.max(shape.hkv))?; // accumulator / LAVa head factors
+    ws.add::<f32>(shape.dv.max(shape.dk))?; // one row
+    let mut scratch = WorkspaceSize::new();
+    if cfg.needs_queries() {
+        window::scratch_size(&mut scratch, g, w, shape.dk)?;
+    }
+    Ok(ws
+        .total()
+        .checked_add(scratch.total())
+        .ok_or(Error::Overflow)?)
+}
+
+/// Buffers a scorer's formula works with, `[P]` each unless noted.
+pub(crate) struct Bufs<'s> {
+    pub tmp_a: &'s mut [f32],
+    pub tmp_b: &'s mut [f32],
+    pub acc: &'s mut [f32],
+    pub row: &'s mut [f32],
+}
+
+/// Derive and check the layer shape from the inputs the scorer needs.
+pub fn layer_shape(cfg: &ScoreConfig, inputs: &LayerInputs) -> Result<LayerShape> {
+    let keys = inputs.keys.as_ref().ok_or(Error::NullPointer)?;
+    let [hkv, n, dk] = keys.extent();
+    let mut shape = LayerShape {
+        hq: hkv,
+        hkv,
+        n,
+        dk,
+        dv: dk,
+    };
+    if cfg.needs_queries() {
+        let q = inputs.queries.as_ref().ok_or(Error::NullPointer)?;
+        let [hq, wq, dq] = q.extent();
+        if dq != dk {
+            return Err(Error::ShapeMismatch);
+        }
+        if wq < (cfg.window as usize).min(n) {
+            return Err(Error::InvalidArgument);
+        }
+        shape.hq = hq;
+    }
+    if let Some(v) = inputs.values.as_ref() {
+        let [vh, vn, dv] = v.extent();
+        if vh != hkv || vn != n {
+            return Err(Error::ShapeMismatch);
+        }
+        shape.dv = dv;
+    }
+    shape.validate()?;
+    Ok(shape)
+}
+
+/// Score one layer into `out[Hkv][P]`. `workspace` must hold [`score_workspace_size`] bytes.
+/// Nothing is written to `out` when validation fails; NaN/Inf in Q, K or V is rejected
+/// before the first write.
+pub fn score_layer(
+    cfg: &ScoreConfig,
+    inputs: &LayerInputs,
+    out: &mut [f32],
+    workspace: &mut [u8],
+) -> Result<()> {
+    cfg.validate()?;
+    let shape = layer_shape(cfg, inputs)?;
+    let keys = inputs.keys.as_ref().ok_or(Error::NullPointer)?;
+    let (hq, hkv, n) = (shape.hq, shape.hkv, shape.n);
+    let g = shape.group();
+    let w = (cfg.window as usize).min(n);
+    let p = n - w;
+    if out.len() < mul(hkv, p)? {
+        return Err(Error::OutputTooSmall);
+    }
+    if workspace.len() < score_workspace_size(cfg, &shape)? {
+        return Err(Error::WorkspaceTooSmall);
+    }
+    // scorer-specific inputs
+    match cfg.scorer {
+        ScorerKind::Lava => {
+            inputs.values.as_ref().ok_or(Error::NullPointer)?;
+        }
+        ScorerKind::LaProx => laprox::check_inputs(cfg, inputs, &shape)?,
+        ScorerKind::CriticalKv => {
+            let l1 = inputs.value_l1.ok_or(Error::NullPointer)?;
+            if l1.len() < mul(hkv, n)? {
+                return Err(Error::ShapeMismatch);
+            }
+            if l1[..hkv * n].iter().any(|v| !v.is_finite()) {
+                return Err(Error::NonFinite);
+            }
+        }
+        _ => {}
+    }
+    if p == 0 {
+        return Ok(());
+    }
+    let queries = inputs.queries.as_ref();
+    let nd = needs(cfg);
+
+    let mut ws = Workspace::new(workspace);
+    let rows = hq * w;
+    let rmax = ws.take::<f32>(rows)?;
+    let rsum = ws.take::<f64>(rows)?;
+    let sum = ws.take::<f32>(if nd.sum { g * p } else { 0 })?;
+    let sq = ws.take::<f32>(if nd.sq { g * p } else { 0 })?;
+    let cross = ws.take::<f32>(if nd.cross { window::pairs(g) * p } else { 0 })?;
+    let mut bufs = Bufs {
+        tmp_a: ws.take::<f32>(p)?,
+        tmp_b: ws.take::<f32>(p)?,
+        acc: ws.take::<f32>(p.max(hkv))?,
+        row: ws.take::<f32>(shape.dv.max(shape.dk))?,
+    };
+    let scratch = ws.into_rest();
+
+    // Everything that can reject the input runs before the first write to `out`.
+    if let Some(q) = queries {
+        if cfg.needs_queries() {
+            for kh in 0..hkv {
+                window::row_stats(
+                    q,
+                    keys,
+                    kh,
+                    g,
+                    w,
+                    scratch,
+                    &mut rmax[kh * g * w..],
+                    &mut rsum[kh * g * w..],
+                )?;
+            }
+        }
+    }
+    if cfg.scorer == ScorerKind::KNorm && !knorm::keys_finite(keys, &mut bufs) {
+        return Err(Error::NonFinite);
+    }
+    if cfg.scorer == ScorerKind::Lava {
+        lava::head_factors(
+            inputs.values.as_ref().ok_or(Error::NullPointer)?,
+            p,
+            bufs.row,
+            bufs.acc,
+        )?;
+    }
+    if cfg.scorer == ScorerKind::LaProx {
+        laprox::check_values_finite(cfg, inputs, &shape, p, bufs.row)?;
+    }
+
+    for kh in 0..hkv {
+        let dst = &mut out[kh * p..(kh + 1) * p];
+        if cfg.needs_queries() {
+            sum.fill(0.0);
+            sq.fill(0.0);
+            cross.fill(0.0);
+            let mut st = Stats {
+                sum: &mut *sum,
+                sq: &mut *sq,
+                cross: &mut *cross,
+            };
+            let q = queries.ok_or(Error::NullPointer)?;
+            window::column_stats(
+                q,
+                keys,
+                kh,
+                g,
+                w,
+                &rmax[kh * g * w..],
+                &rsum[kh * g * w..],
+                nd,
+                scratch,
+                &mut st,
+            )?;
+        }
+        match cfg.scorer {
+            ScorerKind::SnapKv => snapkv::score(cfg, sum, g, w, p, &mut bufs, dst),
+            ScorerKind::Lava => lava::score(cfg, sum, g, w, p, kh, &mut bufs, dst),
+            ScorerKind::LaProx => {
+                laprox::score(cfg, inputs, &shape, sq, cross, kh, p, &mut bufs, dst)
+            }
+            ScorerKind::CriticalKv => criticalkv::score(
+                cfg,
+                sum,
+                g,
+                w,
+                p,
+                &inputs.value_l1.unwrap_or(&[])[kh * n..kh * n + p],
+                &mut bufs,
+                dst,
+            ),
+            ScorerKind::StreamingLlm => streaming::score(cfg, dst),
+            ScorerKind::KNorm => knorm::score(keys, kh, &mut bufs, dst),
+            ScorerKind::Tova => tova::accumulate(sum, g, hq, p, &mut bufs),
+        }
+    }
+    if cfg.scorer == ScorerKind::Tova {
+        tova::finish(&bufs, hkv, p, out);
+    }
+    if out[..hkv * p].iter().any(|v| !v.is_finite()) {
+        return Err(Error::NonFinite);
+    }
+    Ok(())
+}
+
+/// Reduce the `g` rows of `src` (`[g][p]`) into `dst[p]` (used by SnapKV-style scorers).
+pub(crate) fn reduce_rows(
+    kind: crate::config::GqaReduce,
+    src: &[f32],
+    g: usize,
+    p: usize,
+    dst: &mut [f32],
+) {
+    use crate::config::GqaReduce;
+    dst[..p].copy_from_slice(&src[..p]);
+    for a in 1..g {
+        let row = &src[a * p..(a + 1) * p];
+        for (d, &v) in dst[..p].iter_mut().zip(row) {
+            *d = match kind {
+                GqaReduce::Max => d.max(v),
+                _ => *d + v,
+            };
+        }
+    }
+    if kind == GqaReduce::Mean {
+        let inv = 1.0 / g as f32;
+        for d in dst[..p].iter_mut() {
+            *d *= inv;
+        }
+    }
+}
+
+/// `mean_j A` per query head, pooled, then reduced over the group (or reduced, then pooled),
+/// written to `dst[p]`. `sum` holds `Σ_j A`, `[g][p]`, and is overwritten.
+pub(crate) fn pooled_mean_attention(
+    pool: &crate::config::Pool,
+    gqa: crate::config::GqaReduce,
+    reduce_before_pool: bool,
+    sum: &mut [f32],
+    g: usize,
+    w: usize,
+    p: usize,
+    bufs: &mut Bufs,
+    dst: &mut [f32],
+) {
+    let inv = 1.0 / w as f32;
+    for v in sum[..g * p].iter_mut() {
+        *v *= inv;
+    }
+    if reduce_before_pool {
+        reduce_rows(gqa, sum, g, p, bufs.tmp_a);
+        crate::pool::pool(pool, &bufs.tmp_a[..p], &mut dst[..p]);
+    } else {
+        for a in 0..g {
+            let row = &mut sum[a * p..(a + 1) * p];
+            crate::pool::pool_in_place(pool, row, bufs.tmp_a);
+        }
+        reduce_rows(gqa, sum, g, p, dst);
+    }
+}
+
+pub use gram::{compute_gram, compute_value_forms, compute_value_l1};

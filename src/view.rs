@@ -1,0 +1,388 @@
+//! Strided 3-D tensor views over memory the caller owns: (head, token, dim) for K, V and
+//! queries; (head, row, col) for `Wo`. One descriptor covers head-major `[H, N, d]`,
+//! llama.cpp's token-major rows `[N, H*d]` and its transposed V `[H*d, N]`.
+
+use crate::error::{add, mul, Error, Result};
+use core::marker::PhantomData;
+use half::{bf16, f16};
+
+/// Element type of a view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum DType {
+    F32 = 0,
+    F16 = 1,
+    BF16 = 2,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+    /// Decode an integer from C; unknown values are an error, never transmuted.
+    pub const fn from_u32(v: u32) -> Result<DType> {
+        match v {
+            0 => Ok(DType::F32),
+            1 => Ok(DType::F16),
+            2 => Ok(DType::BF16),
+            _ => Err(Error::BadEnum),
+        }
+    }
+}
+
+/// Highest element offset a view touches, checked; `None` extent product means empty.
+fn last_offset(extent: [usize; 3], stride: [usize; 3]) -> Result<usize> {
+    let mut off = 0usize;
+    for a in 0..3 {
+        off = add(off, mul(extent[a] - 1, stride[a])?)?;
+    }
+    Ok(off)
+}
+
+fn check_layout(
+    ptr: usize,
+    len: usize,
+    dtype: DType,
+    extent: [usize; 3],
+    stride: [usize; 3],
+) -> Result<()> {
+    if ptr == 0 {
+        return Err(Error::NullPointer);
+    }
+    if ptr % dtype.size() != 0 {
+        return Err(Error::Misaligned);
+    }
+    mul(len, dtype.size())?;
+    if extent.iter().any(|&e| e == 0) {
+        return Err(Error::InvalidArgument);
+    }
+    if extent[1] > crate::error::MAX_TOKENS {
+        return Err(Error::Overflow);
+    }
+    let last = last_offset(extent, stride)?;
+    if last >= len {
+        return Err(Error::OutOfBounds);
+    }
+    Ok(())
+}
+
+#[inline(always)]
+unsafe fn load(ptr: *const u8, dtype: DType, off: usize) -> f32 {
+    match dtype {
+        DType::F32 => *(ptr as *const f32).add(off),
+        DType::F16 => (*(ptr as *const f16).add(off)).to_f32(),
+        DType::BF16 => (*(ptr as *const bf16).add(off)).to_f32(),
+    }
+}
+
+/// A read-only strided view. Construction validates pointer, alignment and bounds, so every
+/// access through it stays inside the declared buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    ptr: *const u8,
+    len: usize,
+    dtype: DType,
+    extent: [usize; 3],
+    stride: [usize; 3],
+    _life: PhantomData<&'a [u8]>,
+}
+
+// SAFETY: a View is a shared borrow of plain numbers.
+unsafe impl Send for View<'_> {}
+unsafe impl Sync for View<'_> {}
+
+impl<'a> View<'a> {
+    /// # Safety
+    /// `ptr` must point to `len` readable elements of `dtype` that stay valid and unmodified
+    /// for `'a`. Everything else (null, alignment, bounds, overflow) is checked here.
+    pub unsafe fn from_raw(
+        ptr: *const u8,
+        len: usize,
+        dtype: DType,
+        extent: [usize; 3],
+        stride: [usize; 3],
+    ) -> Result<Self> {
+        check_layout(ptr as usize, len, dtype, extent, stride)?;
+        Ok(View {
+            ptr,
+            len,
+            dtype,
+            extent,
+            stride,
+            _life: PhantomData,
+        })
+    }
+    pub fn f32(data: &'a [f32], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+        unsafe {
+            Self::from_raw(
+                data.as_ptr() as *const u8,
+                data.len(),
+                DType::F32,
+                extent,
+                stride,
+            )
+        }
+    }
+    pub fn f16(data: &'a [f16], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+        unsafe {
+            Self::from_raw(
+                data.as_ptr() as *const u8,
+                data.len(),
+                DType::F16,
+                extent,
+                stride,
+            )
+        }
+    }
+    pub fn bf16(data: &'a [bf16], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+        unsafe {
+            Self::from_raw(
+                data.as_ptr() as *const u8,
+                data.len(),
+                DType::BF16,
+                extent,
+                stride,
+            )
+        }
+    }
+    /// Contiguous row-major `[a, b, c]` f32 data.
+    pub fn f32_contiguous(data: &'a [f32], extent: [usize; 3]) -> Result<Self> {
+        Self::f32(data, extent, [extent[1] * extent[2], extent[2], 1])
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn extent(&self) -> [usize; 3] {
+        self.extent
+    }
+    pub fn stride(&self) -> [usize; 3] {
+        self.stride
+    }
+    /// Start and end (exclusive) address of the declared buffer, for alias checks.
+    pub fn byte_range(&self) -> (usize, usize) {
+        let s = self.ptr as usize;
+        (s, s + self.len * self.dtype.size())
+    }
+
+    #[inline(always)]
+    pub fn get(&self, a: usize, b: usize, c: usize) -> f32 {
+        debug_assert!(a < self.extent[0] && b < self.extent[1] && c < self.extent[2]);
+        let off = a * self.stride[0] + b * self.stride[1] + c * self.stride[2];
+        // SAFETY: indices are within extents, and construction proved the last offset in bounds.
+        unsafe { load(self.ptr, self.dtype, off) }
+    }
+
+    /// Load row `(a, b, 0..extent[2])` into `out[..extent[2]]` as f32.
+    #[inline]
+    pub fn load_row(&self, a: usize, b: usize, out: &mut [f32]) {
+        let n = self.extent[2];
+        let out = &mut out[..n];
+        let base = a * self.stride[0] + b * self.stride[1];
+        let s = self.stride[2];
+        unsafe {
+            match (self.dtype, s) {
+                (DType::F32, 1) => {
+                    let src = core::slice::from_raw_parts((self.ptr as *const f32).add(base), n);
+                    out.copy_from_slice(src);
+                }
+                (DType::F16, 1) => {
+                    let src = core::slice::from_raw_parts((self.ptr as *const f16).add(base), n);
+                    for (o, v) in out.iter_mut().zip(src) {
+                        *o = v.to_f32();
+                    }
+                }
+                (DType::BF16, 1) => {
+                    let src = core::slice::from_raw_parts((self.ptr as *const bf16).add(base), n);
+                    for (o, v) in out.iter_mut().zip(src) {
+                        *o = v.to_f32();
+                    }
+                }
+                _ => {
+                    for (c, o) in out.iter_mut().enumerate() {
+                        *o = load(self.ptr, self.dtype, base + c * s);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A writable strided view, used only by compaction.
+#[derive(Debug)]
+pub struct ViewMut<'a> {
+    ptr: *mut u8,
+    len: usize,
+    dtype: DType,
+    extent: [usize; 3],
+    stride: [usize; 3],
+    _life: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> ViewMut<'a> {
+    /// # Safety
+    /// `ptr` must point to `len` writable elements of `dtype`, exclusively borrowed for `'a`.
+    pub unsafe fn from_raw(
+        ptr: *mut u8,
+        len: usize,
+        dtype: DType,
+        extent: [usize; 3],
+        stride: [usize; 3],
+    ) -> Result<Self> {
+        check_layout(ptr as usize, len, dtype, extent, stride)?;
+        Ok(ViewMut {
+            ptr,
+            len,
+            dtype,
+            extent,
+            stride,
+            _life: PhantomData,
+        })
+    }
+    pub fn f32(data: &'a mut [f32], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+        unsafe {
+            Self::from_raw(
+                data.as_mut_ptr() as *mut u8,
+                data.len(),
+                DType::F32,
+                extent,
+                stride,
+            )
+        }
+    }
+    pub fn f16(data: &'a mut [f16], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+        unsafe {
+            Self::from_raw(
+                data.as_mut_ptr() as *mut u8,
+                data.len(),
+                DType::F16,
+                extent,
+                stride,
+            )
+        }
+    }
+    pub fn bf16(data: &'a mut [bf16], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+        unsafe {
+            Self::from_raw(
+                data.as_mut_ptr() as *mut u8,
+                data.len(),
+                DType::BF16,
+                extent,
+                stride,
+            )
+        }
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn extent(&self) -> [usize; 3] {
+        self.extent
+    }
+    pub fn stride(&self) -> [usize; 3] {
+        self.stride
+    }
+    pub fn byte_range(&self) -> (usize, usize) {
+        let s = self.ptr as usize;
+        (s, s + self.len * self.dtype.size())
+    }
+    /// A read-only view of the same memory.
+    pub fn as_view(&self) -> View<'_> {
+        View {
+            ptr: self.ptr,
+            len: self.len,
+            dtype: self.dtype,
+            extent: self.extent,
+            stride: self.stride,
+            _life: PhantomData,
+        }
+    }
+    /// Two distinct (head, token) rows of this view would write the same element.
+    /// Compaction refuses such views: moving rows through them is not well defined.
+    pub fn rows_overlap(&self) -> bool {
+        layout_overlaps(self.extent, self.stride)
+    }
+
+    /// Copy row `(a, from, ..)` onto row `(a, to, ..)`, element by element (raw bits).
+    #[inline]
+    pub(crate) fn move_row(&mut self, a: usize, from: usize, to: usize) {
+        if from == to {
+            return;
+        }
+        let es = self.dtype.size();
+        let base_f = a * self.stride[0] + from * self.stride[1];
+        let base_t = a * self.stride[0] + to * self.stride[1];
+        let s = self.stride[2];
+        // SAFETY: both rows are inside the validated extents.
+        unsafe {
+            if s == 1 {
+                core::ptr::copy(
+                    self.ptr.add(base_f * es),
+                    self.ptr.add(base_t * es),
+                    self.extent[2] * es,
+                );
+            } else {
+                for c in 0..self.extent[2] {
+                    core::ptr::copy_nonoverlapping(
+                        self.ptr.add((base_f + c * s) * es),
+                        self.ptr.add((base_t + c * s) * es),
+                        es,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Copy row `(a, from, ..)` of `src` (same dtype and row length) into row `(a2, to, ..)`.
+    #[inline]
+    pub(crate) fn copy_row_from(
+        &mut self,
+        a2: usize,
+        to: usize,
+        src: &View<'_>,
+        a: usize,
+        from: usize,
+    ) {
+        let es = self.dtype.size();
+        let sb = a * src.stride[0] + from * src.stride[1];
+        let db = a2 * self.stride[0] + to * self.stride[1];
+        unsafe {
+            for c in 0..self.extent[2] {
+                core::ptr::copy_nonoverlapping(
+                    src.ptr.add((sb + c * src.stride[2]) * es),
+                    self.ptr.add((db + c * self.stride[2]) * es),
+                    es,
+                );
+            }
+        }
+    }
+}
+
+/// Whether two different index triples of a layout map to the same element.
+/// Exact for the layouts engines use: sort axes by stride and require each stride to exceed
+/// the span of all smaller axes (a sufficient condition; rejecting a few exotic
+/// non-overlapping layouts is acceptable).
+pub fn layout_overlaps(extent: [usize; 3], stride: [usize; 3]) -> bool {
+    let mut axes = [0usize, 1, 2];
+    axes.sort_by_key(|&a| stride[a]);
+    let mut span = 0usize; // highest offset reachable with the smaller axes
+    for &a in &axes {
+        if extent[a] <= 1 {
+            continue;
+        }
+        if stride[a] <= span || stride[a] == 0 {
+            return true;
+        }
+        span = match (extent[a] - 1)
+            .checked_mul(stride[a])
+            .and_then(|x| x.checked_add(span))
+        {
+            Some(v) => v,
+            None => return true,
+        };
+    }
+    false
+}
