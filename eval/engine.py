@@ -55,6 +55,38 @@ def _log_softmax(logits):
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
+def attention(q, k, v, keep, n_new, chunk=512):
+    """Causal GQA attention of the last `n_new` positions of a cache.
+
+    q: `[Hq, T, hd]` queries of the new tokens (T = n_new); k, v: `[Hkv, P+T, hd]` the cache
+    with the new tokens last; keep: `[Hkv, P+T]` bool (False = evicted). New token j (position
+    P+j) sees kept tokens at positions <= P+j. Softmax in f32 with max subtraction.
+    Returns the per-head outputs concatenated, `[T, Hq*hd]` (multiply by Wo for the layer output).
+    """
+    Hkv, S, hd = k.shape
+    T = n_new
+    g = q.shape[0] // Hkv
+    P = S - T
+    scale = np.float32(1.0 / np.sqrt(hd))
+    out = np.empty((T, Hkv, g, hd), dtype=np.float32)
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        c = t1 - t0
+        causal = np.where(np.arange(S)[None, :] > (P + np.arange(t0, t1))[:, None],
+                          np.float32(-np.inf), np.float32(0))  # [c, S]
+        for h in range(Hkv):
+            bias = causal + np.where(keep[h], np.float32(0), np.float32(-np.inf))[None, :]
+            qh = q[h * g:(h + 1) * g, t0:t1].reshape(g * c, hd)  # the group's queries as rows
+            s = (qh @ k[h].T).reshape(g, c, S)
+            s *= scale
+            s += bias
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=-1, keepdims=True)
+            out[t0:t1, h] = (s.reshape(g * c, S) @ v[h]).reshape(g, c, hd).transpose(1, 0, 2)
+    return out.reshape(T, Hkv * g * hd)
+
+
 class KVCache:
     """Per-layer keys/values `[Hkv, P, hd]` plus keep masks `[Hkv, P]`."""
 
@@ -173,6 +205,12 @@ class Model:
         """Layer l's output projection in SPEC's x·Wo layout `[Hq*hd, D]`."""
         return self.layers[l]["wo"]
 
+    def wo_stack(self):
+        """Every layer's Wo, `[L, Hq*hd, D]` (built once)."""
+        if getattr(self, "_wo_stack", None) is None:
+            self._wo_stack = np.stack([W["wo"] for W in self.layers])
+        return self._wo_stack
+
     # ---------------------------------------------------------------- forward
     def _rope(self, x, positions):
         """Rotate-half RoPE. x: `[H, T, hd]`, positions: `[T]`."""
@@ -182,32 +220,6 @@ class Model:
         half = self.head_dim // 2
         x1, x2 = x[..., :half], x[..., half:]
         return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-
-    def _attention(self, q, k, v, keep, n_new, chunk=512):
-        """q: `[Hq, T, hd]`; k, v: `[Hkv, P+T, hd]`; keep: `[Hkv, P+T]` bool.
-        New token j (position P+j) sees kept cache tokens and new tokens <= j. Returns `[T, Hq*hd]`."""
-        Hkv, S, hd = k.shape
-        g, T = self.group, n_new
-        P = S - T
-        scale = np.float32(1.0 / np.sqrt(hd))
-        out = np.empty((T, Hkv, g, hd), dtype=np.float32)
-        for t0 in range(0, T, chunk):
-            t1 = min(T, t0 + chunk)
-            c = t1 - t0
-            # query at position P+j sees keys at positions <= P+j
-            causal = np.where(np.arange(S)[None, :] > (P + np.arange(t0, t1))[:, None],
-                              np.float32(-np.inf), np.float32(0))  # [c, S]
-            for h in range(Hkv):
-                bias = causal + np.where(keep[h], np.float32(0), np.float32(-np.inf))[None, :]
-                qh = q[h * g:(h + 1) * g, t0:t1].reshape(g * c, hd)  # group's queries as rows
-                s = (qh @ k[h].T).reshape(g, c, S)
-                s *= scale
-                s += bias
-                s -= s.max(axis=-1, keepdims=True)
-                np.exp(s, out=s)
-                s /= s.sum(axis=-1, keepdims=True)
-                out[t0:t1, h] = (s.reshape(g * c, S) @ v[h]).reshape(g, c, hd).transpose(1, 0, 2)
-        return out.reshape(T, Hkv * g * hd)
 
     def forward(self, tokens, cache, capture_q=0, all_logits=False):
         """Run `tokens` after what `cache` holds (positions continue from cache.length) and
@@ -235,7 +247,7 @@ class Model:
             if capture_q:
                 qcap[l] = q[:, T - capture_q:]
             cache.append(l, k, v)
-            a = self._attention(q, cache.k[l], cache.v[l], cache.keep[l], T)
+            a = attention(q, cache.k[l], cache.v[l], cache.keep[l], T)
             x = x + a @ W["wo"]
             h = _rms_norm(x, W["ffn_norm"], self.eps)
             gu = h @ W["w_gate_up"]
