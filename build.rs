@@ -1,4 +1,12 @@
-// Builds the CUDA kernels under the `cuda` feature (owned by cuda/ work); nothing otherwise.
+// Builds the CUDA kernels in cuda/ under the `cuda` feature; nothing otherwise.
+//
+// Environment (all optional):
+//   NVCC                 path of nvcc (call it by its real path, not a symlink)
+//   CUDA_HOME / CUDA_PATH  toolkit root: $CUDA_HOME/bin/nvcc, lib64 or lib
+//   KVEVICT_NVCC_VENV    venv made by cuda/install_nvcc.sh (default <repo>/.venv-nvcc)
+//   KVEVICT_CUDA_ARCHS   comma/space list of SM numbers, e.g. "90" or "80,86,89,90";
+//                        default 80,86,89,90 plus PTX for compute_90
+//   KVEVICT_CUDA_LIB_DIR directory holding libcudart_static.a (else found next to nvcc)
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     #[cfg(feature = "cuda")]
@@ -7,8 +15,160 @@ fn main() {
 
 #[cfg(feature = "cuda")]
 mod cuda_build {
+    use std::env;
+    use std::path::{Path, PathBuf};
+
+    const SOURCES: &[&str] = &[
+        "device.cu",
+        "window.cu",
+        "lava.cu",
+        "vonorm.cu",
+        "pool.cu",
+        "combine.cu",
+        "stats.cu",
+        "select.cu",
+        "compact.cu",
+    ];
+    const HEADERS: &[&str] = &["kvevict_cuda.h", "common.cuh", "mma.cuh"];
+
+    fn fail(msg: &str) -> ! {
+        eprintln!("kvevict build.rs: {msg}");
+        std::process::exit(1);
+    }
+
+    /// nvcc: $NVCC, $CUDA_HOME/bin/nvcc, the project's nvcc venv, then PATH.
+    fn find_nvcc(root: &Path) -> PathBuf {
+        if let Some(p) = env::var_os("NVCC") {
+            return PathBuf::from(p);
+        }
+        for var in ["CUDA_HOME", "CUDA_PATH"] {
+            if let Some(h) = env::var_os(var) {
+                let p = PathBuf::from(h).join("bin").join("nvcc");
+                if p.is_file() {
+                    return p;
+                }
+            }
+        }
+        let venv = env::var_os("KVEVICT_NVCC_VENV")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join(".venv-nvcc"));
+        if let Ok(rd) = std::fs::read_dir(venv.join("lib")) {
+            for e in rd.flatten() {
+                let p = e.path().join("site-packages/nvidia/cu13/bin/nvcc");
+                if p.is_file() {
+                    return p;
+                }
+            }
+        }
+        if let Some(path) = env::var_os("PATH") {
+            for d in env::split_paths(&path) {
+                let p = d.join("nvcc");
+                if p.is_file() {
+                    return p;
+                }
+            }
+        }
+        fail("nvcc not found: set NVCC or CUDA_HOME, or run cuda/install_nvcc.sh");
+    }
+
+    /// The directory with libcudart_static.a: next to nvcc (lib, lib64, or the
+    /// toolkit's targets/<arch>-linux/lib), or $KVEVICT_CUDA_LIB_DIR.
+    fn find_lib_dir(nvcc: &Path) -> PathBuf {
+        if let Some(d) = env::var_os("KVEVICT_CUDA_LIB_DIR") {
+            return PathBuf::from(d);
+        }
+        let real = std::fs::canonicalize(nvcc).unwrap_or_else(|_| nvcc.to_path_buf());
+        let root = real
+            .parent()
+            .and_then(|b| b.parent())
+            .map(Path::to_path_buf);
+        let mut cands = Vec::new();
+        if let Some(r) = root {
+            cands.push(r.join("lib"));
+            cands.push(r.join("lib64"));
+            cands.push(r.join("targets/x86_64-linux/lib"));
+            cands.push(r.join("targets/sbsa-linux/lib"));
+        }
+        for c in &cands {
+            if c.join("libcudart_static.a").is_file() {
+                return c.clone();
+            }
+        }
+        fail(&format!(
+            "libcudart_static.a not found next to {} (set KVEVICT_CUDA_LIB_DIR)",
+            nvcc.display()
+        ));
+    }
+
+    fn archs() -> (Vec<u32>, Option<u32>) {
+        match env::var("KVEVICT_CUDA_ARCHS") {
+            Ok(s) if !s.trim().is_empty() => {
+                let v: Vec<u32> = s
+                    .split(|c: char| c == ',' || c.is_whitespace() || c == ';')
+                    .filter(|t| !t.is_empty())
+                    .map(|t| {
+                        t.trim_start_matches("sm_")
+                            .trim_start_matches("compute_")
+                            .parse()
+                            .unwrap_or_else(|_| fail(&format!("bad KVEVICT_CUDA_ARCHS entry {t}")))
+                    })
+                    .collect();
+                if v.iter().any(|&a| a < 80) {
+                    fail("KVEVICT_CUDA_ARCHS: the kernels need sm_80 or newer (bf16 tensor cores)");
+                }
+                (v, None)
+            }
+            _ => (vec![80, 86, 89, 90], Some(90)),
+        }
+    }
+
     pub fn build() {
-        println!("cargo:rerun-if-changed=cuda");
-        // filled in by the CUDA work
+        let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into()));
+        let cuda_dir = root.join("cuda");
+        for v in [
+            "NVCC",
+            "CUDA_HOME",
+            "CUDA_PATH",
+            "KVEVICT_NVCC_VENV",
+            "KVEVICT_CUDA_ARCHS",
+            "KVEVICT_CUDA_LIB_DIR",
+        ] {
+            println!("cargo:rerun-if-env-changed={v}");
+        }
+        for f in SOURCES.iter().chain(HEADERS) {
+            println!("cargo:rerun-if-changed=cuda/{f}");
+        }
+
+        let nvcc = find_nvcc(&root);
+        let lib_dir = find_lib_dir(&nvcc);
+        // cc reads the NVCC variable for the CUDA compiler.
+        env::set_var("NVCC", &nvcc);
+
+        let mut b = cc::Build::new();
+        b.cuda(true)
+            .cudart("none") // linked below, as a static library bundled into our staticlib
+            .debug(false) // else nvcc gets -G (device debug: no optimisation)
+            .opt_level(3)
+            .include(&cuda_dir)
+            .flag("-std=c++17")
+            .warnings(false);
+        let (list, ptx) = archs();
+        for a in &list {
+            b.flag(format!("-gencode=arch=compute_{a},code=sm_{a}"));
+        }
+        if let Some(p) = ptx {
+            b.flag(format!("-gencode=arch=compute_{p},code=compute_{p}"));
+        }
+        for f in SOURCES {
+            b.file(cuda_dir.join(f));
+        }
+        b.compile("kvevict_cuda");
+
+        println!("cargo:rustc-link-search=native={}", lib_dir.display());
+        println!("cargo:rustc-link-lib=static=cudart_static");
+        for l in ["dl", "rt", "pthread"] {
+            println!("cargo:rustc-link-lib={l}");
+        }
+        println!("cargo:rustc-env=KVEVICT_CUDA_LIB_DIR={}", lib_dir.display());
     }
 }

@@ -1,0 +1,165 @@
+// Shared device helpers for the kvevict kernels: dtype loads, strided views,
+// order-preserving float bits, warp/block reductions, launch plumbing.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <math.h>
+
+#include "kvevict_cuda.h"
+
+namespace kve {
+
+// ------------------------------------------------------------------ dtypes --
+template <typename T> __device__ __forceinline__ float to_f32(T x);
+template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+template <typename T> __device__ __forceinline__ T zero_val() { return from_f32<T>(0.0f); }
+
+// Element size of a dtype code; 0 for an unknown code.
+static inline int dtype_size(int32_t dt) {
+    return dt == KVE_CUDA_F32 ? 4 : (dt == KVE_CUDA_F16 || dt == KVE_CUDA_BF16) ? 2 : 0;
+}
+
+// ------------------------------------------------------------------- views --
+// Device-side copy of the view descriptor (passed by value to kernels).
+struct View {
+    void* data;
+    int64_t sh, st, sd;  // element strides: head, token, dim
+    int64_t heads, tokens, dim;
+};
+
+static inline View to_view(const kve_cuda_view& v) {
+    View r;
+    r.data = v.data;
+    r.sh = v.stride_head;
+    r.st = v.stride_token;
+    r.sd = v.stride_dim;
+    r.heads = v.heads;
+    r.tokens = v.tokens;
+    r.dim = v.dim;
+    return r;
+}
+
+template <typename T>
+__device__ __forceinline__ const T* elem_ptr(const View& v, int64_t h, int64_t t, int64_t d) {
+    return reinterpret_cast<const T*>(v.data) + h * v.sh + t * v.st + d * v.sd;
+}
+template <typename T>
+__device__ __forceinline__ T* elem_ptr_mut(const View& v, int64_t h, int64_t t, int64_t d) {
+    return reinterpret_cast<T*>(v.data) + h * v.sh + t * v.st + d * v.sd;
+}
+
+// Host-side validation of a view: known dtype, non-null data when non-empty,
+// non-negative extents and strides, and the largest element offset fits int64.
+static inline bool view_ok(const kve_cuda_view* v) {
+    if (!v) return false;
+    if (dtype_size(v->dtype) == 0 || v->reserved != 0) return false;
+    if (v->heads < 0 || v->tokens < 0 || v->dim < 0) return false;
+    if (v->stride_head < 0 || v->stride_token < 0 || v->stride_dim < 0) return false;
+    if (v->heads == 0 || v->tokens == 0 || v->dim == 0) return true;
+    if (!v->data) return false;
+    const double span = (double)(v->heads - 1) * (double)v->stride_head +
+                        (double)(v->tokens - 1) * (double)v->stride_token +
+                        (double)(v->dim - 1) * (double)v->stride_dim;
+    return span < 9.0e18;
+}
+
+// Copies a [rows x dim] tile of a view (head h, tokens t0.., dims 0..dim) into
+// shared memory as row-major [rows_pad x ld] (same element type), zero-filling
+// rows >= nrows_valid and dims >= dim up to dim_pad. Coalesces along the unit
+// stride of the view (dim or token). All threads of the block participate.
+template <typename T>
+__device__ __forceinline__ void load_tile(T* __restrict__ dst, int ld, const View& v, int64_t h,
+                                          int64_t t0, int nrows_valid, int rows_pad, int dim_pad) {
+    const int dim = (int)v.dim;
+    const int n = rows_pad * dim_pad;
+    if (v.sd == 1 || v.st != 1) {
+        // dim fastest
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            const int r = e / dim_pad, d = e - r * dim_pad;
+            T x = zero_val<T>();
+            if (r < nrows_valid && d < dim) x = *elem_ptr<T>(v, h, t0 + r, d);
+            dst[r * ld + d] = x;
+        }
+    } else {
+        // tokens fastest (transposed layouts)
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            const int d = e / rows_pad, r = e - d * rows_pad;
+            T x = zero_val<T>();
+            if (r < nrows_valid && d < dim) x = *elem_ptr<T>(v, h, t0 + r, d);
+            dst[r * ld + d] = x;
+        }
+    }
+}
+
+// ------------------------------------------------- order-preserving floats --
+// Monotone map float -> uint32: a < b (as floats, -0 == +0 treated as equal
+// after canonicalisation) iff key(a) < key(b). NaN maps to 0 (ranks lowest).
+__device__ __forceinline__ uint32_t float_key(float f) {
+    if (f != f) return 0u;
+    if (f == 0.0f) f = 0.0f;  // -0 -> +0
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// -------------------------------------------------------------- reductions --
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+__device__ __forceinline__ double warp_sum_d(double x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// ------------------------------------------------------------------- host --
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static inline int launch_status() { return (int)cudaGetLastError(); }
+
+// Raises a kernel's dynamic shared-memory limit when it needs more than the
+// default 48 KiB. Host-side only (no synchronisation, allowed in graph capture).
+template <typename K>
+static inline int set_smem(K kernel, size_t bytes) {
+    if (bytes <= 48 * 1024) return 0;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return (int)e;
+    int optin = 0;
+    e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e != cudaSuccess) return (int)e;
+    if ((size_t)optin < bytes) return (int)cudaErrorInvalidValue;
+    return (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)bytes);
+}
+
+}  // namespace kve
+
+#define KVE_STREAM(s) (reinterpret_cast<cudaStream_t>(s))
+#define KVE_CHECK(x)                       \
+    do {                                   \
+        int kve_rc_ = (int)(x);            \
+        if (kve_rc_ != 0) return kve_rc_;  \
+    } while (0)

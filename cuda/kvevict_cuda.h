@@ -1,0 +1,227 @@
+/*
+ * kvevict CUDA launchers: the plain C interface to the kernels in cuda/*.cu.
+ *
+ * Conventions shared by every launcher (read these once):
+ *  - Every launcher is `extern "C"`, named kve_cuda_<stage>, takes the engine's
+ *    `cudaStream_t` as `void* stream` (NULL = the legacy default stream) and
+ *    returns the CUDA status as an int (cudaSuccess = 0; invalid arguments give
+ *    cudaErrorInvalidValue = 1 before anything is enqueued, so nothing is written).
+ *  - Launchers allocate nothing. Stages that need scratch memory take a device
+ *    workspace `ws` of at least kve_cuda_<stage>_workspace_size(...) bytes
+ *    (256-byte aligned; cudaMalloc memory always is).
+ *  - No launcher synchronises the host or the device, reads device memory on the
+ *    host, or calls anything a CUDA graph capture forbids: every one can be
+ *    captured in a graph. Some query device attributes (host-side, no sync) and
+ *    raise a kernel's dynamic shared-memory limit with cudaFuncSetAttribute
+ *    (also host-side, allowed during capture).
+ *  - All pointers except the view descriptors themselves are device pointers
+ *    (the descriptor structs are passed by value or by host pointer).
+ *  - Scores are f32. A "score row" has one entry per prefix token; a [rows, P]
+ *    array is contiguous with row stride P unless a *_ld argument says otherwise.
+ *  - Query head h reads KV head h / g (g = Hq / Hkv).
+ *  - Window: the last w of the N tokens; prefix tokens are i < P = N - w.
+ *
+ * Copyright the kvevict authors, Apache-2.0.
+ */
+#ifndef KVEVICT_CUDA_H
+#define KVEVICT_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types of a view. */
+#define KVE_CUDA_F32 0
+#define KVE_CUDA_F16 1
+#define KVE_CUDA_BF16 2
+
+/* A strided 3-D tensor view on the device: element (h, t, d) lives at
+ * data + h*stride_head + t*stride_token + d*stride_dim  (strides in ELEMENTS,
+ * may be any non-negative values). One descriptor covers head-major [H, N, d]
+ * (strides N*d, d, 1), llama.cpp token-major K rows [N, H*d] (d, H*d, 1) and
+ * llama.cpp's transposed V [H*d, N] (d*N, 1, N).
+ * For Qw the "heads" are the Hq query heads and the "tokens" the w window rows. */
+typedef struct kve_cuda_view {
+    void* data;
+    int32_t dtype;      /* KVE_CUDA_F32 / F16 / BF16 */
+    int32_t reserved;   /* must be 0 */
+    int64_t stride_head;
+    int64_t stride_token;
+    int64_t stride_dim;
+    int64_t heads;
+    int64_t tokens;
+    int64_t dim;
+} kve_cuda_view;
+
+/* GQA reductions over the g query heads of a KV group. */
+#define KVE_CUDA_GQA_MEAN 0
+#define KVE_CUDA_GQA_MAX 1
+#define KVE_CUDA_GQA_SUM 2
+
+/* *out = number of CUDA devices; returns cudaGetDeviceCount's status
+ * (35 = cudaErrorInsufficientDriver / 100 = cudaErrorNoDevice without a GPU;
+ * *out is then 0). */
+int kve_cuda_device_count(int* out);
+
+/* ------------------------------------------------------------------ window --
+ * Window attention with split-N online softmax, and the column aggregates over
+ * the window for prefix tokens i < P = N - w (SPEC §2):
+ *   z[h,j,i] = Qw[h,j]·K[h/g,i] / sqrt(dk), causal inside the window,
+ *   A = softmax_i(z) in f32 with max subtraction over all visible keys.
+ * q: [Hq, w, dk] view; k: [Hkv, N, dk] view; q and k must have the same dtype;
+ * dk <= 256. Three launches: pass 1 (per-split row max / sum-exp), combine,
+ * pass 2 (aggregates). The [w, N] attention matrix is never stored.
+ * Outputs (each may be NULL; all contiguous f32):
+ *   out_mean  [Hq, P]  mean_j A[h,j,i]                       (SnapKV, LAVa)
+ *   out_l2    [Hq, P]  ||A[h,:,i]||_2                         (LaProx)
+ *   out_cross [Hkv, g(g+1)/2, P]  sum_j A[a,j,i]·A[b,j,i] for the group's query
+ *             heads a <= b, pairs in row-major upper-triangle order
+ *             (0,0),(0,1)..(0,g-1),(1,1),..; needs g <= 16  (LaProx exact GQA)
+ *   out_group [Hkv, P]  gqa_op over the group of mean_j A[h,j,i]   (SnapKV
+ *             reduce-before-pool)
+ * Workspace: kve_cuda_window_workspace_size(Hq, w, N, Hkv) bytes.
+ * P == 0 is valid (nothing to do). */
+size_t kve_cuda_window_workspace_size(int64_t hq, int64_t w, int64_t n, int64_t hkv);
+int kve_cuda_window(const kve_cuda_view* q, const kve_cuda_view* k, int64_t w,
+                    float* out_mean, float* out_l2, float* out_cross,
+                    float* out_group, int gqa_op, void* ws, size_t ws_bytes,
+                    void* stream);
+
+/* ------------------------------------------------------------- lava_factor --
+ * LAVa head factor: out[hk] = max over prefix tokens i < prefix of
+ * ||V[hk,i,:]||_1 (f32, one per KV head; 0 when prefix == 0). v: [Hkv, N, dv]. */
+int kve_cuda_lava_factor(const kve_cuda_view* v, int64_t prefix, float* out,
+                         void* stream);
+
+/* ------------------------------------------------------------------ vonorm --
+ * Value-output norms through Gram matrices, on tensor cores for f16/bf16:
+ *   out[m, i] = v_i G_m v_iᵀ   (or its square root when take_sqrt != 0)
+ * for tokens i < n_tokens, v_i = V[m / (n_gram / Hkv), i, :].
+ * With G_h = Wo_h Wo_hᵀ (n_gram = Hq) this is ||V[h/g,i] Wo_h||² per query head;
+ * with the cross-Grams G_{hh'} of a group (n_gram = Hkv·g(g+1)/2, pair order as
+ * out_cross above) it gives the exact-GQA terms. n_gram must be a multiple of Hkv.
+ * gram_hi: [n_gram, dv, dv] contiguous, in v's dtype (f32 V: f32 G, SIMT path);
+ * gram_lo: NULL, or the rounding residual G - gram_hi in the same dtype (two MMAs,
+ * ~f32-accurate G); kve_cuda_gram_split makes both from an f32 G.
+ * dv <= 256. out: [n_gram, n_tokens] contiguous f32. */
+int kve_cuda_vonorm(const kve_cuda_view* v, int64_t n_tokens, const void* gram_hi,
+                    const void* gram_lo, int64_t n_gram, int take_sqrt, float* out,
+                    void* stream);
+
+/* gram_split: hi = round(G) to dtype, lo = round(G - hi) (lo may be NULL).
+ * g: n contiguous f32; hi/lo: n elements of dtype (F16 or BF16; F32 copies). */
+int kve_cuda_gram_split(const float* g, int64_t n, int dtype, void* hi, void* lo,
+                        void* stream);
+
+/* -------------------------------------------------------------------- pool --
+ * 1-D pooling along tokens of each row of in[rows, n] (row stride ld_in) into
+ * out[rows, n] (row stride ld_out), stride 1, kernel k (odd for avg/max):
+ *   mode 0 avg:     pad k/2 zeros counted (count_include_pad, PyTorch default)
+ *   mode 1 max:     pad k/2 with -inf
+ *   mode 2 forward: out[i] = max_{0<=j<k, j<=i} decay^j · in[i-j]
+ * in and out must not overlap. */
+#define KVE_CUDA_POOL_AVG 0
+#define KVE_CUDA_POOL_MAX 1
+#define KVE_CUDA_POOL_FORWARD 2
+int kve_cuda_pool(const float* in, int64_t ld_in, float* out, int64_t ld_out,
+                  int64_t rows, int64_t n, int mode, int k, float decay,
+                  void* stream);
+
+/* ------------------------------------------------------------- head_reduce --
+ * out[hk, i] = gqa_op over hh < g of  a[h,i] · f(b[h,i]) · scale[hk],  h = hk·g+hh
+ * a, b: [Hq, n] (row stride ld_in); out: [Hkv, n] (row stride ld_out).
+ * b_mode 0: b unused (NULL ok); 1: f(b) = sqrt(max(b,0)); 2: f(b) = b.
+ * scale: NULL or [Hkv]. Covers LaProx (a = pooled ||A||, b = v G vᵀ, sqrt, SUM),
+ * LAVa (a = pooled mean, scale = head factor, MAX), SnapKV (a = pooled mean,
+ * MEAN), and plain per-head products (Hkv = Hq). */
+int kve_cuda_head_reduce(const float* a, const float* b, int b_mode,
+                         const float* scale, int64_t ld_in, float* out,
+                         int64_t ld_out, int64_t hq, int64_t hkv, int64_t n,
+                         int gqa_op, void* stream);
+
+/* ------------------------------------------------------------ laprox_exact --
+ * LaProx exact GQA: out[hk,i] = sqrt(max(0, sum_{a,b} C_ab(i) · Q_ab(i))) over
+ * the g² ordered pairs, from the upper-triangle arrays cross [Hkv, np, n]
+ * (kve_cuda_window out_cross) and qv [Hkv, np, n] (kve_cuda_vonorm with the
+ * cross-Grams, take_sqrt = 0); np = g(g+1)/2; off-diagonal pairs count twice.
+ * mode 1 (mean-attn): out = sqrt(sum_{a,b} C_ab) · mean_h sqrt(Q_hh). */
+int kve_cuda_laprox_exact(const float* cross, const float* qv, float* out,
+                          int64_t hkv, int64_t g, int64_t n, int mode,
+                          void* stream);
+
+/* ------------------------------------------------------------- layer_stats --
+ * Per-layer sum and entropy (SPEC §4 lava): for layer l the scores
+ * s = scores[l*layer_stride + e], e < count (all heads and prefix tokens):
+ *   sums[l] = Σ s,   entropy[l] = -Σ p ln p with p = s / Σ s (terms with s <= 0
+ *   contribute 0 to the entropy; entropy 0 when the sum is <= 0).
+ * f64 outputs, deterministic (fixed reduction order).
+ * Workspace: kve_cuda_layer_stats_workspace_size(L, count). */
+size_t kve_cuda_layer_stats_workspace_size(int64_t layers, int64_t count);
+int kve_cuda_layer_stats(const float* scores, int64_t layer_stride, int64_t count,
+                         int64_t layers, double* sums, double* entropy, void* ws,
+                         size_t ws_bytes, void* stream);
+
+/* ------------------------------------------------------------ token_reduce --
+ * Token granularity: out[i] = Σ_l Σ_r scores[l, r, i] / sums[l] over the
+ * rows_per_layer rows of each layer (sums NULL: no normalisation).
+ * scores: [layers, rows_per_layer, n] contiguous; out: [n]. */
+int kve_cuda_token_reduce(const float* scores, const double* sums, int64_t layers,
+                          int64_t rows_per_layer, int64_t n, float* out,
+                          void* stream);
+
+/* ------------------------------------------------------------------ select --
+ * Histogram-threshold top-K (radix select over order-preserving float bits, no
+ * sort). Rows r < n_groups·rows_per_group of scores (row stride ld, n entries);
+ * group G = rows [G·rows_per_group, (G+1)·rows_per_group) keeps its k[G] largest
+ * entries (k: device int64 array of n_groups, or NULL to use k_all for every
+ * group; k <= 0 keeps none, k >= size keeps all). Keys are
+ * score[r,i] · (1 / layer_sum[r / rows_per_layer]) when layer_sum != NULL (global
+ * LaProx normalisation), else the raw scores; NaN ranks lowest.
+ *   - global (whole model):   n_groups = 1, rows_per_group = L·Hkv
+ *   - per layer (ada, no floor): n_groups = L, rows_per_group = Hkv
+ *   - uniform per head:        n_groups = L·Hkv, rows_per_group = 1
+ * Ties: among equal keys the later position is kept first; equal keys at the same
+ * position in different rows: the lower row first (deterministic).
+ * Output per row: counts[r] (int32) and the kept positions in ascending order in
+ * idx[r·idx_ld + 0 .. counts[r]) (int32; idx_ld >= n).
+ * A group's entries must number < 2^32. Launches: 1 init + passes·2 + 1 output,
+ * the number of passes fixed by n (ceil((32 + bits(n-1)) / 11)).
+ * Workspace: kve_cuda_select_workspace_size(n_groups). */
+size_t kve_cuda_select_workspace_size(int64_t n_groups);
+int kve_cuda_select(const float* scores, int64_t ld, int64_t n, int64_t n_groups,
+                    int64_t rows_per_group, const int64_t* k, int64_t k_all,
+                    const double* layer_sum, int64_t rows_per_layer, int32_t* counts,
+                    int32_t* idx, int64_t idx_ld, void* ws, size_t ws_bytes,
+                    void* stream);
+
+/* ------------------------------------------------------------------ compact --
+ * In place: for each head h of view x, rows kept[h·kept_ld + t] (ascending,
+ * t < counts[h]) move to token t, order kept; the rest of the head is left as it
+ * was. kept_ld = 0 means one list shared by all heads (llama.cpp token rows: view
+ * the [N, Hkv·d] rows as heads = Hkv, stride_head = d, stride_token = Hkv·d, or
+ * heads = 1, dim = Hkv·d); counts then has one entry. Works for every layout
+ * (transposed V too). Rows are staged through the workspace (gather, then
+ * scatter: two launches), so counts[h] must be <= max_keep (rows beyond are not
+ * moved). Workspace: kve_cuda_compact_workspace_size(x, max_keep). */
+size_t kve_cuda_compact_workspace_size(const kve_cuda_view* x, int64_t max_keep);
+int kve_cuda_compact(const kve_cuda_view* x, const int32_t* kept, int64_t kept_ld,
+                     const int32_t* counts, int64_t max_keep, void* ws,
+                     size_t ws_bytes, void* stream);
+
+/* Varlen, out of place: dst = [Σ_h counts[h], dim] contiguous rows of src's dtype,
+ * head h's kept rows (ascending kept lists as above; kept_ld = 0 shares one list)
+ * at rows cu_seqlens[h] .. cu_seqlens[h+1]; cu_seqlens[heads+1] (int32) is written
+ * too (flash-attention varlen layout). dst must hold Σ counts rows (at most
+ * heads·src.tokens). */
+int kve_cuda_compact_varlen(const kve_cuda_view* src, const int32_t* kept,
+                            int64_t kept_ld, const int32_t* counts, void* dst,
+                            int32_t* cu_seqlens, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVEVICT_CUDA_H */

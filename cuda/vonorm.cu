@@ -1,0 +1,172 @@
+// Value-output norms through Gram matrices (SPEC §3 LaProx):
+//   ||v Wo_h||² = v G_h vᵀ,  G_h = Wo_h Wo_hᵀ  ([dv, dv], computed once per model).
+// The compute-bound stage: per block, one KV head and a tile of TV tokens; the
+// V tile stays in shared memory while every Gram of the group is applied in
+// column chunks X = V·G[:, c0:c0+CB] (tensor cores for f16/bf16, f32 accumulate),
+// then q_i += Σ_c X[i,c]·V[i,c0+c]. V is read from device memory once.
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace kve {
+namespace {
+
+constexpr int VO_NT = 256;
+constexpr int VO_CB = 32;  // Gram columns per chunk
+
+template <typename T, int DVP> struct VoCfg {
+    static constexpr int PAD = Pad<T>::value;
+    static constexpr int TV = (DVP >= 256 || sizeof(T) == 4) ? 64 : 128;  // tokens per tile
+    static constexpr int LDV = DVP + PAD;
+    static constexpr int LDG = VO_CB + (sizeof(T) == 2 ? 8 : 4);
+    static constexpr int LDX = VO_CB + 4;
+    static constexpr size_t V_BYTES = ((size_t)TV * LDV * sizeof(T) + 127) / 128 * 128;
+    static constexpr size_t G_BYTES = ((size_t)DVP * LDG * sizeof(T) + 127) / 128 * 128;
+    static constexpr size_t X_BYTES = ((size_t)TV * LDX * sizeof(float) + 127) / 128 * 128;
+    static constexpr size_t SMEM = V_BYTES + 2 * G_BYTES + X_BYTES;
+};
+
+template <typename T, int DVP>
+__global__ void __launch_bounds__(VO_NT)
+    vonorm_kernel(View v, int64_t n_tokens, const T* __restrict__ ghi, const T* __restrict__ glo,
+                  int gpk, int take_sqrt, float* __restrict__ out) {
+    using C = VoCfg<T, DVP>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    T* Vs = reinterpret_cast<T*>(smem);
+    T* Gh = reinterpret_cast<T*>(smem + C::V_BYTES);
+    T* Gl = reinterpret_cast<T*>(smem + C::V_BYTES + C::G_BYTES);
+    float* X = reinterpret_cast<float*>(smem + C::V_BYTES + 2 * C::G_BYTES);
+
+    const int hk = blockIdx.y;
+    const int64_t i0 = (int64_t)blockIdx.x * C::TV;
+    const int tn = (int)min((int64_t)C::TV, n_tokens - i0);
+    const int dv = (int)v.dim;
+    constexpr int TPT = VO_NT / C::TV;  // threads per token (2 or 4)
+    constexpr int CPT = VO_CB / TPT;    // columns per thread per chunk
+    const int tok = threadIdx.x / TPT, sub = threadIdx.x % TPT;
+
+    load_tile<T>(Vs, C::LDV, v, hk, i0, tn, C::TV, DVP);
+    const int64_t gsz = (int64_t)dv * dv;
+
+    for (int mm = 0; mm < gpk; ++mm) {
+        const int64_t m = (int64_t)hk * gpk + mm;
+        const T* gh = ghi + m * gsz;
+        const T* gl = glo ? glo + m * gsz : nullptr;
+        float q = 0.0f;
+        for (int c0 = 0; c0 < dv; c0 += VO_CB) {
+            __syncthreads();  // V loaded / previous chunk's G and X no longer read
+            for (int e = threadIdx.x; e < DVP * VO_CB; e += blockDim.x) {
+                const int kr = e / VO_CB, c = e - kr * VO_CB;
+                const bool ok = kr < dv && c0 + c < dv;
+                Gh[kr * C::LDG + c] = ok ? gh[(int64_t)kr * dv + c0 + c] : zero_val<T>();
+                if (gl) Gl[kr * C::LDG + c] = ok ? gl[(int64_t)kr * dv + c0 + c] : zero_val<T>();
+            }
+            __syncthreads();
+            MM<T>::template ab<DVP>(X, C::LDX, Vs, C::LDV, Gh, gl ? Gl : nullptr, C::LDG, C::TV,
+                                    VO_CB);
+            __syncthreads();
+#pragma unroll
+            for (int cc = 0; cc < CPT; ++cc) {
+                const int c = sub * CPT + cc;
+                q = fmaf(X[tok * C::LDX + c], to_f32<T>(Vs[tok * C::LDV + c0 + c]), q);
+            }
+        }
+        // reduce over the TPT adjacent lanes of a token
+#pragma unroll
+        for (int o = TPT / 2; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+        if (sub == 0 && tok < tn)
+            out[m * n_tokens + i0 + tok] = take_sqrt ? sqrtf(fmaxf(q, 0.0f)) : q;
+    }
+}
+
+template <typename T, int DVP>
+int vonorm_run(const View& v, int64_t n_tokens, const void* ghi, const void* glo, int64_t n_gram,
+               int take_sqrt, float* out, cudaStream_t st) {
+    using C = VoCfg<T, DVP>;
+    const int64_t hkv = v.heads;
+    const int gpk = (int)(n_gram / hkv);
+    const size_t sm = C::SMEM;
+    KVE_CHECK(set_smem(vonorm_kernel<T, DVP>, sm));
+    const dim3 grid((unsigned)ceil_div(n_tokens, C::TV), (unsigned)hkv);
+    vonorm_kernel<T, DVP><<<grid, VO_NT, sm, st>>>(v, n_tokens, reinterpret_cast<const T*>(ghi),
+                                                   reinterpret_cast<const T*>(glo), gpk,
+                                                   take_sqrt, out);
+    return launch_status();
+}
+
+template <typename T>
+int vonorm_dispatch(const View& v, int64_t n_tokens, const void* ghi, const void* glo,
+                    int64_t n_gram, int take_sqrt, float* out, cudaStream_t st) {
+    if (v.dim <= 64) return vonorm_run<T, 64>(v, n_tokens, ghi, glo, n_gram, take_sqrt, out, st);
+    if (v.dim <= 128)
+        return vonorm_run<T, 128>(v, n_tokens, ghi, glo, n_gram, take_sqrt, out, st);
+    return vonorm_run<T, 256>(v, n_tokens, ghi, glo, n_gram, take_sqrt, out, st);
+}
+
+template <typename T>
+__global__ void gram_split_kernel(const float* __restrict__ g, int64_t n, T* __restrict__ hi,
+                                  T* __restrict__ lo) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float x = g[i];
+        const T h = from_f32<T>(x);
+        hi[i] = h;
+        if (lo) lo[i] = from_f32<T>(x - to_f32<T>(h));
+    }
+}
+
+}  // namespace
+}  // namespace kve
+
+using namespace kve;
+
+extern "C" int kve_cuda_vonorm(const kve_cuda_view* v, int64_t n_tokens, const void* gram_hi,
+                               const void* gram_lo, int64_t n_gram, int take_sqrt, float* out,
+                               void* stream) {
+    if (!view_ok(v)) return (int)cudaErrorInvalidValue;
+    const int64_t hkv = v->heads;
+    if (hkv <= 0 || v->dim < 1 || v->dim > 256) return (int)cudaErrorInvalidValue;
+    if (n_tokens < 0 || n_tokens > v->tokens) return (int)cudaErrorInvalidValue;
+    if (n_gram <= 0 || n_gram % hkv != 0 || hkv > 65535) return (int)cudaErrorInvalidValue;
+    if (n_tokens == 0) return 0;
+    if (!gram_hi || !out) return (int)cudaErrorInvalidValue;
+    const View vv = to_view(*v);
+    cudaStream_t st = KVE_STREAM(stream);
+    switch (v->dtype) {
+        case KVE_CUDA_F32:
+            return vonorm_dispatch<float>(vv, n_tokens, gram_hi, gram_lo, n_gram, take_sqrt, out,
+                                          st);
+        case KVE_CUDA_F16:
+            return vonorm_dispatch<__half>(vv, n_tokens, gram_hi, gram_lo, n_gram, take_sqrt,
+                                           out, st);
+        case KVE_CUDA_BF16:
+            return vonorm_dispatch<__nv_bfloat16>(vv, n_tokens, gram_hi, gram_lo, n_gram,
+                                                  take_sqrt, out, st);
+        default: return (int)cudaErrorInvalidValue;
+    }
+}
+
+extern "C" int kve_cuda_gram_split(const float* g, int64_t n, int dtype, void* hi, void* lo,
+                                   void* stream) {
+    if (n < 0 || dtype_size(dtype) == 0) return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    if (!g || !hi) return (int)cudaErrorInvalidValue;
+    cudaStream_t st = KVE_STREAM(stream);
+    int64_t blocks = ceil_div(n, 256);
+    if (blocks > 65535) blocks = 65535;
+    switch (dtype) {
+        case KVE_CUDA_F32:
+            gram_split_kernel<float><<<(unsigned)blocks, 256, 0, st>>>(
+                g, n, static_cast<float*>(hi), static_cast<float*>(lo));
+            break;
+        case KVE_CUDA_F16:
+            gram_split_kernel<__half><<<(unsigned)blocks, 256, 0, st>>>(
+                g, n, static_cast<__half*>(hi), static_cast<__half*>(lo));
+            break;
+        case KVE_CUDA_BF16:
+            gram_split_kernel<__nv_bfloat16><<<(unsigned)blocks, 256, 0, st>>>(
+                g, n, static_cast<__nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(lo));
+            break;
+        default: return (int)cudaErrorInvalidValue;
+    }
+    return launch_status();
+}

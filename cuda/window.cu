@@ -1,0 +1,409 @@
+// Window attention (SPEC §2) with split-N online softmax and the column
+// aggregates over the window (SPEC §3: SnapKV mean, LaProx L2 norm, GQA
+// reductions, LaProx exact-GQA cross terms). The [w, N] attention matrix is
+// never written to global memory.
+//
+// Pass 1 (grid: splits x Hkv): for every query row (h, j) of the block's KV
+//   group, the max and sum-exp of the scaled logits over the block's key range
+//   (causal: query j sees keys i <= P + j), written per split.
+// Combine: per row m = max_s m_s, l = Σ_s l_s·exp(m_s - m); stores (m, 1/l).
+// Pass 2 (grid: prefix-tile ranges x Hkv): recomputes the logits of prefix keys
+//   (every window query sees every prefix key, no mask), A = exp(z - m)/l, and
+//   accumulates per key the column sums / sums of squares / cross products.
+//
+// Rows of one chunk are ordered j-major (r = jj·g + hh) so that all g heads of
+// one window position are in the same chunk (cross terms need them together).
+// Logits run on tensor cores for f16/bf16 (products of 16-bit values are exact
+// in f32; f32 accumulation), SIMT f32 for f32 inputs.
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace kve {
+namespace {
+
+constexpr int WIN_TK = 64;   // keys per tile
+constexpr int WIN_NT = 256;  // threads per block
+constexpr int WIN_MAXG_CROSS = 16;
+constexpr int WIN_MAX_PAIRS = WIN_MAXG_CROSS * (WIN_MAXG_CROSS + 1) / 2;
+
+template <typename T, int DKP> struct WinCfg {
+    static constexpr int PAD = Pad<T>::value;
+    static constexpr int LDQ = DKP + PAD;
+    static constexpr int LDK = DKP + PAD;
+    static constexpr int LDS = WIN_TK + 4;
+    static constexpr int RMAX = (DKP * (int)sizeof(T) >= 512) ? 64 : 128;
+};
+
+// Shared-memory carve-up, identical on host and device.
+struct WinSmem {
+    size_t q, k, s, rm, rl, acc, pairs, total;
+};
+template <typename T, int DKP>
+__host__ __device__ inline WinSmem win_smem(int rcp, int n_items) {
+    using C = WinCfg<T, DKP>;
+    WinSmem o;
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+        size_t at = off;
+        off += (bytes + 127) / 128 * 128;
+        return at;
+    };
+    o.q = take((size_t)rcp * C::LDQ * sizeof(T));
+    o.k = take((size_t)WIN_TK * C::LDK * sizeof(T));
+    o.s = take((size_t)rcp * C::LDS * sizeof(float));
+    o.rm = take((size_t)rcp * sizeof(float));
+    o.rl = take((size_t)rcp * sizeof(float));
+    o.acc = take((size_t)n_items * WIN_TK * sizeof(float));
+    o.pairs = take((size_t)2 * WIN_MAX_PAIRS);
+    o.total = off;
+    return o;
+}
+
+// Loads the chunk's query rows r = jj*g + hh (jj < jn) into Qs [rcp x LDQ],
+// zero-padding rows >= jn*g and dims >= dk.
+template <typename T, int DKP>
+__device__ void load_q_chunk(T* Qs, const View& q, int hk, int g, int64_t j0, int jn, int rcp) {
+    using C = WinCfg<T, DKP>;
+    const int dk = (int)q.dim;
+    const int rows = jn * g;
+    for (int e = threadIdx.x; e < rcp * DKP; e += blockDim.x) {
+        const int r = e / DKP, d = e - r * DKP;
+        T x = zero_val<T>();
+        if (r < rows && d < dk) {
+            const int hh = r % g, jj = r / g;
+            x = *elem_ptr<T>(q, (int64_t)hk * g + hh, j0 + jj, d);
+        }
+        Qs[r * C::LDQ + d] = x;
+    }
+}
+
+struct WinArgs {
+    View q, k;
+    int64_t n, w, p;  // tokens, window, prefix
+    int g, jc, rcp, nchunks;
+    int64_t tiles_per_block;
+    int nsplit;  // pass 1 splits
+    float scale;
+};
+
+template <typename T, int DKP>
+__global__ void __launch_bounds__(WIN_NT) window_pass1(WinArgs a, float2* __restrict__ part) {
+    using C = WinCfg<T, DKP>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const WinSmem L = win_smem<T, DKP>(a.rcp, 0);
+    T* Qs = reinterpret_cast<T*>(smem + L.q);
+    T* Ks = reinterpret_cast<T*>(smem + L.k);
+    float* S = reinterpret_cast<float*>(smem + L.s);
+    float* rm = reinterpret_cast<float*>(smem + L.rm);
+    float* rl = reinterpret_cast<float*>(smem + L.rl);
+
+    const int hk = blockIdx.y;
+    const int split = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t ntiles = (a.n + WIN_TK - 1) / WIN_TK;
+    const int64_t t_begin = (int64_t)split * a.tiles_per_block;
+    const int64_t t_end = min(ntiles, t_begin + a.tiles_per_block);
+
+    for (int c = 0; c < a.nchunks; ++c) {
+        const int64_t j0 = (int64_t)c * a.jc;
+        const int jn = (int)min((int64_t)a.jc, a.w - j0);
+        const int rows = jn * a.g;
+        load_q_chunk<T, DKP>(Qs, a.q, hk, a.g, j0, jn, a.rcp);
+        for (int r = threadIdx.x; r < a.rcp; r += blockDim.x) {
+            rm[r] = -INFINITY;
+            rl[r] = 0.0f;
+        }
+        for (int64_t t = t_begin; t < t_end; ++t) {
+            const int64_t i0 = t * WIN_TK;
+            const int kn = (int)min((int64_t)WIN_TK, a.n - i0);
+            load_tile<T>(Ks, C::LDK, a.k, hk, i0, kn, WIN_TK, DKP);
+            __syncthreads();
+            MM<T>::template abt<DKP>(S, C::LDS, Qs, C::LDQ, Ks, C::LDK, a.rcp, WIN_TK);
+            __syncthreads();
+            for (int r = warp; r < rows; r += nw) {
+                const int64_t lim = a.p + j0 + r / a.g;  // last visible key
+                const int c0 = lane, c1 = lane + 32;
+                float z0 = -INFINITY, z1 = -INFINITY;
+                if (c0 < kn && i0 + c0 <= lim) z0 = S[r * C::LDS + c0] * a.scale;
+                if (c1 < kn && i0 + c1 <= lim) z1 = S[r * C::LDS + c1] * a.scale;
+                const float mt = warp_max(fmaxf(z0, z1));
+                if (mt == -INFINITY) continue;  // warp-uniform: nothing visible here
+                const float mo = rm[r];
+                const float mn = fmaxf(mo, mt);
+                float e = (z0 == -INFINITY ? 0.0f : expf(z0 - mn)) +
+                          (z1 == -INFINITY ? 0.0f : expf(z1 - mn));
+                e = warp_sum(e);
+                if (lane == 0) {
+                    rl[r] = (mo == -INFINITY ? 0.0f : rl[r] * expf(mo - mn)) + e;
+                    rm[r] = mn;
+                }
+            }
+            __syncthreads();
+        }
+        for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+            const int hh = r % a.g, jj = r / a.g;
+            const int64_t row = ((int64_t)hk * a.g + hh) * a.w + j0 + jj;
+            part[row * a.nsplit + split] = make_float2(rm[r], rl[r]);
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void window_combine(const float2* __restrict__ part, int nsplit, int64_t rows,
+                               float2* __restrict__ stats) {
+    const int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    const float2* p = part + row * nsplit;
+    float m = -INFINITY;
+    for (int s = 0; s < nsplit; ++s)
+        if (p[s].y > 0.0f) m = fmaxf(m, p[s].x);
+    float l = 0.0f;
+    if (m != -INFINITY)
+        for (int s = 0; s < nsplit; ++s)
+            if (p[s].y > 0.0f) l += p[s].y * expf(p[s].x - m);
+    stats[row] = make_float2(m, l > 0.0f ? 1.0f / l : 0.0f);
+}
+
+struct WinOut {
+    float* mean;   // [Hq, P]
+    float* l2;     // [Hq, P]
+    float* cross;  // [Hkv, npairs, P]
+    float* group;  // [Hkv, P]
+    int gqa_op;
+    int cross_on;
+};
+
+template <typename T, int DKP>
+__global__ void __launch_bounds__(WIN_NT)
+    window_pass2(WinArgs a, const float2* __restrict__ stats, WinOut o) {
+    using C = WinCfg<T, DKP>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int g = a.g;
+    const int npairs = o.cross_on ? g * (g + 1) / 2 : g;
+    const int n_items = g + npairs;
+    const WinSmem L = win_smem<T, DKP>(a.rcp, n_items);
+    T* Qs = reinterpret_cast<T*>(smem + L.q);
+    T* Ks = reinterpret_cast<T*>(smem + L.k);
+    float* S = reinterpret_cast<float*>(smem + L.s);
+    float* rm = reinterpret_cast<float*>(smem + L.rm);
+    float* ri = reinterpret_cast<float*>(smem + L.rl);
+    float* acc = reinterpret_cast<float*>(smem + L.acc);
+    unsigned char* pa = smem + L.pairs;
+    unsigned char* pb = pa + WIN_MAX_PAIRS;
+
+    const int hk = blockIdx.y;
+    if (threadIdx.x == 0) {
+        int p = 0;
+        if (o.cross_on) {
+            for (int x = 0; x < g; ++x)
+                for (int y = x; y < g; ++y) {
+                    pa[p] = (unsigned char)x;
+                    pb[p] = (unsigned char)y;
+                    ++p;
+                }
+        } else {
+            for (int x = 0; x < g; ++x) {
+                pa[x] = (unsigned char)x;
+                pb[x] = (unsigned char)x;
+            }
+        }
+    }
+    const int64_t ptiles = (a.p + WIN_TK - 1) / WIN_TK;
+    const int64_t t_begin = (int64_t)blockIdx.x * a.tiles_per_block;
+    const int64_t t_end = min(ptiles, t_begin + a.tiles_per_block);
+    const float inv_w = 1.0f / (float)a.w;
+
+    for (int64_t t = t_begin; t < t_end; ++t) {
+        const int64_t i0 = t * WIN_TK;
+        const int kn = (int)min((int64_t)WIN_TK, a.p - i0);
+        load_tile<T>(Ks, C::LDK, a.k, hk, i0, kn, WIN_TK, DKP);
+        for (int e = threadIdx.x; e < n_items * WIN_TK; e += blockDim.x) acc[e] = 0.0f;
+        for (int c = 0; c < a.nchunks; ++c) {
+            const int64_t j0 = (int64_t)c * a.jc;
+            const int jn = (int)min((int64_t)a.jc, a.w - j0);
+            const int rows = jn * g;
+            if (a.nchunks > 1 || t == t_begin) {
+                load_q_chunk<T, DKP>(Qs, a.q, hk, g, j0, jn, a.rcp);
+                for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+                    const int hh = r % g, jj = r / g;
+                    const float2 st = stats[((int64_t)hk * g + hh) * a.w + j0 + jj];
+                    rm[r] = st.x;
+                    ri[r] = st.y;
+                }
+            }
+            __syncthreads();
+            MM<T>::template abt<DKP>(S, C::LDS, Qs, C::LDQ, Ks, C::LDK, a.rcp, WIN_TK);
+            __syncthreads();
+            for (int e = threadIdx.x; e < rows * WIN_TK; e += blockDim.x) {
+                const int r = e / WIN_TK, col = e - r * WIN_TK;
+                float* sp = &S[r * C::LDS + col];
+                *sp = col < kn ? expf(*sp * a.scale - rm[r]) * ri[r] : 0.0f;
+            }
+            __syncthreads();
+            for (int e = threadIdx.x; e < n_items * WIN_TK; e += blockDim.x) {
+                const int item = e / WIN_TK, col = e - item * WIN_TK;
+                float s = 0.0f;
+                if (item < g) {
+                    for (int jj = 0; jj < jn; ++jj) s += S[(jj * g + item) * C::LDS + col];
+                } else {
+                    const int x = pa[item - g], y = pb[item - g];
+                    for (int jj = 0; jj < jn; ++jj)
+                        s += S[(jj * g + x) * C::LDS + col] * S[(jj * g + y) * C::LDS + col];
+                }
+                acc[e] += s;
+            }
+            __syncthreads();
+        }
+        // Outputs for the tile's keys.
+        for (int col = threadIdx.x; col < kn; col += blockDim.x) {
+            const int64_t i = i0 + col;
+            float red = (o.gqa_op == KVE_CUDA_GQA_MAX) ? -INFINITY : 0.0f;
+            for (int hh = 0; hh < g; ++hh) {
+                const int64_t h = (int64_t)hk * g + hh;
+                const float mean = acc[hh * WIN_TK + col] * inv_w;
+                if (o.mean) o.mean[h * a.p + i] = mean;
+                if (o.l2) {
+                    const int di = o.cross_on ? hh * g - hh * (hh - 1) / 2 : hh;
+                    o.l2[h * a.p + i] = sqrtf(fmaxf(acc[(g + di) * WIN_TK + col], 0.0f));
+                }
+                if (o.gqa_op == KVE_CUDA_GQA_MAX)
+                    red = fmaxf(red, mean);
+                else
+                    red += mean;
+            }
+            if (o.group)
+                o.group[(int64_t)hk * a.p + i] =
+                    (o.gqa_op == KVE_CUDA_GQA_MEAN) ? red / (float)g : red;
+            if (o.cross)
+                for (int p = 0; p < npairs; ++p)
+                    o.cross[((int64_t)hk * npairs + p) * a.p + i] = acc[(g + p) * WIN_TK + col];
+        }
+        __syncthreads();
+    }
+}
+
+// Number of pass-1 splits: a function of (N, Hkv) only, so that the workspace
+// size is known before the launch.
+int64_t pass1_splits(int64_t n, int64_t hkv) {
+    const int64_t ntiles = ceil_div(n, WIN_TK);
+    int64_t want = ceil_div(1024, hkv > 0 ? hkv : 1);
+    if (want < 1) want = 1;
+    return ntiles < want ? (ntiles > 0 ? ntiles : 1) : want;
+}
+
+template <typename T, int DKP>
+int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, void* ws, cudaStream_t st) {
+    using C = WinCfg<T, DKP>;
+    a.jc = C::RMAX / a.g;
+    if (a.jc < 1) a.jc = 1;
+    if (a.jc > a.w) a.jc = (int)a.w;
+    const int rc = a.jc * a.g;
+    a.rcp = (rc + 15) / 16 * 16;
+    a.nchunks = (int)ceil_div(a.w, a.jc);
+
+    const int64_t nsplit = pass1_splits(a.n, hkv);
+    const int64_t ntiles = ceil_div(a.n, WIN_TK);
+    a.nsplit = (int)nsplit;
+    float2* part = reinterpret_cast<float2*>(ws);
+    float2* stats = part + hq * a.w * nsplit;
+
+    // pass 1
+    {
+        WinArgs a1 = a;
+        a1.tiles_per_block = ceil_div(ntiles, nsplit);
+        // Splits past the last tile get an empty key range but are still
+        // launched, so every partial (m = -inf, l = 0) gets written.
+        const size_t sm = win_smem<T, DKP>(a.rcp, 0).total;
+        KVE_CHECK(set_smem(window_pass1<T, DKP>, sm));
+        window_pass1<T, DKP><<<dim3((unsigned)nsplit, (unsigned)hkv), WIN_NT, sm, st>>>(a1, part);
+        KVE_CHECK(launch_status());
+    }
+    // combine
+    {
+        const int64_t rows = hq * a.w;
+        window_combine<<<(unsigned)ceil_div(rows, 256), 256, 0, st>>>(part, (int)nsplit, rows,
+                                                                       stats);
+        KVE_CHECK(launch_status());
+    }
+    // pass 2
+    {
+        const int64_t ptiles = ceil_div(a.p, WIN_TK);
+        int64_t want = ceil_div(2048, hkv);
+        if (want < 1) want = 1;
+        WinArgs a2 = a;
+        a2.tiles_per_block = ceil_div(ptiles, want < ptiles ? want : ptiles);
+        const int64_t blocks = ceil_div(ptiles, a2.tiles_per_block);
+        const int npairs = o.cross_on ? a.g * (a.g + 1) / 2 : a.g;
+        const size_t sm = win_smem<T, DKP>(a.rcp, a.g + npairs).total;
+        KVE_CHECK(set_smem(window_pass2<T, DKP>, sm));
+        window_pass2<T, DKP><<<dim3((unsigned)blocks, (unsigned)hkv), WIN_NT, sm, st>>>(a2, stats,
+                                                                                       o);
+        KVE_CHECK(launch_status());
+    }
+    return 0;
+}
+
+template <typename T>
+int window_dispatch(const WinArgs& a, int64_t hq, int64_t hkv, const WinOut& o, void* ws,
+                    cudaStream_t st) {
+    const int64_t dk = a.q.dim;
+    if (dk <= 64) return window_run<T, 64>(a, hq, hkv, o, ws, st);
+    if (dk <= 128) return window_run<T, 128>(a, hq, hkv, o, ws, st);
+    return window_run<T, 256>(a, hq, hkv, o, ws, st);
+}
+
+}  // namespace
+}  // namespace kve
+
+using namespace kve;
+
+extern "C" size_t kve_cuda_window_workspace_size(int64_t hq, int64_t w, int64_t n, int64_t hkv) {
+    if (hq <= 0 || w <= 0 || n <= 0 || hkv <= 0) return 0;
+    const int64_t nsplit = pass1_splits(n, hkv);
+    return (size_t)(hq * w * nsplit + hq * w) * sizeof(float2);
+}
+
+extern "C" int kve_cuda_window(const kve_cuda_view* q, const kve_cuda_view* k, int64_t w,
+                               float* out_mean, float* out_l2, float* out_cross,
+                               float* out_group, int gqa_op, void* ws, size_t ws_bytes,
+                               void* stream) {
+    if (!view_ok(q) || !view_ok(k)) return (int)cudaErrorInvalidValue;
+    if (q->dtype != k->dtype) return (int)cudaErrorInvalidValue;
+    const int64_t hq = q->heads, hkv = k->heads, n = k->tokens, dk = k->dim;
+    if (hkv <= 0 || hq <= 0 || hq % hkv != 0) return (int)cudaErrorInvalidValue;
+    const int64_t g = hq / hkv;
+    if (w < 1 || w > n || q->tokens != w || q->dim != dk) return (int)cudaErrorInvalidValue;
+    if (dk < 1 || dk > 256) return (int)cudaErrorInvalidValue;
+    if (gqa_op < KVE_CUDA_GQA_MEAN || gqa_op > KVE_CUDA_GQA_SUM) return (int)cudaErrorInvalidValue;
+    if (out_cross && g > WIN_MAXG_CROSS) return (int)cudaErrorInvalidValue;
+    if (g > 128 || w > (int64_t)1 << 24 || n > (int64_t)1 << 40) return (int)cudaErrorInvalidValue;
+    const int64_t p = n - w;
+    if (p == 0 || (!out_mean && !out_l2 && !out_cross && !out_group)) return 0;
+    const size_t need = kve_cuda_window_workspace_size(hq, w, n, hkv);
+    if (!ws || ws_bytes < need) return (int)cudaErrorInvalidValue;
+
+    WinArgs a;
+    a.q = to_view(*q);
+    a.k = to_view(*k);
+    a.n = n;
+    a.w = w;
+    a.p = p;
+    a.g = (int)g;
+    a.jc = a.rcp = a.nchunks = a.nsplit = 0;
+    a.tiles_per_block = 0;
+    a.scale = (float)(1.0 / sqrt((double)dk));
+    WinOut o;
+    o.mean = out_mean;
+    o.l2 = out_l2;
+    o.cross = out_cross;
+    o.group = out_group;
+    o.gqa_op = gqa_op;
+    o.cross_on = out_cross != nullptr;
+    cudaStream_t st = KVE_STREAM(stream);
+    switch (q->dtype) {
+        case KVE_CUDA_F32: return window_dispatch<float>(a, hq, hkv, o, ws, st);
+        case KVE_CUDA_F16: return window_dispatch<__half>(a, hq, hkv, o, ws, st);
+        case KVE_CUDA_BF16: return window_dispatch<__nv_bfloat16>(a, hq, hkv, o, ws, st);
+        default: return (int)cudaErrorInvalidValue;
+    }
+}

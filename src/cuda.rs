@@ -1,0 +1,199 @@
+//! FFI declarations of the CUDA launchers in `cuda/` (feature `cuda`).
+//!
+//! Documentation of every launcher is in `cuda/kvevict_cuda.h`; the
+//! conventions in short: each launcher takes the engine's `cudaStream_t` as
+//! `*mut c_void` (null = legacy default stream), returns the CUDA status
+//! (`0` = success, `1` = invalid argument before anything was enqueued),
+//! allocates nothing (device workspaces sized by the `*_workspace_size`
+//! functions), never synchronises the host, and can be captured in a CUDA
+//! graph. Pointers are device pointers except the view descriptors.
+//! Every function here is `unsafe` to call: the caller guarantees the device
+//! pointers and extents.
+
+use core::ffi::{c_int, c_void};
+
+/// `kve_cuda_view::dtype`: f32.
+pub const KVE_CUDA_F32: i32 = 0;
+/// `kve_cuda_view::dtype`: f16.
+pub const KVE_CUDA_F16: i32 = 1;
+/// `kve_cuda_view::dtype`: bf16.
+pub const KVE_CUDA_BF16: i32 = 2;
+
+/// GQA reduction: mean over the group's query heads.
+pub const KVE_CUDA_GQA_MEAN: c_int = 0;
+/// GQA reduction: max.
+pub const KVE_CUDA_GQA_MAX: c_int = 1;
+/// GQA reduction: sum.
+pub const KVE_CUDA_GQA_SUM: c_int = 2;
+
+/// Pooling: average, zero padding counted.
+pub const KVE_CUDA_POOL_AVG: c_int = 0;
+/// Pooling: max, -inf padding.
+pub const KVE_CUDA_POOL_MAX: c_int = 1;
+/// Pooling: forward (continuation) pooling with decay.
+pub const KVE_CUDA_POOL_FORWARD: c_int = 2;
+
+/// A strided 3-D device tensor view: element `(h, t, d)` is at
+/// `data + h*stride_head + t*stride_token + d*stride_dim` (element strides).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KveCudaView {
+    pub data: *mut c_void,
+    pub dtype: i32,
+    pub reserved: i32,
+    pub stride_head: i64,
+    pub stride_token: i64,
+    pub stride_dim: i64,
+    pub heads: i64,
+    pub tokens: i64,
+    pub dim: i64,
+}
+
+extern "C" {
+    pub fn kve_cuda_device_count(out: *mut c_int) -> c_int;
+
+    pub fn kve_cuda_window_workspace_size(hq: i64, w: i64, n: i64, hkv: i64) -> usize;
+    pub fn kve_cuda_window(
+        q: *const KveCudaView,
+        k: *const KveCudaView,
+        w: i64,
+        out_mean: *mut f32,
+        out_l2: *mut f32,
+        out_cross: *mut f32,
+        out_group: *mut f32,
+        gqa_op: c_int,
+        ws: *mut c_void,
+        ws_bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_lava_factor(
+        v: *const KveCudaView,
+        prefix: i64,
+        out: *mut f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_vonorm(
+        v: *const KveCudaView,
+        n_tokens: i64,
+        gram_hi: *const c_void,
+        gram_lo: *const c_void,
+        n_gram: i64,
+        take_sqrt: c_int,
+        out: *mut f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_gram_split(
+        g: *const f32,
+        n: i64,
+        dtype: c_int,
+        hi: *mut c_void,
+        lo: *mut c_void,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_pool(
+        input: *const f32,
+        ld_in: i64,
+        out: *mut f32,
+        ld_out: i64,
+        rows: i64,
+        n: i64,
+        mode: c_int,
+        k: c_int,
+        decay: f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_head_reduce(
+        a: *const f32,
+        b: *const f32,
+        b_mode: c_int,
+        scale: *const f32,
+        ld_in: i64,
+        out: *mut f32,
+        ld_out: i64,
+        hq: i64,
+        hkv: i64,
+        n: i64,
+        gqa_op: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_laprox_exact(
+        cross: *const f32,
+        qv: *const f32,
+        out: *mut f32,
+        hkv: i64,
+        g: i64,
+        n: i64,
+        mode: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_layer_stats_workspace_size(layers: i64, count: i64) -> usize;
+    pub fn kve_cuda_layer_stats(
+        scores: *const f32,
+        layer_stride: i64,
+        count: i64,
+        layers: i64,
+        sums: *mut f64,
+        entropy: *mut f64,
+        ws: *mut c_void,
+        ws_bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_token_reduce(
+        scores: *const f32,
+        sums: *const f64,
+        layers: i64,
+        rows_per_layer: i64,
+        n: i64,
+        out: *mut f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_select_workspace_size(n_groups: i64) -> usize;
+    pub fn kve_cuda_select(
+        scores: *const f32,
+        ld: i64,
+        n: i64,
+        n_groups: i64,
+        rows_per_group: i64,
+        k: *const i64,
+        k_all: i64,
+        layer_sum: *const f64,
+        rows_per_layer: i64,
+        counts: *mut i32,
+        idx: *mut i32,
+        idx_ld: i64,
+        ws: *mut c_void,
+        ws_bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_compact_workspace_size(x: *const KveCudaView, max_keep: i64) -> usize;
+    pub fn kve_cuda_compact(
+        x: *const KveCudaView,
+        kept: *const i32,
+        kept_ld: i64,
+        counts: *const i32,
+        max_keep: i64,
+        ws: *mut c_void,
+        ws_bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_compact_varlen(
+        src: *const KveCudaView,
+        kept: *const i32,
+        kept_ld: i64,
+        counts: *const i32,
+        dst: *mut c_void,
+        cu_seqlens: *mut i32,
+        stream: *mut c_void,
+    ) -> c_int;
+}
