@@ -18,6 +18,7 @@ pub mod numerics;
 pub mod pool;
 pub mod score;
 pub mod select;
+pub mod shard;
 pub mod view;
 mod window;
 

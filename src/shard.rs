@@ -1,0 +1,512 @@
+//! Model-wide selection split over shards of consecutive layers (SPEC §4 "Selection across
+//! devices"), for the `global` allocator at head or layer granularity.
+//!
+//! Every shard holds the scores of some layers. Each round, every shard counts its
+//! candidates' keys into a [`Histogram`] ([`count_shard`]); the histograms add up
+//! ([`Histogram::merge`]) and one [`ShardSearch::step`] fixes the next key digit, until the
+//! search is done. Then every shard writes its kept lists ([`select_shard`]). With one
+//! shard holding every layer the result equals [`crate::select_model`]'s exactly: same keys
+//! (score · 1/layer-sum, position, global unit index), same threshold.
+//!
+//! [`ShardSearch`] is plain, validated data (no private fields), so a C caller can copy it
+//! between processes and devices; its radix step follows [`crate::select::Search`].
+
+use crate::budget::ModelScores;
+use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
+use crate::error::{add, mul, Error, Result};
+use crate::numerics::{Workspace, WorkspaceSize};
+use crate::pool::pool;
+use crate::select::{make_key, Histogram, KEY_BITS};
+
+const DIGIT: u32 = 8;
+/// Key bits rounded up to whole digits.
+const SPACE: u32 = (KEY_BITS + DIGIT - 1) / DIGIT * DIGIT;
+/// Threshold that keeps nothing (no key reaches it).
+pub const KEEP_NOTHING: u128 = u128::MAX;
+
+/// State of one top-K search over every shard. Plain data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardSearch {
+    /// Candidates still to take among the keys matching `prefix`.
+    pub need: u64,
+    /// Digits fixed so far, right-aligned.
+    pub prefix: u128,
+    /// Bits fixed so far: a multiple of 8, below 104 while running.
+    pub bits: u32,
+    /// Whether the threshold is known.
+    pub done: bool,
+    /// When done: keep keys `>= threshold` ([`KEEP_NOTHING`] keeps none).
+    pub threshold: u128,
+}
+
+impl ShardSearch {
+    /// Find the `k`-th largest of `total` candidates.
+    pub fn new(k: u64, total: u64) -> ShardSearch {
+        let mut s = ShardSearch {
+            need: k,
+            prefix: 0,
+            bits: 0,
+            done: false,
+            threshold: 0,
+        };
+        if k == 0 {
+            s.done = true;
+            s.threshold = KEEP_NOTHING;
+        } else if k >= total {
+            s.done = true;
+        }
+        s
+    }
+
+    /// Whether the fields are consistent (any state [`ShardSearch::new`] and
+    /// [`ShardSearch::step`] can produce is).
+    pub fn validate(&self) -> Result<()> {
+        if self.done {
+            return Ok(());
+        }
+        if self.bits % DIGIT != 0 || self.bits >= SPACE || self.need == 0 {
+            return Err(Error::InvalidArgument);
+        }
+        if self.bits > 0 && self.prefix >> self.bits != 0 {
+            return Err(Error::InvalidArgument);
+        }
+        if self.bits == 0 && self.prefix != 0 {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(())
+    }
+
+    /// Count a candidate into `h` if it matches the digits fixed so far. Call only while
+    /// running (not done).
+    #[inline(always)]
+    pub fn count(&self, key: u128, h: &mut Histogram) {
+        let shift = SPACE - self.bits - DIGIT;
+        if self.bits == 0 || (key >> (shift + DIGIT)) == self.prefix {
+            let b = &mut h.0[((key >> shift) & 0xff) as usize];
+            *b = b.saturating_add(1);
+        }
+    }
+
+    /// Fix the next digit from the merged histogram of every shard. Returns whether the
+    /// search is done. Counts that do not add up (fewer candidates than `k`) end the
+    /// search keeping everything seen, as [`crate::select::Search`] does.
+    pub fn step(&mut self, h: &Histogram) -> bool {
+        if self.done {
+            return true;
+        }
+        let mut above = 0u64;
+        for d in (0..256usize).rev() {
+            let c = h.0[d];
+            if above.saturating_add(c) >= self.need {
+                self.need -= above;
+                self.prefix = (self.prefix << DIGIT) | d as u128;
+                self.bits += DIGIT;
+                if c == self.need || self.bits >= SPACE {
+                    self.done = true;
+                    self.threshold = self.prefix << (SPACE - self.bits);
+                }
+                return self.done;
+            }
+            above += c;
+        }
+        self.done = true;
+        self.threshold = 0;
+        true
+    }
+}
+
+fn check_cfg(cfg: &SelectConfig) -> Result<()> {
+    cfg.validate()?;
+    if cfg.allocator != AllocatorKind::Global || cfg.granularity == Granularity::Token {
+        return Err(Error::InvalidArgument);
+    }
+    Ok(())
+}
+
+fn units_per_layer(cfg: &SelectConfig, hkv: usize) -> usize {
+    match cfg.granularity {
+        Granularity::Head => hkv,
+        _ => 1,
+    }
+}
+
+fn check_dims(layers: usize, hkv: usize, n: usize) -> Result<()> {
+    if layers == 0 || hkv == 0 || n == 0 {
+        return Err(Error::InvalidArgument);
+    }
+    if n > crate::error::MAX_TOKENS
+        || layers
+            .checked_mul(hkv)
+            .map_or(true, |u| u > u32::MAX as usize / 2)
+    {
+        return Err(Error::Overflow);
+    }
+    Ok(())
+}
+
+/// A search for the model of `layers` layers (all shards together): `global` allocator,
+/// head or layer granularity; `k` = units · min(budget, P) as in [`crate::select_model`].
+pub fn search_new(
+    cfg: &SelectConfig,
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    window: usize,
+) -> Result<ShardSearch> {
+    check_cfg(cfg)?;
+    check_dims(layers, hkv, n)?;
+    let p = (n - window.min(n)) as u64;
+    let nu = (layers * units_per_layer(cfg, hkv)) as u64;
+    Ok(ShardSearch::new(
+        nu.saturating_mul(cfg.budget.min(p)),
+        nu * p,
+    ))
+}
+
+/// Workspace bytes of [`count_shard`] and [`select_shard`] for a shard of `layers` layers.
+pub fn shard_workspace_size(
+    cfg: &SelectConfig,
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    window: usize,
+) -> Result<usize> {
+    check_cfg(cfg)?;
+    check_dims(layers, hkv, n)?;
+    let p = n - window.min(n);
+    let nu = mul(layers, units_per_layer(cfg, hkv))?;
+    let mut ws = WorkspaceSize::new();
+    ws.add::<f32>(mul(nu, p)?)?; // scores at the selection granularity, pooled
+    ws.add::<f32>(p)?; // pooling scratch
+    ws.add::<f32>(nu)?; // scale per unit
+    Ok(ws.total())
+}
+
+/// `(offsets, indices)` element counts that are always enough for [`select_shard`]:
+/// `layers·Hkv + 1` and `layers·Hkv·N` (the call itself accepts any `indices` holding
+/// what it keeps).
+pub fn shard_output_len(layers: usize, hkv: usize, n: usize) -> Result<(usize, usize)> {
+    let u = mul(layers, hkv)?;
+    Ok((add(u, 1)?, mul(u, n)?))
+}
+
+/// Scores of a shard at the selection granularity, with their per-unit scale.
+struct Prepared<'a> {
+    arr: &'a [f32],
+    scale: &'a [f32],
+    p: usize,
+    /// Global index of the shard's first unit.
+    u0: usize,
+}
+
+impl Prepared<'_> {
+    #[inline(always)]
+    fn key(&self, u: usize, i: usize) -> u128 {
+        make_key(
+            self.arr[u * self.p + i] * self.scale[u],
+            i as u32,
+            (self.u0 + u) as u32,
+            false,
+        )
+    }
+}
+
+/// Validate and build the shard's keys source; identical arithmetic to `select_model`.
+fn prepare<'a>(
+    cfg: &SelectConfig,
+    m: &ModelScores<'a>,
+    first_layer: usize,
+    workspace: &'a mut [u8],
+) -> Result<Prepared<'a>> {
+    check_cfg(cfg)?;
+    check_dims(m.layers, m.hkv, m.n)?;
+    check_dims(add(first_layer, m.layers)?, m.hkv, m.n)?;
+    let (layers, hkv, p) = (m.layers, m.hkv, m.prefix());
+    let len = mul(mul(layers, hkv)?, p)?;
+    if m.scores.len() < len {
+        return Err(Error::ShapeMismatch);
+    }
+    let scores = &m.scores[..len];
+    if scores.iter().any(|v| !v.is_finite()) {
+        return Err(Error::NonFinite);
+    }
+    if workspace.len() < shard_workspace_size(cfg, layers, hkv, m.n, m.window)? {
+        return Err(Error::WorkspaceTooSmall);
+    }
+    let upl = units_per_layer(cfg, hkv);
+    let nu = layers * upl;
+    let mut ws = Workspace::new(workspace);
+    let copy = ws.take::<f32>(nu * p)?;
+    let tmp = ws.take::<f32>(p)?;
+    let scale = ws.take::<f32>(nu)?;
+    for l in 0..layers {
+        let layer = &scores[l * hkv * p..(l + 1) * hkv * p];
+        let lsum: f64 = layer.iter().map(|&s| (s as f64).abs()).sum();
+        let f = if cfg.normalize == Normalize::LayerSum && lsum > 0.0 {
+            (1.0 / lsum) as f32
+        } else {
+            1.0
+        };
+        match cfg.granularity {
+            Granularity::Head => {
+                for kh in 0..hkv {
+                    let u = l * hkv + kh;
+                    pool(
+                        &cfg.post_pool,
+                        &layer[kh * p..(kh + 1) * p],
+                        &mut copy[u * p..(u + 1) * p],
+                    );
+                    scale[u] = f;
+                }
+            }
+            _ => {
+                let dst = &mut copy[l * p..(l + 1) * p];
+                for kh in 0..hkv {
+                    for (d, &s) in dst.iter_mut().zip(&layer[kh * p..(kh + 1) * p]) {
+                        *d += s;
+                    }
+                }
+                tmp[..p].copy_from_slice(dst);
+                pool(&cfg.post_pool, &tmp[..p], dst);
+                scale[l] = f;
+            }
+        }
+    }
+    Ok(Prepared {
+        arr: copy,
+        scale,
+        p,
+        u0: first_layer * upl,
+    })
+}
+
+/// Add the shard's candidates that match the search's fixed digits to `hist`.
+/// `m` holds layers `first_layer .. first_layer + m.layers` of the model. `hist` is
+/// updated only on success.
+pub fn count_shard(
+    cfg: &SelectConfig,
+    m: &ModelScores,
+    first_layer: usize,
+    search: &ShardSearch,
+    hist: &mut Histogram,
+    workspace: &mut [u8],
+) -> Result<()> {
+    search.validate()?;
+    let pr = prepare(cfg, m, first_layer, workspace)?;
+    if search.done {
+        return Ok(());
+    }
+    let nu = pr.scale.len();
+    let mut h = *hist;
+    for u in 0..nu {
+        for i in 0..pr.p {
+            search.count(pr.key(u, i), &mut h);
+        }
+    }
+    *hist = h;
+    Ok(())
+}
+
+/// Kept positions of the shard's (layer, KV head) pairs under a finished search, as CSR
+/// like [`crate::select_model`] (offsets relative to this `indices`): prefix tokens whose
+/// key reaches the threshold, then the whole window. Nothing is written on error.
+pub fn select_shard(
+    cfg: &SelectConfig,
+    m: &ModelScores,
+    first_layer: usize,
+    search: &ShardSearch,
+    offsets: &mut [u64],
+    indices: &mut [u32],
+    workspace: &mut [u8],
+) -> Result<()> {
+    search.validate()?;
+    if !search.done {
+        return Err(Error::InvalidArgument);
+    }
+    let pr = prepare(cfg, m, first_layer, workspace)?;
+    let (layers, hkv, n, p) = (m.layers, m.hkv, m.n, pr.p);
+    let upl = units_per_layer(cfg, hkv);
+    let t = search.threshold;
+    let unit = |l: usize, kh: usize| if upl == 1 { l } else { l * hkv + kh };
+    // count first, so nothing is written when the outputs are too small
+    let mut total = 0usize;
+    for l in 0..layers {
+        for kh in 0..hkv {
+            let u = unit(l, kh);
+            total += (0..p).filter(|&i| pr.key(u, i) >= t).count() + (n - p);
+        }
+    }
+    if offsets.len() < layers * hkv + 1 || indices.len() < total {
+        return Err(Error::OutputTooSmall);
+    }
+    let mut o = 0usize;
+    for l in 0..layers {
+        for kh in 0..hkv {
+            let u = unit(l, kh);
+            offsets[l * hkv + kh] = o as u64;
+            for i in 0..p {
+                if pr.key(u, i) >= t {
+                    indices[o] = i as u32;
+                    o += 1;
+                }
+            }
+            for i in p..n {
+                indices[o] = i as u32;
+                o += 1;
+            }
+        }
+    }
+    offsets[layers * hkv] = o as u64;
+    Ok(())
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use crate::config::Pool;
+    use std::vec;
+    use std::vec::Vec;
+
+    fn scores(len: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // coarse values so ties happen
+                ((x >> 40) % 50) as f32 / 7.0
+            })
+            .collect()
+    }
+
+    fn run(
+        cfg: &SelectConfig,
+        s: &[f32],
+        layers: usize,
+        hkv: usize,
+        n: usize,
+        w: usize,
+        split: usize,
+    ) {
+        let p = n - w.min(n);
+        let m = ModelScores {
+            scores: s,
+            layers,
+            hkv,
+            n,
+            window: w,
+        };
+        let (no, ni) = crate::select_output_len(cfg, layers, hkv, n, w).unwrap();
+        let mut off = vec![0u64; no];
+        let mut idx = vec![0u32; ni];
+        let mut ws = vec![0u8; crate::select_workspace_size(cfg, layers, hkv, n, w).unwrap()];
+        crate::select_model(cfg, &m, &mut off, &mut idx, &mut ws).unwrap();
+
+        let shards = [(0, split), (split, layers - split)];
+        let mut search = search_new(cfg, layers, hkv, n, w).unwrap();
+        let mut rounds = 0;
+        while !search.done {
+            let mut h = Histogram::default();
+            for &(l0, ln) in &shards {
+                if ln == 0 {
+                    continue;
+                }
+                let sm = ModelScores {
+                    scores: &s[l0 * hkv * p..(l0 + ln) * hkv * p],
+                    layers: ln,
+                    hkv,
+                    n,
+                    window: w,
+                };
+                let mut hs = Histogram::default();
+                let mut ws = vec![0u8; shard_workspace_size(cfg, ln, hkv, n, w).unwrap()];
+                count_shard(cfg, &sm, l0, &search, &mut hs, &mut ws).unwrap();
+                h.merge(&hs);
+            }
+            search.step(&h);
+            rounds += 1;
+            assert!(rounds <= 13);
+        }
+        let mut got: Vec<u32> = Vec::new();
+        for &(l0, ln) in &shards {
+            if ln == 0 {
+                continue;
+            }
+            let sm = ModelScores {
+                scores: &s[l0 * hkv * p..(l0 + ln) * hkv * p],
+                layers: ln,
+                hkv,
+                n,
+                window: w,
+            };
+            let (so, si) = shard_output_len(ln, hkv, n).unwrap();
+            let mut o2 = vec![0u64; so];
+            let mut i2 = vec![0u32; si];
+            let mut ws = vec![0u8; shard_workspace_size(cfg, ln, hkv, n, w).unwrap()];
+            select_shard(cfg, &sm, l0, &search, &mut o2, &mut i2, &mut ws).unwrap();
+            got.extend_from_slice(&i2[..o2[ln * hkv] as usize]);
+            for u in 0..ln * hkv {
+                let g = (l0 * hkv + u) as usize;
+                assert_eq!(
+                    &i2[o2[u] as usize..o2[u + 1] as usize],
+                    &idx[off[g] as usize..off[g + 1] as usize]
+                );
+            }
+        }
+        assert_eq!(&got[..], &idx[..off[layers * hkv] as usize]);
+    }
+
+    #[test]
+    fn shards_equal_select_model() {
+        for (seed, &(layers, hkv, n, w, budget, split)) in [
+            (4, 2, 40, 8, 5, 1),
+            (3, 3, 17, 32, 2, 2),
+            (5, 1, 100, 4, 30, 3),
+            (2, 4, 64, 0, 64, 1),
+            (6, 2, 50, 10, 0, 3),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let p = n - w.min(n);
+            let s = scores(layers * hkv * p, seed as u64 + 7);
+            for gran in [Granularity::Head, Granularity::Layer] {
+                for pooled in [false, true] {
+                    for norm in [Normalize::LayerSum, Normalize::None] {
+                        let mut cfg = SelectConfig::new(AllocatorKind::Global, gran, budget);
+                        cfg.normalize = norm;
+                        if pooled {
+                            cfg.post_pool = Pool::forward(4, 0.8);
+                        }
+                        run(&cfg, &s, layers, hkv, n, w, split);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_other_allocators_and_bad_states() {
+        let cfg = SelectConfig::new(AllocatorKind::Uniform, Granularity::Head, 3);
+        assert_eq!(search_new(&cfg, 2, 2, 10, 2), Err(Error::InvalidArgument));
+        let cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Token, 3);
+        assert_eq!(search_new(&cfg, 2, 2, 10, 2), Err(Error::InvalidArgument));
+        let bad = ShardSearch {
+            need: 1,
+            prefix: 5,
+            bits: 0,
+            done: false,
+            threshold: 0,
+        };
+        assert!(bad.validate().is_err());
+        let bad = ShardSearch {
+            need: 1,
+            prefix: 0,
+            bits: 104,
+            done: false,
+            threshold: 0,
+        };
+        assert!(bad.validate().is_err());
+    }
+}
