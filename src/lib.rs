@@ -12,6 +12,8 @@ extern crate std;
 pub mod budget;
 pub mod compact;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod gram;
 pub mod numerics;

@@ -367,7 +367,7 @@ impl<'a> ViewMut<'a> {
 /// non-overlapping layouts is acceptable).
 pub fn layout_overlaps(extent: [usize; 3], stride: [usize; 3]) -> bool {
     let mut axes = [0usize, 1, 2];
-    axes.sort_by_key(|&a| stride[a]);
+    axes.sort_unstable_by_key(|&a| stride[a]);
     let mut span = 0usize; // highest offset reachable with the smaller axes
     for &a in &axes {
         if extent[a] <= 1 {

@@ -21,7 +21,7 @@ pub(super) fn thresholds(
     for (l, &total) in budgets.iter().enumerate() {
         let us = l * per_layer..(l + 1) * per_layer;
         // the floor follows this layer's own average head budget
-        let floor = ((cfg.alpha as f64) * (total as f64 / per_layer as f64)).floor() as u64;
+        let floor = libm::floor((cfg.alpha as f64) * (total as f64 / per_layer as f64)) as u64;
         for u in us.clone() {
             let t = if floor == 0 {
                 NOTHING

@@ -58,7 +58,7 @@ pub fn lava_budgets(
         let mut given = 0u64;
         for l in 0..n {
             if mark[l] != 0 {
-                let f = share(l).floor() as u64;
+                let f = libm::floor(share(l)) as u64;
                 out[l] += f;
                 given += f;
             }
@@ -71,8 +71,8 @@ pub fn lava_budgets(
             for l in 0..n {
                 if mark[l] != 0 {
                     let s = share(l);
-                    if s - s.floor() > bf {
-                        bf = s - s.floor();
+                    if s - libm::floor(s) > bf {
+                        bf = s - libm::floor(s);
                         best = l;
                     }
                 }
