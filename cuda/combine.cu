@@ -32,19 +32,18 @@ __global__ void laprox_exact_kernel(const float* __restrict__ cross, const float
     const int np = g * (g + 1) / 2;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
+        // blocks: the diagonal (a, a) for p < g, then the pairs a < b (counted twice)
         float s = 0.0f, vsum = 0.0f;
-        int p = 0;
-        for (int x = 0; x < g; ++x)
-            for (int y = x; y < g; ++y, ++p) {
-                const float c = cross[(hk * np + p) * n + i];
-                const float w = (x == y) ? 1.0f : 2.0f;
-                if (mode == 0) {
-                    s += w * c * qv[(hk * np + p) * n + i];
-                } else {
-                    s += w * c;
-                    if (x == y) vsum += sqrtf(fmaxf(qv[(hk * np + p) * n + i], 0.0f));
-                }
+        for (int p = 0; p < np; ++p) {
+            const float c = cross[(hk * np + p) * n + i];
+            const float w = p < g ? 1.0f : 2.0f;
+            if (mode == 0) {
+                s += w * c * qv[(hk * np + p) * n + i];
+            } else {
+                s += w * c;
+                if (p < g) vsum += sqrtf(fmaxf(qv[(hk * np + p) * n + i], 0.0f));
             }
+        }
         out[hk * n + i] = mode == 0 ? sqrtf(fmaxf(s, 0.0f))
                                     : sqrtf(fmaxf(s, 0.0f)) * (vsum / (float)g);
     }

@@ -78,8 +78,9 @@ int kve_cuda_device_count(int* out);
  *   out_mean  [Hq, P]  mean_j A[h,j,i]                       (SnapKV, LAVa)
  *   out_l2    [Hq, P]  ||A[h,:,i]||_2                         (LaProx)
  *   out_cross [Hkv, g(g+1)/2, P]  sum_j A[a,j,i]·A[b,j,i] for the group's query
- *             heads a <= b, pairs in row-major upper-triangle order
- *             (0,0),(0,1)..(0,g-1),(1,1),..; needs g <= 16  (LaProx exact GQA)
+ *             heads a <= b; block order as the core's Gram (src/gram.rs): the
+ *             diagonal (0,0)..(g-1,g-1) first, then (0,1),(0,2)..(0,g-1),(1,2),..;
+ *             needs g <= 16  (LaProx exact GQA)
  *   out_group [Hkv, P]  gqa_op over the group of mean_j A[h,j,i]   (SnapKV
  *             reduce-before-pool)
  * Workspace: kve_cuda_window_workspace_size(Hq, w, N, Hkv) bytes.
@@ -101,8 +102,9 @@ int kve_cuda_lava_factor(const kve_cuda_view* v, int64_t prefix, float* out,
  *   out[m, i] = v_i G_m v_iᵀ   (or its square root when take_sqrt != 0)
  * for tokens i < n_tokens, v_i = V[m / (n_gram / Hkv), i, :].
  * With G_h = Wo_h Wo_hᵀ (n_gram = Hq) this is ||V[h/g,i] Wo_h||² per query head;
- * with the cross-Grams G_{hh'} of a group (n_gram = Hkv·g(g+1)/2, pair order as
- * out_cross above) it gives the exact-GQA terms. n_gram must be a multiple of Hkv.
+ * with the cross-Grams G_{hh'} of a group (n_gram = Hkv·g(g+1)/2, block order
+ * as out_cross above = the core's compute_gram(cross) layout [Hkv][blocks][dv][dv])
+ * it gives the exact-GQA terms; out is then the core's value-form cache layout. n_gram must be a multiple of Hkv.
  * gram_hi: [n_gram, dv, dv] contiguous, in v's dtype (f32 V: f32 G, SIMT path);
  * gram_lo: NULL, or the rounding residual G - gram_hi in the same dtype (two MMAs,
  * ~f32-accurate G); kve_cuda_gram_split makes both from an f32 G.
@@ -146,7 +148,8 @@ int kve_cuda_head_reduce(const float* a, const float* b, int b_mode,
  * LaProx exact GQA: out[hk,i] = sqrt(max(0, sum_{a,b} C_ab(i) · Q_ab(i))) over
  * the g² ordered pairs, from the upper-triangle arrays cross [Hkv, np, n]
  * (kve_cuda_window out_cross) and qv [Hkv, np, n] (kve_cuda_vonorm with the
- * cross-Grams, take_sqrt = 0); np = g(g+1)/2; off-diagonal pairs count twice.
+ * cross-Grams, take_sqrt = 0); np = g(g+1)/2, block order as out_cross (diagonal
+ * first); off-diagonal pairs count twice.
  * mode 1 (mean-attn): out = sqrt(sum_{a,b} C_ab) · mean_h sqrt(Q_hh). */
 int kve_cuda_laprox_exact(const float* cross, const float* qv, float* out,
                           int64_t hkv, int64_t g, int64_t n, int mode,

@@ -193,20 +193,19 @@ __global__ void __launch_bounds__(WIN_NT)
 
     const int hk = blockIdx.y;
     if (threadIdx.x == 0) {
+        // the diagonal (a, a) first, then the pairs a < b in row order (the
+        // core's Gram block order, src/gram.rs)
         int p = 0;
-        if (o.cross_on) {
+        for (int x = 0; x < g; ++x, ++p) {
+            pa[p] = (unsigned char)x;
+            pb[p] = (unsigned char)x;
+        }
+        if (o.cross_on)
             for (int x = 0; x < g; ++x)
-                for (int y = x; y < g; ++y) {
+                for (int y = x + 1; y < g; ++y, ++p) {
                     pa[p] = (unsigned char)x;
                     pb[p] = (unsigned char)y;
-                    ++p;
                 }
-        } else {
-            for (int x = 0; x < g; ++x) {
-                pa[x] = (unsigned char)x;
-                pb[x] = (unsigned char)x;
-            }
-        }
     }
     const int64_t ptiles = (a.p + WIN_TK - 1) / WIN_TK;
     const int64_t t_begin = (int64_t)blockIdx.x * a.tiles_per_block;
@@ -262,10 +261,7 @@ __global__ void __launch_bounds__(WIN_NT)
                 const int64_t h = (int64_t)hk * g + hh;
                 const float mean = acc[hh * WIN_TK + col] * inv_w;
                 if (o.mean) o.mean[h * a.p + i] = mean;
-                if (o.l2) {
-                    const int di = o.cross_on ? hh * g - hh * (hh - 1) / 2 : hh;
-                    o.l2[h * a.p + i] = sqrtf(fmaxf(acc[(g + di) * WIN_TK + col], 0.0f));
-                }
+                if (o.l2) o.l2[h * a.p + i] = sqrtf(fmaxf(acc[(g + hh) * WIN_TK + col], 0.0f));
                 if (o.gqa_op == KVE_CUDA_GQA_MAX)
                     red = fmaxf(red, mean);
                 else

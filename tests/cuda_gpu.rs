@@ -1,0 +1,999 @@
+#![cfg(feature = "cuda")]
+//! GPU-vs-CPU tests of the CUDA launchers (cuda/kvevict_cuda.h).
+//!
+//! Without a CUDA device every test prints "skipped: no CUDA device" and passes:
+//! the binary still proves that the kernels compile and link. With a device,
+//! each test draws fresh random inputs, runs the launcher, and compares with a
+//! float64 reference in this file computed from the same (dtype-rounded) inputs;
+//! outputs are poisoned with NaN before each run so unwritten elements fail.
+//! Scores must match within a stated relative tolerance (max |gpu - ref| over
+//! max |ref|); selections must match exactly (same keys, same tie rule) and are
+//! compared with the core's `select_model` by overlap.
+//!
+//! Seeds: KVEVICT_TEST_SEED (default: time-based, printed).
+
+use half::{bf16, f16};
+use kvevict::cuda::*;
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+
+// ------------------------------------------------------------- CUDA runtime --
+#[allow(non_snake_case)]
+mod rt {
+    use std::ffi::{c_char, c_void};
+    extern "C" {
+        pub fn cudaMalloc(p: *mut *mut c_void, n: usize) -> i32;
+        pub fn cudaFree(p: *mut c_void) -> i32;
+        pub fn cudaMemcpy(dst: *mut c_void, src: *const c_void, n: usize, kind: i32) -> i32;
+        pub fn cudaDeviceSynchronize() -> i32;
+        pub fn cudaStreamCreate(s: *mut *mut c_void) -> i32;
+        pub fn cudaStreamDestroy(s: *mut c_void) -> i32;
+        pub fn cudaStreamSynchronize(s: *mut c_void) -> i32;
+        pub fn cudaStreamBeginCapture(s: *mut c_void, mode: i32) -> i32;
+        pub fn cudaStreamEndCapture(s: *mut c_void, graph: *mut *mut c_void) -> i32;
+        pub fn cudaGraphInstantiate(exec: *mut *mut c_void, graph: *mut c_void, flags: u64) -> i32;
+        pub fn cudaGraphLaunch(exec: *mut c_void, s: *mut c_void) -> i32;
+        pub fn cudaGraphExecDestroy(exec: *mut c_void) -> i32;
+        pub fn cudaGraphDestroy(graph: *mut c_void) -> i32;
+        pub fn cudaGetErrorString(e: i32) -> *const c_char;
+    }
+    pub const H2D: i32 = 1;
+    pub const D2H: i32 = 2;
+    pub const CAPTURE_GLOBAL: i32 = 0;
+}
+
+fn err_str(e: i32) -> String {
+    unsafe {
+        let p = rt::cudaGetErrorString(e);
+        if p.is_null() {
+            return format!("cuda error {e}");
+        }
+        format!("{} ({e})", std::ffi::CStr::from_ptr(p).to_string_lossy())
+    }
+}
+
+#[track_caller]
+fn ck(e: i32, what: &str) {
+    assert_eq!(e, 0, "{what}: {}", err_str(e));
+}
+
+/// Device buffer of `n` elements of `T` (plain data only).
+struct DBuf<T: Copy> {
+    p: *mut c_void,
+    n: usize,
+    _t: std::marker::PhantomData<T>,
+}
+impl<T: Copy> DBuf<T> {
+    fn new(n: usize) -> Self {
+        let mut p = null_mut();
+        let bytes = (n * std::mem::size_of::<T>()).max(16);
+        ck(unsafe { rt::cudaMalloc(&mut p, bytes) }, "cudaMalloc");
+        DBuf { p, n, _t: std::marker::PhantomData }
+    }
+    fn from(h: &[T]) -> Self {
+        let b = Self::new(h.len());
+        b.upload(h);
+        b
+    }
+    fn upload(&self, h: &[T]) {
+        assert!(h.len() <= self.n);
+        let bytes = std::mem::size_of_val(h);
+        ck(unsafe { rt::cudaMemcpy(self.p, h.as_ptr() as *const c_void, bytes, rt::H2D) }, "H2D");
+    }
+    fn download(&self) -> Vec<T> {
+        let mut v = Vec::with_capacity(self.n);
+        let bytes = self.n * std::mem::size_of::<T>();
+        ck(unsafe { rt::cudaDeviceSynchronize() }, "sync before D2H");
+        unsafe {
+            ck(rt::cudaMemcpy(v.as_mut_ptr() as *mut c_void, self.p, bytes, rt::D2H), "D2H");
+            v.set_len(self.n);
+        }
+        v
+    }
+    fn ptr(&self) -> *mut T {
+        self.p as *mut T
+    }
+    fn vptr(&self) -> *mut c_void {
+        self.p
+    }
+}
+impl<T: Copy> Drop for DBuf<T> {
+    fn drop(&mut self) {
+        unsafe {
+            rt::cudaFree(self.p);
+        }
+    }
+}
+
+fn poisoned(n: usize) -> DBuf<f32> {
+    DBuf::from(&vec![f32::NAN; n])
+}
+
+// ------------------------------------------------------------------- device --
+fn have_device() -> bool {
+    let mut n = 0;
+    let rc = unsafe { kve_cuda_device_count(&mut n) };
+    if rc != 0 || n == 0 {
+        println!("skipped: no CUDA device (cudaGetDeviceCount status {rc}, count {n})");
+        return false;
+    }
+    true
+}
+
+macro_rules! need_device {
+    () => {
+        if !have_device() {
+            return;
+        }
+    };
+}
+
+// ---------------------------------------------------------------------- rng --
+struct Rng(u64);
+impl Rng {
+    fn new(tag: u64) -> Rng {
+        let base = std::env::var("KVEVICT_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            });
+        println!("seed {base} tag {tag}");
+        Rng(base ^ tag.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn unif(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    fn normal(&mut self) -> f32 {
+        // sum of 4 uniforms, variance-normalised (enough for test data)
+        let s: f32 = (0..4).map(|_| self.unif()).sum::<f32>() - 2.0;
+        s * (3.0f32).sqrt()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+// ------------------------------------------------------------ dtype helpers --
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Dt {
+    F32,
+    F16,
+    Bf16,
+}
+const DTYPES: [Dt; 3] = [Dt::F32, Dt::F16, Dt::Bf16];
+impl Dt {
+    fn code(self) -> i32 {
+        match self {
+            Dt::F32 => KVE_CUDA_F32,
+            Dt::F16 => KVE_CUDA_F16,
+            Dt::Bf16 => KVE_CUDA_BF16,
+        }
+    }
+    fn size(self) -> usize {
+        if self == Dt::F32 {
+            4
+        } else {
+            2
+        }
+    }
+    fn round(self, x: f32) -> f32 {
+        match self {
+            Dt::F32 => x,
+            Dt::F16 => f16::from_f32(x).to_f32(),
+            Dt::Bf16 => bf16::from_f32(x).to_f32(),
+        }
+    }
+    fn encode(self, xs: &[f32]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(xs.len() * self.size());
+        for &x in xs {
+            match self {
+                Dt::F32 => out.extend_from_slice(&x.to_le_bytes()),
+                Dt::F16 => out.extend_from_slice(&f16::from_f32(x).to_le_bytes()),
+                Dt::Bf16 => out.extend_from_slice(&bf16::from_f32(x).to_le_bytes()),
+            }
+        }
+        out
+    }
+    fn decode(self, b: &[u8]) -> Vec<f32> {
+        match self {
+            Dt::F32 => b.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dt::F16 => b.chunks(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dt::Bf16 => b.chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        }
+    }
+}
+
+// ------------------------------------------------------------------ layouts --
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Layout {
+    /// [H, N, d] contiguous
+    HeadMajor,
+    /// [H, N, d] with padded rows (stride_token = d + 3) and a gap between heads
+    Padded,
+    /// llama.cpp K rows: [N, H*d]
+    TokenMajor,
+    /// llama.cpp transposed V: [H*d, N]
+    Transposed,
+}
+const LAYOUTS: [Layout; 4] = [Layout::HeadMajor, Layout::Padded, Layout::TokenMajor, Layout::Transposed];
+
+/// (strides, buffer length in elements) of a [h, t, d] tensor.
+fn strides(l: Layout, h: usize, t: usize, d: usize) -> ([usize; 3], usize) {
+    match l {
+        Layout::HeadMajor => ([t * d, d, 1], h * t * d),
+        Layout::Padded => ([t * (d + 3) + 5, d + 3, 1], h * (t * (d + 3) + 5)),
+        Layout::TokenMajor => ([d, h * d, 1], h * t * d),
+        Layout::Transposed => ([d * t, 1, t], h * t * d),
+    }
+}
+
+/// A host tensor (values already rounded to the dtype) and its device copy.
+struct Tensor {
+    dt: Dt,
+    ext: [usize; 3],
+    st: [usize; 3],
+    vals: Vec<f32>, // logical [h][t][d]
+    buf: DBuf<u8>,
+}
+impl Tensor {
+    fn new(dt: Dt, l: Layout, ext: [usize; 3], gen: &mut dyn FnMut() -> f32) -> Tensor {
+        let (st, len) = strides(l, ext[0], ext[1], ext[2]);
+        let vals: Vec<f32> = (0..ext[0] * ext[1] * ext[2]).map(|_| dt.round(gen())).collect();
+        let mut flat = vec![f32::NAN; len]; // poison in the gaps
+        for h in 0..ext[0] {
+            for t in 0..ext[1] {
+                for d in 0..ext[2] {
+                    flat[h * st[0] + t * st[1] + d * st[2]] = vals[(h * ext[1] + t) * ext[2] + d];
+                }
+            }
+        }
+        let buf = DBuf::from(&dt.encode(&flat));
+        Tensor { dt, ext, st, vals, buf }
+    }
+    fn at(&self, h: usize, t: usize, d: usize) -> f64 {
+        self.vals[(h * self.ext[1] + t) * self.ext[2] + d] as f64
+    }
+    fn view(&self) -> KveCudaView {
+        KveCudaView {
+            data: self.buf.vptr(),
+            dtype: self.dt.code(),
+            reserved: 0,
+            stride_head: self.st[0] as i64,
+            stride_token: self.st[1] as i64,
+            stride_dim: self.st[2] as i64,
+            heads: self.ext[0] as i64,
+            tokens: self.ext[1] as i64,
+            dim: self.ext[2] as i64,
+        }
+    }
+    /// Reads the device tensor back as logical [h][t][d].
+    fn read_back(&self) -> Vec<f32> {
+        let raw = self.buf.download();
+        let flat = self.dt.decode(&raw);
+        let mut out = vec![0f32; self.vals.len()];
+        for h in 0..self.ext[0] {
+            for t in 0..self.ext[1] {
+                for d in 0..self.ext[2] {
+                    out[(h * self.ext[1] + t) * self.ext[2] + d] =
+                        flat[h * self.st[0] + t * self.st[1] + d * self.st[2]];
+                }
+            }
+        }
+        out
+    }
+}
+
+#[track_caller]
+fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(0f64, |m, &x| m.max(x.abs())).max(1e-30);
+    let mut worst = 0f64;
+    let mut at = 0;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(g.is_finite() || !w.is_finite(), "{what}: element {i} is {g} (want {w})");
+        let e = (g as f64 - w).abs() / scale;
+        if e > worst {
+            worst = e;
+            at = i;
+        }
+    }
+    println!("{what}: max rel err {worst:.3e} (scale {scale:.3e})");
+    assert!(
+        worst <= tol,
+        "{what}: max rel err {worst:.3e} > {tol:.1e} at {at}: got {} want {}",
+        got[at],
+        want[at]
+    );
+}
+
+// ---------------------------------------------------------- f64 references --
+/// A[h][j][i] (0 where masked), SPEC §2.
+fn ref_attention(q: &Tensor, k: &Tensor, w: usize) -> Vec<f64> {
+    let (hq, dk) = (q.ext[0], q.ext[2]);
+    let (hkv, n) = (k.ext[0], k.ext[1]);
+    let g = hq / hkv;
+    let p = n - w;
+    let scale = 1.0 / (dk as f64).sqrt();
+    let mut a = vec![0f64; hq * w * n];
+    for h in 0..hq {
+        for j in 0..w {
+            let vis = p + j + 1;
+            let mut z = vec![0f64; vis];
+            for (i, zi) in z.iter_mut().enumerate() {
+                let mut s = 0f64;
+                for d in 0..dk {
+                    s += q.at(h, j, d) * k.at(h / g, i, d);
+                }
+                *zi = s * scale;
+            }
+            let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let l: f64 = z.iter().map(|&x| (x - m).exp()).sum();
+            for i in 0..vis {
+                a[(h * w + j) * n + i] = (z[i] - m).exp() / l;
+            }
+        }
+    }
+    a
+}
+
+fn gqa(op: i32, xs: &[f64]) -> f64 {
+    match op {
+        KVE_CUDA_GQA_MAX => xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+        KVE_CUDA_GQA_SUM => xs.iter().sum(),
+        _ => xs.iter().sum::<f64>() / xs.len() as f64,
+    }
+}
+
+/// Block (a, b) of a group of g: the diagonal first, then a < b (src/gram.rs order).
+fn block_pair(g: usize, k: usize) -> (usize, usize) {
+    if k < g {
+        return (k, k);
+    }
+    let mut k = k - g;
+    for a in 0..g {
+        let row = g - a - 1;
+        if k < row {
+            return (a, a + 1 + k);
+        }
+        k -= row;
+    }
+    unreachable!()
+}
+
+fn ref_pool(x: &[f64], mode: i32, k: usize, decay: f64) -> Vec<f64> {
+    let n = x.len() as i64;
+    (0..n)
+        .map(|i| match mode {
+            KVE_CUDA_POOL_AVG => {
+                let mut s = 0.0;
+                for t in i - (k as i64) / 2..=i + (k as i64) / 2 {
+                    if t >= 0 && t < n {
+                        s += x[t as usize];
+                    }
+                }
+                s / k as f64
+            }
+            KVE_CUDA_POOL_MAX => {
+                let mut m = f64::NEG_INFINITY;
+                for t in i - (k as i64) / 2..=i + (k as i64) / 2 {
+                    if t >= 0 && t < n {
+                        m = m.max(x[t as usize]);
+                    }
+                }
+                m
+            }
+            _ => {
+                let mut m = f64::NEG_INFINITY;
+                for j in 0..(k as i64).min(i + 1) {
+                    m = m.max(decay.powi(j as i32) * x[(i - j) as usize]);
+                }
+                m
+            }
+        })
+        .collect()
+}
+
+/// Order-preserving key (NaN lowest, -0 == +0), as cuda/common.cuh float_key.
+fn fkey(f: f32) -> u32 {
+    if f.is_nan() {
+        return 0;
+    }
+    let f = if f == 0.0 { 0.0f32 } else { f };
+    let u = f.to_bits();
+    if u & 0x8000_0000 != 0 {
+        !u
+    } else {
+        u | 0x8000_0000
+    }
+}
+
+// ====================================================================== tests --
+
+#[test]
+fn device_count_reports() {
+    let mut n = -1;
+    let rc = unsafe { kve_cuda_device_count(&mut n) };
+    if rc != 0 || n == 0 {
+        assert_eq!(n, 0);
+        println!("skipped: no CUDA device (status {rc})");
+        return;
+    }
+    assert!(n > 0);
+}
+
+#[test]
+fn workspace_sizes_are_pure_host_functions() {
+    // Callable without a device.
+    let a = unsafe { kve_cuda_window_workspace_size(32, 32, 131072, 8) };
+    assert!(a > 0);
+    assert_eq!(unsafe { kve_cuda_window_workspace_size(0, 32, 10, 8) }, 0);
+    assert!(unsafe { kve_cuda_select_workspace_size(1) } >= 2048 * 4);
+    assert!(unsafe { kve_cuda_layer_stats_workspace_size(32, 1 << 20) } > 0);
+    let v = KveCudaView {
+        data: null_mut(),
+        dtype: KVE_CUDA_BF16,
+        reserved: 0,
+        stride_head: 0,
+        stride_token: 0,
+        stride_dim: 1,
+        heads: 8,
+        tokens: 100,
+        dim: 128,
+    };
+    assert_eq!(unsafe { kve_cuda_compact_workspace_size(&v, 10) }, 8 * 10 * 128 * 2);
+}
+
+#[test]
+fn invalid_arguments_are_rejected_before_launch() {
+    // Argument checks run on the host and need no device.
+    let bad = KveCudaView {
+        data: null_mut(),
+        dtype: 7,
+        reserved: 0,
+        stride_head: 0,
+        stride_token: 0,
+        stride_dim: 1,
+        heads: 1,
+        tokens: 1,
+        dim: 1,
+    };
+    let rc = unsafe {
+        kve_cuda_window(&bad, &bad, 1, null_mut(), null_mut(), null_mut(), null_mut(), 0,
+                        null_mut(), 0, null_mut())
+    };
+    assert_eq!(rc, 1);
+    let rc = unsafe { kve_cuda_pool(null(), 4, null_mut(), 4, 1, 4, 0, 4, 1.0, null_mut()) };
+    assert_eq!(rc, 1, "even avg kernel");
+}
+
+struct WinCase {
+    hq: usize,
+    hkv: usize,
+    w: usize,
+    n: usize,
+    dk: usize,
+}
+
+#[test]
+fn window_aggregates_match_reference() {
+    need_device!();
+    let mut rng = Rng::new(1);
+    let cases = [
+        WinCase { hq: 8, hkv: 2, w: 7, n: 150, dk: 64 },
+        WinCase { hq: 4, hkv: 4, w: 3, n: 70, dk: 40 },
+        WinCase { hq: 6, hkv: 2, w: 45, n: 300, dk: 128 },
+        WinCase { hq: 16, hkv: 2, w: 20, n: 200, dk: 96 },
+        WinCase { hq: 4, hkv: 1, w: 9, n: 129, dk: 200 },
+        WinCase { hq: 2, hkv: 1, w: 5, n: 5, dk: 16 },
+    ];
+    for c in &cases {
+        for dt in DTYPES {
+            let layout = LAYOUTS[rng.below(3)]; // K: head-major, padded or token-major
+            let spread = 1.0 + 3.0 * rng.unif();
+            let q = Tensor::new(dt, Layout::HeadMajor, [c.hq, c.w, c.dk], &mut || spread * rng.normal());
+            let k = Tensor::new(dt, layout, [c.hkv, c.n, c.dk], &mut || rng.normal());
+            let g = c.hq / c.hkv;
+            let p = c.n - c.w;
+            let np = g * (g + 1) / 2;
+            let op = rng.below(3) as i32;
+            let mean = poisoned(c.hq * p);
+            let l2 = poisoned(c.hq * p);
+            let cross = poisoned(c.hkv * np * p);
+            let group = poisoned(c.hkv * p);
+            let wsb = unsafe {
+                kve_cuda_window_workspace_size(c.hq as i64, c.w as i64, c.n as i64, c.hkv as i64)
+            };
+            let ws = DBuf::<u8>::new(wsb);
+            let rc = unsafe {
+                kve_cuda_window(&q.view(), &k.view(), c.w as i64, mean.ptr(), l2.ptr(),
+                                cross.ptr(), group.ptr(), op, ws.vptr(), wsb, null_mut())
+            };
+            ck(rc, "kve_cuda_window");
+            let a = ref_attention(&q, &k, c.w);
+            let (mut rm, mut rl) = (vec![0f64; c.hq * p], vec![0f64; c.hq * p]);
+            let mut rc_ = vec![0f64; c.hkv * np * p];
+            let mut rg = vec![0f64; c.hkv * p];
+            for h in 0..c.hq {
+                for i in 0..p {
+                    let col: Vec<f64> = (0..c.w).map(|j| a[(h * c.w + j) * c.n + i]).collect();
+                    rm[h * p + i] = col.iter().sum::<f64>() / c.w as f64;
+                    rl[h * p + i] = col.iter().map(|x| x * x).sum::<f64>().sqrt();
+                }
+            }
+            for hk in 0..c.hkv {
+                for i in 0..p {
+                    let ms: Vec<f64> = (0..g).map(|hh| rm[(hk * g + hh) * p + i]).collect();
+                    rg[hk * p + i] = gqa(op, &ms);
+                    for b in 0..np {
+                        let (x, y) = block_pair(g, b);
+                        let (hx, hy) = (hk * g + x, hk * g + y);
+                        rc_[(hk * np + b) * p + i] = (0..c.w)
+                            .map(|j| a[(hx * c.w + j) * c.n + i] * a[(hy * c.w + j) * c.n + i])
+                            .sum();
+                    }
+                }
+            }
+            let tag = format!("window hq{} hkv{} w{} n{} dk{} {:?} K {:?}", c.hq, c.hkv, c.w, c.n, c.dk, dt, layout);
+            let tol = 2e-4;
+            assert_close(&format!("{tag} mean"), &mean.download(), &rm, tol);
+            assert_close(&format!("{tag} l2"), &l2.download(), &rl, tol);
+            assert_close(&format!("{tag} cross"), &cross.download(), &rc_, tol);
+            assert_close(&format!("{tag} group op{op}"), &group.download(), &rg, tol);
+        }
+    }
+}
+
+#[test]
+fn lava_factor_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(2);
+    for dt in DTYPES {
+        for layout in LAYOUTS {
+            let (hkv, n, dv) = (3, 1000, 72);
+            let prefix = 1 + rng.below(n);
+            let v = Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal());
+            let out = poisoned(hkv);
+            ck(unsafe { kve_cuda_lava_factor(&v.view(), prefix as i64, out.ptr(), null_mut()) }, "lava");
+            let want: Vec<f64> = (0..hkv)
+                .map(|h| {
+                    (0..prefix)
+                        .map(|i| (0..dv).map(|d| v.at(h, i, d).abs()).sum::<f64>())
+                        .fold(0.0, f64::max)
+                })
+                .collect();
+            assert_close(&format!("lava factor {dt:?} {layout:?}"), &out.download(), &want, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn vonorm_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(3);
+    for dt in DTYPES {
+        for &(hkv, gpk, n, dv) in &[(2usize, 3usize, 300usize, 64usize), (1, 2, 130, 128), (2, 1, 70, 200), (1, 1, 33, 40)] {
+            for split in [false, true] {
+                if dt == Dt::F32 && split {
+                    continue;
+                }
+                let layout = LAYOUTS[rng.below(4)];
+                let v = Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal());
+                let ngram = hkv * gpk;
+                // PSD Grams like Wo_h Wo_hᵀ / D
+                let dm = 96;
+                let mut gram = vec![0f32; ngram * dv * dv];
+                for m in 0..ngram {
+                    let wo: Vec<f32> = (0..dv * dm).map(|_| rng.normal()).collect();
+                    for r in 0..dv {
+                        for c in 0..dv {
+                            let s: f64 = (0..dm).map(|x| wo[r * dm + x] as f64 * wo[c * dm + x] as f64).sum();
+                            gram[(m * dv + r) * dv + c] = (s / dm as f64) as f32;
+                        }
+                    }
+                }
+                let gd = DBuf::from(&gram);
+                let hi = DBuf::<u8>::new(gram.len() * dt.size());
+                let lo = DBuf::<u8>::new(gram.len() * dt.size());
+                ck(unsafe {
+                    kve_cuda_gram_split(gd.ptr(), gram.len() as i64, dt.code(), hi.vptr(),
+                                        if split { lo.vptr() } else { null_mut() }, null_mut())
+                }, "gram_split");
+                let out = poisoned(ngram * n);
+                let ntok = n - rng.below(3);
+                let out = if ntok < n { poisoned(ngram * ntok) } else { out };
+                ck(unsafe {
+                    kve_cuda_vonorm(&v.view(), ntok as i64, hi.vptr(),
+                                    if split { lo.vptr() } else { null() }, ngram as i64, 0,
+                                    out.ptr(), null_mut())
+                }, "vonorm");
+                // reference with the Gram the kernel sees: rounded (hi) or exact (hi+lo)
+                let geff: Vec<f64> = gram
+                    .iter()
+                    .map(|&x| if split || dt == Dt::F32 { x as f64 } else { dt.round(x) as f64 })
+                    .collect();
+                let mut want = vec![0f64; ngram * ntok];
+                for m in 0..ngram {
+                    let hk = m / gpk;
+                    for i in 0..ntok {
+                        let mut s = 0f64;
+                        for r in 0..dv {
+                            let vr = v.at(hk, i, r);
+                            for c in 0..dv {
+                                s += vr * geff[(m * dv + r) * dv + c] * v.at(hk, i, c);
+                            }
+                        }
+                        want[m * ntok + i] = s;
+                    }
+                }
+                let tol = if split || dt == Dt::F32 { 1e-4 } else { 1e-3 };
+                assert_close(&format!("vonorm {dt:?} {layout:?} hkv{hkv} gpk{gpk} n{ntok} dv{dv} split{split}"),
+                             &out.download(), &want, tol);
+                // sqrt variant
+                let out2 = poisoned(ngram * ntok);
+                ck(unsafe {
+                    kve_cuda_vonorm(&v.view(), ntok as i64, hi.vptr(),
+                                    if split { lo.vptr() } else { null() }, ngram as i64, 1,
+                                    out2.ptr(), null_mut())
+                }, "vonorm sqrt");
+                let want2: Vec<f64> = want.iter().map(|x| x.max(0.0).sqrt()).collect();
+                assert_close("vonorm sqrt", &out2.download(), &want2, tol);
+            }
+        }
+    }
+}
+
+#[test]
+fn pool_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(4);
+    let (rows, n) = (5, 777);
+    let x: Vec<f32> = (0..rows * (n + 3)).map(|_| rng.unif()).collect();
+    let xd = DBuf::from(&x);
+    for (mode, k) in [(KVE_CUDA_POOL_AVG, 7), (KVE_CUDA_POOL_AVG, 1), (KVE_CUDA_POOL_MAX, 5),
+                      (KVE_CUDA_POOL_FORWARD, 8), (KVE_CUDA_POOL_FORWARD, 1)] {
+        let out = poisoned(rows * n);
+        let decay = 0.9f32;
+        ck(unsafe { kve_cuda_pool(xd.ptr(), (n + 3) as i64, out.ptr(), n as i64, rows as i64, n as i64, mode, k, decay, null_mut()) }, "pool");
+        let mut want = Vec::new();
+        for r in 0..rows {
+            let row: Vec<f64> = x[r * (n + 3)..r * (n + 3) + n].iter().map(|&v| v as f64).collect();
+            want.extend(ref_pool(&row, mode, k as usize, decay as f64));
+        }
+        assert_close(&format!("pool mode{mode} k{k}"), &out.download(), &want, 1e-5);
+    }
+}
+
+#[test]
+fn head_reduce_and_laprox_exact_match_reference() {
+    need_device!();
+    let mut rng = Rng::new(5);
+    let (hkv, g, n) = (3usize, 4usize, 500usize);
+    let hq = hkv * g;
+    let a: Vec<f32> = (0..hq * n).map(|_| rng.unif()).collect();
+    let b: Vec<f32> = (0..hq * n).map(|_| rng.unif() * 5.0).collect();
+    let sc: Vec<f32> = (0..hkv).map(|_| 1.0 + rng.unif()).collect();
+    let (ad, bd, sd) = (DBuf::from(&a), DBuf::from(&b), DBuf::from(&sc));
+    for op in 0..3 {
+        for bm in 0..3 {
+            for use_scale in [false, true] {
+                let out = poisoned(hkv * n);
+                ck(unsafe {
+                    kve_cuda_head_reduce(ad.ptr(), bd.ptr(), bm, if use_scale { sd.ptr() } else { null() },
+                                         n as i64, out.ptr(), n as i64, hq as i64, hkv as i64, n as i64, op, null_mut())
+                }, "head_reduce");
+                let mut want = vec![0f64; hkv * n];
+                for hk in 0..hkv {
+                    for i in 0..n {
+                        let xs: Vec<f64> = (0..g)
+                            .map(|hh| {
+                                let h = hk * g + hh;
+                                let mut x = a[h * n + i] as f64;
+                                if bm == 1 { x *= (b[h * n + i] as f64).sqrt(); }
+                                if bm == 2 { x *= b[h * n + i] as f64; }
+                                if use_scale { x *= sc[hk] as f64; }
+                                x
+                            })
+                            .collect();
+                        want[hk * n + i] = gqa(op, &xs);
+                    }
+                }
+                assert_close(&format!("head_reduce op{op} b{bm} scale{use_scale}"), &out.download(), &want, 1e-5);
+            }
+        }
+    }
+    // exact GQA from cross terms
+    let np = g * (g + 1) / 2;
+    let cross: Vec<f32> = (0..hkv * np * n).map(|_| rng.unif()).collect();
+    let qv: Vec<f32> = (0..hkv * np * n).map(|_| rng.unif()).collect();
+    let (cd, qd) = (DBuf::from(&cross), DBuf::from(&qv));
+    for mode in 0..2 {
+        let out = poisoned(hkv * n);
+        ck(unsafe { kve_cuda_laprox_exact(cd.ptr(), qd.ptr(), out.ptr(), hkv as i64, g as i64, n as i64, mode, null_mut()) }, "laprox_exact");
+        let mut want = vec![0f64; hkv * n];
+        for hk in 0..hkv {
+            for i in 0..n {
+                let (mut s, mut vs) = (0f64, 0f64);
+                for p in 0..np {
+                    let w = if p < g { 1.0 } else { 2.0 };
+                    let c = cross[(hk * np + p) * n + i] as f64;
+                    let q = qv[(hk * np + p) * n + i] as f64;
+                    if mode == 0 { s += w * c * q } else { s += w * c; if p < g { vs += q.sqrt(); } }
+                }
+                want[hk * n + i] = if mode == 0 { s.max(0.0).sqrt() } else { s.max(0.0).sqrt() * vs / g as f64 };
+            }
+        }
+        assert_close(&format!("laprox_exact mode{mode}"), &out.download(), &want, 1e-5);
+    }
+}
+
+#[test]
+fn layer_stats_and_token_reduce_match_reference() {
+    need_device!();
+    let mut rng = Rng::new(6);
+    let (layers, rpl, n) = (5usize, 3usize, 20000usize);
+    let stride = rpl * n;
+    let mut s: Vec<f32> = (0..layers * stride).map(|_| rng.unif() * rng.unif()).collect();
+    for x in s.iter_mut().take(100) {
+        *x = 0.0; // zeros contribute nothing to the entropy
+    }
+    let sd = DBuf::from(&s);
+    let wsb = unsafe { kve_cuda_layer_stats_workspace_size(layers as i64, stride as i64) };
+    let ws = DBuf::<u8>::new(wsb);
+    let sums = DBuf::from(&vec![f64::NAN; layers]);
+    let ent = DBuf::from(&vec![f64::NAN; layers]);
+    ck(unsafe { kve_cuda_layer_stats(sd.ptr(), stride as i64, stride as i64, layers as i64, sums.ptr(), ent.ptr(), ws.vptr(), wsb, null_mut()) }, "layer_stats");
+    let (gs, ge) = (sums.download(), ent.download());
+    for l in 0..layers {
+        let xs = &s[l * stride..(l + 1) * stride];
+        let tot: f64 = xs.iter().map(|&x| x as f64).sum();
+        let e: f64 = xs.iter().filter(|&&x| x > 0.0).map(|&x| { let p = x as f64 / tot; -p * p.ln() }).sum();
+        assert!((gs[l] - tot).abs() <= 1e-9 * tot, "sum layer {l}: {} vs {tot}", gs[l]);
+        assert!((ge[l] - e).abs() <= 1e-9 * e.max(1.0), "entropy layer {l}: {} vs {e}", ge[l]);
+        // and the core's entropy
+        let core = kvevict::budget::lava::layer_entropy(xs);
+        assert!((ge[l] - core).abs() <= 1e-6 * e.max(1.0), "core entropy layer {l}: {core} vs gpu {}", ge[l]);
+    }
+    for norm in [false, true] {
+        let out = poisoned(n);
+        ck(unsafe { kve_cuda_token_reduce(sd.ptr(), if norm { sums.ptr() } else { null() }, layers as i64, rpl as i64, n as i64, out.ptr(), null_mut()) }, "token_reduce");
+        let want: Vec<f64> = (0..n)
+            .map(|i| {
+                (0..layers)
+                    .map(|l| {
+                        let la: f64 = (0..rpl).map(|r| s[(l * rpl + r) * n + i] as f64).sum();
+                        if norm { la / gs[l] } else { la }
+                    })
+                    .sum()
+            })
+            .collect();
+        assert_close(&format!("token_reduce norm{norm}"), &out.download(), &want, 1e-5);
+    }
+}
+
+/// Host reference of kve_cuda_select: per group, the k largest composite keys
+/// (score key, position, lower row first), kept positions ascending per row.
+fn ref_select(s: &[f32], n: usize, groups: usize, rpg: usize, ks: &[i64], ls: Option<(&[f64], usize)>) -> Vec<Vec<i32>> {
+    let rows = groups * rpg;
+    let mut kept = vec![Vec::new(); rows];
+    for gi in 0..groups {
+        let mut keys: Vec<(u32, usize, std::cmp::Reverse<usize>)> = Vec::new();
+        for r in gi * rpg..(gi + 1) * rpg {
+            for i in 0..n {
+                let x = s[r * n + i];
+                let v = match ls {
+                    Some((sum, rpl)) => (x as f64 / sum[r / rpl]) as f32,
+                    None => x,
+                };
+                keys.push((fkey(v), i, std::cmp::Reverse(r)));
+            }
+        }
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        let k = ks[gi].clamp(0, keys.len() as i64) as usize;
+        for &(_, i, std::cmp::Reverse(r)) in &keys[..k] {
+            kept[r].push(i as i32);
+        }
+    }
+    for v in kept.iter_mut() {
+        v.sort_unstable();
+    }
+    kept
+}
+
+#[test]
+fn select_matches_reference_exactly() {
+    need_device!();
+    let mut rng = Rng::new(7);
+    // (layers, hkv, n): shapes; modes: global, per layer, per head
+    for &(layers, hkv, n) in &[(4usize, 2usize, 1000usize), (3, 4, 37), (2, 1, 5000), (1, 1, 1)] {
+        let rows = layers * hkv;
+        for mode in 0..3 {
+            for ties in [false, true] {
+                let s: Vec<f32> = (0..rows * n)
+                    .map(|_| if ties { (rng.below(7) as f32) * 0.25 } else { rng.unif() })
+                    .collect();
+                let (groups, rpg) = match mode {
+                    0 => (1, rows),
+                    1 => (layers, hkv),
+                    _ => (rows, 1),
+                };
+                let ks: Vec<i64> = (0..groups).map(|_| rng.below(rpg * n + 2) as i64 - 1).collect();
+                let norm = rng.below(2) == 1;
+                let sums: Vec<f64> = (0..layers)
+                    .map(|l| s[l * hkv * n..(l + 1) * hkv * n].iter().map(|&x| x as f64).sum::<f64>().max(1e-3))
+                    .collect();
+                let sd = DBuf::from(&s);
+                let kd = DBuf::from(&ks);
+                let lsd = DBuf::from(&sums);
+                let counts = DBuf::from(&vec![-1i32; rows]);
+                let idx = DBuf::from(&vec![-1i32; rows * n]);
+                let wsb = unsafe { kve_cuda_select_workspace_size(groups as i64) };
+                let ws = DBuf::<u8>::new(wsb);
+                ck(unsafe {
+                    kve_cuda_select(sd.ptr(), n as i64, n as i64, groups as i64, rpg as i64, kd.ptr(), 0,
+                                    if norm { lsd.ptr() } else { null() }, hkv as i64,
+                                    counts.ptr(), idx.ptr(), n as i64, ws.vptr(), wsb, null_mut())
+                }, "select");
+                let want = ref_select(&s, n, groups, rpg, &ks, if norm { Some((&sums, hkv)) } else { None });
+                let (gc, gi) = (counts.download(), idx.download());
+                for r in 0..rows {
+                    let got = &gi[r * n..r * n + gc[r].max(0) as usize];
+                    assert_eq!(gc[r] as usize, want[r].len(), "select count row {r} (layers {layers} hkv {hkv} n {n} mode {mode} ties {ties} norm {norm})");
+                    assert_eq!(got, &want[r][..], "select row {r} mode {mode} ties {ties} norm {norm}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn compact_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(8);
+    for dt in DTYPES {
+        for layout in LAYOUTS {
+            for shared in [false, true] {
+                let (h, n, d) = (3usize, 257usize, 24usize);
+                let x = Tensor::new(dt, layout, [h, n, d], &mut || rng.normal());
+                let lists = if shared { 1 } else { h };
+                let mut kept = vec![0i32; lists * n];
+                let mut counts = vec![0i32; lists];
+                for l in 0..lists {
+                    let mut c = 0;
+                    for t in 0..n {
+                        if rng.unif() < 0.3 || t < 5 {
+                            kept[l * n + c] = t as i32;
+                            c += 1;
+                        }
+                    }
+                    counts[l] = c as i32;
+                }
+                let max_keep = *counts.iter().max().unwrap() as usize;
+                let (kd, cd) = (DBuf::from(&kept), DBuf::from(&counts));
+                let kept_ld = if shared { 0 } else { n as i64 };
+                // varlen (out of place) first: reads the untouched tensor
+                let total: usize = (0..h).map(|hh| counts[if shared { 0 } else { hh }] as usize).sum();
+                let dst = DBuf::<u8>::new(total * d * dt.size());
+                let cu = DBuf::from(&vec![-1i32; h + 1]);
+                ck(unsafe { kve_cuda_compact_varlen(&x.view(), kd.ptr(), kept_ld, cd.ptr(), dst.vptr(), cu.ptr(), null_mut()) }, "varlen");
+                let cug = cu.download();
+                let dstv = dt.decode(&dst.download());
+                let mut acc = 0;
+                for hh in 0..h {
+                    let l = if shared { 0 } else { hh };
+                    assert_eq!(cug[hh], acc as i32, "cu_seqlens[{hh}]");
+                    for t in 0..counts[l] as usize {
+                        let src = kept[l * n + t] as usize;
+                        for dd in 0..d {
+                            assert_eq!(dstv[(acc + t) * d + dd], x.vals[(hh * n + src) * d + dd], "varlen {dt:?} {layout:?} h{hh} t{t} d{dd}");
+                        }
+                    }
+                    acc += counts[l] as usize;
+                }
+                assert_eq!(cug[h], acc as i32);
+                // in place
+                let wsb = unsafe { kve_cuda_compact_workspace_size(&x.view(), max_keep as i64) };
+                let ws = DBuf::<u8>::new(wsb);
+                ck(unsafe { kve_cuda_compact(&x.view(), kd.ptr(), kept_ld, cd.ptr(), max_keep as i64, ws.vptr(), wsb, null_mut()) }, "compact");
+                let got = x.read_back();
+                for hh in 0..h {
+                    let l = if shared { 0 } else { hh };
+                    for t in 0..n {
+                        let src = if t < counts[l] as usize { kept[l * n + t] as usize } else { t };
+                        for dd in 0..d {
+                            assert_eq!(got[(hh * n + t) * d + dd], x.vals[(hh * n + src) * d + dd],
+                                       "in place {dt:?} {layout:?} shared {shared} h{hh} t{t} d{dd}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The whole LaProx pipeline of one layer, captured in a CUDA graph and replayed:
+/// proves the launchers are capturable and gives the same numbers as eager runs.
+#[test]
+fn laprox_pipeline_graph_capture_matches_eager() {
+    need_device!();
+    let mut rng = Rng::new(9);
+    let (hq, hkv, w, n, d) = (8usize, 2usize, 16usize, 600usize, 64usize);
+    let p = n - w;
+    let dt = Dt::Bf16;
+    let q = Tensor::new(dt, Layout::HeadMajor, [hq, w, d], &mut || rng.normal());
+    let k = Tensor::new(dt, Layout::HeadMajor, [hkv, n, d], &mut || rng.normal());
+    let v = Tensor::new(dt, Layout::HeadMajor, [hkv, n, d], &mut || rng.normal());
+    let gram: Vec<f32> = (0..hq * d * d).map(|i| if i % (d + 1) == 0 { 1.0 } else { 0.01 * rng.normal() }).collect();
+    let gd = DBuf::from(&gram);
+    let ghi = DBuf::<u8>::new(gram.len() * 2);
+    ck(unsafe { kve_cuda_gram_split(gd.ptr(), gram.len() as i64, dt.code(), ghi.vptr(), null_mut(), null_mut()) }, "split");
+    let wsb = unsafe { kve_cuda_window_workspace_size(hq as i64, w as i64, n as i64, hkv as i64) };
+    let ws = DBuf::<u8>::new(wsb);
+    let swsb = unsafe { kve_cuda_select_workspace_size(1) };
+    let sws = DBuf::<u8>::new(swsb);
+    let (l2, pooled, vo, score) = (poisoned(hq * p), poisoned(hq * p), poisoned(hq * p), poisoned(hkv * p));
+    let counts = DBuf::from(&vec![-1i32; hkv]);
+    let idx = DBuf::from(&vec![-1i32; hkv * p]);
+    let kk = (hkv * p / 10) as i64;
+    let run = |s: *mut c_void| unsafe {
+        ck(kve_cuda_window(&q.view(), &k.view(), w as i64, null_mut(), l2.ptr(), null_mut(), null_mut(), 0, ws.vptr(), wsb, s), "window");
+        ck(kve_cuda_pool(l2.ptr(), p as i64, pooled.ptr(), p as i64, hq as i64, p as i64, KVE_CUDA_POOL_AVG, 7, 1.0, s), "pool");
+        ck(kve_cuda_vonorm(&v.view(), p as i64, ghi.vptr(), null(), hq as i64, 0, vo.ptr(), s), "vonorm");
+        ck(kve_cuda_head_reduce(pooled.ptr(), vo.ptr(), 1, null(), p as i64, score.ptr(), p as i64, hq as i64, hkv as i64, p as i64, KVE_CUDA_GQA_SUM, s), "reduce");
+        ck(kve_cuda_select(score.ptr(), p as i64, p as i64, 1, hkv as i64, null(), kk, null(), 1, counts.ptr(), idx.ptr(), p as i64, sws.vptr(), swsb, s), "select");
+    };
+    let mut s = null_mut();
+    ck(unsafe { rt::cudaStreamCreate(&mut s) }, "stream");
+    run(s);
+    ck(unsafe { rt::cudaStreamSynchronize(s) }, "sync");
+    let (e_score, e_counts, e_idx) = (score.download(), counts.download(), idx.download());
+    score.upload(&vec![f32::NAN; hkv * p]);
+    counts.upload(&vec![-1; hkv]);
+    let mut graph = null_mut();
+    let mut exec = null_mut();
+    unsafe {
+        ck(rt::cudaStreamBeginCapture(s, rt::CAPTURE_GLOBAL), "begin capture");
+        run(s);
+        ck(rt::cudaStreamEndCapture(s, &mut graph), "end capture");
+        ck(rt::cudaGraphInstantiate(&mut exec, graph, 0), "instantiate");
+        ck(rt::cudaGraphLaunch(exec, s), "graph launch");
+        ck(rt::cudaGraphLaunch(exec, s), "graph launch twice");
+        ck(rt::cudaStreamSynchronize(s), "sync graph");
+    }
+    assert_eq!(score.download(), e_score, "graph replay scores");
+    assert_eq!(counts.download(), e_counts, "graph replay counts");
+    assert_eq!(idx.download(), e_idx, "graph replay indices");
+    assert_eq!(e_counts.iter().map(|&c| c as i64).sum::<i64>(), kk);
+    // reference: f64 LaProx default (pool the attention term, sum over the group)
+    let a = ref_attention(&q, &k, w);
+    let mut want = vec![0f64; hkv * p];
+    for h in 0..hq {
+        let col: Vec<f64> = (0..p).map(|i| (0..w).map(|j| a[(h * w + j) * n + i].powi(2)).sum::<f64>().sqrt()).collect();
+        let pooled = ref_pool(&col, KVE_CUDA_POOL_AVG, 7, 1.0);
+        for i in 0..p {
+            let mut qf = 0f64;
+            for r in 0..d {
+                for c in 0..d {
+                    qf += v.at(h / (hq / hkv), i, r) * (dt.round(gram[(h * d + r) * d + c]) as f64) * v.at(h / (hq / hkv), i, c);
+                }
+            }
+            want[(h / (hq / hkv)) * p + i] += pooled[i] * qf.max(0.0).sqrt();
+        }
+    }
+    assert_close("laprox pipeline", &e_score, &want, 2e-3);
+    unsafe {
+        rt::cudaGraphExecDestroy(exec);
+        rt::cudaGraphDestroy(graph);
+        rt::cudaStreamDestroy(s);
+    }
+}
