@@ -154,6 +154,9 @@ def write_plot(summary, path):
             else:
                 ax.plot([r["keep_ratio"] for r in rs], [r["acc"] for r in rs], marker="o", label=name)
         ax.set_xscale("log")
+        ticks = sorted({r["keep_ratio"] for r in summary if r["method"] != "full"})
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
         ax.set_xlabel("keep ratio (window included)")
         ax.set_ylabel("needle accuracy")
         ax.set_ylim(-0.05, 1.05)
