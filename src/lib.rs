@@ -10,6 +10,7 @@
 extern crate std;
 
 pub mod budget;
+pub mod capi;
 pub mod compact;
 pub mod config;
 #[cfg(feature = "cuda")]

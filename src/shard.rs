@@ -20,7 +20,7 @@ use crate::select::{make_key, Histogram, KEY_BITS};
 
 const DIGIT: u32 = 8;
 /// Key bits rounded up to whole digits.
-const SPACE: u32 = (KEY_BITS + DIGIT - 1) / DIGIT * DIGIT;
+const SPACE: u32 = KEY_BITS.div_ceil(DIGIT) * DIGIT;
 /// Threshold that keeps nothing (no key reaches it).
 pub const KEEP_NOTHING: u128 = u128::MAX;
 

@@ -1,0 +1,290 @@
+//! Configuration structs that can grow without breaking compiled callers.
+//!
+//! Each starts with `uint32_t struct_size`. The caller fills a struct with its `*_init`
+//! function, passing `sizeof` of the struct as the caller's header declares it; the
+//! library writes `min(struct_size, its own size)` bytes and zeroes the rest. When
+//! reading, the library accepts any `struct_size` from the first released size
+//! (`KVE_*_V1_SIZE`) up to `KVE_MAX_STRUCT_SIZE`, a multiple of 4; it reads the fields that
+//! fit and uses defaults for fields a smaller (older) struct lacks; bytes past its own
+//! size (a newer caller's fields) must be zero, else `KVE_ERR_INVALID_ARGUMENT`.
+//! Fields are only ever appended.
+
+use super::{arg, out_param, to_status, tri};
+use crate::config::*;
+use crate::error::{Error, Result};
+
+/// Largest `struct_size` accepted.
+pub const MAX_STRUCT_SIZE: u32 = 4096;
+/// Budgets above this are clamped to it (a budget of at least the prefix length keeps
+/// every prefix token; `2^31` is the most tokens a cache may hold).
+pub const MAX_BUDGET: u64 = crate::error::MAX_TOKENS as u64;
+
+/// How to score one layer (SPEC §3). Fill with `kve_score_params_init`, then adjust.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct kve_score_params {
+    /// `sizeof(kve_score_params)` as the caller compiled it (set by the init function).
+    pub struct_size: u32,
+    /// `KVE_SCORER_*`.
+    pub scorer: u32,
+    /// Observation window `w` (>= 1): the last `w` positions, whose queries are given.
+    pub window: u32,
+    /// `KVE_POOL_*` applied along tokens to the per-head attention statistic.
+    pub pool_kind: u32,
+    /// Pooling kernel: odd for avg/max (<= 4095), 1..4096 for forward.
+    pub pool_kernel: u32,
+    /// Forward pooling decay in (0, 1].
+    pub pool_decay: f32,
+    /// `KVE_GQA_*` for SnapKV-style scores (LAVa always uses max).
+    pub gqa: u32,
+    /// 1: reduce the query heads of a group before pooling; 0: after.
+    pub reduce_before_pool: u32,
+    /// `KVE_LAPROX_GQA_*`.
+    pub laprox_gqa: u32,
+    /// `KVE_PLACEMENT_*`.
+    pub placement: u32,
+    /// StreamingLLM sink tokens.
+    pub sinks: u32,
+    /// CriticalKV: prefix tokens per KV head forced by the base score.
+    pub critical_first_stage: u32,
+}
+
+/// How to allocate budgets and select (SPEC §4). Fill with `kve_select_params_init`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct kve_select_params {
+    /// `sizeof(kve_select_params)` as the caller compiled it (set by the init function).
+    pub struct_size: u32,
+    /// `KVE_ALLOCATOR_*`.
+    pub allocator: u32,
+    /// `KVE_GRANULARITY_*`.
+    pub granularity: u32,
+    /// `KVE_NORMALIZE_*`.
+    pub normalize: u32,
+    /// Average prefix tokens kept per (layer, KV head), window excluded (`C - w`).
+    /// Larger than the prefix keeps the whole prefix; values above `KVE_MAX_BUDGET` are
+    /// clamped to it. See `kve_budget_*` for capacity and keep-ratio conventions.
+    pub budget: u64,
+    /// AdaKV / LAVa safeguard fraction in [0, 1].
+    pub alpha: f32,
+    /// PyramidKV ratio (>= 1).
+    pub beta: u32,
+    /// `KVE_POOL_*` applied to the scores at the selection granularity.
+    pub post_pool_kind: u32,
+    /// Its kernel (see `kve_score_params.pool_kernel`).
+    pub post_pool_kernel: u32,
+    /// Its decay (forward pooling).
+    pub post_pool_decay: f32,
+    /// Must be 0.
+    pub reserved: u32,
+}
+
+/// `sizeof(kve_score_params)` of the first release.
+pub const KVE_SCORE_PARAMS_V1_SIZE: u32 = 48;
+/// `sizeof(kve_select_params)` of the first release.
+pub const KVE_SELECT_PARAMS_V1_SIZE: u32 = 48;
+const _: () =
+    assert!(core::mem::size_of::<kve_score_params>() == KVE_SCORE_PARAMS_V1_SIZE as usize);
+const _: () =
+    assert!(core::mem::size_of::<kve_select_params>() == KVE_SELECT_PARAMS_V1_SIZE as usize);
+
+fn flag(v: u32) -> Result<bool> {
+    match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(Error::InvalidArgument),
+    }
+}
+
+pub(crate) fn encode_score(c: &ScoreConfig) -> kve_score_params {
+    kve_score_params {
+        struct_size: KVE_SCORE_PARAMS_V1_SIZE,
+        scorer: c.scorer as u32,
+        window: c.window,
+        pool_kind: c.pool.kind as u32,
+        pool_kernel: c.pool.kernel,
+        pool_decay: c.pool.decay,
+        gqa: c.gqa as u32,
+        reduce_before_pool: c.reduce_before_pool as u32,
+        laprox_gqa: c.laprox_gqa as u32,
+        placement: c.placement as u32,
+        sinks: c.sinks,
+        critical_first_stage: c.critical_first_stage,
+    }
+}
+
+pub(crate) fn encode_select(c: &SelectConfig) -> kve_select_params {
+    kve_select_params {
+        struct_size: KVE_SELECT_PARAMS_V1_SIZE,
+        allocator: c.allocator as u32,
+        granularity: c.granularity as u32,
+        normalize: c.normalize as u32,
+        budget: c.budget,
+        alpha: c.alpha,
+        beta: c.beta,
+        post_pool_kind: c.post_pool.kind as u32,
+        post_pool_kernel: c.post_pool.kernel,
+        post_pool_decay: c.post_pool.decay,
+        reserved: 0,
+    }
+}
+
+/// Read an extensible struct (rules in the module docs).
+pub(crate) unsafe fn read_ext<T: Copy>(p: *const T, v1: u32, defaults: T) -> Result<T> {
+    let r = arg(p)?;
+    let bytes = r as *const T as *const u8;
+    let size = *(bytes as *const u32);
+    if size < v1 || size > MAX_STRUCT_SIZE || size % 4 != 0 {
+        return Err(Error::InvalidArgument);
+    }
+    let (size, ours) = (size as usize, core::mem::size_of::<T>());
+    for i in ours..size {
+        if *bytes.add(i) != 0 {
+            return Err(Error::InvalidArgument);
+        }
+    }
+    let mut v = defaults;
+    core::ptr::copy_nonoverlapping(bytes, &mut v as *mut T as *mut u8, size.min(ours));
+    Ok(v)
+}
+
+/// Write an extensible struct of the caller's `struct_size` (rules in the module docs).
+pub(crate) unsafe fn write_ext<T: Copy>(
+    p: *mut T,
+    struct_size: u32,
+    v1: u32,
+    value: T,
+) -> Result<()> {
+    let _ = out_param(p)?;
+    if struct_size < v1 || struct_size > MAX_STRUCT_SIZE || struct_size % 4 != 0 {
+        return Err(Error::InvalidArgument);
+    }
+    let (size, ours) = (struct_size as usize, core::mem::size_of::<T>());
+    let dst = p as *mut u8;
+    core::ptr::copy_nonoverlapping(&value as *const T as *const u8, dst, size.min(ours));
+    if size > ours {
+        core::ptr::write_bytes(dst.add(ours), 0, size - ours);
+    }
+    *(dst as *mut u32) = struct_size;
+    Ok(())
+}
+
+/// Decode score parameters into the core's configuration (validated).
+pub(crate) unsafe fn score_config(p: *const kve_score_params) -> Result<ScoreConfig> {
+    let d = encode_score(&ScoreConfig::preset(Preset::SnapKv));
+    let p = read_ext(p, KVE_SCORE_PARAMS_V1_SIZE, d)?;
+    let cfg = ScoreConfig {
+        scorer: ScorerKind::from_u32(p.scorer)?,
+        window: p.window,
+        pool: Pool {
+            kind: PoolKind::from_u32(p.pool_kind)?,
+            kernel: p.pool_kernel,
+            decay: p.pool_decay,
+        },
+        gqa: GqaReduce::from_u32(p.gqa)?,
+        reduce_before_pool: flag(p.reduce_before_pool)?,
+        laprox_gqa: LaproxGqa::from_u32(p.laprox_gqa)?,
+        placement: PoolPlacement::from_u32(p.placement)?,
+        sinks: p.sinks,
+        critical_first_stage: p.critical_first_stage,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Decode selection parameters (validated; budget clamped to `MAX_BUDGET`).
+pub(crate) unsafe fn select_config(p: *const kve_select_params) -> Result<SelectConfig> {
+    let d = encode_select(&SelectConfig::new(
+        AllocatorKind::Uniform,
+        Granularity::Head,
+        0,
+    ));
+    let p = read_ext(p, KVE_SELECT_PARAMS_V1_SIZE, d)?;
+    if p.reserved != 0 {
+        return Err(Error::InvalidArgument);
+    }
+    let cfg = SelectConfig {
+        allocator: AllocatorKind::from_u32(p.allocator)?,
+        granularity: Granularity::from_u32(p.granularity)?,
+        budget: p.budget.min(MAX_BUDGET),
+        alpha: p.alpha,
+        beta: p.beta,
+        normalize: Normalize::from_u32(p.normalize)?,
+        post_pool: Pool {
+            kind: PoolKind::from_u32(p.post_pool_kind)?,
+            kernel: p.post_pool_kernel,
+            decay: p.post_pool_decay,
+        },
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Fill `params` with the defaults of a scoring preset (`KVE_PRESET_*`).
+///
+/// `struct_size`: `sizeof(kve_score_params)` as the caller sees it; the library writes
+/// that many bytes. Returns `KVE_ERR_BAD_ENUM` for an unknown preset,
+/// `KVE_ERR_INVALID_ARGUMENT` for a `struct_size` outside the accepted range. Writes only
+/// `params`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_score_params_init(
+    params: *mut kve_score_params,
+    struct_size: u32,
+    preset: u32,
+) -> i32 {
+    let preset = tri!(Preset::from_u32(preset));
+    let v = encode_score(&ScoreConfig::preset(preset));
+    to_status(write_ext(params, struct_size, KVE_SCORE_PARAMS_V1_SIZE, v))
+}
+
+/// Fill `params` for an allocator (`KVE_ALLOCATOR_*`) at a granularity
+/// (`KVE_GRANULARITY_*`) with the SPEC §4 defaults: alpha 0.2, beta 20, layer-sum
+/// normalisation, no post pooling. `budget`: average prefix tokens per (layer, KV head).
+/// Writes only `params` (`struct_size` bytes).
+#[no_mangle]
+pub unsafe extern "C" fn kve_select_params_init(
+    params: *mut kve_select_params,
+    struct_size: u32,
+    allocator: u32,
+    granularity: u32,
+    budget: u64,
+) -> i32 {
+    let a = tri!(AllocatorKind::from_u32(allocator));
+    let g = tri!(Granularity::from_u32(granularity));
+    let v = encode_select(&SelectConfig::new(a, g, budget));
+    to_status(write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v))
+}
+
+/// Fill `params` with LaProx-span's selection (SPEC §3): global allocator, token
+/// granularity (one token set for the whole model), forward post pooling (k = 8,
+/// decay 0.9). Use with the `KVE_PRESET_LAPROX_SPAN` scorer. Writes only `params`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_select_params_init_laprox_span(
+    params: *mut kve_select_params,
+    struct_size: u32,
+    budget: u64,
+) -> i32 {
+    let v = encode_select(&SelectConfig::laprox_span(budget));
+    to_status(write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v))
+}
+
+/// Budget for a capacity `C` per KV head with the window inside it (SnapKV / AdaKV /
+/// PyramidKV convention): `max(C - window, 0)`.
+#[no_mangle]
+pub extern "C" fn kve_budget_from_capacity(capacity: u64, window: u64) -> u64 {
+    budget_from::capacity(capacity, window)
+}
+
+/// Budget keeping `floor(n * ratio)` tokens per head with the window counted inside that
+/// total (kvpress convention). `ratio` is clamped to [0, 1]; NaN counts as 0.
+#[no_mangle]
+pub extern "C" fn kve_budget_keep_ratio_total(n: u64, window: u64, ratio: f64) -> u64 {
+    budget_from::keep_ratio_total(n, window, ratio)
+}
+
+/// Budget keeping `floor((n - window) * ratio)` prefix tokens (the window on top).
+/// `ratio` is clamped to [0, 1]; NaN counts as 0.
+#[no_mangle]
+pub extern "C" fn kve_budget_keep_ratio_prefix(n: u64, window: u64, ratio: f64) -> u64 {
+    budget_from::keep_ratio_prefix(n, window, ratio)
+}

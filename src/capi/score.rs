@@ -1,0 +1,426 @@
+//! Scoring one layer, and the per-model / per-token value terms LaProx and CriticalKV read.
+
+use super::params::{read_ext, score_config, write_ext};
+use super::{
+    check_alias, kve_score_params, kve_tensor, out_param, to_status, to_usize, tri, Buf, Span,
+    Tensor, KVE_MAX_HEADS, KVE_OK,
+};
+use crate::error::{Error, Result};
+use crate::gram;
+use crate::score::{LayerInputs, LayerShape};
+use core::ffi::c_void;
+
+/// The tensors of one layer, where the engine keeps them. Fill with
+/// `kve_layer_inputs_init` (every tensor absent), then set what the scorer reads:
+///
+/// | scorer | queries | keys | values | other |
+/// |---|---|---|---|---|
+/// | SnapKV, TOVA | yes | yes | | |
+/// | LAVa | yes | yes | yes | |
+/// | LaProx | yes | yes | yes + `gram`, or `value_forms` | |
+/// | CriticalKV | yes | yes | | `value_l1` |
+/// | StreamingLLM | | yes | | |
+/// | KNorm | | yes | | |
+///
+/// A tensor with `data == NULL` is absent; a required one absent gives
+/// `KVE_ERR_NULL_POINTER`. Extensible like the params structs (`struct_size` first).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kve_layer_inputs {
+    /// `sizeof(kve_layer_inputs)` as the caller compiled it (set by the init function).
+    pub struct_size: u32,
+    /// Must be 0.
+    pub reserved: u32,
+    /// `[Hq, wq, dk]` post-RoPE queries of the last `wq >= min(window, N)` positions
+    /// (the last `window` rows are used).
+    pub queries: kve_tensor,
+    /// `[Hkv, N, dk]` post-RoPE keys, `dk <= 1024`.
+    pub keys: kve_tensor,
+    /// `[Hkv, N, dv]` values, `dv <= 1024`.
+    pub values: kve_tensor,
+    /// LaProx: Gram blocks from `kve_compute_gram` (built with `cross = 1` for the exact
+    /// and mean-attn GQA modes), `gram_len` floats. NULL when `value_forms` is given.
+    pub gram: *const f32,
+    pub gram_len: u64,
+    /// LaProx: cached value forms `[Hkv][blocks][N]` from `kve_compute_value_forms`.
+    pub value_forms: *const f32,
+    pub value_forms_len: u64,
+    /// CriticalKV: `[Hkv][N]` from `kve_compute_value_l1`.
+    pub value_l1: *const f32,
+    pub value_l1_len: u64,
+}
+
+/// `sizeof(kve_layer_inputs)` of the first release.
+pub const KVE_LAYER_INPUTS_V1_SIZE: u32 = 272;
+const _: () =
+    assert!(core::mem::size_of::<kve_layer_inputs>() == KVE_LAYER_INPUTS_V1_SIZE as usize);
+
+pub(crate) const NO_INPUTS: kve_layer_inputs = kve_layer_inputs {
+    struct_size: KVE_LAYER_INPUTS_V1_SIZE,
+    reserved: 0,
+    queries: kve_tensor::NONE,
+    keys: kve_tensor::NONE,
+    values: kve_tensor::NONE,
+    gram: core::ptr::null(),
+    gram_len: 0,
+    value_forms: core::ptr::null(),
+    value_forms_len: 0,
+    value_l1: core::ptr::null(),
+    value_l1_len: 0,
+};
+
+/// Set every tensor of `inputs` absent and its `struct_size` (pass
+/// `sizeof(kve_layer_inputs)`). Writes only `inputs`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_layer_inputs_init(
+    inputs: *mut kve_layer_inputs,
+    struct_size: u32,
+) -> i32 {
+    to_status(write_ext(
+        inputs,
+        struct_size,
+        KVE_LAYER_INPUTS_V1_SIZE,
+        NO_INPUTS,
+    ))
+}
+
+/// An optional `const float*` input: absent when NULL with length 0.
+fn opt_floats(ptr: *const f32, len: u64) -> Result<Option<Buf<f32>>> {
+    if ptr.is_null() && len == 0 {
+        return Ok(None);
+    }
+    Buf::new(ptr, len).map(Some)
+}
+
+fn span_opt(b: &Option<Buf<f32>>) -> Span {
+    b.as_ref().map_or(Span::EMPTY, |b| b.span)
+}
+
+fn head_count(v: u64) -> Result<usize> {
+    if v > KVE_MAX_HEADS {
+        return Err(Error::InvalidArgument);
+    }
+    to_usize(v)
+}
+
+fn write_u64(out: &Buf<u64>, v: usize) {
+    // SAFETY: out_param checked non-NULL and aligned; one element.
+    unsafe { out.slice_mut()[0] = v as u64 };
+}
+
+/// Workspace bytes `kve_score_layer` needs for a layer of this shape: `hq` query heads,
+/// `hkv` KV heads, `n` cached tokens (window included), key and value dims `dk`, `dv`
+/// (pass `dv = dk` when the scorer reads no values). Writes only `*out_bytes`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_score_workspace_size(
+    params: *const kve_score_params,
+    hq: u64,
+    hkv: u64,
+    n: u64,
+    dk: u64,
+    dv: u64,
+    out_bytes: *mut u64,
+) -> i32 {
+    let out = tri!(out_param(out_bytes));
+    let cfg = tri!(score_config(params));
+    let shape = LayerShape {
+        hq: tri!(head_count(hq)),
+        hkv: tri!(head_count(hkv)),
+        n: tri!(to_usize(n)),
+        dk: tri!(to_usize(dk)),
+        dv: tri!(to_usize(dv)),
+    };
+    let bytes = tri!(crate::score_workspace_size(&cfg, &shape));
+    write_u64(&out, bytes);
+    KVE_OK
+}
+
+/// Floats `kve_score_layer` writes: `hkv * P` with `P = n - min(window, n)` prefix
+/// tokens. Writes only `*out_len`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_score_output_len(
+    params: *const kve_score_params,
+    hkv: u64,
+    n: u64,
+    out_len: *mut u64,
+) -> i32 {
+    let out = tri!(out_param(out_len));
+    let cfg = tri!(score_config(params));
+    let hkv = tri!(head_count(hkv));
+    let n = tri!(to_usize(n));
+    let shape = LayerShape {
+        hq: hkv,
+        hkv,
+        n,
+        dk: 1,
+        dv: 1,
+    };
+    let len = tri!(crate::score_len(&cfg, &shape));
+    write_u64(&out, len);
+    KVE_OK
+}
+
+/// Score one layer: one f32 score per (KV head, prefix token), written to
+/// `out[kh * P + i]` for `kh < Hkv`, `i < P = N - min(window, N)` (window tokens are
+/// always kept and get no score). Larger = more worth keeping.
+///
+/// `out_len` (floats) must be at least `kve_score_output_len`, `workspace_bytes` at least
+/// `kve_score_workspace_size`; the workspace is scratch (any alignment; its contents
+/// after the call are unspecified). Reads the tensors of `inputs` only; writes `out`
+/// (first `Hkv*P` floats) and the workspace. NaN/Inf in what the scorer reads gives
+/// `KVE_ERR_NON_FINITE`; a window longer than the queries supplied,
+/// `KVE_ERR_INVALID_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_score_layer(
+    params: *const kve_score_params,
+    inputs: *const kve_layer_inputs,
+    out: *mut f32,
+    out_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
+    let cfg = tri!(score_config(params));
+    let inp = tri!(read_ext(inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS));
+    if inp.reserved != 0 {
+        return super::KVE_ERR_INVALID_ARGUMENT;
+    }
+    let q = tri!(Tensor::optional(&inp.queries));
+    let k = tri!(Tensor::optional(&inp.keys));
+    let v = tri!(Tensor::optional(&inp.values));
+    let g = tri!(opt_floats(inp.gram, inp.gram_len));
+    let f = tri!(opt_floats(inp.value_forms, inp.value_forms_len));
+    let l1 = tri!(opt_floats(inp.value_l1, inp.value_l1_len));
+    let o = tri!(Buf::new(out, out_len));
+    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    tri!(check_alias(
+        &[o.span, ws.span],
+        &[
+            Tensor::span(&q),
+            Tensor::span(&k),
+            Tensor::span(&v),
+            span_opt(&g),
+            span_opt(&f),
+            span_opt(&l1),
+        ],
+    ));
+    let li = LayerInputs {
+        queries: match &q {
+            Some(t) => Some(tri!(t.view())),
+            None => None,
+        },
+        keys: match &k {
+            Some(t) => Some(tri!(t.view())),
+            None => None,
+        },
+        values: match &v {
+            Some(t) => Some(tri!(t.view())),
+            None => None,
+        },
+        gram: g.as_ref().map(|b| b.slice()),
+        value_forms: f.as_ref().map(|b| b.slice()),
+        value_l1: l1.as_ref().map(|b| b.slice()),
+    };
+    to_status(crate::score_layer(&cfg, &li, o.slice_mut(), ws.slice_mut()))
+}
+
+fn cross_flag(cross: u32) -> Result<bool> {
+    match cross {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(Error::InvalidArgument),
+    }
+}
+
+/// Floats of the Gram output `[Hkv][blocks][dv][dv]`: `blocks = g` (`cross = 0`, for
+/// LaProx's default sum GQA) or `g + g(g-1)/2` (`cross = 1`, for exact / mean-attn),
+/// `g = hq / hkv`. Writes only `*out_len`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_gram_len(
+    hq: u64,
+    hkv: u64,
+    dv: u64,
+    cross: u32,
+    out_len: *mut u64,
+) -> i32 {
+    let out = tri!(out_param(out_len));
+    let len = tri!(gram::gram_len(
+        tri!(head_count(hq)),
+        tri!(head_count(hkv)),
+        tri!(to_usize(dv)),
+        tri!(cross_flag(cross))
+    ));
+    write_u64(&out, len);
+    KVE_OK
+}
+
+/// Workspace bytes of `kve_compute_gram` for value dim `dv` and model dim `d_model`.
+/// Writes only `*out_bytes`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_gram_workspace_size(
+    dv: u64,
+    d_model: u64,
+    out_bytes: *mut u64,
+) -> i32 {
+    let out = tri!(out_param(out_bytes));
+    let b = tri!(gram::gram_workspace_size(
+        tri!(to_usize(dv)),
+        tri!(to_usize(d_model))
+    ));
+    write_u64(&out, b);
+    KVE_OK
+}
+
+/// LaProx's Gram matrices `G_ab = Wo_a Wo_bᵀ` of one layer, computed once per model
+/// (f64 sums). `wo` is `[Hq, dv, D]` (head, row, col); for PyTorch's `o_proj.weight`
+/// (`[D, Hq*dv]` row-major) use strides `{dv, 1, Hq*dv}`. `hkv` KV heads; `cross` 0/1 as
+/// in `kve_gram_len`. Writes `out` (`kve_gram_len` floats) and the workspace; rejects
+/// NaN/Inf in `wo` before writing.
+#[no_mangle]
+pub unsafe extern "C" fn kve_compute_gram(
+    wo: *const kve_tensor,
+    hkv: u64,
+    cross: u32,
+    out: *mut f32,
+    out_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
+    let wo = tri!(Tensor::from_ptr(wo));
+    let hkv = tri!(head_count(hkv));
+    let cross = tri!(cross_flag(cross));
+    let o = tri!(Buf::new(out, out_len));
+    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    tri!(check_alias(&[o.span, ws.span], &[wo.span]));
+    let view = tri!(wo.view());
+    to_status(gram::compute_gram(
+        &view,
+        hkv,
+        cross,
+        o.slice_mut(),
+        ws.slice_mut(),
+    ))
+}
+
+/// Floats of the value-form cache `[Hkv][blocks][N]` (blocks as in `kve_gram_len`).
+/// Writes only `*out_len`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_value_forms_len(
+    hq: u64,
+    hkv: u64,
+    n: u64,
+    cross: u32,
+    out_len: *mut u64,
+) -> i32 {
+    let out = tri!(out_param(out_len));
+    let len = tri!(gram::value_forms_len(
+        tri!(head_count(hq)),
+        tri!(head_count(hkv)),
+        tri!(to_usize(n)),
+        tri!(cross_flag(cross))
+    ));
+    write_u64(&out, len);
+    KVE_OK
+}
+
+/// Fill token columns `t0 .. t1` of LaProx's value-form cache (`v G vᵀ` per token and
+/// Gram block) from `values` (`[Hkv, N, dv]`) and a Gram from `kve_compute_gram` with
+/// the same `hq` and `cross`. An engine can call it as tokens enter the cache; other
+/// columns of `out` are not touched. Writes only those columns of `out`
+/// (`kve_value_forms_len` floats). Rejects NaN/Inf in the values read and in the Gram.
+#[no_mangle]
+pub unsafe extern "C" fn kve_compute_value_forms(
+    values: *const kve_tensor,
+    gram: *const f32,
+    gram_len: u64,
+    hq: u64,
+    cross: u32,
+    t0: u64,
+    t1: u64,
+    out: *mut f32,
+    out_len: u64,
+) -> i32 {
+    let v = tri!(Tensor::from_ptr(values));
+    let g = tri!(Buf::new(gram, gram_len));
+    let hq = tri!(head_count(hq));
+    let cross = tri!(cross_flag(cross));
+    let (t0, t1) = (tri!(to_usize(t0)), tri!(to_usize(t1)));
+    let o = tri!(Buf::new(out, out_len));
+    tri!(check_alias(&[o.span], &[v.span, g.span]));
+    let view = tri!(v.view());
+    let gs = g.slice();
+    let [hkv, _, dv] = view.extent();
+    if let Ok(need) = gram::gram_len(hq, hkv, dv, cross) {
+        if let Some(used) = gs.get(..need) {
+            if used.iter().any(|x| !x.is_finite()) {
+                return super::KVE_ERR_NON_FINITE;
+            }
+        }
+    }
+    to_status(gram::compute_value_forms(
+        &view,
+        gs,
+        hq,
+        cross,
+        t0,
+        t1,
+        o.slice_mut(),
+    ))
+}
+
+/// Workspace bytes of `kve_compute_value_l1`. Writes only `*out_bytes`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_value_l1_workspace_size(
+    dv: u64,
+    d_model: u64,
+    out_bytes: *mut u64,
+) -> i32 {
+    let out = tri!(out_param(out_bytes));
+    let b = tri!(gram::value_l1_workspace_size(
+        tri!(to_usize(dv)),
+        tri!(to_usize(d_model))
+    ));
+    write_u64(&out, b);
+    KVE_OK
+}
+
+/// CriticalKV's value term `mean_{h in group} ||v_i Wo_h||_1` for every token:
+/// `out[kh * N + i]`, `Hkv * N` floats. `values` `[Hkv, N, dv]`, `wo` `[Hq, dv, D]`.
+/// Writes `out` and the workspace; rejects NaN/Inf in `values` and `wo` before writing.
+#[no_mangle]
+pub unsafe extern "C" fn kve_compute_value_l1(
+    values: *const kve_tensor,
+    wo: *const kve_tensor,
+    out: *mut f32,
+    out_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
+    let v = tri!(Tensor::from_ptr(values));
+    let w = tri!(Tensor::from_ptr(wo));
+    let o = tri!(Buf::new(out, out_len));
+    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    tri!(check_alias(&[o.span, ws.span], &[v.span, w.span]));
+    let vv = tri!(v.view());
+    let wv = tri!(w.view());
+    let [a, b, c] = wv.extent();
+    // the workspace holds a head of Wo: checking its size first bounds the scan below
+    let need = tri!(gram::value_l1_workspace_size(b, c));
+    if ws.len() < need {
+        return super::KVE_ERR_WORKSPACE_TOO_SMALL;
+    }
+    for h in 0..a {
+        for r in 0..b {
+            for col in 0..c {
+                if !wv.get(h, r, col).is_finite() {
+                    return super::KVE_ERR_NON_FINITE;
+                }
+            }
+        }
+    }
+    to_status(gram::compute_value_l1(
+        &vv,
+        &wv,
+        o.slice_mut(),
+        ws.slice_mut(),
+    ))
+}

@@ -1,0 +1,459 @@
+//! Budget allocation and selection for a whole model, the eviction list for engines whose
+//! cache cell is shared by every head, and the sharded (multi-device) threshold search.
+
+use super::params::{kve_select_params, select_config};
+use super::{arg, check_alias, out_param, to_status, to_usize, tri, Buf, KVE_OK};
+use crate::budget::ModelScores;
+use crate::config::SelectConfig;
+use crate::error::{Error, Result};
+use crate::numerics::key_float;
+use crate::select::Histogram;
+use crate::shard::{self, ShardSearch, KEEP_NOTHING};
+use core::ffi::c_void;
+
+/// Scores of a whole model, or of a shard of consecutive layers:
+/// `scores[(l * hkv + kh) * P + i]`, `P = n - min(window, n)`, as written by
+/// `kve_score_layer` layer after layer. Any finite f32 is accepted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kve_model_scores {
+    pub scores: *const f32,
+    /// Floats available from `scores` (at least `layers * hkv * P`).
+    pub len: u64,
+    pub layers: u64,
+    pub hkv: u64,
+    /// Tokens in the cache, window included (1 .. 2^31).
+    pub n: u64,
+    /// Observation window (the last `window` tokens are always kept).
+    pub window: u64,
+}
+
+/// Dimensions checked before the core loops over them: `layers * hkv <= 2^31`.
+fn dims(layers: u64, hkv: u64, n: u64, window: u64) -> Result<(usize, usize, usize, usize)> {
+    if layers == 0 || hkv == 0 || n == 0 {
+        return Err(Error::InvalidArgument);
+    }
+    if n > crate::error::MAX_TOKENS as u64
+        || layers
+            .checked_mul(hkv)
+            .map_or(true, |u| u > (u32::MAX / 2) as u64)
+    {
+        return Err(Error::Overflow);
+    }
+    Ok((
+        to_usize(layers)?,
+        to_usize(hkv)?,
+        to_usize(n)?,
+        to_usize(window.min(n))?,
+    ))
+}
+
+/// Validate a scores descriptor; returns the checked buffer and the core's view of it.
+unsafe fn model<'a>(m: *const kve_model_scores) -> Result<(Buf<f32>, ModelScores<'a>)> {
+    let m = arg(m)?;
+    let (layers, hkv, n, window) = dims(m.layers, m.hkv, m.n, m.window)?;
+    let b = Buf::new(m.scores, m.len)?;
+    let ms = ModelScores {
+        scores: b.slice(),
+        layers,
+        hkv,
+        n,
+        window,
+    };
+    Ok((b, ms))
+}
+
+fn write<T: Copy>(out: &Buf<T>, v: T) {
+    // SAFETY: out_param checked non-NULL and aligned; one element.
+    unsafe { out.slice_mut()[0] = v };
+}
+
+/// Element counts of `kve_select_model`'s outputs: `*offsets_len = layers*hkv + 1`
+/// (uint64) and `*indices_len` (uint32) enough for every kept position. Writes only the
+/// two out-parameters.
+#[no_mangle]
+pub unsafe extern "C" fn kve_select_output_len(
+    params: *const kve_select_params,
+    layers: u64,
+    hkv: u64,
+    n: u64,
+    window: u64,
+    offsets_len: *mut u64,
+    indices_len: *mut u64,
+) -> i32 {
+    let oo = tri!(out_param(offsets_len));
+    let oi = tri!(out_param(indices_len));
+    if oo.span.overlaps(oi.span) {
+        return super::KVE_ERR_ALIASING;
+    }
+    let cfg = tri!(select_config(params));
+    let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
+    let (a, b) = tri!(crate::select_output_len(&cfg, l, h, n, w));
+    write(&oo, a as u64);
+    write(&oi, b as u64);
+    KVE_OK
+}
+
+/// Workspace bytes of `kve_select_model`. Writes only `*out_bytes`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_select_workspace_size(
+    params: *const kve_select_params,
+    layers: u64,
+    hkv: u64,
+    n: u64,
+    window: u64,
+    out_bytes: *mut u64,
+) -> i32 {
+    let out = tri!(out_param(out_bytes));
+    let cfg = tri!(select_config(params));
+    let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
+    let b = tri!(crate::select_workspace_size(&cfg, l, h, n, w));
+    write(&out, b as u64);
+    KVE_OK
+}
+
+/// Select the kept positions of every (layer, KV head) of the model in one call.
+///
+/// Output, CSR: the kept positions of unit `u = l * hkv + kh` are
+/// `indices[offsets[u] .. offsets[u+1]]`, ascending — chosen prefix tokens, then the whole
+/// window; `offsets[layers*hkv]` is the total written. With a shared granularity every
+/// head of a layer (layer) or of the model (token) has the same list. Budgets larger
+/// than a unit's prefix keep all of it (clamped, never an error). Ties keep the later
+/// position. Writes `offsets`, `indices` and the workspace; nothing on error.
+#[no_mangle]
+pub unsafe extern "C" fn kve_select_model(
+    params: *const kve_select_params,
+    scores: *const kve_model_scores,
+    offsets: *mut u64,
+    offsets_len: u64,
+    indices: *mut u32,
+    indices_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
+    let cfg = tri!(select_config(params));
+    let (sb, ms) = tri!(model(scores));
+    let o = tri!(Buf::new(offsets, offsets_len));
+    let i = tri!(Buf::new(indices, indices_len));
+    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    tri!(check_alias(&[o.span, i.span, ws.span], &[sb.span]));
+    to_status(crate::select_model(
+        &cfg,
+        &ms,
+        o.slice_mut(),
+        i.slice_mut(),
+        ws.slice_mut(),
+    ))
+}
+
+/// Positions `p < prefix` missing from an ascending kept list: what an engine whose
+/// cache cell serves every head and layer (llama.cpp) evicts, one
+/// `llama_memory_seq_rm(mem, seq, p, p + 1)` each. `kept`: strictly ascending positions
+/// (e.g. one unit's slice of `kve_select_model`'s `indices`; entries `>= prefix` are
+/// ignored). `prefix <= 2^31`. Writes the ascending evicted positions to `out`
+/// (`out_len` must hold them all: at most `prefix`) and their count to `*out_count`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evicted_positions(
+    kept: *const u32,
+    kept_len: u64,
+    prefix: u64,
+    out: *mut u32,
+    out_len: u64,
+    out_count: *mut u64,
+) -> i32 {
+    let k = tri!(Buf::new(kept, kept_len));
+    let o = tri!(Buf::new(out, out_len));
+    let c = tri!(out_param(out_count));
+    tri!(check_alias(&[o.span, c.span], &[k.span]));
+    if prefix > crate::error::MAX_TOKENS as u64 {
+        return super::KVE_ERR_INVALID_ARGUMENT;
+    }
+    let kept = k.slice();
+    if kept.windows(2).any(|w| w[0] >= w[1]) {
+        return super::KVE_ERR_INVALID_ARGUMENT;
+    }
+    let inside = kept.iter().filter(|&&p| (p as u64) < prefix).count() as u64;
+    let evicted = prefix - inside;
+    if (o.len() as u64) < evicted {
+        return super::KVE_ERR_OUTPUT_TOO_SMALL;
+    }
+    let written = tri!(crate::evicted_positions(
+        kept,
+        prefix as usize,
+        o.slice_mut()
+    ));
+    write(&c, written as u64);
+    KVE_OK
+}
+
+// ------------------------------------------------------------------ sharded selection
+
+/// State of a model-wide top-K search split over shards of layers (SPEC §4, "selection
+/// across devices"). Plain data: copy it to every shard, process or device. Written only
+/// by `kve_search_init` and `kve_search_step`; the fields are the library's business
+/// (a state that could not have come from them gives `KVE_ERR_INVALID_ARGUMENT`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct kve_search {
+    pub need: u64,
+    pub prefix_lo: u64,
+    pub prefix_hi: u64,
+    pub threshold_lo: u64,
+    pub threshold_hi: u64,
+    pub bits: u32,
+    /// 1 when the threshold is known.
+    pub done: u32,
+}
+
+/// Counts of the next key digit, one per bucket. Zero it (`kve_histogram_clear`) before
+/// counting; add shards' histograms with `kve_histogram_merge`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct kve_histogram {
+    pub bins: [u64; 256],
+}
+
+fn to_c(s: &ShardSearch) -> kve_search {
+    kve_search {
+        need: s.need,
+        prefix_lo: s.prefix as u64,
+        prefix_hi: (s.prefix >> 64) as u64,
+        threshold_lo: s.threshold as u64,
+        threshold_hi: (s.threshold >> 64) as u64,
+        bits: s.bits,
+        done: s.done as u32,
+    }
+}
+
+fn from_c(c: &kve_search) -> Result<ShardSearch> {
+    let done = match c.done {
+        0 => false,
+        1 => true,
+        _ => return Err(Error::InvalidArgument),
+    };
+    let s = ShardSearch {
+        need: c.need,
+        prefix: (c.prefix_hi as u128) << 64 | c.prefix_lo as u128,
+        bits: c.bits,
+        done,
+        threshold: (c.threshold_hi as u128) << 64 | c.threshold_lo as u128,
+    };
+    s.validate()?;
+    Ok(s)
+}
+
+unsafe fn shard_config(params: *const kve_select_params) -> Result<SelectConfig> {
+    select_config(params)
+}
+
+/// Start a search for the model of `layers` layers (all shards together). Sharded
+/// selection supports the `KVE_ALLOCATOR_GLOBAL` allocator at head or layer granularity
+/// (others: `KVE_ERR_INVALID_ARGUMENT`; they either need no cross-layer search or need
+/// all scores in one place — use `kve_select_model`). Writes only `*search`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_search_init(
+    search: *mut kve_search,
+    params: *const kve_select_params,
+    layers: u64,
+    hkv: u64,
+    n: u64,
+    window: u64,
+) -> i32 {
+    let out = tri!(out_param(search));
+    let cfg = tri!(shard_config(params));
+    let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
+    let s = tri!(shard::search_new(&cfg, l, h, n, w));
+    write(&out, to_c(&s));
+    KVE_OK
+}
+
+/// Zero a histogram. Writes only `*hist`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_histogram_clear(hist: *mut kve_histogram) -> i32 {
+    let out = tri!(out_param(hist));
+    write(&out, kve_histogram { bins: [0; 256] });
+    KVE_OK
+}
+
+/// Workspace bytes of `kve_search_count_shard` and `kve_select_shard` for a shard of
+/// `layers` layers. Writes only `*out_bytes`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_select_shard_workspace_size(
+    params: *const kve_select_params,
+    layers: u64,
+    hkv: u64,
+    n: u64,
+    window: u64,
+    out_bytes: *mut u64,
+) -> i32 {
+    let out = tri!(out_param(out_bytes));
+    let cfg = tri!(shard_config(params));
+    let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
+    let b = tri!(shard::shard_workspace_size(&cfg, l, h, n, w));
+    write(&out, b as u64);
+    KVE_OK
+}
+
+/// Add a shard's candidates to `hist` for the search's next digit. `shard` holds layers
+/// `first_layer .. first_layer + shard->layers` of the model (global layer numbering
+/// decides ties). Every shard of one round counts with the same `search`. Writes `hist`
+/// (added to, not cleared) and the workspace.
+#[no_mangle]
+pub unsafe extern "C" fn kve_search_count_shard(
+    params: *const kve_select_params,
+    shard: *const kve_model_scores,
+    first_layer: u64,
+    search: *const kve_search,
+    hist: *mut kve_histogram,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
+    let cfg = tri!(shard_config(params));
+    let (sb, ms) = tri!(model(shard));
+    let s = tri!(from_c(tri!(arg(search))));
+    let h = tri!(out_param(hist));
+    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let sspan = super::span_ptr(search);
+    tri!(check_alias(&[h.span, ws.span], &[sb.span, sspan]));
+    let first = tri!(to_usize(first_layer));
+    let mut hh = Histogram(h.slice()[0].bins);
+    tri!(shard::count_shard(
+        &cfg,
+        &ms,
+        first,
+        &s,
+        &mut hh,
+        ws.slice_mut()
+    ));
+    write(&h, kve_histogram { bins: hh.0 });
+    KVE_OK
+}
+
+/// `dst.bins[i] += src.bins[i]` (saturating). The two must not overlap. Writes only `dst`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_histogram_merge(
+    dst: *mut kve_histogram,
+    src: *const kve_histogram,
+) -> i32 {
+    let d = tri!(out_param(dst));
+    let s = tri!(arg(src));
+    let sspan = super::span_ptr(src);
+    if d.span.overlaps(sspan) {
+        return super::KVE_ERR_ALIASING;
+    }
+    let mut v = d.slice()[0];
+    for (a, b) in v.bins.iter_mut().zip(s.bins.iter()) {
+        *a = a.saturating_add(*b);
+    }
+    write(&d, v);
+    KVE_OK
+}
+
+/// Fix the next digit of the search from the histogram merged over every shard.
+/// `*done` (may be NULL) becomes 1 when the threshold is known: then apply it with
+/// `kve_select_shard`. At most 13 rounds, usually 4. Writes `*search` and `*done`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_search_step(
+    search: *mut kve_search,
+    hist: *const kve_histogram,
+    done: *mut i32,
+) -> i32 {
+    let so = tri!(out_param(search));
+    let h = tri!(arg(hist));
+    let d = if done.is_null() {
+        None
+    } else {
+        Some(tri!(out_param(done)))
+    };
+    let hspan = super::span_ptr(hist);
+    let dspan = d.as_ref().map_or(super::Span::EMPTY, |d| d.span);
+    tri!(check_alias(&[so.span, dspan], &[hspan]));
+    let mut s = tri!(from_c(&so.slice()[0]));
+    let fin = s.step(&Histogram(h.bins));
+    write(&so, to_c(&s));
+    if let Some(d) = d {
+        write(&d, fin as i32);
+    }
+    KVE_OK
+}
+
+/// The threshold of a finished search as a (normalised) score: candidates scoring above
+/// it are kept, ties at it are decided by position and unit. `-INFINITY` when every
+/// candidate is kept, `+INFINITY` when none is. `KVE_ERR_INVALID_ARGUMENT` while the
+/// search is running. Writes only `*score`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_search_threshold(search: *const kve_search, score: *mut f32) -> i32 {
+    let out = tri!(out_param(score));
+    let s = tri!(from_c(tri!(arg(search))));
+    if !s.done {
+        return super::KVE_ERR_INVALID_ARGUMENT;
+    }
+    let v = if s.threshold == KEEP_NOTHING {
+        f32::INFINITY
+    } else if s.threshold == 0 {
+        f32::NEG_INFINITY
+    } else {
+        key_float((s.threshold >> 64) as u32)
+    };
+    write(&out, v);
+    KVE_OK
+}
+
+/// Element counts always enough for `kve_select_shard`'s outputs: `layers*hkv + 1`
+/// offsets and `layers*hkv*n` indices (the call accepts any `indices` that holds what it
+/// keeps). Writes only the two out-parameters.
+#[no_mangle]
+pub unsafe extern "C" fn kve_select_shard_output_len(
+    layers: u64,
+    hkv: u64,
+    n: u64,
+    offsets_len: *mut u64,
+    indices_len: *mut u64,
+) -> i32 {
+    let oo = tri!(out_param(offsets_len));
+    let oi = tri!(out_param(indices_len));
+    if oo.span.overlaps(oi.span) {
+        return super::KVE_ERR_ALIASING;
+    }
+    let (l, h, n, _) = tri!(dims(layers, hkv, n, 0));
+    let (a, b) = tri!(shard::shard_output_len(l, h, n));
+    write(&oo, a as u64);
+    write(&oi, b as u64);
+    KVE_OK
+}
+
+/// Apply a finished search to a shard: the kept positions of its (layer, KV head) pairs
+/// as CSR, exactly as `kve_select_model` would report them for those layers (offsets
+/// count from this call's `indices`). Writes `offsets`, `indices` and the workspace.
+#[no_mangle]
+pub unsafe extern "C" fn kve_select_shard(
+    params: *const kve_select_params,
+    shard: *const kve_model_scores,
+    first_layer: u64,
+    search: *const kve_search,
+    offsets: *mut u64,
+    offsets_len: u64,
+    indices: *mut u32,
+    indices_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
+    let cfg = tri!(shard_config(params));
+    let (sb, ms) = tri!(model(shard));
+    let s = tri!(from_c(tri!(arg(search))));
+    let o = tri!(Buf::new(offsets, offsets_len));
+    let i = tri!(Buf::new(indices, indices_len));
+    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let sspan = super::span_ptr(search);
+    tri!(check_alias(&[o.span, i.span, ws.span], &[sb.span, sspan]));
+    let first = tri!(to_usize(first_layer));
+    to_status(shard::select_shard(
+        &cfg,
+        &ms,
+        first,
+        &s,
+        o.slice_mut(),
+        i.slice_mut(),
+        ws.slice_mut(),
+    ))
+}
