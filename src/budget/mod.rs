@@ -72,10 +72,13 @@ fn units(cfg: &SelectConfig, m: &ModelScores) -> usize {
 }
 
 /// Per-layer prefix budgets in tokens per unit of the granularity (a head, or the layer's
-/// shared set), before clamping to `p`.
+/// shared set), before clamping to `p`. Token granularity keeps one flat set whatever the
+/// allocator, so its output size must not follow the pyramid.
 fn pyramid_or_flat(cfg: &SelectConfig, l: usize, layers: usize) -> u64 {
     match cfg.allocator {
-        AllocatorKind::Pyramid => pyramid_budget(cfg.budget, cfg.beta, l, layers),
+        AllocatorKind::Pyramid if cfg.granularity != Granularity::Token => {
+            pyramid_budget(cfg.budget, cfg.beta, l, layers)
+        }
         _ => cfg.budget,
     }
 }
