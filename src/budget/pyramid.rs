@@ -5,7 +5,9 @@ pub fn pyramid_budget(b: u64, beta: u32, l: usize, layers: usize) -> u64 {
     if layers <= 1 {
         return b;
     }
-    let min = b / beta as u64;
+    // exact in u128: `2b` and `l·(max-min)` overflow u64 for huge "keep all" budgets
+    let (b, l, layers) = (b as u128, l as u128, layers as u128);
+    let min = b / beta as u128;
     let max = 2 * b - min;
-    max - (l as u64) * (max - min) / (layers as u64 - 1)
+    (max - l * (max - min) / (layers - 1)).min(u64::MAX as u128) as u64
 }
