@@ -43,8 +43,16 @@ fn case(rng: &mut Rng, i: usize, window: Option<usize>) -> Case {
     let klay = LAYOUTS[(i / 3) % 3];
     let vlay = LAYOUTS[(i / 9) % 3];
     let g = GROUPS[i % 4];
-    let hkv = if g == 8 { rng.range(1, 2) } else { rng.range(1, 3) };
-    let n = if rng.coin(0.5) { rng.pick(&NS) } else { 2 * rng.range(1, 110) + 1 };
+    let hkv = if g == 8 {
+        rng.range(1, 2)
+    } else {
+        rng.range(1, 3)
+    };
+    let n = if rng.coin(0.5) {
+        rng.pick(&NS)
+    } else {
+        2 * rng.range(1, 110) + 1
+    };
     let w = window.unwrap_or_else(|| rng.pick(&[1, 2, 7, 16, 32, 32, 32, 64]));
     let wq = w.min(n) + rng.range(0, 2);
     Case {
@@ -95,8 +103,18 @@ fn layer(rng: &mut Rng, c: &Case) -> (Layer, CoreLayer) {
     let (vs, vr) = Stored::new(&v, c.dtype, c.vlay);
     let (ws, wr) = Stored::new(&wo, c.dtype, c.wolay);
     (
-        Layer { q: Some(qr), k: kr, v: Some(vr), wo: Some(wr) },
-        CoreLayer { q: Some(qs), k: ks, v: Some(vs), wo: Some(ws) },
+        Layer {
+            q: Some(qr),
+            k: kr,
+            v: Some(vr),
+            wo: Some(wr),
+        },
+        CoreLayer {
+            q: Some(qs),
+            k: ks,
+            v: Some(vs),
+            wo: Some(ws),
+        },
     )
 }
 
@@ -112,7 +130,13 @@ fn any_pool(rng: &mut Rng) -> Pool {
 }
 
 /// Compare per KV head within TOL of the head's largest |reference| score.
-fn compare(label: &str, core: &[f32], r: &[Vec<f64>], p: usize, skip: &dyn Fn(usize, usize) -> bool) {
+fn compare(
+    label: &str,
+    core: &[f32],
+    r: &[Vec<f64>],
+    p: usize,
+    skip: &dyn Fn(usize, usize) -> bool,
+) {
     assert_eq!(core.len(), r.len() * p, "{label}: output length");
     for (kh, rs) in r.iter().enumerate() {
         let m = rs
@@ -136,7 +160,8 @@ fn compare(label: &str, core: &[f32], r: &[Vec<f64>], p: usize, skip: &dyn Fn(us
 
 /// Run one case through core and reference and compare.
 fn check(cfg: &ScoreConfig, x: &Layer, cx: &CoreLayer, path: ValuePath, label: &str) {
-    let core = core_score(cfg, cx, path).unwrap_or_else(|e| panic!("{label}: core rejected: {e:?}"));
+    let core =
+        core_score(cfg, cx, path).unwrap_or_else(|e| panic!("{label}: core rejected: {e:?}"));
     let r: Scores = reference::score_layer(cfg, x);
     let n = x.k.b;
     let p = n - (cfg.window as usize).min(n);
@@ -154,7 +179,11 @@ fn check_critical(cfg: &ScoreConfig, core: &[f32], r: &Scores, p: usize, label: 
     let k = (cfg.critical_first_stage as usize).min(p);
     for kh in 0..r.s.len() {
         let forced_core: Vec<bool> = (0..p).map(|i| core[kh * p + i] == f32::MAX).collect();
-        assert_eq!(forced_core.iter().filter(|&&f| f).count(), k, "{label}: head {kh}: forced count");
+        assert_eq!(
+            forced_core.iter().filter(|&&f| f).count(),
+            k,
+            "{label}: head {kh}: forced count"
+        );
         let base = &r.base[kh];
         let m = base.iter().cloned().fold(0.0, f64::max);
         let mut sorted = base.clone();
@@ -176,11 +205,19 @@ fn check_critical(cfg: &ScoreConfig, core: &[f32], r: &Scores, p: usize, label: 
     compare(label, core, &r.s, p, &skip);
 }
 
-fn sweep(seed: u64, cases: usize, mut make: impl FnMut(&mut Rng, usize) -> (ScoreConfig, ValuePath)) {
+fn sweep(
+    seed: u64,
+    cases: usize,
+    mut make: impl FnMut(&mut Rng, usize) -> (ScoreConfig, ValuePath),
+) {
     let mut rng = Rng::new(seed);
     for i in 0..cases {
         let (cfg, path) = make(&mut rng, i);
-        let window = if cfg.scorer == ScorerKind::Tova { Some(1) } else { Some(cfg.window as usize) };
+        let window = if cfg.scorer == ScorerKind::Tova {
+            Some(1)
+        } else {
+            Some(cfg.window as usize)
+        };
         let c = case(&mut rng, i, window);
         let (x, cx) = layer(&mut rng, &c);
         let label = format!("case {i} {c:?} {cfg:?} {path:?}");
@@ -191,7 +228,11 @@ fn sweep(seed: u64, cases: usize, mut make: impl FnMut(&mut Rng, usize) -> (Scor
 #[test]
 fn snapkv_presets() {
     sweep(1, 72, |rng, i| {
-        let mut cfg = ScoreConfig::preset(if i % 2 == 0 { Preset::SnapKv } else { Preset::SnapKvKvpress });
+        let mut cfg = ScoreConfig::preset(if i % 2 == 0 {
+            Preset::SnapKv
+        } else {
+            Preset::SnapKvKvpress
+        });
         if rng.coin(0.3) {
             cfg.window = rng.pick(&[1, 5, 16]);
         }
@@ -231,14 +272,22 @@ fn laprox_every_mode() {
     let gqas = [LaproxGqa::Sum, LaproxGqa::Exact, LaproxGqa::MeanAttn];
     let places = [PoolPlacement::Attention, PoolPlacement::Product];
     sweep(4, 108, |rng, i| {
-        let mut cfg = ScoreConfig::preset(if rng.coin(0.5) { Preset::LaProx } else { Preset::LaProxSpan });
+        let mut cfg = ScoreConfig::preset(if rng.coin(0.5) {
+            Preset::LaProx
+        } else {
+            Preset::LaProxSpan
+        });
         cfg.laprox_gqa = gqas[i % 3];
         cfg.placement = places[(i / 3) % 2];
         if rng.coin(0.5) {
             cfg.pool = any_pool(rng);
         }
         cfg.window = rng.pick(&[1, 8, 32, 32]);
-        let path = if (i / 6) % 2 == 0 { ValuePath::Gram } else { ValuePath::Forms };
+        let path = if (i / 6) % 2 == 0 {
+            ValuePath::Gram
+        } else {
+            ValuePath::Forms
+        };
         (cfg, path)
     });
 }
@@ -261,7 +310,8 @@ fn criticalkv() {
 #[test]
 fn baselines() {
     sweep(6, 108, |rng, i| {
-        let mut cfg = ScoreConfig::preset([Preset::StreamingLlm, Preset::KNorm, Preset::Tova][i % 3]);
+        let mut cfg =
+            ScoreConfig::preset([Preset::StreamingLlm, Preset::KNorm, Preset::Tova][i % 3]);
         if cfg.scorer == ScorerKind::StreamingLlm {
             cfg.sinks = rng.pick(&[0, 1, 4, 100]);
         }
@@ -373,7 +423,10 @@ fn window_covers_cache() {
             let mut ws = vec![0u8; score_workspace_size(&cfg, &shape).unwrap()];
             let mut canary = vec![-7.5f32; 4];
             score_layer(&cfg, &inputs, &mut canary, &mut ws).unwrap();
-            assert!(canary.iter().all(|&x| x == -7.5), "{pr:?}: wrote into an empty output");
+            assert!(
+                canary.iter().all(|&x| x == -7.5),
+                "{pr:?}: wrote into an empty output"
+            );
             let sel = SelectConfig::new(AllocatorKind::Uniform, Granularity::Head, 5);
             let kept = core_select(&sel, &[], 2, c.hkv, c.n, c.w).unwrap();
             for k in kept {

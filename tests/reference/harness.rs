@@ -72,7 +72,14 @@ impl Stored {
                 }
             }
         }
-        let mut s = Stored { dtype, extent, stride, f32: vec![], f16: vec![], bf16: vec![] };
+        let mut s = Stored {
+            dtype,
+            extent,
+            stride,
+            f32: vec![],
+            f16: vec![],
+            bf16: vec![],
+        };
         match dtype {
             DType::F32 => s.f32 = flat.iter().map(|&x| x as f32).collect(),
             DType::F16 => s.f16 = flat.iter().map(|&x| f16::from_f64(x)).collect(),
@@ -170,7 +177,8 @@ pub fn core_score(cfg: &ScoreConfig, x: &CoreLayer, path: ValuePath) -> Result<V
         let gm = core_gram(x.wo.as_ref().unwrap(), hkv, cross);
         if path == ValuePath::Forms {
             let mut f = vec![f32::NAN; value_forms_len(hq, hkv, n, cross).unwrap()];
-            compute_value_forms(&x.v.as_ref().unwrap().view(), &gm, hq, cross, 0, n, &mut f).unwrap();
+            compute_value_forms(&x.v.as_ref().unwrap().view(), &gm, hq, cross, 0, n, &mut f)
+                .unwrap();
             forms = Some(f);
         }
         gram = Some(gm);
@@ -178,15 +186,27 @@ pub fn core_score(cfg: &ScoreConfig, x: &CoreLayer, path: ValuePath) -> Result<V
     if cfg.scorer == ScorerKind::CriticalKv {
         let (v, wo) = (x.v.as_ref().unwrap().view(), x.wo.as_ref().unwrap().view());
         let mut out = vec![0f32; hkv * n];
-        let mut ws = vec![0u8; kvevict::gram::value_l1_workspace_size(v.extent()[2], wo.extent()[2]).unwrap()];
+        let mut ws = vec![
+            0u8;
+            kvevict::gram::value_l1_workspace_size(v.extent()[2], wo.extent()[2])
+                .unwrap()
+        ];
         compute_value_l1(&v, &wo, &mut out, &mut ws).unwrap();
         l1 = Some(out);
     }
     let inputs = LayerInputs {
         queries: x.q.as_ref().map(|s| s.view()),
         keys: Some(x.k.view()),
-        values: if path == ValuePath::Forms && forms.is_some() { None } else { x.v.as_ref().map(|s| s.view()) },
-        gram: if forms.is_some() { None } else { gram.as_deref() },
+        values: if path == ValuePath::Forms && forms.is_some() {
+            None
+        } else {
+            x.v.as_ref().map(|s| s.view())
+        },
+        gram: if forms.is_some() {
+            None
+        } else {
+            gram.as_deref()
+        },
         value_forms: forms.as_deref(),
         value_l1: l1.as_deref(),
     };
@@ -198,8 +218,21 @@ pub fn core_score(cfg: &ScoreConfig, x: &CoreLayer, path: ValuePath) -> Result<V
 }
 
 /// Run `select_model` and split its CSR output into per-(layer, head) lists.
-pub fn core_select(cfg: &SelectConfig, scores: &[f32], layers: usize, hkv: usize, n: usize, window: usize) -> Result<Vec<Vec<u32>>> {
-    let m = ModelScores { scores, layers, hkv, n, window };
+pub fn core_select(
+    cfg: &SelectConfig,
+    scores: &[f32],
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    window: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let m = ModelScores {
+        scores,
+        layers,
+        hkv,
+        n,
+        window,
+    };
     let (no, ni) = select_output_len(cfg, layers, hkv, n, window)?;
     let mut offsets = vec![u64::MAX; no];
     let mut indices = vec![u32::MAX; ni];
@@ -207,6 +240,11 @@ pub fn core_select(cfg: &SelectConfig, scores: &[f32], layers: usize, hkv: usize
     select_model(cfg, &m, &mut offsets, &mut indices, &mut ws)?;
     let used = offsets[layers * hkv] as usize;
     assert!(used <= ni, "offsets end {used} past indices {ni}");
-    assert!(indices[used..].iter().all(|&x| x == u32::MAX), "indices written past offsets[L·Hkv]");
-    Ok((0..layers * hkv).map(|u| indices[offsets[u] as usize..offsets[u + 1] as usize].to_vec()).collect())
+    assert!(
+        indices[used..].iter().all(|&x| x == u32::MAX),
+        "indices written past offsets[L·Hkv]"
+    );
+    Ok((0..layers * hkv)
+        .map(|u| indices[offsets[u] as usize..offsets[u + 1] as usize].to_vec())
+        .collect())
 }

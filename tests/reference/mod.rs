@@ -70,7 +70,12 @@ pub struct T3 {
 
 impl T3 {
     pub fn zeros(a: usize, b: usize, c: usize) -> T3 {
-        T3 { a, b, c, data: vec![0.0; a * b * c] }
+        T3 {
+            a,
+            b,
+            c,
+            data: vec![0.0; a * b * c],
+        }
     }
     pub fn normal(rng: &mut Rng, a: usize, b: usize, c: usize, scale: f64) -> T3 {
         let mut t = T3::zeros(a, b, c);
@@ -91,7 +96,10 @@ impl T3 {
         &self.data[(i * self.b + j) * self.c..(i * self.b + j + 1) * self.c]
     }
     pub fn map(&self, f: impl Fn(f64) -> f64) -> T3 {
-        T3 { data: self.data.iter().map(|&x| f(x)).collect(), ..*self }
+        T3 {
+            data: self.data.iter().map(|&x| f(x)).collect(),
+            ..*self
+        }
     }
 }
 
@@ -156,7 +164,13 @@ pub fn window_attention(q: &T3, k: &T3, w: usize) -> T3 {
             let qr = q.row(h, wq - w + j);
             let last = n - w + j; // visible keys 0..=last
             let z: Vec<f64> = (0..=last)
-                .map(|i| qr.iter().zip(k.row(h / g, i)).map(|(x, y)| x * y).sum::<f64>() * scale)
+                .map(|i| {
+                    qr.iter()
+                        .zip(k.row(h / g, i))
+                        .map(|(x, y)| x * y)
+                        .sum::<f64>()
+                        * scale
+                })
                 .collect();
             let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = z.iter().map(|x| (x - m).exp()).collect();
@@ -198,7 +212,12 @@ pub fn value_l1(v: &T3, wo: &T3) -> Vec<Vec<f64>> {
     (0..hkv)
         .map(|kh| {
             (0..n)
-                .map(|i| (0..g).map(|a| norm1(&value_out(v, wo, kh, kh * g + a, i))).sum::<f64>() / g as f64)
+                .map(|i| {
+                    (0..g)
+                        .map(|a| norm1(&value_out(v, wo, kh, kh * g + a, i)))
+                        .sum::<f64>()
+                        / g as f64
+                })
                 .collect()
         })
         .collect()
@@ -243,12 +262,22 @@ fn reduce(kind: GqaReduce, rows: &[Vec<f64>]) -> Vec<f64> {
 
 /// `mean_j A[h,j,i]` for the prefix tokens of query head `h`.
 fn mean_attention(a: &T3, h: usize, p: usize) -> Vec<f64> {
-    (0..p).map(|i| (0..a.b).map(|j| a.at(h, j, i)).sum::<f64>() / a.b as f64).collect()
+    (0..p)
+        .map(|i| (0..a.b).map(|j| a.at(h, j, i)).sum::<f64>() / a.b as f64)
+        .collect()
 }
 
 /// SnapKV-style statistic of KV group `kh`: pooled mean window attention reduced over the
 /// group (pool per head then reduce, or reduce then pool).
-fn snapkv_group(a: &T3, kh: usize, g: usize, p: usize, pl: &Pool, gqa: GqaReduce, before: bool) -> Vec<f64> {
+fn snapkv_group(
+    a: &T3,
+    kh: usize,
+    g: usize,
+    p: usize,
+    pl: &Pool,
+    gqa: GqaReduce,
+    before: bool,
+) -> Vec<f64> {
     let rows: Vec<Vec<f64>> = (0..g).map(|x| mean_attention(a, kh * g + x, p)).collect();
     if before {
         pool(pl, &reduce(gqa, &rows))
@@ -294,7 +323,10 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                 let a = att.as_ref().unwrap();
                 let v = x.v.as_ref().unwrap();
                 let c = (0..p).map(|t| norm1(v.row(kh, t))).fold(0.0, f64::max);
-                snapkv_group(a, kh, g, p, &cfg.pool, GqaReduce::Max, false).iter().map(|s| s * c).collect()
+                snapkv_group(a, kh, g, p, &cfg.pool, GqaReduce::Max, false)
+                    .iter()
+                    .map(|s| s * c)
+                    .collect()
             }
             ScorerKind::LaProx => laprox_group(cfg, att.as_ref().unwrap(), x, kh, g, p),
             ScorerKind::CriticalKv => {
@@ -309,7 +341,13 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                 }
                 let l1 = value_l1(x.v.as_ref().unwrap(), x.wo.as_ref().unwrap());
                 let s = (0..p)
-                    .map(|i| if forced[i] { f32::MAX as f64 } else { (base[i] + 1e-4) * l1[kh][i] })
+                    .map(|i| {
+                        if forced[i] {
+                            f32::MAX as f64
+                        } else {
+                            (base[i] + 1e-4) * l1[kh][i]
+                        }
+                    })
                     .collect();
                 out.base.push(base);
                 out.forced.push(forced);
@@ -317,12 +355,16 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
             }
             // CORE DECISION: sinks score 1, the rest 0; the tie rule (later position first)
             // then keeps the most recent tokens.
-            ScorerKind::StreamingLlm => (0..p).map(|i| if i < cfg.sinks as usize { 1.0 } else { 0.0 }).collect(),
+            ScorerKind::StreamingLlm => (0..p)
+                .map(|i| if i < cfg.sinks as usize { 1.0 } else { 0.0 })
+                .collect(),
             ScorerKind::KNorm => (0..p).map(|i| -norm2(x.k.row(kh, i))).collect(),
             ScorerKind::Tova => {
                 // w = 1; mean over every query head of the layer, same for all KV heads.
                 let a = att.as_ref().unwrap();
-                (0..p).map(|i| (0..hq).map(|h| a.at(h, 0, i)).sum::<f64>() / hq as f64).collect()
+                (0..p)
+                    .map(|i| (0..hq).map(|h| a.at(h, 0, i)).sum::<f64>() / hq as f64)
+                    .collect()
             }
         };
         out.s.push(s);
@@ -339,12 +381,22 @@ fn laprox_group(cfg: &ScoreConfig, a: &T3, x: &Layer, kh: usize, g: usize, p: us
     let w = a.b;
     let heads: Vec<usize> = (0..g).map(|t| kh * g + t).collect();
     // y[t][i] = v_i Wo_h
-    let y: Vec<Vec<Vec<f64>>> = heads.iter().map(|&h| (0..p).map(|i| value_out(v, wo, kh, h, i)).collect()).collect();
+    let y: Vec<Vec<Vec<f64>>> = heads
+        .iter()
+        .map(|&h| (0..p).map(|i| value_out(v, wo, kh, h, i)).collect())
+        .collect();
     let col = |h: usize, i: usize| -> Vec<f64> { (0..w).map(|j| a.at(h, j, i)).collect() };
     let place = |att: &[f64], val: &[f64]| -> Vec<f64> {
         match cfg.placement {
-            PoolPlacement::Attention => pool(&cfg.pool, att).iter().zip(val).map(|(x, y)| x * y).collect(),
-            PoolPlacement::Product => pool(&cfg.pool, &att.iter().zip(val).map(|(x, y)| x * y).collect::<Vec<_>>()),
+            PoolPlacement::Attention => pool(&cfg.pool, att)
+                .iter()
+                .zip(val)
+                .map(|(x, y)| x * y)
+                .collect(),
+            PoolPlacement::Product => pool(
+                &cfg.pool,
+                &att.iter().zip(val).map(|(x, y)| x * y).collect::<Vec<_>>(),
+            ),
         }
     };
     match cfg.laprox_gqa {
@@ -366,7 +418,11 @@ fn laprox_group(cfg: &ScoreConfig, a: &T3, x: &Layer, kh: usize, g: usize, p: us
                     let mut f = 0.0;
                     for j in 0..w {
                         for c in 0..dm {
-                            let m: f64 = heads.iter().enumerate().map(|(t, &h)| a.at(h, j, i) * y[t][i][c]).sum();
+                            let m: f64 = heads
+                                .iter()
+                                .enumerate()
+                                .map(|(t, &h)| a.at(h, j, i) * y[t][i][c])
+                                .sum();
                             f += m * m;
                         }
                     }
@@ -380,11 +436,15 @@ fn laprox_group(cfg: &ScoreConfig, a: &T3, x: &Layer, kh: usize, g: usize, p: us
         LaproxGqa::MeanAttn => {
             let an: Vec<f64> = (0..p)
                 .map(|i| {
-                    let sum: Vec<f64> = (0..w).map(|j| heads.iter().map(|&h| a.at(h, j, i)).sum()).collect();
+                    let sum: Vec<f64> = (0..w)
+                        .map(|j| heads.iter().map(|&h| a.at(h, j, i)).sum())
+                        .collect();
                     norm2(&sum)
                 })
                 .collect();
-            let vn: Vec<f64> = (0..p).map(|i| (0..g).map(|t| norm2(&y[t][i])).sum::<f64>() / g as f64).collect();
+            let vn: Vec<f64> = (0..p)
+                .map(|i| (0..g).map(|t| norm2(&y[t][i])).sum::<f64>() / g as f64)
+                .collect();
             place(&an, &vn)
         }
     }
@@ -392,14 +452,16 @@ fn laprox_group(cfg: &ScoreConfig, a: &T3, x: &Layer, kh: usize, g: usize, p: us
 
 // ----------------------------------------------------------------- budgets §4 --
 
-/// PyramidKV: `min = B//beta`, `max = 2B - min`, `B_l = max - l·(max-min)//(L-1)`.
+/// PyramidKV: `min = B//beta`, `max = 2B - min`, `B_l = max - l·(max-min)//(L-1)`, in exact
+/// integers (a budget near u64::MAX means "keep everything"; the result saturates).
 pub fn pyramid(b: u64, beta: u64, l: u64, layers: u64) -> u64 {
     if layers <= 1 {
         return b;
     }
+    let (b, beta, l, layers) = (b as u128, beta as u128, l as u128, layers as u128);
     let min = b / beta;
     let max = 2 * b - min;
-    max - l * (max - min) / (layers - 1)
+    (max - l * (max - min) / (layers - 1)).min(u64::MAX as u128) as u64
 }
 
 /// LAVa's layer entropy: `p = |s| / Σ|s|` over the layer (all heads, prefix), `-Σ p ln p`.
@@ -409,7 +471,11 @@ pub fn entropy(s: &[f64]) -> f64 {
     if t <= 0.0 {
         return 0.0;
     }
-    -s.iter().map(|x| x.abs() / t).filter(|&q| q > 0.0).map(|q| q * q.ln()).sum::<f64>()
+    -s.iter()
+        .map(|x| x.abs() / t)
+        .filter(|&q| q > 0.0)
+        .map(|q| q * q.ln())
+        .sum::<f64>()
 }
 
 /// Split `total` over layers in proportion to `weights` (all zero: equally), rounded by
@@ -489,7 +555,14 @@ fn top(mut c: Vec<Cand>, k: usize) -> Vec<Cand> {
 
 /// Kept positions per (layer, KV head), ascending, prefix choice then the whole window.
 /// `scores` is `[L][Hkv][P]`.
-pub fn select_model(cfg: &SelectConfig, scores: &[f64], layers: usize, hkv: usize, n: usize, window: usize) -> Vec<Vec<u32>> {
+pub fn select_model(
+    cfg: &SelectConfig,
+    scores: &[f64],
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    window: usize,
+) -> Vec<Vec<u32>> {
     let w = window.min(n);
     let p = n - w;
     let s = |l: usize, kh: usize| &scores[(l * hkv + kh) * p..(l * hkv + kh + 1) * p];
@@ -524,9 +597,15 @@ pub fn select_model(cfg: &SelectConfig, scores: &[f64], layers: usize, hkv: usiz
         .map(|u| {
             let raw: Vec<f64> = match cfg.granularity {
                 Granularity::Head => s(u / hkv, u % hkv).to_vec(),
-                Granularity::Layer => (0..p).map(|i| (0..hkv).map(|kh| s(u, kh)[i]).sum()).collect(),
+                Granularity::Layer => (0..p)
+                    .map(|i| (0..hkv).map(|kh| s(u, kh)[i]).sum())
+                    .collect(),
                 Granularity::Token => (0..p)
-                    .map(|i| (0..layers).map(|l| norm[l] * (0..hkv).map(|kh| s(l, kh)[i]).sum::<f64>()).sum())
+                    .map(|i| {
+                        (0..layers)
+                            .map(|l| norm[l] * (0..hkv).map(|kh| s(l, kh)[i]).sum::<f64>())
+                            .sum()
+                    })
                     .collect(),
             };
             pool(&cfg.post_pool, &raw)
@@ -536,7 +615,14 @@ pub fn select_model(cfg: &SelectConfig, scores: &[f64], layers: usize, hkv: usiz
     let global = cfg.allocator == AllocatorKind::Global && cfg.granularity != Granularity::Token;
     let eff = |u: usize| if global { norm[unit_layer(u)] } else { 1.0 };
     let cands = |u: usize| -> Vec<Cand> {
-        (0..p).map(|i| Cand { s: us[u][i] * eff(u), pos: i, unit: u, forced: false }).collect()
+        (0..p)
+            .map(|i| Cand {
+                s: us[u][i] * eff(u),
+                pos: i,
+                unit: u,
+                forced: false,
+            })
+            .collect()
     };
     let b = (cfg.budget as usize).min(p);
     let mut kept: Vec<Vec<bool>> = vec![vec![false; p]; nu];
@@ -577,7 +663,13 @@ pub fn select_model(cfg: &SelectConfig, scores: &[f64], layers: usize, hkv: usiz
         }
         (AllocatorKind::Pyramid, _) => {
             for u in 0..nu {
-                let bl = pyramid(cfg.budget, cfg.beta as u64, unit_layer(u) as u64, layers as u64).min(p as u64);
+                let bl = pyramid(
+                    cfg.budget,
+                    cfg.beta as u64,
+                    unit_layer(u) as u64,
+                    layers as u64,
+                )
+                .min(p as u64);
                 mark(&top(cands(u), bl as usize), &mut kept);
             }
         }
