@@ -462,7 +462,8 @@ pub fn header_defines() -> std::string::String {
     let mut group = |title: &str, items: &[(&str, i64)]| {
         let _ = writeln!(s, "\n/* {title} */");
         for (n, v) in items {
-            let _ = writeln!(s, "#define {n} {v}");
+            let suffix = if *v > i32::MAX as i64 { "ULL" } else { "" };
+            let _ = writeln!(s, "#define {n} {v}{suffix}");
         }
     };
     group(
@@ -574,12 +575,24 @@ pub fn header_defines() -> std::string::String {
         ],
     );
     group(
-        "Limits",
+        "Limits and the first released sizes of the extensible structs",
         &[
             ("KVE_MAX_HEADS", KVE_MAX_HEADS as i64),
             ("KVE_MAX_TOKENS", crate::error::MAX_TOKENS as i64),
             ("KVE_MAX_BUDGET", params::MAX_BUDGET as i64),
             ("KVE_MAX_STRUCT_SIZE", params::MAX_STRUCT_SIZE as i64),
+            (
+                "KVE_SCORE_PARAMS_V1_SIZE",
+                params::KVE_SCORE_PARAMS_V1_SIZE as i64,
+            ),
+            (
+                "KVE_SELECT_PARAMS_V1_SIZE",
+                params::KVE_SELECT_PARAMS_V1_SIZE as i64,
+            ),
+            (
+                "KVE_LAYER_INPUTS_V1_SIZE",
+                score::KVE_LAYER_INPUTS_V1_SIZE as i64,
+            ),
         ],
     );
     s

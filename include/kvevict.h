@@ -1,0 +1,1015 @@
+/*
+ * kvevict: KV-cache eviction for LLM inference engines (LaProx, LAVa, SnapKV, AdaKV,
+ * PyramidKV, CriticalKV, StreamingLLM, KNorm, TOVA). Apache-2.0.
+ *
+ * Flow for one model: kve_compute_gram once (LaProx) -> per layer kve_score_layer into
+ * scores[L][Hkv][P] -> kve_select_model -> per layer kve_compact_in_place /
+ * kve_compact_varlen, or kve_evicted_positions for engines whose cells are shared by
+ * every head (llama.cpp). N = tokens in the cache, w = observation window (its queries
+ * are given), P = N - min(w, N) prefix tokens; the window is always kept.
+ *
+ * Rules every function follows:
+ *  - Returns an int32_t status: KVE_OK (0) or a KVE_ERR_* code; kve_status_name() and
+ *    kve_status_message() turn it into static strings.
+ *  - A pointer with a length: NULL is accepted only with length 0. Lengths count
+ *    elements of the pointed-to type, workspaces count bytes. Buffers must be aligned
+ *    for their element type (KVE_ERR_MISALIGNED).
+ *  - Outputs and workspaces must not overlap any input nor each other
+ *    (KVE_ERR_ALIASING, byte ranges compared).
+ *  - On any error nothing is written to any output (a workspace's contents are
+ *    unspecified after any call). The caller owns every buffer; the library never
+ *    allocates, keeps no pointer after a call returns, has no global state, and is
+ *    thread-safe for calls on distinct outputs.
+ *  - Enumerations are uint32_t values of the KVE_* #defines; unknown values give
+ *    KVE_ERR_BAD_ENUM.
+ *  - Size queries first: every buffer size comes from a kve_*_len / *_workspace_size
+ *    call with the same parameters.
+ *  - Extensible structs (kve_score_params, kve_select_params, kve_layer_inputs) start
+ *    with uint32_t struct_size: fill them with their *_init function, passing
+ *    sizeof(the struct); the library reads the fields that fit and uses defaults for
+ *    the rest, and rejects non-zero bytes past its own size.
+ *  - Built with panic = abort and written not to panic; KVE_ERR_PANIC is reserved.
+ */
+
+#ifndef KVEVICT_H
+#define KVEVICT_H
+
+/* Generated from src/capi by cbindgen (tests/header.rs); do not edit.
+ * Regenerate with: KVEVICT_BLESS=1 cargo test --test header */
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Version of this header (kve_version() gives the library's). */
+#define KVE_VERSION_MAJOR 0
+#define KVE_VERSION_MINOR 1
+#define KVE_VERSION_PATCH 0
+#define KVE_VERSION_NUMBER 100
+
+/* Status codes (int32_t). kve_status_name / kve_status_message describe them. */
+#define KVE_OK 0
+#define KVE_ERR_NULL_POINTER 1
+#define KVE_ERR_INVALID_ARGUMENT 2
+#define KVE_ERR_OVERFLOW 3
+#define KVE_ERR_OUT_OF_BOUNDS 4
+#define KVE_ERR_MISALIGNED 5
+#define KVE_ERR_BAD_ENUM 6
+#define KVE_ERR_NON_FINITE 7
+#define KVE_ERR_OUTPUT_TOO_SMALL 8
+#define KVE_ERR_WORKSPACE_TOO_SMALL 9
+#define KVE_ERR_ALIASING 10
+#define KVE_ERR_SHAPE_MISMATCH 11
+#define KVE_ERR_NOT_BUILT_WITH_CUDA 12
+#define KVE_ERR_CUDA 13
+#define KVE_ERR_PANIC 14
+
+/* kve_tensor.dtype */
+#define KVE_DTYPE_F32 0
+#define KVE_DTYPE_F16 1
+#define KVE_DTYPE_BF16 2
+
+/* Scoring presets for kve_score_params_init (SPEC §3 defaults). */
+#define KVE_PRESET_SNAPKV 0
+#define KVE_PRESET_SNAPKV_KVPRESS 1
+#define KVE_PRESET_LAVA 2
+#define KVE_PRESET_LAPROX 3
+#define KVE_PRESET_LAPROX_SPAN 4
+#define KVE_PRESET_CRITICALKV 5
+#define KVE_PRESET_STREAMINGLLM 6
+#define KVE_PRESET_KNORM 7
+#define KVE_PRESET_TOVA 8
+
+/* kve_score_params.scorer */
+#define KVE_SCORER_SNAPKV 0
+#define KVE_SCORER_LAVA 1
+#define KVE_SCORER_LAPROX 2
+#define KVE_SCORER_CRITICALKV 3
+#define KVE_SCORER_STREAMINGLLM 4
+#define KVE_SCORER_KNORM 5
+#define KVE_SCORER_TOVA 6
+
+/* Pooling kinds (kve_score_params.pool_kind, kve_select_params.post_pool_kind) */
+#define KVE_POOL_NONE 0
+#define KVE_POOL_AVG 1
+#define KVE_POOL_MAX 2
+#define KVE_POOL_FORWARD 3
+
+/* kve_score_params.gqa: how the query heads of a KV group combine */
+#define KVE_GQA_MEAN 0
+#define KVE_GQA_MAX 1
+#define KVE_GQA_SUM 2
+
+/* kve_score_params.laprox_gqa */
+#define KVE_LAPROX_GQA_SUM 0
+#define KVE_LAPROX_GQA_EXACT 1
+#define KVE_LAPROX_GQA_MEAN_ATTN 2
+
+/* kve_score_params.placement: where LaProx pools */
+#define KVE_PLACEMENT_ATTENTION 0
+#define KVE_PLACEMENT_PRODUCT 1
+
+/* kve_select_params.allocator (SPEC §4) */
+#define KVE_ALLOCATOR_UNIFORM 0
+#define KVE_ALLOCATOR_ADA 1
+#define KVE_ALLOCATOR_PYRAMID 2
+#define KVE_ALLOCATOR_LAVA 3
+#define KVE_ALLOCATOR_GLOBAL 4
+
+/* kve_select_params.granularity: the unit that keeps one token set */
+#define KVE_GRANULARITY_HEAD 0
+#define KVE_GRANULARITY_LAYER 1
+#define KVE_GRANULARITY_TOKEN 2
+
+/* kve_select_params.normalize */
+#define KVE_NORMALIZE_LAYER_SUM 0
+#define KVE_NORMALIZE_NONE 1
+
+/* Limits and the first released sizes of the extensible structs */
+#define KVE_MAX_HEADS 65536
+#define KVE_MAX_TOKENS 2147483648ULL
+#define KVE_MAX_BUDGET 2147483648ULL
+#define KVE_MAX_STRUCT_SIZE 4096
+#define KVE_SCORE_PARAMS_V1_SIZE 48
+#define KVE_SELECT_PARAMS_V1_SIZE 48
+#define KVE_LAYER_INPUTS_V1_SIZE 272
+
+
+/**
+ * A strided 3-D view of memory the caller owns: element `(a, b, c)` is at
+ * `data + (a*stride[0] + b*stride[1] + c*stride[2]) * sizeof(dtype)`.
+ *
+ * Axes are (head, token, dim) for queries `[Hq, w, dk]`, keys `[Hkv, N, dk]` and values
+ * `[Hkv, N, dv]`, and (head, row, col) for the output projection `Wo` `[Hq, dv, D]`.
+ * Strides count elements, not bytes, and may be 0 (broadcast) for inputs. Examples:
+ * head-major `[H, N, d]`: strides `{N*d, d, 1}`; llama.cpp K rows `[N][H*d]`:
+ * `{d, H*d, 1}`; llama.cpp's transposed V `[H*d][N]`: `{d*N, 1, N}`; PyTorch
+ * `o_proj.weight` `[D, Hq*dv]` as `Wo`: `{dv, 1, Hq*dv}`.
+ *
+ * Checked on every use: `data` non-NULL and aligned for `dtype`; `pad == 0`; every
+ * extent >= 1, `extent[0] <= KVE_MAX_HEADS`, `extent[1] <= 2^31`; the highest element
+ * reached, `Σ (extent[i]-1)*stride[i]`, is `< len`; `len * sizeof(dtype)` fits the
+ * address space. The library only reads a tensor, except the destination of a
+ * compaction, which it writes through `data`.
+ */
+typedef struct kve_tensor {
+  /**
+   * First element. Host memory, except for the `kve_cuda_*` functions.
+   */
+  const void *data;
+  /**
+   * Elements of `dtype` available from `data` (the buffer's length, not the view's).
+   */
+  uint64_t len;
+  /**
+   * `KVE_DTYPE_*`.
+   */
+  uint32_t dtype;
+  /**
+   * Must be 0.
+   */
+  uint32_t pad;
+  /**
+   * Extents of the three axes.
+   */
+  uint64_t extent[3];
+  /**
+   * Element strides of the three axes.
+   */
+  uint64_t stride[3];
+} kve_tensor;
+
+/**
+ * How to score one layer (SPEC §3). Fill with `kve_score_params_init`, then adjust.
+ */
+typedef struct kve_score_params {
+  /**
+   * `sizeof(kve_score_params)` as the caller compiled it (set by the init function).
+   */
+  uint32_t struct_size;
+  /**
+   * `KVE_SCORER_*`.
+   */
+  uint32_t scorer;
+  /**
+   * Observation window `w` (>= 1): the last `w` positions, whose queries are given.
+   */
+  uint32_t window;
+  /**
+   * `KVE_POOL_*` applied along tokens to the per-head attention statistic.
+   */
+  uint32_t pool_kind;
+  /**
+   * Pooling kernel: odd for avg/max (<= 4095), 1..4096 for forward.
+   */
+  uint32_t pool_kernel;
+  /**
+   * Forward pooling decay in (0, 1].
+   */
+  float pool_decay;
+  /**
+   * `KVE_GQA_*` for SnapKV-style scores (LAVa always uses max).
+   */
+  uint32_t gqa;
+  /**
+   * 1: reduce the query heads of a group before pooling; 0: after.
+   */
+  uint32_t reduce_before_pool;
+  /**
+   * `KVE_LAPROX_GQA_*`.
+   */
+  uint32_t laprox_gqa;
+  /**
+   * `KVE_PLACEMENT_*`.
+   */
+  uint32_t placement;
+  /**
+   * StreamingLLM sink tokens.
+   */
+  uint32_t sinks;
+  /**
+   * CriticalKV: prefix tokens per KV head forced by the base score.
+   */
+  uint32_t critical_first_stage;
+} kve_score_params;
+
+/**
+ * The tensors of one layer, where the engine keeps them. Fill with
+ * `kve_layer_inputs_init` (every tensor absent), then set what the scorer reads:
+ *
+ * | scorer | queries | keys | values | other |
+ * |---|---|---|---|---|
+ * | SnapKV, TOVA | yes | yes | | |
+ * | LAVa | yes | yes | yes | |
+ * | LaProx | yes | yes | yes + `gram`, or `value_forms` | |
+ * | CriticalKV | yes | yes | | `value_l1` |
+ * | StreamingLLM | | yes | | |
+ * | KNorm | | yes | | |
+ *
+ * A tensor with `data == NULL` is absent; a required one absent gives
+ * `KVE_ERR_NULL_POINTER`. Extensible like the params structs (`struct_size` first).
+ */
+typedef struct kve_layer_inputs {
+  /**
+   * `sizeof(kve_layer_inputs)` as the caller compiled it (set by the init function).
+   */
+  uint32_t struct_size;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+  /**
+   * `[Hq, wq, dk]` post-RoPE queries of the last `wq >= min(window, N)` positions
+   * (the last `window` rows are used).
+   */
+  struct kve_tensor queries;
+  /**
+   * `[Hkv, N, dk]` post-RoPE keys, `dk <= 1024`.
+   */
+  struct kve_tensor keys;
+  /**
+   * `[Hkv, N, dv]` values, `dv <= 1024`.
+   */
+  struct kve_tensor values;
+  /**
+   * LaProx: Gram blocks from `kve_compute_gram` (built with `cross = 1` for the exact
+   * and mean-attn GQA modes), `gram_len` floats. NULL when `value_forms` is given.
+   */
+  const float *gram;
+  uint64_t gram_len;
+  /**
+   * LaProx: cached value forms `[Hkv][blocks][N]` from `kve_compute_value_forms`.
+   */
+  const float *value_forms;
+  uint64_t value_forms_len;
+  /**
+   * CriticalKV: `[Hkv][N]` from `kve_compute_value_l1`.
+   */
+  const float *value_l1;
+  uint64_t value_l1_len;
+} kve_layer_inputs;
+
+/**
+ * How to allocate budgets and select (SPEC §4). Fill with `kve_select_params_init`.
+ */
+typedef struct kve_select_params {
+  /**
+   * `sizeof(kve_select_params)` as the caller compiled it (set by the init function).
+   */
+  uint32_t struct_size;
+  /**
+   * `KVE_ALLOCATOR_*`.
+   */
+  uint32_t allocator;
+  /**
+   * `KVE_GRANULARITY_*`.
+   */
+  uint32_t granularity;
+  /**
+   * `KVE_NORMALIZE_*`.
+   */
+  uint32_t normalize;
+  /**
+   * Average prefix tokens kept per (layer, KV head), window excluded (`C - w`).
+   * Larger than the prefix keeps the whole prefix; values above `KVE_MAX_BUDGET` are
+   * clamped to it. See `kve_budget_*` for capacity and keep-ratio conventions.
+   */
+  uint64_t budget;
+  /**
+   * AdaKV / LAVa safeguard fraction in [0, 1].
+   */
+  float alpha;
+  /**
+   * PyramidKV ratio (>= 1).
+   */
+  uint32_t beta;
+  /**
+   * `KVE_POOL_*` applied to the scores at the selection granularity.
+   */
+  uint32_t post_pool_kind;
+  /**
+   * Its kernel (see `kve_score_params.pool_kernel`).
+   */
+  uint32_t post_pool_kernel;
+  /**
+   * Its decay (forward pooling).
+   */
+  float post_pool_decay;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+} kve_select_params;
+
+/**
+ * Scores of a whole model, or of a shard of consecutive layers:
+ * `scores[(l * hkv + kh) * P + i]`, `P = n - min(window, n)`, as written by
+ * `kve_score_layer` layer after layer. Any finite f32 is accepted.
+ */
+typedef struct kve_model_scores {
+  const float *scores;
+  /**
+   * Floats available from `scores` (at least `layers * hkv * P`).
+   */
+  uint64_t len;
+  uint64_t layers;
+  uint64_t hkv;
+  /**
+   * Tokens in the cache, window included (1 .. 2^31).
+   */
+  uint64_t n;
+  /**
+   * Observation window (the last `window` tokens are always kept).
+   */
+  uint64_t window;
+} kve_model_scores;
+
+/**
+ * State of a model-wide top-K search split over shards of layers (SPEC §4, "selection
+ * across devices"). Plain data: copy it to every shard, process or device. Written only
+ * by `kve_search_init` and `kve_search_step`; the fields are the library's business
+ * (a state that could not have come from them gives `KVE_ERR_INVALID_ARGUMENT`).
+ */
+typedef struct kve_search {
+  uint64_t need;
+  uint64_t prefix_lo;
+  uint64_t prefix_hi;
+  uint64_t threshold_lo;
+  uint64_t threshold_hi;
+  uint32_t bits;
+  /**
+   * 1 when the threshold is known.
+   */
+  uint32_t done;
+} kve_search;
+
+/**
+ * Counts of the next key digit, one per bucket. Zero it (`kve_histogram_clear`) before
+ * counting; add shards' histograms with `kve_histogram_merge`.
+ */
+typedef struct kve_histogram {
+  uint64_t bins[256];
+} kve_histogram;
+
+/**
+ * A strided 3-D device tensor view: element `(h, t, d)` is at
+ * `data + h*stride_head + t*stride_token + d*stride_dim` (element strides).
+ */
+typedef struct KveCudaView {
+  void *data;
+  int32_t dtype;
+  int32_t reserved;
+  int64_t stride_head;
+  int64_t stride_token;
+  int64_t stride_dim;
+  int64_t heads;
+  int64_t tokens;
+  int64_t dim;
+} KveCudaView;
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+/**
+ * The name of a status code, e.g. `"KVE_ERR_ALIASING"`; `"KVE_UNKNOWN_STATUS"` for codes
+ * the library does not know. A static string: never NULL, never freed.
+ */
+const char *kve_status_name(int32_t status);
+
+/**
+ * A one-line English description of a status code (static, never NULL, never freed).
+ */
+const char *kve_status_message(int32_t status);
+
+/**
+ * The library's version as `MAJOR*10000 + MINOR*100 + PATCH` (compare with
+ * `KVE_VERSION_NUMBER` to detect a header/library mismatch).
+ */
+uint32_t kve_version(void);
+
+/**
+ * The library's version as a static string, e.g. `"0.1.0"` (never NULL, never freed).
+ */
+const char *kve_version_string(void);
+
+/**
+ * Head-major compaction in place: for every head `h` of `kv` (`[H, N, d]`, any strides
+ * whose rows do not overlap — else `KVE_ERR_ALIASING`), the kept rows move to tokens
+ * `0 .. count_h` in order; the rest of the head is left as it was. `offsets[0..=H]` and
+ * `indices` describe the kept lists (ascending, `< N`, else
+ * `KVE_ERR_INVALID_ARGUMENT`). `lengths` (may be NULL with `lengths_len = 0`) receives
+ * the new per-head lengths `count_h` (`H` entries). Writes through `kv->data` and
+ * `lengths`; every list is validated before the first byte moves.
+ */
+int32_t kve_compact_in_place(const struct kve_tensor *kv,
+                             const uint64_t *offsets,
+                             uint64_t offsets_len,
+                             const uint32_t *indices,
+                             uint64_t indices_len,
+                             uint32_t *lengths,
+                             uint64_t lengths_len);
+
+/**
+ * Flattened varlen compaction, out of place: the kept rows of every head of `src`
+ * (`[H, N, d]`), head after head, into rows `0 ..` of `dst` (a tensor of the same dtype
+ * and `d`, `extent = {1, capacity, d}`, rows not overlapping), and
+ * `cu_seqlens[0..=H]` (int32, flash-attention varlen layout: head `h` owns rows
+ * `cu_seqlens[h] .. cu_seqlens[h+1]`). `dst` must not overlap `src` or the lists.
+ * Writes through `dst->data` and `cu_seqlens`.
+ */
+int32_t kve_compact_varlen(const struct kve_tensor *src,
+                           const uint64_t *offsets,
+                           uint64_t offsets_len,
+                           const uint32_t *indices,
+                           uint64_t indices_len,
+                           const struct kve_tensor *dst,
+                           int32_t *cu_seqlens,
+                           uint64_t cu_seqlens_len);
+
+/**
+ * Number of CUDA devices the library can use; 0 (and `KVE_OK`) when there is no device
+ * or driver. Writes only `*count`.
+ */
+int32_t kve_cuda_get_device_count(int32_t *count);
+
+/**
+ * Device workspace bytes of `kve_cuda_score_layer` (shape as in
+ * `kve_score_workspace_size`). Writes only `*out_bytes` (host memory).
+ */
+int32_t kve_cuda_score_workspace_size(const struct kve_score_params *params,
+                                      uint64_t hq,
+                                      uint64_t hkv,
+                                      uint64_t n,
+                                      uint64_t dk,
+                                      uint64_t dv,
+                                      uint64_t *out_bytes);
+
+/**
+ * `kve_score_layer` on the device, enqueued on `stream` (a `cudaStream_t`, NULL = the
+ * legacy default stream). Tensors of `inputs`, `out` (`Hkv*P` floats, `[Hkv][P]`) and
+ * the workspace are device memory. Supported on the device so far: the SnapKV scorer
+ * (any pooling, GQA reduction and reduce-before-pool), `dk <= 256`; other scorers give
+ * `KVE_ERR_INVALID_ARGUMENT`. Unlike the host path, NaN/Inf are not detected.
+ */
+int32_t kve_cuda_score_layer(const struct kve_score_params *params,
+                             const struct kve_layer_inputs *inputs,
+                             float *out,
+                             uint64_t out_len,
+                             void *workspace,
+                             uint64_t workspace_bytes,
+                             void *stream);
+
+/**
+ * Device workspace bytes of `kve_cuda_select_model`. Writes only `*out_bytes`.
+ */
+int32_t kve_cuda_select_model_workspace_size(const struct kve_select_params *params,
+                                             uint64_t layers,
+                                             uint64_t hkv,
+                                             uint64_t n,
+                                             uint64_t window,
+                                             uint64_t *out_bytes);
+
+/**
+ * Selection on the device from device scores (`scores->scores` is a device pointer).
+ * Output per unit `u = l*hkv + kh`: `counts[u]` (int32, `layers*hkv` entries) kept
+ * PREFIX positions, ascending, in `idx[u*idx_ld ..]` (int32, `idx_ld >= P`); the window
+ * is always kept and not listed. Supported: `KVE_ALLOCATOR_UNIFORM` and
+ * `KVE_ALLOCATOR_GLOBAL` at head granularity without post pooling; others give
+ * `KVE_ERR_INVALID_ARGUMENT`. Ties: the later position first, as on the host.
+ */
+int32_t kve_cuda_select_model(const struct kve_select_params *params,
+                              const struct kve_model_scores *scores,
+                              int32_t *counts,
+                              uint64_t counts_len,
+                              int32_t *idx,
+                              uint64_t idx_ld,
+                              uint64_t idx_len,
+                              void *workspace,
+                              uint64_t workspace_bytes,
+                              void *stream);
+
+/**
+ * Device workspace bytes of `kve_cuda_compact_in_place` for a view and the largest
+ * count of any list. Writes only `*out_bytes`.
+ */
+int32_t kve_cuda_compact_in_place_workspace_size(const struct kve_tensor *kv,
+                                                 uint64_t max_keep,
+                                                 uint64_t *out_bytes);
+
+/**
+ * In-place compaction on the device: for each head `h` of `kv`, rows
+ * `kept[h*kept_ld + t]` (`t < counts[h]`, ascending) move to token `t`. `kept_ld = 0`:
+ * one list shared by every head. `counts[h] <= max_keep`. Lists as written by
+ * `kve_cuda_select_model` (device memory). Works for every layout.
+ */
+int32_t kve_cuda_compact_in_place(const struct kve_tensor *kv,
+                                  const int32_t *kept,
+                                  uint64_t kept_ld,
+                                  const int32_t *counts,
+                                  uint64_t max_keep,
+                                  void *workspace,
+                                  uint64_t workspace_bytes,
+                                  void *stream);
+
+/**
+ * Varlen compaction on the device: kept rows of every head of `src`, head after head,
+ * into `dst` (contiguous rows of `src`'s dtype and dim, `Σ counts` rows) and
+ * `cu_seqlens[0..=heads]` (int32, device).
+ */
+int32_t kve_cuda_compact_to_varlen(const struct kve_tensor *src,
+                                   const int32_t *kept,
+                                   uint64_t kept_ld,
+                                   const int32_t *counts,
+                                   void *dst,
+                                   int32_t *cu_seqlens,
+                                   void *stream);
+
+/**
+ * Fill `params` with the defaults of a scoring preset (`KVE_PRESET_*`).
+ *
+ * `struct_size`: `sizeof(kve_score_params)` as the caller sees it; the library writes
+ * that many bytes. Returns `KVE_ERR_BAD_ENUM` for an unknown preset,
+ * `KVE_ERR_INVALID_ARGUMENT` for a `struct_size` outside the accepted range. Writes only
+ * `params`.
+ */
+int32_t kve_score_params_init(struct kve_score_params *params,
+                              uint32_t struct_size,
+                              uint32_t preset);
+
+/**
+ * Fill `params` for an allocator (`KVE_ALLOCATOR_*`) at a granularity
+ * (`KVE_GRANULARITY_*`) with the SPEC §4 defaults: alpha 0.2, beta 20, layer-sum
+ * normalisation, no post pooling. `budget`: average prefix tokens per (layer, KV head).
+ * Writes only `params` (`struct_size` bytes).
+ */
+int32_t kve_select_params_init(struct kve_select_params *params,
+                               uint32_t struct_size,
+                               uint32_t allocator,
+                               uint32_t granularity,
+                               uint64_t budget);
+
+/**
+ * Fill `params` with LaProx-span's selection (SPEC §3): global allocator, token
+ * granularity (one token set for the whole model), forward post pooling (k = 8,
+ * decay 0.9). Use with the `KVE_PRESET_LAPROX_SPAN` scorer. Writes only `params`.
+ */
+int32_t kve_select_params_init_laprox_span(struct kve_select_params *params,
+                                           uint32_t struct_size,
+                                           uint64_t budget);
+
+/**
+ * Budget for a capacity `C` per KV head with the window inside it (SnapKV / AdaKV /
+ * PyramidKV convention): `max(C - window, 0)`.
+ */
+uint64_t kve_budget_from_capacity(uint64_t capacity, uint64_t window);
+
+/**
+ * Budget keeping `floor(n * ratio)` tokens per head with the window counted inside that
+ * total (kvpress convention). `ratio` is clamped to [0, 1]; NaN counts as 0.
+ */
+uint64_t kve_budget_keep_ratio_total(uint64_t n, uint64_t window, double ratio);
+
+/**
+ * Budget keeping `floor((n - window) * ratio)` prefix tokens (the window on top).
+ * `ratio` is clamped to [0, 1]; NaN counts as 0.
+ */
+uint64_t kve_budget_keep_ratio_prefix(uint64_t n, uint64_t window, double ratio);
+
+/**
+ * Set every tensor of `inputs` absent and its `struct_size` (pass
+ * `sizeof(kve_layer_inputs)`). Writes only `inputs`.
+ */
+int32_t kve_layer_inputs_init(struct kve_layer_inputs *inputs, uint32_t struct_size);
+
+/**
+ * Workspace bytes `kve_score_layer` needs for a layer of this shape: `hq` query heads,
+ * `hkv` KV heads, `n` cached tokens (window included), key and value dims `dk`, `dv`
+ * (pass `dv = dk` when the scorer reads no values). Writes only `*out_bytes`.
+ */
+int32_t kve_score_workspace_size(const struct kve_score_params *params,
+                                 uint64_t hq,
+                                 uint64_t hkv,
+                                 uint64_t n,
+                                 uint64_t dk,
+                                 uint64_t dv,
+                                 uint64_t *out_bytes);
+
+/**
+ * Floats `kve_score_layer` writes: `hkv * P` with `P = n - min(window, n)` prefix
+ * tokens. Writes only `*out_len`.
+ */
+int32_t kve_score_output_len(const struct kve_score_params *params,
+                             uint64_t hkv,
+                             uint64_t n,
+                             uint64_t *out_len);
+
+/**
+ * Score one layer: one f32 score per (KV head, prefix token), written to
+ * `out[kh * P + i]` for `kh < Hkv`, `i < P = N - min(window, N)` (window tokens are
+ * always kept and get no score). Larger = more worth keeping.
+ *
+ * `out_len` (floats) must be at least `kve_score_output_len`, `workspace_bytes` at least
+ * `kve_score_workspace_size`; the workspace is scratch (any alignment; its contents
+ * after the call are unspecified). Reads the tensors of `inputs` only; writes `out`
+ * (first `Hkv*P` floats) and the workspace. NaN/Inf in what the scorer reads gives
+ * `KVE_ERR_NON_FINITE`; a window longer than the queries supplied,
+ * `KVE_ERR_INVALID_ARGUMENT`.
+ */
+int32_t kve_score_layer(const struct kve_score_params *params,
+                        const struct kve_layer_inputs *inputs,
+                        float *out,
+                        uint64_t out_len,
+                        void *workspace,
+                        uint64_t workspace_bytes);
+
+/**
+ * Floats of the Gram output `[Hkv][blocks][dv][dv]`: `blocks = g` (`cross = 0`, for
+ * LaProx's default sum GQA) or `g + g(g-1)/2` (`cross = 1`, for exact / mean-attn),
+ * `g = hq / hkv`. Writes only `*out_len`.
+ */
+int32_t kve_gram_len(uint64_t hq, uint64_t hkv, uint64_t dv, uint32_t cross, uint64_t *out_len);
+
+/**
+ * Workspace bytes of `kve_compute_gram` for value dim `dv` and model dim `d_model`.
+ * Writes only `*out_bytes`.
+ */
+int32_t kve_gram_workspace_size(uint64_t dv, uint64_t d_model, uint64_t *out_bytes);
+
+/**
+ * LaProx's Gram matrices `G_ab = Wo_a Wo_bᵀ` of one layer, computed once per model
+ * (f64 sums). `wo` is `[Hq, dv, D]` (head, row, col); for PyTorch's `o_proj.weight`
+ * (`[D, Hq*dv]` row-major) use strides `{dv, 1, Hq*dv}`. `hkv` KV heads; `cross` 0/1 as
+ * in `kve_gram_len`. Writes `out` (`kve_gram_len` floats) and the workspace; rejects
+ * NaN/Inf in `wo` before writing.
+ */
+int32_t kve_compute_gram(const struct kve_tensor *wo,
+                         uint64_t hkv,
+                         uint32_t cross,
+                         float *out,
+                         uint64_t out_len,
+                         void *workspace,
+                         uint64_t workspace_bytes);
+
+/**
+ * Floats of the value-form cache `[Hkv][blocks][N]` (blocks as in `kve_gram_len`).
+ * Writes only `*out_len`.
+ */
+int32_t kve_value_forms_len(uint64_t hq,
+                            uint64_t hkv,
+                            uint64_t n,
+                            uint32_t cross,
+                            uint64_t *out_len);
+
+/**
+ * Fill token columns `t0 .. t1` of LaProx's value-form cache (`v G vᵀ` per token and
+ * Gram block) from `values` (`[Hkv, N, dv]`) and a Gram from `kve_compute_gram` with
+ * the same `hq` and `cross`. An engine can call it as tokens enter the cache; other
+ * columns of `out` are not touched. Writes only those columns of `out`
+ * (`kve_value_forms_len` floats). Rejects NaN/Inf in the values read and in the Gram.
+ */
+int32_t kve_compute_value_forms(const struct kve_tensor *values,
+                                const float *gram,
+                                uint64_t gram_len,
+                                uint64_t hq,
+                                uint32_t cross,
+                                uint64_t t0,
+                                uint64_t t1,
+                                float *out,
+                                uint64_t out_len);
+
+/**
+ * Workspace bytes of `kve_compute_value_l1`. Writes only `*out_bytes`.
+ */
+int32_t kve_value_l1_workspace_size(uint64_t dv, uint64_t d_model, uint64_t *out_bytes);
+
+/**
+ * CriticalKV's value term `mean_{h in group} ||v_i Wo_h||_1` for every token:
+ * `out[kh * N + i]`, `Hkv * N` floats. `values` `[Hkv, N, dv]`, `wo` `[Hq, dv, D]`.
+ * Writes `out` and the workspace; rejects NaN/Inf in `values` and `wo` before writing.
+ */
+int32_t kve_compute_value_l1(const struct kve_tensor *values,
+                             const struct kve_tensor *wo,
+                             float *out,
+                             uint64_t out_len,
+                             void *workspace,
+                             uint64_t workspace_bytes);
+
+/**
+ * Element counts of `kve_select_model`'s outputs: `*offsets_len = layers*hkv + 1`
+ * (uint64) and `*indices_len` (uint32) enough for every kept position. Writes only the
+ * two out-parameters.
+ */
+int32_t kve_select_output_len(const struct kve_select_params *params,
+                              uint64_t layers,
+                              uint64_t hkv,
+                              uint64_t n,
+                              uint64_t window,
+                              uint64_t *offsets_len,
+                              uint64_t *indices_len);
+
+/**
+ * Workspace bytes of `kve_select_model`. Writes only `*out_bytes`.
+ */
+int32_t kve_select_workspace_size(const struct kve_select_params *params,
+                                  uint64_t layers,
+                                  uint64_t hkv,
+                                  uint64_t n,
+                                  uint64_t window,
+                                  uint64_t *out_bytes);
+
+/**
+ * Select the kept positions of every (layer, KV head) of the model in one call.
+ *
+ * Output, CSR: the kept positions of unit `u = l * hkv + kh` are
+ * `indices[offsets[u] .. offsets[u+1]]`, ascending — chosen prefix tokens, then the whole
+ * window; `offsets[layers*hkv]` is the total written. With a shared granularity every
+ * head of a layer (layer) or of the model (token) has the same list. Budgets larger
+ * than a unit's prefix keep all of it (clamped, never an error). Ties keep the later
+ * position. Writes `offsets`, `indices` and the workspace; nothing on error.
+ */
+int32_t kve_select_model(const struct kve_select_params *params,
+                         const struct kve_model_scores *scores,
+                         uint64_t *offsets,
+                         uint64_t offsets_len,
+                         uint32_t *indices,
+                         uint64_t indices_len,
+                         void *workspace,
+                         uint64_t workspace_bytes);
+
+/**
+ * Positions `p < prefix` missing from an ascending kept list: what an engine whose
+ * cache cell serves every head and layer (llama.cpp) evicts, one
+ * `llama_memory_seq_rm(mem, seq, p, p + 1)` each. `kept`: strictly ascending positions
+ * (e.g. one unit's slice of `kve_select_model`'s `indices`; entries `>= prefix` are
+ * ignored). `prefix <= 2^31`. Writes the ascending evicted positions to `out`
+ * (`out_len` must hold them all: at most `prefix`) and their count to `*out_count`.
+ */
+int32_t kve_evicted_positions(const uint32_t *kept,
+                              uint64_t kept_len,
+                              uint64_t prefix,
+                              uint32_t *out,
+                              uint64_t out_len,
+                              uint64_t *out_count);
+
+/**
+ * Start a search for the model of `layers` layers (all shards together). Sharded
+ * selection supports the `KVE_ALLOCATOR_GLOBAL` allocator at head or layer granularity
+ * (others: `KVE_ERR_INVALID_ARGUMENT`; they either need no cross-layer search or need
+ * all scores in one place — use `kve_select_model`). Writes only `*search`.
+ */
+int32_t kve_search_init(struct kve_search *search,
+                        const struct kve_select_params *params,
+                        uint64_t layers,
+                        uint64_t hkv,
+                        uint64_t n,
+                        uint64_t window);
+
+/**
+ * Zero a histogram. Writes only `*hist`.
+ */
+int32_t kve_histogram_clear(struct kve_histogram *hist);
+
+/**
+ * Workspace bytes of `kve_search_count_shard` and `kve_select_shard` for a shard of
+ * `layers` layers. Writes only `*out_bytes`.
+ */
+int32_t kve_select_shard_workspace_size(const struct kve_select_params *params,
+                                        uint64_t layers,
+                                        uint64_t hkv,
+                                        uint64_t n,
+                                        uint64_t window,
+                                        uint64_t *out_bytes);
+
+/**
+ * Add a shard's candidates to `hist` for the search's next digit. `shard` holds layers
+ * `first_layer .. first_layer + shard->layers` of the model (global layer numbering
+ * decides ties). Every shard of one round counts with the same `search`. Writes `hist`
+ * (added to, not cleared) and the workspace.
+ */
+int32_t kve_search_count_shard(const struct kve_select_params *params,
+                               const struct kve_model_scores *shard,
+                               uint64_t first_layer,
+                               const struct kve_search *search,
+                               struct kve_histogram *hist,
+                               void *workspace,
+                               uint64_t workspace_bytes);
+
+/**
+ * `dst.bins[i] += src.bins[i]` (saturating). The two must not overlap. Writes only `dst`.
+ */
+int32_t kve_histogram_merge(struct kve_histogram *dst, const struct kve_histogram *src);
+
+/**
+ * Fix the next digit of the search from the histogram merged over every shard.
+ * `*done` (may be NULL) becomes 1 when the threshold is known: then apply it with
+ * `kve_select_shard`. At most 13 rounds, usually 4. Writes `*search` and `*done`.
+ */
+int32_t kve_search_step(struct kve_search *search, const struct kve_histogram *hist, int32_t *done);
+
+/**
+ * The threshold of a finished search as a (normalised) score: candidates scoring above
+ * it are kept, ties at it are decided by position and unit. `-INFINITY` when every
+ * candidate is kept, `+INFINITY` when none is. `KVE_ERR_INVALID_ARGUMENT` while the
+ * search is running. Writes only `*score`.
+ */
+int32_t kve_search_threshold(const struct kve_search *search, float *score);
+
+/**
+ * Element counts always enough for `kve_select_shard`'s outputs: `layers*hkv + 1`
+ * offsets and `layers*hkv*n` indices (the call accepts any `indices` that holds what it
+ * keeps). Writes only the two out-parameters.
+ */
+int32_t kve_select_shard_output_len(uint64_t layers,
+                                    uint64_t hkv,
+                                    uint64_t n,
+                                    uint64_t *offsets_len,
+                                    uint64_t *indices_len);
+
+/**
+ * Apply a finished search to a shard: the kept positions of its (layer, KV head) pairs
+ * as CSR, exactly as `kve_select_model` would report them for those layers (offsets
+ * count from this call's `indices`). Writes `offsets`, `indices` and the workspace.
+ */
+int32_t kve_select_shard(const struct kve_select_params *params,
+                         const struct kve_model_scores *shard,
+                         uint64_t first_layer,
+                         const struct kve_search *search,
+                         uint64_t *offsets,
+                         uint64_t offsets_len,
+                         uint32_t *indices,
+                         uint64_t indices_len,
+                         void *workspace,
+                         uint64_t workspace_bytes);
+
+extern int kve_cuda_device_count(int *out);
+
+extern size_t kve_cuda_window_workspace_size(int64_t hq, int64_t w, int64_t n, int64_t hkv);
+
+extern int kve_cuda_window(const struct KveCudaView *q,
+                           const struct KveCudaView *k,
+                           int64_t w,
+                           float *out_mean,
+                           float *out_l2,
+                           float *out_cross,
+                           float *out_group,
+                           int gqa_op,
+                           void *ws,
+                           size_t ws_bytes,
+                           void *stream);
+
+extern int kve_cuda_lava_factor(const struct KveCudaView *v,
+                                int64_t prefix,
+                                float *out,
+                                void *stream);
+
+extern int kve_cuda_vonorm(const struct KveCudaView *v,
+                           int64_t n_tokens,
+                           const void *gram_hi,
+                           const void *gram_lo,
+                           int64_t n_gram,
+                           int take_sqrt,
+                           float *out,
+                           void *stream);
+
+extern int kve_cuda_gram_split(const float *g,
+                               int64_t n,
+                               int dtype,
+                               void *hi,
+                               void *lo,
+                               void *stream);
+
+extern int kve_cuda_pool(const float *input,
+                         int64_t ld_in,
+                         float *out,
+                         int64_t ld_out,
+                         int64_t rows,
+                         int64_t n,
+                         int mode,
+                         int k,
+                         float decay,
+                         void *stream);
+
+extern int kve_cuda_head_reduce(const float *a,
+                                const float *b,
+                                int b_mode,
+                                const float *scale,
+                                int64_t ld_in,
+                                float *out,
+                                int64_t ld_out,
+                                int64_t hq,
+                                int64_t hkv,
+                                int64_t n,
+                                int gqa_op,
+                                void *stream);
+
+extern int kve_cuda_laprox_exact(const float *cross,
+                                 const float *qv,
+                                 float *out,
+                                 int64_t hkv,
+                                 int64_t g,
+                                 int64_t n,
+                                 int mode,
+                                 void *stream);
+
+extern size_t kve_cuda_layer_stats_workspace_size(int64_t layers, int64_t count);
+
+extern int kve_cuda_layer_stats(const float *scores,
+                                int64_t layer_stride,
+                                int64_t count,
+                                int64_t layers,
+                                double *sums,
+                                double *entropy,
+                                void *ws,
+                                size_t ws_bytes,
+                                void *stream);
+
+extern int kve_cuda_token_reduce(const float *scores,
+                                 const double *sums,
+                                 int64_t layers,
+                                 int64_t rows_per_layer,
+                                 int64_t n,
+                                 float *out,
+                                 void *stream);
+
+extern size_t kve_cuda_select_workspace_size(int64_t n_groups);
+
+extern int kve_cuda_select(const float *scores,
+                           int64_t ld,
+                           int64_t n,
+                           int64_t n_groups,
+                           int64_t rows_per_group,
+                           const int64_t *k,
+                           int64_t k_all,
+                           const double *layer_sum,
+                           int64_t rows_per_layer,
+                           int32_t *counts,
+                           int32_t *idx,
+                           int64_t idx_ld,
+                           void *ws,
+                           size_t ws_bytes,
+                           void *stream);
+
+extern size_t kve_cuda_compact_workspace_size(const struct KveCudaView *x, int64_t max_keep);
+
+extern int kve_cuda_compact(const struct KveCudaView *x,
+                            const int32_t *kept,
+                            int64_t kept_ld,
+                            const int32_t *counts,
+                            int64_t max_keep,
+                            void *ws,
+                            size_t ws_bytes,
+                            void *stream);
+
+extern int kve_cuda_compact_varlen(const struct KveCudaView *src,
+                                   const int32_t *kept,
+                                   int64_t kept_ld,
+                                   const int32_t *counts,
+                                   void *dst,
+                                   int32_t *cu_seqlens,
+                                   void *stream);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+#endif  /* KVEVICT_H */
