@@ -157,9 +157,10 @@ pub(crate) fn max_of(x: &[f32]) -> f32 {
 }
 
 /// Order-preserving map from finite f32 to u32: a < b  <=>  key(a) < key(b).
+/// -0 and +0 get one key (equal scores tie and the tie rule decides; cuda/common.cuh too).
 #[inline(always)]
 pub fn float_key(x: f32) -> u32 {
-    let b = x.to_bits();
+    let b = if x == 0.0 { 0 } else { x.to_bits() };
     if b & 0x8000_0000 != 0 {
         !b
     } else {
