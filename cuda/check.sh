@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The one script for a GPU machine (built for the lent H200, CUDA 13.0 driver).
+# Builds the kernels, runs the GPU-vs-CPU tests, compute-sanitizer memcheck and
+# racecheck over the test binary, then the Llama-3-8B-shaped benchmark
+# (cuda/bench.cu) at N = 32k and 128k and the same math in PyTorch.
+# Whole run: well under 8 minutes on an H200 (the cargo build is the long part).
+#
+# What it needs, in order of preference (the GPU machine may have no internet,
+# no cargo, and no project venv):
+#   nvcc:  $NVCC; else nvcc on PATH or /usr/local/cuda/bin/nvcc (the CUDA image has
+#          13.0); else a carried .venv-nvcc ($KVEVICT_NVCC_VENV); else
+#          cuda/install_nvcc.sh (needs PyPI, or KVEVICT_NVCC_WHEELS=<dir of wheels>).
+#   tests: cargo if present (cargo test --release --features cuda --test cuda_gpu);
+#          else a prebuilt test binary build/gpu/cuda_gpu (made on a dev machine by
+#          cuda/prebuild.sh and carried: run(carry=["build/gpu"]); the binary links
+#          cudart statically and needs only glibc).
+#   bench: build/gpu/kvevict_bench if carried, else built here with nvcc.
+# Environment: KVEVICT_CUDA_ARCHS (default 90 here), CHECK_N (default 32768,131072),
+#   CHECK_SKIP="tests sanitizer bench torch" to leave steps out.
+# Output: a summary table at the end; logs in $OUT (if set) or build/gpu/logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+LOG=${OUT:-$ROOT/build/gpu/logs}
+mkdir -p "$LOG" build/gpu
+export KVEVICT_CUDA_ARCHS=${KVEVICT_CUDA_ARCHS:-90}
+CHECK_N=${CHECK_N:-32768,131072}
+declare -a SUMMARY
+say() { printf '\n==== %s ====\n' "$*"; }
+note() { SUMMARY+=("$*"); }
+skip() { [[ " ${CHECK_SKIP:-} " == *" $1 "* ]]; }
+t0=$(date +%s)
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>&1 | head -3
+
+# ---------------------------------------------------------------- nvcc --
+find_nvcc() {
+  if [ -n "${NVCC:-}" ] && [ -x "$NVCC" ]; then echo "$NVCC"; return 0; fi
+  local c
+  for c in "$(command -v nvcc 2>/dev/null)" /usr/local/cuda/bin/nvcc; do
+    if [ -n "$c" ] && [ -x "$c" ]; then readlink -f "$c"; return 0; fi
+  done
+  local venv=${KVEVICT_NVCC_VENV:-$ROOT/.venv-nvcc}
+  for c in "$venv"/lib/python3*/site-packages/nvidia/cu13/bin/nvcc; do
+    if [ -x "$c" ]; then echo "$c"; return 0; fi
+  done
+  local root
+  if root=$(bash cuda/install_nvcc.sh 2>"$LOG/install_nvcc.log"); then
+    echo "$root/bin/nvcc"; return 0
+  fi
+  return 1
+}
+if NVCC=$(find_nvcc); then
+  export NVCC
+  echo "nvcc: $NVCC"; "$NVCC" --version | tail -2
+  NVROOT=$(dirname "$(dirname "$NVCC")")
+  LIBDIR=""
+  for d in "$NVROOT/lib64" "$NVROOT/lib" "$NVROOT/targets/x86_64-linux/lib"; do
+    [ -f "$d/libcudart_static.a" ] && { LIBDIR=$d; break; }
+  done
+  [ -n "$LIBDIR" ] && export KVEVICT_CUDA_LIB_DIR=$LIBDIR
+else
+  NVCC=""
+  echo "no nvcc found (see $LOG/install_nvcc.log)"
+  note "nvcc: NOT FOUND - only prebuilt binaries can run"
+fi
+
+# --------------------------------------------------------------- tests --
+TEST_BIN=""
+if ! skip tests; then
+  say "GPU tests"
+  if command -v cargo >/dev/null 2>&1 && [ -n "$NVCC" ]; then
+    if cargo test --release --features cuda --test cuda_gpu --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
+      TEST_BIN=$(ls -t target/release/deps/cuda_gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
+    fi
+  fi
+  if [ -z "$TEST_BIN" ] && [ -x build/gpu/cuda_gpu ]; then
+    TEST_BIN=build/gpu/cuda_gpu
+    echo "using the prebuilt test binary build/gpu/cuda_gpu"
+  fi
+  if [ -n "$TEST_BIN" ]; then
+    if timeout 300 "$TEST_BIN" --test-threads=4 2>&1 | tee "$LOG/tests.log" | tail -25; then
+      note "tests: $(grep -E '^test result' "$LOG/tests.log" | tail -1)"
+    else
+      note "tests: FAILED (see tests.log): $(grep -E '^test .* FAILED|panicked' "$LOG/tests.log" | head -5 | tr '\n' ' ')"
+    fi
+    grep -E "max rel err" "$LOG/tests.log" | sort -t' ' -k1,1 | awk '{print}' > "$LOG/errors.txt" || true
+  else
+    note "tests: NOT RUN (no cargo+nvcc, no build/gpu/cuda_gpu)"
+  fi
+fi
+
+# ----------------------------------------------------------- sanitizer --
+if ! skip sanitizer && [ -n "$TEST_BIN" ]; then
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ -n "$SAN" ]; then
+    for tool in memcheck racecheck; do
+      say "compute-sanitizer --tool $tool"
+      # small tests only (the sanitizer slows kernels 10-100x)
+      if timeout 240 "$SAN" --tool "$tool" --error-exitcode 99 "$TEST_BIN" --test-threads=1 \
+          window_aggregates select_matches compact_matches vonorm_matches lava_factor pool_matches \
+          laprox_pipeline >"$LOG/sanitizer_$tool.log" 2>&1; then
+        note "sanitizer $tool: clean ($(grep -E 'ERROR SUMMARY' "$LOG/sanitizer_$tool.log" | tail -1))"
+      else
+        note "sanitizer $tool: ERRORS or timeout (rc $?): $(grep -E 'ERROR SUMMARY|Invalid|hazard' "$LOG/sanitizer_$tool.log" | head -3 | tr '\n' ' ')"
+      fi
+      tail -5 "$LOG/sanitizer_$tool.log"
+    done
+  else
+    note "sanitizer: compute-sanitizer not found"
+  fi
+fi
+
+# ---------------------------------------------------------------- torch --
+MM_ARG=""
+TORCH_LINES=""
+if ! skip torch; then
+  say "PyTorch: matmul ceiling"
+  PY=$(command -v python3 || true)
+  if [ -n "$PY" ] && timeout 120 "$PY" cuda/bench_torch.py --mm-only >"$LOG/torch_mm.log" 2>&1; then
+    cat "$LOG/torch_mm.log"
+    r=$(awk '/^MM_TFLOPS/{print $2}' "$LOG/torch_mm.log")
+    [ -n "$r" ] && MM_ARG="--mm-tflops $r"
+  else
+    cat "$LOG/torch_mm.log" 2>/dev/null | tail -3
+  fi
+fi
+
+# ---------------------------------------------------------------- bench --
+if ! skip bench; then
+  say "benchmark (cuda/bench.cu)"
+  BENCH=build/gpu/kvevict_bench
+  if [ -n "$NVCC" ]; then
+    inc=""; [ -n "${LIBDIR:-}" ] && inc="-L$LIBDIR"
+    archflags=""
+    for a in ${KVEVICT_CUDA_ARCHS//,/ }; do archflags+=" -gencode=arch=compute_$a,code=sm_$a"; done
+    if "$NVCC" -O3 -std=c++17 $archflags -Icuda $inc cuda/bench.cu cuda/device.cu cuda/window.cu \
+        cuda/lava.cu cuda/vonorm.cu cuda/pool.cu cuda/combine.cu cuda/stats.cu cuda/select.cu \
+        cuda/compact.cu -o build/gpu/kvevict_bench.new >"$LOG/bench_build.log" 2>&1; then
+      mv build/gpu/kvevict_bench.new "$BENCH"
+    else
+      echo "bench build failed:"; tail -20 "$LOG/bench_build.log"
+    fi
+  fi
+  if [ -x "$BENCH" ]; then
+    if timeout 240 "$BENCH" --n "$CHECK_N" $MM_ARG 2>&1 | tee "$LOG/bench.log"; then :; else
+      note "bench: FAILED (rc $?)"
+    fi
+    while read -r l; do note "bench: $l"; done < <(grep -E '^RESULT|^ceilings|matmul rate used' "$LOG/bench.log")
+  else
+    note "bench: no binary"
+  fi
+fi
+
+if ! skip torch; then
+  say "PyTorch: same math"
+  PY=$(command -v python3 || true)
+  if [ -n "$PY" ]; then
+    timeout 180 "$PY" cuda/bench_torch.py --n "$CHECK_N" 2>&1 | tee "$LOG/torch.log" | tail -8
+    if grep -q "torch not available" "$LOG/torch.log"; then note "torch not available"; fi
+    while read -r l; do note "torch: $l"; done < <(grep -E '^TORCH' "$LOG/torch.log")
+  else
+    echo "torch not available"; note "torch not available (no python3)"
+  fi
+fi
+
+say "summary ($(( $(date +%s) - t0 )) s)"
+for l in "${SUMMARY[@]}"; do echo "  $l"; done

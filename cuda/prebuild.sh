@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds, on a machine without a GPU, the two binaries cuda/check.sh runs on the GPU
+# machine (which may lack cargo): build/gpu/cuda_gpu (the GPU test binary) and
+# build/gpu/kvevict_bench. Carry them with run(carry=["build/gpu"]).
+# Archs: KVEVICT_CUDA_ARCHS (default 90, the H200). Needs nvcc: $NVCC or
+# cuda/install_nvcc.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export KVEVICT_CUDA_ARCHS=${KVEVICT_CUDA_ARCHS:-90}
+if [ -z "${NVCC:-}" ]; then
+  NVCC="$(bash cuda/install_nvcc.sh)/bin/nvcc"
+fi
+export NVCC
+LIBDIR=$(dirname "$(dirname "$NVCC")")/lib
+mkdir -p build/gpu
+cargo test --release --features cuda --test cuda_gpu --no-run 2>&1 | tail -3
+bin=$(ls -t target/release/deps/cuda_gpu-* | grep -v '\.d$' | head -1)
+cp "$bin" build/gpu/cuda_gpu
+strip --strip-debug build/gpu/cuda_gpu 2>/dev/null || true
+archflags=""
+for a in ${KVEVICT_CUDA_ARCHS//,/ }; do archflags+=" -gencode=arch=compute_$a,code=sm_$a"; done
+"$NVCC" -O3 -std=c++17 $archflags -Icuda -L"$LIBDIR" cuda/bench.cu cuda/device.cu cuda/window.cu \
+  cuda/lava.cu cuda/vonorm.cu cuda/pool.cu cuda/combine.cu cuda/stats.cu cuda/select.cu \
+  cuda/compact.cu -o build/gpu/kvevict_bench
+ls -la build/gpu
