@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build kvevict and install it under PREFIX:
+#   PREFIX/include/kvevict.h
+#   PREFIX/lib/libkvevict.a, PREFIX/lib/libkvevict.so
+#   PREFIX/lib/pkgconfig/kvevict.pc
+#   PREFIX/lib/cmake/kvevict/kvevictConfig.cmake (+ ConfigVersion)  -> target kvevict::kvevict
+#
+# Usage: scripts/install.sh PREFIX
+# Environment: KVEVICT_PROFILE (cargo profile, default release),
+#              KVEVICT_FEATURES (e.g. "cuda"), CARGO_TARGET_DIR (as cargo reads it).
+set -euo pipefail
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 PREFIX" >&2
+    exit 2
+fi
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$1"
+prefix=$(cd "$1" && pwd)
+profile=${KVEVICT_PROFILE:-release}
+features=${KVEVICT_FEATURES:-}
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)
+
+args=(build --lib --manifest-path "$root/Cargo.toml" --profile "$profile")
+if [ -n "$features" ]; then
+    args+=(--features "$features")
+fi
+cargo "${args[@]}"
+
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+case "$profile" in
+    dev) out="$target_dir/debug" ;;
+    *) out="$target_dir/$profile" ;;
+esac
+
+# libraries the static archive needs (rustc --print native-static-libs on Linux)
+static_libs="-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
+
+install -d "$prefix/include" "$prefix/lib/pkgconfig" "$prefix/lib/cmake/kvevict"
+install -m 644 "$root/include/kvevict.h" "$prefix/include/kvevict.h"
+install -m 644 "$out/libkvevict.a" "$prefix/lib/libkvevict.a"
+install -m 755 "$out/libkvevict.so" "$prefix/lib/libkvevict.so"
+
+sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" -e "s|@STATIC_LIBS@|$static_libs|g" \
+    "$root/kvevict.pc.in" > "$prefix/lib/pkgconfig/kvevict.pc"
+sed -e "s|@STATIC_LIBS@|$static_libs|g" \
+    "$root/cmake/kvevictConfig.cmake.in" > "$prefix/lib/cmake/kvevict/kvevictConfig.cmake"
+sed -e "s|@VERSION@|$version|g" \
+    "$root/cmake/kvevictConfigVersion.cmake.in" > "$prefix/lib/cmake/kvevict/kvevictConfigVersion.cmake"
+
+echo "installed kvevict $version ($profile) to $prefix"

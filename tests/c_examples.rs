@@ -1,0 +1,296 @@
+//! Builds the C examples in `c_examples/` against the static and shared libraries, runs
+//! them and checks what they print; installs with `scripts/install.sh` and builds the
+//! CMake consumer project with `find_package(kvevict)`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn features() -> Vec<&'static str> {
+    if cfg!(feature = "cuda") {
+        vec!["--features", "cuda"]
+    } else {
+        vec![]
+    }
+}
+
+/// `cargo build --lib` (dev profile) once; the directory holding libkvevict.{a,so}.
+fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .current_dir(root())
+            .args(["build", "--lib", "--message-format=json"])
+            .args(features())
+            .output()
+            .expect("run cargo build");
+        assert!(
+            out.status.success(),
+            "cargo build --lib failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // find the uplifted libkvevict.a among the artifact messages
+        let text = String::from_utf8_lossy(&out.stdout);
+        let a = text
+            .split('"')
+            .find(|s| s.ends_with("/libkvevict.a") && !s.contains("/deps/"))
+            .expect("libkvevict.a in cargo's output");
+        Path::new(a).parent().unwrap().to_path_buf()
+    })
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kvevict-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+const STRICT: &[&str] = &[
+    "-std=c99",
+    "-Wall",
+    "-Wextra",
+    "-pedantic",
+    "-Werror",
+    "-O1",
+];
+const NATIVE: &[&str] = &["-lpthread", "-ldl", "-lm", "-lrt", "-lutil"];
+
+/// Compile `c_examples/NAME.c` against the static library and run it.
+fn example(name: &str, defines: &[&str]) -> String {
+    let dir = tmp(name);
+    let exe = dir.join(name);
+    let mut cc = Command::new("gcc");
+    cc.args(STRICT)
+        .args(defines)
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(root().join(format!("c_examples/{name}.c")))
+        .arg(lib_dir().join("libkvevict.a"))
+        .args(NATIVE)
+        .arg("-o")
+        .arg(&exe);
+    if cfg!(feature = "cuda") {
+        cc.args(["-lstdc++"]);
+    }
+    run(&mut cc);
+    let out = run(&mut Command::new(&exe));
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting with {prefix:?} in:\n{out}"))
+}
+
+fn numbers(s: &str) -> Vec<u64> {
+    s.split(|c: char| !c.is_ascii_digit())
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn llama_cpp_layout() {
+    let out = example("llama_cpp_layout", &[]);
+    assert!(
+        line(&out, "budget:").contains("keep 16 of 168 prefix cells"),
+        "{out}"
+    );
+    let kept = numbers(line(&out, "kept prefix cells:"));
+    assert_eq!(kept.len(), 16, "{out}");
+    assert!(kept.windows(2).all(|w| w[0] < w[1]));
+    let ev = line(&out, "evicting ");
+    let nums = numbers(ev);
+    assert_eq!(&nums[..2], &[152, 200], "{out}");
+    let evicted = &nums[2..];
+    assert_eq!(evicted.len(), 152);
+    // kept and evicted partition the prefix
+    let mut all: Vec<u64> = kept.iter().chain(evicted).copied().collect();
+    all.sort();
+    assert_eq!(all, (0..168).collect::<Vec<_>>());
+    assert!(out.contains("needle cells kept: 3 of 3"), "{out}");
+}
+
+#[test]
+fn varlen_heads() {
+    let out = example("varlen_heads", &[]);
+    assert!(out.contains("compaction check: ok"), "{out}");
+    // LAVa's budget: 3 layers x 4 heads x 24 prefix + window 16 each = 480
+    assert!(
+        line(&out, "LAVa").contains("kept 480 rows of 1152"),
+        "{out}"
+    );
+    for l in 0..3 {
+        let s = line(&out, &format!("layer {l}:"));
+        let (lens, cu) = s.split_once('|').unwrap();
+        let lens = numbers(lens.split_once(':').unwrap().1);
+        let cu = numbers(cu);
+        assert_eq!(lens.len(), 4);
+        assert_eq!(cu.len(), 5);
+        assert_eq!(cu[0], 0);
+        for h in 0..4 {
+            assert_eq!(cu[h + 1] - cu[h], lens[h]);
+            assert!(lens[h] >= 16, "every head keeps its window: {s}");
+        }
+        assert_eq!(cu[4], 160, "layer budget 4 x 24 + window 4 x 16: {s}");
+        assert!(
+            lens.iter().any(|&x| x != lens[0]),
+            "ragged heads expected: {s}"
+        );
+    }
+}
+
+#[test]
+fn cuda_device() {
+    let defines: &[&str] = if cfg!(feature = "cuda") {
+        &["-DKVE_EXAMPLE_WITH_CUDA", "-lcudart"]
+    } else {
+        &[]
+    };
+    let out = example("cuda_device", defines);
+    if cfg!(feature = "cuda") {
+        assert!(
+            out.contains("skipped: no CUDA device") || out.contains("device scores vs host"),
+            "{out}"
+        );
+    } else {
+        assert!(out.contains("skipped: library built without CUDA"), "{out}");
+    }
+}
+
+#[test]
+fn shared_library_links() {
+    let dir = tmp("shared");
+    let exe = dir.join("varlen_shared");
+    run(Command::new("gcc")
+        .args(STRICT)
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg(root().join("c_examples/varlen_heads.c"))
+        .arg("-L")
+        .arg(lib_dir())
+        .arg(format!("-Wl,-rpath,{}", lib_dir().display()))
+        .args(["-lkvevict", "-lm"])
+        .arg("-o")
+        .arg(&exe));
+    let out = run(&mut Command::new(&exe));
+    assert!(out.contains("compaction check: ok"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `cmake` on PATH, or one pip-installed into a venv under the target dir; None if
+/// neither works.
+fn find_cmake() -> Option<PathBuf> {
+    if let Ok(o) = Command::new("cmake").arg("--version").output() {
+        if o.status.success() {
+            return Some(PathBuf::from("cmake"));
+        }
+    }
+    let venv = lib_dir().join("cmake-venv");
+    let bin = venv.join("bin/cmake");
+    if bin.exists() {
+        return Some(bin);
+    }
+    let ok = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .status()
+        .is_ok_and(|s| s.success())
+        && Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "cmake"])
+            .status()
+            .is_ok_and(|s| s.success());
+    if ok && bin.exists() {
+        Some(bin)
+    } else {
+        None
+    }
+}
+
+#[test]
+fn install_and_cmake_consumer() {
+    let prefix = tmp("prefix");
+    // the dev profile keeps the test fast; the script is the same for release
+    let mut install = Command::new("bash");
+    install
+        .arg(root().join("scripts/install.sh"))
+        .arg(&prefix)
+        .env("KVEVICT_PROFILE", "dev");
+    if cfg!(feature = "cuda") {
+        install.env("KVEVICT_FEATURES", "cuda");
+    }
+    run(&mut install);
+    for f in [
+        "include/kvevict.h",
+        "lib/libkvevict.a",
+        "lib/libkvevict.so",
+        "lib/pkgconfig/kvevict.pc",
+        "lib/cmake/kvevict/kvevictConfig.cmake",
+        "lib/cmake/kvevict/kvevictConfigVersion.cmake",
+    ] {
+        assert!(prefix.join(f).exists(), "{f} not installed");
+    }
+    let pc = std::fs::read_to_string(prefix.join("lib/pkgconfig/kvevict.pc")).unwrap();
+    assert!(
+        pc.contains("Version: 0.1.0") && pc.contains("-lkvevict"),
+        "{pc}"
+    );
+    if let Ok(o) = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "kvevict"])
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
+        .output()
+    {
+        if o.status.success() {
+            let flags = String::from_utf8_lossy(&o.stdout).into_owned();
+            assert!(
+                flags.contains("-lkvevict") && flags.contains("/include"),
+                "{flags}"
+            );
+        }
+    }
+
+    let Some(cmake) = find_cmake() else {
+        eprintln!(
+            "SKIPPED cmake consumer: no cmake on PATH and `pip install cmake` into a venv failed"
+        );
+        return;
+    };
+    let build = tmp("cmake-build");
+    run(Command::new(&cmake)
+        .arg("-S")
+        .arg(root().join("c_examples/cmake_consumer"))
+        .arg("-B")
+        .arg(&build)
+        .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display())));
+    run(Command::new(&cmake).arg("--build").arg(&build));
+    for exe in ["consumer", "consumer_static"] {
+        let out = run(&mut Command::new(build.join(exe)));
+        assert!(
+            out.contains("via find_package: kept 1 3 5 6 7"),
+            "{exe}: {out}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&build);
+    let _ = std::fs::remove_dir_all(&prefix);
+}
