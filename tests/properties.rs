@@ -866,3 +866,74 @@ fn produced_non_finite_is_an_error() {
         Err(Error::NonFinite)
     );
 }
+
+/// The workspace may start at any byte and hold garbage: exactly the queried size is
+/// enough, and the results are bit-identical.
+#[test]
+fn workspace_alignment_and_garbage() {
+    let mut rng = Rng::new(47);
+    let (q, k, v, wo) = laprox_layer(&mut rng, 2, 4, 150, 16);
+    let (qs, _) = Stored::new(&q, DType::F16, Layout::TokenMajor);
+    let (ks, _) = Stored::new(&k, DType::F16, Layout::TokenMajor);
+    let (vs, _) = Stored::new(&v, DType::F16, Layout::Transposed);
+    let (wos, _) = Stored::new(&wo, DType::F32, Layout::HeadMajor);
+    let gram = core_gram(&wos, 2, true);
+    let mut cfg = ScoreConfig {
+        window: 8,
+        ..ScoreConfig::preset(Preset::LaProx)
+    };
+    cfg.laprox_gqa = LaproxGqa::Exact;
+    let inputs = LayerInputs {
+        queries: Some(qs.view()),
+        keys: Some(ks.view()),
+        values: Some(vs.view()),
+        gram: Some(&gram),
+        ..Default::default()
+    };
+    let shape = layer_shape(&cfg, &inputs).unwrap();
+    let need = score_workspace_size(&cfg, &shape).unwrap();
+    let len = score_len(&cfg, &shape).unwrap();
+    let mut first: Option<Vec<u32>> = None;
+    let mut big = vec![0u8; need + 64];
+    for off in 0..64 {
+        big.iter_mut()
+            .for_each(|b| *b = if off % 2 == 0 { 0xFF } else { 0x7F });
+        let mut out = vec![0f32; len];
+        score_layer(&cfg, &inputs, &mut out, &mut big[off..off + need]).unwrap();
+        let bits: Vec<u32> = out.iter().map(|x| x.to_bits()).collect();
+        match &first {
+            None => first = Some(bits),
+            Some(f) => assert_eq!(&bits, f, "workspace offset {off}"),
+        }
+    }
+    // selection
+    let (layers, hkv, n, w) = (4, 2, 90, 6);
+    let scores: Vec<f32> = (0..layers * hkv * (n - w))
+        .map(|_| rng.uniform() as f32)
+        .collect();
+    for alloc in [AllocatorKind::Lava, AllocatorKind::Global] {
+        for gran in [Granularity::Head, Granularity::Token] {
+            let mut cfg = SelectConfig::new(alloc, gran, 17);
+            cfg.post_pool = Pool::forward(8, 0.9);
+            let need = select_workspace_size(&cfg, layers, hkv, n, w).unwrap();
+            let (no, ni) = select_output_len(&cfg, layers, hkv, n, w).unwrap();
+            let m = ModelScores {
+                scores: &scores,
+                layers,
+                hkv,
+                n,
+                window: w,
+            };
+            let mut first: Option<(Vec<u64>, Vec<u32>)> = None;
+            let mut big = vec![0xEEu8; need + 64];
+            for off in 0..64 {
+                let (mut o, mut i) = (vec![0u64; no], vec![0u32; ni]);
+                select_model(&cfg, &m, &mut o, &mut i, &mut big[off..off + need]).unwrap();
+                match &first {
+                    None => first = Some((o, i)),
+                    Some(f) => assert_eq!(&(o, i), f, "{alloc:?} {gran:?} offset {off}"),
+                }
+            }
+        }
+    }
+}
