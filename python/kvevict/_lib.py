@@ -1,0 +1,266 @@
+"""Finding and loading ``libkvevict``, and the ctypes mirror of the C ABI (``src/capi/``).
+
+Lookup order of the shared library (the first that exists wins):
+
+1. ``$KVEVICT_LIB``: the path of the library file (or of a folder holding it);
+2. the copy bundled inside the package at build time (``kvevict/_lib/``), if any;
+3. ``<repo>/target/release/libkvevict.so`` (``.dylib`` on macOS, ``kvevict.dll`` on
+   Windows), where ``<repo>`` is the checkout the package was built from (recorded at
+   build time) or, for an in-tree import, the folder above ``python/``.
+
+The structs below mirror the first released layout of each extensible struct; the library
+accepts any size from that one up (``struct_size``), so an older binding keeps working
+with a newer library.
+"""
+import ctypes
+import os
+import sys
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int32, c_uint32, c_uint64, c_void_p
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+if sys.platform == "darwin":
+    LIB_NAME = "libkvevict.dylib"
+elif sys.platform.startswith("win"):
+    LIB_NAME = "kvevict.dll"
+else:
+    LIB_NAME = "libkvevict.so"
+
+
+def _repo_roots():
+    roots = []
+    try:
+        from . import _build_info  # written by setup.py when the package is built
+
+        roots.append(_build_info.REPO_ROOT)
+    except ImportError:
+        pass
+    # in-tree use: <repo>/python/kvevict/_lib.py
+    roots.append(os.path.dirname(os.path.dirname(_HERE)))
+    return roots
+
+
+def candidate_paths():
+    """The paths tried, in order, as (origin, path) pairs."""
+    out = []
+    env = os.environ.get("KVEVICT_LIB")
+    if env:
+        out.append(("KVEVICT_LIB", os.path.join(env, LIB_NAME) if os.path.isdir(env) else env))
+    out.append(("bundled", os.path.join(_HERE, "_lib", LIB_NAME)))
+    seen = set()
+    for root in _repo_roots():
+        p = os.path.join(root, "target", "release", LIB_NAME)
+        if p not in seen:
+            seen.add(p)
+            out.append(("repo", p))
+    return out
+
+
+class LibraryNotFound(ImportError):
+    """No ``libkvevict`` at any of the places looked at (see :func:`candidate_paths`)."""
+
+
+def _find():
+    tried = candidate_paths()
+    env = os.environ.get("KVEVICT_LIB")
+    if env and not os.path.exists(tried[0][1]):
+        # an explicit path that does not exist is an error, not a reason to look elsewhere
+        raise LibraryNotFound(f"KVEVICT_LIB={env!r}: no such file ({tried[0][1]})")
+    for _, p in tried:
+        if os.path.isfile(p):
+            return p
+    lines = "\n".join(f"  {o}: {p}" for o, p in tried)
+    raise LibraryNotFound(
+        f"{LIB_NAME} not found; tried:\n{lines}\n"
+        "Build it with `cargo build --release` in the repository, or set KVEVICT_LIB."
+    )
+
+
+# ------------------------------------------------------------------------------ structs
+class kve_tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("len", c_uint64),
+        ("dtype", c_uint32),
+        ("pad", c_uint32),
+        ("extent", c_uint64 * 3),
+        ("stride", c_uint64 * 3),
+    ]
+
+
+class kve_score_params(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("scorer", c_uint32),
+        ("window", c_uint32),
+        ("pool_kind", c_uint32),
+        ("pool_kernel", c_uint32),
+        ("pool_decay", c_float),
+        ("gqa", c_uint32),
+        ("reduce_before_pool", c_uint32),
+        ("laprox_gqa", c_uint32),
+        ("placement", c_uint32),
+        ("sinks", c_uint32),
+        ("critical_first_stage", c_uint32),
+    ]
+
+
+class kve_select_params(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("allocator", c_uint32),
+        ("granularity", c_uint32),
+        ("normalize", c_uint32),
+        ("budget", c_uint64),
+        ("alpha", c_float),
+        ("beta", c_uint32),
+        ("post_pool_kind", c_uint32),
+        ("post_pool_kernel", c_uint32),
+        ("post_pool_decay", c_float),
+        ("reserved", c_uint32),
+    ]
+
+
+class kve_layer_inputs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("reserved", c_uint32),
+        ("queries", kve_tensor),
+        ("keys", kve_tensor),
+        ("values", kve_tensor),
+        ("gram", c_void_p),
+        ("gram_len", c_uint64),
+        ("value_forms", c_void_p),
+        ("value_forms_len", c_uint64),
+        ("value_l1", c_void_p),
+        ("value_l1_len", c_uint64),
+    ]
+
+
+class kve_model_scores(ctypes.Structure):
+    _fields_ = [
+        ("scores", c_void_p),
+        ("len", c_uint64),
+        ("layers", c_uint64),
+        ("hkv", c_uint64),
+        ("n", c_uint64),
+        ("window", c_uint64),
+    ]
+
+
+class kve_search(ctypes.Structure):
+    _fields_ = [
+        ("need", c_uint64),
+        ("prefix_lo", c_uint64),
+        ("prefix_hi", c_uint64),
+        ("threshold_lo", c_uint64),
+        ("threshold_hi", c_uint64),
+        ("bits", c_uint32),
+        ("done", c_uint32),
+    ]
+
+
+class kve_histogram(ctypes.Structure):
+    _fields_ = [("bins", c_uint64 * 256)]
+
+
+assert ctypes.sizeof(kve_tensor) == 72
+assert ctypes.sizeof(kve_score_params) == 48
+assert ctypes.sizeof(kve_select_params) == 48
+assert ctypes.sizeof(kve_layer_inputs) == 272
+assert ctypes.sizeof(kve_model_scores) == 48
+
+# ------------------------------------------------------------------------- prototypes
+P = POINTER
+_u64p = P(c_uint64)
+_u32p = P(c_uint32)
+
+_PROTOS = {
+    # status and version
+    "kve_status_name": (c_char_p, [c_int32]),
+    "kve_status_message": (c_char_p, [c_int32]),
+    "kve_version": (c_uint32, []),
+    "kve_version_string": (c_char_p, []),
+    # params and budgets
+    "kve_score_params_init": (c_int32, [P(kve_score_params), c_uint32, c_uint32]),
+    "kve_select_params_init": (c_int32, [P(kve_select_params), c_uint32, c_uint32, c_uint32, c_uint64]),
+    "kve_select_params_init_laprox_span": (c_int32, [P(kve_select_params), c_uint32, c_uint64]),
+    "kve_budget_from_capacity": (c_uint64, [c_uint64, c_uint64]),
+    "kve_budget_keep_ratio_total": (c_uint64, [c_uint64, c_uint64, c_double]),
+    "kve_budget_keep_ratio_prefix": (c_uint64, [c_uint64, c_uint64, c_double]),
+    # scoring
+    "kve_layer_inputs_init": (c_int32, [P(kve_layer_inputs), c_uint32]),
+    "kve_score_workspace_size": (
+        c_int32, [P(kve_score_params), c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, _u64p]),
+    "kve_score_output_len": (c_int32, [P(kve_score_params), c_uint64, c_uint64, _u64p]),
+    "kve_score_layer": (
+        c_int32, [P(kve_score_params), P(kve_layer_inputs), c_void_p, c_uint64, c_void_p, c_uint64]),
+    "kve_gram_len": (c_int32, [c_uint64, c_uint64, c_uint64, c_uint32, _u64p]),
+    "kve_gram_workspace_size": (c_int32, [c_uint64, c_uint64, _u64p]),
+    "kve_compute_gram": (
+        c_int32, [P(kve_tensor), c_uint64, c_uint32, c_void_p, c_uint64, c_void_p, c_uint64]),
+    "kve_value_forms_len": (c_int32, [c_uint64, c_uint64, c_uint64, c_uint32, _u64p]),
+    "kve_compute_value_forms": (
+        c_int32,
+        [P(kve_tensor), c_void_p, c_uint64, c_uint64, c_uint32, c_uint64, c_uint64, c_void_p, c_uint64]),
+    "kve_value_l1_workspace_size": (c_int32, [c_uint64, c_uint64, _u64p]),
+    "kve_compute_value_l1": (
+        c_int32, [P(kve_tensor), P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64]),
+    # selection
+    "kve_select_output_len": (
+        c_int32, [P(kve_select_params), c_uint64, c_uint64, c_uint64, c_uint64, _u64p, _u64p]),
+    "kve_select_workspace_size": (
+        c_int32, [P(kve_select_params), c_uint64, c_uint64, c_uint64, c_uint64, _u64p]),
+    "kve_select_model": (
+        c_int32,
+        [P(kve_select_params), P(kve_model_scores), c_void_p, c_uint64, c_void_p, c_uint64,
+         c_void_p, c_uint64]),
+    "kve_evicted_positions": (c_int32, [c_void_p, c_uint64, c_uint64, c_void_p, c_uint64, _u64p]),
+    # sharded search
+    "kve_search_init": (
+        c_int32, [P(kve_search), P(kve_select_params), c_uint64, c_uint64, c_uint64, c_uint64]),
+    "kve_histogram_clear": (c_int32, [P(kve_histogram)]),
+    "kve_select_shard_workspace_size": (
+        c_int32, [P(kve_select_params), c_uint64, c_uint64, c_uint64, c_uint64, _u64p]),
+    "kve_search_count_shard": (
+        c_int32,
+        [P(kve_select_params), P(kve_model_scores), c_uint64, P(kve_search), P(kve_histogram),
+         c_void_p, c_uint64]),
+    "kve_histogram_merge": (c_int32, [P(kve_histogram), P(kve_histogram)]),
+    "kve_search_step": (c_int32, [P(kve_search), P(kve_histogram), P(c_int32)]),
+    "kve_search_threshold": (c_int32, [P(kve_search), P(c_float)]),
+    "kve_select_shard_output_len": (c_int32, [c_uint64, c_uint64, c_uint64, _u64p, _u64p]),
+    "kve_select_shard": (
+        c_int32,
+        [P(kve_select_params), P(kve_model_scores), c_uint64, P(kve_search), c_void_p, c_uint64,
+         c_void_p, c_uint64, c_void_p, c_uint64]),
+    # compaction
+    "kve_compact_in_place": (
+        c_int32, [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64, c_void_p, c_uint64]),
+    "kve_compact_varlen": (
+        c_int32,
+        [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64, P(kve_tensor), c_void_p, c_uint64]),
+}
+
+
+def _load():
+    path = _find()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise LibraryNotFound(f"cannot load {path}: {e}") from e
+    missing = []
+    for name, (res, args) in _PROTOS.items():
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        f.restype = res
+        f.argtypes = args
+    if missing:
+        raise LibraryNotFound(f"{path} lacks {', '.join(missing)} (an older library?)")
+    return lib, path
+
+
+lib, path = _load()
