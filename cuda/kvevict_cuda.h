@@ -181,8 +181,10 @@ int kve_cuda_token_reduce(const float* scores, const double* sums, int64_t layer
  * group G = rows [G·rows_per_group, (G+1)·rows_per_group) keeps its k[G] largest
  * entries (k: device int64 array of n_groups, or NULL to use k_all for every
  * group; k <= 0 keeps none, k >= size keeps all). Keys are
- * score[r,i] · (1 / layer_sum[r / rows_per_layer]) when layer_sum != NULL (global
- * LaProx normalisation), else the raw scores; NaN ranks lowest.
+ * score[r,i] · (float)(1 / layer_sum[r / rows_per_layer]) (an f32 product, as the
+ * core's select_model; factor 1 where the sum is <= 0) when layer_sum != NULL
+ * (global LaProx normalisation, sums from kve_cuda_layer_stats), else the raw
+ * scores; NaN ranks lowest.
  *   - global (whole model):   n_groups = 1, rows_per_group = L·Hkv
  *   - per layer (ada, no floor): n_groups = L, rows_per_group = Hkv
  *   - uniform per head:        n_groups = L·Hkv, rows_per_group = 1

@@ -68,7 +68,11 @@ impl<T: Copy> DBuf<T> {
         let mut p = null_mut();
         let bytes = (n * std::mem::size_of::<T>()).max(16);
         ck(unsafe { rt::cudaMalloc(&mut p, bytes) }, "cudaMalloc");
-        DBuf { p, n, _t: std::marker::PhantomData }
+        DBuf {
+            p,
+            n,
+            _t: std::marker::PhantomData,
+        }
     }
     fn from(h: &[T]) -> Self {
         let b = Self::new(h.len());
@@ -78,14 +82,20 @@ impl<T: Copy> DBuf<T> {
     fn upload(&self, h: &[T]) {
         assert!(h.len() <= self.n);
         let bytes = std::mem::size_of_val(h);
-        ck(unsafe { rt::cudaMemcpy(self.p, h.as_ptr() as *const c_void, bytes, rt::H2D) }, "H2D");
+        ck(
+            unsafe { rt::cudaMemcpy(self.p, h.as_ptr() as *const c_void, bytes, rt::H2D) },
+            "H2D",
+        );
     }
     fn download(&self) -> Vec<T> {
         let mut v = Vec::with_capacity(self.n);
         let bytes = self.n * std::mem::size_of::<T>();
         ck(unsafe { rt::cudaDeviceSynchronize() }, "sync before D2H");
         unsafe {
-            ck(rt::cudaMemcpy(v.as_mut_ptr() as *mut c_void, self.p, bytes, rt::D2H), "D2H");
+            ck(
+                rt::cudaMemcpy(v.as_mut_ptr() as *mut c_void, self.p, bytes, rt::D2H),
+                "D2H",
+            );
             v.set_len(self.n);
         }
         v
@@ -207,9 +217,18 @@ impl Dt {
     }
     fn decode(self, b: &[u8]) -> Vec<f32> {
         match self {
-            Dt::F32 => b.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            Dt::F16 => b.chunks(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            Dt::Bf16 => b.chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            Dt::F32 => b
+                .chunks(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dt::F16 => b
+                .chunks(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dt::Bf16 => b
+                .chunks(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
         }
     }
 }
@@ -226,7 +245,12 @@ enum Layout {
     /// llama.cpp transposed V: [H*d, N]
     Transposed,
 }
-const LAYOUTS: [Layout; 4] = [Layout::HeadMajor, Layout::Padded, Layout::TokenMajor, Layout::Transposed];
+const LAYOUTS: [Layout; 4] = [
+    Layout::HeadMajor,
+    Layout::Padded,
+    Layout::TokenMajor,
+    Layout::Transposed,
+];
 
 /// (strides, buffer length in elements) of a [h, t, d] tensor.
 fn strides(l: Layout, h: usize, t: usize, d: usize) -> ([usize; 3], usize) {
@@ -244,29 +268,49 @@ struct Tensor {
     ext: [usize; 3],
     st: [usize; 3],
     vals: Vec<f32>, // logical [h][t][d]
-    buf: DBuf<u8>,
+    buf: Option<DBuf<u8>>,
 }
 impl Tensor {
     fn new(dt: Dt, l: Layout, ext: [usize; 3], gen: &mut dyn FnMut() -> f32) -> Tensor {
-        let (st, len) = strides(l, ext[0], ext[1], ext[2]);
-        let vals: Vec<f32> = (0..ext[0] * ext[1] * ext[2]).map(|_| dt.round(gen())).collect();
+        let mut t = Tensor::host(dt, l, ext, gen);
+        let len = strides(l, ext[0], ext[1], ext[2]).1;
         let mut flat = vec![f32::NAN; len]; // poison in the gaps
         for h in 0..ext[0] {
-            for t in 0..ext[1] {
+            for tt in 0..ext[1] {
                 for d in 0..ext[2] {
-                    flat[h * st[0] + t * st[1] + d * st[2]] = vals[(h * ext[1] + t) * ext[2] + d];
+                    flat[h * t.st[0] + tt * t.st[1] + d * t.st[2]] =
+                        t.vals[(h * ext[1] + tt) * ext[2] + d];
                 }
             }
         }
-        let buf = DBuf::from(&dt.encode(&flat));
-        Tensor { dt, ext, st, vals, buf }
+        t.buf = Some(DBuf::from(&dt.encode(&flat)));
+        t
+    }
+    /// Host-only tensor (no device copy): for the CPU checks of the references.
+    fn host(dt: Dt, l: Layout, ext: [usize; 3], gen: &mut dyn FnMut() -> f32) -> Tensor {
+        let (st, len) = strides(l, ext[0], ext[1], ext[2]);
+        let vals: Vec<f32> = (0..ext[0] * ext[1] * ext[2])
+            .map(|_| dt.round(gen()))
+            .collect();
+        let _ = len;
+        Tensor {
+            dt,
+            ext,
+            st,
+            vals,
+            buf: None,
+        }
+    }
+    /// The same values as a contiguous f32 view for the CPU core.
+    fn core_view(&self) -> kvevict::View<'_> {
+        kvevict::View::f32_contiguous(&self.vals, self.ext).expect("core view")
     }
     fn at(&self, h: usize, t: usize, d: usize) -> f64 {
         self.vals[(h * self.ext[1] + t) * self.ext[2] + d] as f64
     }
     fn view(&self) -> KveCudaView {
         KveCudaView {
-            data: self.buf.vptr(),
+            data: self.buf.as_ref().expect("device tensor").vptr(),
             dtype: self.dt.code(),
             reserved: 0,
             stride_head: self.st[0] as i64,
@@ -279,7 +323,7 @@ impl Tensor {
     }
     /// Reads the device tensor back as logical [h][t][d].
     fn read_back(&self) -> Vec<f32> {
-        let raw = self.buf.download();
+        let raw = self.buf.as_ref().expect("device tensor").download();
         let flat = self.dt.decode(&raw);
         let mut out = vec![0f32; self.vals.len()];
         for h in 0..self.ext[0] {
@@ -301,7 +345,10 @@ fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     let mut worst = 0f64;
     let mut at = 0;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(g.is_finite() || !w.is_finite(), "{what}: element {i} is {g} (want {w})");
+        assert!(
+            g.is_finite() || !w.is_finite(),
+            "{what}: element {i} is {g} (want {w})"
+        );
         let e = (g as f64 - w).abs() / scale;
         if e > worst {
             worst = e;
@@ -451,7 +498,10 @@ fn workspace_sizes_are_pure_host_functions() {
         tokens: 100,
         dim: 128,
     };
-    assert_eq!(unsafe { kve_cuda_compact_workspace_size(&v, 10) }, 8 * 10 * 128 * 2);
+    assert_eq!(
+        unsafe { kve_cuda_compact_workspace_size(&v, 10) },
+        8 * 10 * 128 * 2
+    );
 }
 
 #[test]
@@ -469,8 +519,19 @@ fn invalid_arguments_are_rejected_before_launch() {
         dim: 1,
     };
     let rc = unsafe {
-        kve_cuda_window(&bad, &bad, 1, null_mut(), null_mut(), null_mut(), null_mut(), 0,
-                        null_mut(), 0, null_mut())
+        kve_cuda_window(
+            &bad,
+            &bad,
+            1,
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            0,
+            null_mut(),
+            0,
+            null_mut(),
+        )
     };
     assert_eq!(rc, 1);
     let rc = unsafe { kve_cuda_pool(null(), 4, null_mut(), 4, 1, 4, 0, 4, 1.0, null_mut()) };
@@ -490,18 +551,56 @@ fn window_aggregates_match_reference() {
     need_device!();
     let mut rng = Rng::new(1);
     let cases = [
-        WinCase { hq: 8, hkv: 2, w: 7, n: 150, dk: 64 },
-        WinCase { hq: 4, hkv: 4, w: 3, n: 70, dk: 40 },
-        WinCase { hq: 6, hkv: 2, w: 45, n: 300, dk: 128 },
-        WinCase { hq: 16, hkv: 2, w: 20, n: 200, dk: 96 },
-        WinCase { hq: 4, hkv: 1, w: 9, n: 129, dk: 200 },
-        WinCase { hq: 2, hkv: 1, w: 5, n: 5, dk: 16 },
+        WinCase {
+            hq: 8,
+            hkv: 2,
+            w: 7,
+            n: 150,
+            dk: 64,
+        },
+        WinCase {
+            hq: 4,
+            hkv: 4,
+            w: 3,
+            n: 70,
+            dk: 40,
+        },
+        WinCase {
+            hq: 6,
+            hkv: 2,
+            w: 45,
+            n: 300,
+            dk: 128,
+        },
+        WinCase {
+            hq: 16,
+            hkv: 2,
+            w: 20,
+            n: 200,
+            dk: 96,
+        },
+        WinCase {
+            hq: 4,
+            hkv: 1,
+            w: 9,
+            n: 129,
+            dk: 200,
+        },
+        WinCase {
+            hq: 2,
+            hkv: 1,
+            w: 5,
+            n: 5,
+            dk: 16,
+        },
     ];
     for c in &cases {
         for dt in DTYPES {
             let layout = LAYOUTS[rng.below(3)]; // K: head-major, padded or token-major
             let spread = 1.0 + 3.0 * rng.unif();
-            let q = Tensor::new(dt, Layout::HeadMajor, [c.hq, c.w, c.dk], &mut || spread * rng.normal());
+            let q = Tensor::new(dt, Layout::HeadMajor, [c.hq, c.w, c.dk], &mut || {
+                spread * rng.normal()
+            });
             let k = Tensor::new(dt, layout, [c.hkv, c.n, c.dk], &mut || rng.normal());
             let g = c.hq / c.hkv;
             let p = c.n - c.w;
@@ -516,8 +615,19 @@ fn window_aggregates_match_reference() {
             };
             let ws = DBuf::<u8>::new(wsb);
             let rc = unsafe {
-                kve_cuda_window(&q.view(), &k.view(), c.w as i64, mean.ptr(), l2.ptr(),
-                                cross.ptr(), group.ptr(), op, ws.vptr(), wsb, null_mut())
+                kve_cuda_window(
+                    &q.view(),
+                    &k.view(),
+                    c.w as i64,
+                    mean.ptr(),
+                    l2.ptr(),
+                    cross.ptr(),
+                    group.ptr(),
+                    op,
+                    ws.vptr(),
+                    wsb,
+                    null_mut(),
+                )
             };
             ck(rc, "kve_cuda_window");
             let a = ref_attention(&q, &k, c.w);
@@ -544,7 +654,10 @@ fn window_aggregates_match_reference() {
                     }
                 }
             }
-            let tag = format!("window hq{} hkv{} w{} n{} dk{} {:?} K {:?}", c.hq, c.hkv, c.w, c.n, c.dk, dt, layout);
+            let tag = format!(
+                "window hq{} hkv{} w{} n{} dk{} {:?} K {:?}",
+                c.hq, c.hkv, c.w, c.n, c.dk, dt, layout
+            );
             let tol = 2e-4;
             assert_close(&format!("{tag} mean"), &mean.download(), &rm, tol);
             assert_close(&format!("{tag} l2"), &l2.download(), &rl, tol);
@@ -564,7 +677,10 @@ fn lava_factor_matches_reference() {
             let prefix = 1 + rng.below(n);
             let v = Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal());
             let out = poisoned(hkv);
-            ck(unsafe { kve_cuda_lava_factor(&v.view(), prefix as i64, out.ptr(), null_mut()) }, "lava");
+            ck(
+                unsafe { kve_cuda_lava_factor(&v.view(), prefix as i64, out.ptr(), null_mut()) },
+                "lava",
+            );
             let want: Vec<f64> = (0..hkv)
                 .map(|h| {
                     (0..prefix)
@@ -572,7 +688,12 @@ fn lava_factor_matches_reference() {
                         .fold(0.0, f64::max)
                 })
                 .collect();
-            assert_close(&format!("lava factor {dt:?} {layout:?}"), &out.download(), &want, 1e-5);
+            assert_close(
+                &format!("lava factor {dt:?} {layout:?}"),
+                &out.download(),
+                &want,
+                1e-5,
+            );
         }
     }
 }
@@ -582,7 +703,12 @@ fn vonorm_matches_reference() {
     need_device!();
     let mut rng = Rng::new(3);
     for dt in DTYPES {
-        for &(hkv, gpk, n, dv) in &[(2usize, 3usize, 300usize, 64usize), (1, 2, 130, 128), (2, 1, 70, 200), (1, 1, 33, 40)] {
+        for &(hkv, gpk, n, dv) in &[
+            (2usize, 3usize, 300usize, 64usize),
+            (1, 2, 130, 128),
+            (2, 1, 70, 200),
+            (1, 1, 33, 40),
+        ] {
             for split in [false, true] {
                 if dt == Dt::F32 && split {
                     continue;
@@ -597,7 +723,9 @@ fn vonorm_matches_reference() {
                     let wo: Vec<f32> = (0..dv * dm).map(|_| rng.normal()).collect();
                     for r in 0..dv {
                         for c in 0..dv {
-                            let s: f64 = (0..dm).map(|x| wo[r * dm + x] as f64 * wo[c * dm + x] as f64).sum();
+                            let s: f64 = (0..dm)
+                                .map(|x| wo[r * dm + x] as f64 * wo[c * dm + x] as f64)
+                                .sum();
                             gram[(m * dv + r) * dv + c] = (s / dm as f64) as f32;
                         }
                     }
@@ -605,22 +733,51 @@ fn vonorm_matches_reference() {
                 let gd = DBuf::from(&gram);
                 let hi = DBuf::<u8>::new(gram.len() * dt.size());
                 let lo = DBuf::<u8>::new(gram.len() * dt.size());
-                ck(unsafe {
-                    kve_cuda_gram_split(gd.ptr(), gram.len() as i64, dt.code(), hi.vptr(),
-                                        if split { lo.vptr() } else { null_mut() }, null_mut())
-                }, "gram_split");
+                ck(
+                    unsafe {
+                        kve_cuda_gram_split(
+                            gd.ptr(),
+                            gram.len() as i64,
+                            dt.code(),
+                            hi.vptr(),
+                            if split { lo.vptr() } else { null_mut() },
+                            null_mut(),
+                        )
+                    },
+                    "gram_split",
+                );
                 let out = poisoned(ngram * n);
                 let ntok = n - rng.below(3);
-                let out = if ntok < n { poisoned(ngram * ntok) } else { out };
-                ck(unsafe {
-                    kve_cuda_vonorm(&v.view(), ntok as i64, hi.vptr(),
-                                    if split { lo.vptr() } else { null() }, ngram as i64, 0,
-                                    out.ptr(), null_mut())
-                }, "vonorm");
+                let out = if ntok < n {
+                    poisoned(ngram * ntok)
+                } else {
+                    out
+                };
+                ck(
+                    unsafe {
+                        kve_cuda_vonorm(
+                            &v.view(),
+                            ntok as i64,
+                            hi.vptr(),
+                            if split { lo.vptr() } else { null() },
+                            ngram as i64,
+                            0,
+                            out.ptr(),
+                            null_mut(),
+                        )
+                    },
+                    "vonorm",
+                );
                 // reference with the Gram the kernel sees: rounded (hi) or exact (hi+lo)
                 let geff: Vec<f64> = gram
                     .iter()
-                    .map(|&x| if split || dt == Dt::F32 { x as f64 } else { dt.round(x) as f64 })
+                    .map(|&x| {
+                        if split || dt == Dt::F32 {
+                            x as f64
+                        } else {
+                            dt.round(x) as f64
+                        }
+                    })
                     .collect();
                 let mut want = vec![0f64; ngram * ntok];
                 for m in 0..ngram {
@@ -637,15 +794,31 @@ fn vonorm_matches_reference() {
                     }
                 }
                 let tol = if split || dt == Dt::F32 { 1e-4 } else { 1e-3 };
-                assert_close(&format!("vonorm {dt:?} {layout:?} hkv{hkv} gpk{gpk} n{ntok} dv{dv} split{split}"),
-                             &out.download(), &want, tol);
+                assert_close(
+                    &format!(
+                        "vonorm {dt:?} {layout:?} hkv{hkv} gpk{gpk} n{ntok} dv{dv} split{split}"
+                    ),
+                    &out.download(),
+                    &want,
+                    tol,
+                );
                 // sqrt variant
                 let out2 = poisoned(ngram * ntok);
-                ck(unsafe {
-                    kve_cuda_vonorm(&v.view(), ntok as i64, hi.vptr(),
-                                    if split { lo.vptr() } else { null() }, ngram as i64, 1,
-                                    out2.ptr(), null_mut())
-                }, "vonorm sqrt");
+                ck(
+                    unsafe {
+                        kve_cuda_vonorm(
+                            &v.view(),
+                            ntok as i64,
+                            hi.vptr(),
+                            if split { lo.vptr() } else { null() },
+                            ngram as i64,
+                            1,
+                            out2.ptr(),
+                            null_mut(),
+                        )
+                    },
+                    "vonorm sqrt",
+                );
                 let want2: Vec<f64> = want.iter().map(|x| x.max(0.0).sqrt()).collect();
                 assert_close("vonorm sqrt", &out2.download(), &want2, tol);
             }
@@ -660,17 +833,46 @@ fn pool_matches_reference() {
     let (rows, n) = (5, 777);
     let x: Vec<f32> = (0..rows * (n + 3)).map(|_| rng.unif()).collect();
     let xd = DBuf::from(&x);
-    for (mode, k) in [(KVE_CUDA_POOL_AVG, 7), (KVE_CUDA_POOL_AVG, 1), (KVE_CUDA_POOL_MAX, 5),
-                      (KVE_CUDA_POOL_FORWARD, 8), (KVE_CUDA_POOL_FORWARD, 1)] {
+    for (mode, k) in [
+        (KVE_CUDA_POOL_AVG, 7),
+        (KVE_CUDA_POOL_AVG, 1),
+        (KVE_CUDA_POOL_MAX, 5),
+        (KVE_CUDA_POOL_FORWARD, 8),
+        (KVE_CUDA_POOL_FORWARD, 1),
+    ] {
         let out = poisoned(rows * n);
         let decay = 0.9f32;
-        ck(unsafe { kve_cuda_pool(xd.ptr(), (n + 3) as i64, out.ptr(), n as i64, rows as i64, n as i64, mode, k, decay, null_mut()) }, "pool");
+        ck(
+            unsafe {
+                kve_cuda_pool(
+                    xd.ptr(),
+                    (n + 3) as i64,
+                    out.ptr(),
+                    n as i64,
+                    rows as i64,
+                    n as i64,
+                    mode,
+                    k,
+                    decay,
+                    null_mut(),
+                )
+            },
+            "pool",
+        );
         let mut want = Vec::new();
         for r in 0..rows {
-            let row: Vec<f64> = x[r * (n + 3)..r * (n + 3) + n].iter().map(|&v| v as f64).collect();
+            let row: Vec<f64> = x[r * (n + 3)..r * (n + 3) + n]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
             want.extend(ref_pool(&row, mode, k as usize, decay as f64));
         }
-        assert_close(&format!("pool mode{mode} k{k}"), &out.download(), &want, 1e-5);
+        assert_close(
+            &format!("pool mode{mode} k{k}"),
+            &out.download(),
+            &want,
+            1e-5,
+        );
     }
 }
 
@@ -688,10 +890,25 @@ fn head_reduce_and_laprox_exact_match_reference() {
         for bm in 0..3 {
             for use_scale in [false, true] {
                 let out = poisoned(hkv * n);
-                ck(unsafe {
-                    kve_cuda_head_reduce(ad.ptr(), bd.ptr(), bm, if use_scale { sd.ptr() } else { null() },
-                                         n as i64, out.ptr(), n as i64, hq as i64, hkv as i64, n as i64, op, null_mut())
-                }, "head_reduce");
+                ck(
+                    unsafe {
+                        kve_cuda_head_reduce(
+                            ad.ptr(),
+                            bd.ptr(),
+                            bm,
+                            if use_scale { sd.ptr() } else { null() },
+                            n as i64,
+                            out.ptr(),
+                            n as i64,
+                            hq as i64,
+                            hkv as i64,
+                            n as i64,
+                            op,
+                            null_mut(),
+                        )
+                    },
+                    "head_reduce",
+                );
                 let mut want = vec![0f64; hkv * n];
                 for hk in 0..hkv {
                     for i in 0..n {
@@ -699,16 +916,27 @@ fn head_reduce_and_laprox_exact_match_reference() {
                             .map(|hh| {
                                 let h = hk * g + hh;
                                 let mut x = a[h * n + i] as f64;
-                                if bm == 1 { x *= (b[h * n + i] as f64).sqrt(); }
-                                if bm == 2 { x *= b[h * n + i] as f64; }
-                                if use_scale { x *= sc[hk] as f64; }
+                                if bm == 1 {
+                                    x *= (b[h * n + i] as f64).sqrt();
+                                }
+                                if bm == 2 {
+                                    x *= b[h * n + i] as f64;
+                                }
+                                if use_scale {
+                                    x *= sc[hk] as f64;
+                                }
                                 x
                             })
                             .collect();
                         want[hk * n + i] = gqa(op, &xs);
                     }
                 }
-                assert_close(&format!("head_reduce op{op} b{bm} scale{use_scale}"), &out.download(), &want, 1e-5);
+                assert_close(
+                    &format!("head_reduce op{op} b{bm} scale{use_scale}"),
+                    &out.download(),
+                    &want,
+                    1e-5,
+                );
             }
         }
     }
@@ -719,7 +947,21 @@ fn head_reduce_and_laprox_exact_match_reference() {
     let (cd, qd) = (DBuf::from(&cross), DBuf::from(&qv));
     for mode in 0..2 {
         let out = poisoned(hkv * n);
-        ck(unsafe { kve_cuda_laprox_exact(cd.ptr(), qd.ptr(), out.ptr(), hkv as i64, g as i64, n as i64, mode, null_mut()) }, "laprox_exact");
+        ck(
+            unsafe {
+                kve_cuda_laprox_exact(
+                    cd.ptr(),
+                    qd.ptr(),
+                    out.ptr(),
+                    hkv as i64,
+                    g as i64,
+                    n as i64,
+                    mode,
+                    null_mut(),
+                )
+            },
+            "laprox_exact",
+        );
         let mut want = vec![0f64; hkv * n];
         for hk in 0..hkv {
             for i in 0..n {
@@ -728,12 +970,28 @@ fn head_reduce_and_laprox_exact_match_reference() {
                     let w = if p < g { 1.0 } else { 2.0 };
                     let c = cross[(hk * np + p) * n + i] as f64;
                     let q = qv[(hk * np + p) * n + i] as f64;
-                    if mode == 0 { s += w * c * q } else { s += w * c; if p < g { vs += q.sqrt(); } }
+                    if mode == 0 {
+                        s += w * c * q
+                    } else {
+                        s += w * c;
+                        if p < g {
+                            vs += q.sqrt();
+                        }
+                    }
                 }
-                want[hk * n + i] = if mode == 0 { s.max(0.0).sqrt() } else { s.max(0.0).sqrt() * vs / g as f64 };
+                want[hk * n + i] = if mode == 0 {
+                    s.max(0.0).sqrt()
+                } else {
+                    s.max(0.0).sqrt() * vs / g as f64
+                };
             }
         }
-        assert_close(&format!("laprox_exact mode{mode}"), &out.download(), &want, 1e-5);
+        assert_close(
+            &format!("laprox_exact mode{mode}"),
+            &out.download(),
+            &want,
+            1e-5,
+        );
     }
 }
 
@@ -743,7 +1001,9 @@ fn layer_stats_and_token_reduce_match_reference() {
     let mut rng = Rng::new(6);
     let (layers, rpl, n) = (5usize, 3usize, 20000usize);
     let stride = rpl * n;
-    let mut s: Vec<f32> = (0..layers * stride).map(|_| rng.unif() * rng.unif()).collect();
+    let mut s: Vec<f32> = (0..layers * stride)
+        .map(|_| rng.unif() * rng.unif())
+        .collect();
     for x in s.iter_mut().take(100) {
         *x = 0.0; // zeros contribute nothing to the entropy
     }
@@ -752,38 +1012,101 @@ fn layer_stats_and_token_reduce_match_reference() {
     let ws = DBuf::<u8>::new(wsb);
     let sums = DBuf::from(&vec![f64::NAN; layers]);
     let ent = DBuf::from(&vec![f64::NAN; layers]);
-    ck(unsafe { kve_cuda_layer_stats(sd.ptr(), stride as i64, stride as i64, layers as i64, sums.ptr(), ent.ptr(), ws.vptr(), wsb, null_mut()) }, "layer_stats");
+    ck(
+        unsafe {
+            kve_cuda_layer_stats(
+                sd.ptr(),
+                stride as i64,
+                stride as i64,
+                layers as i64,
+                sums.ptr(),
+                ent.ptr(),
+                ws.vptr(),
+                wsb,
+                null_mut(),
+            )
+        },
+        "layer_stats",
+    );
     let (gs, ge) = (sums.download(), ent.download());
     for l in 0..layers {
         let xs = &s[l * stride..(l + 1) * stride];
         let tot: f64 = xs.iter().map(|&x| x as f64).sum();
-        let e: f64 = xs.iter().filter(|&&x| x > 0.0).map(|&x| { let p = x as f64 / tot; -p * p.ln() }).sum();
-        assert!((gs[l] - tot).abs() <= 1e-9 * tot, "sum layer {l}: {} vs {tot}", gs[l]);
-        assert!((ge[l] - e).abs() <= 1e-9 * e.max(1.0), "entropy layer {l}: {} vs {e}", ge[l]);
+        let e: f64 = xs
+            .iter()
+            .filter(|&&x| x > 0.0)
+            .map(|&x| {
+                let p = x as f64 / tot;
+                -p * p.ln()
+            })
+            .sum();
+        assert!(
+            (gs[l] - tot).abs() <= 1e-9 * tot,
+            "sum layer {l}: {} vs {tot}",
+            gs[l]
+        );
+        assert!(
+            (ge[l] - e).abs() <= 1e-9 * e.max(1.0),
+            "entropy layer {l}: {} vs {e}",
+            ge[l]
+        );
         // and the core's entropy
         let core = kvevict::budget::lava::layer_entropy(xs);
-        assert!((ge[l] - core).abs() <= 1e-6 * e.max(1.0), "core entropy layer {l}: {core} vs gpu {}", ge[l]);
+        assert!(
+            (ge[l] - core).abs() <= 1e-6 * e.max(1.0),
+            "core entropy layer {l}: {core} vs gpu {}",
+            ge[l]
+        );
     }
     for norm in [false, true] {
         let out = poisoned(n);
-        ck(unsafe { kve_cuda_token_reduce(sd.ptr(), if norm { sums.ptr() } else { null() }, layers as i64, rpl as i64, n as i64, out.ptr(), null_mut()) }, "token_reduce");
+        ck(
+            unsafe {
+                kve_cuda_token_reduce(
+                    sd.ptr(),
+                    if norm { sums.ptr() } else { null() },
+                    layers as i64,
+                    rpl as i64,
+                    n as i64,
+                    out.ptr(),
+                    null_mut(),
+                )
+            },
+            "token_reduce",
+        );
         let want: Vec<f64> = (0..n)
             .map(|i| {
                 (0..layers)
                     .map(|l| {
                         let la: f64 = (0..rpl).map(|r| s[(l * rpl + r) * n + i] as f64).sum();
-                        if norm { la / gs[l] } else { la }
+                        if norm {
+                            la / gs[l]
+                        } else {
+                            la
+                        }
                     })
                     .sum()
             })
             .collect();
-        assert_close(&format!("token_reduce norm{norm}"), &out.download(), &want, 1e-5);
+        assert_close(
+            &format!("token_reduce norm{norm}"),
+            &out.download(),
+            &want,
+            1e-5,
+        );
     }
 }
 
 /// Host reference of kve_cuda_select: per group, the k largest composite keys
 /// (score key, position, lower row first), kept positions ascending per row.
-fn ref_select(s: &[f32], n: usize, groups: usize, rpg: usize, ks: &[i64], ls: Option<(&[f64], usize)>) -> Vec<Vec<i32>> {
+fn ref_select(
+    s: &[f32],
+    n: usize,
+    groups: usize,
+    rpg: usize,
+    ks: &[i64],
+    ls: Option<(&[f64], usize)>,
+) -> Vec<Vec<i32>> {
     let rows = groups * rpg;
     let mut kept = vec![Vec::new(); rows];
     for gi in 0..groups {
@@ -792,7 +1115,13 @@ fn ref_select(s: &[f32], n: usize, groups: usize, rpg: usize, ks: &[i64], ls: Op
             for i in 0..n {
                 let x = s[r * n + i];
                 let v = match ls {
-                    Some((sum, rpl)) => (x as f64 / sum[r / rpl]) as f32,
+                    Some((sum, rpl)) => {
+                        x * if sum[r / rpl] > 0.0 {
+                            (1.0 / sum[r / rpl]) as f32
+                        } else {
+                            1.0
+                        }
+                    }
                     None => x,
                 };
                 keys.push((fkey(v), i, std::cmp::Reverse(r)));
@@ -815,22 +1144,41 @@ fn select_matches_reference_exactly() {
     need_device!();
     let mut rng = Rng::new(7);
     // (layers, hkv, n): shapes; modes: global, per layer, per head
-    for &(layers, hkv, n) in &[(4usize, 2usize, 1000usize), (3, 4, 37), (2, 1, 5000), (1, 1, 1)] {
+    for &(layers, hkv, n) in &[
+        (4usize, 2usize, 1000usize),
+        (3, 4, 37),
+        (2, 1, 5000),
+        (1, 1, 1),
+    ] {
         let rows = layers * hkv;
         for mode in 0..3 {
             for ties in [false, true] {
                 let s: Vec<f32> = (0..rows * n)
-                    .map(|_| if ties { (rng.below(7) as f32) * 0.25 } else { rng.unif() })
+                    .map(|_| {
+                        if ties {
+                            (rng.below(7) as f32) * 0.25
+                        } else {
+                            rng.unif()
+                        }
+                    })
                     .collect();
                 let (groups, rpg) = match mode {
                     0 => (1, rows),
                     1 => (layers, hkv),
                     _ => (rows, 1),
                 };
-                let ks: Vec<i64> = (0..groups).map(|_| rng.below(rpg * n + 2) as i64 - 1).collect();
+                let ks: Vec<i64> = (0..groups)
+                    .map(|_| rng.below(rpg * n + 2) as i64 - 1)
+                    .collect();
                 let norm = rng.below(2) == 1;
                 let sums: Vec<f64> = (0..layers)
-                    .map(|l| s[l * hkv * n..(l + 1) * hkv * n].iter().map(|&x| x as f64).sum::<f64>().max(1e-3))
+                    .map(|l| {
+                        s[l * hkv * n..(l + 1) * hkv * n]
+                            .iter()
+                            .map(|&x| x as f64)
+                            .sum::<f64>()
+                            .max(1e-3)
+                    })
                     .collect();
                 let sd = DBuf::from(&s);
                 let kd = DBuf::from(&ks);
@@ -839,17 +1187,45 @@ fn select_matches_reference_exactly() {
                 let idx = DBuf::from(&vec![-1i32; rows * n]);
                 let wsb = unsafe { kve_cuda_select_workspace_size(groups as i64) };
                 let ws = DBuf::<u8>::new(wsb);
-                ck(unsafe {
-                    kve_cuda_select(sd.ptr(), n as i64, n as i64, groups as i64, rpg as i64, kd.ptr(), 0,
-                                    if norm { lsd.ptr() } else { null() }, hkv as i64,
-                                    counts.ptr(), idx.ptr(), n as i64, ws.vptr(), wsb, null_mut())
-                }, "select");
-                let want = ref_select(&s, n, groups, rpg, &ks, if norm { Some((&sums, hkv)) } else { None });
+                ck(
+                    unsafe {
+                        kve_cuda_select(
+                            sd.ptr(),
+                            n as i64,
+                            n as i64,
+                            groups as i64,
+                            rpg as i64,
+                            kd.ptr(),
+                            0,
+                            if norm { lsd.ptr() } else { null() },
+                            hkv as i64,
+                            counts.ptr(),
+                            idx.ptr(),
+                            n as i64,
+                            ws.vptr(),
+                            wsb,
+                            null_mut(),
+                        )
+                    },
+                    "select",
+                );
+                let want = ref_select(
+                    &s,
+                    n,
+                    groups,
+                    rpg,
+                    &ks,
+                    if norm { Some((&sums, hkv)) } else { None },
+                );
                 let (gc, gi) = (counts.download(), idx.download());
                 for r in 0..rows {
                     let got = &gi[r * n..r * n + gc[r].max(0) as usize];
                     assert_eq!(gc[r] as usize, want[r].len(), "select count row {r} (layers {layers} hkv {hkv} n {n} mode {mode} ties {ties} norm {norm})");
-                    assert_eq!(got, &want[r][..], "select row {r} mode {mode} ties {ties} norm {norm}");
+                    assert_eq!(
+                        got,
+                        &want[r][..],
+                        "select row {r} mode {mode} ties {ties} norm {norm}"
+                    );
                 }
             }
         }
@@ -882,10 +1258,25 @@ fn compact_matches_reference() {
                 let (kd, cd) = (DBuf::from(&kept), DBuf::from(&counts));
                 let kept_ld = if shared { 0 } else { n as i64 };
                 // varlen (out of place) first: reads the untouched tensor
-                let total: usize = (0..h).map(|hh| counts[if shared { 0 } else { hh }] as usize).sum();
+                let total: usize = (0..h)
+                    .map(|hh| counts[if shared { 0 } else { hh }] as usize)
+                    .sum();
                 let dst = DBuf::<u8>::new(total * d * dt.size());
                 let cu = DBuf::from(&vec![-1i32; h + 1]);
-                ck(unsafe { kve_cuda_compact_varlen(&x.view(), kd.ptr(), kept_ld, cd.ptr(), dst.vptr(), cu.ptr(), null_mut()) }, "varlen");
+                ck(
+                    unsafe {
+                        kve_cuda_compact_varlen(
+                            &x.view(),
+                            kd.ptr(),
+                            kept_ld,
+                            cd.ptr(),
+                            dst.vptr(),
+                            cu.ptr(),
+                            null_mut(),
+                        )
+                    },
+                    "varlen",
+                );
                 let cug = cu.download();
                 let dstv = dt.decode(&dst.download());
                 let mut acc = 0;
@@ -895,7 +1286,11 @@ fn compact_matches_reference() {
                     for t in 0..counts[l] as usize {
                         let src = kept[l * n + t] as usize;
                         for dd in 0..d {
-                            assert_eq!(dstv[(acc + t) * d + dd], x.vals[(hh * n + src) * d + dd], "varlen {dt:?} {layout:?} h{hh} t{t} d{dd}");
+                            assert_eq!(
+                                dstv[(acc + t) * d + dd],
+                                x.vals[(hh * n + src) * d + dd],
+                                "varlen {dt:?} {layout:?} h{hh} t{t} d{dd}"
+                            );
                         }
                     }
                     acc += counts[l] as usize;
@@ -904,15 +1299,36 @@ fn compact_matches_reference() {
                 // in place
                 let wsb = unsafe { kve_cuda_compact_workspace_size(&x.view(), max_keep as i64) };
                 let ws = DBuf::<u8>::new(wsb);
-                ck(unsafe { kve_cuda_compact(&x.view(), kd.ptr(), kept_ld, cd.ptr(), max_keep as i64, ws.vptr(), wsb, null_mut()) }, "compact");
+                ck(
+                    unsafe {
+                        kve_cuda_compact(
+                            &x.view(),
+                            kd.ptr(),
+                            kept_ld,
+                            cd.ptr(),
+                            max_keep as i64,
+                            ws.vptr(),
+                            wsb,
+                            null_mut(),
+                        )
+                    },
+                    "compact",
+                );
                 let got = x.read_back();
                 for hh in 0..h {
                     let l = if shared { 0 } else { hh };
                     for t in 0..n {
-                        let src = if t < counts[l] as usize { kept[l * n + t] as usize } else { t };
+                        let src = if t < counts[l] as usize {
+                            kept[l * n + t] as usize
+                        } else {
+                            t
+                        };
                         for dd in 0..d {
-                            assert_eq!(got[(hh * n + t) * d + dd], x.vals[(hh * n + src) * d + dd],
-                                       "in place {dt:?} {layout:?} shared {shared} h{hh} t{t} d{dd}");
+                            assert_eq!(
+                                got[(hh * n + t) * d + dd],
+                                x.vals[(hh * n + src) * d + dd],
+                                "in place {dt:?} {layout:?} shared {shared} h{hh} t{t} d{dd}"
+                            );
                         }
                     }
                 }
@@ -933,24 +1349,125 @@ fn laprox_pipeline_graph_capture_matches_eager() {
     let q = Tensor::new(dt, Layout::HeadMajor, [hq, w, d], &mut || rng.normal());
     let k = Tensor::new(dt, Layout::HeadMajor, [hkv, n, d], &mut || rng.normal());
     let v = Tensor::new(dt, Layout::HeadMajor, [hkv, n, d], &mut || rng.normal());
-    let gram: Vec<f32> = (0..hq * d * d).map(|i| if i % (d + 1) == 0 { 1.0 } else { 0.01 * rng.normal() }).collect();
+    let gram: Vec<f32> = (0..hq * d * d)
+        .map(|i| {
+            if i % (d + 1) == 0 {
+                1.0
+            } else {
+                0.01 * rng.normal()
+            }
+        })
+        .collect();
     let gd = DBuf::from(&gram);
     let ghi = DBuf::<u8>::new(gram.len() * 2);
-    ck(unsafe { kve_cuda_gram_split(gd.ptr(), gram.len() as i64, dt.code(), ghi.vptr(), null_mut(), null_mut()) }, "split");
+    ck(
+        unsafe {
+            kve_cuda_gram_split(
+                gd.ptr(),
+                gram.len() as i64,
+                dt.code(),
+                ghi.vptr(),
+                null_mut(),
+                null_mut(),
+            )
+        },
+        "split",
+    );
     let wsb = unsafe { kve_cuda_window_workspace_size(hq as i64, w as i64, n as i64, hkv as i64) };
     let ws = DBuf::<u8>::new(wsb);
     let swsb = unsafe { kve_cuda_select_workspace_size(1) };
     let sws = DBuf::<u8>::new(swsb);
-    let (l2, pooled, vo, score) = (poisoned(hq * p), poisoned(hq * p), poisoned(hq * p), poisoned(hkv * p));
+    let (l2, pooled, vo, score) = (
+        poisoned(hq * p),
+        poisoned(hq * p),
+        poisoned(hq * p),
+        poisoned(hkv * p),
+    );
     let counts = DBuf::from(&vec![-1i32; hkv]);
     let idx = DBuf::from(&vec![-1i32; hkv * p]);
     let kk = (hkv * p / 10) as i64;
     let run = |s: *mut c_void| unsafe {
-        ck(kve_cuda_window(&q.view(), &k.view(), w as i64, null_mut(), l2.ptr(), null_mut(), null_mut(), 0, ws.vptr(), wsb, s), "window");
-        ck(kve_cuda_pool(l2.ptr(), p as i64, pooled.ptr(), p as i64, hq as i64, p as i64, KVE_CUDA_POOL_AVG, 7, 1.0, s), "pool");
-        ck(kve_cuda_vonorm(&v.view(), p as i64, ghi.vptr(), null(), hq as i64, 0, vo.ptr(), s), "vonorm");
-        ck(kve_cuda_head_reduce(pooled.ptr(), vo.ptr(), 1, null(), p as i64, score.ptr(), p as i64, hq as i64, hkv as i64, p as i64, KVE_CUDA_GQA_SUM, s), "reduce");
-        ck(kve_cuda_select(score.ptr(), p as i64, p as i64, 1, hkv as i64, null(), kk, null(), 1, counts.ptr(), idx.ptr(), p as i64, sws.vptr(), swsb, s), "select");
+        ck(
+            kve_cuda_window(
+                &q.view(),
+                &k.view(),
+                w as i64,
+                null_mut(),
+                l2.ptr(),
+                null_mut(),
+                null_mut(),
+                0,
+                ws.vptr(),
+                wsb,
+                s,
+            ),
+            "window",
+        );
+        ck(
+            kve_cuda_pool(
+                l2.ptr(),
+                p as i64,
+                pooled.ptr(),
+                p as i64,
+                hq as i64,
+                p as i64,
+                KVE_CUDA_POOL_AVG,
+                7,
+                1.0,
+                s,
+            ),
+            "pool",
+        );
+        ck(
+            kve_cuda_vonorm(
+                &v.view(),
+                p as i64,
+                ghi.vptr(),
+                null(),
+                hq as i64,
+                0,
+                vo.ptr(),
+                s,
+            ),
+            "vonorm",
+        );
+        ck(
+            kve_cuda_head_reduce(
+                pooled.ptr(),
+                vo.ptr(),
+                1,
+                null(),
+                p as i64,
+                score.ptr(),
+                p as i64,
+                hq as i64,
+                hkv as i64,
+                p as i64,
+                KVE_CUDA_GQA_SUM,
+                s,
+            ),
+            "reduce",
+        );
+        ck(
+            kve_cuda_select(
+                score.ptr(),
+                p as i64,
+                p as i64,
+                1,
+                hkv as i64,
+                null(),
+                kk,
+                null(),
+                1,
+                counts.ptr(),
+                idx.ptr(),
+                p as i64,
+                sws.vptr(),
+                swsb,
+                s,
+            ),
+            "select",
+        );
     };
     let mut s = null_mut();
     ck(unsafe { rt::cudaStreamCreate(&mut s) }, "stream");
@@ -962,7 +1479,10 @@ fn laprox_pipeline_graph_capture_matches_eager() {
     let mut graph = null_mut();
     let mut exec = null_mut();
     unsafe {
-        ck(rt::cudaStreamBeginCapture(s, rt::CAPTURE_GLOBAL), "begin capture");
+        ck(
+            rt::cudaStreamBeginCapture(s, rt::CAPTURE_GLOBAL),
+            "begin capture",
+        );
         run(s);
         ck(rt::cudaStreamEndCapture(s, &mut graph), "end capture");
         ck(rt::cudaGraphInstantiate(&mut exec, graph, 0), "instantiate");
@@ -978,13 +1498,22 @@ fn laprox_pipeline_graph_capture_matches_eager() {
     let a = ref_attention(&q, &k, w);
     let mut want = vec![0f64; hkv * p];
     for h in 0..hq {
-        let col: Vec<f64> = (0..p).map(|i| (0..w).map(|j| a[(h * w + j) * n + i].powi(2)).sum::<f64>().sqrt()).collect();
+        let col: Vec<f64> = (0..p)
+            .map(|i| {
+                (0..w)
+                    .map(|j| a[(h * w + j) * n + i].powi(2))
+                    .sum::<f64>()
+                    .sqrt()
+            })
+            .collect();
         let pooled = ref_pool(&col, KVE_CUDA_POOL_AVG, 7, 1.0);
         for i in 0..p {
             let mut qf = 0f64;
             for r in 0..d {
                 for c in 0..d {
-                    qf += v.at(h / (hq / hkv), i, r) * (dt.round(gram[(h * d + r) * d + c]) as f64) * v.at(h / (hq / hkv), i, c);
+                    qf += v.at(h / (hq / hkv), i, r)
+                        * (dt.round(gram[(h * d + r) * d + c]) as f64)
+                        * v.at(h / (hq / hkv), i, c);
                 }
             }
             want[(h / (hq / hkv)) * p + i] += pooled[i] * qf.max(0.0).sqrt();
@@ -995,5 +1524,265 @@ fn laprox_pipeline_graph_capture_matches_eager() {
         rt::cudaGraphExecDestroy(exec);
         rt::cudaGraphDestroy(graph);
         rt::cudaStreamDestroy(s);
+    }
+}
+
+// ================================================= the core (src/) as reference --
+
+/// Scores `[Hkv][P]` of one layer from the CPU core.
+fn core_scores(
+    preset: kvevict::Preset,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    gram: Option<&[f32]>,
+    w: usize,
+) -> Vec<f32> {
+    let mut cfg = kvevict::ScoreConfig::preset(preset);
+    cfg.window = w as u32;
+    let inputs = kvevict::LayerInputs {
+        queries: Some(q.core_view()),
+        keys: Some(k.core_view()),
+        values: Some(v.core_view()),
+        gram,
+        ..Default::default()
+    };
+    let shape = kvevict::layer_shape(&cfg, &inputs).expect("layer_shape");
+    let mut out = vec![0f32; kvevict::score_len(&cfg, &shape).unwrap()];
+    let mut ws = vec![0u8; kvevict::score_workspace_size(&cfg, &shape).unwrap()];
+    kvevict::score_layer(&cfg, &inputs, &mut out, &mut ws).expect("score_layer");
+    out
+}
+
+/// Gram matrices `[Hq][dv][dv]` (f32) from a random `Wo` through the core.
+fn core_gram(rng: &mut Rng, hq: usize, hkv: usize, dv: usize, dm: usize) -> Vec<f32> {
+    let wo: Vec<f32> = (0..hq * dv * dm).map(|_| 0.1 * rng.normal()).collect();
+    let view = kvevict::View::f32_contiguous(&wo, [hq, dv, dm]).unwrap();
+    let mut g = vec![0f32; kvevict::gram_len(hq, hkv, dv, false).unwrap()];
+    let mut ws = vec![0u8; kvevict::gram_workspace_size(dv, dm).unwrap()];
+    kvevict::compute_gram(&view, hkv, false, &mut g, &mut ws).unwrap();
+    g
+}
+
+/// f64 reference of the three scorer presets (SPEC §3) on one layer:
+/// LaProx (avg 7 on ||A||, times sqrt(v G vᵀ), group sum), SnapKV (max 7 on the
+/// mean, group mean), LAVa (max 7 on the mean, times max_k ||V_k||_1, group max).
+fn ref_scores(which: &str, q: &Tensor, k: &Tensor, v: &Tensor, gram: &[f32], w: usize) -> Vec<f64> {
+    let (hq, hkv, n, dv) = (q.ext[0], k.ext[0], k.ext[1], v.ext[2]);
+    let (g, p) = (hq / hkv, n - w);
+    let a = ref_attention(q, k, w);
+    let mut out = vec![0f64; hkv * p];
+    for hk in 0..hkv {
+        let c: f64 = (0..p)
+            .map(|i| (0..dv).map(|d| v.at(hk, i, d).abs()).sum::<f64>())
+            .fold(0.0, f64::max);
+        let mut per_head = Vec::new();
+        for hh in 0..g {
+            let h = hk * g + hh;
+            let col = |f: &dyn Fn(f64) -> f64| -> Vec<f64> {
+                (0..p).map(|i| (0..w).map(|j| f(a[(h * w + j) * n + i])).sum::<f64>()).collect()
+            };
+            let s: Vec<f64> = match which {
+                "laprox" => {
+                    let l2: Vec<f64> = col(&|x| x * x).iter().map(|x| x.sqrt()).collect();
+                    let pooled = ref_pool(&l2, KVE_CUDA_POOL_AVG, 7, 1.0);
+                    (0..p)
+                        .map(|i| {
+                            let mut qf = 0f64;
+                            for r in 0..dv {
+                                for cc in 0..dv {
+                                    qf += v.at(hk, i, r) * gram[(h * dv + r) * dv + cc] as f64 * v.at(hk, i, cc);
+                                }
+                            }
+                            pooled[i] * qf.max(0.0).sqrt()
+                        })
+                        .collect()
+                }
+                _ => {
+                    let mean: Vec<f64> = col(&|x| x).iter().map(|x| x / w as f64).collect();
+                    let pooled = ref_pool(&mean, KVE_CUDA_POOL_MAX, 7, 1.0);
+                    if which == "lava" {
+                        pooled.iter().map(|x| x * c).collect()
+                    } else {
+                        pooled
+                    }
+                }
+            };
+            per_head.push(s);
+        }
+        for i in 0..p {
+            let xs: Vec<f64> = per_head.iter().map(|s| s[i]).collect();
+            out[hk * p + i] = match which {
+                "laprox" => gqa(KVE_CUDA_GQA_SUM, &xs),
+                "lava" => gqa(KVE_CUDA_GQA_MAX, &xs),
+                _ => gqa(KVE_CUDA_GQA_MEAN, &xs),
+            };
+        }
+    }
+    out
+}
+
+/// The core's kept prefix positions per (layer, head) for a global or uniform selection.
+fn core_select(scores: &[f32], layers: usize, hkv: usize, p: usize, global: bool, budget: u64) -> Vec<Vec<i32>> {
+    use kvevict::{AllocatorKind, Granularity, ModelScores, SelectConfig};
+    let alloc = if global { AllocatorKind::Global } else { AllocatorKind::Uniform };
+    let cfg = SelectConfig::new(alloc, Granularity::Head, budget);
+    let window = 1; // the core appends the window's positions; we read only i < p
+    let n = p + window;
+    let m = ModelScores { scores, layers, hkv, n, window };
+    let (no, ni) = kvevict::select_output_len(&cfg, layers, hkv, n, window).unwrap();
+    let mut off = vec![0u64; no];
+    let mut idx = vec![0u32; ni];
+    let mut ws = vec![0u8; kvevict::select_workspace_size(&cfg, layers, hkv, n, window).unwrap()];
+    kvevict::select_model(&cfg, &m, &mut off, &mut idx, &mut ws).expect("select_model");
+    (0..layers * hkv)
+        .map(|u| {
+            idx[off[u] as usize..off[u + 1] as usize]
+                .iter()
+                .filter(|&&i| (i as usize) < p)
+                .map(|&i| i as i32)
+                .collect()
+        })
+        .collect()
+}
+
+fn layer_sums(s: &[f32], layers: usize, per_layer: usize) -> Vec<f64> {
+    (0..layers)
+        .map(|l| s[l * per_layer..(l + 1) * per_layer].iter().map(|&x| (x as f64).abs()).sum())
+        .collect()
+}
+
+/// CPU only (runs without a GPU): the f64 references of this file agree with the
+/// core, so a GPU run that matches them also matches the core.
+#[test]
+fn references_agree_with_core_on_cpu() {
+    let mut rng = Rng::new(20);
+    for &(hq, hkv, w, n, d) in &[(4usize, 2usize, 6usize, 90usize, 16usize), (3, 1, 4, 50, 8)] {
+        let q = Tensor::host(Dt::F32, Layout::HeadMajor, [hq, w, d], &mut || 2.0 * rng.normal());
+        let k = Tensor::host(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || rng.normal());
+        let v = Tensor::host(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || rng.normal());
+        let gram = core_gram(&mut rng, hq, hkv, d, 24);
+        for (name, preset) in [
+            ("laprox", kvevict::Preset::LaProx),
+            ("snapkv", kvevict::Preset::SnapKv),
+            ("lava", kvevict::Preset::Lava),
+        ] {
+            let core = core_scores(preset, &q, &k, &v, Some(&gram), w);
+            let want = ref_scores(name, &q, &k, &v, &gram, w);
+            assert_close(&format!("core vs f64 reference: {name} hq{hq} hkv{hkv}"), &core, &want, 1e-4);
+        }
+    }
+    // selection: this file's reference rule == the core's (global with layer sums, uniform)
+    for &(layers, hkv, p) in &[(3usize, 2usize, 200usize), (2, 4, 31)] {
+        for ties in [false, true] {
+            let s: Vec<f32> = (0..layers * hkv * p)
+                .map(|_| if ties { rng.below(5) as f32 } else { rng.unif() })
+                .collect();
+            let budget = 1 + rng.below(p) as u64;
+            let sums = layer_sums(&s, layers, hkv * p);
+            let core = core_select(&s, layers, hkv, p, true, budget);
+            let want = ref_select(&s, p, 1, layers * hkv, &[(layers * hkv) as i64 * budget as i64], Some((&sums, hkv)));
+            assert_eq!(core, want, "global select: core vs reference (ties {ties})");
+            let core = core_select(&s, layers, hkv, p, false, budget);
+            let ks = vec![budget as i64; layers * hkv];
+            let want = ref_select(&s, p, layers * hkv, 1, &ks, None);
+            assert_eq!(core, want, "uniform select: core vs reference (ties {ties})");
+        }
+    }
+}
+
+/// GPU scorer pipelines (as an engine would chain the launchers) against the core's
+/// score_layer on the same inputs: LaProx, SnapKV, LAVa.
+#[test]
+fn gpu_scores_match_core() {
+    need_device!();
+    let mut rng = Rng::new(21);
+    for dt in DTYPES {
+        let (hq, hkv, w, n, d) = (8usize, 2usize, 12usize, 400usize, 64usize);
+        let (g, p) = (hq / hkv, n - w);
+        let q = Tensor::new(dt, Layout::HeadMajor, [hq, w, d], &mut || 2.0 * rng.normal());
+        let k = Tensor::new(dt, Layout::TokenMajor, [hkv, n, d], &mut || rng.normal());
+        let v = Tensor::new(dt, Layout::Transposed, [hkv, n, d], &mut || rng.normal());
+        let gram = core_gram(&mut rng, hq, hkv, d, 48);
+        let gd = DBuf::from(&gram);
+        let (ghi, glo) = (DBuf::<u8>::new(gram.len() * dt.size()), DBuf::<u8>::new(gram.len() * dt.size()));
+        ck(unsafe { kve_cuda_gram_split(gd.ptr(), gram.len() as i64, dt.code(), ghi.vptr(), glo.vptr(), null_mut()) }, "split");
+        let wsb = unsafe { kve_cuda_window_workspace_size(hq as i64, w as i64, n as i64, hkv as i64) };
+        let ws = DBuf::<u8>::new(wsb);
+        let (mean, l2, pooled, vo, fac) = (poisoned(hq * p), poisoned(hq * p), poisoned(hq * p), poisoned(hq * p), poisoned(hkv));
+        unsafe {
+            ck(kve_cuda_window(&q.view(), &k.view(), w as i64, mean.ptr(), l2.ptr(), null_mut(), null_mut(), 0, ws.vptr(), wsb, null_mut()), "window");
+            ck(kve_cuda_vonorm(&v.view(), p as i64, ghi.vptr(), if dt == Dt::F32 { null() } else { glo.vptr() }, hq as i64, 0, vo.ptr(), null_mut()), "vonorm");
+            ck(kve_cuda_lava_factor(&v.view(), p as i64, fac.ptr(), null_mut()), "lava factor");
+        }
+        for (name, preset) in [
+            ("laprox", kvevict::Preset::LaProx),
+            ("snapkv", kvevict::Preset::SnapKv),
+            ("lava", kvevict::Preset::Lava),
+        ] {
+            let out = poisoned(hkv * p);
+            unsafe {
+                match name {
+                    "laprox" => {
+                        ck(kve_cuda_pool(l2.ptr(), p as i64, pooled.ptr(), p as i64, hq as i64, p as i64, KVE_CUDA_POOL_AVG, 7, 1.0, null_mut()), "pool");
+                        ck(kve_cuda_head_reduce(pooled.ptr(), vo.ptr(), 1, null(), p as i64, out.ptr(), p as i64, hq as i64, hkv as i64, p as i64, KVE_CUDA_GQA_SUM, null_mut()), "reduce");
+                    }
+                    "snapkv" => {
+                        ck(kve_cuda_pool(mean.ptr(), p as i64, pooled.ptr(), p as i64, hq as i64, p as i64, KVE_CUDA_POOL_MAX, 7, 1.0, null_mut()), "pool");
+                        ck(kve_cuda_head_reduce(pooled.ptr(), null(), 0, null(), p as i64, out.ptr(), p as i64, hq as i64, hkv as i64, p as i64, KVE_CUDA_GQA_MEAN, null_mut()), "reduce");
+                    }
+                    _ => {
+                        ck(kve_cuda_pool(mean.ptr(), p as i64, pooled.ptr(), p as i64, hq as i64, p as i64, KVE_CUDA_POOL_MAX, 7, 1.0, null_mut()), "pool");
+                        ck(kve_cuda_head_reduce(pooled.ptr(), null(), 0, fac.ptr(), p as i64, out.ptr(), p as i64, hq as i64, hkv as i64, p as i64, KVE_CUDA_GQA_MAX, null_mut()), "reduce");
+                    }
+                }
+            }
+            let core: Vec<f64> = core_scores(preset, &q, &k, &v, Some(&gram), w).iter().map(|&x| x as f64).collect();
+            let _ = g;
+            assert_close(&format!("GPU vs core: {name} {dt:?}"), &out.download(), &core, 2e-3);
+        }
+    }
+}
+
+/// GPU selection against the core's select_model (global with layer sums; uniform):
+/// identical kept sets expected; overlap printed.
+#[test]
+fn gpu_select_matches_core() {
+    need_device!();
+    let mut rng = Rng::new(22);
+    let (layers, hkv, p) = (6usize, 4usize, 3000usize);
+    let rows = layers * hkv;
+    for global in [true, false] {
+        let s: Vec<f32> = (0..rows * p).map(|_| rng.unif() * rng.unif()).collect();
+        let budget = 1 + rng.below(p / 3) as u64;
+        let core = core_select(&s, layers, hkv, p, global, budget);
+        let sd = DBuf::from(&s);
+        let wsb_s = unsafe { kve_cuda_layer_stats_workspace_size(layers as i64, (hkv * p) as i64) };
+        let ws_s = DBuf::<u8>::new(wsb_s);
+        let sums = DBuf::from(&vec![f64::NAN; layers]);
+        let (groups, rpg, kall) = if global { (1, rows, (rows as u64 * budget) as i64) } else { (rows, 1, budget as i64) };
+        let wsb = unsafe { kve_cuda_select_workspace_size(groups as i64) };
+        let ws = DBuf::<u8>::new(wsb);
+        let counts = DBuf::from(&vec![-1i32; rows]);
+        let idx = DBuf::from(&vec![-1i32; rows * p]);
+        unsafe {
+            ck(kve_cuda_layer_stats(sd.ptr(), (hkv * p) as i64, (hkv * p) as i64, layers as i64, sums.ptr(), null_mut(), ws_s.vptr(), wsb_s, null_mut()), "layer_stats");
+            ck(kve_cuda_select(sd.ptr(), p as i64, p as i64, groups as i64, rpg as i64, null(), kall,
+                               if global { sums.ptr() } else { null() }, hkv as i64, counts.ptr(), idx.ptr(), p as i64, ws.vptr(), wsb, null_mut()), "select");
+        }
+        let (gc, gi) = (counts.download(), idx.download());
+        let (mut both, mut total) = (0usize, 0usize);
+        let mut exact = true;
+        for r in 0..rows {
+            let got: std::collections::BTreeSet<i32> = gi[r * p..r * p + gc[r] as usize].iter().cloned().collect();
+            let want: std::collections::BTreeSet<i32> = core[r].iter().cloned().collect();
+            both += got.intersection(&want).count();
+            total += want.len();
+            exact &= got == want;
+        }
+        let overlap = both as f64 / total.max(1) as f64;
+        println!("GPU vs core select (global {global}, budget {budget}): overlap {overlap:.6}, exact {exact}");
+        assert_eq!(gc.iter().map(|&c| c as usize).sum::<usize>(), total, "kept count");
+        assert!(overlap >= 0.999, "overlap {overlap}");
     }
 }
