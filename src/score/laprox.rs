@@ -18,14 +18,15 @@ pub(super) fn check_inputs(
 ) -> Result<()> {
     let cross = cfg.needs_cross();
     if let Some(f) = inputs.value_forms {
-        if f.len() < gram::value_forms_len(shape.hq, shape.hkv, shape.n, cross)? {
+        // exact length: a cache built with the other `cross` layout is a caller error we can see
+        if f.len() != gram::value_forms_len(shape.hq, shape.hkv, shape.n, cross)? {
             return Err(Error::ShapeMismatch);
         }
         return Ok(());
     }
     let g = inputs.gram.ok_or(Error::NullPointer)?;
     inputs.values.as_ref().ok_or(Error::NullPointer)?;
-    if g.len() < gram::gram_len(shape.hq, shape.hkv, shape.dv, cross)? {
+    if g.len() != gram::gram_len(shape.hq, shape.hkv, shape.dv, cross)? {
         return Err(Error::ShapeMismatch);
     }
     if g.iter()

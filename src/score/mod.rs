@@ -168,8 +168,11 @@ pub fn layer_shape(cfg: &ScoreConfig, inputs: &LayerInputs) -> Result<LayerShape
 }
 
 /// Score one layer into `out[Hkv][P]`. `workspace` must hold [`score_workspace_size`] bytes.
-/// Nothing is written to `out` when validation fails; NaN/Inf in Q, K or V is rejected
-/// before the first write.
+/// Nothing is written to `out` when validation fails; NaN/Inf in Q, K or V (or in the
+/// cached value forms / L1 norms) is rejected before the first write. The one exception:
+/// finite inputs whose scores overflow f32 (values near 1e19) return `NonFinite` after
+/// `out` was written; its contents are then unspecified. LaProx's `gram` / `value_forms`
+/// must have exactly the length for `cross = (laprox_gqa != Sum)`.
 pub fn score_layer(
     cfg: &ScoreConfig,
     inputs: &LayerInputs,
