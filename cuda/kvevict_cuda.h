@@ -72,7 +72,8 @@ int kve_cuda_device_count(int* out);
  *   z[h,j,i] = Qw[h,j]·K[h/g,i] / sqrt(dk), causal inside the window,
  *   A = softmax_i(z) in f32 with max subtraction over all visible keys.
  * q: [Hq, w, dk] view; k: [Hkv, N, dk] view; q and k must have the same dtype;
- * dk <= 256. Three launches: pass 1 (per-split row max / sum-exp), combine,
+ * dk <= 256 (f32 with dk > 128 needs > 99 KiB shared memory: sm_80 / sm_90 only;
+ * the launcher returns cudaErrorInvalidValue where the device lacks it). Three launches: pass 1 (per-split row max / sum-exp), combine,
  * pass 2 (aggregates). The [w, N] attention matrix is never stored.
  * Outputs (each may be NULL; all contiguous f32):
  *   out_mean  [Hq, P]  mean_j A[h,j,i]                       (SnapKV, LAVa)
@@ -104,11 +105,13 @@ int kve_cuda_lava_factor(const kve_cuda_view* v, int64_t prefix, float* out,
  * With G_h = Wo_h Wo_hᵀ (n_gram = Hq) this is ||V[h/g,i] Wo_h||² per query head;
  * with the cross-Grams G_{hh'} of a group (n_gram = Hkv·g(g+1)/2, block order
  * as out_cross above = the core's compute_gram(cross) layout [Hkv][blocks][dv][dv])
- * it gives the exact-GQA terms; out is then the core's value-form cache layout. n_gram must be a multiple of Hkv.
+ * it gives the exact-GQA terms; out is then the core's value-form cache layout
+ * [Hkv][blocks][N] (compute_value_forms). n_gram must be a multiple of Hkv.
  * gram_hi: [n_gram, dv, dv] contiguous, in v's dtype (f32 V: f32 G, SIMT path);
  * gram_lo: NULL, or the rounding residual G - gram_hi in the same dtype (two MMAs,
  * ~f32-accurate G); kve_cuda_gram_split makes both from an f32 G.
- * dv <= 256. out: [n_gram, n_tokens] contiguous f32. */
+ * dv <= 256. out: [n_gram, n_tokens] contiguous f32.
+ * Shared memory: f32 with dv > 128 needs > 99 KiB (sm_80 / sm_90 only). */
 int kve_cuda_vonorm(const kve_cuda_view* v, int64_t n_tokens, const void* gram_hi,
                     const void* gram_lo, int64_t n_gram, int take_sqrt, float* out,
                     void* stream);
