@@ -1,0 +1,1549 @@
+//! Hostile input through the C ABI, called from Rust: every class returns its documented
+//! status and leaves canary-filled caller buffers untouched.
+
+use kvevict::capi::*;
+use std::ffi::{c_void, CStr};
+use std::ptr::{null, null_mut};
+
+const CANARY: u32 = 0xA5A5_A5A5;
+const HQ: usize = 4;
+const HKV: usize = 2;
+const N: usize = 40;
+const D: usize = 8;
+const W: usize = 8;
+const P: usize = N - W;
+
+fn rnd(seed: &mut u64) -> f32 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    ((*seed >> 40) & 0xFFFF) as f32 / 32768.0 - 1.0
+}
+
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..len).map(|_| rnd(&mut s)).collect()
+}
+
+fn canary_f32(len: usize) -> Vec<f32> {
+    vec![f32::from_bits(CANARY); len]
+}
+
+fn untouched_f32(v: &[f32]) -> bool {
+    v.iter().all(|x| x.to_bits() == CANARY)
+}
+
+fn tensor(p: *const f32, len: usize, extent: [usize; 3], stride: [usize; 3]) -> kve_tensor {
+    kve_tensor {
+        data: p as *const c_void,
+        len: len as u64,
+        dtype: 0,
+        pad: 0,
+        extent: extent.map(|x| x as u64),
+        stride: stride.map(|x| x as u64),
+    }
+}
+
+fn contiguous(v: &[f32], e: [usize; 3]) -> kve_tensor {
+    tensor(v.as_ptr(), v.len(), e, [e[1] * e[2], e[2], 1])
+}
+
+fn score_params(preset: u32) -> kve_score_params {
+    let mut p = std::mem::MaybeUninit::<kve_score_params>::uninit();
+    let st = unsafe {
+        kve_score_params_init(
+            p.as_mut_ptr(),
+            std::mem::size_of::<kve_score_params>() as u32,
+            preset,
+        )
+    };
+    assert_eq!(st, KVE_OK);
+    let mut p = unsafe { p.assume_init() };
+    p.window = W as u32;
+    p
+}
+
+fn select_params(alloc: u32, gran: u32, budget: u64) -> kve_select_params {
+    let mut p = std::mem::MaybeUninit::<kve_select_params>::uninit();
+    let st = unsafe {
+        kve_select_params_init(
+            p.as_mut_ptr(),
+            std::mem::size_of::<kve_select_params>() as u32,
+            alloc,
+            gran,
+            budget,
+        )
+    };
+    assert_eq!(st, KVE_OK);
+    unsafe { p.assume_init() }
+}
+
+/// A valid SnapKV layer: queries, keys, values and buffers.
+struct Layer {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    out: Vec<f32>,
+    ws: Vec<u8>,
+}
+
+impl Layer {
+    fn new() -> Layer {
+        let sp = score_params(0);
+        let mut ws = 0u64;
+        let st = unsafe {
+            kve_score_workspace_size(
+                &sp, HQ as u64, HKV as u64, N as u64, D as u64, D as u64, &mut ws,
+            )
+        };
+        assert_eq!(st, KVE_OK);
+        Layer {
+            q: data(HQ * W * D, 1),
+            k: data(HKV * N * D, 2),
+            v: data(HKV * N * D, 3),
+            out: canary_f32(HKV * P),
+            ws: vec![0; ws as usize],
+        }
+    }
+    fn inputs(&self) -> kve_layer_inputs {
+        let mut i = std::mem::MaybeUninit::<kve_layer_inputs>::uninit();
+        assert_eq!(
+            unsafe {
+                kve_layer_inputs_init(
+                    i.as_mut_ptr(),
+                    std::mem::size_of::<kve_layer_inputs>() as u32,
+                )
+            },
+            KVE_OK
+        );
+        let mut i = unsafe { i.assume_init() };
+        i.queries = contiguous(&self.q, [HQ, W, D]);
+        i.keys = contiguous(&self.k, [HKV, N, D]);
+        i.values = contiguous(&self.v, [HKV, N, D]);
+        i
+    }
+    /// Score with `sp` and `inp`, return the status; the output must be untouched unless OK.
+    fn score(&mut self, sp: &kve_score_params, inp: &kve_layer_inputs) -> i32 {
+        self.out.fill(f32::from_bits(CANARY));
+        let st = unsafe {
+            kve_score_layer(
+                sp,
+                inp,
+                self.out.as_mut_ptr(),
+                self.out.len() as u64,
+                self.ws.as_mut_ptr() as *mut c_void,
+                self.ws.len() as u64,
+            )
+        };
+        if st != KVE_OK {
+            assert!(
+                untouched_f32(&self.out),
+                "status {st} but the output was written"
+            );
+        }
+        st
+    }
+}
+
+fn name(st: i32) -> String {
+    unsafe { CStr::from_ptr(kve_status_name(st)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+macro_rules! expect {
+    ($st:expr, $want:expr) => {{
+        let st = $st;
+        assert_eq!(name(st), name($want), "{}", stringify!($st));
+    }};
+}
+
+#[test]
+fn baseline_is_ok() {
+    let mut l = Layer::new();
+    let inp = l.inputs();
+    expect!(l.score(&score_params(0), &inp), KVE_OK);
+    assert!(l.out.iter().all(|x| x.is_finite() && *x >= 0.0));
+}
+
+#[test]
+fn status_strings() {
+    for &(code, n, m) in STATUSES {
+        assert_eq!(name(code), n.trim_end_matches('\0'));
+        let msg = unsafe { CStr::from_ptr(kve_status_message(code)) }
+            .to_str()
+            .unwrap();
+        assert_eq!(msg, m.trim_end_matches('\0'));
+        assert!(!msg.is_empty());
+    }
+    assert_eq!(name(-1), "KVE_UNKNOWN_STATUS");
+    assert_eq!(name(i32::MAX), "KVE_UNKNOWN_STATUS");
+    // core messages and the C table agree
+    use kvevict::Error;
+    for e in [
+        Error::NullPointer,
+        Error::Aliasing,
+        Error::NonFinite,
+        Error::ShapeMismatch,
+    ] {
+        let code = status_of(e);
+        let msg = unsafe { CStr::from_ptr(kve_status_message(code)) }
+            .to_str()
+            .unwrap();
+        assert_eq!(msg, e.message());
+    }
+    assert_eq!(
+        kve_version(),
+        KVE_VERSION_MAJOR * 10000 + KVE_VERSION_MINOR * 100 + KVE_VERSION_PATCH
+    );
+    let v = unsafe { CStr::from_ptr(kve_version_string()) }
+        .to_str()
+        .unwrap();
+    assert_eq!(v, env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn null_pointers() {
+    let mut l = Layer::new();
+    let sp = score_params(0);
+    let mut inp = l.inputs();
+    unsafe {
+        expect!(
+            kve_score_layer(
+                null(),
+                &inp,
+                l.out.as_mut_ptr(),
+                l.out.len() as u64,
+                l.ws.as_mut_ptr() as _,
+                l.ws.len() as u64
+            ),
+            KVE_ERR_NULL_POINTER
+        );
+        expect!(
+            kve_score_layer(
+                &sp,
+                null(),
+                l.out.as_mut_ptr(),
+                l.out.len() as u64,
+                l.ws.as_mut_ptr() as _,
+                l.ws.len() as u64
+            ),
+            KVE_ERR_NULL_POINTER
+        );
+        expect!(
+            kve_score_layer(
+                &sp,
+                &inp,
+                null_mut(),
+                l.out.len() as u64,
+                l.ws.as_mut_ptr() as _,
+                l.ws.len() as u64
+            ),
+            KVE_ERR_NULL_POINTER
+        );
+        expect!(
+            kve_score_layer(
+                &sp,
+                &inp,
+                l.out.as_mut_ptr(),
+                l.out.len() as u64,
+                null_mut(),
+                l.ws.len() as u64
+            ),
+            KVE_ERR_NULL_POINTER
+        );
+        // NULL with length 0 is an empty buffer: then it is too small
+        expect!(
+            kve_score_layer(
+                &sp,
+                &inp,
+                null_mut(),
+                0,
+                l.ws.as_mut_ptr() as _,
+                l.ws.len() as u64
+            ),
+            KVE_ERR_OUTPUT_TOO_SMALL
+        );
+        expect!(
+            kve_score_layer(
+                &sp,
+                &inp,
+                l.out.as_mut_ptr(),
+                l.out.len() as u64,
+                null_mut(),
+                0
+            ),
+            KVE_ERR_WORKSPACE_TOO_SMALL
+        );
+        expect!(
+            kve_score_params_init(null_mut(), 48, 0),
+            KVE_ERR_NULL_POINTER
+        );
+        expect!(
+            kve_score_workspace_size(&sp, 4, 2, 40, 8, 8, null_mut()),
+            KVE_ERR_NULL_POINTER
+        );
+        expect!(
+            kve_compact_in_place(null(), null(), 0, null(), 0, null_mut(), 0),
+            KVE_ERR_NULL_POINTER
+        );
+        expect!(
+            kve_compute_gram(null(), 1, 0, null_mut(), 0, null_mut(), 0),
+            KVE_ERR_NULL_POINTER
+        );
+        expect!(
+            kve_select_model(null(), null(), null_mut(), 0, null_mut(), 0, null_mut(), 0),
+            KVE_ERR_NULL_POINTER
+        );
+        let mut count = CANARY as u64;
+        expect!(
+            kve_evicted_positions(null(), 3, 5, null_mut(), 0, &mut count),
+            KVE_ERR_NULL_POINTER
+        );
+        assert_eq!(count, CANARY as u64);
+        expect!(
+            kve_search_step(null_mut(), null(), null_mut()),
+            KVE_ERR_NULL_POINTER
+        );
+        expect!(
+            kve_histogram_merge(null_mut(), null()),
+            KVE_ERR_NULL_POINTER
+        );
+    }
+    // a required tensor absent, and a tensor whose data is NULL
+    inp.keys.data = null();
+    expect!(l.score(&sp, &inp), KVE_ERR_NULL_POINTER);
+    let mut inp = l.inputs();
+    inp.queries = kve_tensor::NONE;
+    expect!(l.score(&sp, &inp), KVE_ERR_NULL_POINTER);
+    // LaProx without gram or value forms
+    let lp = score_params(3);
+    let inp = l.inputs();
+    expect!(l.score(&lp, &inp), KVE_ERR_NULL_POINTER);
+    // CriticalKV without value_l1
+    let mut ck = score_params(5);
+    ck.window = W as u32;
+    expect!(l.score(&ck, &inp), KVE_ERR_NULL_POINTER);
+    // a gram pointer NULL with a non-zero length
+    let mut inp = l.inputs();
+    inp.gram_len = 10;
+    expect!(l.score(&lp, &inp), KVE_ERR_NULL_POINTER);
+}
+
+#[test]
+fn zero_and_huge_sizes() {
+    let mut l = Layer::new();
+    let sp = score_params(0);
+    for (axis, v) in [(0usize, 0u64), (1, 0), (2, 0)] {
+        let mut inp = l.inputs();
+        inp.keys.extent[axis] = v;
+        expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
+    }
+    // "negative" sizes arrive as huge unsigned values
+    let mut inp = l.inputs();
+    inp.keys.len = u64::MAX; // len * 4 overflows
+    expect!(l.score(&sp, &inp), KVE_ERR_OVERFLOW);
+    let mut inp = l.inputs();
+    inp.keys.extent[1] = (-1i64) as u64;
+    expect!(l.score(&sp, &inp), KVE_ERR_OVERFLOW);
+    let mut inp = l.inputs();
+    inp.keys.extent[0] = (-1i64) as u64 >> 1;
+    expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT); // more heads than KVE_MAX_HEADS
+    let mut out = CANARY as u64;
+    unsafe {
+        expect!(
+            kve_score_workspace_size(&sp, 0, 2, 40, 8, 8, &mut out),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        expect!(
+            kve_score_workspace_size(&sp, 4, 2, 0, 8, 8, &mut out),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        expect!(
+            kve_score_workspace_size(&sp, 4, 2, u64::MAX, 8, 8, &mut out),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        expect!(
+            kve_score_workspace_size(&sp, 4, 2, 40, u64::MAX, 8, &mut out),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        expect!(
+            kve_score_workspace_size(&sp, u64::MAX, 2, 40, 8, 8, &mut out),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        let sel = select_params(0, 0, 4);
+        let mut o2 = CANARY as u64;
+        expect!(
+            kve_select_output_len(&sel, 0, 2, 40, 8, &mut out, &mut o2),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        expect!(
+            kve_select_output_len(&sel, 2, 2, 0, 8, &mut out, &mut o2),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        expect!(
+            kve_select_output_len(&sel, u64::MAX, 2, 40, 8, &mut out, &mut o2),
+            KVE_ERR_OVERFLOW
+        );
+        expect!(
+            kve_select_output_len(&sel, 2, 2, u64::MAX, 8, &mut out, &mut o2),
+            KVE_ERR_OVERFLOW
+        );
+        expect!(
+            kve_select_workspace_size(&sel, 1 << 20, 1 << 20, 40, 8, &mut out),
+            KVE_ERR_OVERFLOW
+        );
+        expect!(
+            kve_evicted_positions(null(), 0, u64::MAX, null_mut(), 0, &mut out),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(o2, CANARY as u64);
+    }
+    assert_eq!(out, CANARY as u64);
+}
+
+#[test]
+fn products_that_overflow() {
+    let mut l = Layer::new();
+    let sp = score_params(0);
+    let mut inp = l.inputs();
+    inp.keys.stride[1] = u64::MAX / 2; // (N-1) * stride overflows
+    expect!(l.score(&sp, &inp), KVE_ERR_OVERFLOW);
+    let mut out = CANARY as u64;
+    unsafe {
+        expect!(
+            kve_gram_len(65536, 1, 1 << 40, 1, &mut out),
+            KVE_ERR_OVERFLOW
+        );
+        expect!(
+            kve_gram_workspace_size(u64::MAX, 3, &mut out),
+            KVE_ERR_OVERFLOW
+        );
+        expect!(
+            kve_value_forms_len(65536, 1, u64::MAX, 1, &mut out),
+            KVE_ERR_OVERFLOW
+        );
+        expect!(
+            kve_value_l1_workspace_size(1 << 40, 1 << 40, &mut out),
+            KVE_ERR_OVERFLOW
+        );
+        let sel = select_params(0, 0, 4);
+        let mut o2 = CANARY as u64;
+        expect!(
+            kve_select_output_len(&sel, 1 << 31, 1 << 31, 40, 8, &mut out, &mut o2),
+            KVE_ERR_OVERFLOW
+        );
+        expect!(
+            kve_select_shard_output_len(1 << 20, 1 << 20, 1 << 30, &mut out, &mut o2),
+            KVE_ERR_OVERFLOW
+        );
+    }
+    assert_eq!(out, CANARY as u64);
+}
+
+#[test]
+fn strides_past_the_buffer_and_overlapping_outputs() {
+    let mut l = Layer::new();
+    let sp = score_params(0);
+    let mut inp = l.inputs();
+    inp.keys.len -= 1;
+    expect!(l.score(&sp, &inp), KVE_ERR_OUT_OF_BOUNDS);
+    let mut inp = l.inputs();
+    inp.queries.stride[0] += 1;
+    expect!(l.score(&sp, &inp), KVE_ERR_OUT_OF_BOUNDS);
+    // stride 0 (broadcast) is a valid input view
+    let mut inp = l.inputs();
+    inp.keys.stride[0] = 0;
+    expect!(l.score(&sp, &inp), KVE_OK);
+
+    // compaction refuses a destination whose rows overlap
+    let mut kv = data(HKV * N * D, 9);
+    let before = kv.clone();
+    let offsets = [0u64, 2, 4];
+    let indices = [1u32, 3, 0, 5];
+    let mut lengths = [CANARY; 2];
+    let mut t = tensor(kv.as_mut_ptr(), kv.len(), [HKV, N, D], [N * D, 4, 1]); // token stride < d
+    unsafe {
+        expect!(
+            kve_compact_in_place(
+                &t,
+                offsets.as_ptr(),
+                3,
+                indices.as_ptr(),
+                4,
+                lengths.as_mut_ptr(),
+                2
+            ),
+            KVE_ERR_ALIASING
+        );
+        t.stride = [0, D as u64, 1]; // heads on top of each other
+        expect!(
+            kve_compact_in_place(
+                &t,
+                offsets.as_ptr(),
+                3,
+                indices.as_ptr(),
+                4,
+                lengths.as_mut_ptr(),
+                2
+            ),
+            KVE_ERR_ALIASING
+        );
+        // lists that are not ascending, or reach past N
+        t.stride = [(N * D) as u64, D as u64, 1];
+        let bad = [3u32, 1, 0, 5];
+        expect!(
+            kve_compact_in_place(
+                &t,
+                offsets.as_ptr(),
+                3,
+                bad.as_ptr(),
+                4,
+                lengths.as_mut_ptr(),
+                2
+            ),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        let bad = [1u32, 3, 0, N as u32];
+        expect!(
+            kve_compact_in_place(
+                &t,
+                offsets.as_ptr(),
+                3,
+                bad.as_ptr(),
+                4,
+                lengths.as_mut_ptr(),
+                2
+            ),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        let bad_off = [0u64, 5, 4];
+        expect!(
+            kve_compact_in_place(
+                &t,
+                bad_off.as_ptr(),
+                3,
+                indices.as_ptr(),
+                4,
+                lengths.as_mut_ptr(),
+                2
+            ),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        let bad_off = [0u64, 2, 40];
+        expect!(
+            kve_compact_in_place(
+                &t,
+                bad_off.as_ptr(),
+                3,
+                indices.as_ptr(),
+                4,
+                lengths.as_mut_ptr(),
+                2
+            ),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+    }
+    assert_eq!(kv, before);
+    assert_eq!(lengths, [CANARY; 2]);
+}
+
+#[test]
+fn misaligned_pointers() {
+    let mut l = Layer::new();
+    let sp = score_params(0);
+    let mut inp = l.inputs();
+    inp.keys.data = (l.k.as_ptr() as *const u8).wrapping_add(1) as *const c_void;
+    expect!(l.score(&sp, &inp), KVE_ERR_MISALIGNED);
+    let mut inp = l.inputs();
+    inp.keys.dtype = 1; // f16 at an odd address
+    inp.keys.data = (l.k.as_ptr() as *const u8).wrapping_add(1) as *const c_void;
+    expect!(l.score(&sp, &inp), KVE_ERR_MISALIGNED);
+    let inp = l.inputs();
+    let mut out = canary_f32(HKV * P + 1);
+    unsafe {
+        let st = kve_score_layer(
+            &sp,
+            &inp,
+            (out.as_mut_ptr() as *mut u8).add(1) as *mut f32,
+            (HKV * P) as u64,
+            l.ws.as_mut_ptr() as _,
+            l.ws.len() as u64,
+        );
+        expect!(st, KVE_ERR_MISALIGNED);
+        let mut x = [0u64; 3];
+        expect!(
+            kve_score_workspace_size(
+                &sp,
+                4,
+                2,
+                40,
+                8,
+                8,
+                (x.as_mut_ptr() as *mut u8).add(4) as *mut u64
+            ),
+            KVE_ERR_MISALIGNED
+        );
+        let scores = data(HKV * P, 4);
+        let ms = kve_model_scores {
+            scores: scores.as_ptr(),
+            len: scores.len() as u64,
+            layers: 1,
+            hkv: HKV as u64,
+            n: N as u64,
+            window: W as u64,
+        };
+        let sel = select_params(0, 0, 4);
+        let mut off = [CANARY as u64; 4];
+        let mut idx = [CANARY; 64];
+        let mut ws = vec![0u8; 4096];
+        let st = kve_select_model(
+            &sel,
+            &ms,
+            (off.as_mut_ptr() as *mut u8).add(4) as *mut u64,
+            3,
+            idx.as_mut_ptr(),
+            64,
+            ws.as_mut_ptr() as _,
+            4096,
+        );
+        expect!(st, KVE_ERR_MISALIGNED);
+        assert_eq!(idx, [CANARY; 64]);
+        // params struct misaligned
+        let mut raw = [0u32; 16];
+        let sp_bytes = std::slice::from_raw_parts(&sp as *const _ as *const u8, 48);
+        let dst = (raw.as_mut_ptr() as *mut u8).add(2);
+        std::ptr::copy_nonoverlapping(sp_bytes.as_ptr(), dst, 48);
+        let st = kve_score_layer(
+            dst as *const kve_score_params,
+            &inp,
+            out.as_mut_ptr(),
+            (HKV * P) as u64,
+            l.ws.as_mut_ptr() as _,
+            l.ws.len() as u64,
+        );
+        expect!(st, KVE_ERR_MISALIGNED);
+    }
+    assert!(untouched_f32(&out));
+}
+
+#[test]
+fn enums_out_of_range() {
+    let mut l = Layer::new();
+    let inp = l.inputs();
+    let base = score_params(0);
+    let cases: [(fn(&mut kve_score_params), i32); 7] = [
+        (|p| p.scorer = 7, KVE_ERR_BAD_ENUM),
+        (|p| p.scorer = u32::MAX, KVE_ERR_BAD_ENUM),
+        (|p| p.pool_kind = 4, KVE_ERR_BAD_ENUM),
+        (|p| p.gqa = 3, KVE_ERR_BAD_ENUM),
+        (|p| p.laprox_gqa = 3, KVE_ERR_BAD_ENUM),
+        (|p| p.placement = 2, KVE_ERR_BAD_ENUM),
+        (|p| p.reduce_before_pool = 2, KVE_ERR_INVALID_ARGUMENT),
+    ];
+    for (f, want) in cases {
+        let mut sp = base;
+        f(&mut sp);
+        expect!(l.score(&sp, &inp), want);
+    }
+    let mut inp2 = l.inputs();
+    inp2.keys.dtype = 3;
+    expect!(l.score(&base, &inp2), KVE_ERR_BAD_ENUM);
+    let mut inp2 = l.inputs();
+    inp2.keys.pad = 1;
+    expect!(l.score(&base, &inp2), KVE_ERR_INVALID_ARGUMENT);
+    // out-of-range parameters that are not enums
+    let mut sp = base;
+    sp.pool_kernel = 4; // even kernel for max pooling
+    expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
+    let mut sp = base;
+    sp.window = 0;
+    expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
+    unsafe {
+        let mut p = std::mem::zeroed::<kve_score_params>();
+        expect!(kve_score_params_init(&mut p, 48, 9), KVE_ERR_BAD_ENUM);
+        assert_eq!(p.struct_size, 0);
+        let mut s = std::mem::zeroed::<kve_select_params>();
+        expect!(
+            kve_select_params_init(&mut s, 48, 5, 0, 1),
+            KVE_ERR_BAD_ENUM
+        );
+        expect!(
+            kve_select_params_init(&mut s, 48, 0, 3, 1),
+            KVE_ERR_BAD_ENUM
+        );
+        assert_eq!(s.struct_size, 0);
+        let scores = data(HKV * P, 4);
+        let ms = kve_model_scores {
+            scores: scores.as_ptr(),
+            len: scores.len() as u64,
+            layers: 1,
+            hkv: HKV as u64,
+            n: N as u64,
+            window: W as u64,
+        };
+        let mut off = [CANARY as u64; 3];
+        let mut idx = [CANARY; 80];
+        let mut ws = vec![0u8; 8192];
+        for f in [
+            (|s: &mut kve_select_params| s.allocator = 5) as fn(&mut kve_select_params),
+            |s| s.granularity = 3,
+            |s| s.normalize = 2,
+            |s| s.post_pool_kind = 9,
+        ] {
+            let mut sel = select_params(0, 0, 4);
+            f(&mut sel);
+            expect!(
+                kve_select_model(
+                    &sel,
+                    &ms,
+                    off.as_mut_ptr(),
+                    3,
+                    idx.as_mut_ptr(),
+                    80,
+                    ws.as_mut_ptr() as _,
+                    8192
+                ),
+                KVE_ERR_BAD_ENUM
+            );
+        }
+        let mut sel = select_params(0, 0, 4);
+        sel.alpha = f32::NAN;
+        expect!(
+            kve_select_model(
+                &sel,
+                &ms,
+                off.as_mut_ptr(),
+                3,
+                idx.as_mut_ptr(),
+                80,
+                ws.as_mut_ptr() as _,
+                8192
+            ),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        let mut sel = select_params(0, 0, 4);
+        sel.reserved = 1;
+        expect!(
+            kve_select_model(
+                &sel,
+                &ms,
+                off.as_mut_ptr(),
+                3,
+                idx.as_mut_ptr(),
+                80,
+                ws.as_mut_ptr() as _,
+                8192
+            ),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(off, [CANARY as u64; 3]);
+        assert_eq!(idx, [CANARY; 80]);
+        let mut out = CANARY as u64;
+        expect!(kve_gram_len(4, 2, 8, 2, &mut out), KVE_ERR_INVALID_ARGUMENT); // cross flag
+        assert_eq!(out, CANARY as u64);
+    }
+}
+
+#[test]
+fn struct_sizes() {
+    let mut l = Layer::new();
+    let inp = l.inputs();
+    let mut sp = score_params(0);
+    for bad in [0u32, 4, 44, 47, 4100, u32::MAX] {
+        sp.struct_size = bad;
+        expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
+    }
+    // a newer caller's larger struct: accepted when the extra bytes are zero
+    #[repr(C)]
+    struct Bigger {
+        p: kve_score_params,
+        extra: [u32; 4],
+    }
+    let mut b = Bigger {
+        p: score_params(0),
+        extra: [0; 4],
+    };
+    b.p.struct_size = std::mem::size_of::<Bigger>() as u32;
+    expect!(l.score(&b.p, &inp), KVE_OK);
+    b.extra[2] = 1;
+    expect!(l.score(&b.p, &inp), KVE_ERR_INVALID_ARGUMENT);
+    // init writes exactly struct_size bytes and zeroes what it does not know
+    let mut big = Bigger {
+        p: unsafe { std::mem::zeroed() },
+        extra: [CANARY; 4],
+    };
+    unsafe {
+        expect!(kve_score_params_init(&mut big.p, 56, 3), KVE_OK);
+    }
+    assert_eq!(big.p.struct_size, 56);
+    assert_eq!(big.extra, [0, 0, CANARY, CANARY]);
+    unsafe {
+        let mut p = std::mem::zeroed::<kve_score_params>();
+        expect!(
+            kve_score_params_init(&mut p, 40, 3),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        let mut i = std::mem::zeroed::<kve_layer_inputs>();
+        expect!(kve_layer_inputs_init(&mut i, 8), KVE_ERR_INVALID_ARGUMENT);
+    }
+    let mut inp2 = l.inputs();
+    inp2.reserved = 3;
+    expect!(l.score(&score_params(0), &inp2), KVE_ERR_INVALID_ARGUMENT);
+}
+
+#[test]
+fn window_longer_than_queries() {
+    let mut l = Layer::new();
+    let inp = l.inputs(); // W = 8 query rows
+    let mut sp = score_params(0);
+    sp.window = 16;
+    expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
+    // a window longer than the cache is fine: no prefix, nothing to score, output untouched
+    sp.window = 1000;
+    let mut q = l.q.clone();
+    q.resize(HQ * N * D, 0.5);
+    let mut inp2 = l.inputs();
+    inp2.queries = contiguous(&q, [HQ, N, D]);
+    l.ws = vec![0; 1 << 20];
+    expect!(l.score(&sp, &inp2), KVE_OK);
+    assert!(untouched_f32(&l.out));
+    let mut out = CANARY as u64;
+    unsafe {
+        assert_eq!(
+            kve_score_output_len(&sp, HKV as u64, N as u64, &mut out),
+            KVE_OK
+        )
+    };
+    assert_eq!(out, 0);
+}
+
+fn select(
+    sel: &kve_select_params,
+    scores: &[f32],
+    layers: usize,
+    n: usize,
+    w: usize,
+) -> (i32, Vec<u64>, Vec<u32>) {
+    let (mut ol, mut il, mut wl) = (0u64, 0u64, 0u64);
+    unsafe {
+        assert_eq!(
+            kve_select_output_len(
+                sel,
+                layers as u64,
+                HKV as u64,
+                n as u64,
+                w as u64,
+                &mut ol,
+                &mut il
+            ),
+            KVE_OK
+        );
+        assert_eq!(
+            kve_select_workspace_size(sel, layers as u64, HKV as u64, n as u64, w as u64, &mut wl),
+            KVE_OK
+        );
+    }
+    let mut off = vec![CANARY as u64; ol as usize];
+    let mut idx = vec![CANARY; il as usize];
+    let mut ws = vec![0u8; wl as usize];
+    let ms = kve_model_scores {
+        scores: scores.as_ptr(),
+        len: scores.len() as u64,
+        layers: layers as u64,
+        hkv: HKV as u64,
+        n: n as u64,
+        window: w as u64,
+    };
+    let st = unsafe {
+        kve_select_model(
+            sel,
+            &ms,
+            off.as_mut_ptr(),
+            ol,
+            idx.as_mut_ptr(),
+            il,
+            ws.as_mut_ptr() as _,
+            wl,
+        )
+    };
+    if st != KVE_OK {
+        assert!(off.iter().all(|&x| x == CANARY as u64) && idx.iter().all(|&x| x == CANARY));
+    }
+    (st, off, idx)
+}
+
+#[test]
+fn budgets_larger_than_available_are_clamped() {
+    let scores: Vec<f32> = data(3 * HKV * P, 5).iter().map(|x| x.abs()).collect();
+    for budget in [P as u64, P as u64 + 1, 1 << 40, u64::MAX] {
+        for (alloc, gran) in [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (4, 2), (0, 1)] {
+            if alloc == 2 && budget < 20 * P as u64 {
+                continue; // PyramidKV's budget is an average: its deepest layers get budget/20
+            }
+            let sel = select_params(alloc, gran, budget);
+            let (st, off, idx) = select(&sel, &scores, 3, N, W);
+            expect!(st, KVE_OK);
+            for u in 0..3 * HKV {
+                let list = &idx[off[u] as usize..off[u + 1] as usize];
+                assert_eq!(
+                    list,
+                    (0..N as u32).collect::<Vec<_>>().as_slice(),
+                    "alloc {alloc} gran {gran} budget {budget}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn nan_and_inf() {
+    let mut l = Layer::new();
+    let sp = score_params(0);
+    for (which, v) in [(0, f32::NAN), (1, f32::INFINITY), (0, f32::NEG_INFINITY)] {
+        let mut l2 = Layer::new();
+        if which == 0 {
+            l2.q[5] = v;
+        } else {
+            l2.k[D * 3 + 1] = v;
+        }
+        let inp = l2.inputs();
+        expect!(l2.score(&sp, &inp), KVE_ERR_NON_FINITE);
+    }
+    // LAVa reads values
+    l.v[D * 2] = f32::NAN;
+    let inp = l.inputs();
+    expect!(l.score(&score_params(2), &inp), KVE_ERR_NON_FINITE);
+    // selection
+    let mut scores: Vec<f32> = data(HKV * P, 5);
+    scores[7] = f32::NAN;
+    let (st, _, _) = select(&select_params(0, 0, 4), &scores, 1, N, W);
+    expect!(st, KVE_ERR_NON_FINITE);
+    // Gram and CriticalKV's L1 norms reject a NaN in Wo
+    let mut wo = data(HQ * D * 16, 6);
+    wo[17] = f32::INFINITY;
+    let t = contiguous(&wo, [HQ, D, 16]);
+    let mut glen = 0u64;
+    let mut gws = 0u64;
+    unsafe {
+        assert_eq!(
+            kve_gram_len(HQ as u64, HKV as u64, D as u64, 0, &mut glen),
+            KVE_OK
+        );
+        assert_eq!(kve_gram_workspace_size(D as u64, 16, &mut gws), KVE_OK);
+    }
+    let mut g = canary_f32(glen as usize);
+    let mut ws = vec![0u8; gws as usize];
+    unsafe {
+        expect!(
+            kve_compute_gram(
+                &t,
+                HKV as u64,
+                0,
+                g.as_mut_ptr(),
+                glen,
+                ws.as_mut_ptr() as _,
+                gws
+            ),
+            KVE_ERR_NON_FINITE
+        );
+    }
+    assert!(untouched_f32(&g));
+    let mut lws = 0u64;
+    unsafe { assert_eq!(kve_value_l1_workspace_size(D as u64, 16, &mut lws), KVE_OK) };
+    let mut l1 = canary_f32(HKV * N);
+    let mut ws = vec![0u8; lws as usize];
+    let vt = contiguous(&l.k, [HKV, N, D]);
+    unsafe {
+        expect!(
+            kve_compute_value_l1(
+                &vt,
+                &t,
+                l1.as_mut_ptr(),
+                l1.len() as u64,
+                ws.as_mut_ptr() as _,
+                lws
+            ),
+            KVE_ERR_NON_FINITE
+        );
+    }
+    assert!(untouched_f32(&l1));
+    // value forms with a NaN Gram
+    let mut gram = data(glen as usize, 8);
+    gram[3] = f32::NAN;
+    let mut flen = 0u64;
+    unsafe {
+        assert_eq!(
+            kve_value_forms_len(HQ as u64, HKV as u64, N as u64, 0, &mut flen),
+            KVE_OK
+        )
+    };
+    let mut forms = canary_f32(flen as usize);
+    unsafe {
+        expect!(
+            kve_compute_value_forms(
+                &vt,
+                gram.as_ptr(),
+                glen,
+                HQ as u64,
+                0,
+                0,
+                N as u64,
+                forms.as_mut_ptr(),
+                flen
+            ),
+            KVE_ERR_NON_FINITE
+        );
+    }
+    assert!(untouched_f32(&forms));
+}
+
+#[test]
+fn outputs_too_small() {
+    let mut l = Layer::new();
+    let sp = score_params(0);
+    let inp = l.inputs();
+    let mut out = canary_f32(HKV * P);
+    unsafe {
+        expect!(
+            kve_score_layer(
+                &sp,
+                &inp,
+                out.as_mut_ptr(),
+                (HKV * P - 1) as u64,
+                l.ws.as_mut_ptr() as _,
+                l.ws.len() as u64
+            ),
+            KVE_ERR_OUTPUT_TOO_SMALL
+        );
+        expect!(
+            kve_score_layer(
+                &sp,
+                &inp,
+                out.as_mut_ptr(),
+                (HKV * P) as u64,
+                l.ws.as_mut_ptr() as _,
+                l.ws.len() as u64 - 1
+            ),
+            KVE_ERR_WORKSPACE_TOO_SMALL
+        );
+    }
+    assert!(untouched_f32(&out));
+    // selection outputs
+    let scores: Vec<f32> = data(2 * HKV * P, 5).iter().map(|x| x.abs()).collect();
+    let sel = select_params(0, 0, 5);
+    let (mut ol, mut il, mut wl) = (0u64, 0u64, 0u64);
+    unsafe {
+        kve_select_output_len(&sel, 2, HKV as u64, N as u64, W as u64, &mut ol, &mut il);
+        kve_select_workspace_size(&sel, 2, HKV as u64, N as u64, W as u64, &mut wl);
+    }
+    let ms = kve_model_scores {
+        scores: scores.as_ptr(),
+        len: scores.len() as u64,
+        layers: 2,
+        hkv: HKV as u64,
+        n: N as u64,
+        window: W as u64,
+    };
+    let mut off = vec![CANARY as u64; ol as usize];
+    let mut idx = vec![CANARY; il as usize];
+    let mut ws = vec![0u8; wl as usize];
+    unsafe {
+        expect!(
+            kve_select_model(
+                &sel,
+                &ms,
+                off.as_mut_ptr(),
+                ol - 1,
+                idx.as_mut_ptr(),
+                il,
+                ws.as_mut_ptr() as _,
+                wl
+            ),
+            KVE_ERR_OUTPUT_TOO_SMALL
+        );
+        expect!(
+            kve_select_model(
+                &sel,
+                &ms,
+                off.as_mut_ptr(),
+                ol,
+                idx.as_mut_ptr(),
+                il - 1,
+                ws.as_mut_ptr() as _,
+                wl
+            ),
+            KVE_ERR_OUTPUT_TOO_SMALL
+        );
+        expect!(
+            kve_select_model(
+                &sel,
+                &ms,
+                off.as_mut_ptr(),
+                ol,
+                idx.as_mut_ptr(),
+                il,
+                ws.as_mut_ptr() as _,
+                wl - 1
+            ),
+            KVE_ERR_WORKSPACE_TOO_SMALL
+        );
+        let short = kve_model_scores {
+            len: scores.len() as u64 - 1,
+            ..ms
+        };
+        expect!(
+            kve_select_model(
+                &sel,
+                &short,
+                off.as_mut_ptr(),
+                ol,
+                idx.as_mut_ptr(),
+                il,
+                ws.as_mut_ptr() as _,
+                wl
+            ),
+            KVE_ERR_SHAPE_MISMATCH
+        );
+    }
+    assert!(off.iter().all(|&x| x == CANARY as u64) && idx.iter().all(|&x| x == CANARY));
+    // eviction list
+    let kept = [1u32, 4, 9];
+    let mut ev = [CANARY; 16];
+    let mut cnt = CANARY as u64;
+    unsafe {
+        expect!(
+            kve_evicted_positions(kept.as_ptr(), 3, 12, ev.as_mut_ptr(), 8, &mut cnt),
+            KVE_ERR_OUTPUT_TOO_SMALL
+        );
+        assert_eq!((ev, cnt), ([CANARY; 16], CANARY as u64));
+        let unsorted = [4u32, 1];
+        expect!(
+            kve_evicted_positions(unsorted.as_ptr(), 2, 12, ev.as_mut_ptr(), 16, &mut cnt),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!((ev, cnt), ([CANARY; 16], CANARY as u64));
+        expect!(
+            kve_evicted_positions(kept.as_ptr(), 3, 12, ev.as_mut_ptr(), 9, &mut cnt),
+            KVE_OK
+        );
+    }
+    assert_eq!(cnt, 9);
+    assert_eq!(&ev[..9], &[0, 2, 3, 5, 6, 7, 8, 10, 11]);
+    // varlen destination and cu_seqlens too small
+    let src = data(HKV * N * D, 3);
+    let offsets = [0u64, 3, 5];
+    let indices = [1u32, 2, 7, 0, 39];
+    let mut dst = canary_f32(4 * D);
+    let mut cu = [CANARY as i32; 3];
+    let ts = contiguous(&src, [HKV, N, D]);
+    let td = contiguous(&dst, [1, 4, D]);
+    unsafe {
+        expect!(
+            kve_compact_varlen(
+                &ts,
+                offsets.as_ptr(),
+                3,
+                indices.as_ptr(),
+                5,
+                &td,
+                cu.as_mut_ptr(),
+                3
+            ),
+            KVE_ERR_OUTPUT_TOO_SMALL
+        );
+        let td5 = tensor(dst.as_mut_ptr(), 4 * D, [1, 5, D], [5 * D, D, 1]);
+        expect!(
+            kve_compact_varlen(
+                &ts,
+                offsets.as_ptr(),
+                3,
+                indices.as_ptr(),
+                5,
+                &td5,
+                cu.as_mut_ptr(),
+                3
+            ),
+            KVE_ERR_OUT_OF_BOUNDS
+        );
+        expect!(
+            kve_compact_varlen(
+                &ts,
+                offsets.as_ptr(),
+                3,
+                indices.as_ptr(),
+                5,
+                &td,
+                cu.as_mut_ptr(),
+                2
+            ),
+            KVE_ERR_OUTPUT_TOO_SMALL
+        );
+    }
+    assert!(untouched_f32(&dst));
+    assert_eq!(cu, [CANARY as i32; 3]);
+}
+
+#[test]
+fn input_output_aliasing() {
+    let mut l = Layer::new();
+    let sp = score_params(0);
+    let inp = l.inputs();
+    let ws_len = l.ws.len() as u64;
+    // output inside the keys, workspace over the queries
+    let before = l.k.clone();
+    unsafe {
+        expect!(
+            kve_score_layer(
+                &sp,
+                &inp,
+                l.k.as_mut_ptr().add(3),
+                (HKV * P) as u64,
+                l.ws.as_mut_ptr() as _,
+                ws_len
+            ),
+            KVE_ERR_ALIASING
+        );
+        let mut big = vec![0u8; ws_len as usize + l.q.len() * 4];
+        let mut q2: Vec<f32> = Vec::new();
+        q2.extend_from_slice(&l.q);
+        let mut inp2 = inp;
+        inp2.queries = contiguous(&q2, [HQ, W, D]);
+        expect!(
+            kve_score_layer(
+                &sp,
+                &inp2,
+                l.out.as_mut_ptr(),
+                (HKV * P) as u64,
+                q2.as_mut_ptr() as _,
+                ws_len
+            ),
+            KVE_ERR_ALIASING
+        );
+        // output overlapping the workspace
+        expect!(
+            kve_score_layer(
+                &sp,
+                &inp,
+                big.as_mut_ptr() as *mut f32,
+                (HKV * P) as u64,
+                big.as_mut_ptr().add(8) as _,
+                ws_len
+            ),
+            KVE_ERR_ALIASING
+        );
+    }
+    assert_eq!(l.k, before);
+    // selection: indices over the scores
+    let mut scores: Vec<f32> = data(HKV * P + 200, 5).iter().map(|x| x.abs()).collect();
+    let sc = scores.clone();
+    let sel = select_params(0, 0, 4);
+    let mut off = [CANARY as u64; 3];
+    let mut ws = vec![0u8; 8192];
+    let ms = kve_model_scores {
+        scores: scores.as_ptr(),
+        len: scores.len() as u64,
+        layers: 1,
+        hkv: HKV as u64,
+        n: N as u64,
+        window: W as u64,
+    };
+    unsafe {
+        let idx = scores.as_mut_ptr().add(10) as *mut u32;
+        expect!(
+            kve_select_model(
+                &sel,
+                &ms,
+                off.as_mut_ptr(),
+                3,
+                idx,
+                80,
+                ws.as_mut_ptr() as _,
+                8192
+            ),
+            KVE_ERR_ALIASING
+        );
+    }
+    assert_eq!(scores, sc);
+    assert_eq!(off, [CANARY as u64; 3]);
+    // compaction: lengths inside the cache, lists inside the cache, varlen dst over src
+    let mut kv = data(HKV * N * D, 9);
+    let kvc = kv.clone();
+    let t = contiguous(&kv, [HKV, N, D]);
+    let offsets = [0u64, 2, 4];
+    let indices = [1u32, 3, 0, 5];
+    unsafe {
+        expect!(
+            kve_compact_in_place(
+                &t,
+                offsets.as_ptr(),
+                3,
+                indices.as_ptr(),
+                4,
+                kv.as_mut_ptr().add(7) as *mut u32,
+                2
+            ),
+            KVE_ERR_ALIASING
+        );
+        let lists = kv.as_ptr().add(100) as *const u32;
+        expect!(
+            kve_compact_in_place(&t, offsets.as_ptr(), 3, lists, 4, null_mut(), 0),
+            KVE_ERR_ALIASING
+        );
+        let mut cu = [0i32; 3];
+        let td = tensor(kv.as_mut_ptr().add(N * D), 4 * D, [1, 4, D], [4 * D, D, 1]);
+        expect!(
+            kve_compact_varlen(
+                &t,
+                offsets.as_ptr(),
+                3,
+                indices.as_ptr(),
+                4,
+                &td,
+                cu.as_mut_ptr(),
+                3
+            ),
+            KVE_ERR_ALIASING
+        );
+        // histogram merged into itself
+        let mut h = std::mem::zeroed::<kve_histogram>();
+        expect!(kve_histogram_merge(&mut h, &h), KVE_ERR_ALIASING);
+        // two out-parameters on top of each other
+        let mut x = 0u64;
+        expect!(
+            kve_select_output_len(&sel, 1, 2, 40, 8, &mut x, &mut x),
+            KVE_ERR_ALIASING
+        );
+    }
+    assert_eq!(kv, kvc);
+}
+
+#[test]
+fn search_state_from_garbage() {
+    let sel = select_params(4, 0, 5);
+    let mut s = unsafe { std::mem::zeroed::<kve_search>() };
+    unsafe {
+        assert_eq!(
+            kve_search_init(&mut s, &sel, 2, HKV as u64, N as u64, W as u64),
+            KVE_OK
+        )
+    };
+    let good = s;
+    let h = kve_histogram {
+        bins: [u64::MAX; 256],
+    };
+    for f in [
+        (|s: &mut kve_search| s.done = 7) as fn(&mut kve_search),
+        |s| s.bits = 3,
+        |s| s.bits = 200,
+        |s| s.need = 0,
+        |s| s.prefix_lo = 1, // digits without bits
+    ] {
+        let mut bad = good;
+        f(&mut bad);
+        let copy = bad;
+        let mut done = -5;
+        unsafe {
+            expect!(
+                kve_search_step(&mut bad, &h, &mut done),
+                KVE_ERR_INVALID_ARGUMENT
+            )
+        };
+        assert_eq!((bad, done), (copy, -5));
+    }
+    // saturated counts do not overflow
+    let mut s2 = good;
+    let mut done = 0;
+    unsafe { expect!(kve_search_step(&mut s2, &h, &mut done), KVE_OK) };
+    let mut f = 0f32;
+    unsafe {
+        expect!(
+            kve_search_threshold(&good, &mut f),
+            KVE_ERR_INVALID_ARGUMENT
+        )
+    };
+    // sharding is for the global allocator only
+    let uni = select_params(0, 0, 5);
+    unsafe {
+        expect!(
+            kve_search_init(&mut s, &uni, 2, HKV as u64, N as u64, W as u64),
+            KVE_ERR_INVALID_ARGUMENT
+        )
+    };
+    let mut m = kve_histogram {
+        bins: [u64::MAX - 1; 256],
+    };
+    unsafe { expect!(kve_histogram_merge(&mut m, &h), KVE_OK) };
+    assert!(m.bins.iter().all(|&b| b == u64::MAX));
+}
+
+#[test]
+fn sharded_search_through_the_c_api_matches_select_model() {
+    let layers = 4;
+    let scores: Vec<f32> = data(layers * HKV * P, 11)
+        .iter()
+        .map(|x| (x * 4.0).round().abs())
+        .collect();
+    let mut sel = select_params(4, 0, 6);
+    sel.post_pool_kind = 3;
+    sel.post_pool_kernel = 3;
+    sel.post_pool_decay = 0.5;
+    let (st, off, idx) = select(&sel, &scores, layers, N, W);
+    expect!(st, KVE_OK);
+    let shards = [(0usize, 1usize), (1, 3)];
+    let mut s = unsafe { std::mem::zeroed::<kve_search>() };
+    unsafe {
+        assert_eq!(
+            kve_search_init(&mut s, &sel, layers as u64, HKV as u64, N as u64, W as u64),
+            KVE_OK
+        )
+    };
+    let mut rounds = 0;
+    let mut done = 0;
+    while done == 0 {
+        let mut total = unsafe { std::mem::zeroed::<kve_histogram>() };
+        for &(l0, ln) in &shards {
+            let part = &scores[l0 * HKV * P..(l0 + ln) * HKV * P];
+            let ms = kve_model_scores {
+                scores: part.as_ptr(),
+                len: part.len() as u64,
+                layers: ln as u64,
+                hkv: HKV as u64,
+                n: N as u64,
+                window: W as u64,
+            };
+            let mut wsb = 0u64;
+            let mut h = unsafe { std::mem::zeroed::<kve_histogram>() };
+            unsafe {
+                assert_eq!(
+                    kve_select_shard_workspace_size(
+                        &sel, ln as u64, HKV as u64, N as u64, W as u64, &mut wsb
+                    ),
+                    KVE_OK
+                );
+                let mut ws = vec![0u8; wsb as usize];
+                assert_eq!(kve_histogram_clear(&mut h), KVE_OK);
+                assert_eq!(
+                    kve_search_count_shard(
+                        &sel,
+                        &ms,
+                        l0 as u64,
+                        &s,
+                        &mut h,
+                        ws.as_mut_ptr() as _,
+                        wsb
+                    ),
+                    KVE_OK
+                );
+                assert_eq!(kve_histogram_merge(&mut total, &h), KVE_OK);
+            }
+        }
+        unsafe { assert_eq!(kve_search_step(&mut s, &total, &mut done), KVE_OK) };
+        rounds += 1;
+        assert!(rounds <= 13);
+    }
+    let mut thr = 0f32;
+    unsafe { assert_eq!(kve_search_threshold(&s, &mut thr), KVE_OK) };
+    assert!(thr.is_finite());
+    for &(l0, ln) in &shards {
+        let part = &scores[l0 * HKV * P..(l0 + ln) * HKV * P];
+        let ms = kve_model_scores {
+            scores: part.as_ptr(),
+            len: part.len() as u64,
+            layers: ln as u64,
+            hkv: HKV as u64,
+            n: N as u64,
+            window: W as u64,
+        };
+        let (mut ol, mut il, mut wsb) = (0u64, 0u64, 0u64);
+        unsafe {
+            assert_eq!(
+                kve_select_shard_output_len(ln as u64, HKV as u64, N as u64, &mut ol, &mut il),
+                KVE_OK
+            );
+            assert_eq!(
+                kve_select_shard_workspace_size(
+                    &sel, ln as u64, HKV as u64, N as u64, W as u64, &mut wsb
+                ),
+                KVE_OK
+            );
+        }
+        let mut o2 = vec![0u64; ol as usize];
+        let mut i2 = vec![0u32; il as usize];
+        let mut ws = vec![0u8; wsb as usize];
+        unsafe {
+            assert_eq!(
+                kve_select_shard(
+                    &sel,
+                    &ms,
+                    l0 as u64,
+                    &s,
+                    o2.as_mut_ptr(),
+                    ol,
+                    i2.as_mut_ptr(),
+                    il,
+                    ws.as_mut_ptr() as _,
+                    wsb
+                ),
+                KVE_OK
+            );
+        }
+        for u in 0..ln * HKV {
+            let g = l0 * HKV + u;
+            assert_eq!(
+                &i2[o2[u] as usize..o2[u + 1] as usize],
+                &idx[off[g] as usize..off[g + 1] as usize]
+            );
+        }
+    }
+}
+
+#[test]
+fn cuda_entry_points_without_cuda() {
+    if cfg!(feature = "cuda") {
+        return;
+    }
+    let mut c = CANARY as i32;
+    unsafe {
+        expect!(
+            kve_cuda_get_device_count(&mut c),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
+        );
+        expect!(
+            kve_cuda_score_layer(null(), null(), null_mut(), 0, null_mut(), 0, null_mut()),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
+        );
+        expect!(
+            kve_cuda_select_model(
+                null(),
+                null(),
+                null_mut(),
+                0,
+                null_mut(),
+                0,
+                0,
+                null_mut(),
+                0,
+                null_mut()
+            ),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
+        );
+        expect!(
+            kve_cuda_compact_in_place(null(), null(), 0, null(), 0, null_mut(), 0, null_mut()),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
+        );
+        expect!(
+            kve_cuda_compact_to_varlen(
+                null(),
+                null(),
+                0,
+                null(),
+                null_mut(),
+                null_mut(),
+                null_mut()
+            ),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
+        );
+    }
+    assert_eq!(c, CANARY as i32);
+}
