@@ -21,11 +21,12 @@ DEFAULT_ALLOCATOR = {
 class GramCache:
     """LaProx Gram matrices per output projection, computed once.
 
-    Keyed by the identity of the ``wo`` object (a per-layer array, or a stacked
-    ``[L, Hq*dv, D]`` array plus the layer index), ``hq``, ``hkv`` and ``cross``. The cache
-    holds a reference to each ``wo`` it saw, so an id is never reused while cached; it
-    cannot see in-place changes to a ``wo`` (call :meth:`clear`). LRU, ``max_entries``.
-    Thread-safe.
+    Keyed by the memory of the layer's ``wo``: the identity of the numpy array that owns
+    it (the root of its ``.base`` chain, so fresh views of one stacked ``[L, Hq*dv, D]``
+    array hit), the data pointer, shape, strides and dtype, plus ``hq``, ``hkv`` and
+    ``cross``. The cache holds a reference to each ``wo`` it saw, so an owner's id is never
+    reused while cached; it cannot see in-place edits of a ``wo`` (call :meth:`clear`).
+    LRU, ``max_entries``. Thread-safe.
     """
 
     def __init__(self, max_entries=1024):
@@ -34,24 +35,35 @@ class GramCache:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
+    @staticmethod
+    def _key(m, hq, hkv, cross):
+        a = m.array if hasattr(m, "array") and not isinstance(m, np.ndarray) else m
+        if not isinstance(a, np.ndarray):
+            return None  # not an array (a list?): not cached
+        root = a
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        return (id(root), a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str,
+                getattr(m, "dtype", None) if a is not m else None, hq, hkv, bool(cross))
+
     def get(self, wo, layer, hq, hkv, cross):
         """The Gram of ``wo[layer]`` (``layer=None``: ``wo`` is that layer's matrix)."""
-        a = np.asarray(wo) if not isinstance(wo, (list, tuple)) else None
-        key = (id(wo), layer, hq, hkv, bool(cross),
-               None if a is None else (a.__array_interface__["data"][0], a.shape, a.strides))
-        with self._lock:
-            hit = self._d.get(key)
-            if hit is not None:
-                self._d.move_to_end(key)
-                self.hits += 1
-                return hit[1]
         m = wo if layer is None else wo[layer]
-        g = compute_gram(m, hkv, cross, hq=hq if np.ndim(m) == 2 else None)
+        key = self._key(m, hq, hkv, cross)
+        if key is not None:
+            with self._lock:
+                hit = self._d.get(key)
+                if hit is not None:
+                    self._d.move_to_end(key)
+                    self.hits += 1
+                    return hit[1]
+        g = compute_gram(m, hkv, cross, hq=hq if np.ndim(getattr(m, "array", m)) == 2 else None)
         with self._lock:
             self.misses += 1
-            self._d[key] = (wo, g)
-            while len(self._d) > self.max_entries:
-                self._d.popitem(last=False)
+            if key is not None:
+                self._d[key] = (m, g)
+                while len(self._d) > self.max_entries:
+                    self._d.popitem(last=False)
         return g
 
     def clear(self):

@@ -71,6 +71,24 @@ class PipelineTests(unittest.TestCase):
             for h in range(HKV):
                 np.testing.assert_array_equal(a[l][h], c[l][h])
         self.assertNotEqual(sum(len(x) for r in b for x in r), 0)
+        # per-layer arrays in a list rebuilt at each call: keyed on the arrays themselves
+        cache2 = kve.GramCache()
+        for _ in range(2):
+            kve.select_kept("laprox", self.q, self.k, self.v, [w for w in self.wo], budget=12,
+                            window=W, gram_cache=cache2)
+        self.assertEqual((cache2.misses, cache2.hits), (L, L))  # fresh views of one array hit
+        wos = [self.wo[l].copy() for l in range(L)]
+        for _ in range(2):
+            kve.select_kept("laprox", self.q, self.k, self.v, list(wos), budget=12, window=W,
+                            gram_cache=cache2)
+        self.assertEqual((cache2.misses, cache2.hits), (2 * L, 2 * L))
+        # transposed views of PyTorch o_proj.weight arrays, rebuilt at each call, hit too
+        o_proj = [np.ascontiguousarray(w.T) for w in wos]
+        g = kve.GramCache()
+        a = g.get([w.T for w in o_proj], 0, HQ, HKV, False)
+        b = g.get([w.T for w in o_proj], 0, HQ, HKV, False)
+        self.assertIs(a, b)
+        np.testing.assert_array_equal(a, kve.compute_gram(wos[0], HKV, hq=HQ))
         # exact mode needs cross blocks: a separate cache entry
         kve.select_kept("laprox", self.q, self.k, self.v, self.wo, budget=12, window=W,
                         gram_cache=cache, laprox_gqa="exact")
