@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include <math.h>
+#include <mutex>
 
 #include "kvevict_cuda.h"
 
@@ -140,19 +141,43 @@ static inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; 
 static inline int launch_status() { return (int)cudaGetLastError(); }
 
 // Raises a kernel's dynamic shared-memory limit when it needs more than the
-// default 48 KiB. Host-side only (no synchronisation, allowed in graph capture).
+// default 48 KiB. Host-side only (no synchronisation). Done once per (kernel,
+// device, size): later launches make no API call at all. The one call runs with
+// the thread's capture mode exchanged to relaxed, so a first launch inside a
+// global-mode stream capture is not refused as "potentially unsafe".
 template <typename K>
 static inline int set_smem(K kernel, size_t bytes) {
     if (bytes <= 48 * 1024) return 0;
+    struct Entry {
+        const void* fn;
+        int dev;
+        size_t bytes;
+    };
+    static std::mutex mu;
+    static Entry cache[256];
+    static int used = 0;
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return (int)e;
+    const void* fn = reinterpret_cast<const void*>(kernel);
+    std::lock_guard<std::mutex> lock(mu);
+    for (int i = 0; i < used; ++i)
+        if (cache[i].fn == fn && cache[i].dev == dev && cache[i].bytes >= bytes) return 0;
     int optin = 0;
     e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e != cudaSuccess) return (int)e;
     if ((size_t)optin < bytes) return (int)cudaErrorInvalidValue;
-    return (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)bytes);
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    cudaThreadExchangeStreamCaptureMode(&mode);  // restore the caller's mode
+    if (e != cudaSuccess) return (int)e;
+    int slot = -1;
+    for (int i = 0; i < used; ++i)
+        if (cache[i].fn == fn && cache[i].dev == dev) slot = i;
+    if (slot < 0 && used < 256) slot = used++;
+    if (slot >= 0) cache[slot] = Entry{fn, dev, bytes};
+    return 0;
 }
 
 }  // namespace kve

@@ -11,9 +11,12 @@
  *    (256-byte aligned; cudaMalloc memory always is).
  *  - No launcher synchronises the host or the device, reads device memory on the
  *    host, or calls anything a CUDA graph capture forbids: every one can be
- *    captured in a graph. Some query device attributes (host-side, no sync) and
- *    raise a kernel's dynamic shared-memory limit with cudaFuncSetAttribute
- *    (also host-side, allowed during capture).
+ *    captured in a graph. window and vonorm query device attributes (host-side,
+ *    no sync) and, on their first launch per kernel and device, raise the
+ *    kernel's dynamic shared-memory limit with cudaFuncSetAttribute (host-side;
+ *    run with the thread's capture mode exchanged to relaxed, so it is accepted
+ *    inside a capture too); lava_factor and select zero memory with
+ *    cudaMemsetAsync / a kernel (stream operations).
  *  - All pointers except the view descriptors themselves are device pointers
  *    (the descriptor structs are passed by value or by host pointer).
  *  - Scores are f32. A "score row" has one entry per prefix token; a [rows, P]
