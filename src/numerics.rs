@@ -5,15 +5,18 @@
 use crate::error::{Error, Result};
 
 /// exp(x) for finite x <= 0 (softmax after max subtraction); 0 below -87.3.
-/// Cody–Waite range reduction and a degree-6 polynomial: about 2 ulp, branch-free so
-/// the loops around it vectorise.
+/// Cody–Waite range reduction and a degree-6 polynomial: about 2 ulp. Branch-free and
+/// without float-to-int conversions (n is rounded with the 1.5·2^23 trick and read back
+/// from the bits), so loops around it vectorise. NaN in, NaN out.
 #[inline(always)]
 pub fn exp_neg(x: f32) -> f32 {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5·2^23: bits 0x4B40_0000
     let xc = if x < -87.0 { -87.0 } else { x };
-    let n = (xc * LOG2E + 0.5).floor_fast();
+    let tm = xc * LOG2E + ROUND; // ROUND + round(x·log2 e), exactly
+    let n = tm - ROUND;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let p = 1.987_569_1e-4f32;
     let p = p * r + 1.398_199_9e-3;
@@ -22,7 +25,8 @@ pub fn exp_neg(x: f32) -> f32 {
     let p = p * r + 1.666_666_5e-1;
     let p = p * r + 5.000_000_1e-1;
     let p = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n: (n + 127) << 23, with n = bits(tm) - 0x4B40_0000
+    let scale = f32::from_bits(tm.to_bits().wrapping_sub(0x4B40_0000 - 127) << 23);
     if x < -87.3 {
         0.0
     } else {
@@ -30,130 +34,295 @@ pub fn exp_neg(x: f32) -> f32 {
     }
 }
 
-trait FloorFast {
-    fn floor_fast(self) -> f32;
+/// 8-lane vector operations the hot loops are written with, once, as `#[inline(always)]`
+/// generics: [`Portable`] (plain arrays, whatever the target vectorises them to) and, on
+/// x86_64 with `std` (run-time detection), `Avx2` (AVX2 + FMA + F16C intrinsics). Both are
+/// deterministic; they differ from each other in rounding (FMA contracts `a·b + c`).
+pub(crate) trait Simd: Copy {
+    type V: Copy;
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat(x: f32) -> Self::V;
+    /// Unaligned load / store of 8 floats.
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// 8 f16 (IEEE binary16 bits) as f32.
+    unsafe fn load_f16(p: *const u16) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// `a·b + c` (fused where the hardware has it).
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `if b > a { b } else { a }` per lane (a NaN in `b` is ignored).
+    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    /// [`exp_neg`] per lane.
+    unsafe fn exp_neg(x: Self::V) -> Self::V;
+    /// Sum of the lanes, in a fixed order: ((0+4)+(2+6)) + ((1+5)+(3+7)).
+    unsafe fn hsum(v: Self::V) -> f32;
 }
-impl FloorFast for f32 {
-    /// floor for |x| < 2^22 without libm (vectorises): truncate then fix negatives.
+
+/// Plain arrays: the baseline build (and targets without SIMD).
+#[derive(Clone, Copy)]
+pub(crate) struct Portable;
+
+impl Simd for Portable {
+    type V = [f32; 8];
     #[inline(always)]
-    fn floor_fast(self) -> f32 {
-        let t = self as i32 as f32;
-        if t > self {
-            t - 1.0
+    unsafe fn zero() -> [f32; 8] {
+        [0.0; 8]
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> [f32; 8] {
+        [x; 8]
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> [f32; 8] {
+        core::ptr::read_unaligned(p as *const [f32; 8])
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: [f32; 8]) {
+        core::ptr::write_unaligned(p as *mut [f32; 8], v)
+    }
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u16) -> [f32; 8] {
+        let mut o = [0f32; 8];
+        for (i, x) in o.iter_mut().enumerate() {
+            *x = half::f16::from_bits(*p.add(i)).to_f32();
+        }
+        o
+    }
+    #[inline(always)]
+    unsafe fn add(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        let mut o = a;
+        for i in 0..8 {
+            o[i] += b[i];
+        }
+        o
+    }
+    #[inline(always)]
+    unsafe fn sub(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        let mut o = a;
+        for i in 0..8 {
+            o[i] -= b[i];
+        }
+        o
+    }
+    #[inline(always)]
+    unsafe fn mul(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        let mut o = a;
+        for i in 0..8 {
+            o[i] *= b[i];
+        }
+        o
+    }
+    #[inline(always)]
+    unsafe fn fma(a: [f32; 8], b: [f32; 8], c: [f32; 8]) -> [f32; 8] {
+        let mut o = c;
+        for i in 0..8 {
+            o[i] += a[i] * b[i];
+        }
+        o
+    }
+    #[inline(always)]
+    unsafe fn max(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        let mut o = a;
+        for i in 0..8 {
+            if b[i] > o[i] {
+                o[i] = b[i];
+            }
+        }
+        o
+    }
+    #[inline(always)]
+    unsafe fn exp_neg(x: [f32; 8]) -> [f32; 8] {
+        let mut o = x;
+        for v in o.iter_mut() {
+            *v = exp_neg(*v);
+        }
+        o
+    }
+    #[inline(always)]
+    unsafe fn hsum(v: [f32; 8]) -> f32 {
+        ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]))
+    }
+}
+
+#[cfg(all(feature = "std", target_arch = "x86_64"))]
+pub(crate) use avx2::Avx2;
+
+#[cfg(all(feature = "std", target_arch = "x86_64"))]
+mod avx2 {
+    use super::Simd;
+    use core::arch::x86_64::*;
+
+    /// AVX2 + FMA + F16C. Only reached through functions with those target features,
+    /// after run-time detection ([`super::has_avx2`]).
+    #[derive(Clone, Copy)]
+    pub(crate) struct Avx2;
+
+    impl Simd for Avx2 {
+        type V = __m256;
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            _mm256_setzero_ps()
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m256 {
+            _mm256_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            _mm256_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> __m256 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            _mm256_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+            _mm256_sub_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+            _mm256_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+            _mm256_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn max(a: __m256, b: __m256) -> __m256 {
+            // vmaxps(x, y) = x > y ? x : y (y when either is NaN)
+            _mm256_max_ps(b, a)
+        }
+        #[inline(always)]
+        unsafe fn exp_neg(x: __m256) -> __m256 {
+            // the scalar exp_neg's steps, lane-wise; NaN propagates like there
+            let lo = _mm256_set1_ps(-87.0);
+            let xc = _mm256_blendv_ps(x, lo, _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo));
+            let t = _mm256_fmadd_ps(
+                xc,
+                _mm256_set1_ps(core::f32::consts::LOG2_E),
+                _mm256_set1_ps(0.5),
+            );
+            let n = _mm256_floor_ps(t);
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), xc);
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+            let p = _mm256_set1_ps(1.987_569_1e-4);
+            let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
+            let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+            let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+            let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
+            let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.000_000_1e-1));
+            let p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r);
+            let p = _mm256_add_ps(p, _mm256_set1_ps(1.0));
+            let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvttps_epi32(n),
+                _mm256_set1_epi32(127),
+            ));
+            let y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+            let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.3));
+            _mm256_andnot_ps(under, y)
+        }
+        #[inline(always)]
+        unsafe fn hsum(v: __m256) -> f32 {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+            _mm_cvtss_f32(s)
+        }
+    }
+}
+
+/// Whether the AVX2 kernels run: the CPU has AVX2, FMA and F16C, and the environment
+/// variable `KVEVICT_PORTABLE` is not set (it forces the portable kernels, for tests).
+/// Decided once per process.
+#[cfg(all(feature = "std", target_arch = "x86_64"))]
+pub(crate) fn has_avx2() -> bool {
+    use core::sync::atomic::{AtomicU8, Ordering};
+    static STATE: AtomicU8 = AtomicU8::new(0);
+    match STATE.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let yes = std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+                && std::env::var_os("KVEVICT_PORTABLE").is_none();
+            STATE.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+            yes
+        }
+    }
+}
+
+/// Run `$body` with `$S` bound to the best [`Simd`] the CPU has: `Avx2` inside a function
+/// compiled with those target features when detected, else [`Portable`].
+macro_rules! dispatch {
+    (fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty, $S:ident => $body:block) => {{
+        #[inline(always)]
+        fn body<$S: $crate::numerics::Simd>($($arg: $ty),*) -> $ret $body
+        #[cfg(all(feature = "std", target_arch = "x86_64"))]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn fast($($arg: $ty),*) -> $ret {
+            body::<$crate::numerics::Avx2>($($arg),*)
+        }
+        #[cfg(all(feature = "std", target_arch = "x86_64"))]
+        if $crate::numerics::has_avx2() {
+            // SAFETY: the CPU has avx2, fma and f16c (checked just above).
+            unsafe { fast($($arg),*) }
         } else {
-            t
+            body::<$crate::numerics::Portable>($($arg),*)
         }
-    }
-}
-
-/// Row tile of the GEMM micro-kernel (query rows) and column tile (keys).
-const MR: usize = 4;
-const NR: usize = 16;
-
-/// `out[r][t] = Σ_d q[r][d]·kt[d][t]` for `rows` query rows, `nt` keys (`nt % NR == 0`),
-/// q is `[rows][dk]`, kt is `[dk][nt]`, out is `[rows][nt]`.
-#[inline(always)]
-fn gemm_qk_impl(q: &[f32], kt: &[f32], rows: usize, dk: usize, nt: usize, out: &mut [f32]) {
-    debug_assert!(nt % NR == 0);
-    let mut r = 0;
-    while r < rows {
-        let mr = if rows - r >= MR { MR } else { rows - r };
-        let mut t0 = 0;
-        while t0 < nt {
-            let mut acc = [[0f32; NR]; MR];
-            for d in 0..dk {
-                let k: &[f32; NR] = kt[d * nt + t0..d * nt + t0 + NR].try_into().unwrap();
-                for i in 0..MR {
-                    // rows past the end read row r (valid memory) and are dropped below
-                    let qi = q[(r + if i < mr { i } else { 0 }) * dk + d];
-                    for j in 0..NR {
-                        acc[i][j] += qi * k[j];
-                    }
-                }
-            }
-            for i in 0..mr {
-                out[(r + i) * nt + t0..(r + i) * nt + t0 + NR].copy_from_slice(&acc[i]);
-            }
-            t0 += NR;
+        #[cfg(not(all(feature = "std", target_arch = "x86_64")))]
+        {
+            body::<$crate::numerics::Portable>($($arg),*)
         }
-        r += MR;
-    }
+    }};
 }
+pub(crate) use dispatch;
 
-#[cfg(all(feature = "std", target_arch = "x86_64"))]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gemm_qk_avx2(q: &[f32], kt: &[f32], rows: usize, dk: usize, nt: usize, out: &mut [f32]) {
-    gemm_qk_impl(q, kt, rows, dk, nt, out)
-}
-
-#[cfg(all(feature = "std", target_arch = "x86_64"))]
-fn has_avx2() -> bool {
-    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-}
-
-pub(crate) fn gemm_qk(q: &[f32], kt: &[f32], rows: usize, dk: usize, nt: usize, out: &mut [f32]) {
-    assert!(q.len() >= rows * dk && kt.len() >= dk * nt && out.len() >= rows * nt);
-    #[cfg(all(feature = "std", target_arch = "x86_64"))]
-    if has_avx2() {
-        // SAFETY: the CPU supports avx2 and fma (checked above).
-        return unsafe { gemm_qk_avx2(q, kt, rows, dk, nt, out) };
-    }
-    gemm_qk_impl(q, kt, rows, dk, nt, out)
-}
-
-/// `x[i] = exp_neg(x[i] - m)`; returns Σ x[i] (f32: at most one chunk of terms).
+/// Sum of `x` with 8 lanes of partial sums (deterministic order).
 #[inline(always)]
-fn exp_sub_sum_impl(x: &mut [f32], m: f32) -> f32 {
-    let mut s = 0f32;
-    for v in x.iter_mut() {
-        let e = exp_neg(*v - m);
-        *v = e;
-        s += e;
+pub(crate) unsafe fn sum_v<S: Simd>(x: &[f32]) -> f32 {
+    let n8 = x.len() / 8 * 8;
+    let mut acc = S::zero();
+    let p = x.as_ptr();
+    let mut i = 0;
+    while i < n8 {
+        acc = S::add(acc, S::load(p.add(i)));
+        i += 8;
+    }
+    let mut s = S::hsum(acc);
+    for &v in &x[n8..] {
+        s += v;
     }
     s
 }
 
-#[cfg(all(feature = "std", target_arch = "x86_64"))]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn exp_sub_sum_avx2(x: &mut [f32], m: f32) -> f32 {
-    exp_sub_sum_impl(x, m)
-}
-
-pub(crate) fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
-    #[cfg(all(feature = "std", target_arch = "x86_64"))]
-    if has_avx2() {
-        return unsafe { exp_sub_sum_avx2(x, m) };
-    }
-    exp_sub_sum_impl(x, m)
-}
-
-/// `x[i] = exp_neg(x[i] - m) * inv`.
+/// `Σ x[i]·y[i]` with 8 lanes of partial sums (deterministic order); `y.len() >= x.len()`.
 #[inline(always)]
-fn exp_scale_impl(x: &mut [f32], m: f32, inv: f32) {
-    for v in x.iter_mut() {
-        *v = exp_neg(*v - m) * inv;
+pub(crate) unsafe fn dot_v<S: Simd>(x: &[f32], y: &[f32]) -> f32 {
+    let y = &y[..x.len()];
+    let n8 = x.len() / 8 * 8;
+    let mut acc = S::zero();
+    let (px, py) = (x.as_ptr(), y.as_ptr());
+    let mut i = 0;
+    while i < n8 {
+        acc = S::fma(S::load(px.add(i)), S::load(py.add(i)), acc);
+        i += 8;
     }
-}
-
-#[cfg(all(feature = "std", target_arch = "x86_64"))]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn exp_scale_avx2(x: &mut [f32], m: f32, inv: f32) {
-    exp_scale_impl(x, m, inv)
-}
-
-pub(crate) fn exp_scale(x: &mut [f32], m: f32, inv: f32) {
-    #[cfg(all(feature = "std", target_arch = "x86_64"))]
-    if has_avx2() {
-        return unsafe { exp_scale_avx2(x, m, inv) };
+    let mut s = S::hsum(acc);
+    for (a, b) in x[n8..].iter().zip(&y[n8..]) {
+        s += a * b;
     }
-    exp_scale_impl(x, m, inv)
-}
-
-/// Maximum of a slice (-inf when empty).
-#[inline]
-pub(crate) fn max_of(x: &[f32]) -> f32 {
-    x.iter()
-        .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
+    s
 }
 
 /// Order-preserving map from finite f32 to u32: a < b  <=>  key(a) < key(b).

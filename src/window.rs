@@ -10,11 +10,13 @@
 //! ever stored, so the workspace stays independent of N apart from the outputs.
 
 use crate::error::{Error, Result};
-use crate::numerics::{exp_neg, exp_scale, exp_sub_sum, gemm_qk, max_of, Workspace, WorkspaceSize};
-use crate::view::View;
+use crate::numerics::{dispatch, dot_v, exp_neg, sum_v, Simd, Workspace, WorkspaceSize};
+use crate::view::{DType, View};
 
-/// Keys per chunk (a multiple of the GEMM column tile).
-pub(crate) const CHUNK: usize = 64;
+/// Keys per micro-tile of the Q·Kᵀ kernel.
+const KT: usize = 6;
+/// Keys per chunk (a multiple of [`KT`]).
+pub(crate) const CHUNK: usize = 96;
 
 /// Which statistics a scorer needs.
 #[derive(Clone, Copy, Debug, Default)]
@@ -35,45 +37,37 @@ pub(crate) fn pairs(g: usize) -> usize {
     g * (g - 1) / 2
 }
 
+/// Window rows of a group (`g·w`) rounded up to whole vectors.
+fn padded_rows(rows: usize) -> Result<usize> {
+    rows.checked_add(7).map(|r| r & !7).ok_or(Error::Overflow)
+}
+
 /// Scratch bytes for one group pass (outputs excluded).
 pub(crate) fn scratch_size(ws: &mut WorkspaceSize, g: usize, w: usize, dk: usize) -> Result<()> {
-    let rows = g.checked_mul(w).ok_or(Error::Overflow)?;
-    ws.add::<f32>(rows.checked_mul(dk).ok_or(Error::Overflow)?)?; // q
-    ws.add::<f32>(dk.checked_mul(CHUNK).ok_or(Error::Overflow)?)?; // kᵀ chunk
+    let rows = padded_rows(g.checked_mul(w).ok_or(Error::Overflow)?)?;
+    ws.add::<f32>(rows.checked_mul(dk).ok_or(Error::Overflow)?)?; // packed queries
+    ws.add::<f32>(dk.checked_mul(CHUNK).ok_or(Error::Overflow)?)?; // key chunk
     ws.add::<f32>(rows.checked_mul(CHUNK).ok_or(Error::Overflow)?)?; // logits
-    ws.add::<f32>(dk)?; // one key row
+    ws.add::<f32>(rows)?; // row max
+    ws.add::<f32>(rows)?; // 1 / row denominator
     Ok(())
 }
 
-/// Load keys `c0 .. c0+nt` of KV head `kh` transposed into `kt[d][CHUNK]`, zero padded.
-/// Returns false when a key element is NaN or infinite.
-fn load_keys_t(
-    keys: &View,
-    kh: usize,
-    c0: usize,
-    nt: usize,
-    row: &mut [f32],
-    kt: &mut [f32],
-) -> bool {
-    let dk = keys.extent()[2];
-    kt[..dk * CHUNK].fill(0.0);
-    let mut finite = true;
-    for t in 0..nt {
-        keys.load_row(kh, c0 + t, row);
-        for d in 0..dk {
-            finite &= row[d].is_finite();
-            kt[d * CHUNK + t] = row[d];
-        }
-    }
-    finite
-}
-
 /// Scratch slices of one group pass.
+///
+/// `q` holds the window queries (pre-scaled by 1/sqrt(dk)) packed for the kernel: panels of
+/// 16 rows `[d][16]`, then, when `rows_pad % 16 == 8`, one panel of 8 rows `[d][8]`.
+/// `c` holds a chunk's logits key-major: `c[t][rows_pad]`, so that the rows of one key are
+/// contiguous (vector lanes run over window rows).
 struct Scratch<'s> {
     q: &'s mut [f32],
-    kt: &'s mut [f32],
-    logits: &'s mut [f32],
-    krow: &'s mut [f32],
+    k: &'s mut [f32],
+    c: &'s mut [f32],
+    m: &'s mut [f32],
+    inv: &'s mut [f32],
+    rows: usize,
+    rows_pad: usize,
+    dk: usize,
 }
 
 /// Carve scratch and load the group's window queries, pre-scaled by 1/sqrt(dk).
@@ -87,28 +81,165 @@ fn load_queries<'s>(
 ) -> Result<Scratch<'s>> {
     let mut ws = Workspace::new(scratch);
     let rows = g * w;
+    let rows_pad = padded_rows(rows)?;
     let s = Scratch {
-        q: ws.take::<f32>(rows * dk)?,
-        kt: ws.take::<f32>(dk * CHUNK)?,
-        logits: ws.take::<f32>(rows * CHUNK)?,
-        krow: ws.take::<f32>(dk)?,
+        q: ws.take::<f32>(rows_pad * dk)?,
+        k: ws.take::<f32>(dk * CHUNK)?,
+        c: ws.take::<f32>(rows_pad * CHUNK)?,
+        m: ws.take::<f32>(rows_pad)?,
+        inv: ws.take::<f32>(rows_pad)?,
+        rows,
+        rows_pad,
+        dk,
     };
     let wq = queries.extent()[1];
     let scale = 1.0 / libm::sqrtf(dk as f32);
+    let full = rows_pad / 16 * 16;
     for a in 0..g {
         for j in 0..w {
             let r = a * w + j;
-            let q = &mut s.q[r * dk..(r + 1) * dk];
-            queries.load_row(kh * g + a, wq - w + j, q);
-            for v in q.iter_mut() {
+            // one row through the key chunk buffer (free at this point)
+            let row = &mut s.k[..dk];
+            queries.load_row(kh * g + a, wq - w + j, row);
+            let (base, width, lane) = if r < full {
+                (r / 16 * 16 * dk, 16, r % 16)
+            } else {
+                (full * dk, 8, r - full)
+            };
+            for (d, &v) in row.iter().enumerate() {
                 if !v.is_finite() {
                     return Err(Error::NonFinite);
                 }
-                *v *= scale;
+                s.q[base + d * width + lane] = v * scale;
             }
         }
     }
     Ok(s)
+}
+
+/// Load keys `c0 .. c0+nt` of KV head `kh` as f32 rows `k[t][dk]`, zero rows up to `ntp`.
+/// With `check`, returns false when a key element is NaN or infinite.
+#[inline(always)]
+fn load_keys<S: Simd>(
+    keys: &View,
+    kh: usize,
+    c0: usize,
+    nt: usize,
+    ntp: usize,
+    k: &mut [f32],
+    check: bool,
+) -> bool {
+    let dk = keys.extent()[2];
+    let st = keys.stride();
+    let k = &mut k[..ntp * dk];
+    match (keys.dtype(), st[2]) {
+        (DType::F16, 1) => {
+            // The view proved every element of its extent in bounds at construction; the
+            // address comes back from `byte_range` (the pointer it was built from).
+            let base = keys.byte_range().0 as *const u16;
+            let d8 = dk / 8 * 8;
+            for t in 0..nt {
+                let src = unsafe { base.add(kh * st[0] + (c0 + t) * st[1]) };
+                let dst = &mut k[t * dk..(t + 1) * dk];
+                let mut d = 0;
+                while d < d8 {
+                    unsafe { S::store(dst.as_mut_ptr().add(d), S::load_f16(src.add(d))) };
+                    d += 8;
+                }
+                for d in d8..dk {
+                    dst[d] = half::f16::from_bits(unsafe { *src.add(d) }).to_f32();
+                }
+            }
+        }
+        _ => {
+            for t in 0..nt {
+                keys.load_row(kh, c0 + t, &mut k[t * dk..(t + 1) * dk]);
+            }
+        }
+    }
+    k[nt * dk..].fill(0.0);
+    if !check {
+        return true;
+    }
+    // x - x is +0 for finite x and NaN otherwise
+    let x = &k[..nt * dk];
+    let n8 = x.len() / 8 * 8;
+    let mut acc = unsafe { S::zero() };
+    let mut i = 0;
+    while i < n8 {
+        unsafe {
+            let v = S::load(x.as_ptr().add(i));
+            acc = S::add(acc, S::sub(v, v));
+        }
+        i += 8;
+    }
+    let lanes_ok = unsafe { S::hsum(acc) == 0.0 };
+    lanes_ok && x[n8..].iter().all(|v| v.is_finite())
+}
+
+/// `c[t][r0..r0+16] = Σ_d k[t][d]·q[d][0..16]` for `KT` keys.
+#[inline(always)]
+unsafe fn tile16<S: Simd>(k: *const f32, dk: usize, q: *const f32, c: *mut f32, ldc: usize) {
+    let mut acc = [[S::zero(); 2]; KT];
+    for d in 0..dk {
+        let q0 = S::load(q.add(d * 16));
+        let q1 = S::load(q.add(d * 16 + 8));
+        for i in 0..KT {
+            let b = S::splat(*k.add(i * dk + d));
+            acc[i][0] = S::fma(b, q0, acc[i][0]);
+            acc[i][1] = S::fma(b, q1, acc[i][1]);
+        }
+    }
+    for i in 0..KT {
+        S::store(c.add(i * ldc), acc[i][0]);
+        S::store(c.add(i * ldc + 8), acc[i][1]);
+    }
+}
+
+/// The 8-row panel of [`tile16`] (the same arithmetic per logit).
+#[inline(always)]
+unsafe fn tile8<S: Simd>(k: *const f32, dk: usize, q: *const f32, c: *mut f32, ldc: usize) {
+    let mut acc = [S::zero(); KT];
+    for d in 0..dk {
+        let q0 = S::load(q.add(d * 8));
+        for i in 0..KT {
+            acc[i] = S::fma(S::splat(*k.add(i * dk + d)), q0, acc[i]);
+        }
+    }
+    for i in 0..KT {
+        S::store(c.add(i * ldc), acc[i]);
+    }
+}
+
+/// Logits of one chunk: `c[t][r] = k[t]·q[r]` for `t < ntp` (a multiple of KT), every row.
+#[inline(always)]
+fn gemm<S: Simd>(s: &mut Scratch, ntp: usize) {
+    let (dk, rp) = (s.dk, s.rows_pad);
+    assert!(ntp % KT == 0 && s.k.len() >= ntp * dk && s.c.len() >= ntp * rp);
+    assert!(s.q.len() >= rp * dk && rp % 8 == 0);
+    let full = rp / 16 * 16;
+    let (k, q, c) = (s.k.as_ptr(), s.q.as_ptr(), s.c.as_mut_ptr());
+    // SAFETY: every access is inside the slices checked above.
+    unsafe {
+        let mut r0 = 0;
+        while r0 < full {
+            let qp = q.add(r0 * dk);
+            let mut t0 = 0;
+            while t0 < ntp {
+                tile16::<S>(k.add(t0 * dk), dk, qp, c.add(t0 * rp + r0), rp);
+                t0 += KT;
+            }
+            r0 += 16;
+        }
+        if full < rp {
+            let qp = q.add(full * dk);
+            let mut t0 = 0;
+            while t0 < ntp {
+                tile8::<S>(k.add(t0 * dk), dk, qp, c.add(t0 * rp + full), rp);
+                t0 += KT;
+            }
+        }
+    }
 }
 
 /// Pass 1 for KV group `kh`: running max `rmax[g*w]` and denominator `rsum[g*w]` of every
@@ -125,47 +256,86 @@ pub(crate) fn row_stats(
     rmax: &mut [f32],
     rsum: &mut [f64],
 ) -> Result<()> {
-    let [_, n, dk] = keys.extent();
+    let dk = keys.extent()[2];
+    let s = &mut load_queries(queries, kh, g, w, dk, scratch)?;
+    dispatch!(fn(keys: &View, kh: usize, g: usize, w: usize, s: &mut Scratch,
+                 rmax: &mut [f32], rsum: &mut [f64]) -> Result<()>, S => {
+        row_stats_impl::<S>(keys, kh, g, w, s, rmax, rsum)
+    })
+}
+
+#[inline(always)]
+fn row_stats_impl<S: Simd>(
+    keys: &View,
+    kh: usize,
+    g: usize,
+    w: usize,
+    s: &mut Scratch,
+    rmax: &mut [f32],
+    rsum: &mut [f64],
+) -> Result<()> {
+    let n = keys.extent()[1];
     let p = n - w;
-    let rows = g * w;
-    let s = load_queries(queries, kh, g, w, dk, scratch)?;
-    rmax[..rows].fill(f32::NEG_INFINITY);
-    rsum[..rows].fill(0.0);
+    let (rows, rp) = (s.rows, s.rows_pad);
+    let rmax = &mut rmax[..rows];
+    let rsum = &mut rsum[..rows];
+    rmax.fill(f32::NEG_INFINITY);
+    rsum.fill(0.0);
     let mut c0 = 0;
     while c0 < n {
         let nt = CHUNK.min(n - c0);
-        if !load_keys_t(keys, kh, c0, nt, s.krow, s.kt) {
+        let ntp = (nt + KT - 1) / KT * KT;
+        if !load_keys::<S>(keys, kh, c0, nt, ntp, s.k, true) {
             return Err(Error::NonFinite);
         }
-        gemm_qk(s.q, s.kt, rows, dk, CHUNK, s.logits);
-        for j in 0..w {
-            // query j sits at position p + j and sees keys i <= p + j
-            let visible = (p + j + 1).saturating_sub(c0).min(nt);
-            if visible == 0 {
-                continue;
-            }
+        gemm::<S>(s, ntp);
+        let c = &mut s.c[..ntp * rp];
+        // causal mask: query j (position p + j) sees keys i <= p + j
+        for t in p.saturating_sub(c0)..nt {
+            let hide = (c0 + t - p).min(w);
             for a in 0..g {
-                let r = a * w + j;
-                let l = &mut s.logits[r * CHUNK..r * CHUNK + visible];
-                let cm = max_of(l);
-                let m_old = rmax[r];
-                let m = if cm > m_old { cm } else { m_old };
-                if !m.is_finite() {
+                c[t * rp + a * w..t * rp + a * w + hide].fill(f32::NEG_INFINITY);
+            }
+        }
+        let mut r0 = 0;
+        while r0 < rows {
+            let mut m = [0f32; 8];
+            let mut cs = [0f32; 8];
+            // SAFETY: r0 + 8 <= rp and t < nt <= ntp: inside `c`.
+            unsafe {
+                let cp = c.as_ptr().add(r0);
+                let mut cm = S::splat(f32::NEG_INFINITY);
+                for t in 0..nt {
+                    cm = S::max(cm, S::load(cp.add(t * rp)));
+                }
+                let mv = S::max(S::load(s.m.as_ptr().add(r0)), cm);
+                let mut acc = S::zero();
+                for t in 0..nt {
+                    acc = S::add(acc, S::exp_neg(S::sub(S::load(cp.add(t * rp)), mv)));
+                }
+                S::store(m.as_mut_ptr(), mv);
+                S::store(cs.as_mut_ptr(), acc);
+            }
+            for l in 0..8.min(rows - r0) {
+                let r = r0 + l;
+                let (m_old, m_new) = (rmax[r], m[l]);
+                if !m_new.is_finite() {
                     return Err(Error::NonFinite);
                 }
-                let cs = exp_sub_sum(l, m);
                 let rescale = if m_old == f32::NEG_INFINITY {
                     0.0
                 } else {
-                    exp_neg(m_old - m) as f64
+                    exp_neg(m_old - m_new) as f64
                 };
-                rsum[r] = rsum[r] * rescale + cs as f64;
-                rmax[r] = m;
+                rsum[r] = rsum[r] * rescale + cs[l] as f64;
+                rmax[r] = m_new;
+                s.m[r] = m_new;
             }
+            r0 += 8;
         }
         c0 += nt;
     }
-    if rsum[..rows].iter().any(|s| !s.is_finite() || *s <= 0.0) {
+    if rsum.iter().any(|s| !s.is_finite() || *s <= 0.0) {
         return Err(Error::NonFinite);
     }
     Ok(())
@@ -185,56 +355,76 @@ pub(crate) fn column_stats(
     scratch: &mut [u8],
     out: &mut Stats,
 ) -> Result<()> {
-    let [_, n, dk] = keys.extent();
+    let dk = keys.extent()[2];
+    let s = &mut load_queries(queries, kh, g, w, dk, scratch)?;
+    for r in 0..s.rows {
+        s.m[r] = rmax[r];
+        s.inv[r] = (1.0 / rsum[r]) as f32;
+    }
+    dispatch!(fn(keys: &View, kh: usize, g: usize, w: usize, needs: Needs, s: &mut Scratch,
+                 out: &mut Stats) -> (), S => {
+        column_stats_impl::<S>(keys, kh, g, w, needs, s, out)
+    });
+    Ok(())
+}
+
+#[inline(always)]
+fn column_stats_impl<S: Simd>(
+    keys: &View,
+    kh: usize,
+    g: usize,
+    w: usize,
+    needs: Needs,
+    s: &mut Scratch,
+    out: &mut Stats,
+) {
+    let n = keys.extent()[1];
     let p = n - w;
-    let rows = g * w;
-    let s = load_queries(queries, kh, g, w, dk, scratch)?;
-    let logits = s.logits;
+    let rp = s.rows_pad;
     let mut c0 = 0;
     while c0 < p {
         let nt = CHUNK.min(p - c0);
-        load_keys_t(keys, kh, c0, nt, s.krow, s.kt);
-        gemm_qk(s.q, s.kt, rows, dk, CHUNK, logits);
-        for r in 0..rows {
-            exp_scale(
-                &mut logits[r * CHUNK..r * CHUNK + nt],
-                rmax[r],
-                (1.0 / rsum[r]) as f32,
-            );
-        }
-        for a in 0..g {
-            let base = a * p + c0;
-            for j in 0..w {
-                let pr = &logits[(a * w + j) * CHUNK..(a * w + j) * CHUNK + nt];
-                if needs.sum {
-                    for (o, &v) in out.sum[base..base + nt].iter_mut().zip(pr) {
-                        *o += v;
-                    }
+        let ntp = (nt + KT - 1) / KT * KT;
+        load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
+        gemm::<S>(s, ntp);
+        let c = &mut s.c[..ntp * rp];
+        // probabilities in place (padding rows have inv = 0)
+        for t in 0..nt {
+            let mut r0 = 0;
+            while r0 < rp {
+                // SAFETY: r0 + 8 <= rp, t < ntp.
+                unsafe {
+                    let cp = c.as_mut_ptr().add(t * rp + r0);
+                    let z = S::sub(S::load(cp), S::load(s.m.as_ptr().add(r0)));
+                    S::store(cp, S::mul(S::exp_neg(z), S::load(s.inv.as_ptr().add(r0))));
                 }
-                if needs.sq {
-                    for (o, &v) in out.sq[base..base + nt].iter_mut().zip(pr) {
-                        *o += v * v;
-                    }
-                }
+                r0 += 8;
             }
         }
-        if needs.cross {
-            let mut pi = 0;
+        for t in 0..nt {
+            let row = &c[t * rp..t * rp + g * w];
             for a in 0..g {
-                for b in a + 1..g {
-                    let base = pi * p + c0;
-                    for j in 0..w {
-                        let pa = &logits[(a * w + j) * CHUNK..(a * w + j) * CHUNK + nt];
-                        let pb = &logits[(b * w + j) * CHUNK..(b * w + j) * CHUNK + nt];
-                        for t in 0..nt {
-                            out.cross[base + t] += pa[t] * pb[t];
-                        }
+                let pa = &row[a * w..(a + 1) * w];
+                let o = a * p + c0 + t;
+                // SAFETY (sum_v, dot_v): plain slice reads.
+                if needs.sum {
+                    out.sum[o] += unsafe { sum_v::<S>(pa) };
+                }
+                if needs.sq {
+                    out.sq[o] += unsafe { dot_v::<S>(pa, pa) };
+                }
+            }
+            if needs.cross {
+                let mut pi = 0;
+                for a in 0..g {
+                    for b in a + 1..g {
+                        let (pa, pb) = (&row[a * w..(a + 1) * w], &row[b * w..(b + 1) * w]);
+                        out.cross[pi * p + c0 + t] += unsafe { dot_v::<S>(pa, pb) };
+                        pi += 1;
                     }
-                    pi += 1;
                 }
             }
         }
         c0 += nt;
     }
-    Ok(())
 }

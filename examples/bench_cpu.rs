@@ -1,0 +1,335 @@
+//! CPU benchmark of `score_layer` for one layer (issue 2; not a timed test).
+//!
+//! Shapes: SmolLM2 (Hq=9, Hkv=3, d=64, f32) and Llama-3-8B (Hq=32, Hkv=8, d=128, f16),
+//! head-major `[H, N, d]` tensors of synthetic data (fixed seed, so every run scores the
+//! same inputs). Single-threaded. Each case runs `--reps` times; the minimum is reported.
+//!
+//!   cargo run --release --example bench_cpu -- [--reps 5] [--n 4096,32768]
+//!       [--shapes smol,llama] [--scorers snapkv,laprox,...] [--dump DIR]
+//!
+//! With `--dump DIR` the inputs and our scores go to `DIR/<shape>-<N>/` (raw little-endian
+//! arrays, described by `meta.txt`) and the times to `DIR/rust.tsv`, for
+//! `bench/numpy_ref.py`, which times the same math in numpy and checks the scores.
+//! `scripts/bench_cpu.sh` runs both and prints the table.
+
+use half::f16;
+use kvevict::*;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+const SCORERS: &[&str] = &[
+    "snapkv",
+    "snapkv-kvpress",
+    "lava",
+    "laprox",
+    "laprox-cached",
+    "criticalkv",
+    "knorm",
+    "tova",
+    "streamingllm",
+];
+
+/// Window queries given per head (the largest preset window).
+const WQ: usize = 64;
+
+#[derive(Clone, Copy)]
+struct Shape {
+    name: &'static str,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    f16: bool,
+}
+
+const SHAPES: &[Shape] = &[
+    Shape {
+        name: "smol",
+        hq: 9,
+        hkv: 3,
+        d: 64,
+        f16: false,
+    },
+    Shape {
+        name: "llama",
+        hq: 32,
+        hkv: 8,
+        d: 128,
+        f16: true,
+    },
+];
+
+/// xorshift64*: fixed-seed, fast, good enough for benchmark data.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn unif(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Approximately N(0, 1) (Irwin–Hall with 4 terms, scaled).
+    fn gauss(&mut self) -> f32 {
+        (self.unif() + self.unif() + self.unif() + self.unif() - 2.0) * 1.732_050_8
+    }
+}
+
+/// A tensor in the dtype of the shape (f32 or f16), head-major contiguous.
+enum Data {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Data {
+    fn view(&self, ext: [usize; 3]) -> View<'_> {
+        let st = [ext[1] * ext[2], ext[2], 1];
+        match self {
+            Data::F32(v) => View::f32(v, ext, st).unwrap(),
+            Data::F16(v) => View::f16(v, ext, st).unwrap(),
+        }
+    }
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            Data::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Data::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+}
+
+fn gen(rng: &mut Rng, len: usize, scale: f32, f16: bool) -> Data {
+    if f16 {
+        Data::F16(
+            (0..len)
+                .map(|_| f16::from_f32(rng.gauss() * scale))
+                .collect(),
+        )
+    } else {
+        Data::F32((0..len).map(|_| rng.gauss() * scale).collect())
+    }
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+struct Case {
+    s: Shape,
+    n: usize,
+    q: Data,
+    k: Data,
+    v: Data,
+    gram: Vec<f32>,
+    forms: Vec<f32>,
+    l1: Vec<f32>,
+}
+
+fn make_case(s: Shape, n: usize) -> Case {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (n as u64) ^ ((s.d as u64) << 32));
+    // Keys: a per-head mean direction plus noise (real keys have one), queries scaled so
+    // the logits spread over a few units: attention is neither flat nor one-hot.
+    let mut k = vec![0f32; s.hkv * n * s.d];
+    for h in 0..s.hkv {
+        let mean: Vec<f32> = (0..s.d).map(|_| rng.gauss() * 0.5).collect();
+        for t in 0..n {
+            for c in 0..s.d {
+                k[(h * n + t) * s.d + c] = mean[c] + rng.gauss();
+            }
+        }
+    }
+    let k = if s.f16 {
+        Data::F16(k.iter().map(|&x| f16::from_f32(x)).collect())
+    } else {
+        Data::F32(k)
+    };
+    let q = gen(&mut rng, s.hq * WQ * s.d, 1.5, s.f16);
+    let v = gen(&mut rng, s.hkv * n * s.d, 1.0, s.f16);
+    // Gram from a random Wo [Hq, dv, D], D = Hq·dv (once per model: not timed)
+    let dm = s.hq * s.d;
+    let wscale = 1.0 / (dm as f32).sqrt();
+    let wo: Vec<f32> = (0..s.hq * s.d * dm).map(|_| rng.gauss() * wscale).collect();
+    let wov = View::f32_contiguous(&wo, [s.hq, s.d, dm]).unwrap();
+    let mut gram = vec![0f32; gram_len(s.hq, s.hkv, s.d, false).unwrap()];
+    let mut ws = vec![0u8; gram_workspace_size(s.d, dm).unwrap()];
+    compute_gram(&wov, s.hkv, false, &mut gram, &mut ws).unwrap();
+    let mut forms = vec![0f32; value_forms_len(s.hq, s.hkv, n, false).unwrap()];
+    let vv = v.view([s.hkv, n, s.d]);
+    compute_value_forms(&vv, &gram, s.hq, false, 0, n, &mut forms).unwrap();
+    // CriticalKV's value L1 norms are an engine-side cache; synthetic positive values here
+    // (computing them through Wo is not what is benchmarked).
+    let l1: Vec<f32> = (0..s.hkv * n).map(|_| 1.0 + rng.unif()).collect();
+    Case {
+        s,
+        n,
+        q,
+        k,
+        v,
+        gram,
+        forms,
+        l1,
+    }
+}
+
+fn config(name: &str, p: usize) -> ScoreConfig {
+    let preset = match name {
+        "snapkv" => Preset::SnapKv,
+        "snapkv-kvpress" => Preset::SnapKvKvpress,
+        "lava" => Preset::Lava,
+        "laprox" | "laprox-cached" => Preset::LaProx,
+        "criticalkv" => Preset::CriticalKv,
+        "knorm" => Preset::KNorm,
+        "tova" => Preset::Tova,
+        "streamingllm" => Preset::StreamingLlm,
+        _ => panic!("unknown scorer {name}"),
+    };
+    let mut cfg = ScoreConfig::preset(preset);
+    if name == "criticalkv" {
+        // half of a 10% budget forced by the base score
+        cfg.critical_first_stage = (p / 20) as u32;
+    }
+    cfg
+}
+
+fn run_case(c: &Case, name: &str, reps: usize) -> (ScoreConfig, Vec<f32>, Vec<f64>) {
+    let s = c.s;
+    let cfg0 = config(name, c.n);
+    let p = c.n - cfg0.window as usize;
+    let cfg = config(name, p);
+    let inputs = LayerInputs {
+        queries: Some(c.q.view([s.hq, WQ, s.d])),
+        keys: Some(c.k.view([s.hkv, c.n, s.d])),
+        values: Some(c.v.view([s.hkv, c.n, s.d])),
+        gram: if name == "laprox" {
+            Some(&c.gram)
+        } else {
+            None
+        },
+        value_forms: if name == "laprox-cached" {
+            Some(&c.forms)
+        } else {
+            None
+        },
+        value_l1: if name == "criticalkv" {
+            Some(&c.l1)
+        } else {
+            None
+        },
+    };
+    let shape = layer_shape(&cfg, &inputs).unwrap();
+    let mut ws = vec![0u8; score_workspace_size(&cfg, &shape).unwrap()];
+    let mut out = vec![0f32; score_len(&cfg, &shape).unwrap()];
+    let mut times = Vec::new();
+    let mut first: Option<Vec<f32>> = None;
+    for _ in 0..reps {
+        let t = Instant::now();
+        score_layer(&cfg, &inputs, &mut out, &mut ws).unwrap();
+        times.push(t.elapsed().as_secs_f64());
+        // bit-for-bit deterministic run to run
+        match &first {
+            None => first = Some(out.clone()),
+            Some(f) => assert!(
+                f.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: scores differ between runs"
+            ),
+        }
+    }
+    (cfg, out, times)
+}
+
+fn arg_list(args: &[String], key: &str, default: &[&str]) -> Vec<String> {
+    match args.iter().position(|a| a == key) {
+        Some(i) => args[i + 1].split(',').map(|s| s.to_string()).collect(),
+        None => default.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn dump_case(dir: &Path, c: &Case) {
+    fs::create_dir_all(dir).unwrap();
+    let s = c.s;
+    let dt = if s.f16 { "f16" } else { "f32" };
+    fs::write(
+        dir.join("meta.txt"),
+        format!(
+            "shape={}\nhq={}\nhkv={}\nd={}\nn={}\nwq={}\ndtype={}\n",
+            s.name, s.hq, s.hkv, s.d, c.n, WQ, dt
+        ),
+    )
+    .unwrap();
+    fs::write(dir.join("q.bin"), c.q.bytes()).unwrap();
+    fs::write(dir.join("k.bin"), c.k.bytes()).unwrap();
+    fs::write(dir.join("v.bin"), c.v.bytes()).unwrap();
+    fs::write(dir.join("gram.bin"), f32_bytes(&c.gram)).unwrap();
+    fs::write(dir.join("forms.bin"), f32_bytes(&c.forms)).unwrap();
+    fs::write(dir.join("l1.bin"), f32_bytes(&c.l1)).unwrap();
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let reps: usize = arg_list(&args, "--reps", &["5"])[0].parse().unwrap();
+    let ns: Vec<usize> = arg_list(&args, "--n", &["4096", "32768"])
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let shapes = arg_list(&args, "--shapes", &["smol", "llama"]);
+    let scorers = arg_list(&args, "--scorers", SCORERS);
+    let dump = args
+        .iter()
+        .position(|a| a == "--dump")
+        .map(|i| PathBuf::from(&args[i + 1]));
+    let mut tsv = dump.as_ref().map(|d| {
+        fs::create_dir_all(d).unwrap();
+        let mut f = fs::File::create(d.join("rust.tsv")).unwrap();
+        writeln!(f, "case\tscorer\twindow\tmin_s\tmedian_s\ttimes").unwrap();
+        f
+    });
+    println!(
+        "kvevict {} score_layer, single thread, min of {reps} runs",
+        env!("CARGO_PKG_VERSION")
+    );
+    for sname in &shapes {
+        let s = *SHAPES.iter().find(|x| x.name == sname).expect("shape");
+        for &n in &ns {
+            let t0 = Instant::now();
+            let c = make_case(s, n);
+            let case = format!("{}-{}", s.name, n);
+            eprintln!(
+                "[{case}: inputs made in {:.1} s]",
+                t0.elapsed().as_secs_f64()
+            );
+            if let Some(d) = &dump {
+                dump_case(&d.join(&case), &c);
+            }
+            for name in &scorers {
+                let (cfg, out, times) = run_case(&c, name, reps);
+                let mut sorted = times.clone();
+                sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                let (tmin, tmed) = (sorted[0], sorted[sorted.len() / 2]);
+                println!(
+                    "{case:<12} {name:<15} w={:<3} min {:>9.3} ms  median {:>9.3} ms  {:>8.2} Mtok/s",
+                    cfg.window,
+                    tmin * 1e3,
+                    tmed * 1e3,
+                    n as f64 / tmin / 1e6
+                );
+                if let (Some(d), Some(f)) = (&dump, tsv.as_mut()) {
+                    fs::write(
+                        d.join(&case).join(format!("scores_{name}.bin")),
+                        f32_bytes(&out),
+                    )
+                    .unwrap();
+                    let all: Vec<String> = times.iter().map(|t| format!("{t:.6}")).collect();
+                    writeln!(
+                        f,
+                        "{case}\t{name}\t{}\t{tmin:.6}\t{tmed:.6}\t{}",
+                        cfg.window,
+                        all.join(",")
+                    )
+                    .unwrap();
+                }
+            }
+        }
+    }
+}
