@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""numpy reference for the CPU benchmark (issue 2), run by scripts/bench_cpu.sh.
+
+Reads the cases that `cargo run --release --example bench_cpu -- --dump DIR` wrote (inputs,
+our scores, our times), computes the same scores with numpy the direct way — per KV group
+one BLAS matmul Q·Kᵀ over all N keys, the full softmax of every window row over its [N]
+logits (max, exp, sum, divide), column sums/norms, pooling, GQA reduction — checks them
+against ours, times them, measures the single-core sgemm rate, and prints a markdown table.
+
+BLAS runs single-threaded (OPENBLAS/OMP/MKL_NUM_THREADS=1 set before numpy loads); numpy's
+elementwise ufuncs are single-threaded anyway. Times are the minimum over --reps runs.
+"""
+import os
+
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_v] = "1"
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+F32 = np.float32
+
+
+# ---------------------------------------------------------------------------------------
+# inputs
+
+
+def load_case(d):
+    meta = {}
+    with open(os.path.join(d, "meta.txt")) as f:
+        for line in f:
+            k, v = line.strip().split("=")
+            meta[k] = v
+    hq, hkv, dk, n, wq = (int(meta[k]) for k in ("hq", "hkv", "d", "n", "wq"))
+    dt = np.float16 if meta["dtype"] == "f16" else np.float32
+    g = hq // hkv
+
+    def rd(name, dtype, shape):
+        return np.fromfile(os.path.join(d, name), dtype=dtype).reshape(shape)
+
+    return dict(
+        name=os.path.basename(d),
+        shape=meta["shape"],
+        dtype=meta["dtype"],
+        hq=hq,
+        hkv=hkv,
+        g=g,
+        dk=dk,
+        n=n,
+        wq=wq,
+        q=rd("q.bin", dt, (hq, wq, dk)),
+        k=rd("k.bin", dt, (hkv, n, dk)),
+        v=rd("v.bin", dt, (hkv, n, dk)),
+        gram=rd("gram.bin", F32, (hkv, g, dk, dk)),
+        forms=rd("forms.bin", F32, (hkv, g, n)),
+        l1=rd("l1.bin", F32, (hkv, n)),
+        dir=d,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# the math (SPEC §2–§3), numpy style
+
+
+def window_attention(c, kh, w):
+    """A[g, w, N]: softmax over all visible keys of the group's w window rows."""
+    g, dk, n = c["g"], c["dk"], c["n"]
+    p = n - w
+    q = c["q"][kh * g:(kh + 1) * g, c["wq"] - w:, :].astype(F32).reshape(g * w, dk)
+    q *= F32(1.0 / np.sqrt(dk))
+    k = c["k"][kh].astype(F32)
+    z = (q @ k.T).reshape(g, w, n)
+    # causal inside the window: query j sees keys i <= p + j
+    z[:, :, p:][:, np.triu(np.ones((w, w), dtype=bool), 1)] = -np.inf
+    z -= z.max(axis=-1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=-1, keepdims=True)
+    return z
+
+
+def pool(x, kind, k):
+    """1-D pooling along the last axis, stride 1, padding k//2 (avg: pads count as 0)."""
+    if k == 1:
+        return x
+    h = k // 2
+    p = x.shape[-1]
+    pad = [(0, 0)] * (x.ndim - 1) + [(h, h)]
+    if kind == "max":
+        xp = np.pad(x, pad, constant_values=-np.inf)
+        out = xp[..., 0:p].copy()
+        for s in range(1, k):
+            np.maximum(out, xp[..., s:s + p], out=out)
+        return out
+    xp = np.pad(x, pad)
+    out = xp[..., 0:p].copy()
+    for s in range(1, k):
+        out += xp[..., s:s + p]
+    return out * F32(1.0 / k)
+
+
+# scorer name -> (window, pool kind, kernel)
+CFG = {
+    "snapkv": (32, "max", 7),
+    "snapkv-kvpress": (64, "avg", 5),
+    "lava": (32, "max", 7),
+    "laprox": (32, "avg", 7),
+    "laprox-cached": (32, "avg", 7),
+    "criticalkv": (64, "avg", 5),
+    "knorm": (32, None, 1),
+    "tova": (1, None, 1),
+    "streamingllm": (32, None, 1),
+}
+
+
+def snap_mean(c, kh, w, kind, k):
+    p = c["n"] - w
+    a = window_attention(c, kh, w)[:, :, :p].mean(axis=1)  # [g, p]
+    return pool(a, kind, k)
+
+
+def score(c, name):
+    hkv, g, n = c["hkv"], c["g"], c["n"]
+    w, kind, k = CFG[name]
+    p = n - w
+    out = np.zeros((hkv, p), dtype=F32)
+    if name in ("snapkv", "snapkv-kvpress"):
+        for kh in range(hkv):
+            out[kh] = snap_mean(c, kh, w, kind, k).mean(axis=0)
+    elif name == "criticalkv":
+        first = p // 20
+        for kh in range(hkv):
+            s = snap_mean(c, kh, w, kind, k).mean(axis=0)
+            forced = np.argpartition(-s, first)[:first] if first > 0 else []
+            o = (s + F32(1e-4)) * c["l1"][kh, :p]
+            o[forced] = np.finfo(F32).max
+            out[kh] = o
+    elif name == "lava":
+        for kh in range(hkv):
+            cmax = np.abs(c["v"][kh, :p].astype(F32)).sum(axis=-1).max()
+            out[kh] = snap_mean(c, kh, w, kind, k).max(axis=0) * cmax
+    elif name in ("laprox", "laprox-cached"):
+        for kh in range(hkv):
+            a = window_attention(c, kh, w)[:, :, :p]
+            att = pool(np.sqrt(np.einsum("gjp,gjp->gp", a, a)), kind, k)  # [g, p]
+            if name == "laprox":
+                v = c["v"][kh, :p].astype(F32)
+                f = np.stack([np.einsum("pd,pd->p", v @ c["gram"][kh, b], v) for b in range(g)])
+            else:
+                f = c["forms"][kh, :, :p]
+            out[kh] = (att * np.sqrt(np.maximum(f, 0))).sum(axis=0)
+    elif name == "tova":
+        acc = np.zeros(p, dtype=F32)
+        for kh in range(hkv):
+            acc += window_attention(c, kh, 1)[:, 0, :p].sum(axis=0)
+        out[:] = acc / F32(c["hq"])
+    elif name == "knorm":
+        for kh in range(hkv):
+            kk = c["k"][kh, :p].astype(F32)
+            out[kh] = -np.sqrt(np.einsum("pd,pd->p", kk, kk))
+    elif name == "streamingllm":
+        out[:, :4] = 1.0
+    else:
+        raise ValueError(name)
+    return out
+
+
+def flops(c, name):
+    """Useful FLOPs (see the table notes): Q·Kᵀ once, plus the value quadratic forms."""
+    hq, hkv, dk, n = c["hq"], c["hkv"], c["dk"], c["n"]
+    w = CFG[name][0]
+    p = n - w
+    if name in ("knorm",):
+        return 2 * hkv * p * dk, 0
+    if name == "streamingllm":
+        return 0, 0
+    f = 2 * hq * w * n * dk
+    if name == "laprox":
+        f += hq * p * (2 * dk * dk + 2 * dk)
+    return f, hq * w * n
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def timed(fn, reps):
+    best, out = float("inf"), None
+    for _ in range(reps):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def sgemm_rate(reps=7):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((1024, 1024), dtype=F32)
+    b = rng.standard_normal((1024, 1024), dtype=F32)
+    a @ b
+    t, _ = timed(lambda: a @ b, reps)
+    return 2 * 1024**3 / t / 1e9
+
+
+def rel_diff(ours, ref):
+    big = np.finfo(F32).max
+    worst = 0.0
+    for h in range(ref.shape[0]):
+        o, r = ours[h], ref[h]
+        keep = (o < big) & (r < big)
+        if (o == big).sum() != (r == big).sum():
+            return float("inf")
+        scale = np.abs(r[keep]).max() if keep.any() else 1.0
+        if scale == 0:
+            scale = 1.0
+        worst = max(worst, float(np.abs(o[keep].astype(np.float64) - r[keep]).max() / scale))
+    return worst
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+
+    rust = {}
+    with open(os.path.join(args.dir, "rust.tsv")) as f:
+        next(f)
+        for line in f:
+            case, name, w, tmin, tmed, _ = line.rstrip("\n").split("\t")
+            rust[(case, name)] = (int(w), float(tmin), float(tmed))
+
+    gemm = sgemm_rate()
+    print(f"single-core sgemm (numpy {np.__version__}, 1024x1024 f32, 1 thread): {gemm:.1f} GFLOP/s")
+
+    cases = []
+    for case in dict.fromkeys(c for c, _ in rust):
+        cases.append(case)
+
+    rows = []
+    for case in cases:
+        c = load_case(os.path.join(args.dir, case))
+        for (cs, name), (w, tmin, _tmed) in rust.items():
+            if cs != case:
+                continue
+            ours = np.fromfile(os.path.join(c["dir"], f"scores_{name}.bin"), dtype=F32)
+            ours = ours.reshape(c["hkv"], -1)
+            t_np, ref = timed(lambda: score(c, name), args.reps)
+            err = rel_diff(ours, ref)
+            f, nexp = flops(c, name)
+            rows.append((c, name, w, tmin, t_np, err, f, nexp))
+            print(
+                f"{case:<12} {name:<15} w={w:<3} rust {tmin * 1e3:9.2f} ms  numpy {t_np * 1e3:9.2f} ms"
+                f"  x{t_np / tmin:6.2f}  max rel diff {err:.1e}",
+                flush=True,
+            )
+
+    print()
+    print(f"CPU: {cpu_name()}, one thread. Single-core sgemm (numpy matmul 1024x1024 f32, "
+          f"1 BLAS thread): **{gemm:.1f} GFLOP/s**.")
+    print()
+    print("| shape | N | scorer | w | time (ms) | Mtok/s | GFLOP/s | % of sgemm | Gexp/s "
+          "| numpy (ms) | vs numpy | max rel diff |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for c, name, w, t, t_np, err, f, nexp in rows:
+        shape = "SmolLM2 f32" if c["shape"] == "smol" else "Llama-3-8B f16"
+        gf = f / t / 1e9
+        gfs = f"{gf:.1f}" if f else "–"
+        pct = f"{100 * gf / gemm:.0f}%" if f else "–"
+        gexp = f"{nexp / t / 1e9:.2f}" if nexp else "–"
+        print(f"| {shape} | {c['n'] // 1024}k | {name} | {w} | {t * 1e3:.2f} | {c['n'] / t / 1e6:.2f} "
+              f"| {gfs} | {pct} | {gexp} | {t_np * 1e3:.2f} | {t_np / t:.2f}× | {err:.0e} |")
+    print()
+    print("GFLOP/s counts useful work only: 2·Hq·w·N·dk for one Q·Kᵀ (the core computes it "
+          "twice: row max/denominator, then column statistics), plus 2·dv²+2·dv per query "
+          "head and prefix token for LaProx's value forms v·G·vᵀ when computed in the timed "
+          "region (`laprox`; `laprox-cached` reads them). Softmax exps (Hq·w·N, also computed "
+          "twice) are counted in Gexp/s, not in GFLOP/s; KNorm counts 2·dk per key. "
+          "max rel diff: largest |ours − numpy| over the prefix relative to the KV head's "
+          "largest |score|.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,546 @@
+//! Drives the C entry points with arbitrary descriptors and data: views over a
+//! fuzzer-owned arena with arbitrary offsets (alignment), dtypes, extents, strides and
+//! lengths (never more than the arena holds), arbitrary params and enum values, output
+//! buffers of arbitrary sizes, sometimes placed inside the inputs.
+//!
+//! Oracles: no crash, no out-of-bounds access (ASan), and
+//! - on error, outputs still hold their canaries and the arena is unchanged;
+//! - on success, outputs are well formed (finite scores, ascending kept lists, ...);
+//! - an output overlapping an input never succeeds.
+//! The harness caps the work of one call (element counts of views with stride 0, which
+//! a small buffer can declare legally), not what the library accepts.
+#![no_main]
+
+use kvevict::capi::*;
+use libfuzzer_sys::fuzz_target;
+use std::ffi::c_void;
+
+const ARENA: usize = 1 << 15; // bytes
+const CANARY: u32 = 0xA5A5_A5A5;
+
+struct R<'a> {
+    d: &'a [u8],
+    i: usize,
+}
+
+impl R<'_> {
+    fn u8(&mut self) -> u8 {
+        let v = self.d.get(self.i).copied().unwrap_or(0);
+        self.i += 1;
+        v
+    }
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
+    }
+    fn u64(&mut self) -> u64 {
+        (self.u32() as u64) << 32 | self.u32() as u64
+    }
+    fn chance(&mut self, one_in: u8) -> bool {
+        self.u8() % one_in == 0
+    }
+    /// Mostly `1..=small`, sometimes 0 or a hostile value.
+    fn size(&mut self, small: u64) -> u64 {
+        match self.u8() {
+            0..=3 => 0,
+            4 => u64::MAX,
+            5 => u64::MAX / 2 + 1,
+            6 => 1 << 31,
+            7 => (1 << 32) + 1,
+            8 => self.u64(),
+            _ => 1 + self.u32() as u64 % small,
+        }
+    }
+    fn enum_val(&mut self, n: u32) -> u32 {
+        if self.chance(24) {
+            self.u32()
+        } else {
+            self.u8() as u32 % n
+        }
+    }
+}
+
+struct Arena {
+    buf: Vec<u64>,
+}
+
+impl Arena {
+    fn new(r: &mut R) -> Arena {
+        let mut buf = vec![0u64; ARENA / 8];
+        let mode = r.u8();
+        let mut s = r.u64() | 1;
+        for w in buf.iter_mut() {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            *w = if mode % 8 == 0 {
+                s // raw bits: NaN, Inf, subnormals
+            } else {
+                // two finite f32 in [-2, 2) (their halves are finite bf16; f16 mostly)
+                let a = ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0;
+                let b = (((s >> 8) & 0xFF_FFFF) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0;
+                (a.to_bits() as u64) << 32 | b.to_bits() as u64
+            };
+        }
+        Arena { buf }
+    }
+    fn base(&self) -> *const u8 {
+        self.buf.as_ptr() as *const u8
+    }
+    fn bytes(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.base(), ARENA) }
+    }
+}
+
+/// A view over the arena (or NULL); its len never exceeds what the arena holds.
+fn tensor(r: &mut R, a: &Arena, small: [u64; 3]) -> kve_tensor {
+    if r.chance(40) {
+        return kve_tensor::NONE;
+    }
+    let off = if r.chance(6) { r.u8() as usize % 64 } else { (r.u8() as usize % 64) * 8 };
+    let dtype = r.enum_val(3);
+    let es = if dtype == 0 { 4 } else { 2 };
+    let max_len = (ARENA - off) / es;
+    let mut extent = [0u64; 3];
+    for (e, s) in extent.iter_mut().zip(small) {
+        *e = r.size(s);
+    }
+    let mut stride = [0u64; 3];
+    match r.u8() % 8 {
+        0 => {
+            for s in stride.iter_mut() {
+                *s = r.size(64) / 2;
+            }
+        }
+        1 => {
+            // token-major rows [N][H*d]
+            stride = [extent[2], extent[0].wrapping_mul(extent[2]), 1];
+        }
+        2 => {
+            // transposed [H*d][N]
+            stride = [extent[2].wrapping_mul(extent[1]), 1, extent[1]];
+        }
+        _ => stride = [extent[1].wrapping_mul(extent[2]), extent[2], 1],
+    }
+    let need = (0..3).fold(0u64, |acc, i| {
+        acc.saturating_add(extent[i].saturating_sub(1).saturating_mul(stride[i]))
+    });
+    let len = if r.chance(3) {
+        (r.u32() as usize % (max_len + 1)) as u64
+    } else {
+        need.saturating_add(1).min(max_len as u64)
+    };
+    kve_tensor {
+        data: unsafe { a.base().add(off) } as *const c_void,
+        len,
+        dtype,
+        pad: if r.chance(50) { 1 } else { 0 },
+        extent,
+        stride,
+    }
+}
+
+fn elems(t: &kve_tensor) -> u64 {
+    t.extent.iter().fold(1u64, |a, &e| a.saturating_mul(e))
+}
+
+fn span(t: &kve_tensor) -> (usize, usize) {
+    if t.data.is_null() {
+        return (0, 0);
+    }
+    let es = if t.dtype == 0 { 4 } else { 2 };
+    (t.data as usize, t.data as usize + t.len as usize * es)
+}
+
+fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.0 < a.1 && b.0 < b.1 && a.0 < b.1 && b.0 < a.1
+}
+
+/// An output buffer: canary-filled, its own memory or (sometimes) inside the arena.
+struct Out {
+    own: Vec<u32>,
+    ptr: *mut u32,
+    len: u64,
+    in_arena: bool,
+}
+
+impl Out {
+    fn new(r: &mut R, a: &mut Arena, max: usize) -> Out {
+        let len = if r.chance(8) { r.size(1 << 20) as usize % (max + 1) } else { max };
+        let mut own = vec![CANARY; max.max(1)];
+        if r.chance(16) {
+            let off = (r.u8() as usize % 32) * 4;
+            let n = ((ARENA - off) / 4).min(len);
+            let p = unsafe { (a.buf.as_mut_ptr() as *mut u8).add(off) } as *mut u32;
+            return Out { own, ptr: p, len: n as u64, in_arena: true };
+        }
+        let ptr = if r.chance(40) { std::ptr::null_mut() } else { own.as_mut_ptr() };
+        Out { ptr, len: len as u64, in_arena: false, own }
+    }
+    fn span(&self) -> (usize, usize) {
+        (self.ptr as usize, self.ptr as usize + self.len as usize * 4)
+    }
+    fn untouched(&self) -> bool {
+        self.in_arena || self.own.iter().all(|&x| x == CANARY)
+    }
+}
+
+fn workspace(r: &mut R, query: Option<u64>) -> Vec<u8> {
+    let n = match query {
+        Some(b) if b <= (64 << 20) => {
+            if r.chance(8) {
+                b.saturating_sub(1 + r.u8() as u64 % 64)
+            } else {
+                b
+            }
+        }
+        _ => r.u8() as u64 * 16,
+    };
+    vec![0u8; n as usize]
+}
+
+/// A params struct followed by readable bytes, so any `struct_size` the harness writes is
+/// honest (the library reads `struct_size` bytes).
+#[repr(C)]
+struct Padded<T> {
+    p: T,
+    tail: [u8; 4096],
+}
+
+fn padded<T>(r: &mut R, p: T) -> Box<Padded<T>> {
+    let mut b = Box::new(Padded { p, tail: [0; 4096] });
+    if r.chance(32) {
+        // a caller from the future: bigger struct, maybe with non-zero new fields
+        let size = std::mem::size_of::<T>() as u32 + (r.u8() as u32 % 16) * 4;
+        unsafe { *(&mut b.p as *mut T as *mut u32) = size };
+        if r.chance(2) {
+            b.tail[r.u8() as usize % 64] = 1;
+        }
+    } else if r.chance(32) {
+        unsafe { *(&mut b.p as *mut T as *mut u32) = r.u32() % 4200 };
+    }
+    b
+}
+
+fn score_params(r: &mut R) -> kve_score_params {
+    let mut p: kve_score_params = unsafe { std::mem::zeroed() };
+    let st = unsafe { kve_score_params_init(&mut p, 48, r.u8() as u32 % 10) };
+    if st != KVE_OK {
+        p.struct_size = 48;
+    }
+    p.window = if r.chance(4) { r.u32() % 300 } else { 1 + r.u8() as u32 % 40 };
+    if r.chance(3) {
+        p.scorer = r.enum_val(7);
+        p.pool_kind = r.enum_val(4);
+        p.pool_kernel = if r.chance(8) { r.u32() } else { r.u8() as u32 % 12 };
+        p.pool_decay = [0.9, 1.0, 0.0, -1.0, f32::NAN, 0.5][r.u8() as usize % 6];
+        p.gqa = r.enum_val(3);
+        p.reduce_before_pool = r.enum_val(2);
+        p.laprox_gqa = r.enum_val(3);
+        p.placement = r.enum_val(2);
+        p.sinks = r.u8() as u32 % 8;
+        p.critical_first_stage = r.u8() as u32 % 16;
+    }
+    p
+}
+
+fn select_params(r: &mut R) -> kve_select_params {
+    let mut p: kve_select_params = unsafe { std::mem::zeroed() };
+    let alloc = r.enum_val(5);
+    let gran = r.enum_val(3);
+    let budget = if r.chance(6) { r.u64() } else { r.u8() as u64 % 64 };
+    let st = unsafe {
+        if r.chance(5) {
+            kve_select_params_init_laprox_span(&mut p, 48, budget)
+        } else {
+            kve_select_params_init(&mut p, 48, alloc, gran, budget)
+        }
+    };
+    if st != KVE_OK {
+        p.struct_size = 48;
+        p.allocator = alloc;
+        p.granularity = gran;
+    }
+    if r.chance(4) {
+        p.alpha = [0.2, 0.0, 1.0, 1.5, f32::NAN][r.u8() as usize % 5];
+        p.beta = r.u8() as u32 % 30;
+        p.normalize = r.enum_val(2);
+        p.post_pool_kind = r.enum_val(4);
+        p.post_pool_kernel = r.u8() as u32 % 12;
+        p.post_pool_decay = [0.9, 1.0, 0.0, f32::NAN][r.u8() as usize % 4];
+    }
+    p
+}
+
+fn check_csr(off: &[u32], offsets_len: usize, idx: &[u32], units: usize, n: u64) {
+    let o = unsafe { std::slice::from_raw_parts(off.as_ptr() as *const u64, offsets_len) };
+    assert_eq!(o[0], 0);
+    for u in 0..units {
+        assert!(o[u] <= o[u + 1] && o[u + 1] as usize <= idx.len(), "offsets");
+        let list = &idx[o[u] as usize..o[u + 1] as usize];
+        assert!(list.windows(2).all(|w| w[0] < w[1]), "ascending");
+        assert!(list.iter().all(|&x| (x as u64) < n), "in range");
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut r = R { d: data, i: 0 };
+    let op = r.u8() % 9;
+    let mut a = Arena::new(&mut r);
+    let before: Vec<u8> = a.bytes().to_vec();
+    let st;
+    let mut outs: Vec<Out> = Vec::new();
+    unsafe {
+        match op {
+            0 => {
+                let sp0 = score_params(&mut r);
+                let spb = padded(&mut r, sp0);
+                let sp = &spb.p;
+                let mut inp: kve_layer_inputs = std::mem::zeroed();
+                kve_layer_inputs_init(&mut inp, 272);
+                inp.queries = tensor(&mut r, &a, [8, 40, 32]);
+                inp.keys = tensor(&mut r, &a, [4, 96, 32]);
+                if r.chance(2) {
+                    inp.values = tensor(&mut r, &a, [4, 96, 32]);
+                }
+                let fl = |r: &mut R| {
+                    let off = (r.u8() as usize % 64) * 4;
+                    let len = r.u32() as u64 % ((ARENA - off) / 4) as u64;
+                    (a.base().add(off) as *const f32, len)
+                };
+                if r.chance(3) {
+                    (inp.gram, inp.gram_len) = fl(&mut r);
+                }
+                if r.chance(3) {
+                    (inp.value_forms, inp.value_forms_len) = fl(&mut r);
+                }
+                if r.chance(3) {
+                    (inp.value_l1, inp.value_l1_len) = fl(&mut r);
+                }
+                let work = inp.queries.extent.iter().fold(1u64, |x, &e| x.saturating_mul(e))
+                    .saturating_mul(inp.keys.extent[1]);
+                if elems(&inp.queries) > 1 << 16 || elems(&inp.keys) > 1 << 16 || elems(&inp.values) > 1 << 16 || work > 1 << 24 {
+                    return;
+                }
+                let (hq, hkv, n, dk) = (inp.queries.extent[0], inp.keys.extent[0], inp.keys.extent[1], inp.keys.extent[2]);
+                let mut ws_q = 0u64;
+                let q = (kve_score_workspace_size(sp, hq, hkv, n, dk, inp.values.extent[2].max(1), &mut ws_q) == KVE_OK).then_some(ws_q);
+                let mut olen = 0u64;
+                let ol = kve_score_output_len(sp, hkv, n, &mut olen);
+                let max = if ol == KVE_OK && olen < 1 << 16 { olen as usize } else { 64 };
+                let o = Out::new(&mut r, &mut a, max);
+                let mut ws = workspace(&mut r, q);
+                st = kve_score_layer(sp, &inp, o.ptr as *mut f32, o.len, ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+                for t in [&inp.queries, &inp.keys, &inp.values] {
+                    if st == KVE_OK {
+                        assert!(!overlaps(o.span(), span(t)), "output overlapping an input accepted");
+                    }
+                }
+                if st == KVE_OK && ol == KVE_OK && !o.in_arena {
+                    let s = std::slice::from_raw_parts(o.ptr as *const f32, olen as usize);
+                    assert!(s.iter().all(|x| x.is_finite()), "non-finite score");
+                }
+                outs.push(o);
+            }
+            1 | 2 | 3 => {
+                let wo = tensor(&mut r, &a, [8, 32, 64]);
+                let v = tensor(&mut r, &a, [4, 96, 32]);
+                if elems(&wo) > 1 << 16 || elems(&v) > 1 << 16 {
+                    return;
+                }
+                let hkv = r.size(8);
+                let cross = r.enum_val(2);
+                let o = Out::new(&mut r, &mut a, 1 << 14);
+                if op == 1 {
+                    let mut q = 0u64;
+                    let ok = kve_gram_workspace_size(wo.extent[1], wo.extent[2], &mut q) == KVE_OK;
+                    let mut ws = workspace(&mut r, ok.then_some(q));
+                    st = kve_compute_gram(&wo, hkv, cross, o.ptr as *mut f32, o.len, ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+                } else if op == 2 {
+                    let off = (r.u8() as usize % 64) * 4;
+                    let glen = r.u32() as u64 % ((ARENA - off) / 4) as u64;
+                    let (t0, t1) = (r.size(100), r.size(100));
+                    st = kve_compute_value_forms(&v, a.base().add(off) as *const f32, glen, r.size(16), cross, t0, t1, o.ptr as *mut f32, o.len);
+                } else {
+                    let mut q = 0u64;
+                    let ok = kve_value_l1_workspace_size(wo.extent[1], wo.extent[2], &mut q) == KVE_OK;
+                    let mut ws = workspace(&mut r, ok.then_some(q));
+                    st = kve_compute_value_l1(&v, &wo, o.ptr as *mut f32, o.len, ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+                }
+                if st == KVE_OK {
+                    assert!(!overlaps(o.span(), span(&wo)) && !overlaps(o.span(), span(&v)));
+                }
+                outs.push(o);
+            }
+            4 | 5 => {
+                let sp0 = select_params(&mut r);
+                let spb = padded(&mut r, sp0);
+                let sp = &spb.p;
+                let (layers, hkv, n, w) = (r.size(6), r.size(4), r.size(120), r.u8() as u64 % 40);
+                let off = (r.u8() as usize % 64) * 4;
+                let len = if r.chance(4) { r.u32() as u64 % ((ARENA - off) / 4) as u64 } else {
+                    layers.saturating_mul(hkv).saturating_mul(n.saturating_sub(w)).min(((ARENA - off) / 4) as u64)
+                };
+                let ms = kve_model_scores { scores: a.base().add(off) as *const f32, len, layers, hkv, n, window: w };
+                let (mut ol, mut il, mut wl) = (0u64, 0u64, 0u64);
+                let ok = kve_select_output_len(sp, layers, hkv, n, w, &mut ol, &mut il) == KVE_OK
+                    && kve_select_workspace_size(sp, layers, hkv, n, w, &mut wl) == KVE_OK
+                    && ol < 1 << 14 && il < 1 << 18;
+                let (ol, il) = if ok { (ol as usize, il as usize) } else { (16, 256) };
+                let o = Out::new(&mut r, &mut a, ol * 2);
+                let o = Out { len: o.len / 2, ..o };
+                let i = Out::new(&mut r, &mut a, il);
+                let mut ws = workspace(&mut r, ok.then_some(wl));
+                st = kve_select_model(sp, &ms, o.ptr as *mut u64, o.len, i.ptr, i.len, ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+                if st == KVE_OK {
+                    let sc = (ms.scores as usize, ms.scores as usize + ms.len as usize * 4);
+                    assert!(!overlaps(o.span(), sc) && !overlaps(i.span(), sc), "selection output over the scores");
+                }
+                if st == KVE_OK && !o.in_arena && !i.in_arena {
+                    let units = (layers * hkv) as usize;
+                    check_csr(&o.own, units + 1, &i.own[..i.len as usize], units, n);
+                    if op == 5 {
+                        // the eviction list of unit 0
+                        let offs = std::slice::from_raw_parts(o.ptr as *const u64, 2);
+                        let kept = &i.own[offs[0] as usize..offs[1] as usize];
+                        let p = n - w.min(n);
+                        let mut ev = vec![CANARY; p as usize + 1];
+                        let mut cnt = 0u64;
+                        let e = kve_evicted_positions(kept.as_ptr(), kept.len() as u64, p, ev.as_mut_ptr(), ev.len() as u64, &mut cnt);
+                        assert_eq!(e, KVE_OK);
+                        assert_eq!(cnt + kept.iter().filter(|&&x| (x as u64) < p).count() as u64, p);
+                    }
+                }
+                outs.push(o);
+                outs.push(i);
+            }
+            6 | 7 => {
+                // compaction over a mutable copy; lists from the input (random or plausible)
+                let heads = 1 + r.u8() as u64 % 4;
+                let mut lists = vec![0u64; heads as usize + 1];
+                let mut idx: Vec<u32> = Vec::new();
+                let n = 1 + r.u8() as u32 % 64;
+                for h in 0..heads as usize {
+                    lists[h] = idx.len() as u64;
+                    let mut t = 0u32;
+                    while t < n && idx.len() < 512 {
+                        if r.chance(2) {
+                            idx.push(if r.chance(30) { r.u32() } else { t });
+                        }
+                        t += 1 + r.u8() as u32 % 4;
+                    }
+                }
+                lists[heads as usize] = idx.len() as u64;
+                if r.chance(20) {
+                    let k = r.u8() as usize % lists.len();
+                    lists[k] = r.u64() % 600;
+                }
+                let mut kv = tensor(&mut r, &a, [4, 64, 16]);
+                if elems(&kv) > 1 << 16 {
+                    return;
+                }
+                if op == 6 {
+                    // write into a private copy of the arena, at the same offset
+                    let mut copy = a.buf.clone();
+                    if !kv.data.is_null() {
+                        let off = kv.data as usize - a.base() as usize;
+                        kv.data = (copy.as_mut_ptr() as *mut u8).add(off) as *const c_void;
+                    }
+                    let snapshot = copy.clone();
+                    let o = Out::new(&mut r, &mut a, heads as usize);
+                    st = kve_compact_in_place(&kv, lists.as_ptr(), lists.len() as u64, idx.as_ptr(), idx.len() as u64, o.ptr, o.len);
+                    if st != KVE_OK {
+                        assert!(copy == snapshot, "cache written on error");
+                    } else if !o.in_arena && o.len >= heads && kv.extent[0] == heads {
+                        for h in 0..heads as usize {
+                            assert_eq!(o.own[h] as u64, lists[h + 1] - lists[h]);
+                        }
+                    }
+                    outs.push(o);
+                } else {
+                    let mut dst_buf = vec![CANARY; 1 << 13];
+                    let mut d = tensor(&mut r, &a, [1, 600, 16]);
+                    if !d.data.is_null() && !r.chance(10) {
+                        d.data = dst_buf.as_mut_ptr() as *const c_void;
+                        d.len = d.len.min((dst_buf.len() * 4 / if d.dtype == 0 { 4 } else { 2 }) as u64);
+                    }
+                    if elems(&d) > 1 << 16 {
+                        return;
+                    }
+                    let o = Out::new(&mut r, &mut a, heads as usize + 1);
+                    st = kve_compact_varlen(&kv, lists.as_ptr(), lists.len() as u64, idx.as_ptr(), idx.len() as u64, &d, o.ptr as *mut i32, o.len);
+                    if st != KVE_OK {
+                        assert!(dst_buf.iter().all(|&x| x == CANARY), "varlen dst written on error");
+                    } else {
+                        assert!(!overlaps(span(&d), span(&kv)));
+                    }
+                    outs.push(o);
+                }
+            }
+            _ => {
+                // sharded search end to end over two shards
+                let sp = select_params(&mut r);
+                let (layers, hkv, n, w) = (1 + r.u8() as u64 % 6, 1 + r.u8() as u64 % 4, 1 + r.u8() as u64 % 100, r.u8() as u64 % 40);
+                let split = r.u8() as u64 % (layers + 1);
+                let p = n - w.min(n);
+                let scores = std::slice::from_raw_parts(a.base() as *const f32, (layers * hkv * p) as usize);
+                let mut s: kve_search = std::mem::zeroed();
+                st = kve_search_init(&mut s, &sp, layers, hkv, n, w);
+                if st == KVE_OK {
+                    let mut done = 0;
+                    let mut rounds = 0;
+                    let mut failed = false;
+                    while done == 0 && !failed {
+                        let mut total: kve_histogram = std::mem::zeroed();
+                        for (l0, ln) in [(0, split), (split, layers - split)] {
+                            if ln == 0 {
+                                continue;
+                            }
+                            let part = &scores[(l0 * hkv * p) as usize..((l0 + ln) * hkv * p) as usize];
+                            let ms = kve_model_scores { scores: part.as_ptr(), len: part.len() as u64, layers: ln, hkv, n, window: w };
+                            let mut wl = 0u64;
+                            assert_eq!(kve_select_shard_workspace_size(&sp, ln, hkv, n, w, &mut wl), KVE_OK);
+                            let mut ws = vec![0u8; wl as usize];
+                            let mut h: kve_histogram = std::mem::zeroed();
+                            let c = kve_search_count_shard(&sp, &ms, l0, &s, &mut h, ws.as_mut_ptr() as *mut c_void, wl);
+                            if c != KVE_OK {
+                                assert!(h.bins.iter().all(|&b| b == 0), "histogram written on error");
+                                failed = true;
+                                break;
+                            }
+                            assert_eq!(kve_histogram_merge(&mut total, &h), KVE_OK);
+                        }
+                        if !failed {
+                            assert_eq!(kve_search_step(&mut s, &total, &mut done), KVE_OK);
+                            rounds += 1;
+                            assert!(rounds <= 13, "search did not finish");
+                        }
+                    }
+                    if !failed {
+                        let mut thr = 0f32;
+                        assert_eq!(kve_search_threshold(&s, &mut thr), KVE_OK);
+                        let ms = kve_model_scores { scores: scores.as_ptr(), len: scores.len() as u64, layers, hkv, n, window: w };
+                        let (mut ol, mut il, mut wl) = (0u64, 0u64, 0u64);
+                        assert_eq!(kve_select_shard_output_len(layers, hkv, n, &mut ol, &mut il), KVE_OK);
+                        assert_eq!(kve_select_shard_workspace_size(&sp, layers, hkv, n, w, &mut wl), KVE_OK);
+                        let mut o = vec![0u32; ol as usize * 2];
+                        let mut i = vec![0u32; il as usize];
+                        let mut ws = vec![0u8; wl as usize];
+                        assert_eq!(kve_select_shard(&sp, &ms, 0, &s, o.as_mut_ptr() as *mut u64, ol, i.as_mut_ptr(), il, ws.as_mut_ptr() as *mut c_void, wl), KVE_OK);
+                        check_csr(&o, (layers * hkv) as usize + 1, &i, (layers * hkv) as usize, n);
+                    }
+                }
+            }
+        }
+    }
+    let _ = kve_status_name(st);
+    if st != KVE_OK {
+        for o in &outs {
+            assert!(o.untouched(), "output written on error (status {st})");
+        }
+        assert!(a.bytes() == &before[..], "arena written on error (status {st})");
+    } else {
+        let arena_changed = a.bytes() != &before[..];
+        let wrote_in_arena = outs.iter().any(|o| o.in_arena);
+        assert!(!arena_changed || wrote_in_arena, "input arena modified");
+    }
+});

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# CPU benchmark (issue 2; not a timed test): scores ONE layer at the SmolLM2 shape
+# (Hq=9, Hkv=3, d=64, f32) and the Llama-3-8B shape (Hq=32, Hkv=8, d=128, f16) for
+# N = 4k and 32k with every scorer, single-threaded, and compares with the same math in
+# numpy (single-threaded BLAS) and with the machine's single-core sgemm rate. Prints a
+# markdown table at the end.
+#
+#   scripts/bench_cpu.sh [--reps R] [--np-reps R] [--n 4096,32768] [--shapes smol,llama]
+#                        [--scorers snapkv,laprox,...]
+#
+# Makes its own venv with numpy (<repo>/.venv-bench). Inputs and scores travel through a
+# temporary directory (about 0.5 GB at the default sizes), removed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+REPS=5
+NP_REPS=3
+RUST_ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --reps) REPS=$2; shift 2 ;;
+    --np-reps) NP_REPS=$2; shift 2 ;;
+    --n|--shapes|--scorers) RUST_ARGS+=("$1" "$2"); shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+VENV=$ROOT/.venv-bench
+if ! "$VENV/bin/python" -c "import numpy" 2>/dev/null; then
+  echo "== making $VENV with numpy" >&2
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+  "$VENV/bin/pip" install -q numpy
+fi
+
+echo "== cargo build --release --example bench_cpu" >&2
+cargo build --release --example bench_cpu >&2
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvevict-bench.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+
+echo "== Rust (kvevict score_layer, one thread, min of $REPS runs)"
+"$ROOT/target/release/examples/bench_cpu" --reps "$REPS" --dump "$TMP" "${RUST_ARGS[@]}"
+echo
+echo "== numpy reference (min of $NP_REPS runs) and the table"
+"$VENV/bin/python" "$ROOT/bench/numpy_ref.py" "$TMP" --reps "$NP_REPS"
