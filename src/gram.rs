@@ -8,7 +8,7 @@
 //! then pairs `a < b` in order). The diagonal part is identical in both layouts.
 
 use crate::error::{mul, Error, Result};
-use crate::numerics::{Workspace, WorkspaceSize};
+use crate::numerics::{all_finite, dispatch, load_rows, Simd, Workspace, WorkspaceSize};
 use crate::view::View;
 
 /// Blocks per KV head.
@@ -121,20 +121,157 @@ pub fn value_forms_len(hq: usize, hkv: usize, n: usize, cross: bool) -> Result<u
     mul(mul(hkv, blocks(g, cross))?, n)
 }
 
-/// `v G v'ᵀ` for one token: `v` is `[dv]`, `gblk` `[dv][dv]`; f32 accumulation of dv² terms.
-#[inline]
-pub(crate) fn quad_form(v: &[f32], gblk: &[f32]) -> f32 {
-    let dv = v.len();
-    let mut s = 0f32;
-    for r in 0..dv {
-        let row = &gblk[r * dv..(r + 1) * dv];
-        let mut t = 0f32;
-        for (x, y) in row.iter().zip(v) {
-            t += x * y;
+/// Token rows per quadratic-form tile, and the stack buffer (f32) they are converted into.
+const QT: usize = 6;
+const QBUF: usize = 1536;
+
+/// Coefficients of the diagonal 16×16 block in the symmetric form: row `i` counts column
+/// `c` twice when `c > i`, once when `c == i`, not when `c < i` (its pair was counted).
+const fn diag_masks() -> [[f32; 16]; 16] {
+    let mut m = [[0f32; 16]; 16];
+    let mut i = 0;
+    while i < 16 {
+        let mut c = i;
+        while c < 16 {
+            m[i][c] = if c == i { 1.0 } else { 2.0 };
+            c += 1;
         }
-        s += v[r] * t;
+        i += 1;
     }
-    s
+    m
+}
+static DIAG: [[f32; 16]; 16] = diag_masks();
+
+/// Whether `g` (`[dv][dv]`) equals its transpose. Then `v G vᵀ = Σ_c v_c (G_cc v_c +
+/// 2 Σ_{r<c} G_rc v_r)`, half the multiply-adds of the general form.
+fn symmetric(g: &[f32], dv: usize) -> bool {
+    (0..dv).all(|r| (r + 1..dv).all(|c| g[r * dv + c] == g[c * dv + r]))
+}
+
+/// `v_i G v_iᵀ` for the `MT` rows `v_i = v[i*dv..(i+1)*dv]`: `Y = V·G` in column panels of
+/// 16 (registers), then the row dot products `Y_i·v_i`. With `sym`, rows below a panel
+/// count twice and the panel's diagonal block goes through [`DIAG`].
+#[inline(always)]
+unsafe fn qf_tile<S: Simd, const MT: usize>(
+    v: &[f32],
+    dv: usize,
+    g: &[f32],
+    sym: bool,
+) -> [f32; MT] {
+    assert!(v.len() >= MT * dv && g.len() >= dv * dv);
+    let (vp, gp) = (v.as_ptr(), g.as_ptr());
+    let full = dv / 16 * 16;
+    let mut tot = [S::zero(); MT];
+    let mut c0 = 0;
+    while c0 < full {
+        let mut acc = [[S::zero(); 2]; MT];
+        let r_end = if sym { c0 } else { dv };
+        for r in 0..r_end {
+            let g0 = S::load(gp.add(r * dv + c0));
+            let g1 = S::load(gp.add(r * dv + c0 + 8));
+            for i in 0..MT {
+                let b = S::splat(*vp.add(i * dv + r));
+                acc[i][0] = S::fma(b, g0, acc[i][0]);
+                acc[i][1] = S::fma(b, g1, acc[i][1]);
+            }
+        }
+        if sym {
+            for a in acc.iter_mut() {
+                a[0] = S::add(a[0], a[0]);
+                a[1] = S::add(a[1], a[1]);
+            }
+            for (rr, m) in DIAG.iter().enumerate() {
+                let r = c0 + rr;
+                let g0 = S::mul(S::load(gp.add(r * dv + c0)), S::load(m.as_ptr()));
+                let g1 = S::mul(S::load(gp.add(r * dv + c0 + 8)), S::load(m.as_ptr().add(8)));
+                for i in 0..MT {
+                    let b = S::splat(*vp.add(i * dv + r));
+                    acc[i][0] = S::fma(b, g0, acc[i][0]);
+                    acc[i][1] = S::fma(b, g1, acc[i][1]);
+                }
+            }
+        }
+        for i in 0..MT {
+            tot[i] = S::fma(acc[i][0], S::load(vp.add(i * dv + c0)), tot[i]);
+            tot[i] = S::fma(acc[i][1], S::load(vp.add(i * dv + c0 + 8)), tot[i]);
+        }
+        c0 += 16;
+    }
+    let mut out = [0f32; MT];
+    for i in 0..MT {
+        let vi = &v[i * dv..(i + 1) * dv];
+        let mut s = S::hsum(tot[i]);
+        // columns past the last full panel
+        for c in full..dv {
+            let y = if sym {
+                let mut y = 0f32;
+                for r in 0..c {
+                    y += vi[r] * g[r * dv + c];
+                }
+                2.0 * y + vi[c] * g[c * dv + c]
+            } else {
+                let mut y = 0f32;
+                for r in 0..dv {
+                    y += vi[r] * g[r * dv + c];
+                }
+                y
+            };
+            s += y * vi[c];
+        }
+        out[i] = s;
+    }
+    out
+}
+
+/// `dst[t - t0] = v_t G v_tᵀ` for tokens `t0..t1` of KV head `kh` of `values` (`[Hkv, N, dv]`,
+/// `dv <= 1024`), `gblk` one `[dv][dv]` block. f32 accumulation; deterministic.
+pub(crate) fn quad_forms(
+    values: &View,
+    kh: usize,
+    gblk: &[f32],
+    t0: usize,
+    t1: usize,
+    dst: &mut [f32],
+) {
+    dispatch!(fn(values: &View, kh: usize, gblk: &[f32], t0: usize, t1: usize,
+                 dst: &mut [f32]) -> (), S => {
+        quad_forms_impl::<S>(values, kh, gblk, t0, t1, dst)
+    })
+}
+
+#[inline(always)]
+fn quad_forms_impl<S: Simd>(
+    values: &View,
+    kh: usize,
+    gblk: &[f32],
+    t0: usize,
+    t1: usize,
+    dst: &mut [f32],
+) {
+    let dv = values.extent()[2];
+    assert!(dv <= QBUF && gblk.len() >= dv * dv && dst.len() >= t1 - t0);
+    let g = &gblk[..dv * dv];
+    let sym = symmetric(g, dv);
+    let tile = (QBUF / dv).min(QT);
+    let mut buf = [0f32; QBUF];
+    let mut t = t0;
+    while t < t1 {
+        let mt = tile.min(t1 - t);
+        load_rows::<S>(values, kh, t, mt, &mut buf);
+        let o = &mut dst[t - t0..t - t0 + mt];
+        // SAFETY: buf holds mt rows of dv, g is dv×dv (qf_tile asserts both).
+        unsafe {
+            match mt {
+                6 => o.copy_from_slice(&qf_tile::<S, 6>(&buf, dv, g, sym)),
+                5 => o.copy_from_slice(&qf_tile::<S, 5>(&buf, dv, g, sym)),
+                4 => o.copy_from_slice(&qf_tile::<S, 4>(&buf, dv, g, sym)),
+                3 => o.copy_from_slice(&qf_tile::<S, 3>(&buf, dv, g, sym)),
+                2 => o.copy_from_slice(&qf_tile::<S, 2>(&buf, dv, g, sym)),
+                _ => o.copy_from_slice(&qf_tile::<S, 1>(&buf, dv, g, sym)),
+            }
+        }
+        t += mt;
+    }
 }
 
 /// Fill columns `t0..t1` of the value-form cache from `values` (`[Hkv, N, dv]`) and a Gram
@@ -164,26 +301,37 @@ pub fn compute_value_forms(
     if dv > 1024 {
         return Err(Error::InvalidArgument);
     }
-    let mut v = [0f32; 1024];
-    let v = &mut v[..dv];
-    for kh in 0..hkv {
-        for t in t0..t1 {
-            values.load_row(kh, t, v);
-            if v.iter().any(|x| !x.is_finite()) {
-                return Err(Error::NonFinite);
-            }
-        }
+    if !values_finite(values, t0, t1) {
+        return Err(Error::NonFinite);
     }
     for kh in 0..hkv {
-        for t in t0..t1 {
-            values.load_row(kh, t, v);
-            for k in 0..nb {
-                let gb = &gram[(kh * nb + k) * dv * dv..(kh * nb + k + 1) * dv * dv];
-                out[(kh * nb + k) * n + t] = quad_form(v, gb);
-            }
+        for k in 0..nb {
+            let gb = &gram[(kh * nb + k) * dv * dv..(kh * nb + k + 1) * dv * dv];
+            quad_forms(values, kh, gb, t0, t1, &mut out[(kh * nb + k) * n + t0..]);
         }
     }
     Ok(())
+}
+
+/// Whether rows `t0..t1` of every head of `view` are finite.
+pub(crate) fn values_finite(view: &View, t0: usize, t1: usize) -> bool {
+    dispatch!(fn(view: &View, t0: usize, t1: usize) -> bool, S => {
+        let [h, _, d] = view.extent();
+        let mut buf = [0f32; QBUF];
+        let tile = (QBUF / d.max(1)).max(1);
+        for a in 0..h {
+            let mut t = t0;
+            while t < t1 {
+                let mt = tile.min(t1 - t);
+                load_rows::<S>(view, a, t, mt, &mut buf);
+                if !all_finite::<S>(&buf[..mt * d]) {
+                    return false;
+                }
+                t += mt;
+            }
+        }
+        true
+    })
 }
 
 /// Workspace bytes of [`compute_value_l1`].
@@ -247,4 +395,83 @@ pub fn compute_value_l1(
         }
     }
     Ok(())
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use std::vec;
+    use std::vec::Vec;
+
+    /// Random-ish values from a fixed LCG.
+    fn vals(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn check<S: Simd>(dv: usize, sym: bool, f16: bool) {
+        let n = 23;
+        let v32 = vals(2 * n * dv, dv as u64);
+        let v16: Vec<half::f16> = v32.iter().map(|&x| half::f16::from_f32(x)).collect();
+        let v32: Vec<f32> = if f16 {
+            v16.iter().map(|x| x.to_f32()).collect()
+        } else {
+            v32
+        };
+        let mut g = vals(dv * dv, 7 + dv as u64);
+        if sym {
+            for r in 0..dv {
+                for c in 0..r {
+                    g[r * dv + c] = g[c * dv + r];
+                }
+            }
+        }
+        assert_eq!(symmetric(&g, dv), sym || dv == 1);
+        let view = if f16 {
+            View::f16(&v16, [2, n, dv], [n * dv, dv, 1]).unwrap()
+        } else {
+            View::f32(&v32, [2, n, dv], [n * dv, dv, 1]).unwrap()
+        };
+        let mut out = vec![0f32; n];
+        quad_forms_impl::<S>(&view, 1, &g, 2, n, &mut out);
+        for t in 2..n {
+            let v = &v32[(n + t) * dv..(n + t + 1) * dv];
+            let mut want = 0f64;
+            let mut mag = 0f64;
+            for r in 0..dv {
+                for c in 0..dv {
+                    let x = v[r] as f64 * g[r * dv + c] as f64 * v[c] as f64;
+                    want += x;
+                    mag += x.abs();
+                }
+            }
+            let got = out[t - 2] as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * mag.max(1e-30),
+                "dv {dv} sym {sym} f16 {f16} t {t}: {got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn quad_forms_match_f64() {
+        for dv in [1, 5, 8, 16, 24, 33, 64, 100, 128, 200, 512, 1024] {
+            for sym in [false, true] {
+                for f16 in [false, true] {
+                    check::<crate::numerics::Portable>(dv, sym, f16);
+                    #[cfg(target_arch = "x86_64")]
+                    if crate::numerics::has_avx2() {
+                        check::<crate::numerics::Avx2>(dv, sym, f16);
+                    }
+                }
+            }
+        }
+    }
 }

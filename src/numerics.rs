@@ -3,6 +3,7 @@
 //! baseline build and an AVX2+FMA build chosen at run time when `std` can detect it.
 
 use crate::error::{Error, Result};
+use crate::view::{DType, View};
 
 /// exp(x) for finite x <= 0 (softmax after max subtraction); 0 below -87.3.
 /// Cody–Waite range reduction and a degree-6 polynomial: about 2 ulp. Branch-free and
@@ -287,6 +288,59 @@ macro_rules! dispatch {
     }};
 }
 pub(crate) use dispatch;
+
+/// Rows `b0 .. b0+nt` of head `a` of `view` as f32, row `t` into `dst[t*d..(t+1)*d]`
+/// (`d = extent[2]`). Rows of f16 with unit element stride convert 8 at a time.
+#[inline(always)]
+pub(crate) fn load_rows<S: Simd>(view: &View, a: usize, b0: usize, nt: usize, dst: &mut [f32]) {
+    let d = view.extent()[2];
+    let st = view.stride();
+    let dst = &mut dst[..nt * d];
+    if view.dtype() == DType::F16 && st[2] == 1 {
+        assert!(a < view.extent()[0] && b0 + nt <= view.extent()[1]);
+        // The view proved every element of its extent in bounds at construction; its
+        // address comes back from `byte_range` (the pointer it was built from).
+        let base = view.byte_range().0 as *const u16;
+        let d8 = d / 8 * 8;
+        for t in 0..nt {
+            let row = &mut dst[t * d..(t + 1) * d];
+            // SAFETY: (a, b0 + t, 0..d) is inside the view's extent (asserted above).
+            unsafe {
+                let src = base.add(a * st[0] + (b0 + t) * st[1]);
+                let mut c = 0;
+                while c < d8 {
+                    S::store(row.as_mut_ptr().add(c), S::load_f16(src.add(c)));
+                    c += 8;
+                }
+                for c in d8..d {
+                    row[c] = half::f16::from_bits(*src.add(c)).to_f32();
+                }
+            }
+        }
+        return;
+    }
+    for t in 0..nt {
+        view.load_row(a, b0 + t, &mut dst[t * d..(t + 1) * d]);
+    }
+}
+
+/// Whether every element of `x` is finite (`v - v` is +0 for finite `v`, NaN otherwise).
+#[inline(always)]
+pub(crate) fn all_finite<S: Simd>(x: &[f32]) -> bool {
+    let n8 = x.len() / 8 * 8;
+    // SAFETY: i + 8 <= n8 <= x.len().
+    let lanes_ok = unsafe {
+        let mut acc = S::zero();
+        let mut i = 0;
+        while i < n8 {
+            let v = S::load(x.as_ptr().add(i));
+            acc = S::add(acc, S::sub(v, v));
+            i += 8;
+        }
+        S::hsum(acc) == 0.0
+    };
+    lanes_ok && x[n8..].iter().all(|v| v.is_finite())
+}
 
 /// Sum of `x` with 8 lanes of partial sums (deterministic order).
 #[inline(always)]

@@ -10,8 +10,10 @@
 //! ever stored, so the workspace stays independent of N apart from the outputs.
 
 use crate::error::{Error, Result};
-use crate::numerics::{dispatch, dot_v, exp_neg, sum_v, Simd, Workspace, WorkspaceSize};
-use crate::view::{DType, View};
+use crate::numerics::{
+    all_finite, dispatch, dot_v, exp_neg, load_rows, sum_v, Simd, Workspace, WorkspaceSize,
+};
+use crate::view::View;
 
 /// Keys per micro-tile of the Q·Kᵀ kernel.
 const KT: usize = 6;
@@ -130,51 +132,10 @@ fn load_keys<S: Simd>(
     check: bool,
 ) -> bool {
     let dk = keys.extent()[2];
-    let st = keys.stride();
     let k = &mut k[..ntp * dk];
-    match (keys.dtype(), st[2]) {
-        (DType::F16, 1) => {
-            // The view proved every element of its extent in bounds at construction; the
-            // address comes back from `byte_range` (the pointer it was built from).
-            let base = keys.byte_range().0 as *const u16;
-            let d8 = dk / 8 * 8;
-            for t in 0..nt {
-                let src = unsafe { base.add(kh * st[0] + (c0 + t) * st[1]) };
-                let dst = &mut k[t * dk..(t + 1) * dk];
-                let mut d = 0;
-                while d < d8 {
-                    unsafe { S::store(dst.as_mut_ptr().add(d), S::load_f16(src.add(d))) };
-                    d += 8;
-                }
-                for d in d8..dk {
-                    dst[d] = half::f16::from_bits(unsafe { *src.add(d) }).to_f32();
-                }
-            }
-        }
-        _ => {
-            for t in 0..nt {
-                keys.load_row(kh, c0 + t, &mut k[t * dk..(t + 1) * dk]);
-            }
-        }
-    }
+    load_rows::<S>(keys, kh, c0, nt, k);
     k[nt * dk..].fill(0.0);
-    if !check {
-        return true;
-    }
-    // x - x is +0 for finite x and NaN otherwise
-    let x = &k[..nt * dk];
-    let n8 = x.len() / 8 * 8;
-    let mut acc = unsafe { S::zero() };
-    let mut i = 0;
-    while i < n8 {
-        unsafe {
-            let v = S::load(x.as_ptr().add(i));
-            acc = S::add(acc, S::sub(v, v));
-        }
-        i += 8;
-    }
-    let lanes_ok = unsafe { S::hsum(acc) == 0.0 };
-    lanes_ok && x[n8..].iter().all(|v| v.is_finite())
+    !check || all_finite::<S>(&k[..nt * dk])
 }
 
 /// `c[t][r0..r0+16] = Σ_d k[t][d]·q[d][0..16]` for `KT` keys.

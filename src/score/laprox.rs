@@ -8,7 +8,7 @@
 use super::{Bufs, LayerInputs, LayerShape};
 use crate::config::{LaproxGqa, PoolPlacement, ScoreConfig};
 use crate::error::{Error, Result};
-use crate::gram::{self, block_pair, blocks, quad_form};
+use crate::gram::{self, block_pair, blocks};
 use crate::pool::{pool, pool_in_place};
 
 pub(super) fn check_inputs(
@@ -44,7 +44,7 @@ pub(super) fn check_values_finite(
     inputs: &LayerInputs,
     shape: &LayerShape,
     p: usize,
-    row: &mut [f32],
+    _row: &mut [f32],
 ) -> Result<()> {
     if let Some(f) = inputs.value_forms {
         let nb = blocks(shape.group(), cfg.needs_cross());
@@ -59,13 +59,8 @@ pub(super) fn check_values_finite(
         return Ok(());
     }
     let v = inputs.values.as_ref().ok_or(Error::NullPointer)?;
-    for kh in 0..shape.hkv {
-        for t in 0..p {
-            v.load_row(kh, t, row);
-            if row[..shape.dv].iter().any(|x| !x.is_finite()) {
-                return Err(Error::NonFinite);
-            }
-        }
+    if !gram::values_finite(v, 0, p) {
+        return Err(Error::NonFinite);
     }
     Ok(())
 }
@@ -79,7 +74,7 @@ struct Forms<'a> {
 
 impl Forms<'_> {
     /// Fill `dst[t]` with block `k`'s form for tokens `0..p`.
-    fn fill(&self, kh: usize, k: usize, p: usize, row: &mut [f32], dst: &mut [f32]) {
+    fn fill(&self, kh: usize, k: usize, p: usize, _row: &mut [f32], dst: &mut [f32]) {
         let (n, dv) = (self.shape.n, self.shape.dv);
         if let Some(f) = self.inputs.value_forms {
             let nb = self.nb;
@@ -91,10 +86,7 @@ impl Forms<'_> {
         };
         let nb = self.nb;
         let gb = &g[(kh * nb + k) * dv * dv..(kh * nb + k + 1) * dv * dv];
-        for t in 0..p {
-            v.load_row(kh, t, row);
-            dst[t] = quad_form(&row[..dv], gb);
-        }
+        gram::quad_forms(v, kh, gb, 0, p, dst);
     }
 }
 
