@@ -27,6 +27,7 @@ mod cuda_build {
         "combine.cu",
         "stats.cu",
         "select.cu",
+        "shard.cu",
         "compact.cu",
     ];
     const HEADERS: &[&str] = &["kvevict_cuda.h", "common.cuh", "mma.cuh"];

@@ -9,8 +9,8 @@
 // bf16 WMMA GEMM of our own, or --mm-tflops from a faster library), the
 // roofline floor = max(bytes / bandwidth, FLOPs / matmul rate) and the ratio.
 //
-// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Icuda \
-//          cuda/bench.cu cuda/{device,window,lava,vonorm,pool,combine,stats,select,compact}.cu
+// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Icuda -L<cuda lib> \
+//          cuda/bench.cu $(ls cuda/*.cu | grep -v bench.cu)   (cuda/prebuild.sh does this)
 // Run:   kvevict_bench [--n 32768,131072] [--keep 0.1] [--reps 5] [--mm-tflops X]
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

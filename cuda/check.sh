@@ -134,9 +134,7 @@ if ! skip bench; then
     inc=""; [ -n "${LIBDIR:-}" ] && inc="-L$LIBDIR"
     archflags=""
     for a in ${KVEVICT_CUDA_ARCHS//,/ }; do archflags+=" -gencode=arch=compute_$a,code=sm_$a"; done
-    if "$NVCC" -O3 -std=c++17 $archflags -Icuda $inc cuda/bench.cu cuda/device.cu cuda/window.cu \
-        cuda/lava.cu cuda/vonorm.cu cuda/pool.cu cuda/combine.cu cuda/stats.cu cuda/select.cu \
-        cuda/compact.cu -o build/gpu/kvevict_bench.new >"$LOG/bench_build.log" 2>&1; then
+    if "$NVCC" -O3 -std=c++17 $archflags -Icuda $inc cuda/bench.cu $(ls cuda/*.cu | grep -v bench.cu) -o build/gpu/kvevict_bench.new >"$LOG/bench_build.log" 2>&1; then
       mv build/gpu/kvevict_bench.new "$BENCH"
     else
       echo "bench build failed:"; tail -20 "$LOG/bench_build.log"

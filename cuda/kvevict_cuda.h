@@ -208,6 +208,30 @@ int kve_cuda_select(const float* scores, int64_t ld, int64_t n, int64_t n_groups
                     int32_t* idx, int64_t idx_ld, void* ws, size_t ws_bytes,
                     void* stream);
 
+/* ------------------------------------------------------------------- shard --
+ * The GPU side of the core's sharded selection (src/shard.rs ShardSearch, SPEC §4
+ * "Selection across devices"): rows r < rows of scores (row stride ld, n entries)
+ * at the selection granularity are units unit0 + r of the model (layer·Hkv + head
+ * for head granularity). Keys are the core's 128-bit keys
+ *   fkey(score · scale) << 64 | position << 32 | ~unit
+ * with scale = (float)(1 / layer_sum[r / rows_per_layer]) (1 when layer_sum is
+ * NULL or the sum <= 0), exactly as the core's prepare().
+ * shard_count: adds to hist[256] (device, u64; zero it before a round) the keys
+ *   that match the search's fixed digits: pass ShardSearch.prefix as (hi, lo)
+ *   64-bit halves and ShardSearch.bits. The host adds every shard's histogram and
+ *   calls ShardSearch::step, until done.
+ * shard_select: counts[r] and ascending kept positions idx[r·idx_ld ..] of the keys
+ *   >= ShardSearch.threshold (hi, lo halves; KEEP_NOTHING = all ones keeps none).
+ *   The window positions, which the core appends, are not written. */
+int kve_cuda_shard_count(const float* scores, int64_t ld, int64_t n, int64_t rows,
+                         int64_t unit0, const double* layer_sum, int64_t rows_per_layer,
+                         uint64_t prefix_hi, uint64_t prefix_lo, uint32_t bits,
+                         unsigned long long* hist, void* stream);
+int kve_cuda_shard_select(const float* scores, int64_t ld, int64_t n, int64_t rows,
+                          int64_t unit0, const double* layer_sum, int64_t rows_per_layer,
+                          uint64_t threshold_hi, uint64_t threshold_lo, int32_t* counts,
+                          int32_t* idx, int64_t idx_ld, void* stream);
+
 /* ------------------------------------------------------------------ compact --
  * In place: for each head h of view x, rows kept[h·kept_ld + t] (ascending,
  * t < counts[h]) move to token t, order kept; the rest of the head is left as it

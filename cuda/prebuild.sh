@@ -19,7 +19,5 @@ cp "$bin" build/gpu/cuda_gpu
 strip --strip-debug build/gpu/cuda_gpu 2>/dev/null || true
 archflags=""
 for a in ${KVEVICT_CUDA_ARCHS//,/ }; do archflags+=" -gencode=arch=compute_$a,code=sm_$a"; done
-"$NVCC" -O3 -std=c++17 $archflags -Icuda -L"$LIBDIR" cuda/bench.cu cuda/device.cu cuda/window.cu \
-  cuda/lava.cu cuda/vonorm.cu cuda/pool.cu cuda/combine.cu cuda/stats.cu cuda/select.cu \
-  cuda/compact.cu -o build/gpu/kvevict_bench
+"$NVCC" -O3 -std=c++17 $archflags -Icuda -L"$LIBDIR" cuda/bench.cu $(ls cuda/*.cu | grep -v bench.cu) -o build/gpu/kvevict_bench
 ls -la build/gpu

@@ -175,6 +175,37 @@ extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn kve_cuda_shard_count(
+        scores: *const f32,
+        ld: i64,
+        n: i64,
+        rows: i64,
+        unit0: i64,
+        layer_sum: *const f64,
+        rows_per_layer: i64,
+        prefix_hi: u64,
+        prefix_lo: u64,
+        bits: u32,
+        hist: *mut u64,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_shard_select(
+        scores: *const f32,
+        ld: i64,
+        n: i64,
+        rows: i64,
+        unit0: i64,
+        layer_sum: *const f64,
+        rows_per_layer: i64,
+        threshold_hi: u64,
+        threshold_lo: u64,
+        counts: *mut i32,
+        idx: *mut i32,
+        idx_ld: i64,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn kve_cuda_compact_workspace_size(x: *const KveCudaView, max_keep: i64) -> usize;
     pub fn kve_cuda_compact(
         x: *const KveCudaView,

@@ -1580,7 +1580,9 @@ fn ref_scores(which: &str, q: &Tensor, k: &Tensor, v: &Tensor, gram: &[f32], w: 
         for hh in 0..g {
             let h = hk * g + hh;
             let col = |f: &dyn Fn(f64) -> f64| -> Vec<f64> {
-                (0..p).map(|i| (0..w).map(|j| f(a[(h * w + j) * n + i])).sum::<f64>()).collect()
+                (0..p)
+                    .map(|i| (0..w).map(|j| f(a[(h * w + j) * n + i])).sum::<f64>())
+                    .collect()
             };
             let s: Vec<f64> = match which {
                 "laprox" => {
@@ -1591,7 +1593,9 @@ fn ref_scores(which: &str, q: &Tensor, k: &Tensor, v: &Tensor, gram: &[f32], w: 
                             let mut qf = 0f64;
                             for r in 0..dv {
                                 for cc in 0..dv {
-                                    qf += v.at(hk, i, r) * gram[(h * dv + r) * dv + cc] as f64 * v.at(hk, i, cc);
+                                    qf += v.at(hk, i, r)
+                                        * gram[(h * dv + r) * dv + cc] as f64
+                                        * v.at(hk, i, cc);
                                 }
                             }
                             pooled[i] * qf.max(0.0).sqrt()
@@ -1623,13 +1627,30 @@ fn ref_scores(which: &str, q: &Tensor, k: &Tensor, v: &Tensor, gram: &[f32], w: 
 }
 
 /// The core's kept prefix positions per (layer, head) for a global or uniform selection.
-fn core_select(scores: &[f32], layers: usize, hkv: usize, p: usize, global: bool, budget: u64) -> Vec<Vec<i32>> {
+fn core_select(
+    scores: &[f32],
+    layers: usize,
+    hkv: usize,
+    p: usize,
+    global: bool,
+    budget: u64,
+) -> Vec<Vec<i32>> {
     use kvevict::{AllocatorKind, Granularity, ModelScores, SelectConfig};
-    let alloc = if global { AllocatorKind::Global } else { AllocatorKind::Uniform };
+    let alloc = if global {
+        AllocatorKind::Global
+    } else {
+        AllocatorKind::Uniform
+    };
     let cfg = SelectConfig::new(alloc, Granularity::Head, budget);
     let window = 1; // the core appends the window's positions; we read only i < p
     let n = p + window;
-    let m = ModelScores { scores, layers, hkv, n, window };
+    let m = ModelScores {
+        scores,
+        layers,
+        hkv,
+        n,
+        window,
+    };
     let (no, ni) = kvevict::select_output_len(&cfg, layers, hkv, n, window).unwrap();
     let mut off = vec![0u64; no];
     let mut idx = vec![0u32; ni];
@@ -1648,7 +1669,12 @@ fn core_select(scores: &[f32], layers: usize, hkv: usize, p: usize, global: bool
 
 fn layer_sums(s: &[f32], layers: usize, per_layer: usize) -> Vec<f64> {
     (0..layers)
-        .map(|l| s[l * per_layer..(l + 1) * per_layer].iter().map(|&x| (x as f64).abs()).sum())
+        .map(|l| {
+            s[l * per_layer..(l + 1) * per_layer]
+                .iter()
+                .map(|&x| (x as f64).abs())
+                .sum()
+        })
         .collect()
 }
 
@@ -1658,9 +1684,15 @@ fn layer_sums(s: &[f32], layers: usize, per_layer: usize) -> Vec<f64> {
 fn references_agree_with_core_on_cpu() {
     let mut rng = Rng::new(20);
     for &(hq, hkv, w, n, d) in &[(4usize, 2usize, 6usize, 90usize, 16usize), (3, 1, 4, 50, 8)] {
-        let q = Tensor::host(Dt::F32, Layout::HeadMajor, [hq, w, d], &mut || 2.0 * rng.normal());
-        let k = Tensor::host(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || rng.normal());
-        let v = Tensor::host(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || rng.normal());
+        let q = Tensor::host(Dt::F32, Layout::HeadMajor, [hq, w, d], &mut || {
+            2.0 * rng.normal()
+        });
+        let k = Tensor::host(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || {
+            rng.normal()
+        });
+        let v = Tensor::host(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || {
+            rng.normal()
+        });
         let gram = core_gram(&mut rng, hq, hkv, d, 24);
         for (name, preset) in [
             ("laprox", kvevict::Preset::LaProx),
@@ -1669,24 +1701,45 @@ fn references_agree_with_core_on_cpu() {
         ] {
             let core = core_scores(preset, &q, &k, &v, Some(&gram), w);
             let want = ref_scores(name, &q, &k, &v, &gram, w);
-            assert_close(&format!("core vs f64 reference: {name} hq{hq} hkv{hkv}"), &core, &want, 1e-4);
+            assert_close(
+                &format!("core vs f64 reference: {name} hq{hq} hkv{hkv}"),
+                &core,
+                &want,
+                1e-4,
+            );
         }
     }
     // selection: this file's reference rule == the core's (global with layer sums, uniform)
     for &(layers, hkv, p) in &[(3usize, 2usize, 200usize), (2, 4, 31)] {
         for ties in [false, true] {
             let s: Vec<f32> = (0..layers * hkv * p)
-                .map(|_| if ties { rng.below(5) as f32 } else { rng.unif() })
+                .map(|_| {
+                    if ties {
+                        rng.below(5) as f32
+                    } else {
+                        rng.unif()
+                    }
+                })
                 .collect();
             let budget = 1 + rng.below(p) as u64;
             let sums = layer_sums(&s, layers, hkv * p);
             let core = core_select(&s, layers, hkv, p, true, budget);
-            let want = ref_select(&s, p, 1, layers * hkv, &[(layers * hkv) as i64 * budget as i64], Some((&sums, hkv)));
+            let want = ref_select(
+                &s,
+                p,
+                1,
+                layers * hkv,
+                &[(layers * hkv) as i64 * budget as i64],
+                Some((&sums, hkv)),
+            );
             assert_eq!(core, want, "global select: core vs reference (ties {ties})");
             let core = core_select(&s, layers, hkv, p, false, budget);
             let ks = vec![budget as i64; layers * hkv];
             let want = ref_select(&s, p, layers * hkv, 1, &ks, None);
-            assert_eq!(core, want, "uniform select: core vs reference (ties {ties})");
+            assert_eq!(
+                core, want,
+                "uniform select: core vs reference (ties {ties})"
+            );
         }
     }
 }
@@ -1700,20 +1753,74 @@ fn gpu_scores_match_core() {
     for dt in DTYPES {
         let (hq, hkv, w, n, d) = (8usize, 2usize, 12usize, 400usize, 64usize);
         let (g, p) = (hq / hkv, n - w);
-        let q = Tensor::new(dt, Layout::HeadMajor, [hq, w, d], &mut || 2.0 * rng.normal());
+        let q = Tensor::new(dt, Layout::HeadMajor, [hq, w, d], &mut || {
+            2.0 * rng.normal()
+        });
         let k = Tensor::new(dt, Layout::TokenMajor, [hkv, n, d], &mut || rng.normal());
         let v = Tensor::new(dt, Layout::Transposed, [hkv, n, d], &mut || rng.normal());
         let gram = core_gram(&mut rng, hq, hkv, d, 48);
         let gd = DBuf::from(&gram);
-        let (ghi, glo) = (DBuf::<u8>::new(gram.len() * dt.size()), DBuf::<u8>::new(gram.len() * dt.size()));
-        ck(unsafe { kve_cuda_gram_split(gd.ptr(), gram.len() as i64, dt.code(), ghi.vptr(), glo.vptr(), null_mut()) }, "split");
-        let wsb = unsafe { kve_cuda_window_workspace_size(hq as i64, w as i64, n as i64, hkv as i64) };
+        let (ghi, glo) = (
+            DBuf::<u8>::new(gram.len() * dt.size()),
+            DBuf::<u8>::new(gram.len() * dt.size()),
+        );
+        ck(
+            unsafe {
+                kve_cuda_gram_split(
+                    gd.ptr(),
+                    gram.len() as i64,
+                    dt.code(),
+                    ghi.vptr(),
+                    glo.vptr(),
+                    null_mut(),
+                )
+            },
+            "split",
+        );
+        let wsb =
+            unsafe { kve_cuda_window_workspace_size(hq as i64, w as i64, n as i64, hkv as i64) };
         let ws = DBuf::<u8>::new(wsb);
-        let (mean, l2, pooled, vo, fac) = (poisoned(hq * p), poisoned(hq * p), poisoned(hq * p), poisoned(hq * p), poisoned(hkv));
+        let (mean, l2, pooled, vo, fac) = (
+            poisoned(hq * p),
+            poisoned(hq * p),
+            poisoned(hq * p),
+            poisoned(hq * p),
+            poisoned(hkv),
+        );
         unsafe {
-            ck(kve_cuda_window(&q.view(), &k.view(), w as i64, mean.ptr(), l2.ptr(), null_mut(), null_mut(), 0, ws.vptr(), wsb, null_mut()), "window");
-            ck(kve_cuda_vonorm(&v.view(), p as i64, ghi.vptr(), if dt == Dt::F32 { null() } else { glo.vptr() }, hq as i64, 0, vo.ptr(), null_mut()), "vonorm");
-            ck(kve_cuda_lava_factor(&v.view(), p as i64, fac.ptr(), null_mut()), "lava factor");
+            ck(
+                kve_cuda_window(
+                    &q.view(),
+                    &k.view(),
+                    w as i64,
+                    mean.ptr(),
+                    l2.ptr(),
+                    null_mut(),
+                    null_mut(),
+                    0,
+                    ws.vptr(),
+                    wsb,
+                    null_mut(),
+                ),
+                "window",
+            );
+            ck(
+                kve_cuda_vonorm(
+                    &v.view(),
+                    p as i64,
+                    ghi.vptr(),
+                    if dt == Dt::F32 { null() } else { glo.vptr() },
+                    hq as i64,
+                    0,
+                    vo.ptr(),
+                    null_mut(),
+                ),
+                "vonorm",
+            );
+            ck(
+                kve_cuda_lava_factor(&v.view(), p as i64, fac.ptr(), null_mut()),
+                "lava factor",
+            );
         }
         for (name, preset) in [
             ("laprox", kvevict::Preset::LaProx),
@@ -1724,22 +1831,120 @@ fn gpu_scores_match_core() {
             unsafe {
                 match name {
                     "laprox" => {
-                        ck(kve_cuda_pool(l2.ptr(), p as i64, pooled.ptr(), p as i64, hq as i64, p as i64, KVE_CUDA_POOL_AVG, 7, 1.0, null_mut()), "pool");
-                        ck(kve_cuda_head_reduce(pooled.ptr(), vo.ptr(), 1, null(), p as i64, out.ptr(), p as i64, hq as i64, hkv as i64, p as i64, KVE_CUDA_GQA_SUM, null_mut()), "reduce");
+                        ck(
+                            kve_cuda_pool(
+                                l2.ptr(),
+                                p as i64,
+                                pooled.ptr(),
+                                p as i64,
+                                hq as i64,
+                                p as i64,
+                                KVE_CUDA_POOL_AVG,
+                                7,
+                                1.0,
+                                null_mut(),
+                            ),
+                            "pool",
+                        );
+                        ck(
+                            kve_cuda_head_reduce(
+                                pooled.ptr(),
+                                vo.ptr(),
+                                1,
+                                null(),
+                                p as i64,
+                                out.ptr(),
+                                p as i64,
+                                hq as i64,
+                                hkv as i64,
+                                p as i64,
+                                KVE_CUDA_GQA_SUM,
+                                null_mut(),
+                            ),
+                            "reduce",
+                        );
                     }
                     "snapkv" => {
-                        ck(kve_cuda_pool(mean.ptr(), p as i64, pooled.ptr(), p as i64, hq as i64, p as i64, KVE_CUDA_POOL_MAX, 7, 1.0, null_mut()), "pool");
-                        ck(kve_cuda_head_reduce(pooled.ptr(), null(), 0, null(), p as i64, out.ptr(), p as i64, hq as i64, hkv as i64, p as i64, KVE_CUDA_GQA_MEAN, null_mut()), "reduce");
+                        ck(
+                            kve_cuda_pool(
+                                mean.ptr(),
+                                p as i64,
+                                pooled.ptr(),
+                                p as i64,
+                                hq as i64,
+                                p as i64,
+                                KVE_CUDA_POOL_MAX,
+                                7,
+                                1.0,
+                                null_mut(),
+                            ),
+                            "pool",
+                        );
+                        ck(
+                            kve_cuda_head_reduce(
+                                pooled.ptr(),
+                                null(),
+                                0,
+                                null(),
+                                p as i64,
+                                out.ptr(),
+                                p as i64,
+                                hq as i64,
+                                hkv as i64,
+                                p as i64,
+                                KVE_CUDA_GQA_MEAN,
+                                null_mut(),
+                            ),
+                            "reduce",
+                        );
                     }
                     _ => {
-                        ck(kve_cuda_pool(mean.ptr(), p as i64, pooled.ptr(), p as i64, hq as i64, p as i64, KVE_CUDA_POOL_MAX, 7, 1.0, null_mut()), "pool");
-                        ck(kve_cuda_head_reduce(pooled.ptr(), null(), 0, fac.ptr(), p as i64, out.ptr(), p as i64, hq as i64, hkv as i64, p as i64, KVE_CUDA_GQA_MAX, null_mut()), "reduce");
+                        ck(
+                            kve_cuda_pool(
+                                mean.ptr(),
+                                p as i64,
+                                pooled.ptr(),
+                                p as i64,
+                                hq as i64,
+                                p as i64,
+                                KVE_CUDA_POOL_MAX,
+                                7,
+                                1.0,
+                                null_mut(),
+                            ),
+                            "pool",
+                        );
+                        ck(
+                            kve_cuda_head_reduce(
+                                pooled.ptr(),
+                                null(),
+                                0,
+                                fac.ptr(),
+                                p as i64,
+                                out.ptr(),
+                                p as i64,
+                                hq as i64,
+                                hkv as i64,
+                                p as i64,
+                                KVE_CUDA_GQA_MAX,
+                                null_mut(),
+                            ),
+                            "reduce",
+                        );
                     }
                 }
             }
-            let core: Vec<f64> = core_scores(preset, &q, &k, &v, Some(&gram), w).iter().map(|&x| x as f64).collect();
+            let core: Vec<f64> = core_scores(preset, &q, &k, &v, Some(&gram), w)
+                .iter()
+                .map(|&x| x as f64)
+                .collect();
             let _ = g;
-            assert_close(&format!("GPU vs core: {name} {dt:?}"), &out.download(), &core, 2e-3);
+            assert_close(
+                &format!("GPU vs core: {name} {dt:?}"),
+                &out.download(),
+                &core,
+                2e-3,
+            );
         }
     }
 }
@@ -1760,21 +1965,57 @@ fn gpu_select_matches_core() {
         let wsb_s = unsafe { kve_cuda_layer_stats_workspace_size(layers as i64, (hkv * p) as i64) };
         let ws_s = DBuf::<u8>::new(wsb_s);
         let sums = DBuf::from(&vec![f64::NAN; layers]);
-        let (groups, rpg, kall) = if global { (1, rows, (rows as u64 * budget) as i64) } else { (rows, 1, budget as i64) };
+        let (groups, rpg, kall) = if global {
+            (1, rows, (rows as u64 * budget) as i64)
+        } else {
+            (rows, 1, budget as i64)
+        };
         let wsb = unsafe { kve_cuda_select_workspace_size(groups as i64) };
         let ws = DBuf::<u8>::new(wsb);
         let counts = DBuf::from(&vec![-1i32; rows]);
         let idx = DBuf::from(&vec![-1i32; rows * p]);
         unsafe {
-            ck(kve_cuda_layer_stats(sd.ptr(), (hkv * p) as i64, (hkv * p) as i64, layers as i64, sums.ptr(), null_mut(), ws_s.vptr(), wsb_s, null_mut()), "layer_stats");
-            ck(kve_cuda_select(sd.ptr(), p as i64, p as i64, groups as i64, rpg as i64, null(), kall,
-                               if global { sums.ptr() } else { null() }, hkv as i64, counts.ptr(), idx.ptr(), p as i64, ws.vptr(), wsb, null_mut()), "select");
+            ck(
+                kve_cuda_layer_stats(
+                    sd.ptr(),
+                    (hkv * p) as i64,
+                    (hkv * p) as i64,
+                    layers as i64,
+                    sums.ptr(),
+                    null_mut(),
+                    ws_s.vptr(),
+                    wsb_s,
+                    null_mut(),
+                ),
+                "layer_stats",
+            );
+            ck(
+                kve_cuda_select(
+                    sd.ptr(),
+                    p as i64,
+                    p as i64,
+                    groups as i64,
+                    rpg as i64,
+                    null(),
+                    kall,
+                    if global { sums.ptr() } else { null() },
+                    hkv as i64,
+                    counts.ptr(),
+                    idx.ptr(),
+                    p as i64,
+                    ws.vptr(),
+                    wsb,
+                    null_mut(),
+                ),
+                "select",
+            );
         }
         let (gc, gi) = (counts.download(), idx.download());
         let (mut both, mut total) = (0usize, 0usize);
         let mut exact = true;
         for r in 0..rows {
-            let got: std::collections::BTreeSet<i32> = gi[r * p..r * p + gc[r] as usize].iter().cloned().collect();
+            let got: std::collections::BTreeSet<i32> =
+                gi[r * p..r * p + gc[r] as usize].iter().cloned().collect();
             let want: std::collections::BTreeSet<i32> = core[r].iter().cloned().collect();
             both += got.intersection(&want).count();
             total += want.len();
@@ -1782,7 +2023,75 @@ fn gpu_select_matches_core() {
         }
         let overlap = both as f64 / total.max(1) as f64;
         println!("GPU vs core select (global {global}, budget {budget}): overlap {overlap:.6}, exact {exact}");
-        assert_eq!(gc.iter().map(|&c| c as usize).sum::<usize>(), total, "kept count");
+        assert_eq!(
+            gc.iter().map(|&c| c as usize).sum::<usize>(),
+            total,
+            "kept count"
+        );
         assert!(overlap >= 0.999, "overlap {overlap}");
+    }
+}
+
+/// CPU + GPU split of one model-wide selection (SPEC §4 "Selection across devices"):
+/// layers [0, split) on the GPU (kve_cuda_shard_count / _select), the rest on the CPU
+/// (the core's count_shard / select_shard), histograms added on the host, the core's
+/// ShardSearch stepping. Must equal select_model over the whole model exactly.
+#[test]
+fn gpu_and_cpu_shards_match_select_model() {
+    need_device!();
+    use kvevict::shard::{count_shard, search_new, select_shard, shard_output_len, shard_workspace_size};
+    use kvevict::{AllocatorKind, Granularity, ModelScores, SelectConfig};
+    let mut rng = Rng::new(23);
+    for &(layers, hkv, p, split) in &[(5usize, 3usize, 700usize, 2usize), (2, 2, 40, 1)] {
+        for ties in [false, true] {
+            let (window, n) = (1usize, p + 1);
+            let s: Vec<f32> = (0..layers * hkv * p)
+                .map(|_| if ties { rng.below(6) as f32 * 0.5 } else { rng.unif() })
+                .collect();
+            let budget = 1 + rng.below(p) as u64;
+            let cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Head, budget);
+            let mut search = search_new(&cfg, layers, hkv, n, window).unwrap();
+            let gpu_rows = split * hkv;
+            let sd = DBuf::from(&s[..gpu_rows * p]);
+            let lsd = DBuf::from(&layer_sums(&s[..gpu_rows * p], split, hkv * p));
+            let hist = DBuf::<u64>::new(256);
+            let cpu = ModelScores { scores: &s[gpu_rows * p..], layers: layers - split, hkv, n, window };
+            let mut ws = vec![0u8; shard_workspace_size(&cfg, layers - split, hkv, n, window).unwrap()];
+            let mut rounds = 0;
+            while !search.done {
+                hist.upload(&[0u64; 256]);
+                ck(unsafe {
+                    kve_cuda_shard_count(sd.ptr(), p as i64, p as i64, gpu_rows as i64, 0, lsd.ptr(), hkv as i64,
+                                         (search.prefix >> 64) as u64, search.prefix as u64, search.bits, hist.ptr(), null_mut())
+                }, "shard_count");
+                let g = hist.download();
+                let mut h = kvevict::select::Histogram([0u64; 256]);
+                h.0.copy_from_slice(&g);
+                count_shard(&cfg, &cpu, split, &search, &mut h, &mut ws).unwrap();
+                search.step(&h);
+                rounds += 1;
+                assert!(rounds <= 13, "search does not end");
+            }
+            let counts = DBuf::from(&vec![-1i32; gpu_rows]);
+            let idx = DBuf::from(&vec![-1i32; gpu_rows * p]);
+            ck(unsafe {
+                kve_cuda_shard_select(sd.ptr(), p as i64, p as i64, gpu_rows as i64, 0, lsd.ptr(), hkv as i64,
+                                      (search.threshold >> 64) as u64, search.threshold as u64, counts.ptr(), idx.ptr(), p as i64, null_mut())
+            }, "shard_select");
+            let (no, ni) = shard_output_len(layers - split, hkv, n).unwrap();
+            let (mut off, mut cidx) = (vec![0u64; no], vec![0u32; ni]);
+            select_shard(&cfg, &cpu, split, &search, &mut off, &mut cidx, &mut ws).unwrap();
+            let want = core_select(&s, layers, hkv, p, true, budget);
+            let (gc, gi) = (counts.download(), idx.download());
+            for r in 0..layers * hkv {
+                let got: Vec<i32> = if r < gpu_rows {
+                    gi[r * p..r * p + gc[r] as usize].to_vec()
+                } else {
+                    let u = r - gpu_rows;
+                    cidx[off[u] as usize..off[u + 1] as usize].iter().filter(|&&i| (i as usize) < p).map(|&i| i as i32).collect()
+                };
+                assert_eq!(got, want[r], "unit {r} (layers {layers}, split {split}, ties {ties}, {rounds} rounds)");
+            }
+        }
     }
 }
