@@ -649,7 +649,8 @@ int32_t kve_score_output_len(const struct kve_score_params *params,
  * always kept and get no score). Larger = more worth keeping.
  *
  * `out_len` (floats) must be at least `kve_score_output_len`, `workspace_bytes` at least
- * `kve_score_workspace_size`; the workspace is scratch (any alignment; its contents
+ * `kve_score_workspace_size` (which includes room to stage the scores, so that `out` is
+ * written only on success); the workspace is scratch (any alignment; its contents
  * after the call are unspecified). Reads the tensors of `inputs` only; writes `out`
  * (first `Hkv*P` floats) and the workspace. NaN/Inf in what the scorer reads gives
  * `KVE_ERR_NON_FINITE`; a window longer than the queries supplied,
@@ -988,6 +989,33 @@ extern int kve_cuda_select(const float *scores,
                            void *ws,
                            size_t ws_bytes,
                            void *stream);
+
+extern int kve_cuda_shard_count(const float *scores,
+                                int64_t ld,
+                                int64_t n,
+                                int64_t rows,
+                                int64_t unit0,
+                                const double *layer_sum,
+                                int64_t rows_per_layer,
+                                uint64_t prefix_hi,
+                                uint64_t prefix_lo,
+                                uint32_t bits,
+                                uint64_t *hist,
+                                void *stream);
+
+extern int kve_cuda_shard_select(const float *scores,
+                                 int64_t ld,
+                                 int64_t n,
+                                 int64_t rows,
+                                 int64_t unit0,
+                                 const double *layer_sum,
+                                 int64_t rows_per_layer,
+                                 uint64_t threshold_hi,
+                                 uint64_t threshold_lo,
+                                 int32_t *counts,
+                                 int32_t *idx,
+                                 int64_t idx_ld,
+                                 void *stream);
 
 extern size_t kve_cuda_compact_workspace_size(const struct KveCudaView *x, int64_t max_keep);
 

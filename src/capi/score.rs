@@ -130,9 +130,21 @@ pub unsafe extern "C" fn kve_score_workspace_size(
         dk: tri!(to_usize(dk)),
         dv: tri!(to_usize(dv)),
     };
-    let bytes = tri!(crate::score_workspace_size(&cfg, &shape));
+    let bytes = tri!(staged_workspace_size(&cfg, &shape));
     write_u64(&out, bytes);
     KVE_OK
+}
+
+/// The core's workspace plus room to stage the scores: the core checks its computed
+/// scores for overflow to NaN/Inf after computing them, so the C layer scores into the
+/// workspace and copies to `out` only on success (nothing written on error).
+fn staged_workspace_size(cfg: &crate::ScoreConfig, shape: &LayerShape) -> Result<usize> {
+    let core = crate::score_workspace_size(cfg, shape)?;
+    let stage = crate::score_len(cfg, shape)?
+        .checked_mul(4)
+        .and_then(|b| b.checked_add(4))
+        .ok_or(Error::Overflow)?;
+    core.checked_add(stage).ok_or(Error::Overflow)
 }
 
 /// Floats `kve_score_layer` writes: `hkv * P` with `P = n - min(window, n)` prefix
@@ -165,7 +177,8 @@ pub unsafe extern "C" fn kve_score_output_len(
 /// always kept and get no score). Larger = more worth keeping.
 ///
 /// `out_len` (floats) must be at least `kve_score_output_len`, `workspace_bytes` at least
-/// `kve_score_workspace_size`; the workspace is scratch (any alignment; its contents
+/// `kve_score_workspace_size` (which includes room to stage the scores, so that `out` is
+/// written only on success); the workspace is scratch (any alignment; its contents
 /// after the call are unspecified). Reads the tensors of `inputs` only; writes `out`
 /// (first `Hkv*P` floats) and the workspace. NaN/Inf in what the scorer reads gives
 /// `KVE_ERR_NON_FINITE`; a window longer than the queries supplied,
@@ -220,7 +233,23 @@ pub unsafe extern "C" fn kve_score_layer(
         value_forms: f.as_ref().map(|b| b.slice()),
         value_l1: l1.as_ref().map(|b| b.slice()),
     };
-    to_status(crate::score_layer(&cfg, &li, o.slice_mut(), ws.slice_mut()))
+    let shape = tri!(crate::layer_shape(&cfg, &li));
+    let need = tri!(crate::score_len(&cfg, &shape));
+    if o.len() < need {
+        return super::KVE_ERR_OUTPUT_TOO_SMALL;
+    }
+    if ws.len() < tri!(staged_workspace_size(&cfg, &shape)) {
+        return super::KVE_ERR_WORKSPACE_TOO_SMALL;
+    }
+    // stage: the first 4-aligned `need` floats of the workspace, the core gets the rest
+    let wsb = ws.slice_mut();
+    let pad = wsb.as_ptr().align_offset(4).min(4);
+    let (head, rest) = wsb.split_at_mut(pad + need * 4);
+    // SAFETY: `head[pad..]` is 4-aligned and holds `need` f32 (any bit pattern is valid).
+    let stage = core::slice::from_raw_parts_mut(head.as_mut_ptr().add(pad) as *mut f32, need);
+    tri!(crate::score_layer(&cfg, &li, stage, rest));
+    o.slice_mut()[..need].copy_from_slice(stage);
+    KVE_OK
 }
 
 fn cross_flag(cross: u32) -> Result<bool> {
