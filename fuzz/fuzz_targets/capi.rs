@@ -335,7 +335,7 @@ fuzz_target!(|data: &[u8]| {
                         assert!(!overlaps(o.span(), span(t)), "output overlapping an input accepted");
                     }
                 }
-                if st == KVE_OK && ol == KVE_OK && !o.in_arena {
+                if st == KVE_OK && ol == KVE_OK && !o.in_arena && olen > 0 && !o.ptr.is_null() {
                     let s = std::slice::from_raw_parts(o.ptr as *const f32, olen as usize);
                     assert!(s.iter().all(|x| x.is_finite()), "non-finite score");
                 }
