@@ -114,6 +114,7 @@ struct opts {
     int ctx_tokens;
     const char *key;
     int verbose;
+    int show_kept;          /* print the text of the kept cells */
 };
 
 static void usage(void) {
@@ -134,7 +135,8 @@ static void usage(void) {
             "  --needle DEPTH    built-in needle prompt, needle at DEPTH in [0,1]\n"
             "      --seed S      filler seed (0)   --ctx-tokens N  prompt length (1000)   --key K  pass key\n"
             "  -f FILE -q TEXT   context from FILE, question TEXT\n"
-            "  -v                verbose\n");
+            "  --show-kept       print the text of the cells kept (one-shot mode)\n"
+            "  -v                verbose (llama.cpp's log)\n");
     exit(2);
 }
 
@@ -188,6 +190,7 @@ static void parse_args(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "-f")) o->context_file = NEXT();
         else if (!strcmp(a, "-q")) o->question = NEXT();
         else if (!strcmp(a, "-v")) o->verbose = 1;
+        else if (!strcmp(a, "--show-kept")) o->show_kept = 1;
         else usage();
 #undef NEXT
     }
@@ -764,12 +767,28 @@ static void quiet_log(enum ggml_log_level level, const char *text, void *ud) {
     if (level == GGML_LOG_LEVEL_ERROR) fputs(text, stderr);
 }
 
-static int first_digits_equal(const char *text, const char *key) {
+/* eval/needle.py's rule: the first run of digits in the answer is the key. With
+ * `prefix`, the run only has to start with the key (the key recovered, but the model
+ * did not stop after it). */
+static int first_digits_match(const char *text, const char *key, int prefix) {
     const char *p = text;
     while (*p && (*p < '0' || *p > '9')) p++;
-    size_t n = 0;
+    size_t n = 0, k = strlen(key);
     while (p[n] >= '0' && p[n] <= '9') n++;
-    return n > 0 && n == strlen(key) && !strncmp(p, key, n);
+    return n > 0 && (prefix ? n >= k : n == k) && !strncmp(p, key, k);
+}
+
+/* The kept cells as text, gaps marked with a bullet. */
+static void print_kept(const struct llama_vocab *vocab, const llama_token *toks, const struct capture *c) {
+    printf("  kept text: ");
+    for (int i = 0; i < c->n; i++) {
+        if (i > 0 && c->pos[i] != c->pos[i - 1] + 1) printf(" \u2022 ");
+        char buf[128];
+        piece(vocab, toks[c->pos[i]], buf, sizeof buf);
+        for (char *q = buf; *q; q++) if (*q == '\n') *q = ' ';
+        printf("%s", buf);
+    }
+    printf("\n");
 }
 
 static void json_escape(FILE *f, const char *s) {
@@ -783,7 +802,7 @@ static void json_escape(FILE *f, const char *s) {
 
 struct outcome {
     enum method method;
-    int window, scored, cells_kept, evictions, max_used, correct;
+    int window, scored, cells_kept, evictions, max_used, correct, recovered;
     long long evicted;
     double t_kve, t_score, t_select, t_rm, t_compact;
     char answer[512];
@@ -910,6 +929,10 @@ int main(int argc, char **argv) {
                 compress(&sc[i], &cap, ctx, budget);
                 oc->cells_kept = cap.n;
                 oc->window = sc[i].window;
+                if (o.show_kept) {
+                    printf("%s:\n", METHOD_NAMES[oc->method]);
+                    print_kept(vocab, prompt, &cap);
+                }
             }
             feed(&r, prompt + n_pre, n_prompt - n_pre, 512);
             oc->max_used = oc->cells_kept + (n_prompt - n_pre) + o.n_predict - 1;
@@ -958,25 +981,26 @@ int main(int argc, char **argv) {
         oc->evicted = s->cells_evicted;
         oc->t_score = s->t_score; oc->t_select = s->t_select; oc->t_rm = s->t_rm; oc->t_compact = s->t_compact;
         oc->t_kve = oc->t_score + oc->t_select + oc->t_rm + oc->t_compact;
-        oc->correct = key[0] ? first_digits_equal(oc->answer, key) : -1;
+        oc->correct = key[0] ? first_digits_match(oc->answer, key, 0) : -1;
+        oc->recovered = key[0] ? first_digits_match(oc->answer, key, 1) : -1;
         printf("%-13s kept %4d of %4d cells, %lld evicted (%.2f MiB of KV freed) in %d eviction(s); "
                "kvevict %.1f ms (score %.1f, select %.1f, seq_rm %.1f, compact %.1f); answer \"",
                METHOD_NAMES[oc->method], oc->cells_kept, oc->scored, oc->evicted,
                (double)oc->evicted * (double)kv_bytes_per_cell / (1024.0 * 1024.0), oc->evictions, 1e3 * oc->t_kve,
                1e3 * oc->t_score, 1e3 * oc->t_select, 1e3 * oc->t_rm, 1e3 * oc->t_compact);
         json_escape(stdout, oc->answer);
-        printf("\"%s\n", oc->correct < 0 ? "" : oc->correct ? " [correct]" : " [wrong]");
+        printf("\"%s\n", oc->correct < 0 ? "" : oc->correct ? " [correct]" : oc->recovered ? " [key, then more digits]" : " [wrong]");
     }
     for (int i = 0; i < o.n_methods; i++) { /* machine-readable lines */
         struct outcome *oc = &out[i];
         printf("RESULT {\"method\":\"%s\",\"keep\":%.4f,\"agnostic\":%d,\"max_cells\":%d,\"window\":%d,"
                "\"prompt\":%d,\"scored\":%d,\"cells_kept\":%d,\"evicted\":%lld,\"kv_bytes_freed\":%lld,"
-               "\"evictions\":%d,\"max_used\":%d,\"key\":\"%s\",\"correct\":%d,\"prefill_ms\":%.2f,"
+               "\"evictions\":%d,\"max_used\":%d,\"key\":\"%s\",\"correct\":%d,\"recovered\":%d,\"prefill_ms\":%.2f,"
                "\"capture_ms\":%.2f,\"forms_ms\":%.2f,\"gram_ms\":%.2f,\"kvevict_ms\":%.2f,\"score_ms\":%.2f,"
                "\"select_ms\":%.2f,\"seq_rm_ms\":%.2f,\"compact_ms\":%.2f,\"answer\":\"",
                METHOD_NAMES[oc->method], o.keep, o.agnostic, o.max_cells, oc->window, n_prompt, oc->scored,
                oc->cells_kept, oc->evicted, oc->evicted * (long long)kv_bytes_per_cell, oc->evictions, oc->max_used,
-               key, oc->correct, 1e3 * t_prefill, 1e3 * cap.t_copy, 1e3 * cap.t_forms, 1e3 * t_gram,
+               key, oc->correct, oc->recovered, 1e3 * t_prefill, 1e3 * cap.t_copy, 1e3 * cap.t_forms, 1e3 * t_gram,
                1e3 * oc->t_kve, 1e3 * oc->t_score, 1e3 * oc->t_select, 1e3 * oc->t_rm, 1e3 * oc->t_compact);
         json_escape(stdout, oc->answer);
         printf("\"}\n");
