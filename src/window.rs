@@ -13,12 +13,12 @@ use crate::error::{Error, Result};
 use crate::numerics::{
     all_finite, dispatch, dot_v, exp_neg, load_rows, sum_v, Simd, Workspace, WorkspaceSize,
 };
-use crate::view::View;
+use crate::view::{DType, View};
 
 /// Keys per micro-tile of the Q·Kᵀ kernel.
 const KT: usize = 6;
 /// Keys per chunk (a multiple of [`KT`]).
-pub(crate) const CHUNK: usize = 96;
+pub(crate) const CHUNK: usize = 192;
 
 /// Which statistics a scorer needs.
 #[derive(Clone, Copy, Debug, Default)]
@@ -119,8 +119,10 @@ fn load_queries<'s>(
     Ok(s)
 }
 
-/// Load keys `c0 .. c0+nt` of KV head `kh` as f32 rows `k[t][dk]`, zero rows up to `ntp`.
-/// With `check`, returns false when a key element is NaN or infinite.
+/// Keys `c0 .. c0+ntp` of KV head `kh` as f32 rows for the kernel: straight from the view
+/// when it holds f32 rows with unit element stride and the chunk is whole tiles, else
+/// converted into `k[t][dk]` with zero rows from `nt` to `ntp`. Returns the first row and the
+/// row stride, and (with `check`) whether every key element is finite.
 #[inline(always)]
 fn load_keys<S: Simd>(
     keys: &View,
@@ -130,23 +132,43 @@ fn load_keys<S: Simd>(
     ntp: usize,
     k: &mut [f32],
     check: bool,
-) -> bool {
+) -> (*const f32, usize, bool) {
     let dk = keys.extent()[2];
+    let st = keys.stride();
+    if keys.dtype() == DType::F32 && st[2] == 1 && nt == ntp {
+        assert!(kh < keys.extent()[0] && c0 + nt <= keys.extent()[1]);
+        // SAFETY: rows (kh, c0..c0+nt, 0..dk) are inside the view's extent, which the view
+        // proved in bounds at construction; `byte_range` gives back its pointer.
+        let base = unsafe { (keys.byte_range().0 as *const f32).add(kh * st[0] + c0 * st[1]) };
+        let finite = !check
+            || (0..nt).all(|t| {
+                let row = unsafe { core::slice::from_raw_parts(base.add(t * st[1]), dk) };
+                all_finite::<S>(row)
+            });
+        return (base, st[1], finite);
+    }
     let k = &mut k[..ntp * dk];
     load_rows::<S>(keys, kh, c0, nt, k);
     k[nt * dk..].fill(0.0);
-    !check || all_finite::<S>(&k[..nt * dk])
+    (k.as_ptr(), dk, !check || all_finite::<S>(&k[..nt * dk]))
 }
 
 /// `c[t][r0..r0+16] = Σ_d k[t][d]·q[d][0..16]` for `KT` keys.
 #[inline(always)]
-unsafe fn tile16<S: Simd>(k: *const f32, dk: usize, q: *const f32, c: *mut f32, ldc: usize) {
+unsafe fn tile16<S: Simd>(
+    k: *const f32,
+    ldk: usize,
+    dk: usize,
+    q: *const f32,
+    c: *mut f32,
+    ldc: usize,
+) {
     let mut acc = [[S::zero(); 2]; KT];
     for d in 0..dk {
         let q0 = S::load(q.add(d * 16));
         let q1 = S::load(q.add(d * 16 + 8));
         for i in 0..KT {
-            let b = S::splat(*k.add(i * dk + d));
+            let b = S::splat(*k.add(i * ldk + d));
             acc[i][0] = S::fma(b, q0, acc[i][0]);
             acc[i][1] = S::fma(b, q1, acc[i][1]);
         }
@@ -159,12 +181,19 @@ unsafe fn tile16<S: Simd>(k: *const f32, dk: usize, q: *const f32, c: *mut f32, 
 
 /// The 8-row panel of [`tile16`] (the same arithmetic per logit).
 #[inline(always)]
-unsafe fn tile8<S: Simd>(k: *const f32, dk: usize, q: *const f32, c: *mut f32, ldc: usize) {
+unsafe fn tile8<S: Simd>(
+    k: *const f32,
+    ldk: usize,
+    dk: usize,
+    q: *const f32,
+    c: *mut f32,
+    ldc: usize,
+) {
     let mut acc = [S::zero(); KT];
     for d in 0..dk {
         let q0 = S::load(q.add(d * 8));
         for i in 0..KT {
-            acc[i] = S::fma(S::splat(*k.add(i * dk + d)), q0, acc[i]);
+            acc[i] = S::fma(S::splat(*k.add(i * ldk + d)), q0, acc[i]);
         }
     }
     for i in 0..KT {
@@ -172,33 +201,35 @@ unsafe fn tile8<S: Simd>(k: *const f32, dk: usize, q: *const f32, c: *mut f32, l
     }
 }
 
-/// Logits of one chunk: `c[t][r] = k[t]·q[r]` for `t < ntp` (a multiple of KT), every row.
+/// Logits of one chunk: `c[t][r] = k[t]·q[r]` for `t < ntp` (a multiple of KT), every row;
+/// key row `t` at `k + t·ldk`.
+///
+/// # Safety
+/// `k` must point to `ntp` readable rows of `dk` floats, `ldk` apart.
 #[inline(always)]
-fn gemm<S: Simd>(s: &mut Scratch, ntp: usize) {
+unsafe fn gemm<S: Simd>(s: &mut Scratch, k: *const f32, ldk: usize, ntp: usize) {
     let (dk, rp) = (s.dk, s.rows_pad);
-    assert!(ntp % KT == 0 && s.k.len() >= ntp * dk && s.c.len() >= ntp * rp);
+    assert!(ntp % KT == 0 && s.c.len() >= ntp * rp);
     assert!(s.q.len() >= rp * dk && rp % 8 == 0);
     let full = rp / 16 * 16;
-    let (k, q, c) = (s.k.as_ptr(), s.q.as_ptr(), s.c.as_mut_ptr());
-    // SAFETY: every access is inside the slices checked above.
-    unsafe {
-        let mut r0 = 0;
-        while r0 < full {
-            let qp = q.add(r0 * dk);
-            let mut t0 = 0;
-            while t0 < ntp {
-                tile16::<S>(k.add(t0 * dk), dk, qp, c.add(t0 * rp + r0), rp);
-                t0 += KT;
-            }
-            r0 += 16;
+    let (q, c) = (s.q.as_ptr(), s.c.as_mut_ptr());
+    // every q and c access is inside the slices checked above
+    let mut r0 = 0;
+    while r0 < full {
+        let qp = q.add(r0 * dk);
+        let mut t0 = 0;
+        while t0 < ntp {
+            tile16::<S>(k.add(t0 * ldk), ldk, dk, qp, c.add(t0 * rp + r0), rp);
+            t0 += KT;
         }
-        if full < rp {
-            let qp = q.add(full * dk);
-            let mut t0 = 0;
-            while t0 < ntp {
-                tile8::<S>(k.add(t0 * dk), dk, qp, c.add(t0 * rp + full), rp);
-                t0 += KT;
-            }
+        r0 += 16;
+    }
+    if full < rp {
+        let qp = q.add(full * dk);
+        let mut t0 = 0;
+        while t0 < ntp {
+            tile8::<S>(k.add(t0 * ldk), ldk, dk, qp, c.add(t0 * rp + full), rp);
+            t0 += KT;
         }
     }
 }
@@ -246,10 +277,12 @@ fn row_stats_impl<S: Simd>(
     while c0 < n {
         let nt = CHUNK.min(n - c0);
         let ntp = (nt + KT - 1) / KT * KT;
-        if !load_keys::<S>(keys, kh, c0, nt, ntp, s.k, true) {
+        let (kp, ldk, finite) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, true);
+        if !finite {
             return Err(Error::NonFinite);
         }
-        gemm::<S>(s, ntp);
+        // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
+        unsafe { gemm::<S>(s, kp, ldk, ntp) };
         let c = &mut s.c[..ntp * rp];
         // causal mask: query j (position p + j) sees keys i <= p + j
         for t in p.saturating_sub(c0)..nt {
@@ -346,8 +379,9 @@ fn column_stats_impl<S: Simd>(
     while c0 < p {
         let nt = CHUNK.min(p - c0);
         let ntp = (nt + KT - 1) / KT * KT;
-        load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
-        gemm::<S>(s, ntp);
+        let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
+        // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
+        unsafe { gemm::<S>(s, kp, ldk, ntp) };
         let c = &mut s.c[..ntp * rp];
         // probabilities in place (padding rows have inv = 0)
         for t in 0..nt {
