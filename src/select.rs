@@ -37,7 +37,7 @@ impl Histogram {
     /// Add another shard's histogram.
     pub fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.0.iter_mut().zip(other.0.iter()) {
-            *a += *b;
+            *a = a.saturating_add(*b); // hostile counts must not wrap
         }
     }
 }
@@ -86,7 +86,8 @@ impl Search {
     pub fn count(&self, key: u128, h: &mut Histogram) {
         let shift = SPACE - self.bits - DIGIT;
         if self.bits == 0 || (key >> (shift + DIGIT)) == self.prefix {
-            h.0[((key >> shift) & 0xff) as usize] += 1;
+            let c = &mut h.0[((key >> shift) & 0xff) as usize];
+            *c = c.saturating_add(1);
         }
     }
     /// Fix the next digit from the merged histogram. Returns whether the search is done.
@@ -98,7 +99,7 @@ impl Search {
         let mut d = 255usize;
         loop {
             let c = h.0[d];
-            if above + c >= self.need {
+            if above.saturating_add(c) >= self.need {
                 self.need -= above;
                 self.prefix = (self.prefix << DIGIT) | d as u128;
                 self.bits += DIGIT;
@@ -108,7 +109,7 @@ impl Search {
                 }
                 return self.done.is_some();
             }
-            above += c;
+            above = above.saturating_add(c);
             if d == 0 {
                 // fewer candidates than k (inconsistent counts): keep everything seen
                 self.done = Some(Some(0));

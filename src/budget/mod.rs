@@ -376,17 +376,27 @@ pub fn select_model(
 /// shared by every head (llama.cpp) evicts with `llama_memory_seq_rm(mem, seq, pos, pos+1)`.
 /// Returns the count written to `out` (at most `p`).
 pub fn evicted_positions(kept: &[u32], p: usize, out: &mut [u32]) -> Result<usize> {
-    let mut k = 0;
-    let mut o = 0;
-    for i in 0..p as u32 {
-        while k < kept.len() && kept[k] < i {
-            k += 1;
+    fn each_missing(kept: &[u32], p: usize, emit: &mut dyn FnMut(u32)) {
+        let mut k = 0;
+        for i in 0..p as u32 {
+            while k < kept.len() && kept[k] < i {
+                k += 1;
+            }
+            if !(k < kept.len() && kept[k] == i) {
+                emit(i);
+            }
         }
-        if k < kept.len() && kept[k] == i {
-            continue;
-        }
-        *out.get_mut(o).ok_or(Error::OutputTooSmall)? = i;
-        o += 1;
     }
+    // count first: nothing is written when `out` is too small
+    let mut count = 0usize;
+    each_missing(kept, p, &mut |_| count += 1);
+    if out.len() < count {
+        return Err(Error::OutputTooSmall);
+    }
+    let mut o = 0;
+    each_missing(kept, p, &mut |i| {
+        out[o] = i;
+        o += 1;
+    });
     Ok(o)
 }

@@ -38,6 +38,9 @@ pub struct LayerInputs<'a> {
     pub value_l1: Option<&'a [f32]>,
 }
 
+/// Most query heads a layer may have.
+pub const MAX_HEADS: usize = 65536;
+
 /// Sizes of one layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayerShape {
@@ -63,7 +66,12 @@ impl LayerShape {
         if self.hq % self.hkv != 0 {
             return Err(Error::ShapeMismatch);
         }
-        if self.n > crate::error::MAX_TOKENS || self.dk > 1024 || self.dv > 1024 {
+        // heads are bounded so that group arithmetic (g², pairs) cannot overflow
+        if self.n > crate::error::MAX_TOKENS
+            || self.dk > 1024
+            || self.dv > 1024
+            || self.hq > MAX_HEADS
+        {
             return Err(Error::InvalidArgument);
         }
         Ok(())
