@@ -42,46 +42,73 @@ impl Histogram {
     }
 }
 
-/// State of one top-K search. Plain data: it can be copied to every shard.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Search {
-    /// Digits fixed so far, right-aligned.
-    prefix: u128,
-    /// Bits fixed so far (multiple of 8 up to 104 ≥ KEY_BITS rounded up).
-    bits: u32,
-    /// Candidates still to take from the keys matching `prefix`.
-    need: u64,
-    /// Some(threshold) when finished; `u128::MAX`-style "keep nothing" is `None` with done.
-    done: Option<Option<u128>>,
-}
+/// Threshold that keeps nothing (no key reaches it).
+pub const KEEP_NOTHING: u128 = u128::MAX;
 
 /// Bits of the key space rounded up to whole digits.
-const SPACE: u32 = (KEY_BITS + DIGIT - 1) / DIGIT * DIGIT;
+const SPACE: u32 = KEY_BITS.div_ceil(DIGIT) * DIGIT;
+
+/// State of one top-K search. Plain, validated data (every field public), so a shard, a
+/// device or a C caller can hold and copy it between rounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Search {
+    /// Candidates still to take among the keys matching `prefix`.
+    pub need: u64,
+    /// Digits fixed so far, right-aligned.
+    pub prefix: u128,
+    /// Bits fixed so far: a multiple of 8, below 104 while running.
+    pub bits: u32,
+    /// Whether the threshold is known.
+    pub done: bool,
+    /// When done: keep keys `>= threshold` ([`KEEP_NOTHING`] keeps none).
+    pub threshold: u128,
+}
 
 impl Search {
     /// Find the `k`-th largest of `total` candidates.
     pub fn new(k: u64, total: u64) -> Search {
         let mut s = Search {
+            need: k,
             prefix: 0,
             bits: 0,
-            need: k,
-            done: None,
+            done: false,
+            threshold: 0,
         };
         if k == 0 {
-            s.done = Some(None);
+            s.done = true;
+            s.threshold = KEEP_NOTHING;
         } else if k >= total {
-            s.done = Some(Some(0));
+            s.done = true;
         }
         s
     }
     pub fn is_done(&self) -> bool {
-        self.done.is_some()
+        self.done
     }
-    /// The final threshold: keep keys `>=` it; `None` keeps nothing. `None` before done.
+    /// The final threshold: keep keys `>=` it; `None` keeps nothing (or not done yet).
     pub fn threshold(&self) -> Option<u128> {
-        self.done.flatten()
+        if self.done && self.threshold != KEEP_NOTHING {
+            Some(self.threshold)
+        } else {
+            None
+        }
     }
-    /// Count a candidate into `h` if it matches the digits fixed so far.
+    /// Whether the fields are consistent (any state `new` and `step` produce is).
+    pub fn validate(&self) -> crate::error::Result<()> {
+        use crate::error::Error;
+        if self.done {
+            return Ok(());
+        }
+        if self.bits % DIGIT != 0 || self.bits >= SPACE || self.need == 0 {
+            return Err(Error::InvalidArgument);
+        }
+        if (self.bits > 0 && self.prefix >> self.bits != 0) || (self.bits == 0 && self.prefix != 0)
+        {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(())
+    }
+    /// Count a candidate into `h` if it matches the digits fixed so far (while running).
     #[inline(always)]
     pub fn count(&self, key: u128, h: &mut Histogram) {
         let shift = SPACE - self.bits - DIGIT;
@@ -91,13 +118,13 @@ impl Search {
         }
     }
     /// Fix the next digit from the merged histogram. Returns whether the search is done.
+    /// Counts that do not add up (fewer candidates than `k`) end it keeping everything seen.
     pub fn step(&mut self, h: &Histogram) -> bool {
-        if self.done.is_some() {
+        if self.done {
             return true;
         }
         let mut above = 0u64;
-        let mut d = 255usize;
-        loop {
+        for d in (0..256usize).rev() {
             let c = h.0[d];
             if above.saturating_add(c) >= self.need {
                 self.need -= above;
@@ -105,18 +132,16 @@ impl Search {
                 self.bits += DIGIT;
                 if c == self.need || self.bits >= SPACE {
                     // the whole bucket is kept: its smallest possible key is the threshold
-                    self.done = Some(Some(self.prefix << (SPACE - self.bits)));
+                    self.done = true;
+                    self.threshold = self.prefix << (SPACE - self.bits);
                 }
-                return self.done.is_some();
+                return self.done;
             }
             above = above.saturating_add(c);
-            if d == 0 {
-                // fewer candidates than k (inconsistent counts): keep everything seen
-                self.done = Some(Some(0));
-                return true;
-            }
-            d -= 1;
         }
+        self.done = true;
+        self.threshold = 0;
+        true
     }
 }
 

@@ -8,112 +8,18 @@
 //! shard holding every layer the result equals [`crate::select_model`]'s exactly: same keys
 //! (score · 1/layer-sum, position, global unit index), same threshold.
 //!
-//! [`ShardSearch`] is plain, validated data (no private fields), so a C caller can copy it
-//! between processes and devices; its radix step follows [`crate::select::Search`].
+//! [`ShardSearch`] is [`crate::select::Search`]: plain, validated data, so a C caller can
+//! copy it between processes and devices.
 
 use crate::budget::ModelScores;
 use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
 use crate::error::{add, mul, Error, Result};
 use crate::numerics::{Workspace, WorkspaceSize};
 use crate::pool::pool;
-use crate::select::{make_key, Histogram, KEY_BITS};
+use crate::select::{make_key, Histogram};
 
-const DIGIT: u32 = 8;
-/// Key bits rounded up to whole digits.
-const SPACE: u32 = KEY_BITS.div_ceil(DIGIT) * DIGIT;
-/// Threshold that keeps nothing (no key reaches it).
-pub const KEEP_NOTHING: u128 = u128::MAX;
-
-/// State of one top-K search over every shard. Plain data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ShardSearch {
-    /// Candidates still to take among the keys matching `prefix`.
-    pub need: u64,
-    /// Digits fixed so far, right-aligned.
-    pub prefix: u128,
-    /// Bits fixed so far: a multiple of 8, below 104 while running.
-    pub bits: u32,
-    /// Whether the threshold is known.
-    pub done: bool,
-    /// When done: keep keys `>= threshold` ([`KEEP_NOTHING`] keeps none).
-    pub threshold: u128,
-}
-
-impl ShardSearch {
-    /// Find the `k`-th largest of `total` candidates.
-    pub fn new(k: u64, total: u64) -> ShardSearch {
-        let mut s = ShardSearch {
-            need: k,
-            prefix: 0,
-            bits: 0,
-            done: false,
-            threshold: 0,
-        };
-        if k == 0 {
-            s.done = true;
-            s.threshold = KEEP_NOTHING;
-        } else if k >= total {
-            s.done = true;
-        }
-        s
-    }
-
-    /// Whether the fields are consistent (any state [`ShardSearch::new`] and
-    /// [`ShardSearch::step`] can produce is).
-    pub fn validate(&self) -> Result<()> {
-        if self.done {
-            return Ok(());
-        }
-        if self.bits % DIGIT != 0 || self.bits >= SPACE || self.need == 0 {
-            return Err(Error::InvalidArgument);
-        }
-        if self.bits > 0 && self.prefix >> self.bits != 0 {
-            return Err(Error::InvalidArgument);
-        }
-        if self.bits == 0 && self.prefix != 0 {
-            return Err(Error::InvalidArgument);
-        }
-        Ok(())
-    }
-
-    /// Count a candidate into `h` if it matches the digits fixed so far. Call only while
-    /// running (not done).
-    #[inline(always)]
-    pub fn count(&self, key: u128, h: &mut Histogram) {
-        let shift = SPACE - self.bits - DIGIT;
-        if self.bits == 0 || (key >> (shift + DIGIT)) == self.prefix {
-            let b = &mut h.0[((key >> shift) & 0xff) as usize];
-            *b = b.saturating_add(1);
-        }
-    }
-
-    /// Fix the next digit from the merged histogram of every shard. Returns whether the
-    /// search is done. Counts that do not add up (fewer candidates than `k`) end the
-    /// search keeping everything seen, as [`crate::select::Search`] does.
-    pub fn step(&mut self, h: &Histogram) -> bool {
-        if self.done {
-            return true;
-        }
-        let mut above = 0u64;
-        for d in (0..256usize).rev() {
-            let c = h.0[d];
-            if above.saturating_add(c) >= self.need {
-                self.need -= above;
-                self.prefix = (self.prefix << DIGIT) | d as u128;
-                self.bits += DIGIT;
-                if c == self.need || self.bits >= SPACE {
-                    self.done = true;
-                    self.threshold = self.prefix << (SPACE - self.bits);
-                }
-                return self.done;
-            }
-            above += c;
-        }
-        self.done = true;
-        self.threshold = 0;
-        true
-    }
-}
+/// The search state is the core's: plain data a C caller can hold.
+pub use crate::select::{Search as ShardSearch, KEEP_NOTHING};
 
 fn check_cfg(cfg: &SelectConfig) -> Result<()> {
     cfg.validate()?;
