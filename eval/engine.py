@@ -276,3 +276,94 @@ class Model:
             qs.append(q)
         queries = np.concatenate(qs, axis=2) if capture_q else None
         return out, first_logp, queries
+
+    # ---------------------------------------------------------------- batched masked decode
+    def generate_masked(self, tokens, K, V, masks, n_new):
+        """Greedy decode of B sequences that share one prefix cache and differ only in which
+        prefix entries each keeps: the batched equivalent of `generate(tokens,
+        KVCache.from_arrays(K, V, kept_b), n_new)` for every b.
+
+        K, V: `[L, Hkv, N, hd]` the prefix; masks: `[B, L, Hkv, N]` bool (False = evicted).
+        The prefix attention of all B sequences is one matmul per (layer, KV head) against the
+        shared K/V with a per-sequence additive mask; the tokens fed afterwards have their own
+        K/V per sequence. Weights are read once per step for the whole batch.
+        Returns (list of B generated id lists (cut after an EOS, as `generate`), log-probs of
+        the first generated token `[B, V]`).
+        """
+        B, L, Hkv, N = masks.shape
+        T0 = len(tokens)
+        hd = self.head_dim
+        bias = np.where(masks, np.float32(0), np.float32(-np.inf))  # [B, L, Hkv, N]
+        S = T0 + n_new
+        newk = np.zeros((L, B, Hkv, S, hd), np.float32)
+        newv = np.zeros((L, B, Hkv, S, hd), np.float32)
+        toks = np.tile(np.asarray(tokens, np.int64), (B, 1))
+        out = np.zeros((B, n_new), np.int64)
+        first_logp = None
+        t0 = 0
+        for i in range(n_new):
+            logits = self._forward_masked(toks, K, V, bias, newk, newv, t0)
+            if i == 0:
+                first_logp = _log_softmax(logits.astype(np.float64))
+            t0 += toks.shape[1]
+            nxt = np.argmax(logits, axis=-1)
+            out[:, i] = nxt
+            toks = nxt[:, None]
+        answers = []
+        for b in range(B):
+            a = []
+            for t in out[b]:
+                a.append(int(t))
+                if t == self.tokenizer.eos_id:
+                    break
+            answers.append(a)
+        return answers, first_logp
+
+    def _forward_masked(self, toks, K, V, bias, newk, newv, t0):
+        """toks `[B, T]` at positions N + t0 ...; appends their K/V at t0 of newk/newv
+        `[L, B, Hkv, S, hd]`. Returns the logits of the last token `[B, V]`."""
+        B, T = toks.shape
+        N = K.shape[2]
+        Hq, Hkv, hd, g = self.n_heads, self.n_kv_heads, self.head_dim, self.group
+        D = self.d_model
+        positions = np.arange(N + t0, N + t0 + T)
+        scale = np.float32(1.0 / np.sqrt(hd))
+        s1 = t0 + T  # new keys visible
+        # new token j (new index t0 + j) sees new keys s <= t0 + j
+        causal = np.where(np.arange(s1)[None, :] > (t0 + np.arange(T))[:, None], np.float32(-np.inf), np.float32(0))
+        x = self.tok_embd[toks]  # [B, T, D]
+        for l, W in enumerate(self.layers):
+            h = _rms_norm(x, W["attn_norm"], self.eps).reshape(B * T, D)
+            qkv = h @ W["wqkv"]
+            q = qkv[:, : Hq * hd].reshape(B, T, Hq, hd).transpose(0, 2, 1, 3)
+            k = qkv[:, Hq * hd: (Hq + Hkv) * hd].reshape(B, T, Hkv, hd).transpose(0, 2, 1, 3)
+            v = qkv[:, (Hq + Hkv) * hd:].reshape(B, T, Hkv, hd).transpose(0, 2, 1, 3)
+            q = self._rope(q, positions)
+            newk[l][:, :, t0:s1] = self._rope(k, positions)
+            newv[l][:, :, t0:s1] = v
+            o = np.empty((B, T, Hkv, g, hd), np.float32)
+            for kh in range(Hkv):
+                qh = np.ascontiguousarray(q[:, kh * g:(kh + 1) * g])  # [B, g, T, hd]
+                sp = (qh.reshape(B * g * T, hd) @ K[l, kh].T).reshape(B, g, T, N)
+                sp *= scale
+                sp += bias[:, l, kh][:, None, None, :]
+                sn = np.matmul(qh.reshape(B, g * T, hd), newk[l][:, kh, :s1].transpose(0, 2, 1)).reshape(B, g, T, s1)
+                sn *= scale
+                sn += causal
+                m = np.maximum(sp.max(axis=-1, keepdims=True), sn.max(axis=-1, keepdims=True))
+                sp -= m
+                sn -= m
+                np.exp(sp, out=sp)
+                np.exp(sn, out=sn)
+                z = sp.sum(axis=-1, keepdims=True) + sn.sum(axis=-1, keepdims=True)
+                sp /= z
+                sn /= z
+                a = (sp.reshape(B * g * T, N) @ V[l, kh]).reshape(B, g, T, hd)
+                a += np.matmul(sn.reshape(B, g * T, s1), newv[l][:, kh, :s1]).reshape(B, g, T, hd)
+                o[:, :, kh] = a.transpose(0, 2, 1, 3)
+            x = x + (o.reshape(B * T, Hq * hd) @ W["wo"]).reshape(B, T, D)
+            h = _rms_norm(x, W["ffn_norm"], self.eps).reshape(B * T, D)
+            gu = h @ W["w_gate_up"]
+            F = gu.shape[1] // 2
+            x = x + ((_silu(gu[:, :F]) * gu[:, F:]) @ W["w_down"]).reshape(B, T, D)
+        return _rms_norm(x[:, -1], self.out_norm, self.eps) @ self.lm_head
