@@ -17,11 +17,12 @@
 #   bench: build/gpu/kvevict_bench if carried, else built here with nvcc.
 # Environment: KVEVICT_CUDA_ARCHS (default 90 here), CHECK_N (default 32768,131072),
 #   CHECK_SKIP="tests sanitizer bench torch" to leave steps out.
-# Output: a summary table at the end; logs in $OUT (if set) or build/gpu/logs.
+# Output: a summary at the end; logs in build/gpu/logs, and the main ones (at most 7
+# files: the device tool brings back 8) copied to $OUT when it is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-LOG=${OUT:-$ROOT/build/gpu/logs}
+LOG=$ROOT/build/gpu/logs
 mkdir -p "$LOG" build/gpu
 export KVEVICT_CUDA_ARCHS=${KVEVICT_CUDA_ARCHS:-90}
 CHECK_N=${CHECK_N:-32768,131072}
@@ -163,4 +164,9 @@ if ! skip torch; then
 fi
 
 say "summary ($(( $(date +%s) - t0 )) s)"
-for l in "${SUMMARY[@]}"; do echo "  $l"; done
+for l in "${SUMMARY[@]}"; do echo "  $l"; done | tee "$LOG/summary.txt"
+if [ -n "${OUT:-}" ]; then
+  for f in summary.txt tests.log sanitizer_memcheck.log sanitizer_racecheck.log bench.log torch.log cargo_build.log; do
+    [ -f "$LOG/$f" ] && cp "$LOG/$f" "$OUT/$f"
+  done
+fi

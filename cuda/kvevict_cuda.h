@@ -164,8 +164,8 @@ int kve_cuda_laprox_exact(const float* cross, const float* qv, float* out,
 /* ------------------------------------------------------------- layer_stats --
  * Per-layer sum and entropy (SPEC §4 lava): for layer l the scores
  * s = scores[l*layer_stride + e], e < count (all heads and prefix tokens):
- *   sums[l] = Σ s,   entropy[l] = -Σ p ln p with p = s / Σ s (terms with s <= 0
- *   contribute 0 to the entropy; entropy 0 when the sum is <= 0).
+ *   sums[l] = Σ |s|,   entropy[l] = -Σ p ln p with p = |s| / Σ |s| (entropy 0 when
+ *   the sum is 0), as the core (src/budget: layer sums of |s|, layer_entropy).
  * f64 outputs, deterministic (fixed reduction order).
  * Workspace: kve_cuda_layer_stats_workspace_size(L, count). */
 size_t kve_cuda_layer_stats_workspace_size(int64_t layers, int64_t count);

@@ -16,7 +16,7 @@ int64_t ls_blocks(int64_t count) {
     return b > LS_MAX_BLOCKS ? LS_MAX_BLOCKS : b;
 }
 
-// partial[l * nb + b] = (Σ s, Σ s ln s) over the block's fixed slice.
+// partial[l * nb + b] = (Σ |s|, Σ |s| ln |s|) over the block's fixed slice.
 __global__ void __launch_bounds__(LS_NT) layer_stats_partial(const float* __restrict__ s,
                                                              int64_t layer_stride, int64_t count,
                                                              int nb, double2* __restrict__ part) {
@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(LS_NT) layer_stats_partial(const float* __rest
     const int64_t hi = min(count, lo + per);
     double a = 0.0, e = 0.0;
     for (int64_t i = lo + threadIdx.x; i < hi; i += LS_NT) {
-        const double v = (double)x[i];
+        const double v = fabs((double)x[i]);  // the core's |s| (src/budget/lava.rs)
         a += v;
         if (v > 0.0) e += v * log(v);
     }
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(LS_NT) layer_stats_partial(const float* __rest
     }
 }
 
-// entropy = -Σ (s/S) ln(s/S) = ln S - (Σ s ln s) / S
+// entropy = -Σ p ln p, p = |s|/S, S = Σ|s|:  = ln S - (Σ |s| ln |s|) / S
 __global__ void layer_stats_final(const double2* __restrict__ part, int nb, int64_t layers,
                                   double* __restrict__ sums, double* __restrict__ ent) {
     const int64_t l = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -1007,6 +1007,9 @@ fn layer_stats_and_token_reduce_match_reference() {
     for x in s.iter_mut().take(100) {
         *x = 0.0; // zeros contribute nothing to the entropy
     }
+    for x in s.iter_mut().skip(100).step_by(97) {
+        *x = -*x; // negative scores count by |s|, as in the core
+    }
     let sd = DBuf::from(&s);
     let wsb = unsafe { kve_cuda_layer_stats_workspace_size(layers as i64, stride as i64) };
     let ws = DBuf::<u8>::new(wsb);
@@ -1031,12 +1034,12 @@ fn layer_stats_and_token_reduce_match_reference() {
     let (gs, ge) = (sums.download(), ent.download());
     for l in 0..layers {
         let xs = &s[l * stride..(l + 1) * stride];
-        let tot: f64 = xs.iter().map(|&x| x as f64).sum();
+        let tot: f64 = xs.iter().map(|&x| (x as f64).abs()).sum();
         let e: f64 = xs
             .iter()
-            .filter(|&&x| x > 0.0)
+            .filter(|&&x| x != 0.0)
             .map(|&x| {
-                let p = x as f64 / tot;
+                let p = (x as f64).abs() / tot;
                 -p * p.ln()
             })
             .sum();
@@ -2039,14 +2042,22 @@ fn gpu_select_matches_core() {
 #[test]
 fn gpu_and_cpu_shards_match_select_model() {
     need_device!();
-    use kvevict::shard::{count_shard, search_new, select_shard, shard_output_len, shard_workspace_size};
+    use kvevict::shard::{
+        count_shard, search_new, select_shard, shard_output_len, shard_workspace_size,
+    };
     use kvevict::{AllocatorKind, Granularity, ModelScores, SelectConfig};
     let mut rng = Rng::new(23);
     for &(layers, hkv, p, split) in &[(5usize, 3usize, 700usize, 2usize), (2, 2, 40, 1)] {
         for ties in [false, true] {
             let (window, n) = (1usize, p + 1);
             let s: Vec<f32> = (0..layers * hkv * p)
-                .map(|_| if ties { rng.below(6) as f32 * 0.5 } else { rng.unif() })
+                .map(|_| {
+                    if ties {
+                        rng.below(6) as f32 * 0.5
+                    } else {
+                        rng.unif()
+                    }
+                })
                 .collect();
             let budget = 1 + rng.below(p) as u64;
             let cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Head, budget);
@@ -2055,15 +2066,37 @@ fn gpu_and_cpu_shards_match_select_model() {
             let sd = DBuf::from(&s[..gpu_rows * p]);
             let lsd = DBuf::from(&layer_sums(&s[..gpu_rows * p], split, hkv * p));
             let hist = DBuf::<u64>::new(256);
-            let cpu = ModelScores { scores: &s[gpu_rows * p..], layers: layers - split, hkv, n, window };
-            let mut ws = vec![0u8; shard_workspace_size(&cfg, layers - split, hkv, n, window).unwrap()];
+            let cpu = ModelScores {
+                scores: &s[gpu_rows * p..],
+                layers: layers - split,
+                hkv,
+                n,
+                window,
+            };
+            let mut ws =
+                vec![0u8; shard_workspace_size(&cfg, layers - split, hkv, n, window).unwrap()];
             let mut rounds = 0;
             while !search.done {
                 hist.upload(&[0u64; 256]);
-                ck(unsafe {
-                    kve_cuda_shard_count(sd.ptr(), p as i64, p as i64, gpu_rows as i64, 0, lsd.ptr(), hkv as i64,
-                                         (search.prefix >> 64) as u64, search.prefix as u64, search.bits, hist.ptr(), null_mut())
-                }, "shard_count");
+                ck(
+                    unsafe {
+                        kve_cuda_shard_count(
+                            sd.ptr(),
+                            p as i64,
+                            p as i64,
+                            gpu_rows as i64,
+                            0,
+                            lsd.ptr(),
+                            hkv as i64,
+                            (search.prefix >> 64) as u64,
+                            search.prefix as u64,
+                            search.bits,
+                            hist.ptr(),
+                            null_mut(),
+                        )
+                    },
+                    "shard_count",
+                );
                 let g = hist.download();
                 let mut h = kvevict::select::Histogram([0u64; 256]);
                 h.0.copy_from_slice(&g);
@@ -2074,10 +2107,26 @@ fn gpu_and_cpu_shards_match_select_model() {
             }
             let counts = DBuf::from(&vec![-1i32; gpu_rows]);
             let idx = DBuf::from(&vec![-1i32; gpu_rows * p]);
-            ck(unsafe {
-                kve_cuda_shard_select(sd.ptr(), p as i64, p as i64, gpu_rows as i64, 0, lsd.ptr(), hkv as i64,
-                                      (search.threshold >> 64) as u64, search.threshold as u64, counts.ptr(), idx.ptr(), p as i64, null_mut())
-            }, "shard_select");
+            ck(
+                unsafe {
+                    kve_cuda_shard_select(
+                        sd.ptr(),
+                        p as i64,
+                        p as i64,
+                        gpu_rows as i64,
+                        0,
+                        lsd.ptr(),
+                        hkv as i64,
+                        (search.threshold >> 64) as u64,
+                        search.threshold as u64,
+                        counts.ptr(),
+                        idx.ptr(),
+                        p as i64,
+                        null_mut(),
+                    )
+                },
+                "shard_select",
+            );
             let (no, ni) = shard_output_len(layers - split, hkv, n).unwrap();
             let (mut off, mut cidx) = (vec![0u64; no], vec![0u32; ni]);
             select_shard(&cfg, &cpu, split, &search, &mut off, &mut cidx, &mut ws).unwrap();
@@ -2088,9 +2137,16 @@ fn gpu_and_cpu_shards_match_select_model() {
                     gi[r * p..r * p + gc[r] as usize].to_vec()
                 } else {
                     let u = r - gpu_rows;
-                    cidx[off[u] as usize..off[u + 1] as usize].iter().filter(|&&i| (i as usize) < p).map(|&i| i as i32).collect()
+                    cidx[off[u] as usize..off[u + 1] as usize]
+                        .iter()
+                        .filter(|&&i| (i as usize) < p)
+                        .map(|&i| i as i32)
+                        .collect()
                 };
-                assert_eq!(got, want[r], "unit {r} (layers {layers}, split {split}, ties {ties}, {rounds} rounds)");
+                assert_eq!(
+                    got, want[r],
+                    "unit {r} (layers {layers}, split {split}, ties {ties}, {rounds} rounds)"
+                );
             }
         }
     }
