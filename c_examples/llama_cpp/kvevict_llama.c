@@ -115,6 +115,7 @@ struct opts {
     const char *key;
     int verbose;
     int show_kept;          /* print the text of the kept cells */
+    int repack;             /* one-shot: re-pack the kept cells to the front of the cache */
 };
 
 static void usage(void) {
@@ -136,6 +137,8 @@ static void usage(void) {
             "      --seed S      filler seed (0)   --ctx-tokens N  prompt length (1000)   --key K  pass key\n"
             "  -f FILE -q TEXT   context from FILE, question TEXT\n"
             "  --show-kept       print the text of the cells kept (one-shot mode)\n"
+            "  --repack          one-shot: after evicting, move the kept cells to the front of the cache\n"
+            "                    (state save, clear, restore) so attention spans fewer cells\n"
             "  -v                verbose (llama.cpp's log)\n");
     exit(2);
 }
@@ -191,6 +194,7 @@ static void parse_args(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "-q")) o->question = NEXT();
         else if (!strcmp(a, "-v")) o->verbose = 1;
         else if (!strcmp(a, "--show-kept")) o->show_kept = 1;
+        else if (!strcmp(a, "--repack")) o->repack = 1;
         else usage();
 #undef NEXT
     }
@@ -338,6 +342,7 @@ struct capture {
     float **gram;    /* [L] Gram blocks */
     uint64_t gram_len;
     double t_copy, t_forms; /* seconds in the callback: copies, value forms */
+    int n_kv;        /* cells the last graph's attention spans (cache_k_l0 view) */
 };
 
 static int match_layer(const char *name, const char *prefix) {
@@ -375,6 +380,7 @@ static void ensure_tmp(float **buf, size_t *len, size_t need) {
 
 static bool capture_cb(struct ggml_tensor *t, bool ask, void *ud) {
     struct capture *c = ud;
+    if (ask && t->op == GGML_OP_VIEW && !strcmp(t->name, "cache_k_l0 (view)")) c->n_kv = (int)t->ne[2];
     if (!c->on) return ask ? false : true;
     int l = -1;
     int kind = wanted(c, t, &l);
@@ -804,7 +810,8 @@ struct outcome {
     enum method method;
     int window, scored, cells_kept, evictions, max_used, correct, recovered;
     long long evicted;
-    double t_kve, t_score, t_select, t_rm, t_compact;
+    double t_kve, t_score, t_select, t_rm, t_compact, t_repack, ms_per_token;
+    int n_kv, generated;
     char answer[512];
 };
 
@@ -934,9 +941,26 @@ int main(int argc, char **argv) {
                     print_kept(vocab, prompt, &cap);
                 }
             }
+            if (o.repack && oc->method != M_FULL) {
+                /* llama.cpp leaves evicted cells as holes: attention still spans up to the
+                 * highest used cell. A sequence's saved state holds only its cells, so
+                 * save + clear + restore packs them at the front (positions kept). */
+                double t0 = now_s();
+                size_t len = llama_state_seq_get_size(ctx, 0);
+                uint8_t *buf = xmalloc(len);
+                if (llama_state_seq_get_data(ctx, buf, len, 0) != len) die("state save failed");
+                llama_memory_seq_rm(llama_get_memory(ctx), 0, -1, -1);
+                if (llama_state_seq_set_data(ctx, buf, len, 0) != len) die("state restore failed");
+                free(buf);
+                oc->t_repack = now_s() - t0;
+            }
             feed(&r, prompt + n_pre, n_prompt - n_pre, 512);
             oc->max_used = oc->cells_kept + (n_prompt - n_pre) + o.n_predict - 1;
-            generate(&r, smpl, vocab, o.n_predict, oc->answer, sizeof oc->answer, NULL, 0, 0, NULL);
+            double t0 = r.t_decode;
+            oc->generated = generate(&r, smpl, vocab, o.n_predict, oc->answer, sizeof oc->answer, NULL, 0, 0, NULL);
+            oc->n_kv = cap.n_kv;
+            const int decodes = oc->generated == o.n_predict ? oc->generated - 1 : oc->generated;
+            if (decodes > 0) oc->ms_per_token = 1e3 * (r.t_decode - t0) / decodes;
         }
     } else {
         /* decode-time: evict whenever the next batch would not fit in max_cells */
@@ -984,10 +1008,13 @@ int main(int argc, char **argv) {
         oc->correct = key[0] ? first_digits_match(oc->answer, key, 0) : -1;
         oc->recovered = key[0] ? first_digits_match(oc->answer, key, 1) : -1;
         printf("%-13s kept %4d of %4d cells, %lld evicted (%.2f MiB of KV freed) in %d eviction(s); "
-               "kvevict %.1f ms (score %.1f, select %.1f, seq_rm %.1f, compact %.1f); answer \"",
+               "kvevict %.1f ms (score %.1f, select %.1f, seq_rm %.1f, compact %.1f)",
                METHOD_NAMES[oc->method], oc->cells_kept, oc->scored, oc->evicted,
                (double)oc->evicted * (double)kv_bytes_per_cell / (1024.0 * 1024.0), oc->evictions, 1e3 * oc->t_kve,
                1e3 * oc->t_score, 1e3 * oc->t_select, 1e3 * oc->t_rm, 1e3 * oc->t_compact);
+        if (o.repack && oc->method != M_FULL) printf(", repack %.1f ms", 1e3 * oc->t_repack);
+        if (oc->n_kv) printf("; attention spans %d cells, %.1f ms/token", oc->n_kv, oc->ms_per_token);
+        printf("; answer \"");
         json_escape(stdout, oc->answer);
         printf("\"%s\n", oc->correct < 0 ? "" : oc->correct ? " [correct]" : oc->recovered ? " [key, then more digits]" : " [wrong]");
     }
@@ -997,11 +1024,13 @@ int main(int argc, char **argv) {
                "\"prompt\":%d,\"scored\":%d,\"cells_kept\":%d,\"evicted\":%lld,\"kv_bytes_freed\":%lld,"
                "\"evictions\":%d,\"max_used\":%d,\"key\":\"%s\",\"correct\":%d,\"recovered\":%d,\"prefill_ms\":%.2f,"
                "\"capture_ms\":%.2f,\"forms_ms\":%.2f,\"gram_ms\":%.2f,\"kvevict_ms\":%.2f,\"score_ms\":%.2f,"
-               "\"select_ms\":%.2f,\"seq_rm_ms\":%.2f,\"compact_ms\":%.2f,\"answer\":\"",
+               "\"select_ms\":%.2f,\"seq_rm_ms\":%.2f,\"compact_ms\":%.2f,\"repack_ms\":%.2f,\"n_kv\":%d,"
+               "\"ms_per_token\":%.2f,\"answer\":\"",
                METHOD_NAMES[oc->method], o.keep, o.agnostic, o.max_cells, oc->window, n_prompt, oc->scored,
                oc->cells_kept, oc->evicted, oc->evicted * (long long)kv_bytes_per_cell, oc->evictions, oc->max_used,
                key, oc->correct, oc->recovered, 1e3 * t_prefill, 1e3 * cap.t_copy, 1e3 * cap.t_forms, 1e3 * t_gram,
-               1e3 * oc->t_kve, 1e3 * oc->t_score, 1e3 * oc->t_select, 1e3 * oc->t_rm, 1e3 * oc->t_compact);
+               1e3 * oc->t_kve, 1e3 * oc->t_score, 1e3 * oc->t_select, 1e3 * oc->t_rm, 1e3 * oc->t_compact,
+               1e3 * oc->t_repack, oc->n_kv, oc->ms_per_token);
         json_escape(stdout, oc->answer);
         printf("\"}\n");
     }

