@@ -47,6 +47,16 @@ __global__ void fill_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float scale
         p[i] = __float2bfloat16((u * 2.0f - 1.0f) * scale);
     }
 }
+// G += I for every [d, d] block: Gram-like (v G vᵀ ≈ |v|² > 0), so the scores are
+// positive and ties at zero don't distort the selection timing.
+__global__ void add_identity(__nv_bfloat16* g, size_t blocks, int d) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < blocks * d;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t b = i / d, r = i % d;
+        __nv_bfloat16* x = g + b * d * d + r * d + r;
+        *x = __float2bfloat16(__bfloat162float(*x) + 1.0f);
+    }
+}
 static void fill(__nv_bfloat16* p, size_t n, uint64_t seed, float scale) {
     fill_bf16<<<4096, 256>>>(p, n, seed, scale);
     CK(cudaGetLastError());
@@ -344,6 +354,8 @@ int main(int argc, char** argv) {
         fill(m.V, kv_elems, 2, 1.0f);
         fill(m.Q, (size_t)m.L * m.hq * m.w * m.d, 3, 2.0f);
         fill(m.G, (size_t)m.L * m.hq * m.d * m.d, 4, 0.05f);
+        add_identity<<<1024, 256>>>(m.G, (size_t)m.L * m.hq, m.d);
+        CK(cudaGetLastError());
         m.keep = (int64_t)(keep_ratio * (double)P) * m.L * m.hkv;
         CK(cudaStreamSynchronize(s));
 

@@ -89,7 +89,8 @@ def main():
         K = (torch.rand(L, hkv, n, d, device="cuda", generator=gen) * 4 - 2).bfloat16()
         V = (torch.rand(L, hkv, n, d, device="cuda", generator=gen) * 2 - 1).bfloat16()
         Q = (torch.rand(L, hq, w, d, device="cuda", generator=gen) * 4 - 2).bfloat16()
-        G = ((torch.rand(L, hq, d, d, device="cuda", generator=gen) * 2 - 1) * 0.05).bfloat16()
+        G = ((torch.rand(L, hq, d, d, device="cuda", generator=gen) * 2 - 1) * 0.05
+             + torch.eye(d, device="cuda")).bfloat16()  # Gram-like: v G vᵀ > 0
         keep = int(args.keep * p) * L * hkv
 
         def run():
