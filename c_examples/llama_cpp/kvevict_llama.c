@@ -87,6 +87,14 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* CPU seconds of the whole process (all threads): on a shared machine, a run with -t 1
+ * gets comparable costs from this even when wall time is inflated by other load. */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* ------------------------------------------------------------------------- options */
 
 enum method { M_FULL, M_LAPROX, M_LAPROX_SPAN, M_LAVA, M_SNAPKV, M_STREAMING, M_KNORM };
@@ -342,6 +350,7 @@ struct capture {
     float **gram;    /* [L] Gram blocks */
     uint64_t gram_len;
     double t_copy, t_forms; /* seconds in the callback: copies, value forms */
+    double c_forms;  /* CPU seconds of the value forms */
     int n_kv;        /* cells the last graph's attention spans (cache_k_l0 view) */
 };
 
@@ -417,7 +426,7 @@ static bool capture_cb(struct ggml_tensor *t, bool ask, void *ud) {
         if (r0 + T > c->cap) die("value store full");
         if (c->keep_v) ggml_fp32_to_fp16_row(c->tmp, c->v[l] + (size_t)r0 * row, (int64_t)row * T);
         if (c->forms) {
-            double t1 = now_s();
+            double t1 = now_s(), c1 = cpu_s();
             /* v·G·vᵀ for the T new tokens: values [Hkv, T, hd] token-major rows */
             kve_tensor vt = {.data = c->tmp, .len = row * T, .dtype = KVE_DTYPE_F32,
                              .extent = {(uint64_t)c->hkv, (uint64_t)T, (uint64_t)c->hd},
@@ -429,6 +438,7 @@ static bool capture_cb(struct ggml_tensor *t, bool ask, void *ud) {
             for (int i = 0; i < T; i++)
                 for (int b = 0; b < nf; b++) c->vf[l][(size_t)(r0 + i) * nf + b] = c->ftmp[(size_t)b * T + i];
             c->t_forms += now_s() - t1;
+            c->c_forms += cpu_s() - c1;
         }
         c->v_row[l] += T;
     }
@@ -548,6 +558,7 @@ struct scorer {
     int evictions;
     long long cells_evicted;
     double t_score, t_select, t_rm, t_compact;
+    double c_total; /* CPU seconds of all of the above */
 };
 
 static void scorer_init(struct scorer *s, enum method m, int window) {
@@ -594,7 +605,7 @@ static int compress(struct scorer *s, struct capture *c, struct llama_context *c
     const int w = s->window < n ? s->window : n;
     const int P = n - w;
     if (P <= 0 || budget >= (uint64_t)P) return 0;
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     const size_t krow = (size_t)hkv * hd;
     uint64_t per_layer, wsb = 0;
     KVE(kve_score_output_len(&s->sp, (uint64_t)hkv, (uint64_t)n, &per_layer));
@@ -680,6 +691,7 @@ static int compress(struct scorer *s, struct capture *c, struct llama_context *c
     for (uint64_t i = 0; i < nkept; i++) c->pos[i] = c->pos[kept[i]];
     c->n = (int)nkept;
     s->t_compact += now_s() - t3;
+    s->c_total += cpu_s() - c0;
     s->evictions++;
     s->cells_evicted += (long long)ne;
     return (int)ne;
@@ -690,16 +702,17 @@ static int compress(struct scorer *s, struct capture *c, struct llama_context *c
 struct run {
     struct llama_context *ctx;
     struct capture *cap;   /* NULL for the full cache */
-    double t_decode;
+    double t_decode, c_decode; /* wall and CPU seconds in llama_decode */
     int pos;               /* next position */
 };
 
 static void decode(struct run *r, llama_token *toks, int nt) {
     if (r->cap) capture_begin(r->cap, r->pos, nt);
     struct llama_batch b = llama_batch_get_one(toks, nt);
-    double t0 = now_s();
+    double t0 = now_s(), c0 = cpu_s();
     int rc = llama_decode(r->ctx, b);
     r->t_decode += now_s() - t0;
+    r->c_decode += cpu_s() - c0;
     if (rc) die("llama_decode failed (%d) at position %d with %d tokens", rc, r->pos, nt);
     if (r->cap) capture_end(r->cap, nt);
     r->pos += nt;
@@ -810,7 +823,7 @@ struct outcome {
     enum method method;
     int window, scored, cells_kept, evictions, max_used, correct, recovered;
     long long evicted;
-    double t_kve, t_score, t_select, t_rm, t_compact, t_repack, ms_per_token;
+    double t_kve, t_score, t_select, t_rm, t_compact, t_repack, ms_per_token, c_kve;
     int n_kv, generated;
     char answer[512];
 };
@@ -906,7 +919,7 @@ int main(int argc, char **argv) {
     const size_t kv_bytes_per_cell = (size_t)L * hkv * hd * (ggml_type_size(cp.type_k) + ggml_type_size(cp.type_v));
     struct llama_sampler *smpl = llama_sampler_init_greedy();
     struct outcome *out = xcalloc((size_t)o.n_methods, sizeof *out);
-    double t_prefill = 0;
+    double t_prefill = 0, c_prefill = 0;
 
     if (!decode_time) {
         /* Question-aware: the prefill stops one token short of the prompt so that the
@@ -916,6 +929,7 @@ int main(int argc, char **argv) {
         const int n_pre = o.agnostic ? n_ctx_tok : n_prompt - 1;
         feed(&r, prompt, n_pre, 512);
         t_prefill = r.t_decode;
+        c_prefill = r.c_decode;
         cap.on = 0;
         r.cap = NULL;
         struct snapshot snap = {0};
@@ -979,6 +993,7 @@ int main(int argc, char **argv) {
             i += nt;
         }
         t_prefill = r.t_decode;
+        c_prefill = r.c_decode;
         generate(&r, smpl, vocab, o.n_predict, oc->answer, sizeof oc->answer, s, o.max_cells, budget, &oc->max_used);
         oc->scored = r.pos;
         oc->cells_kept = cap.n;
@@ -995,9 +1010,9 @@ int main(int argc, char **argv) {
     else
         printf("mode       one-shot, question-%s, keep %.3f of the cache (window inside), flash-attn %s\n",
                o.agnostic ? "agnostic" : "aware", o.keep, fa);
-    printf("prefill    %.1f ms  (of it in the capture callback: %.1f ms, LaProx value forms %.1f ms); "
-           "Gram %.1f ms once per model\n",
-           1e3 * t_prefill, 1e3 * cap.t_copy, 1e3 * cap.t_forms, 1e3 * t_gram);
+    printf("prefill    %.1f ms, %.1f ms CPU (of it in the capture callback: %.1f ms, LaProx value forms %.1f ms, "
+           "%.1f ms CPU); Gram %.1f ms once per model\n",
+           1e3 * t_prefill, 1e3 * c_prefill, 1e3 * cap.t_copy, 1e3 * cap.t_forms, 1e3 * cap.c_forms, 1e3 * t_gram);
     for (int i = 0; i < o.n_methods; i++) {
         struct outcome *oc = &out[i];
         struct scorer *s = &sc[i];
@@ -1005,13 +1020,14 @@ int main(int argc, char **argv) {
         oc->evicted = s->cells_evicted;
         oc->t_score = s->t_score; oc->t_select = s->t_select; oc->t_rm = s->t_rm; oc->t_compact = s->t_compact;
         oc->t_kve = oc->t_score + oc->t_select + oc->t_rm + oc->t_compact;
+        oc->c_kve = s->c_total;
         oc->correct = key[0] ? first_digits_match(oc->answer, key, 0) : -1;
         oc->recovered = key[0] ? first_digits_match(oc->answer, key, 1) : -1;
         printf("%-13s kept %4d of %4d cells, %lld evicted (%.2f MiB of KV freed) in %d eviction(s); "
-               "kvevict %.1f ms (score %.1f, select %.1f, seq_rm %.1f, compact %.1f)",
+               "kvevict %.1f ms, %.1f ms CPU (score %.1f, select %.1f, seq_rm %.1f, compact %.1f)",
                METHOD_NAMES[oc->method], oc->cells_kept, oc->scored, oc->evicted,
                (double)oc->evicted * (double)kv_bytes_per_cell / (1024.0 * 1024.0), oc->evictions, 1e3 * oc->t_kve,
-               1e3 * oc->t_score, 1e3 * oc->t_select, 1e3 * oc->t_rm, 1e3 * oc->t_compact);
+               1e3 * oc->c_kve, 1e3 * oc->t_score, 1e3 * oc->t_select, 1e3 * oc->t_rm, 1e3 * oc->t_compact);
         if (o.repack && oc->method != M_FULL) printf(", repack %.1f ms", 1e3 * oc->t_repack);
         if (oc->n_kv) printf("; attention spans %d cells, %.1f ms/token", oc->n_kv, oc->ms_per_token);
         printf("; answer \"");
@@ -1025,12 +1041,13 @@ int main(int argc, char **argv) {
                "\"evictions\":%d,\"max_used\":%d,\"key\":\"%s\",\"correct\":%d,\"recovered\":%d,\"prefill_ms\":%.2f,"
                "\"capture_ms\":%.2f,\"forms_ms\":%.2f,\"gram_ms\":%.2f,\"kvevict_ms\":%.2f,\"score_ms\":%.2f,"
                "\"select_ms\":%.2f,\"seq_rm_ms\":%.2f,\"compact_ms\":%.2f,\"repack_ms\":%.2f,\"n_kv\":%d,"
-               "\"ms_per_token\":%.2f,\"answer\":\"",
+               "\"ms_per_token\":%.2f,\"prefill_cpu_ms\":%.2f,\"forms_cpu_ms\":%.2f,\"kvevict_cpu_ms\":%.2f,"
+               "\"answer\":\"",
                METHOD_NAMES[oc->method], o.keep, o.agnostic, o.max_cells, oc->window, n_prompt, oc->scored,
                oc->cells_kept, oc->evicted, oc->evicted * (long long)kv_bytes_per_cell, oc->evictions, oc->max_used,
                key, oc->correct, oc->recovered, 1e3 * t_prefill, 1e3 * cap.t_copy, 1e3 * cap.t_forms, 1e3 * t_gram,
                1e3 * oc->t_kve, 1e3 * oc->t_score, 1e3 * oc->t_select, 1e3 * oc->t_rm, 1e3 * oc->t_compact,
-               1e3 * oc->t_repack, oc->n_kv, oc->ms_per_token);
+               1e3 * oc->t_repack, oc->n_kv, oc->ms_per_token, 1e3 * c_prefill, 1e3 * cap.c_forms, 1e3 * oc->c_kve);
         json_escape(stdout, oc->answer);
         printf("\"}\n");
     }
