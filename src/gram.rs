@@ -292,8 +292,12 @@ pub fn compute_value_forms(
     if t0 > t1 || t1 > n {
         return Err(Error::InvalidArgument);
     }
-    if gram.len() < gram_len(hq, hkv, dv, cross)? {
+    let glen = gram_len(hq, hkv, dv, cross)?;
+    if gram.len() < glen {
         return Err(Error::ShapeMismatch);
+    }
+    if gram[..glen].iter().any(|x| !x.is_finite()) {
+        return Err(Error::NonFinite);
     }
     if out.len() < value_forms_len(hq, hkv, n, cross)? {
         return Err(Error::OutputTooSmall);
@@ -370,6 +374,14 @@ pub fn compute_value_l1(
         for t in 0..n {
             values.load_row(kh, t, v);
             if v.iter().any(|x| !x.is_finite()) {
+                return Err(Error::NonFinite);
+            }
+        }
+    }
+    for h in 0..hq {
+        for r in 0..dv {
+            wo.load_row(h, r, y);
+            if y.iter().any(|x| !x.is_finite()) {
                 return Err(Error::NonFinite);
             }
         }
