@@ -230,7 +230,8 @@ struct Model {
 };
 
 // stage masks
-enum { ST_WINDOW = 1, ST_VONORM = 2, ST_COMBINE = 4, ST_SELECT = 8, ST_COMPACT = 16, ST_ALL = 31 };
+enum { ST_WINDOW = 1, ST_VONORM = 2, ST_COMBINE = 4, ST_SELECT = 8, ST_COMPACT = 16, ST_ALL = 31,
+       ST_FACTOR = 32 /* value-output norms through the Cholesky factor instead of G */ };
 
 static void pipeline(Model& m, cudaStream_t s, int stages) {
     const int64_t P = m.p;
@@ -242,8 +243,13 @@ static void pipeline(Model& m, cudaStream_t s, int stages) {
         }
         if (stages & ST_VONORM) {
             kve_cuda_view v = m.kv(m.V, l);
-            CK(kve_cuda_vonorm(&v, P, m.G + (size_t)l * m.hq * m.d * m.d, nullptr, m.hq, 0, m.vo,
-                               s));
+            // (timing only: the random G serves as its own "factor" in the factor form)
+            if (stages & ST_FACTOR)
+                CK(kve_cuda_vonorm_factor(&v, P, m.G + (size_t)l * m.hq * m.d * m.d, nullptr, m.hq,
+                                          0, m.vo, s));
+            else
+                CK(kve_cuda_vonorm(&v, P, m.G + (size_t)l * m.hq * m.d * m.d, nullptr, m.hq, 0,
+                                   m.vo, s));
         }
         if (stages & ST_COMBINE) {
             CK(kve_cuda_pool(m.l2, P, m.pooled, P, m.hq, P, KVE_CUDA_POOL_AVG, 7, 1.0f, s));
@@ -367,6 +373,8 @@ int main(int argc, char** argv) {
         const float t_cmb = time_stages(m, s, ST_COMBINE, reps);
         const float t_sel = time_stages(m, s, ST_SELECT, reps);
         const float t_cmp = time_stages(m, s, ST_COMPACT, reps);
+        const float t_vof = time_stages(m, s, ST_VONORM | ST_FACTOR, reps);
+        const float t_allf = time_stages(m, s, ST_ALL | ST_FACTOR, reps);
         const float t_all = time_stages(m, s, ST_ALL, reps);
         // graph
         cudaGraph_t graph;
@@ -408,12 +416,17 @@ int main(int argc, char** argv) {
                t_win, fl_win / (t_win * 1e-3) / 1e12);
         printf("    value-output norms (Gram MMA) %9.3f ms  (%.1f TFLOP/s)\n", t_vo,
                fl_vo / (t_vo * 1e-3) / 1e12);
+        const double tri_frac = 0.5 * (1.0 + 16.0 / m.d);  // share of L's 16x16 blocks computed
+        printf("    value-output norms (factor)   %9.3f ms  (%.1f TFLOP/s done, %.1f Gram-equivalent)\n",
+               t_vof, tri_frac * fl_vo / (t_vof * 1e-3) / 1e12, fl_vo / (t_vof * 1e-3) / 1e12);
         printf("    pool + group sum              %9.3f ms\n", t_cmb);
         printf("    layer sums + global select    %9.3f ms\n", t_sel);
         printf("    compact K and V in place      %9.3f ms\n", t_cmp);
         printf("  whole model, eager              %9.3f ms\n", t_all);
         printf("  whole model, CUDA graph replay  %9.3f ms  (kept %lld rows, want %lld)\n", t_graph,
                tot, (long long)m.keep);
+        printf("  whole model, eager, factor form %9.3f ms  (floor of that form: %.3f ms)\n", t_allf,
+               std::max(t_bytes, (fl_win + tri_frac * fl_vo) / mm * 1e3));
         printf("  floor: bytes %.2f GB / %.2f TB/s = %.3f ms; FLOPs %.2f TFLOP / %.1f TFLOP/s = "
                "%.3f ms -> floor %.3f ms\n",
                bytes / 1e9, bw / 1e12, t_bytes, flops / 1e12, mm / 1e12, t_flops, floor_ms);

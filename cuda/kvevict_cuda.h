@@ -119,6 +119,21 @@ int kve_cuda_vonorm(const kve_cuda_view* v, int64_t n_tokens, const void* gram_h
                     const void* gram_lo, int64_t n_gram, int take_sqrt, float* out,
                     void* stream);
 
+/* vonorm_factor: the same out[m, i] = v_i G_m v_iᵀ (or its root) from a Cholesky
+ * factor G_m = L_m L_mᵀ (L lower triangular, [n_gram, dv, dv] row-major, entries
+ * above the diagonal ignored; hi/lo in v's dtype as for vonorm): ||v_i L_m||²,
+ * skipping L's zero blocks — about 0.56x the tensor-core work of vonorm at dv = 128.
+ * Only for symmetric positive semi-definite G (G_h = Wo_h Wo_hᵀ; not the cross-Grams). */
+int kve_cuda_vonorm_factor(const kve_cuda_view* v, int64_t n_tokens, const void* factor_hi,
+                           const void* factor_lo, int64_t n_gram, int take_sqrt, float* out,
+                           void* stream);
+
+/* gram_factor (HOST memory, no device, no stream): l_out = the lower-triangular
+ * Cholesky factor of each [dv, dv] block of g (f64 arithmetic; a zero pivot of a
+ * semi-definite block gives a zero column). 1 (invalid) when a block is not
+ * positive semi-definite or not finite. Run once per model. */
+int kve_cuda_gram_factor(const float* g, int64_t n_gram, int64_t dv, float* l_out);
+
 /* gram_split: hi = round(G) to dtype, lo = round(G - hi) (lo may be NULL).
  * g: n contiguous f32; hi/lo: n elements of dtype (F16 or BF16; F32 copies). */
 int kve_cuda_gram_split(const float* g, int64_t n, int dtype, void* hi, void* lo,

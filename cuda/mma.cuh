@@ -42,10 +42,11 @@ template <typename T> struct MM<T, true> {
         }
     }
     // C[M x N] = A[M x KD] · (B1 + B2)[KD x N] (B row-major [KD][N], ldb; B2 may
-    // be null). M, N multiples of 16.
+    // be null), the inner dimension from k_begin (a multiple of 16; rows of B
+    // above it are taken as zero). M, N multiples of 16.
     template <int KD>
     __device__ static void ab(float* C, int ldc, const T* A, int lda, const T* B1, const T* B2,
-                              int ldb, int M, int N) {
+                              int ldb, int M, int N, int k_begin = 0) {
         using namespace nvcuda;
         const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
         const int mt = M / 16, nt = N / 16;
@@ -53,8 +54,8 @@ template <typename T> struct MM<T, true> {
             const int m0 = (f % mt) * 16, n0 = (f / mt) * 16;
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
             wmma::fill_fragment(c, 0.0f);
-#pragma unroll
-            for (int k0 = 0; k0 < KD; k0 += 16) {
+#pragma unroll 4
+            for (int k0 = k_begin; k0 < KD; k0 += 16) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
                 wmma::load_matrix_sync(a, A + m0 * lda + k0, lda);
@@ -103,7 +104,7 @@ template <> struct MM<float, false> {
     }
     template <int KD>
     __device__ static void ab(float* C, int ldc, const float* A, int lda, const float* B1,
-                              const float* B2, int ldb, int M, int N) {
+                              const float* B2, int ldb, int M, int N, int k_begin = 0) {
         const int tm = M / 4, tn = N / 4;
         for (int t = threadIdx.x; t < tm * tn; t += blockDim.x) {
             const int m0 = (t / tn) * 4, n0 = (t % tn) * 4;
@@ -113,7 +114,7 @@ template <> struct MM<float, false> {
 #pragma unroll
                 for (int c = 0; c < 4; ++c) acc[r][c] = 0.0f;
 #pragma unroll 4
-            for (int k = 0; k < KD; ++k) {
+            for (int k = k_begin; k < KD; ++k) {
                 float a[4], b[4];
 #pragma unroll
                 for (int r = 0; r < 4; ++r) a[r] = A[(m0 + r) * lda + k];

@@ -4,6 +4,13 @@
 // V tile stays in shared memory while every Gram of the group is applied in
 // column chunks X = V·G[:, c0:c0+CB] (tensor cores for f16/bf16, f32 accumulate),
 // then q_i += Σ_c X[i,c]·V[i,c0+c]. V is read from device memory once.
+//
+// Factor form (kve_cuda_vonorm_factor): with a Cholesky factor G = L Lᵀ (L lower
+// triangular, kve_cuda_gram_factor on the host, once per model) the same value is
+// ||v L||² = Σ_c X[i,c]² with X = V·L, and a column chunk [c0, c0+CB) needs only
+// rows r >= c0 of L: about (1 + 16/dv)/2 of the tensor-core work (0.56 at dv 128).
+#include <math.h>
+#include <vector>
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -28,7 +35,7 @@ template <typename T, int DVP> struct VoCfg {
 template <typename T, int DVP>
 __global__ void __launch_bounds__(VO_NT)
     vonorm_kernel(View v, int64_t n_tokens, const T* __restrict__ ghi, const T* __restrict__ glo,
-                  int gpk, int take_sqrt, float* __restrict__ out) {
+                  int gpk, int take_sqrt, int tri, float* __restrict__ out) {
     using C = VoCfg<T, DVP>;
     extern __shared__ __align__(128) unsigned char smem[];
     T* Vs = reinterpret_cast<T*>(smem);
@@ -56,18 +63,27 @@ __global__ void __launch_bounds__(VO_NT)
             __syncthreads();  // V loaded / previous chunk's G and X no longer read
             for (int e = threadIdx.x; e < DVP * VO_CB; e += blockDim.x) {
                 const int kr = e / VO_CB, c = e - kr * VO_CB;
-                const bool ok = kr < dv && c0 + c < dv;
+                // factor form: only the lower triangle (row >= column) of L counts
+                const bool ok = kr < dv && c0 + c < dv && (!tri || kr >= c0 + c);
                 Gh[kr * C::LDG + c] = ok ? gh[(int64_t)kr * dv + c0 + c] : zero_val<T>();
                 if (gl) Gl[kr * C::LDG + c] = ok ? gl[(int64_t)kr * dv + c0 + c] : zero_val<T>();
             }
             __syncthreads();
             MM<T>::template ab<DVP>(X, C::LDX, Vs, C::LDV, Gh, gl ? Gl : nullptr, C::LDG, C::TV,
-                                    VO_CB);
+                                    VO_CB, tri ? (c0 / 16) * 16 : 0);
             __syncthreads();
+            if (tri) {
 #pragma unroll
-            for (int cc = 0; cc < CPT; ++cc) {
-                const int c = sub * CPT + cc;
-                q = fmaf(X[tok * C::LDX + c], to_f32<T>(Vs[tok * C::LDV + c0 + c]), q);
+                for (int cc = 0; cc < CPT; ++cc) {
+                    const float x = X[tok * C::LDX + sub * CPT + cc];
+                    q = fmaf(x, x, q);
+                }
+            } else {
+#pragma unroll
+                for (int cc = 0; cc < CPT; ++cc) {
+                    const int c = sub * CPT + cc;
+                    q = fmaf(X[tok * C::LDX + c], to_f32<T>(Vs[tok * C::LDV + c0 + c]), q);
+                }
             }
         }
         // reduce over the TPT adjacent lanes of a token
@@ -80,7 +96,7 @@ __global__ void __launch_bounds__(VO_NT)
 
 template <typename T, int DVP>
 int vonorm_run(const View& v, int64_t n_tokens, const void* ghi, const void* glo, int64_t n_gram,
-               int take_sqrt, float* out, cudaStream_t st) {
+               int take_sqrt, int tri, float* out, cudaStream_t st) {
     using C = VoCfg<T, DVP>;
     const int64_t hkv = v.heads;
     const int gpk = (int)(n_gram / hkv);
@@ -89,17 +105,43 @@ int vonorm_run(const View& v, int64_t n_tokens, const void* ghi, const void* glo
     const dim3 grid((unsigned)ceil_div(n_tokens, C::TV), (unsigned)hkv);
     vonorm_kernel<T, DVP><<<grid, VO_NT, sm, st>>>(v, n_tokens, reinterpret_cast<const T*>(ghi),
                                                    reinterpret_cast<const T*>(glo), gpk,
-                                                   take_sqrt, out);
+                                                   take_sqrt, tri, out);
     return launch_status();
 }
 
 template <typename T>
 int vonorm_dispatch(const View& v, int64_t n_tokens, const void* ghi, const void* glo,
-                    int64_t n_gram, int take_sqrt, float* out, cudaStream_t st) {
-    if (v.dim <= 64) return vonorm_run<T, 64>(v, n_tokens, ghi, glo, n_gram, take_sqrt, out, st);
+                    int64_t n_gram, int take_sqrt, int tri, float* out, cudaStream_t st) {
+    if (v.dim <= 64)
+        return vonorm_run<T, 64>(v, n_tokens, ghi, glo, n_gram, take_sqrt, tri, out, st);
     if (v.dim <= 128)
-        return vonorm_run<T, 128>(v, n_tokens, ghi, glo, n_gram, take_sqrt, out, st);
-    return vonorm_run<T, 256>(v, n_tokens, ghi, glo, n_gram, take_sqrt, out, st);
+        return vonorm_run<T, 128>(v, n_tokens, ghi, glo, n_gram, take_sqrt, tri, out, st);
+    return vonorm_run<T, 256>(v, n_tokens, ghi, glo, n_gram, take_sqrt, tri, out, st);
+}
+
+int vonorm_any(const kve_cuda_view* v, int64_t n_tokens, const void* gram_hi, const void* gram_lo,
+               int64_t n_gram, int take_sqrt, int tri, float* out, void* stream) {
+    if (!view_ok(v)) return (int)cudaErrorInvalidValue;
+    const int64_t hkv = v->heads;
+    if (hkv <= 0 || v->dim < 1 || v->dim > 256) return (int)cudaErrorInvalidValue;
+    if (n_tokens < 0 || n_tokens > v->tokens) return (int)cudaErrorInvalidValue;
+    if (n_gram <= 0 || n_gram % hkv != 0 || hkv > 65535) return (int)cudaErrorInvalidValue;
+    if (n_tokens == 0) return 0;
+    if (!gram_hi || !out) return (int)cudaErrorInvalidValue;
+    const View vv = to_view(*v);
+    cudaStream_t st = KVE_STREAM(stream);
+    switch (v->dtype) {
+        case KVE_CUDA_F32:
+            return vonorm_dispatch<float>(vv, n_tokens, gram_hi, gram_lo, n_gram, take_sqrt, tri,
+                                          out, st);
+        case KVE_CUDA_F16:
+            return vonorm_dispatch<__half>(vv, n_tokens, gram_hi, gram_lo, n_gram, take_sqrt, tri,
+                                           out, st);
+        case KVE_CUDA_BF16:
+            return vonorm_dispatch<__nv_bfloat16>(vv, n_tokens, gram_hi, gram_lo, n_gram,
+                                                  take_sqrt, tri, out, st);
+        default: return (int)cudaErrorInvalidValue;
+    }
 }
 
 template <typename T>
@@ -122,27 +164,53 @@ using namespace kve;
 extern "C" int kve_cuda_vonorm(const kve_cuda_view* v, int64_t n_tokens, const void* gram_hi,
                                const void* gram_lo, int64_t n_gram, int take_sqrt, float* out,
                                void* stream) {
-    if (!view_ok(v)) return (int)cudaErrorInvalidValue;
-    const int64_t hkv = v->heads;
-    if (hkv <= 0 || v->dim < 1 || v->dim > 256) return (int)cudaErrorInvalidValue;
-    if (n_tokens < 0 || n_tokens > v->tokens) return (int)cudaErrorInvalidValue;
-    if (n_gram <= 0 || n_gram % hkv != 0 || hkv > 65535) return (int)cudaErrorInvalidValue;
-    if (n_tokens == 0) return 0;
-    if (!gram_hi || !out) return (int)cudaErrorInvalidValue;
-    const View vv = to_view(*v);
-    cudaStream_t st = KVE_STREAM(stream);
-    switch (v->dtype) {
-        case KVE_CUDA_F32:
-            return vonorm_dispatch<float>(vv, n_tokens, gram_hi, gram_lo, n_gram, take_sqrt, out,
-                                          st);
-        case KVE_CUDA_F16:
-            return vonorm_dispatch<__half>(vv, n_tokens, gram_hi, gram_lo, n_gram, take_sqrt,
-                                           out, st);
-        case KVE_CUDA_BF16:
-            return vonorm_dispatch<__nv_bfloat16>(vv, n_tokens, gram_hi, gram_lo, n_gram,
-                                                  take_sqrt, out, st);
-        default: return (int)cudaErrorInvalidValue;
+    return vonorm_any(v, n_tokens, gram_hi, gram_lo, n_gram, take_sqrt, 0, out, stream);
+}
+
+extern "C" int kve_cuda_vonorm_factor(const kve_cuda_view* v, int64_t n_tokens,
+                                      const void* factor_hi, const void* factor_lo,
+                                      int64_t n_gram, int take_sqrt, float* out, void* stream) {
+    return vonorm_any(v, n_tokens, factor_hi, factor_lo, n_gram, take_sqrt, 1, out, stream);
+}
+
+// Host: Cholesky G = L Lᵀ of each [dv, dv] block, in f64. A zero (within rounding)
+// pivot of a positive semi-definite block gives a zero column, which is exact for a
+// PSD matrix; a clearly negative pivot means the block is not a Gram matrix.
+extern "C" int kve_cuda_gram_factor(const float* g, int64_t n_gram, int64_t dv, float* l_out) {
+    if (n_gram < 0 || dv < 1 || dv > 4096) return (int)cudaErrorInvalidValue;
+    if (n_gram == 0) return 0;
+    if (!g || !l_out) return (int)cudaErrorInvalidValue;
+    std::vector<double> a((size_t)(dv * dv)), l((size_t)(dv * dv));
+    for (int64_t m = 0; m < n_gram; ++m) {
+        const float* gm = g + m * dv * dv;
+        double maxd = 0.0;
+        for (int64_t i = 0; i < dv * dv; ++i) {
+            a[i] = (double)gm[i];
+            if (!std::isfinite(a[i])) return (int)cudaErrorInvalidValue;
+        }
+        for (int64_t i = 0; i < dv; ++i) maxd = fmax(maxd, fabs(a[i * dv + i]));
+        // pivots below tol (rounding noise of a semi-definite f32 Gram) give zero
+        // columns; below -1e-3·max diag the block is not a Gram matrix.
+        const double tol = 1e-7 * (maxd > 0.0 ? maxd : 1.0);
+        std::fill(l.begin(), l.end(), 0.0);
+        for (int64_t j = 0; j < dv; ++j) {
+            double d = a[j * dv + j];
+            for (int64_t k = 0; k < j; ++k) d -= l[j * dv + k] * l[j * dv + k];
+            if (d < -1e-3 * (maxd > 0.0 ? maxd : 1.0)) return (int)cudaErrorInvalidValue;
+            if (d <= tol) continue;  // zero column
+            const double ljj = sqrt(d);
+            l[j * dv + j] = ljj;
+            for (int64_t i = j + 1; i < dv; ++i) {
+                // symmetric input: use the lower triangle of G (G[i][j])
+                double s = 0.5 * (a[i * dv + j] + a[j * dv + i]);
+                for (int64_t k = 0; k < j; ++k) s -= l[i * dv + k] * l[j * dv + k];
+                l[i * dv + j] = s / ljj;
+            }
+        }
+        float* lm = l_out + m * dv * dv;
+        for (int64_t i = 0; i < dv * dv; ++i) lm[i] = (float)l[i];
     }
+    return 0;
 }
 
 extern "C" int kve_cuda_gram_split(const float* g, int64_t n, int dtype, void* hi, void* lo,

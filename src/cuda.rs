@@ -85,6 +85,20 @@ extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn kve_cuda_vonorm_factor(
+        v: *const KveCudaView,
+        n_tokens: i64,
+        factor_hi: *const c_void,
+        factor_lo: *const c_void,
+        n_gram: i64,
+        take_sqrt: c_int,
+        out: *mut f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    /// Host memory only (no device needed).
+    pub fn kve_cuda_gram_factor(g: *const f32, n_gram: i64, dv: i64, l_out: *mut f32) -> c_int;
+
     pub fn kve_cuda_gram_split(
         g: *const f32,
         n: i64,
