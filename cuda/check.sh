@@ -99,7 +99,7 @@ if ! skip sanitizer && [ -n "$TEST_BIN" ]; then
       say "compute-sanitizer --tool $tool"
       # small tests only (the sanitizer slows kernels 10-100x)
       if timeout 240 "$SAN" --tool "$tool" --error-exitcode 99 "$TEST_BIN" --test-threads=1 \
-          window_aggregates select_matches compact_matches vonorm_matches lava_factor pool_matches \
+          window_aggregates select_matches compact_matches vonorm_matches vonorm_factor lava_factor pool_matches \
           laprox_pipeline >"$LOG/sanitizer_$tool.log" 2>&1; then
         note "sanitizer $tool: clean ($(grep -E 'ERROR SUMMARY' "$LOG/sanitizer_$tool.log" | tail -1))"
       else
