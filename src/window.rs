@@ -141,10 +141,15 @@ fn load_keys<S: Simd>(
         // proved in bounds at construction; `byte_range` gives back its pointer.
         let base = unsafe { (keys.byte_range().0 as *const f32).add(kh * st[0] + c0 * st[1]) };
         let finite = !check
-            || (0..nt).all(|t| {
-                let row = unsafe { core::slice::from_raw_parts(base.add(t * st[1]), dk) };
-                all_finite::<S>(row)
-            });
+            || if st[1] == dk {
+                // dense rows: one sweep over the chunk
+                all_finite::<S>(unsafe { core::slice::from_raw_parts(base, nt * dk) })
+            } else {
+                (0..nt).all(|t| {
+                    let row = unsafe { core::slice::from_raw_parts(base.add(t * st[1]), dk) };
+                    all_finite::<S>(row)
+                })
+            };
         return (base, st[1], finite);
     }
     let k = &mut k[..ntp * dk];
