@@ -5,17 +5,18 @@
 //! same inputs). Single-threaded. Each case runs `--reps` times; the minimum is reported.
 //!
 //!   cargo run --release --example bench_cpu -- [--reps 5] [--n 4096,32768]
-//!       [--shapes smol,llama] [--scorers snapkv,laprox,...] [--dump DIR]
+//!       [--shapes smol,llama] [--scorers snapkv,laprox,...] [--dump DIR] [--load CASEDIR]
 //!
-//! With `--dump DIR` the inputs and our scores go to `DIR/<shape>-<N>/` (raw little-endian
-//! arrays, described by `meta.txt`) and the times to `DIR/rust.tsv`, for
-//! `bench/numpy_ref.py`, which times the same math in numpy and checks the scores.
-//! `scripts/bench_cpu.sh` runs both and prints the table.
+//! With `--dump DIR` the inputs (and our scores) go to `DIR/<shape>-<N>/` (raw little-endian
+//! arrays, described by `meta.txt`); `--reps 0` only makes and dumps them. `--load CASEDIR`
+//! times a dumped case instead of making one. Each scorer prints a human line and a
+//! tab-separated `RESULT` line. `scripts/bench_cpu.sh` dumps the cases, then
+//! `bench/numpy_ref.py` alternates `--load` runs of this binary with numpy runs of the same
+//! math (several rounds, minimum per side), checks the scores and prints the table.
 
 use half::f16;
 use kvevict::*;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -300,6 +301,75 @@ fn dump_case(dir: &Path, c: &Case) {
     fs::write(dir.join("l1.bin"), f32_bytes(&c.l1)).unwrap();
 }
 
+/// Read a case back from a `--dump` directory.
+fn load_case(dir: &Path) -> Case {
+    let meta = fs::read_to_string(dir.join("meta.txt")).unwrap();
+    let get = |k: &str| -> String {
+        meta.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")).map(|v| v.to_string()))
+            .unwrap_or_else(|| panic!("{k} missing in meta.txt"))
+    };
+    let name = get("shape");
+    let s = *SHAPES.iter().find(|x| x.name == name).expect("shape");
+    let n: usize = get("n").parse().unwrap();
+    assert_eq!(get("wq").parse::<usize>().unwrap(), WQ);
+    let rd = |f: &str| fs::read(dir.join(f)).unwrap();
+    let f32s = |b: Vec<u8>| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let data = |b: Vec<u8>| -> Data {
+        if s.f16 {
+            Data::F16(
+                b.chunks_exact(2)
+                    .map(|c| f16::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+            )
+        } else {
+            Data::F32(f32s(b))
+        }
+    };
+    Case {
+        s,
+        n,
+        q: data(rd("q.bin")),
+        k: data(rd("k.bin")),
+        v: data(rd("v.bin")),
+        gram: f32s(rd("gram.bin")),
+        forms: f32s(rd("forms.bin")),
+        l1: f32s(rd("l1.bin")),
+    }
+}
+
+/// Time every scorer on one case; print a human line and a `RESULT` line per scorer
+/// (tab-separated: case, scorer, window, min wall s, median wall s, min thread-CPU s), and
+/// with `out_dir` write the scores to `out_dir/scores_<scorer>.bin`.
+fn bench_case(case: &str, c: &Case, scorers: &[String], reps: usize, out_dir: Option<&Path>) {
+    for name in scorers {
+        let (cfg, out, times) = run_case(c, name, reps);
+        let mut sorted = times.wall.clone();
+        sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let (tmin, tmed) = (sorted[0], sorted[sorted.len() / 2]);
+        let cmin = times.cpu.iter().cloned().fold(f64::INFINITY, f64::min);
+        println!(
+            "{case:<12} {name:<15} w={:<3} min {:>9.3} ms  median {:>9.3} ms  cpu {:>9.3} ms  {:>8.3} Mtok/s",
+            cfg.window,
+            tmin * 1e3,
+            tmed * 1e3,
+            cmin * 1e3,
+            c.n as f64 / cmin / 1e6
+        );
+        println!(
+            "RESULT\t{case}\t{name}\t{}\t{tmin:.6}\t{tmed:.6}\t{cmin:.6}",
+            cfg.window
+        );
+        if let Some(d) = out_dir {
+            fs::write(d.join(format!("scores_{name}.bin")), f32_bytes(&out)).unwrap();
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let reps: usize = arg_list(&args, "--reps", &["5"])[0].parse().unwrap();
@@ -309,20 +379,22 @@ fn main() {
         .collect();
     let shapes = arg_list(&args, "--shapes", &["smol", "llama"]);
     let scorers = arg_list(&args, "--scorers", SCORERS);
-    let dump = args
-        .iter()
-        .position(|a| a == "--dump")
-        .map(|i| PathBuf::from(&args[i + 1]));
-    let mut tsv = dump.as_ref().map(|d| {
-        fs::create_dir_all(d).unwrap();
-        let mut f = fs::File::create(d.join("rust.tsv")).unwrap();
-        writeln!(f, "case\tscorer\twindow\tmin_s\tmedian_s\tcpu_min_s\ttimes").unwrap();
-        f
-    });
+    let path_arg = |key: &str| {
+        args.iter()
+            .position(|a| a == key)
+            .map(|i| PathBuf::from(&args[i + 1]))
+    };
     println!(
-        "kvevict {} score_layer, single thread, min of {reps} runs",
+        "kvevict {} score_layer, single thread, min of {reps} runs (thread CPU time; wall beside)",
         env!("CARGO_PKG_VERSION")
     );
+    if let Some(dir) = path_arg("--load") {
+        let c = load_case(&dir);
+        let case = dir.file_name().unwrap().to_string_lossy().to_string();
+        bench_case(&case, &c, &scorers, reps.max(1), Some(&dir));
+        return;
+    }
+    let dump = path_arg("--dump");
     for sname in &shapes {
         let s = *SHAPES.iter().find(|x| x.name == sname).expect("shape");
         for &n in &ns {
@@ -333,38 +405,12 @@ fn main() {
                 "[{case}: inputs made in {:.1} s]",
                 t0.elapsed().as_secs_f64()
             );
-            if let Some(d) = &dump {
-                dump_case(&d.join(&case), &c);
+            let dir = dump.as_ref().map(|d| d.join(&case));
+            if let Some(d) = &dir {
+                dump_case(d, &c);
             }
-            for name in &scorers {
-                let (cfg, out, times) = run_case(&c, name, reps);
-                let mut sorted = times.wall.clone();
-                sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
-                let (tmin, tmed) = (sorted[0], sorted[sorted.len() / 2]);
-                let cmin = times.cpu.iter().cloned().fold(f64::INFINITY, f64::min);
-                println!(
-                    "{case:<12} {name:<15} w={:<3} min {:>9.3} ms  median {:>9.3} ms  cpu {:>9.3} ms  {:>8.3} Mtok/s",
-                    cfg.window,
-                    tmin * 1e3,
-                    tmed * 1e3,
-                    cmin * 1e3,
-                    n as f64 / tmin / 1e6
-                );
-                if let (Some(d), Some(f)) = (&dump, tsv.as_mut()) {
-                    fs::write(
-                        d.join(&case).join(format!("scores_{name}.bin")),
-                        f32_bytes(&out),
-                    )
-                    .unwrap();
-                    let all: Vec<String> = times.wall.iter().map(|t| format!("{t:.6}")).collect();
-                    writeln!(
-                        f,
-                        "{case}\t{name}\t{}\t{tmin:.6}\t{tmed:.6}\t{cmin:.6}\t{}",
-                        cfg.window,
-                        all.join(",")
-                    )
-                    .unwrap();
-                }
+            if reps > 0 {
+                bench_case(&case, &c, &scorers, reps, dir.as_deref());
             }
         }
     }

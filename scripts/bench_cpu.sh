@@ -5,22 +5,28 @@
 # numpy (single-threaded BLAS) and with the machine's single-core sgemm rate. Prints a
 # markdown table at the end.
 #
-#   scripts/bench_cpu.sh [--reps R] [--np-reps R] [--n 4096,32768] [--shapes smol,llama]
-#                        [--scorers snapkv,laprox,...]
+#   scripts/bench_cpu.sh [--rounds 3] [--reps 5] [--np-reps 3] [--n 4096,32768]
+#                        [--shapes smol,llama] [--scorers snapkv,laprox,...]
 #
+# The machine may be shared: times are thread CPU time, minimum over --rounds rounds of
+# --reps (Rust) / --np-reps (numpy) runs, the two alternating case by case.
 # Makes its own venv with numpy (<repo>/.venv-bench). Inputs and scores travel through a
 # temporary directory (about 0.5 GB at the default sizes), removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+ROUNDS=3
 REPS=5
 NP_REPS=3
+SCORERS=""
 RUST_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --rounds) ROUNDS=$2; shift 2 ;;
     --reps) REPS=$2; shift 2 ;;
     --np-reps) NP_REPS=$2; shift 2 ;;
-    --n|--shapes|--scorers) RUST_ARGS+=("$1" "$2"); shift 2 ;;
+    --scorers) SCORERS=$2; shift 2 ;;
+    --n|--shapes) RUST_ARGS+=("$1" "$2"); shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -41,8 +47,8 @@ cargo build --release --example bench_cpu >&2
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvevict-bench.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 
-echo "== Rust (kvevict score_layer, one thread, min of $REPS runs)"
-"$ROOT/target/release/examples/bench_cpu" --reps "$REPS" --dump "$TMP" "${RUST_ARGS[@]}"
-echo
-echo "== numpy reference (min of $NP_REPS runs) and the table"
-"$VENV/bin/python" "$ROOT/bench/numpy_ref.py" "$TMP" --reps "$NP_REPS"
+echo "== making the inputs" >&2
+"$ROOT/target/release/examples/bench_cpu" --reps 0 --dump "$TMP" "${RUST_ARGS[@]}" >/dev/null
+echo "== kvevict score_layer (Rust, one thread) and numpy (one BLAS thread), $ROUNDS rounds"
+"$VENV/bin/python" "$ROOT/bench/numpy_ref.py" "$TMP" --rust "$ROOT/target/release/examples/bench_cpu" \
+  --rounds "$ROUNDS" --reps "$REPS" --np-reps "$NP_REPS" --scorers "$SCORERS"
