@@ -18,7 +18,7 @@ use crate::view::{DType, View};
 /// Keys per micro-tile of the Q·Kᵀ kernel.
 const KT: usize = 6;
 /// Keys per chunk (a multiple of [`KT`]).
-pub(crate) const CHUNK: usize = 192;
+pub(crate) const CHUNK: usize = 96;
 
 /// Which statistics a scorer needs.
 #[derive(Clone, Copy, Debug, Default)]
