@@ -124,6 +124,8 @@ struct opts {
     int verbose;
     int show_kept;          /* print the text of the kept cells */
     int repack;             /* one-shot: re-pack the kept cells to the front of the cache */
+    int post_k;             /* laprox-span's forward post pool: kernel (0 = preset's 8) */
+    double post_decay;      /* ... and decay (preset's 0.9) */
 };
 
 static void usage(void) {
@@ -144,6 +146,7 @@ static void usage(void) {
             "  --needle DEPTH    built-in needle prompt, needle at DEPTH in [0,1]\n"
             "      --seed S      filler seed (0)   --ctx-tokens N  prompt length (1000)   --key K  pass key\n"
             "  -f FILE -q TEXT   context from FILE, question TEXT\n"
+            "  --span-pool K:D   laprox-span's forward post pool (preset 8:0.9)\n"
             "  --show-kept       print the text of the cells kept (one-shot mode)\n"
             "  --repack          one-shot: after evicting, move the kept cells to the front of the cache\n"
             "                    (state save, clear, restore) so attention spans fewer cells\n"
@@ -203,6 +206,9 @@ static void parse_args(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "-v")) o->verbose = 1;
         else if (!strcmp(a, "--show-kept")) o->show_kept = 1;
         else if (!strcmp(a, "--repack")) o->repack = 1;
+        else if (!strcmp(a, "--span-pool")) {
+            if (sscanf(NEXT(), "%d:%lf", &o->post_k, &o->post_decay) != 2) die("--span-pool wants K:DECAY");
+        }
         else usage();
 #undef NEXT
     }
@@ -561,7 +567,7 @@ struct scorer {
     double c_total; /* CPU seconds of all of the above */
 };
 
-static void scorer_init(struct scorer *s, enum method m, int window) {
+static void scorer_init(struct scorer *s, enum method m, int window, int post_k, double post_decay) {
     memset(s, 0, sizeof *s);
     s->method = m;
     uint32_t preset = m == M_LAPROX ? KVE_PRESET_LAPROX : m == M_LAPROX_SPAN ? KVE_PRESET_LAPROX_SPAN
@@ -572,7 +578,13 @@ static void scorer_init(struct scorer *s, enum method m, int window) {
     s->window = (int)s->sp.window;
     /* llama.cpp's cell holds one token for every layer and head: token granularity,
      * one global top-K over the layer-normalised sum of scores. */
-    if (m == M_LAPROX_SPAN) KVE(kve_select_params_init_laprox_span(&s->sel, sizeof s->sel, 0));
+    if (m == M_LAPROX_SPAN) {
+        KVE(kve_select_params_init_laprox_span(&s->sel, sizeof s->sel, 0));
+        if (post_k > 0) {
+            s->sel.post_pool_kernel = (uint32_t)post_k;
+            s->sel.post_pool_decay = (float)post_decay;
+        }
+    }
     else KVE(kve_select_params_init(&s->sel, sizeof s->sel, KVE_ALLOCATOR_GLOBAL, KVE_GRANULARITY_TOKEN, 0));
 }
 
@@ -887,7 +899,7 @@ int main(int argc, char **argv) {
         enum method m = o.methods[i];
         if (m == M_FULL) continue;
         any = 1;
-        scorer_init(&sc[i], m, o.window);
+        scorer_init(&sc[i], m, o.window, o.post_k, o.post_decay);
         if (sc[i].window > ring) ring = sc[i].window;
         keep_v |= m == M_LAVA;
         forms |= m == M_LAPROX || m == M_LAPROX_SPAN;
