@@ -14,7 +14,8 @@
 #          else a prebuilt test binary build/gpu/cuda_gpu (made on a dev machine by
 #          cuda/prebuild.sh and carried: run(carry=["build/gpu"]); the binary links
 #          cudart statically and needs only glibc).
-#   bench: build/gpu/kvevict_bench if carried, else built here with nvcc.
+#   bench: build/gpu/kvevict_bench if carried (KVEVICT_REBUILD_BENCH=1 rebuilds it),
+#          else built here with nvcc.
 # Environment: KVEVICT_CUDA_ARCHS (default 90 here), CHECK_N (default 32768,131072),
 #   CHECK_SKIP="tests sanitizer bench torch" to leave steps out.
 # Output: a summary at the end; logs in build/gpu/logs, and the main ones (at most 7
@@ -31,6 +32,13 @@ say() { printf '\n==== %s ====\n' "$*"; }
 note() { SUMMARY+=("$*"); }
 skip() { [[ " ${CHECK_SKIP:-} " == *" $1 "* ]]; }
 t0=$(date +%s)
+# The whole script stays within CHECK_BUDGET_S (default 420 s): each step's timeout is
+# its own limit or what is left, and a step with under 20 s left is skipped.
+CHECK_BUDGET_S=${CHECK_BUDGET_S:-420}
+tmo() {  # tmo LIMIT -> seconds for the next step (1: no time left, the step is cut)
+  local left=$(( CHECK_BUDGET_S - ($(date +%s) - t0) ))
+  if [ "$left" -lt 20 ]; then echo 1; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>&1 | head -3
 
@@ -71,7 +79,7 @@ TEST_BIN=""
 if ! skip tests; then
   say "GPU tests"
   if command -v cargo >/dev/null 2>&1 && [ -n "$NVCC" ]; then
-    if cargo test --release --features cuda --test cuda_gpu --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
+    if timeout "$(tmo 240)" cargo test --release --features cuda --test cuda_gpu --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
       TEST_BIN=$(ls -t target/release/deps/cuda_gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
     fi
   fi
@@ -80,7 +88,7 @@ if ! skip tests; then
     echo "using the prebuilt test binary build/gpu/cuda_gpu"
   fi
   if [ -n "$TEST_BIN" ]; then
-    if timeout 300 "$TEST_BIN" --test-threads=4 2>&1 | tee "$LOG/tests.log" | tail -25; then
+    if timeout "$(tmo 150)" "$TEST_BIN" --test-threads=4 2>&1 | tee "$LOG/tests.log" | tail -25; then
       note "tests: $(grep -E '^test result' "$LOG/tests.log" | tail -1)"
     else
       note "tests: FAILED (see tests.log): $(grep -E '^test .* FAILED|panicked' "$LOG/tests.log" | head -5 | tr '\n' ' ')"
@@ -98,7 +106,8 @@ if ! skip sanitizer && [ -n "$TEST_BIN" ]; then
     for tool in memcheck racecheck; do
       say "compute-sanitizer --tool $tool"
       # small tests only (the sanitizer slows kernels 10-100x)
-      if timeout 240 "$SAN" --tool "$tool" --error-exitcode 99 "$TEST_BIN" --test-threads=1 \
+      t=$(tmo 100); [ "$t" -le 1 ] && { note "sanitizer $tool: skipped (time budget)"; continue; }
+      if timeout "$t" "$SAN" --tool "$tool" --error-exitcode 99 "$TEST_BIN" --test-threads=1 \
           window_aggregates select_matches compact_matches vonorm_matches vonorm_factor lava_factor pool_matches \
           laprox_pipeline >"$LOG/sanitizer_$tool.log" 2>&1; then
         note "sanitizer $tool: clean ($(grep -E 'ERROR SUMMARY' "$LOG/sanitizer_$tool.log" | tail -1))"
@@ -118,7 +127,7 @@ TORCH_LINES=""
 if ! skip torch; then
   say "PyTorch: matmul ceiling"
   PY=$(command -v python3 || true)
-  if [ -n "$PY" ] && timeout 120 "$PY" cuda/bench_torch.py --mm-only >"$LOG/torch_mm.log" 2>&1; then
+  if [ -n "$PY" ] && timeout "$(tmo 60)" "$PY" cuda/bench_torch.py --mm-only >"$LOG/torch_mm.log" 2>&1; then
     cat "$LOG/torch_mm.log"
     r=$(awk '/^MM_TFLOPS/{print $2}' "$LOG/torch_mm.log")
     [ -n "$r" ] && MM_ARG="--mm-tflops $r"
@@ -135,14 +144,15 @@ if ! skip bench; then
     inc=""; [ -n "${LIBDIR:-}" ] && inc="-L$LIBDIR"
     archflags=""
     for a in ${KVEVICT_CUDA_ARCHS//,/ }; do archflags+=" -gencode=arch=compute_$a,code=sm_$a"; done
-    if "$NVCC" -O3 -std=c++17 $archflags -Icuda $inc cuda/bench.cu $(ls cuda/*.cu | grep -v bench.cu) -o build/gpu/kvevict_bench.new >"$LOG/bench_build.log" 2>&1; then
+    # a carried prebuilt binary (cuda/prebuild.sh, same sources) is used as it is
+    if [ -x "$BENCH" ] && [ -z "${KVEVICT_REBUILD_BENCH:-}" ]; then :; elif timeout "$(tmo 120)" "$NVCC" -O3 -std=c++17 $archflags -Icuda $inc cuda/bench.cu $(ls cuda/*.cu | grep -v bench.cu) -o build/gpu/kvevict_bench.new >"$LOG/bench_build.log" 2>&1; then
       mv build/gpu/kvevict_bench.new "$BENCH"
     else
       echo "bench build failed:"; tail -20 "$LOG/bench_build.log"
     fi
   fi
   if [ -x "$BENCH" ]; then
-    if timeout 240 "$BENCH" --n "$CHECK_N" $MM_ARG 2>&1 | tee "$LOG/bench.log"; then :; else
+    if timeout "$(tmo 150)" "$BENCH" --n "$CHECK_N" $MM_ARG 2>&1 | tee "$LOG/bench.log"; then :; else
       note "bench: FAILED (rc $?)"
     fi
     while read -r l; do note "bench: $l"; done < <(grep -E '^RESULT|^ceilings|matmul rate used' "$LOG/bench.log")
@@ -155,7 +165,7 @@ if ! skip torch; then
   say "PyTorch: same math"
   PY=$(command -v python3 || true)
   if [ -n "$PY" ]; then
-    timeout 180 "$PY" cuda/bench_torch.py --n "$CHECK_N" 2>&1 | tee "$LOG/torch.log" | tail -8
+    timeout "$(tmo 120)" "$PY" cuda/bench_torch.py --n "$CHECK_N" 2>&1 | tee "$LOG/torch.log" | tail -8
     if grep -q "torch not available" "$LOG/torch.log"; then note "torch not available"; fi
     while read -r l; do note "torch: $l"; done < <(grep -E '^TORCH' "$LOG/torch.log")
   else
