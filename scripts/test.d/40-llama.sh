@@ -9,7 +9,8 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 t0=$(date +%s)
 
-eval "$(scripts/setup_llama.sh)"   # KVEVICT_LLAMA_VENV, KVEVICT_LLAMA_SITE, KVEVICT_LLAMA_MODEL
+paths=$(scripts/setup_llama.sh)   # KVEVICT_LLAMA_VENV, KVEVICT_LLAMA_SITE, KVEVICT_LLAMA_MODEL
+eval "$paths"
 export KVEVICT_LLAMA_VENV KVEVICT_LLAMA_MODEL
 echo "llama setup: $(( $(date +%s) - t0 )) s (venv $KVEVICT_LLAMA_VENV)"
 
