@@ -13,6 +13,9 @@ pub mod budget;
 pub mod capi;
 pub mod compact;
 pub mod config;
+/// Raw launchers of cuda/ (kvevict_cuda.h); the public header declares the kve_cuda_*
+/// wrappers of src/capi instead.
+/// cbindgen:ignore
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod error;
