@@ -1,6 +1,8 @@
-//! Hot loops: the small Q·Kᵀ GEMM, a vectorisable exp, and the workspace carver.
-//! Kernels are written once as `#[inline(always)]` generics and instantiated twice: a
-//! baseline build and an AVX2+FMA build chosen at run time when `std` can detect it.
+//! Hot-loop building blocks: 8-lane vector operations (`Simd`), a vectorisable exp, f32
+//! row loads (f16 converted 8 at a time), and the workspace carver. Kernels (here, in
+//! `window` and `gram`) are written once as `#[inline(always)]` generics over `Simd` and
+//! instantiated twice by `dispatch!`: a portable build, and an AVX2+FMA+F16C build chosen
+//! at run time when `std` can detect it (`KVEVICT_PORTABLE=1` forces the portable one).
 
 use crate::error::{Error, Result};
 use crate::view::{DType, View};

@@ -8,6 +8,13 @@
 //! accumulated over chunks in f64 because a row can have up to 2^31 terms.
 //! Two passes over K: row max/denominator, then statistics. Nothing of size `[w, N]` is
 //! ever stored, so the workspace stays independent of N apart from the outputs.
+//!
+//! Per chunk of keys, the logits of all `g·w` window rows come out key-major with the rows
+//! in vector lanes (`c[t][row]`): a 6-key × 16-row FMA micro-tile broadcasts key elements
+//! against packed query panels, so keys need no transpose (f32 rows are read in place, f16
+//! rows converted 8 at a time). Pass 1 then takes per-lane maxima and exp-sums down the
+//! chunk; pass 2 forms the probabilities and sums each head's rows per key. Both passes
+//! compute identical logits (same kernel, same order), so `z - max <= 0` holds exactly.
 
 use crate::error::{Error, Result};
 use crate::numerics::{
