@@ -124,7 +124,7 @@
 #define KVE_NORMALIZE_LAYER_SUM 0
 #define KVE_NORMALIZE_NONE 1
 
-/* Limits and the first released sizes of the extensible structs */
+/* Limits and the released sizes of the extensible structs (V1: first release) */
 #define KVE_MAX_HEADS 65536
 #define KVE_MAX_TOKENS 2147483648ULL
 #define KVE_MAX_BUDGET 2147483648ULL
@@ -132,6 +132,7 @@
 #define KVE_SCORE_PARAMS_V1_SIZE 48
 #define KVE_SELECT_PARAMS_V1_SIZE 48
 #define KVE_LAYER_INPUTS_V1_SIZE 272
+#define KVE_LAYER_INPUTS_V2_SIZE 288
 
 
 /**
@@ -245,6 +246,10 @@ typedef struct kve_score_params {
  * | StreamingLLM | | yes | | |
  * | KNorm | | yes | | |
  *
+ * Every scorer that reads queries also takes the optional `row_lse` (flash attention's
+ * `softmax_lse` of the window rows, or `kve_window_row_lse`): K is then read once, not
+ * twice. `kve_cuda_score_layer` does not read it.
+ *
  * A tensor with `data == NULL` is absent; a required one absent gives
  * `KVE_ERR_NULL_POINTER`. Extensible like the params structs (`struct_size` first).
  */
@@ -286,6 +291,17 @@ typedef struct kve_layer_inputs {
    */
   const float *value_l1;
   uint64_t value_l1_len;
+  /**
+   * Optional (NULL, 0 when absent; since `KVE_LAYER_INPUTS_V2_SIZE`): `[Hq][w]`,
+   * `w = min(window, N)`, exactly `Hq * w` floats: the natural-log log-sum-exp of each
+   * window row's logits `q·k / sqrt(dk)` over every key it sees (causal inside the
+   * window), rows in the order of the last `w` rows of `queries` (flash attention's
+   * `softmax_lse`, or `kve_window_row_lse`). When given, the window pass skips its
+   * first pass over K (row max and denominator) and uses `A = exp(z - lse)`. NaN/Inf
+   * or another length is rejected. Ignored by KNorm and StreamingLLM.
+   */
+  const float *row_lse;
+  uint64_t row_lse_len;
 } kve_layer_inputs;
 
 /**
@@ -646,6 +662,36 @@ int32_t kve_score_layer(const struct kve_score_params *params,
                         uint64_t out_len,
                         void *workspace,
                         uint64_t workspace_bytes);
+
+/**
+ * Workspace bytes `kve_window_row_lse` needs: `hq` query heads, `hkv` KV heads, `n`
+ * cached tokens, key dim `dk`, observation window `window` (>= 1). Writes only
+ * `*out_bytes`.
+ */
+int32_t kve_window_row_lse_workspace_size(uint64_t hq,
+                                          uint64_t hkv,
+                                          uint64_t n,
+                                          uint64_t dk,
+                                          uint32_t window,
+                                          uint64_t *out_bytes);
+
+/**
+ * The window rows' log-sum-exp, the `row_lse` input of `kve_layer_inputs`:
+ * `out[h * w + j] = ln sum_{i visible} exp(q_{h,j} . k_{h/g,i} / sqrt(dk))` for query
+ * heads `h < Hq` and the last `w = min(window, N)` rows `j` of `queries` (`[Hq, wq, dk]`,
+ * `wq >= w`); `keys` `[Hkv, N, dk]`; keys `i <= N - w + j` are visible. The first of
+ * the two passes over K that `kve_score_layer` makes without it, for engines that do not
+ * get `softmax_lse` from flash attention. `out_len` >= `Hq * w` (only those are
+ * written), `workspace_bytes` >= `kve_window_row_lse_workspace_size`. Rejects NaN/Inf in
+ * the queries or keys before writing `out`.
+ */
+int32_t kve_window_row_lse(const struct kve_tensor *queries,
+                           const struct kve_tensor *keys,
+                           uint32_t window,
+                           float *out,
+                           uint64_t out_len,
+                           void *workspace,
+                           uint64_t workspace_bytes);
 
 /**
  * Floats of the Gram output `[Hkv][blocks][dv][dv]`: `blocks = g` (`cross = 0`, for

@@ -38,7 +38,8 @@ pub use gram::{
     value_forms_len,
 };
 pub use score::{
-    layer_shape, score_layer, score_len, score_workspace_size, LayerInputs, LayerShape,
+    layer_shape, score_layer, score_len, score_workspace_size, window_row_lse,
+    window_row_lse_workspace_size, LayerInputs, LayerShape,
 };
 pub use view::{DType, View, ViewMut};
 

@@ -57,6 +57,8 @@ pub(crate) trait Simd: Copy {
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `if b > a { b } else { a }` per lane (a NaN in `b` is ignored).
     unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    /// `if b < a { b } else { a }` per lane (a NaN in `b` is ignored).
+    unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
     /// [`exp_neg`] per lane.
     unsafe fn exp_neg(x: Self::V) -> Self::V;
     /// Sum of the lanes, in a fixed order: ((0+4)+(2+6)) + ((1+5)+(3+7)).
@@ -136,6 +138,16 @@ impl Simd for Portable {
         o
     }
     #[inline(always)]
+    unsafe fn min(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
+        let mut o = a;
+        for i in 0..8 {
+            if b[i] < o[i] {
+                o[i] = b[i];
+            }
+        }
+        o
+    }
+    #[inline(always)]
     unsafe fn exp_neg(x: [f32; 8]) -> [f32; 8] {
         let mut o = x;
         for v in o.iter_mut() {
@@ -204,6 +216,11 @@ mod avx2 {
         unsafe fn max(a: __m256, b: __m256) -> __m256 {
             // vmaxps(x, y) = x > y ? x : y (y when either is NaN)
             _mm256_max_ps(b, a)
+        }
+        #[inline(always)]
+        unsafe fn min(a: __m256, b: __m256) -> __m256 {
+            // vminps(x, y) = x < y ? x : y (y when either is NaN)
+            _mm256_min_ps(b, a)
         }
         #[inline(always)]
         unsafe fn exp_neg(x: __m256) -> __m256 {

@@ -347,6 +347,34 @@ fn row_stats_impl<S: Simd>(
     Ok(())
 }
 
+/// What pass 1 checks, without its arithmetic, for callers that give the row statistics
+/// (`LayerInputs::row_lse`): rejects NaN/Inf in the group's window queries and in every key
+/// of KV head `kh`.
+pub(crate) fn check_finite(
+    queries: &View,
+    keys: &View,
+    kh: usize,
+    g: usize,
+    w: usize,
+    scratch: &mut [u8],
+) -> Result<()> {
+    let dk = keys.extent()[2];
+    let s = &mut load_queries(queries, kh, g, w, dk, scratch)?;
+    dispatch!(fn(keys: &View, kh: usize, s: &mut Scratch) -> Result<()>, S => {
+        let n = keys.extent()[1];
+        let mut c0 = 0;
+        while c0 < n {
+            let nt = CHUNK.min(n - c0);
+            let (_, _, finite) = load_keys::<S>(keys, kh, c0, nt, nt, s.k, true);
+            if !finite {
+                return Err(Error::NonFinite);
+            }
+            c0 += nt;
+        }
+        Ok(())
+    })
+}
+
 /// Pass 2 for KV group `kh`: statistics of the prefix columns, added into `out`
 /// (each `[g or pairs][P]`, zeroed by the caller). Uses the row statistics of pass 1.
 pub(crate) fn column_stats(
@@ -402,7 +430,12 @@ fn column_stats_impl<S: Simd>(
                 // SAFETY: r0 + 8 <= rp, t < ntp.
                 unsafe {
                     let cp = c.as_mut_ptr().add(t * rp + r0);
-                    let z = S::sub(S::load(cp), S::load(s.m.as_ptr().add(r0)));
+                    // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
+                    // when the caller gave `row_lse` (its logits may round differently)
+                    let z = S::min(
+                        S::sub(S::load(cp), S::load(s.m.as_ptr().add(r0))),
+                        S::zero(),
+                    );
                     S::store(cp, S::mul(S::exp_neg(z), S::load(s.inv.as_ptr().add(r0))));
                 }
                 r0 += 8;

@@ -627,6 +627,7 @@ fn rejected_scoring_inputs_leave_output_untouched() {
                     gram: Some(gram),
                     value_forms: None,
                     value_l1: Some(l1),
+                    row_lse: None,
                 };
                 let shape = layer_shape(&cfg, &inputs)?;
                 let mut ws = vec![0u8; score_workspace_size(&cfg, &shape)? - ws_cut];

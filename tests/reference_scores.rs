@@ -417,6 +417,7 @@ fn window_covers_cache() {
                 gram: Some(&core_gram(cx.wo.as_ref().unwrap(), c.hkv, false)),
                 value_l1: Some(&vec![1.0; c.hkv * c.n]),
                 value_forms: None,
+                row_lse: None,
             };
             let shape = layer_shape(&cfg, &inputs).unwrap();
             assert_eq!(score_len(&cfg, &shape).unwrap(), 0);

@@ -575,7 +575,7 @@ pub fn header_defines() -> std::string::String {
         ],
     );
     group(
-        "Limits and the first released sizes of the extensible structs",
+        "Limits and the released sizes of the extensible structs (V1: first release)",
         &[
             ("KVE_MAX_HEADS", KVE_MAX_HEADS as i64),
             ("KVE_MAX_TOKENS", crate::error::MAX_TOKENS as i64),
@@ -592,6 +592,10 @@ pub fn header_defines() -> std::string::String {
             (
                 "KVE_LAYER_INPUTS_V1_SIZE",
                 score::KVE_LAYER_INPUTS_V1_SIZE as i64,
+            ),
+            (
+                "KVE_LAYER_INPUTS_V2_SIZE",
+                score::KVE_LAYER_INPUTS_V2_SIZE as i64,
             ),
         ],
     );

@@ -22,6 +22,10 @@ use core::ffi::c_void;
 /// | StreamingLLM | | yes | | |
 /// | KNorm | | yes | | |
 ///
+/// Every scorer that reads queries also takes the optional `row_lse` (flash attention's
+/// `softmax_lse` of the window rows, or `kve_window_row_lse`): K is then read once, not
+/// twice. `kve_cuda_score_layer` does not read it.
+///
 /// A tensor with `data == NULL` is absent; a required one absent gives
 /// `KVE_ERR_NULL_POINTER`. Extensible like the params structs (`struct_size` first).
 #[repr(C)]
@@ -48,15 +52,26 @@ pub struct kve_layer_inputs {
     /// CriticalKV: `[Hkv][N]` from `kve_compute_value_l1`.
     pub value_l1: *const f32,
     pub value_l1_len: u64,
+    /// Optional (NULL, 0 when absent; since `KVE_LAYER_INPUTS_V2_SIZE`): `[Hq][w]`,
+    /// `w = min(window, N)`, exactly `Hq * w` floats: the natural-log log-sum-exp of each
+    /// window row's logits `q·k / sqrt(dk)` over every key it sees (causal inside the
+    /// window), rows in the order of the last `w` rows of `queries` (flash attention's
+    /// `softmax_lse`, or `kve_window_row_lse`). When given, the window pass skips its
+    /// first pass over K (row max and denominator) and uses `A = exp(z - lse)`. NaN/Inf
+    /// or another length is rejected. Ignored by KNorm and StreamingLLM.
+    pub row_lse: *const f32,
+    pub row_lse_len: u64,
 }
 
-/// `sizeof(kve_layer_inputs)` of the first release.
+/// `sizeof(kve_layer_inputs)` of the first release (without `row_lse`; still accepted).
 pub const KVE_LAYER_INPUTS_V1_SIZE: u32 = 272;
+/// `sizeof(kve_layer_inputs)` with `row_lse`.
+pub const KVE_LAYER_INPUTS_V2_SIZE: u32 = 288;
 const _: () =
-    assert!(core::mem::size_of::<kve_layer_inputs>() == KVE_LAYER_INPUTS_V1_SIZE as usize);
+    assert!(core::mem::size_of::<kve_layer_inputs>() == KVE_LAYER_INPUTS_V2_SIZE as usize);
 
 pub(crate) const NO_INPUTS: kve_layer_inputs = kve_layer_inputs {
-    struct_size: KVE_LAYER_INPUTS_V1_SIZE,
+    struct_size: KVE_LAYER_INPUTS_V2_SIZE,
     reserved: 0,
     queries: kve_tensor::NONE,
     keys: kve_tensor::NONE,
@@ -67,6 +82,8 @@ pub(crate) const NO_INPUTS: kve_layer_inputs = kve_layer_inputs {
     value_forms_len: 0,
     value_l1: core::ptr::null(),
     value_l1_len: 0,
+    row_lse: core::ptr::null(),
+    row_lse_len: 0,
 };
 
 /// Set every tensor of `inputs` absent and its `struct_size` (pass
@@ -203,6 +220,7 @@ pub unsafe extern "C" fn kve_score_layer(
     let g = tri!(opt_floats(inp.gram, inp.gram_len));
     let f = tri!(opt_floats(inp.value_forms, inp.value_forms_len));
     let l1 = tri!(opt_floats(inp.value_l1, inp.value_l1_len));
+    let lse = tri!(opt_floats(inp.row_lse, inp.row_lse_len));
     let o = tri!(Buf::new(out, out_len));
     let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
@@ -214,6 +232,7 @@ pub unsafe extern "C" fn kve_score_layer(
             span_opt(&g),
             span_opt(&f),
             span_opt(&l1),
+            span_opt(&lse),
         ],
     ));
     let li = LayerInputs {
@@ -232,6 +251,7 @@ pub unsafe extern "C" fn kve_score_layer(
         gram: g.as_ref().map(|b| b.slice()),
         value_forms: f.as_ref().map(|b| b.slice()),
         value_l1: l1.as_ref().map(|b| b.slice()),
+        row_lse: lse.as_ref().map(|b| b.slice()),
     };
     let shape = tri!(crate::layer_shape(&cfg, &li));
     let need = tri!(crate::score_len(&cfg, &shape));
@@ -250,6 +270,65 @@ pub unsafe extern "C" fn kve_score_layer(
     tri!(crate::score_layer(&cfg, &li, stage, rest));
     o.slice_mut()[..need].copy_from_slice(stage);
     KVE_OK
+}
+
+/// Workspace bytes `kve_window_row_lse` needs: `hq` query heads, `hkv` KV heads, `n`
+/// cached tokens, key dim `dk`, observation window `window` (>= 1). Writes only
+/// `*out_bytes`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_window_row_lse_workspace_size(
+    hq: u64,
+    hkv: u64,
+    n: u64,
+    dk: u64,
+    window: u32,
+    out_bytes: *mut u64,
+) -> i32 {
+    let out = tri!(out_param(out_bytes));
+    let shape = LayerShape {
+        hq: tri!(head_count(hq)),
+        hkv: tri!(head_count(hkv)),
+        n: tri!(to_usize(n)),
+        dk: tri!(to_usize(dk)),
+        dv: 1,
+    };
+    let bytes = tri!(crate::window_row_lse_workspace_size(&shape, window));
+    write_u64(&out, bytes);
+    KVE_OK
+}
+
+/// The window rows' log-sum-exp, the `row_lse` input of `kve_layer_inputs`:
+/// `out[h * w + j] = ln sum_{i visible} exp(q_{h,j} . k_{h/g,i} / sqrt(dk))` for query
+/// heads `h < Hq` and the last `w = min(window, N)` rows `j` of `queries` (`[Hq, wq, dk]`,
+/// `wq >= w`); `keys` `[Hkv, N, dk]`; keys `i <= N - w + j` are visible. The first of
+/// the two passes over K that `kve_score_layer` makes without it, for engines that do not
+/// get `softmax_lse` from flash attention. `out_len` >= `Hq * w` (only those are
+/// written), `workspace_bytes` >= `kve_window_row_lse_workspace_size`. Rejects NaN/Inf in
+/// the queries or keys before writing `out`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_window_row_lse(
+    queries: *const kve_tensor,
+    keys: *const kve_tensor,
+    window: u32,
+    out: *mut f32,
+    out_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
+    let q = tri!(Tensor::from_ptr(queries));
+    let k = tri!(Tensor::from_ptr(keys));
+    let o = tri!(Buf::new(out, out_len));
+    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    tri!(check_alias(&[o.span, ws.span], &[q.span, k.span]));
+    let qv = tri!(q.view());
+    let kv = tri!(k.view());
+    to_status(crate::window_row_lse(
+        &qv,
+        &kv,
+        window,
+        o.slice_mut(),
+        ws.slice_mut(),
+    ))
 }
 
 fn cross_flag(cross: u32) -> Result<bool> {

@@ -36,6 +36,14 @@ pub struct LayerInputs<'a> {
     pub value_forms: Option<&'a [f32]>,
     /// CriticalKV: `[Hkv][N]` from [`gram::compute_value_l1`].
     pub value_l1: Option<&'a [f32]>,
+    /// Optional, for the scorers that read queries: `[Hq][w]` (`w = min(window, N)`,
+    /// exactly `Hq·w` floats), the natural-log log-sum-exp of each window row's scaled
+    /// logits over every key it sees (causal inside the window), as flash attention's
+    /// `softmax_lse` gives it, or [`window_row_lse`]: `lse[h][j] = ln Σ_{i <= N-w+j}
+    /// exp(Qw[h, wq-w+j]·K[h/g, i] / sqrt(dk))`. When given, the window pass reads K once
+    /// instead of twice (it uses `A = exp(z - lse)` and skips the row max / denominator
+    /// pass). Not read by KNorm and StreamingLLM.
+    pub row_lse: Option<&'a [f32]>,
 }
 
 /// Most query heads a layer may have.
@@ -239,7 +247,27 @@ pub fn score_layer(
     let scratch = ws.into_rest();
 
     // Everything that can reject the input runs before the first write to `out`.
-    if let Some(q) = queries {
+    let row_lse = if cfg.needs_queries() {
+        inputs.row_lse
+    } else {
+        None
+    };
+    if let Some(lse) = row_lse {
+        if lse.len() != rows {
+            return Err(Error::ShapeMismatch);
+        }
+        if lse.iter().any(|v| !v.is_finite()) {
+            return Err(Error::NonFinite);
+        }
+    }
+    if let (Some(q), Some(lse)) = (queries, row_lse) {
+        // the caller's row statistics: A = exp(z - lse), denominators 1
+        for kh in 0..hkv {
+            window::check_finite(q, keys, kh, g, w, scratch)?;
+        }
+        rmax.copy_from_slice(lse);
+        rsum.fill(1.0);
+    } else if let Some(q) = queries {
         if cfg.needs_queries() {
             for kh in 0..hkv {
                 window::row_stats(
@@ -321,6 +349,91 @@ pub fn score_layer(
     }
     if out[..hkv * p].iter().any(|v| !v.is_finite()) {
         return Err(Error::NonFinite);
+    }
+    Ok(())
+}
+
+/// Workspace bytes [`window_row_lse`] needs (`shape.dv` is not read).
+pub fn window_row_lse_workspace_size(shape: &LayerShape, window: u32) -> Result<usize> {
+    let shape = LayerShape {
+        dv: shape.dk,
+        ..*shape
+    };
+    shape.validate()?;
+    if window == 0 {
+        return Err(Error::InvalidArgument);
+    }
+    let w = (window as usize).min(shape.n);
+    let rows = mul(shape.hq, w)?;
+    let mut ws = WorkspaceSize::new();
+    ws.add::<f32>(rows)?;
+    ws.add::<f64>(rows)?;
+    let mut scratch = WorkspaceSize::new();
+    window::scratch_size(&mut scratch, shape.group(), w, shape.dk)?;
+    ws.total()
+        .checked_add(scratch.total())
+        .ok_or(Error::Overflow)
+}
+
+/// The per-row log-sum-exp of the window attention (SPEC §2), the `row_lse` input of
+/// [`LayerInputs`]: `out[h*w + j] = ln Σ_{i visible} exp(Qw[h,j]·K[h/g,i] / sqrt(dk))` for
+/// query heads `h < Hq` and the last `w = min(window, N)` rows `j` of `queries`
+/// (`[Hq, wq, dk]`, `wq >= w`); `keys` `[Hkv, N, dk]`. It is the first of the two passes
+/// over K that [`score_layer`] makes without it (max and denominator per row, f64 sums);
+/// engines running flash attention over the window get it from the kernel instead.
+/// `out` needs `Hq·w` floats (only those are written), `workspace`
+/// [`window_row_lse_workspace_size`] bytes. NaN/Inf in the queries or any key is
+/// rejected before `out` is written.
+pub fn window_row_lse(
+    queries: &View,
+    keys: &View,
+    window: u32,
+    out: &mut [f32],
+    workspace: &mut [u8],
+) -> Result<()> {
+    let [hkv, n, dk] = keys.extent();
+    let [hq, wq, dq] = queries.extent();
+    if dq != dk {
+        return Err(Error::ShapeMismatch);
+    }
+    let shape = LayerShape {
+        hq,
+        hkv,
+        n,
+        dk,
+        dv: dk,
+    };
+    let need = window_row_lse_workspace_size(&shape, window)?;
+    let w = (window as usize).min(n);
+    if wq < w {
+        return Err(Error::InvalidArgument);
+    }
+    let rows = hq * w;
+    if out.len() < rows {
+        return Err(Error::OutputTooSmall);
+    }
+    if workspace.len() < need {
+        return Err(Error::WorkspaceTooSmall);
+    }
+    let g = shape.group();
+    let mut ws = Workspace::new(workspace);
+    let rmax = ws.take::<f32>(rows)?;
+    let rsum = ws.take::<f64>(rows)?;
+    let scratch = ws.into_rest();
+    for kh in 0..hkv {
+        window::row_stats(
+            queries,
+            keys,
+            kh,
+            g,
+            w,
+            scratch,
+            &mut rmax[kh * g * w..],
+            &mut rsum[kh * g * w..],
+        )?;
+    }
+    for ((o, &m), &s) in out[..rows].iter_mut().zip(rmax.iter()).zip(rsum.iter()) {
+        *o = (m as f64 + libm::log(s)) as f32;
     }
     Ok(())
 }

@@ -209,6 +209,7 @@ pub fn core_score(cfg: &ScoreConfig, x: &CoreLayer, path: ValuePath) -> Result<V
         },
         value_forms: forms.as_deref(),
         value_l1: l1.as_deref(),
+        row_lse: None,
     };
     let shape = layer_shape(cfg, &inputs)?;
     let mut ws = vec![0u8; score_workspace_size(cfg, &shape)?];
