@@ -16,7 +16,7 @@ from ._api import (ShardedSearch, compact_in_place, compact_varlen, compute_gram
                    compute_value_forms, compute_value_l1, evicted_positions, gram_blocks,
                    gram_len, kept_lists, prefix_len, score_layer, score_output_len,
                    score_workspace_size, select_model, select_output_len, select_sharded,
-                   select_workspace_size, value_forms_len)
+                   select_workspace_size, value_forms_len, window_row_lse)
 from ._pipeline import (DEFAULT_ALLOCATOR, GramCache, gram_cache, make_score_params,
                         score_model, select_kept)
 
@@ -29,7 +29,7 @@ __all__ = [
     "to_bfloat16_bits", "from_bfloat16_bits", "version", "version_number", "library_path",
     "candidate_paths", "status_name", "status_message", "STATUS_CODES", "PRESET_NAMES",
     "budget_from_capacity", "budget_keep_ratio_total", "budget_keep_ratio_prefix",
-    "score_layer", "score_output_len", "score_workspace_size", "prefix_len",
+    "score_layer", "score_output_len", "score_workspace_size", "prefix_len", "window_row_lse",
     "compute_gram", "gram_len", "gram_blocks", "compute_value_forms", "value_forms_len",
     "compute_value_l1", "select_model", "select_output_len", "select_workspace_size",
     "kept_lists", "evicted_positions", "ShardedSearch", "select_sharded",

@@ -57,7 +57,7 @@ def prefix_len(n, window):
 
 
 def score_layer(params, queries=None, keys=None, values=None, gram=None, value_forms=None,
-                value_l1=None, *, dtype=None, out=None, workspace=None):
+                value_l1=None, row_lse=None, *, dtype=None, out=None, workspace=None):
     """Score one layer (``kve_score_layer``): returns float32 ``[Hkv, P]``, ``P = N - min(window, N)``.
 
     - ``queries`` ``[Hq, wq, dk]`` post-RoPE queries of the last ``wq >= min(window, N)``
@@ -66,6 +66,11 @@ def score_layer(params, queries=None, keys=None, values=None, gram=None, value_f
     - ``gram``: from :func:`compute_gram` (laprox with values), or ``value_forms`` from
       :func:`compute_value_forms` instead of values + gram; ``value_l1`` ``[Hkv, N]`` from
       :func:`compute_value_l1` (criticalkv).
+    - ``row_lse`` (optional, scorers that read queries): ``[Hq, w]`` float32, ``w =
+      min(window, N)``, the natural-log log-sum-exp of each window row's logits
+      ``q·k/sqrt(dk)`` over the keys it sees (flash attention's ``softmax_lse``, or
+      :func:`window_row_lse`); K is then read once instead of twice. Exactly ``Hq*w``
+      values, all finite, else :class:`KvevictError`.
 
     Tensors may be any strided numpy views (e.g. llama.cpp's token-major K, transposed V);
     float32 / float16 / bfloat16 (``ml_dtypes.bfloat16``, or uint16 bits with
@@ -94,9 +99,16 @@ def score_layer(params, queries=None, keys=None, values=None, gram=None, value_f
         keep.append(v)
         inp.values = v.c
         dv = v.array.shape[2]
-    for name, arr in (("gram", gram), ("value_forms", value_forms), ("value_l1", value_l1)):
+    for name, arr in (("gram", gram), ("value_forms", value_forms), ("value_l1", value_l1),
+                      ("row_lse", row_lse)):
         if arr is not None:
             a = floats(arr, name)
+            if a.size == 0 and name == "row_lse":
+                # given but empty (rejected by the library), not absent (NULL, 0)
+                a = np.zeros(1, np.float32)
+                keep.append(a)
+                setattr(inp, name, ptr(a))
+                continue
             keep.append(a)
             setattr(inp, name, ptr(a))
             setattr(inp, name + "_len", a.size)
@@ -112,6 +124,26 @@ def score_layer(params, queries=None, keys=None, values=None, gram=None, value_f
         raise ValueError(f"out must be C-contiguous float32 with >= {total} elements")
     call("kve_score_layer", params._ref, ctypes.byref(inp), ptr(out), out.size, ptr(ws), ws.size)
     return out if out.shape == (hkv, p) else out.reshape(-1)[:total].reshape(hkv, p)
+
+
+def window_row_lse(queries, keys, window, *, dtype=None):
+    """The window rows' log-sum-exp (``kve_window_row_lse``), the ``row_lse`` input of
+    :func:`score_layer`: float32 ``[Hq, w]``, ``w = min(window, N)``,
+    ``lse[h, j] = ln Σ_{i <= N-w+j} exp(q[h, wq-w+j]·k[h//g, i] / sqrt(dk))``.
+    ``queries`` ``[Hq, wq, dk]``, ``keys`` ``[Hkv, N, dk]`` as in :func:`score_layer`;
+    ``window`` an int or a :class:`ScoreParams` / preset name (its window)."""
+    if not isinstance(window, int):
+        window = _as_score_params(window).window
+    q = make_tensor(queries, "queries", dtype)
+    k = make_tensor(keys, "keys", dtype)
+    hq, _, _ = q.array.shape
+    hkv, n, dk = k.array.shape
+    w = min(int(window), int(n))
+    ws = _workspace(_out_u64("kve_window_row_lse_workspace_size", hq, hkv, n, dk, int(window)))
+    out = np.empty((hq, w), np.float32)
+    call("kve_window_row_lse", ctypes.byref(q.c), ctypes.byref(k.c), int(window), ptr(out),
+         out.size, ptr(ws), ws.size)
+    return out
 
 
 # ---------------------------------------------------------------------- gram and values

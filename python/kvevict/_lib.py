@@ -134,6 +134,8 @@ class kve_layer_inputs(ctypes.Structure):
         ("value_forms_len", c_uint64),
         ("value_l1", c_void_p),
         ("value_l1_len", c_uint64),
+        ("row_lse", c_void_p),
+        ("row_lse_len", c_uint64),
     ]
 
 
@@ -167,7 +169,7 @@ class kve_histogram(ctypes.Structure):
 assert ctypes.sizeof(kve_tensor) == 72
 assert ctypes.sizeof(kve_score_params) == 48
 assert ctypes.sizeof(kve_select_params) == 48
-assert ctypes.sizeof(kve_layer_inputs) == 272
+assert ctypes.sizeof(kve_layer_inputs) == 288
 assert ctypes.sizeof(kve_model_scores) == 48
 
 # ------------------------------------------------------------------------- prototypes
@@ -195,6 +197,10 @@ _PROTOS = {
     "kve_score_output_len": (c_int32, [P(kve_score_params), c_uint64, c_uint64, _u64p]),
     "kve_score_layer": (
         c_int32, [P(kve_score_params), P(kve_layer_inputs), c_void_p, c_uint64, c_void_p, c_uint64]),
+    "kve_window_row_lse_workspace_size": (
+        c_int32, [c_uint64, c_uint64, c_uint64, c_uint64, c_uint32, _u64p]),
+    "kve_window_row_lse": (
+        c_int32, [P(kve_tensor), P(kve_tensor), c_uint32, c_void_p, c_uint64, c_void_p, c_uint64]),
     "kve_gram_len": (c_int32, [c_uint64, c_uint64, c_uint64, c_uint32, _u64p]),
     "kve_gram_workspace_size": (c_int32, [c_uint64, c_uint64, _u64p]),
     "kve_compute_gram": (
