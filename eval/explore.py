@@ -61,6 +61,8 @@ VARIANTS = {
     "span-sink1": span(sinks=1),
     "span-w16-sink4": span(16, sinks=4),
     "span-w8-sink4": span(8, sinks=4),
+    "span-recent16": span(recent=16),
+    "span-w8-recent8": span(8, recent=8),
     "span-w16-f16": span(16, post_pool=("forward", 16, 0.9)),
     "span-w8-f16": span(8, post_pool=("forward", 16, 0.9)),
     "span-w8-f4": span(8, post_pool=("forward", 4, 0.9)),
@@ -70,6 +72,8 @@ VARIANTS = {
     "laprox-k1-layer-fwdpost": Method(L("laprox", kernel=1, granularity="layer", post_pool=SPAN_POOL), library=True),
     "laprox-k1-fwdpost-floor": Method(L("laprox", kernel=1, post_pool=SPAN_POOL, layer_floor=0.5), library=True),
     "laprox-fwd-floor": Method(L("laprox", pool="forward", kernel=8, decay=0.9, layer_floor=0.5), library=True),
+    "laprox-fwd-floor02": Method(L("laprox", pool="forward", kernel=8, decay=0.9, layer_floor=0.2), library=True),
+    "laprox-k1-w8-fwdpost-floor02": at_window("laprox", 8, kernel=1, post_pool=SPAN_POOL, layer_floor=0.2),
     "laprox-k1-w8-fwdpost": at_window("laprox", 8, kernel=1, post_pool=SPAN_POOL),
     # SnapKV / LAVa through the same token-level continuation pipeline
     "snapkv-span": Method(L("snapkv", kernel=1, pool="none", allocator="global", granularity="token",

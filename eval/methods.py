@@ -283,6 +283,9 @@ METHODS: Dict[str, Method] = {
                           note="laprox k=1 -> token granularity (layer-sum normalized) -> forward pool 8/0.9 -> global top-K"),
     "laprox-span-w8": Method(L("laprox-span"), window=8, library=True,
                              note="laprox-span with an 8-token window: more of the budget left to the prefix (best preset)"),
+    "laprox-k1-fwdpost-w8": Method(L("laprox", kernel=1, post_pool=("forward", 8, 0.9)), window=8, library=True,
+                                   note="laprox k=1, w=8, forward post-pool 8/0.9 per head, global: the per-head "
+                                        "counterpart of laprox-span-w8 (ragged cache)"),
     "snapkv-w8": Method(L("snapkv"), window=8, library=True, note="snapkv with an 8-token window (control for laprox-span-w8)"),
 }
 

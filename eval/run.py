@@ -192,39 +192,47 @@ def write_markdown(summary, rows, command, path):
         f.write("\n".join(lines))
 
 
+def token_granularity(name):
+    return name.endswith("@token") or name.startswith("laprox-span")
+
+
 def write_plot(summary, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     settings = list(dict.fromkeys(r["setting"] for r in summary))
-    groups = [("per (layer, KV head)", lambda n: not n.endswith("@token") and n != "laprox-span"),
-              ("one token set (token granularity)", lambda n: n.endswith("@token") or n in ("laprox-span", "streamingllm"))]
-    fig, axes = plt.subplots(len(settings), 2, figsize=(13, 4.8 * len(settings)), squeeze=False)
-    cmap = plt.get_cmap("tab20")
-    names_all = list(dict.fromkeys(r["method"].split("@")[0] for r in summary if r["method"] != "full"))
-    color = {n: cmap(i % 20) for i, n in enumerate(names_all)}
+    groups = [("per (layer, KV head)", lambda n: not token_granularity(n)),
+              ("one token set for the model (token granularity)", lambda n: token_granularity(n) or n == "streamingllm")]
+    fig, axes = plt.subplots(len(settings), 2, figsize=(14, 6.2 * len(settings)), squeeze=False)
+    base_names = list(dict.fromkeys(r["method"].split("@")[0] for r in summary if r["method"] != "full"))
+    cmap = plt.get_cmap("tab10")
+    others = [n for n in base_names if not (n.startswith("laprox") or n.startswith("lava"))]
+    ours = [n for n in base_names if n not in others]
+    style = {n: dict(color=cmap(i % 10), ls=("-", "--", ":")[(i // 10) % 3], lw=1.1) for i, n in enumerate(others)}
+    style.update({n: dict(color=plt.get_cmap("Dark2")(i % 8), ls=("-", "-.")[(i // 8) % 2], lw=2.2)
+                  for i, n in enumerate(ours)})
+    if methods.BEST_PRESET in style:
+        style[methods.BEST_PRESET] = dict(color="k", ls="-", lw=3.0)
     for row, s in zip(axes, settings):
         for ax, (gtitle, keep) in zip(row, groups):
             for name in dict.fromkeys(r["method"] for r in summary if r["setting"] == s):
                 rs = sorted((r for r in summary if r["setting"] == s and r["method"] == name), key=lambda r: r["keep_ratio"])
                 if name == "full":
-                    ax.axhline(rs[0]["acc"], color="k", ls="--", lw=1, label="full cache")
+                    ax.axhline(rs[0]["acc"], color="grey", ls="--", lw=1, label="full cache")
                 elif keep(name):
-                    base = name.split("@")[0]
-                    lw = 2.2 if base.startswith("laprox") or base.startswith("lava") else 1.2
-                    ax.plot([r["keep_ratio"] for r in rs], [r["acc"] for r in rs], marker="o", ms=3, lw=lw,
-                            color=color[base], label=name)
+                    ax.plot([r["keep_ratio"] for r in rs], [r["acc"] for r in rs], marker="o", ms=3,
+                            label=name, **style[name.split("@")[0]])
             ax.set_xscale("log")
             ticks = sorted({r["keep_ratio"] for r in summary if r["method"] != "full"})
             ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
             ax.minorticks_off()
-            ax.set_xlabel("keep ratio (window inside the budget)")
+            ax.set_xlabel("keep ratio (observation window inside the budget)")
             ax.set_ylabel("needle exact match")
             ax.set_ylim(-0.05, 1.05)
             ax.set_title(f"SmolLM2-135M, question-{s}: {gtitle}", fontsize=10)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, ncol=2, loc="upper left")
+            ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
