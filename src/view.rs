@@ -191,16 +191,12 @@ impl<'a> View<'a> {
                     out.copy_from_slice(src);
                 }
                 (DType::F16, 1) => {
-                    let src = core::slice::from_raw_parts((self.ptr as *const f16).add(base), n);
-                    for (o, v) in out.iter_mut().zip(src) {
-                        *o = v.to_f32();
-                    }
+                    let src = core::slice::from_raw_parts((self.ptr as *const u16).add(base), n);
+                    crate::numerics::f16_to_f32(src, out);
                 }
                 (DType::BF16, 1) => {
-                    let src = core::slice::from_raw_parts((self.ptr as *const bf16).add(base), n);
-                    for (o, v) in out.iter_mut().zip(src) {
-                        *o = v.to_f32();
-                    }
+                    let src = core::slice::from_raw_parts((self.ptr as *const u16).add(base), n);
+                    crate::numerics::bf16_to_f32(src, out);
                 }
                 _ => {
                     for (c, o) in out.iter_mut().enumerate() {
