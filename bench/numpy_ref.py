@@ -68,11 +68,19 @@ def load_case(d):
 
 
 def window_attention(c, kh, w):
-    """A[g, w, N]: softmax over all visible keys of the group's w window rows."""
+    """A[g, w, N]: softmax over all visible keys of the group's w window rows. With the
+    rows' log-sum-exp given (`c["lse"][w]`, `+lse` scorers) only the prefix columns,
+    A[g, w, P] = exp(z - lse)."""
     g, dk, n = c["g"], c["dk"], c["n"]
     p = n - w
     q = c["q"][kh * g:(kh + 1) * g, c["wq"] - w:, :].astype(F32).reshape(g * w, dk)
     q *= F32(1.0 / np.sqrt(dk))
+    lse = c.get("lse", {}).get(w)
+    if lse is not None:
+        z = (q @ c["k"][kh, :p].astype(F32).T).reshape(g, w, p)
+        z -= lse[kh * g:(kh + 1) * g, :, None]
+        np.exp(z, out=z)
+        return z
     k = c["k"][kh].astype(F32)
     z = (q @ k.T).reshape(g, w, n)
     # causal inside the window: query j sees keys i <= p + j
@@ -81,6 +89,20 @@ def window_attention(c, kh, w):
     np.exp(z, out=z)
     z /= z.sum(axis=-1, keepdims=True)
     return z
+
+
+def row_lse(c, w):
+    """[Hq, w]: the window rows' log-sum-exp (what flash attention's softmax_lse gives)."""
+    hq, g, dk, n = c["hq"], c["g"], c["dk"], c["n"]
+    p = n - w
+    out = np.empty((hq, w), np.float64)
+    for kh in range(c["hkv"]):
+        q = c["q"][kh * g:(kh + 1) * g, c["wq"] - w:, :].astype(np.float64).reshape(g * w, dk)
+        z = (q @ c["k"][kh].astype(np.float64).T / np.sqrt(dk)).reshape(g, w, n)
+        z[:, :, p:][:, np.triu(np.ones((w, w), dtype=bool), 1)] = -np.inf
+        m = z.max(axis=-1, keepdims=True)
+        out[kh * g:(kh + 1) * g] = (m + np.log(np.exp(z - m).sum(axis=-1, keepdims=True)))[..., 0]
+    return out.astype(F32)
 
 
 def pool(x, kind, k):
@@ -123,8 +145,14 @@ def snap_mean(c, kh, w, kind, k):
     return pool(a, kind, k)
 
 
+def base_name(name):
+    """`<scorer>+lse`: the scorer with the window rows' LSE given (c["lse"])."""
+    return name[:-4] if name.endswith("+lse") else name
+
+
 def score(c, name):
     hkv, g, n = c["hkv"], c["g"], c["n"]
+    name = base_name(name)
     w, kind, k = CFG[name]
     p = n - w
     out = np.zeros((hkv, p), dtype=F32)
@@ -172,6 +200,7 @@ def score(c, name):
 def flops(c, name):
     """Useful FLOPs (see the table notes): Q·Kᵀ once, plus the value quadratic forms."""
     hq, hkv, dk, n = c["hq"], c["hkv"], c["dk"], c["n"]
+    name = base_name(name)
     w = CFG[name][0]
     p = n - w
     if name in ("knorm",):
@@ -279,7 +308,9 @@ def main():
             rust = run_rust(args.rust, cdir, args.reps, args.scorers)
             c = load_case(cdir)
             for name, (w, tmin, cmin) in rust.items():
-                t_np, c_np, ref = timed(lambda: score(c, name), args.np_reps)
+                # `+lse` rows: numpy gets the rows' LSE too, made here, outside the timing
+                cc = dict(c, lse={w: row_lse(c, w)}) if name.endswith("+lse") else c
+                t_np, c_np, ref = timed(lambda: score(cc, name), args.np_reps)
                 if r == 0:
                     ours = np.fromfile(os.path.join(cdir, f"scores_{name}.bin"), dtype=F32)
                     errs[(case, name)] = rel_diff(ours.reshape(c["hkv"], -1), ref)
@@ -321,7 +352,11 @@ def main():
           "column statistics), plus 2·dv²+2·dv per query head and prefix token for LaProx's "
           "value forms v·G·vᵀ when computed in the timed region (`laprox`; `laprox-cached` "
           "reads cached forms; the core does about half those multiply-adds, using G's "
-          "symmetry). Softmax exps (Hq·w·N, computed twice) are counted in Gexp/s, not in "
+          "symmetry). `+lse` rows: the scorer given the window rows' log-sum-exp (flash "
+          "attention's softmax_lse; here computed outside the timed region, by "
+          "`window_row_lse` for Rust and by numpy for numpy, each side given its own): "
+          "one Q·Kᵀ over the prefix keys only, A = exp(z − lse), no row max/denominator, "
+          "on both sides; GFLOP/s still counts 2·Hq·w·N·dk. Softmax exps (Hq·w·N, computed twice) are counted in Gexp/s, not in "
           "GFLOP/s; KNorm counts 2·dk per key. vs numpy: numpy time / our time. max rel diff: "
           "largest |ours − numpy| over the prefix, relative to the KV head's largest |score|.")
 

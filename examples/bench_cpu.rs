@@ -22,10 +22,12 @@ use std::time::Instant;
 
 const SCORERS: &[&str] = &[
     "snapkv",
+    "snapkv+lse",
     "snapkv-kvpress",
     "lava",
     "laprox",
     "laprox-cached",
+    "laprox-cached+lse",
     "criticalkv",
     "knorm",
     "tova",
@@ -174,7 +176,18 @@ fn make_case(s: Shape, n: usize) -> Case {
     }
 }
 
+/// `<scorer>+lse`: the scorer given the window rows' log-sum-exp (`LayerInputs::row_lse`,
+/// computed with `window_row_lse` outside the timed region, as an engine running flash
+/// attention would get it for free): one pass over K instead of two.
+fn base_name(name: &str) -> (&str, bool) {
+    match name.strip_suffix("+lse") {
+        Some(b) => (b, true),
+        None => (name, false),
+    }
+}
+
 fn config(name: &str, p: usize) -> ScoreConfig {
+    let name = base_name(name).0;
     let preset = match name {
         "snapkv" => Preset::SnapKv,
         "snapkv-kvpress" => Preset::SnapKvKvpress,
@@ -228,9 +241,29 @@ fn run_case(c: &Case, name: &str, reps: usize) -> (ScoreConfig, Vec<f32>, Timing
     let cfg0 = config(name, c.n);
     let p = c.n - cfg0.window as usize;
     let cfg = config(name, p);
+    let (base, with_lse) = base_name(name);
+    let q = c.q.view([s.hq, WQ, s.d]);
+    let k = c.k.view([s.hkv, c.n, s.d]);
+    let lse = if with_lse {
+        let shape = LayerShape {
+            hq: s.hq,
+            hkv: s.hkv,
+            n: c.n,
+            dk: s.d,
+            dv: s.d,
+        };
+        let w = (cfg.window as usize).min(c.n);
+        let mut ws = vec![0u8; window_row_lse_workspace_size(&shape, cfg.window).unwrap()];
+        let mut lse = vec![0f32; s.hq * w];
+        window_row_lse(&q, &k, cfg.window, &mut lse, &mut ws).unwrap();
+        Some(lse)
+    } else {
+        None
+    };
+    let name = base;
     let inputs = LayerInputs {
-        queries: Some(c.q.view([s.hq, WQ, s.d])),
-        keys: Some(c.k.view([s.hkv, c.n, s.d])),
+        queries: Some(q),
+        keys: Some(k),
         values: Some(c.v.view([s.hkv, c.n, s.d])),
         gram: if name == "laprox" {
             Some(&c.gram)
@@ -247,6 +280,7 @@ fn run_case(c: &Case, name: &str, reps: usize) -> (ScoreConfig, Vec<f32>, Timing
         } else {
             None
         },
+        row_lse: lse.as_deref(),
     };
     let shape = layer_shape(&cfg, &inputs).unwrap();
     let mut ws = vec![0u8; score_workspace_size(&cfg, &shape).unwrap()];
