@@ -291,13 +291,21 @@ fn nonfinite_keys_and_queries_still_rejected_with_lse() {
     let cfg = ScoreConfig::preset(Preset::SnapKv);
     let (q, k, _) = c.views(false);
     let lse = lse_of(&q, &k, cfg.window);
-    for (which, idx) in [
-        ("key prefix", 5 * 32 + 3),
-        ("key window", (200 + 190) * 32 + 1),
+    for (which, idx, bad, f16) in [
+        ("key prefix", 5 * 32 + 3, f32::NAN, false),
+        ("key window", (200 + 190) * 32 + 1, f32::NAN, false),
+        ("f16 key prefix", 5 * 32 + 3, f32::INFINITY, true),
+        ("f16 key window", (200 + 190) * 32 + 31, f32::NAN, true),
+        ("f16 key -inf", 7, f32::NEG_INFINITY, true),
     ] {
         let mut kk = c.k.clone();
-        kk[idx] = f32::NAN;
-        let kv = View::f32_contiguous(&kk, [2, 200, 32]).unwrap();
+        kk[idx] = bad;
+        let kk16: Vec<f16> = kk.iter().map(|&x| f16::from_f32(x)).collect();
+        let kv = if f16 {
+            View::f16(&kk16, [2, 200, 32], [200 * 32, 32, 1]).unwrap()
+        } else {
+            View::f32_contiguous(&kk, [2, 200, 32]).unwrap()
+        };
         let inp = LayerInputs {
             queries: Some(q),
             keys: Some(kv),
