@@ -2160,7 +2160,10 @@ fn gram_factor_reproduces_gram_on_cpu() {
         // dm < dv in the second case: rank-deficient (semi-definite) Grams
         let g = core_gram(&mut rng, hq, hkv, dv, dm);
         let mut l = vec![f32::NAN; g.len()];
-        assert_eq!(unsafe { kve_cuda_gram_factor(g.as_ptr(), hq as i64, dv as i64, l.as_mut_ptr()) }, 0);
+        assert_eq!(
+            unsafe { kve_cuda_gram_factor(g.as_ptr(), hq as i64, dv as i64, l.as_mut_ptr()) },
+            0
+        );
         for m in 0..hq {
             let lm = &l[m * dv * dv..(m + 1) * dv * dv];
             let mut want = Vec::new();
@@ -2170,19 +2173,29 @@ fn gram_factor_reproduces_gram_on_cpu() {
                     if c > r {
                         assert_eq!(lm[r * dv + c], 0.0, "upper triangle");
                     }
-                    let s: f64 = (0..dv).map(|k| lm[r * dv + k] as f64 * lm[c * dv + k] as f64).sum();
+                    let s: f64 = (0..dv)
+                        .map(|k| lm[r * dv + k] as f64 * lm[c * dv + k] as f64)
+                        .sum();
                     got.push(s as f32);
                     want.push(g[m * dv * dv + r * dv + c] as f64);
                 }
             }
             let tol = if dm >= dv { 1e-5 } else { 1e-4 };
-            assert_close(&format!("L Lᵀ = G (dv {dv}, D {dm}, head {m})"), &got, &want, tol);
+            assert_close(
+                &format!("L Lᵀ = G (dv {dv}, D {dm}, head {m})"),
+                &got,
+                &want,
+                tol,
+            );
         }
     }
     // not PSD: rejected
     let bad = vec![1.0f32, 2.0, 2.0, 1.0];
     let mut out = vec![0f32; 4];
-    assert_eq!(unsafe { kve_cuda_gram_factor(bad.as_ptr(), 1, 2, out.as_mut_ptr()) }, 1);
+    assert_eq!(
+        unsafe { kve_cuda_gram_factor(bad.as_ptr(), 1, 2, out.as_mut_ptr()) },
+        1
+    );
 }
 
 #[test]
@@ -2190,7 +2203,11 @@ fn vonorm_factor_matches_reference() {
     need_device!();
     let mut rng = Rng::new(31);
     for dt in DTYPES {
-        for &(hkv, gpk, n, dv) in &[(2usize, 2usize, 300usize, 128usize), (1, 3, 77, 64), (1, 1, 50, 200)] {
+        for &(hkv, gpk, n, dv) in &[
+            (2usize, 2usize, 300usize, 128usize),
+            (1, 3, 77, 64),
+            (1, 1, 50, 200),
+        ] {
             for split in [false, true] {
                 if dt == Dt::F32 && split {
                     continue;
@@ -2200,7 +2217,12 @@ fn vonorm_factor_matches_reference() {
                 let ngram = hkv * gpk;
                 let gram = core_gram(&mut rng, ngram, ngram, dv, 2 * dv);
                 let mut l = vec![0f32; gram.len()];
-                assert_eq!(unsafe { kve_cuda_gram_factor(gram.as_ptr(), ngram as i64, dv as i64, l.as_mut_ptr()) }, 0);
+                assert_eq!(
+                    unsafe {
+                        kve_cuda_gram_factor(gram.as_ptr(), ngram as i64, dv as i64, l.as_mut_ptr())
+                    },
+                    0
+                );
                 // garbage above the diagonal must be ignored
                 for m in 0..ngram {
                     for r in 0..dv {
@@ -2210,10 +2232,39 @@ fn vonorm_factor_matches_reference() {
                     }
                 }
                 let ld = DBuf::from(&l);
-                let (hi, lo) = (DBuf::<u8>::new(l.len() * dt.size()), DBuf::<u8>::new(l.len() * dt.size()));
-                ck(unsafe { kve_cuda_gram_split(ld.ptr(), l.len() as i64, dt.code(), hi.vptr(), if split { lo.vptr() } else { null_mut() }, null_mut()) }, "split");
+                let (hi, lo) = (
+                    DBuf::<u8>::new(l.len() * dt.size()),
+                    DBuf::<u8>::new(l.len() * dt.size()),
+                );
+                ck(
+                    unsafe {
+                        kve_cuda_gram_split(
+                            ld.ptr(),
+                            l.len() as i64,
+                            dt.code(),
+                            hi.vptr(),
+                            if split { lo.vptr() } else { null_mut() },
+                            null_mut(),
+                        )
+                    },
+                    "split",
+                );
                 let out = poisoned(ngram * n);
-                ck(unsafe { kve_cuda_vonorm_factor(&v.view(), n as i64, hi.vptr(), if split { lo.vptr() } else { null() }, ngram as i64, 0, out.ptr(), null_mut()) }, "vonorm_factor");
+                ck(
+                    unsafe {
+                        kve_cuda_vonorm_factor(
+                            &v.view(),
+                            n as i64,
+                            hi.vptr(),
+                            if split { lo.vptr() } else { null() },
+                            ngram as i64,
+                            0,
+                            out.ptr(),
+                            null_mut(),
+                        )
+                    },
+                    "vonorm_factor",
+                );
                 let mut want = vec![0f64; ngram * n];
                 for m in 0..ngram {
                     let hk = m / gpk;
@@ -2221,14 +2272,21 @@ fn vonorm_factor_matches_reference() {
                         let mut s = 0f64;
                         for r in 0..dv {
                             for c in 0..dv {
-                                s += v.at(hk, i, r) * gram[(m * dv + r) * dv + c] as f64 * v.at(hk, i, c);
+                                s += v.at(hk, i, r)
+                                    * gram[(m * dv + r) * dv + c] as f64
+                                    * v.at(hk, i, c);
                             }
                         }
                         want[m * n + i] = s;
                     }
                 }
                 let tol = if split || dt == Dt::F32 { 1e-4 } else { 5e-3 };
-                assert_close(&format!("vonorm_factor {dt:?} {layout:?} dv{dv} split{split}"), &out.download(), &want, tol);
+                assert_close(
+                    &format!("vonorm_factor {dt:?} {layout:?} dv{dv} split{split}"),
+                    &out.download(),
+                    &want,
+                    tol,
+                );
             }
         }
     }
