@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Fuzz the C entry points for a short fixed time (KVEVICT_FUZZ_SECONDS, default 60) with
+# cargo-fuzz on the nightly toolchain; installs cargo-fuzz when missing (~2.5 min).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+secs=${KVEVICT_FUZZ_SECONDS:-60}
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  rustup toolchain install nightly --profile minimal >/dev/null 2>&1 || true
+fi
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  echo "fuzz: skipped: no nightly toolchain could be installed"; exit 0
+fi
+if ! cargo fuzz --help >/dev/null 2>&1; then
+  echo "fuzz: installing cargo-fuzz"
+  cargo install cargo-fuzz --locked -q
+fi
+log=$(mktemp)
+rc=0
+bash fuzz/run.sh "$secs" >"$log" 2>&1 || rc=$?
+grep -E "^#[0-9]+.*DONE|stat::number_of_executed_units|stat::peak_rss|ERROR|SUMMARY|panicked" "$log" || tail -n 30 "$log"
+rm -f "$log"
+exit $rc
