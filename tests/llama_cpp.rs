@@ -26,6 +26,7 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+#[derive(Clone)]
 struct Setup {
     model: PathBuf,
     exe: PathBuf,
@@ -93,7 +94,14 @@ fn build_with_cc(site: &Path) -> Result<PathBuf, String> {
 }
 
 /// `Ok(None)`: skip, with the reason printed.
+/// Built once per test binary: tests run in parallel, and one rebuilding the example while
+/// another executes it fails with "Text file busy".
 fn setup() -> Result<Option<Setup>, String> {
+    static ONCE: std::sync::OnceLock<Result<Option<Setup>, String>> = std::sync::OnceLock::new();
+    ONCE.get_or_init(setup_uncached).clone()
+}
+
+fn setup_uncached() -> Result<Option<Setup>, String> {
     let venv = std::env::var_os("KVEVICT_LLAMA_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join(".venv-llama"));
