@@ -164,7 +164,8 @@ fn varlen_heads() {
 #[test]
 fn cuda_device() {
     let defines: &[&str] = if cfg!(feature = "cuda") {
-        &["-DKVE_EXAMPLE_WITH_CUDA", "-lcudart"]
+        // the CUDA runtime (cudart_static) is bundled into libkvevict.a: no -lcudart
+        &["-DKVE_EXAMPLE_WITH_CUDA"]
     } else {
         &[]
     };
