@@ -79,6 +79,22 @@ unsafe fn load(ptr: *const u8, dtype: DType, off: usize) -> f32 {
     }
 }
 
+/// `f32` / `f16` / `bf16` constructors over typed slices, for `View` and `ViewMut`.
+macro_rules! typed_constructors {
+    ($f32:ty, $f16:ty, $bf16:ty, $ptr:ident, $raw:ty) => {
+        pub fn f32(data: $f32, extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+            // SAFETY: a borrowed slice is valid for its length and lifetime.
+            unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::F32, extent, stride) }
+        }
+        pub fn f16(data: $f16, extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+            unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::F16, extent, stride) }
+        }
+        pub fn bf16(data: $bf16, extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+            unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::BF16, extent, stride) }
+        }
+    };
+}
+
 /// A read-only strided view. Construction validates pointer, alignment and bounds, so every
 /// access through it stays inside the declared buffer.
 #[derive(Clone, Copy, Debug)]
@@ -116,39 +132,7 @@ impl<'a> View<'a> {
             _life: PhantomData,
         })
     }
-    pub fn f32(data: &'a [f32], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
-        unsafe {
-            Self::from_raw(
-                data.as_ptr() as *const u8,
-                data.len(),
-                DType::F32,
-                extent,
-                stride,
-            )
-        }
-    }
-    pub fn f16(data: &'a [f16], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
-        unsafe {
-            Self::from_raw(
-                data.as_ptr() as *const u8,
-                data.len(),
-                DType::F16,
-                extent,
-                stride,
-            )
-        }
-    }
-    pub fn bf16(data: &'a [bf16], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
-        unsafe {
-            Self::from_raw(
-                data.as_ptr() as *const u8,
-                data.len(),
-                DType::BF16,
-                extent,
-                stride,
-            )
-        }
-    }
+    typed_constructors!(&'a [f32], &'a [f16], &'a [bf16], as_ptr, *const u8);
     /// Contiguous row-major `[a, b, c]` f32 data.
     pub fn f32_contiguous(data: &'a [f32], extent: [usize; 3]) -> Result<Self> {
         Self::f32(data, extent, [extent[1] * extent[2], extent[2], 1])
@@ -239,39 +223,13 @@ impl<'a> ViewMut<'a> {
             _life: PhantomData,
         })
     }
-    pub fn f32(data: &'a mut [f32], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
-        unsafe {
-            Self::from_raw(
-                data.as_mut_ptr() as *mut u8,
-                data.len(),
-                DType::F32,
-                extent,
-                stride,
-            )
-        }
-    }
-    pub fn f16(data: &'a mut [f16], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
-        unsafe {
-            Self::from_raw(
-                data.as_mut_ptr() as *mut u8,
-                data.len(),
-                DType::F16,
-                extent,
-                stride,
-            )
-        }
-    }
-    pub fn bf16(data: &'a mut [bf16], extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
-        unsafe {
-            Self::from_raw(
-                data.as_mut_ptr() as *mut u8,
-                data.len(),
-                DType::BF16,
-                extent,
-                stride,
-            )
-        }
-    }
+    typed_constructors!(
+        &'a mut [f32],
+        &'a mut [f16],
+        &'a mut [bf16],
+        as_mut_ptr,
+        *mut u8
+    );
     pub fn dtype(&self) -> DType {
         self.dtype
     }
