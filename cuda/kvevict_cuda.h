@@ -88,12 +88,16 @@ int kve_cuda_device_count(int* out);
  *   out_group [Hkv, P]  gqa_op over the group of mean_j A[h,j,i]   (SnapKV
  *             reduce-before-pool)
  * Workspace: kve_cuda_window_workspace_size(Hq, w, N, Hkv) bytes.
+ * row_lse: NULL, or [Hq, w] contiguous f32 (row h*w + j): the natural-log
+ *   log-sum-exp of window row (h, j)'s scaled logits over every key it sees
+ *   (flash attention's softmax_lse, or the core's window_row_lse). When given,
+ *   pass 1 and the combine are skipped (K is read once) and A = exp(z - lse).
  * P == 0 is valid (nothing to do). */
 size_t kve_cuda_window_workspace_size(int64_t hq, int64_t w, int64_t n, int64_t hkv);
 int kve_cuda_window(const kve_cuda_view* q, const kve_cuda_view* k, int64_t w,
                     float* out_mean, float* out_l2, float* out_cross,
-                    float* out_group, int gqa_op, void* ws, size_t ws_bytes,
-                    void* stream);
+                    float* out_group, int gqa_op, const float* row_lse, void* ws,
+                    size_t ws_bytes, void* stream);
 
 /* ------------------------------------------------------------- lava_factor --
  * LAVa head factor: out[hk] = max over prefix tokens i < prefix of
@@ -155,13 +159,14 @@ int kve_cuda_pool(const float* in, int64_t ld_in, float* out, int64_t ld_out,
 
 /* ------------------------------------------------------------- head_reduce --
  * out[hk, i] = gqa_op over hh < g of  a[h,i] · f(b[h,i]) · scale[hk],  h = hk·g+hh
- * a, b: [Hq, n] (row stride ld_in); out: [Hkv, n] (row stride ld_out).
+ * a: [Hq, n] (row stride ld_a); b: [Hq, n] (row stride ld_b; ignored with b_mode 0);
+ * out: [Hkv, n] (row stride ld_out; may equal a when Hkv == Hq and ld_out == ld_a).
  * b_mode 0: b unused (NULL ok); 1: f(b) = sqrt(max(b,0)); 2: f(b) = b.
  * scale: NULL or [Hkv]. Covers LaProx (a = pooled ||A||, b = v G vᵀ, sqrt, SUM),
  * LAVa (a = pooled mean, scale = head factor, MAX), SnapKV (a = pooled mean,
  * MEAN), and plain per-head products (Hkv = Hq). */
-int kve_cuda_head_reduce(const float* a, const float* b, int b_mode,
-                         const float* scale, int64_t ld_in, float* out,
+int kve_cuda_head_reduce(const float* a, int64_t ld_a, const float* b, int64_t ld_b,
+                         int b_mode, const float* scale, float* out,
                          int64_t ld_out, int64_t hq, int64_t hkv, int64_t n,
                          int gqa_op, void* stream);
 
@@ -171,10 +176,21 @@ int kve_cuda_head_reduce(const float* a, const float* b, int b_mode,
  * (kve_cuda_window out_cross) and qv [Hkv, np, n] (kve_cuda_vonorm with the
  * cross-Grams, take_sqrt = 0); np = g(g+1)/2, block order as out_cross (diagonal
  * first); off-diagonal pairs count twice.
- * mode 1 (mean-attn): out = sqrt(sum_{a,b} C_ab) · mean_h sqrt(Q_hh). */
-int kve_cuda_laprox_exact(const float* cross, const float* qv, float* out,
-                          int64_t hkv, int64_t g, int64_t n, int mode,
-                          void* stream);
+ * mode 1 (mean-attn): out = sqrt(sum_{a,b} C_ab) · mean_h sqrt(Q_hh).
+ * mode 2 (mean-attn attention term): out = sqrt(max(0, sum_{a,b} C_ab)); qv unused
+ *   (may be NULL).
+ * mode 3 (mean-attn value term): out = mean_h sqrt(max(0, Q_hh)); cross unused
+ *   (may be NULL).
+ * (Modes 2 and 3 let the caller pool the attention term alone, SPEC §3 placement.)
+ * Row strides: cross[(hk*np + p)*ld_cross + i], qv[(hk*np + p)*ld_qv + i],
+ * out[hk*ld_out + i]; each ld >= n. */
+#define KVE_CUDA_LAPROX_EXACT 0
+#define KVE_CUDA_LAPROX_MEAN_ATTN 1
+#define KVE_CUDA_LAPROX_ATTN_TERM 2
+#define KVE_CUDA_LAPROX_VALUE_TERM 3
+int kve_cuda_laprox_exact(const float* cross, int64_t ld_cross, const float* qv,
+                          int64_t ld_qv, float* out, int64_t ld_out, int64_t hkv,
+                          int64_t g, int64_t n, int mode, void* stream);
 
 /* ------------------------------------------------------------- layer_stats --
  * Per-layer sum and entropy (SPEC §4 lava): for layer l the scores
@@ -246,6 +262,64 @@ int kve_cuda_shard_select(const float* scores, int64_t ld, int64_t n, int64_t ro
                           int64_t unit0, const double* layer_sum, int64_t rows_per_layer,
                           uint64_t threshold_hi, uint64_t threshold_lo, int32_t* counts,
                           int32_t* idx, int64_t idx_ld, void* stream);
+
+/* --------------------------------------------------------------- baselines --
+ * knorm: out[h*ld_out + i] = -sqrt(sum_d K[h,i,d]^2) (f32 accumulation) for
+ *   h < k->heads, i < prefix (KNorm, SPEC §3). ld_out >= prefix.
+ * sink_scores: out[r*ld + i] = (i < sinks) ? 1 : 0 for r < rows, i < n
+ *   (StreamingLLM: with the later-position-first tie rule the selection keeps
+ *   the sinks and the most recent tokens).
+ * critical_combine (CriticalKV second stage, SPEC §3): for r < rows, i < n
+ *   out[r*ld_out + i] = (base[r*ld_base + i] + 1e-4f) * value_l1[r*ld_l1 + i],
+ *   then out[r*ld_out + idx[r*idx_ld + t]] = FLT_MAX for t < counts[r] (the
+ *   first-stage kept list, e.g. from kve_cuda_select with k = first_stage).
+ *   out may be base itself (same ld); no other overlap. */
+int kve_cuda_knorm(const kve_cuda_view* k, int64_t prefix, float* out, int64_t ld_out,
+                   void* stream);
+int kve_cuda_sink_scores(float* out, int64_t rows, int64_t n, int64_t ld, int64_t sinks,
+                         void* stream);
+int kve_cuda_critical_combine(const float* base, int64_t ld_base, const float* value_l1,
+                              int64_t ld_l1, const int32_t* counts, const int32_t* idx,
+                              int64_t idx_ld, int64_t rows, int64_t n, float* out,
+                              int64_t ld_out, void* stream);
+
+/* ----------------------------------------------------------------- budgets --
+ * layer_budgets (one thread; layers is small): the per-layer and per-unit
+ * budgets of the allocators (SPEC §4), exactly as the core's select_model
+ * (src/budget: pyramid_budget, lava_budgets, ada's safeguard floor), in f64
+ * without contraction. Layer l owns units l*per_layer .. (l+1)*per_layer - 1;
+ * p = prefix tokens per unit; B = min(budget, p).
+ *   mode 0 uniform: k_unit[u] = B,  k_layer[l] = per_layer * B
+ *   mode 1 pyramid: b_l = min(pyramid_budget(budget, beta, l, layers), p);
+ *                   k_unit[u] = b_l, k_layer[l] = per_layer * b_l
+ *   mode 2 ada:     k_layer[l] = per_layer * B;
+ *                   k_unit[u] = floor((double)alpha * ((double)k_layer[l] / per_layer))
+ *   mode 3 lava:    k_layer = lava_budgets(weights (the layer entropies), total =
+ *                   layers*per_layer*B (saturating), caps = per_layer*p);
+ *                   k_unit as mode 2 (the safeguard follows the layer's budget)
+ * weights: device f64 [layers], read in mode 3 only (may be NULL otherwise).
+ * k_layer: device int64 [layers]; k_unit: device int64 [layers*per_layer] or NULL.
+ *
+ * mark_forced (the AdaKV/LAVa safeguard, and the core's forced keys): for
+ *   r < rows, t < counts[r]: scores[r*ld + idx[r*idx_ld + t]] = +INFINITY, so a
+ *   later kve_cuda_select ranks those entries above every finite score.
+ *
+ * broadcast_lists (shared granularities): for r < src_rows, j < reps, row
+ *   u = r*reps + j: counts[u] = src_counts[r] and idx[u*idx_ld + t] =
+ *   src_idx[r*src_ld + t] for t < src_counts[r]. The outputs must not overlap
+ *   the sources. */
+#define KVE_CUDA_BUDGET_UNIFORM 0
+#define KVE_CUDA_BUDGET_PYRAMID 1
+#define KVE_CUDA_BUDGET_ADA 2
+#define KVE_CUDA_BUDGET_LAVA 3
+int kve_cuda_layer_budgets(int mode, const double* weights, int64_t layers,
+                           int64_t per_layer, int64_t p, uint64_t budget, uint32_t beta,
+                           float alpha, int64_t* k_layer, int64_t* k_unit, void* stream);
+int kve_cuda_mark_forced(float* scores, int64_t ld, int64_t rows, const int32_t* counts,
+                         const int32_t* idx, int64_t idx_ld, void* stream);
+int kve_cuda_broadcast_lists(const int32_t* src_counts, const int32_t* src_idx,
+                             int64_t src_ld, int64_t src_rows, int64_t reps,
+                             int32_t* counts, int32_t* idx, int64_t idx_ld, void* stream);
 
 /* ------------------------------------------------------------------ compact --
  * In place: for each head h of view x, rows kept[h·kept_ld + t] (ascending,

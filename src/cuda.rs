@@ -33,6 +33,18 @@ pub const KVE_CUDA_POOL_MAX: c_int = 1;
 /// Pooling: forward (continuation) pooling with decay.
 pub const KVE_CUDA_POOL_FORWARD: c_int = 2;
 
+/// `kve_cuda_laprox_exact` modes.
+pub const KVE_CUDA_LAPROX_EXACT: c_int = 0;
+pub const KVE_CUDA_LAPROX_MEAN_ATTN: c_int = 1;
+pub const KVE_CUDA_LAPROX_ATTN_TERM: c_int = 2;
+pub const KVE_CUDA_LAPROX_VALUE_TERM: c_int = 3;
+
+/// `kve_cuda_layer_budgets` modes.
+pub const KVE_CUDA_BUDGET_UNIFORM: c_int = 0;
+pub const KVE_CUDA_BUDGET_PYRAMID: c_int = 1;
+pub const KVE_CUDA_BUDGET_ADA: c_int = 2;
+pub const KVE_CUDA_BUDGET_LAVA: c_int = 3;
+
 /// A strided 3-D device tensor view: element `(h, t, d)` is at
 /// `data + h*stride_head + t*stride_token + d*stride_dim` (element strides).
 #[repr(C)]
@@ -49,6 +61,12 @@ pub struct KveCudaView {
     pub dim: i64,
 }
 
+#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
+mod mock;
+#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
+pub use mock::*;
+
+#[cfg(feature = "cuda")]
 extern "C" {
     pub fn kve_cuda_device_count(out: *mut c_int) -> c_int;
 
@@ -62,6 +80,7 @@ extern "C" {
         out_cross: *mut f32,
         out_group: *mut f32,
         gqa_op: c_int,
+        row_lse: *const f32,
         ws: *mut c_void,
         ws_bytes: usize,
         stream: *mut c_void,
@@ -123,10 +142,11 @@ extern "C" {
 
     pub fn kve_cuda_head_reduce(
         a: *const f32,
+        ld_a: i64,
         b: *const f32,
+        ld_b: i64,
         b_mode: c_int,
         scale: *const f32,
-        ld_in: i64,
         out: *mut f32,
         ld_out: i64,
         hq: i64,
@@ -138,8 +158,11 @@ extern "C" {
 
     pub fn kve_cuda_laprox_exact(
         cross: *const f32,
+        ld_cross: i64,
         qv: *const f32,
+        ld_qv: i64,
         out: *mut f32,
+        ld_out: i64,
         hkv: i64,
         g: i64,
         n: i64,
@@ -239,6 +262,74 @@ extern "C" {
         counts: *const i32,
         dst: *mut c_void,
         cu_seqlens: *mut i32,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_knorm(
+        k: *const KveCudaView,
+        prefix: i64,
+        out: *mut f32,
+        ld_out: i64,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_sink_scores(
+        out: *mut f32,
+        rows: i64,
+        n: i64,
+        ld: i64,
+        sinks: i64,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_critical_combine(
+        base: *const f32,
+        ld_base: i64,
+        value_l1: *const f32,
+        ld_l1: i64,
+        counts: *const i32,
+        idx: *const i32,
+        idx_ld: i64,
+        rows: i64,
+        n: i64,
+        out: *mut f32,
+        ld_out: i64,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_mark_forced(
+        scores: *mut f32,
+        ld: i64,
+        rows: i64,
+        counts: *const i32,
+        idx: *const i32,
+        idx_ld: i64,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_layer_budgets(
+        mode: c_int,
+        weights: *const f64,
+        layers: i64,
+        per_layer: i64,
+        p: i64,
+        budget: u64,
+        beta: u32,
+        alpha: f32,
+        k_layer: *mut i64,
+        k_unit: *mut i64,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_broadcast_lists(
+        src_counts: *const i32,
+        src_idx: *const i32,
+        src_ld: i64,
+        src_rows: i64,
+        reps: i64,
+        counts: *mut i32,
+        idx: *mut i32,
+        idx_ld: i64,
         stream: *mut c_void,
     ) -> c_int;
 }

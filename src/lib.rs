@@ -16,7 +16,7 @@ pub mod config;
 /// Raw launchers of cuda/ (kvevict_cuda.h); the public header declares the kve_cuda_*
 /// wrappers of src/capi instead.
 /// cbindgen:ignore
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 pub mod cuda;
 pub mod error;
 pub mod gram;

@@ -18,18 +18,18 @@ use super::score::kve_layer_inputs;
 use super::select::kve_model_scores;
 use core::ffi::c_void;
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
 use super::KVE_ERR_NOT_BUILT_WITH_CUDA as STUB;
 
 /// Number of CUDA devices the library can use; 0 (and `KVE_OK`) when there is no device
 /// or driver. Writes only `*count`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_cuda_get_device_count(count: *mut i32) -> i32 {
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
         imp::device_count(count)
     }
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
         let _ = count;
         STUB
@@ -48,11 +48,11 @@ pub unsafe extern "C" fn kve_cuda_score_workspace_size(
     dv: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
         imp::score_workspace_size(params, hq, hkv, n, dk, dv, out_bytes)
     }
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
         let _ = (params, hq, hkv, n, dk, dv, out_bytes);
         STUB
@@ -74,7 +74,7 @@ pub unsafe extern "C" fn kve_cuda_score_layer(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
         imp::score_layer(
             params,
@@ -86,7 +86,7 @@ pub unsafe extern "C" fn kve_cuda_score_layer(
             stream,
         )
     }
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
         let _ = (
             params,
@@ -111,11 +111,11 @@ pub unsafe extern "C" fn kve_cuda_select_model_workspace_size(
     window: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
         imp::select_workspace_size(params, layers, hkv, n, window, out_bytes)
     }
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
         let _ = (params, layers, hkv, n, window, out_bytes);
         STUB
@@ -141,7 +141,7 @@ pub unsafe extern "C" fn kve_cuda_select_model(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
         imp::select_model(
             params,
@@ -156,7 +156,7 @@ pub unsafe extern "C" fn kve_cuda_select_model(
             stream,
         )
     }
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
         let _ = (
             params,
@@ -182,11 +182,11 @@ pub unsafe extern "C" fn kve_cuda_compact_in_place_workspace_size(
     max_keep: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
         imp::compact_workspace_size(kv, max_keep, out_bytes)
     }
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
         let _ = (kv, max_keep, out_bytes);
         STUB
@@ -208,7 +208,7 @@ pub unsafe extern "C" fn kve_cuda_compact_in_place(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
         imp::compact_in_place(
             kv,
@@ -221,7 +221,7 @@ pub unsafe extern "C" fn kve_cuda_compact_in_place(
             stream,
         )
     }
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
         let _ = (
             kv,
@@ -250,18 +250,18 @@ pub unsafe extern "C" fn kve_cuda_compact_to_varlen(
     cu_seqlens: *mut i32,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
         imp::compact_varlen(src, kept, kept_ld, counts, dst, cu_seqlens, stream)
     }
-    #[cfg(not(feature = "cuda"))]
+    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
         let _ = (src, kept, kept_ld, counts, dst, cu_seqlens, stream);
         STUB
     }
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 mod imp {
     use super::super::params::{read_ext, score_config, select_config};
     use super::super::score::{kve_layer_inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS};

@@ -1,0 +1,1 @@
+//! Test double of the CUDA launchers (feature `cuda-mock`): being written.
