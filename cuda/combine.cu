@@ -1,14 +1,16 @@
 // Score combination per KV group (SPEC §3): products with the value term, head
-// factors, the GQA reduction (mean / max / sum), and LaProx's exact-GQA norm.
+// factors, the GQA reduction (mean / max / sum), and LaProx's exact-GQA norm (or its
+// mean-attn attention and value terms, alone or multiplied). Row strides everywhere.
 #include "common.cuh"
 
 namespace kve {
 namespace {
 
-__global__ void head_reduce_kernel(const float* __restrict__ a, const float* __restrict__ b,
-                                   int b_mode, const float* __restrict__ scale, int64_t ld_in,
-                                   float* __restrict__ out, int64_t ld_out, int g, int64_t n,
-                                   int op) {
+// a and out may be the same array (Hkv == Hq, ld_out == ld_a): no __restrict__ on
+// them; every element is read before it is written, by the same thread.
+__global__ void head_reduce_kernel(const float* a, int64_t ld_a, const float* __restrict__ b,
+                                   int64_t ld_b, int b_mode, const float* __restrict__ scale,
+                                   float* out, int64_t ld_out, int g, int64_t n, int op) {
     const int64_t hk = blockIdx.y;
     const float sc = scale ? scale[hk] : 1.0f;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -16,9 +18,9 @@ __global__ void head_reduce_kernel(const float* __restrict__ a, const float* __r
         float red = (op == KVE_CUDA_GQA_MAX) ? -INFINITY : 0.0f;
         for (int hh = 0; hh < g; ++hh) {
             const int64_t h = hk * g + hh;
-            float x = a[h * ld_in + i];
-            if (b_mode == 1) x *= sqrtf(fmaxf(b[h * ld_in + i], 0.0f));
-            else if (b_mode == 2) x *= b[h * ld_in + i];
+            float x = a[h * ld_a + i];
+            if (b_mode == 1) x *= sqrtf(fmaxf(b[h * ld_b + i], 0.0f));
+            else if (b_mode == 2) x *= b[h * ld_b + i];
             x *= sc;
             red = (op == KVE_CUDA_GQA_MAX) ? fmaxf(red, x) : red + x;
         }
@@ -26,26 +28,39 @@ __global__ void head_reduce_kernel(const float* __restrict__ a, const float* __r
     }
 }
 
-__global__ void laprox_exact_kernel(const float* __restrict__ cross, const float* __restrict__ qv,
-                                    float* __restrict__ out, int g, int64_t n, int mode) {
+// mode 0: sqrt(max(0, Σ_ab C_ab Q_ab)); 1: sqrt(max(0, Σ C)) · mean_h sqrt(max(0, Q_hh));
+// 2: the attention term alone (qv unread); 3: the value term alone (cross unread).
+__global__ void laprox_exact_kernel(const float* __restrict__ cross, int64_t ld_cross,
+                                    const float* __restrict__ qv, int64_t ld_qv,
+                                    float* __restrict__ out, int64_t ld_out, int g, int64_t n,
+                                    int mode) {
     const int64_t hk = blockIdx.y;
     const int np = g * (g + 1) / 2;
+    // blocks: the diagonal (a, a) for p < g, then the pairs a < b (counted twice)
+    const bool use_c = mode != KVE_CUDA_LAPROX_VALUE_TERM;
+    const int p_end = use_c ? np : g;  // the value term needs the diagonal only
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        // blocks: the diagonal (a, a) for p < g, then the pairs a < b (counted twice)
         float s = 0.0f, vsum = 0.0f;
-        for (int p = 0; p < np; ++p) {
-            const float c = cross[(hk * np + p) * n + i];
+        for (int p = 0; p < p_end; ++p) {
+            const int64_t row = hk * np + p;
             const float w = p < g ? 1.0f : 2.0f;
-            if (mode == 0) {
-                s += w * c * qv[(hk * np + p) * n + i];
+            if (mode == KVE_CUDA_LAPROX_EXACT) {
+                s += w * cross[row * ld_cross + i] * qv[row * ld_qv + i];
             } else {
-                s += w * c;
-                if (p < g) vsum += sqrtf(fmaxf(qv[(hk * np + p) * n + i], 0.0f));
+                if (use_c) s += w * cross[row * ld_cross + i];
+                if (mode != KVE_CUDA_LAPROX_ATTN_TERM && p < g)
+                    vsum += sqrtf(fmaxf(qv[row * ld_qv + i], 0.0f));
             }
         }
-        out[hk * n + i] = mode == 0 ? sqrtf(fmaxf(s, 0.0f))
-                                    : sqrtf(fmaxf(s, 0.0f)) * (vsum / (float)g);
+        float r;
+        if (mode == KVE_CUDA_LAPROX_EXACT || mode == KVE_CUDA_LAPROX_ATTN_TERM)
+            r = sqrtf(fmaxf(s, 0.0f));
+        else if (mode == KVE_CUDA_LAPROX_MEAN_ATTN)
+            r = sqrtf(fmaxf(s, 0.0f)) * (vsum / (float)g);
+        else
+            r = vsum / (float)g;
+        out[hk * ld_out + i] = r;
     }
 }
 
@@ -54,32 +69,42 @@ __global__ void laprox_exact_kernel(const float* __restrict__ cross, const float
 
 using namespace kve;
 
-extern "C" int kve_cuda_head_reduce(const float* a, const float* b, int b_mode,
-                                    const float* scale, int64_t ld_in, float* out,
-                                    int64_t ld_out, int64_t hq, int64_t hkv, int64_t n,
-                                    int gqa_op, void* stream) {
+extern "C" int kve_cuda_head_reduce(const float* a, int64_t ld_a, const float* b, int64_t ld_b,
+                                    int b_mode, const float* scale, float* out, int64_t ld_out,
+                                    int64_t hq, int64_t hkv, int64_t n, int gqa_op,
+                                    void* stream) {
     if (hq <= 0 || hkv <= 0 || hq % hkv != 0 || n < 0 || hkv > 65535)
         return (int)cudaErrorInvalidValue;
     if (b_mode < 0 || b_mode > 2 || gqa_op < 0 || gqa_op > 2) return (int)cudaErrorInvalidValue;
     if (n == 0) return 0;
-    if (!a || !out || (b_mode != 0 && !b) || ld_in < n || ld_out < n)
-        return (int)cudaErrorInvalidValue;
+    if (!a || !out || ld_a < n || ld_out < n) return (int)cudaErrorInvalidValue;
+    if (b_mode != 0 && (!b || ld_b < n)) return (int)cudaErrorInvalidValue;
+    // in place only element for element (one head per group, same row stride)
+    if (out == a && (hkv != hq || ld_out != ld_a)) return (int)cudaErrorInvalidValue;
     int64_t bx = ceil_div(n, 256);
     if (bx > 65535) bx = 65535;
     head_reduce_kernel<<<dim3((unsigned)bx, (unsigned)hkv), 256, 0, KVE_STREAM(stream)>>>(
-        a, b, b_mode, scale, ld_in, out, ld_out, (int)(hq / hkv), n, gqa_op);
+        a, ld_a, b_mode != 0 ? b : nullptr, ld_b, b_mode, scale, out, ld_out, (int)(hq / hkv), n,
+        gqa_op);
     return launch_status();
 }
 
-extern "C" int kve_cuda_laprox_exact(const float* cross, const float* qv, float* out,
-                                     int64_t hkv, int64_t g, int64_t n, int mode, void* stream) {
-    if (hkv <= 0 || hkv > 65535 || g <= 0 || g > 64 || n < 0 || mode < 0 || mode > 1)
+extern "C" int kve_cuda_laprox_exact(const float* cross, int64_t ld_cross, const float* qv,
+                                     int64_t ld_qv, float* out, int64_t ld_out, int64_t hkv,
+                                     int64_t g, int64_t n, int mode, void* stream) {
+    if (hkv <= 0 || hkv > 65535 || g <= 0 || g > 64 || n < 0) return (int)cudaErrorInvalidValue;
+    if (mode < KVE_CUDA_LAPROX_EXACT || mode > KVE_CUDA_LAPROX_VALUE_TERM)
         return (int)cudaErrorInvalidValue;
     if (n == 0) return 0;
-    if (!cross || !qv || !out) return (int)cudaErrorInvalidValue;
+    const bool use_c = mode != KVE_CUDA_LAPROX_VALUE_TERM;
+    const bool use_q = mode != KVE_CUDA_LAPROX_ATTN_TERM;
+    if (!out || ld_out < n) return (int)cudaErrorInvalidValue;
+    if (use_c && (!cross || ld_cross < n)) return (int)cudaErrorInvalidValue;
+    if (use_q && (!qv || ld_qv < n)) return (int)cudaErrorInvalidValue;
     int64_t bx = ceil_div(n, 256);
     if (bx > 65535) bx = 65535;
     laprox_exact_kernel<<<dim3((unsigned)bx, (unsigned)hkv), 256, 0, KVE_STREAM(stream)>>>(
-        cross, qv, out, (int)g, n, mode);
+        use_c ? cross : nullptr, ld_cross, use_q ? qv : nullptr, ld_qv, out, ld_out, (int)g, n,
+        mode);
     return launch_status();
 }

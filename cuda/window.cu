@@ -7,6 +7,9 @@
 //   group, the max and sum-exp of the scaled logits over the block's key range
 //   (causal: query j sees keys i <= P + j), written per split.
 // Combine: per row m = max_s m_s, l = Σ_s l_s·exp(m_s - m); stores (m, 1/l).
+// With the caller's row log-sum-exp (flash attention's softmax_lse, or the core's
+//   window_row_lse), pass 1 and the combine are skipped: a tiny kernel stores
+//   (lse, 1) per row instead, and K is read once.
 // Pass 2 (grid: prefix-tile ranges x Hkv): recomputes the logits of prefix keys
 //   (every window query sees every prefix key, no mask), A = exp(z - m)/l, and
 //   accumulates per key the column sums / sums of squares / cross products.
@@ -164,6 +167,15 @@ __global__ void window_combine(const float2* __restrict__ part, int nsplit, int6
     stats[row] = make_float2(m, l > 0.0f ? 1.0f / l : 0.0f);
 }
 
+// Row statistics from the caller's log-sum-exp: pass 2's exp(z - m) * inv_l is then
+// exp(z - lse). Rows are h*w + j, as the stats array.
+__global__ void window_lse_stats(const float* __restrict__ lse, int64_t rows,
+                                 float2* __restrict__ stats) {
+    const int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    stats[row] = make_float2(lse[row], 1.0f);
+}
+
 struct WinOut {
     float* mean;   // [Hq, P]
     float* l2;     // [Hq, P]
@@ -288,7 +300,8 @@ int64_t pass1_splits(int64_t n, int64_t hkv) {
 }
 
 template <typename T, int DKP>
-int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, void* ws, cudaStream_t st) {
+int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, const float* row_lse,
+               void* ws, cudaStream_t st) {
     using C = WinCfg<T, DKP>;
     a.jc = C::RMAX / a.g;
     if (a.jc < 1) a.jc = 1;
@@ -302,21 +315,29 @@ int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, void* ws, cu
     a.nsplit = (int)nsplit;
     float2* part = reinterpret_cast<float2*>(ws);
     float2* stats = part + hq * a.w * nsplit;
+    const int64_t rows = hq * a.w;
 
-    // pass 1
-    {
+    // Shared-memory limits first (host-side; may refuse): nothing is enqueued
+    // unless every launch can run.
+    const size_t sm1 = win_smem<T, DKP>(a.rcp, 0).total;
+    const int npairs = o.cross_on ? a.g * (a.g + 1) / 2 : a.g;
+    const size_t sm2 = win_smem<T, DKP>(a.rcp, a.g + npairs).total;
+    if (!row_lse) KVE_CHECK(set_smem(window_pass1<T, DKP>, sm1));
+    KVE_CHECK(set_smem(window_pass2<T, DKP>, sm2));
+
+    if (row_lse) {
+        // the caller's row statistics: (lse, 1)
+        window_lse_stats<<<(unsigned)ceil_div(rows, 256), 256, 0, st>>>(row_lse, rows, stats);
+        KVE_CHECK(launch_status());
+    } else {
+        // pass 1
         WinArgs a1 = a;
         a1.tiles_per_block = ceil_div(ntiles, nsplit);
         // Splits past the last tile get an empty key range but are still
         // launched, so every partial (m = -inf, l = 0) gets written.
-        const size_t sm = win_smem<T, DKP>(a.rcp, 0).total;
-        KVE_CHECK(set_smem(window_pass1<T, DKP>, sm));
-        window_pass1<T, DKP><<<dim3((unsigned)nsplit, (unsigned)hkv), WIN_NT, sm, st>>>(a1, part);
+        window_pass1<T, DKP><<<dim3((unsigned)nsplit, (unsigned)hkv), WIN_NT, sm1, st>>>(a1, part);
         KVE_CHECK(launch_status());
-    }
-    // combine
-    {
-        const int64_t rows = hq * a.w;
+        // combine
         window_combine<<<(unsigned)ceil_div(rows, 256), 256, 0, st>>>(part, (int)nsplit, rows,
                                                                        stats);
         KVE_CHECK(launch_status());
@@ -329,23 +350,20 @@ int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, void* ws, cu
         WinArgs a2 = a;
         a2.tiles_per_block = ceil_div(ptiles, want < ptiles ? want : ptiles);
         const int64_t blocks = ceil_div(ptiles, a2.tiles_per_block);
-        const int npairs = o.cross_on ? a.g * (a.g + 1) / 2 : a.g;
-        const size_t sm = win_smem<T, DKP>(a.rcp, a.g + npairs).total;
-        KVE_CHECK(set_smem(window_pass2<T, DKP>, sm));
-        window_pass2<T, DKP><<<dim3((unsigned)blocks, (unsigned)hkv), WIN_NT, sm, st>>>(a2, stats,
-                                                                                       o);
+        window_pass2<T, DKP><<<dim3((unsigned)blocks, (unsigned)hkv), WIN_NT, sm2, st>>>(a2, stats,
+                                                                                        o);
         KVE_CHECK(launch_status());
     }
     return 0;
 }
 
 template <typename T>
-int window_dispatch(const WinArgs& a, int64_t hq, int64_t hkv, const WinOut& o, void* ws,
-                    cudaStream_t st) {
+int window_dispatch(const WinArgs& a, int64_t hq, int64_t hkv, const WinOut& o,
+                    const float* row_lse, void* ws, cudaStream_t st) {
     const int64_t dk = a.q.dim;
-    if (dk <= 64) return window_run<T, 64>(a, hq, hkv, o, ws, st);
-    if (dk <= 128) return window_run<T, 128>(a, hq, hkv, o, ws, st);
-    return window_run<T, 256>(a, hq, hkv, o, ws, st);
+    if (dk <= 64) return window_run<T, 64>(a, hq, hkv, o, row_lse, ws, st);
+    if (dk <= 128) return window_run<T, 128>(a, hq, hkv, o, row_lse, ws, st);
+    return window_run<T, 256>(a, hq, hkv, o, row_lse, ws, st);
 }
 
 }  // namespace
@@ -361,8 +379,8 @@ extern "C" size_t kve_cuda_window_workspace_size(int64_t hq, int64_t w, int64_t 
 
 extern "C" int kve_cuda_window(const kve_cuda_view* q, const kve_cuda_view* k, int64_t w,
                                float* out_mean, float* out_l2, float* out_cross,
-                               float* out_group, int gqa_op, void* ws, size_t ws_bytes,
-                               void* stream) {
+                               float* out_group, int gqa_op, const float* row_lse, void* ws,
+                               size_t ws_bytes, void* stream) {
     if (!view_ok(q) || !view_ok(k)) return (int)cudaErrorInvalidValue;
     if (q->dtype != k->dtype) return (int)cudaErrorInvalidValue;
     const int64_t hq = q->heads, hkv = k->heads, n = k->tokens, dk = k->dim;
@@ -397,9 +415,10 @@ extern "C" int kve_cuda_window(const kve_cuda_view* q, const kve_cuda_view* k, i
     o.cross_on = out_cross != nullptr;
     cudaStream_t st = KVE_STREAM(stream);
     switch (q->dtype) {
-        case KVE_CUDA_F32: return window_dispatch<float>(a, hq, hkv, o, ws, st);
-        case KVE_CUDA_F16: return window_dispatch<__half>(a, hq, hkv, o, ws, st);
-        case KVE_CUDA_BF16: return window_dispatch<__nv_bfloat16>(a, hq, hkv, o, ws, st);
+        case KVE_CUDA_F32: return window_dispatch<float>(a, hq, hkv, o, row_lse, ws, st);
+        case KVE_CUDA_F16: return window_dispatch<__half>(a, hq, hkv, o, row_lse, ws, st);
+        case KVE_CUDA_BF16:
+            return window_dispatch<__nv_bfloat16>(a, hq, hkv, o, row_lse, ws, st);
         default: return (int)cudaErrorInvalidValue;
     }
 }
