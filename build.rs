@@ -29,6 +29,8 @@ mod cuda_build {
         "select.cu",
         "shard.cu",
         "compact.cu",
+        "baselines.cu",
+        "budgets.cu",
     ];
     const HEADERS: &[&str] = &["kvevict_cuda.h", "common.cuh", "mma.cuh"];
 

@@ -239,7 +239,7 @@ static void pipeline(Model& m, cudaStream_t s, int stages) {
         if (stages & ST_WINDOW) {
             kve_cuda_view q = m.qv(l), k = m.kv(m.K, l);
             CK(kve_cuda_window(&q, &k, m.w, nullptr, m.l2, nullptr, nullptr, KVE_CUDA_GQA_MEAN,
-                               m.ws_win, m.b_win, s));
+                               nullptr, m.ws_win, m.b_win, s));
         }
         if (stages & ST_VONORM) {
             kve_cuda_view v = m.kv(m.V, l);
@@ -253,8 +253,9 @@ static void pipeline(Model& m, cudaStream_t s, int stages) {
         }
         if (stages & ST_COMBINE) {
             CK(kve_cuda_pool(m.l2, P, m.pooled, P, m.hq, P, KVE_CUDA_POOL_AVG, 7, 1.0f, s));
-            CK(kve_cuda_head_reduce(m.pooled, m.vo, 1, nullptr, P, m.scores + (size_t)l * m.hkv * P,
-                                    P, m.hq, m.hkv, P, KVE_CUDA_GQA_SUM, s));
+            CK(kve_cuda_head_reduce(m.pooled, P, m.vo, P, 1, nullptr,
+                                    m.scores + (size_t)l * m.hkv * P, P, m.hq, m.hkv, P,
+                                    KVE_CUDA_GQA_SUM, s));
         }
     }
     if (stages & ST_SELECT) {

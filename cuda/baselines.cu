@@ -1,0 +1,144 @@
+// Scores of the baseline scorers (SPEC §3) that need no attention: KNorm
+// (-||K[h,i]||_2), StreamingLLM's sink scores, and CriticalKV's second stage
+// ((base + 1e-4) · value L1 norm, the first stage's kept tokens forced to FLT_MAX).
+// Elementwise kernels with grid-stride loops; no workspace.
+#include <float.h>
+
+#include "common.cuh"
+
+namespace kve {
+namespace {
+
+constexpr int BL_NT = 256;
+constexpr int KN_TOKENS = 256;  // knorm: tokens per block
+
+// out[h*ld_out + i] = -sqrt(Σ_d K[h,i,d]²), f32 accumulation.
+template <typename T>
+__global__ void __launch_bounds__(BL_NT)
+    knorm_kernel(View k, int64_t prefix, float* __restrict__ out, int64_t ld_out) {
+    const int64_t h = blockIdx.y;
+    const int64_t t0 = (int64_t)blockIdx.x * KN_TOKENS;
+    const int64_t t1 = min(prefix, t0 + KN_TOKENS);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int dim = (int)k.dim;
+    float* o = out + h * ld_out;
+    if (k.sd == 1 || k.st != 1) {
+        // one warp per token, lanes along the (unit-stride) dim
+        for (int64_t t = t0 + warp; t < t1; t += BL_NT / 32) {
+            float s = 0.0f;
+            for (int d = lane; d < dim; d += 32) {
+                const float x = to_f32<T>(*elem_ptr<T>(k, h, t, d));
+                s += x * x;
+            }
+            s = warp_sum(s);
+            if (lane == 0) o[t] = -sqrtf(s);
+        }
+    } else {
+        // transposed layout: one thread per token, coalesced along tokens
+        for (int64_t t = t0 + threadIdx.x; t < t1; t += BL_NT) {
+            float s = 0.0f;
+            for (int d = 0; d < dim; ++d) {
+                const float x = to_f32<T>(*elem_ptr<T>(k, h, t, d));
+                s += x * x;
+            }
+            o[t] = -sqrtf(s);
+        }
+    }
+}
+
+__global__ void sink_kernel(float* __restrict__ out, int64_t rows, int64_t n, int64_t ld,
+                            int64_t sinks) {
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+             i += (int64_t)gridDim.x * blockDim.x)
+            out[r * ld + i] = i < sinks ? 1.0f : 0.0f;
+}
+
+// out may be base (same ld): no __restrict__ on either; each element is read, then
+// written, by one thread. The arithmetic is the core's f32 (s + 1e-4) · l1, unfused.
+__global__ void critical_product_kernel(const float* base, int64_t ld_base,
+                                        const float* __restrict__ l1, int64_t ld_l1, int64_t rows,
+                                        int64_t n, float* out, int64_t ld_out) {
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+             i += (int64_t)gridDim.x * blockDim.x)
+            out[r * ld_out + i] = __fmul_rn(__fadd_rn(base[r * ld_base + i], 1e-4f), l1[r * ld_l1 + i]);
+}
+
+// The first stage's kept positions score FLT_MAX. A list holds distinct positions
+// in [0, n): at most n entries are read, and positions outside [0, n) are skipped.
+__global__ void critical_force_kernel(const int32_t* __restrict__ counts,
+                                      const int32_t* __restrict__ idx, int64_t idx_ld,
+                                      int64_t rows, int64_t n, float* __restrict__ out,
+                                      int64_t ld_out) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t c = min((int64_t)counts[r], n);
+        for (int64_t t = threadIdx.x; t < c; t += blockDim.x) {
+            const int64_t i = idx[r * idx_ld + t];
+            if (i >= 0 && i < n) out[r * ld_out + i] = FLT_MAX;
+        }
+    }
+}
+
+// Grid of the elementwise [rows, n] kernels.
+dim3 rows_grid(int64_t rows, int64_t n) {
+    int64_t bx = ceil_div(n, BL_NT);
+    if (bx > 65535) bx = 65535;
+    const int64_t by = rows > 65535 ? 65535 : rows;
+    return dim3((unsigned)bx, (unsigned)by);
+}
+
+}  // namespace
+}  // namespace kve
+
+using namespace kve;
+
+extern "C" int kve_cuda_knorm(const kve_cuda_view* k, int64_t prefix, float* out, int64_t ld_out,
+                              void* stream) {
+    if (!view_ok(k)) return (int)cudaErrorInvalidValue;
+    if (prefix < 0 || prefix > k->tokens || k->heads > 65535) return (int)cudaErrorInvalidValue;
+    if (prefix == 0 || k->heads == 0) return 0;
+    if (!out || ld_out < prefix) return (int)cudaErrorInvalidValue;
+    const View kv = to_view(*k);
+    const dim3 grid((unsigned)ceil_div(prefix, KN_TOKENS), (unsigned)k->heads);
+    cudaStream_t st = KVE_STREAM(stream);
+    switch (k->dtype) {
+        case KVE_CUDA_F32: knorm_kernel<float><<<grid, BL_NT, 0, st>>>(kv, prefix, out, ld_out); break;
+        case KVE_CUDA_F16: knorm_kernel<__half><<<grid, BL_NT, 0, st>>>(kv, prefix, out, ld_out); break;
+        case KVE_CUDA_BF16:
+            knorm_kernel<__nv_bfloat16><<<grid, BL_NT, 0, st>>>(kv, prefix, out, ld_out);
+            break;
+        default: return (int)cudaErrorInvalidValue;
+    }
+    return launch_status();
+}
+
+extern "C" int kve_cuda_sink_scores(float* out, int64_t rows, int64_t n, int64_t ld, int64_t sinks,
+                                    void* stream) {
+    if (rows < 0 || n < 0) return (int)cudaErrorInvalidValue;
+    if (rows == 0 || n == 0) return 0;
+    if (!out || ld < n) return (int)cudaErrorInvalidValue;
+    sink_kernel<<<rows_grid(rows, n), BL_NT, 0, KVE_STREAM(stream)>>>(out, rows, n, ld, sinks);
+    return launch_status();
+}
+
+extern "C" int kve_cuda_critical_combine(const float* base, int64_t ld_base,
+                                         const float* value_l1, int64_t ld_l1,
+                                         const int32_t* counts, const int32_t* idx,
+                                         int64_t idx_ld, int64_t rows, int64_t n, float* out,
+                                         int64_t ld_out, void* stream) {
+    if (rows < 0 || n < 0) return (int)cudaErrorInvalidValue;
+    if (rows == 0 || n == 0) return 0;
+    if (!base || !value_l1 || !out || !counts || !idx) return (int)cudaErrorInvalidValue;
+    if (ld_base < n || ld_l1 < n || ld_out < n || idx_ld < 0) return (int)cudaErrorInvalidValue;
+    // in place only element for element
+    if (out == base && ld_out != ld_base) return (int)cudaErrorInvalidValue;
+    if (out == value_l1) return (int)cudaErrorInvalidValue;
+    cudaStream_t st = KVE_STREAM(stream);
+    critical_product_kernel<<<rows_grid(rows, n), BL_NT, 0, st>>>(base, ld_base, value_l1, ld_l1,
+                                                                  rows, n, out, ld_out);
+    KVE_CHECK(launch_status());
+    const unsigned blocks = (unsigned)(rows > 65535 ? 65535 : rows);
+    critical_force_kernel<<<blocks, BL_NT, 0, st>>>(counts, idx, idx_ld, rows, n, out, ld_out);
+    return launch_status();
+}
