@@ -231,6 +231,7 @@ int kve_cuda_token_reduce(const float* scores, const double* sums, int64_t layer
  * idx[r·idx_ld + 0 .. counts[r]) (int32; idx_ld >= n).
  * A group's entries must number < 2^32. Launches: 1 init + passes·2 + 1 output,
  * the number of passes fixed by n (ceil((32 + bits(n-1)) / 11)).
+ * n == 0: every row's count is set to 0 and nothing else is read.
  * Workspace: kve_cuda_select_workspace_size(n_groups). */
 size_t kve_cuda_select_workspace_size(int64_t n_groups);
 int kve_cuda_select(const float* scores, int64_t ld, int64_t n, int64_t n_groups,

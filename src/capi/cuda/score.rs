@@ -1,0 +1,735 @@
+//! `kve_cuda_score_layer`: every scorer of SPEC §3 as a chain of launches on the caller's
+//! stream, the same formulas in the same order as the core (src/score), so the device
+//! scores match the host's to float tolerance.
+
+use super::super::params::{read_ext, score_config};
+use super::super::score::{kve_layer_inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS};
+use super::super::{
+    kve_score_params, status_of, tri, KVE_ERR_INVALID_ARGUMENT, KVE_MAX_HEADS, KVE_OK,
+};
+use super::imp::{check_workspace, ck, elem_size, run, view, write, Carve};
+use crate::config::{LaproxGqa, Pool, PoolKind, PoolPlacement, ScoreConfig, ScorerKind};
+use crate::cuda as cu;
+use crate::error::{Error, Result};
+use crate::gram;
+use core::ffi::{c_int, c_void};
+use core::ptr::{null, null_mut};
+
+/// Largest head dims the kernels take (window: dk; vonorm: dv).
+const MAX_DIM: u64 = 256;
+
+#[derive(Clone, Copy)]
+struct Shape {
+    hq: usize,
+    hkv: usize,
+    n: usize,
+    w: usize,
+    p: usize,
+    dv: usize,
+}
+
+impl Shape {
+    fn g(&self) -> usize {
+        self.hq / self.hkv
+    }
+    fn pairs(&self) -> usize {
+        self.g() * (self.g() + 1) / 2
+    }
+}
+
+/// The workspace, carved in one order for the size query and the call.
+struct Parts {
+    win: *mut u8,
+    win_bytes: usize,
+    a: *mut f32,
+    b: *mut f32,
+    t: *mut f32,
+    forms: *mut f32,
+    gram_hi: *mut u16,
+    gram_lo: *mut u16,
+    factor: *mut f32,
+    sel: *mut u8,
+    sel_bytes: usize,
+    counts: *mut i32,
+    idx: *mut i32,
+    total: usize,
+}
+
+fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
+    let mul = crate::error::mul;
+    let mut c = Carve::new(base);
+    let laprox = cfg.scorer == ScorerKind::LaProx;
+    let cross = cfg.needs_cross();
+    let (hq, hkv, p) = (s.hq, s.hkv, s.p);
+    let win_bytes = if cfg.needs_queries() {
+        // SAFETY: a pure host function.
+        unsafe { cu::kve_cuda_window_workspace_size(hq as i64, s.w as i64, s.n as i64, hkv as i64) }
+    } else {
+        0
+    };
+    let win = c.take::<u8>(win_bytes)?;
+    let rows = if cross { mul(hkv, s.pairs())? } else { hq };
+    let a = c.take::<f32>(if cfg.needs_queries() {
+        mul(rows, p)?
+    } else {
+        0
+    })?;
+    let b = c.take::<f32>(if cfg.needs_queries() { mul(hq, p)? } else { 0 })?;
+    let t = c.take::<f32>(if laprox && cross { mul(3 * hkv, p)? } else { 0 })?;
+    let forms = c.take::<f32>(if laprox { mul(rows, p)? } else { 0 })?;
+    let gram_elems = if laprox {
+        mul(rows, mul(s.dv, s.dv)?)?
+    } else {
+        0
+    };
+    let gram_hi = c.take::<u16>(gram_elems)?;
+    let gram_lo = c.take::<u16>(gram_elems)?;
+    let factor = c.take::<f32>(if cfg.scorer == ScorerKind::Lava {
+        hkv
+    } else {
+        0
+    })?;
+    let critical = cfg.scorer == ScorerKind::CriticalKv;
+    // SAFETY: a pure host function.
+    let sel_bytes = if critical {
+        unsafe { cu::kve_cuda_select_workspace_size(hkv as i64) }
+    } else {
+        0
+    };
+    let sel = c.take::<u8>(sel_bytes)?;
+    let counts = c.take::<i32>(if critical { hkv } else { 0 })?;
+    let idx = c.take::<i32>(if critical { mul(hkv, p)? } else { 0 })?;
+    Ok(Parts {
+        win,
+        win_bytes,
+        a,
+        b,
+        t,
+        forms,
+        gram_hi,
+        gram_lo,
+        factor,
+        sel,
+        sel_bytes,
+        counts,
+        idx,
+        total: c.bytes(),
+    })
+}
+
+fn head_count(v: u64) -> Result<usize> {
+    if v == 0 || v > KVE_MAX_HEADS {
+        return Err(Error::InvalidArgument);
+    }
+    Ok(v as usize)
+}
+
+pub unsafe fn score_workspace_size(
+    params: *const kve_score_params,
+    hq: u64,
+    hkv: u64,
+    n: u64,
+    dk: u64,
+    dv: u64,
+    out_bytes: *mut u64,
+) -> i32 {
+    let cfg = tri!(score_config(params));
+    let (hq, hkv) = (tri!(head_count(hq)), tri!(head_count(hkv)));
+    if n == 0 || n > crate::error::MAX_TOKENS as u64 || dk == 0 || dv == 0 || dv > 1024 {
+        return KVE_ERR_INVALID_ARGUMENT;
+    }
+    if hq % hkv != 0 {
+        return status_of(Error::ShapeMismatch);
+    }
+    let n = n as usize;
+    let w = (cfg.window as usize).min(n);
+    let s = Shape {
+        hq,
+        hkv,
+        n,
+        w,
+        p: n - w,
+        dv: dv as usize,
+    };
+    let parts = tri!(layout(&cfg, &s, null_mut()));
+    tri!(write(out_bytes, parts.total as u64));
+    KVE_OK
+}
+
+/// A device `const float*` input with its length: NULL with 0 is absent.
+fn floats(ptr: *const f32, len: u64) -> Result<Option<*const f32>> {
+    if ptr.is_null() {
+        return if len == 0 {
+            Ok(None)
+        } else {
+            Err(Error::NullPointer)
+        };
+    }
+    if (ptr as usize) % 4 != 0 {
+        return Err(Error::Misaligned);
+    }
+    Ok(Some(ptr))
+}
+
+/// Pooling on the device (`in` and `out` must not overlap).
+unsafe fn pool(
+    p: &Pool,
+    input: *const f32,
+    out: *mut f32,
+    rows: usize,
+    n: usize,
+    stream: *mut c_void,
+) -> core::result::Result<(), i32> {
+    let (mode, decay) = match p.kind {
+        PoolKind::None | PoolKind::Avg => (cu::KVE_CUDA_POOL_AVG, 1.0),
+        PoolKind::Max => (cu::KVE_CUDA_POOL_MAX, 1.0),
+        PoolKind::Forward => (cu::KVE_CUDA_POOL_FORWARD, p.decay),
+    };
+    let k = if p.kind == PoolKind::None {
+        1
+    } else {
+        p.kernel as c_int
+    };
+    let n = n as i64;
+    ck(cu::kve_cuda_pool(
+        input,
+        n,
+        out,
+        n,
+        rows as i64,
+        n,
+        mode,
+        k,
+        decay,
+        stream,
+    ))
+}
+
+/// Pool `src` into `dst`, or hand `src` back when the pool changes nothing.
+unsafe fn pooled(
+    p: &Pool,
+    src: *mut f32,
+    dst: *mut f32,
+    rows: usize,
+    n: usize,
+    stream: *mut c_void,
+) -> core::result::Result<*mut f32, i32> {
+    if p.is_identity() {
+        return Ok(src);
+    }
+    pool(p, src, dst, rows, n, stream)?;
+    Ok(dst)
+}
+
+/// `out[hk] = gqa over the group of a·f(b)·scale` (kve_cuda_head_reduce), rows stride `p`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn reduce(
+    a: *const f32,
+    b: *const f32,
+    ld_b: usize,
+    b_mode: c_int,
+    scale: *const f32,
+    out: *mut f32,
+    hq: usize,
+    hkv: usize,
+    p: usize,
+    op: c_int,
+    stream: *mut c_void,
+) -> core::result::Result<(), i32> {
+    let pi = p as i64;
+    ck(cu::kve_cuda_head_reduce(
+        a,
+        pi,
+        b,
+        ld_b.max(p) as i64,
+        b_mode,
+        scale,
+        out,
+        pi,
+        hq as i64,
+        hkv as i64,
+        pi,
+        op,
+        stream,
+    ))
+}
+
+/// What one call reads, checked on the host.
+struct Inputs {
+    q: Option<cu::KveCudaView>,
+    k: cu::KveCudaView,
+    v: Option<cu::KveCudaView>,
+    gram: Option<*const f32>,
+    forms: Option<*const f32>,
+    l1: Option<*const f32>,
+    lse: Option<*const f32>,
+}
+
+fn check_inputs(cfg: &ScoreConfig, d: &kve_layer_inputs) -> Result<(Inputs, Shape)> {
+    let k = view(&d.keys)?;
+    let (hkv, n, dk) = (k.heads as usize, k.tokens as usize, k.dim as u64);
+    let w = (cfg.window as usize).min(n);
+    let mut hq = hkv;
+    let mut q = None;
+    if cfg.needs_queries() {
+        let qv = view(&d.queries)?;
+        if qv.dtype != k.dtype || qv.dim != k.dim {
+            return Err(Error::ShapeMismatch);
+        }
+        if (qv.tokens as usize) < w || dk > MAX_DIM {
+            return Err(Error::InvalidArgument);
+        }
+        hq = qv.heads as usize;
+        if hq % hkv != 0 {
+            return Err(Error::ShapeMismatch);
+        }
+        q = Some(qv);
+    }
+    let mut s = Shape {
+        hq,
+        hkv,
+        n,
+        w,
+        p: n - w,
+        dv: dk as usize,
+    };
+    let forms = floats(d.value_forms, d.value_forms_len)?;
+    let laprox = cfg.scorer == ScorerKind::LaProx;
+    let needs_v = cfg.scorer == ScorerKind::Lava || (laprox && forms.is_none());
+    let mut v = None;
+    if needs_v {
+        let vv = view(&d.values)?;
+        if vv.heads != k.heads || vv.tokens != k.tokens || vv.dtype != k.dtype {
+            return Err(Error::ShapeMismatch);
+        }
+        s.dv = vv.dim as usize;
+        v = Some(vv);
+    }
+    let cross = cfg.needs_cross();
+    let mut gram = None;
+    if laprox {
+        if cross && s.g() > 16 {
+            return Err(Error::InvalidArgument);
+        }
+        if let Some(_f) = forms {
+            if d.value_forms_len as usize != gram::value_forms_len(hq, hkv, n, cross)? {
+                return Err(Error::ShapeMismatch);
+            }
+        } else {
+            let g = floats(d.gram, d.gram_len)?.ok_or(Error::NullPointer)?;
+            if s.dv as u64 > MAX_DIM {
+                return Err(Error::InvalidArgument);
+            }
+            if d.gram_len as usize != gram::gram_len(hq, hkv, s.dv, cross)? {
+                return Err(Error::ShapeMismatch);
+            }
+            gram = Some(g);
+        }
+    }
+    let mut l1 = None;
+    if cfg.scorer == ScorerKind::CriticalKv {
+        let p = floats(d.value_l1, d.value_l1_len)?.ok_or(Error::NullPointer)?;
+        if (d.value_l1_len as u128) < (hkv as u128) * (n as u128) {
+            return Err(Error::ShapeMismatch);
+        }
+        l1 = Some(p);
+    }
+    let mut lse = None;
+    if cfg.needs_queries() {
+        lse = floats(d.row_lse, d.row_lse_len)?;
+        if lse.is_some() && d.row_lse_len as u128 != (hq as u128) * (w as u128) {
+            return Err(Error::ShapeMismatch);
+        }
+    }
+    Ok((
+        Inputs {
+            q,
+            k,
+            v,
+            gram,
+            forms,
+            l1,
+            lse,
+        },
+        s,
+    ))
+}
+
+pub unsafe fn score_layer(
+    params: *const kve_score_params,
+    inputs: *const kve_layer_inputs,
+    out: *mut f32,
+    out_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+    stream: *mut c_void,
+) -> i32 {
+    let cfg = tri!(score_config(params));
+    let d = tri!(read_ext(inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS));
+    let (inp, s) = tri!(check_inputs(&cfg, &d));
+    if out.is_null() {
+        return status_of(Error::NullPointer);
+    }
+    if (out as usize) % 4 != 0 {
+        return status_of(Error::Misaligned);
+    }
+    if (out_len as u128) < (s.hkv as u128) * (s.p as u128) {
+        return status_of(Error::OutputTooSmall);
+    }
+    let need = tri!(layout(&cfg, &s, null_mut())).total;
+    tri!(check_workspace(workspace, workspace_bytes, need));
+    if s.p == 0 {
+        return KVE_OK;
+    }
+    let parts = tri!(layout(&cfg, &s, workspace));
+    run(|| launch(&cfg, &inp, &s, &parts, out, stream))
+}
+
+/// The window pass with the requested aggregates (queries: the last `w` rows given).
+unsafe fn window(
+    inp: &Inputs,
+    s: &Shape,
+    parts: &Parts,
+    mean: *mut f32,
+    l2: *mut f32,
+    cross: *mut f32,
+    group: *mut f32,
+    gqa: c_int,
+    stream: *mut c_void,
+) -> core::result::Result<(), i32> {
+    let mut q = inp.q.ok_or(KVE_ERR_INVALID_ARGUMENT)?;
+    let skip = q.tokens - s.w as i64;
+    let bytes = skip * q.stride_token * elem_size(q.dtype) as i64;
+    q.data = (q.data as *mut u8).wrapping_add(bytes as usize) as *mut c_void;
+    q.tokens = s.w as i64;
+    ck(cu::kve_cuda_window(
+        &q,
+        &inp.k,
+        s.w as i64,
+        mean,
+        l2,
+        cross,
+        group,
+        gqa,
+        inp.lse.unwrap_or(null()),
+        parts.win as *mut c_void,
+        parts.win_bytes,
+        stream,
+    ))
+}
+
+/// SnapKV's pooled, group-reduced mean attention into `dst` `[Hkv][P]`.
+unsafe fn snapkv(
+    cfg: &ScoreConfig,
+    inp: &Inputs,
+    s: &Shape,
+    parts: &Parts,
+    dst: *mut f32,
+    stream: *mut c_void,
+) -> core::result::Result<(), i32> {
+    let gqa = cfg.gqa as c_int;
+    if cfg.reduce_before_pool {
+        if cfg.pool.is_identity() {
+            return window(
+                inp,
+                s,
+                parts,
+                null_mut(),
+                null_mut(),
+                null_mut(),
+                dst,
+                gqa,
+                stream,
+            );
+        }
+        window(
+            inp,
+            s,
+            parts,
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            parts.a,
+            gqa,
+            stream,
+        )?;
+        return pool(&cfg.pool, parts.a, dst, s.hkv, s.p, stream);
+    }
+    window(
+        inp,
+        s,
+        parts,
+        parts.a,
+        null_mut(),
+        null_mut(),
+        null_mut(),
+        gqa,
+        stream,
+    )?;
+    let x = pooled(&cfg.pool, parts.a, parts.b, s.hq, s.p, stream)?;
+    reduce(x, null(), 0, 0, null(), dst, s.hq, s.hkv, s.p, gqa, stream)
+}
+
+/// LaProx's value-output terms: `(forms, row stride)`, from the caller's cached value
+/// forms or from the Gram matrices on tensor cores.
+unsafe fn value_forms(
+    cfg: &ScoreConfig,
+    inp: &Inputs,
+    s: &Shape,
+    parts: &Parts,
+    stream: *mut c_void,
+) -> core::result::Result<(*const f32, usize), i32> {
+    if let Some(f) = inp.forms {
+        return Ok((f, s.n));
+    }
+    let v = inp.v.ok_or(KVE_ERR_INVALID_ARGUMENT)?;
+    let g = inp.gram.ok_or(KVE_ERR_INVALID_ARGUMENT)?;
+    let n_gram = if cfg.needs_cross() {
+        s.hkv * s.pairs()
+    } else {
+        s.hq
+    };
+    let (hi, lo): (*const c_void, *const c_void) = if v.dtype == cu::KVE_CUDA_F32 {
+        (g as *const c_void, null())
+    } else {
+        // hi + lo in V's dtype: ~f32-accurate G on 16-bit tensor cores
+        ck(cu::kve_cuda_gram_split(
+            g,
+            (n_gram * s.dv * s.dv) as i64,
+            v.dtype,
+            parts.gram_hi as *mut c_void,
+            parts.gram_lo as *mut c_void,
+            stream,
+        ))?;
+        (
+            parts.gram_hi as *const c_void,
+            parts.gram_lo as *const c_void,
+        )
+    };
+    ck(cu::kve_cuda_vonorm(
+        &v,
+        s.p as i64,
+        hi,
+        lo,
+        n_gram as i64,
+        0,
+        parts.forms,
+        stream,
+    ))?;
+    Ok((parts.forms, s.p))
+}
+
+unsafe fn laprox(
+    cfg: &ScoreConfig,
+    inp: &Inputs,
+    s: &Shape,
+    parts: &Parts,
+    out: *mut f32,
+    stream: *mut c_void,
+) -> core::result::Result<(), i32> {
+    let (hq, hkv, p) = (s.hq, s.hkv, s.p);
+    let sum = cu::KVE_CUDA_GQA_SUM;
+    let (forms, ldf) = value_forms(cfg, inp, s, parts, stream)?;
+    match cfg.laprox_gqa {
+        LaproxGqa::Sum => {
+            window(
+                inp,
+                s,
+                parts,
+                null_mut(),
+                parts.a,
+                null_mut(),
+                null_mut(),
+                sum,
+                stream,
+            )?;
+            match cfg.placement {
+                PoolPlacement::Attention => {
+                    let x = pooled(&cfg.pool, parts.a, parts.b, hq, p, stream)?;
+                    reduce(x, forms, ldf, 1, null(), out, hq, hkv, p, sum, stream)
+                }
+                PoolPlacement::Product => {
+                    reduce(
+                        parts.a,
+                        forms,
+                        ldf,
+                        1,
+                        null(),
+                        parts.b,
+                        hq,
+                        hq,
+                        p,
+                        sum,
+                        stream,
+                    )?;
+                    let x = pooled(&cfg.pool, parts.b, parts.a, hq, p, stream)?;
+                    reduce(x, null(), 0, 0, null(), out, hq, hkv, p, sum, stream)
+                }
+            }
+        }
+        LaproxGqa::Exact | LaproxGqa::MeanAttn => {
+            window(
+                inp,
+                s,
+                parts,
+                null_mut(),
+                null_mut(),
+                parts.a,
+                null_mut(),
+                sum,
+                stream,
+            )?;
+            let (g, pi) = (s.g() as i64, p as i64);
+            let np_row = |t: *mut f32, k: usize| t.wrapping_add(k * hkv * p);
+            let (t1, t2, t3) = (np_row(parts.t, 0), np_row(parts.t, 1), np_row(parts.t, 2));
+            let exact = |c: *const f32, f: *const f32, o: *mut f32, mode: c_int| {
+                ck(cu::kve_cuda_laprox_exact(
+                    c,
+                    if c.is_null() { 0 } else { pi },
+                    f,
+                    if f.is_null() { 0 } else { ldf as i64 },
+                    o,
+                    pi,
+                    hkv as i64,
+                    g,
+                    pi,
+                    mode,
+                    stream,
+                ))
+            };
+            if cfg.laprox_gqa == LaproxGqa::Exact {
+                // the pool applies to the product whatever the placement (core: laprox.rs)
+                if cfg.pool.is_identity() {
+                    return exact(parts.a, forms, out, cu::KVE_CUDA_LAPROX_EXACT);
+                }
+                exact(parts.a, forms, t1, cu::KVE_CUDA_LAPROX_EXACT)?;
+                return pool(&cfg.pool, t1, out, hkv, p, stream);
+            }
+            exact(parts.a, null(), t1, cu::KVE_CUDA_LAPROX_ATTN_TERM)?;
+            exact(null(), forms, t2, cu::KVE_CUDA_LAPROX_VALUE_TERM)?;
+            match cfg.placement {
+                PoolPlacement::Attention => {
+                    let x = pooled(&cfg.pool, t1, t3, hkv, p, stream)?;
+                    reduce(x, t2, p, 2, null(), out, hkv, hkv, p, sum, stream)
+                }
+                PoolPlacement::Product => {
+                    if cfg.pool.is_identity() {
+                        return reduce(t1, t2, p, 2, null(), out, hkv, hkv, p, sum, stream);
+                    }
+                    reduce(t1, t2, p, 2, null(), t3, hkv, hkv, p, sum, stream)?;
+                    pool(&cfg.pool, t3, out, hkv, p, stream)
+                }
+            }
+        }
+    }
+}
+
+unsafe fn launch(
+    cfg: &ScoreConfig,
+    inp: &Inputs,
+    s: &Shape,
+    parts: &Parts,
+    out: *mut f32,
+    stream: *mut c_void,
+) -> core::result::Result<(), i32> {
+    let (hq, hkv, p) = (s.hq, s.hkv, s.p);
+    let pi = p as i64;
+    match cfg.scorer {
+        ScorerKind::SnapKv => snapkv(cfg, inp, s, parts, out, stream),
+        ScorerKind::Lava => {
+            let v = inp.v.ok_or(KVE_ERR_INVALID_ARGUMENT)?;
+            let max = cu::KVE_CUDA_GQA_MAX;
+            window(
+                inp,
+                s,
+                parts,
+                parts.a,
+                null_mut(),
+                null_mut(),
+                null_mut(),
+                max,
+                stream,
+            )?;
+            let x = pooled(&cfg.pool, parts.a, parts.b, hq, p, stream)?;
+            ck(cu::kve_cuda_lava_factor(&v, pi, parts.factor, stream))?;
+            reduce(x, null(), 0, 0, parts.factor, out, hq, hkv, p, max, stream)
+        }
+        ScorerKind::LaProx => laprox(cfg, inp, s, parts, out, stream),
+        ScorerKind::CriticalKv => {
+            snapkv(cfg, inp, s, parts, out, stream)?;
+            let l1 = inp.l1.ok_or(KVE_ERR_INVALID_ARGUMENT)?;
+            // first stage: each head's top `critical_first_stage` by the base score
+            ck(cu::kve_cuda_select(
+                out,
+                pi,
+                pi,
+                hkv as i64,
+                1,
+                null(),
+                cfg.critical_first_stage as i64,
+                null(),
+                1,
+                parts.counts,
+                parts.idx,
+                pi,
+                parts.sel as *mut c_void,
+                parts.sel_bytes,
+                stream,
+            ))?;
+            ck(cu::kve_cuda_critical_combine(
+                out,
+                pi,
+                l1,
+                s.n as i64,
+                parts.counts,
+                parts.idx,
+                pi,
+                hkv as i64,
+                pi,
+                out,
+                pi,
+                stream,
+            ))
+        }
+        ScorerKind::StreamingLlm => ck(cu::kve_cuda_sink_scores(
+            out,
+            hkv as i64,
+            pi,
+            pi,
+            cfg.sinks as i64,
+            stream,
+        )),
+        ScorerKind::KNorm => ck(cu::kve_cuda_knorm(&inp.k, pi, out, pi, stream)),
+        ScorerKind::Tova => {
+            // the mean over every query head of the layer, the same row for each KV head
+            window(
+                inp,
+                s,
+                parts,
+                parts.a,
+                null_mut(),
+                null_mut(),
+                null_mut(),
+                0,
+                stream,
+            )?;
+            for kh in 0..hkv {
+                let mean = cu::KVE_CUDA_GQA_MEAN;
+                reduce(
+                    parts.a,
+                    null(),
+                    0,
+                    0,
+                    null(),
+                    out.wrapping_add(kh * p),
+                    hq,
+                    1,
+                    p,
+                    mean,
+                    stream,
+                )?;
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,483 @@
+//! `kve_cuda_select_model`: every allocator and granularity of SPEC §4 on the device, as
+//! the core's `select_model` (src/budget) decides them: scores at the selection
+//! granularity (reduced, post-pooled), per-layer budgets computed on the device (no host
+//! round trip), the AdaKV/LAVa safeguard as forced entries, then radix top-K selects.
+
+use super::super::params::select_config;
+use super::super::select::kve_model_scores;
+use super::super::{arg, kve_select_params, status_of, tri, KVE_OK};
+use super::imp::{check_workspace, ck, run, write, Carve};
+use crate::config::{AllocatorKind, Granularity, Normalize, PoolKind, SelectConfig};
+use crate::cuda as cu;
+use crate::error::{Error, Result};
+use core::ffi::{c_int, c_void};
+use core::ptr::{null, null_mut};
+
+#[derive(Clone, Copy)]
+struct Shape {
+    layers: usize,
+    hkv: usize,
+    p: usize,
+}
+
+/// What the configuration asks of the device.
+struct Plan {
+    /// Units that each keep one set: L·Hkv, L or 1.
+    units: usize,
+    /// Units per layer (Hkv at head granularity, else 1).
+    per_layer: usize,
+    /// Scores at the selection granularity need a workspace copy.
+    copy: bool,
+    /// Reduce, then pool: needs a second buffer.
+    tmp: bool,
+    /// The AdaKV / LAVa safeguard (forced entries, per-layer totals).
+    safeguard: bool,
+    /// Per-layer / per-unit budgets from kve_cuda_layer_budgets.
+    budgets: Option<c_int>,
+    /// Layer sums (normalisation) and, for LAVa, entropies.
+    stats: bool,
+    /// The final lists go through the workspace and are broadcast to every head.
+    shared: bool,
+}
+
+fn plan(cfg: &SelectConfig, s: &Shape) -> Plan {
+    let (units, per_layer) = match cfg.granularity {
+        Granularity::Head => (s.layers * s.hkv, s.hkv),
+        Granularity::Layer => (s.layers, 1),
+        Granularity::Token => (1, 1),
+    };
+    let token = cfg.granularity == Granularity::Token;
+    let safeguard = !token
+        && match cfg.allocator {
+            AllocatorKind::Lava => true,
+            AllocatorKind::Ada => cfg.granularity == Granularity::Head,
+            _ => false,
+        };
+    let budgets = if token {
+        None
+    } else {
+        match cfg.allocator {
+            AllocatorKind::Global => None,
+            AllocatorKind::Pyramid => Some(cu::KVE_CUDA_BUDGET_PYRAMID),
+            AllocatorKind::Uniform => Some(cu::KVE_CUDA_BUDGET_UNIFORM),
+            AllocatorKind::Ada if !safeguard => Some(cu::KVE_CUDA_BUDGET_UNIFORM),
+            AllocatorKind::Ada => Some(cu::KVE_CUDA_BUDGET_ADA),
+            AllocatorKind::Lava => Some(cu::KVE_CUDA_BUDGET_LAVA),
+        }
+    };
+    let head = cfg.granularity == Granularity::Head;
+    let normalized =
+        cfg.normalize == Normalize::LayerSum && (token || cfg.allocator == AllocatorKind::Global);
+    Plan {
+        units,
+        per_layer,
+        copy: !head || !cfg.post_pool.is_identity() || safeguard,
+        tmp: !head && !cfg.post_pool.is_identity(),
+        safeguard,
+        budgets,
+        stats: normalized || budgets == Some(cu::KVE_CUDA_BUDGET_LAVA),
+        shared: !head,
+    }
+}
+
+struct Parts {
+    sel: *mut u8,
+    sel_bytes: usize,
+    sums: *mut f64,
+    entropy: *mut f64,
+    stats: *mut u8,
+    stats_bytes: usize,
+    arr: *mut f32,
+    tmp: *mut f32,
+    k_layer: *mut i64,
+    k_unit: *mut i64,
+    counts: *mut i32,
+    idx: *mut i32,
+    total: usize,
+}
+
+fn layout(pl: &Plan, s: &Shape, base: *mut c_void) -> Result<Parts> {
+    let mul = crate::error::mul;
+    let mut c = Carve::new(base);
+    let all = s.layers * s.hkv;
+    // SAFETY: pure host functions.
+    let sel_bytes = unsafe {
+        cu::kve_cuda_select_workspace_size(1).max(cu::kve_cuda_select_workspace_size(all as i64))
+    };
+    let sel = c.take::<u8>(sel_bytes)?;
+    let sums = c.take::<f64>(if pl.stats { s.layers } else { 0 })?;
+    let entropy = c.take::<f64>(if pl.stats { s.layers } else { 0 })?;
+    let stats_bytes = if pl.stats {
+        let count = mul(s.hkv, s.p)? as i64;
+        // SAFETY: a pure host function.
+        unsafe { cu::kve_cuda_layer_stats_workspace_size(s.layers as i64, count) }
+    } else {
+        0
+    };
+    let stats = c.take::<u8>(stats_bytes)?;
+    let grid = mul(pl.units, s.p)?;
+    let arr = c.take::<f32>(if pl.copy { grid } else { 0 })?;
+    let tmp = c.take::<f32>(if pl.tmp { grid } else { 0 })?;
+    let k_layer = c.take::<i64>(if pl.budgets.is_some() { s.layers } else { 0 })?;
+    let k_unit = c.take::<i64>(if pl.budgets.is_some() { pl.units } else { 0 })?;
+    let lists = pl.safeguard || pl.shared;
+    let counts = c.take::<i32>(if lists { pl.units } else { 0 })?;
+    let idx = c.take::<i32>(if lists { grid } else { 0 })?;
+    Ok(Parts {
+        sel,
+        sel_bytes,
+        sums,
+        entropy,
+        stats,
+        stats_bytes,
+        arr,
+        tmp,
+        k_layer,
+        k_unit,
+        counts,
+        idx,
+        total: c.bytes(),
+    })
+}
+
+fn shape(layers: u64, hkv: u64, n: u64, window: u64) -> Result<Shape> {
+    if layers == 0 || hkv == 0 || n == 0 || n > crate::error::MAX_TOKENS as u64 {
+        return Err(Error::InvalidArgument);
+    }
+    if layers
+        .checked_mul(hkv)
+        .map_or(true, |u| u > u32::MAX as u64 / 2)
+    {
+        return Err(Error::Overflow);
+    }
+    Ok(Shape {
+        layers: layers as usize,
+        hkv: hkv as usize,
+        p: (n - window.min(n)) as usize,
+    })
+}
+
+pub unsafe fn select_workspace_size(
+    params: *const kve_select_params,
+    layers: u64,
+    hkv: u64,
+    n: u64,
+    window: u64,
+    out_bytes: *mut u64,
+) -> i32 {
+    let cfg = tri!(select_config(params));
+    let s = tri!(shape(layers, hkv, n, window));
+    let parts = tri!(layout(&plan(&cfg, &s), &s, null_mut()));
+    tri!(write(out_bytes, parts.total as u64));
+    KVE_OK
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn select_model(
+    params: *const kve_select_params,
+    scores: *const kve_model_scores,
+    counts: *mut i32,
+    counts_len: u64,
+    idx: *mut i32,
+    idx_ld: u64,
+    idx_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+    stream: *mut c_void,
+) -> i32 {
+    let cfg = tri!(select_config(params));
+    let m = tri!(arg(scores));
+    let s = tri!(shape(m.layers, m.hkv, m.n, m.window));
+    if m.scores.is_null() || counts.is_null() || idx.is_null() {
+        return status_of(Error::NullPointer);
+    }
+    if (m.scores as usize) % 4 != 0 || (counts as usize) % 4 != 0 || (idx as usize) % 4 != 0 {
+        return status_of(Error::Misaligned);
+    }
+    let all = (s.layers * s.hkv) as u64;
+    if (m.len as u128) < all as u128 * s.p as u128 {
+        return status_of(Error::ShapeMismatch);
+    }
+    if idx_ld < s.p as u64
+        || idx_ld > i32::MAX as u64
+        || counts_len < all
+        || (idx_len as u128) < all as u128 * idx_ld as u128
+    {
+        return status_of(Error::OutputTooSmall);
+    }
+    let pl = plan(&cfg, &s);
+    let need = tri!(layout(&pl, &s, null_mut())).total;
+    tri!(check_workspace(workspace, workspace_bytes, need));
+    let parts = tri!(layout(&pl, &s, workspace));
+    run(|| {
+        launch(
+            &cfg,
+            &pl,
+            &s,
+            &parts,
+            m.scores,
+            counts,
+            idx,
+            idx_ld as i64,
+            stream,
+        )
+    })
+}
+
+/// Pool rows of `p` entries on the device (`src` and `dst` distinct).
+unsafe fn pool_rows(
+    cfg: &SelectConfig,
+    src: *const f32,
+    dst: *mut f32,
+    rows: usize,
+    p: usize,
+    stream: *mut c_void,
+) -> core::result::Result<(), i32> {
+    let pp = &cfg.post_pool;
+    let (mode, k, decay) = match pp.kind {
+        // identity: a plain copy (avg over one element)
+        PoolKind::None => (cu::KVE_CUDA_POOL_AVG, 1, 1.0),
+        PoolKind::Avg => (cu::KVE_CUDA_POOL_AVG, pp.kernel as c_int, 1.0),
+        PoolKind::Max => (cu::KVE_CUDA_POOL_MAX, pp.kernel as c_int, 1.0),
+        PoolKind::Forward => (cu::KVE_CUDA_POOL_FORWARD, pp.kernel as c_int, pp.decay),
+    };
+    let k = if pp.is_identity() { 1 } else { k };
+    let mode = if pp.is_identity() {
+        cu::KVE_CUDA_POOL_AVG
+    } else {
+        mode
+    };
+    let n = p as i64;
+    ck(cu::kve_cuda_pool(
+        src,
+        n,
+        dst,
+        n,
+        rows as i64,
+        n,
+        mode,
+        k,
+        decay,
+        stream,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch(
+    cfg: &SelectConfig,
+    pl: &Plan,
+    s: &Shape,
+    parts: &Parts,
+    scores: *const f32,
+    counts: *mut i32,
+    idx: *mut i32,
+    idx_ld: i64,
+    stream: *mut c_void,
+) -> core::result::Result<(), i32> {
+    let (layers, hkv, p) = (s.layers, s.hkv, s.p);
+    let pi = p as i64;
+    let all = (layers * hkv) as i64;
+    let sel = |arr: *const f32,
+               groups: usize,
+               rows_per_group: usize,
+               k: *const i64,
+               k_all: i64,
+               layer_sum: *const f64,
+               rows_per_layer: usize,
+               c: *mut i32,
+               x: *mut i32,
+               ld: i64| {
+        ck(cu::kve_cuda_select(
+            arr,
+            pi,
+            pi,
+            groups as i64,
+            rows_per_group as i64,
+            k,
+            k_all,
+            layer_sum,
+            rows_per_layer as i64,
+            c,
+            x,
+            ld,
+            parts.sel as *mut c_void,
+            parts.sel_bytes,
+            stream,
+        ))
+    };
+    if p == 0 {
+        // every token is in the window: nothing to choose, every count 0
+        return sel(
+            null(),
+            all as usize,
+            1,
+            null(),
+            0,
+            null(),
+            1,
+            counts,
+            idx,
+            idx_ld,
+        );
+    }
+    if pl.stats {
+        ck(cu::kve_cuda_layer_stats(
+            scores,
+            hkv as i64 * pi,
+            hkv as i64 * pi,
+            layers as i64,
+            parts.sums,
+            parts.entropy,
+            parts.stats as *mut c_void,
+            parts.stats_bytes,
+            stream,
+        ))?;
+    }
+    // scores at the selection granularity
+    let arr: *mut f32 = match cfg.granularity {
+        Granularity::Head => {
+            if pl.copy {
+                pool_rows(cfg, scores, parts.arr, pl.units, p, stream)?;
+                parts.arr
+            } else {
+                scores as *mut f32
+            }
+        }
+        Granularity::Layer | Granularity::Token => {
+            let reduced = if pl.tmp { parts.tmp } else { parts.arr };
+            if cfg.granularity == Granularity::Layer {
+                // raw sums over the heads of each layer
+                ck(cu::kve_cuda_head_reduce(
+                    scores,
+                    pi,
+                    null(),
+                    pi,
+                    0,
+                    null(),
+                    reduced,
+                    pi,
+                    all,
+                    layers as i64,
+                    pi,
+                    cu::KVE_CUDA_GQA_SUM,
+                    stream,
+                ))?;
+            } else {
+                let sums = if cfg.normalize == Normalize::LayerSum {
+                    parts.sums as *const f64
+                } else {
+                    null()
+                };
+                ck(cu::kve_cuda_token_reduce(
+                    scores,
+                    sums,
+                    layers as i64,
+                    hkv as i64,
+                    pi,
+                    reduced,
+                    stream,
+                ))?;
+            }
+            if pl.tmp {
+                pool_rows(cfg, parts.tmp, parts.arr, pl.units, p, stream)?;
+            }
+            parts.arr
+        }
+    };
+    // where the final lists go: the caller's, or the workspace to broadcast from
+    let (fc, fi, fld) = if pl.shared {
+        (parts.counts, parts.idx, pi)
+    } else {
+        (counts, idx, idx_ld)
+    };
+    let b = cfg.budget.min(p as u64).min(i64::MAX as u64) as i64;
+    if cfg.granularity == Granularity::Token {
+        sel(arr, 1, 1, null(), b, null(), 1, fc, fi, fld)?;
+    } else if let Some(mode) = pl.budgets {
+        ck(cu::kve_cuda_layer_budgets(
+            mode,
+            parts.entropy,
+            layers as i64,
+            pl.per_layer as i64,
+            pi,
+            cfg.budget,
+            cfg.beta,
+            cfg.alpha,
+            parts.k_layer,
+            parts.k_unit,
+            stream,
+        ))?;
+        if pl.safeguard {
+            // each unit's own top floor(alpha·B_l) is forced, then one top over the layer
+            sel(
+                arr,
+                pl.units,
+                1,
+                parts.k_unit,
+                0,
+                null(),
+                1,
+                parts.counts,
+                parts.idx,
+                pi,
+            )?;
+            ck(cu::kve_cuda_mark_forced(
+                arr,
+                pi,
+                pl.units as i64,
+                parts.counts,
+                parts.idx,
+                pi,
+                stream,
+            ))?;
+            sel(
+                arr,
+                layers,
+                pl.per_layer,
+                parts.k_layer,
+                0,
+                null(),
+                1,
+                fc,
+                fi,
+                fld,
+            )?;
+        } else {
+            sel(arr, pl.units, 1, parts.k_unit, 0, null(), 1, fc, fi, fld)?;
+        }
+    } else {
+        // global: one top-K over every unit, layers normalised by their sums
+        let layer_sum = if cfg.normalize == Normalize::LayerSum {
+            parts.sums as *const f64
+        } else {
+            null()
+        };
+        let k = (pl.units as i64).saturating_mul(b);
+        sel(
+            arr,
+            1,
+            pl.units,
+            null(),
+            k,
+            layer_sum,
+            pl.per_layer,
+            fc,
+            fi,
+            fld,
+        )?;
+    }
+    if pl.shared {
+        ck(cu::kve_cuda_broadcast_lists(
+            parts.counts,
+            parts.idx,
+            pi,
+            pl.units as i64,
+            all / pl.units as i64,
+            counts,
+            idx,
+            idx_ld,
+            stream,
+        ))?;
+    }
+    Ok(())
+}

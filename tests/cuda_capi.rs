@@ -1,0 +1,1114 @@
+//! The public CUDA entry points (`kve_cuda_score_layer`, `kve_cuda_select_model`) against
+//! the host C API, for every scorer, allocator, granularity, dtype and layout.
+//!
+//! Runs on a GPU with `--features cuda` (skips without a device), and in CI without one
+//! with `--features cuda-mock`, where the launchers are the plain-Rust test double of
+//! src/cuda/mock.rs: that proves the host-side chains of launches (which launcher, which
+//! buffer, which stride) reproduce the core, whatever the kernels do.
+#![cfg(any(feature = "cuda", feature = "cuda-mock"))]
+
+use half::{bf16, f16};
+use kvevict::capi::*;
+use kvevict::config::*;
+use kvevict::View;
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+
+/// Device memory: cudaMalloc'd with the real kernels, 256-aligned host memory with the mock.
+mod dev {
+    use std::ffi::c_void;
+
+    #[cfg(feature = "cuda")]
+    mod rt {
+        use std::ffi::c_void;
+        extern "C" {
+            pub fn cudaMalloc(p: *mut *mut c_void, n: usize) -> i32;
+            pub fn cudaFree(p: *mut c_void) -> i32;
+            pub fn cudaMemcpy(dst: *mut c_void, src: *const c_void, n: usize, kind: i32) -> i32;
+            pub fn cudaDeviceSynchronize() -> i32;
+        }
+    }
+
+    pub struct Buf {
+        ptr: *mut u8,
+        bytes: usize,
+    }
+
+    impl Buf {
+        pub fn new(bytes: usize) -> Buf {
+            let bytes = bytes.max(1);
+            #[cfg(feature = "cuda")]
+            let ptr = unsafe {
+                let mut p = std::ptr::null_mut();
+                assert_eq!(rt::cudaMalloc(&mut p, bytes), 0, "cudaMalloc");
+                p as *mut u8
+            };
+            #[cfg(not(feature = "cuda"))]
+            let ptr = unsafe {
+                std::alloc::alloc(std::alloc::Layout::from_size_align(bytes, 256).unwrap())
+            };
+            let b = Buf { ptr, bytes };
+            b.upload(&vec![0xA5u8; bytes]);
+            b
+        }
+        pub fn from<T: Copy>(h: &[T]) -> Buf {
+            let b = Buf::new(std::mem::size_of_val(h));
+            b.upload(h);
+            b
+        }
+        pub fn upload<T: Copy>(&self, h: &[T]) {
+            let n = std::mem::size_of_val(h);
+            assert!(n <= self.bytes);
+            #[cfg(feature = "cuda")]
+            unsafe {
+                assert_eq!(
+                    rt::cudaMemcpy(self.ptr as *mut c_void, h.as_ptr() as *const c_void, n, 1),
+                    0
+                );
+            }
+            #[cfg(not(feature = "cuda"))]
+            unsafe {
+                std::ptr::copy_nonoverlapping(h.as_ptr() as *const u8, self.ptr, n);
+            }
+        }
+        pub fn download<T: Copy + Default>(&self, count: usize) -> Vec<T> {
+            let mut v = vec![T::default(); count];
+            let n = std::mem::size_of_val(&v[..]);
+            assert!(n <= self.bytes);
+            #[cfg(feature = "cuda")]
+            unsafe {
+                assert_eq!(rt::cudaDeviceSynchronize(), 0, "kernel error");
+                assert_eq!(
+                    rt::cudaMemcpy(
+                        v.as_mut_ptr() as *mut c_void,
+                        self.ptr as *const c_void,
+                        n,
+                        2
+                    ),
+                    0
+                );
+            }
+            #[cfg(not(feature = "cuda"))]
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.ptr, v.as_mut_ptr() as *mut u8, n);
+            }
+            v
+        }
+        pub fn ptr<T>(&self) -> *mut T {
+            self.ptr as *mut T
+        }
+    }
+
+    impl Drop for Buf {
+        fn drop(&mut self) {
+            #[cfg(feature = "cuda")]
+            unsafe {
+                rt::cudaFree(self.ptr as *mut c_void);
+            }
+            #[cfg(not(feature = "cuda"))]
+            unsafe {
+                std::alloc::dealloc(
+                    self.ptr,
+                    std::alloc::Layout::from_size_align(self.bytes, 256).unwrap(),
+                );
+            }
+        }
+    }
+
+    /// A device to run on: always with the mock; with CUDA, when the runtime sees one.
+    pub fn present() -> bool {
+        let mut c = 0i32;
+        let st = unsafe { kvevict::capi::kve_cuda_get_device_count(&mut c) };
+        assert_eq!(st, kvevict::capi::KVE_OK);
+        if c == 0 {
+            println!("skipped: no CUDA device");
+        }
+        c > 0
+    }
+
+    #[allow(dead_code)]
+    pub fn null() -> *mut c_void {
+        std::ptr::null_mut()
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn unif(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    fn normal(&mut self) -> f32 {
+        let (a, b) = (self.unif().max(1e-7), self.unif());
+        (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos()
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.normal() * scale).collect()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Dt {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Dt {
+    fn code(self) -> u32 {
+        self as u32
+    }
+    fn size(self) -> usize {
+        if self == Dt::F32 {
+            4
+        } else {
+            2
+        }
+    }
+    fn encode(self, xs: &[f32]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(xs.len() * self.size());
+        for &x in xs {
+            match self {
+                Dt::F32 => out.extend_from_slice(&x.to_le_bytes()),
+                Dt::F16 => out.extend_from_slice(&f16::from_f32(x).to_le_bytes()),
+                Dt::Bf16 => out.extend_from_slice(&bf16::from_f32(x).to_le_bytes()),
+            }
+        }
+        out
+    }
+}
+
+/// How a [heads, tokens, dim] tensor lies in memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Layout {
+    /// [H, N, d]
+    HeadMajor,
+    /// llama.cpp K rows [N][H*d]
+    TokenRows,
+    /// llama.cpp transposed V [H*d][N]
+    Transposed,
+}
+
+fn strides(l: Layout, e: [usize; 3]) -> [usize; 3] {
+    let [h, t, d] = e;
+    match l {
+        Layout::HeadMajor => [t * d, d, 1],
+        Layout::TokenRows => [d, h * d, 1],
+        Layout::Transposed => [d * t, 1, t],
+    }
+}
+
+/// One tensor, host bytes and device copy, in a dtype and layout.
+struct Tensor {
+    dt: Dt,
+    ext: [usize; 3],
+    stride: [usize; 3],
+    bytes: Vec<u8>,
+    dev: dev::Buf,
+}
+
+impl Tensor {
+    fn new(dt: Dt, l: Layout, ext: [usize; 3], rng: &mut Rng, scale: f32) -> Tensor {
+        let stride = strides(l, ext);
+        let len = ext[0] * ext[1] * ext[2];
+        let vals = rng.vec(len, scale);
+        let bytes = dt.encode(&vals);
+        let dev = dev::Buf::from(&bytes);
+        Tensor {
+            dt,
+            ext,
+            stride,
+            bytes,
+            dev,
+        }
+    }
+    fn len(&self) -> usize {
+        self.ext.iter().product()
+    }
+    fn desc(&self, on_device: bool) -> kve_tensor {
+        let data = if on_device {
+            self.dev.ptr::<c_void>() as *const c_void
+        } else {
+            self.bytes.as_ptr() as *const c_void
+        };
+        kve_tensor {
+            data,
+            len: self.len() as u64,
+            dtype: self.dt.code(),
+            pad: 0,
+            extent: self.ext.map(|x| x as u64),
+            stride: self.stride.map(|x| x as u64),
+        }
+    }
+    fn view(&self) -> View<'_> {
+        let n = self.len();
+        unsafe {
+            match self.dt {
+                Dt::F32 => View::f32(
+                    std::slice::from_raw_parts(self.bytes.as_ptr() as *const f32, n),
+                    self.ext,
+                    self.stride,
+                ),
+                Dt::F16 => View::f16(
+                    std::slice::from_raw_parts(self.bytes.as_ptr() as *const f16, n),
+                    self.ext,
+                    self.stride,
+                ),
+                Dt::Bf16 => View::bf16(
+                    std::slice::from_raw_parts(self.bytes.as_ptr() as *const bf16, n),
+                    self.ext,
+                    self.stride,
+                ),
+            }
+            .unwrap()
+        }
+    }
+}
+
+/// A layer's tensors and the per-model LaProx / CriticalKV inputs, host and device.
+struct Layer {
+    hq: usize,
+    hkv: usize,
+    n: usize,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gram: [Vec<f32>; 2],
+    forms: [Vec<f32>; 2],
+    l1: Vec<f32>,
+    dgram: [dev::Buf; 2],
+    dforms: [dev::Buf; 2],
+    dl1: dev::Buf,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn layer(
+    dt: Dt,
+    kl: Layout,
+    vl: Layout,
+    hq: usize,
+    hkv: usize,
+    n: usize,
+    d: usize,
+    seed: u64,
+) -> Layer {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D));
+    let wq = 70;
+    let dm = 48;
+    let q = Tensor::new(dt, Layout::HeadMajor, [hq, wq, d], &mut rng, 1.0);
+    let k = Tensor::new(dt, kl, [hkv, n, d], &mut rng, 1.0);
+    let v = Tensor::new(dt, vl, [hkv, n, d], &mut rng, 1.0);
+    let wo_vals = rng.vec(hq * d * dm, 0.2);
+    let wo = View::f32(&wo_vals, [hq, d, dm], [d * dm, dm, 1]).unwrap();
+    let mut gram: [Vec<f32>; 2] = Default::default();
+    let mut forms: [Vec<f32>; 2] = Default::default();
+    for (c, cross) in [false, true].into_iter().enumerate() {
+        let mut g = vec![0f32; kvevict::gram::gram_len(hq, hkv, d, cross).unwrap()];
+        let mut ws = vec![0u8; kvevict::gram::gram_workspace_size(d, dm).unwrap()];
+        kvevict::compute_gram(&wo, hkv, cross, &mut g, &mut ws).unwrap();
+        let mut f = vec![0f32; kvevict::gram::value_forms_len(hq, hkv, n, cross).unwrap()];
+        kvevict::compute_value_forms(&v.view(), &g, hq, cross, 0, n, &mut f).unwrap();
+        gram[c] = g;
+        forms[c] = f;
+    }
+    let mut l1 = vec![0f32; hkv * n];
+    let mut ws = vec![0u8; kvevict::gram::value_l1_workspace_size(d, dm).unwrap()];
+    kvevict::compute_value_l1(&v.view(), &wo, &mut l1, &mut ws).unwrap();
+    Layer {
+        hq,
+        hkv,
+        n,
+        dgram: [dev::Buf::from(&gram[0]), dev::Buf::from(&gram[1])],
+        dforms: [dev::Buf::from(&forms[0]), dev::Buf::from(&forms[1])],
+        dl1: dev::Buf::from(&l1),
+        q,
+        k,
+        v,
+        gram,
+        forms,
+        l1,
+    }
+}
+
+fn score_params(f: impl FnOnce(&mut kve_score_params), preset: Preset) -> kve_score_params {
+    unsafe {
+        let mut p = std::mem::zeroed::<kve_score_params>();
+        assert_eq!(
+            kve_score_params_init(
+                &mut p,
+                std::mem::size_of::<kve_score_params>() as u32,
+                preset as u32
+            ),
+            KVE_OK
+        );
+        f(&mut p);
+        p
+    }
+}
+
+fn inputs_init() -> kve_layer_inputs {
+    unsafe {
+        let mut i = std::mem::zeroed::<kve_layer_inputs>();
+        assert_eq!(
+            kve_layer_inputs_init(&mut i, std::mem::size_of::<kve_layer_inputs>() as u32),
+            KVE_OK
+        );
+        i
+    }
+}
+
+/// How the LaProx value term reaches the scorer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Vals {
+    Gram,
+    Forms,
+}
+
+fn inputs(
+    l: &Layer,
+    p: &kve_score_params,
+    vals: Vals,
+    lse: Option<(&[f32], &dev::Buf)>,
+    on_device: bool,
+) -> kve_layer_inputs {
+    let mut i = inputs_init();
+    i.queries = l.q.desc(on_device);
+    i.keys = l.k.desc(on_device);
+    i.values = l.v.desc(on_device);
+    let c =
+        (p.scorer == ScorerKind::LaProx as u32 && p.laprox_gqa != LaproxGqa::Sum as u32) as usize;
+    if p.scorer == ScorerKind::LaProx as u32 {
+        match vals {
+            Vals::Gram => {
+                i.gram = if on_device {
+                    l.dgram[c].ptr()
+                } else {
+                    l.gram[c].as_ptr()
+                };
+                i.gram_len = l.gram[c].len() as u64;
+            }
+            Vals::Forms => {
+                i.values = kve_tensor::NONE;
+                i.value_forms = if on_device {
+                    l.dforms[c].ptr()
+                } else {
+                    l.forms[c].as_ptr()
+                };
+                i.value_forms_len = l.forms[c].len() as u64;
+            }
+        }
+    }
+    i.value_l1 = if on_device {
+        l.dl1.ptr()
+    } else {
+        l.l1.as_ptr()
+    };
+    i.value_l1_len = l.l1.len() as u64;
+    if let Some((h, d)) = lse {
+        i.row_lse = if on_device { d.ptr() } else { h.as_ptr() };
+        i.row_lse_len = h.len() as u64;
+    }
+    i
+}
+
+fn host_scores(
+    l: &Layer,
+    p: &kve_score_params,
+    vals: Vals,
+    lse: Option<(&[f32], &dev::Buf)>,
+) -> Vec<f32> {
+    let d = l.k.ext[2] as u64;
+    let mut bytes = 0u64;
+    unsafe {
+        assert_eq!(
+            kve_score_workspace_size(p, l.hq as u64, l.hkv as u64, l.n as u64, d, d, &mut bytes),
+            KVE_OK
+        );
+        let mut ws = vec![0u8; bytes as usize];
+        let w = (p.window as usize).min(l.n);
+        let mut out = vec![0f32; l.hkv * (l.n - w)];
+        let inp = inputs(l, p, vals, lse, false);
+        let st = kve_score_layer(
+            p,
+            &inp,
+            out.as_mut_ptr(),
+            out.len() as u64,
+            ws.as_mut_ptr() as *mut c_void,
+            bytes,
+        );
+        assert_eq!(st, KVE_OK, "host score");
+        out
+    }
+}
+
+fn device_scores(
+    l: &Layer,
+    p: &kve_score_params,
+    vals: Vals,
+    lse: Option<(&[f32], &dev::Buf)>,
+) -> Vec<f32> {
+    let d = l.k.ext[2] as u64;
+    let mut bytes = 0u64;
+    unsafe {
+        assert_eq!(
+            kve_cuda_score_workspace_size(
+                p,
+                l.hq as u64,
+                l.hkv as u64,
+                l.n as u64,
+                d,
+                d,
+                &mut bytes
+            ),
+            KVE_OK
+        );
+        let ws = dev::Buf::new(bytes as usize);
+        let w = (p.window as usize).min(l.n);
+        let len = l.hkv * (l.n - w);
+        let out = dev::Buf::new(len * 4);
+        let inp = inputs(l, p, vals, lse, true);
+        let st = kve_cuda_score_layer(p, &inp, out.ptr(), len as u64, ws.ptr(), bytes, null_mut());
+        assert_eq!(st, KVE_OK, "device score");
+        out.download::<f32>(len)
+    }
+}
+
+/// Largest |a - b| per head relative to that head's largest |b|.
+fn worst_rel(a: &[f32], b: &[f32], heads: usize) -> f64 {
+    let p = b.len() / heads.max(1);
+    let mut worst = 0f64;
+    for h in 0..heads {
+        let (ra, rb) = (&a[h * p..(h + 1) * p], &b[h * p..(h + 1) * p]);
+        let scale = rb
+            .iter()
+            .fold(0f64, |m, &x| m.max((x as f64).abs()))
+            .max(1e-30);
+        for (&x, &y) in ra.iter().zip(rb) {
+            worst = worst.max((x as f64 - y as f64).abs() / scale);
+        }
+    }
+    worst
+}
+
+fn configs() -> Vec<(&'static str, kve_score_params)> {
+    use Preset as P;
+    let mut v = vec![
+        ("snapkv", score_params(|_| {}, P::SnapKv)),
+        ("snapkv-kvpress", score_params(|_| {}, P::SnapKvKvpress)),
+        (
+            "snapkv rbp max",
+            score_params(
+                |p| {
+                    p.reduce_before_pool = 1;
+                    p.gqa = GqaReduce::Max as u32;
+                },
+                P::SnapKv,
+            ),
+        ),
+        (
+            "snapkv sum fwd",
+            score_params(
+                |p| {
+                    p.gqa = GqaReduce::Sum as u32;
+                    p.pool_kind = PoolKind::Forward as u32;
+                    p.pool_kernel = 8;
+                    p.pool_decay = 0.9;
+                },
+                P::SnapKv,
+            ),
+        ),
+        ("lava", score_params(|_| {}, P::Lava)),
+        ("laprox", score_params(|_| {}, P::LaProx)),
+        ("laprox-span", score_params(|_| {}, P::LaProxSpan)),
+        (
+            "laprox product",
+            score_params(|p| p.placement = PoolPlacement::Product as u32, P::LaProx),
+        ),
+        (
+            "laprox exact",
+            score_params(|p| p.laprox_gqa = LaproxGqa::Exact as u32, P::LaProx),
+        ),
+        (
+            "laprox exact k1",
+            score_params(|p| p.laprox_gqa = LaproxGqa::Exact as u32, P::LaProxSpan),
+        ),
+        (
+            "laprox mean-attn",
+            score_params(|p| p.laprox_gqa = LaproxGqa::MeanAttn as u32, P::LaProx),
+        ),
+        (
+            "laprox mean-attn product",
+            score_params(
+                |p| {
+                    p.laprox_gqa = LaproxGqa::MeanAttn as u32;
+                    p.placement = PoolPlacement::Product as u32;
+                },
+                P::LaProx,
+            ),
+        ),
+        (
+            "criticalkv",
+            score_params(|p| p.critical_first_stage = 20, P::CriticalKv),
+        ),
+        ("streamingllm", score_params(|_| {}, P::StreamingLlm)),
+        ("knorm", score_params(|_| {}, P::KNorm)),
+        ("tova", score_params(|_| {}, P::Tova)),
+    ];
+    v.push((
+        "laprox mean-attn k1",
+        score_params(|p| p.laprox_gqa = LaproxGqa::MeanAttn as u32, P::LaProxSpan),
+    ));
+    v
+}
+
+/// Compare CriticalKV's forced entries (f32::MAX) as sets, the rest by value.
+fn critical_diff(dev: &[f32], host: &[f32]) -> (usize, f64) {
+    let mismatched = dev
+        .iter()
+        .zip(host)
+        .filter(|(a, b)| (**a == f32::MAX) != (**b == f32::MAX))
+        .count();
+    let (mut da, mut ha) = (Vec::new(), Vec::new());
+    for (&a, &b) in dev.iter().zip(host) {
+        if a != f32::MAX && b != f32::MAX {
+            da.push(a);
+            ha.push(b);
+        }
+    }
+    (mismatched, worst_rel(&da, &ha, 1))
+}
+
+/// Tolerance of device scores against the host: the mock differs only in summation
+/// order; tensor cores add 16-bit rounding of the Gram (hi + lo) and another order.
+fn tolerance(dt: Dt) -> f64 {
+    if cfg!(feature = "cuda") && dt != Dt::F32 {
+        5e-4
+    } else {
+        5e-5
+    }
+}
+
+#[test]
+fn device_scores_match_host_for_every_scorer() {
+    if !dev::present() {
+        return;
+    }
+    let cases = [
+        (Dt::F32, Layout::HeadMajor, Layout::HeadMajor, 8, 2, 300, 32),
+        (
+            Dt::F16,
+            Layout::TokenRows,
+            Layout::Transposed,
+            8,
+            2,
+            257,
+            64,
+        ),
+        (
+            Dt::Bf16,
+            Layout::HeadMajor,
+            Layout::TokenRows,
+            4,
+            4,
+            200,
+            64,
+        ),
+        (
+            Dt::F16,
+            Layout::HeadMajor,
+            Layout::HeadMajor,
+            12,
+            3,
+            150,
+            128,
+        ),
+    ];
+    let mut worst_all = 0f64;
+    for (ci, &(dt, kl, vl, hq, hkv, n, d)) in cases.iter().enumerate() {
+        let l = layer(dt, kl, vl, hq, hkv, n, d, ci as u64 + 1);
+        for (name, p) in configs() {
+            for vals in [Vals::Gram, Vals::Forms] {
+                if vals == Vals::Forms && p.scorer != ScorerKind::LaProx as u32 {
+                    continue;
+                }
+                let host = host_scores(&l, &p, vals, None);
+                let devs = device_scores(&l, &p, vals, None);
+                let what =
+                    format!("{name} {vals:?} {dt:?} {kl:?}/{vl:?} hq={hq} hkv={hkv} n={n} d={d}");
+                if p.scorer == ScorerKind::CriticalKv as u32 {
+                    let (m, e) = critical_diff(&devs, &host);
+                    assert!(
+                        m <= if cfg!(feature = "cuda") { hkv } else { 0 },
+                        "{what}: {m} forced entries differ"
+                    );
+                    assert!(e <= tolerance(dt), "{what}: {e:e}");
+                    continue;
+                }
+                let e = worst_rel(&devs, &host, hkv);
+                worst_all = worst_all.max(e);
+                assert!(
+                    e <= tolerance(dt),
+                    "{what}: worst relative difference {e:e}"
+                );
+            }
+        }
+    }
+    println!("worst relative difference, every scorer: {worst_all:.2e}");
+}
+
+#[test]
+fn device_scores_with_row_lse_match_host() {
+    if !dev::present() {
+        return;
+    }
+    let l = layer(
+        Dt::Bf16,
+        Layout::TokenRows,
+        Layout::Transposed,
+        8,
+        2,
+        260,
+        64,
+        7,
+    );
+    for (name, p) in configs() {
+        if matches!(p.scorer, x if x == ScorerKind::KNorm as u32 || x == ScorerKind::StreamingLlm as u32)
+        {
+            continue;
+        }
+        let w = (p.window as usize).min(l.n);
+        // the LSE from the host helper, on both sides
+        let mut lse = vec![0f32; l.hq * w];
+        let mut bytes = 0u64;
+        unsafe {
+            let d = l.k.ext[2] as u64;
+            assert_eq!(
+                kve_window_row_lse_workspace_size(
+                    l.hq as u64,
+                    l.hkv as u64,
+                    l.n as u64,
+                    d,
+                    p.window,
+                    &mut bytes
+                ),
+                KVE_OK
+            );
+            let mut ws = vec![0u8; bytes as usize];
+            let (qt, kt) = (l.q.desc(false), l.k.desc(false));
+            assert_eq!(
+                kve_window_row_lse(
+                    &qt,
+                    &kt,
+                    p.window,
+                    lse.as_mut_ptr(),
+                    lse.len() as u64,
+                    ws.as_mut_ptr() as *mut c_void,
+                    bytes
+                ),
+                KVE_OK
+            );
+        }
+        let dl = dev::Buf::from(&lse);
+        let host = host_scores(&l, &p, Vals::Gram, Some((&lse, &dl)));
+        let devs = device_scores(&l, &p, Vals::Gram, Some((&lse, &dl)));
+        if p.scorer == ScorerKind::CriticalKv as u32 {
+            let (m, e) = critical_diff(&devs, &host);
+            assert!(
+                m <= if cfg!(feature = "cuda") { l.hkv } else { 0 } && e <= tolerance(Dt::Bf16),
+                "{name}"
+            );
+            continue;
+        }
+        let e = worst_rel(&devs, &host, l.hkv);
+        assert!(e <= tolerance(Dt::Bf16), "{name} with row_lse: {e:e}");
+    }
+}
+
+#[test]
+fn device_score_rejects_bad_input_before_launching() {
+    if !dev::present() {
+        return;
+    }
+    let l = layer(
+        Dt::F16,
+        Layout::HeadMajor,
+        Layout::HeadMajor,
+        8,
+        2,
+        120,
+        32,
+        3,
+    );
+    let p = score_params(|_| {}, Preset::LaProx);
+    let d = 32u64;
+    let mut bytes = 0u64;
+    unsafe {
+        assert_eq!(
+            kve_cuda_score_workspace_size(&p, 8, 2, l.n as u64, d, d, &mut bytes),
+            KVE_OK
+        );
+        let ws = dev::Buf::new(bytes as usize);
+        let len = 2 * (l.n - 32);
+        let out = dev::Buf::new(len * 4);
+        let canary = vec![0xA5A5_A5A5u32; len];
+        let check = |inp: &kve_layer_inputs, wsb: u64, out_len: u64, want: i32, what: &str| {
+            out.upload(&canary);
+            let st = kve_cuda_score_layer(&p, inp, out.ptr(), out_len, ws.ptr(), wsb, null_mut());
+            assert_eq!(st, want, "{what}");
+            assert!(out.download::<u32>(len) == canary, "{what}: out written");
+        };
+        let good = inputs(&l, &p, Vals::Gram, None, true);
+        check(
+            &good,
+            bytes - 1,
+            len as u64,
+            KVE_ERR_WORKSPACE_TOO_SMALL,
+            "short workspace",
+        );
+        check(
+            &good,
+            bytes,
+            len as u64 - 1,
+            KVE_ERR_OUTPUT_TOO_SMALL,
+            "short out",
+        );
+        let mut x = good;
+        x.gram = null();
+        x.gram_len = 0;
+        check(&x, bytes, len as u64, KVE_ERR_NULL_POINTER, "no gram");
+        let mut x = good;
+        x.gram_len -= 1;
+        check(&x, bytes, len as u64, KVE_ERR_SHAPE_MISMATCH, "gram length");
+        let mut x = good;
+        x.keys.data = null();
+        check(&x, bytes, len as u64, KVE_ERR_NULL_POINTER, "no keys");
+        let mut x = good;
+        x.keys.dtype = 9;
+        check(&x, bytes, len as u64, KVE_ERR_BAD_ENUM, "dtype");
+        let mut x = good;
+        x.values.extent[1] -= 1;
+        check(
+            &x,
+            bytes,
+            len as u64,
+            KVE_ERR_SHAPE_MISMATCH,
+            "values tokens",
+        );
+        let mut x = good;
+        x.keys.len -= 1;
+        check(&x, bytes, len as u64, KVE_ERR_OUT_OF_BOUNDS, "keys length");
+        let mut x = good;
+        x.row_lse = l.dl1.ptr();
+        x.row_lse_len = 3;
+        check(
+            &x,
+            bytes,
+            len as u64,
+            KVE_ERR_SHAPE_MISMATCH,
+            "row_lse length",
+        );
+        let st = kve_cuda_score_layer(
+            &p,
+            &good,
+            null_mut(),
+            len as u64,
+            ws.ptr(),
+            bytes,
+            null_mut(),
+        );
+        assert_eq!(st, KVE_ERR_NULL_POINTER);
+        // the whole cache is window: nothing to score, nothing written
+        let mut big = p;
+        big.window = 4096;
+        out.upload(&canary);
+        let st = kve_cuda_score_layer(&big, &good, out.ptr(), 0, ws.ptr(), bytes, null_mut());
+        assert_eq!(st, KVE_OK);
+        assert!(out.download::<u32>(len) == canary);
+    }
+}
+
+// ------------------------------------------------------------------------- selection
+
+fn select_params(alloc: AllocatorKind, gran: Granularity, budget: u64) -> kve_select_params {
+    unsafe {
+        let mut p = std::mem::zeroed::<kve_select_params>();
+        assert_eq!(
+            kve_select_params_init(
+                &mut p,
+                std::mem::size_of::<kve_select_params>() as u32,
+                alloc as u32,
+                gran as u32,
+                budget
+            ),
+            KVE_OK
+        );
+        p
+    }
+}
+
+/// Host selection as per-unit prefix lists (the window dropped).
+fn host_select(
+    p: &kve_select_params,
+    scores: &[f32],
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    w: usize,
+) -> Vec<Vec<u32>> {
+    let m = kve_model_scores {
+        scores: scores.as_ptr(),
+        len: scores.len() as u64,
+        layers: layers as u64,
+        hkv: hkv as u64,
+        n: n as u64,
+        window: w as u64,
+    };
+    unsafe {
+        let (mut no, mut ni, mut bytes) = (0u64, 0u64, 0u64);
+        assert_eq!(
+            kve_select_output_len(
+                p,
+                layers as u64,
+                hkv as u64,
+                n as u64,
+                w as u64,
+                &mut no,
+                &mut ni
+            ),
+            KVE_OK
+        );
+        assert_eq!(
+            kve_select_workspace_size(p, layers as u64, hkv as u64, n as u64, w as u64, &mut bytes),
+            KVE_OK
+        );
+        let mut off = vec![0u64; no as usize];
+        let mut idx = vec![0u32; ni as usize];
+        let mut ws = vec![0u8; bytes as usize];
+        let st = kve_select_model(
+            p,
+            &m,
+            off.as_mut_ptr(),
+            no,
+            idx.as_mut_ptr(),
+            ni,
+            ws.as_mut_ptr() as *mut c_void,
+            bytes,
+        );
+        assert_eq!(st, KVE_OK);
+        let pfx = (n - w.min(n)) as u32;
+        (0..layers * hkv)
+            .map(|u| {
+                idx[off[u] as usize..off[u + 1] as usize]
+                    .iter()
+                    .copied()
+                    .filter(|&i| i < pfx)
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+fn device_select(
+    p: &kve_select_params,
+    scores: &dev::Buf,
+    len: usize,
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    w: usize,
+) -> Vec<Vec<u32>> {
+    let m = kve_model_scores {
+        scores: scores.ptr(),
+        len: len as u64,
+        layers: layers as u64,
+        hkv: hkv as u64,
+        n: n as u64,
+        window: w as u64,
+    };
+    let units = layers * hkv;
+    let ld = (n - w.min(n)).max(1) + 3;
+    unsafe {
+        let mut bytes = 0u64;
+        assert_eq!(
+            kve_cuda_select_model_workspace_size(
+                p,
+                layers as u64,
+                hkv as u64,
+                n as u64,
+                w as u64,
+                &mut bytes
+            ),
+            KVE_OK
+        );
+        let ws = dev::Buf::new(bytes as usize);
+        let counts = dev::Buf::new(units * 4);
+        let idx = dev::Buf::new(units * ld * 4);
+        let st = kve_cuda_select_model(
+            p,
+            &m,
+            counts.ptr(),
+            units as u64,
+            idx.ptr(),
+            ld as u64,
+            (units * ld) as u64,
+            ws.ptr(),
+            bytes,
+            null_mut(),
+        );
+        assert_eq!(st, KVE_OK, "device select");
+        let c = counts.download::<i32>(units);
+        let x = idx.download::<i32>(units * ld);
+        (0..units)
+            .map(|u| {
+                x[u * ld..u * ld + c[u] as usize]
+                    .iter()
+                    .map(|&i| i as u32)
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn device_selection_equals_host_for_every_allocator_and_granularity() {
+    if !dev::present() {
+        return;
+    }
+    let mut rng = Rng(77);
+    let (layers, hkv, n, w) = (5, 3, 230, 30);
+    let p = n - w;
+    // non-negative scores of different scales per layer, with exact ties
+    let mut scores = vec![0f32; layers * hkv * p];
+    for (e, s) in scores.iter_mut().enumerate() {
+        let l = e / (hkv * p);
+        *s = rng.unif() * (1.0 + l as f32);
+        if e % 17 == 0 {
+            *s = 0.5;
+        }
+    }
+    let d = dev::Buf::from(&scores);
+    let mut checked = 0;
+    for alloc in [
+        AllocatorKind::Uniform,
+        AllocatorKind::Ada,
+        AllocatorKind::Pyramid,
+        AllocatorKind::Lava,
+        AllocatorKind::Global,
+    ] {
+        for gran in [Granularity::Head, Granularity::Layer, Granularity::Token] {
+            for budget in [0u64, 7, 40, 1000] {
+                for (norm, pool) in [
+                    (Normalize::LayerSum, Pool::NONE),
+                    (Normalize::None, Pool::NONE),
+                    (Normalize::LayerSum, Pool::forward(8, 0.9)),
+                    (Normalize::LayerSum, Pool::max(3)),
+                    (Normalize::None, Pool::avg(5)),
+                ] {
+                    let mut sp = select_params(alloc, gran, budget);
+                    sp.normalize = norm as u32;
+                    sp.post_pool_kind = pool.kind as u32;
+                    sp.post_pool_kernel = pool.kernel;
+                    sp.post_pool_decay = pool.decay;
+                    sp.alpha = 0.3;
+                    let host = host_select(&sp, &scores, layers, hkv, n, w);
+                    let devs = device_select(&sp, &d, scores.len(), layers, hkv, n, w);
+                    assert_eq!(
+                        devs, host,
+                        "{alloc:?} {gran:?} budget {budget} {norm:?} {pool:?}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    // LaProx-span's selection, and a cache that is all window
+    let sp = unsafe {
+        let mut p = std::mem::zeroed::<kve_select_params>();
+        kve_select_params_init_laprox_span(
+            &mut p,
+            std::mem::size_of::<kve_select_params>() as u32,
+            20,
+        );
+        p
+    };
+    assert_eq!(
+        device_select(&sp, &d, scores.len(), layers, hkv, n, w),
+        host_select(&sp, &scores, layers, hkv, n, w)
+    );
+    let all_window = device_select(&sp, &d, scores.len(), layers, hkv, 20, 30);
+    assert!(all_window.iter().all(|l| l.is_empty()));
+    println!("{checked} selections equal to the host's");
+}
+
+#[test]
+fn device_select_rejects_bad_input_before_launching() {
+    if !dev::present() {
+        return;
+    }
+    let (layers, hkv, n, w) = (2usize, 2usize, 50usize, 10usize);
+    let p = n - w;
+    let d = dev::Buf::from(&vec![1f32; layers * hkv * p]);
+    let sp = select_params(AllocatorKind::Lava, Granularity::Head, 5);
+    let mut m = kve_model_scores {
+        scores: d.ptr(),
+        len: (layers * hkv * p) as u64,
+        layers: layers as u64,
+        hkv: hkv as u64,
+        n: n as u64,
+        window: w as u64,
+    };
+    unsafe {
+        let mut bytes = 0u64;
+        assert_eq!(
+            kve_cuda_select_model_workspace_size(&sp, 2, 2, n as u64, w as u64, &mut bytes),
+            KVE_OK
+        );
+        let ws = dev::Buf::new(bytes as usize);
+        let units = layers * hkv;
+        let counts = dev::Buf::new(units * 4);
+        let idx = dev::Buf::new(units * p * 4);
+        let canary = vec![-7i32; units];
+        let run = |m: &kve_model_scores, ld: u64, wsb: u64| {
+            counts.upload(&canary);
+            let st = kve_cuda_select_model(
+                &sp,
+                m,
+                counts.ptr(),
+                units as u64,
+                idx.ptr(),
+                ld,
+                (units * p) as u64,
+                ws.ptr(),
+                wsb,
+                null_mut(),
+            );
+            let untouched = counts.download::<i32>(units) == canary;
+            (st, untouched)
+        };
+        assert_eq!(
+            run(&m, p as u64, bytes - 1),
+            (KVE_ERR_WORKSPACE_TOO_SMALL, true)
+        );
+        assert_eq!(
+            run(&m, p as u64 - 1, bytes),
+            (KVE_ERR_OUTPUT_TOO_SMALL, true)
+        );
+        m.len -= 1;
+        assert_eq!(run(&m, p as u64, bytes), (KVE_ERR_SHAPE_MISMATCH, true));
+        m.len += 1;
+        m.layers = 0;
+        assert_eq!(run(&m, p as u64, bytes), (KVE_ERR_INVALID_ARGUMENT, true));
+        m.layers = 2;
+        m.scores = null();
+        assert_eq!(run(&m, p as u64, bytes), (KVE_ERR_NULL_POINTER, true));
+        m.scores = d.ptr();
+        let (st, _) = run(&m, p as u64, bytes);
+        assert_eq!(st, KVE_OK);
+        let _ = dev::null();
+    }
+}
