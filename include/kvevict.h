@@ -248,7 +248,7 @@ typedef struct kve_score_params {
  *
  * Every scorer that reads queries also takes the optional `row_lse` (flash attention's
  * `softmax_lse` of the window rows, or `kve_window_row_lse`): K is then read once, not
- * twice. `kve_cuda_score_layer` does not read it.
+ * twice (on the device too).
  *
  * A tensor with `data == NULL` is absent; a required one absent gives
  * `KVE_ERR_NULL_POINTER`. Extensible like the params structs (`struct_size` first).
@@ -474,7 +474,8 @@ int32_t kve_cuda_get_device_count(int32_t *count);
 
 /**
  * Device workspace bytes of `kve_cuda_score_layer` (shape as in
- * `kve_score_workspace_size`). Writes only `*out_bytes` (host memory).
+ * `kve_score_workspace_size`; enough for LaProx with the Gram, whatever the dtype).
+ * Writes only `*out_bytes` (host memory).
  */
 int32_t kve_cuda_score_workspace_size(const struct kve_score_params *params,
                                       uint64_t hq,
@@ -486,10 +487,23 @@ int32_t kve_cuda_score_workspace_size(const struct kve_score_params *params,
 
 /**
  * `kve_score_layer` on the device, enqueued on `stream` (a `cudaStream_t`, NULL = the
- * legacy default stream). Tensors of `inputs`, `out` (`Hkv*P` floats, `[Hkv][P]`) and
- * the workspace are device memory. Supported on the device so far: the SnapKV scorer
- * (any pooling, GQA reduction and reduce-before-pool), `dk <= 256`; other scorers give
- * `KVE_ERR_INVALID_ARGUMENT`. Unlike the host path, NaN/Inf are not detected.
+ * legacy default stream): every scorer, pooling, GQA mode and placement of the host
+ * path, f32/f16/bf16 in any strided layout. Tensors of `inputs` and its `gram`,
+ * `value_forms`, `value_l1` and `row_lse` arrays, `out` (`Hkv*P` floats, `[Hkv][P]`)
+ * and the workspace (256-byte aligned, `kve_cuda_score_workspace_size` bytes) are
+ * device memory; the structs themselves are host memory. LaProx's `gram` is the f32
+ * output of `kve_compute_gram` copied to the device (for f16/bf16 values it is split
+ * into a high and a low part in the values' dtype, in the workspace, so the tensor
+ * cores see an f32-accurate G); or pass `value_forms` (`kve_compute_value_forms`, on
+ * the device). With `row_lse` the window pass reads K once.
+ *
+ * Limits of the kernels: `dk <= 256`; `dv <= 256` when the Gram is given; the exact and
+ * mean-attn LaProx GQA modes need `g <= 16`; otherwise `KVE_ERR_INVALID_ARGUMENT`.
+ * Everything the host can check (pointers, dtypes, extents and strides against `len`,
+ * lengths, alignment, workspace size) is checked before anything is enqueued, with the
+ * host path's status codes. Unlike the host path, NaN/Inf are not detected. Nothing
+ * synchronises; kernel faults surface on the stream (`KVE_ERR_CUDA` when a launch is
+ * refused).
  */
 int32_t kve_cuda_score_layer(const struct kve_score_params *params,
                              const struct kve_layer_inputs *inputs,
@@ -510,12 +524,17 @@ int32_t kve_cuda_select_model_workspace_size(const struct kve_select_params *par
                                              uint64_t *out_bytes);
 
 /**
- * Selection on the device from device scores (`scores->scores` is a device pointer).
+ * `kve_select_model` on the device from device scores (`scores->scores` is a device
+ * pointer): every allocator (uniform, ada, pyramid, lava, global), granularity (head,
+ * layer, token), normalisation and post pooling, with the same keys and tie rule as
+ * the host, so the kept sets are the host's. Layer budgets (PyramidKV, LAVa's
+ * entropies) are computed on the device: no host round trip, capturable in a graph.
  * Output per unit `u = l*hkv + kh`: `counts[u]` (int32, `layers*hkv` entries) kept
- * PREFIX positions, ascending, in `idx[u*idx_ld ..]` (int32, `idx_ld >= P`); the window
- * is always kept and not listed. Supported: `KVE_ALLOCATOR_UNIFORM` and
- * `KVE_ALLOCATOR_GLOBAL` at head granularity without post pooling; others give
- * `KVE_ERR_INVALID_ARGUMENT`. Ties: the later position first, as on the host.
+ * PREFIX positions, ascending, in `idx[u*idx_ld ..]` (int32, `P <= idx_ld <= 2^31-1`);
+ * the window is always kept and not listed. With a shared granularity every head of a
+ * layer (layer) or of the model (token) gets the same list. `counts`, `idx` and the
+ * workspace (`kve_cuda_select_model_workspace_size` bytes, 256-byte aligned) are
+ * device memory.
  */
 int32_t kve_cuda_select_model(const struct kve_select_params *params,
                               const struct kve_model_scores *scores,

@@ -24,7 +24,7 @@ use core::ffi::c_void;
 ///
 /// Every scorer that reads queries also takes the optional `row_lse` (flash attention's
 /// `softmax_lse` of the window rows, or `kve_window_row_lse`): K is then read once, not
-/// twice. `kve_cuda_score_layer` does not read it.
+/// twice (on the device too).
 ///
 /// A tensor with `data == NULL` is absent; a required one absent gives
 /// `KVE_ERR_NULL_POINTER`. Extensible like the params structs (`struct_size` first).
