@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The public CUDA entry points without a GPU: the C API's device paths run on the
+# plain-Rust test double of the launchers (feature cuda-mock, src/cuda/mock.rs) and are
+# compared with the host C API for every scorer, allocator, granularity, dtype and layout.
+# What this proves: the chains of launches, strides and buffers; not the kernels (those
+# are checked on a GPU by cuda/check.sh).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+cargo test --release --features cuda-mock --test cuda_capi --test cuda_mock -- --nocapture 2>&1 \
+  | grep -E "^test |test result|panicked|worst|selections|error"
