@@ -394,6 +394,63 @@ fn ref_attention(q: &Tensor, k: &Tensor, w: usize) -> Vec<f64> {
     a
 }
 
+/// The f64 window aggregates of kve_cuda_window: [mean, l2, cross, group(op)].
+fn ref_window(q: &Tensor, k: &Tensor, w: usize, op: i32) -> [Vec<f64>; 4] {
+    let (hq, hkv, n) = (q.ext[0], k.ext[0], k.ext[1]);
+    let (g, p) = (hq / hkv, n - w);
+    let np = g * (g + 1) / 2;
+    let a = ref_attention(q, k, w);
+    let (mut rm, mut rl) = (vec![0f64; hq * p], vec![0f64; hq * p]);
+    let mut rc = vec![0f64; hkv * np * p];
+    let mut rg = vec![0f64; hkv * p];
+    for h in 0..hq {
+        for i in 0..p {
+            let col: Vec<f64> = (0..w).map(|j| a[(h * w + j) * n + i]).collect();
+            rm[h * p + i] = col.iter().sum::<f64>() / w as f64;
+            rl[h * p + i] = col.iter().map(|x| x * x).sum::<f64>().sqrt();
+        }
+    }
+    for hk in 0..hkv {
+        for i in 0..p {
+            let ms: Vec<f64> = (0..g).map(|hh| rm[(hk * g + hh) * p + i]).collect();
+            rg[hk * p + i] = gqa(op, &ms);
+            for b in 0..np {
+                let (x, y) = block_pair(g, b);
+                let (hx, hy) = (hk * g + x, hk * g + y);
+                rc[(hk * np + b) * p + i] = (0..w)
+                    .map(|j| a[(hx * w + j) * n + i] * a[(hy * w + j) * n + i])
+                    .sum();
+            }
+        }
+    }
+    [rm, rl, rc, rg]
+}
+
+/// f64 log-sum-exp of every window row's scaled logits over the keys it sees
+/// (row h*w + j): the `row_lse` input of kve_cuda_window.
+fn ref_row_lse(q: &Tensor, k: &Tensor, w: usize) -> Vec<f64> {
+    let (hq, dk) = (q.ext[0], q.ext[2]);
+    let (hkv, n) = (k.ext[0], k.ext[1]);
+    let (g, p) = (hq / hkv, n - w);
+    let scale = 1.0 / (dk as f64).sqrt();
+    let mut out = vec![0f64; hq * w];
+    for h in 0..hq {
+        for j in 0..w {
+            let z: Vec<f64> = (0..p + j + 1)
+                .map(|i| {
+                    (0..dk)
+                        .map(|d| q.at(h, j, d) * k.at(h / g, i, d))
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            out[h * w + j] = m + z.iter().map(|&x| (x - m).exp()).sum::<f64>().ln();
+        }
+    }
+    out
+}
+
 fn gqa(op: i32, xs: &[f64]) -> f64 {
     match op {
         KVE_CUDA_GQA_MAX => xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
@@ -528,6 +585,7 @@ fn invalid_arguments_are_rejected_before_launch() {
             null_mut(),
             null_mut(),
             0,
+            null(),
             null_mut(),
             0,
             null_mut(),
@@ -536,6 +594,219 @@ fn invalid_arguments_are_rejected_before_launch() {
     assert_eq!(rc, 1);
     let rc = unsafe { kve_cuda_pool(null(), 4, null_mut(), 4, 1, 4, 0, 4, 1.0, null_mut()) };
     assert_eq!(rc, 1, "even avg kernel");
+    // the changed and new launchers (all checks before any CUDA call)
+    let f = 16 as *mut f32; // never dereferenced: every call below is rejected
+    let i = 16 as *mut i32;
+    let dummy = i as *mut i64;
+    let ok_view = KveCudaView {
+        data: 16 as *mut c_void,
+        dtype: KVE_CUDA_F16,
+        ..bad
+    };
+    unsafe {
+        let hr =
+            |ld_a: i64, b: *const f32, ld_b: i64, bm: i32, out: *mut f32, ld_o: i64, hkv: i64| {
+                kve_cuda_head_reduce(
+                    f,
+                    ld_a,
+                    b,
+                    ld_b,
+                    bm,
+                    null(),
+                    out,
+                    ld_o,
+                    4,
+                    hkv,
+                    8,
+                    0,
+                    null_mut(),
+                )
+            };
+        assert_eq!(hr(7, f, 8, 1, f.add(64), 8, 2), 1, "head_reduce ld_a < n");
+        assert_eq!(hr(8, f, 7, 1, f.add(64), 8, 2), 1, "head_reduce ld_b < n");
+        assert_eq!(
+            hr(8, null(), 8, 2, f.add(64), 8, 2),
+            1,
+            "head_reduce b NULL"
+        );
+        assert_eq!(
+            hr(8, null(), 0, 0, f.add(64), 7, 2),
+            1,
+            "head_reduce ld_out < n"
+        );
+        assert_eq!(
+            hr(8, null(), 0, 0, f, 8, 2),
+            1,
+            "head_reduce out == a with g > 1"
+        );
+        assert_eq!(
+            hr(8, null(), 0, 0, f, 9, 4),
+            1,
+            "head_reduce out == a, other ld"
+        );
+        let lx = |c: *const f32, ldc: i64, q: *const f32, ldq: i64, ldo: i64, mode: i32| {
+            kve_cuda_laprox_exact(c, ldc, q, ldq, f, ldo, 2, 2, 8, mode, null_mut())
+        };
+        assert_eq!(lx(f, 8, f, 8, 8, 4), 1, "laprox_exact mode 4");
+        assert_eq!(lx(f, 8, f, 8, 8, -1), 1, "laprox_exact mode -1");
+        assert_eq!(
+            lx(null(), 8, f, 8, 8, 2),
+            1,
+            "laprox_exact mode 2 without cross"
+        );
+        assert_eq!(
+            lx(f, 8, null(), 8, 8, 3),
+            1,
+            "laprox_exact mode 3 without qv"
+        );
+        assert_eq!(
+            lx(f, 8, null(), 8, 8, 1),
+            1,
+            "laprox_exact mode 1 without qv"
+        );
+        assert_eq!(lx(f, 7, f, 8, 8, 0), 1, "laprox_exact ld_cross < n");
+        assert_eq!(lx(f, 8, f, 7, 8, 0), 1, "laprox_exact ld_qv < n");
+        assert_eq!(lx(f, 8, f, 8, 7, 0), 1, "laprox_exact ld_out < n");
+        assert_eq!(
+            kve_cuda_knorm(&bad, 1, f, 1, null_mut()),
+            1,
+            "knorm bad dtype"
+        );
+        assert_eq!(
+            kve_cuda_knorm(&ok_view, 2, f, 2, null_mut()),
+            1,
+            "knorm prefix > tokens"
+        );
+        assert_eq!(
+            kve_cuda_knorm(&ok_view, 1, f, 0, null_mut()),
+            1,
+            "knorm ld_out < prefix"
+        );
+        assert_eq!(
+            kve_cuda_knorm(&ok_view, 1, null_mut(), 1, null_mut()),
+            1,
+            "knorm out NULL"
+        );
+        assert_eq!(
+            kve_cuda_sink_scores(f, 2, 8, 7, 4, null_mut()),
+            1,
+            "sinks ld < n"
+        );
+        assert_eq!(
+            kve_cuda_sink_scores(f, -1, 8, 8, 4, null_mut()),
+            1,
+            "sinks rows < 0"
+        );
+        let cc = |ld_b: i64, out: *mut f32, ld_o: i64, idx: *const i32| {
+            kve_cuda_critical_combine(
+                f,
+                ld_b,
+                f.add(64),
+                8,
+                i,
+                idx,
+                8,
+                2,
+                8,
+                out,
+                ld_o,
+                null_mut(),
+            )
+        };
+        assert_eq!(
+            cc(8, f, 9, i),
+            1,
+            "critical_combine in place with another ld"
+        );
+        assert_eq!(cc(7, f.add(128), 8, i), 1, "critical_combine ld_base < n");
+        assert_eq!(cc(8, f.add(128), 8, null()), 1, "critical_combine idx NULL");
+        assert_eq!(
+            cc(8, f.add(64), 8, i),
+            1,
+            "critical_combine out == value_l1"
+        );
+        let lb = |mode: i32, w: *const f64, layers: i64, per: i64, beta: u32, alpha: f32| {
+            kve_cuda_layer_budgets(
+                mode,
+                w,
+                layers,
+                per,
+                10,
+                5,
+                beta,
+                alpha,
+                dummy,
+                null_mut(),
+                null_mut(),
+            )
+        };
+        let wts = 16 as *const f64;
+        assert_eq!(lb(4, wts, 2, 2, 20, 0.2), 1, "layer_budgets mode 4");
+        assert_eq!(lb(1, wts, 2, 2, 0, 0.2), 1, "layer_budgets pyramid beta 0");
+        assert_eq!(lb(2, wts, 2, 2, 20, 1.5), 1, "layer_budgets alpha > 1");
+        assert_eq!(lb(3, wts, 2, 2, 20, f32::NAN), 1, "layer_budgets alpha NaN");
+        assert_eq!(
+            lb(3, null(), 2, 2, 20, 0.2),
+            1,
+            "layer_budgets lava without weights"
+        );
+        assert_eq!(lb(0, wts, 2, 0, 20, 0.2), 1, "layer_budgets per_layer 0");
+        assert_eq!(lb(0, wts, -1, 2, 20, 0.2), 1, "layer_budgets layers < 0");
+        assert_eq!(
+            kve_cuda_layer_budgets(
+                0,
+                null(),
+                4,
+                1 << 30,
+                1 << 30,
+                5,
+                20,
+                0.2,
+                dummy,
+                null_mut(),
+                null_mut()
+            ),
+            1,
+            "layer_budgets layers·per_layer·p >= 2^62"
+        );
+        assert_eq!(
+            kve_cuda_layer_budgets(
+                0,
+                null(),
+                2,
+                2,
+                10,
+                5,
+                20,
+                0.2,
+                null_mut(),
+                null_mut(),
+                null_mut()
+            ),
+            1,
+            "layer_budgets k_layer NULL"
+        );
+        assert_eq!(
+            kve_cuda_mark_forced(f, 8, -1, i, i, 8, null_mut()),
+            1,
+            "mark_forced rows < 0"
+        );
+        assert_eq!(
+            kve_cuda_mark_forced(f, 8, 2, null(), i, 8, null_mut()),
+            1,
+            "mark_forced counts NULL"
+        );
+        assert_eq!(
+            kve_cuda_broadcast_lists(i, i.add(8), 8, 2, 2, i, i.add(64), 8, null_mut()),
+            1,
+            "broadcast_lists counts over the source"
+        );
+        assert_eq!(
+            kve_cuda_broadcast_lists(i, i.add(8), 8, 2, -1, i.add(32), i.add(64), 8, null_mut()),
+            1,
+            "broadcast_lists reps < 0"
+        );
+    }
 }
 
 struct WinCase {
@@ -624,36 +895,14 @@ fn window_aggregates_match_reference() {
                     cross.ptr(),
                     group.ptr(),
                     op,
+                    null(),
                     ws.vptr(),
                     wsb,
                     null_mut(),
                 )
             };
             ck(rc, "kve_cuda_window");
-            let a = ref_attention(&q, &k, c.w);
-            let (mut rm, mut rl) = (vec![0f64; c.hq * p], vec![0f64; c.hq * p]);
-            let mut rc_ = vec![0f64; c.hkv * np * p];
-            let mut rg = vec![0f64; c.hkv * p];
-            for h in 0..c.hq {
-                for i in 0..p {
-                    let col: Vec<f64> = (0..c.w).map(|j| a[(h * c.w + j) * c.n + i]).collect();
-                    rm[h * p + i] = col.iter().sum::<f64>() / c.w as f64;
-                    rl[h * p + i] = col.iter().map(|x| x * x).sum::<f64>().sqrt();
-                }
-            }
-            for hk in 0..c.hkv {
-                for i in 0..p {
-                    let ms: Vec<f64> = (0..g).map(|hh| rm[(hk * g + hh) * p + i]).collect();
-                    rg[hk * p + i] = gqa(op, &ms);
-                    for b in 0..np {
-                        let (x, y) = block_pair(g, b);
-                        let (hx, hy) = (hk * g + x, hk * g + y);
-                        rc_[(hk * np + b) * p + i] = (0..c.w)
-                            .map(|j| a[(hx * c.w + j) * c.n + i] * a[(hy * c.w + j) * c.n + i])
-                            .sum();
-                    }
-                }
-            }
+            let [rm, rl, rc_, rg] = ref_window(&q, &k, c.w, op);
             let tag = format!(
                 "window hq{} hkv{} w{} n{} dk{} {:?} K {:?}",
                 c.hq, c.hkv, c.w, c.n, c.dk, dt, layout
@@ -664,6 +913,180 @@ fn window_aggregates_match_reference() {
             assert_close(&format!("{tag} cross"), &cross.download(), &rc_, tol);
             assert_close(&format!("{tag} group op{op}"), &group.download(), &rg, tol);
         }
+    }
+}
+
+/// kve_cuda_window with the caller's row log-sum-exp (row_lse: f64 reference LSE
+/// rounded to f32) gives the same aggregates as the two-pass path and the reference;
+/// the workspace is NaN-filled first, so nothing of pass 1 is needed.
+#[test]
+fn window_row_lse_matches_computed_path() {
+    need_device!();
+    let mut rng = Rng::new(10);
+    let cases = [
+        WinCase {
+            hq: 8,
+            hkv: 2,
+            w: 7,
+            n: 150,
+            dk: 64,
+        },
+        WinCase {
+            hq: 6,
+            hkv: 2,
+            w: 45,
+            n: 300,
+            dk: 128,
+        },
+        WinCase {
+            hq: 4,
+            hkv: 1,
+            w: 9,
+            n: 129,
+            dk: 200,
+        },
+        WinCase {
+            hq: 16,
+            hkv: 2,
+            w: 20,
+            n: 200,
+            dk: 96,
+        },
+    ];
+    for c in &cases {
+        for dt in DTYPES {
+            let layout = LAYOUTS[rng.below(3)];
+            let spread = 1.0 + 3.0 * rng.unif();
+            let q = Tensor::new(dt, Layout::HeadMajor, [c.hq, c.w, c.dk], &mut || {
+                spread * rng.normal()
+            });
+            let k = Tensor::new(dt, layout, [c.hkv, c.n, c.dk], &mut || rng.normal());
+            let g = c.hq / c.hkv;
+            let p = c.n - c.w;
+            let np = g * (g + 1) / 2;
+            let op = rng.below(3) as i32;
+            let lse: Vec<f32> = ref_row_lse(&q, &k, c.w).iter().map(|&x| x as f32).collect();
+            let lsed = DBuf::from(&lse);
+            let wsb = unsafe {
+                kve_cuda_window_workspace_size(c.hq as i64, c.w as i64, c.n as i64, c.hkv as i64)
+            };
+            let mut runs = Vec::new();
+            for with_lse in [false, true] {
+                let (mean, l2, cross, group) = (
+                    poisoned(c.hq * p),
+                    poisoned(c.hq * p),
+                    poisoned(c.hkv * np * p),
+                    poisoned(c.hkv * p),
+                );
+                let ws = DBuf::from(&vec![0xFFu8; wsb]);
+                ck(
+                    unsafe {
+                        kve_cuda_window(
+                            &q.view(),
+                            &k.view(),
+                            c.w as i64,
+                            mean.ptr(),
+                            l2.ptr(),
+                            cross.ptr(),
+                            group.ptr(),
+                            op,
+                            if with_lse { lsed.ptr() } else { null() },
+                            ws.vptr(),
+                            wsb,
+                            null_mut(),
+                        )
+                    },
+                    "kve_cuda_window",
+                );
+                runs.push([
+                    mean.download(),
+                    l2.download(),
+                    cross.download(),
+                    group.download(),
+                ]);
+            }
+            let want = ref_window(&q, &k, c.w, op);
+            let tag = format!(
+                "window row_lse hq{} hkv{} w{} n{} dk{} {:?} K {:?} op{op}",
+                c.hq, c.hkv, c.w, c.n, c.dk, dt, layout
+            );
+            for (x, name) in ["mean", "l2", "cross", "group"].iter().enumerate() {
+                assert_close(&format!("{tag} {name}"), &runs[1][x], &want[x], 2e-4);
+                let two_pass: Vec<f64> = runs[0][x].iter().map(|&v| v as f64).collect();
+                assert_close(
+                    &format!("{tag} {name} vs two-pass"),
+                    &runs[1][x],
+                    &two_pass,
+                    2e-4,
+                );
+            }
+        }
+    }
+    // the row_lse path in a CUDA graph: replays equal the eager run
+    let (hq, hkv, w, n, d) = (4usize, 2usize, 8usize, 300usize, 64usize);
+    let p = n - w;
+    let q = Tensor::new(Dt::Bf16, Layout::HeadMajor, [hq, w, d], &mut || {
+        rng.normal()
+    });
+    let k = Tensor::new(Dt::Bf16, Layout::TokenMajor, [hkv, n, d], &mut || {
+        rng.normal()
+    });
+    let lse: Vec<f32> = ref_row_lse(&q, &k, w).iter().map(|&x| x as f32).collect();
+    let lsed = DBuf::from(&lse);
+    let wsb = unsafe { kve_cuda_window_workspace_size(hq as i64, w as i64, n as i64, hkv as i64) };
+    let ws = DBuf::<u8>::new(wsb);
+    let l2 = poisoned(hq * p);
+    let run = |s: *mut c_void| {
+        ck(
+            unsafe {
+                kve_cuda_window(
+                    &q.view(),
+                    &k.view(),
+                    w as i64,
+                    null_mut(),
+                    l2.ptr(),
+                    null_mut(),
+                    null_mut(),
+                    0,
+                    lsed.ptr(),
+                    ws.vptr(),
+                    wsb,
+                    s,
+                )
+            },
+            "window row_lse",
+        )
+    };
+    run(null_mut());
+    let e = l2.download();
+    l2.upload(&vec![f32::NAN; hq * p]);
+    in_graph(&run);
+    assert_eq!(l2.download(), e, "row_lse graph replay");
+    let want = ref_window(&q, &k, w, 0);
+    assert_close("window row_lse graph", &e, &want[1], 2e-4);
+}
+
+/// Captures `f(stream)` (global capture mode) in a CUDA graph, launches it twice and
+/// synchronises: the launchers inside must be capturable.
+fn in_graph(f: &dyn Fn(*mut c_void)) {
+    let mut s = null_mut();
+    let mut graph = null_mut();
+    let mut exec = null_mut();
+    unsafe {
+        ck(rt::cudaStreamCreate(&mut s), "stream");
+        ck(
+            rt::cudaStreamBeginCapture(s, rt::CAPTURE_GLOBAL),
+            "begin capture",
+        );
+        f(s);
+        ck(rt::cudaStreamEndCapture(s, &mut graph), "end capture");
+        ck(rt::cudaGraphInstantiate(&mut exec, graph, 0), "instantiate");
+        ck(rt::cudaGraphLaunch(exec, s), "graph launch");
+        ck(rt::cudaGraphLaunch(exec, s), "graph launch twice");
+        ck(rt::cudaStreamSynchronize(s), "sync graph");
+        rt::cudaGraphExecDestroy(exec);
+        rt::cudaGraphDestroy(graph);
+        rt::cudaStreamDestroy(s);
     }
 }
 
@@ -876,30 +1299,87 @@ fn pool_matches_reference() {
     }
 }
 
+/// Rows of `rows × n` values at row stride `ld`, the gaps NaN (so a read of a gap shows).
+fn strided(vals: &[f32], rows: usize, n: usize, ld: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; rows * ld];
+    for r in 0..rows {
+        out[r * ld..r * ld + n].copy_from_slice(&vals[r * n..(r + 1) * n]);
+    }
+    out
+}
+
+/// The `rows × n` values of a strided download; asserts the gaps were not written.
+#[track_caller]
+fn unstride(what: &str, got: &[f32], rows: usize, n: usize, ld: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * n);
+    for r in 0..rows {
+        out.extend_from_slice(&got[r * ld..r * ld + n]);
+        for (i, &x) in got[r * ld + n..(r + 1) * ld].iter().enumerate() {
+            assert!(
+                x.is_nan(),
+                "{what}: gap element {} of row {r} written ({x})",
+                n + i
+            );
+        }
+    }
+    out
+}
+
 #[test]
 fn head_reduce_and_laprox_exact_match_reference() {
     need_device!();
     let mut rng = Rng::new(5);
     let (hkv, g, n) = (3usize, 4usize, 500usize);
     let hq = hkv * g;
+    let (ld_a, ld_b, ld_o) = (n + 3, n + 17, n + 5);
     let a: Vec<f32> = (0..hq * n).map(|_| rng.unif()).collect();
     let b: Vec<f32> = (0..hq * n).map(|_| rng.unif() * 5.0).collect();
     let sc: Vec<f32> = (0..hkv).map(|_| 1.0 + rng.unif()).collect();
-    let (ad, bd, sd) = (DBuf::from(&a), DBuf::from(&b), DBuf::from(&sc));
+    let (ad, bd, sd) = (
+        DBuf::from(&strided(&a, hq, n, ld_a)),
+        DBuf::from(&strided(&b, hq, n, ld_b)),
+        DBuf::from(&sc),
+    );
+    let reference = |op: i32, bm: i32, use_scale: bool, hkv: usize, g: usize| -> Vec<f64> {
+        let mut want = vec![0f64; hkv * n];
+        for hk in 0..hkv {
+            for i in 0..n {
+                let xs: Vec<f64> = (0..g)
+                    .map(|hh| {
+                        let h = hk * g + hh;
+                        let mut x = a[h * n + i] as f64;
+                        if bm == 1 {
+                            x *= (b[h * n + i] as f64).sqrt();
+                        }
+                        if bm == 2 {
+                            x *= b[h * n + i] as f64;
+                        }
+                        if use_scale {
+                            x *= sc[hk] as f64;
+                        }
+                        x
+                    })
+                    .collect();
+                want[hk * n + i] = gqa(op, &xs);
+            }
+        }
+        want
+    };
     for op in 0..3 {
         for bm in 0..3 {
             for use_scale in [false, true] {
-                let out = poisoned(hkv * n);
+                let out = poisoned(hkv * ld_o);
                 ck(
                     unsafe {
                         kve_cuda_head_reduce(
                             ad.ptr(),
-                            bd.ptr(),
+                            ld_a as i64,
+                            if bm == 0 { null() } else { bd.ptr() },
+                            ld_b as i64,
                             bm,
                             if use_scale { sd.ptr() } else { null() },
-                            n as i64,
                             out.ptr(),
-                            n as i64,
+                            ld_o as i64,
                             hq as i64,
                             hkv as i64,
                             n as i64,
@@ -909,50 +1389,80 @@ fn head_reduce_and_laprox_exact_match_reference() {
                     },
                     "head_reduce",
                 );
-                let mut want = vec![0f64; hkv * n];
-                for hk in 0..hkv {
-                    for i in 0..n {
-                        let xs: Vec<f64> = (0..g)
-                            .map(|hh| {
-                                let h = hk * g + hh;
-                                let mut x = a[h * n + i] as f64;
-                                if bm == 1 {
-                                    x *= (b[h * n + i] as f64).sqrt();
-                                }
-                                if bm == 2 {
-                                    x *= b[h * n + i] as f64;
-                                }
-                                if use_scale {
-                                    x *= sc[hk] as f64;
-                                }
-                                x
-                            })
-                            .collect();
-                        want[hk * n + i] = gqa(op, &xs);
-                    }
-                }
-                assert_close(
-                    &format!("head_reduce op{op} b{bm} scale{use_scale}"),
-                    &out.download(),
-                    &want,
-                    1e-5,
-                );
+                let what = format!("head_reduce op{op} b{bm} scale{use_scale} (strided)");
+                let got = unstride(&what, &out.download(), hkv, n, ld_o);
+                assert_close(&what, &got, &reference(op, bm, use_scale, hkv, g), 1e-5);
             }
         }
     }
-    // exact GQA from cross terms
+    // in place (Hkv == Hq, out == a, same row stride): plain per-head products
+    for bm in 1..3 {
+        let inplace = DBuf::from(&strided(&a, hq, n, ld_a));
+        ck(
+            unsafe {
+                kve_cuda_head_reduce(
+                    inplace.ptr(),
+                    ld_a as i64,
+                    bd.ptr(),
+                    ld_b as i64,
+                    bm,
+                    null(),
+                    inplace.ptr(),
+                    ld_a as i64,
+                    hq as i64,
+                    hq as i64,
+                    n as i64,
+                    KVE_CUDA_GQA_SUM,
+                    null_mut(),
+                )
+            },
+            "head_reduce in place",
+        );
+        let what = format!("head_reduce in place b{bm}");
+        let got = unstride(&what, &inplace.download(), hq, n, ld_a);
+        assert_close(
+            &what,
+            &got,
+            &reference(KVE_CUDA_GQA_SUM, bm, false, hq, 1),
+            1e-6,
+        );
+    }
+    // exact GQA from cross terms, every mode, strided; unused inputs passed as NULL
     let np = g * (g + 1) / 2;
+    let (ld_c, ld_q) = (n + 9, n + 1);
     let cross: Vec<f32> = (0..hkv * np * n).map(|_| rng.unif()).collect();
-    let qv: Vec<f32> = (0..hkv * np * n).map(|_| rng.unif()).collect();
-    let (cd, qd) = (DBuf::from(&cross), DBuf::from(&qv));
-    for mode in 0..2 {
-        let out = poisoned(hkv * n);
+    let mut qv: Vec<f32> = (0..hkv * np * n).map(|_| rng.unif()).collect();
+    for x in qv.iter_mut().step_by(13) {
+        *x = -0.25 * *x; // rounding can make v G vᵀ slightly negative: clamped at 0
+    }
+    let (cd, qd) = (
+        DBuf::from(&strided(&cross, hkv * np, n, ld_c)),
+        DBuf::from(&strided(&qv, hkv * np, n, ld_q)),
+    );
+    for mode in [
+        KVE_CUDA_LAPROX_EXACT,
+        KVE_CUDA_LAPROX_MEAN_ATTN,
+        KVE_CUDA_LAPROX_ATTN_TERM,
+        KVE_CUDA_LAPROX_VALUE_TERM,
+    ] {
+        let out = poisoned(hkv * ld_o);
         ck(
             unsafe {
                 kve_cuda_laprox_exact(
-                    cd.ptr(),
-                    qd.ptr(),
+                    if mode == KVE_CUDA_LAPROX_VALUE_TERM {
+                        null()
+                    } else {
+                        cd.ptr()
+                    },
+                    ld_c as i64,
+                    if mode == KVE_CUDA_LAPROX_ATTN_TERM {
+                        null()
+                    } else {
+                        qd.ptr()
+                    },
+                    ld_q as i64,
                     out.ptr(),
+                    ld_o as i64,
                     hkv as i64,
                     g as i64,
                     n as i64,
@@ -965,33 +1475,29 @@ fn head_reduce_and_laprox_exact_match_reference() {
         let mut want = vec![0f64; hkv * n];
         for hk in 0..hkv {
             for i in 0..n {
-                let (mut s, mut vs) = (0f64, 0f64);
+                let (mut s, mut cs, mut vs) = (0f64, 0f64, 0f64);
                 for p in 0..np {
                     let w = if p < g { 1.0 } else { 2.0 };
                     let c = cross[(hk * np + p) * n + i] as f64;
                     let q = qv[(hk * np + p) * n + i] as f64;
-                    if mode == 0 {
-                        s += w * c * q
-                    } else {
-                        s += w * c;
-                        if p < g {
-                            vs += q.sqrt();
-                        }
+                    s += w * c * q;
+                    cs += w * c;
+                    if p < g {
+                        vs += q.max(0.0).sqrt();
                     }
                 }
-                want[hk * n + i] = if mode == 0 {
-                    s.max(0.0).sqrt()
-                } else {
-                    s.max(0.0).sqrt() * vs / g as f64
+                let (attn, value) = (cs.max(0.0).sqrt(), vs / g as f64);
+                want[hk * n + i] = match mode {
+                    KVE_CUDA_LAPROX_EXACT => s.max(0.0).sqrt(),
+                    KVE_CUDA_LAPROX_MEAN_ATTN => attn * value,
+                    KVE_CUDA_LAPROX_ATTN_TERM => attn,
+                    _ => value,
                 };
             }
         }
-        assert_close(
-            &format!("laprox_exact mode{mode}"),
-            &out.download(),
-            &want,
-            1e-5,
-        );
+        let what = format!("laprox_exact mode{mode} (strided)");
+        let got = unstride(&what, &out.download(), hkv, n, ld_o);
+        assert_close(&what, &got, &want, 1e-5);
     }
 }
 
@@ -1400,6 +1906,7 @@ fn laprox_pipeline_graph_capture_matches_eager() {
                 null_mut(),
                 null_mut(),
                 0,
+                null(),
                 ws.vptr(),
                 wsb,
                 s,
@@ -1437,10 +1944,11 @@ fn laprox_pipeline_graph_capture_matches_eager() {
         ck(
             kve_cuda_head_reduce(
                 pooled.ptr(),
+                p as i64,
                 vo.ptr(),
+                p as i64,
                 1,
                 null(),
-                p as i64,
                 score.ptr(),
                 p as i64,
                 hq as i64,
@@ -1712,6 +2220,60 @@ fn references_agree_with_core_on_cpu() {
             );
         }
     }
+    // KNorm and StreamingLLM (no attention): the references of the baseline launchers
+    for &(hkv, n, d, w) in &[(2usize, 60usize, 16usize, 5usize), (3, 33, 7, 1)] {
+        let (hq, p) = (hkv, n - w);
+        let q = Tensor::host(Dt::F32, Layout::HeadMajor, [hq, w, d], &mut || rng.normal());
+        let k = Tensor::host(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || {
+            rng.normal()
+        });
+        let v = Tensor::host(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || {
+            rng.normal()
+        });
+        let core = core_scores(kvevict::Preset::KNorm, &q, &k, &v, None, w);
+        assert_close(
+            "core vs f64 reference: knorm",
+            &core,
+            &ref_knorm(&k, p),
+            1e-6,
+        );
+        let core = core_scores(kvevict::Preset::StreamingLlm, &q, &k, &v, None, w);
+        let sinks = kvevict::ScoreConfig::preset(kvevict::Preset::StreamingLlm).sinks as usize;
+        assert_eq!(
+            core,
+            ref_sinks(hkv, p, sinks)
+                .iter()
+                .map(|&x| x as f32)
+                .collect::<Vec<f32>>(),
+            "core vs reference: streaming sinks"
+        );
+    }
+    // row LSE: this file's f64 reference == the core's window_row_lse
+    for &(hq, hkv, w, n, d) in &[(4usize, 2usize, 6usize, 90usize, 16usize), (3, 1, 4, 50, 8)] {
+        let q = Tensor::host(Dt::F32, Layout::HeadMajor, [hq, w, d], &mut || {
+            2.0 * rng.normal()
+        });
+        let k = Tensor::host(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || {
+            rng.normal()
+        });
+        let shape = kvevict::LayerShape {
+            hq,
+            hkv,
+            n,
+            dk: d,
+            dv: d,
+        };
+        let mut ws = vec![0u8; kvevict::window_row_lse_workspace_size(&shape, w as u32).unwrap()];
+        let mut core = vec![0f32; hq * w];
+        kvevict::window_row_lse(&q.core_view(), &k.core_view(), w as u32, &mut core, &mut ws)
+            .expect("window_row_lse");
+        assert_close(
+            &format!("core vs f64 reference: row lse hq{hq} hkv{hkv}"),
+            &core,
+            &ref_row_lse(&q, &k, w),
+            1e-6,
+        );
+    }
     // selection: this file's reference rule == the core's (global with layer sums, uniform)
     for &(layers, hkv, p) in &[(3usize, 2usize, 200usize), (2, 4, 31)] {
         for ties in [false, true] {
@@ -1801,6 +2363,7 @@ fn gpu_scores_match_core() {
                     null_mut(),
                     null_mut(),
                     0,
+                    null(),
                     ws.vptr(),
                     wsb,
                     null_mut(),
@@ -1852,10 +2415,11 @@ fn gpu_scores_match_core() {
                         ck(
                             kve_cuda_head_reduce(
                                 pooled.ptr(),
+                                p as i64,
                                 vo.ptr(),
+                                p as i64,
                                 1,
                                 null(),
-                                p as i64,
                                 out.ptr(),
                                 p as i64,
                                 hq as i64,
@@ -1886,10 +2450,11 @@ fn gpu_scores_match_core() {
                         ck(
                             kve_cuda_head_reduce(
                                 pooled.ptr(),
-                                null(),
-                                0,
+                                p as i64,
                                 null(),
                                 p as i64,
+                                0,
+                                null(),
                                 out.ptr(),
                                 p as i64,
                                 hq as i64,
@@ -1920,10 +2485,11 @@ fn gpu_scores_match_core() {
                         ck(
                             kve_cuda_head_reduce(
                                 pooled.ptr(),
+                                p as i64,
                                 null(),
+                                p as i64,
                                 0,
                                 fac.ptr(),
-                                p as i64,
                                 out.ptr(),
                                 p as i64,
                                 hq as i64,
@@ -2290,4 +2856,530 @@ fn vonorm_factor_matches_reference() {
             }
         }
     }
+}
+
+// ============================================= baselines and budgets (no attention) --
+
+/// f64 KNorm: -||K[h,i]||_2 for i < prefix, [heads][prefix].
+fn ref_knorm(k: &Tensor, prefix: usize) -> Vec<f64> {
+    let (h, d) = (k.ext[0], k.ext[2]);
+    let mut out = Vec::with_capacity(h * prefix);
+    for hh in 0..h {
+        for i in 0..prefix {
+            out.push(-(0..d).map(|x| k.at(hh, i, x).powi(2)).sum::<f64>().sqrt());
+        }
+    }
+    out
+}
+
+/// StreamingLLM: 1 for the first `sinks` positions, else 0, [rows][n].
+fn ref_sinks(rows: usize, n: usize, sinks: usize) -> Vec<f64> {
+    (0..rows * n)
+        .map(|e| if e % n < sinks { 1.0 } else { 0.0 })
+        .collect()
+}
+
+/// Random ascending kept lists over [0, n): (lists [rows][ld], counts); row 0 empty.
+fn random_lists(rng: &mut Rng, rows: usize, n: usize, ld: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut idx = vec![-1i32; rows * ld];
+    let mut counts = vec![0i32; rows];
+    for r in 1..rows {
+        let frac = rng.unif();
+        let mut c = 0;
+        for i in 0..n {
+            if rng.unif() < frac {
+                idx[r * ld + c] = i as i32;
+                c += 1;
+            }
+        }
+        counts[r] = c as i32;
+    }
+    (idx, counts)
+}
+
+#[test]
+fn knorm_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(40);
+    for dt in DTYPES {
+        for layout in LAYOUTS {
+            for &(h, n, d) in &[(3usize, 700usize, 72usize), (2, 300, 128), (1, 50, 5)] {
+                let prefix = 1 + rng.below(n);
+                let k = Tensor::new(dt, layout, [h, n, d], &mut || rng.normal());
+                let ld = prefix + 3;
+                let out = poisoned(h * ld);
+                ck(
+                    unsafe {
+                        kve_cuda_knorm(&k.view(), prefix as i64, out.ptr(), ld as i64, null_mut())
+                    },
+                    "knorm",
+                );
+                let what = format!("knorm {dt:?} {layout:?} h{h} n{n} d{d} prefix{prefix}");
+                let got = unstride(&what, &out.download(), h, prefix, ld);
+                assert_close(&what, &got, &ref_knorm(&k, prefix), 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn sink_scores_match_reference() {
+    need_device!();
+    for &(rows, n, sinks) in &[
+        (6usize, 1000usize, 4usize),
+        (3, 17, 0),
+        (2, 5, 9),
+        (1, 300, 300),
+    ] {
+        let ld = n + 2;
+        let out = poisoned(rows * ld);
+        ck(
+            unsafe {
+                kve_cuda_sink_scores(
+                    out.ptr(),
+                    rows as i64,
+                    n as i64,
+                    ld as i64,
+                    sinks as i64,
+                    null_mut(),
+                )
+            },
+            "sink_scores",
+        );
+        let what = format!("sink_scores rows{rows} n{n} sinks{sinks}");
+        let got = unstride(&what, &out.download(), rows, n, ld);
+        let want = ref_sinks(rows, n, sinks);
+        assert_eq!(
+            got,
+            want.iter().map(|&x| x as f32).collect::<Vec<f32>>(),
+            "{what}"
+        );
+        // the selection keeps the sinks and the most recent tokens (later position first)
+        if n >= sinks + 10 {
+            let keep = sinks + 10;
+            let wsb = unsafe { kve_cuda_select_workspace_size(rows as i64) };
+            let ws = DBuf::<u8>::new(wsb);
+            let counts = DBuf::from(&vec![-1i32; rows]);
+            let idx = DBuf::from(&vec![-1i32; rows * n]);
+            ck(
+                unsafe {
+                    kve_cuda_select(
+                        out.ptr(),
+                        ld as i64,
+                        n as i64,
+                        rows as i64,
+                        1,
+                        null(),
+                        keep as i64,
+                        null(),
+                        1,
+                        counts.ptr(),
+                        idx.ptr(),
+                        n as i64,
+                        ws.vptr(),
+                        wsb,
+                        null_mut(),
+                    )
+                },
+                "select sinks",
+            );
+            let (gc, gi) = (counts.download(), idx.download());
+            let want: Vec<i32> = (0..sinks).chain(n - 10..n).map(|i| i as i32).collect();
+            for r in 0..rows {
+                assert_eq!(gc[r] as usize, keep, "{what}: kept count row {r}");
+                assert_eq!(&gi[r * n..r * n + keep], &want[..], "{what}: kept row {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn critical_combine_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(41);
+    let (rows, n) = (5usize, 300usize);
+    let (ld_b, ld_l, ld_o, idx_ld) = (n + 1, n + 2, n + 3, n + 4);
+    let base: Vec<f32> = (0..rows * n).map(|_| rng.unif() * rng.unif()).collect();
+    let l1: Vec<f32> = (0..rows * n).map(|_| 3.0 * rng.unif()).collect();
+    // the core's second stage in f32: (s + 1e-4) · l1, forced positions f32::MAX
+    let combine = |forced: &dyn Fn(usize, usize) -> bool| -> Vec<f32> {
+        (0..rows * n)
+            .map(|e| {
+                let (r, i) = (e / n, e % n);
+                if forced(r, i) {
+                    f32::MAX
+                } else {
+                    (base[e] + 1e-4) * l1[e]
+                }
+            })
+            .collect()
+    };
+    let (bd, ld) = (
+        DBuf::from(&strided(&base, rows, n, ld_b)),
+        DBuf::from(&strided(&l1, rows, n, ld_l)),
+    );
+    // 1. random first-stage lists, every array strided
+    let (idx, counts) = random_lists(&mut rng, rows, n, idx_ld);
+    let (id, cd) = (DBuf::from(&idx), DBuf::from(&counts));
+    let out = poisoned(rows * ld_o);
+    ck(
+        unsafe {
+            kve_cuda_critical_combine(
+                bd.ptr(),
+                ld_b as i64,
+                ld.ptr(),
+                ld_l as i64,
+                cd.ptr(),
+                id.ptr(),
+                idx_ld as i64,
+                rows as i64,
+                n as i64,
+                out.ptr(),
+                ld_o as i64,
+                null_mut(),
+            )
+        },
+        "critical_combine",
+    );
+    let got = unstride("critical_combine", &out.download(), rows, n, ld_o);
+    let want =
+        combine(&|r, i| idx[r * idx_ld..r * idx_ld + counts[r] as usize].contains(&(i as i32)));
+    assert_eq!(got, want, "critical_combine (strided, random lists)");
+    // 2. in place, first stage from kve_cuda_select (top `first` of each row), as the core
+    let first = 1 + rng.below(n / 4);
+    let inplace = DBuf::from(&strided(&base, rows, n, ld_b));
+    let wsb = unsafe { kve_cuda_select_workspace_size(rows as i64) };
+    let ws = DBuf::<u8>::new(wsb);
+    let (kc, ki) = (
+        DBuf::from(&vec![-1i32; rows]),
+        DBuf::from(&vec![-1i32; rows * n]),
+    );
+    unsafe {
+        ck(
+            kve_cuda_select(
+                inplace.ptr(),
+                ld_b as i64,
+                n as i64,
+                rows as i64,
+                1,
+                null(),
+                first as i64,
+                null(),
+                1,
+                kc.ptr(),
+                ki.ptr(),
+                n as i64,
+                ws.vptr(),
+                wsb,
+                null_mut(),
+            ),
+            "select first stage",
+        );
+        ck(
+            kve_cuda_critical_combine(
+                inplace.ptr(),
+                ld_b as i64,
+                ld.ptr(),
+                ld_l as i64,
+                kc.ptr(),
+                ki.ptr(),
+                n as i64,
+                rows as i64,
+                n as i64,
+                inplace.ptr(),
+                ld_b as i64,
+                null_mut(),
+            ),
+            "critical_combine in place",
+        );
+    }
+    let first_stage = ref_select(&base, n, rows, 1, &vec![first as i64; rows], None);
+    let got = unstride(
+        "critical_combine in place",
+        &inplace.download(),
+        rows,
+        n,
+        ld_b,
+    );
+    let want = combine(&|r, i| first_stage[r].contains(&(i as i32)));
+    assert_eq!(
+        got, want,
+        "critical_combine in place after select (first {first})"
+    );
+}
+
+#[test]
+fn mark_forced_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(42);
+    let (rows, n) = (4usize, 400usize);
+    let (ld, idx_ld) = (n + 5, n + 1);
+    let s: Vec<f32> = (0..rows * ld).map(|_| rng.unif()).collect();
+    let (idx, counts) = random_lists(&mut rng, rows, n, idx_ld);
+    let (sd, id, cd) = (DBuf::from(&s), DBuf::from(&idx), DBuf::from(&counts));
+    ck(
+        unsafe {
+            kve_cuda_mark_forced(
+                sd.ptr(),
+                ld as i64,
+                rows as i64,
+                cd.ptr(),
+                id.ptr(),
+                idx_ld as i64,
+                null_mut(),
+            )
+        },
+        "mark_forced",
+    );
+    let mut want = s.clone();
+    for r in 0..rows {
+        for t in 0..counts[r] as usize {
+            want[r * ld + idx[r * idx_ld + t] as usize] = f32::INFINITY;
+        }
+    }
+    assert_eq!(sd.download(), want, "mark_forced");
+    // a select of exactly counts[r] per row then keeps the forced lists
+    let kd = DBuf::from(&counts.iter().map(|&c| c as i64).collect::<Vec<i64>>());
+    let wsb = unsafe { kve_cuda_select_workspace_size(rows as i64) };
+    let ws = DBuf::<u8>::new(wsb);
+    let (kc, ki) = (
+        DBuf::from(&vec![-1i32; rows]),
+        DBuf::from(&vec![-1i32; rows * n]),
+    );
+    ck(
+        unsafe {
+            kve_cuda_select(
+                sd.ptr(),
+                ld as i64,
+                n as i64,
+                rows as i64,
+                1,
+                kd.ptr(),
+                0,
+                null(),
+                1,
+                kc.ptr(),
+                ki.ptr(),
+                n as i64,
+                ws.vptr(),
+                wsb,
+                null_mut(),
+            )
+        },
+        "select forced",
+    );
+    let (gc, gi) = (kc.download(), ki.download());
+    for r in 0..rows {
+        let c = counts[r] as usize;
+        assert_eq!(gc[r] as usize, c, "forced count row {r}");
+        assert_eq!(
+            &gi[r * n..r * n + c],
+            &idx[r * idx_ld..r * idx_ld + c],
+            "forced list row {r}"
+        );
+    }
+}
+
+#[test]
+fn broadcast_lists_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(43);
+    for &(src_rows, reps, src_ld, idx_ld) in &[(3usize, 4usize, 50usize, 64usize), (2, 1, 30, 30)] {
+        let (mut idx, mut counts) = random_lists(&mut rng, src_rows, src_ld, src_ld);
+        counts[src_rows - 1] = src_ld as i32; // one full list
+        for t in 0..src_ld {
+            idx[(src_rows - 1) * src_ld + t] = t as i32;
+        }
+        let (sid, scd) = (DBuf::from(&idx), DBuf::from(&counts));
+        let rows = src_rows * reps;
+        let (oc, oi) = (
+            DBuf::from(&vec![-7i32; rows]),
+            DBuf::from(&vec![-7i32; rows * idx_ld]),
+        );
+        ck(
+            unsafe {
+                kve_cuda_broadcast_lists(
+                    scd.ptr(),
+                    sid.ptr(),
+                    src_ld as i64,
+                    src_rows as i64,
+                    reps as i64,
+                    oc.ptr(),
+                    oi.ptr(),
+                    idx_ld as i64,
+                    null_mut(),
+                )
+            },
+            "broadcast_lists",
+        );
+        let mut want_c = vec![0i32; rows];
+        let mut want_i = vec![-7i32; rows * idx_ld];
+        for u in 0..rows {
+            let r = u / reps;
+            want_c[u] = counts[r];
+            for t in 0..counts[r] as usize {
+                want_i[u * idx_ld + t] = idx[r * src_ld + t];
+            }
+        }
+        assert_eq!(oc.download(), want_c, "broadcast counts (reps {reps})");
+        assert_eq!(oi.download(), want_i, "broadcast lists (reps {reps})");
+    }
+}
+
+/// The core's budgets (src/budget, as select_model uses them): (k_layer, k_unit).
+#[allow(clippy::too_many_arguments)]
+fn core_budgets(
+    mode: i32,
+    weights: &[f64],
+    layers: usize,
+    per: usize,
+    p: u64,
+    budget: u64,
+    beta: u32,
+    alpha: f32,
+) -> (Vec<i64>, Vec<i64>) {
+    use kvevict::budget::{lava_budgets, pyramid_budget};
+    let bb = budget.min(p);
+    // ada.rs: the safeguard floor follows the layer's own average head budget
+    let floor = |total: u64| ((alpha as f64) * (total as f64 / per as f64)).floor() as u64;
+    let (kl, ku): (Vec<u64>, Vec<u64>) = match mode {
+        KVE_CUDA_BUDGET_UNIFORM => (vec![per as u64 * bb; layers], vec![bb; layers]),
+        KVE_CUDA_BUDGET_PYRAMID => (0..layers)
+            .map(|l| {
+                let b = pyramid_budget(budget, beta, l, layers).min(p);
+                (per as u64 * b, b)
+            })
+            .unzip(),
+        KVE_CUDA_BUDGET_ADA => {
+            let kl = vec![per as u64 * bb; layers];
+            let ku = kl.iter().map(|&t| floor(t)).collect();
+            (kl, ku)
+        }
+        _ => {
+            let total = ((layers * per) as u64).saturating_mul(bb);
+            let caps = vec![per as u64 * p; layers];
+            let mut kl = vec![0u64; layers];
+            let mut marks = vec![0u8; layers];
+            lava_budgets(weights, total, &caps, &mut kl, &mut marks);
+            let ku = kl.iter().map(|&t| floor(t)).collect();
+            (kl, ku)
+        }
+    };
+    let units = ku
+        .iter()
+        .flat_map(|&u| std::iter::repeat(u as i64).take(per))
+        .collect();
+    (kl.iter().map(|&x| x as i64).collect(), units)
+}
+
+#[test]
+fn layer_budgets_match_core_exactly() {
+    need_device!();
+    let mut rng = Rng::new(44);
+    // (layers, per_layer, p, budget, beta, alpha)
+    let cases: &[(usize, usize, u64, u64, u32, f32)] = &[
+        (32, 8, 4000, 400, 20, 0.2),
+        (1, 4, 100, 1000, 20, 0.5),
+        (7, 3, 1 << 40, (1 << 39) + 12345, 3, 1.0),
+        (5, 2, 50, 45, 1, 0.0),
+        (12, 1, 1000, u64::MAX, 20, 0.3),
+        (3, 5, 0, 10, 20, 0.2),
+        (4, 8, 64, 0, 7, 0.2),
+        (9, 4, 333, 100, 2, 0.7),
+        (6, 1, 1 << 50, u64::MAX, 20, 0.25),
+    ];
+    for (ci, &(layers, per, p, budget, beta, alpha)) in cases.iter().enumerate() {
+        // entropies: random, a zero, a negative (counts as 0); case 3 all zero (equal
+        // split); case 7 skewed (one layer hits its cap, the excess moves on)
+        let weights: Vec<f64> = (0..layers)
+            .map(|l| match (ci, l) {
+                (3, _) => 0.0,
+                (7, 0) => 1e3,
+                (_, 1) => 0.0,
+                (_, 2) => -1.0,
+                _ => 3.0 * rng.unif() as f64 + rng.unif() as f64 * 1e-7,
+            })
+            .collect();
+        let wd = DBuf::from(&weights);
+        for mode in [
+            KVE_CUDA_BUDGET_UNIFORM,
+            KVE_CUDA_BUDGET_PYRAMID,
+            KVE_CUDA_BUDGET_ADA,
+            KVE_CUDA_BUDGET_LAVA,
+        ] {
+            let (want_l, want_u) =
+                core_budgets(mode, &weights, layers, per, p, budget, beta, alpha);
+            for with_units in [true, false] {
+                let kl = DBuf::from(&vec![-1i64; layers]);
+                let ku = DBuf::from(&vec![-1i64; layers * per]);
+                ck(
+                    unsafe {
+                        kve_cuda_layer_budgets(
+                            mode,
+                            if mode == KVE_CUDA_BUDGET_LAVA {
+                                wd.ptr()
+                            } else {
+                                null()
+                            },
+                            layers as i64,
+                            per as i64,
+                            p as i64,
+                            budget,
+                            beta,
+                            alpha,
+                            kl.ptr(),
+                            if with_units { ku.ptr() } else { null_mut() },
+                            null_mut(),
+                        )
+                    },
+                    "layer_budgets",
+                );
+                let what = format!(
+                    "layer_budgets mode {mode} layers {layers} per {per} p {p} budget {budget} beta {beta} alpha {alpha}"
+                );
+                assert_eq!(kl.download(), want_l, "{what}: k_layer");
+                let units = ku.download();
+                if with_units {
+                    assert_eq!(units, want_u, "{what}: k_unit");
+                } else {
+                    assert!(
+                        units.iter().all(|&u| u == -1),
+                        "{what}: k_unit NULL written"
+                    );
+                }
+            }
+        }
+    }
+    // capturable: LAVa budgets in a CUDA graph, replayed twice
+    let (layers, per, p) = (8usize, 4usize, 500u64);
+    let weights: Vec<f64> = (0..layers).map(|_| rng.unif() as f64).collect();
+    let wd = DBuf::from(&weights);
+    let (kl, ku) = (
+        DBuf::from(&vec![-1i64; layers]),
+        DBuf::from(&vec![-1i64; layers * per]),
+    );
+    in_graph(&|s| {
+        ck(
+            unsafe {
+                kve_cuda_layer_budgets(
+                    KVE_CUDA_BUDGET_LAVA,
+                    wd.ptr(),
+                    layers as i64,
+                    per as i64,
+                    p as i64,
+                    100,
+                    20,
+                    0.2,
+                    kl.ptr(),
+                    ku.ptr(),
+                    s,
+                )
+            },
+            "layer_budgets in a graph",
+        )
+    });
+    let (want_l, want_u) =
+        core_budgets(KVE_CUDA_BUDGET_LAVA, &weights, layers, per, p, 100, 20, 0.2);
+    assert_eq!(kl.download(), want_l, "graph k_layer");
+    assert_eq!(ku.download(), want_u, "graph k_unit");
 }
