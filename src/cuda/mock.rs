@@ -286,7 +286,8 @@ pub unsafe fn kve_cuda_window(
         return INVALID;
     }
     let p = n - w;
-    if p == 0 || (out_mean.is_null() && out_l2.is_null() && out_cross.is_null() && out_group.is_null())
+    if p == 0
+        || (out_mean.is_null() && out_l2.is_null() && out_cross.is_null() && out_group.is_null())
     {
         return 0;
     }
@@ -297,7 +298,13 @@ pub unsafe fn kve_cuda_window(
     let (Some(qv), Some(kv)) = (core_view(&qd), core_view(&kd)) else {
         return INVALID;
     };
-    let (hkv, g, w, p, dk) = (hkv as usize, g as usize, w as usize, p as usize, dk as usize);
+    let (hkv, g, w, p, dk) = (
+        hkv as usize,
+        g as usize,
+        w as usize,
+        p as usize,
+        dk as usize,
+    );
     let mut sz = WorkspaceSize::new();
     if window::scratch_size(&mut sz, g, w, dk).is_err() {
         return INVALID;
@@ -1268,7 +1275,11 @@ unsafe fn lists_in_range(
     tokens: i64,
 ) -> bool {
     for h in 0..heads {
-        let base = if kept_ld != 0 { h * kept_ld as usize } else { 0 };
+        let base = if kept_ld != 0 {
+            h * kept_ld as usize
+        } else {
+            0
+        };
         for t in 0..head_count(counts, kept_ld, h, cap) {
             let s = *kept.add(base + t) as i64;
             if s < 0 || s >= tokens {
@@ -1320,7 +1331,11 @@ pub unsafe fn kve_cuda_compact(
     // gather every kept row, then scatter: row t := old row kept[t]
     let mut stage: Vec<u8> = Vec::new();
     for h in 0..heads {
-        let base = if kept_ld != 0 { h * kept_ld as usize } else { 0 };
+        let base = if kept_ld != 0 {
+            h * kept_ld as usize
+        } else {
+            0
+        };
         let c = head_count(counts, kept_ld, h, max_keep);
         stage.clear();
         for t in 0..c {
@@ -1364,7 +1379,11 @@ pub unsafe fn kve_cuda_compact_varlen(
     if kept_ld != 0 && kept_ld < sd.tokens {
         return INVALID;
     }
-    if sd.heads.checked_mul(sd.tokens).map_or(true, |e| e >= 1 << 31) {
+    if sd
+        .heads
+        .checked_mul(sd.tokens)
+        .map_or(true, |e| e >= 1 << 31)
+    {
         return INVALID;
     }
     let copies = sd.dim > 0 && sd.tokens > 0;
@@ -1388,7 +1407,11 @@ pub unsafe fn kve_cuda_compact_varlen(
     let dim = sd.dim as usize;
     let mut row = 0usize;
     for h in 0..heads {
-        let base = if kept_ld != 0 { h * kept_ld as usize } else { 0 };
+        let base = if kept_ld != 0 {
+            h * kept_ld as usize
+        } else {
+            0
+        };
         for t in 0..head_count(counts, kept_ld, h, sd.tokens) {
             let s = *kept.add(base + t) as usize;
             for d in 0..dim {
@@ -1504,8 +1527,7 @@ pub unsafe fn kve_cuda_critical_combine(
     if rows == 0 || n == 0 {
         return 0;
     }
-    if base.is_null() || value_l1.is_null() || counts.is_null() || idx.is_null() || out.is_null()
-    {
+    if base.is_null() || value_l1.is_null() || counts.is_null() || idx.is_null() || out.is_null() {
         return INVALID;
     }
     if ld_base < n || ld_l1 < n || ld_out < n {
@@ -1574,8 +1596,7 @@ pub unsafe fn kve_cuda_layer_budgets(
     let b = budget.min(pu);
     let mut kl = vec![0u64; nl];
     let mut ku = vec![0u64; nl * upl];
-    let floor =
-        |total: u64| libm::floor((alpha as f64) * (total as f64 / upl as f64)) as u64;
+    let floor = |total: u64| libm::floor((alpha as f64) * (total as f64 / upl as f64)) as u64;
     match mode {
         KVE_CUDA_BUDGET_UNIFORM | KVE_CUDA_BUDGET_PYRAMID => {
             for l in 0..nl {

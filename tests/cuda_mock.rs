@@ -1,0 +1,2584 @@
+//! The CUDA launchers' test double (`src/cuda/mock.rs`, feature `cuda-mock`) against the CPU
+//! core: window statistics, pooling, head reductions, value norms and the scorers built
+//! from them equal `score_layer` (bit for bit where the mock runs the core's arithmetic);
+//! selections (uniform, pyramid, ada, lava, global, token, shards) equal `select_model`
+//! exactly; the rest against direct f64 computations; invalid arguments give 1 and leave
+//! every output untouched.
+#![cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
+#![allow(clippy::needless_range_loop)]
+
+use half::{bf16, f16};
+use kvevict::cuda::*;
+use kvevict::select::Histogram;
+use kvevict::*;
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+
+const INVALID: i32 = 1;
+const SENTINEL: f32 = -12345.0;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) & 0xFFFF) as f32 / 32768.0 - 1.0
+    }
+    fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
+        (0..len).map(|_| self.next() * scale).collect()
+    }
+    /// Non-negative scores on a coarse grid, so ties happen.
+    fn coarse(&mut self, len: usize) -> Vec<f32> {
+        (0..len)
+            .map(|_| ((self.next() + 1.0) * 20.0).floor() / 7.0)
+            .collect()
+    }
+}
+
+fn view<T>(data: &[T], dtype: i32, ext: [usize; 3], st: [usize; 3]) -> KveCudaView {
+    KveCudaView {
+        data: data.as_ptr() as *mut c_void,
+        dtype,
+        reserved: 0,
+        stride_head: st[0] as i64,
+        stride_token: st[1] as i64,
+        stride_dim: st[2] as i64,
+        heads: ext[0] as i64,
+        tokens: ext[1] as i64,
+        dim: ext[2] as i64,
+    }
+}
+
+/// A descriptor the launcher may write through (compaction).
+fn view_mut<T>(data: &mut [T], dtype: i32, ext: [usize; 3], st: [usize; 3]) -> KveCudaView {
+    KveCudaView {
+        data: data.as_mut_ptr() as *mut c_void,
+        ..view(data, dtype, ext, st)
+    }
+}
+
+fn contiguous(ext: [usize; 3]) -> [usize; 3] {
+    [ext[1] * ext[2], ext[2], 1]
+}
+
+fn close(got: f32, want: f64, rel: f64, abs: f64) -> bool {
+    (got as f64 - want).abs() <= rel * want.abs() + abs
+}
+
+fn null_stream() -> *mut c_void {
+    null_mut()
+}
+
+// --------------------------------------------------------------------- window --
+
+/// A layer's window inputs in f32 (values as the views hold them).
+struct Win {
+    hq: usize,
+    hkv: usize,
+    n: usize,
+    w: usize,
+    dk: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+}
+
+fn win(hq: usize, hkv: usize, n: usize, w: usize, dk: usize, seed: u64) -> Win {
+    let mut r = Rng(seed | 1);
+    let mean = r.vec(dk, 1.0);
+    let mut k = r.vec(hkv * n * dk, 1.5);
+    for (i, x) in k.iter_mut().enumerate() {
+        *x += mean[i % dk];
+    }
+    let q = r.vec(hq * w * dk, 2.5);
+    Win {
+        hq,
+        hkv,
+        n,
+        w,
+        dk,
+        q,
+        k,
+    }
+}
+
+/// f64 reference: (A[h][j][i] over prefix columns, via exact softmax).
+fn attention_f64(x: &Win) -> Vec<f64> {
+    let (g, p) = (x.hq / x.hkv, x.n - x.w);
+    let mut a = vec![0f64; x.hq * x.w * p];
+    for h in 0..x.hq {
+        let kh = h / g;
+        for j in 0..x.w {
+            let q = &x.q[(h * x.w + j) * x.dk..(h * x.w + j + 1) * x.dk];
+            let z: Vec<f64> = (0..=p + j)
+                .map(|i| {
+                    let k = &x.k[(kh * x.n + i) * x.dk..(kh * x.n + i + 1) * x.dk];
+                    q.iter()
+                        .zip(k)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum::<f64>()
+                        / (x.dk as f64).sqrt()
+                })
+                .collect();
+            let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let l: f64 = z.iter().map(|v| (v - m).exp()).sum();
+            for i in 0..p {
+                a[(h * x.w + j) * p + i] = (z[i] - m).exp() / l;
+            }
+        }
+    }
+    a
+}
+
+struct WinOut {
+    mean: Vec<f32>,
+    l2: Vec<f32>,
+    cross: Vec<f32>,
+    group: Vec<f32>,
+}
+
+unsafe fn run_window(
+    qv: &KveCudaView,
+    kv: &KveCudaView,
+    x: &Win,
+    op: i32,
+    lse: Option<&[f32]>,
+) -> WinOut {
+    let (g, p) = (x.hq / x.hkv, x.n - x.w);
+    let np = g * (g + 1) / 2;
+    let mut o = WinOut {
+        mean: vec![SENTINEL; x.hq * p],
+        l2: vec![SENTINEL; x.hq * p],
+        cross: vec![SENTINEL; x.hkv * np * p],
+        group: vec![SENTINEL; x.hkv * p],
+    };
+    let wsz = kve_cuda_window_workspace_size(x.hq as i64, x.w as i64, x.n as i64, x.hkv as i64);
+    let mut ws = vec![0u8; wsz];
+    let rc = kve_cuda_window(
+        qv,
+        kv,
+        x.w as i64,
+        o.mean.as_mut_ptr(),
+        o.l2.as_mut_ptr(),
+        if g <= 16 {
+            o.cross.as_mut_ptr()
+        } else {
+            null_mut()
+        },
+        o.group.as_mut_ptr(),
+        op,
+        lse.map_or(null(), |l| l.as_ptr()),
+        ws.as_mut_ptr() as *mut c_void,
+        wsz,
+        null_stream(),
+    );
+    assert_eq!(rc, 0);
+    o
+}
+
+/// SnapKV through `score_layer` (no pooling), the core's `[Hkv][P]` group reduction.
+fn core_snapkv(qv: View, kv: View, w: usize, gqa: GqaReduce, lse: Option<&[f32]>) -> Vec<f32> {
+    let mut cfg = ScoreConfig::preset(Preset::SnapKv);
+    cfg.window = w as u32;
+    cfg.pool = Pool::NONE;
+    cfg.gqa = gqa;
+    let inputs = LayerInputs {
+        queries: Some(qv),
+        keys: Some(kv),
+        row_lse: lse,
+        ..Default::default()
+    };
+    let shape = layer_shape(&cfg, &inputs).unwrap();
+    let mut out = vec![0f32; score_len(&cfg, &shape).unwrap()];
+    let mut ws = vec![0u8; score_workspace_size(&cfg, &shape).unwrap()];
+    score_layer(&cfg, &inputs, &mut out, &mut ws).unwrap();
+    out
+}
+
+fn check_window_f64(x: &Win, o: &WinOut, tag: &str) {
+    let (g, p) = (x.hq / x.hkv, x.n - x.w);
+    let a = &attention_f64(x);
+    for h in 0..x.hq {
+        for i in 0..p {
+            let col = |hh: usize| (0..x.w).map(move |j| a[(hh * x.w + j) * p + i]);
+            let mean = col(h).sum::<f64>() / x.w as f64;
+            let l2 = col(h).map(|v| v * v).sum::<f64>().sqrt();
+            assert!(
+                close(o.mean[h * p + i], mean, 2e-5, 1e-9),
+                "{tag} mean h{h} i{i}: {} vs {mean}",
+                o.mean[h * p + i]
+            );
+            assert!(
+                close(o.l2[h * p + i], l2, 2e-5, 1e-9),
+                "{tag} l2 h{h} i{i}: {} vs {l2}",
+                o.l2[h * p + i]
+            );
+        }
+    }
+    if g > 16 {
+        return;
+    }
+    let np = g * (g + 1) / 2;
+    for kh in 0..x.hkv {
+        let mut blk = 0;
+        let mut pairs = Vec::new();
+        for a_ in 0..g {
+            pairs.push((a_, a_));
+        }
+        for a_ in 0..g {
+            for b_ in a_ + 1..g {
+                pairs.push((a_, b_));
+            }
+        }
+        for &(ha, hb) in &pairs {
+            for i in 0..p {
+                let want: f64 = (0..x.w)
+                    .map(|j| {
+                        a[((kh * g + ha) * x.w + j) * p + i] * a[((kh * g + hb) * x.w + j) * p + i]
+                    })
+                    .sum();
+                let got = o.cross[(kh * np + blk) * p + i];
+                assert!(
+                    close(got, want, 5e-5, 1e-12),
+                    "{tag} cross kh{kh} ({ha},{hb}) i{i}: {got} vs {want}"
+                );
+            }
+            blk += 1;
+        }
+    }
+}
+
+#[test]
+fn device_count_is_one() {
+    let mut n = -1;
+    assert_eq!(unsafe { kve_cuda_device_count(&mut n) }, 0);
+    assert_eq!(n, 1);
+    assert_eq!(unsafe { kve_cuda_device_count(null_mut()) }, 0);
+}
+
+#[test]
+fn window_f32_matches_core_and_f64() {
+    for (seed, &(hq, hkv, n, w, dk)) in [
+        (4, 2, 150, 16, 24),
+        (6, 2, 300, 40, 64),
+        (3, 3, 97, 5, 130),
+        (8, 1, 70, 9, 8),
+        (2, 1, 33, 32, 256),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let x = win(hq, hkv, n, w, dk, seed as u64 + 11);
+        let qd = view(&x.q, KVE_CUDA_F32, [hq, w, dk], contiguous([hq, w, dk]));
+        let kd = view(&x.k, KVE_CUDA_F32, [hkv, n, dk], contiguous([hkv, n, dk]));
+        let qv = View::f32_contiguous(&x.q, [hq, w, dk]).unwrap();
+        let kv = View::f32_contiguous(&x.k, [hkv, n, dk]).unwrap();
+        for (op, gqa) in [
+            (KVE_CUDA_GQA_MEAN, GqaReduce::Mean),
+            (KVE_CUDA_GQA_MAX, GqaReduce::Max),
+            (KVE_CUDA_GQA_SUM, GqaReduce::Sum),
+        ] {
+            let o = unsafe { run_window(&qd, &kd, &x, op, None) };
+            // the core's own passes: bit-identical SnapKV scores
+            assert_eq!(
+                o.group,
+                core_snapkv(qv, kv, w, gqa, None),
+                "shape {seed} op {op}"
+            );
+            if op == KVE_CUDA_GQA_MEAN {
+                check_window_f64(&x, &o, &format!("f32 shape {seed}"));
+            }
+        }
+        // with the rows' log-sum-exp: the core's one-pass path, bit for bit
+        let mut lse = vec![0f32; hq * w];
+        let shape = LayerShape {
+            hq,
+            hkv,
+            n,
+            dk,
+            dv: dk,
+        };
+        let mut ws = vec![0u8; window_row_lse_workspace_size(&shape, w as u32).unwrap()];
+        window_row_lse(&qv, &kv, w as u32, &mut lse, &mut ws).unwrap();
+        let o = unsafe { run_window(&qd, &kd, &x, KVE_CUDA_GQA_MEAN, Some(&lse)) };
+        assert_eq!(o.group, core_snapkv(qv, kv, w, GqaReduce::Mean, Some(&lse)));
+        check_window_f64(&x, &o, &format!("lse shape {seed}"));
+    }
+}
+
+#[test]
+fn window_half_and_strided_layouts() {
+    let (hq, hkv, n, w, dk) = (4, 2, 120, 12, 40);
+    let x = win(hq, hkv, n, w, dk, 5);
+    for dt in [KVE_CUDA_F16, KVE_CUDA_BF16] {
+        let round = |v: f32| {
+            if dt == KVE_CUDA_F16 {
+                f16::from_f32(v).to_f32()
+            } else {
+                bf16::from_f32(v).to_f32()
+            }
+        };
+        // the reference sees exactly the values the views hold
+        let xr = Win {
+            q: x.q.iter().map(|&v| round(v)).collect(),
+            k: x.k.iter().map(|&v| round(v)).collect(),
+            ..win(hq, hkv, n, w, dk, 5)
+        };
+        // Q head-major; K token-major rows [N, Hkv·dk] (llama.cpp)
+        let kt: Vec<f32> = {
+            let mut t = vec![0f32; n * hkv * dk];
+            for kh in 0..hkv {
+                for i in 0..n {
+                    for d in 0..dk {
+                        t[i * hkv * dk + kh * dk + d] = xr.k[(kh * n + i) * dk + d];
+                    }
+                }
+            }
+            t
+        };
+        let kst = [dk, hkv * dk, 1];
+        let (o, core) = if dt == KVE_CUDA_F16 {
+            let q16: Vec<f16> = xr.q.iter().map(|&v| f16::from_f32(v)).collect();
+            let k16: Vec<f16> = kt.iter().map(|&v| f16::from_f32(v)).collect();
+            let qd = view(&q16, dt, [hq, w, dk], contiguous([hq, w, dk]));
+            let kd = view(&k16, dt, [hkv, n, dk], kst);
+            let o = unsafe { run_window(&qd, &kd, &xr, KVE_CUDA_GQA_MEAN, None) };
+            let qv = View::f16(&q16, [hq, w, dk], contiguous([hq, w, dk])).unwrap();
+            let kv = View::f16(&k16, [hkv, n, dk], kst).unwrap();
+            (o, core_snapkv(qv, kv, w, GqaReduce::Mean, None))
+        } else {
+            let q16: Vec<bf16> = xr.q.iter().map(|&v| bf16::from_f32(v)).collect();
+            let k16: Vec<bf16> = kt.iter().map(|&v| bf16::from_f32(v)).collect();
+            let qd = view(&q16, dt, [hq, w, dk], contiguous([hq, w, dk]));
+            let kd = view(&k16, dt, [hkv, n, dk], kst);
+            let o = unsafe { run_window(&qd, &kd, &xr, KVE_CUDA_GQA_MEAN, None) };
+            let qv = View::bf16(&q16, [hq, w, dk], contiguous([hq, w, dk])).unwrap();
+            let kv = View::bf16(&k16, [hkv, n, dk], kst).unwrap();
+            (o, core_snapkv(qv, kv, w, GqaReduce::Mean, None))
+        };
+        assert_eq!(o.group, core, "dtype {dt}");
+        check_window_f64(&xr, &o, &format!("dtype {dt}"));
+    }
+}
+
+#[test]
+fn window_nothing_to_do_and_rejections() {
+    let (hq, hkv, n, w, dk) = (4, 2, 40, 8, 16);
+    let x = win(hq, hkv, n, w, dk, 9);
+    let qd = view(&x.q, KVE_CUDA_F32, [hq, w, dk], contiguous([hq, w, dk]));
+    let kd = view(&x.k, KVE_CUDA_F32, [hkv, n, dk], contiguous([hkv, n, dk]));
+    let p = n - w;
+    let wsz = unsafe { kve_cuda_window_workspace_size(hq as i64, w as i64, n as i64, hkv as i64) };
+    let mut ws = vec![0u8; wsz];
+    let mut mean = vec![SENTINEL; hq * p];
+    let call = |q: &KveCudaView,
+                k: &KveCudaView,
+                w: i64,
+                mean: &mut [f32],
+                cross: *mut f32,
+                op: i32,
+                ws: &mut [u8],
+                wsb: usize| unsafe {
+        kve_cuda_window(
+            q,
+            k,
+            w,
+            mean.as_mut_ptr(),
+            null_mut(),
+            cross,
+            null_mut(),
+            op,
+            null(),
+            ws.as_mut_ptr() as *mut c_void,
+            wsb,
+            null_stream(),
+        )
+    };
+    // wrong window length, w > n, bad op, too small workspace, dtype mismatch, dk > 256
+    assert_eq!(
+        call(
+            &qd,
+            &kd,
+            w as i64 - 1,
+            &mut mean,
+            null_mut(),
+            0,
+            &mut ws,
+            wsz
+        ),
+        INVALID
+    );
+    assert_eq!(
+        call(
+            &qd,
+            &kd,
+            n as i64 + 1,
+            &mut mean,
+            null_mut(),
+            0,
+            &mut ws,
+            wsz
+        ),
+        INVALID
+    );
+    assert_eq!(
+        call(&qd, &kd, w as i64, &mut mean, null_mut(), 3, &mut ws, wsz),
+        INVALID
+    );
+    assert_eq!(
+        call(
+            &qd,
+            &kd,
+            w as i64,
+            &mut mean,
+            null_mut(),
+            0,
+            &mut ws,
+            wsz - 1
+        ),
+        INVALID
+    );
+    let mut q16 = qd;
+    q16.dtype = KVE_CUDA_F16;
+    assert_eq!(
+        call(&q16, &kd, w as i64, &mut mean, null_mut(), 0, &mut ws, wsz),
+        INVALID
+    );
+    let mut bad = qd;
+    bad.dtype = 7;
+    assert_eq!(
+        call(&bad, &kd, w as i64, &mut mean, null_mut(), 0, &mut ws, wsz),
+        INVALID
+    );
+    let mut bad = qd;
+    bad.reserved = 1;
+    assert_eq!(
+        call(&bad, &kd, w as i64, &mut mean, null_mut(), 0, &mut ws, wsz),
+        INVALID
+    );
+    let mut bad = kd;
+    bad.stride_token = -1;
+    assert_eq!(
+        call(&qd, &bad, w as i64, &mut mean, null_mut(), 0, &mut ws, wsz),
+        INVALID
+    );
+    // hq % hkv != 0
+    let k3 = view(&x.k, KVE_CUDA_F32, [3, 10, dk], contiguous([3, 10, dk]));
+    let q3 = view(&x.q, KVE_CUDA_F32, [4, 2, dk], contiguous([4, 2, dk]));
+    assert_eq!(
+        call(&q3, &k3, 2, &mut mean, null_mut(), 0, &mut ws, wsz),
+        INVALID
+    );
+    // dk > 256
+    let big = vec![0f32; 2 * 300 * 4];
+    let qb = view(&big, KVE_CUDA_F32, [1, 1, 300], [300, 300, 1]);
+    let kb = view(&big, KVE_CUDA_F32, [1, 4, 300], [1200, 300, 1]);
+    assert_eq!(
+        call(&qb, &kb, 1, &mut mean, null_mut(), 0, &mut ws, wsz),
+        INVALID
+    );
+    // cross with g > 16
+    let q17 = view(&x.q, KVE_CUDA_F32, [17, 1, 4], [4, 4, 1]);
+    let k1 = view(&x.k, KVE_CUDA_F32, [1, 8, 4], [32, 4, 1]);
+    let mut cross = vec![SENTINEL; 17 * 18 / 2 * 7];
+    assert_eq!(
+        call(&q17, &k1, 1, &mut mean, cross.as_mut_ptr(), 0, &mut ws, wsz),
+        INVALID
+    );
+    assert!(cross.iter().all(|&v| v == SENTINEL));
+    assert!(mean.iter().all(|&v| v == SENTINEL));
+    // P == 0 and no outputs: success, nothing written, no workspace needed
+    let qn = view(&x.q, KVE_CUDA_F32, [hq, 8, dk], contiguous([hq, 8, dk]));
+    let kn = view(&x.k, KVE_CUDA_F32, [hkv, 8, dk], contiguous([hkv, 8, dk]));
+    let rc = unsafe {
+        kve_cuda_window(
+            &qn,
+            &kn,
+            8,
+            mean.as_mut_ptr(),
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            0,
+            null(),
+            null_mut(),
+            0,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    let rc = unsafe {
+        kve_cuda_window(
+            &qd,
+            &kd,
+            w as i64,
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            0,
+            null(),
+            null_mut(),
+            0,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    assert!(mean.iter().all(|&v| v == SENTINEL));
+    // a null workspace with work to do
+    let rc = unsafe {
+        kve_cuda_window(
+            &qd,
+            &kd,
+            w as i64,
+            mean.as_mut_ptr(),
+            null_mut(),
+            null_mut(),
+            null_mut(),
+            0,
+            null(),
+            null_mut(),
+            wsz,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, INVALID);
+    assert!(mean.iter().all(|&v| v == SENTINEL));
+}
+
+// ------------------------------------------------------------ scorers, composed --
+
+/// Scores of one layer through the mock's stages, as the C API's CUDA path composes them.
+struct Layer {
+    hq: usize,
+    hkv: usize,
+    n: usize,
+    w: usize,
+    d: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    wo: Vec<f32>,
+}
+
+fn layer(hq: usize, hkv: usize, n: usize, w: usize, d: usize, seed: u64) -> Layer {
+    let x = win(hq, hkv, n, w, d, seed);
+    let mut r = Rng(seed * 7 + 3);
+    let dm = hq * d;
+    Layer {
+        hq,
+        hkv,
+        n,
+        w,
+        d,
+        q: x.q,
+        k: x.k,
+        v: r.vec(hkv * n * d, 1.0),
+        wo: r.vec(hq * d * dm, 1.0 / (dm as f32).sqrt()),
+    }
+}
+
+impl Layer {
+    fn p(&self) -> usize {
+        self.n - self.w
+    }
+    fn g(&self) -> usize {
+        self.hq / self.hkv
+    }
+    fn gram(&self, cross: bool) -> Vec<f32> {
+        let dm = self.hq * self.d;
+        let wov = View::f32_contiguous(&self.wo, [self.hq, self.d, dm]).unwrap();
+        let mut gram = vec![0f32; gram_len(self.hq, self.hkv, self.d, cross).unwrap()];
+        let mut ws = vec![0u8; gram_workspace_size(self.d, dm).unwrap()];
+        compute_gram(&wov, self.hkv, cross, &mut gram, &mut ws).unwrap();
+        gram
+    }
+    fn core(&self, cfg: &ScoreConfig, gram: Option<&[f32]>) -> Vec<f32> {
+        let inputs = LayerInputs {
+            queries: Some(View::f32_contiguous(&self.q, [self.hq, self.w, self.d]).unwrap()),
+            keys: Some(View::f32_contiguous(&self.k, [self.hkv, self.n, self.d]).unwrap()),
+            values: Some(View::f32_contiguous(&self.v, [self.hkv, self.n, self.d]).unwrap()),
+            gram,
+            ..Default::default()
+        };
+        let shape = layer_shape(cfg, &inputs).unwrap();
+        let mut out = vec![0f32; score_len(cfg, &shape).unwrap()];
+        let mut ws = vec![0u8; score_workspace_size(cfg, &shape).unwrap()];
+        score_layer(cfg, &inputs, &mut out, &mut ws).unwrap();
+        out
+    }
+    fn qd(&self) -> KveCudaView {
+        view(
+            &self.q,
+            KVE_CUDA_F32,
+            [self.hq, self.w, self.d],
+            contiguous([self.hq, self.w, self.d]),
+        )
+    }
+    fn kd(&self) -> KveCudaView {
+        view(
+            &self.k,
+            KVE_CUDA_F32,
+            [self.hkv, self.n, self.d],
+            contiguous([self.hkv, self.n, self.d]),
+        )
+    }
+    fn vd(&self) -> KveCudaView {
+        view(
+            &self.v,
+            KVE_CUDA_F32,
+            [self.hkv, self.n, self.d],
+            contiguous([self.hkv, self.n, self.d]),
+        )
+    }
+    /// (mean [Hq,P], l2 [Hq,P], cross [Hkv,np,P]) from the mock's window.
+    unsafe fn window(&self) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (p, g) = (self.p(), self.g());
+        let np = g * (g + 1) / 2;
+        let mut mean = vec![0f32; self.hq * p];
+        let mut l2 = vec![0f32; self.hq * p];
+        let mut cross = vec![0f32; self.hkv * np * p];
+        let wsz = kve_cuda_window_workspace_size(
+            self.hq as i64,
+            self.w as i64,
+            self.n as i64,
+            self.hkv as i64,
+        );
+        let mut ws = vec![0u8; wsz];
+        let rc = kve_cuda_window(
+            &self.qd(),
+            &self.kd(),
+            self.w as i64,
+            mean.as_mut_ptr(),
+            l2.as_mut_ptr(),
+            cross.as_mut_ptr(),
+            null_mut(),
+            0,
+            null(),
+            ws.as_mut_ptr() as *mut c_void,
+            wsz,
+            null_stream(),
+        );
+        assert_eq!(rc, 0);
+        (mean, l2, cross)
+    }
+}
+
+unsafe fn pool_rows(x: &[f32], rows: usize, n: usize, p: Pool) -> Vec<f32> {
+    let mode = match p.kind {
+        PoolKind::None => return x.to_vec(),
+        PoolKind::Avg => KVE_CUDA_POOL_AVG,
+        PoolKind::Max => KVE_CUDA_POOL_MAX,
+        PoolKind::Forward => KVE_CUDA_POOL_FORWARD,
+    };
+    let mut out = vec![0f32; rows * n];
+    let rc = kve_cuda_pool(
+        x.as_ptr(),
+        n as i64,
+        out.as_mut_ptr(),
+        n as i64,
+        rows as i64,
+        n as i64,
+        mode,
+        p.kernel as i32,
+        p.decay,
+        null_stream(),
+    );
+    assert_eq!(rc, 0);
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn head_reduce(
+    a: &[f32],
+    b: Option<&[f32]>,
+    b_mode: i32,
+    scale: Option<&[f32]>,
+    hq: usize,
+    hkv: usize,
+    n: usize,
+    op: i32,
+) -> Vec<f32> {
+    let mut out = vec![0f32; hkv * n];
+    let rc = kve_cuda_head_reduce(
+        a.as_ptr(),
+        n as i64,
+        b.map_or(null(), |b| b.as_ptr()),
+        n as i64,
+        b_mode,
+        scale.map_or(null(), |s| s.as_ptr()),
+        out.as_mut_ptr(),
+        n as i64,
+        hq as i64,
+        hkv as i64,
+        n as i64,
+        op,
+        null_stream(),
+    );
+    assert_eq!(rc, 0);
+    out
+}
+
+unsafe fn vonorm(l: &Layer, gram: &[f32], n_gram: usize, take_sqrt: i32) -> Vec<f32> {
+    let p = l.p();
+    let mut out = vec![0f32; n_gram * p];
+    let rc = kve_cuda_vonorm(
+        &l.vd(),
+        p as i64,
+        gram.as_ptr() as *const c_void,
+        null(),
+        n_gram as i64,
+        take_sqrt,
+        out.as_mut_ptr(),
+        null_stream(),
+    );
+    assert_eq!(rc, 0);
+    out
+}
+
+#[test]
+fn snapkv_lava_laprox_equal_score_layer() {
+    for (seed, &(hq, hkv, n, w, d)) in [
+        (4, 2, 90, 10, 16),
+        (6, 3, 130, 24, 32),
+        (2, 2, 50, 7, 8),
+        (8, 2, 77, 4, 24),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let l = layer(hq, hkv, n, w, d, seed as u64 + 21);
+        let (p, g) = (l.p(), l.g());
+        let (mean, l2, cross) = unsafe { l.window() };
+
+        // SnapKV: pool each head, then the GQA mean
+        let cfg = ScoreConfig {
+            window: w as u32,
+            ..ScoreConfig::preset(Preset::SnapKv)
+        };
+        let got = unsafe {
+            head_reduce(
+                &pool_rows(&mean, hq, p, cfg.pool),
+                None,
+                0,
+                None,
+                hq,
+                hkv,
+                p,
+                KVE_CUDA_GQA_MEAN,
+            )
+        };
+        assert_eq!(got, l.core(&cfg, None), "snapkv {seed}");
+        // SnapKV reduce-before-pool (kvpress avg 5)
+        let cfg = ScoreConfig {
+            window: w as u32,
+            reduce_before_pool: true,
+            ..ScoreConfig::preset(Preset::SnapKvKvpress)
+        };
+        let red = unsafe { head_reduce(&mean, None, 0, None, hq, hkv, p, KVE_CUDA_GQA_MEAN) };
+        let got = unsafe { pool_rows(&red, hkv, p, cfg.pool) };
+        assert_eq!(got, l.core(&cfg, None), "snapkv rbp {seed}");
+
+        // LAVa: pooled mean, max over the group times the head factor
+        let cfg = ScoreConfig {
+            window: w as u32,
+            ..ScoreConfig::preset(Preset::Lava)
+        };
+        let mut c = vec![SENTINEL; hkv];
+        assert_eq!(
+            unsafe { kve_cuda_lava_factor(&l.vd(), p as i64, c.as_mut_ptr(), null_stream()) },
+            0
+        );
+        let got = unsafe {
+            head_reduce(
+                &pool_rows(&mean, hq, p, cfg.pool),
+                None,
+                0,
+                Some(&c),
+                hq,
+                hkv,
+                p,
+                KVE_CUDA_GQA_MAX,
+            )
+        };
+        assert_eq!(got, l.core(&cfg, None), "lava {seed}");
+
+        // LaProx sum: pool(||A||) · sqrt(v G vᵀ), summed over the group
+        let cfg = ScoreConfig {
+            window: w as u32,
+            ..ScoreConfig::preset(Preset::LaProx)
+        };
+        let gram = l.gram(false);
+        let qv = unsafe { vonorm(&l, &gram, hq, 0) };
+        let got = unsafe {
+            head_reduce(
+                &pool_rows(&l2, hq, p, cfg.pool),
+                Some(&qv),
+                1,
+                None,
+                hq,
+                hkv,
+                p,
+                KVE_CUDA_GQA_SUM,
+            )
+        };
+        assert_eq!(got, l.core(&cfg, Some(&gram)), "laprox sum {seed}");
+        // product placement: per-head products, pooled, then summed
+        let cfg = ScoreConfig {
+            placement: PoolPlacement::Product,
+            ..cfg
+        };
+        let prod = unsafe { head_reduce(&l2, Some(&qv), 1, None, hq, hq, p, KVE_CUDA_GQA_SUM) };
+        let got = unsafe {
+            head_reduce(
+                &pool_rows(&prod, hq, p, cfg.pool),
+                None,
+                0,
+                None,
+                hq,
+                hkv,
+                p,
+                KVE_CUDA_GQA_SUM,
+            )
+        };
+        assert_eq!(got, l.core(&cfg, Some(&gram)), "laprox product {seed}");
+
+        // LaProx exact and mean-attn: cross terms and cross-Gram forms
+        let gram_x = l.gram(true);
+        let np = g * (g + 1) / 2;
+        let qvx = unsafe { vonorm(&l, &gram_x, hkv * np, 0) };
+        let exact = |mode: i32, cross: &[f32], qv: &[f32]| unsafe {
+            let mut out = vec![SENTINEL; hkv * p];
+            let rc = kve_cuda_laprox_exact(
+                cross.as_ptr(),
+                p as i64,
+                qv.as_ptr(),
+                p as i64,
+                out.as_mut_ptr(),
+                p as i64,
+                hkv as i64,
+                g as i64,
+                p as i64,
+                mode,
+                null_stream(),
+            );
+            assert_eq!(rc, 0);
+            out
+        };
+        let cfg = ScoreConfig {
+            window: w as u32,
+            laprox_gqa: LaproxGqa::Exact,
+            ..ScoreConfig::preset(Preset::LaProx)
+        };
+        let got = unsafe {
+            pool_rows(
+                &exact(KVE_CUDA_LAPROX_EXACT, &cross, &qvx),
+                hkv,
+                p,
+                cfg.pool,
+            )
+        };
+        assert_eq!(got, l.core(&cfg, Some(&gram_x)), "laprox exact {seed}");
+        // mean-attn, attention placement: pool the attention term alone
+        let cfg = ScoreConfig {
+            laprox_gqa: LaproxGqa::MeanAttn,
+            ..cfg
+        };
+        let att = unsafe {
+            pool_rows(
+                &exact(KVE_CUDA_LAPROX_ATTN_TERM, &cross, &qvx),
+                hkv,
+                p,
+                cfg.pool,
+            )
+        };
+        let val = exact(KVE_CUDA_LAPROX_VALUE_TERM, &cross, &qvx);
+        let got = unsafe { head_reduce(&val, Some(&att), 2, None, hkv, hkv, p, KVE_CUDA_GQA_SUM) };
+        assert_eq!(got, l.core(&cfg, Some(&gram_x)), "laprox mean-attn {seed}");
+        // mean-attn, product placement
+        let cfg = ScoreConfig {
+            placement: PoolPlacement::Product,
+            ..cfg
+        };
+        let got = unsafe {
+            pool_rows(
+                &exact(KVE_CUDA_LAPROX_MEAN_ATTN, &cross, &qvx),
+                hkv,
+                p,
+                cfg.pool,
+            )
+        };
+        assert_eq!(
+            got,
+            l.core(&cfg, Some(&gram_x)),
+            "laprox mean-attn product {seed}"
+        );
+        // modes 2 and 3 do not read the other input
+        assert_eq!(exact(KVE_CUDA_LAPROX_ATTN_TERM, &cross, &[]).len(), hkv * p);
+        let mut out = vec![SENTINEL; hkv * p];
+        let rc = unsafe {
+            kve_cuda_laprox_exact(
+                null(),
+                0,
+                qvx.as_ptr(),
+                p as i64,
+                out.as_mut_ptr(),
+                p as i64,
+                hkv as i64,
+                g as i64,
+                p as i64,
+                KVE_CUDA_LAPROX_VALUE_TERM,
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, 0);
+        assert_eq!(out, val);
+    }
+}
+
+#[test]
+fn knorm_sinks_critical_equal_core() {
+    let l = layer(4, 2, 60, 8, 20, 3);
+    let p = l.p();
+    // KNorm
+    let cfg = ScoreConfig {
+        window: 8,
+        ..ScoreConfig::preset(Preset::KNorm)
+    };
+    let mut out = vec![SENTINEL; 2 * (p + 3)];
+    assert_eq!(
+        unsafe {
+            kve_cuda_knorm(
+                &l.kd(),
+                p as i64,
+                out.as_mut_ptr(),
+                (p + 3) as i64,
+                null_stream(),
+            )
+        },
+        0
+    );
+    let core = l.core(&cfg, None);
+    for kh in 0..2 {
+        assert_eq!(
+            &out[kh * (p + 3)..kh * (p + 3) + p],
+            &core[kh * p..(kh + 1) * p]
+        );
+        assert!(out[kh * (p + 3) + p..(kh + 1) * (p + 3)]
+            .iter()
+            .all(|&v| v == SENTINEL));
+    }
+    // StreamingLLM
+    let cfg = ScoreConfig {
+        window: 8,
+        ..ScoreConfig::preset(Preset::StreamingLlm)
+    };
+    let mut out = vec![SENTINEL; 2 * p];
+    assert_eq!(
+        unsafe {
+            kve_cuda_sink_scores(
+                out.as_mut_ptr(),
+                2,
+                p as i64,
+                p as i64,
+                cfg.sinks as i64,
+                null_stream(),
+            )
+        },
+        0
+    );
+    assert_eq!(out, l.core(&cfg, None));
+    // CriticalKV's second stage from a first-stage selection
+    let mut r = Rng(77);
+    let base = r.coarse(2 * p);
+    let l1: Vec<f32> = r.vec(2 * p, 1.0).iter().map(|v| v.abs() + 0.1).collect();
+    let (mut counts, mut idx) = (vec![0i32; 2], vec![0i32; 2 * p]);
+    let wsz = unsafe { kve_cuda_select_workspace_size(2) };
+    let mut ws = vec![0u8; wsz];
+    let rc = unsafe {
+        kve_cuda_select(
+            base.as_ptr(),
+            p as i64,
+            p as i64,
+            2,
+            1,
+            null(),
+            5,
+            null(),
+            0,
+            counts.as_mut_ptr(),
+            idx.as_mut_ptr(),
+            p as i64,
+            ws.as_mut_ptr() as *mut c_void,
+            wsz,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    let mut out = base.clone(); // in place (out == base)
+    let rc = unsafe {
+        kve_cuda_critical_combine(
+            out.as_ptr(),
+            p as i64,
+            l1.as_ptr(),
+            p as i64,
+            counts.as_ptr(),
+            idx.as_ptr(),
+            p as i64,
+            2,
+            p as i64,
+            out.as_mut_ptr(),
+            p as i64,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    for kh in 0..2 {
+        let row = &base[kh * p..(kh + 1) * p];
+        let thr = kvevict::select::top_k_threshold(row, 0, 5);
+        for i in 0..p {
+            let forced =
+                kvevict::select::kept(kvevict::select::make_key(row[i], i as u32, 0, false), thr);
+            let want = if forced {
+                f32::MAX
+            } else {
+                (row[i] + 1e-4) * l1[kh * p + i]
+            };
+            assert_eq!(out[kh * p + i], want, "kh {kh} i {i}");
+        }
+    }
+}
+
+// ------------------------------------------------------------------ value norms --
+
+#[test]
+fn vonorm_gram_split_and_factor() {
+    let l = layer(4, 2, 40, 4, 24, 8);
+    let (hq, hkv, n, d) = (l.hq, l.hkv, l.n, l.d);
+    let gram = l.gram(false);
+    // f32: the core's value forms, bit for bit (all N tokens)
+    let mut forms = vec![0f32; value_forms_len(hq, hkv, n, false).unwrap()];
+    let vv = View::f32_contiguous(&l.v, [hkv, n, d]).unwrap();
+    compute_value_forms(&vv, &gram, hq, false, 0, n, &mut forms).unwrap();
+    let mut out = vec![0f32; hq * n];
+    let rc = unsafe {
+        kve_cuda_vonorm(
+            &l.vd(),
+            n as i64,
+            gram.as_ptr() as *const c_void,
+            null(),
+            hq as i64,
+            0,
+            out.as_mut_ptr(),
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    assert_eq!(out, forms);
+    // square roots
+    let rc = unsafe {
+        kve_cuda_vonorm(
+            &l.vd(),
+            n as i64,
+            gram.as_ptr() as *const c_void,
+            null(),
+            hq as i64,
+            1,
+            out.as_mut_ptr(),
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    for (o, f) in out.iter().zip(&forms) {
+        assert_eq!(*o, f.max(0.0).sqrt());
+    }
+
+    // f16 V with hi/lo Grams from gram_split: ~f32-accurate
+    let v16: Vec<f16> = l.v.iter().map(|&x| f16::from_f32(x)).collect();
+    let vr: Vec<f32> = v16.iter().map(|x| x.to_f32()).collect();
+    let mut hi = vec![f16::ZERO; gram.len()];
+    let mut lo = vec![f16::ZERO; gram.len()];
+    let rc = unsafe {
+        kve_cuda_gram_split(
+            gram.as_ptr(),
+            gram.len() as i64,
+            KVE_CUDA_F16,
+            hi.as_mut_ptr() as *mut c_void,
+            lo.as_mut_ptr() as *mut c_void,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    for ((h, lw), &x) in hi.iter().zip(&lo).zip(&gram) {
+        assert_eq!(*h, f16::from_f32(x));
+        // hi + lo: ~22 bits, down to f16's subnormal spacing (6e-8) for lo
+        assert!(
+            ((h.to_f32() + lw.to_f32()) - x).abs() <= 5e-7 * x.abs() + 3e-8,
+            "{x}"
+        );
+    }
+    let v16d = view(&v16, KVE_CUDA_F16, [hkv, n, d], contiguous([hkv, n, d]));
+    let mut got = vec![0f32; hq * n];
+    let rc = unsafe {
+        kve_cuda_vonorm(
+            &v16d,
+            n as i64,
+            hi.as_ptr() as *const c_void,
+            lo.as_ptr() as *const c_void,
+            hq as i64,
+            0,
+            got.as_mut_ptr(),
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    let g = hq / hkv;
+    let quad = |m: usize, i: usize, gm: &[f32]| -> (f64, f64) {
+        let v = &vr[((m / g) * n + i) * d..((m / g) * n + i + 1) * d];
+        let (mut s, mut mag) = (0f64, 0f64);
+        for r in 0..d {
+            for c in 0..d {
+                let t = v[r] as f64 * gm[m * d * d + r * d + c] as f64 * v[c] as f64;
+                s += t;
+                mag += t.abs();
+            }
+        }
+        (s, mag)
+    };
+    for m in 0..hq {
+        for i in 0..n {
+            let (want, mag) = quad(m, i, &gram);
+            assert!(
+                close(got[m * n + i], want, 0.0, 2e-6 * mag),
+                "f16 m{m} i{i}: {} vs {want}",
+                got[m * n + i]
+            );
+        }
+    }
+    // the factor form: L from gram_factor, ||v L||² = v G vᵀ
+    let mut lf = vec![SENTINEL; gram.len()];
+    assert_eq!(
+        unsafe { kve_cuda_gram_factor(gram.as_ptr(), hq as i64, d as i64, lf.as_mut_ptr()) },
+        0
+    );
+    for m in 0..hq {
+        let b = &lf[m * d * d..(m + 1) * d * d];
+        for r in 0..d {
+            for c in 0..d {
+                if c > r {
+                    assert_eq!(b[r * d + c], 0.0);
+                }
+                let llt: f64 = (0..d)
+                    .map(|k| b[r * d + k] as f64 * b[c * d + k] as f64)
+                    .sum();
+                let gv = gram[m * d * d + r * d + c] as f64;
+                assert!(
+                    (llt - gv).abs()
+                        <= 1e-5 * gram[m * d * d + r * d + r].abs().max(1e-6) as f64 + 1e-6
+                );
+            }
+        }
+    }
+    let mut fo = vec![0f32; hq * n];
+    let rc = unsafe {
+        kve_cuda_vonorm_factor(
+            &l.vd(),
+            n as i64,
+            lf.as_ptr() as *const c_void,
+            null(),
+            hq as i64,
+            0,
+            fo.as_mut_ptr(),
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    for (k, (&a, &b)) in fo.iter().zip(&forms).enumerate() {
+        assert!(
+            close(
+                a,
+                b as f64,
+                1e-5,
+                1e-6 * forms.iter().fold(0f32, |m, x| m.max(x.abs())) as f64
+            ),
+            "factor {k}: {a} vs {b}"
+        );
+    }
+}
+
+#[test]
+fn gram_factor_rejects_and_zero_columns() {
+    let d = 3;
+    // PSD with a zero pivot: rank 1
+    let u = [1.0f32, 2.0, -1.0];
+    let g: Vec<f32> = (0..9).map(|e| u[e / 3] * u[e % 3]).collect();
+    let mut l = vec![SENTINEL; 9];
+    assert_eq!(
+        unsafe { kve_cuda_gram_factor(g.as_ptr(), 1, d, l.as_mut_ptr()) },
+        0
+    );
+    assert_eq!(l, vec![1.0, 0.0, 0.0, 2.0, 0.0, 0.0, -1.0, 0.0, 0.0]);
+    // two blocks, the second not PSD: nothing written
+    let mut g2 = g.clone();
+    g2.extend_from_slice(&[1.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0]);
+    let mut l2 = vec![SENTINEL; 18];
+    assert_eq!(
+        unsafe { kve_cuda_gram_factor(g2.as_ptr(), 2, d, l2.as_mut_ptr()) },
+        INVALID
+    );
+    assert!(l2.iter().all(|&v| v == SENTINEL));
+    let mut gn = g.clone();
+    gn[4] = f32::NAN;
+    assert_eq!(
+        unsafe { kve_cuda_gram_factor(gn.as_ptr(), 1, d, l2.as_mut_ptr()) },
+        INVALID
+    );
+    assert_eq!(
+        unsafe { kve_cuda_gram_factor(null(), 1, d, l2.as_mut_ptr()) },
+        INVALID
+    );
+    assert_eq!(
+        unsafe { kve_cuda_gram_factor(g.as_ptr(), 1, 0, l2.as_mut_ptr()) },
+        INVALID
+    );
+    assert_eq!(unsafe { kve_cuda_gram_factor(null(), 0, d, null_mut()) }, 0);
+    assert!(l2.iter().all(|&v| v == SENTINEL));
+    // gram_split: bad dtype, null
+    let mut hi = vec![0u16; 9];
+    assert_eq!(
+        unsafe {
+            kve_cuda_gram_split(
+                g.as_ptr(),
+                9,
+                5,
+                hi.as_mut_ptr() as *mut c_void,
+                null_mut(),
+                null_stream(),
+            )
+        },
+        INVALID
+    );
+    assert_eq!(
+        unsafe {
+            kve_cuda_gram_split(
+                g.as_ptr(),
+                9,
+                KVE_CUDA_BF16,
+                null_mut(),
+                null_mut(),
+                null_stream(),
+            )
+        },
+        INVALID
+    );
+    assert!(hi.iter().all(|&v| v == 0));
+    assert_eq!(
+        unsafe {
+            kve_cuda_gram_split(
+                g.as_ptr(),
+                9,
+                KVE_CUDA_BF16,
+                hi.as_mut_ptr() as *mut c_void,
+                null_mut(),
+                null_stream(),
+            )
+        },
+        0
+    );
+    for (h, &x) in hi.iter().zip(&g) {
+        assert_eq!(*h, bf16::from_f32(x).to_bits());
+    }
+}
+
+#[test]
+fn lava_factor_matches_direct() {
+    let l = layer(2, 2, 30, 5, 12, 4);
+    let mut c = vec![SENTINEL; 2];
+    // transposed V (llama.cpp [H·d, N]): strides (d·N, 1, N)
+    let vt: Vec<f32> = {
+        let mut t = vec![0f32; 2 * 12 * 30];
+        for kh in 0..2 {
+            for i in 0..30 {
+                for d in 0..12 {
+                    t[(kh * 12 + d) * 30 + i] = l.v[(kh * 30 + i) * 12 + d];
+                }
+            }
+        }
+        t
+    };
+    let vd = view(&vt, KVE_CUDA_F32, [2, 30, 12], [12 * 30, 1, 30]);
+    assert_eq!(
+        unsafe { kve_cuda_lava_factor(&vd, 25, c.as_mut_ptr(), null_stream()) },
+        0
+    );
+    for kh in 0..2 {
+        let want = (0..25)
+            .map(|i| {
+                (0..12)
+                    .map(|d| l.v[(kh * 30 + i) * 12 + d].abs())
+                    .sum::<f32>()
+            })
+            .fold(0f32, f32::max);
+        assert_eq!(c[kh], want);
+    }
+    assert_eq!(
+        unsafe { kve_cuda_lava_factor(&vd, 0, c.as_mut_ptr(), null_stream()) },
+        0
+    );
+    assert_eq!(c, vec![0.0, 0.0]);
+    c.fill(SENTINEL);
+    assert_eq!(
+        unsafe { kve_cuda_lava_factor(&vd, 31, c.as_mut_ptr(), null_stream()) },
+        INVALID
+    );
+    assert_eq!(
+        unsafe { kve_cuda_lava_factor(&vd, 5, null_mut(), null_stream()) },
+        INVALID
+    );
+    assert!(c.iter().all(|&v| v == SENTINEL));
+}
+
+// ------------------------------------------------------------ pool and reductions --
+
+#[test]
+fn pool_matches_core_with_strides() {
+    let mut r = Rng(31);
+    let (rows, n, ld_in, ld_out) = (3, 57, 60, 64);
+    let input = r.vec(rows * ld_in, 2.0);
+    for (mode, p) in [
+        (KVE_CUDA_POOL_AVG, Pool::avg(5)),
+        (KVE_CUDA_POOL_AVG, Pool::avg(1)),
+        (KVE_CUDA_POOL_MAX, Pool::max(7)),
+        (KVE_CUDA_POOL_FORWARD, Pool::forward(8, 0.9)),
+        (KVE_CUDA_POOL_FORWARD, Pool::forward(1, 0.5)),
+    ] {
+        let mut out = vec![SENTINEL; rows * ld_out];
+        let rc = unsafe {
+            kve_cuda_pool(
+                input.as_ptr(),
+                ld_in as i64,
+                out.as_mut_ptr(),
+                ld_out as i64,
+                rows as i64,
+                n as i64,
+                mode,
+                p.kernel as i32,
+                p.decay,
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, 0);
+        for row in 0..rows {
+            let mut want = vec![0f32; n];
+            kvevict::pool::pool(&p, &input[row * ld_in..row * ld_in + n], &mut want);
+            assert_eq!(
+                &out[row * ld_out..row * ld_out + n],
+                &want[..],
+                "mode {mode}"
+            );
+            assert!(out[row * ld_out + n..(row + 1) * ld_out]
+                .iter()
+                .all(|&v| v == SENTINEL));
+        }
+    }
+    // even avg / max kernels, k = 0, bad mode, ld < n, null
+    let mut out = vec![SENTINEL; rows * ld_out];
+    for (mode, k, ldi) in [(0, 4, 60), (1, 2, 60), (2, 0, 60), (3, 3, 60), (0, 3, 50)] {
+        let rc = unsafe {
+            kve_cuda_pool(
+                input.as_ptr(),
+                ldi,
+                out.as_mut_ptr(),
+                ld_out as i64,
+                rows as i64,
+                n as i64,
+                mode,
+                k,
+                1.0,
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, INVALID, "mode {mode} k {k}");
+    }
+    assert_eq!(
+        unsafe {
+            kve_cuda_pool(
+                null(),
+                60,
+                out.as_mut_ptr(),
+                64,
+                3,
+                57,
+                0,
+                3,
+                1.0,
+                null_stream(),
+            )
+        },
+        INVALID
+    );
+    assert!(out.iter().all(|&v| v == SENTINEL));
+}
+
+#[test]
+fn head_reduce_strided_and_in_place() {
+    let mut r = Rng(41);
+    let (hq, hkv, n, lda, ldb, ldo) = (6, 2, 19, 23, 21, 20);
+    let a = r.vec(hq * lda, 1.0);
+    let b = r.vec(hq * ldb, 1.0);
+    let scale = [0.5f32, 2.0];
+    let g = hq / hkv;
+    for b_mode in 0..3 {
+        for op in 0..3 {
+            let mut out = vec![SENTINEL; hkv * ldo];
+            let rc = unsafe {
+                kve_cuda_head_reduce(
+                    a.as_ptr(),
+                    lda as i64,
+                    b.as_ptr(),
+                    ldb as i64,
+                    b_mode,
+                    scale.as_ptr(),
+                    out.as_mut_ptr(),
+                    ldo as i64,
+                    hq as i64,
+                    hkv as i64,
+                    n as i64,
+                    op,
+                    null_stream(),
+                )
+            };
+            assert_eq!(rc, 0);
+            for hk in 0..hkv {
+                for i in 0..n {
+                    let xs: Vec<f64> = (0..g)
+                        .map(|hh| {
+                            let h = hk * g + hh;
+                            let f = match b_mode {
+                                1 => (b[h * ldb + i].max(0.0) as f64).sqrt(),
+                                2 => b[h * ldb + i] as f64,
+                                _ => 1.0,
+                            };
+                            a[h * lda + i] as f64 * f * scale[hk] as f64
+                        })
+                        .collect();
+                    let want = match op {
+                        0 => xs.iter().sum::<f64>() / g as f64,
+                        1 => xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+                        _ => xs.iter().sum::<f64>(),
+                    };
+                    assert!(
+                        close(out[hk * ldo + i], want, 1e-6, 1e-7),
+                        "b{b_mode} op{op} hk{hk} i{i}"
+                    );
+                }
+                assert!(out[hk * ldo + n..(hk + 1) * ldo]
+                    .iter()
+                    .all(|&v| v == SENTINEL));
+            }
+        }
+    }
+    // in place, Hkv == Hq
+    let mut x = a.clone();
+    let rc = unsafe {
+        kve_cuda_head_reduce(
+            x.as_ptr(),
+            lda as i64,
+            b.as_ptr(),
+            ldb as i64,
+            2,
+            null(),
+            x.as_mut_ptr(),
+            lda as i64,
+            hq as i64,
+            hq as i64,
+            n as i64,
+            KVE_CUDA_GQA_SUM,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    for h in 0..hq {
+        for i in 0..n {
+            assert_eq!(x[h * lda + i], a[h * lda + i] * b[h * ldb + i]);
+        }
+    }
+    // b_mode 0: b may be NULL; rejections
+    let mut out = vec![SENTINEL; hkv * ldo];
+    assert_eq!(
+        unsafe {
+            kve_cuda_head_reduce(
+                a.as_ptr(),
+                lda as i64,
+                null(),
+                0,
+                0,
+                null(),
+                out.as_mut_ptr(),
+                ldo as i64,
+                hq as i64,
+                hkv as i64,
+                n as i64,
+                0,
+                null_stream(),
+            )
+        },
+        0
+    );
+    out.fill(SENTINEL);
+    for (bm, hk, ld_b, op) in [
+        (1, 2, ldb, 0),
+        (0, 4, ldb, 0),
+        (3, 2, ldb, 0),
+        (0, 2, ldb, 3),
+        (2, 2, 5, 0),
+    ] {
+        let bp = if bm == 1 { null() } else { b.as_ptr() };
+        let rc = unsafe {
+            kve_cuda_head_reduce(
+                a.as_ptr(),
+                lda as i64,
+                bp,
+                ld_b as i64,
+                bm,
+                null(),
+                out.as_mut_ptr(),
+                ldo as i64,
+                hq as i64,
+                hk,
+                n as i64,
+                op,
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, INVALID, "b_mode {bm} hkv {hk} op {op}");
+    }
+    assert!(out.iter().all(|&v| v == SENTINEL));
+}
+
+#[test]
+fn laprox_exact_strided_and_rejections() {
+    let mut r = Rng(51);
+    let (hkv, g, n, ld) = (2, 3, 17, 20);
+    let np = g * (g + 1) / 2;
+    let cross: Vec<f32> = r.vec(hkv * np * ld, 1.0).iter().map(|v| v.abs()).collect();
+    let qv: Vec<f32> = r.vec(hkv * np * ld, 1.0);
+    let mut out = vec![SENTINEL; hkv * 25];
+    let rc = unsafe {
+        kve_cuda_laprox_exact(
+            cross.as_ptr(),
+            ld as i64,
+            qv.as_ptr(),
+            ld as i64,
+            out.as_mut_ptr(),
+            25,
+            hkv as i64,
+            g as i64,
+            n as i64,
+            0,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    for hk in 0..hkv {
+        for i in 0..n {
+            let s: f64 = (0..np)
+                .map(|p| {
+                    (if p < g { 1.0 } else { 2.0 })
+                        * cross[(hk * np + p) * ld + i] as f64
+                        * qv[(hk * np + p) * ld + i] as f64
+                })
+                .sum();
+            assert!(close(out[hk * 25 + i], s.max(0.0).sqrt(), 1e-5, 1e-6));
+        }
+        assert!(out[hk * 25 + n..(hk + 1) * 25]
+            .iter()
+            .all(|&v| v == SENTINEL));
+    }
+    out.fill(SENTINEL);
+    for (mode, c, q, ldc) in [
+        (0, null(), qv.as_ptr(), ld),
+        (1, cross.as_ptr(), null(), ld),
+        (4, cross.as_ptr(), qv.as_ptr(), ld),
+        (0, cross.as_ptr(), qv.as_ptr(), 5),
+    ] {
+        let rc = unsafe {
+            kve_cuda_laprox_exact(
+                c,
+                ldc as i64,
+                q,
+                ld as i64,
+                out.as_mut_ptr(),
+                25,
+                hkv as i64,
+                g as i64,
+                n as i64,
+                mode,
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, INVALID, "mode {mode}");
+    }
+    let rc = unsafe {
+        kve_cuda_laprox_exact(
+            cross.as_ptr(),
+            ld as i64,
+            qv.as_ptr(),
+            ld as i64,
+            out.as_mut_ptr(),
+            25,
+            hkv as i64,
+            65,
+            n as i64,
+            0,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, INVALID);
+    assert!(out.iter().all(|&v| v == SENTINEL));
+}
+
+// -------------------------------------------------------------- layer statistics --
+
+#[test]
+fn layer_stats_equal_core() {
+    let mut r = Rng(61);
+    let (layers, count, stride) = (5, 333, 340);
+    let mut s = r.vec(layers * stride, 3.0);
+    s[2 * stride..2 * stride + count].fill(0.0); // an all-zero layer: entropy 0
+    let wsz = unsafe { kve_cuda_layer_stats_workspace_size(layers as i64, count as i64) };
+    let mut ws = vec![0u8; wsz];
+    let (mut sums, mut ent) = (vec![-1f64; layers], vec![-1f64; layers]);
+    let rc = unsafe {
+        kve_cuda_layer_stats(
+            s.as_ptr(),
+            stride as i64,
+            count as i64,
+            layers as i64,
+            sums.as_mut_ptr(),
+            ent.as_mut_ptr(),
+            ws.as_mut_ptr() as *mut c_void,
+            wsz,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    for l in 0..layers {
+        let x = &s[l * stride..l * stride + count];
+        assert_eq!(sums[l], x.iter().map(|&v| (v as f64).abs()).sum::<f64>());
+        assert_eq!(ent[l], kvevict::budget::layer_entropy(x));
+    }
+    assert_eq!(ent[2], 0.0);
+    // only one output; rejections
+    let mut e2 = vec![-1f64; layers];
+    let rc = unsafe {
+        kve_cuda_layer_stats(
+            s.as_ptr(),
+            stride as i64,
+            count as i64,
+            layers as i64,
+            null_mut(),
+            e2.as_mut_ptr(),
+            ws.as_mut_ptr() as *mut c_void,
+            wsz,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    assert_eq!(e2, ent);
+    e2.fill(-1.0);
+    for (st, wsb, sp) in [
+        (count as i64 - 1, wsz, s.as_ptr()),
+        (stride as i64, wsz - 1, s.as_ptr()),
+        (stride as i64, wsz, null()),
+    ] {
+        let rc = unsafe {
+            kve_cuda_layer_stats(
+                sp,
+                st,
+                count as i64,
+                layers as i64,
+                null_mut(),
+                e2.as_mut_ptr(),
+                ws.as_mut_ptr() as *mut c_void,
+                wsb,
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, INVALID);
+    }
+    assert!(e2.iter().all(|&v| v == -1.0));
+}
+
+// ------------------------------------------------------------------- selection --
+
+struct Model {
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    w: usize,
+    s: Vec<f32>,
+}
+
+impl Model {
+    fn p(&self) -> usize {
+        self.n - self.w.min(self.n)
+    }
+    fn core(&self, cfg: &SelectConfig) -> (Vec<u64>, Vec<u32>) {
+        let m = ModelScores {
+            scores: &self.s,
+            layers: self.layers,
+            hkv: self.hkv,
+            n: self.n,
+            window: self.w,
+        };
+        let (no, ni) = select_output_len(cfg, self.layers, self.hkv, self.n, self.w).unwrap();
+        let (mut off, mut idx) = (vec![0u64; no], vec![0u32; ni]);
+        let mut ws =
+            vec![0u8; select_workspace_size(cfg, self.layers, self.hkv, self.n, self.w).unwrap()];
+        select_model(cfg, &m, &mut off, &mut idx, &mut ws).unwrap();
+        (off, idx)
+    }
+    /// The core's prefix lists per (layer, head) (window positions dropped).
+    fn core_lists(&self, cfg: &SelectConfig) -> Vec<Vec<i32>> {
+        let (off, idx) = self.core(cfg);
+        let p = self.p() as u32;
+        (0..self.layers * self.hkv)
+            .map(|u| {
+                idx[off[u] as usize..off[u + 1] as usize]
+                    .iter()
+                    .filter(|&&i| i < p)
+                    .map(|&i| i as i32)
+                    .collect()
+            })
+            .collect()
+    }
+    unsafe fn layer_stats(&self) -> (Vec<f64>, Vec<f64>) {
+        let count = self.hkv * self.p();
+        let wsz = kve_cuda_layer_stats_workspace_size(self.layers as i64, count as i64);
+        let mut ws = vec![0u8; wsz];
+        let (mut sums, mut ent) = (vec![0f64; self.layers], vec![0f64; self.layers]);
+        let rc = kve_cuda_layer_stats(
+            self.s.as_ptr(),
+            count as i64,
+            count as i64,
+            self.layers as i64,
+            sums.as_mut_ptr(),
+            ent.as_mut_ptr(),
+            ws.as_mut_ptr() as *mut c_void,
+            wsz,
+            null_stream(),
+        );
+        assert_eq!(rc, 0);
+        (sums, ent)
+    }
+}
+
+/// kve_cuda_select over `rows` rows of `scores` (row stride p): the lists per row.
+#[allow(clippy::too_many_arguments)]
+unsafe fn select(
+    scores: &[f32],
+    p: usize,
+    n_groups: usize,
+    rpg: usize,
+    k: Option<&[i64]>,
+    k_all: i64,
+    layer_sum: Option<&[f64]>,
+    rpl: usize,
+) -> Vec<Vec<i32>> {
+    let rows = n_groups * rpg;
+    let idx_ld = p + 3;
+    let mut counts = vec![-7i32; rows];
+    let mut idx = vec![-7i32; rows * idx_ld];
+    let wsz = kve_cuda_select_workspace_size(n_groups as i64);
+    let mut ws = vec![0u8; wsz];
+    let rc = kve_cuda_select(
+        scores.as_ptr(),
+        p as i64,
+        p as i64,
+        n_groups as i64,
+        rpg as i64,
+        k.map_or(null(), |k| k.as_ptr()),
+        k_all,
+        layer_sum.map_or(null(), |s| s.as_ptr()),
+        rpl as i64,
+        counts.as_mut_ptr(),
+        idx.as_mut_ptr(),
+        idx_ld as i64,
+        ws.as_mut_ptr() as *mut c_void,
+        wsz,
+        null_stream(),
+    );
+    assert_eq!(rc, 0);
+    (0..rows)
+        .map(|r| {
+            let c = counts[r] as usize;
+            assert!(idx[r * idx_ld + c..(r + 1) * idx_ld]
+                .iter()
+                .all(|&v| v == -7));
+            idx[r * idx_ld..r * idx_ld + c].to_vec()
+        })
+        .collect()
+}
+
+unsafe fn budgets(
+    m: &Model,
+    mode: i32,
+    weights: Option<&[f64]>,
+    cfg: &SelectConfig,
+) -> (Vec<i64>, Vec<i64>) {
+    let (mut kl, mut ku) = (vec![-1i64; m.layers], vec![-1i64; m.layers * m.hkv]);
+    let rc = kve_cuda_layer_budgets(
+        mode,
+        weights.map_or(null(), |w| w.as_ptr()),
+        m.layers as i64,
+        m.hkv as i64,
+        m.p() as i64,
+        cfg.budget,
+        cfg.beta,
+        cfg.alpha,
+        kl.as_mut_ptr(),
+        ku.as_mut_ptr(),
+        null_stream(),
+    );
+    assert_eq!(rc, 0);
+    (kl, ku)
+}
+
+/// AdaKV / LAVa on the device: safeguard per head, forced, then one top per layer.
+unsafe fn ada_like(m: &Model, kl: &[i64], ku: &[i64]) -> Vec<Vec<i32>> {
+    let (p, units) = (m.p(), m.layers * m.hkv);
+    let guard = select(&m.s, p, units, 1, Some(ku), 0, None, 1);
+    let mut forced = m.s.clone();
+    let counts: Vec<i32> = guard.iter().map(|l| l.len() as i32).collect();
+    let mut idx = vec![0i32; units * p.max(1)];
+    for (u, l) in guard.iter().enumerate() {
+        idx[u * p..u * p + l.len()].copy_from_slice(l);
+    }
+    let rc = kve_cuda_mark_forced(
+        forced.as_mut_ptr(),
+        p as i64,
+        units as i64,
+        counts.as_ptr(),
+        idx.as_ptr(),
+        p as i64,
+        null_stream(),
+    );
+    assert_eq!(rc, 0);
+    select(&forced, p, m.layers, m.hkv, Some(kl), 0, None, 1)
+}
+
+#[test]
+fn selections_equal_select_model() {
+    for (seed, &(layers, hkv, n, w, budget)) in [
+        (4, 2, 40, 8, 5),
+        (3, 3, 17, 4, 2),
+        (5, 1, 100, 4, 30),
+        (2, 4, 64, 0, 64),
+        (6, 2, 50, 10, 0),
+        (3, 2, 30, 6, 1000),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut r = Rng(seed as u64 + 101);
+        let p = n - w;
+        let m = Model {
+            layers,
+            hkv,
+            n,
+            w,
+            s: r.coarse(layers * hkv * p),
+        };
+        let units = layers * hkv;
+        let b = budget.min(p as u64) as i64;
+        let (sums, ent) = unsafe { m.layer_stats() };
+
+        // uniform per head
+        let cfg = SelectConfig::new(AllocatorKind::Uniform, Granularity::Head, budget);
+        let got = unsafe { select(&m.s, p, units, 1, None, b, None, 1) };
+        assert_eq!(got, m.core_lists(&cfg), "uniform {seed}");
+        let (kl, ku) = unsafe { budgets(&m, KVE_CUDA_BUDGET_UNIFORM, None, &cfg) };
+        assert_eq!(kl, vec![hkv as i64 * b; layers]);
+        assert_eq!(ku, vec![b; units]);
+
+        // pyramid: per-head budgets from layer_budgets
+        let cfg = SelectConfig::new(AllocatorKind::Pyramid, Granularity::Head, budget);
+        let (_, ku) = unsafe { budgets(&m, KVE_CUDA_BUDGET_PYRAMID, None, &cfg) };
+        let got = unsafe { select(&m.s, p, units, 1, Some(&ku), 0, None, 1) };
+        assert_eq!(got, m.core_lists(&cfg), "pyramid {seed}");
+
+        // global, layer-sum normalised, and raw
+        for norm in [Normalize::LayerSum, Normalize::None] {
+            let mut cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Head, budget);
+            cfg.normalize = norm;
+            let ls = if norm == Normalize::LayerSum {
+                Some(&sums[..])
+            } else {
+                None
+            };
+            let k_all = (units as i64).saturating_mul(b);
+            let got = unsafe { select(&m.s, p, 1, units, None, k_all, ls, hkv) };
+            assert_eq!(got, m.core_lists(&cfg), "global {norm:?} {seed}");
+        }
+
+        // ada (with and without the safeguard) and lava
+        for alpha in [0.0f32, 0.2, 0.5] {
+            let mut cfg = SelectConfig::new(AllocatorKind::Ada, Granularity::Head, budget);
+            cfg.alpha = alpha;
+            let (kl, ku) = unsafe { budgets(&m, KVE_CUDA_BUDGET_ADA, None, &cfg) };
+            assert_eq!(
+                unsafe { ada_like(&m, &kl, &ku) },
+                m.core_lists(&cfg),
+                "ada {alpha} {seed}"
+            );
+            if alpha == 0.0 {
+                let got = unsafe { select(&m.s, p, layers, hkv, None, hkv as i64 * b, None, 1) };
+                assert_eq!(got, m.core_lists(&cfg), "ada no floor {seed}");
+            }
+            let mut cfg = SelectConfig::new(AllocatorKind::Lava, Granularity::Head, budget);
+            cfg.alpha = alpha;
+            let (kl, ku) = unsafe { budgets(&m, KVE_CUDA_BUDGET_LAVA, Some(&ent), &cfg) };
+            assert_eq!(
+                unsafe { ada_like(&m, &kl, &ku) },
+                m.core_lists(&cfg),
+                "lava {alpha} {seed}"
+            );
+        }
+
+        // token granularity: one normalised sum over the model, pooled, one top-k,
+        // broadcast to every (layer, head)
+        for pooled in [false, true] {
+            let mut cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Token, budget);
+            if pooled {
+                cfg.post_pool = Pool::forward(8, 0.9);
+            }
+            if p == 0 {
+                continue;
+            }
+            let mut tok = vec![SENTINEL; p];
+            let rc = unsafe {
+                kve_cuda_token_reduce(
+                    m.s.as_ptr(),
+                    sums.as_ptr(),
+                    layers as i64,
+                    hkv as i64,
+                    p as i64,
+                    tok.as_mut_ptr(),
+                    null_stream(),
+                )
+            };
+            assert_eq!(rc, 0);
+            let tok = unsafe { pool_rows(&tok, 1, p, cfg.post_pool) };
+            let one = unsafe { select(&tok, p, 1, 1, None, b, None, 1) };
+            let (sc, mut bc, mut bi) = (
+                [one[0].len() as i32],
+                vec![0i32; units],
+                vec![0i32; units * p],
+            );
+            let mut si = one[0].clone();
+            si.resize(p, 0);
+            let rc = unsafe {
+                kve_cuda_broadcast_lists(
+                    sc.as_ptr(),
+                    si.as_ptr(),
+                    p as i64,
+                    1,
+                    units as i64,
+                    bc.as_mut_ptr(),
+                    bi.as_mut_ptr(),
+                    p as i64,
+                    null_stream(),
+                )
+            };
+            assert_eq!(rc, 0);
+            let got: Vec<Vec<i32>> = (0..units)
+                .map(|u| bi[u * p..u * p + bc[u] as usize].to_vec())
+                .collect();
+            assert_eq!(got, m.core_lists(&cfg), "token pooled {pooled} {seed}");
+        }
+    }
+}
+
+#[test]
+fn select_ties_nan_and_edges() {
+    // equal keys: later position first, then the lower row
+    let s = vec![1.0f32; 2 * 4];
+    let got = unsafe { select(&s, 4, 1, 2, None, 3, None, 1) };
+    assert_eq!(got, vec![vec![2, 3], vec![3]]);
+    // NaN ranks lowest, -inf above it, +inf on top
+    let s = vec![f32::NAN, f32::NEG_INFINITY, 0.5, f32::INFINITY];
+    assert_eq!(
+        unsafe { select(&s, 4, 1, 1, None, 2, None, 1) },
+        vec![vec![2, 3]]
+    );
+    assert_eq!(
+        unsafe { select(&s, 4, 1, 1, None, 3, None, 1) },
+        vec![vec![1, 2, 3]]
+    );
+    // k <= 0 keeps none, k >= size keeps all; per-group k
+    let k = [-1i64, 9];
+    assert_eq!(
+        unsafe { select(&s, 2, 2, 1, Some(&k), 0, None, 1) },
+        vec![vec![], vec![0, 1]]
+    );
+    // n == 0: counts zeroed, nothing else read
+    let mut counts = vec![5i32; 3];
+    let rc = unsafe {
+        kve_cuda_select(
+            null(),
+            0,
+            0,
+            3,
+            1,
+            null(),
+            1,
+            null(),
+            0,
+            counts.as_mut_ptr(),
+            null_mut(),
+            0,
+            null_mut(),
+            0,
+            null_stream(),
+        )
+    };
+    assert_eq!((rc, counts), (0, vec![0; 3]));
+    // rejections
+    let mut counts = vec![5i32; 2];
+    let mut idx = vec![5i32; 8];
+    let wsz = unsafe { kve_cuda_select_workspace_size(2) };
+    let mut ws = vec![0u8; wsz];
+    let sums = [1.0f64];
+    for (ld, idx_ld, wsb, ls, rpl) in [
+        (3, 4, wsz, null(), 0),
+        (4, 3, wsz, null(), 0),
+        (4, 4, wsz - 1, null(), 0),
+        (4, 4, wsz, sums.as_ptr(), 0),
+    ] {
+        let rc = unsafe {
+            kve_cuda_select(
+                s.as_ptr(),
+                ld,
+                4,
+                2,
+                1,
+                null(),
+                1,
+                ls,
+                rpl,
+                counts.as_mut_ptr(),
+                idx.as_mut_ptr(),
+                idx_ld,
+                ws.as_mut_ptr() as *mut c_void,
+                wsb,
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, INVALID);
+    }
+    assert!(counts.iter().all(|&c| c == 5) && idx.iter().all(|&c| c == 5));
+}
+
+#[test]
+fn shards_equal_select_model() {
+    let mut r = Rng(303);
+    let (layers, hkv, n, w, budget) = (5, 2, 45, 5, 7u64);
+    let p = n - w;
+    let m = Model {
+        layers,
+        hkv,
+        n,
+        w,
+        s: r.coarse(layers * hkv * p),
+    };
+    let (sums, _) = unsafe { m.layer_stats() };
+    let cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Head, budget);
+    let want = m.core_lists(&cfg);
+    // two shards of layers [0, 2) and [2, 5), each with its own rows and sums
+    let shards = [(0usize, 2usize), (2, 3)];
+    let mut search = kvevict::shard::search_new(&cfg, layers, hkv, n, w).unwrap();
+    let mut rounds = 0;
+    while !search.done {
+        let mut h = Histogram::default();
+        for &(l0, ln) in &shards {
+            let mut hs = [0u64; 256];
+            let rc = unsafe {
+                kve_cuda_shard_count(
+                    m.s[l0 * hkv * p..].as_ptr(),
+                    p as i64,
+                    p as i64,
+                    (ln * hkv) as i64,
+                    (l0 * hkv) as i64,
+                    sums[l0..].as_ptr(),
+                    hkv as i64,
+                    (search.prefix >> 64) as u64,
+                    search.prefix as u64,
+                    search.bits,
+                    hs.as_mut_ptr(),
+                    null_stream(),
+                )
+            };
+            assert_eq!(rc, 0);
+            h.merge(&Histogram(hs));
+        }
+        search.step(&h);
+        rounds += 1;
+        assert!(rounds <= 13);
+    }
+    let mut got = Vec::new();
+    for &(l0, ln) in &shards {
+        let rows = ln * hkv;
+        let (mut counts, mut idx) = (vec![0i32; rows], vec![0i32; rows * p]);
+        let rc = unsafe {
+            kve_cuda_shard_select(
+                m.s[l0 * hkv * p..].as_ptr(),
+                p as i64,
+                p as i64,
+                rows as i64,
+                (l0 * hkv) as i64,
+                sums[l0..].as_ptr(),
+                hkv as i64,
+                (search.threshold >> 64) as u64,
+                search.threshold as u64,
+                counts.as_mut_ptr(),
+                idx.as_mut_ptr(),
+                p as i64,
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, 0);
+        for u in 0..rows {
+            got.push(idx[u * p..u * p + counts[u] as usize].to_vec());
+        }
+    }
+    assert_eq!(got, want);
+    // KEEP_NOTHING keeps none; bad search states are rejected with hist untouched
+    let mut counts = vec![9i32; 2];
+    let mut idx = vec![0i32; 2 * p];
+    let rc = unsafe {
+        kve_cuda_shard_select(
+            m.s.as_ptr(),
+            p as i64,
+            p as i64,
+            2,
+            0,
+            null(),
+            0,
+            u64::MAX,
+            u64::MAX,
+            counts.as_mut_ptr(),
+            idx.as_mut_ptr(),
+            p as i64,
+            null_stream(),
+        )
+    };
+    assert_eq!((rc, counts), (0, vec![0, 0]));
+    let mut hs = [3u64; 256];
+    for (hi, lo, bits) in [(0, 5, 0), (0, 0, 4), (0, 0, 104), (0, 256, 8)] {
+        let rc = unsafe {
+            kve_cuda_shard_count(
+                m.s.as_ptr(),
+                p as i64,
+                p as i64,
+                2,
+                0,
+                null(),
+                0,
+                hi,
+                lo,
+                bits,
+                hs.as_mut_ptr(),
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, INVALID, "prefix {lo} bits {bits}");
+    }
+    assert!(hs.iter().all(|&c| c == 3));
+}
+
+#[test]
+fn mark_forced_broadcast_budgets_rejections() {
+    let mut s = vec![0.5f32; 2 * 6];
+    let counts = [2i32, 1];
+    let idx = [0i32, 5, 0, 0, 3, 0, 0, 0];
+    assert_eq!(
+        unsafe {
+            kve_cuda_mark_forced(
+                s.as_mut_ptr(),
+                6,
+                2,
+                counts.as_ptr(),
+                idx.as_ptr(),
+                4,
+                null_stream(),
+            )
+        },
+        0
+    );
+    let inf = f32::INFINITY;
+    assert_eq!(
+        s,
+        vec![inf, 0.5, 0.5, 0.5, 0.5, inf, 0.5, 0.5, 0.5, inf, 0.5, 0.5]
+    );
+    // a position outside its row: rejected, nothing written
+    let mut s2 = vec![0.5f32; 12];
+    let bad = [0i32, 6, 0, 0, 3, 0, 0, 0];
+    assert_eq!(
+        unsafe {
+            kve_cuda_mark_forced(
+                s2.as_mut_ptr(),
+                6,
+                2,
+                counts.as_ptr(),
+                bad.as_ptr(),
+                4,
+                null_stream(),
+            )
+        },
+        INVALID
+    );
+    assert!(s2.iter().all(|&v| v == 0.5));
+
+    // broadcast: two source rows, three copies each
+    let (sc, si) = ([2i32, 0], [4i32, 7, -1, 9, 9, 9]);
+    let (mut c, mut i) = (vec![-1i32; 6], vec![-1i32; 6 * 3]);
+    assert_eq!(
+        unsafe {
+            kve_cuda_broadcast_lists(
+                sc.as_ptr(),
+                si.as_ptr(),
+                3,
+                2,
+                3,
+                c.as_mut_ptr(),
+                i.as_mut_ptr(),
+                3,
+                null_stream(),
+            )
+        },
+        0
+    );
+    assert_eq!(c, vec![2, 2, 2, 0, 0, 0]);
+    for u in 0..3 {
+        assert_eq!(&i[u * 3..u * 3 + 3], &[4, 7, -1]);
+    }
+    assert!(i[9..].iter().all(|&v| v == -1));
+    let (mut c, mut i) = (vec![-1i32; 6], vec![-1i32; 6]);
+    assert_eq!(
+        unsafe {
+            kve_cuda_broadcast_lists(
+                sc.as_ptr(),
+                si.as_ptr(),
+                3,
+                2,
+                3,
+                c.as_mut_ptr(),
+                i.as_mut_ptr(),
+                1,
+                null_stream(),
+            )
+        },
+        INVALID
+    );
+    assert!(c.iter().all(|&v| v == -1) && i.iter().all(|&v| v == -1));
+
+    // budgets: bad mode, lava without weights, pyramid beta 0, alpha out of range
+    let (mut kl, mut ku) = (vec![-1i64; 3], vec![-1i64; 6]);
+    for (mode, wts, beta, alpha) in [
+        (4, false, 20, 0.2f32),
+        (3, false, 20, 0.2),
+        (1, false, 0, 0.2),
+        (2, false, 20, 1.5),
+        (2, false, 20, f32::NAN),
+    ] {
+        let w = [1.0f64; 3];
+        let rc = unsafe {
+            kve_cuda_layer_budgets(
+                mode,
+                if wts { w.as_ptr() } else { null() },
+                3,
+                2,
+                10,
+                4,
+                beta,
+                alpha,
+                kl.as_mut_ptr(),
+                ku.as_mut_ptr(),
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, INVALID, "mode {mode}");
+    }
+    assert!(kl.iter().all(|&v| v == -1) && ku.iter().all(|&v| v == -1));
+    // pyramid against the core's formula; k_unit may be NULL
+    let rc = unsafe {
+        kve_cuda_layer_budgets(
+            1,
+            null(),
+            3,
+            2,
+            10,
+            4,
+            20,
+            0.2,
+            kl.as_mut_ptr(),
+            null_mut(),
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    for l in 0..3 {
+        assert_eq!(
+            kl[l],
+            2 * kvevict::budget::pyramid_budget(4, 20, l, 3).min(10) as i64
+        );
+    }
+}
+
+// --------------------------------------------------------------------- compact --
+
+#[test]
+fn compact_in_place_and_varlen() {
+    let (heads, n, d) = (3usize, 10usize, 4usize);
+    // transposed layout (tokens fastest): element (h, t, c) at (h·d + c)·N + t
+    let x: Vec<f16> = (0..heads * n * d)
+        .map(|e| f16::from_f32(e as f32))
+        .collect();
+    let st = [d * n, 1, n];
+    let at = |buf: &[f16], h: usize, t: usize, c: usize| buf[h * st[0] + t * st[1] + c * st[2]];
+    let kept = [0i32, 2, 5, 9, 1, 3, 4, 0, 7, 8, 9, 0];
+    let counts = [4i32, 3, 2];
+    let kept_ld = 4;
+    let mut y = x.clone();
+    let yd = view_mut(&mut y, KVE_CUDA_F16, [heads, n, d], st);
+    let wsz = unsafe { kve_cuda_compact_workspace_size(&yd, 4) };
+    assert_eq!(wsz, heads * 4 * d * 2);
+    let mut ws = vec![0u8; wsz];
+    let rc = unsafe {
+        kve_cuda_compact(
+            &yd,
+            kept.as_ptr(),
+            kept_ld,
+            counts.as_ptr(),
+            4,
+            ws.as_mut_ptr() as *mut c_void,
+            wsz,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    for h in 0..heads {
+        for t in 0..n {
+            for c in 0..d {
+                let want = if t < counts[h] as usize {
+                    at(&x, h, kept[h * 4 + t] as usize, c)
+                } else {
+                    at(&x, h, t, c)
+                };
+                assert_eq!(at(&y, h, t, c), want, "h{h} t{t} c{c}");
+            }
+        }
+    }
+    // varlen from the original, and a shared list (kept_ld = 0)
+    let xd = view(&x, KVE_CUDA_F16, [heads, n, d], st);
+    let mut dst = vec![f16::ZERO; 9 * d];
+    let mut cu = vec![-1i32; heads + 1];
+    let rc = unsafe {
+        kve_cuda_compact_varlen(
+            &xd,
+            kept.as_ptr(),
+            4,
+            counts.as_ptr(),
+            dst.as_mut_ptr() as *mut c_void,
+            cu.as_mut_ptr(),
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, INVALID, "kept_ld < tokens");
+    assert!(cu.iter().all(|&v| v == -1));
+    let kept10: Vec<i32> = (0..heads)
+        .flat_map(|h| {
+            let mut row = kept[h * 4..h * 4 + 4].to_vec();
+            row.resize(10, 0);
+            row
+        })
+        .collect();
+    let rc = unsafe {
+        kve_cuda_compact_varlen(
+            &xd,
+            kept10.as_ptr(),
+            10,
+            counts.as_ptr(),
+            dst.as_mut_ptr() as *mut c_void,
+            cu.as_mut_ptr(),
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    assert_eq!(cu, vec![0, 4, 7, 9]);
+    for h in 0..heads {
+        for t in 0..counts[h] as usize {
+            for c in 0..d {
+                assert_eq!(
+                    dst[(cu[h] as usize + t) * d + c],
+                    at(&x, h, kept10[h * 10 + t] as usize, c)
+                );
+            }
+        }
+    }
+    let mut cu0 = vec![-1i32; heads + 1];
+    let mut dst0 = vec![f16::ZERO; 3 * 2 * d];
+    let shared = [1i32, 8];
+    let rc = unsafe {
+        kve_cuda_compact_varlen(
+            &xd,
+            shared.as_ptr(),
+            0,
+            [2i32].as_ptr(),
+            dst0.as_mut_ptr() as *mut c_void,
+            cu0.as_mut_ptr(),
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    assert_eq!(cu0, vec![0, 2, 4, 6]);
+    assert_eq!(dst0[(2 * 2 + 1) * d + 3], at(&x, 2, 8, 3));
+    // rejections: kept out of range, small workspace, null dst; nothing written
+    let mut z = x.clone();
+    let zd = view_mut(&mut z, KVE_CUDA_F16, [heads, n, d], st);
+    let bad = [0i32, 2, 5, 10, 1, 3, 4, 0, 7, 8, 9, 0];
+    assert_eq!(
+        unsafe {
+            kve_cuda_compact(
+                &zd,
+                bad.as_ptr(),
+                4,
+                counts.as_ptr(),
+                4,
+                ws.as_mut_ptr() as *mut c_void,
+                wsz,
+                null_stream(),
+            )
+        },
+        INVALID
+    );
+    assert_eq!(
+        unsafe {
+            kve_cuda_compact(
+                &zd,
+                kept.as_ptr(),
+                4,
+                counts.as_ptr(),
+                4,
+                ws.as_mut_ptr() as *mut c_void,
+                wsz - 1,
+                null_stream(),
+            )
+        },
+        INVALID
+    );
+    assert_eq!(
+        unsafe {
+            kve_cuda_compact(
+                &zd,
+                kept.as_ptr(),
+                3,
+                counts.as_ptr(),
+                4,
+                ws.as_mut_ptr() as *mut c_void,
+                wsz,
+                null_stream(),
+            )
+        },
+        INVALID
+    );
+    assert_eq!(z, x);
+    let mut cu1 = vec![-1i32; heads + 1];
+    assert_eq!(
+        unsafe {
+            kve_cuda_compact_varlen(
+                &xd,
+                kept10.as_ptr(),
+                10,
+                counts.as_ptr(),
+                null_mut(),
+                cu1.as_mut_ptr(),
+                null_stream(),
+            )
+        },
+        INVALID
+    );
+    assert!(cu1.iter().all(|&v| v == -1));
+}
+
+#[test]
+fn token_reduce_and_sinks_edges() {
+    // sums NULL: plain sums; a layer with sum <= 0 counts with factor 1 (the core's norm)
+    let s = [1.0f32, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0];
+    let mut out = [SENTINEL; 2];
+    assert_eq!(
+        unsafe {
+            kve_cuda_token_reduce(s.as_ptr(), null(), 2, 2, 2, out.as_mut_ptr(), null_stream())
+        },
+        0
+    );
+    assert_eq!(out, [4.0, 6.0]);
+    let sums = [10.0f64, 0.0];
+    assert_eq!(
+        unsafe {
+            kve_cuda_token_reduce(
+                s.as_ptr(),
+                sums.as_ptr(),
+                2,
+                2,
+                2,
+                out.as_mut_ptr(),
+                null_stream(),
+            )
+        },
+        0
+    );
+    let f = (1.0f64 / 10.0) as f32;
+    assert_eq!(out, [1.0 * f + 3.0 * f, 2.0 * f + 4.0 * f]);
+    out = [SENTINEL; 2];
+    assert_eq!(
+        unsafe { kve_cuda_token_reduce(null(), null(), 2, 2, 2, out.as_mut_ptr(), null_stream()) },
+        INVALID
+    );
+    assert_eq!(
+        unsafe {
+            kve_cuda_token_reduce(
+                s.as_ptr(),
+                null(),
+                -1,
+                2,
+                2,
+                out.as_mut_ptr(),
+                null_stream(),
+            )
+        },
+        INVALID
+    );
+    assert_eq!(out, [SENTINEL; 2]);
+    // no layers: zeros
+    assert_eq!(
+        unsafe { kve_cuda_token_reduce(null(), null(), 0, 2, 2, out.as_mut_ptr(), null_stream()) },
+        0
+    );
+    assert_eq!(out, [0.0; 2]);
+    // sinks with a row stride
+    let mut o = [SENTINEL; 2 * 5];
+    assert_eq!(
+        unsafe { kve_cuda_sink_scores(o.as_mut_ptr(), 2, 4, 5, 2, null_stream()) },
+        0
+    );
+    assert_eq!(
+        o,
+        [1.0, 1.0, 0.0, 0.0, SENTINEL, 1.0, 1.0, 0.0, 0.0, SENTINEL]
+    );
+    assert_eq!(
+        unsafe { kve_cuda_sink_scores(o.as_mut_ptr(), 2, 4, 3, 2, null_stream()) },
+        INVALID
+    );
+}
