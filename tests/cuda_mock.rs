@@ -1047,6 +1047,73 @@ fn knorm_sinks_critical_equal_core() {
             assert_eq!(out[kh * p + i], want, "kh {kh} i {i}");
         }
     }
+    // first-stage positions outside the row are skipped; counts above n are clamped
+    let (c2, i2) = ([3i32, 100], {
+        let mut v = vec![-1i32; 2 * p];
+        v[..3].copy_from_slice(&[-1, p as i32, 2]);
+        v
+    });
+    let mut out2 = vec![SENTINEL; 2 * p];
+    let rc = unsafe {
+        kve_cuda_critical_combine(
+            base.as_ptr(),
+            p as i64,
+            l1.as_ptr(),
+            p as i64,
+            c2.as_ptr(),
+            i2.as_ptr(),
+            p as i64,
+            2,
+            p as i64,
+            out2.as_mut_ptr(),
+            p as i64,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    let forced: Vec<usize> = (0..2 * p).filter(|&e| out2[e] == f32::MAX).collect();
+    assert_eq!(forced, vec![2]);
+    // in place with another row stride, out == value_l1, idx NULL: rejected
+    let mut x = base.clone();
+    let mut y = l1.clone();
+    let cases: [(*mut f32, i64, *const i32); 3] = [
+        (x.as_mut_ptr(), p as i64 + 1, idx.as_ptr()),
+        (y.as_mut_ptr(), p as i64, idx.as_ptr()),
+        (out2.as_mut_ptr(), p as i64, null()),
+    ];
+    for (o, ld_o, ip) in cases {
+        let (b_, l_) = (
+            if o == x.as_mut_ptr() {
+                o as *const f32
+            } else {
+                base.as_ptr()
+            },
+            if o == y.as_mut_ptr() {
+                o as *const f32
+            } else {
+                l1.as_ptr()
+            },
+        );
+        let rc = unsafe {
+            kve_cuda_critical_combine(
+                b_,
+                p as i64,
+                l_,
+                p as i64,
+                counts.as_ptr(),
+                ip,
+                p as i64,
+                1,
+                p as i64,
+                o,
+                ld_o,
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, INVALID);
+    }
+    assert_eq!((x, y), (base.clone(), l1.clone()));
+    assert!(out2.iter().filter(|&&v| v == f32::MAX).count() == 1);
 }
 
 // ------------------------------------------------------------------ value norms --
@@ -1554,6 +1621,29 @@ fn head_reduce_strided_and_in_place() {
         assert_eq!(rc, INVALID, "b_mode {bm} hkv {hk} op {op}");
     }
     assert!(out.iter().all(|&v| v == SENTINEL));
+    // in place only element for element: not with g > 1, not with another row stride
+    let mut x = a.clone();
+    for (hk, ld_o) in [(hkv, lda), (hq, lda + 1)] {
+        let rc = unsafe {
+            kve_cuda_head_reduce(
+                x.as_ptr(),
+                lda as i64,
+                null(),
+                0,
+                0,
+                null(),
+                x.as_mut_ptr(),
+                ld_o as i64,
+                hq as i64,
+                hk as i64,
+                n as i64,
+                0,
+                null_stream(),
+            )
+        };
+        assert_eq!(rc, INVALID, "in place hkv {hk} ld_out {ld_o}");
+    }
+    assert_eq!(x, a);
 }
 
 #[test]
@@ -2221,9 +2311,9 @@ fn mark_forced_broadcast_budgets_rejections() {
         s,
         vec![inf, 0.5, 0.5, 0.5, 0.5, inf, 0.5, 0.5, 0.5, inf, 0.5, 0.5]
     );
-    // a position outside its row: rejected, nothing written
+    // positions outside the row are skipped (as the kernel); negative counts mark none
     let mut s2 = vec![0.5f32; 12];
-    let bad = [0i32, 6, 0, 0, 3, 0, 0, 0];
+    let bad = [-1i32, 6, 0, 0, 3, 0, 0, 0];
     assert_eq!(
         unsafe {
             kve_cuda_mark_forced(
@@ -2236,9 +2326,38 @@ fn mark_forced_broadcast_budgets_rejections() {
                 null_stream(),
             )
         },
-        INVALID
+        0
     );
-    assert!(s2.iter().all(|&v| v == 0.5));
+    assert!(s2[..6].iter().all(|&v| v == 0.5));
+    assert_eq!(s2[6 + 3], inf);
+    let neg = [-3i32, 1];
+    let mut s3 = vec![0.5f32; 12];
+    let rc = unsafe {
+        kve_cuda_mark_forced(
+            s3.as_mut_ptr(),
+            6,
+            2,
+            neg.as_ptr(),
+            idx.as_ptr(),
+            4,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
+    assert_eq!(s3.iter().filter(|v| v.is_infinite()).count(), 1);
+    // null lists are rejected, nothing written
+    let rc = unsafe {
+        kve_cuda_mark_forced(
+            s3.as_mut_ptr(),
+            6,
+            2,
+            null(),
+            idx.as_ptr(),
+            4,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, INVALID);
 
     // broadcast: two source rows, three copies each
     let (sc, si) = ([2i32, 0], [4i32, 7, -1, 9, 9, 9]);
@@ -2264,42 +2383,57 @@ fn mark_forced_broadcast_budgets_rejections() {
         assert_eq!(&i[u * 3..u * 3 + 3], &[4, 7, -1]);
     }
     assert!(i[9..].iter().all(|&v| v == -1));
-    let (mut c, mut i) = (vec![-1i32; 6], vec![-1i32; 6]);
-    assert_eq!(
-        unsafe {
-            kve_cuda_broadcast_lists(
-                sc.as_ptr(),
-                si.as_ptr(),
-                3,
-                2,
-                3,
-                c.as_mut_ptr(),
-                i.as_mut_ptr(),
-                1,
-                null_stream(),
-            )
-        },
-        INVALID
-    );
-    assert!(c.iter().all(|&v| v == -1) && i.iter().all(|&v| v == -1));
+    // outputs over the sources, reps < 0: rejected, nothing written
+    let mut sc2 = vec![2i32, 0, -1, -1, -1, -1];
+    let mut i = vec![-1i32; 6 * 3];
+    let rc = unsafe {
+        let c = sc2.as_mut_ptr();
+        kve_cuda_broadcast_lists(c, si.as_ptr(), 3, 2, 3, c, i.as_mut_ptr(), 3, null_stream())
+    };
+    assert_eq!(rc, INVALID);
+    let rc = unsafe {
+        let c = sc2.as_mut_ptr();
+        kve_cuda_broadcast_lists(si.as_ptr(), c, 3, 2, 3, c, i.as_mut_ptr(), 3, null_stream())
+    };
+    assert_eq!(rc, INVALID);
+    let rc = unsafe {
+        kve_cuda_broadcast_lists(
+            sc.as_ptr(),
+            si.as_ptr(),
+            3,
+            2,
+            -1,
+            sc2.as_mut_ptr(),
+            i.as_mut_ptr(),
+            3,
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, INVALID);
+    assert_eq!(sc2, vec![2, 0, -1, -1, -1, -1]);
+    assert!(i.iter().all(|&v| v == -1));
 
-    // budgets: bad mode, lava without weights, pyramid beta 0, alpha out of range
+    // budgets: bad mode, lava without weights, pyramid beta 0, alpha out of range,
+    // per_layer 0 (even without layers), layers < 0, layers·per_layer·p >= 2^62
     let (mut kl, mut ku) = (vec![-1i64; 3], vec![-1i64; 6]);
-    for (mode, wts, beta, alpha) in [
-        (4, false, 20, 0.2f32),
-        (3, false, 20, 0.2),
-        (1, false, 0, 0.2),
-        (2, false, 20, 1.5),
-        (2, false, 20, f32::NAN),
+    for (mode, layers, per, p, beta, alpha) in [
+        (4, 3, 2, 10, 20, 0.2f32),
+        (3, 3, 2, 10, 20, 0.2),
+        (1, 3, 2, 10, 0, 0.2),
+        (2, 3, 2, 10, 20, 1.5),
+        (2, 3, 2, 10, 20, f32::NAN),
+        (0, 3, 0, 10, 20, 0.2),
+        (0, 0, 0, 10, 20, 0.2),
+        (0, -1, 2, 10, 20, 0.2),
+        (0, 4, 1 << 30, 1 << 30, 20, 0.2),
     ] {
-        let w = [1.0f64; 3];
         let rc = unsafe {
             kve_cuda_layer_budgets(
                 mode,
-                if wts { w.as_ptr() } else { null() },
-                3,
-                2,
-                10,
+                null(),
+                layers,
+                per,
+                p,
                 4,
                 beta,
                 alpha,
@@ -2308,9 +2442,26 @@ fn mark_forced_broadcast_budgets_rejections() {
                 null_stream(),
             )
         };
-        assert_eq!(rc, INVALID, "mode {mode}");
+        assert_eq!(rc, INVALID, "mode {mode} layers {layers} per {per}");
     }
     assert!(kl.iter().all(|&v| v == -1) && ku.iter().all(|&v| v == -1));
+    // no layers: nothing to do
+    let rc = unsafe {
+        kve_cuda_layer_budgets(
+            0,
+            null(),
+            0,
+            2,
+            10,
+            4,
+            20,
+            0.2,
+            null_mut(),
+            null_mut(),
+            null_stream(),
+        )
+    };
+    assert_eq!(rc, 0);
     // pyramid against the core's formula; k_unit may be NULL
     let rc = unsafe {
         kve_cuda_layer_budgets(

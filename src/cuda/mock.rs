@@ -8,9 +8,10 @@
 //!    the call returns.
 //!  - 0 on success; 1 (`cudaErrorInvalidValue`) for the invalid arguments the header and
 //!    the kernels in `cuda/*.cu` reject, and then NOTHING is written (the mock validates
-//!    everything it reads, lists included, before its first write). The mock is stricter
-//!    than the kernels where they would read out of bounds: kept / forced positions outside
-//!    their row are rejected instead of being undefined behaviour.
+//!    everything it reads before its first write). The mock is stricter than the kernels
+//!    only where they would touch memory out of bounds: compaction lists with positions
+//!    outside `0..tokens` are rejected instead of being undefined behaviour (forced /
+//!    first-stage positions outside their row are skipped, as the kernels skip them).
 //!  - Workspace sizes are the kernels' own formulas, and launchers that take a workspace
 //!    require it (non-null, large enough) exactly like the kernels. The mock does not need
 //!    the workspace but overwrites it with a pattern, as the kernels overwrite it, so a
@@ -763,6 +764,10 @@ pub unsafe fn kve_cuda_head_reduce(
     if b_mode != 0 && (b.is_null() || ld_b < n) {
         return INVALID;
     }
+    // in place only element for element (one head per group, same row stride)
+    if core::ptr::eq(out, a) && (hkv != hq || ld_out != ld_a) {
+        return INVALID;
+    }
     let (hkv, g, n) = (hkv as usize, (hq / hkv) as usize, n as usize);
     let (ld_a, ld_b, ld_out) = (ld_a as usize, ld_b as usize, ld_out as usize);
     let inv_g = 1.0 / g as f32;
@@ -1439,7 +1444,7 @@ pub unsafe fn kve_cuda_knorm(
     let Some(kd) = view_ok(k) else {
         return INVALID;
     };
-    if prefix < 0 || prefix > kd.tokens {
+    if prefix < 0 || prefix > kd.tokens || kd.heads > 65535 {
         return INVALID;
     }
     if prefix == 0 || kd.heads == 0 {
@@ -1487,25 +1492,6 @@ pub unsafe fn kve_cuda_sink_scores(
     0
 }
 
-/// Every listed position `idx[r·idx_ld + t]`, `t < counts[r]`, inside `0..limit`.
-unsafe fn positions_in_range(
-    counts: *const i32,
-    idx: *const i32,
-    idx_ld: usize,
-    rows: usize,
-    limit: i64,
-) -> bool {
-    for r in 0..rows {
-        for t in 0..(*counts.add(r)).max(0) as usize {
-            let i = *idx.add(r * idx_ld + t) as i64;
-            if i < 0 || i >= limit {
-                return false;
-            }
-        }
-    }
-    true
-}
-
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn kve_cuda_critical_combine(
     base: *const f32,
@@ -1521,32 +1507,43 @@ pub unsafe fn kve_cuda_critical_combine(
     ld_out: i64,
     _stream: *mut c_void,
 ) -> c_int {
-    if rows < 0 || n < 0 || idx_ld < 0 {
+    if rows < 0 || n < 0 {
         return INVALID;
     }
     if rows == 0 || n == 0 {
         return 0;
     }
-    if base.is_null() || value_l1.is_null() || counts.is_null() || idx.is_null() || out.is_null() {
+    if base.is_null() || value_l1.is_null() || out.is_null() || counts.is_null() || idx.is_null() {
         return INVALID;
     }
-    if ld_base < n || ld_l1 < n || ld_out < n {
+    if ld_base < n || ld_l1 < n || ld_out < n || idx_ld < 0 {
+        return INVALID;
+    }
+    // in place only element for element
+    if (core::ptr::eq(out, base) && ld_out != ld_base) || core::ptr::eq(out, value_l1) {
         return INVALID;
     }
     let (rows, n) = (rows as usize, n as usize);
-    if !positions_in_range(counts, idx, idx_ld as usize, rows, n as i64) {
-        return INVALID;
-    }
-    let (lb, ll, lo) = (ld_base as usize, ld_l1 as usize, ld_out as usize);
+    let (lb, ll, lo, li) = (
+        ld_base as usize,
+        ld_l1 as usize,
+        ld_out as usize,
+        idx_ld as usize,
+    );
     for r in 0..rows {
         for i in 0..n {
             // the core's criticalkv: (s + 1e-4) · l1 (f32)
             let s = *base.add(r * lb + i);
             *out.add(r * lo + i) = (s + 1e-4) * *value_l1.add(r * ll + i);
         }
-        for t in 0..(*counts.add(r)).max(0) as usize {
-            let i = *idx.add(r * idx_ld as usize + t) as usize;
-            *out.add(r * lo + i) = f32::MAX;
+        // the first-stage list (the kernel's min(count, n); positions outside the row
+        // are skipped)
+        let c = (*counts.add(r) as i64).min(n as i64);
+        for t in 0..c.max(0) as usize {
+            let i = *idx.add(r * li + t) as i64;
+            if (0..n as i64).contains(&i) {
+                *out.add(r * lo + i as usize) = f32::MAX;
+            }
         }
     }
     0
@@ -1571,19 +1568,15 @@ pub unsafe fn kve_cuda_layer_budgets(
     if !(KVE_CUDA_BUDGET_UNIFORM..=KVE_CUDA_BUDGET_LAVA).contains(&mode) {
         return INVALID;
     }
-    if layers < 0 || per_layer < 0 || p < 0 {
+    if layers < 0 || per_layer < 1 || p < 0 {
         return INVALID;
     }
-    if layers == 0 {
-        return 0;
-    }
-    if per_layer == 0 || k_layer.is_null() || layers.checked_mul(per_layer).is_none() {
+    // layers·per_layer·p < 2^62 (and layers·per_layer): every budget, cap and total fits
+    let units = layers as u128 * per_layer as u128;
+    if units * p as u128 >= 1 << 62 || units >= 1 << 62 {
         return INVALID;
     }
-    if mode == KVE_CUDA_BUDGET_LAVA && weights.is_null() {
-        return INVALID;
-    }
-    // the core's SelectConfig::validate (beta divides in pyramid_budget)
+    // the core's SelectConfig::validate: beta >= 1 (a divisor), 0 <= alpha <= 1
     if mode == KVE_CUDA_BUDGET_PYRAMID && beta == 0 {
         return INVALID;
     }
@@ -1592,10 +1585,17 @@ pub unsafe fn kve_cuda_layer_budgets(
     {
         return INVALID;
     }
+    if layers == 0 {
+        return 0;
+    }
+    if k_layer.is_null() || (mode == KVE_CUDA_BUDGET_LAVA && weights.is_null()) {
+        return INVALID;
+    }
     let (nl, upl, pu) = (layers as usize, per_layer as usize, p as u64);
     let b = budget.min(pu);
     let mut kl = vec![0u64; nl];
-    let mut ku = vec![0u64; nl * upl];
+    let mut ku = vec![0u64; nl];
+    // the core's ada.rs safeguard: floor(alpha · (total / per_layer))
     let floor = |total: u64| libm::floor((alpha as f64) * (total as f64 / upl as f64)) as u64;
     match mode {
         KVE_CUDA_BUDGET_UNIFORM | KVE_CUDA_BUDGET_PYRAMID => {
@@ -1605,32 +1605,31 @@ pub unsafe fn kve_cuda_layer_budgets(
                 } else {
                     b
                 };
-                kl[l] = (upl as u64).saturating_mul(bl);
-                ku[l * upl..(l + 1) * upl].fill(bl);
+                kl[l] = upl as u64 * bl;
+                ku[l] = bl;
             }
         }
         _ => {
             if mode == KVE_CUDA_BUDGET_LAVA {
                 let w: Vec<f64> = (0..nl).map(|l| *weights.add(l)).collect();
-                let caps = vec![(upl as u64).saturating_mul(pu); nl];
+                let caps = vec![upl as u64 * pu; nl];
                 let total = ((nl * upl) as u64).saturating_mul(b);
                 let mut marks = vec![0u8; nl];
                 crate::budget::lava_budgets(&w, total, &caps, &mut kl, &mut marks);
             } else {
-                kl.fill((upl as u64).saturating_mul(b));
+                kl.fill(upl as u64 * b);
             }
             for l in 0..nl {
-                ku[l * upl..(l + 1) * upl].fill(floor(kl[l]));
+                ku[l] = floor(kl[l]);
             }
         }
     }
-    let as_i64 = |x: u64| x.min(i64::MAX as u64) as i64;
     for l in 0..nl {
-        *k_layer.add(l) = as_i64(kl[l]);
-    }
-    if !k_unit.is_null() {
-        for (u, &x) in ku.iter().enumerate() {
-            *k_unit.add(u) = as_i64(x);
+        *k_layer.add(l) = kl[l] as i64;
+        if !k_unit.is_null() {
+            for u in l * upl..(l + 1) * upl {
+                *k_unit.add(u) = ku[l] as i64;
+            }
         }
     }
     0
@@ -1648,20 +1647,20 @@ pub unsafe fn kve_cuda_mark_forced(
     if rows < 0 || ld < 0 || idx_ld < 0 {
         return INVALID;
     }
-    if rows == 0 {
+    if rows == 0 || ld == 0 {
         return 0;
     }
     if scores.is_null() || counts.is_null() || idx.is_null() {
         return INVALID;
     }
-    let rows = rows as usize;
-    if !positions_in_range(counts, idx, idx_ld as usize, rows, ld) {
-        return INVALID;
-    }
-    for r in 0..rows {
+    let (ldu, li) = (ld as usize, idx_ld as usize);
+    for r in 0..rows as usize {
         for t in 0..(*counts.add(r)).max(0) as usize {
-            let i = *idx.add(r * idx_ld as usize + t) as usize;
-            *scores.add(r * ld as usize + i) = f32::INFINITY;
+            // positions outside [0, ld) are skipped, as the kernel does
+            let i = *idx.add(r * li + t) as i64;
+            if (0..ld).contains(&i) {
+                *scores.add(r * ldu + i as usize) = f32::INFINITY;
+            }
         }
     }
     0
@@ -1685,24 +1684,26 @@ pub unsafe fn kve_cuda_broadcast_lists(
     if src_rows == 0 || reps == 0 {
         return 0;
     }
+    if src_rows as u128 * reps as u128 >= 1 << 62 {
+        return INVALID;
+    }
     if src_counts.is_null() || src_idx.is_null() || counts.is_null() || idx.is_null() {
         return INVALID;
     }
-    let (rows, reps) = (src_rows as usize, reps as usize);
-    // lists longer than a row stride would overlap the next row
-    for r in 0..rows {
-        let c = *src_counts.add(r) as i64;
-        if c > 0 && (c > src_ld || c > idx_ld) {
-            return INVALID;
-        }
+    // the kernel's alias checks: no output array is a source array
+    let outs = [counts as usize, idx as usize];
+    if outs.contains(&(src_counts as usize)) || outs.contains(&(src_idx as usize)) {
+        return INVALID;
     }
+    let (rows, reps) = (src_rows as usize, reps as usize);
+    let (ls, li) = (src_ld as usize, idx_ld as usize);
     for r in 0..rows {
         let c = *src_counts.add(r);
         for j in 0..reps {
             let u = r * reps + j;
             *counts.add(u) = c;
             for t in 0..c.max(0) as usize {
-                *idx.add(u * idx_ld as usize + t) = *src_idx.add(r * src_ld as usize + t);
+                *idx.add(u * li + t) = *src_idx.add(r * ls + t);
             }
         }
     }
