@@ -825,6 +825,7 @@ fn device_score_rejects_bad_input_before_launching() {
         // the whole cache is window: nothing to score, nothing written
         let mut big = p;
         big.window = 4096;
+        big.scorer = ScorerKind::KNorm as u32; // reads no queries: any window is valid
         out.upload(&canary);
         let st = kve_cuda_score_layer(&big, &good, out.ptr(), 0, ws.ptr(), bytes, null_mut());
         assert_eq!(st, KVE_OK);
