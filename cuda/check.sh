@@ -80,7 +80,7 @@ if ! skip tests; then
   say "GPU tests"
   if command -v cargo >/dev/null 2>&1 && [ -n "$NVCC" ]; then
     if timeout "$(tmo 240)" cargo test --release --features cuda --test cuda_gpu --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
-      TEST_BIN=$(ls -t target/release/deps/cuda_gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
+      TEST_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
     fi
   fi
   if [ -z "$TEST_BIN" ] && [ -x build/gpu/cuda_gpu ]; then
@@ -108,7 +108,8 @@ if ! skip sanitizer && [ -n "$TEST_BIN" ]; then
       # small tests only (the sanitizer slows kernels 10-100x)
       t=$(tmo 100); [ "$t" -le 1 ] && { note "sanitizer $tool: skipped (time budget)"; continue; }
       if timeout "$t" "$SAN" --tool "$tool" --error-exitcode 99 "$TEST_BIN" --test-threads=1 \
-          window_aggregates select_matches compact_matches vonorm_matches vonorm_factor lava_factor pool_matches \
+          window_aggregates window_row_lse select_matches compact_matches vonorm_matches vonorm_factor lava_factor \
+          pool_matches head_reduce knorm sink_scores critical_combine mark_forced broadcast_lists layer_budgets \
           laprox_pipeline >"$LOG/sanitizer_$tool.log" 2>&1; then
         note "sanitizer $tool: clean ($(grep -E 'ERROR SUMMARY' "$LOG/sanitizer_$tool.log" | tail -1))"
       else

@@ -14,7 +14,7 @@ export NVCC
 LIBDIR=$(dirname "$(dirname "$NVCC")")/lib
 mkdir -p build/gpu
 cargo test --release --features cuda --test cuda_gpu --no-run 2>&1 | tail -3
-bin=$(ls -t target/release/deps/cuda_gpu-* | grep -v '\.d$' | head -1)
+bin=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_gpu-* | grep -v '\.d$' | head -1)
 cp "$bin" build/gpu/cuda_gpu
 strip --strip-debug build/gpu/cuda_gpu 2>/dev/null || true
 archflags=""
