@@ -8,58 +8,70 @@ namespace {
 
 // a and out may be the same array (Hkv == Hq, ld_out == ld_a): no __restrict__ on
 // them; every element is read before it is written, by the same thread.
+// Arithmetic in the core's order, unfused (src/score: products, then reduce_rows:
+// the first head, then max / sum, the mean as a product with 1/g), so equal inputs
+// give the core's bits.
 __global__ void head_reduce_kernel(const float* a, int64_t ld_a, const float* __restrict__ b,
                                    int64_t ld_b, int b_mode, const float* __restrict__ scale,
                                    float* out, int64_t ld_out, int g, int64_t n, int op) {
     const int64_t hk = blockIdx.y;
-    const float sc = scale ? scale[hk] : 1.0f;
+    const float inv_g = 1.0f / (float)g;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float red = (op == KVE_CUDA_GQA_MAX) ? -INFINITY : 0.0f;
+        float red = 0.0f;
         for (int hh = 0; hh < g; ++hh) {
             const int64_t h = hk * g + hh;
             float x = a[h * ld_a + i];
-            if (b_mode == 1) x *= sqrtf(fmaxf(b[h * ld_b + i], 0.0f));
-            else if (b_mode == 2) x *= b[h * ld_b + i];
-            x *= sc;
-            red = (op == KVE_CUDA_GQA_MAX) ? fmaxf(red, x) : red + x;
+            if (b_mode == 1) x = __fmul_rn(x, sqrtf(fmaxf(b[h * ld_b + i], 0.0f)));
+            else if (b_mode == 2) x = __fmul_rn(x, b[h * ld_b + i]);
+            if (scale) x = __fmul_rn(x, scale[hk]);
+            red = hh == 0 ? x : (op == KVE_CUDA_GQA_MAX) ? fmaxf(red, x) : __fadd_rn(red, x);
         }
-        out[hk * ld_out + i] = (op == KVE_CUDA_GQA_MEAN) ? red / (float)g : red;
+        out[hk * ld_out + i] = (op == KVE_CUDA_GQA_MEAN) ? __fmul_rn(red, inv_g) : red;
     }
 }
 
 // mode 0: sqrt(max(0, Σ_ab C_ab Q_ab)); 1: sqrt(max(0, Σ C)) · mean_h sqrt(max(0, Q_hh));
 // 2: the attention term alone (qv unread); 3: the value term alone (cross unread).
+// Blocks: the diagonal (a, a) for p < g, then the pairs a < b (counted twice).
+// Sums in the core's order, unfused (src/score/laprox.rs Exact / MeanAttn).
 __global__ void laprox_exact_kernel(const float* __restrict__ cross, int64_t ld_cross,
                                     const float* __restrict__ qv, int64_t ld_qv,
                                     float* __restrict__ out, int64_t ld_out, int g, int64_t n,
                                     int mode) {
     const int64_t hk = blockIdx.y;
     const int np = g * (g + 1) / 2;
-    // blocks: the diagonal (a, a) for p < g, then the pairs a < b (counted twice)
     const bool use_c = mode != KVE_CUDA_LAPROX_VALUE_TERM;
-    const int p_end = use_c ? np : g;  // the value term needs the diagonal only
+    const bool use_q = mode != KVE_CUDA_LAPROX_ATTN_TERM;
+    const float fg = (float)g;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float s = 0.0f, vsum = 0.0f;
-        for (int p = 0; p < p_end; ++p) {
-            const int64_t row = hk * np + p;
-            const float w = p < g ? 1.0f : 2.0f;
-            if (mode == KVE_CUDA_LAPROX_EXACT) {
-                s += w * cross[row * ld_cross + i] * qv[row * ld_qv + i];
-            } else {
-                if (use_c) s += w * cross[row * ld_cross + i];
-                if (mode != KVE_CUDA_LAPROX_ATTN_TERM && p < g)
-                    vsum += sqrtf(fmaxf(qv[row * ld_qv + i], 0.0f));
-            }
-        }
         float r;
-        if (mode == KVE_CUDA_LAPROX_EXACT || mode == KVE_CUDA_LAPROX_ATTN_TERM)
+        if (mode == KVE_CUDA_LAPROX_EXACT) {
+            float s = 0.0f;
+            for (int p = 0; p < np; ++p) {
+                const int64_t row = hk * np + p;
+                const float w = p < g ? 1.0f : 2.0f;
+                s = __fadd_rn(s, __fmul_rn(__fmul_rn(w, cross[row * ld_cross + i]),
+                                           qv[row * ld_qv + i]));
+            }
             r = sqrtf(fmaxf(s, 0.0f));
-        else if (mode == KVE_CUDA_LAPROX_MEAN_ATTN)
-            r = sqrtf(fmaxf(s, 0.0f)) * (vsum / (float)g);
-        else
-            r = vsum / (float)g;
+        } else {
+            float att = 0.0f, val = 0.0f;
+            if (use_c) {
+                for (int p = 0; p < np; ++p) {
+                    const float c = cross[(hk * np + p) * ld_cross + i];
+                    att = __fadd_rn(att, p < g ? c : __fmul_rn(2.0f, c));
+                }
+                att = sqrtf(fmaxf(att, 0.0f));
+            }
+            if (use_q)
+                for (int p = 0; p < g; ++p)
+                    val = __fadd_rn(val, __fdiv_rn(sqrtf(fmaxf(qv[(hk * np + p) * ld_qv + i], 0.0f)), fg));
+            r = mode == KVE_CUDA_LAPROX_MEAN_ATTN ? __fmul_rn(val, att)
+                : mode == KVE_CUDA_LAPROX_ATTN_TERM ? att
+                                                     : val;
+        }
         out[hk * ld_out + i] = r;
     }
 }
