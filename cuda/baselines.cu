@@ -1,7 +1,7 @@
 // Scores of the baseline scorers (SPEC §3) that need no attention: KNorm
-// (-||K[h,i]||_2), StreamingLLM's sink scores, and CriticalKV's second stage
-// ((base + 1e-4) · value L1 norm, the first stage's kept tokens forced to FLT_MAX).
-// Elementwise kernels with grid-stride loops; no workspace.
+// (-||K[h,i]||_2, in the core's f32 sum order), StreamingLLM's sink scores, and
+// CriticalKV's second stage ((base + 1e-4) · value L1 norm, the first stage's kept
+// tokens forced to FLT_MAX). Each equals the core bit for bit; no workspace.
 #include <float.h>
 
 #include "common.cuh"
@@ -10,40 +10,46 @@ namespace kve {
 namespace {
 
 constexpr int BL_NT = 256;
-constexpr int KN_TOKENS = 256;  // knorm: tokens per block
+constexpr int KN_TOK = 128;  // knorm: tokens (= threads) per block
+constexpr int KN_DCH = 32;   // knorm: dims per staged chunk
 
-// out[h*ld_out + i] = -sqrt(Σ_d K[h,i,d]²), f32 accumulation.
+// out[h*ld_out + i] = -sqrt(Σ_d K[h,i,d]²) in f32, summed in d order without fusing:
+// the core's knorm bit for bit. Chunks of [KN_TOK tokens x KN_DCH dims] are staged
+// through shared memory with loads coalesced along the view's unit stride (dim, or
+// tokens for transposed layouts); then each thread sums its own token in order.
 template <typename T>
-__global__ void __launch_bounds__(BL_NT)
+__global__ void __launch_bounds__(KN_TOK)
     knorm_kernel(View k, int64_t prefix, float* __restrict__ out, int64_t ld_out) {
+    __shared__ float tile[KN_TOK * (KN_DCH + 1)];
     const int64_t h = blockIdx.y;
-    const int64_t t0 = (int64_t)blockIdx.x * KN_TOKENS;
-    const int64_t t1 = min(prefix, t0 + KN_TOKENS);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t t0 = (int64_t)blockIdx.x * KN_TOK;
+    const int nt = (int)min((int64_t)KN_TOK, prefix - t0);
     const int dim = (int)k.dim;
-    float* o = out + h * ld_out;
-    if (k.sd == 1 || k.st != 1) {
-        // one warp per token, lanes along the (unit-stride) dim
-        for (int64_t t = t0 + warp; t < t1; t += BL_NT / 32) {
-            float s = 0.0f;
-            for (int d = lane; d < dim; d += 32) {
-                const float x = to_f32<T>(*elem_ptr<T>(k, h, t, d));
-                s += x * x;
+    const bool dim_fast = k.sd == 1 || k.st != 1;
+    float s = 0.0f;
+    for (int d0 = 0; d0 < dim; d0 += KN_DCH) {
+        const int nd = min(KN_DCH, dim - d0);
+        for (int e = threadIdx.x; e < KN_TOK * KN_DCH; e += KN_TOK) {
+            int r, d;
+            if (dim_fast) {
+                r = e / KN_DCH;
+                d = e - r * KN_DCH;
+            } else {
+                d = e / KN_TOK;
+                r = e - d * KN_TOK;
             }
-            s = warp_sum(s);
-            if (lane == 0) o[t] = -sqrtf(s);
+            if (r < nt && d < nd)
+                tile[r * (KN_DCH + 1) + d] = to_f32<T>(*elem_ptr<T>(k, h, t0 + r, d0 + d));
         }
-    } else {
-        // transposed layout: one thread per token, coalesced along tokens
-        for (int64_t t = t0 + threadIdx.x; t < t1; t += BL_NT) {
-            float s = 0.0f;
-            for (int d = 0; d < dim; ++d) {
-                const float x = to_f32<T>(*elem_ptr<T>(k, h, t, d));
-                s += x * x;
+        __syncthreads();
+        if (threadIdx.x < nt)
+            for (int d = 0; d < nd; ++d) {
+                const float x = tile[threadIdx.x * (KN_DCH + 1) + d];
+                s = __fadd_rn(s, __fmul_rn(x, x));
             }
-            o[t] = -sqrtf(s);
-        }
+        __syncthreads();
     }
+    if (threadIdx.x < nt) out[h * ld_out + t0 + threadIdx.x] = -sqrtf(s);
 }
 
 __global__ void sink_kernel(float* __restrict__ out, int64_t rows, int64_t n, int64_t ld,
@@ -100,13 +106,13 @@ extern "C" int kve_cuda_knorm(const kve_cuda_view* k, int64_t prefix, float* out
     if (prefix == 0 || k->heads == 0) return 0;
     if (!out || ld_out < prefix) return (int)cudaErrorInvalidValue;
     const View kv = to_view(*k);
-    const dim3 grid((unsigned)ceil_div(prefix, KN_TOKENS), (unsigned)k->heads);
+    const dim3 grid((unsigned)ceil_div(prefix, KN_TOK), (unsigned)k->heads);
     cudaStream_t st = KVE_STREAM(stream);
     switch (k->dtype) {
-        case KVE_CUDA_F32: knorm_kernel<float><<<grid, BL_NT, 0, st>>>(kv, prefix, out, ld_out); break;
-        case KVE_CUDA_F16: knorm_kernel<__half><<<grid, BL_NT, 0, st>>>(kv, prefix, out, ld_out); break;
+        case KVE_CUDA_F32: knorm_kernel<float><<<grid, KN_TOK, 0, st>>>(kv, prefix, out, ld_out); break;
+        case KVE_CUDA_F16: knorm_kernel<__half><<<grid, KN_TOK, 0, st>>>(kv, prefix, out, ld_out); break;
         case KVE_CUDA_BF16:
-            knorm_kernel<__nv_bfloat16><<<grid, BL_NT, 0, st>>>(kv, prefix, out, ld_out);
+            knorm_kernel<__nv_bfloat16><<<grid, KN_TOK, 0, st>>>(kv, prefix, out, ld_out);
             break;
         default: return (int)cudaErrorInvalidValue;
     }

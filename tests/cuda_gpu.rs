@@ -2237,6 +2237,7 @@ fn references_agree_with_core_on_cpu() {
             &ref_knorm(&k, p),
             1e-6,
         );
+        assert_eq!(core, core_knorm(&k, p), "core_knorm helper");
         let core = core_scores(kvevict::Preset::StreamingLlm, &q, &k, &v, None, w);
         let sinks = kvevict::ScoreConfig::preset(kvevict::Preset::StreamingLlm).sinks as usize;
         assert_eq!(
@@ -2897,6 +2898,21 @@ fn random_lists(rng: &mut Rng, rows: usize, n: usize, ld: usize) -> (Vec<i32>, V
     (idx, counts)
 }
 
+/// The core's KNorm scores of the first `prefix` tokens (window = the rest; keys only).
+fn core_knorm(k: &Tensor, prefix: usize) -> Vec<f32> {
+    let mut cfg = kvevict::ScoreConfig::preset(kvevict::Preset::KNorm);
+    cfg.window = (k.ext[1] - prefix) as u32;
+    let inputs = kvevict::LayerInputs {
+        keys: Some(k.core_view()),
+        ..Default::default()
+    };
+    let shape = kvevict::layer_shape(&cfg, &inputs).expect("layer_shape");
+    let mut out = vec![0f32; kvevict::score_len(&cfg, &shape).unwrap()];
+    let mut ws = vec![0u8; kvevict::score_workspace_size(&cfg, &shape).unwrap()];
+    kvevict::score_layer(&cfg, &inputs, &mut out, &mut ws).expect("score_layer knorm");
+    out
+}
+
 #[test]
 fn knorm_matches_reference() {
     need_device!();
@@ -2904,7 +2920,7 @@ fn knorm_matches_reference() {
     for dt in DTYPES {
         for layout in LAYOUTS {
             for &(h, n, d) in &[(3usize, 700usize, 72usize), (2, 300, 128), (1, 50, 5)] {
-                let prefix = 1 + rng.below(n);
+                let prefix = 1 + rng.below(n - 1); // < n: the core needs a window
                 let k = Tensor::new(dt, layout, [h, n, d], &mut || rng.normal());
                 let ld = prefix + 3;
                 let out = poisoned(h * ld);
@@ -2917,6 +2933,8 @@ fn knorm_matches_reference() {
                 let what = format!("knorm {dt:?} {layout:?} h{h} n{n} d{d} prefix{prefix}");
                 let got = unstride(&what, &out.download(), h, prefix, ld);
                 assert_close(&what, &got, &ref_knorm(&k, prefix), 1e-5);
+                // the core's f32 sum order: bit for bit
+                assert_eq!(got, core_knorm(&k, prefix), "{what}: vs the core");
             }
         }
     }
