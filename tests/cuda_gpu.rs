@@ -1433,7 +1433,7 @@ fn head_reduce_and_laprox_exact_match_reference() {
     let cross: Vec<f32> = (0..hkv * np * n).map(|_| rng.unif()).collect();
     let mut qv: Vec<f32> = (0..hkv * np * n).map(|_| rng.unif()).collect();
     for x in qv.iter_mut().step_by(13) {
-        *x = -0.25 * *x; // rounding can make v G vᵀ slightly negative: clamped at 0
+        *x *= -0.25; // rounding can make v G vᵀ slightly negative: clamped at 0
     }
     let (cd, qd) = (
         DBuf::from(&strided(&cross, hkv * np, n, ld_c)),
