@@ -205,8 +205,10 @@ int kve_cuda_layer_stats(const float* scores, int64_t layer_stride, int64_t coun
                          size_t ws_bytes, void* stream);
 
 /* ------------------------------------------------------------ token_reduce --
- * Token granularity: out[i] = Σ_l Σ_r scores[l, r, i] / sums[l] over the
- * rows_per_layer rows of each layer (sums NULL: no normalisation).
+ * Token granularity: out[i] = Σ_l Σ_r scores[l, r, i] · (float)(1 / sums[l]) over
+ * the rows_per_layer rows of each layer (factor 1 where sums is NULL or sums[l] <= 0),
+ * accumulated in f32 in (l, r) order without fused multiply-add: the core's
+ * token-granularity scores bit for bit.
  * scores: [layers, rows_per_layer, n] contiguous; out: [n]. */
 int kve_cuda_token_reduce(const float* scores, const double* sums, int64_t layers,
                           int64_t rows_per_layer, int64_t n, float* out,

@@ -69,13 +69,15 @@ __global__ void token_reduce_kernel(const float* __restrict__ s, const double* _
                                     float* __restrict__ out) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        double acc = 0.0;
+        // the core's token granularity (src/budget/mod.rs): f32, (layer, row) order,
+        // s · (float)(1 / sum), unfused, so equal scores give the core's bits
+        float acc = 0.0f;
         for (int64_t l = 0; l < layers; ++l) {
-            float la = 0.0f;
-            for (int64_t r = 0; r < rpl; ++r) la += s[(l * rpl + r) * n + i];
-            acc += sums ? (sums[l] > 0.0 ? (double)la / sums[l] : 0.0) : (double)la;
+            const float f = (sums && sums[l] > 0.0) ? (float)(1.0 / sums[l]) : 1.0f;
+            for (int64_t r = 0; r < rpl; ++r)
+                acc = __fadd_rn(acc, __fmul_rn(s[(l * rpl + r) * n + i], f));
         }
-        out[i] = (float)acc;
+        out[i] = acc;
     }
 }
 

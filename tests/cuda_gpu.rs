@@ -1597,11 +1597,30 @@ fn layer_stats_and_token_reduce_match_reference() {
                     .sum()
             })
             .collect();
-        assert_close(
-            &format!("token_reduce norm{norm}"),
-            &out.download(),
-            &want,
-            1e-5,
+        let got = out.download();
+        assert_close(&format!("token_reduce norm{norm}"), &got, &want, 1e-5);
+        // bit for bit the core's token-granularity arithmetic (f32, (layer, row) order)
+        let core: Vec<f32> = (0..n)
+            .map(|i| {
+                let mut acc = 0f32;
+                for l in 0..layers {
+                    let f = if norm && gs[l] > 0.0 {
+                        (1.0 / gs[l]) as f32
+                    } else {
+                        1.0
+                    };
+                    for r in 0..rpl {
+                        acc += s[(l * rpl + r) * n + i] * f;
+                    }
+                }
+                acc
+            })
+            .collect();
+        assert!(
+            got.iter()
+                .zip(&core)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "token_reduce norm{norm}: not the core's bits"
         );
     }
 }
