@@ -18,7 +18,7 @@
 #          else built here with nvcc.
 # Environment: KVEVICT_CUDA_ARCHS (default 90 here), CHECK_N (default 32768,131072),
 #   CHECK_SKIP="tests sanitizer bench torch" to leave steps out.
-# Output: a summary at the end; logs in build/gpu/logs, and the main ones (at most 7
+# Output: a summary at the end; logs in build/gpu/logs, and the main ones (7
 # files: the device tool brings back 8) copied to $OUT when it is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,13 +79,25 @@ TEST_BIN=""
 if ! skip tests; then
   say "GPU tests"
   if command -v cargo >/dev/null 2>&1 && [ -n "$NVCC" ]; then
-    if timeout "$(tmo 240)" cargo test --release --features cuda --test cuda_gpu --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
+    if timeout "$(tmo 240)" cargo test --release --features cuda --test cuda_gpu --test cuda_capi --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
       TEST_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
+      CAPI_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_capi-* 2>/dev/null | grep -v '\.d$' | head -1)
     fi
   fi
   if [ -z "$TEST_BIN" ] && [ -x build/gpu/cuda_gpu ]; then
     TEST_BIN=build/gpu/cuda_gpu
     echo "using the prebuilt test binary build/gpu/cuda_gpu"
+  fi
+  if [ -z "${CAPI_BIN:-}" ] && [ -x build/gpu/cuda_capi ]; then CAPI_BIN=build/gpu/cuda_capi; fi
+  # the public C API's device paths against the host C API (every scorer / allocator)
+  if [ -n "${CAPI_BIN:-}" ]; then
+    if timeout "$(tmo 120)" "$CAPI_BIN" --test-threads=4 --nocapture 2>&1 | tee "$LOG/capi.log" | grep -E "^test |worst|selections|panicked" ; then
+      note "C API device tests: $(grep -E '^test result' "$LOG/capi.log" | tail -1) $(grep -E 'worst relative' "$LOG/capi.log" | head -1)"
+    else
+      note "C API device tests: FAILED (see capi.log): $(grep -E 'panicked' -A2 "$LOG/capi.log" | head -4 | tr '\n' ' ')"
+    fi
+  else
+    note "C API device tests: NOT RUN (no build/gpu/cuda_capi)"
   fi
   if [ -n "$TEST_BIN" ]; then
     if timeout "$(tmo 150)" "$TEST_BIN" --test-threads=4 2>&1 | tee "$LOG/tests.log" | tail -25; then
@@ -177,7 +189,7 @@ fi
 say "summary ($(( $(date +%s) - t0 )) s)"
 for l in "${SUMMARY[@]}"; do echo "  $l"; done | tee "$LOG/summary.txt"
 if [ -n "${OUT:-}" ]; then
-  for f in summary.txt tests.log sanitizer_memcheck.log sanitizer_racecheck.log bench.log torch.log cargo_build.log; do
+  for f in summary.txt tests.log capi.log sanitizer_memcheck.log sanitizer_racecheck.log bench.log torch.log; do
     [ -f "$LOG/$f" ] && cp "$LOG/$f" "$OUT/$f"
   done
 fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds, on a machine without a GPU, the two binaries cuda/check.sh runs on the GPU
-# machine (which may lack cargo): build/gpu/cuda_gpu (the GPU test binary) and
+# machine (which may lack cargo): build/gpu/cuda_gpu and build/gpu/cuda_capi (the GPU
+# test binaries) and
 # build/gpu/kvevict_bench. Carry them with run(carry=["build/gpu"]).
 # Archs: KVEVICT_CUDA_ARCHS (default 90, the H200). Needs nvcc: $NVCC or
 # cuda/install_nvcc.sh.
@@ -13,10 +14,12 @@ fi
 export NVCC
 LIBDIR=$(dirname "$(dirname "$NVCC")")/lib
 mkdir -p build/gpu
-cargo test --release --features cuda --test cuda_gpu --no-run 2>&1 | tail -3
-bin=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_gpu-* | grep -v '\.d$' | head -1)
-cp "$bin" build/gpu/cuda_gpu
-strip --strip-debug build/gpu/cuda_gpu 2>/dev/null || true
+cargo test --release --features cuda --test cuda_gpu --test cuda_capi --no-run 2>&1 | tail -3
+for t in cuda_gpu cuda_capi; do
+  bin=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/$t-* | grep -v '\.d$' | head -1)
+  cp "$bin" build/gpu/$t
+  strip --strip-debug build/gpu/$t 2>/dev/null || true
+done
 archflags=""
 for a in ${KVEVICT_CUDA_ARCHS//,/ }; do archflags+=" -gencode=arch=compute_$a,code=sm_$a"; done
 "$NVCC" -O3 -std=c++17 $archflags -Icuda -L"$LIBDIR" cuda/bench.cu $(ls cuda/*.cu | grep -v bench.cu) -o build/gpu/kvevict_bench
