@@ -822,6 +822,29 @@ fn device_score_rejects_bad_input_before_launching() {
             null_mut(),
         );
         assert_eq!(st, KVE_ERR_NULL_POINTER);
+        // outputs over inputs: refused, the input untouched
+        let keys_before = l.k.dev.download::<u8>(l.k.bytes.len());
+        let st = kve_cuda_score_layer(
+            &p,
+            &good,
+            l.k.dev.ptr(),
+            len as u64,
+            ws.ptr(),
+            bytes,
+            null_mut(),
+        );
+        assert_eq!(st, KVE_ERR_ALIASING);
+        let st = kve_cuda_score_layer(
+            &p,
+            &good,
+            out.ptr(),
+            len as u64,
+            l.dgram[0].ptr(),
+            bytes,
+            null_mut(),
+        );
+        assert_ne!(st, KVE_OK);
+        assert!(l.k.dev.download::<u8>(l.k.bytes.len()) == keys_before);
         // the whole cache is window: nothing to score, nothing written
         let mut big = p;
         big.window = 4096;
@@ -1108,6 +1131,20 @@ fn device_select_rejects_bad_input_before_launching() {
         m.scores = null();
         assert_eq!(run(&m, p as u64, bytes), (KVE_ERR_NULL_POINTER, true));
         m.scores = d.ptr();
+        // the kept lists over the scores
+        let st = kve_cuda_select_model(
+            &sp,
+            &m,
+            counts.ptr(),
+            units as u64,
+            d.ptr(),
+            p as u64,
+            (units * p) as u64,
+            ws.ptr(),
+            bytes,
+            null_mut(),
+        );
+        assert_eq!(st, KVE_ERR_ALIASING);
         let (st, _) = run(&m, p as u64, bytes);
         assert_eq!(st, KVE_OK);
         let _ = dev::null();

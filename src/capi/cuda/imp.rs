@@ -1,7 +1,9 @@
 //! Shared pieces of the device entry points: descriptor conversion, workspace carving,
 //! CUDA status mapping; device count and compaction (thin wrappers of one launcher each).
 
-use super::super::{arg, kve_tensor, out_param, status_of, tri, Tensor, KVE_ERR_CUDA, KVE_OK};
+use super::super::{
+    arg, kve_tensor, out_param, status_of, tri, Span, Tensor, KVE_ERR_CUDA, KVE_OK,
+};
 use crate::cuda as cu;
 use crate::error::{Error, Result};
 use core::ffi::{c_int, c_void};
@@ -39,6 +41,25 @@ pub(super) fn view(t: &kve_tensor) -> Result<cu::KveCudaView> {
         tokens: i64_of(t.extent[1])?,
         dim: i64_of(t.extent[2])?,
     })
+}
+
+/// The bytes a device tensor may reach (its declared `len`), for alias checks.
+pub(super) fn tensor_span(t: &kve_tensor) -> Result<Span> {
+    if t.data.is_null() {
+        return Ok(Span::EMPTY);
+    }
+    Ok(Tensor::new(t)?.span)
+}
+
+/// `count` elements of `T` at `p` (device addresses live in the same address space).
+pub(super) fn span_of<T>(p: *const T, count: usize) -> Span {
+    let a = p as usize;
+    let bytes = count.saturating_mul(core::mem::size_of::<T>());
+    if p.is_null() {
+        Span::EMPTY
+    } else {
+        Span(a, a.saturating_add(bytes))
+    }
 }
 
 /// Bytes per element of a launcher dtype code.

@@ -5,9 +5,10 @@
 use super::super::params::{read_ext, score_config};
 use super::super::score::{kve_layer_inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS};
 use super::super::{
-    kve_score_params, status_of, tri, KVE_ERR_INVALID_ARGUMENT, KVE_MAX_HEADS, KVE_OK,
+    check_alias, kve_score_params, status_of, tri, Span, KVE_ERR_INVALID_ARGUMENT, KVE_MAX_HEADS,
+    KVE_OK,
 };
-use super::imp::{check_workspace, ck, elem_size, run, view, write, Carve};
+use super::imp::{check_workspace, ck, elem_size, run, span_of, tensor_span, view, write, Carve};
 use crate::config::{LaproxGqa, Pool, PoolKind, PoolPlacement, ScoreConfig, ScorerKind};
 use crate::cuda as cu;
 use crate::error::{Error, Result};
@@ -263,6 +264,8 @@ struct Inputs {
     forms: Option<*const f32>,
     l1: Option<*const f32>,
     lse: Option<*const f32>,
+    /// Every byte range the call reads (alias checks).
+    reads: [Span; 7],
 }
 
 fn check_inputs(cfg: &ScoreConfig, d: &kve_layer_inputs) -> Result<(Inputs, Shape)> {
@@ -341,6 +344,27 @@ fn check_inputs(cfg: &ScoreConfig, d: &kve_layer_inputs) -> Result<(Inputs, Shap
             return Err(Error::ShapeMismatch);
         }
     }
+    let floats_span = |p: Option<*const f32>, len: u64| match p {
+        Some(p) => span_of(p, len as usize),
+        None => Span::EMPTY,
+    };
+    let reads = [
+        if q.is_some() {
+            tensor_span(&d.queries)?
+        } else {
+            Span::EMPTY
+        },
+        tensor_span(&d.keys)?,
+        if v.is_some() {
+            tensor_span(&d.values)?
+        } else {
+            Span::EMPTY
+        },
+        floats_span(gram, d.gram_len),
+        floats_span(if laprox { forms } else { None }, d.value_forms_len),
+        floats_span(l1, d.value_l1_len),
+        floats_span(lse, d.row_lse_len),
+    ];
     Ok((
         Inputs {
             q,
@@ -350,6 +374,7 @@ fn check_inputs(cfg: &ScoreConfig, d: &kve_layer_inputs) -> Result<(Inputs, Shap
             forms,
             l1,
             lse,
+            reads,
         },
         s,
     ))
@@ -378,6 +403,11 @@ pub unsafe fn score_layer(
     }
     let need = tri!(layout(&cfg, &s, null_mut())).total;
     tri!(check_workspace(workspace, workspace_bytes, need));
+    let writes = [
+        span_of(out, s.hkv * s.p),
+        span_of(workspace as *const u8, need),
+    ];
+    tri!(check_alias(&writes, &inp.reads));
     if s.p == 0 {
         return KVE_OK;
     }

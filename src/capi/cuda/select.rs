@@ -5,8 +5,8 @@
 
 use super::super::params::select_config;
 use super::super::select::kve_model_scores;
-use super::super::{arg, kve_select_params, status_of, tri, KVE_OK};
-use super::imp::{check_workspace, ck, run, write, Carve};
+use super::super::{arg, check_alias, kve_select_params, status_of, tri, KVE_OK};
+use super::imp::{check_workspace, ck, run, span_of, write, Carve};
 use crate::config::{AllocatorKind, Granularity, Normalize, PoolKind, SelectConfig};
 use crate::cuda as cu;
 use crate::error::{Error, Result};
@@ -208,6 +208,13 @@ pub unsafe fn select_model(
     let pl = plan(&cfg, &s);
     let need = tri!(layout(&pl, &s, null_mut())).total;
     tri!(check_workspace(workspace, workspace_bytes, need));
+    let reads = [span_of(m.scores, all as usize * s.p)];
+    let writes = [
+        span_of(counts, all as usize),
+        span_of(idx, all as usize * idx_ld as usize),
+        span_of(workspace as *const u8, need),
+    ];
+    tri!(check_alias(&writes, &reads));
     let parts = tri!(layout(&pl, &s, workspace));
     run(|| {
         launch(
