@@ -8,3 +8,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo test --release --features cuda-mock --test cuda_capi --test cuda_mock -- --nocapture 2>&1 \
   | grep -E "^test |test result|panicked|worst|selections|error"
+# the CUDA C example end to end (host stand-ins for the six cudart calls it makes)
+cargo test --release --features cuda-mock --test c_examples cuda_device -- --nocapture 2>&1 \
+  | grep -E "^test |test result|panicked|LaProx-span|error"
