@@ -856,6 +856,58 @@ fn device_score_rejects_bad_input_before_launching() {
     }
 }
 
+/// Found by fuzz/fuzz_targets/capi.rs: LaProx given cached value forms sized its Gram
+/// parts with `dk` instead of the queried `dv`, so a workspace of the size
+/// `kve_cuda_score_workspace_size` gave for the call's shape (`dv < dk`) was refused.
+#[test]
+fn device_score_with_value_forms_fits_the_queried_workspace() {
+    if !dev::present() {
+        return;
+    }
+    let l = layer(
+        Dt::F16,
+        Layout::HeadMajor,
+        Layout::HeadMajor,
+        8,
+        2,
+        120,
+        32,
+        5,
+    );
+    for gqa in [LaproxGqa::Sum, LaproxGqa::Exact, LaproxGqa::MeanAttn] {
+        let p = score_params(|p| p.laprox_gqa = gqa as u32, Preset::LaProx);
+        let host = host_scores(&l, &p, Vals::Forms, None);
+        for dv in [1u64, 16] {
+            let mut bytes = 0u64;
+            unsafe {
+                assert_eq!(
+                    kve_cuda_score_workspace_size(&p, 8, 2, l.n as u64, 32, dv, &mut bytes),
+                    KVE_OK
+                );
+                let ws = dev::Buf::new(bytes as usize);
+                let len = host.len();
+                let out = dev::Buf::new(len * 4);
+                let inp = inputs(&l, &p, Vals::Forms, None, true);
+                let st = kve_cuda_score_layer(
+                    &p,
+                    &inp,
+                    out.ptr(),
+                    len as u64,
+                    ws.ptr(),
+                    bytes,
+                    null_mut(),
+                );
+                assert_eq!(st, KVE_OK, "{gqa:?} dv {dv}");
+                let d = out.download::<f32>(len);
+                assert!(
+                    worst_rel(&d, &host, 2) < tolerance(Dt::F16),
+                    "{gqa:?} dv {dv}"
+                );
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------------------- selection
 
 fn select_params(alloc: AllocatorKind, gran: Granularity, budget: u64) -> kve_select_params {

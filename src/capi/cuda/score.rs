@@ -27,6 +27,9 @@ struct Shape {
     w: usize,
     p: usize,
     dv: usize,
+    /// LaProx's value forms are computed from the Gram (in the workspace). The size query
+    /// assumes so; a call given cached `value_forms` needs neither those parts nor `dv`.
+    gram: bool,
 }
 
 impl Shape {
@@ -77,8 +80,9 @@ fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
     })?;
     let b = c.take::<f32>(if cfg.needs_queries() { mul(hq, p)? } else { 0 })?;
     let t = c.take::<f32>(if laprox && cross { mul(3 * hkv, p)? } else { 0 })?;
-    let forms = c.take::<f32>(if laprox { mul(rows, p)? } else { 0 })?;
-    let gram_elems = if laprox {
+    let gram_path = laprox && s.gram;
+    let forms = c.take::<f32>(if gram_path { mul(rows, p)? } else { 0 })?;
+    let gram_elems = if gram_path {
         mul(rows, mul(s.dv, s.dv)?)?
     } else {
         0
@@ -151,6 +155,7 @@ pub unsafe fn score_workspace_size(
         w,
         p: n - w,
         dv: dv as usize,
+        gram: true,
     };
     let parts = tri!(layout(&cfg, &s, null_mut()));
     tri!(write(out_bytes, parts.total as u64));
@@ -295,6 +300,7 @@ fn check_inputs(cfg: &ScoreConfig, d: &kve_layer_inputs) -> Result<(Inputs, Shap
         w,
         p: n - w,
         dv: dk as usize,
+        gram: false,
     };
     let forms = floats(d.value_forms, d.value_forms_len)?;
     let laprox = cfg.scorer == ScorerKind::LaProx;
@@ -327,6 +333,7 @@ fn check_inputs(cfg: &ScoreConfig, d: &kve_layer_inputs) -> Result<(Inputs, Shap
                 return Err(Error::ShapeMismatch);
             }
             gram = Some(g);
+            s.gram = true;
         }
     }
     let mut l1 = None;
