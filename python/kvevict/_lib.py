@@ -248,6 +248,31 @@ _PROTOS = {
         [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64, P(kve_tensor), c_void_p, c_uint64]),
 }
 
+# The device entry points (``src/capi/cuda.rs``; every pointer but the descriptor structs is
+# a device pointer, ``stream`` a ``cudaStream_t``). Declared by every build (a build without
+# CUDA answers KVE_ERR_NOT_BUILT_WITH_CUDA), but optional here: a library that predates them
+# still loads, and ``kvevict.cuda`` reports them missing (see :func:`has`).
+_CUDA_PROTOS = {
+    "kve_cuda_get_device_count": (c_int32, [P(c_int32)]),
+    "kve_cuda_score_workspace_size": (
+        c_int32, [P(kve_score_params), c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, _u64p]),
+    "kve_cuda_score_layer": (
+        c_int32,
+        [P(kve_score_params), P(kve_layer_inputs), c_void_p, c_uint64, c_void_p, c_uint64, c_void_p]),
+    "kve_cuda_select_model_workspace_size": (
+        c_int32, [P(kve_select_params), c_uint64, c_uint64, c_uint64, c_uint64, _u64p]),
+    "kve_cuda_select_model": (
+        c_int32,
+        [P(kve_select_params), P(kve_model_scores), c_void_p, c_uint64, c_void_p, c_uint64,
+         c_uint64, c_void_p, c_uint64, c_void_p]),
+    "kve_cuda_compact_in_place_workspace_size": (c_int32, [P(kve_tensor), c_uint64, _u64p]),
+    "kve_cuda_compact_in_place": (
+        c_int32,
+        [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64, c_void_p, c_uint64, c_void_p]),
+    "kve_cuda_compact_to_varlen": (
+        c_int32, [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_void_p, c_void_p, c_void_p]),
+}
+
 
 def _load():
     path = _find()
@@ -266,7 +291,20 @@ def _load():
         f.argtypes = args
     if missing:
         raise LibraryNotFound(f"{path} lacks {', '.join(missing)} (an older library?)")
-    return lib, path
+    optional = set()
+    for name, (res, args) in _CUDA_PROTOS.items():
+        f = getattr(lib, name, None)
+        if f is None:
+            continue
+        f.restype = res
+        f.argtypes = args
+        optional.add(name)
+    return lib, path, optional
 
 
-lib, path = _load()
+lib, path, _present = _load()
+
+
+def has(name):
+    """Whether the loaded library exports the optional function ``name`` (``kve_cuda_*``)."""
+    return name in _present
