@@ -187,11 +187,13 @@ extern "C" int kve_cuda_compact_varlen(const kve_cuda_view* src, const int32_t* 
     if (!kept || !counts || !cu_seqlens) return (int)cudaErrorInvalidValue;
     if (kept_ld != 0 && kept_ld < src->tokens) return (int)cudaErrorInvalidValue;
     if (src->heads * src->tokens >= ((int64_t)1 << 31)) return (int)cudaErrorInvalidValue;
+    // every argument check before the first launch: nothing is written on refusal
+    const bool copies = src->dim > 0 && src->tokens > 0;
+    if (copies && !dst) return (int)cudaErrorInvalidValue;
     cudaStream_t st = KVE_STREAM(stream);
     cu_seqlens_kernel<<<1, 32, 0, st>>>(counts, kept_ld, src->heads, src->tokens, cu_seqlens);
     KVE_CHECK(launch_status());
-    if (src->dim == 0 || src->tokens == 0) return 0;
-    if (!dst) return (int)cudaErrorInvalidValue;
+    if (!copies) return 0;
     CpView v;
     int unit = 0;
     make_cpview(*src, v, unit);

@@ -806,6 +806,20 @@ fn invalid_arguments_are_rejected_before_launch() {
             1,
             "broadcast_lists reps < 0"
         );
+        // dst NULL with rows to copy: refused before cu_seqlens is written (no launch,
+        // so the answer is 1 even without a device)
+        let src = KveCudaView {
+            stride_head: 4,
+            stride_token: 1,
+            heads: 2,
+            tokens: 4,
+            ..ok_view
+        };
+        assert_eq!(
+            kve_cuda_compact_varlen(&src, i, 0, i.add(8), null_mut(), i.add(16), null_mut()),
+            1,
+            "compact_varlen dst NULL"
+        );
     }
 }
 
