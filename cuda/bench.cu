@@ -175,6 +175,7 @@ static double measure_mm(cudaStream_t s) {
     CK(cudaMalloc(&C, (size_t)M * N * 4));
     fill(A, (size_t)M * K, 11, 1.0f);
     fill(B, (size_t)K * N, 12, 1.0f);
+    CK(cudaDeviceSynchronize());  // fill runs on the legacy stream; s is non-blocking
     Timer t;
     std::vector<float> ms;
     for (int r = 0; r < 6; ++r) {
@@ -364,7 +365,9 @@ int main(int argc, char** argv) {
         add_identity<<<1024, 256>>>(m.G, (size_t)m.L * m.hq, m.d);
         CK(cudaGetLastError());
         m.keep = (int64_t)(keep_ratio * (double)P) * m.L * m.hkv;
-        CK(cudaStreamSynchronize(s));
+        // the fills ran on the legacy default stream, which s (non-blocking) does not
+        // wait for: synchronise the device, not just s
+        CK(cudaDeviceSynchronize());
 
         printf("\nN = %lld (P = %lld), keep %.0f%% of the prefix: K = %lld of %lld\n",
                (long long)n, (long long)P, keep_ratio * 100, (long long)m.keep,
