@@ -908,6 +908,63 @@ fn device_score_with_value_forms_fits_the_queried_workspace() {
     }
 }
 
+/// Found by fuzz/fuzz_targets/capi.rs: shapes the C layer accepted and a launcher then
+/// refused (`KVE_ERR_CUDA`): more than 128 query heads per KV head (window), 65536 heads
+/// (the kernels' grid limit is 65535). Now `KVE_ERR_INVALID_ARGUMENT`, nothing written.
+#[test]
+fn device_score_rejects_shapes_beyond_the_kernels() {
+    if !dev::present() {
+        return;
+    }
+    let (w, n, d) = (2u64, 6u64, 4u64);
+    let buf = dev::Buf::from(&vec![0.25f32; (n * d) as usize]);
+    // `heads` heads sharing one [n, d] block (head stride 0)
+    let t = |heads: u64, tokens: u64| kve_tensor {
+        data: buf.ptr::<c_void>() as *const c_void,
+        len: tokens * d,
+        dtype: Dt::F32.code(),
+        pad: 0,
+        extent: [heads, tokens, d],
+        stride: [0, d, 1],
+    };
+    let cases = [
+        (Preset::SnapKv, 129, 1, KVE_ERR_INVALID_ARGUMENT),
+        (Preset::SnapKv, 128, 1, KVE_OK),
+        (Preset::SnapKv, 65536, 1, KVE_ERR_INVALID_ARGUMENT),
+        (Preset::Tova, 256, 1, KVE_ERR_INVALID_ARGUMENT),
+        (Preset::KNorm, 65536, 65536, KVE_ERR_INVALID_ARGUMENT),
+        (Preset::SnapKv, 65536, 65536, KVE_ERR_INVALID_ARGUMENT),
+    ];
+    for (preset, hq, hkv, want) in cases {
+        let w = if preset == Preset::Tova { 1 } else { w };
+        let p = score_params(|p| p.window = w as u32, preset);
+        let mut inp = inputs_init();
+        inp.queries = t(hq, w);
+        inp.keys = t(hkv, n);
+        let mut bytes = 0u64;
+        unsafe {
+            assert_eq!(
+                kve_cuda_score_workspace_size(&p, hq, hkv, n, d, d, &mut bytes),
+                KVE_OK
+            );
+            let ws = dev::Buf::new(bytes as usize);
+            let len = (hkv * (n - w)) as usize;
+            let out = dev::Buf::new(len * 4);
+            let canary = vec![0xA5A5_A5A5u32; len];
+            out.upload(&canary);
+            let st =
+                kve_cuda_score_layer(&p, &inp, out.ptr(), len as u64, ws.ptr(), bytes, null_mut());
+            assert_eq!(st, want, "{preset:?} hq {hq} hkv {hkv}");
+            if want != KVE_OK {
+                assert!(
+                    out.download::<u32>(len) == canary,
+                    "{preset:?}: out written"
+                );
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------------------- selection
 
 fn select_params(alloc: AllocatorKind, gran: Granularity, budget: u64) -> kve_select_params {
@@ -1200,5 +1257,95 @@ fn device_select_rejects_bad_input_before_launching() {
         let (st, _) = run(&m, p as u64, bytes);
         assert_eq!(st, KVE_OK);
         let _ = dev::null();
+    }
+}
+
+/// Shapes past the select path's kernel limits (grid dimensions over layers or pooled
+/// rows; a select group of 2^32 entries or more) are refused before any launch with
+/// `KVE_ERR_INVALID_ARGUMENT`, not `KVE_ERR_CUDA` from a launcher. Found by reading the
+/// launch chain against the launchers' checks (the fuzz target's arena is too small).
+#[test]
+fn device_select_rejects_shapes_beyond_the_kernels() {
+    if !dev::present() {
+        return;
+    }
+    // (allocator, granularity, normalize, layers, hkv, n, window)
+    let cases = [
+        // layer_stats over 65536 layers
+        (
+            AllocatorKind::Lava,
+            Granularity::Head,
+            Normalize::None,
+            65536,
+            1,
+            2,
+            1,
+        ),
+        // the layer reduce over 65536 layers
+        (
+            AllocatorKind::Uniform,
+            Granularity::Layer,
+            Normalize::None,
+            65536,
+            1,
+            2,
+            1,
+        ),
+        // the safeguard's copy: a pool over 65536 rows
+        (
+            AllocatorKind::Ada,
+            Granularity::Head,
+            Normalize::None,
+            4,
+            16384,
+            2,
+            1,
+        ),
+        // one global group of 3·(2^31 - 1) entries
+        (
+            AllocatorKind::Global,
+            Granularity::Head,
+            Normalize::None,
+            1,
+            3,
+            (1 << 31) - 1,
+            0,
+        ),
+    ];
+    let d = dev::Buf::from(&vec![1f32; 64]);
+    let small = dev::Buf::new(1024);
+    let counts = dev::Buf::new(64);
+    let idx = dev::Buf::new(64);
+    for (alloc, gran, norm, layers, hkv, n, w) in cases {
+        let mut sp = select_params(alloc, gran, 1);
+        sp.normalize = norm as u32;
+        let (units, p) = (layers * hkv, n - w);
+        // descriptors only: nothing is read or written once the shape is refused
+        let m = kve_model_scores {
+            scores: d.ptr(),
+            len: units * p,
+            layers,
+            hkv,
+            n,
+            window: w,
+        };
+        unsafe {
+            let st = kve_cuda_select_model(
+                &sp,
+                &m,
+                counts.ptr(),
+                units,
+                idx.ptr(),
+                p,
+                units * p,
+                small.ptr(),
+                1024,
+                null_mut(),
+            );
+            assert_eq!(
+                st, KVE_ERR_INVALID_ARGUMENT,
+                "{alloc:?} {gran:?} {layers}x{hkv} n {n}"
+            );
+        }
     }
 }

@@ -18,6 +18,11 @@ use core::ptr::{null, null_mut};
 
 /// Largest head dims the kernels take (window: dk; vonorm: dv).
 const MAX_DIM: u64 = 256;
+/// Most heads (query or KV) the kernels take: they put heads in a grid dimension.
+const MAX_GRID_HEADS: i64 = 65535;
+/// Window kernel: most query heads per KV head, most window rows.
+const MAX_GROUP: usize = 128;
+const MAX_WINDOW: usize = 1 << 24;
 
 #[derive(Clone, Copy)]
 struct Shape {
@@ -275,6 +280,9 @@ struct Inputs {
 
 fn check_inputs(cfg: &ScoreConfig, d: &kve_layer_inputs) -> Result<(Inputs, Shape)> {
     let k = view(&d.keys)?;
+    if k.heads > MAX_GRID_HEADS {
+        return Err(Error::InvalidArgument);
+    }
     let (hkv, n, dk) = (k.heads as usize, k.tokens as usize, k.dim as u64);
     let w = (cfg.window as usize).min(n);
     let mut hq = hkv;
@@ -290,6 +298,9 @@ fn check_inputs(cfg: &ScoreConfig, d: &kve_layer_inputs) -> Result<(Inputs, Shap
         hq = qv.heads as usize;
         if hq % hkv != 0 {
             return Err(Error::ShapeMismatch);
+        }
+        if qv.heads > MAX_GRID_HEADS || hq / hkv > MAX_GROUP || w > MAX_WINDOW {
+            return Err(Error::InvalidArgument);
         }
         q = Some(qv);
     }

@@ -140,6 +140,43 @@ fn layout(pl: &Plan, s: &Shape, base: *mut c_void) -> Result<Parts> {
     })
 }
 
+/// Limits of the kernels the plan launches, checked before anything is enqueued: grid
+/// dimensions (layer_stats and the layer reduce over layers, pool over its rows) and
+/// kve_cuda_select's groups (fewer than 2^32 entries).
+fn kernel_limits(cfg: &SelectConfig, pl: &Plan, s: &Shape) -> Result<()> {
+    if s.p == 0 {
+        return Ok(()); // only the counts are written
+    }
+    let head = cfg.granularity == Granularity::Head;
+    let grid = [
+        if pl.stats { s.layers } else { 0 },
+        if cfg.granularity == Granularity::Layer {
+            s.layers
+        } else {
+            0
+        },
+        if (head && pl.copy) || pl.tmp {
+            pl.units
+        } else {
+            0
+        },
+    ];
+    // rows of one select group: every unit (global), a layer's (safeguard), else one
+    let group = if cfg.granularity == Granularity::Token {
+        1
+    } else if pl.budgets.is_none() {
+        pl.units
+    } else if pl.safeguard {
+        pl.per_layer
+    } else {
+        1
+    };
+    if grid.iter().any(|&r| r > 65535) || group as u128 * s.p as u128 >= 1 << 32 {
+        return Err(Error::InvalidArgument);
+    }
+    Ok(())
+}
+
 fn shape(layers: u64, hkv: u64, n: u64, window: u64) -> Result<Shape> {
     if layers == 0 || hkv == 0 || n == 0 || n > crate::error::MAX_TOKENS as u64 {
         return Err(Error::InvalidArgument);
@@ -206,6 +243,7 @@ pub unsafe fn select_model(
         return status_of(Error::OutputTooSmall);
     }
     let pl = plan(&cfg, &s);
+    tri!(kernel_limits(&cfg, &pl, &s));
     let need = tri!(layout(&pl, &s, null_mut())).total;
     tri!(check_workspace(workspace, workspace_bytes, need));
     let reads = [span_of(m.scores, all as usize * s.p)];
