@@ -28,7 +28,7 @@ pub fn validate_selection(
         }
         let mut prev: Option<u32> = None;
         for &i in list {
-            if i as usize >= n || prev.map_or(false, |p| i <= p) {
+            if i as usize >= n || prev.is_some_and(|p| i <= p) {
                 return Err(Error::InvalidArgument);
             }
             prev = Some(i);

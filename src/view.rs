@@ -57,7 +57,7 @@ fn check_layout(
         return Err(Error::Misaligned);
     }
     mul(len, dtype.size())?;
-    if extent.iter().any(|&e| e == 0) {
+    if extent.contains(&0) {
         return Err(Error::InvalidArgument);
     }
     if extent[1] > crate::error::MAX_TOKENS {

@@ -288,7 +288,7 @@ fn row_stats_impl<S: Simd>(
     let mut c0 = 0;
     while c0 < n {
         let nt = CHUNK.min(n - c0);
-        let ntp = (nt + KT - 1) / KT * KT;
+        let ntp = nt.div_ceil(KT) * KT;
         let (kp, ldk, finite) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, true);
         if !finite {
             return Err(Error::NonFinite);
@@ -435,7 +435,7 @@ fn column_stats_impl<S: Simd>(
     let mut c0 = 0;
     while c0 < p {
         let nt = CHUNK.min(p - c0);
-        let ntp = (nt + KT - 1) / KT * KT;
+        let ntp = nt.div_ceil(KT) * KT;
         let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
         unsafe { gemm::<S>(s, kp, ldk, ntp) };

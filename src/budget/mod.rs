@@ -333,7 +333,6 @@ pub fn select_model(
                     let total = (nu as u64).saturating_mul(cfg.budget.min(p as u64));
                     lava_budgets(lsum, total, caps, budgets, marks);
                 }
-                drop(un);
                 ada::thresholds(cfg, arr, p, scale, per_layer, budgets, forced, thr);
             }
         }

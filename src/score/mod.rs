@@ -136,10 +136,9 @@ pub fn score_workspace_size(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usi
     if cfg.needs_queries() {
         window::scratch_size(&mut scratch, g, w, shape.dk)?;
     }
-    Ok(ws
-        .total()
+    ws.total()
         .checked_add(scratch.total())
-        .ok_or(Error::Overflow)?)
+        .ok_or(Error::Overflow)
 }
 
 /// Buffers a scorer's formula works with, `[P]` each unless noted.
