@@ -3,10 +3,16 @@
 //! lengths (never more than the arena holds), arbitrary params and enum values, output
 //! buffers of arbitrary sizes, sometimes placed inside the inputs.
 //!
+//! The device entry points (`kve_cuda_score_layer`, `kve_cuda_select_model`) run on the
+//! plain-Rust test double of the CUDA launchers (feature `cuda-mock`): "device pointers"
+//! are host pointers, so the same arena serves as device memory.
+//!
 //! Oracles: no crash, no out-of-bounds access (ASan), and
 //! - on error, outputs still hold their canaries and the arena is unchanged;
-//! - on success, outputs are well formed (finite scores, ascending kept lists, ...);
-//! - an output overlapping an input never succeeds.
+//! - on success, outputs are well formed (finite host scores, ascending kept lists, ...);
+//! - an output overlapping an input never succeeds;
+//! - a device call never answers `KVE_ERR_CUDA`: under the mock that means a launcher
+//!   refused arguments the C layer had accepted (its validation is incomplete).
 //! The harness caps the work of one call (element counts of views with stride 0, which
 //! a small buffer can declare legally), not what the library accepts.
 #![no_main]
@@ -198,6 +204,72 @@ fn workspace(r: &mut R, query: Option<u64>) -> Vec<u8> {
     vec![0u8; n as usize]
 }
 
+/// A device workspace (`kve_cuda_*`): 256-byte aligned like cudaMalloc memory, its own
+/// buffer or (sometimes) inside the arena; sometimes short, misaligned or NULL on purpose.
+struct DevWs {
+    _own: Vec<u64>,
+    ptr: *mut c_void,
+    len: u64,
+    in_arena: bool,
+}
+
+fn dev_workspace(r: &mut R, a: &mut Arena, query: Option<u64>) -> DevWs {
+    let n = match query {
+        Some(b) if b <= (64 << 20) => {
+            if r.chance(8) {
+                b.saturating_sub(1 + r.u8() as u64 % 64)
+            } else {
+                b
+            }
+        }
+        _ => r.u8() as u64 * 16,
+    } as usize;
+    let skew = if r.chance(16) { 4 * (1 + r.u8() as usize % 63) } else { 0 };
+    if r.chance(12) {
+        let base = a.buf.as_mut_ptr() as usize;
+        let first = base.next_multiple_of(256) - base;
+        let off = (first + (r.u8() as usize % 64) * 256 + skew).min(ARENA);
+        return DevWs {
+            _own: Vec::new(),
+            ptr: (base + off) as *mut c_void,
+            len: n.min(ARENA - off) as u64,
+            in_arena: true,
+        };
+    }
+    let mut own = vec![0u64; (n + skew) / 8 + 33];
+    let p = (own.as_mut_ptr() as usize).next_multiple_of(256) + skew;
+    let ptr = if r.chance(40) { std::ptr::null_mut() } else { p as *mut c_void };
+    DevWs { _own: own, ptr, len: n as u64, in_arena: false }
+}
+
+/// Sometimes a head count at a limit of the device path (group size, launch grids,
+/// `KVE_MAX_HEADS`), broadcast (head stride 0) so the view still fits its buffer.
+fn wide_heads(r: &mut R, t: &mut kve_tensor) -> Option<u64> {
+    if t.data.is_null() || !r.chance(10) {
+        return None;
+    }
+    let h = [16, 17, 64, 65, 128, 129, 256, 1024, 65535, 65536, 65537][r.u8() as usize % 11];
+    t.extent[0] = h;
+    t.stride[0] = 0;
+    Some(h)
+}
+
+/// A span of `count` elements of `size` bytes at `p` (empty for NULL).
+fn span_n(p: *const c_void, count: u64, size: u64) -> (usize, usize) {
+    if p.is_null() {
+        return (0, 0);
+    }
+    let b = count.saturating_mul(size).min(usize::MAX as u64 / 2) as usize;
+    (p as usize, (p as usize).saturating_add(b))
+}
+
+/// Whether the arena bytes of `s` (clipped to the arena) are as in `before`.
+fn unchanged(a: &Arena, before: &[u8], s: (usize, usize)) -> bool {
+    let base = a.base() as usize;
+    let (lo, hi) = (s.0.max(base), s.1.min(base + ARENA));
+    lo >= hi || a.bytes()[lo - base..hi - base] == before[lo - base..hi - base]
+}
+
 /// A params struct followed by readable bytes, so any `struct_size` the harness writes is
 /// honest (the library reads `struct_size` bytes).
 #[repr(C)]
@@ -284,12 +356,13 @@ fn check_csr(off: &[u32], offsets_len: usize, idx: &[u32], units: usize, n: u64)
 
 fuzz_target!(|data: &[u8]| {
     let mut r = R { d: data, i: 0 };
-    let op = r.u8() % 9;
+    let op = r.u8() % 11;
     let mut a = Arena::new(&mut r);
     let before: Vec<u8> = a.bytes().to_vec();
     let st;
     let mut outs: Vec<Out> = Vec::new();
-    // a destination tensor left inside the arena (varlen compaction) is an output too
+    // a destination tensor left inside the arena (varlen compaction) or a device
+    // workspace inside it is an output too
     let mut dst_in_arena = false;
     unsafe {
         match op {
@@ -487,7 +560,189 @@ fuzz_target!(|data: &[u8]| {
                     outs.push(o);
                 }
             }
-            _ => {
+            9 => {
+                // kve_cuda_score_layer: op 0 on the device (the mock's launchers)
+                let sp0 = score_params(&mut r);
+                let spb = padded(&mut r, sp0);
+                let sp = &spb.p;
+                let mut inp: kve_layer_inputs = std::mem::zeroed();
+                kve_layer_inputs_init(&mut inp, if r.chance(2) { 288 } else { 272 });
+                inp.queries = tensor(&mut r, &a, [8, 40, 32]);
+                inp.keys = tensor(&mut r, &a, [4, 96, 32]);
+                if r.chance(2) {
+                    inp.values = tensor(&mut r, &a, [4, 96, 32]);
+                }
+                wide_heads(&mut r, &mut inp.queries);
+                if let Some(h) = wide_heads(&mut r, &mut inp.keys) {
+                    if !inp.values.data.is_null() && r.chance(2) {
+                        (inp.values.extent[0], inp.values.stride[0]) = (h, 0);
+                    }
+                }
+                let (hq, hkv, n, dk) = (inp.queries.extent[0], inp.keys.extent[0], inp.keys.extent[1], inp.keys.extent[2]);
+                let dv = if inp.values.data.is_null() { dk } else { inp.values.extent[2] };
+                // the lengths the call wants (sometimes given exactly, to get past them)
+                let cross = sp.scorer == 2 && sp.laprox_gqa != 0;
+                let g = if hkv > 0 && hq % hkv == 0 { hq / hkv } else { 1 };
+                let blocks = if cross { g.saturating_mul(g.saturating_add(1)) / 2 } else { g };
+                let w = (sp.window as u64).min(n);
+                let want = [
+                    hkv.saturating_mul(blocks).saturating_mul(dv.saturating_mul(dv)),
+                    hkv.saturating_mul(blocks).saturating_mul(n),
+                    hkv.saturating_mul(n),
+                    hq.saturating_mul(w),
+                ];
+                let fl = |r: &mut R, want: u64| {
+                    let off = (r.u8() as usize % 64) * 4 + if r.chance(24) { 2 } else { 0 };
+                    let room = ((ARENA - off) / 4) as u64;
+                    let len = if want < room && r.chance(2) { want } else { r.u32() as u64 % room };
+                    (a.base().add(off) as *const f32, len)
+                };
+                if r.chance(3) {
+                    (inp.gram, inp.gram_len) = fl(&mut r, want[0]);
+                }
+                if r.chance(3) {
+                    (inp.value_forms, inp.value_forms_len) = fl(&mut r, want[1]);
+                }
+                if r.chance(3) {
+                    (inp.value_l1, inp.value_l1_len) = fl(&mut r, want[2]);
+                }
+                if inp.struct_size >= 288 && r.chance(3) {
+                    (inp.row_lse, inp.row_lse_len) = fl(&mut r, want[3]);
+                }
+                // work of the mock's launchers: window (x g for the cross pairs), vonorm
+                let work = elems(&inp.queries).saturating_mul(n).saturating_mul(if cross { g.clamp(1, 16) } else { 1 });
+                let vo = if inp.gram.is_null() { 0 } else { n.saturating_mul(inp.gram_len) };
+                if elems(&inp.queries) > 1 << 18 || elems(&inp.keys) > 1 << 18 || elems(&inp.values) > 1 << 18 || work > 1 << 24 || vo > 1 << 24 {
+                    return;
+                }
+                let mut ws_q = 0u64;
+                let q = (kve_cuda_score_workspace_size(sp, hq, hkv, n, dk, dv.max(1), &mut ws_q) == KVE_OK).then_some(ws_q);
+                let mut olen = 0u64;
+                let ol = kve_score_output_len(sp, hkv, n, &mut olen);
+                let max = if ol == KVE_OK && olen <= 1 << 18 { olen as usize } else { 64 };
+                let o = Out::new(&mut r, &mut a, max);
+                let ws = dev_workspace(&mut r, &mut a, q);
+                dst_in_arena = ws.in_arena;
+                st = kve_cuda_score_layer(sp, &inp, o.ptr as *mut f32, o.len, ws.ptr, ws.len, std::ptr::null_mut());
+                if std::env::var_os("KVE_FUZZ_DEBUG").is_some() {
+                    let b = a.base() as usize;
+                    let rel = |p: *const c_void| if p.is_null() { -1 } else { p as isize - b as isize };
+                    eprintln!("status {st}\nparams {:?}\nq {:?} @{}\nk {:?} @{}\nv {:?} @{}", std::slice::from_raw_parts(sp as *const _ as *const u32, 12), inp.queries, rel(inp.queries.data), inp.keys, rel(inp.keys.data), inp.values, rel(inp.values.data));
+                    eprintln!("gram @{} {} forms @{} {} l1 @{} {} lse @{} {}", rel(inp.gram as _), inp.gram_len, rel(inp.value_forms as _), inp.value_forms_len, rel(inp.value_l1 as _), inp.value_l1_len, rel(inp.row_lse as _), inp.row_lse_len);
+                    eprintln!("out @{} len {} (olen {olen}); ws query {q:?} @{} len {}", rel(o.ptr as _), o.len, rel(ws.ptr), ws.len);
+                }
+                assert_ne!(st, KVE_ERR_CUDA, "a launcher refused what the C layer accepted");
+                if let Some(need) = q {
+                    if ws.len >= need {
+                        assert_ne!(st, KVE_ERR_WORKSPACE_TOO_SMALL, "workspace of the queried size refused");
+                    }
+                }
+                if st == KVE_OK {
+                    // what the call reads, and what it writes
+                    let (qr, vr) = match sp.scorer {
+                        4 | 5 => (false, false),
+                        1 => (true, true),
+                        2 => (true, inp.value_forms.is_null()),
+                        _ => (true, false),
+                    };
+                    let mut reads = vec![span(&inp.keys)];
+                    if qr {
+                        reads.push(span(&inp.queries));
+                        reads.push(span_n(inp.row_lse as _, inp.row_lse_len, 4));
+                    }
+                    if vr {
+                        reads.push(span(&inp.values));
+                        reads.push(span_n(inp.gram as _, inp.gram_len, 4));
+                    }
+                    if sp.scorer == 2 {
+                        reads.push(span_n(inp.value_forms as _, inp.value_forms_len, 4));
+                    }
+                    if sp.scorer == 3 {
+                        reads.push(span_n(inp.value_l1 as _, inp.value_l1_len, 4));
+                    }
+                    // (LaProx given value forms uses less workspace than the query sized)
+                    let ws_used = if sp.scorer == 2 && !inp.value_forms.is_null() { 0 } else { q.unwrap_or(0).min(ws.len) };
+                    let writes = [span_n(o.ptr as _, olen, 4), span_n(ws.ptr, ws_used, 1)];
+                    for wr in writes {
+                        for rd in &reads {
+                            assert!(!overlaps(wr, *rd), "device output or workspace over an input accepted");
+                        }
+                    }
+                    for rd in &reads {
+                        assert!(unchanged(&a, &before, *rd), "an input of the device call modified");
+                    }
+                    assert!(!overlaps(writes[0], writes[1]), "device output over its workspace accepted");
+                }
+                outs.push(o);
+            }
+            10 => {
+                // kve_cuda_select_model: op 4 on the device
+                let sp0 = select_params(&mut r);
+                let spb = padded(&mut r, sp0);
+                let sp = &spb.p;
+                let (layers, hkv, n, w) = (r.size(6), r.size(4), r.size(120), r.u8() as u64 % 40);
+                let off = (r.u8() as usize % 64) * 4 + if r.chance(32) { 2 } else { 0 };
+                let room = ((ARENA - off) / 4) as u64;
+                let len = if r.chance(4) { r.u32() as u64 % room } else {
+                    layers.saturating_mul(hkv).saturating_mul(n.saturating_sub(w)).min(room)
+                };
+                let ms = kve_model_scores { scores: a.base().add(off) as *const f32, len, layers, hkv, n, window: w };
+                let units = layers.saturating_mul(hkv);
+                let p = n - w.min(n);
+                let mut wl = 0u64;
+                let q = (kve_cuda_select_model_workspace_size(sp, layers, hkv, n, w, &mut wl) == KVE_OK).then_some(wl);
+                let ld = if r.chance(8) {
+                    [0, p.wrapping_sub(1), p.wrapping_add(1), 1 << 31, (1 << 31) - 1, u64::MAX, r.u64()][r.u8() as usize % 7]
+                } else {
+                    p.saturating_add(r.u8() as u64 % 4)
+                };
+                let sane = q.is_some() && units <= 1 << 14 && ld <= 1 << 16 && units.saturating_mul(ld) <= 1 << 18;
+                let (cmax, imax) = if sane { (units as usize, (units * ld) as usize) } else { (16, 256) };
+                let c = Out::new(&mut r, &mut a, cmax);
+                let i = Out::new(&mut r, &mut a, imax);
+                let ws = dev_workspace(&mut r, &mut a, q);
+                dst_in_arena = ws.in_arena;
+                st = kve_cuda_select_model(sp, &ms, c.ptr as *mut i32, c.len, i.ptr as *mut i32, ld, i.len, ws.ptr, ws.len, std::ptr::null_mut());
+                if std::env::var_os("KVE_FUZZ_DEBUG").is_some() {
+                    let b = a.base() as usize;
+                    let rel = |p: *const c_void| if p.is_null() { -1 } else { p as isize - b as isize };
+                    eprintln!("status {st}\nparams {:?}\nscores @{} len {len} layers {layers} hkv {hkv} n {n} w {w}", std::slice::from_raw_parts(sp as *const _ as *const u32, 12), rel(ms.scores as _));
+                    eprintln!("counts @{} len {}; idx @{} ld {ld} len {}; ws query {q:?} @{} len {}", rel(c.ptr as _), c.len, rel(i.ptr as _), i.len, rel(ws.ptr), ws.len);
+                }
+                assert_ne!(st, KVE_ERR_CUDA, "a launcher refused what the C layer accepted");
+                if let Some(need) = q {
+                    if ws.len >= need {
+                        assert_ne!(st, KVE_ERR_WORKSPACE_TOO_SMALL, "workspace of the queried size refused");
+                    }
+                }
+                if st == KVE_OK {
+                    let sc = span_n(ms.scores as _, units * p, 4);
+                    let writes = [
+                        span_n(c.ptr as _, units, 4),
+                        span_n(i.ptr as _, (units - 1) * ld + p, 4),
+                        span_n(ws.ptr, q.unwrap_or(0).min(ws.len), 1),
+                    ];
+                    for (k, wr) in writes.iter().enumerate() {
+                        assert!(!overlaps(*wr, sc), "device selection output over the scores");
+                        for other in &writes[k + 1..] {
+                            assert!(!overlaps(*wr, *other), "device selection outputs overlapping");
+                        }
+                    }
+                    assert!(unchanged(&a, &before, sc), "device selection modified its scores");
+                    if !c.in_arena && !i.in_arena {
+                        for u in 0..units as usize {
+                            let cnt = c.own[u] as i32;
+                            assert!(cnt >= 0 && cnt as u64 <= p, "count {cnt} of unit {u} (P = {p})");
+                            let row = &i.own[u * ld as usize..u * ld as usize + cnt as usize];
+                            assert!(row.windows(2).all(|x| (x[0] as i32) < x[1] as i32), "ascending");
+                            assert!(row.iter().all(|&x| (x as i32) >= 0 && (x as u64) < p), "in range");
+                        }
+                    }
+                }
+                outs.push(c);
+                outs.push(i);
+            }
+            8 => {
                 // sharded search end to end over two shards
                 let sp = select_params(&mut r);
                 let (layers, hkv, n, w) = (1 + r.u8() as u64 % 6, 1 + r.u8() as u64 % 4, 1 + r.u8() as u64 % 100, r.u8() as u64 % 40);
@@ -541,6 +796,7 @@ fuzz_target!(|data: &[u8]| {
                     }
                 }
             }
+            _ => unreachable!(),
         }
     }
     let _ = kve_status_name(st);
