@@ -75,9 +75,13 @@ int kve_cuda_device_count(int* out);
  *   z[h,j,i] = Qw[h,j]·K[h/g,i] / sqrt(dk), causal inside the window,
  *   A = softmax_i(z) in f32 with max subtraction over all visible keys.
  * q: [Hq, w, dk] view; k: [Hkv, N, dk] view; q and k must have the same dtype;
- * dk <= 256 (f32 with dk > 128 needs > 99 KiB shared memory: sm_80 / sm_90 only;
- * the launcher returns cudaErrorInvalidValue where the device lacks it). Three launches: pass 1 (per-split row max / sum-exp), combine,
- * pass 2 (aggregates). The [w, N] attention matrix is never stored.
+ * dk <= 256. Shared memory grows with dk, the dtype and the group: f32 with dk > 128,
+ * out_cross with g = 16, and g >= 32 need more than the 99 KiB of sm_86 / sm_89 (f32
+ * with dk > 128 and g = 16 cross or g >= 64 more than sm_80's 163 KiB; f32, dk > 128,
+ * g = 128 more than sm_90's 227 KiB); the launcher returns cudaErrorInvalidValue, with
+ * nothing enqueued, where the device lacks it. Three launches: pass 1 (per-split row
+ * max / sum-exp), combine, pass 2 (aggregates). The [w, N] attention matrix is never
+ * stored.
  * Outputs (each may be NULL; all contiguous f32):
  *   out_mean  [Hq, P]  mean_j A[h,j,i]                       (SnapKV, LAVa)
  *   out_l2    [Hq, P]  ||A[h,:,i]||_2                         (LaProx)
