@@ -270,6 +270,12 @@ fn unchanged(a: &Arena, before: &[u8], s: (usize, usize)) -> bool {
     lo >= hi || a.bytes()[lo - base..hi - base] == before[lo - base..hi - base]
 }
 
+/// `KVE_FUZZ_DEBUG=1`: the device ops print their arguments (to read a reproducer).
+fn debug() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("KVE_FUZZ_DEBUG").is_some())
+}
+
 /// A params struct followed by readable bytes, so any `struct_size` the harness writes is
 /// honest (the library reads `struct_size` bytes).
 #[repr(C)]
@@ -299,7 +305,8 @@ fn score_params(r: &mut R) -> kve_score_params {
     if st != KVE_OK {
         p.struct_size = 48;
     }
-    p.window = if r.chance(4) { r.u32() % 300 } else { 1 + r.u8() as u32 % 40 };
+    // (sometimes the preset's own window: TOVA's is 1)
+    p.window = if r.chance(4) { r.u32() % 300 } else if r.chance(5) { p.window } else { 1 + r.u8() as u32 % 40 };
     if r.chance(3) {
         p.scorer = r.enum_val(7);
         p.pool_kind = r.enum_val(4);
@@ -624,7 +631,7 @@ fuzz_target!(|data: &[u8]| {
                 let ws = dev_workspace(&mut r, &mut a, q);
                 dst_in_arena = ws.in_arena;
                 st = kve_cuda_score_layer(sp, &inp, o.ptr as *mut f32, o.len, ws.ptr, ws.len, std::ptr::null_mut());
-                if std::env::var_os("KVE_FUZZ_DEBUG").is_some() {
+                if debug() {
                     let b = a.base() as usize;
                     let rel = |p: *const c_void| if p.is_null() { -1 } else { p as isize - b as isize };
                     eprintln!("status {st}\nparams {:?}\nq {:?} @{}\nk {:?} @{}\nv {:?} @{}", std::slice::from_raw_parts(sp as *const _ as *const u32, 12), inp.queries, rel(inp.queries.data), inp.keys, rel(inp.keys.data), inp.values, rel(inp.values.data));
@@ -652,10 +659,12 @@ fuzz_target!(|data: &[u8]| {
                     }
                     if vr {
                         reads.push(span(&inp.values));
-                        reads.push(span_n(inp.gram as _, inp.gram_len, 4));
                     }
                     if sp.scorer == 2 {
                         reads.push(span_n(inp.value_forms as _, inp.value_forms_len, 4));
+                        if inp.value_forms.is_null() {
+                            reads.push(span_n(inp.gram as _, inp.gram_len, 4));
+                        }
                     }
                     if sp.scorer == 3 {
                         reads.push(span_n(inp.value_l1 as _, inp.value_l1_len, 4));
@@ -703,7 +712,7 @@ fuzz_target!(|data: &[u8]| {
                 let ws = dev_workspace(&mut r, &mut a, q);
                 dst_in_arena = ws.in_arena;
                 st = kve_cuda_select_model(sp, &ms, c.ptr as *mut i32, c.len, i.ptr as *mut i32, ld, i.len, ws.ptr, ws.len, std::ptr::null_mut());
-                if std::env::var_os("KVE_FUZZ_DEBUG").is_some() {
+                if debug() {
                     let b = a.base() as usize;
                     let rel = |p: *const c_void| if p.is_null() { -1 } else { p as isize - b as isize };
                     eprintln!("status {st}\nparams {:?}\nscores @{} len {len} layers {layers} hkv {hkv} n {n} w {w}", std::slice::from_raw_parts(sp as *const _ as *const u32, 12), rel(ms.scores as _));
@@ -736,6 +745,25 @@ fuzz_target!(|data: &[u8]| {
                             let row = &i.own[u * ld as usize..u * ld as usize + cnt as usize];
                             assert!(row.windows(2).all(|x| (x[0] as i32) < x[1] as i32), "ascending");
                             assert!(row.iter().all(|&x| (x as i32) >= 0 && (x as u64) < p), "in range");
+                        }
+                        // the kept sets are the host's (where the host accepts the scores)
+                        let (mut hol, mut hil, mut hwl) = (0u64, 0u64, 0u64);
+                        if p > 0 && layers <= 1 << 12
+                            && kve_select_output_len(sp, layers, hkv, n, w, &mut hol, &mut hil) == KVE_OK
+                            && kve_select_workspace_size(sp, layers, hkv, n, w, &mut hwl) == KVE_OK
+                            && hil <= 1 << 20 && hwl <= 64 << 20
+                        {
+                            let mut ho = vec![0u64; hol as usize];
+                            let mut hi = vec![0u32; hil as usize];
+                            let mut hw = vec![0u8; hwl as usize];
+                            let hs = kve_select_model(sp, &ms, ho.as_mut_ptr(), hol, hi.as_mut_ptr(), hil, hw.as_mut_ptr() as *mut c_void, hwl);
+                            if hs == KVE_OK {
+                                for u in 0..units as usize {
+                                    let host: Vec<u32> = hi[ho[u] as usize..ho[u + 1] as usize].iter().copied().filter(|&x| (x as u64) < p).collect();
+                                    let dev = &i.own[u * ld as usize..u * ld as usize + c.own[u] as usize];
+                                    assert_eq!(dev, &host[..], "unit {u}: device kept set differs from the host's");
+                                }
+                            }
                         }
                     }
                 }
