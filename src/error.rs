@@ -60,6 +60,9 @@ pub type Result<T> = core::result::Result<T, Error>;
 /// Largest token count the library accepts (positions are stored as u32, ties use 31 bits).
 pub const MAX_TOKENS: usize = 1 << 31;
 
+/// Most layers a model may have (size queries loop over layers; real models have < 1000).
+pub const MAX_LAYERS: usize = 1 << 20;
+
 #[inline]
 pub(crate) fn mul(a: usize, b: usize) -> Result<usize> {
     a.checked_mul(b).ok_or(Error::Overflow)

@@ -353,7 +353,7 @@ mod tests {
             select_shard(cfg, &sm, l0, &search, &mut o2, &mut i2, &mut ws).unwrap();
             got.extend_from_slice(&i2[..o2[ln * hkv] as usize]);
             for u in 0..ln * hkv {
-                let g = (l0 * hkv + u) as usize;
+                let g = l0 * hkv + u;
                 assert_eq!(
                     &i2[o2[u] as usize..o2[u + 1] as usize],
                     &idx[off[g] as usize..off[g + 1] as usize]

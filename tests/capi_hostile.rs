@@ -1547,3 +1547,34 @@ fn cuda_entry_points_without_cuda() {
     }
     assert_eq!(c, CANARY as i32);
 }
+
+/// Size queries loop over layers: a hostile layer count is refused at once, not after
+/// seconds of looping (found by the fuzzer: 2^31 layers took 6.6 s in a pyramid query).
+#[test]
+fn layer_count_is_bounded() {
+    unsafe {
+        let mut p = std::mem::zeroed::<kve_select_params>();
+        kve_select_params_init(
+            &mut p,
+            std::mem::size_of::<kve_select_params>() as u32,
+            2, // pyramid
+            0,
+            16,
+        );
+        let (mut a, mut b) = (0u64, 0u64);
+        let t = std::time::Instant::now();
+        assert_eq!(
+            kve_select_output_len(&p, (1 << 31) - 1, 1, 100, 10, &mut a, &mut b),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            kve_select_workspace_size(&p, (1 << 20) + 1, 1, 100, 10, &mut a),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            kve_select_output_len(&p, 1 << 20, 1, 100, 10, &mut a, &mut b),
+            KVE_OK
+        );
+        assert!(t.elapsed().as_secs_f64() < 1.0);
+    }
+}

@@ -583,6 +583,16 @@ fn critical_diff(dev: &[f32], host: &[f32]) -> (usize, f64) {
     (mismatched, worst_rel(&da, &ha, 1))
 }
 
+/// CriticalKV's forced sets: a near-tie may fall the other way on a GPU (one per head);
+/// the mock reproduces the host's base scores, so none there.
+fn allowed_forced_mismatch(heads: usize) -> usize {
+    if cfg!(feature = "cuda") {
+        heads
+    } else {
+        0
+    }
+}
+
 /// Tolerance of device scores against the host: the mock differs only in summation
 /// order; tensor cores add 16-bit rounding of the Gram (hi + lo) and another order.
 fn tolerance(dt: Dt) -> f64 {
@@ -643,7 +653,7 @@ fn device_scores_match_host_for_every_scorer() {
                 if p.scorer == ScorerKind::CriticalKv as u32 {
                     let (m, e) = critical_diff(&devs, &host);
                     assert!(
-                        m <= if cfg!(feature = "cuda") { hkv } else { 0 },
+                        m <= allowed_forced_mismatch(hkv),
                         "{what}: {m} forced entries differ"
                     );
                     assert!(e <= tolerance(dt), "{what}: {e:e}");
@@ -719,7 +729,7 @@ fn device_scores_with_row_lse_match_host() {
         if p.scorer == ScorerKind::CriticalKv as u32 {
             let (m, e) = critical_diff(&devs, &host);
             assert!(
-                m <= if cfg!(feature = "cuda") { l.hkv } else { 0 } && e <= tolerance(Dt::Bf16),
+                m <= allowed_forced_mismatch(l.hkv) && e <= tolerance(Dt::Bf16),
                 "{name}"
             );
             continue;

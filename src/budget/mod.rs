@@ -41,7 +41,11 @@ impl ModelScores<'_> {
         self.n - self.window.min(self.n)
     }
     fn validate(&self) -> Result<()> {
-        if self.layers == 0 || self.hkv == 0 || self.n == 0 {
+        if self.layers == 0
+            || self.hkv == 0
+            || self.n == 0
+            || self.layers > crate::error::MAX_LAYERS
+        {
             return Err(Error::InvalidArgument);
         }
         if self.n > crate::error::MAX_TOKENS
@@ -91,6 +95,9 @@ pub fn select_output_len(
     n: usize,
     window: usize,
 ) -> Result<(usize, usize)> {
+    if layers > crate::error::MAX_LAYERS {
+        return Err(Error::InvalidArgument);
+    }
     let p = (n - window.min(n)) as u64;
     let w = window.min(n);
     let mut prefix_total = 0u64;
@@ -114,6 +121,9 @@ pub fn select_workspace_size(
     window: usize,
 ) -> Result<usize> {
     cfg.validate()?;
+    if layers > crate::error::MAX_LAYERS {
+        return Err(Error::InvalidArgument);
+    }
     let p = n - window.min(n);
     let u = match cfg.granularity {
         Granularity::Head => mul(layers, hkv)?,

@@ -71,8 +71,11 @@ pub unsafe extern "C" fn kve_cuda_score_workspace_size(
 /// cores see an f32-accurate G); or pass `value_forms` (`kve_compute_value_forms`, on
 /// the device). With `row_lse` the window pass reads K once.
 ///
-/// Limits of the kernels: `dk <= 256`; `dv <= 256` when the Gram is given; the exact and
-/// mean-attn LaProx GQA modes need `g <= 16`; otherwise `KVE_ERR_INVALID_ARGUMENT`.
+/// Limits of the kernels: `dk <= 256`; `dv <= 256` when the Gram is given; `g <= 128`
+/// (`g <= 16` for the exact and mean-attn LaProx GQA modes); at most 65535 heads;
+/// `window <= 2^24`; otherwise `KVE_ERR_INVALID_ARGUMENT`. Some shapes also need more
+/// shared memory than an architecture has (large `g`, f32 with `dk > 128`): the launch is
+/// then refused with `KVE_ERR_CUDA`, nothing enqueued.
 /// Everything the host can check (pointers, dtypes, extents and strides against `len`,
 /// lengths, alignment, workspace size) is checked before anything is enqueued, with the
 /// host path's status codes. Unlike the host path, NaN/Inf are not detected. Nothing

@@ -20,6 +20,7 @@ pub struct kve_model_scores {
     pub scores: *const f32,
     /// Floats available from `scores` (at least `layers * hkv * P`).
     pub len: u64,
+    /// Layers (1 .. 2^20), `layers * hkv <= 2^31`.
     pub layers: u64,
     pub hkv: u64,
     /// Tokens in the cache, window included (1 .. 2^31).
@@ -28,7 +29,8 @@ pub struct kve_model_scores {
     pub window: u64,
 }
 
-/// Dimensions checked before the core loops over them: `layers * hkv <= 2^31`.
+/// Dimensions checked before the core loops over them: `layers * hkv <= 2^31`,
+/// `layers <= 2^20`.
 fn dims(layers: u64, hkv: u64, n: u64, window: u64) -> Result<(usize, usize, usize, usize)> {
     if layers == 0 || hkv == 0 || n == 0 {
         return Err(Error::InvalidArgument);
@@ -39,6 +41,9 @@ fn dims(layers: u64, hkv: u64, n: u64, window: u64) -> Result<(usize, usize, usi
             .map_or(true, |u| u > (u32::MAX / 2) as u64)
     {
         return Err(Error::Overflow);
+    }
+    if layers > crate::error::MAX_LAYERS as u64 {
+        return Err(Error::InvalidArgument);
     }
     Ok((
         to_usize(layers)?,

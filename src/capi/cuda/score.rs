@@ -577,56 +577,51 @@ unsafe fn laprox(
 ) -> core::result::Result<(), i32> {
     let (hq, hkv, p) = (s.hq, s.hkv, s.p);
     let sum = cu::KVE_CUDA_GQA_SUM;
+    // the window pass first: it is the launch a device can refuse (shared memory), and
+    // then nothing else has been enqueued
+    let cross = cfg.laprox_gqa != LaproxGqa::Sum;
+    let (l2, pairs) = if cross {
+        (null_mut(), parts.a)
+    } else {
+        (parts.a, null_mut())
+    };
+    window(
+        inp,
+        s,
+        parts,
+        null_mut(),
+        l2,
+        pairs,
+        null_mut(),
+        sum,
+        stream,
+    )?;
     let (forms, ldf) = value_forms(cfg, inp, s, parts, stream)?;
     match cfg.laprox_gqa {
-        LaproxGqa::Sum => {
-            window(
-                inp,
-                s,
-                parts,
-                null_mut(),
-                parts.a,
-                null_mut(),
-                null_mut(),
-                sum,
-                stream,
-            )?;
-            match cfg.placement {
-                PoolPlacement::Attention => {
-                    let x = pooled(&cfg.pool, parts.a, parts.b, hq, p, stream)?;
-                    reduce(x, forms, ldf, 1, null(), out, hq, hkv, p, sum, stream)
-                }
-                PoolPlacement::Product => {
-                    reduce(
-                        parts.a,
-                        forms,
-                        ldf,
-                        1,
-                        null(),
-                        parts.b,
-                        hq,
-                        hq,
-                        p,
-                        sum,
-                        stream,
-                    )?;
-                    let x = pooled(&cfg.pool, parts.b, parts.a, hq, p, stream)?;
-                    reduce(x, null(), 0, 0, null(), out, hq, hkv, p, sum, stream)
-                }
+        LaproxGqa::Sum => match cfg.placement {
+            PoolPlacement::Attention => {
+                let x = pooled(&cfg.pool, parts.a, parts.b, hq, p, stream)?;
+                reduce(x, forms, ldf, 1, null(), out, hq, hkv, p, sum, stream)
             }
-        }
+            PoolPlacement::Product => {
+                reduce(
+                    parts.a,
+                    forms,
+                    ldf,
+                    1,
+                    null(),
+                    parts.b,
+                    hq,
+                    hq,
+                    p,
+                    sum,
+                    stream,
+                )?;
+                let x = pooled(&cfg.pool, parts.b, parts.a, hq, p, stream)?;
+                reduce(x, null(), 0, 0, null(), out, hq, hkv, p, sum, stream)
+            }
+        },
         LaproxGqa::Exact | LaproxGqa::MeanAttn => {
-            window(
-                inp,
-                s,
-                parts,
-                null_mut(),
-                null_mut(),
-                parts.a,
-                null_mut(),
-                sum,
-                stream,
-            )?;
             let (g, pi) = (s.g() as i64, p as i64);
             let np_row = |t: *mut f32, k: usize| t.wrapping_add(k * hkv * p);
             let (t1, t2, t3) = (np_row(parts.t, 0), np_row(parts.t, 1), np_row(parts.t, 2));

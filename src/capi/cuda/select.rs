@@ -187,6 +187,9 @@ fn shape(layers: u64, hkv: u64, n: u64, window: u64) -> Result<Shape> {
     {
         return Err(Error::Overflow);
     }
+    if layers > crate::error::MAX_LAYERS as u64 {
+        return Err(Error::InvalidArgument);
+    }
     Ok(Shape {
         layers: layers as usize,
         hkv: hkv as usize,
