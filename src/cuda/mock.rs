@@ -1393,7 +1393,7 @@ pub unsafe fn kve_cuda_compact_varlen(
     }
     let copies = sd.dim > 0 && sd.tokens > 0;
     if copies && dst.is_null() {
-        return INVALID; // (the kernel writes cu_seqlens first; the mock writes nothing)
+        return INVALID; // refused before anything is written, as the kernel does
     }
     let heads = sd.heads as usize;
     if copies && !lists_in_range(kept, kept_ld, counts, heads, sd.tokens, sd.tokens) {
