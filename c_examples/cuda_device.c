@@ -139,30 +139,30 @@ int main(void) {
     CHECK(kve_cuda_select_model_workspace_size(&sel, L, HKV, N, w, &dsel_bytes));
     void* dsel_ws = dev_upload(NULL, dsel_bytes);
     int32_t* dcounts = dev_upload(NULL, 4 * L * HKV);
-    int32_t* didx = dev_upload(NULL, 4 * L * HKV * p);
+    /* lists as the host's: the chosen prefix cells, then the window (row stride N) */
+    int32_t* didx = dev_upload(NULL, 4 * L * HKV * N);
     kve_model_scores dms = {dscores, slen * L, L, HKV, N, w};
-    CHECK(kve_cuda_select_model(&sel, &dms, dcounts, L * HKV, didx, p, L * HKV * p, dsel_ws,
+    CHECK(kve_cuda_select_model(&sel, &dms, dcounts, L * HKV, didx, N, L * HKV * N, dsel_ws,
                                 dsel_bytes, stream));
     /* token granularity: one list for the whole model; K rows of each layer move whole
-       (one "head" of Hkv*d columns per token row); the window rows would follow */
+       (one "head" of Hkv*d columns per token row), the window after the kept prefix */
     uint64_t cws;
-    kve_tensor rows = {NULL, nkv, KVE_DTYPE_F16, 0, {1, p, row}, {0, row, 1}};
+    kve_tensor rows = {NULL, nkv, KVE_DTYPE_F16, 0, {1, N, row}, {0, row, 1}};
     rows.data = dk;
-    CHECK(kve_cuda_compact_in_place_workspace_size(&rows, p, &cws));
+    CHECK(kve_cuda_compact_in_place_workspace_size(&rows, N, &cws));
     void* dcws = dev_upload(NULL, cws);
     for (int l = 0; l < L; l++) {
         rows.data = dk + nkv * l;
-        CHECK(kve_cuda_compact_in_place(&rows, didx, 0, dcounts, p, dcws, cws, stream));
+        CHECK(kve_cuda_compact_in_place(&rows, didx, 0, dcounts, N, dcws, cws, stream));
     }
     CUDA(cudaStreamSynchronize(stream));
 
-    /* compare: the kept prefix positions of unit 0 (every unit has the same list) */
+    /* compare: the kept cells of unit 0 (every unit has the same list) */
     int32_t count = 0;
-    int32_t* idx = xmalloc(4 * p);
+    int32_t* idx = xmalloc(4 * N);
     CUDA(cudaMemcpy(&count, dcounts, 4, D2H));
-    CUDA(cudaMemcpy(idx, didx, 4 * p, D2H));
-    uint64_t host_count = 0;
-    for (uint64_t t = off[0]; t < off[1]; t++) host_count += kept[t] < p;
+    CUDA(cudaMemcpy(idx, didx, 4 * N, D2H));
+    uint64_t host_count = off[1] - off[0];
     uint64_t same = 0;
     for (int32_t t = 0, h = (int32_t)off[0]; t < count; t++) {
         while ((uint64_t)h < off[1] && kept[h] < (uint32_t)idx[t]) h++;
@@ -174,9 +174,9 @@ int main(void) {
     int rows_ok = 1;
     for (int32_t t = 0; t < count; t++)
         rows_ok &= memcmp(k0 + row * t, k + row * (size_t)idx[t], 2 * row) == 0;
-    printf("LaProx-span on the device: kept %d of %llu prefix cells (host %llu), %llu in common; "
+    printf("LaProx-span on the device: kept %d of %d cells (host %llu), %llu in common; "
            "compacted K rows %s\n",
-           count, (unsigned long long)p, (unsigned long long)host_count, (unsigned long long)same,
+           count, N, (unsigned long long)host_count, (unsigned long long)same,
            rows_ok ? "correct" : "WRONG");
     cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dgram); cudaFree(dscores); cudaFree(dws);
     cudaFree(dsel_ws); cudaFree(dcounts); cudaFree(didx); cudaFree(dcws);

@@ -182,6 +182,23 @@ __global__ void broadcast_lists_kernel(const int32_t* __restrict__ src_counts,
     }
 }
 
+// Row r's list gets start, start+1, .. start+count-1 after its counts[r] entries.
+// One block per row: the count is read once, before any thread writes it.
+__global__ void append_range_kernel(int32_t* __restrict__ counts, int32_t* __restrict__ idx,
+                                    int64_t idx_ld, int64_t rows, int32_t start,
+                                    int32_t count) {
+    __shared__ int32_t c0;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        if (threadIdx.x == 0) c0 = counts[r];
+        __syncthreads();
+        const int32_t c = c0;
+        for (int32_t t = threadIdx.x; t < count; t += blockDim.x)
+            if ((int64_t)c + t < idx_ld) idx[r * idx_ld + c + t] = start + t;
+        __syncthreads();
+        if (threadIdx.x == 0) counts[r] = c + count;
+    }
+}
+
 }  // namespace
 }  // namespace kve
 
@@ -248,5 +265,17 @@ extern "C" int kve_cuda_broadcast_lists(const int32_t* src_counts, const int32_t
     const unsigned blocks = (unsigned)(rows_out > 65535 ? 65535 : rows_out);
     broadcast_lists_kernel<<<blocks, 256, 0, KVE_STREAM(stream)>>>(
         src_counts, src_idx, src_ld, reps, rows_out, counts, idx, idx_ld);
+    return launch_status();
+}
+
+extern "C" int kve_cuda_append_range(int32_t* counts, int32_t* idx, int64_t idx_ld, int64_t rows,
+                                     int64_t start, int64_t count, void* stream) {
+    if (rows < 0 || idx_ld < 0 || start < 0 || count < 0) return (int)cudaErrorInvalidValue;
+    if (rows == 0 || count == 0) return 0;
+    if (start + count > ((int64_t)1 << 31) - 1 || count > idx_ld) return (int)cudaErrorInvalidValue;
+    if (!counts || !idx) return (int)cudaErrorInvalidValue;
+    const unsigned blocks = (unsigned)(rows > 65535 ? 65535 : rows);
+    append_range_kernel<<<blocks, 256, 0, KVE_STREAM(stream)>>>(counts, idx, idx_ld, rows,
+                                                               (int32_t)start, (int32_t)count);
     return launch_status();
 }

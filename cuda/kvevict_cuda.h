@@ -328,6 +328,13 @@ int kve_cuda_broadcast_lists(const int32_t* src_counts, const int32_t* src_idx,
                              int64_t src_ld, int64_t src_rows, int64_t reps,
                              int32_t* counts, int32_t* idx, int64_t idx_ld, void* stream);
 
+/* append_range (the window after the chosen prefix): for r < rows, row r's list gets
+ * start, start+1, .. start+count-1 at idx[r*idx_ld + counts[r] + t], then counts[r] +=
+ * count. The caller guarantees counts[r] + count <= idx_ld (entries past idx_ld are
+ * not written). start + count < 2^31, count <= idx_ld. */
+int kve_cuda_append_range(int32_t* counts, int32_t* idx, int64_t idx_ld, int64_t rows,
+                          int64_t start, int64_t count, void* stream);
+
 /* ------------------------------------------------------------------ compact --
  * In place: for each head h of view x, rows kept[h·kept_ld + t] (ascending,
  * t < counts[h]) move to token t, order kept; the rest of the head is left as it

@@ -535,10 +535,12 @@ int32_t kve_cuda_select_model_workspace_size(const struct kve_select_params *par
  * layer, token), normalisation and post pooling, with the same keys and tie rule as
  * the host, so the kept sets are the host's. Layer budgets (PyramidKV, LAVa's
  * entropies) are computed on the device: no host round trip, capturable in a graph.
- * Output per unit `u = l*hkv + kh`: `counts[u]` (int32, `layers*hkv` entries) kept
- * PREFIX positions, ascending, in `idx[u*idx_ld ..]` (int32, `P <= idx_ld <= 2^31-1`);
- * the window is always kept and not listed. With a shared granularity every head of a
- * layer (layer) or of the model (token) gets the same list. `counts`, `idx` and the
+ * Output per unit `u = l*hkv + kh`, as the host's lists: `counts[u]` (int32,
+ * `layers*hkv` entries) kept positions in `idx[u*idx_ld ..]` (int32, `N <= idx_ld <=
+ * 2^31-1`), ascending — the chosen prefix tokens, then the whole window — so the lists
+ * go straight to `kve_cuda_compact_in_place` (`max_keep`: the largest count; `N`
+ * always suffices). With a shared granularity every head of a layer (layer)
+ * or of the model (token) gets the same list. `counts`, `idx` and the
  * workspace (`kve_cuda_select_model_workspace_size` bytes, 256-byte aligned) are
  * device memory.
  */

@@ -332,4 +332,14 @@ extern "C" {
         idx_ld: i64,
         stream: *mut c_void,
     ) -> c_int;
+
+    pub fn kve_cuda_append_range(
+        counts: *mut i32,
+        idx: *mut i32,
+        idx_ld: i64,
+        rows: i64,
+        start: i64,
+        count: i64,
+        stream: *mut c_void,
+    ) -> c_int;
 }

@@ -1043,15 +1043,8 @@ fn host_select(
             bytes,
         );
         assert_eq!(st, KVE_OK);
-        let pfx = (n - w.min(n)) as u32;
         (0..layers * hkv)
-            .map(|u| {
-                idx[off[u] as usize..off[u + 1] as usize]
-                    .iter()
-                    .copied()
-                    .filter(|&i| i < pfx)
-                    .collect()
-            })
+            .map(|u| idx[off[u] as usize..off[u + 1] as usize].to_vec())
             .collect()
     }
 }
@@ -1074,7 +1067,7 @@ fn device_select(
         window: w as u64,
     };
     let units = layers * hkv;
-    let ld = (n - w.min(n)).max(1) + 3;
+    let ld = n + 3;
     unsafe {
         let mut bytes = 0u64;
         assert_eq!(
@@ -1183,8 +1176,12 @@ fn device_selection_equals_host_for_every_allocator_and_granularity() {
         device_select(&sp, &d, scores.len(), layers, hkv, n, w),
         host_select(&sp, &scores, layers, hkv, n, w)
     );
+    // a cache that is all window: every list is the whole cache
     let all_window = device_select(&sp, &d, scores.len(), layers, hkv, 20, 30);
-    assert!(all_window.iter().all(|l| l.is_empty()));
+    assert_eq!(all_window, host_select(&sp, &scores, layers, hkv, 20, 30));
+    assert!(all_window
+        .iter()
+        .all(|l| *l == (0..20).collect::<Vec<u32>>()));
     println!("{checked} selections equal to the host's");
 }
 
@@ -1214,7 +1211,7 @@ fn device_select_rejects_bad_input_before_launching() {
         let ws = dev::Buf::new(bytes as usize);
         let units = layers * hkv;
         let counts = dev::Buf::new(units * 4);
-        let idx = dev::Buf::new(units * p * 4);
+        let idx = dev::Buf::new(units * n * 4);
         let canary = vec![-7i32; units];
         let run = |m: &kve_model_scores, ld: u64, wsb: u64| {
             counts.upload(&canary);
@@ -1225,7 +1222,7 @@ fn device_select_rejects_bad_input_before_launching() {
                 units as u64,
                 idx.ptr(),
                 ld,
-                (units * p) as u64,
+                (units * n) as u64,
                 ws.ptr(),
                 wsb,
                 null_mut(),
@@ -1234,21 +1231,21 @@ fn device_select_rejects_bad_input_before_launching() {
             (st, untouched)
         };
         assert_eq!(
-            run(&m, p as u64, bytes - 1),
+            run(&m, n as u64, bytes - 1),
             (KVE_ERR_WORKSPACE_TOO_SMALL, true)
         );
         assert_eq!(
-            run(&m, p as u64 - 1, bytes),
+            run(&m, n as u64 - 1, bytes),
             (KVE_ERR_OUTPUT_TOO_SMALL, true)
         );
         m.len -= 1;
-        assert_eq!(run(&m, p as u64, bytes), (KVE_ERR_SHAPE_MISMATCH, true));
+        assert_eq!(run(&m, n as u64, bytes), (KVE_ERR_SHAPE_MISMATCH, true));
         m.len += 1;
         m.layers = 0;
-        assert_eq!(run(&m, p as u64, bytes), (KVE_ERR_INVALID_ARGUMENT, true));
+        assert_eq!(run(&m, n as u64, bytes), (KVE_ERR_INVALID_ARGUMENT, true));
         m.layers = 2;
         m.scores = null();
-        assert_eq!(run(&m, p as u64, bytes), (KVE_ERR_NULL_POINTER, true));
+        assert_eq!(run(&m, n as u64, bytes), (KVE_ERR_NULL_POINTER, true));
         m.scores = d.ptr();
         // the kept lists over the scores
         let st = kve_cuda_select_model(
@@ -1257,14 +1254,14 @@ fn device_select_rejects_bad_input_before_launching() {
             counts.ptr(),
             units as u64,
             d.ptr(),
-            p as u64,
-            (units * p) as u64,
+            n as u64,
+            (units * n) as u64,
             ws.ptr(),
             bytes,
             null_mut(),
         );
         assert_eq!(st, KVE_ERR_ALIASING);
-        let (st, _) = run(&m, p as u64, bytes);
+        let (st, _) = run(&m, n as u64, bytes);
         assert_eq!(st, KVE_OK);
         let _ = dev::null();
     }
@@ -1346,8 +1343,8 @@ fn device_select_rejects_shapes_beyond_the_kernels() {
                 counts.ptr(),
                 units,
                 idx.ptr(),
-                p,
-                units * p,
+                n,
+                u64::MAX,
                 small.ptr(),
                 1024,
                 null_mut(),

@@ -1667,6 +1667,40 @@ pub unsafe fn kve_cuda_mark_forced(
 }
 
 #[allow(clippy::too_many_arguments)]
+/// `append_range`: the window positions after each row's chosen prefix.
+pub unsafe fn kve_cuda_append_range(
+    counts: *mut i32,
+    idx: *mut i32,
+    idx_ld: i64,
+    rows: i64,
+    start: i64,
+    count: i64,
+    _stream: *mut c_void,
+) -> c_int {
+    if rows < 0 || idx_ld < 0 || start < 0 || count < 0 {
+        return INVALID;
+    }
+    if rows == 0 || count == 0 {
+        return 0;
+    }
+    if start + count > (1i64 << 31) - 1 || count > idx_ld {
+        return INVALID;
+    }
+    if counts.is_null() || idx.is_null() {
+        return INVALID;
+    }
+    for r in 0..rows as usize {
+        let c = *counts.add(r) as i64;
+        for t in 0..count {
+            if c + t < idx_ld {
+                *idx.add(r * idx_ld as usize + (c + t) as usize) = (start + t) as i32;
+            }
+        }
+        *counts.add(r) = (c + count) as i32;
+    }
+    0
+}
+
 pub unsafe fn kve_cuda_broadcast_lists(
     src_counts: *const i32,
     src_idx: *const i32,

@@ -18,6 +18,8 @@ struct Shape {
     layers: usize,
     hkv: usize,
     p: usize,
+    /// Window tokens (always kept, listed after the chosen prefix).
+    w: usize,
 }
 
 /// What the configuration asks of the device.
@@ -194,6 +196,7 @@ fn shape(layers: u64, hkv: u64, n: u64, window: u64) -> Result<Shape> {
         layers: layers as usize,
         hkv: hkv as usize,
         p: (n - window.min(n)) as usize,
+        w: window.min(n) as usize,
     })
 }
 
@@ -238,7 +241,7 @@ pub unsafe fn select_model(
     if (m.len as u128) < all as u128 * s.p as u128 {
         return status_of(Error::ShapeMismatch);
     }
-    if idx_ld < s.p as u64
+    if idx_ld < (s.p + s.w) as u64
         || idx_ld > i32::MAX as u64
         || counts_len < all
         || (idx_len as u128) < all as u128 * idx_ld as u128
@@ -310,8 +313,33 @@ unsafe fn pool_rows(
     ))
 }
 
+/// The chosen prefix positions, then the window, in every unit's list.
 #[allow(clippy::too_many_arguments)]
 unsafe fn launch(
+    cfg: &SelectConfig,
+    pl: &Plan,
+    s: &Shape,
+    parts: &Parts,
+    scores: *const f32,
+    counts: *mut i32,
+    idx: *mut i32,
+    idx_ld: i64,
+    stream: *mut c_void,
+) -> core::result::Result<(), i32> {
+    choose(cfg, pl, s, parts, scores, counts, idx, idx_ld, stream)?;
+    ck(cu::kve_cuda_append_range(
+        counts,
+        idx,
+        idx_ld,
+        (s.layers * s.hkv) as i64,
+        s.p as i64,
+        s.w as i64,
+        stream,
+    ))
+}
+
+/// The chosen prefix positions of every unit.
+unsafe fn choose(
     cfg: &SelectConfig,
     pl: &Plan,
     s: &Shape,
