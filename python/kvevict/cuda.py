@@ -454,10 +454,11 @@ def select_model(params, scores, n, window, *, counts, idx, workspace=None, stre
     ``scores``: C-contiguous float32 device array ``[L, Hkv, P]`` (``P = n - min(window,
     n)``), e.g. the stacked outputs of :func:`score_layer`; any other shape (flat
     ``[L*Hkv*P]``) needs ``layers=`` and ``hkv=``. Outputs, per unit ``u = l*Hkv + kh``:
-    ``counts`` (int32, ``>= L*Hkv`` elements, C-contiguous) the number of kept PREFIX
-    positions, and ``idx`` (int32 ``[L*Hkv, idx_ld]``, rows contiguous, ``idx_ld`` = its
-    row stride, ``>= P``) those positions, ascending, in ``idx[u, :counts[u]]``. The window
-    (positions ``P .. n-1``) is always kept and NOT listed. With layer / token granularity
+    ``counts`` (int32, ``>= L*Hkv`` elements, C-contiguous) the number of kept positions,
+    and ``idx`` (int32 ``[L*Hkv, idx_ld]``, rows contiguous, ``idx_ld`` = its row stride,
+    ``>= n``) those positions, ascending, in ``idx[u, :counts[u]]``: the chosen prefix
+    positions, then the whole window (``P .. n-1``), as the host's lists, ready for
+    :func:`compact_in_place`. With layer / token granularity
     every head of a layer / of the model gets the same list. ``workspace``: at least
     :func:`select_workspace_size` bytes, 256-byte aligned. Returns ``(counts, idx)``.
     """
@@ -533,8 +534,7 @@ def compact_in_place(kv, kept, counts, max_keep, *, kept_ld=None, workspace=None
     shared by every head, ``kept_ld = 0``); ``kept_ld=`` overrides. ``counts``: int32,
     one per head (``counts[0]`` when shared), each ``<= max_keep``. ``workspace``: at least
     :func:`compact_workspace_size` bytes. The lists hold whatever positions are to be
-    kept: :func:`select_model`'s lists leave the window out (append its positions to keep
-    it). Returns ``kv``.
+    kept (:func:`select_model`'s include the window). Returns ``kv``.
     """
     t = _tensor(kv, "kv", dtype, writable=True)
     k, kptr, ld, kreach, c, cptr, creach = _kept_counts(kept, counts, kept_ld)

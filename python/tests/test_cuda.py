@@ -404,12 +404,12 @@ class SelectTests(_DeviceCase):
     def host_lists(self, params, scores=None):
         off, idx = kve.select_model(params, self.s if scores is None else scores, self.N, W)
         o = off.astype(np.int64)
-        return [idx[o[u]:o[u + 1]][idx[o[u]:o[u + 1]] < self.P] for u in range(self.L * self.H)]
+        return [idx[o[u]:o[u + 1]] for u in range(self.L * self.H)]
 
     def device(self, params, scores=None, ld=None, idx_shape="2d", **kw):
         s = self.s if scores is None else scores
         units = self.L * self.H
-        ld = ld or self.P
+        ld = ld or self.N
         counts = np.full(units, -1, np.int32)
         idx = np.full((units, ld), -1, np.int32)
         ws = kc.select_workspace_size(params, self.L, self.H, self.N, W)
@@ -442,21 +442,21 @@ class SelectTests(_DeviceCase):
     def test_layouts_of_outputs(self):
         params = kve.SelectParams.laprox_span(15)
         c1, i1 = self.device(params)
-        c2, i2 = self.device(params, ld=self.P + 5)  # padded rows: idx_ld from the strides
+        c2, i2 = self.device(params, ld=self.N + 5)  # padded rows: idx_ld from the strides
         c3, i3 = self.device(params, idx_shape="3d")  # [L, Hkv, ld]
         c4, i4 = self.device(params, scores=self.s.reshape(-1), layers=self.L, hkv=self.H)
         for c, i in ((c2, i2), (c3, i3), (c4, i4)):
             np.testing.assert_array_equal(c, c1)
             for u in range(self.L * self.H):
                 np.testing.assert_array_equal(i[u, : c[u]], i1[u, : c1[u]])
-        self.assertTrue(np.all(i2[:, self.P:] == -1))  # the padding is not written
+        self.assertTrue(np.all(i2[:, self.N:] == -1))  # the padding is not written
 
     def test_errors(self):
         params = kve.SelectParams("uniform", "head", 10)
         units = self.L * self.H
         need = kc.select_workspace_size(params, self.L, self.H, self.N, W)
         counts = np.zeros(units, np.int32)
-        idx = np.zeros((units, self.P), np.int32)
+        idx = np.zeros((units, self.N), np.int32)
 
         def call(**kw):
             args = dict(counts=Dev(counts), idx=Dev(idx), workspace=workspace(need))
@@ -471,7 +471,7 @@ class SelectTests(_DeviceCase):
 
         status("KVE_ERR_WORKSPACE_TOO_SMALL", workspace=workspace(need - 1))
         status("KVE_ERR_OUTPUT_TOO_SMALL", counts=Dev(counts[:-1]))
-        status("KVE_ERR_OUTPUT_TOO_SMALL", idx=Dev(idx[:, :-1]))  # idx_ld < P
+        status("KVE_ERR_OUTPUT_TOO_SMALL", idx=Dev(idx[:, :-1]))  # idx_ld < n
         status("KVE_ERR_OUTPUT_TOO_SMALL", idx=Dev(idx[:-1]))
         status("KVE_ERR_SHAPE_MISMATCH", scores=Dev(self.s[:, :, :-1].copy()))  # P != n - window
         status("KVE_ERR_SHAPE_MISMATCH", scores=Dev(self.s.reshape(-1)[:-1]), layers=self.L,
@@ -485,7 +485,7 @@ class SelectTests(_DeviceCase):
         with self.assertRaises(ValueError):  # idx must be [units, ld]
             call(idx=Dev(idx.reshape(-1)))
         with self.assertRaises(ValueError):  # rows not contiguous
-            call(idx=Dev(np.zeros((units, 2 * self.P), np.int32)[:, ::2]))
+            call(idx=Dev(np.zeros((units, 2 * self.N), np.int32)[:, ::2]))
         with self.assertRaises(ValueError):  # scores not contiguous
             call(scores=Dev(self.s.transpose(1, 0, 2)))
 
@@ -530,10 +530,10 @@ class CompactTests(_DeviceCase):
 
     def test_select_then_compact_on_device(self):
         """The device pipeline: select, then compact layer 1 with rows of idx (a 2-D view,
-        kept_ld from its strides) and a slice of counts; the window is not listed."""
-        P, units = self.N - W, self.L * self.H
+        kept_ld from its strides) and a slice of counts; the window follows the prefix."""
+        units = self.L * self.H
         counts = np.zeros(units, np.int32)
-        idx = np.zeros((units, P + 4), np.int32)
+        idx = np.zeros((units, self.N + 4), np.int32)
         kc.select_model(self.params, Dev(self.s), self.N, W, counts=Dev(counts), idx=Dev(idx),
                         workspace=workspace(kc.select_workspace_size(self.params, self.L, self.H,
                                                                      self.N, W)))
@@ -544,7 +544,7 @@ class CompactTests(_DeviceCase):
                             workspace=workspace(kc.compact_workspace_size(Dev(kv), mk)))
         for h in range(self.H):
             c = counts[self.H + h]
-            want = [p for p in self.kept[1][h] if p < P]
+            want = list(self.kept[1][h])
             np.testing.assert_array_equal(idx[self.H + h, :c], want)
             np.testing.assert_array_equal(kv[h, :c], self.kv[h, want])
             np.testing.assert_array_equal(kv[h, c:], self.kv[h, c:])
