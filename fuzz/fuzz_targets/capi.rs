@@ -701,9 +701,9 @@ fuzz_target!(|data: &[u8]| {
                 let mut wl = 0u64;
                 let q = (kve_cuda_select_model_workspace_size(sp, layers, hkv, n, w, &mut wl) == KVE_OK).then_some(wl);
                 let ld = if r.chance(8) {
-                    [0, p.wrapping_sub(1), p.wrapping_add(1), 1 << 31, (1 << 31) - 1, u64::MAX, r.u64()][r.u8() as usize % 7]
+                    [0, p, n.wrapping_sub(1), n.wrapping_add(1), 1 << 31, (1 << 31) - 1, u64::MAX, r.u64()][r.u8() as usize % 8]
                 } else {
-                    p.saturating_add(r.u8() as u64 % 4)
+                    n.saturating_add(r.u8() as u64 % 4)
                 };
                 let sane = q.is_some() && units <= 1 << 14 && ld <= 1 << 16 && units.saturating_mul(ld) <= 1 << 18;
                 let (cmax, imax) = if sane { (units as usize, (units * ld) as usize) } else { (16, 256) };
@@ -728,7 +728,7 @@ fuzz_target!(|data: &[u8]| {
                     let sc = span_n(ms.scores as _, units * p, 4);
                     let writes = [
                         span_n(c.ptr as _, units, 4),
-                        span_n(i.ptr as _, (units - 1) * ld + p, 4),
+                        span_n(i.ptr as _, (units - 1) * ld + n, 4),
                         span_n(ws.ptr, q.unwrap_or(0).min(ws.len), 1),
                     ];
                     for (k, wr) in writes.iter().enumerate() {
@@ -741,10 +741,13 @@ fuzz_target!(|data: &[u8]| {
                     if !c.in_arena && !i.in_arena {
                         for u in 0..units as usize {
                             let cnt = c.own[u] as i32;
-                            assert!(cnt >= 0 && cnt as u64 <= p, "count {cnt} of unit {u} (P = {p})");
+                            assert!(cnt >= 0 && cnt as u64 <= n, "count {cnt} of unit {u} (N = {n})");
                             let row = &i.own[u * ld as usize..u * ld as usize + cnt as usize];
                             assert!(row.windows(2).all(|x| (x[0] as i32) < x[1] as i32), "ascending");
-                            assert!(row.iter().all(|&x| (x as i32) >= 0 && (x as u64) < p), "in range");
+                            assert!(row.iter().all(|&x| (x as i32) >= 0 && (x as u64) < n), "in range");
+                            // the whole window closes every list
+                            let wn = (n - p) as usize;
+                            assert!(row.len() >= wn && row[row.len() - wn..].iter().zip(p as u32..).all(|(&x, y)| x == y), "window listed");
                         }
                         // the kept sets are the host's (where the host accepts the scores)
                         let (mut hol, mut hil, mut hwl) = (0u64, 0u64, 0u64);
@@ -759,9 +762,9 @@ fuzz_target!(|data: &[u8]| {
                             let hs = kve_select_model(sp, &ms, ho.as_mut_ptr(), hol, hi.as_mut_ptr(), hil, hw.as_mut_ptr() as *mut c_void, hwl);
                             if hs == KVE_OK {
                                 for u in 0..units as usize {
-                                    let host: Vec<u32> = hi[ho[u] as usize..ho[u + 1] as usize].iter().copied().filter(|&x| (x as u64) < p).collect();
+                                    let host = &hi[ho[u] as usize..ho[u + 1] as usize];
                                     let dev = &i.own[u * ld as usize..u * ld as usize + c.own[u] as usize];
-                                    assert_eq!(dev, &host[..], "unit {u}: device kept set differs from the host's");
+                                    assert_eq!(dev, host, "unit {u}: device kept list differs from the host's");
                                 }
                             }
                         }
