@@ -121,7 +121,7 @@ if ! skip sanitizer && [ -n "$TEST_BIN" ]; then
       t=$(tmo 100); [ "$t" -le 1 ] && { note "sanitizer $tool: skipped (time budget)"; continue; }
       if timeout "$t" "$SAN" --tool "$tool" --error-exitcode 99 "$TEST_BIN" --test-threads=1 \
           window_aggregates window_row_lse select_matches compact_matches vonorm_matches vonorm_factor lava_factor \
-          pool_matches head_reduce knorm sink_scores critical_combine mark_forced broadcast_lists layer_budgets \
+          pool_matches head_reduce knorm sink_scores critical_combine mark_forced broadcast_lists append_range layer_budgets \
           laprox_pipeline >"$LOG/sanitizer_$tool.log" 2>&1; then
         note "sanitizer $tool: clean ($(grep -E 'ERROR SUMMARY' "$LOG/sanitizer_$tool.log" | tail -1))"
       else

@@ -3277,6 +3277,40 @@ fn broadcast_lists_matches_reference() {
     }
 }
 
+#[test]
+fn append_range_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(47);
+    let (rows, ld, start, count) = (300usize, 80usize, 50usize, 30usize);
+    // prefix lists of up to ld - count entries (the caller's guarantee), one empty
+    let (mut idx, mut counts) = random_lists(&mut rng, rows, ld - count, ld);
+    counts[0] = 0;
+    let (di, dc) = (DBuf::from(&idx), DBuf::from(&counts));
+    ck(
+        unsafe {
+            kve_cuda_append_range(
+                dc.ptr(),
+                di.ptr(),
+                ld as i64,
+                rows as i64,
+                start as i64,
+                count as i64,
+                null_mut(),
+            )
+        },
+        "append_range",
+    );
+    for r in 0..rows {
+        let c = counts[r] as usize;
+        for t in 0..count {
+            idx[r * ld + c + t] = (start + t) as i32;
+        }
+        counts[r] += count as i32;
+    }
+    assert_eq!(dc.download(), counts, "append_range counts");
+    assert_eq!(di.download(), idx, "append_range lists");
+}
+
 /// The core's budgets (src/budget, as select_model uses them): (k_layer, k_unit).
 #[allow(clippy::too_many_arguments)]
 fn core_budgets(
