@@ -5,23 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-venv=${KVEVICT_PY_VENV:-$ROOT/.venv-py}
-python=${PYTHON:-python3}
+PY_STEP=python
+. scripts/lib/py_venv.sh
 
 cargo build --release --lib 2>&1 | tail -n 3
 test -f target/release/libkvevict.so || { echo "no target/release/libkvevict.so" >&2; exit 1; }
 
-if [ ! -x "$venv/bin/python" ]; then
-    echo "python: creating venv $venv"
-    "$python" -m venv "$venv"
-fi
-if ! "$venv/bin/python" -c 'import numpy, ml_dtypes, setuptools, wheel' 2>/dev/null; then
-    echo "python: installing numpy ml_dtypes setuptools wheel"
-    "$venv/bin/pip" install -q --disable-pip-version-check numpy ml_dtypes "setuptools>=61" wheel
-fi
-# --no-build-isolation: build with the venv's setuptools (no download per run)
-"$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps \
-    --force-reinstall "$ROOT/python"
+py_venv_setup
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

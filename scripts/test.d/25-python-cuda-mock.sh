@@ -9,24 +9,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-venv=${KVEVICT_PY_VENV:-$ROOT/.venv-py}
-python=${PYTHON:-python3}
+PY_STEP=python-cuda-mock
+. scripts/lib/py_venv.sh
 lib=$ROOT/target/cuda-mock/release/libkvevict.so
 
 CARGO_TARGET_DIR=target/cuda-mock cargo build --release --lib --features cuda-mock 2>&1 | tail -n 3
 test -f "$lib" || { echo "no $lib" >&2; exit 1; }
 
-if [ ! -x "$venv/bin/python" ]; then
-    echo "python-cuda-mock: creating venv $venv"
-    "$python" -m venv "$venv"
-fi
-if ! "$venv/bin/python" -c 'import numpy, ml_dtypes, setuptools, wheel' 2>/dev/null; then
-    echo "python-cuda-mock: installing numpy ml_dtypes setuptools wheel"
-    "$venv/bin/pip" install -q --disable-pip-version-check numpy ml_dtypes "setuptools>=61" wheel
-fi
 # the package under test, installed as 20-python.sh does (KVEVICT_LIB wins over a bundled copy)
-"$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps \
-    --force-reinstall "$ROOT/python"
+py_venv_setup
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

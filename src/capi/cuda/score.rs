@@ -433,15 +433,36 @@ pub unsafe fn score_layer(
     run(|| launch(&cfg, &inp, &s, &parts, out, stream))
 }
 
+/// Which column aggregates of the window pass to write (null: not computed).
+#[derive(Clone, Copy)]
+struct Aggregates {
+    mean: *mut f32,
+    l2: *mut f32,
+    cross: *mut f32,
+    group: *mut f32,
+}
+
+impl Aggregates {
+    const NONE: Aggregates = Aggregates {
+        mean: core::ptr::null_mut(),
+        l2: core::ptr::null_mut(),
+        cross: core::ptr::null_mut(),
+        group: core::ptr::null_mut(),
+    };
+    fn mean(p: *mut f32) -> Self {
+        Aggregates {
+            mean: p,
+            ..Self::NONE
+        }
+    }
+}
+
 /// The window pass with the requested aggregates (queries: the last `w` rows given).
 unsafe fn window(
     inp: &Inputs,
     s: &Shape,
     parts: &Parts,
-    mean: *mut f32,
-    l2: *mut f32,
-    cross: *mut f32,
-    group: *mut f32,
+    agg: Aggregates,
     gqa: c_int,
     stream: *mut c_void,
 ) -> core::result::Result<(), i32> {
@@ -454,10 +475,10 @@ unsafe fn window(
         &q,
         &inp.k,
         s.w as i64,
-        mean,
-        l2,
-        cross,
-        group,
+        agg.mean,
+        agg.l2,
+        agg.cross,
+        agg.group,
         gqa,
         inp.lse.unwrap_or(null()),
         parts.win as *mut c_void,
@@ -482,10 +503,10 @@ unsafe fn snapkv(
                 inp,
                 s,
                 parts,
-                null_mut(),
-                null_mut(),
-                null_mut(),
-                dst,
+                Aggregates {
+                    group: dst,
+                    ..Aggregates::NONE
+                },
                 gqa,
                 stream,
             );
@@ -494,26 +515,16 @@ unsafe fn snapkv(
             inp,
             s,
             parts,
-            null_mut(),
-            null_mut(),
-            null_mut(),
-            parts.a,
+            Aggregates {
+                group: parts.a,
+                ..Aggregates::NONE
+            },
             gqa,
             stream,
         )?;
         return pool(&cfg.pool, parts.a, dst, s.hkv, s.p, stream);
     }
-    window(
-        inp,
-        s,
-        parts,
-        parts.a,
-        null_mut(),
-        null_mut(),
-        null_mut(),
-        gqa,
-        stream,
-    )?;
+    window(inp, s, parts, Aggregates::mean(parts.a), gqa, stream)?;
     let x = pooled(&cfg.pool, parts.a, parts.b, s.hq, s.p, stream)?;
     reduce(x, null(), 0, 0, null(), dst, s.hq, s.hkv, s.p, gqa, stream)
 }
@@ -589,10 +600,11 @@ unsafe fn laprox(
         inp,
         s,
         parts,
-        null_mut(),
-        l2,
-        pairs,
-        null_mut(),
+        Aggregates {
+            l2,
+            cross: pairs,
+            ..Aggregates::NONE
+        },
         sum,
         stream,
     )?;
@@ -682,17 +694,7 @@ unsafe fn launch(
         ScorerKind::Lava => {
             let v = inp.v.ok_or(KVE_ERR_INVALID_ARGUMENT)?;
             let max = cu::KVE_CUDA_GQA_MAX;
-            window(
-                inp,
-                s,
-                parts,
-                parts.a,
-                null_mut(),
-                null_mut(),
-                null_mut(),
-                max,
-                stream,
-            )?;
+            window(inp, s, parts, Aggregates::mean(parts.a), max, stream)?;
             let x = pooled(&cfg.pool, parts.a, parts.b, hq, p, stream)?;
             ck(cu::kve_cuda_lava_factor(&v, pi, parts.factor, stream))?;
             reduce(x, null(), 0, 0, parts.factor, out, hq, hkv, p, max, stream)
@@ -745,17 +747,7 @@ unsafe fn launch(
         ScorerKind::KNorm => ck(cu::kve_cuda_knorm(&inp.k, pi, out, pi, stream)),
         ScorerKind::Tova => {
             // the mean over every query head of the layer, the same row for each KV head
-            window(
-                inp,
-                s,
-                parts,
-                parts.a,
-                null_mut(),
-                null_mut(),
-                null_mut(),
-                0,
-                stream,
-            )?;
+            window(inp, s, parts, Aggregates::mean(parts.a), 0, stream)?;
             for kh in 0..hkv {
                 let mean = cu::KVE_CUDA_GQA_MEAN;
                 reduce(
