@@ -746,23 +746,14 @@ unsafe fn launch(
         )),
         ScorerKind::KNorm => ck(cu::kve_cuda_knorm(&inp.k, pi, out, pi, stream)),
         ScorerKind::Tova => {
-            // the mean over every query head of the layer, the same row for each KV head
+            // the mean over every query head of the layer once, into row 0; the other KV
+            // heads get a copy of that row (a one-head "mean" is the value itself)
+            let mean = cu::KVE_CUDA_GQA_MEAN;
             window(inp, s, parts, Aggregates::mean(parts.a), 0, stream)?;
-            for kh in 0..hkv {
-                let mean = cu::KVE_CUDA_GQA_MEAN;
-                reduce(
-                    parts.a,
-                    null(),
-                    0,
-                    0,
-                    null(),
-                    out.wrapping_add(kh * p),
-                    hq,
-                    1,
-                    p,
-                    mean,
-                    stream,
-                )?;
+            reduce(parts.a, null(), 0, 0, null(), out, hq, 1, p, mean, stream)?;
+            for kh in 1..hkv {
+                let row = out.wrapping_add(kh * p);
+                reduce(out, null(), 0, 0, null(), row, 1, 1, p, mean, stream)?;
             }
             Ok(())
         }
