@@ -163,7 +163,7 @@ def library_select(cap, scores, budget, window, preset, allocator=None, granular
                    normalize=None, alpha=None, beta=None, post_pool=None):
     """The library's allocation + selection of `scores` -> kept[layer][kv_head]."""
     kve = kvevict()
-    if allocator is None and preset == "laprox-span":
+    if allocator is None and preset in ("laprox-span", "uniqueness"):
         sp = kve.SelectParams.laprox_span(budget)
     else:
         sp = kve.SelectParams(allocator or kve.DEFAULT_ALLOCATOR.get(preset, "uniform"), "head", budget)
@@ -287,6 +287,10 @@ METHODS: Dict[str, Method] = {
                                    note="laprox k=1, w=8, forward post-pool 8/0.9 per head, global: the per-head "
                                         "counterpart of laprox-span-w8 (ragged cache)"),
     "snapkv-w8": Method(L("snapkv"), window=8, library=True, note="snapkv with an 8-token window (control for laprox-span-w8)"),
+    # question-agnostic (SPEC §3b)
+    "uniqueness": Method(L("uniqueness"), window=8, library=True,
+                         note="question-agnostic: (1 - max twin similarity of (k, v))^8, no queries; laprox-span's "
+                              "selection (token granularity, global, forward post-pool 8/0.9)"),
 }
 
 BEST_PRESET = "laprox-span-w8"  # eval/demo.py's default; see eval/README.md

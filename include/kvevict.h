@@ -78,6 +78,7 @@
 #define KVE_PRESET_STREAMINGLLM 6
 #define KVE_PRESET_KNORM 7
 #define KVE_PRESET_TOVA 8
+#define KVE_PRESET_UNIQUENESS 9
 
 /* kve_score_params.scorer */
 #define KVE_SCORER_SNAPKV 0
@@ -87,6 +88,7 @@
 #define KVE_SCORER_STREAMINGLLM 4
 #define KVE_SCORER_KNORM 5
 #define KVE_SCORER_TOVA 6
+#define KVE_SCORER_UNIQUENESS 7
 
 /* Pooling kinds (kve_score_params.pool_kind, kve_select_params.post_pool_kind) */
 #define KVE_POOL_NONE 0
@@ -245,6 +247,7 @@ typedef struct kve_score_params {
  * | CriticalKV | yes | yes | | `value_l1` |
  * | StreamingLLM | | yes | | |
  * | KNorm | | yes | | |
+ * | Uniqueness (question-agnostic) | | yes | yes | |
  *
  * Every scorer that reads queries also takes the optional `row_lse` (flash attention's
  * `softmax_lse` of the window rows, or `kve_window_row_lse`): K is then read once, not

@@ -27,6 +27,8 @@ c_enum! {
         StreamingLlm = 4,
         KNorm = 5,
         Tova = 6,
+        /// Question-agnostic: `(1 - max twin similarity of (k, v))^8` (SPEC §3b).
+        Uniqueness = 7,
     }
 }
 
@@ -161,6 +163,9 @@ c_enum! {
         StreamingLlm = 6,
         KNorm = 7,
         Tova = 8,
+        /// Question-agnostic (SPEC §3b): uniqueness, w = 8; select with
+        /// `SelectConfig::laprox_span` (token granularity, forward post-pool).
+        Uniqueness = 9,
     }
 }
 
@@ -215,6 +220,12 @@ impl ScoreConfig {
                 pool: Pool::NONE,
                 ..base
             },
+            Preset::Uniqueness => ScoreConfig {
+                scorer: ScorerKind::Uniqueness,
+                window: 8,
+                pool: Pool::NONE,
+                ..base
+            },
             Preset::Tova => ScoreConfig {
                 scorer: ScorerKind::Tova,
                 window: 1,
@@ -237,13 +248,16 @@ impl ScoreConfig {
 
     /// Whether this scorer reads the window queries.
     pub fn needs_queries(&self) -> bool {
-        !matches!(self.scorer, ScorerKind::StreamingLlm | ScorerKind::KNorm)
+        !matches!(
+            self.scorer,
+            ScorerKind::StreamingLlm | ScorerKind::KNorm | ScorerKind::Uniqueness
+        )
     }
     /// Whether this scorer reads V.
     pub fn needs_values(&self) -> bool {
         matches!(
             self.scorer,
-            ScorerKind::Lava | ScorerKind::LaProx | ScorerKind::CriticalKv
+            ScorerKind::Lava | ScorerKind::LaProx | ScorerKind::CriticalKv | ScorerKind::Uniqueness
         )
     }
     /// Whether the LaProx path needs the g×g cross-head attention products.

@@ -633,7 +633,7 @@ fn enums_out_of_range() {
     let inp = l.inputs();
     let base = score_params(0);
     let cases: [(fn(&mut kve_score_params), i32); 7] = [
-        (|p| p.scorer = 7, KVE_ERR_BAD_ENUM),
+        (|p| p.scorer = 8, KVE_ERR_BAD_ENUM),
         (|p| p.scorer = u32::MAX, KVE_ERR_BAD_ENUM),
         (|p| p.pool_kind = 4, KVE_ERR_BAD_ENUM),
         (|p| p.gqa = 3, KVE_ERR_BAD_ENUM),
@@ -661,7 +661,7 @@ fn enums_out_of_range() {
     expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
     unsafe {
         let mut p = std::mem::zeroed::<kve_score_params>();
-        expect!(kve_score_params_init(&mut p, 48, 9), KVE_ERR_BAD_ENUM);
+        expect!(kve_score_params_init(&mut p, 48, 10), KVE_ERR_BAD_ENUM);
         assert_eq!(p.struct_size, 0);
         let mut s = std::mem::zeroed::<kve_select_params>();
         expect!(

@@ -322,6 +322,53 @@ fn baselines() {
     });
 }
 
+/// The question-agnostic uniqueness scorer (SPEC §3b) over dtypes, layouts, windows; and
+/// with planted twins (a row copied, with a little noise, to another position) so that the
+/// maximum similarity is near 1 for some tokens and the sharpened score spans decades.
+#[test]
+fn uniqueness() {
+    sweep(9, 48, |rng, i| {
+        let mut cfg = ScoreConfig::preset(Preset::Uniqueness);
+        if i % 3 == 1 {
+            cfg.window = rng.pick(&[1, 32]);
+        }
+        (cfg, ValuePath::Gram)
+    });
+    let mut rng = Rng::new(10);
+    for i in 0..24 {
+        let cfg = ScoreConfig::preset(Preset::Uniqueness);
+        let c = case(&mut rng, i, Some(8));
+        let (mut x, _) = layer(&mut rng, &c);
+        let v = x.v.as_mut().unwrap();
+        for _ in 0..c.n / 3 {
+            let (a, b) = (rng.range(0, c.n - 1), rng.range(0, c.n - 1));
+            for h in 0..c.hkv {
+                for d in 0..c.dk {
+                    let e = x.k.at(h, a, d) * (1.0 + 0.01 * rng.normal());
+                    x.k.set(h, b, d, e);
+                }
+                for d in 0..c.dv {
+                    let e = v.at(h, a, d) * (1.0 + 0.01 * rng.normal());
+                    v.set(h, b, d, e);
+                }
+            }
+        }
+        let cx = CoreLayer {
+            q: None,
+            k: Stored::new(&x.k, c.dtype, c.klay).0,
+            v: Some(Stored::new(x.v.as_ref().unwrap(), c.dtype, c.vlay).0),
+            wo: None,
+        };
+        let x = Layer {
+            q: None,
+            k: Stored::new(&x.k, c.dtype, c.klay).1,
+            v: Some(Stored::new(x.v.as_ref().unwrap(), c.dtype, c.vlay).1),
+            wo: None,
+        };
+        check(&cfg, &x, &cx, ValuePath::Gram, &format!("twins {i} {c:?}"));
+    }
+}
+
 /// `value_l1` and the value forms of the Gram path against the explicit `v·Wo_h`.
 #[test]
 fn value_terms() {

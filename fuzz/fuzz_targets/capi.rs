@@ -308,7 +308,7 @@ fn score_params(r: &mut R) -> kve_score_params {
     // (sometimes the preset's own window: TOVA's is 1)
     p.window = if r.chance(4) { r.u32() % 300 } else if r.chance(5) { p.window } else { 1 + r.u8() as u32 % 40 };
     if r.chance(3) {
-        p.scorer = r.enum_val(7);
+        p.scorer = r.enum_val(8);
         p.pool_kind = r.enum_val(4);
         p.pool_kernel = if r.chance(8) { r.u32() } else { r.u8() as u32 % 12 };
         p.pool_decay = [0.9, 1.0, 0.0, -1.0, f32::NAN, 0.5][r.u8() as usize % 6];

@@ -107,10 +107,10 @@ class _Enum:
 DTYPES = _Enum("dtype", {"f32": 0, "float32": 0, "f16": 1, "float16": 1, "bf16": 2, "bfloat16": 2})
 PRESETS = _Enum("preset", {
     "snapkv": 0, "snapkv-kvpress": 1, "lava": 2, "laprox": 3, "laprox-span": 4,
-    "criticalkv": 5, "streamingllm": 6, "knorm": 7, "tova": 8,
+    "criticalkv": 5, "streamingllm": 6, "knorm": 7, "tova": 8, "uniqueness": 9,
 })
 SCORERS = _Enum("scorer", {
-    "snapkv": 0, "lava": 1, "laprox": 2, "criticalkv": 3, "streamingllm": 4, "knorm": 5, "tova": 6,
+    "snapkv": 0, "lava": 1, "laprox": 2, "criticalkv": 3, "streamingllm": 4, "knorm": 5, "tova": 6, "uniqueness": 7,
 })
 POOLS = _Enum("pool", {"none": 0, "avg": 1, "max": 2, "forward": 3})
 GQA = _Enum("gqa", {"mean": 0, "max": 1, "sum": 2})
@@ -188,7 +188,7 @@ class _Params:
 class ScoreParams(_Params):
     """How to score one layer (``kve_score_params``, SPEC §3).
 
-    Fields: ``scorer`` (snapkv, lava, laprox, criticalkv, streamingllm, knorm, tova),
+    Fields: ``scorer`` (snapkv, lava, laprox, criticalkv, streamingllm, knorm, tova, uniqueness),
     ``window``, ``pool_kind`` (none, avg, max, forward), ``pool_kernel``, ``pool_decay``,
     ``gqa`` (mean, max, sum), ``reduce_before_pool`` (bool), ``laprox_gqa`` (sum, exact,
     mean-attn), ``placement`` (attention, product), ``sinks``, ``critical_first_stage``.

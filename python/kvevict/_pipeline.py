@@ -14,7 +14,7 @@ from ._core import (ScoreParams, SelectParams, budget_from_capacity, budget_keep
 DEFAULT_ALLOCATOR = {
     "snapkv": "uniform", "snapkv-kvpress": "uniform", "criticalkv": "uniform",
     "streamingllm": "uniform", "knorm": "uniform", "tova": "uniform",
-    "lava": "lava", "laprox": "global", "laprox-span": "global",
+    "lava": "lava", "laprox": "global", "laprox-span": "global", "uniqueness": "global",
 }
 
 
@@ -126,10 +126,10 @@ def score_model(params, queries, keys, values=None, wo=None, *, gram_cache=gram_
         raise ValueError(f"{scorer} needs wo")
 
     def one(l):
-        q = _layer(queries, l) if scorer not in ("knorm", "streamingllm") else None
+        q = _layer(queries, l) if scorer not in ("knorm", "streamingllm", "uniqueness") else None
         hq = q.shape[0] if q is not None else hkv
         kw = {}
-        if scorer in ("lava", "laprox"):
+        if scorer in ("lava", "laprox", "uniqueness"):
             kw["values"] = values[l]
         if scorer == "laprox":
             if gram_cache is not None:
@@ -160,7 +160,7 @@ def select_kept(preset, queries, keys, values=None, wo=None, *, keep_ratio=None,
     ascending int64 positions (window included) per layer and KV head.
 
     - ``preset``: a SPEC §3 preset name (snapkv, snapkv-kvpress, lava, laprox, laprox-span,
-      criticalkv, streamingllm, knorm, tova) or a :class:`ScoreParams`; ``window`` and any
+      criticalkv, streamingllm, knorm, tova, uniqueness) or a :class:`ScoreParams`; ``window`` and any
       ``ScoreParams`` field (``pool_kernel=1`` / ``kernel=1``, ``laprox_gqa="exact"``,
       ``placement="product"``, ``gqa``, ...) override it.
     - tensors: as :func:`score_model` (``queries[l]`` may hold more rows than ``window``).
@@ -172,7 +172,8 @@ def select_kept(preset, queries, keys, values=None, wo=None, *, keep_ratio=None,
       ``allocator`` (uniform, ada, pyramid, lava, global), ``granularity`` (head, layer,
       token), ``normalize``, ``alpha``, ``beta``, ``post_pool`` (``(kind, kernel, decay)``).
       Default allocator per preset: uniform, but lava → lava, laprox → global, and
-      laprox-span → its own selection (global, token granularity, forward pooling 8, 0.9).
+      laprox-span and uniqueness → laprox-span's selection (global, token granularity,
+      forward pooling 8, 0.9).
     - criticalkv: ``critical_first_stage`` defaults to kvpress's
       ``max(floor(first_stage_ratio * (budget + window)), 1) - window`` (ratio 0.5).
     - ``details=True`` returns a dict: kept, offsets, indices, scores, budget,
@@ -189,7 +190,7 @@ def select_kept(preset, queries, keys, values=None, wo=None, *, keep_ratio=None,
     name = preset if isinstance(preset, str) else None
     if select_params is not None:
         sp = select_params.replace(budget=b)
-    elif allocator is None and name == "laprox-span":
+    elif allocator is None and name in ("laprox-span", "uniqueness"):
         sp = SelectParams.laprox_span(b)
     else:
         alloc = allocator or DEFAULT_ALLOCATOR.get(name, "uniform")

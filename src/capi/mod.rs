@@ -503,6 +503,7 @@ pub fn header_defines() -> std::string::String {
             ("KVE_PRESET_STREAMINGLLM", Preset::StreamingLlm as i64),
             ("KVE_PRESET_KNORM", Preset::KNorm as i64),
             ("KVE_PRESET_TOVA", Preset::Tova as i64),
+            ("KVE_PRESET_UNIQUENESS", Preset::Uniqueness as i64),
         ],
     );
     group(
@@ -515,6 +516,7 @@ pub fn header_defines() -> std::string::String {
             ("KVE_SCORER_STREAMINGLLM", ScorerKind::StreamingLlm as i64),
             ("KVE_SCORER_KNORM", ScorerKind::KNorm as i64),
             ("KVE_SCORER_TOVA", ScorerKind::Tova as i64),
+            ("KVE_SCORER_UNIQUENESS", ScorerKind::Uniqueness as i64),
         ],
     );
     group(

@@ -21,6 +21,7 @@ use core::ffi::c_void;
 /// | CriticalKV | yes | yes | | `value_l1` |
 /// | StreamingLLM | | yes | | |
 /// | KNorm | | yes | | |
+/// | Uniqueness (question-agnostic) | | yes | yes | |
 ///
 /// Every scorer that reads queries also takes the optional `row_lse` (flash attention's
 /// `softmax_lse` of the window rows, or `kve_window_row_lse`): K is then read once, not

@@ -12,6 +12,8 @@ mod lava;
 mod snapkv;
 mod streaming;
 mod tova;
+mod uniqueness;
+pub use uniqueness::POWER as UNIQUENESS_POWER;
 
 use crate::config::{ScoreConfig, ScorerKind};
 use crate::error::{mul, Error, Result};
@@ -105,7 +107,7 @@ fn needs(cfg: &ScoreConfig) -> Needs {
             sq: true,
             cross: cfg.needs_cross(),
         },
-        ScorerKind::StreamingLlm | ScorerKind::KNorm => Needs::default(),
+        ScorerKind::StreamingLlm | ScorerKind::KNorm | ScorerKind::Uniqueness => Needs::default(),
     }
 }
 
@@ -135,6 +137,9 @@ pub fn score_workspace_size(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usi
     let mut scratch = WorkspaceSize::new();
     if cfg.needs_queries() {
         window::scratch_size(&mut scratch, g, w, shape.dk)?;
+    }
+    if cfg.scorer == ScorerKind::Uniqueness {
+        scratch.add::<f32>(uniqueness::scratch_floats(shape.n, shape.dk, shape.dv)?)?;
     }
     ws.total()
         .checked_add(scratch.total())
@@ -209,7 +214,7 @@ pub fn score_layer(
     }
     // scorer-specific inputs
     match cfg.scorer {
-        ScorerKind::Lava => {
+        ScorerKind::Lava | ScorerKind::Uniqueness => {
             inputs.values.as_ref().ok_or(Error::NullPointer)?;
         }
         ScorerKind::LaProx => laprox::check_inputs(cfg, inputs, &shape)?,
@@ -285,6 +290,12 @@ pub fn score_layer(
     if cfg.scorer == ScorerKind::KNorm && !knorm::keys_finite(keys, &mut bufs) {
         return Err(Error::NonFinite);
     }
+    if cfg.scorer == ScorerKind::Uniqueness {
+        let values = inputs.values.as_ref().ok_or(Error::NullPointer)?;
+        if !uniqueness::inputs_finite(keys, values, &mut bufs) {
+            return Err(Error::NonFinite);
+        }
+    }
     if cfg.scorer == ScorerKind::Lava {
         lava::head_factors(
             inputs.values.as_ref().ok_or(Error::NullPointer)?,
@@ -341,6 +352,14 @@ pub fn score_layer(
             ScorerKind::StreamingLlm => streaming::score(cfg, dst),
             ScorerKind::KNorm => knorm::score(keys, kh, &mut bufs, dst),
             ScorerKind::Tova => tova::accumulate(sum, g, hq, p, &mut bufs),
+            ScorerKind::Uniqueness => uniqueness::score(
+                keys,
+                inputs.values.as_ref().ok_or(Error::NullPointer)?,
+                kh,
+                Workspace::new(&mut *scratch)
+                    .take::<f32>(uniqueness::scratch_floats(n, shape.dk, shape.dv)?)?,
+                dst,
+            ),
         }
     }
     if cfg.scorer == ScorerKind::Tova {

@@ -308,7 +308,7 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
     let hq = x.q.as_ref().map_or(hkv, |q| q.a);
     let g = hq / hkv;
     let att = match cfg.scorer {
-        ScorerKind::StreamingLlm | ScorerKind::KNorm => None,
+        ScorerKind::StreamingLlm | ScorerKind::KNorm | ScorerKind::Uniqueness => None,
         _ => Some(window_attention(x.q.as_ref().unwrap(), &x.k, w)),
     };
     for kh in 0..hkv {
@@ -359,6 +359,30 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                 .map(|i| if i < cfg.sinks as usize { 1.0 } else { 0.0 })
                 .collect(),
             ScorerKind::KNorm => (0..p).map(|i| -norm2(x.k.row(kh, i))).collect(),
+            ScorerKind::Uniqueness => {
+                // (1 - max_{j != i} min(cos k, cos v))^8 over every cached token j (SPEC §3b)
+                let v = x.v.as_ref().unwrap();
+                let cos = |a: &[f64], b: &[f64]| {
+                    let (na, nb) = (norm2(a), norm2(b));
+                    if na == 0.0 || nb == 0.0 {
+                        0.0
+                    } else {
+                        a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / (na * nb)
+                    }
+                };
+                (0..p)
+                    .map(|i| {
+                        let r = (0..n)
+                            .filter(|&j| j != i)
+                            .map(|j| {
+                                cos(x.k.row(kh, i), x.k.row(kh, j))
+                                    .min(cos(v.row(kh, i), v.row(kh, j)))
+                            })
+                            .fold(-1.0, f64::max);
+                        (1.0 - r).max(0.0).powi(8)
+                    })
+                    .collect()
+            }
             ScorerKind::Tova => {
                 // w = 1; mean over every query head of the layer, same for all KV heads.
                 let a = att.as_ref().unwrap();

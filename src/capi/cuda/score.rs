@@ -65,6 +65,10 @@ struct Parts {
 }
 
 fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
+    // no kernel yet for the question-agnostic uniqueness scorer: score it on the host
+    if cfg.scorer == ScorerKind::Uniqueness {
+        return Err(Error::InvalidArgument);
+    }
     let mul = crate::error::mul;
     let mut c = Carve::new(base);
     let laprox = cfg.scorer == ScorerKind::LaProx;
@@ -745,6 +749,7 @@ unsafe fn launch(
             stream,
         )),
         ScorerKind::KNorm => ck(cu::kve_cuda_knorm(&inp.k, pi, out, pi, stream)),
+        ScorerKind::Uniqueness => Err(KVE_ERR_INVALID_ARGUMENT), // refused by layout()
         ScorerKind::Tova => {
             // the mean over every query head of the layer once, into row 0; the other KV
             // heads get a copy of that row (a one-head "mean" is the value itself)
