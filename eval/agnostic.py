@@ -251,16 +251,18 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=CONTEXT_TOKENS)
     ap.add_argument("--only", default="")
     ap.add_argument("--window", type=int, default=8)
+    ap.add_argument("--seed-base", type=int, default=0, help="> 0: a held-out split (other filler and keys)")
     ap.add_argument("--out", default=os.path.join(OUT_DIR, "agnostic.md"))
     args = ap.parse_args(argv)
     table = variants()
     names = [x for x in args.variants.split(",") if x]
     for x in names:
-        if x not in table:
-            raise SystemExit(f"unknown variant {x}; known: {', '.join(table)}")
+        if x not in table:  # a method of eval/methods.py at its own window
+            m = methods.get(x)
+            table[x] = (None, (lambda m: lambda cap, r, _w: m.select(cap, r, m.window))(m))
     ratios = [float(r) for r in args.ratios.split(",")]
     model = Model()
-    prompts = make_prompts(model.tokenizer, args.prompts, args.tokens)
+    prompts = make_prompts(model.tokenizer, args.prompts, args.tokens, args.seed_base)
     if args.only:
         keep = {int(i) for i in args.only.split(",")}
         prompts = [p for p in prompts if p.index in keep]
@@ -292,7 +294,7 @@ def main(argv=None):
             marks.append(f"{x}@{r:g}:{'ok' if e['correct'] else 'x'}")
         print(f"prompt {p.index} depth {p.depth:.2f} full {'ok' if p.index in full_ok else 'x'} "
               f"({time.time() - t0:.0f}s) " + " ".join(marks), file=sys.stderr, flush=True)
-    lines = [f"\n## agnostic, {len(prompts)} prompts x {args.tokens} tokens, w={args.window} "
+    lines = [f"\n## agnostic, {len(prompts)} prompts x {args.tokens} tokens, seed base {args.seed_base}, w={args.window} "
              f"(full cache answers {len(full_ok)})\n", "| variant | ratio | correct | on full-ok | KL |",
              "|---|---:|---:|---:|---:|"]
     for x in names:

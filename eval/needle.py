@@ -64,10 +64,11 @@ class Prompt:
         return self.context_ids + self.question_ids
 
 
-def make_prompt(tokenizer, index, n_prompts, n_tokens=CONTEXT_TOKENS):
+def make_prompt(tokenizer, index, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=0):
+    """seed_base > 0 draws filler and key from other seeds (a held-out split)."""
     depth = index / (n_prompts - 1) if n_prompts > 1 else 0.5
-    key = str(np.random.default_rng([7919, index]).integers(10000, 100000))
-    rng = np.random.default_rng([1234, index])
+    key = str(np.random.default_rng([7919, index + seed_base]).integers(10000, 100000))
+    rng = np.random.default_rng([1234, index + seed_base])
     q_ids = tokenizer.encode(QUESTION)
     budget = n_tokens - len(q_ids) - len(tokenizer.encode(" " + needle_sentence(key)))
     sentences = []
@@ -85,8 +86,8 @@ def make_prompt(tokenizer, index, n_prompts, n_tokens=CONTEXT_TOKENS):
     return Prompt(index, depth, key, context, QUESTION, tokenizer.encode(context), q_ids)
 
 
-def make_prompts(tokenizer, n_prompts, n_tokens=CONTEXT_TOKENS):
-    return [make_prompt(tokenizer, i, n_prompts, n_tokens) for i in range(n_prompts)]
+def make_prompts(tokenizer, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=0):
+    return [make_prompt(tokenizer, i, n_prompts, n_tokens, seed_base) for i in range(n_prompts)]
 
 
 def answer_correct(text, key):
