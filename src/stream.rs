@@ -38,7 +38,7 @@
 use crate::config::{GqaReduce, Pool};
 use crate::error::{add, mul, Error, Result};
 use crate::gram;
-use crate::numerics::{dispatch, dot_v, sum_v, Simd, Workspace, WorkspaceSize};
+use crate::numerics::{dispatch, Simd, Workspace, WorkspaceSize};
 use crate::pool::pool_in_place;
 use crate::score::{reduce_rows, MAX_HEADS};
 use crate::view::View;
@@ -481,14 +481,42 @@ fn column_stats_impl<S: Simd>(
             for a in 0..g {
                 let pa = &row[a * c + hide..(a + 1) * c];
                 let o = a * n + c0 + t;
-                // SAFETY (sum_v, dot_v): plain slice reads.
-                out.sum[o] += unsafe { sum_v::<S>(pa) };
-                out.sq[o] += unsafe { dot_v::<S>(pa, pa) };
-                out.max[o] = pa.iter().fold(out.max[o], |m, &v| m.max(v));
+                // SAFETY: plain slice reads.
+                let (s1, s2, m) = unsafe { col_stats::<S>(pa, out.max[o]) };
+                out.sum[o] += s1;
+                out.sq[o] += s2;
+                out.max[o] = m;
             }
         }
         c0 += nt;
     }
+}
+
+/// `(Σx, Σx², max(m0, max x))` of one column segment in one sweep, 8 lanes at a time (the
+/// sums in the order of `sum_v` / `dot_v`).
+#[inline(always)]
+unsafe fn col_stats<S: Simd>(x: &[f32], m0: f32) -> (f32, f32, f32) {
+    let n8 = x.len() / 8 * 8;
+    let p = x.as_ptr();
+    let (mut s, mut q, mut m) = (S::zero(), S::zero(), S::splat(m0));
+    let mut i = 0;
+    while i < n8 {
+        let v = S::load(p.add(i));
+        s = S::add(s, v);
+        q = S::fma(v, v, q);
+        m = S::max(m, v);
+        i += 8;
+    }
+    let mut lanes = [0f32; 8];
+    S::store(lanes.as_mut_ptr(), m);
+    let (mut s, mut q) = (S::hsum(s), S::hsum(q));
+    let mut m = lanes.iter().fold(m0, |a, &b| if b > a { b } else { a });
+    for &v in &x[n8..] {
+        s += v;
+        q += v * v;
+        m = if v > m { v } else { m };
+    }
+    (s, q, m)
 }
 
 /// Workspace bytes [`stream_scores`] needs.
