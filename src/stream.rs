@@ -242,14 +242,12 @@ pub fn stream_feed_workspace_size(shape: &StreamShape, chunk: usize) -> Result<u
     if chunk == 0 || chunk > crate::error::MAX_TOKENS {
         return Err(Error::InvalidArgument);
     }
-    let rows = mul(shape.hq, chunk)?;
     let mut ws = WorkspaceSize::new();
-    ws.add::<f32>(rows)?; // row max (or lse)
-    ws.add::<f64>(rows)?; // row denominators
     ws.add::<u64>(chunk)?; // last visible key per query
-    let mut scratch = WorkspaceSize::new();
-    window::scratch_size(&mut scratch, shape.group(), chunk, shape.dk)?;
-    add(ws.total(), scratch.total())
+    add(
+        ws.total(),
+        accumulate_workspace_size(shape.hq, shape.group(), chunk, shape.dk)?,
+    )
 }
 
 /// Feed one chunk of queries (module docs). `state` from [`stream_init`]; `queries`
@@ -293,24 +291,70 @@ pub fn stream_feed(
             return Err(Error::NonFinite);
         }
     }
-    let (g, n) = (shape.group(), shape.n);
+    let mut ws = Workspace::new(workspace);
+    let lim = ws.take::<u64>(c)?;
+    for (l, &p) in lim.iter_mut().zip(positions) {
+        *l = (p as u64).min(shape.n as u64 - 1);
+    }
+    let Parts {
+        head,
+        seen,
+        max,
+        sum,
+        sq,
+    } = st;
+    accumulate(queries, lim, keys, row_lse, max, sum, sq, ws.into_rest())?;
+    for &l in lim.iter() {
+        seen[l as usize] += 1;
+    }
+    head[H_QUERIES] += c as u64;
+    head[H_LAST] = positions[c - 1] as u64 + 1;
+    Ok(())
+}
+
+/// Workspace bytes of [`accumulate`] for `rows = Hq·c` rows of a group of `g`.
+pub(crate) fn accumulate_workspace_size(hq: usize, g: usize, c: usize, dk: usize) -> Result<usize> {
+    let rows = mul(hq, c)?;
+    let mut ws = WorkspaceSize::new();
+    ws.add::<f32>(rows)?; // row max (or lse)
+    ws.add::<f64>(rows)?; // row denominators
+    let mut scratch = WorkspaceSize::new();
+    window::scratch_size(&mut scratch, g, c, dk)?;
+    add(ws.total(), scratch.total())
+}
+
+/// The arithmetic of one feed: queries `[Hq, c, dk]` whose last visible keys are
+/// `lim[c]` (non-decreasing, `< N`), keys `[Hkv, N, dk]`, optional `row_lse` (`[Hq][c]`,
+/// finite, checked by the caller); adds the column statistics into `max`, `sum`, `sq`
+/// (`[Hq][N]` each). Everything that can fail (NaN/Inf in the queries or the visible keys)
+/// is checked before the first write. `workspace`: [`accumulate_workspace_size`].
+pub(crate) fn accumulate(
+    queries: &View,
+    lim: &[u64],
+    keys: &View,
+    row_lse: Option<&[f32]>,
+    max: &mut [f32],
+    sum: &mut [f32],
+    sq: &mut [f32],
+    workspace: &mut [u8],
+) -> Result<()> {
+    let [hkv, n, dk] = keys.extent();
+    let [hq, c, _] = queries.extent();
+    let g = hq / hkv;
+    let rows = hq * c;
     let mut ws = Workspace::new(workspace);
     let rmax = ws.take::<f32>(rows)?;
     let rsum = ws.take::<f64>(rows)?;
-    let lim = ws.take::<u64>(c)?;
-    for (l, &p) in lim.iter_mut().zip(positions) {
-        *l = (p as u64).min(n as u64 - 1);
-    }
     let last = lim[c - 1] as usize;
     let scratch = ws.into_rest();
 
     // pass 1 (or the caller's row statistics): everything that can fail, before any write
-    for kh in 0..shape.hkv {
+    for kh in 0..hkv {
         let (m, s) = (
             &mut rmax[kh * g * c..(kh + 1) * g * c],
             &mut rsum[kh * g * c..(kh + 1) * g * c],
         );
-        let sc = &mut window::load_queries(queries, kh, g, c, shape.dk, scratch)?;
+        let sc = &mut window::load_queries(queries, kh, g, c, dk, scratch)?;
         match row_lse {
             Some(l) => {
                 m.copy_from_slice(&l[kh * g * c..(kh + 1) * g * c]);
@@ -320,16 +364,9 @@ pub fn stream_feed(
             None => row_stats(keys, kh, lim, sc, m, s)?,
         }
     }
-    // pass 2: column statistics into the state (cannot fail)
-    let Parts {
-        head,
-        seen,
-        max,
-        sum,
-        sq,
-    } = st;
-    for kh in 0..shape.hkv {
-        let sc = &mut window::load_queries(queries, kh, g, c, shape.dk, scratch)?;
+    // pass 2: column statistics (cannot fail)
+    for kh in 0..hkv {
+        let sc = &mut window::load_queries(queries, kh, g, c, dk, scratch)?;
         for r in 0..g * c {
             sc.m[r] = rmax[kh * g * c + r];
             sc.inv[r] = (1.0 / rsum[kh * g * c + r]) as f32;
@@ -342,11 +379,6 @@ pub fn stream_feed(
         };
         column_stats(keys, kh, g, lim, sc, &mut out);
     }
-    for &l in lim.iter() {
-        seen[l as usize] += 1;
-    }
-    head[H_QUERIES] += c as u64;
-    head[H_LAST] = positions[c - 1] as u64 + 1;
     Ok(())
 }
 
