@@ -1088,6 +1088,23 @@ int32_t kve_stream_scores(const void *state,
                           void *workspace,
                           uint64_t workspace_bytes);
 
+/**
+ * Copy the raw statistics of `state` out, for callers that finish them their own way:
+ * `out_max`, `out_sum`, `out_sq` (`len` floats each, at least `Hq*N`; `[Hq][N]`:
+ * `max_j A`, `Σ_j A`, `Σ_j A²` per query head and key) and `out_seen` (`seen_len` u64, at
+ * least `N`: how many fed queries had key `i` as their last visible key, so that
+ * `Σ_{i' >= i} seen[i']` queries saw key `i`). Writes the first `Hq*N` (`N`) elements of
+ * each, only on success.
+ */
+int32_t kve_stream_stats(const void *state,
+                         uint64_t state_bytes,
+                         float *out_max,
+                         float *out_sum,
+                         float *out_sq,
+                         uint64_t len,
+                         uint64_t *out_seen,
+                         uint64_t seen_len);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

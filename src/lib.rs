@@ -47,8 +47,8 @@ pub use score::{
 };
 pub use stream::{
     stream_feed, stream_feed_workspace_size, stream_init, stream_query_count, stream_scores,
-    stream_scores_len, stream_scores_workspace_size, stream_shape, stream_state_size,
-    StreamScoreConfig, StreamShape, StreamStat, StreamValues,
+    stream_scores_len, stream_scores_workspace_size, stream_shape, stream_state_size, stream_stats,
+    StreamScoreConfig, StreamShape, StreamStat, StreamStats, StreamValues,
 };
 pub use view::{DType, View, ViewMut};
 

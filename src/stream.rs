@@ -570,6 +570,46 @@ pub fn stream_scores_len(shape: &StreamShape) -> Result<usize> {
     mul(shape.hkv, shape.n)
 }
 
+/// The raw statistics of a state, for callers that finish them their own way (or check
+/// a device's accumulators): `[Hq][N]` each, `seen[i]` the fed queries whose last visible
+/// key is `i` (so `Σ_{i' >= i} seen[i']` queries saw key `i`).
+#[derive(Clone, Copy, Debug)]
+pub struct StreamStats<'s> {
+    pub shape: StreamShape,
+    pub queries: u64,
+    pub seen: &'s [u64],
+    pub max: &'s [f32],
+    pub sum: &'s [f32],
+    pub sq: &'s [f32],
+}
+
+/// Borrow the statistics of an initialised state (8-byte aligned).
+pub fn stream_stats(state: &[u8]) -> Result<StreamStats<'_>> {
+    let shape = stream_shape(state)?;
+    let queries = stream_query_count(state)?;
+    if state.len() < stream_state_size(&shape)? {
+        return Err(Error::InvalidArgument);
+    }
+    if state.as_ptr() as usize % 8 != 0 {
+        return Err(Error::Misaligned);
+    }
+    let (n, hn) = (shape.n, shape.hq * shape.n);
+    // SAFETY: the length and 8-byte alignment are checked above; read-only views of
+    // plain numbers, laid out as `parts` carves them.
+    unsafe {
+        let b = state.as_ptr().add(HEADER_WORDS * 8);
+        let f = b.add(n * 8) as *const f32;
+        Ok(StreamStats {
+            shape,
+            queries,
+            seen: core::slice::from_raw_parts(b as *const u64, n),
+            max: core::slice::from_raw_parts(f, hn),
+            sum: core::slice::from_raw_parts(f.add(hn), hn),
+            sq: core::slice::from_raw_parts(f.add(2 * hn), hn),
+        })
+    }
+}
+
 /// Finish a stream into `out[kh*N + i]` for every KV head and key (module docs). Reads
 /// `state` only; `values` only for [`StreamStat::LaProx`]. `out` is written only on
 /// success. `Mean` and `LaProx` on a state that has seen no query give `InvalidArgument`.
@@ -581,14 +621,9 @@ pub fn stream_scores(
     workspace: &mut [u8],
 ) -> Result<()> {
     cfg.validate()?;
-    let shape = stream_shape(state)?;
-    let (hq, hkv, n, g) = (shape.hq, shape.hkv, shape.n, shape.group());
-    if state.len() < stream_state_size(&shape)? {
-        return Err(Error::InvalidArgument);
-    }
-    if state.as_ptr() as usize % 8 != 0 {
-        return Err(Error::Misaligned);
-    }
+    let st = stream_stats(state)?;
+    let shape = st.shape;
+    let (hkv, n, g) = (shape.hkv, shape.n, shape.group());
     let total = stream_scores_len(&shape)?;
     if out.len() < total {
         return Err(Error::OutputTooSmall);
@@ -596,22 +631,11 @@ pub fn stream_scores(
     if workspace.len() < stream_scores_workspace_size(&shape)? {
         return Err(Error::WorkspaceTooSmall);
     }
-    let queries = stream_query_count(state)?;
+    let queries = st.queries;
     if queries == 0 && cfg.stat != StreamStat::Max {
         return Err(Error::InvalidArgument);
     }
-    let hn = hq * n;
-    // SAFETY: the length and 8-byte alignment are checked above; read-only views.
-    let (seen, max, sum, sq) = unsafe {
-        let b = state.as_ptr().add(HEADER_WORDS * 8);
-        let f = b.add(n * 8) as *const f32;
-        (
-            core::slice::from_raw_parts(b as *const u64, n),
-            core::slice::from_raw_parts(f, hn),
-            core::slice::from_raw_parts(f.add(hn), hn),
-            core::slice::from_raw_parts(f.add(2 * hn), hn),
-        )
-    };
+    let (seen, max, sum, sq) = (st.seen, st.max, st.sum, st.sq);
     if cfg.stat == StreamStat::LaProx {
         check_values(values, &shape)?;
     }

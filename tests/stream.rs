@@ -954,4 +954,40 @@ fn scores_abi_writes_nothing_on_error() {
         KVE_OK
     );
     assert!(out[..hkv * n].iter().all(|v| v.is_finite() && *v >= 0.0) && out[hkv * n] == canary);
+
+    // the raw statistics through the C ABI: the core's, and nothing written when short
+    let hn = a.hq * n;
+    let mut arrays = vec![vec![canary; hn + 1]; 3];
+    let mut seen = vec![7u64; n + 1];
+    let stats = |a: &mut Abi, arrays: &mut [Vec<f32>], seen: &mut [u64], len: usize| unsafe {
+        let [m, s, q] = arrays else { unreachable!() };
+        kve_stream_stats(
+            a.state.bytes().as_ptr() as *const _,
+            bytes,
+            m.as_mut_ptr(),
+            s.as_mut_ptr(),
+            q.as_mut_ptr(),
+            len as u64,
+            seen.as_mut_ptr(),
+            n as u64,
+        )
+    };
+    assert_eq!(
+        stats(&mut a, &mut arrays, &mut seen, hn - 1),
+        KVE_ERR_OUTPUT_TOO_SMALL
+    );
+    assert!(arrays.iter().all(|x| x.iter().all(|&v| v == canary)) && seen.iter().all(|&v| v == 7));
+    assert_eq!(stats(&mut a, &mut arrays, &mut seen, hn), KVE_OK);
+    let want = stream_stats(a.state.bytes()).unwrap();
+    assert_eq!(&arrays[0][..hn], want.max);
+    assert_eq!(&arrays[1][..hn], want.sum);
+    assert_eq!(&arrays[2][..hn], want.sq);
+    assert_eq!(&seen[..n], want.seen);
+    assert!(arrays.iter().all(|x| x[hn] == canary) && seen[n] == 7);
+    // positions 2, 9, 25 with N = 20: last visible keys 2, 9, 19
+    let mut expect = vec![0u64; n];
+    for l in [2, 9, 19] {
+        expect[l] += 1;
+    }
+    assert_eq!(&seen[..n], &expect[..]);
 }

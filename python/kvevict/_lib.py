@@ -239,6 +239,8 @@ _PROTOS = {
         [c_void_p, c_uint64, P(kve_tensor), c_void_p, c_uint64, P(kve_tensor), c_void_p, c_uint64,
          c_void_p, c_uint64]),
     "kve_stream_query_count": (c_int32, [c_void_p, c_uint64, _u64p]),
+    "kve_stream_stats": (
+        c_int32, [c_void_p, c_uint64, c_void_p, c_void_p, c_void_p, c_uint64, c_void_p, c_uint64]),
     "kve_stream_scores_workspace_size": (
         c_int32, [c_uint64, c_uint64, c_uint64, c_uint64, _u64p]),
     "kve_stream_scores": (

@@ -65,6 +65,19 @@ class StreamScorer:
         """Queries fed so far (``kve_stream_query_count``)."""
         return _size("kve_stream_query_count", self._words.ctypes.data, self._bytes)
 
+    def stats(self):
+        """The raw statistics (``kve_stream_stats``), copies: ``max``, ``sum``, ``sq``
+        float32 ``[Hq, N]`` (``max_j A``, ``Σ_j A``, ``Σ_j A²``), ``visible`` int64 ``[N]``
+        (how many fed queries saw each key) and ``queries`` (how many were fed)."""
+        hq, _, n, _ = self.shape
+        arrays = [np.empty((hq, n), np.float32) for _ in range(3)]
+        seen = np.empty(n, np.uint64)
+        call("kve_stream_stats", self._words.ctypes.data, self._bytes,
+             *(ptr(a) for a in arrays), hq * n, ptr(seen), n)
+        visible = np.cumsum(seen[::-1].astype(np.int64))[::-1]
+        return {"max": arrays[0], "sum": arrays[1], "sq": arrays[2], "visible": visible,
+                "queries": self.query_count}
+
     def feed(self, queries, positions, keys, row_lse=None, *, dtype=None):
         """Feed ``queries`` ``[Hq, c, dk]`` (post-RoPE) at ``positions`` (``c`` ints,
         non-decreasing, after every position fed before) against ``keys`` ``[Hkv, N, dk]``:

@@ -125,6 +125,22 @@ class StreamTests(unittest.TestCase):
             kve.StreamScorer(3, 1, 70, 16).scores("mean")
         self.assertEqual(e.exception.name, "KVE_ERR_INVALID_ARGUMENT")
 
+    def test_raw_stats(self):
+        s = self.fed(7)
+        st = s.stats()
+        self.assertEqual(st["queries"], 20)
+        last = np.minimum(self.pos, 69)
+        np.testing.assert_array_equal(st["visible"], (np.arange(70)[None, :] <= last[:, None]).sum(0))
+        want_max = stream_reference(self.q, self.pos, self.k, stat="max", gqa="max")
+        # per query head: the GQA max of the raw maxima is the max score
+        assert_close(self, st["max"].reshape(2, 3, 70).max(axis=1), want_max, what="raw max")
+        self.assertEqual(st["sum"].shape, (6, 70))
+        np.testing.assert_allclose(st["sum"].reshape(2, 3, 70).sum(axis=1) / 20,
+                                   s.scores("mean", "sum"), rtol=1e-6)
+        np.testing.assert_allclose(np.sqrt(st["sq"]).reshape(2, 3, 70).max(axis=1),
+                                   s.scores("laprox", "max", value_forms=np.ones(2 * 3 * 70)),
+                                   rtol=1e-6)
+
     def test_state_snapshot_restores(self):
         s = self.fed(20)
         snap = s.state.copy()

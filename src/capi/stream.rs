@@ -335,3 +335,43 @@ pub unsafe extern "C" fn kve_stream_scores(
         ws.slice_mut(),
     ))
 }
+
+/// Copy the raw statistics of `state` out, for callers that finish them their own way:
+/// `out_max`, `out_sum`, `out_sq` (`len` floats each, at least `Hq*N`; `[Hq][N]`:
+/// `max_j A`, `Σ_j A`, `Σ_j A²` per query head and key) and `out_seen` (`seen_len` u64, at
+/// least `N`: how many fed queries had key `i` as their last visible key, so that
+/// `Σ_{i' >= i} seen[i']` queries saw key `i`). Writes the first `Hq*N` (`N`) elements of
+/// each, only on success.
+#[no_mangle]
+pub unsafe extern "C" fn kve_stream_stats(
+    state: *const c_void,
+    state_bytes: u64,
+    out_max: *mut f32,
+    out_sum: *mut f32,
+    out_sq: *mut f32,
+    len: u64,
+    out_seen: *mut u64,
+    seen_len: u64,
+) -> i32 {
+    let st = tri!(state_buf(state, state_bytes));
+    let outs = [
+        tri!(Buf::new(out_max, len)),
+        tri!(Buf::new(out_sum, len)),
+        tri!(Buf::new(out_sq, len)),
+    ];
+    let seen = tri!(Buf::new(out_seen, seen_len));
+    tri!(check_alias(
+        &[outs[0].span, outs[1].span, outs[2].span, seen.span],
+        &[st.span]
+    ));
+    let s = tri!(crate::stream_stats(st.slice()));
+    let (hn, n) = (s.max.len(), s.seen.len());
+    if outs.iter().any(|b| b.len() < hn) || seen.len() < n {
+        return super::KVE_ERR_OUTPUT_TOO_SMALL;
+    }
+    for (b, src) in outs.iter().zip([s.max, s.sum, s.sq]) {
+        b.slice_mut()[..hn].copy_from_slice(src);
+    }
+    seen.slice_mut()[..n].copy_from_slice(s.seen);
+    KVE_OK
+}
