@@ -19,7 +19,9 @@
 //!   The workspace ([`stream_feed_workspace_size`]) depends on `Hq·c` and `dk`, never on
 //!   `c × N`. Everything that can reject a chunk (shapes, positions, NaN/Inf in the queries,
 //!   in the visible keys or in `row_lse`, workspace) is checked before the state changes:
-//!   on error the state is unchanged. Keys beyond the last visible one are not read.
+//!   on error the state is unchanged. Keys beyond the last visible one are not read, so
+//!   a state sized for a cache's capacity serves a growing cache (decode-time rescoring):
+//!   queries at their own positions never see the unfilled tail, whose scores stay 0.
 //! - **Finish** ([`stream_scores`]): one score per (KV head, key) for **all** `N` keys,
 //!   `out[kh*N + i]`, larger = more worth keeping. The stream has no window: whatever the
 //!   caller always keeps (sinks, recent tokens) it handles itself, e.g. by selecting with

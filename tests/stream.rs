@@ -767,6 +767,14 @@ fn bad_input_leaves_the_state_unchanged() {
             ),
             (
                 FeedArgs {
+                    bytes: base.bytes - 8,
+                    ..base
+                },
+                KVE_ERR_OUTPUT_TOO_SMALL,
+                "state shorter than its shape",
+            ),
+            (
+                FeedArgs {
                     ws: base.state,
                     wsl: 8,
                     ..base
@@ -990,4 +998,41 @@ fn scores_abi_writes_nothing_on_error() {
         expect[l] += 1;
     }
     assert_eq!(&seen[..n], &expect[..]);
+}
+
+#[test]
+fn a_state_sized_for_the_capacity_never_reads_the_unfilled_tail() {
+    let mut rng = Rng::new(31);
+    let (hkv, g, n, dk, filled) = (2, 3, 64, 16, 40);
+    let mut x = layer(&mut rng, hkv, g, n, dk, DType::F32, Layout::TokenMajor);
+    // the unfilled tail of the cache holds garbage (NaN)
+    for h in 0..hkv {
+        for t in filled..n {
+            for d in 0..dk {
+                let o = x.k.offset(h, t, d);
+                x.k.set_flat(o, f64::NAN);
+            }
+        }
+    }
+    // decode-time queries at their own positions, all inside the filled part
+    let q = queries(&mut rng, x.hq, 6, dk, DType::F32);
+    let pos: Vec<i64> = (filled - 6..filled).map(|p| p as i64).collect();
+    let mut st = x.feed(&q, &pos, 4, DType::F32, Layout::HeadMajor);
+    let r = ref_stats(&q, &pos, &x.kr);
+    for stat in [StreamStat::Max, StreamStat::Mean, StreamStat::MeanVisible] {
+        let cfg = StreamScoreConfig::new(stat, GqaReduce::Sum);
+        let core = x.scores(&mut st, &cfg, &[]);
+        assert!(core.iter().all(|v| v.is_finite()), "{stat:?}");
+        for kh in 0..hkv {
+            assert!(core[kh * n + filled..(kh + 1) * n]
+                .iter()
+                .all(|&v| v == 0.0));
+        }
+        close(
+            &core,
+            &ref_scores(&r, &cfg, hkv, &x.vr, &x.wo),
+            n,
+            &format!("{stat:?}"),
+        );
+    }
 }
