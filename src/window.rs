@@ -285,6 +285,9 @@ fn row_stats_impl<S: Simd>(
     let rsum = &mut rsum[..rows];
     rmax.fill(f32::NEG_INFINITY);
     rsum.fill(0.0);
+    // the running max starts at -inf, not 0: rows whose logits are all below -87 would
+    // otherwise underflow every exp to 0 and be rejected as non-finite
+    s.m.fill(f32::NEG_INFINITY);
     let mut c0 = 0;
     while c0 < n {
         let nt = CHUNK.min(n - c0);
