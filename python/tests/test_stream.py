@@ -89,6 +89,18 @@ class StreamTests(unittest.TestCase):
                                 stat="mean", gqa="mean")
         assert_close(self, h.scores("mean", "mean"), want, what="float16")
 
+    def test_row_lse_path(self):
+        q, k, pos = self.q.astype(np.float64), self.k.astype(np.float64), self.pos
+        z = np.einsum("hjd,hid->hji", q, np.repeat(k, 3, axis=0)) / math.sqrt(16)
+        z[:, np.arange(70)[None, :] > np.minimum(pos, 69)[:, None]] = -np.inf
+        m = z.max(axis=-1)
+        lse = m + np.log(np.exp(z - m[..., None]).sum(axis=-1))  # [Hq, c]
+        s = kve.StreamScorer(6, 2, 70, 16).feed(self.q, pos, self.k, row_lse=lse)
+        for stat in ("max", "mean", "laprox"):
+            assert_close(self, s.scores(stat, value_forms=np.ones(6 * 70)),
+                         self.fed(20).scores(stat, value_forms=np.ones(6 * 70)), rtol=1e-5,
+                         what=f"row_lse {stat}")
+
     def test_select_with_window_zero(self):
         sc = self.fed(20).scores("max", "max")
         kept = kve.kept_lists(*kve.select_model(kve.SelectParams("uniform", "head", 5),
