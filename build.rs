@@ -31,6 +31,7 @@ mod cuda_build {
         "compact.cu",
         "baselines.cu",
         "budgets.cu",
+        "stream.cu",
     ];
     const HEADERS: &[&str] = &["kvevict_cuda.h", "common.cuh", "mma.cuh"];
 

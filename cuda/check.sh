@@ -79,9 +79,10 @@ TEST_BIN=""
 if ! skip tests; then
   say "GPU tests"
   if command -v cargo >/dev/null 2>&1 && [ -n "$NVCC" ]; then
-    if timeout "$(tmo 240)" cargo test --release --features cuda --test cuda_gpu --test cuda_capi --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
+    if timeout "$(tmo 240)" cargo test --release --features cuda --test cuda_gpu --test cuda_capi --test stream_device --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
       TEST_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
       CAPI_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_capi-* 2>/dev/null | grep -v '\.d$' | head -1)
+      STREAM_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/stream_device-* 2>/dev/null | grep -v '\.d$' | head -1)
     fi
   fi
   if [ -z "$TEST_BIN" ] && [ -x build/gpu/cuda_gpu ]; then
@@ -98,6 +99,17 @@ if ! skip tests; then
     fi
   else
     note "C API device tests: NOT RUN (no build/gpu/cuda_capi)"
+  fi
+  if [ -z "${STREAM_BIN:-}" ] && [ -x build/gpu/stream_device ]; then STREAM_BIN=build/gpu/stream_device; fi
+  # the query-stream launcher against the core's stream state
+  if [ -n "${STREAM_BIN:-}" ]; then
+    if timeout "$(tmo 60)" "$STREAM_BIN" --nocapture 2>&1 | tee "$LOG/stream.log" | grep -E "^test |skipped|panicked"; then
+      note "stream launcher tests: $(grep -E '^test result' "$LOG/stream.log" | tail -1)"
+    else
+      note "stream launcher tests: FAILED (see stream.log): $(grep -E 'panicked' -A2 "$LOG/stream.log" | head -4 | tr '\n' ' ')"
+    fi
+  else
+    note "stream launcher tests: NOT RUN (no build/gpu/stream_device)"
   fi
   if [ -n "$TEST_BIN" ]; then
     if timeout "$(tmo 150)" "$TEST_BIN" --test-threads=4 2>&1 | tee "$LOG/tests.log" | tail -25; then

@@ -358,6 +358,27 @@ int kve_cuda_compact_varlen(const kve_cuda_view* src, const int32_t* kept,
                             int64_t kept_ld, const int32_t* counts, void* dst,
                             int32_t* cu_seqlens, void* stream);
 
+/* ------------------------------------------------------------------- stream --
+ * One chunk of a query stream (src/stream.rs; SPEC §2's attention for queries at any
+ * positions): q [Hq, c, dk] post-RoPE queries at positions[c] (device int64, >= 0),
+ * k [Hkv, N, dk] (same dtype, dk <= 256). Query j sees keys i <= min(positions[j], N-1);
+ * A = softmax over them in f32 with max subtraction (row denominators summed in f64).
+ * Adds into the device accumulators acc_max / acc_sum / acc_sq ([Hq][N] f32, row stride
+ * N, zeroed by the caller before the first chunk), for every query head h and key i:
+ *   acc_max[h,i] = max(acc_max[h,i], max_j A[h,j,i]),
+ *   acc_sum[h,i] += Σ_j A[h,j,i],   acc_sq[h,i] += Σ_j A[h,j,i]².
+ * Rows that do not see a key add nothing to it. row_lse (optional, NULL when absent):
+ * [Hq][c], each row's natural-log log-sum-exp over its visible keys (flash attention's
+ * softmax_lse): the row pass is skipped and K is read once. The kernels read the
+ * positions on the device and do not check their order (the host API does); NaN/Inf
+ * inputs are not detected (they propagate). Deterministic: one thread owns each key.
+ * Workspace: kve_cuda_stream_feed_workspace_size(Hq, c) bytes (row max and 1/sum). */
+size_t kve_cuda_stream_feed_workspace_size(int64_t hq, int64_t c);
+int kve_cuda_stream_feed(const kve_cuda_view* q, const int64_t* positions,
+                         const kve_cuda_view* k, const float* row_lse, float* acc_max,
+                         float* acc_sum, float* acc_sq, void* ws, size_t ws_bytes,
+                         void* stream);
+
 #ifdef __cplusplus
 }
 #endif

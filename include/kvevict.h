@@ -126,6 +126,13 @@
 #define KVE_NORMALIZE_LAYER_SUM 0
 #define KVE_NORMALIZE_NONE 1
 
+/* kve_stream_score_params.stat: the statistic a query stream finishes into */
+#define KVE_STREAM_STAT_MAX 0
+#define KVE_STREAM_STAT_MEAN 1
+#define KVE_STREAM_STAT_MEAN_VISIBLE 2
+#define KVE_STREAM_STAT_LAPROX 3
+#define KVE_STREAM_SCORE_PARAMS_V1_SIZE 40
+
 /* Limits and the released sizes of the extensible structs (V1: first release) */
 #define KVE_MAX_HEADS 65536
 #define KVE_MAX_TOKENS 2147483648ULL
@@ -411,6 +418,48 @@ typedef struct kve_search {
 typedef struct kve_histogram {
   uint64_t bins[256];
 } kve_histogram;
+
+/**
+ * How `kve_stream_scores` turns a stream's statistics into scores. Fill with
+ * `kve_stream_score_params_init` (max attention, GQA max, no pooling), then adjust.
+ * Per query head: `stat`, then the pool; then the GQA reduction; then the post-pool.
+ */
+typedef struct kve_stream_score_params {
+  /**
+   * `sizeof(kve_stream_score_params)` as the caller compiled it (set by the init).
+   */
+  uint32_t struct_size;
+  /**
+   * `KVE_STREAM_STAT_*`.
+   */
+  uint32_t stat;
+  /**
+   * `KVE_GQA_*`: how the query heads of a KV group combine (after `pool`).
+   */
+  uint32_t gqa;
+  /**
+   * `KVE_POOL_*` along tokens per query head (LaProx: on the attention term).
+   */
+  uint32_t pool_kind;
+  /**
+   * Its kernel: odd for avg/max (<= 4095), 1..4096 for forward.
+   */
+  uint32_t pool_kernel;
+  /**
+   * Its decay (forward pooling), in (0, 1].
+   */
+  float pool_decay;
+  /**
+   * `KVE_POOL_*` per KV head after the GQA reduction.
+   */
+  uint32_t post_pool_kind;
+  uint32_t post_pool_kernel;
+  float post_pool_decay;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+} kve_stream_score_params;
 
 #ifdef __cplusplus
 extern "C" {
@@ -941,6 +990,123 @@ int32_t kve_select_shard(const struct kve_select_params *params,
                          uint64_t indices_len,
                          void *workspace,
                          uint64_t workspace_bytes);
+
+/**
+ * Fill `params` with the defaults (max attention, GQA max, no pooling) and its
+ * `struct_size` (pass `sizeof(kve_stream_score_params)`). Writes only `params`.
+ */
+int32_t kve_stream_score_params_init(struct kve_stream_score_params *params, uint32_t struct_size);
+
+/**
+ * Bytes of a stream state for a layer of `hq` query heads, `hkv` KV heads, `n` cached
+ * tokens and key dim `dk` (`dk <= 1024`, `hq` a multiple of `hkv`). Writes only
+ * `*out_bytes`.
+ */
+int32_t kve_stream_state_size(uint64_t hq,
+                              uint64_t hkv,
+                              uint64_t n,
+                              uint64_t dk,
+                              uint64_t *out_bytes);
+
+/**
+ * Start an empty stream in `state` (8-byte aligned, `state_bytes` at least
+ * `kve_stream_state_size`). The state is plain bytes (no pointers): it may be copied,
+ * saved and restored. Writes only `state`.
+ */
+int32_t kve_stream_init(void *state,
+                        uint64_t state_bytes,
+                        uint64_t hq,
+                        uint64_t hkv,
+                        uint64_t n,
+                        uint64_t dk);
+
+/**
+ * Workspace bytes `kve_stream_feed` needs for chunks of up to `chunk` queries. Writes
+ * only `*out_bytes`.
+ */
+int32_t kve_stream_feed_workspace_size(uint64_t hq,
+                                       uint64_t hkv,
+                                       uint64_t n,
+                                       uint64_t dk,
+                                       uint64_t chunk,
+                                       uint64_t *out_bytes);
+
+/**
+ * Feed `c` queries into the stream: `queries` `[Hq, c, dk]` (post-RoPE), `positions[c]`
+ * (`>= 0`, non-decreasing within the chunk and after every position fed before),
+ * `keys` `[Hkv, N, dk]` with the shape the state was started for. A query at position
+ * `p` sees keys `i <= min(p, N-1)`, softmax over them in f32 (SPEC §2, scale 1/sqrt(dk)).
+ * `row_lse` (NULL, 0 when absent): exactly `Hq*c` floats `[Hq][c]`, each row's natural-log
+ * log-sum-exp over its visible keys (flash attention's `softmax_lse`); K is then read
+ * once instead of twice. Errors, with the state unchanged: positions going backwards or
+ * negative → `KVE_ERR_INVALID_ARGUMENT`; a state not started, or started for another
+ * shape → `KVE_ERR_INVALID_ARGUMENT` / `KVE_ERR_SHAPE_MISMATCH`; NaN/Inf in the queries, the
+ * visible keys or `row_lse` → `KVE_ERR_NON_FINITE`. Writes `state` and the workspace.
+ */
+int32_t kve_stream_feed(void *state,
+                        uint64_t state_bytes,
+                        const struct kve_tensor *queries,
+                        const int64_t *positions,
+                        uint64_t positions_len,
+                        const struct kve_tensor *keys,
+                        const float *row_lse,
+                        uint64_t row_lse_len,
+                        void *workspace,
+                        uint64_t workspace_bytes);
+
+/**
+ * Queries fed into `state` so far. Writes only `*out_count`.
+ */
+int32_t kve_stream_query_count(const void *state, uint64_t state_bytes, uint64_t *out_count);
+
+/**
+ * Workspace bytes `kve_stream_scores` needs. Writes only `*out_bytes`.
+ */
+int32_t kve_stream_scores_workspace_size(uint64_t hq,
+                                         uint64_t hkv,
+                                         uint64_t n,
+                                         uint64_t dk,
+                                         uint64_t *out_bytes);
+
+/**
+ * Finish the stream into `out[kh*N + i]`, one score per KV head and key, for all `N`
+ * keys (the stream has no window: select with window 0; larger = keep). `out_len` at
+ * least `hkv*N`. LaProx's value term (`KVE_STREAM_STAT_LAPROX` only, ignored otherwise):
+ * `value_forms` `[Hkv][g][N]` from `kve_compute_value_forms` with `cross = 0`, or
+ * `values` `[Hkv, N, dv]` (NULL for absent) with `gram` from `kve_compute_gram` with
+ * `cross = 0`. `KVE_STREAM_STAT_MEAN`, `_MEAN_VISIBLE` and `_LAPROX` on a stream that has
+ * seen no query give `KVE_ERR_INVALID_ARGUMENT`. Reads `state`; writes `out` (only on
+ * success) and the workspace.
+ */
+int32_t kve_stream_scores(const void *state,
+                          uint64_t state_bytes,
+                          const struct kve_stream_score_params *params,
+                          const struct kve_tensor *values,
+                          const float *gram,
+                          uint64_t gram_len,
+                          const float *value_forms,
+                          uint64_t value_forms_len,
+                          float *out,
+                          uint64_t out_len,
+                          void *workspace,
+                          uint64_t workspace_bytes);
+
+/**
+ * Copy the raw statistics of `state` out, for callers that finish them their own way:
+ * `out_max`, `out_sum`, `out_sq` (`len` floats each, at least `Hq*N`; `[Hq][N]`:
+ * `max_j A`, `Σ_j A`, `Σ_j A²` per query head and key) and `out_seen` (`seen_len` u64, at
+ * least `N`: how many fed queries had key `i` as their last visible key, so that
+ * `Σ_{i' >= i} seen[i']` queries saw key `i`). Writes the first `Hq*N` (`N`) elements of
+ * each, only on success.
+ */
+int32_t kve_stream_stats(const void *state,
+                         uint64_t state_bytes,
+                         float *out_max,
+                         float *out_sum,
+                         float *out_sq,
+                         uint64_t len,
+                         uint64_t *out_seen,
+                         uint64_t seen_len);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -342,4 +342,18 @@ extern "C" {
         count: i64,
         stream: *mut c_void,
     ) -> c_int;
+
+    pub fn kve_cuda_stream_feed_workspace_size(hq: i64, c: i64) -> usize;
+    pub fn kve_cuda_stream_feed(
+        q: *const KveCudaView,
+        positions: *const i64,
+        k: *const KveCudaView,
+        row_lse: *const f32,
+        acc_max: *mut f32,
+        acc_sum: *mut f32,
+        acc_sq: *mut f32,
+        ws: *mut c_void,
+        ws_bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
 }

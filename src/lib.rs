@@ -28,6 +28,7 @@ pub mod pool;
 pub mod score;
 pub mod select;
 pub mod shard;
+pub mod stream;
 pub mod view;
 mod window;
 
@@ -43,6 +44,11 @@ pub use gram::{
 pub use score::{
     layer_shape, score_layer, score_len, score_workspace_size, window_row_lse,
     window_row_lse_workspace_size, LayerInputs, LayerShape,
+};
+pub use stream::{
+    stream_feed, stream_feed_workspace_size, stream_init, stream_query_count, stream_scores,
+    stream_scores_len, stream_scores_workspace_size, stream_shape, stream_state_size, stream_stats,
+    StreamScoreConfig, StreamShape, StreamStat, StreamStats, StreamValues,
 };
 pub use view::{DType, View, ViewMut};
 

@@ -23,7 +23,7 @@ use crate::numerics::{
 use crate::view::{DType, View};
 
 /// Keys per micro-tile of the Q·Kᵀ kernel.
-const KT: usize = 6;
+pub(crate) const KT: usize = 6;
 /// Keys per chunk (a multiple of [`KT`]).
 pub(crate) const CHUNK: usize = 96;
 
@@ -68,19 +68,19 @@ pub(crate) fn scratch_size(ws: &mut WorkspaceSize, g: usize, w: usize, dk: usize
 /// 16 rows `[d][16]`, then, when `rows_pad % 16 == 8`, one panel of 8 rows `[d][8]`.
 /// `c` holds a chunk's logits key-major: `c[t][rows_pad]`, so that the rows of one key are
 /// contiguous (vector lanes run over window rows).
-struct Scratch<'s> {
-    q: &'s mut [f32],
-    k: &'s mut [f32],
-    c: &'s mut [f32],
-    m: &'s mut [f32],
-    inv: &'s mut [f32],
-    rows: usize,
-    rows_pad: usize,
-    dk: usize,
+pub(crate) struct Scratch<'s> {
+    pub q: &'s mut [f32],
+    pub k: &'s mut [f32],
+    pub c: &'s mut [f32],
+    pub m: &'s mut [f32],
+    pub inv: &'s mut [f32],
+    pub rows: usize,
+    pub rows_pad: usize,
+    pub dk: usize,
 }
 
 /// Carve scratch and load the group's window queries, pre-scaled by 1/sqrt(dk).
-fn load_queries<'s>(
+pub(crate) fn load_queries<'s>(
     queries: &View,
     kh: usize,
     g: usize,
@@ -131,7 +131,7 @@ fn load_queries<'s>(
 /// converted into `k[t][dk]` with zero rows from `nt` to `ntp`. Returns the first row and the
 /// row stride, and (with `check`) whether every key element is finite.
 #[inline(always)]
-fn load_keys<S: Simd>(
+pub(crate) fn load_keys<S: Simd>(
     keys: &View,
     kh: usize,
     c0: usize,
@@ -219,7 +219,7 @@ unsafe fn tile8<S: Simd>(
 /// # Safety
 /// `k` must point to `ntp` readable rows of `dk` floats, `ldk` apart.
 #[inline(always)]
-unsafe fn gemm<S: Simd>(s: &mut Scratch, k: *const f32, ldk: usize, ntp: usize) {
+pub(crate) unsafe fn gemm<S: Simd>(s: &mut Scratch, k: *const f32, ldk: usize, ntp: usize) {
     let (dk, rp) = (s.dk, s.rows_pad);
     assert!(ntp % KT == 0 && s.c.len() >= ntp * rp);
     assert!(s.q.len() >= rp * dk && rp % 8 == 0);
@@ -285,6 +285,9 @@ fn row_stats_impl<S: Simd>(
     let rsum = &mut rsum[..rows];
     rmax.fill(f32::NEG_INFINITY);
     rsum.fill(0.0);
+    // the running max starts at -inf, not 0: rows whose logits are all below -87 would
+    // otherwise underflow every exp to 0 and be rejected as non-finite
+    s.m.fill(f32::NEG_INFINITY);
     let mut c0 = 0;
     while c0 < n {
         let nt = CHUNK.min(n - c0);
@@ -303,46 +306,61 @@ fn row_stats_impl<S: Simd>(
                 c[t * rp + a * w..t * rp + a * w + hide].fill(f32::NEG_INFINITY);
             }
         }
-        let mut r0 = 0;
-        while r0 < rows {
-            let mut m = [0f32; 8];
-            let mut cs = [0f32; 8];
-            // SAFETY: r0 + 8 <= rp and t < nt <= ntp: inside `c`.
-            unsafe {
-                let cp = c.as_ptr().add(r0);
-                let mut cm = S::splat(f32::NEG_INFINITY);
-                for t in 0..nt {
-                    cm = S::max(cm, S::load(cp.add(t * rp)));
-                }
-                let mv = S::max(S::load(s.m.as_ptr().add(r0)), cm);
-                let mut acc = S::zero();
-                for t in 0..nt {
-                    acc = S::add(acc, S::exp_neg(S::sub(S::load(cp.add(t * rp)), mv)));
-                }
-                S::store(m.as_mut_ptr(), mv);
-                S::store(cs.as_mut_ptr(), acc);
-            }
-            for l in 0..8.min(rows - r0) {
-                let r = r0 + l;
-                let (m_old, m_new) = (rmax[r], m[l]);
-                if !m_new.is_finite() {
-                    return Err(Error::NonFinite);
-                }
-                let rescale = if m_old == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    exp_neg(m_old - m_new) as f64
-                };
-                rsum[r] = rsum[r] * rescale + cs[l] as f64;
-                rmax[r] = m_new;
-                s.m[r] = m_new;
-            }
-            r0 += 8;
-        }
+        fold_rows::<S>(s, nt, rmax, rsum)?;
         c0 += nt;
     }
     if rsum.iter().any(|s| !s.is_finite() || *s <= 0.0) {
         return Err(Error::NonFinite);
+    }
+    Ok(())
+}
+
+/// Fold the logits of one key chunk (`s.c`, `nt` keys) into the running row maxima
+/// `rmax` and denominators `rsum` (f64) of the `s.rows` rows; `s.m` mirrors `rmax`.
+#[inline(always)]
+pub(crate) fn fold_rows<S: Simd>(
+    s: &mut Scratch,
+    nt: usize,
+    rmax: &mut [f32],
+    rsum: &mut [f64],
+) -> Result<()> {
+    let (rows, rp) = (s.rows, s.rows_pad);
+    let c = &s.c[..nt.div_ceil(KT) * KT * rp];
+    let mut r0 = 0;
+    while r0 < rows {
+        let mut m = [0f32; 8];
+        let mut cs = [0f32; 8];
+        // SAFETY: r0 + 8 <= rp and t < nt <= ntp: inside `c`.
+        unsafe {
+            let cp = c.as_ptr().add(r0);
+            let mut cm = S::splat(f32::NEG_INFINITY);
+            for t in 0..nt {
+                cm = S::max(cm, S::load(cp.add(t * rp)));
+            }
+            let mv = S::max(S::load(s.m.as_ptr().add(r0)), cm);
+            let mut acc = S::zero();
+            for t in 0..nt {
+                acc = S::add(acc, S::exp_neg(S::sub(S::load(cp.add(t * rp)), mv)));
+            }
+            S::store(m.as_mut_ptr(), mv);
+            S::store(cs.as_mut_ptr(), acc);
+        }
+        for l in 0..8.min(rows - r0) {
+            let r = r0 + l;
+            let (m_old, m_new) = (rmax[r], m[l]);
+            if !m_new.is_finite() {
+                return Err(Error::NonFinite);
+            }
+            let rescale = if m_old == f32::NEG_INFINITY {
+                0.0
+            } else {
+                exp_neg(m_old - m_new) as f64
+            };
+            rsum[r] = rsum[r] * rescale + cs[l] as f64;
+            rmax[r] = m_new;
+            s.m[r] = m_new;
+        }
+        r0 += 8;
     }
     Ok(())
 }
@@ -439,25 +457,8 @@ fn column_stats_impl<S: Simd>(
         let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
         unsafe { gemm::<S>(s, kp, ldk, ntp) };
-        let c = &mut s.c[..ntp * rp];
-        // probabilities in place (padding rows have inv = 0)
-        for t in 0..nt {
-            let mut r0 = 0;
-            while r0 < rp {
-                // SAFETY: r0 + 8 <= rp, t < ntp.
-                unsafe {
-                    let cp = c.as_mut_ptr().add(t * rp + r0);
-                    // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
-                    // when the caller gave `row_lse` (its logits may round differently)
-                    let z = S::min(
-                        S::sub(S::load(cp), S::load(s.m.as_ptr().add(r0))),
-                        S::zero(),
-                    );
-                    S::store(cp, S::mul(S::exp_neg(z), S::load(s.inv.as_ptr().add(r0))));
-                }
-                r0 += 8;
-            }
-        }
+        probabilities::<S>(s, nt);
+        let c = &s.c[..ntp * rp];
         for t in 0..nt {
             let row = &c[t * rp..t * rp + g * w];
             for a in 0..g {
@@ -483,5 +484,30 @@ fn column_stats_impl<S: Simd>(
             }
         }
         c0 += nt;
+    }
+}
+
+/// The logits of one key chunk (`s.c`, `nt` keys) to probabilities in place,
+/// `exp(z - m[r]) · inv[r]` (padding rows have inv = 0).
+#[inline(always)]
+pub(crate) fn probabilities<S: Simd>(s: &mut Scratch, nt: usize) {
+    let rp = s.rows_pad;
+    let c = &mut s.c[..nt * rp];
+    for t in 0..nt {
+        let mut r0 = 0;
+        while r0 < rp {
+            // SAFETY: r0 + 8 <= rp, t < nt.
+            unsafe {
+                let cp = c.as_mut_ptr().add(t * rp + r0);
+                // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
+                // when the caller gave `row_lse` (its logits may round differently)
+                let z = S::min(
+                    S::sub(S::load(cp), S::load(s.m.as_ptr().add(r0))),
+                    S::zero(),
+                );
+                S::store(cp, S::mul(S::exp_neg(z), S::load(s.inv.as_ptr().add(r0))));
+            }
+            r0 += 8;
+        }
     }
 }

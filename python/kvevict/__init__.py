@@ -17,6 +17,7 @@ from ._api import (ShardedSearch, compact_in_place, compact_varlen, compute_gram
                    gram_len, kept_lists, prefix_len, score_layer, score_output_len,
                    score_workspace_size, select_model, select_output_len, select_sharded,
                    select_workspace_size, value_forms_len, window_row_lse)
+from ._stream import STREAM_STATS, StreamScorer
 from ._pipeline import (DEFAULT_ALLOCATOR, GramCache, gram_cache, make_score_params,
                         score_model, select_kept)
 
@@ -34,5 +35,5 @@ __all__ = [
     "compute_value_l1", "select_model", "select_output_len", "select_workspace_size",
     "kept_lists", "evicted_positions", "ShardedSearch", "select_sharded",
     "compact_in_place", "compact_varlen", "score_model", "select_kept", "make_score_params",
-    "GramCache", "gram_cache", "DEFAULT_ALLOCATOR",
+    "GramCache", "gram_cache", "DEFAULT_ALLOCATOR", "StreamScorer", "STREAM_STATS",
 ]

@@ -139,6 +139,21 @@ class kve_layer_inputs(ctypes.Structure):
     ]
 
 
+class kve_stream_score_params(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("stat", c_uint32),
+        ("gqa", c_uint32),
+        ("pool_kind", c_uint32),
+        ("pool_kernel", c_uint32),
+        ("pool_decay", c_float),
+        ("post_pool_kind", c_uint32),
+        ("post_pool_kernel", c_uint32),
+        ("post_pool_decay", c_float),
+        ("reserved", c_uint32),
+    ]
+
+
 class kve_model_scores(ctypes.Structure):
     _fields_ = [
         ("scores", c_void_p),
@@ -171,6 +186,7 @@ assert ctypes.sizeof(kve_score_params) == 48
 assert ctypes.sizeof(kve_select_params) == 48
 assert ctypes.sizeof(kve_layer_inputs) == 288
 assert ctypes.sizeof(kve_model_scores) == 48
+assert ctypes.sizeof(kve_stream_score_params) == 40
 
 # ------------------------------------------------------------------------- prototypes
 P = POINTER
@@ -212,6 +228,25 @@ _PROTOS = {
     "kve_value_l1_workspace_size": (c_int32, [c_uint64, c_uint64, _u64p]),
     "kve_compute_value_l1": (
         c_int32, [P(kve_tensor), P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64]),
+    # scoring from a query stream
+    "kve_stream_score_params_init": (c_int32, [P(kve_stream_score_params), c_uint32]),
+    "kve_stream_state_size": (c_int32, [c_uint64, c_uint64, c_uint64, c_uint64, _u64p]),
+    "kve_stream_init": (c_int32, [c_void_p, c_uint64, c_uint64, c_uint64, c_uint64, c_uint64]),
+    "kve_stream_feed_workspace_size": (
+        c_int32, [c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, _u64p]),
+    "kve_stream_feed": (
+        c_int32,
+        [c_void_p, c_uint64, P(kve_tensor), c_void_p, c_uint64, P(kve_tensor), c_void_p, c_uint64,
+         c_void_p, c_uint64]),
+    "kve_stream_query_count": (c_int32, [c_void_p, c_uint64, _u64p]),
+    "kve_stream_stats": (
+        c_int32, [c_void_p, c_uint64, c_void_p, c_void_p, c_void_p, c_uint64, c_void_p, c_uint64]),
+    "kve_stream_scores_workspace_size": (
+        c_int32, [c_uint64, c_uint64, c_uint64, c_uint64, _u64p]),
+    "kve_stream_scores": (
+        c_int32,
+        [c_void_p, c_uint64, P(kve_stream_score_params), P(kve_tensor), c_void_p, c_uint64,
+         c_void_p, c_uint64, c_void_p, c_uint64, c_void_p, c_uint64]),
     # selection
     "kve_select_output_len": (
         c_int32, [P(kve_select_params), c_uint64, c_uint64, c_uint64, c_uint64, _u64p, _u64p]),

@@ -30,6 +30,7 @@ pub mod cuda;
 pub mod params;
 pub mod score;
 pub mod select;
+pub mod stream;
 
 use crate::error::Error;
 use crate::view::{DType, View, ViewMut};
@@ -40,6 +41,7 @@ pub use cuda::*;
 pub use params::*;
 pub use score::*;
 pub use select::*;
+pub use stream::*;
 
 // ----------------------------------------------------------------------------- status
 
@@ -574,6 +576,22 @@ pub fn header_defines() -> std::string::String {
         &[
             ("KVE_NORMALIZE_LAYER_SUM", Normalize::LayerSum as i64),
             ("KVE_NORMALIZE_NONE", Normalize::None as i64),
+        ],
+    );
+    group(
+        "kve_stream_score_params.stat: the statistic a query stream finishes into",
+        &[
+            ("KVE_STREAM_STAT_MAX", crate::StreamStat::Max as i64),
+            ("KVE_STREAM_STAT_MEAN", crate::StreamStat::Mean as i64),
+            (
+                "KVE_STREAM_STAT_MEAN_VISIBLE",
+                crate::StreamStat::MeanVisible as i64,
+            ),
+            ("KVE_STREAM_STAT_LAPROX", crate::StreamStat::LaProx as i64),
+            (
+                "KVE_STREAM_SCORE_PARAMS_V1_SIZE",
+                stream::KVE_STREAM_SCORE_PARAMS_V1_SIZE as i64,
+            ),
         ],
     );
     group(

@@ -26,6 +26,9 @@
 //!    bit-identical to the core's statistics; with `row_lse` it uses the core's
 //!    `A = exp(z - lse)` path. Non-finite Q / K (which the kernels do not detect) give NaN
 //!    in that group's outputs.
+//!  - stream_feed runs the core's `stream::accumulate` (bit-identical to a host stream
+//!    state's statistics); it rejects negative or decreasing positions, which the kernels
+//!    (reading them on the device) cannot check.
 //!  - pool calls `crate::pool::pool`; vonorm the core's `gram::quad_forms`; layer_stats the
 //!    core's `layer_entropy`; layer_budgets the core's `pyramid_budget` / `lava_budgets` /
 //!    ada floor; select / shard build the core's 128-bit keys (`make_key` order).
@@ -1738,6 +1741,93 @@ pub unsafe fn kve_cuda_broadcast_lists(
             *counts.add(u) = c;
             for t in 0..c.max(0) as usize {
                 *idx.add(u * li + t) = *src_idx.add(r * ls + t);
+            }
+        }
+    }
+    0
+}
+
+// ------------------------------------------------------------------- stream --
+
+/// The kernel's formula: row max and `1/sum` per row, each 256-byte aligned.
+pub unsafe fn kve_cuda_stream_feed_workspace_size(hq: i64, c: i64) -> usize {
+    if hq <= 0 || c <= 0 {
+        return 0;
+    }
+    hq.checked_mul(c)
+        .and_then(|r| (r as u64).checked_mul(4))
+        .and_then(|b| b.checked_add(255))
+        .map(|b| b / 256 * 256 * 2)
+        .and_then(|b| usize::try_from(b).ok())
+        .unwrap_or(usize::MAX)
+}
+
+/// The core's `stream::accumulate` on the accumulators. Stricter than the kernels, which
+/// read the positions on the device: negative or decreasing positions are rejected here.
+/// NaN/Inf in Q or the visible keys (undetected by the kernels) give NaN accumulators.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn kve_cuda_stream_feed(
+    q: *const KveCudaView,
+    positions: *const i64,
+    k: *const KveCudaView,
+    row_lse: *const f32,
+    acc_max: *mut f32,
+    acc_sum: *mut f32,
+    acc_sq: *mut f32,
+    ws: *mut c_void,
+    ws_bytes: usize,
+    _stream: *mut c_void,
+) -> c_int {
+    let (Some(qd), Some(kd)) = (view_ok(q), view_ok(k)) else {
+        return INVALID;
+    };
+    let (hq, hkv, n, dk, c) = (qd.heads, kd.heads, kd.tokens, kd.dim, qd.tokens);
+    if qd.dtype != kd.dtype || hkv <= 0 || hq <= 0 || hq % hkv != 0 || c <= 0 || n <= 0 {
+        return INVALID;
+    }
+    if qd.dim != dk || !(1..=256).contains(&dk) || hq > 65535 || hkv > 65535 {
+        return INVALID;
+    }
+    if positions.is_null() || acc_max.is_null() || acc_sum.is_null() || acc_sq.is_null() {
+        return INVALID;
+    }
+    let need = kve_cuda_stream_feed_workspace_size(hq, c);
+    if ws.is_null() || ws_bytes < need {
+        return INVALID;
+    }
+    let (hq, hkv, n, dk, c) = (
+        hq as usize,
+        hkv as usize,
+        n as usize,
+        dk as usize,
+        c as usize,
+    );
+    let pos = core::slice::from_raw_parts(positions, c);
+    if pos.iter().any(|&p| p < 0) || pos.windows(2).any(|w| w[1] < w[0]) {
+        return INVALID;
+    }
+    let (Some(qv), Some(kv)) = (core_view(&qd), core_view(&kd)) else {
+        return INVALID;
+    };
+    scribble(ws, need);
+    let lim: Vec<u64> = pos.iter().map(|&p| (p as u64).min(n as u64 - 1)).collect();
+    let lse = (!row_lse.is_null()).then(|| core::slice::from_raw_parts(row_lse, hq * c));
+    let Ok(bytes) = crate::stream::accumulate_workspace_size(hq, hq / hkv, c, dk) else {
+        return INVALID;
+    };
+    let mut scratch = vec![0u8; bytes];
+    let hn = hq * n;
+    let (mx, sm, sq) = (
+        core::slice::from_raw_parts_mut(acc_max, hn),
+        core::slice::from_raw_parts_mut(acc_sum, hn),
+        core::slice::from_raw_parts_mut(acc_sq, hn),
+    );
+    if crate::stream::accumulate(&qv, &lim, &kv, lse, mx, sm, sq, &mut scratch).is_err() {
+        // NaN/Inf in Q or K: the kernels do not detect it; their sums become NaN
+        for h in 0..hq {
+            for i in 0..=lim[c - 1] as usize {
+                sm[h * n + i] = f32::NAN;
+                sq[h * n + i] = f32::NAN;
             }
         }
     }

@@ -158,29 +158,29 @@ pub fn window_attention(q: &T3, k: &T3, w: usize) -> T3 {
     assert!(w <= n && w <= wq && hq % hkv == 0 && k.c == dk);
     let g = hq / hkv;
     let mut a = T3::zeros(hq, w, n);
-    let scale = 1.0 / (dk as f64).sqrt();
     for h in 0..hq {
         for j in 0..w {
-            let qr = q.row(h, wq - w + j);
             let last = n - w + j; // visible keys 0..=last
-            let z: Vec<f64> = (0..=last)
-                .map(|i| {
-                    qr.iter()
-                        .zip(k.row(h / g, i))
-                        .map(|(x, y)| x * y)
-                        .sum::<f64>()
-                        * scale
-                })
-                .collect();
-            let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = z.iter().map(|x| (x - m).exp()).collect();
-            let s: f64 = e.iter().sum();
-            for i in 0..=last {
-                a.set(h, j, i, e[i] / s);
+            let (p, _) = softmax_row(q.row(h, wq - w + j), k, h / g, last);
+            for (i, &x) in p.iter().enumerate() {
+                a.set(h, j, i, x);
             }
         }
     }
     a
+}
+
+/// One query row `qr` over keys `0..=last` of KV head `kh` of `k`: the softmax of
+/// `qr·k_i / sqrt(dk)` in f64 with max subtraction, and its natural-log log-sum-exp.
+pub fn softmax_row(qr: &[f64], k: &T3, kh: usize, last: usize) -> (Vec<f64>, f64) {
+    let scale = 1.0 / (k.c as f64).sqrt();
+    let z: Vec<f64> = (0..=last)
+        .map(|i| qr.iter().zip(k.row(kh, i)).map(|(x, y)| x * y).sum::<f64>() * scale)
+        .collect();
+    let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = z.iter().map(|x| (x - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    (e.iter().map(|x| x / s).collect(), m + s.ln())
 }
 
 /// `v_i · Wo_h` (`[D]`): the value of token `i` of KV head `kh` through query head `h`'s
@@ -246,7 +246,7 @@ pub struct Scores {
     pub forced: Vec<Vec<bool>>,
 }
 
-fn reduce(kind: GqaReduce, rows: &[Vec<f64>]) -> Vec<f64> {
+pub fn reduce(kind: GqaReduce, rows: &[Vec<f64>]) -> Vec<f64> {
     let p = rows[0].len();
     (0..p)
         .map(|i| {
