@@ -273,13 +273,13 @@ fn row_lse_is_checked_without_a_prefix() {
     let mut run = |inp: &kve_layer_inputs| unsafe {
         kve_score_layer(&sp, inp, null_mut(), 0, ws.as_mut_ptr() as *mut c_void, wl)
     };
-    let lse = vec![1.0f32; HQ * W + 1];
+    let lse = [1.0f32; HQ * W + 1];
     inp.row_lse = lse.as_ptr();
     inp.row_lse_len = (HQ * W + 1) as u64;
     expect!(run(&inp), KVE_ERR_SHAPE_MISMATCH);
     inp.row_lse_len = (HQ * W - 1) as u64;
     expect!(run(&inp), KVE_ERR_SHAPE_MISMATCH);
-    let mut bad = vec![1.0f32; HQ * W];
+    let mut bad = [1.0f32; HQ * W];
     bad[3] = f32::NAN;
     inp.row_lse = bad.as_ptr();
     inp.row_lse_len = (HQ * W) as u64;

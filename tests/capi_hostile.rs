@@ -1323,12 +1323,8 @@ fn cuda_entry_points_without_cuda() {
     if cfg!(feature = "cuda") {
         return;
     }
-    let mut c = CANARY as i32;
+    // (kve_cuda_get_device_count: tests/capi_contract.rs)
     unsafe {
-        expect!(
-            kve_cuda_get_device_count(&mut c),
-            KVE_ERR_NOT_BUILT_WITH_CUDA
-        );
         expect!(
             kve_cuda_score_layer(null(), null(), null_mut(), 0, null_mut(), 0, null_mut()),
             KVE_ERR_NOT_BUILT_WITH_CUDA
@@ -1365,8 +1361,6 @@ fn cuda_entry_points_without_cuda() {
             KVE_ERR_NOT_BUILT_WITH_CUDA
         );
     }
-    // the one status that comes with an output: no device
-    assert_eq!(c, 0);
 }
 
 /// Size queries loop over layers: a hostile layer count is refused at once, not after
