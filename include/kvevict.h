@@ -18,11 +18,11 @@
  *    arguments passed by pointer included (KVE_ERR_ALIASING, byte ranges compared).
  *  - On any error nothing is written to any output (a workspace's contents are
  *    unspecified after any call); the one exception is kve_cuda_get_device_count,
- *    which writes a count of 0 with KVE_ERR_NOT_BUILT_WITH_CUDA.
+ *    which writes a count of 0 with KVE_ERR_NOT_BUILT_WITH_CUDA. The caller owns
+ *    every buffer; the library never allocates, keeps no pointer after a call
+ *    returns, has no global state, and is thread-safe for calls on distinct outputs.
  *  - Finite inputs whose result would not be finite in float (overflow) give
- *    KVE_ERR_NON_FINITE, with nothing written, like NaN/Inf inputs. The caller owns every buffer; the library never
- *    allocates, keeps no pointer after a call returns, has no global state, and is
- *    thread-safe for calls on distinct outputs.
+ *    KVE_ERR_NON_FINITE, with nothing written, like NaN/Inf inputs.
  *  - Enumerations are uint32_t values of the KVE_* #defines; unknown values give
  *    KVE_ERR_BAD_ENUM.
  *  - Size queries first: every buffer size comes from a kve_*_len / *_workspace_size
@@ -488,10 +488,11 @@ const char *kve_version_string(void);
  * `indices` describe the kept lists (ascending, `< N`, else
  * `KVE_ERR_INVALID_ARGUMENT`): head `h` keeps `indices[offsets[h] .. offsets[h+1]]`,
  * the offsets absolute into the whole `indices` array — pass `kve_select_model`'s
- * `offsets + l*hkv` (`offsets_len = hkv + 1`) with its whole `indices` for layer `l`. `lengths` (may be NULL with `lengths_len = 0`) receives
- * the new per-head lengths `count_h` (`H` entries). Writes through `kv->data` (which
- * must be writable although `kve_tensor.data` is `const void*`) and `lengths`; every
- * list is validated before the first byte moves.
+ * `offsets + l*hkv` (`offsets_len = hkv + 1`) with its whole `indices` for layer `l`.
+ * `lengths` (may be NULL with `lengths_len = 0`) receives the new per-head lengths
+ * `count_h` (`H` entries). Writes through `kv->data` (which must be writable although
+ * `kve_tensor.data` is `const void*`) and `lengths`; every list is validated before the
+ * first byte moves.
  */
 int32_t kve_compact_in_place(const struct kve_tensor *kv,
                              const uint64_t *offsets,

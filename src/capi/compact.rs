@@ -15,10 +15,11 @@ use super::{check_alias, kve_tensor, span_ptr, to_status, tri, Buf, Tensor};
 /// `indices` describe the kept lists (ascending, `< N`, else
 /// `KVE_ERR_INVALID_ARGUMENT`): head `h` keeps `indices[offsets[h] .. offsets[h+1]]`,
 /// the offsets absolute into the whole `indices` array — pass `kve_select_model`'s
-/// `offsets + l*hkv` (`offsets_len = hkv + 1`) with its whole `indices` for layer `l`. `lengths` (may be NULL with `lengths_len = 0`) receives
-/// the new per-head lengths `count_h` (`H` entries). Writes through `kv->data` (which
-/// must be writable although `kve_tensor.data` is `const void*`) and `lengths`; every
-/// list is validated before the first byte moves.
+/// `offsets + l*hkv` (`offsets_len = hkv + 1`) with its whole `indices` for layer `l`.
+/// `lengths` (may be NULL with `lengths_len = 0`) receives the new per-head lengths
+/// `count_h` (`H` entries). Writes through `kv->data` (which must be writable although
+/// `kve_tensor.data` is `const void*`) and `lengths`; every list is validated before the
+/// first byte moves.
 #[no_mangle]
 pub unsafe extern "C" fn kve_compact_in_place(
     kv: *const kve_tensor,
