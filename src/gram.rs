@@ -496,10 +496,11 @@ fn l1_of(v: &[f32], w: &[f32], y: &mut [f32]) -> f32 {
 
 /// Whether every value form `compute_value_forms` would write for tokens `t0..t1` is
 /// finite, for inputs it accepts (finite values and Gram, `dv <= 1024`). Cheap unless
-/// the inputs are huge: any evaluation of `v G vᵀ` sums products `v_r G_rc v_c` (each at
-/// most doubled, by the symmetric form), so its partial sums stay below
-/// `2·max(1, |v|)²·|G|_F` grown by f32 rounding over at most `2·dv + 64` terms (< 1%);
-/// beyond that bound the forms are computed once into a scratch tile and checked.
+/// the inputs are huge: [`quad_forms`] forms `Y = v·G` (entries at most doubled by the
+/// symmetric form), then `Y·v`, so every partial sum stays below `2·max(1, |v|)²·|G|_F`
+/// grown by f32 rounding over at most `2·dv + 64` terms (< 1%); beyond that bound the
+/// forms are computed once into a scratch tile and checked. (An evaluation that formed
+/// `v_r·v_c` first would also need `2·|v|² <= FLT_MAX` here.)
 pub fn value_forms_finite(
     values: &View,
     gram: &[f32],
