@@ -14,20 +14,25 @@
  *  - A pointer with a length: NULL is accepted only with length 0. Lengths count
  *    elements of the pointed-to type, workspaces count bytes. Buffers must be aligned
  *    for their element type (KVE_ERR_MISALIGNED).
- *  - Outputs and workspaces must not overlap any input nor each other
- *    (KVE_ERR_ALIASING, byte ranges compared).
+ *  - Outputs and workspaces must not overlap any input nor each other, struct
+ *    arguments passed by pointer included (KVE_ERR_ALIASING, byte ranges compared).
  *  - On any error nothing is written to any output (a workspace's contents are
- *    unspecified after any call). The caller owns every buffer; the library never
- *    allocates, keeps no pointer after a call returns, has no global state, and is
- *    thread-safe for calls on distinct outputs.
+ *    unspecified after any call); the one exception is kve_cuda_get_device_count,
+ *    which writes a count of 0 with KVE_ERR_NOT_BUILT_WITH_CUDA. The caller owns
+ *    every buffer; the library never allocates, keeps no pointer after a call
+ *    returns, has no global state, and is thread-safe for calls on distinct outputs.
+ *  - Finite inputs whose result would not be finite in float (overflow) give
+ *    KVE_ERR_NON_FINITE, with nothing written, like NaN/Inf inputs.
  *  - Enumerations are uint32_t values of the KVE_* #defines; unknown values give
  *    KVE_ERR_BAD_ENUM.
  *  - Size queries first: every buffer size comes from a kve_*_len / *_workspace_size
  *    call with the same parameters.
  *  - Extensible structs (kve_score_params, kve_select_params, kve_layer_inputs) start
  *    with uint32_t struct_size: fill them with their *_init function, passing
- *    sizeof(the struct); the library reads the fields that fit and uses defaults for
- *    the rest, and rejects non-zero bytes past its own size.
+ *    sizeof(the struct). struct_size must be exactly one released size
+ *    (KVE_*_V<k>_SIZE; any other value, larger ones included, gives
+ *    KVE_ERR_INVALID_ARGUMENT); the library reads that version's fields and uses
+ *    defaults for fields it lacks.
  *  - Built with panic = abort and written not to panic; KVE_ERR_PANIC is reserved.
  */
 
@@ -42,9 +47,9 @@
 
 /* Version of this header (kve_version() gives the library's). */
 #define KVE_VERSION_MAJOR 0
-#define KVE_VERSION_MINOR 1
+#define KVE_VERSION_MINOR 2
 #define KVE_VERSION_PATCH 0
-#define KVE_VERSION_NUMBER 100
+#define KVE_VERSION_NUMBER 200
 
 /* Status codes (int32_t). kve_status_name / kve_status_message describe them. */
 #define KVE_OK 0
@@ -159,11 +164,15 @@
  * extent >= 1, `extent[0] <= KVE_MAX_HEADS`, `extent[1] <= 2^31`; the highest element
  * reached, `Σ (extent[i]-1)*stride[i]`, is `< len`; `len * sizeof(dtype)` fits the
  * address space. The library only reads a tensor, except the destination of a
- * compaction, which it writes through `data`.
+ * compaction (`kve_compact_in_place`'s `kv`, `kve_compact_varlen`'s `dst`), which it
+ * writes through `data`: `data` stays `const void*` so that every read-only tensor can
+ * be described from const memory without a cast (one descriptor type for inputs and
+ * outputs, as in DLPack), and the compaction functions document the write.
  */
 typedef struct kve_tensor {
   /**
-   * First element. Host memory, except for the `kve_cuda_*` functions.
+   * First element. Host memory, except for the `kve_cuda_*` functions. Must point to
+   * writable memory for a compaction destination (the library writes through it).
    */
   const void *data;
   /**
@@ -237,7 +246,8 @@ typedef struct kve_score_params {
    */
   uint32_t sinks;
   /**
-   * CriticalKV: prefix tokens per KV head forced by the base score.
+   * CriticalKV: prefix tokens per KV head forced by the base score; they score
+   * `FLT_MAX` (see `kve_score_layer`).
    */
   uint32_t critical_first_stage;
 } kve_score_params;
@@ -261,7 +271,8 @@ typedef struct kve_score_params {
  * twice (on the device too).
  *
  * A tensor with `data == NULL` is absent; a required one absent gives
- * `KVE_ERR_NULL_POINTER`. Extensible like the params structs (`struct_size` first).
+ * `KVE_ERR_NULL_POINTER`. Extensible like the params structs: `struct_size` is
+ * `KVE_LAYER_INPUTS_V1_SIZE` (no `row_lse`) or `KVE_LAYER_INPUTS_V2_SIZE`.
  */
 typedef struct kve_layer_inputs {
   /**
@@ -287,7 +298,8 @@ typedef struct kve_layer_inputs {
   struct kve_tensor values;
   /**
    * LaProx: Gram blocks from `kve_compute_gram` (built with `cross = 1` for the exact
-   * and mean-attn GQA modes), `gram_len` floats. NULL when `value_forms` is given.
+   * and mean-attn GQA modes), `gram_len` floats. NULL when `value_forms` is given:
+   * both given is `KVE_ERR_INVALID_ARGUMENT` (one value term, never one ignored).
    */
   const float *gram;
   uint64_t gram_len;
@@ -308,7 +320,9 @@ typedef struct kve_layer_inputs {
    * window), rows in the order of the last `w` rows of `queries` (flash attention's
    * `softmax_lse`, or `kve_window_row_lse`). When given, the window pass skips its
    * first pass over K (row max and denominator) and uses `A = exp(z - lse)`. NaN/Inf
-   * or another length is rejected. Ignored by KNorm and StreamingLLM.
+   * (`KVE_ERR_NON_FINITE`) or another length (`KVE_ERR_SHAPE_MISMATCH`) is rejected,
+   * also when there is no prefix to score (`window >= N`). Ignored by KNorm and
+   * StreamingLLM.
    */
   const float *row_lse;
   uint64_t row_lse_len;
@@ -369,16 +383,18 @@ typedef struct kve_select_params {
 /**
  * Scores of a whole model, or of a shard of consecutive layers:
  * `scores[(l * hkv + kh) * P + i]`, `P = n - min(window, n)`, as written by
- * `kve_score_layer` layer after layer. Any finite f32 is accepted.
+ * `kve_score_layer` layer after layer. Any finite f32 is accepted (CriticalKV's forced
+ * `FLT_MAX` included). NaN/Inf gives `KVE_ERR_NON_FINITE`.
  */
 typedef struct kve_model_scores {
   const float *scores;
   /**
-   * Floats available from `scores` (at least `layers * hkv * P`).
+   * Floats at `scores`: exactly `layers * hkv * P` (else `KVE_ERR_SHAPE_MISMATCH`:
+   * scores laid out for another window, head count or length are refused).
    */
   uint64_t len;
   /**
-   * Layers (1 .. 2^20), `layers * hkv <= 2^31`.
+   * Layers (1 .. 2^20), `layers * hkv <= 2^31` (else `KVE_ERR_OVERFLOW`).
    */
   uint64_t layers;
   uint64_t hkv;
@@ -397,6 +413,11 @@ typedef struct kve_model_scores {
  * across devices"). Plain data: copy it to every shard, process or device. Written only
  * by `kve_search_init` and `kve_search_step`; the fields are the library's business
  * (a state that could not have come from them gives `KVE_ERR_INVALID_ARGUMENT`).
+ *
+ * It records the model and the parameters it was started for: a shard whose `hkv`, `n`
+ * or window differ, or whose layers reach past the model's, gives
+ * `KVE_ERR_SHAPE_MISMATCH`; other selection parameters than `kve_search_init`'s give
+ * `KVE_ERR_INVALID_ARGUMENT`.
  */
 typedef struct kve_search {
   uint64_t need;
@@ -409,14 +430,39 @@ typedef struct kve_search {
    * 1 when the threshold is known.
    */
   uint32_t done;
+  /**
+   * The model: layers (all shards together), KV heads, tokens, `min(window, n)`.
+   */
+  uint64_t layers;
+  uint64_t hkv;
+  uint64_t n;
+  uint64_t window;
+  /**
+   * The selection parameters, as decoded (first-release layout).
+   */
+  struct kve_select_params params;
 } kve_search;
 
 /**
- * Counts of the next key digit, one per bucket. Zero it (`kve_histogram_clear`) before
- * counting; add shards' histograms with `kve_histogram_merge`.
+ * Counts of the next key digit, one per bucket, and which search round and layers they
+ * cover. Zero it (`kve_histogram_clear`, or all-zero bytes) before counting; add
+ * shards' histograms with `kve_histogram_merge`. `kve_search_step` accepts it only when
+ * every layer of the model was counted exactly once for the search's current round.
  */
 typedef struct kve_histogram {
   uint64_t bins[256];
+  /**
+   * The round it was counted for (a fingerprint of the search state); 0 while empty.
+   */
+  uint64_t round;
+  /**
+   * Layers counted into it, with repeats.
+   */
+  uint64_t layers;
+  /**
+   * A checksum of which layers (a wrong set passes with probability about 2^-64).
+   */
+  uint64_t layer_sum;
 } kve_histogram;
 
 /**
@@ -492,9 +538,13 @@ const char *kve_version_string(void);
  * whose rows do not overlap — else `KVE_ERR_ALIASING`), the kept rows move to tokens
  * `0 .. count_h` in order; the rest of the head is left as it was. `offsets[0..=H]` and
  * `indices` describe the kept lists (ascending, `< N`, else
- * `KVE_ERR_INVALID_ARGUMENT`). `lengths` (may be NULL with `lengths_len = 0`) receives
- * the new per-head lengths `count_h` (`H` entries). Writes through `kv->data` and
- * `lengths`; every list is validated before the first byte moves.
+ * `KVE_ERR_INVALID_ARGUMENT`): head `h` keeps `indices[offsets[h] .. offsets[h+1]]`,
+ * the offsets absolute into the whole `indices` array — pass `kve_select_model`'s
+ * `offsets + l*hkv` (`offsets_len = hkv + 1`) with its whole `indices` for layer `l`.
+ * `lengths` (may be NULL with `lengths_len = 0`) receives the new per-head lengths
+ * `count_h` (`H` entries). Writes through `kv->data` (which must be writable although
+ * `kve_tensor.data` is `const void*`) and `lengths`; every list is validated before the
+ * first byte moves.
  */
 int32_t kve_compact_in_place(const struct kve_tensor *kv,
                              const uint64_t *offsets,
@@ -509,8 +559,10 @@ int32_t kve_compact_in_place(const struct kve_tensor *kv,
  * (`[H, N, d]`), head after head, into rows `0 ..` of `dst` (a tensor of the same dtype
  * and `d`, `extent = {1, capacity, d}`, rows not overlapping), and
  * `cu_seqlens[0..=H]` (int32, flash-attention varlen layout: head `h` owns rows
- * `cu_seqlens[h] .. cu_seqlens[h+1]`). `dst` must not overlap `src` or the lists.
- * Writes through `dst->data` and `cu_seqlens`.
+ * `cu_seqlens[h] .. cu_seqlens[h+1]`). `offsets` and `indices` as in
+ * `kve_compact_in_place` (offsets absolute into the whole `indices` array). `dst` must
+ * not overlap `src` or the lists. Writes through `dst->data` (writable memory, although
+ * `kve_tensor.data` is `const void*`) and `cu_seqlens`.
  */
 int32_t kve_compact_varlen(const struct kve_tensor *src,
                            const uint64_t *offsets,
@@ -523,7 +575,10 @@ int32_t kve_compact_varlen(const struct kve_tensor *src,
 
 /**
  * Number of CUDA devices the library can use; 0 (and `KVE_OK`) when there is no device
- * or driver. Writes only `*count`.
+ * or driver. A library built without CUDA writes `*count = 0` (when `count` is non-NULL
+ * and aligned) and returns `KVE_ERR_NOT_BUILT_WITH_CUDA`: the one status that comes
+ * with an output, so that a caller that only reads the count sees no device. Writes only
+ * `*count`.
  */
 int32_t kve_cuda_get_device_count(int32_t *count);
 
@@ -648,8 +703,8 @@ int32_t kve_cuda_compact_to_varlen(const struct kve_tensor *src,
  *
  * `struct_size`: `sizeof(kve_score_params)` as the caller sees it; the library writes
  * that many bytes. Returns `KVE_ERR_BAD_ENUM` for an unknown preset,
- * `KVE_ERR_INVALID_ARGUMENT` for a `struct_size` outside the accepted range. Writes only
- * `params`.
+ * `KVE_ERR_INVALID_ARGUMENT` for a `struct_size` that is not a released size
+ * (`KVE_SCORE_PARAMS_V1_SIZE`). Writes only `params`.
  */
 int32_t kve_score_params_init(struct kve_score_params *params,
                               uint32_t struct_size,
@@ -684,13 +739,15 @@ uint64_t kve_budget_from_capacity(uint64_t capacity, uint64_t window);
 
 /**
  * Budget keeping `floor(n * ratio)` tokens per head with the window counted inside that
- * total (kvpress convention). `ratio` is clamped to [0, 1]; NaN counts as 0.
+ * total (kvpress convention): `max(floor(n * r) - min(window, n), 0)` with `r` the ratio
+ * clamped to [0, 1]. `+INFINITY` counts as 1 (keep everything), `-INFINITY` and NaN as 0
+ * (keep only the window).
  */
 uint64_t kve_budget_keep_ratio_total(uint64_t n, uint64_t window, double ratio);
 
 /**
- * Budget keeping `floor((n - window) * ratio)` prefix tokens (the window on top).
- * `ratio` is clamped to [0, 1]; NaN counts as 0.
+ * Budget keeping `floor((n - window) * r)` prefix tokens (the window on top), `r` the
+ * ratio clamped to [0, 1]: `+INFINITY` counts as 1, `-INFINITY` and NaN as 0.
  */
 uint64_t kve_budget_keep_ratio_prefix(uint64_t n, uint64_t window, double ratio);
 
@@ -734,6 +791,12 @@ int32_t kve_score_output_len(const struct kve_score_params *params,
  * (first `Hkv*P` floats) and the workspace. NaN/Inf in what the scorer reads gives
  * `KVE_ERR_NON_FINITE`; a window longer than the queries supplied,
  * `KVE_ERR_INVALID_ARGUMENT`.
+ *
+ * CriticalKV scores the `critical_first_stage` tokens its first stage forces as
+ * `FLT_MAX` (kvpress's convention), the others `(s + 1e-4) * value_l1`: the forced ones
+ * rank first in `kve_select_model`. Compare or select such scores as they are; scaling
+ * them up overflows, and summing heads (layer granularity) saturates forced tokens to
+ * +INF, which still ranks them first.
  */
 int32_t kve_score_layer(const struct kve_score_params *params,
                         const struct kve_layer_inputs *inputs,
@@ -775,7 +838,8 @@ int32_t kve_window_row_lse(const struct kve_tensor *queries,
 /**
  * Floats of the Gram output `[Hkv][blocks][dv][dv]`: `blocks = g` (`cross = 0`, for
  * LaProx's default sum GQA) or `g + g(g-1)/2` (`cross = 1`, for exact / mean-attn),
- * `g = hq / hkv`. Writes only `*out_len`.
+ * `g = hq / hkv`. `KVE_ERR_OVERFLOW` when their byte size does not fit `PTRDIFF_MAX`.
+ * Writes only `*out_len`.
  */
 int32_t kve_gram_len(uint64_t hq, uint64_t hkv, uint64_t dv, uint32_t cross, uint64_t *out_len);
 
@@ -790,7 +854,8 @@ int32_t kve_gram_workspace_size(uint64_t dv, uint64_t d_model, uint64_t *out_byt
  * (f64 sums). `wo` is `[Hq, dv, D]` (head, row, col); for PyTorch's `o_proj.weight`
  * (`[D, Hq*dv]` row-major) use strides `{dv, 1, Hq*dv}`. `hkv` KV heads; `cross` 0/1 as
  * in `kve_gram_len`. Writes `out` (`kve_gram_len` floats) and the workspace; rejects
- * NaN/Inf in `wo` before writing.
+ * NaN/Inf in `wo`, and finite `wo` whose Gram entries overflow f32 (rows with
+ * `|row|² > FLT_MAX`), with `KVE_ERR_NON_FINITE` before writing.
  */
 int32_t kve_compute_gram(const struct kve_tensor *wo,
                          uint64_t hkv,
@@ -802,7 +867,8 @@ int32_t kve_compute_gram(const struct kve_tensor *wo,
 
 /**
  * Floats of the value-form cache `[Hkv][blocks][N]` (blocks as in `kve_gram_len`).
- * Writes only `*out_len`.
+ * `KVE_ERR_OVERFLOW` when their byte size does not fit `PTRDIFF_MAX` (no buffer could
+ * hold them). Writes only `*out_len`.
  */
 int32_t kve_value_forms_len(uint64_t hq,
                             uint64_t hkv,
@@ -815,7 +881,8 @@ int32_t kve_value_forms_len(uint64_t hq,
  * Gram block) from `values` (`[Hkv, N, dv]`) and a Gram from `kve_compute_gram` with
  * the same `hq` and `cross`. An engine can call it as tokens enter the cache; other
  * columns of `out` are not touched. Writes only those columns of `out`
- * (`kve_value_forms_len` floats). Rejects NaN/Inf in the values read and in the Gram.
+ * (`kve_value_forms_len` floats). Rejects NaN/Inf in the values read and in the Gram,
+ * and finite inputs whose forms overflow f32, with `KVE_ERR_NON_FINITE` before writing.
  */
 int32_t kve_compute_value_forms(const struct kve_tensor *values,
                                 const float *gram,
@@ -835,7 +902,8 @@ int32_t kve_value_l1_workspace_size(uint64_t dv, uint64_t d_model, uint64_t *out
 /**
  * CriticalKV's value term `mean_{h in group} ||v_i Wo_h||_1` for every token:
  * `out[kh * N + i]`, `Hkv * N` floats. `values` `[Hkv, N, dv]`, `wo` `[Hq, dv, D]`.
- * Writes `out` and the workspace; rejects NaN/Inf in `values` and `wo` before writing.
+ * Writes `out` and the workspace; rejects NaN/Inf in `values` and `wo`, and finite
+ * inputs whose norms overflow f32, with `KVE_ERR_NON_FINITE` before writing.
  */
 int32_t kve_compute_value_l1(const struct kve_tensor *values,
                              const struct kve_tensor *wo,
@@ -905,7 +973,9 @@ int32_t kve_evicted_positions(const uint32_t *kept,
  * Start a search for the model of `layers` layers (all shards together). Sharded
  * selection supports the `KVE_ALLOCATOR_GLOBAL` allocator at head or layer granularity
  * (others: `KVE_ERR_INVALID_ARGUMENT`; they either need no cross-layer search or need
- * all scores in one place — use `kve_select_model`). Writes only `*search`.
+ * all scores in one place — use `kve_select_model`). The state records `layers`, `hkv`,
+ * `n`, `min(window, n)` and the parameters. `search` must not overlap `params`
+ * (`KVE_ERR_ALIASING`). Writes only `*search`.
  */
 int32_t kve_search_init(struct kve_search *search,
                         const struct kve_select_params *params,
@@ -915,7 +985,7 @@ int32_t kve_search_init(struct kve_search *search,
                         uint64_t window);
 
 /**
- * Zero a histogram. Writes only `*hist`.
+ * Zero a histogram (counts, round and layers). Writes only `*hist`.
  */
 int32_t kve_histogram_clear(struct kve_histogram *hist);
 
@@ -933,7 +1003,12 @@ int32_t kve_select_shard_workspace_size(const struct kve_select_params *params,
 /**
  * Add a shard's candidates to `hist` for the search's next digit. `shard` holds layers
  * `first_layer .. first_layer + shard->layers` of the model (global layer numbering
- * decides ties). Every shard of one round counts with the same `search`. Writes `hist`
+ * decides ties). Every shard of one round counts with the same `search`, into an empty
+ * histogram or one counted for the same round (else `KVE_ERR_INVALID_ARGUMENT`); the
+ * histogram records the round and the layers counted. `params` must be
+ * `kve_search_init`'s (else `KVE_ERR_INVALID_ARGUMENT`), the shard of the same `hkv`,
+ * `n` and window and inside the model's layers (else `KVE_ERR_SHAPE_MISMATCH`). `hist`
+ * and the workspace must not overlap the scores or any struct argument. Writes `hist`
  * (added to, not cleared) and the workspace.
  */
 int32_t kve_search_count_shard(const struct kve_select_params *params,
@@ -945,14 +1020,19 @@ int32_t kve_search_count_shard(const struct kve_select_params *params,
                                uint64_t workspace_bytes);
 
 /**
- * `dst.bins[i] += src.bins[i]` (saturating). The two must not overlap. Writes only `dst`.
+ * `dst.bins[i] += src.bins[i]` (saturating), and the layers counted. The two must not
+ * overlap (`KVE_ERR_ALIASING`) and, unless one is empty, be counted for the same round
+ * (`KVE_ERR_INVALID_ARGUMENT`). Writes only `dst`.
  */
 int32_t kve_histogram_merge(struct kve_histogram *dst, const struct kve_histogram *src);
 
 /**
  * Fix the next digit of the search from the histogram merged over every shard.
  * `*done` (may be NULL) becomes 1 when the threshold is known: then apply it with
- * `kve_select_shard`. At most 13 rounds, usually 4. Writes `*search` and `*done`.
+ * `kve_select_shard`. At most 13 rounds, usually 4. While the search runs, `hist` must
+ * be counted for its current round (else `KVE_ERR_INVALID_ARGUMENT`) over every layer
+ * of the model exactly once (else `KVE_ERR_SHAPE_MISMATCH`); a finished search ignores
+ * `hist`. Writes `*search` and `*done`.
  */
 int32_t kve_search_step(struct kve_search *search, const struct kve_histogram *hist, int32_t *done);
 
@@ -978,7 +1058,8 @@ int32_t kve_select_shard_output_len(uint64_t layers,
 /**
  * Apply a finished search to a shard: the kept positions of its (layer, KV head) pairs
  * as CSR, exactly as `kve_select_model` would report them for those layers (offsets
- * count from this call's `indices`). Writes `offsets`, `indices` and the workspace.
+ * count from this call's `indices`). `params` and the shard are checked against the
+ * search as in `kve_search_count_shard`. Writes `offsets`, `indices` and the workspace.
  */
 int32_t kve_select_shard(const struct kve_select_params *params,
                          const struct kve_model_scores *shard,

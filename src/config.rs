@@ -345,26 +345,27 @@ impl SelectConfig {
 /// Budget helpers: the average prefix tokens per (layer, KV head) for a cache of `n` tokens
 /// and a window of `w`.
 pub mod budget_from {
+    /// The ratio clamped to [0, 1]: +inf keeps everything, -inf and NaN nothing.
+    fn ratio_of(ratio: f64) -> f64 {
+        if ratio.is_nan() {
+            0.0
+        } else {
+            ratio.clamp(0.0, 1.0)
+        }
+    }
     /// Capacity `C` per KV head, window included (SnapKV/AdaKV/PyramidKV convention).
     pub fn capacity(c: u64, window: u64) -> u64 {
         c.saturating_sub(window)
     }
     /// kvpress's convention: keep `floor(n·ratio)` tokens per head, the window inside that total.
     pub fn keep_ratio_total(n: u64, window: u64, ratio: f64) -> u64 {
-        let r = if ratio.is_finite() {
-            ratio.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        ((n as f64 * r) as u64).saturating_sub(window.min(n))
+        let r = ratio_of(ratio);
+        ((n as f64 * r) as u64).min(n).saturating_sub(window.min(n))
     }
     /// Keep `floor(p·ratio)` of the `p = n - w` prefix tokens (the window on top).
     pub fn keep_ratio_prefix(n: u64, window: u64, ratio: f64) -> u64 {
-        let r = if ratio.is_finite() {
-            ratio.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
-        (n.saturating_sub(window) as f64 * r) as u64
+        let r = ratio_of(ratio);
+        let p = n.saturating_sub(window);
+        ((p as f64 * r) as u64).min(p)
     }
 }

@@ -37,7 +37,7 @@ impl Error {
             Error::OutOfBounds => "a view reaches past the end of its buffer",
             Error::Misaligned => "a pointer is misaligned for its dtype",
             Error::BadEnum => "an enumeration value is unknown",
-            Error::NonFinite => "NaN or infinity in the input",
+            Error::NonFinite => "NaN or infinity in an input or a result",
             Error::OutputTooSmall => "an output buffer is too small",
             Error::WorkspaceTooSmall => "the workspace is too small",
             Error::Aliasing => "input and output buffers overlap",
@@ -59,6 +59,10 @@ pub type Result<T> = core::result::Result<T, Error>;
 
 /// Largest token count the library accepts (positions are stored as u32, ties use 31 bits).
 pub const MAX_TOKENS: usize = 1 << 31;
+
+/// Most (layer, KV head) units a model may have: unit indices stay below 2^31 and their
+/// offsets (`units + 1` entries) are addressable.
+pub const MAX_UNITS: usize = 1 << 31;
 
 /// Most layers a model may have (size queries loop over layers; real models have < 1000).
 pub const MAX_LAYERS: usize = 1 << 20;

@@ -79,7 +79,8 @@ pub fn compute_gram(
     let mut ws = Workspace::new(workspace);
     let wa = ws.take::<f32>(dv * dm)?;
     let wb = ws.take::<f32>(dv * dm)?;
-    // validate everything before writing
+    // validate everything before writing: finite rows, then finite results
+    let mut largest = 0f64;
     for h in 0..hq {
         for r in 0..dv {
             wo.load_row(h, r, &mut wa[r * dm..(r + 1) * dm]);
@@ -87,7 +88,64 @@ pub fn compute_gram(
         if wa.iter().any(|v| !v.is_finite()) {
             return Err(Error::NonFinite);
         }
+        for r in 0..dv {
+            let row = &wa[r * dm..(r + 1) * dm];
+            // the diagonal entry itself, computed as the pass below computes it
+            let d = dot64(row, row);
+            if !(d as f32).is_finite() {
+                return Err(Error::NonFinite);
+            }
+            largest = largest.max(d);
+        }
     }
+    // |x·y| <= max(x·x, y·y) up to f64 rounding (relative 2^-10 for D <= 2^40): below
+    // that margin every entry fits f32; above it, compute each entry once to be sure
+    if dm > 1 << 40 || largest * (1.0 + 1.0 / 1024.0) > f32::MAX as f64 {
+        let all_finite = for_each_entry(wo, hkv, g, nb, wa, wb, &mut |_, v| v.is_finite());
+        if !all_finite {
+            return Err(Error::NonFinite);
+        }
+    }
+    for_each_entry(wo, hkv, g, nb, wa, wb, &mut |i, v| {
+        out[i] = v;
+        true
+    });
+    // the lower triangle of a diagonal block mirrors its upper triangle
+    for kh in 0..hkv {
+        for k in 0..g {
+            let blk = &mut out[((kh * nb + k) * dv * dv)..((kh * nb + k + 1) * dv * dv)];
+            for r in 0..dv {
+                for c in 0..r {
+                    blk[r * dv + c] = blk[c * dv + r];
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `Σ x_i y_i` summed in f64 in order: one Gram entry.
+fn dot64(x: &[f32], y: &[f32]) -> f64 {
+    let mut s = 0f64;
+    for (p, q) in x.iter().zip(y) {
+        s += (*p as f64) * (*q as f64);
+    }
+    s
+}
+
+/// Every Gram entry the layout computes (a diagonal block's upper triangle, every entry
+/// of a cross block) as `f(index into the output, value)`, until `f` returns false.
+/// `wa`, `wb` hold two heads of `Wo` (`dv·D` floats each). Returns whether `f` always did.
+fn for_each_entry(
+    wo: &View,
+    hkv: usize,
+    g: usize,
+    nb: usize,
+    wa: &mut [f32],
+    wb: &mut [f32],
+    f: &mut dyn FnMut(usize, f32) -> bool,
+) -> bool {
+    let [_, dv, dm] = wo.extent();
     for kh in 0..hkv {
         for k in 0..nb {
             let (a, b) = block_pair(g, k);
@@ -95,24 +153,19 @@ pub fn compute_gram(
                 wo.load_row(kh * g + a, r, &mut wa[r * dm..(r + 1) * dm]);
                 wo.load_row(kh * g + b, r, &mut wb[r * dm..(r + 1) * dm]);
             }
-            let blk = &mut out[((kh * nb + k) * dv * dv)..((kh * nb + k + 1) * dv * dv)];
+            let base = (kh * nb + k) * dv * dv;
             for r in 0..dv {
-                for c in 0..dv {
-                    if a == b && c < r {
-                        blk[r * dv + c] = blk[c * dv + r];
-                        continue;
-                    }
+                let c0 = if a == b { r } else { 0 };
+                for c in c0..dv {
                     let (x, y) = (&wa[r * dm..(r + 1) * dm], &wb[c * dm..(c + 1) * dm]);
-                    let mut s = 0f64;
-                    for (p, q) in x.iter().zip(y) {
-                        s += (*p as f64) * (*q as f64);
+                    if !f(base + r * dv + c, dot64(x, y) as f32) {
+                        return false;
                     }
-                    blk[r * dv + c] = s as f32;
                 }
             }
         }
     }
-    Ok(())
+    true
 }
 
 /// f32 elements of the value-form cache `[Hkv][blocks][N]`.
@@ -370,19 +423,47 @@ pub fn compute_value_l1(
     let w = ws.take::<f32>(dv * dm)?;
     let y = ws.take::<f32>(dm)?;
     let v = ws.take::<f32>(dv)?;
+    // validate everything before writing: finite inputs, then finite results
+    let mut vmax = 0f64; // largest |v|
     for kh in 0..hkv {
         for t in 0..n {
             values.load_row(kh, t, v);
             if v.iter().any(|x| !x.is_finite()) {
                 return Err(Error::NonFinite);
             }
+            vmax = v.iter().fold(vmax, |m, x| m.max(x.abs() as f64));
         }
     }
+    let mut wsum = 0f64; // largest Σ_r ||Wo_h[r]||_1 over heads
     for h in 0..hq {
+        let mut sum = 0f64;
         for r in 0..dv {
             wo.load_row(h, r, y);
             if y.iter().any(|x| !x.is_finite()) {
                 return Err(Error::NonFinite);
+            }
+            sum += y.iter().map(|x| x.abs() as f64).sum::<f64>();
+        }
+        wsum = wsum.max(sum);
+    }
+    // every partial sum below is at most vmax·wsum, grown by f32 rounding at most
+    // (1 + 2^-24)^(dv + D + g + 2) < 1.07 when that count is <= 2^20; beyond the bound,
+    // compute each token once to be sure
+    let terms = dv + dm + g + 2;
+    if terms > 1 << 20 || vmax * wsum * 1.07 > f32::MAX as f64 {
+        for kh in 0..hkv {
+            for t in 0..n {
+                values.load_row(kh, t, v);
+                let mut acc = 0f32;
+                for a in 0..g {
+                    for r in 0..dv {
+                        wo.load_row(kh * g + a, r, &mut w[r * dm..(r + 1) * dm]);
+                    }
+                    acc += l1_of(v, w, y) / g as f32;
+                }
+                if !acc.is_finite() {
+                    return Err(Error::NonFinite);
+                }
             }
         }
     }
@@ -394,19 +475,73 @@ pub fn compute_value_l1(
             }
             for t in 0..n {
                 values.load_row(kh, t, v);
-                y.fill(0.0);
-                for r in 0..dv {
-                    let vr = v[r];
-                    for (o, x) in y.iter_mut().zip(&w[r * dm..(r + 1) * dm]) {
-                        *o += vr * x;
-                    }
-                }
-                let l1: f32 = y.iter().map(|x| x.abs()).sum();
-                out[kh * n + t] += l1 / g as f32;
+                out[kh * n + t] += l1_of(v, w, y) / g as f32;
             }
         }
     }
     Ok(())
+}
+
+/// `||v·W||_1` in f32 for a row `v` (`dv`) and `W` (`dv × D`, row-major), `y` (`D`) scratch.
+fn l1_of(v: &[f32], w: &[f32], y: &mut [f32]) -> f32 {
+    let dm = y.len();
+    y.fill(0.0);
+    for (r, &vr) in v.iter().enumerate() {
+        for (o, x) in y.iter_mut().zip(&w[r * dm..(r + 1) * dm]) {
+            *o += vr * x;
+        }
+    }
+    y.iter().map(|x| x.abs()).sum()
+}
+
+/// Whether every value form `compute_value_forms` would write for tokens `t0..t1` is
+/// finite, for inputs it accepts (finite values and Gram, `dv <= 1024`). Cheap unless
+/// the inputs are huge: [`quad_forms`] forms `Y = v·G` (entries at most doubled by the
+/// symmetric form), then `Y·v`, so every partial sum stays below `2·max(1, |v|)²·|G|_F`
+/// grown by f32 rounding over at most `2·dv + 64` terms (< 1%); beyond that bound the
+/// forms are computed once into a scratch tile and checked. (An evaluation that formed
+/// `v_r·v_c` first would also need `2·|v|² <= FLT_MAX` here.)
+pub fn value_forms_finite(
+    values: &View,
+    gram: &[f32],
+    hq: usize,
+    cross: bool,
+    t0: usize,
+    t1: usize,
+) -> bool {
+    let [hkv, _, dv] = values.extent();
+    let Ok(g) = group_of(hq, hkv) else {
+        return true; // compute_value_forms refuses the shape itself
+    };
+    let nb = blocks(g, cross);
+    let mut row = [0f32; QBUF];
+    for kh in 0..hkv {
+        let mut vmax = 0f64; // largest |v|² of the tokens filled
+        for t in t0..t1 {
+            values.load_row(kh, t, &mut row[..dv]);
+            let sq: f64 = row[..dv].iter().map(|&x| x as f64 * x as f64).sum();
+            vmax = vmax.max(sq);
+        }
+        let scale = 2.0 * vmax.max(1.0) * 1.01;
+        for k in 0..nb {
+            let gb = &gram[(kh * nb + k) * dv * dv..(kh * nb + k + 1) * dv * dv];
+            let frob = gb.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+            let bound = scale * frob;
+            if bound.is_nan() || bound > f32::MAX as f64 {
+                let mut tile = [0f32; 64];
+                let mut t = t0;
+                while t < t1 {
+                    let m = (t1 - t).min(tile.len());
+                    quad_forms(values, kh, gb, t, t + m, &mut tile[..m]);
+                    if tile[..m].iter().any(|x| !x.is_finite()) {
+                        return false;
+                    }
+                    t += m;
+                }
+            }
+        }
+    }
+    true
 }
 
 #[cfg(all(test, feature = "std"))]

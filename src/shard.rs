@@ -43,7 +43,7 @@ fn check_dims(layers: usize, hkv: usize, n: usize) -> Result<()> {
     if n > crate::error::MAX_TOKENS
         || layers
             .checked_mul(hkv)
-            .map_or(true, |u| u > u32::MAX as usize / 2)
+            .map_or(true, |u| u > crate::error::MAX_UNITS)
     {
         return Err(Error::Overflow);
     }

@@ -1177,8 +1177,9 @@ fn device_selection_equals_host_for_every_allocator_and_granularity() {
         host_select(&sp, &scores, layers, hkv, n, w)
     );
     // a cache that is all window: every list is the whole cache
-    let all_window = device_select(&sp, &d, scores.len(), layers, hkv, 20, 30);
-    assert_eq!(all_window, host_select(&sp, &scores, layers, hkv, 20, 30));
+    // (no prefix: the scores' length is 0, `layers * hkv * P`)
+    let all_window = device_select(&sp, &d, 0, layers, hkv, 20, 30);
+    assert_eq!(all_window, host_select(&sp, &[], layers, hkv, 20, 30));
     assert!(all_window
         .iter()
         .all(|l| *l == (0..20).collect::<Vec<u32>>()));

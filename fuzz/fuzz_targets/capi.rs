@@ -287,7 +287,8 @@ struct Padded<T> {
 fn padded<T>(r: &mut R, p: T) -> Box<Padded<T>> {
     let mut b = Box::new(Padded { p, tail: [0; 4096] });
     if r.chance(32) {
-        // a caller from the future: bigger struct, maybe with non-zero new fields
+        // a caller from the future: a size never released (refused), maybe with non-zero
+        // new fields
         let size = std::mem::size_of::<T>() as u32 + (r.u8() as u32 % 16) * 4;
         unsafe { *(&mut b.p as *mut T as *mut u32) = size };
         if r.chance(2) {

@@ -8,9 +8,9 @@ Lookup order of the shared library (the first that exists wins):
    Windows), where ``<repo>`` is the checkout the package was built from (recorded at
    build time) or, for an in-tree import, the folder above ``python/``.
 
-The structs below mirror the first released layout of each extensible struct; the library
-accepts any size from that one up (``struct_size``), so an older binding keeps working
-with a newer library.
+The structs below mirror the layouts of include/kvevict.h; the extensible ones pass their
+``sizeof`` as ``struct_size``, a released size the library keeps accepting (it accepts
+released sizes only), so an older binding keeps working with a newer library.
 """
 import ctypes
 import os
@@ -174,11 +174,21 @@ class kve_search(ctypes.Structure):
         ("threshold_hi", c_uint64),
         ("bits", c_uint32),
         ("done", c_uint32),
+        ("layers", c_uint64),
+        ("hkv", c_uint64),
+        ("n", c_uint64),
+        ("window", c_uint64),
+        ("params", kve_select_params),
     ]
 
 
 class kve_histogram(ctypes.Structure):
-    _fields_ = [("bins", c_uint64 * 256)]
+    _fields_ = [
+        ("bins", c_uint64 * 256),
+        ("round", c_uint64),
+        ("layers", c_uint64),
+        ("layer_sum", c_uint64),
+    ]
 
 
 assert ctypes.sizeof(kve_tensor) == 72
@@ -187,6 +197,8 @@ assert ctypes.sizeof(kve_select_params) == 48
 assert ctypes.sizeof(kve_layer_inputs) == 288
 assert ctypes.sizeof(kve_model_scores) == 48
 assert ctypes.sizeof(kve_stream_score_params) == 40
+assert ctypes.sizeof(kve_search) == 128
+assert ctypes.sizeof(kve_histogram) == 2072
 
 # ------------------------------------------------------------------------- prototypes
 P = POINTER

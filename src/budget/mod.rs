@@ -52,7 +52,7 @@ impl ModelScores<'_> {
             || self
                 .layers
                 .checked_mul(self.hkv)
-                .map_or(true, |u| u > u32::MAX as usize / 2)
+                .map_or(true, |u| u > crate::error::MAX_UNITS)
         {
             return Err(Error::Overflow);
         }

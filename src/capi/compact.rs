@@ -7,15 +7,19 @@
 //! every head, view the rows as one head (`extent = {1, N, Hkv*d}`) and pass one unit's
 //! offsets (`offsets_len = 2`).
 
-use super::{check_alias, kve_tensor, to_status, tri, Buf, Tensor};
+use super::{check_alias, kve_tensor, span_ptr, to_status, tri, Buf, Tensor};
 
 /// Head-major compaction in place: for every head `h` of `kv` (`[H, N, d]`, any strides
 /// whose rows do not overlap — else `KVE_ERR_ALIASING`), the kept rows move to tokens
 /// `0 .. count_h` in order; the rest of the head is left as it was. `offsets[0..=H]` and
 /// `indices` describe the kept lists (ascending, `< N`, else
-/// `KVE_ERR_INVALID_ARGUMENT`). `lengths` (may be NULL with `lengths_len = 0`) receives
-/// the new per-head lengths `count_h` (`H` entries). Writes through `kv->data` and
-/// `lengths`; every list is validated before the first byte moves.
+/// `KVE_ERR_INVALID_ARGUMENT`): head `h` keeps `indices[offsets[h] .. offsets[h+1]]`,
+/// the offsets absolute into the whole `indices` array — pass `kve_select_model`'s
+/// `offsets + l*hkv` (`offsets_len = hkv + 1`) with its whole `indices` for layer `l`.
+/// `lengths` (may be NULL with `lengths_len = 0`) receives the new per-head lengths
+/// `count_h` (`H` entries). Writes through `kv->data` (which must be writable although
+/// `kve_tensor.data` is `const void*`) and `lengths`; every list is validated before the
+/// first byte moves.
 #[no_mangle]
 pub unsafe extern "C" fn kve_compact_in_place(
     kv: *const kve_tensor,
@@ -35,7 +39,10 @@ pub unsafe extern "C" fn kve_compact_in_place(
         Some(tri!(Buf::new(lengths, lengths_len)))
     };
     let lspan = l.as_ref().map_or(super::Span::EMPTY, |b| b.span);
-    tri!(check_alias(&[t.span, lspan], &[o.span, i.span]));
+    tri!(check_alias(
+        &[t.span, lspan],
+        &[o.span, i.span, span_ptr(kv)]
+    ));
     let mut view = tri!(t.view_mut());
     to_status(crate::compact::compact_in_place(
         &mut view,
@@ -49,8 +56,10 @@ pub unsafe extern "C" fn kve_compact_in_place(
 /// (`[H, N, d]`), head after head, into rows `0 ..` of `dst` (a tensor of the same dtype
 /// and `d`, `extent = {1, capacity, d}`, rows not overlapping), and
 /// `cu_seqlens[0..=H]` (int32, flash-attention varlen layout: head `h` owns rows
-/// `cu_seqlens[h] .. cu_seqlens[h+1]`). `dst` must not overlap `src` or the lists.
-/// Writes through `dst->data` and `cu_seqlens`.
+/// `cu_seqlens[h] .. cu_seqlens[h+1]`). `offsets` and `indices` as in
+/// `kve_compact_in_place` (offsets absolute into the whole `indices` array). `dst` must
+/// not overlap `src` or the lists. Writes through `dst->data` (writable memory, although
+/// `kve_tensor.data` is `const void*`) and `cu_seqlens`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_compact_varlen(
     src: *const kve_tensor,
@@ -67,7 +76,10 @@ pub unsafe extern "C" fn kve_compact_varlen(
     let o = tri!(Buf::new(offsets, offsets_len));
     let i = tri!(Buf::new(indices, indices_len));
     let cu = tri!(Buf::new(cu_seqlens, cu_seqlens_len));
-    tri!(check_alias(&[d.span, cu.span], &[s.span, o.span, i.span]));
+    tri!(check_alias(
+        &[d.span, cu.span],
+        &[s.span, o.span, i.span, span_ptr(src), span_ptr(dst)]
+    ));
     let sv = tri!(s.view());
     let mut dv = tri!(d.view_mut());
     to_status(crate::compact::compact_varlen(

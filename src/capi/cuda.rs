@@ -22,7 +22,10 @@ use core::ffi::c_void;
 use super::KVE_ERR_NOT_BUILT_WITH_CUDA as STUB;
 
 /// Number of CUDA devices the library can use; 0 (and `KVE_OK`) when there is no device
-/// or driver. Writes only `*count`.
+/// or driver. A library built without CUDA writes `*count = 0` (when `count` is non-NULL
+/// and aligned) and returns `KVE_ERR_NOT_BUILT_WITH_CUDA`: the one status that comes
+/// with an output, so that a caller that only reads the count sees no device. Writes only
+/// `*count`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_cuda_get_device_count(count: *mut i32) -> i32 {
     #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
@@ -31,7 +34,10 @@ pub unsafe extern "C" fn kve_cuda_get_device_count(count: *mut i32) -> i32 {
     }
     #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
-        let _ = count;
+        if let Ok(out) = super::out_param(count) {
+            // SAFETY: out_param checked non-NULL and aligned; one element.
+            unsafe { out.slice_mut()[0] = 0 };
+        }
         STUB
     }
 }

@@ -11,10 +11,13 @@
 //!   otherwise `KVE_ERR_NULL_POINTER`. Lengths count elements of the pointed-to type,
 //!   workspaces count bytes. Buffers must be aligned for their element type
 //!   (`KVE_ERR_MISALIGNED`).
-//! - Outputs (and workspaces) must not overlap any input nor each other
-//!   (`KVE_ERR_ALIASING`, byte ranges compared).
+//! - Outputs (and workspaces) must not overlap any input nor each other, struct
+//!   arguments passed by pointer included (`KVE_ERR_ALIASING`, byte ranges compared).
 //! - On any error nothing is written to any output, out-parameter included (a
-//!   workspace's contents are unspecified after any call).
+//!   workspace's contents are unspecified after any call). The one exception:
+//!   `kve_cuda_get_device_count` writes 0 with `KVE_ERR_NOT_BUILT_WITH_CUDA`.
+//! - Finite inputs whose result overflows f32 give `KVE_ERR_NON_FINITE` with nothing
+//!   written, as NaN/Inf inputs do.
 //! - Enumerations arrive as `uint32_t` and are decoded with the core's `from_u32`:
 //!   unknown values give `KVE_ERR_BAD_ENUM`, never undefined behaviour.
 //! - The library never allocates, keeps no global state, and is thread-safe: calls on
@@ -99,7 +102,7 @@ pub const STATUSES: &[(i32, &str, &str)] = &[
     (
         KVE_ERR_NON_FINITE,
         "KVE_ERR_NON_FINITE\0",
-        "NaN or infinity in the input\0",
+        "NaN or infinity in an input or a result\0",
     ),
     (
         KVE_ERR_OUTPUT_TOO_SMALL,
@@ -189,7 +192,7 @@ pub extern "C" fn kve_status_message(status: i32) -> *const c_char {
 
 /// Header version; `kve_version()` reports the library's at run time.
 pub const KVE_VERSION_MAJOR: u32 = 0;
-pub const KVE_VERSION_MINOR: u32 = 1;
+pub const KVE_VERSION_MINOR: u32 = 2;
 pub const KVE_VERSION_PATCH: u32 = 0;
 const _: () = assert!(
     KVE_VERSION_MAJOR == crate::VERSION_MAJOR
@@ -226,11 +229,15 @@ pub extern "C" fn kve_version_string() -> *const c_char {
 /// extent >= 1, `extent[0] <= KVE_MAX_HEADS`, `extent[1] <= 2^31`; the highest element
 /// reached, `Σ (extent[i]-1)*stride[i]`, is `< len`; `len * sizeof(dtype)` fits the
 /// address space. The library only reads a tensor, except the destination of a
-/// compaction, which it writes through `data`.
+/// compaction (`kve_compact_in_place`'s `kv`, `kve_compact_varlen`'s `dst`), which it
+/// writes through `data`: `data` stays `const void*` so that every read-only tensor can
+/// be described from const memory without a cast (one descriptor type for inputs and
+/// outputs, as in DLPack), and the compaction functions document the write.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kve_tensor {
-    /// First element. Host memory, except for the `kve_cuda_*` functions.
+    /// First element. Host memory, except for the `kve_cuda_*` functions. Must point to
+    /// writable memory for a compaction destination (the library writes through it).
     pub data: *const core::ffi::c_void,
     /// Elements of `dtype` available from `data` (the buffer's length, not the view's).
     pub len: u64,

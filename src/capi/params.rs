@@ -1,19 +1,20 @@
 //! Configuration structs that can grow without breaking compiled callers.
 //!
-//! Each starts with `uint32_t struct_size`. The caller fills a struct with its `*_init`
+//! Each starts with `uint32_t struct_size`, which must be exactly the size of one released
+//! version of the struct (`KVE_*_V<k>_SIZE`), else `KVE_ERR_INVALID_ARGUMENT`: a size
+//! between two versions would split a field, and a size the library does not know would
+//! make it read bytes the caller may not own. The caller fills a struct with its `*_init`
 //! function, passing `sizeof` of the struct as the caller's header declares it; the
-//! library writes `min(struct_size, its own size)` bytes and zeroes the rest. When
-//! reading, the library accepts any `struct_size` from the first released size
-//! (`KVE_*_V1_SIZE`) up to `KVE_MAX_STRUCT_SIZE`, a multiple of 4; it reads the fields that
-//! fit and uses defaults for fields a smaller (older) struct lacks; bytes past its own
-//! size (a newer caller's fields) must be zero, else `KVE_ERR_INVALID_ARGUMENT`.
+//! library writes exactly that many bytes. When reading, it reads the fields of that
+//! version and uses defaults for fields an older version lacks. A caller built against a
+//! newer header talks to an older library by passing an older version's size.
 //! Fields are only ever appended.
 
 use super::{arg, out_param, to_status, tri};
 use crate::config::*;
 use crate::error::{Error, Result};
 
-/// Largest `struct_size` accepted.
+/// An upper bound of every released `struct_size` (no extensible struct is larger).
 pub const MAX_STRUCT_SIZE: u32 = 4096;
 /// Budgets above this are clamped to it (a budget of at least the prefix length keeps
 /// every prefix token; `2^31` is the most tokens a cache may hold).
@@ -45,7 +46,8 @@ pub struct kve_score_params {
     pub placement: u32,
     /// StreamingLLM sink tokens.
     pub sinks: u32,
-    /// CriticalKV: prefix tokens per KV head forced by the base score.
+    /// CriticalKV: prefix tokens per KV head forced by the base score; they score
+    /// `FLT_MAX` (see `kve_score_layer`).
     pub critical_first_stage: u32,
 }
 
@@ -83,6 +85,17 @@ pub struct kve_select_params {
 pub const KVE_SCORE_PARAMS_V1_SIZE: u32 = 48;
 /// `sizeof(kve_select_params)` of the first release.
 pub const KVE_SELECT_PARAMS_V1_SIZE: u32 = 48;
+
+/// An extensible struct: its released sizes, oldest first (the last is its `sizeof`).
+pub(crate) trait Extensible: Copy {
+    const SIZES: &'static [u32];
+}
+impl Extensible for kve_score_params {
+    const SIZES: &'static [u32] = &[KVE_SCORE_PARAMS_V1_SIZE];
+}
+impl Extensible for kve_select_params {
+    const SIZES: &'static [u32] = &[KVE_SELECT_PARAMS_V1_SIZE];
+}
 const _: () =
     assert!(core::mem::size_of::<kve_score_params>() == KVE_SCORE_PARAMS_V1_SIZE as usize);
 const _: () =
@@ -129,42 +142,37 @@ pub(crate) fn encode_select(c: &SelectConfig) -> kve_select_params {
     }
 }
 
-/// Read an extensible struct (rules in the module docs).
-pub(crate) unsafe fn read_ext<T: Copy>(p: *const T, v1: u32, defaults: T) -> Result<T> {
+/// `size` when it is a released size of `T` no older than `first` (a call introduced
+/// with a later version passes that version's size).
+fn known_size<T: Extensible>(size: u32, first: u32) -> Result<usize> {
+    if size >= first && T::SIZES.contains(&size) && size as usize <= core::mem::size_of::<T>() {
+        Ok(size as usize)
+    } else {
+        Err(Error::InvalidArgument)
+    }
+}
+
+/// Read an extensible struct (rules in the module docs): the fields of its version,
+/// `defaults` for the rest.
+pub(crate) unsafe fn read_ext<T: Extensible>(p: *const T, first: u32, defaults: T) -> Result<T> {
     let r = arg(p)?;
-    let bytes = r as *const T as *const u8;
-    let size = *(bytes as *const u32);
-    if size < v1 || size > MAX_STRUCT_SIZE || size % 4 != 0 {
-        return Err(Error::InvalidArgument);
-    }
-    let (size, ours) = (size as usize, core::mem::size_of::<T>());
-    for i in ours..size {
-        if *bytes.add(i) != 0 {
-            return Err(Error::InvalidArgument);
-        }
-    }
+    let size = known_size::<T>(*(r as *const T as *const u32), first)?;
     let mut v = defaults;
-    core::ptr::copy_nonoverlapping(bytes, &mut v as *mut T as *mut u8, size.min(ours));
+    core::ptr::copy_nonoverlapping(p as *const u8, &mut v as *mut T as *mut u8, size);
     Ok(v)
 }
 
 /// Write an extensible struct of the caller's `struct_size` (rules in the module docs).
-pub(crate) unsafe fn write_ext<T: Copy>(
+pub(crate) unsafe fn write_ext<T: Extensible>(
     p: *mut T,
     struct_size: u32,
-    v1: u32,
+    first: u32,
     value: T,
 ) -> Result<()> {
     let _ = out_param(p)?;
-    if struct_size < v1 || struct_size > MAX_STRUCT_SIZE || struct_size % 4 != 0 {
-        return Err(Error::InvalidArgument);
-    }
-    let (size, ours) = (struct_size as usize, core::mem::size_of::<T>());
+    let size = known_size::<T>(struct_size, first)?;
     let dst = p as *mut u8;
-    core::ptr::copy_nonoverlapping(&value as *const T as *const u8, dst, size.min(ours));
-    if size > ours {
-        core::ptr::write_bytes(dst.add(ours), 0, size - ours);
-    }
+    core::ptr::copy_nonoverlapping(&value as *const T as *const u8, dst, size);
     *(dst as *mut u32) = struct_size;
     Ok(())
 }
@@ -224,8 +232,8 @@ pub(crate) unsafe fn select_config(p: *const kve_select_params) -> Result<Select
 ///
 /// `struct_size`: `sizeof(kve_score_params)` as the caller sees it; the library writes
 /// that many bytes. Returns `KVE_ERR_BAD_ENUM` for an unknown preset,
-/// `KVE_ERR_INVALID_ARGUMENT` for a `struct_size` outside the accepted range. Writes only
-/// `params`.
+/// `KVE_ERR_INVALID_ARGUMENT` for a `struct_size` that is not a released size
+/// (`KVE_SCORE_PARAMS_V1_SIZE`). Writes only `params`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_score_params_init(
     params: *mut kve_score_params,
@@ -276,14 +284,16 @@ pub extern "C" fn kve_budget_from_capacity(capacity: u64, window: u64) -> u64 {
 }
 
 /// Budget keeping `floor(n * ratio)` tokens per head with the window counted inside that
-/// total (kvpress convention). `ratio` is clamped to [0, 1]; NaN counts as 0.
+/// total (kvpress convention): `max(floor(n * r) - min(window, n), 0)` with `r` the ratio
+/// clamped to [0, 1]. `+INFINITY` counts as 1 (keep everything), `-INFINITY` and NaN as 0
+/// (keep only the window).
 #[no_mangle]
 pub extern "C" fn kve_budget_keep_ratio_total(n: u64, window: u64, ratio: f64) -> u64 {
     budget_from::keep_ratio_total(n, window, ratio)
 }
 
-/// Budget keeping `floor((n - window) * ratio)` prefix tokens (the window on top).
-/// `ratio` is clamped to [0, 1]; NaN counts as 0.
+/// Budget keeping `floor((n - window) * r)` prefix tokens (the window on top), `r` the
+/// ratio clamped to [0, 1]: `+INFINITY` counts as 1, `-INFINITY` and NaN as 0.
 #[no_mangle]
 pub extern "C" fn kve_budget_keep_ratio_prefix(n: u64, window: u64, ratio: f64) -> u64 {
     budget_from::keep_ratio_prefix(n, window, ratio)

@@ -2,8 +2,8 @@
 
 use super::params::{read_ext, score_config, write_ext};
 use super::{
-    check_alias, kve_score_params, kve_tensor, out_param, to_status, to_usize, tri, Buf, Span,
-    Tensor, KVE_MAX_HEADS, KVE_OK,
+    check_alias, kve_score_params, kve_tensor, out_param, span_ptr, to_status, to_usize, tri, Buf,
+    Span, Tensor, KVE_MAX_HEADS, KVE_OK,
 };
 use crate::error::{Error, Result};
 use crate::gram;
@@ -28,7 +28,8 @@ use core::ffi::c_void;
 /// twice (on the device too).
 ///
 /// A tensor with `data == NULL` is absent; a required one absent gives
-/// `KVE_ERR_NULL_POINTER`. Extensible like the params structs (`struct_size` first).
+/// `KVE_ERR_NULL_POINTER`. Extensible like the params structs: `struct_size` is
+/// `KVE_LAYER_INPUTS_V1_SIZE` (no `row_lse`) or `KVE_LAYER_INPUTS_V2_SIZE`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kve_layer_inputs {
@@ -44,7 +45,8 @@ pub struct kve_layer_inputs {
     /// `[Hkv, N, dv]` values, `dv <= 1024`.
     pub values: kve_tensor,
     /// LaProx: Gram blocks from `kve_compute_gram` (built with `cross = 1` for the exact
-    /// and mean-attn GQA modes), `gram_len` floats. NULL when `value_forms` is given.
+    /// and mean-attn GQA modes), `gram_len` floats. NULL when `value_forms` is given:
+    /// both given is `KVE_ERR_INVALID_ARGUMENT` (one value term, never one ignored).
     pub gram: *const f32,
     pub gram_len: u64,
     /// LaProx: cached value forms `[Hkv][blocks][N]` from `kve_compute_value_forms`.
@@ -59,7 +61,9 @@ pub struct kve_layer_inputs {
     /// window), rows in the order of the last `w` rows of `queries` (flash attention's
     /// `softmax_lse`, or `kve_window_row_lse`). When given, the window pass skips its
     /// first pass over K (row max and denominator) and uses `A = exp(z - lse)`. NaN/Inf
-    /// or another length is rejected. Ignored by KNorm and StreamingLLM.
+    /// (`KVE_ERR_NON_FINITE`) or another length (`KVE_ERR_SHAPE_MISMATCH`) is rejected,
+    /// also when there is no prefix to score (`window >= N`). Ignored by KNorm and
+    /// StreamingLLM.
     pub row_lse: *const f32,
     pub row_lse_len: u64,
 }
@@ -70,6 +74,9 @@ pub const KVE_LAYER_INPUTS_V1_SIZE: u32 = 272;
 pub const KVE_LAYER_INPUTS_V2_SIZE: u32 = 288;
 const _: () =
     assert!(core::mem::size_of::<kve_layer_inputs>() == KVE_LAYER_INPUTS_V2_SIZE as usize);
+impl super::params::Extensible for kve_layer_inputs {
+    const SIZES: &'static [u32] = &[KVE_LAYER_INPUTS_V1_SIZE, KVE_LAYER_INPUTS_V2_SIZE];
+}
 
 pub(crate) const NO_INPUTS: kve_layer_inputs = kve_layer_inputs {
     struct_size: KVE_LAYER_INPUTS_V2_SIZE,
@@ -121,6 +128,15 @@ fn head_count(v: u64) -> Result<usize> {
     to_usize(v)
 }
 
+/// A float count whose byte size a buffer can have (`len * 4 <= PTRDIFF_MAX`, as every
+/// buffer argument is checked), else `Overflow`.
+fn float_count(len: usize) -> Result<usize> {
+    match len.checked_mul(4) {
+        Some(b) if b <= isize::MAX as usize => Ok(len),
+        _ => Err(Error::Overflow),
+    }
+}
+
 fn write_u64(out: &Buf<u64>, v: usize) {
     // SAFETY: out_param checked non-NULL and aligned; one element.
     unsafe { out.slice_mut()[0] = v as u64 };
@@ -141,6 +157,7 @@ pub unsafe extern "C" fn kve_score_workspace_size(
 ) -> i32 {
     let out = tri!(out_param(out_bytes));
     let cfg = tri!(score_config(params));
+    tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let shape = LayerShape {
         hq: tri!(head_count(hq)),
         hkv: tri!(head_count(hkv)),
@@ -176,6 +193,7 @@ pub unsafe extern "C" fn kve_score_output_len(
 ) -> i32 {
     let out = tri!(out_param(out_len));
     let cfg = tri!(score_config(params));
+    tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let hkv = tri!(head_count(hkv));
     let n = tri!(to_usize(n));
     let shape = LayerShape {
@@ -185,7 +203,7 @@ pub unsafe extern "C" fn kve_score_output_len(
         dk: 1,
         dv: 1,
     };
-    let len = tri!(crate::score_len(&cfg, &shape));
+    let len = tri!(float_count(tri!(crate::score_len(&cfg, &shape))));
     write_u64(&out, len);
     KVE_OK
 }
@@ -201,6 +219,12 @@ pub unsafe extern "C" fn kve_score_output_len(
 /// (first `Hkv*P` floats) and the workspace. NaN/Inf in what the scorer reads gives
 /// `KVE_ERR_NON_FINITE`; a window longer than the queries supplied,
 /// `KVE_ERR_INVALID_ARGUMENT`.
+///
+/// CriticalKV scores the `critical_first_stage` tokens its first stage forces as
+/// `FLT_MAX` (kvpress's convention), the others `(s + 1e-4) * value_l1`: the forced ones
+/// rank first in `kve_select_model`. Compare or select such scores as they are; scaling
+/// them up overflows, and summing heads (layer granularity) saturates forced tokens to
+/// +INF, which still ranks them first.
 #[no_mangle]
 pub unsafe extern "C" fn kve_score_layer(
     params: *const kve_score_params,
@@ -224,9 +248,15 @@ pub unsafe extern "C" fn kve_score_layer(
     let lse = tri!(opt_floats(inp.row_lse, inp.row_lse_len));
     let o = tri!(Buf::new(out, out_len));
     let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let inputs_span = Span(
+        inputs as usize,
+        (inputs as usize).saturating_add(inp.struct_size as usize),
+    );
     tri!(check_alias(
         &[o.span, ws.span],
         &[
+            span_ptr(params),
+            inputs_span,
             Tensor::span(&q),
             Tensor::span(&k),
             Tensor::span(&v),
@@ -320,7 +350,10 @@ pub unsafe extern "C" fn kve_window_row_lse(
     let k = tri!(Tensor::from_ptr(keys));
     let o = tri!(Buf::new(out, out_len));
     let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
-    tri!(check_alias(&[o.span, ws.span], &[q.span, k.span]));
+    tri!(check_alias(
+        &[o.span, ws.span],
+        &[q.span, k.span, span_ptr(queries), span_ptr(keys)]
+    ));
     let qv = tri!(q.view());
     let kv = tri!(k.view());
     to_status(crate::window_row_lse(
@@ -342,7 +375,8 @@ fn cross_flag(cross: u32) -> Result<bool> {
 
 /// Floats of the Gram output `[Hkv][blocks][dv][dv]`: `blocks = g` (`cross = 0`, for
 /// LaProx's default sum GQA) or `g + g(g-1)/2` (`cross = 1`, for exact / mean-attn),
-/// `g = hq / hkv`. Writes only `*out_len`.
+/// `g = hq / hkv`. `KVE_ERR_OVERFLOW` when their byte size does not fit `PTRDIFF_MAX`.
+/// Writes only `*out_len`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_gram_len(
     hq: u64,
@@ -352,12 +386,12 @@ pub unsafe extern "C" fn kve_gram_len(
     out_len: *mut u64,
 ) -> i32 {
     let out = tri!(out_param(out_len));
-    let len = tri!(gram::gram_len(
+    let len = tri!(float_count(tri!(gram::gram_len(
         tri!(head_count(hq)),
         tri!(head_count(hkv)),
         tri!(to_usize(dv)),
         tri!(cross_flag(cross))
-    ));
+    ))));
     write_u64(&out, len);
     KVE_OK
 }
@@ -383,7 +417,8 @@ pub unsafe extern "C" fn kve_gram_workspace_size(
 /// (f64 sums). `wo` is `[Hq, dv, D]` (head, row, col); for PyTorch's `o_proj.weight`
 /// (`[D, Hq*dv]` row-major) use strides `{dv, 1, Hq*dv}`. `hkv` KV heads; `cross` 0/1 as
 /// in `kve_gram_len`. Writes `out` (`kve_gram_len` floats) and the workspace; rejects
-/// NaN/Inf in `wo` before writing.
+/// NaN/Inf in `wo`, and finite `wo` whose Gram entries overflow f32 (rows with
+/// `|row|² > FLT_MAX`), with `KVE_ERR_NON_FINITE` before writing.
 #[no_mangle]
 pub unsafe extern "C" fn kve_compute_gram(
     wo: *const kve_tensor,
@@ -394,12 +429,16 @@ pub unsafe extern "C" fn kve_compute_gram(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
+    let wo_desc = wo;
     let wo = tri!(Tensor::from_ptr(wo));
     let hkv = tri!(head_count(hkv));
     let cross = tri!(cross_flag(cross));
     let o = tri!(Buf::new(out, out_len));
     let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
-    tri!(check_alias(&[o.span, ws.span], &[wo.span]));
+    tri!(check_alias(
+        &[o.span, ws.span],
+        &[wo.span, span_ptr(wo_desc)]
+    ));
     let view = tri!(wo.view());
     to_status(gram::compute_gram(
         &view,
@@ -411,7 +450,8 @@ pub unsafe extern "C" fn kve_compute_gram(
 }
 
 /// Floats of the value-form cache `[Hkv][blocks][N]` (blocks as in `kve_gram_len`).
-/// Writes only `*out_len`.
+/// `KVE_ERR_OVERFLOW` when their byte size does not fit `PTRDIFF_MAX` (no buffer could
+/// hold them). Writes only `*out_len`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_value_forms_len(
     hq: u64,
@@ -421,12 +461,12 @@ pub unsafe extern "C" fn kve_value_forms_len(
     out_len: *mut u64,
 ) -> i32 {
     let out = tri!(out_param(out_len));
-    let len = tri!(gram::value_forms_len(
+    let len = tri!(float_count(tri!(gram::value_forms_len(
         tri!(head_count(hq)),
         tri!(head_count(hkv)),
         tri!(to_usize(n)),
         tri!(cross_flag(cross))
-    ));
+    ))));
     write_u64(&out, len);
     KVE_OK
 }
@@ -435,7 +475,8 @@ pub unsafe extern "C" fn kve_value_forms_len(
 /// Gram block) from `values` (`[Hkv, N, dv]`) and a Gram from `kve_compute_gram` with
 /// the same `hq` and `cross`. An engine can call it as tokens enter the cache; other
 /// columns of `out` are not touched. Writes only those columns of `out`
-/// (`kve_value_forms_len` floats). Rejects NaN/Inf in the values read and in the Gram.
+/// (`kve_value_forms_len` floats). Rejects NaN/Inf in the values read and in the Gram,
+/// and finite inputs whose forms overflow f32, with `KVE_ERR_NON_FINITE` before writing.
 #[no_mangle]
 pub unsafe extern "C" fn kve_compute_value_forms(
     values: *const kve_tensor,
@@ -454,16 +495,27 @@ pub unsafe extern "C" fn kve_compute_value_forms(
     let cross = tri!(cross_flag(cross));
     let (t0, t1) = (tri!(to_usize(t0)), tri!(to_usize(t1)));
     let o = tri!(Buf::new(out, out_len));
-    tri!(check_alias(&[o.span], &[v.span, g.span]));
+    tri!(check_alias(&[o.span], &[v.span, g.span, span_ptr(values)]));
     let view = tri!(v.view());
     let gs = g.slice();
-    let [hkv, _, dv] = view.extent();
+    let [hkv, n, dv] = view.extent();
     if let Ok(need) = gram::gram_len(hq, hkv, dv, cross) {
         if let Some(used) = gs.get(..need) {
             if used.iter().any(|x| !x.is_finite()) {
                 return super::KVE_ERR_NON_FINITE;
             }
         }
+    }
+    // results that overflow f32 are refused before the core writes: checked once the
+    // arguments are those the core accepts (else it reports their error itself)
+    let accepted = gram::gram_len(hq, hkv, dv, cross).is_ok_and(|need| gs.len() >= need)
+        && gram::value_forms_len(hq, hkv, n, cross).is_ok_and(|len| o.len() >= len)
+        && t0 <= t1
+        && t1 <= n
+        && dv <= 1024
+        && gram::values_finite(&view, t0, t1);
+    if accepted && !gram::value_forms_finite(&view, gs, hq, cross, t0, t1) {
+        return super::KVE_ERR_NON_FINITE;
     }
     to_status(gram::compute_value_forms(
         &view,
@@ -494,7 +546,8 @@ pub unsafe extern "C" fn kve_value_l1_workspace_size(
 
 /// CriticalKV's value term `mean_{h in group} ||v_i Wo_h||_1` for every token:
 /// `out[kh * N + i]`, `Hkv * N` floats. `values` `[Hkv, N, dv]`, `wo` `[Hq, dv, D]`.
-/// Writes `out` and the workspace; rejects NaN/Inf in `values` and `wo` before writing.
+/// Writes `out` and the workspace; rejects NaN/Inf in `values` and `wo`, and finite
+/// inputs whose norms overflow f32, with `KVE_ERR_NON_FINITE` before writing.
 #[no_mangle]
 pub unsafe extern "C" fn kve_compute_value_l1(
     values: *const kve_tensor,
@@ -508,7 +561,10 @@ pub unsafe extern "C" fn kve_compute_value_l1(
     let w = tri!(Tensor::from_ptr(wo));
     let o = tri!(Buf::new(out, out_len));
     let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
-    tri!(check_alias(&[o.span, ws.span], &[v.span, w.span]));
+    tri!(check_alias(
+        &[o.span, ws.span],
+        &[v.span, w.span, span_ptr(values), span_ptr(wo)]
+    ));
     let vv = tri!(v.view());
     let wv = tri!(w.view());
     let [a, b, c] = wv.extent();

@@ -1,8 +1,8 @@
 //! Budget allocation and selection for a whole model, the eviction list for engines whose
 //! cache cell is shared by every head, and the sharded (multi-device) threshold search.
 
-use super::params::{kve_select_params, select_config};
-use super::{arg, check_alias, out_param, to_status, to_usize, tri, Buf, KVE_OK};
+use super::params::{encode_select, kve_select_params, select_config};
+use super::{arg, check_alias, out_param, span_ptr, to_status, to_usize, tri, Buf, Span, KVE_OK};
 use crate::budget::ModelScores;
 use crate::config::SelectConfig;
 use crate::error::{Error, Result};
@@ -13,14 +13,16 @@ use core::ffi::c_void;
 
 /// Scores of a whole model, or of a shard of consecutive layers:
 /// `scores[(l * hkv + kh) * P + i]`, `P = n - min(window, n)`, as written by
-/// `kve_score_layer` layer after layer. Any finite f32 is accepted.
+/// `kve_score_layer` layer after layer. Any finite f32 is accepted (CriticalKV's forced
+/// `FLT_MAX` included). NaN/Inf gives `KVE_ERR_NON_FINITE`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kve_model_scores {
     pub scores: *const f32,
-    /// Floats available from `scores` (at least `layers * hkv * P`).
+    /// Floats at `scores`: exactly `layers * hkv * P` (else `KVE_ERR_SHAPE_MISMATCH`:
+    /// scores laid out for another window, head count or length are refused).
     pub len: u64,
-    /// Layers (1 .. 2^20), `layers * hkv <= 2^31`.
+    /// Layers (1 .. 2^20), `layers * hkv <= 2^31` (else `KVE_ERR_OVERFLOW`).
     pub layers: u64,
     pub hkv: u64,
     /// Tokens in the cache, window included (1 .. 2^31).
@@ -29,8 +31,8 @@ pub struct kve_model_scores {
     pub window: u64,
 }
 
-/// Dimensions checked before the core loops over them: `layers * hkv <= 2^31`,
-/// `layers <= 2^20`.
+/// Dimensions checked before the core loops over them: `layers * hkv <= 2^31`
+/// (`MAX_UNITS`), `layers <= 2^20`.
 fn dims(layers: u64, hkv: u64, n: u64, window: u64) -> Result<(usize, usize, usize, usize)> {
     if layers == 0 || hkv == 0 || n == 0 {
         return Err(Error::InvalidArgument);
@@ -38,7 +40,7 @@ fn dims(layers: u64, hkv: u64, n: u64, window: u64) -> Result<(usize, usize, usi
     if n > crate::error::MAX_TOKENS as u64
         || layers
             .checked_mul(hkv)
-            .map_or(true, |u| u > (u32::MAX / 2) as u64)
+            .map_or(true, |u| u > crate::error::MAX_UNITS as u64)
     {
         return Err(Error::Overflow);
     }
@@ -58,6 +60,11 @@ unsafe fn model<'a>(m: *const kve_model_scores) -> Result<(Buf<f32>, ModelScores
     let m = arg(m)?;
     let (layers, hkv, n, window) = dims(m.layers, m.hkv, m.n, m.window)?;
     let b = Buf::new(m.scores, m.len)?;
+    // exactly the layout's length: a longer buffer hides scores of another window
+    let want = (layers as u64 * hkv as u64).checked_mul((n - window) as u64);
+    if want != Some(m.len) {
+        return Err(Error::ShapeMismatch);
+    }
     let ms = ModelScores {
         scores: b.slice(),
         layers,
@@ -88,10 +95,8 @@ pub unsafe extern "C" fn kve_select_output_len(
 ) -> i32 {
     let oo = tri!(out_param(offsets_len));
     let oi = tri!(out_param(indices_len));
-    if oo.span.overlaps(oi.span) {
-        return super::KVE_ERR_ALIASING;
-    }
     let cfg = tri!(select_config(params));
+    tri!(check_alias(&[oo.span, oi.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let (a, b) = tri!(crate::select_output_len(&cfg, l, h, n, w));
     write(&oo, a as u64);
@@ -111,6 +116,7 @@ pub unsafe extern "C" fn kve_select_workspace_size(
 ) -> i32 {
     let out = tri!(out_param(out_bytes));
     let cfg = tri!(select_config(params));
+    tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let b = tri!(crate::select_workspace_size(&cfg, l, h, n, w));
     write(&out, b as u64);
@@ -141,7 +147,10 @@ pub unsafe extern "C" fn kve_select_model(
     let o = tri!(Buf::new(offsets, offsets_len));
     let i = tri!(Buf::new(indices, indices_len));
     let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
-    tri!(check_alias(&[o.span, i.span, ws.span], &[sb.span]));
+    tri!(check_alias(
+        &[o.span, i.span, ws.span],
+        &[sb.span, span_ptr(params), span_ptr(scores)]
+    ));
     to_status(crate::select_model(
         &cfg,
         &ms,
@@ -197,8 +206,13 @@ pub unsafe extern "C" fn kve_evicted_positions(
 /// across devices"). Plain data: copy it to every shard, process or device. Written only
 /// by `kve_search_init` and `kve_search_step`; the fields are the library's business
 /// (a state that could not have come from them gives `KVE_ERR_INVALID_ARGUMENT`).
+///
+/// It records the model and the parameters it was started for: a shard whose `hkv`, `n`
+/// or window differ, or whose layers reach past the model's, gives
+/// `KVE_ERR_SHAPE_MISMATCH`; other selection parameters than `kve_search_init`'s give
+/// `KVE_ERR_INVALID_ARGUMENT`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct kve_search {
     pub need: u64,
     pub prefix_lo: u64,
@@ -208,17 +222,80 @@ pub struct kve_search {
     pub bits: u32,
     /// 1 when the threshold is known.
     pub done: u32,
+    /// The model: layers (all shards together), KV heads, tokens, `min(window, n)`.
+    pub layers: u64,
+    pub hkv: u64,
+    pub n: u64,
+    pub window: u64,
+    /// The selection parameters, as decoded (first-release layout).
+    pub params: kve_select_params,
 }
 
-/// Counts of the next key digit, one per bucket. Zero it (`kve_histogram_clear`) before
-/// counting; add shards' histograms with `kve_histogram_merge`.
+/// Counts of the next key digit, one per bucket, and which search round and layers they
+/// cover. Zero it (`kve_histogram_clear`, or all-zero bytes) before counting; add
+/// shards' histograms with `kve_histogram_merge`. `kve_search_step` accepts it only when
+/// every layer of the model was counted exactly once for the search's current round.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct kve_histogram {
     pub bins: [u64; 256],
+    /// The round it was counted for (a fingerprint of the search state); 0 while empty.
+    pub round: u64,
+    /// Layers counted into it, with repeats.
+    pub layers: u64,
+    /// A checksum of which layers (a wrong set passes with probability about 2^-64).
+    pub layer_sum: u64,
 }
 
-fn to_c(s: &ShardSearch) -> kve_search {
+const EMPTY_HISTOGRAM: kve_histogram = kve_histogram {
+    bins: [0; 256],
+    round: 0,
+    layers: 0,
+    layer_sum: 0,
+};
+
+/// The checksum term of layer `l` (splitmix64's finaliser: layers spread over all bits).
+fn layer_mix(l: u64) -> u64 {
+    let mut z = l.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn layer_sum(layers: core::ops::Range<u64>) -> u64 {
+    layers.fold(0u64, |a, l| a.wrapping_add(layer_mix(l)))
+}
+
+/// The fingerprint of a search state (never 0): FNV-1a over its fields.
+fn round_of(c: &kve_search) -> u64 {
+    let p = &c.params;
+    let words = [
+        c.need,
+        c.prefix_lo,
+        c.prefix_hi,
+        c.threshold_lo,
+        c.threshold_hi,
+        (c.bits as u64) << 32 | c.done as u64,
+        c.layers,
+        c.hkv,
+        c.n,
+        c.window,
+        (p.allocator as u64) << 32 | p.granularity as u64,
+        (p.normalize as u64) << 32 | p.alpha.to_bits() as u64,
+        p.budget,
+        (p.beta as u64) << 32 | p.post_pool_kind as u64,
+        (p.post_pool_kernel as u64) << 32 | p.post_pool_decay.to_bits() as u64,
+    ];
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for w in words {
+        for b in w.to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h | 1
+}
+
+fn to_c(s: &ShardSearch, model: &kve_search) -> kve_search {
     kve_search {
         need: s.need,
         prefix_lo: s.prefix as u64,
@@ -227,10 +304,21 @@ fn to_c(s: &ShardSearch) -> kve_search {
         threshold_hi: (s.threshold >> 64) as u64,
         bits: s.bits,
         done: s.done as u32,
+        ..*model
     }
 }
 
-fn from_c(c: &kve_search) -> Result<ShardSearch> {
+/// A validated state: the core's search, its configuration and model dimensions.
+struct State {
+    search: ShardSearch,
+    cfg: SelectConfig,
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    window: usize,
+}
+
+fn from_c(c: &kve_search) -> Result<State> {
     let done = match c.done {
         0 => false,
         1 => true,
@@ -244,7 +332,40 @@ fn from_c(c: &kve_search) -> Result<ShardSearch> {
         threshold: (c.threshold_hi as u128) << 64 | c.threshold_lo as u128,
     };
     s.validate()?;
-    Ok(s)
+    // SAFETY: a reference to a local struct (non-NULL, aligned, `struct_size` read).
+    let cfg = unsafe { select_config(&c.params) }.map_err(|_| Error::InvalidArgument)?;
+    let (layers, hkv, n, window) =
+        dims(c.layers, c.hkv, c.n, c.window).map_err(|_| Error::InvalidArgument)?;
+    if c.window != window as u64 || encode_select(&cfg) != c.params {
+        return Err(Error::InvalidArgument);
+    }
+    Ok(State {
+        search: s,
+        cfg,
+        layers,
+        hkv,
+        n,
+        window,
+    })
+}
+
+impl State {
+    /// `cfg` must be the search's parameters, and the shard of `m.layers` layers from
+    /// `first` part of its model.
+    fn check_shard(&self, cfg: &SelectConfig, m: &ModelScores, first: u64) -> Result<()> {
+        if *cfg != self.cfg {
+            return Err(Error::InvalidArgument);
+        }
+        let end = first.checked_add(m.layers as u64);
+        if m.hkv != self.hkv
+            || m.n != self.n
+            || m.window != self.window
+            || end.map_or(true, |e| e > self.layers as u64)
+        {
+            return Err(Error::ShapeMismatch);
+        }
+        Ok(())
+    }
 }
 
 unsafe fn shard_config(params: *const kve_select_params) -> Result<SelectConfig> {
@@ -254,7 +375,9 @@ unsafe fn shard_config(params: *const kve_select_params) -> Result<SelectConfig>
 /// Start a search for the model of `layers` layers (all shards together). Sharded
 /// selection supports the `KVE_ALLOCATOR_GLOBAL` allocator at head or layer granularity
 /// (others: `KVE_ERR_INVALID_ARGUMENT`; they either need no cross-layer search or need
-/// all scores in one place — use `kve_select_model`). Writes only `*search`.
+/// all scores in one place — use `kve_select_model`). The state records `layers`, `hkv`,
+/// `n`, `min(window, n)` and the parameters. `search` must not overlap `params`
+/// (`KVE_ERR_ALIASING`). Writes only `*search`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_search_init(
     search: *mut kve_search,
@@ -266,17 +389,32 @@ pub unsafe extern "C" fn kve_search_init(
 ) -> i32 {
     let out = tri!(out_param(search));
     let cfg = tri!(shard_config(params));
+    tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let s = tri!(shard::search_new(&cfg, l, h, n, w));
-    write(&out, to_c(&s));
+    let model = kve_search {
+        need: 0,
+        prefix_lo: 0,
+        prefix_hi: 0,
+        threshold_lo: 0,
+        threshold_hi: 0,
+        bits: 0,
+        done: 0,
+        layers: l as u64,
+        hkv: h as u64,
+        n: n as u64,
+        window: w as u64,
+        params: encode_select(&cfg),
+    };
+    write(&out, to_c(&s, &model));
     KVE_OK
 }
 
-/// Zero a histogram. Writes only `*hist`.
+/// Zero a histogram (counts, round and layers). Writes only `*hist`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_histogram_clear(hist: *mut kve_histogram) -> i32 {
     let out = tri!(out_param(hist));
-    write(&out, kve_histogram { bins: [0; 256] });
+    write(&out, EMPTY_HISTOGRAM);
     KVE_OK
 }
 
@@ -293,6 +431,7 @@ pub unsafe extern "C" fn kve_select_shard_workspace_size(
 ) -> i32 {
     let out = tri!(out_param(out_bytes));
     let cfg = tri!(shard_config(params));
+    tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let b = tri!(shard::shard_workspace_size(&cfg, l, h, n, w));
     write(&out, b as u64);
@@ -301,7 +440,12 @@ pub unsafe extern "C" fn kve_select_shard_workspace_size(
 
 /// Add a shard's candidates to `hist` for the search's next digit. `shard` holds layers
 /// `first_layer .. first_layer + shard->layers` of the model (global layer numbering
-/// decides ties). Every shard of one round counts with the same `search`. Writes `hist`
+/// decides ties). Every shard of one round counts with the same `search`, into an empty
+/// histogram or one counted for the same round (else `KVE_ERR_INVALID_ARGUMENT`); the
+/// histogram records the round and the layers counted. `params` must be
+/// `kve_search_init`'s (else `KVE_ERR_INVALID_ARGUMENT`), the shard of the same `hkv`,
+/// `n` and window and inside the model's layers (else `KVE_ERR_SHAPE_MISMATCH`). `hist`
+/// and the workspace must not overlap the scores or any struct argument. Writes `hist`
 /// (added to, not cleared) and the workspace.
 #[no_mangle]
 pub unsafe extern "C" fn kve_search_count_shard(
@@ -315,26 +459,43 @@ pub unsafe extern "C" fn kve_search_count_shard(
 ) -> i32 {
     let cfg = tri!(shard_config(params));
     let (sb, ms) = tri!(model(shard));
-    let s = tri!(from_c(tri!(arg(search))));
+    let c = *tri!(arg(search));
+    let st = tri!(from_c(&c));
     let h = tri!(out_param(hist));
     let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
-    let sspan = super::span_ptr(search);
-    tri!(check_alias(&[h.span, ws.span], &[sb.span, sspan]));
+    tri!(check_alias(
+        &[h.span, ws.span],
+        &[sb.span, span_ptr(search), span_ptr(params), span_ptr(shard)]
+    ));
+    tri!(st.check_shard(&cfg, &ms, first_layer));
     let first = tri!(to_usize(first_layer));
-    let mut hh = Histogram(h.slice()[0].bins);
+    let mut v = h.slice()[0];
+    let round = round_of(&c);
+    if v.round != 0 && v.round != round {
+        return super::KVE_ERR_INVALID_ARGUMENT;
+    }
+    let mut hh = Histogram(v.bins);
     tri!(shard::count_shard(
         &cfg,
         &ms,
         first,
-        &s,
+        &st.search,
         &mut hh,
         ws.slice_mut()
     ));
-    write(&h, kve_histogram { bins: hh.0 });
+    v.bins = hh.0;
+    v.round = round;
+    v.layers = v.layers.saturating_add(ms.layers as u64);
+    v.layer_sum = v
+        .layer_sum
+        .wrapping_add(layer_sum(first_layer..first_layer + ms.layers as u64));
+    write(&h, v);
     KVE_OK
 }
 
-/// `dst.bins[i] += src.bins[i]` (saturating). The two must not overlap. Writes only `dst`.
+/// `dst.bins[i] += src.bins[i]` (saturating), and the layers counted. The two must not
+/// overlap (`KVE_ERR_ALIASING`) and, unless one is empty, be counted for the same round
+/// (`KVE_ERR_INVALID_ARGUMENT`). Writes only `dst`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_histogram_merge(
     dst: *mut kve_histogram,
@@ -342,21 +503,30 @@ pub unsafe extern "C" fn kve_histogram_merge(
 ) -> i32 {
     let d = tri!(out_param(dst));
     let s = tri!(arg(src));
-    let sspan = super::span_ptr(src);
+    let sspan = span_ptr(src);
     if d.span.overlaps(sspan) {
         return super::KVE_ERR_ALIASING;
     }
     let mut v = d.slice()[0];
+    if v.round != 0 && s.round != 0 && v.round != s.round {
+        return super::KVE_ERR_INVALID_ARGUMENT;
+    }
     for (a, b) in v.bins.iter_mut().zip(s.bins.iter()) {
         *a = a.saturating_add(*b);
     }
+    v.round = v.round.max(s.round);
+    v.layers = v.layers.saturating_add(s.layers);
+    v.layer_sum = v.layer_sum.wrapping_add(s.layer_sum);
     write(&d, v);
     KVE_OK
 }
 
 /// Fix the next digit of the search from the histogram merged over every shard.
 /// `*done` (may be NULL) becomes 1 when the threshold is known: then apply it with
-/// `kve_select_shard`. At most 13 rounds, usually 4. Writes `*search` and `*done`.
+/// `kve_select_shard`. At most 13 rounds, usually 4. While the search runs, `hist` must
+/// be counted for its current round (else `KVE_ERR_INVALID_ARGUMENT`) over every layer
+/// of the model exactly once (else `KVE_ERR_SHAPE_MISMATCH`); a finished search ignores
+/// `hist`. Writes `*search` and `*done`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_search_step(
     search: *mut kve_search,
@@ -370,12 +540,21 @@ pub unsafe extern "C" fn kve_search_step(
     } else {
         Some(tri!(out_param(done)))
     };
-    let hspan = super::span_ptr(hist);
-    let dspan = d.as_ref().map_or(super::Span::EMPTY, |d| d.span);
+    let hspan = span_ptr(hist);
+    let dspan = d.as_ref().map_or(Span::EMPTY, |d| d.span);
     tri!(check_alias(&[so.span, dspan], &[hspan]));
-    let mut s = tri!(from_c(&so.slice()[0]));
-    let fin = s.step(&Histogram(h.bins));
-    write(&so, to_c(&s));
+    let c = so.slice()[0];
+    let mut st = tri!(from_c(&c));
+    if !st.search.done {
+        if h.round != round_of(&c) {
+            return super::KVE_ERR_INVALID_ARGUMENT;
+        }
+        if h.layers != c.layers || h.layer_sum != layer_sum(0..c.layers) {
+            return super::KVE_ERR_SHAPE_MISMATCH;
+        }
+    }
+    let fin = st.search.step(&Histogram(h.bins));
+    write(&so, to_c(&st.search, &c));
     if let Some(d) = d {
         write(&d, fin as i32);
     }
@@ -389,7 +568,9 @@ pub unsafe extern "C" fn kve_search_step(
 #[no_mangle]
 pub unsafe extern "C" fn kve_search_threshold(search: *const kve_search, score: *mut f32) -> i32 {
     let out = tri!(out_param(score));
-    let s = tri!(from_c(tri!(arg(search))));
+    let st = tri!(from_c(tri!(arg(search))));
+    tri!(check_alias(&[out.span], &[span_ptr(search)]));
+    let s = st.search;
     if !s.done {
         return super::KVE_ERR_INVALID_ARGUMENT;
     }
@@ -429,7 +610,8 @@ pub unsafe extern "C" fn kve_select_shard_output_len(
 
 /// Apply a finished search to a shard: the kept positions of its (layer, KV head) pairs
 /// as CSR, exactly as `kve_select_model` would report them for those layers (offsets
-/// count from this call's `indices`). Writes `offsets`, `indices` and the workspace.
+/// count from this call's `indices`). `params` and the shard are checked against the
+/// search as in `kve_search_count_shard`. Writes `offsets`, `indices` and the workspace.
 #[no_mangle]
 pub unsafe extern "C" fn kve_select_shard(
     params: *const kve_select_params,
@@ -445,18 +627,21 @@ pub unsafe extern "C" fn kve_select_shard(
 ) -> i32 {
     let cfg = tri!(shard_config(params));
     let (sb, ms) = tri!(model(shard));
-    let s = tri!(from_c(tri!(arg(search))));
+    let st = tri!(from_c(tri!(arg(search))));
     let o = tri!(Buf::new(offsets, offsets_len));
     let i = tri!(Buf::new(indices, indices_len));
     let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
-    let sspan = super::span_ptr(search);
-    tri!(check_alias(&[o.span, i.span, ws.span], &[sb.span, sspan]));
+    tri!(check_alias(
+        &[o.span, i.span, ws.span],
+        &[sb.span, span_ptr(search), span_ptr(params), span_ptr(shard)]
+    ));
+    tri!(st.check_shard(&cfg, &ms, first_layer));
     let first = tri!(to_usize(first_layer));
     to_status(shard::select_shard(
         &cfg,
         &ms,
         first,
-        &s,
+        &st.search,
         o.slice_mut(),
         i.slice_mut(),
         ws.slice_mut(),

@@ -17,6 +17,10 @@ pub(super) fn check_inputs(
     shape: &LayerShape,
 ) -> Result<()> {
     let cross = cfg.needs_cross();
+    // one value term: a Gram beside the cached forms would be ignored unchecked
+    if inputs.value_forms.is_some() && inputs.gram.is_some() {
+        return Err(Error::InvalidArgument);
+    }
     if let Some(f) = inputs.value_forms {
         // exact length: a cache built with the other `cross` layout is a caller error we can see
         if f.len() != gram::value_forms_len(shape.hq, shape.hkv, shape.n, cross)? {

@@ -32,7 +32,7 @@ pub struct LayerInputs<'a> {
     /// `[Hkv, N, dv]`: values (LAVa, LaProx without cached forms).
     pub values: Option<View<'a>>,
     /// LaProx: Gram blocks from [`gram::compute_gram`] (with `cross` for the exact and
-    /// mean-attn GQA modes). Not needed when `value_forms` is given.
+    /// mean-attn GQA modes). `None` when `value_forms` is given (both: `InvalidArgument`).
     pub gram: Option<&'a [f32]>,
     /// LaProx: cached value forms `[Hkv][blocks][N]` from [`gram::compute_value_forms`].
     pub value_forms: Option<&'a [f32]>,
@@ -229,6 +229,20 @@ pub fn score_layer(
         }
         _ => {}
     }
+    // checked even with no prefix to score: a wrong length is a caller error all the same
+    let row_lse = if cfg.needs_queries() {
+        inputs.row_lse
+    } else {
+        None
+    };
+    if let Some(lse) = row_lse {
+        if lse.len() != mul(hq, w)? {
+            return Err(Error::ShapeMismatch);
+        }
+        if lse.iter().any(|v| !v.is_finite()) {
+            return Err(Error::NonFinite);
+        }
+    }
     if p == 0 {
         return Ok(());
     }
@@ -251,19 +265,6 @@ pub fn score_layer(
     let scratch = ws.into_rest();
 
     // Everything that can reject the input runs before the first write to `out`.
-    let row_lse = if cfg.needs_queries() {
-        inputs.row_lse
-    } else {
-        None
-    };
-    if let Some(lse) = row_lse {
-        if lse.len() != rows {
-            return Err(Error::ShapeMismatch);
-        }
-        if lse.iter().any(|v| !v.is_finite()) {
-            return Err(Error::NonFinite);
-        }
-    }
     if let (Some(q), Some(lse)) = (queries, row_lse) {
         // the caller's row statistics: A = exp(z - lse), denominators 1
         for kh in 0..hkv {

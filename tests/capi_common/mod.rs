@@ -1,0 +1,214 @@
+//! Helpers of the C-ABI tests (`capi_hostile.rs`, `capi_contract.rs`): a small valid
+//! layer, parameter structs from the init functions, canaries and status names.
+#![allow(dead_code)]
+
+use kvevict::capi::*;
+use std::ffi::{c_void, CStr};
+
+pub const CANARY: u32 = 0xA5A5_A5A5;
+pub const HQ: usize = 4;
+pub const HKV: usize = 2;
+pub const N: usize = 40;
+pub const D: usize = 8;
+pub const W: usize = 8;
+pub const P: usize = N - W;
+
+pub fn rnd(seed: &mut u64) -> f32 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    ((*seed >> 40) & 0xFFFF) as f32 / 32768.0 - 1.0
+}
+
+pub fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..len).map(|_| rnd(&mut s)).collect()
+}
+
+pub fn canary_f32(len: usize) -> Vec<f32> {
+    vec![f32::from_bits(CANARY); len]
+}
+
+pub fn untouched_f32(v: &[f32]) -> bool {
+    v.iter().all(|x| x.to_bits() == CANARY)
+}
+
+pub fn tensor(p: *const f32, len: usize, extent: [usize; 3], stride: [usize; 3]) -> kve_tensor {
+    kve_tensor {
+        data: p as *const c_void,
+        len: len as u64,
+        dtype: 0,
+        pad: 0,
+        extent: extent.map(|x| x as u64),
+        stride: stride.map(|x| x as u64),
+    }
+}
+
+pub fn contiguous(v: &[f32], e: [usize; 3]) -> kve_tensor {
+    tensor(v.as_ptr(), v.len(), e, [e[1] * e[2], e[2], 1])
+}
+
+pub fn score_params(preset: u32) -> kve_score_params {
+    let mut p = std::mem::MaybeUninit::<kve_score_params>::uninit();
+    let st = unsafe {
+        kve_score_params_init(
+            p.as_mut_ptr(),
+            std::mem::size_of::<kve_score_params>() as u32,
+            preset,
+        )
+    };
+    assert_eq!(st, KVE_OK);
+    let mut p = unsafe { p.assume_init() };
+    p.window = W as u32;
+    p
+}
+
+pub fn select_params(alloc: u32, gran: u32, budget: u64) -> kve_select_params {
+    let mut p = std::mem::MaybeUninit::<kve_select_params>::uninit();
+    let st = unsafe {
+        kve_select_params_init(
+            p.as_mut_ptr(),
+            std::mem::size_of::<kve_select_params>() as u32,
+            alloc,
+            gran,
+            budget,
+        )
+    };
+    assert_eq!(st, KVE_OK);
+    unsafe { p.assume_init() }
+}
+
+/// A valid SnapKV layer: queries, keys, values and buffers.
+pub struct Layer {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub out: Vec<f32>,
+    pub ws: Vec<u8>,
+}
+
+impl Layer {
+    pub fn new() -> Layer {
+        let sp = score_params(0);
+        let mut ws = 0u64;
+        let st = unsafe {
+            kve_score_workspace_size(
+                &sp, HQ as u64, HKV as u64, N as u64, D as u64, D as u64, &mut ws,
+            )
+        };
+        assert_eq!(st, KVE_OK);
+        Layer {
+            q: data(HQ * W * D, 1),
+            k: data(HKV * N * D, 2),
+            v: data(HKV * N * D, 3),
+            out: canary_f32(HKV * P),
+            ws: vec![0; ws as usize],
+        }
+    }
+    pub fn inputs(&self) -> kve_layer_inputs {
+        let mut i = std::mem::MaybeUninit::<kve_layer_inputs>::uninit();
+        assert_eq!(
+            unsafe {
+                kve_layer_inputs_init(
+                    i.as_mut_ptr(),
+                    std::mem::size_of::<kve_layer_inputs>() as u32,
+                )
+            },
+            KVE_OK
+        );
+        let mut i = unsafe { i.assume_init() };
+        i.queries = contiguous(&self.q, [HQ, W, D]);
+        i.keys = contiguous(&self.k, [HKV, N, D]);
+        i.values = contiguous(&self.v, [HKV, N, D]);
+        i
+    }
+    /// Score with `sp` and `inp`, return the status; the output must be untouched unless OK.
+    pub fn score(&mut self, sp: &kve_score_params, inp: &kve_layer_inputs) -> i32 {
+        self.out.fill(f32::from_bits(CANARY));
+        let st = unsafe {
+            kve_score_layer(
+                sp,
+                inp,
+                self.out.as_mut_ptr(),
+                self.out.len() as u64,
+                self.ws.as_mut_ptr() as *mut c_void,
+                self.ws.len() as u64,
+            )
+        };
+        if st != KVE_OK {
+            assert!(
+                untouched_f32(&self.out),
+                "status {st} but the output was written"
+            );
+        }
+        st
+    }
+}
+
+pub fn name(st: i32) -> String {
+    unsafe { CStr::from_ptr(kve_status_name(st)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+macro_rules! expect {
+    ($st:expr, $want:expr) => {{
+        let st = $st;
+        assert_eq!(name(st), name($want), "{}", stringify!($st));
+    }};
+}
+
+pub fn select(
+    sel: &kve_select_params,
+    scores: &[f32],
+    layers: usize,
+    n: usize,
+    w: usize,
+) -> (i32, Vec<u64>, Vec<u32>) {
+    let (mut ol, mut il, mut wl) = (0u64, 0u64, 0u64);
+    unsafe {
+        assert_eq!(
+            kve_select_output_len(
+                sel,
+                layers as u64,
+                HKV as u64,
+                n as u64,
+                w as u64,
+                &mut ol,
+                &mut il
+            ),
+            KVE_OK
+        );
+        assert_eq!(
+            kve_select_workspace_size(sel, layers as u64, HKV as u64, n as u64, w as u64, &mut wl),
+            KVE_OK
+        );
+    }
+    let mut off = vec![CANARY as u64; ol as usize];
+    let mut idx = vec![CANARY; il as usize];
+    let mut ws = vec![0u8; wl as usize];
+    let ms = kve_model_scores {
+        scores: scores.as_ptr(),
+        len: scores.len() as u64,
+        layers: layers as u64,
+        hkv: HKV as u64,
+        n: n as u64,
+        window: w as u64,
+    };
+    let st = unsafe {
+        kve_select_model(
+            sel,
+            &ms,
+            off.as_mut_ptr(),
+            ol,
+            idx.as_mut_ptr(),
+            il,
+            ws.as_mut_ptr() as _,
+            wl,
+        )
+    };
+    if st != KVE_OK {
+        assert!(off.iter().all(|&x| x == CANARY as u64) && idx.iter().all(|&x| x == CANARY));
+    }
+    (st, off, idx)
+}
