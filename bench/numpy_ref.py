@@ -136,6 +136,7 @@ CFG = {
     "knorm": (32, None, 1),
     "tova": (1, None, 1),
     "streamingllm": (32, None, 1),
+    "value-forms": (0, None, 1),
 }
 
 
@@ -192,6 +193,14 @@ def score(c, name):
             out[kh] = -np.sqrt(np.einsum("pd,pd->p", kk, kk))
     elif name == "streamingllm":
         out[:, :4] = 1.0
+    elif name == "value-forms":
+        # LaProx's value forms v·G_a·vᵀ for every token: [Hkv][g][N], one GEMM per block
+        out = np.empty((hkv, g, n), dtype=F32)
+        for kh in range(hkv):
+            v = c["v"][kh].astype(F32)
+            for b in range(g):
+                out[kh, b] = np.einsum("nd,nd->n", v @ c["gram"][kh, b], v)
+        return out.reshape(hkv, g * n)
     else:
         raise ValueError(name)
     return out
@@ -207,6 +216,8 @@ def flops(c, name):
         return 2 * hkv * p * dk, 0
     if name == "streamingllm":
         return 0, 0
+    if name == "value-forms":
+        return hq * n * (2 * dk * dk + 2 * dk), 0
     f = 2 * hq * w * n * dk
     if name == "laprox":
         f += hq * p * (2 * dk * dk + 2 * dk)
@@ -352,7 +363,8 @@ def main():
           "column statistics), plus 2·dv²+2·dv per query head and prefix token for LaProx's "
           "value forms v·G·vᵀ when computed in the timed region (`laprox`; `laprox-cached` "
           "reads cached forms; the core does about half those multiply-adds, using G's "
-          "symmetry). `+lse` rows: the scorer given the window rows' log-sum-exp (flash "
+          "symmetry). `value-forms`: `compute_value_forms` over all N tokens of the layer "
+          "(the cache an engine fills as tokens arrive), counted the same way. `+lse` rows: the scorer given the window rows' log-sum-exp (flash "
           "attention's softmax_lse; here computed outside the timed region, by "
           "`window_row_lse` for Rust and by numpy for numpy, each side given its own): "
           "one Q·Kᵀ over the prefix keys only, A = exp(z − lse), no row max/denominator, "
