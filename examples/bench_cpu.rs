@@ -418,9 +418,7 @@ fn bench_case(case: &str, c: &Case, scorers: &[String], reps: usize, out_dir: Op
             cmin * 1e3,
             c.n as f64 / cmin / 1e6
         );
-        println!(
-            "RESULT\t{case}\t{name}\t{window}\t{tmin:.6}\t{tmed:.6}\t{cmin:.6}"
-        );
+        println!("RESULT\t{case}\t{name}\t{window}\t{tmin:.6}\t{tmed:.6}\t{cmin:.6}");
         if let Some(d) = out_dir {
             fs::write(d.join(format!("scores_{name}.bin")), f32_bytes(&out)).unwrap();
         }

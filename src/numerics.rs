@@ -504,6 +504,13 @@ impl<'a> Workspace<'a> {
     }
     /// A zeroed slice of `n` elements.
     pub fn take<T: sealed::Pod>(&mut self, n: usize) -> Result<&'a mut [T]> {
+        let s = self.take_dirty::<T>(n)?;
+        s.fill(T::default());
+        Ok(s)
+    }
+    /// A slice of `n` elements holding whatever the workspace held (any bit pattern is a
+    /// valid `T`), for large buffers written before they are read: no zeroing pass.
+    pub fn take_dirty<T: sealed::Pod>(&mut self, n: usize) -> Result<&'a mut [T]> {
         let bytes = n
             .checked_mul(core::mem::size_of::<T>())
             .ok_or(Error::Overflow)?;
@@ -518,8 +525,6 @@ impl<'a> Workspace<'a> {
         self.buf = rest;
         // SAFETY: head is 64-byte aligned (every cut is a multiple of 64 from an aligned
         // start), at least `bytes` long, and T is plain data valid for any bit pattern.
-        let s = unsafe { core::slice::from_raw_parts_mut(head.as_mut_ptr() as *mut T, n) };
-        s.fill(T::default());
-        Ok(s)
+        Ok(unsafe { core::slice::from_raw_parts_mut(head.as_mut_ptr() as *mut T, n) })
     }
 }
