@@ -186,11 +186,13 @@ unsafe fn tile16<S: Simd>(
     ldc: usize,
 ) {
     let mut acc = [[S::zero(); 2]; KT];
+    // one pointer per key row: each broadcast is base + d, no per-element index arithmetic
+    let kr: [*const f32; KT] = core::array::from_fn(|i| k.add(i * ldk));
     for d in 0..dk {
         let q0 = S::load(q.add(d * 16));
         let q1 = S::load(q.add(d * 16 + 8));
         for i in 0..KT {
-            let b = S::splat(*k.add(i * ldk + d));
+            let b = S::splat(*kr[i].add(d));
             acc[i][0] = S::fma(b, q0, acc[i][0]);
             acc[i][1] = S::fma(b, q1, acc[i][1]);
         }
@@ -290,24 +292,22 @@ fn chunk_row_stats<S: Simd>(
     }
     let mut r0 = 0;
     while r0 < rows {
-        let mut mx = [0f32; 8];
-        let mut cs = [0f32; 8];
-        // SAFETY: r0 + 8 <= rp and t < nt <= ntp: inside `c`.
+        // up to 4 row blocks at once: independent exp-sum chains keep the core busy
+        let mut mx = [0f32; 32];
+        let mut cs = [0f32; 32];
+        let nb = (rows - r0).div_ceil(8).min(4);
+        // SAFETY: r0 + 8·nb <= rp and t < nt: inside `c` (asserted above), `m` has rp.
         unsafe {
-            let cp = c.as_ptr().add(r0);
-            let mut cm = S::splat(f32::NEG_INFINITY);
-            for t in 0..nt {
-                cm = S::max(cm, S::load(cp.add(t * rp)));
+            let (cp, mp) = (c.as_ptr().add(r0), m.as_ptr().add(r0));
+            let (mx, cs) = (mx.as_mut_ptr(), cs.as_mut_ptr());
+            match nb {
+                4 => max_expsum::<S, 4>(cp, nt, rp, mp, mx, cs),
+                3 => max_expsum::<S, 3>(cp, nt, rp, mp, mx, cs),
+                2 => max_expsum::<S, 2>(cp, nt, rp, mp, mx, cs),
+                _ => max_expsum::<S, 1>(cp, nt, rp, mp, mx, cs),
             }
-            let mv = S::max(S::load(m.as_ptr().add(r0)), cm);
-            let mut acc = S::zero();
-            for t in 0..nt {
-                acc = S::add(acc, S::exp_neg(S::sub(S::load(cp.add(t * rp)), mv)));
-            }
-            S::store(mx.as_mut_ptr(), mv);
-            S::store(cs.as_mut_ptr(), acc);
         }
-        for l in 0..8.min(rows - r0) {
+        for l in 0..(8 * nb).min(rows - r0) {
             let r = r0 + l;
             let (m_old, m_new) = (rmax[r], mx[l]);
             if !m_new.is_finite() {
@@ -322,9 +322,47 @@ fn chunk_row_stats<S: Simd>(
             rmax[r] = m_new;
             m[r] = m_new;
         }
-        r0 += 8;
+        r0 += 8 * nb;
     }
     Ok(())
+}
+
+/// For `B` blocks of 8 rows from `cp` (`nt` keys, `rp` apart): the new running max
+/// `max(mp, max_t c)` to `mx` and `Σ_t exp(c - max)`, summed in key order, to `cs`.
+///
+/// # Safety
+/// `cp` must hold `nt` rows of `8·B` readable floats `rp` apart; `mp`, `mx`, `cs` `8·B`.
+#[inline(always)]
+unsafe fn max_expsum<S: Simd, const B: usize>(
+    cp: *const f32,
+    nt: usize,
+    rp: usize,
+    mp: *const f32,
+    mx: *mut f32,
+    cs: *mut f32,
+) {
+    let mut mv = [S::splat(f32::NEG_INFINITY); B];
+    for t in 0..nt {
+        for j in 0..B {
+            mv[j] = S::max(mv[j], S::load(cp.add(t * rp + 8 * j)));
+        }
+    }
+    for j in 0..B {
+        mv[j] = S::max(S::load(mp.add(8 * j)), mv[j]);
+    }
+    let mut acc = [S::zero(); B];
+    for t in 0..nt {
+        let x: [S::V; B] = core::array::from_fn(|j| S::sub(S::load(cp.add(t * rp + 8 * j)), mv[j]));
+        // four chains at once (fewer than four blocks: repeats, results unused)
+        let e = S::exp_neg4(core::array::from_fn(|j| x[j.min(B - 1)]));
+        for j in 0..B {
+            acc[j] = S::add(acc[j], e[j]);
+        }
+    }
+    for j in 0..B {
+        S::store(mx.add(8 * j), mv[j]);
+        S::store(cs.add(8 * j), acc[j]);
+    }
 }
 
 /// Pass 1 for KV group `kh`: running max `rmax[g*w]` and denominator `rsum[g*w]` of every
@@ -392,12 +430,18 @@ fn row_stats_impl<S: Simd>(
     Ok(())
 }
 
-/// Pass 2 on one chunk of logits `c[t][rp]` (prefix keys `c0 .. c0+nt`): probabilities in
-/// place from the final row max `m` and `inv` = 1 / denominator, then the statistics added
-/// into `out`.
+/// Pass 2 on one chunk of logits `src[t][rp]` (prefix keys `c0 .. c0+nt`): per key, the
+/// probabilities into `dst[t][rp]` from the final row max `m` and `inv` = 1 / denominator,
+/// then that key's statistics added into `out` (while its row is in L1). `dst` may be
+/// `src` (two passes: in place); the one pass reads its store and writes `s.c`, so the
+/// store is only read.
+///
+/// # Safety
+/// `src` and `dst` must each hold `nt·rp` floats (the same ones, or not overlapping).
 #[inline(always)]
-fn chunk_column_stats<S: Simd>(
-    c: &mut [f32],
+unsafe fn chunk_column_stats<S: Simd>(
+    src: *const f32,
+    dst: *mut f32,
     c0: usize,
     nt: usize,
     p: usize,
@@ -409,33 +453,47 @@ fn chunk_column_stats<S: Simd>(
     needs: Needs,
     out: &mut Stats,
 ) {
-    assert!(c.len() >= nt * rp && m.len() >= rp && inv.len() >= rp && g * w <= rp);
-    // probabilities in place (padding rows have inv = 0)
+    assert!(m.len() >= rp && inv.len() >= rp && g * w <= rp && rp % 8 == 0);
     for t in 0..nt {
+        let (sp, dp) = (src.add(t * rp), dst.add(t * rp));
+        let (mp, ip) = (m.as_ptr(), inv.as_ptr());
         let mut r0 = 0;
-        while r0 < rp {
-            // SAFETY: r0 + 8 <= rp, t < ntp.
-            unsafe {
-                let cp = c.as_mut_ptr().add(t * rp + r0);
-                // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
-                // when the caller gave `row_lse` (its logits may round differently)
-                let z = S::min(S::sub(S::load(cp), S::load(m.as_ptr().add(r0))), S::zero());
-                S::store(cp, S::mul(S::exp_neg(z), S::load(inv.as_ptr().add(r0))));
+        while r0 + 32 <= rp {
+            // four vectors at once, as below
+            let z: [S::V; 4] = core::array::from_fn(|j| {
+                let o = r0 + 8 * j;
+                S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
+            });
+            let e = S::exp_neg4(z);
+            for (j, e) in e.into_iter().enumerate() {
+                let o = r0 + 8 * j;
+                S::store(dp.add(o), S::mul(e, S::load(ip.add(o))));
             }
+            r0 += 32;
+        }
+        while r0 < rp {
+            // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
+            // when the caller gave `row_lse` (its logits may round differently); padding
+            // rows have inv = 0
+            let z = S::min(
+                S::sub(S::load(sp.add(r0)), S::load(m.as_ptr().add(r0))),
+                S::zero(),
+            );
+            S::store(
+                dp.add(r0),
+                S::mul(S::exp_neg(z), S::load(inv.as_ptr().add(r0))),
+            );
             r0 += 8;
         }
-    }
-    for t in 0..nt {
-        let row = &c[t * rp..t * rp + g * w];
+        let row = core::slice::from_raw_parts(dp as *const f32, g * w);
         for a in 0..g {
             let pa = &row[a * w..(a + 1) * w];
             let o = a * p + c0 + t;
-            // SAFETY (sum_v, dot_v): plain slice reads.
             if needs.sum {
-                out.sum[o] += unsafe { sum_v::<S>(pa) };
+                out.sum[o] += sum_v::<S>(pa);
             }
             if needs.sq {
-                out.sq[o] += unsafe { dot_v::<S>(pa, pa) };
+                out.sq[o] += dot_v::<S>(pa, pa);
             }
         }
         if needs.cross {
@@ -443,7 +501,7 @@ fn chunk_column_stats<S: Simd>(
             for a in 0..g {
                 for b in a + 1..g {
                     let (pa, pb) = (&row[a * w..(a + 1) * w], &row[b * w..(b + 1) * w]);
-                    out.cross[pi * p + c0 + t] += unsafe { dot_v::<S>(pa, pb) };
+                    out.cross[pi * p + c0 + t] += dot_v::<S>(pa, pb);
                     pi += 1;
                 }
             }
@@ -543,19 +601,9 @@ fn column_stats_impl<S: Simd>(
         let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
         unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, s.c) };
-        chunk_column_stats::<S>(
-            &mut s.c[..ntp * rp],
-            c0,
-            nt,
-            p,
-            g,
-            w,
-            rp,
-            s.m,
-            s.inv,
-            needs,
-            out,
-        );
+        let c = s.c[..ntp * rp].as_mut_ptr();
+        // SAFETY: `c` holds the chunk's ntp·rp logits, turned into probabilities in place.
+        unsafe { chunk_column_stats::<S>(c, c, c0, nt, p, g, w, rp, s.m, s.inv, needs, out) };
         c0 += nt;
     }
 }
@@ -625,6 +673,12 @@ pub(crate) fn one_pass_ready(
             (full * dk, 8, r - full)
         };
         q2 = q2.max((0..dk).map(|d| s.q[base + d * width + lane].powi(2)).sum());
+    }
+    if keys.dtype() == DType::F16 {
+        // f16 keys are bounded (|k| <= 65504): only their bits need checking
+        check_finite(queries, keys, kh, g, w, scratch)?;
+        let k2 = dk as f64 * 65504.0 * 65504.0;
+        return Ok(q2 as f64 * k2 <= LOGIT_BOUND_SQ);
     }
     let k2 = dispatch!(fn(keys: &View, kh: usize, s: &mut Scratch) -> f32, S => {
         // NaN-propagating max of the keys' squared norms (NaN/Inf keys give NaN/Inf)
@@ -701,8 +755,10 @@ fn one_pass_impl<S: Simd>(
     let mut c0 = 0;
     while c0 < p {
         let nt = CHUNK.min(p - c0);
-        let c = &mut store[c0 * rp..(c0 + nt) * rp];
-        chunk_column_stats::<S>(c, c0, nt, p, g, w, rp, s.m, s.inv, needs, out);
+        let (src, dst) = (&store[c0 * rp..(c0 + nt) * rp], &mut s.c[..nt * rp]);
+        // SAFETY: both hold nt·rp floats, in different slices.
+        let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+        unsafe { chunk_column_stats::<S>(sp, dp, c0, nt, p, g, w, rp, s.m, s.inv, needs, out) };
         c0 += nt;
     }
     Ok(())
