@@ -672,7 +672,12 @@ pub(crate) fn one_pass_ready(
         } else {
             (full * dk, 8, r - full)
         };
-        q2 = q2.max((0..dk).map(|d| s.q[base + d * width + lane].powi(2)).sum());
+        q2 = q2.max(
+            (0..dk)
+                .map(|d| s.q[base + d * width + lane])
+                .map(|x| x * x)
+                .sum(),
+        );
     }
     if keys.dtype() == DType::F16 {
         // f16 keys are bounded (|k| <= 65504): only their bits need checking
