@@ -638,7 +638,8 @@ pub(crate) fn one_pass_size(ws: &mut WorkspaceSize, g: usize, w: usize, n: usize
     Ok(())
 }
 
-/// Logits bound under which the one pass cannot overflow: `|z| <= ||q||·||k|| <= 1e37`.
+/// Logits bound under which the one pass cannot overflow: `|z| <= ||q||·||k|| <= 1e37`
+/// (with `||k||² <= dk·max|k|²`, so anything below ~1e17 per element passes).
 const LOGIT_BOUND_SQ: f64 = 1e74;
 
 /// Whether KV group `kh` may take the one pass, decided before anything is written: its
@@ -682,31 +683,52 @@ pub(crate) fn one_pass_ready(
     if keys.dtype() == DType::F16 {
         // f16 keys are bounded (|k| <= 65504): only their bits need checking
         check_finite(queries, keys, kh, g, w, scratch)?;
-        let k2 = dk as f64 * 65504.0 * 65504.0;
+        let k2 = dk as f64 * 65504.0 * 65504.0; // ||k||² <= dk·max|k|²
         return Ok(q2 as f64 * k2 <= LOGIT_BOUND_SQ);
     }
-    let k2 = dispatch!(fn(keys: &View, kh: usize, s: &mut Scratch) -> f32, S => {
-        // NaN-propagating max of the keys' squared norms (NaN/Inf keys give NaN/Inf)
+    let (kmax, finite) = dispatch!(fn(keys: &View, kh: usize, s: &mut Scratch) -> (f32, bool), S => {
+        // largest |k| over the head and whether every element is finite, in one sweep
+        // (`v - v` is 0 for finite v, NaN for NaN/Inf); ||k||² <= dk·max|k|²
         let [_, n, dk] = keys.extent();
-        let mut k2 = 0f32;
+        let (mut vmax, mut bad) = unsafe { (S::zero(), S::zero()) };
+        let mut m = 0f32;
+        let mut ok = true;
         let mut c0 = 0;
         while c0 < n {
             let nt = CHUNK.min(n - c0);
             let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, nt, s.k, false);
-            for t in 0..nt {
-                // SAFETY: load_keys returns nt rows of dk floats, ldk apart.
-                let row = unsafe { core::slice::from_raw_parts(kp.add(t * ldk), dk) };
-                let x = unsafe { dot_v::<S>(row, row) };
-                k2 = if x.is_nan() || x > k2 { x } else { k2 };
+            let (rows, len) = if ldk == dk { (1, nt * dk) } else { (nt, dk) };
+            for t in 0..rows {
+                // SAFETY: load_keys returns nt rows of dk floats, ldk apart (one run of
+                // nt·dk when ldk = dk).
+                let x = unsafe { core::slice::from_raw_parts(kp.add(t * ldk), len) };
+                let n8 = len / 8 * 8;
+                let mut i = 0;
+                while i < n8 {
+                    // SAFETY: i + 8 <= len.
+                    unsafe {
+                        let v = S::load(x.as_ptr().add(i));
+                        vmax = S::max(vmax, S::max(v, S::sub(S::zero(), v)));
+                        bad = S::add(bad, S::sub(v, v));
+                    }
+                    i += 8;
+                }
+                for &v in &x[n8..] {
+                    m = m.max(libm::fabsf(v));
+                    ok &= v.is_finite();
+                }
             }
             c0 += nt;
         }
-        k2
+        let mut lanes = [0f32; 8];
+        unsafe { S::store(lanes.as_mut_ptr(), vmax) };
+        (lanes.iter().fold(m, |a, &b| a.max(b)), ok && unsafe { S::hsum(bad) } == 0.0)
     });
-    if !k2.is_finite() {
-        return check_finite(queries, keys, kh, g, w, scratch).map(|_| false);
+    if !finite {
+        return Err(Error::NonFinite);
     }
-    Ok(q2 as f64 * k2 as f64 <= LOGIT_BOUND_SQ)
+    let k2 = dk as f64 * kmax as f64 * kmax as f64;
+    Ok(q2 as f64 * k2 <= LOGIT_BOUND_SQ)
 }
 
 /// Both passes for KV group `kh` with one Q·Kᵀ: the logits of every key go to a store in
@@ -847,6 +869,7 @@ mod tests {
             (2, 7, 97, 24, false),
             (1, 1, 50, 16, true),
             (3, 5, 5, 8, false),
+            (2, 3, 50, 5, false),
         ] {
             let hkv = 2;
             let wq = w + 3;
