@@ -147,14 +147,22 @@ def snap_mean(c, kh, w, kind, k):
 
 
 def base_name(name):
-    """`<scorer>+lse`: the scorer with the window rows' LSE given (c["lse"])."""
-    return name[:-4] if name.endswith("+lse") else name
+    """`<scorer>+lse`: the scorer with the window rows' LSE given (c["lse"]); `-w8`: with
+    an 8-token window."""
+    name = name[:-4] if name.endswith("+lse") else name
+    return name[:-3] if name.endswith("-w8") else name
+
+
+def cfg_of(name):
+    """(window, pool kind, kernel) of a bench scorer name."""
+    w, kind, k = CFG[base_name(name)]
+    return (8 if "-w8" in name else w), kind, k
 
 
 def score(c, name):
     hkv, g, n = c["hkv"], c["g"], c["n"]
+    w, kind, k = cfg_of(name)
     name = base_name(name)
-    w, kind, k = CFG[name]
     p = n - w
     out = np.zeros((hkv, p), dtype=F32)
     if name in ("snapkv", "snapkv-kvpress"):
@@ -209,8 +217,8 @@ def score(c, name):
 def flops(c, name):
     """Useful FLOPs (see the table notes): Q·Kᵀ once, plus the value quadratic forms."""
     hq, hkv, dk, n = c["hq"], c["hkv"], c["dk"], c["n"]
+    w = cfg_of(name)[0]
     name = base_name(name)
-    w = CFG[name][0]
     p = n - w
     if name in ("knorm",):
         return 2 * hkv * p * dk, 0

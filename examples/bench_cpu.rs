@@ -33,6 +33,8 @@ const SCORERS: &[&str] = &[
     "tova",
     "streamingllm",
     "value-forms",
+    "snapkv-w8",
+    "laprox-cached-w8",
 ];
 
 /// Window queries given per head (the largest preset window).
@@ -177,18 +179,20 @@ fn make_case(s: Shape, n: usize) -> Case {
     }
 }
 
+/// `<scorer>-w8`: the scorer with an 8-token window (`<scorer>-w8+lse` with both).
 /// `<scorer>+lse`: the scorer given the window rows' log-sum-exp (`LayerInputs::row_lse`,
 /// computed with `window_row_lse` outside the timed region, as an engine running flash
 /// attention would get it for free): one pass over K instead of two.
 fn base_name(name: &str) -> (&str, bool) {
-    match name.strip_suffix("+lse") {
+    let (b, lse) = match name.strip_suffix("+lse") {
         Some(b) => (b, true),
         None => (name, false),
-    }
+    };
+    (b.strip_suffix("-w8").unwrap_or(b), lse)
 }
 
-fn config(name: &str, p: usize) -> ScoreConfig {
-    let name = base_name(name).0;
+fn config(full: &str, p: usize) -> ScoreConfig {
+    let name = base_name(full).0;
     let preset = match name {
         "snapkv" => Preset::SnapKv,
         "snapkv-kvpress" => Preset::SnapKvKvpress,
@@ -201,6 +205,10 @@ fn config(name: &str, p: usize) -> ScoreConfig {
         _ => panic!("unknown scorer {name}"),
     };
     let mut cfg = ScoreConfig::preset(preset);
+    if full.contains("-w8") {
+        // the window of the best LaProx configuration (README, needle study)
+        cfg.window = 8;
+    }
     if name == "criticalkv" {
         // half of a 10% budget forced by the base score
         cfg.critical_first_stage = (p / 20) as u32;

@@ -454,7 +454,14 @@ unsafe fn chunk_column_stats<S: Simd>(
     out: &mut Stats,
 ) {
     assert!(m.len() >= rp && inv.len() >= rp && g * w <= rp && rp % 8 == 0);
-    for t in 0..nt {
+    let t0 = if w % 8 == 0 && !needs.cross {
+        let nt8 = nt / 8 * 8;
+        fused_stats::<S>(src, c0, nt8, p, g, w, rp, m, inv, needs, out);
+        nt8
+    } else {
+        0
+    };
+    for t in t0..nt {
         let (sp, dp) = (src.add(t * rp), dst.add(t * rp));
         let (mp, ip) = (m.as_ptr(), inv.as_ptr());
         let mut r0 = 0;
@@ -507,6 +514,99 @@ unsafe fn chunk_column_stats<S: Simd>(
             }
         }
     }
+}
+
+/// [`chunk_column_stats`] for keys `0 .. nt8` (a multiple of 8) when `w` is whole vectors
+/// and no cross terms are needed, with the same operations in the same order (so the same
+/// bits), but each probability goes straight into its head's sums (nothing stored), and
+/// the sums of 8 keys are reduced across lanes together (`transpose8`, then `hsum`'s tree).
+///
+/// # Safety
+/// `src` must hold `nt8·rp` floats.
+#[inline(always)]
+unsafe fn fused_stats<S: Simd>(
+    src: *const f32,
+    c0: usize,
+    nt8: usize,
+    p: usize,
+    g: usize,
+    w: usize,
+    rp: usize,
+    m: &[f32],
+    inv: &[f32],
+    needs: Needs,
+    out: &mut Stats,
+) {
+    let wv = w / 8;
+    let (mp, ip) = (m.as_ptr(), inv.as_ptr());
+    let prob = |o: usize, e: S::V| S::mul(e, S::load(ip.add(o)));
+    let z = |sp: *const f32, o: usize| {
+        S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
+    };
+    // 8 keys × up to 8 heads per step: each key's row is read in order (streams well from
+    // the one-pass store), the heads' sums wait in `sums[a][k]`
+    let mut sums = [[S::zero(); 8]; 8];
+    let mut sqs = [[S::zero(); 8]; 8];
+    let mut tb = 0;
+    while tb < nt8 {
+        let mut ag = 0;
+        while ag < g {
+            let na = (g - ag).min(8);
+            for k in 0..8 {
+                let sp = src.add((tb + k) * rp);
+                for a in ag..ag + na {
+                    let (mut sm, mut sq) = (S::zero(), S::zero());
+                    let mut v = 0;
+                    while v + 4 <= wv {
+                        let o = a * w + 8 * v;
+                        let e = S::exp_neg4(core::array::from_fn(|j| z(sp, o + 8 * j)));
+                        for (j, e) in e.into_iter().enumerate() {
+                            let pr = prob(o + 8 * j, e);
+                            sm = S::add(sm, pr);
+                            if needs.sq {
+                                sq = S::fma(pr, pr, sq);
+                            }
+                        }
+                        v += 4;
+                    }
+                    while v < wv {
+                        let o = a * w + 8 * v;
+                        let pr = prob(o, S::exp_neg(z(sp, o)));
+                        sm = S::add(sm, pr);
+                        if needs.sq {
+                            sq = S::fma(pr, pr, sq);
+                        }
+                        v += 1;
+                    }
+                    sums[a - ag][k] = sm;
+                    sqs[a - ag][k] = sq;
+                }
+            }
+            for a in ag..ag + na {
+                let o = a * p + c0 + tb;
+                if needs.sum {
+                    let d = out.sum[o..o + 8].as_mut_ptr();
+                    S::store(d, S::add(S::load(d), hsum8::<S>(sums[a - ag])));
+                }
+                if needs.sq {
+                    let d = out.sq[o..o + 8].as_mut_ptr();
+                    S::store(d, S::add(S::load(d), hsum8::<S>(sqs[a - ag])));
+                }
+            }
+            ag += na;
+        }
+        tb += 8;
+    }
+}
+
+/// Lane `k` of the result is [`Simd::hsum`] of `v[k]`, by the same tree.
+#[inline(always)]
+unsafe fn hsum8<S: Simd>(v: [S::V; 8]) -> S::V {
+    let t = S::transpose8(v);
+    S::add(
+        S::add(S::add(t[0], t[4]), S::add(t[2], t[6])),
+        S::add(S::add(t[1], t[5]), S::add(t[3], t[7])),
+    )
 }
 
 /// What pass 1 checks, without its arithmetic, for callers that give the row statistics
