@@ -367,8 +367,8 @@ def main():
     print()
     print("time: thread CPU time of one `score_layer` call (one layer, one thread); numpy: the "
           "same for the numpy version. Mtok/s: N / time. GFLOP/s counts useful work only: "
-          "2·Hq·w·N·dk for one Q·Kᵀ (the core computes it twice: row max/denominator, then "
-          "column statistics), plus 2·dv²+2·dv per query head and prefix token for LaProx's "
+          "2·Hq·w·N·dk for one Q·Kᵀ (the core computes it once when a KV group's g·w·N·4 bytes "
+          "of logits fit 16 MiB, else twice: row max/denominator, then column statistics), plus 2·dv²+2·dv per query head and prefix token for LaProx's "
           "value forms v·G·vᵀ when computed in the timed region (`laprox`; `laprox-cached` "
           "reads cached forms; the core does about half those multiply-adds, using G's "
           "symmetry). `value-forms`: `compute_value_forms` over all N tokens of the layer "
@@ -376,7 +376,7 @@ def main():
           "attention's softmax_lse; here computed outside the timed region, by "
           "`window_row_lse` for Rust and by numpy for numpy, each side given its own): "
           "one Q·Kᵀ over the prefix keys only, A = exp(z − lse), no row max/denominator, "
-          "on both sides; GFLOP/s still counts 2·Hq·w·N·dk. Softmax exps (Hq·w·N, computed twice) are counted in Gexp/s, not in "
+          "on both sides; GFLOP/s still counts 2·Hq·w·N·dk. Softmax exps (Hq·w·N; the core computes two per logit without the LSE, one with it) are counted in Gexp/s, not in "
           "GFLOP/s; KNorm counts 2·dk per key. vs numpy: numpy time / our time. max rel diff: "
           "largest |ours − numpy| over the prefix, relative to the KV head's largest |score|.")
 

@@ -24,8 +24,11 @@
 //! in vector lanes (`c[t][row]`): a 6-key × 16-row FMA micro-tile broadcasts key elements
 //! against packed query panels, so keys need no transpose (f32 rows are read in place, f16
 //! rows converted 8 at a time). Pass 1 then takes per-lane maxima and exp-sums down the
-//! chunk; pass 2 forms the probabilities and sums each head's rows per key. Both passes
-//! compute identical logits (same kernel, same order), so `z - max <= 0` holds exactly.
+//! chunk (four blocks of 8 rows at a time, their exps interleaved); pass 2 forms the
+//! probabilities and sums each head's rows per key — straight into the sums, 8 keys reduced
+//! across lanes together, when the window is whole vectors and no cross terms are needed.
+//! Both passes see identical logits (same kernel, same order), so `z - max <= 0` holds
+//! exactly; every variant keeps the same operations in the same order (same bits).
 
 use crate::error::{Error, Result};
 use crate::numerics::{
