@@ -136,6 +136,7 @@ CFG = {
     "knorm": (32, None, 1),
     "tova": (1, None, 1),
     "streamingllm": (32, None, 1),
+    "value-forms": (0, None, 1),
 }
 
 
@@ -146,14 +147,22 @@ def snap_mean(c, kh, w, kind, k):
 
 
 def base_name(name):
-    """`<scorer>+lse`: the scorer with the window rows' LSE given (c["lse"])."""
-    return name[:-4] if name.endswith("+lse") else name
+    """`<scorer>+lse`: the scorer with the window rows' LSE given (c["lse"]); `-w8`: with
+    an 8-token window."""
+    name = name[:-4] if name.endswith("+lse") else name
+    return name[:-3] if name.endswith("-w8") else name
+
+
+def cfg_of(name):
+    """(window, pool kind, kernel) of a bench scorer name."""
+    w, kind, k = CFG[base_name(name)]
+    return (8 if "-w8" in name else w), kind, k
 
 
 def score(c, name):
     hkv, g, n = c["hkv"], c["g"], c["n"]
+    w, kind, k = cfg_of(name)
     name = base_name(name)
-    w, kind, k = CFG[name]
     p = n - w
     out = np.zeros((hkv, p), dtype=F32)
     if name in ("snapkv", "snapkv-kvpress"):
@@ -192,6 +201,14 @@ def score(c, name):
             out[kh] = -np.sqrt(np.einsum("pd,pd->p", kk, kk))
     elif name == "streamingllm":
         out[:, :4] = 1.0
+    elif name == "value-forms":
+        # LaProx's value forms v·G_a·vᵀ for every token: [Hkv][g][N], one GEMM per block
+        out = np.empty((hkv, g, n), dtype=F32)
+        for kh in range(hkv):
+            v = c["v"][kh].astype(F32)
+            for b in range(g):
+                out[kh, b] = np.einsum("nd,nd->n", v @ c["gram"][kh, b], v)
+        return out.reshape(hkv, g * n)
     else:
         raise ValueError(name)
     return out
@@ -200,13 +217,15 @@ def score(c, name):
 def flops(c, name):
     """Useful FLOPs (see the table notes): Q·Kᵀ once, plus the value quadratic forms."""
     hq, hkv, dk, n = c["hq"], c["hkv"], c["dk"], c["n"]
+    w = cfg_of(name)[0]
     name = base_name(name)
-    w = CFG[name][0]
     p = n - w
     if name in ("knorm",):
         return 2 * hkv * p * dk, 0
     if name == "streamingllm":
         return 0, 0
+    if name == "value-forms":
+        return hq * n * (2 * dk * dk + 2 * dk), 0
     f = 2 * hq * w * n * dk
     if name == "laprox":
         f += hq * p * (2 * dk * dk + 2 * dk)
@@ -348,15 +367,16 @@ def main():
     print()
     print("time: thread CPU time of one `score_layer` call (one layer, one thread); numpy: the "
           "same for the numpy version. Mtok/s: N / time. GFLOP/s counts useful work only: "
-          "2·Hq·w·N·dk for one Q·Kᵀ (the core computes it twice: row max/denominator, then "
-          "column statistics), plus 2·dv²+2·dv per query head and prefix token for LaProx's "
+          "2·Hq·w·N·dk for one Q·Kᵀ (the core computes it once when a KV group's g·w·N·4 bytes "
+          "of logits fit 16 MiB, else twice: row max/denominator, then column statistics), plus 2·dv²+2·dv per query head and prefix token for LaProx's "
           "value forms v·G·vᵀ when computed in the timed region (`laprox`; `laprox-cached` "
           "reads cached forms; the core does about half those multiply-adds, using G's "
-          "symmetry). `+lse` rows: the scorer given the window rows' log-sum-exp (flash "
+          "symmetry). `value-forms`: `compute_value_forms` over all N tokens of the layer "
+          "(the cache an engine fills as tokens arrive), counted the same way. `+lse` rows: the scorer given the window rows' log-sum-exp (flash "
           "attention's softmax_lse; here computed outside the timed region, by "
           "`window_row_lse` for Rust and by numpy for numpy, each side given its own): "
           "one Q·Kᵀ over the prefix keys only, A = exp(z − lse), no row max/denominator, "
-          "on both sides; GFLOP/s still counts 2·Hq·w·N·dk. Softmax exps (Hq·w·N, computed twice) are counted in Gexp/s, not in "
+          "on both sides; GFLOP/s still counts 2·Hq·w·N·dk. Softmax exps (Hq·w·N; the core computes two per logit without the LSE, one with it) are counted in Gexp/s, not in "
           "GFLOP/s; KNorm counts 2·dk per key. vs numpy: numpy time / our time. max rel diff: "
           "largest |ours − numpy| over the prefix, relative to the KV head's largest |score|.")
 

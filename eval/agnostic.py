@@ -29,9 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import captures  # noqa: E402
 import methods  # noqa: E402
+import tasks  # noqa: E402
 from engine import CACHE_DIR, OUT_DIR, KVCache, Model  # noqa: E402
 from metrics import evaluate_many  # noqa: E402
-from needle import CONTEXT_TOKENS, answer_correct, make_prompts  # noqa: E402
+from needle import CONTEXT_TOKENS, answer_correct  # noqa: E402
 
 RECON_PROMPT = "\n\nRepeat the previous context exactly.\n"
 PROBE_PROMPT = "\n\nWhat are the most important details in the text above?\n"
@@ -147,10 +148,13 @@ def redundancy(cap, mode="min", stride=1):
 
 
 def make_redundancy(mode="min", stride=1, post_pool=("forward", 8, 0.9), granularity="token", allocator="global",
-                    power=1.0):
+                    power=1.0, back=0, decay=0.9):
     def select(cap, keep_ratio, window):
-        s = (1.0 - redundancy(cap, mode, stride))[:, :, : cap.n - window]
-        s = np.maximum(s, 0) ** power
+        s = np.maximum(1.0 - redundancy(cap, mode, stride), 0) ** power
+        s0 = s.copy()
+        for j in range(1, back + 1):  # a unique token lends score to the j tokens before it
+            s[:, :, :-j] = np.maximum(s[:, :, :-j], decay ** j * s0[:, :, j:])
+        s = s[:, :, : cap.n - window]
         b = methods.head_budget(cap.n, keep_ratio, window) - window
         return methods.library_select(cap, np.ascontiguousarray(s, np.float32), b, window, "laprox",
                                       allocator=allocator, granularity=granularity, post_pool=post_pool)
@@ -239,6 +243,8 @@ def variants():
         v[f"uniq-p{pw}-s4"] = (None, make_redundancy(stride=4, power=float(pw)))
         v[f"uniq-p{pw}-head"] = (None, make_redundancy(granularity="head", power=float(pw)))
         v[f"uniq-p{pw}-nopool"] = (None, make_redundancy(post_pool=NOPOOL, power=float(pw)))
+        for b in (1, 2, 4):
+            v[f"uniq-p{pw}-b{b}"] = (None, make_redundancy(power=float(pw), back=b))
     v["lib-uniqueness"] = (None, methods.METHODS["uniqueness"].select) if "uniqueness" in methods.METHODS else None
     return {k: x for k, x in v.items() if x is not None}
 
@@ -252,6 +258,8 @@ def main(argv=None):
     ap.add_argument("--only", default="")
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--seed-base", type=int, default=0, help="> 0: a held-out split (other filler and keys)")
+    ap.add_argument("--task", default="needle", choices=["needle", "multikey", "vartrack"],
+                    help="multikey: 3 labelled codes in one context, each asked after one compression")
     ap.add_argument("--out", default=os.path.join(OUT_DIR, "agnostic.md"))
     args = ap.parse_args(argv)
     table = variants()
@@ -262,7 +270,8 @@ def main(argv=None):
             table[x] = (None, (lambda m: lambda cap, r, _w: m.select(cap, r, m.window))(m))
     ratios = [float(r) for r in args.ratios.split(",")]
     model = Model()
-    prompts = make_prompts(model.tokenizer, args.prompts, args.tokens, args.seed_base)
+    prompts = [p for group in tasks.make_task(args.task, model.tokenizer, args.prompts, args.tokens, args.seed_base)
+               for p in group]
     if args.only:
         keep = {int(i) for i in args.only.split(",")}
         prompts = [p for p in prompts if p.index in keep]
@@ -294,7 +303,7 @@ def main(argv=None):
             marks.append(f"{x}@{r:g}:{'ok' if e['correct'] else 'x'}")
         print(f"prompt {p.index} depth {p.depth:.2f} full {'ok' if p.index in full_ok else 'x'} "
               f"({time.time() - t0:.0f}s) " + " ".join(marks), file=sys.stderr, flush=True)
-    lines = [f"\n## agnostic, {len(prompts)} prompts x {args.tokens} tokens, seed base {args.seed_base}, w={args.window} "
+    lines = [f"\n## agnostic {args.task}, {len(prompts)} prompts x {args.tokens} tokens, seed base {args.seed_base}, w={args.window} "
              f"(full cache answers {len(full_ok)})\n", "| variant | ratio | correct | on full-ok | KL |",
              "|---|---:|---:|---:|---:|"]
     for x in names:

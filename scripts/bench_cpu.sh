@@ -2,8 +2,10 @@
 # CPU benchmark (issue 2; not a timed test): scores ONE layer at the SmolLM2 shape
 # (Hq=9, Hkv=3, d=64, f32) and the Llama-3-8B shape (Hq=32, Hkv=8, d=128, f16) for
 # N = 4k and 32k with every scorer, single-threaded, and compares with the same math in
-# numpy (single-threaded BLAS) and with the machine's single-core sgemm rate. Prints a
-# markdown table at the end.
+# numpy (single-threaded BLAS) and with the machine's single-core sgemm rate (numpy's, measured
+# in the same run: every row's "% of sgemm"). Besides the presets: `<scorer>+lse` (given the
+# window rows' log-sum-exp), `<scorer>-w8` (window 8), `value-forms` (LaProx's cached value
+# forms alone). Prints a markdown table at the end.
 #
 #   scripts/bench_cpu.sh [--rounds 3] [--reps 5] [--np-reps 3] [--n 4096,32768]
 #                        [--shapes smol,llama] [--scorers snapkv,laprox,...]

@@ -63,6 +63,24 @@ pub(crate) trait Simd: Copy {
     unsafe fn exp_neg(x: Self::V) -> Self::V;
     /// Sum of the lanes, in a fixed order: ((0+4)+(2+6)) + ((1+5)+(3+7)).
     unsafe fn hsum(v: Self::V) -> f32;
+    /// [`Simd::exp_neg`] of four vectors, the same bits; implementations interleave the
+    /// four dependency chains step by step, so the out-of-order window overlaps them.
+    #[inline(always)]
+    unsafe fn exp_neg4(x: [Self::V; 4]) -> [Self::V; 4] {
+        x.map(|v| Self::exp_neg(v))
+    }
+    /// The 8×8 transpose: lane `j` of output `i` is lane `i` of input `j`.
+    #[inline(always)]
+    unsafe fn transpose8(v: [Self::V; 8]) -> [Self::V; 8] {
+        let mut m = [[0f32; 8]; 8];
+        for (row, x) in m.iter_mut().zip(v) {
+            Self::store(row.as_mut_ptr(), x);
+        }
+        core::array::from_fn(|i| {
+            let col: [f32; 8] = core::array::from_fn(|j| m[j][i]);
+            Self::load(col.as_ptr())
+        })
+    }
 }
 
 /// Plain arrays: the baseline build (and targets without SIMD).
@@ -250,6 +268,90 @@ mod avx2 {
             let y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
             let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.3));
             _mm256_andnot_ps(under, y)
+        }
+        #[inline(always)]
+        unsafe fn transpose8(v: [__m256; 8]) -> [__m256; 8] {
+            // pairs of rows interleaved, then 64-bit pairs, then 128-bit halves
+            let t0 = _mm256_unpacklo_ps(v[0], v[1]);
+            let t1 = _mm256_unpackhi_ps(v[0], v[1]);
+            let t2 = _mm256_unpacklo_ps(v[2], v[3]);
+            let t3 = _mm256_unpackhi_ps(v[2], v[3]);
+            let t4 = _mm256_unpacklo_ps(v[4], v[5]);
+            let t5 = _mm256_unpackhi_ps(v[4], v[5]);
+            let t6 = _mm256_unpacklo_ps(v[6], v[7]);
+            let t7 = _mm256_unpackhi_ps(v[6], v[7]);
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ]
+        }
+        #[inline(always)]
+        unsafe fn exp_neg4(x: [__m256; 4]) -> [__m256; 4] {
+            // exp_neg's steps, each applied to the four vectors before the next
+            macro_rules! step {
+                (|$v:ident, $i:ident| $e:expr, $a:expr) => {{
+                    let a = $a;
+                    let f = |$v: __m256, $i: usize| $e;
+                    [f(a[0], 0), f(a[1], 1), f(a[2], 2), f(a[3], 3)]
+                }};
+            }
+            let lo = _mm256_set1_ps(-87.0);
+            let xc = step!(
+                |v, _i| _mm256_blendv_ps(v, lo, _mm256_cmp_ps::<_CMP_LT_OQ>(v, lo)),
+                x
+            );
+            let (l2e, half) = (
+                _mm256_set1_ps(core::f32::consts::LOG2_E),
+                _mm256_set1_ps(0.5),
+            );
+            let n = step!(|v, _i| _mm256_floor_ps(_mm256_fmadd_ps(v, l2e, half)), xc);
+            let (hi, lo2) = (_mm256_set1_ps(0.693_359_4), _mm256_set1_ps(-2.121_944_4e-4));
+            let r = step!(|v, i| _mm256_fnmadd_ps(n[i], hi, v), xc);
+            let r = step!(|v, i| _mm256_fnmadd_ps(n[i], lo2, v), r);
+            let mut p = [_mm256_set1_ps(1.987_569_1e-4); 4];
+            for c in [
+                1.398_199_9e-3,
+                8.333_452e-3,
+                4.166_579_6e-2,
+                1.666_666_5e-1,
+                5.000_000_1e-1,
+            ] {
+                let cv = _mm256_set1_ps(c);
+                p = step!(|v, i| _mm256_fmadd_ps(v, r[i], cv), p);
+            }
+            let p = step!(
+                |v, i| _mm256_fmadd_ps(_mm256_mul_ps(v, r[i]), r[i], r[i]),
+                p
+            );
+            let one = _mm256_set1_ps(1.0);
+            let p = step!(|v, _i| _mm256_add_ps(v, one), p);
+            let bias = _mm256_set1_epi32(127);
+            let y = step!(
+                |v, i| {
+                    let e = _mm256_add_epi32(_mm256_cvttps_epi32(n[i]), bias);
+                    _mm256_mul_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e)))
+                },
+                p
+            );
+            let min = _mm256_set1_ps(-87.3);
+            step!(
+                |v, i| _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x[i], min), v),
+                y
+            )
         }
         #[inline(always)]
         unsafe fn hsum(v: __m256) -> f32 {
@@ -504,6 +606,13 @@ impl<'a> Workspace<'a> {
     }
     /// A zeroed slice of `n` elements.
     pub fn take<T: sealed::Pod>(&mut self, n: usize) -> Result<&'a mut [T]> {
+        let s = self.take_dirty::<T>(n)?;
+        s.fill(T::default());
+        Ok(s)
+    }
+    /// A slice of `n` elements holding whatever the workspace held (any bit pattern is a
+    /// valid `T`), for large buffers written before they are read: no zeroing pass.
+    pub fn take_dirty<T: sealed::Pod>(&mut self, n: usize) -> Result<&'a mut [T]> {
         let bytes = n
             .checked_mul(core::mem::size_of::<T>())
             .ok_or(Error::Overflow)?;
@@ -518,8 +627,71 @@ impl<'a> Workspace<'a> {
         self.buf = rest;
         // SAFETY: head is 64-byte aligned (every cut is a multiple of 64 from an aligned
         // start), at least `bytes` long, and T is plain data valid for any bit pattern.
-        let s = unsafe { core::slice::from_raw_parts_mut(head.as_mut_ptr() as *mut T, n) };
-        s.fill(T::default());
-        Ok(s)
+        Ok(unsafe { core::slice::from_raw_parts_mut(head.as_mut_ptr() as *mut T, n) })
+    }
+}
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+
+    /// `exp_neg4` gives `exp_neg`'s bits lane for lane, over the clamp, the underflow
+    /// edge, zero, and NaN.
+    fn exp4_matches<S: Simd>() {
+        let xs: std::vec::Vec<f32> = (0..256)
+            .map(|i| match i {
+                0 => f32::NAN,
+                1 => -87.3,
+                2 => -87.0,
+                3 => -0.0,
+                4 => f32::NEG_INFINITY,
+                _ => -(i as f32) * 0.37 + (i % 7) as f32 * 0.011,
+            })
+            .collect();
+        for c in xs.chunks_exact(32) {
+            // SAFETY: each chunk holds 32 floats.
+            unsafe {
+                let v: [S::V; 4] = core::array::from_fn(|j| S::load(c.as_ptr().add(8 * j)));
+                let e4 = S::exp_neg4(v);
+                for j in 0..4 {
+                    let (mut a, mut b) = ([0f32; 8], [0f32; 8]);
+                    S::store(a.as_mut_ptr(), e4[j]);
+                    S::store(b.as_mut_ptr(), S::exp_neg(v[j]));
+                    for l in 0..8 {
+                        assert_eq!(a[l].to_bits(), b[l].to_bits(), "x = {}", c[8 * j + l]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `transpose8` moves lane `i` of input `j` to lane `j` of output `i`.
+    fn transpose_ok<S: Simd>() {
+        let m: [[f32; 8]; 8] =
+            core::array::from_fn(|r| core::array::from_fn(|c| (8 * r + c) as f32));
+        // SAFETY: every row holds 8 floats.
+        unsafe {
+            let t = S::transpose8(core::array::from_fn(|r| S::load(m[r].as_ptr())));
+            for (i, v) in t.into_iter().enumerate() {
+                let mut o = [0f32; 8];
+                S::store(o.as_mut_ptr(), v);
+                assert_eq!(o, core::array::from_fn(|j| m[j][i]));
+            }
+        }
+    }
+
+    #[test]
+    fn exp_neg4_is_exp_neg() {
+        transpose_ok::<Portable>();
+        exp4_matches::<Portable>();
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx() {
+                transpose_ok::<Avx2>();
+                exp4_matches::<Avx2>();
+            }
+            // SAFETY: the CPU has avx2, fma and f16c.
+            unsafe { avx() };
+        }
     }
 }

@@ -356,7 +356,8 @@ pub(crate) fn accumulate(
             &mut rmax[kh * g * c..(kh + 1) * g * c],
             &mut rsum[kh * g * c..(kh + 1) * g * c],
         );
-        let sc = &mut window::load_queries(queries, kh, g, c, dk, scratch)?;
+        let sc =
+            &mut window::load_queries(queries, kh, g, c, dk, &mut Workspace::new(&mut *scratch))?;
         match row_lse {
             Some(l) => {
                 m.copy_from_slice(&l[kh * g * c..(kh + 1) * g * c]);
@@ -368,7 +369,8 @@ pub(crate) fn accumulate(
     }
     // pass 2: column statistics (cannot fail)
     for kh in 0..hkv {
-        let sc = &mut window::load_queries(queries, kh, g, c, dk, scratch)?;
+        let sc =
+            &mut window::load_queries(queries, kh, g, c, dk, &mut Workspace::new(&mut *scratch))?;
         for r in 0..g * c {
             sc.m[r] = rmax[kh * g * c + r];
             sc.inv[r] = (1.0 / rsum[kh * g * c + r]) as f32;
@@ -460,7 +462,17 @@ fn row_stats_impl<S: Simd>(
             return Err(Error::NonFinite);
         }
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        unsafe { window::gemm::<S>(s, kp, ldk, ntp) };
+        unsafe {
+            window::gemm::<S>(
+                s.q,
+                s.dk,
+                s.rows_pad,
+                kp,
+                ldk,
+                ntp,
+                &mut s.c[..ntp * s.rows_pad],
+            )
+        };
         mask(s, g, lim, c0, nt);
         window::fold_rows::<S>(s, nt, rmax, rsum)?;
         c0 += nt;
@@ -505,7 +517,17 @@ fn column_stats_impl<S: Simd>(
         let ntp = nt.div_ceil(KT) * KT;
         let (kp, ldk, _) = window::load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        unsafe { window::gemm::<S>(s, kp, ldk, ntp) };
+        unsafe {
+            window::gemm::<S>(
+                s.q,
+                s.dk,
+                s.rows_pad,
+                kp,
+                ldk,
+                ntp,
+                &mut s.c[..ntp * s.rows_pad],
+            )
+        };
         mask(s, g, lim, c0, nt);
         window::probabilities::<S>(s, nt);
         for t in 0..nt {

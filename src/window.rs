@@ -6,15 +6,29 @@
 //! `Σ_j A[a,j,i]·A[b,j,i]` of the group's heads. Softmax is over every visible key
 //! (causal inside the window), in f32 with max subtraction; the per-row denominators are
 //! accumulated over chunks in f64 because a row can have up to 2^31 terms.
-//! Two passes over K: row max/denominator, then statistics. Nothing of size `[w, N]` is
-//! ever stored, so the workspace stays independent of N apart from the outputs.
+//!
+//! Pass 1 gives each row's max and denominator, pass 2 the column statistics; both need the
+//! logits. **One pass** ([`one_pass`]): when one KV group's `g·w·N` f32 logits fit
+//! [`ONE_PASS_MAX_BYTES`] (16 MiB: `g·w·N·4 <= 2^24`), Q·Kᵀ runs once, its logits stay in
+//! the workspace (`[N][g·w rounded up to 8]`, reused by every group; the size query
+//! counts it), pass 1 runs on each chunk as it is computed and pass 2 reads the store.
+//! **Two passes** otherwise ([`row_stats`], then [`column_stats`], which computes the logits
+//! again), so the workspace never grows past the cap plus an N-independent scratch.
+//! Both give the same bits (same kernel, chunks and order). The one pass is taken only
+//! when [`one_pass_ready`] has checked, before any output is written, that no input is
+//! NaN/Inf and no logit can overflow (finite inputs near 1e19 take two passes, which then
+//! report `NonFinite` before writing, as always). With `row_lse` given there is one pass
+//! over K anyway and nothing is stored.
 //!
 //! Per chunk of keys, the logits of all `g·w` window rows come out key-major with the rows
 //! in vector lanes (`c[t][row]`): a 6-key × 16-row FMA micro-tile broadcasts key elements
 //! against packed query panels, so keys need no transpose (f32 rows are read in place, f16
 //! rows converted 8 at a time). Pass 1 then takes per-lane maxima and exp-sums down the
-//! chunk; pass 2 forms the probabilities and sums each head's rows per key. Both passes
-//! compute identical logits (same kernel, same order), so `z - max <= 0` holds exactly.
+//! chunk (four blocks of 8 rows at a time, their exps interleaved); pass 2 forms the
+//! probabilities and sums each head's rows per key — straight into the sums, 8 keys reduced
+//! across lanes together, when the window is whole vectors and no cross terms are needed.
+//! Both passes see identical logits (same kernel, same order), so `z - max <= 0` holds
+//! exactly; every variant keeps the same operations in the same order (same bits).
 
 use crate::error::{Error, Result};
 use crate::numerics::{
@@ -86,9 +100,8 @@ pub(crate) fn load_queries<'s>(
     g: usize,
     w: usize,
     dk: usize,
-    scratch: &'s mut [u8],
+    ws: &mut Workspace<'s>,
 ) -> Result<Scratch<'s>> {
-    let mut ws = Workspace::new(scratch);
     let rows = g * w;
     let rows_pad = padded_rows(rows)?;
     let s = Scratch {
@@ -176,11 +189,13 @@ unsafe fn tile16<S: Simd>(
     ldc: usize,
 ) {
     let mut acc = [[S::zero(); 2]; KT];
+    // one pointer per key row: each broadcast is base + d, no per-element index arithmetic
+    let kr: [*const f32; KT] = core::array::from_fn(|i| k.add(i * ldk));
     for d in 0..dk {
         let q0 = S::load(q.add(d * 16));
         let q1 = S::load(q.add(d * 16 + 8));
         for i in 0..KT {
-            let b = S::splat(*k.add(i * ldk + d));
+            let b = S::splat(*kr[i].add(d));
             acc[i][0] = S::fma(b, q0, acc[i][0]);
             acc[i][1] = S::fma(b, q1, acc[i][1]);
         }
@@ -214,17 +229,25 @@ unsafe fn tile8<S: Simd>(
 }
 
 /// Logits of one chunk: `c[t][r] = k[t]·q[r]` for `t < ntp` (a multiple of KT), every row;
-/// key row `t` at `k + t·ldk`.
+/// key row `t` at `k + t·ldk`, `c` the chunk's `[ntp][rows_pad]` logits (`s.c`, or a slice
+/// of the one-pass store), `q` the packed queries of [`Scratch`].
 ///
 /// # Safety
 /// `k` must point to `ntp` readable rows of `dk` floats, `ldk` apart.
 #[inline(always)]
-pub(crate) unsafe fn gemm<S: Simd>(s: &mut Scratch, k: *const f32, ldk: usize, ntp: usize) {
-    let (dk, rp) = (s.dk, s.rows_pad);
-    assert!(ntp % KT == 0 && s.c.len() >= ntp * rp);
-    assert!(s.q.len() >= rp * dk && rp % 8 == 0);
+pub(crate) unsafe fn gemm<S: Simd>(
+    q: &[f32],
+    dk: usize,
+    rp: usize,
+    k: *const f32,
+    ldk: usize,
+    ntp: usize,
+    c: &mut [f32],
+) {
+    assert!(ntp % KT == 0 && c.len() >= ntp * rp);
+    assert!(q.len() >= rp * dk && rp % 8 == 0);
     let full = rp / 16 * 16;
-    let (q, c) = (s.q.as_ptr(), s.c.as_mut_ptr());
+    let (q, c) = (q.as_ptr(), c.as_mut_ptr());
     // every q and c access is inside the slices checked above
     let mut r0 = 0;
     while r0 < full {
@@ -246,6 +269,156 @@ pub(crate) unsafe fn gemm<S: Simd>(s: &mut Scratch, k: *const f32, ldk: usize, n
     }
 }
 
+/// Pass 1 on one chunk of logits `c[t][rp]` (keys `c0 .. c0+nt`): the causal mask, then
+/// each row's running max (`m`, `rmax`) and f64 denominator (`rsum`), rescaled per chunk.
+#[inline(always)]
+fn chunk_row_stats<S: Simd>(
+    c: &mut [f32],
+    c0: usize,
+    nt: usize,
+    p: usize,
+    g: usize,
+    w: usize,
+    rp: usize,
+    m: &mut [f32],
+    rmax: &mut [f32],
+    rsum: &mut [f64],
+) -> Result<()> {
+    let rows = rmax.len();
+    assert!(c.len() >= nt * rp && m.len() >= rp && rsum.len() == rows && rows <= rp);
+    // causal mask: query j (position p + j) sees keys i <= p + j
+    for t in p.saturating_sub(c0)..nt {
+        let hide = (c0 + t - p).min(w);
+        for a in 0..g {
+            c[t * rp + a * w..t * rp + a * w + hide].fill(f32::NEG_INFINITY);
+        }
+    }
+    let mut r0 = 0;
+    while r0 < rows {
+        // up to 4 row blocks at once: independent exp-sum chains keep the core busy
+        let mut mx = [0f32; 32];
+        let mut cs = [0f32; 32];
+        let nb = (rows - r0).div_ceil(8).min(4);
+        // SAFETY: r0 + 8·nb <= rp and t < nt: inside `c` (asserted above), `m` has rp.
+        unsafe {
+            let (cp, mp) = (c.as_ptr().add(r0), m.as_ptr().add(r0));
+            let (mx, cs) = (mx.as_mut_ptr(), cs.as_mut_ptr());
+            match nb {
+                4 => max_expsum::<S, 4>(cp, nt, rp, mp, mx, cs),
+                3 => max_expsum::<S, 3>(cp, nt, rp, mp, mx, cs),
+                2 => max_expsum::<S, 2>(cp, nt, rp, mp, mx, cs),
+                _ => max_expsum::<S, 1>(cp, nt, rp, mp, mx, cs),
+            }
+        }
+        for l in 0..(8 * nb).min(rows - r0) {
+            let r = r0 + l;
+            let (m_old, m_new) = (rmax[r], mx[l]);
+            if !m_new.is_finite() {
+                return Err(Error::NonFinite);
+            }
+            let rescale = if m_old == f32::NEG_INFINITY {
+                0.0
+            } else {
+                exp_neg(m_old - m_new) as f64
+            };
+            rsum[r] = rsum[r] * rescale + cs[l] as f64;
+            rmax[r] = m_new;
+            m[r] = m_new;
+        }
+        r0 += 8 * nb;
+    }
+    Ok(())
+}
+
+/// Fold the logits of one key chunk (`s.c`, `nt` keys, already masked by the caller) into
+/// the running row maxima `rmax` and f64 denominators `rsum` of the `s.rows` rows (pass 1
+/// without the window's causal mask; the query stream masks by position itself).
+#[inline(always)]
+pub(crate) fn fold_rows<S: Simd>(
+    s: &mut Scratch,
+    nt: usize,
+    rmax: &mut [f32],
+    rsum: &mut [f64],
+) -> Result<()> {
+    let rows = s.rows;
+    // p = usize::MAX: no key is past the prefix, so no causal mask is applied
+    chunk_row_stats::<S>(
+        s.c,
+        0,
+        nt,
+        usize::MAX,
+        0,
+        0,
+        s.rows_pad,
+        s.m,
+        &mut rmax[..rows],
+        &mut rsum[..rows],
+    )
+}
+
+/// The logits of one key chunk (`s.c`, `nt` keys) to probabilities in place,
+/// `exp(z - m[r]) · inv[r]` (padding rows have inv = 0).
+#[inline(always)]
+pub(crate) fn probabilities<S: Simd>(s: &mut Scratch, nt: usize) {
+    let rp = s.rows_pad;
+    let c = &mut s.c[..nt * rp];
+    for t in 0..nt {
+        let mut r0 = 0;
+        while r0 < rp {
+            // SAFETY: r0 + 8 <= rp, t < nt.
+            unsafe {
+                let cp = c.as_mut_ptr().add(t * rp + r0);
+                // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
+                // when the caller gave `row_lse` (its logits may round differently)
+                let z = S::min(
+                    S::sub(S::load(cp), S::load(s.m.as_ptr().add(r0))),
+                    S::zero(),
+                );
+                S::store(cp, S::mul(S::exp_neg(z), S::load(s.inv.as_ptr().add(r0))));
+            }
+            r0 += 8;
+        }
+    }
+}
+
+/// For `B` blocks of 8 rows from `cp` (`nt` keys, `rp` apart): the new running max
+/// `max(mp, max_t c)` to `mx` and `Σ_t exp(c - max)`, summed in key order, to `cs`.
+///
+/// # Safety
+/// `cp` must hold `nt` rows of `8·B` readable floats `rp` apart; `mp`, `mx`, `cs` `8·B`.
+#[inline(always)]
+unsafe fn max_expsum<S: Simd, const B: usize>(
+    cp: *const f32,
+    nt: usize,
+    rp: usize,
+    mp: *const f32,
+    mx: *mut f32,
+    cs: *mut f32,
+) {
+    let mut mv = [S::splat(f32::NEG_INFINITY); B];
+    for t in 0..nt {
+        for j in 0..B {
+            mv[j] = S::max(mv[j], S::load(cp.add(t * rp + 8 * j)));
+        }
+    }
+    for j in 0..B {
+        mv[j] = S::max(S::load(mp.add(8 * j)), mv[j]);
+    }
+    let mut acc = [S::zero(); B];
+    for t in 0..nt {
+        let x: [S::V; B] = core::array::from_fn(|j| S::sub(S::load(cp.add(t * rp + 8 * j)), mv[j]));
+        // four chains at once (fewer than four blocks: repeats, results unused)
+        let e = S::exp_neg4(core::array::from_fn(|j| x[j.min(B - 1)]));
+        for j in 0..B {
+            acc[j] = S::add(acc[j], e[j]);
+        }
+    }
+    for j in 0..B {
+        S::store(mx.add(8 * j), mv[j]);
+        S::store(cs.add(8 * j), acc[j]);
+    }
+}
+
 /// Pass 1 for KV group `kh`: running max `rmax[g*w]` and denominator `rsum[g*w]` of every
 /// window row over its visible keys. `queries` is `[Hq, wq, dk]` with `wq >= w` (the last
 /// `w` rows are the window), `keys` is `[Hkv, N, dk]`, `1 <= w <= N`. Rejects NaN/Inf in
@@ -261,13 +434,15 @@ pub(crate) fn row_stats(
     rsum: &mut [f64],
 ) -> Result<()> {
     let dk = keys.extent()[2];
-    let s = &mut load_queries(queries, kh, g, w, dk, scratch)?;
+    let s = &mut load_queries(queries, kh, g, w, dk, &mut Workspace::new(scratch))?;
     dispatch!(fn(keys: &View, kh: usize, g: usize, w: usize, s: &mut Scratch,
                  rmax: &mut [f32], rsum: &mut [f64]) -> Result<()>, S => {
-        row_stats_impl::<S>(keys, kh, g, w, s, rmax, rsum)
+        row_stats_impl::<S>(keys, kh, g, w, s, None, rmax, rsum)
     })
 }
 
+/// Pass 1 over every key; with `store` (the one pass) each chunk's logits stay there
+/// (`[key][rows_pad]`) and the keys are not checked again ([`one_pass_ready`] did).
 #[inline(always)]
 fn row_stats_impl<S: Simd>(
     keys: &View,
@@ -275,6 +450,7 @@ fn row_stats_impl<S: Simd>(
     g: usize,
     w: usize,
     s: &mut Scratch,
+    mut store: Option<&mut [f32]>,
     rmax: &mut [f32],
     rsum: &mut [f64],
 ) -> Result<()> {
@@ -292,21 +468,17 @@ fn row_stats_impl<S: Simd>(
     while c0 < n {
         let nt = CHUNK.min(n - c0);
         let ntp = nt.div_ceil(KT) * KT;
-        let (kp, ldk, finite) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, true);
+        let (kp, ldk, finite) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, store.is_none());
         if !finite {
             return Err(Error::NonFinite);
         }
+        let c = match store.as_deref_mut() {
+            Some(st) => &mut st[c0 * rp..(c0 + ntp) * rp],
+            None => &mut s.c[..ntp * rp],
+        };
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        unsafe { gemm::<S>(s, kp, ldk, ntp) };
-        let c = &mut s.c[..ntp * rp];
-        // causal mask: query j (position p + j) sees keys i <= p + j
-        for t in p.saturating_sub(c0)..nt {
-            let hide = (c0 + t - p).min(w);
-            for a in 0..g {
-                c[t * rp + a * w..t * rp + a * w + hide].fill(f32::NEG_INFINITY);
-            }
-        }
-        fold_rows::<S>(s, nt, rmax, rsum)?;
+        unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c) };
+        chunk_row_stats::<S>(c, c0, nt, p, g, w, rp, s.m, rmax, rsum)?;
         c0 += nt;
     }
     if rsum.iter().any(|s| !s.is_finite() || *s <= 0.0) {
@@ -315,54 +487,183 @@ fn row_stats_impl<S: Simd>(
     Ok(())
 }
 
-/// Fold the logits of one key chunk (`s.c`, `nt` keys) into the running row maxima
-/// `rmax` and denominators `rsum` (f64) of the `s.rows` rows; `s.m` mirrors `rmax`.
+/// Pass 2 on one chunk of logits `src[t][rp]` (prefix keys `c0 .. c0+nt`): per key, the
+/// probabilities into `dst[t][rp]` from the final row max `m` and `inv` = 1 / denominator,
+/// then that key's statistics added into `out` (while its row is in L1). `dst` may be
+/// `src` (two passes: in place); the one pass reads its store and writes `s.c`, so the
+/// store is only read.
+///
+/// # Safety
+/// `src` and `dst` must each hold `nt·rp` floats (the same ones, or not overlapping).
 #[inline(always)]
-pub(crate) fn fold_rows<S: Simd>(
-    s: &mut Scratch,
+unsafe fn chunk_column_stats<S: Simd>(
+    src: *const f32,
+    dst: *mut f32,
+    c0: usize,
     nt: usize,
-    rmax: &mut [f32],
-    rsum: &mut [f64],
-) -> Result<()> {
-    let (rows, rp) = (s.rows, s.rows_pad);
-    let c = &s.c[..nt.div_ceil(KT) * KT * rp];
-    let mut r0 = 0;
-    while r0 < rows {
-        let mut m = [0f32; 8];
-        let mut cs = [0f32; 8];
-        // SAFETY: r0 + 8 <= rp and t < nt <= ntp: inside `c`.
-        unsafe {
-            let cp = c.as_ptr().add(r0);
-            let mut cm = S::splat(f32::NEG_INFINITY);
-            for t in 0..nt {
-                cm = S::max(cm, S::load(cp.add(t * rp)));
+    p: usize,
+    g: usize,
+    w: usize,
+    rp: usize,
+    m: &[f32],
+    inv: &[f32],
+    needs: Needs,
+    out: &mut Stats,
+) {
+    assert!(m.len() >= rp && inv.len() >= rp && g * w <= rp && rp % 8 == 0);
+    let t0 = if w % 8 == 0 && !needs.cross {
+        let nt8 = nt / 8 * 8;
+        fused_stats::<S>(src, c0, nt8, p, g, w, rp, m, inv, needs, out);
+        nt8
+    } else {
+        0
+    };
+    for t in t0..nt {
+        let (sp, dp) = (src.add(t * rp), dst.add(t * rp));
+        let (mp, ip) = (m.as_ptr(), inv.as_ptr());
+        let mut r0 = 0;
+        while r0 + 32 <= rp {
+            // four vectors at once, as below
+            let z: [S::V; 4] = core::array::from_fn(|j| {
+                let o = r0 + 8 * j;
+                S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
+            });
+            let e = S::exp_neg4(z);
+            for (j, e) in e.into_iter().enumerate() {
+                let o = r0 + 8 * j;
+                S::store(dp.add(o), S::mul(e, S::load(ip.add(o))));
             }
-            let mv = S::max(S::load(s.m.as_ptr().add(r0)), cm);
-            let mut acc = S::zero();
-            for t in 0..nt {
-                acc = S::add(acc, S::exp_neg(S::sub(S::load(cp.add(t * rp)), mv)));
-            }
-            S::store(m.as_mut_ptr(), mv);
-            S::store(cs.as_mut_ptr(), acc);
+            r0 += 32;
         }
-        for l in 0..8.min(rows - r0) {
-            let r = r0 + l;
-            let (m_old, m_new) = (rmax[r], m[l]);
-            if !m_new.is_finite() {
-                return Err(Error::NonFinite);
-            }
-            let rescale = if m_old == f32::NEG_INFINITY {
-                0.0
-            } else {
-                exp_neg(m_old - m_new) as f64
-            };
-            rsum[r] = rsum[r] * rescale + cs[l] as f64;
-            rmax[r] = m_new;
-            s.m[r] = m_new;
+        while r0 < rp {
+            // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
+            // when the caller gave `row_lse` (its logits may round differently); padding
+            // rows have inv = 0
+            let z = S::min(
+                S::sub(S::load(sp.add(r0)), S::load(m.as_ptr().add(r0))),
+                S::zero(),
+            );
+            S::store(
+                dp.add(r0),
+                S::mul(S::exp_neg(z), S::load(inv.as_ptr().add(r0))),
+            );
+            r0 += 8;
         }
-        r0 += 8;
+        let row = core::slice::from_raw_parts(dp as *const f32, g * w);
+        for a in 0..g {
+            let pa = &row[a * w..(a + 1) * w];
+            let o = a * p + c0 + t;
+            if needs.sum {
+                out.sum[o] += sum_v::<S>(pa);
+            }
+            if needs.sq {
+                out.sq[o] += dot_v::<S>(pa, pa);
+            }
+        }
+        if needs.cross {
+            let mut pi = 0;
+            for a in 0..g {
+                for b in a + 1..g {
+                    let (pa, pb) = (&row[a * w..(a + 1) * w], &row[b * w..(b + 1) * w]);
+                    out.cross[pi * p + c0 + t] += dot_v::<S>(pa, pb);
+                    pi += 1;
+                }
+            }
+        }
     }
-    Ok(())
+}
+
+/// [`chunk_column_stats`] for keys `0 .. nt8` (a multiple of 8) when `w` is whole vectors
+/// and no cross terms are needed, with the same operations in the same order (so the same
+/// bits), but each probability goes straight into its head's sums (nothing stored), and
+/// the sums of 8 keys are reduced across lanes together (`transpose8`, then `hsum`'s tree).
+///
+/// # Safety
+/// `src` must hold `nt8·rp` floats.
+#[inline(always)]
+unsafe fn fused_stats<S: Simd>(
+    src: *const f32,
+    c0: usize,
+    nt8: usize,
+    p: usize,
+    g: usize,
+    w: usize,
+    rp: usize,
+    m: &[f32],
+    inv: &[f32],
+    needs: Needs,
+    out: &mut Stats,
+) {
+    let wv = w / 8;
+    let (mp, ip) = (m.as_ptr(), inv.as_ptr());
+    let prob = |o: usize, e: S::V| S::mul(e, S::load(ip.add(o)));
+    let z = |sp: *const f32, o: usize| {
+        S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
+    };
+    // 8 keys × up to 8 heads per step: each key's row is read in order (streams well from
+    // the one-pass store), the heads' sums wait in `sums[a][k]`
+    let mut sums = [[S::zero(); 8]; 8];
+    let mut sqs = [[S::zero(); 8]; 8];
+    let mut tb = 0;
+    while tb < nt8 {
+        let mut ag = 0;
+        while ag < g {
+            let na = (g - ag).min(8);
+            for k in 0..8 {
+                let sp = src.add((tb + k) * rp);
+                for a in ag..ag + na {
+                    let (mut sm, mut sq) = (S::zero(), S::zero());
+                    let mut v = 0;
+                    while v + 4 <= wv {
+                        let o = a * w + 8 * v;
+                        let e = S::exp_neg4(core::array::from_fn(|j| z(sp, o + 8 * j)));
+                        for (j, e) in e.into_iter().enumerate() {
+                            let pr = prob(o + 8 * j, e);
+                            sm = S::add(sm, pr);
+                            if needs.sq {
+                                sq = S::fma(pr, pr, sq);
+                            }
+                        }
+                        v += 4;
+                    }
+                    while v < wv {
+                        let o = a * w + 8 * v;
+                        let pr = prob(o, S::exp_neg(z(sp, o)));
+                        sm = S::add(sm, pr);
+                        if needs.sq {
+                            sq = S::fma(pr, pr, sq);
+                        }
+                        v += 1;
+                    }
+                    sums[a - ag][k] = sm;
+                    sqs[a - ag][k] = sq;
+                }
+            }
+            for a in ag..ag + na {
+                let o = a * p + c0 + tb;
+                if needs.sum {
+                    let d = out.sum[o..o + 8].as_mut_ptr();
+                    S::store(d, S::add(S::load(d), hsum8::<S>(sums[a - ag])));
+                }
+                if needs.sq {
+                    let d = out.sq[o..o + 8].as_mut_ptr();
+                    S::store(d, S::add(S::load(d), hsum8::<S>(sqs[a - ag])));
+                }
+            }
+            ag += na;
+        }
+        tb += 8;
+    }
+}
+
+/// Lane `k` of the result is [`Simd::hsum`] of `v[k]`, by the same tree.
+#[inline(always)]
+unsafe fn hsum8<S: Simd>(v: [S::V; 8]) -> S::V {
+    let t = S::transpose8(v);
+    S::add(
+        S::add(S::add(t[0], t[4]), S::add(t[2], t[6])),
+        S::add(S::add(t[1], t[5]), S::add(t[3], t[7])),
+    )
 }
 
 /// What pass 1 checks, without its arithmetic, for callers that give the row statistics
@@ -377,7 +678,7 @@ pub(crate) fn check_finite(
     scratch: &mut [u8],
 ) -> Result<()> {
     let dk = keys.extent()[2];
-    let s = &mut load_queries(queries, kh, g, w, dk, scratch)?;
+    let s = &mut load_queries(queries, kh, g, w, dk, &mut Workspace::new(scratch))?;
     let [_, n, _] = keys.extent();
     let st = keys.stride();
     if keys.dtype() == DType::F16 && st[2] == 1 {
@@ -425,7 +726,7 @@ pub(crate) fn column_stats(
     out: &mut Stats,
 ) -> Result<()> {
     let dk = keys.extent()[2];
-    let s = &mut load_queries(queries, kh, g, w, dk, scratch)?;
+    let s = &mut load_queries(queries, kh, g, w, dk, &mut Workspace::new(scratch))?;
     for r in 0..s.rows {
         s.m[r] = rmax[r];
         s.inv[r] = (1.0 / rsum[r]) as f32;
@@ -456,58 +757,347 @@ fn column_stats_impl<S: Simd>(
         let ntp = nt.div_ceil(KT) * KT;
         let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        unsafe { gemm::<S>(s, kp, ldk, ntp) };
-        probabilities::<S>(s, nt);
-        let c = &s.c[..ntp * rp];
-        for t in 0..nt {
-            let row = &c[t * rp..t * rp + g * w];
-            for a in 0..g {
-                let pa = &row[a * w..(a + 1) * w];
-                let o = a * p + c0 + t;
-                // SAFETY (sum_v, dot_v): plain slice reads.
-                if needs.sum {
-                    out.sum[o] += unsafe { sum_v::<S>(pa) };
-                }
-                if needs.sq {
-                    out.sq[o] += unsafe { dot_v::<S>(pa, pa) };
-                }
-            }
-            if needs.cross {
-                let mut pi = 0;
-                for a in 0..g {
-                    for b in a + 1..g {
-                        let (pa, pb) = (&row[a * w..(a + 1) * w], &row[b * w..(b + 1) * w]);
-                        out.cross[pi * p + c0 + t] += unsafe { dot_v::<S>(pa, pb) };
-                        pi += 1;
-                    }
-                }
-            }
-        }
+        unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, s.c) };
+        let c = s.c[..ntp * rp].as_mut_ptr();
+        // SAFETY: `c` holds the chunk's ntp·rp logits, turned into probabilities in place.
+        unsafe { chunk_column_stats::<S>(c, c, c0, nt, p, g, w, rp, s.m, s.inv, needs, out) };
         c0 += nt;
     }
 }
 
-/// The logits of one key chunk (`s.c`, `nt` keys) to probabilities in place,
-/// `exp(z - m[r]) · inv[r]` (padding rows have inv = 0).
-#[inline(always)]
-pub(crate) fn probabilities<S: Simd>(s: &mut Scratch, nt: usize) {
-    let rp = s.rows_pad;
-    let c = &mut s.c[..nt * rp];
-    for t in 0..nt {
-        let mut r0 = 0;
-        while r0 < rp {
-            // SAFETY: r0 + 8 <= rp, t < nt.
-            unsafe {
-                let cp = c.as_mut_ptr().add(t * rp + r0);
-                // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
-                // when the caller gave `row_lse` (its logits may round differently)
-                let z = S::min(
-                    S::sub(S::load(cp), S::load(s.m.as_ptr().add(r0))),
-                    S::zero(),
-                );
-                S::store(cp, S::mul(S::exp_neg(z), S::load(s.inv.as_ptr().add(r0))));
+/// Most bytes the one-pass window may keep for one KV group's logits: the rule is
+/// `g·w·N·4 <= ONE_PASS_MAX_BYTES` (16 MiB: Llama-3-8B's g = 4 at w = 32 up to N = 32k, at
+/// w = 8 up to 128k; SmolLM2's g = 3 at w = 32 up to 43k); longer layers take two passes.
+pub(crate) const ONE_PASS_MAX_BYTES: usize = 16 << 20;
+
+/// Whether one KV group's `g·w·N` f32 logits fit [`ONE_PASS_MAX_BYTES`].
+pub(crate) fn one_pass_fits(g: usize, w: usize, n: usize) -> bool {
+    g.checked_mul(w)
+        .and_then(|r| r.checked_mul(n))
+        .and_then(|e| e.checked_mul(4))
+        .is_some_and(|b| b <= ONE_PASS_MAX_BYTES)
+}
+
+/// f32 elements of the one-pass store: `[ceil(N/KT)·KT][rows_pad]` (whole kernel tiles).
+fn store_len(g: usize, w: usize, n: usize) -> Result<usize> {
+    let keys = n.div_ceil(KT).checked_mul(KT).ok_or(Error::Overflow)?;
+    padded_rows(g.checked_mul(w).ok_or(Error::Overflow)?)?
+        .checked_mul(keys)
+        .ok_or(Error::Overflow)
+}
+
+/// Bytes the one-pass window adds after [`scratch_size`]: its logits store when
+/// [`one_pass_fits`], else nothing (the layer then takes two passes).
+pub(crate) fn one_pass_size(ws: &mut WorkspaceSize, g: usize, w: usize, n: usize) -> Result<()> {
+    if one_pass_fits(g, w, n) {
+        ws.add::<f32>(store_len(g, w, n)?)?;
+    }
+    Ok(())
+}
+
+/// Logits bound under which the one pass cannot overflow: `|z| <= ||q||·||k|| <= 1e37`
+/// (with `||k||² <= dk·max|k|²`, so anything below ~1e17 per element passes).
+const LOGIT_BOUND_SQ: f64 = 1e74;
+
+/// Whether KV group `kh` may take the one pass, decided before anything is written: its
+/// store fits `scratch` (after [`scratch_size`]'s slices), and by Cauchy–Schwarz no logit
+/// (nor partial sum) exceeds 1e37 in magnitude, so pass 1 cannot fail once started.
+/// Rejects NaN/Inf in the group's window queries and keys like [`check_finite`];
+/// `Ok(false)` (finite but huge, or no room): take [`row_stats`] + [`column_stats`].
+pub(crate) fn one_pass_ready(
+    queries: &View,
+    keys: &View,
+    kh: usize,
+    g: usize,
+    w: usize,
+    scratch: &mut [u8],
+) -> Result<bool> {
+    let [_, n, dk] = keys.extent();
+    if !one_pass_fits(g, w, n) {
+        return check_finite(queries, keys, kh, g, w, scratch).map(|_| false);
+    }
+    let mut ws = Workspace::new(scratch);
+    let s = &mut load_queries(queries, kh, g, w, dk, &mut ws)?;
+    if ws.take_dirty::<f32>(store_len(g, w, n)?).is_err() {
+        return check_finite(queries, keys, kh, g, w, scratch).map(|_| false);
+    }
+    // largest squared norm of a (scaled) query row, from the packed panels
+    let full = s.rows_pad / 16 * 16;
+    let mut q2 = 0f32;
+    for r in 0..s.rows {
+        let (base, width, lane) = if r < full {
+            (r / 16 * 16 * dk, 16, r % 16)
+        } else {
+            (full * dk, 8, r - full)
+        };
+        q2 = q2.max(
+            (0..dk)
+                .map(|d| s.q[base + d * width + lane])
+                .map(|x| x * x)
+                .sum(),
+        );
+    }
+    if keys.dtype() == DType::F16 {
+        // f16 keys are bounded (|k| <= 65504): only their bits need checking
+        check_finite(queries, keys, kh, g, w, scratch)?;
+        let k2 = dk as f64 * 65504.0 * 65504.0; // ||k||² <= dk·max|k|²
+        return Ok(q2 as f64 * k2 <= LOGIT_BOUND_SQ);
+    }
+    let (kmax, finite) = dispatch!(fn(keys: &View, kh: usize, s: &mut Scratch) -> (f32, bool), S => {
+        // largest |k| over the head and whether every element is finite, in one sweep
+        // (`v - v` is 0 for finite v, NaN for NaN/Inf); ||k||² <= dk·max|k|²
+        let [_, n, dk] = keys.extent();
+        let (mut vmax, mut bad) = unsafe { (S::zero(), S::zero()) };
+        let mut m = 0f32;
+        let mut ok = true;
+        let mut c0 = 0;
+        while c0 < n {
+            let nt = CHUNK.min(n - c0);
+            let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, nt, s.k, false);
+            let (rows, len) = if ldk == dk { (1, nt * dk) } else { (nt, dk) };
+            for t in 0..rows {
+                // SAFETY: load_keys returns nt rows of dk floats, ldk apart (one run of
+                // nt·dk when ldk = dk).
+                let x = unsafe { core::slice::from_raw_parts(kp.add(t * ldk), len) };
+                let n8 = len / 8 * 8;
+                let mut i = 0;
+                while i < n8 {
+                    // SAFETY: i + 8 <= len.
+                    unsafe {
+                        let v = S::load(x.as_ptr().add(i));
+                        vmax = S::max(vmax, S::max(v, S::sub(S::zero(), v)));
+                        bad = S::add(bad, S::sub(v, v));
+                    }
+                    i += 8;
+                }
+                for &v in &x[n8..] {
+                    m = m.max(libm::fabsf(v));
+                    ok &= v.is_finite();
+                }
             }
-            r0 += 8;
+            c0 += nt;
         }
+        let mut lanes = [0f32; 8];
+        unsafe { S::store(lanes.as_mut_ptr(), vmax) };
+        (lanes.iter().fold(m, |a, &b| a.max(b)), ok && unsafe { S::hsum(bad) } == 0.0)
+    });
+    if !finite {
+        return Err(Error::NonFinite);
+    }
+    let k2 = dk as f64 * kmax as f64 * kmax as f64;
+    Ok(q2 as f64 * k2 <= LOGIT_BOUND_SQ)
+}
+
+/// Both passes for KV group `kh` with one Q·Kᵀ: the logits of every key go to a store in
+/// the workspace, pass 1 (row max / denominator) runs on each chunk as it is computed, and
+/// pass 2 (column statistics, added into `out`) reads the store. Bit-identical to
+/// [`row_stats`] then [`column_stats`]: the same kernel, chunks and order. Call only after
+/// [`one_pass_ready`] said yes for this group (it has checked the inputs).
+pub(crate) fn one_pass(
+    queries: &View,
+    keys: &View,
+    kh: usize,
+    g: usize,
+    w: usize,
+    rmax: &mut [f32],
+    rsum: &mut [f64],
+    needs: Needs,
+    scratch: &mut [u8],
+    out: &mut Stats,
+) -> Result<()> {
+    let [_, n, dk] = keys.extent();
+    let mut ws = Workspace::new(scratch);
+    let s = &mut load_queries(queries, kh, g, w, dk, &mut ws)?;
+    let store = ws.take_dirty::<f32>(store_len(g, w, n)?)?;
+    dispatch!(fn(keys: &View, kh: usize, g: usize, w: usize, needs: Needs, s: &mut Scratch,
+                 store: &mut [f32], rmax: &mut [f32], rsum: &mut [f64],
+                 out: &mut Stats) -> Result<()>, S => {
+        one_pass_impl::<S>(keys, kh, g, w, needs, s, store, rmax, rsum, out)
+    })
+}
+
+#[inline(always)]
+fn one_pass_impl<S: Simd>(
+    keys: &View,
+    kh: usize,
+    g: usize,
+    w: usize,
+    needs: Needs,
+    s: &mut Scratch,
+    store: &mut [f32],
+    rmax: &mut [f32],
+    rsum: &mut [f64],
+    out: &mut Stats,
+) -> Result<()> {
+    let p = keys.extent()[1] - w;
+    let (rows, rp) = (s.rows, s.rows_pad);
+    row_stats_impl::<S>(keys, kh, g, w, s, Some(&mut *store), rmax, rsum)?;
+    for r in 0..rows {
+        s.m[r] = rmax[r];
+        s.inv[r] = (1.0 / rsum[r]) as f32;
+    }
+    let mut c0 = 0;
+    while c0 < p {
+        let nt = CHUNK.min(p - c0);
+        let (src, dst) = (&store[c0 * rp..(c0 + nt) * rp], &mut s.c[..nt * rp]);
+        // SAFETY: both hold nt·rp floats, in different slices.
+        let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+        unsafe { chunk_column_stats::<S>(sp, dp, c0, nt, p, g, w, rp, s.m, s.inv, needs, out) };
+        c0 += nt;
+    }
+    Ok(())
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use std::vec;
+    use std::vec::Vec;
+
+    /// Values in [-s, s) from a fixed LCG.
+    fn vals(n: usize, seed: u64, s: f32) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * s
+            })
+            .collect()
+    }
+
+    struct Out {
+        rmax: Vec<f32>,
+        rsum: Vec<f64>,
+        stats: Vec<f32>,
+    }
+
+    /// Every group of a layer through one pass (`one`) or through `row_stats` then
+    /// `column_stats`, all three statistics.
+    fn run(q: &View, k: &View, g: usize, w: usize, one: bool) -> Out {
+        let [hkv, n, dk] = k.extent();
+        let p = n - w;
+        let mut sz = WorkspaceSize::new();
+        scratch_size(&mut sz, g, w, dk).unwrap();
+        one_pass_size(&mut sz, g, w, n).unwrap();
+        // garbage in the workspace: the store is not zeroed and must not need to be
+        let mut scratch = vec![0xA5u8; sz.total()];
+        let needs = Needs {
+            sum: true,
+            sq: true,
+            cross: true,
+        };
+        let mut o = Out {
+            rmax: vec![0.0; hkv * g * w],
+            rsum: vec![0.0; hkv * g * w],
+            stats: Vec::new(),
+        };
+        for kh in 0..hkv {
+            let (mut sum, mut sq) = (vec![0f32; g * p], vec![0f32; g * p]);
+            let mut cross = vec![0f32; pairs(g) * p];
+            let mut st = Stats {
+                sum: &mut sum,
+                sq: &mut sq,
+                cross: &mut cross,
+            };
+            let (rm, rs) = (&mut o.rmax[kh * g * w..], &mut o.rsum[kh * g * w..]);
+            if one {
+                assert!(one_pass_ready(q, k, kh, g, w, &mut scratch).unwrap());
+                one_pass(q, k, kh, g, w, rm, rs, needs, &mut scratch, &mut st).unwrap();
+            } else {
+                row_stats(q, k, kh, g, w, &mut scratch, rm, rs).unwrap();
+                column_stats(q, k, kh, g, w, rm, rs, needs, &mut scratch, &mut st).unwrap();
+            }
+            o.stats.extend(sum.iter().chain(&sq).chain(&cross));
+        }
+        o
+    }
+
+    /// The one pass gives the two passes' bits: row maxima, denominators and every
+    /// statistic, for f32 and f16 keys, windows that are and are not whole vectors, chunk
+    /// remainders, and an 8-row query panel.
+    #[test]
+    fn one_pass_is_bit_identical_to_two_passes() {
+        for &(g, w, n, dk, f16) in &[
+            (3, 32, 1000, 64, false),
+            (4, 32, 700, 128, true),
+            (4, 8, 300, 128, true),
+            (2, 7, 97, 24, false),
+            (1, 1, 50, 16, true),
+            (3, 5, 5, 8, false),
+            (2, 3, 50, 5, false),
+        ] {
+            let hkv = 2;
+            let wq = w + 3;
+            let qv = vals(hkv * g * wq * dk, 1 + n as u64, 2.0);
+            let kv = vals(hkv * n * dk, 2 + dk as u64, 1.5);
+            let (q16, k16): (Vec<half::f16>, Vec<half::f16>) = (
+                qv.iter().map(|&x| half::f16::from_f32(x)).collect(),
+                kv.iter().map(|&x| half::f16::from_f32(x)).collect(),
+            );
+            let qe = [hkv * g, wq, dk];
+            let ke = [hkv, n, dk];
+            // keys as token rows [N, Hkv·dk] (stride 1 inside a row, as llama.cpp keeps them)
+            let ks = [dk, hkv * dk, 1];
+            let mut kt = vec![0f32; kv.len()];
+            let mut kt16 = vec![half::f16::ZERO; kv.len()];
+            for h in 0..hkv {
+                for t in 0..n {
+                    for d in 0..dk {
+                        kt[t * hkv * dk + h * dk + d] = kv[(h * n + t) * dk + d];
+                        kt16[t * hkv * dk + h * dk + d] = k16[(h * n + t) * dk + d];
+                    }
+                }
+            }
+            let qst = [wq * dk, dk, 1];
+            let (q, k) = if f16 {
+                (
+                    View::f16(&q16, qe, qst).unwrap(),
+                    View::f16(&kt16, ke, ks).unwrap(),
+                )
+            } else {
+                (
+                    View::f32(&qv, qe, qst).unwrap(),
+                    View::f32(&kt, ke, ks).unwrap(),
+                )
+            };
+            let (a, b) = (run(&q, &k, g, w, true), run(&q, &k, g, w, false));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.rmax), bits(&b.rmax), "rmax g {g} w {w} n {n}");
+            assert_eq!(a.rsum, b.rsum, "rsum g {g} w {w} n {n}");
+            assert_eq!(bits(&a.stats), bits(&b.stats), "stats g {g} w {w} n {n}");
+            assert!(n == w || a.stats.iter().any(|&x| x > 0.0));
+        }
+    }
+
+    /// NaN/Inf is rejected before the one pass starts; finite keys whose logits could
+    /// overflow f32 send the layer to the two passes; too long a layer does not fit.
+    #[test]
+    fn one_pass_ready_checks_and_bounds() {
+        let (g, w, n, dk) = (2, 4, 40, 8);
+        let qv = vals(g * w * dk, 5, 1.0);
+        let q = View::f32(&qv, [g, w, dk], [w * dk, dk, 1]).unwrap();
+        let mut sz = WorkspaceSize::new();
+        scratch_size(&mut sz, g, w, dk).unwrap();
+        one_pass_size(&mut sz, g, w, n).unwrap();
+        let mut scratch = vec![0u8; sz.total()];
+        let mut kv = vals(n * dk, 6, 1.0);
+        let ready = |kv: &[f32], scratch: &mut [u8]| {
+            let k = View::f32(kv, [1, n, dk], [n * dk, dk, 1]).unwrap();
+            one_pass_ready(&q, &k, 0, g, w, scratch)
+        };
+        assert_eq!(ready(&kv, &mut scratch), Ok(true));
+        // too small a workspace for the store: two passes, not an error
+        let small = sz.total() - store_len(g, w, n).unwrap() * 4;
+        assert_eq!(ready(&kv, &mut scratch[..small]), Ok(false));
+        kv[77] = 3e37;
+        assert_eq!(ready(&kv, &mut scratch), Ok(false));
+        kv[77] = f32::INFINITY;
+        assert_eq!(ready(&kv, &mut scratch), Err(Error::NonFinite));
+        kv[77] = f32::NAN;
+        assert_eq!(ready(&kv, &mut scratch), Err(Error::NonFinite));
+        assert!(one_pass_fits(4, 32, 32768) && !one_pass_fits(4, 32, 32769));
+        assert!(one_pass_fits(4, 8, 131072) && !one_pass_fits(usize::MAX, 2, 2));
     }
 }

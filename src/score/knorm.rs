@@ -1,25 +1,108 @@
 //! KNorm (SPEC §3): `-||K[kh,i]||_2`, no queries needed.
+//!
+//! Each norm is `Σ_d x_d·x_d` summed in dimension order, every product and sum rounded to
+//! f32 (what the original scalar loop did, so scores are bit-identical to it). Keys held as
+//! f32 rows with unit element stride run eight at a time, one key per vector lane: the
+//! lanes keep each key's order, and the adds of eight keys overlap instead of waiting on
+//! one chain. Other dtypes and layouts take the scalar loop.
 use super::Bufs;
-use crate::view::View;
+use crate::numerics::{all_finite, dispatch, Simd};
+use crate::view::{DType, View};
 
-pub(super) fn keys_finite(keys: &View, bufs: &mut Bufs) -> bool {
+/// Whether every key of every head is finite (vectorised; f32 rows read in place, others
+/// converted 8 at a time).
+pub(super) fn keys_finite(keys: &View, _bufs: &mut Bufs) -> bool {
     let [hkv, n, dk] = keys.extent();
-    for kh in 0..hkv {
-        for t in 0..n {
-            keys.load_row(kh, t, bufs.row);
-            if bufs.row[..dk].iter().any(|v| !v.is_finite()) {
-                return false;
-            }
-        }
+    let st = keys.stride();
+    if keys.dtype() != DType::F32 || st[2] != 1 {
+        return crate::gram::values_finite(keys, 0, n);
     }
-    true
+    let base = keys.byte_range().0 as *const f32;
+    dispatch!(fn(base: *const f32, st: [usize; 3], hkv: usize, n: usize, dk: usize) -> bool, S => {
+        (0..hkv).all(|h| {
+            (0..n).all(|t| {
+                // SAFETY: row (h, t, 0..dk) is inside the view's extent, which the view
+                // proved in bounds at construction; `byte_range` gives back its pointer.
+                let row = unsafe { core::slice::from_raw_parts(base.add(h * st[0] + t * st[1]), dk) };
+                all_finite::<S>(row)
+            })
+        })
+    })
 }
 
 pub(super) fn score(keys: &View, kh: usize, bufs: &mut Bufs, dst: &mut [f32]) {
-    let dk = keys.extent()[2];
-    for (t, v) in dst.iter_mut().enumerate() {
+    let [_, _, dk] = keys.extent();
+    let st = keys.stride();
+    let lanes = if keys.dtype() == DType::F32 && st[2] == 1 {
+        dst.len() / 8 * 8
+    } else {
+        0
+    };
+    if lanes > 0 {
+        assert!(kh < keys.extent()[0] && lanes <= keys.extent()[1]);
+        // SAFETY: rows (kh, 0..lanes, 0..dk) are inside the view's extent, which the view
+        // proved in bounds at construction; `byte_range` gives back its pointer.
+        let base = unsafe { (keys.byte_range().0 as *const f32).add(kh * st[0]) };
+        let (ld, head) = (st[1], &mut dst[..lanes]);
+        dispatch!(fn(base: *const f32, ld: usize, dk: usize, head: &mut [f32]) -> (), S => {
+            // two blocks of 8 keys at a time: two independent add chains
+            let mut pairs = head.chunks_exact_mut(16);
+            let mut t = 0;
+            for out in &mut pairs {
+                // SAFETY: keys t .. t+16 (< lanes), each dk floats, ld apart.
+                unsafe { norms::<S, 2>(base.add(t * ld), ld, dk, out) };
+                t += 16;
+            }
+            let rest = pairs.into_remainder();
+            if !rest.is_empty() {
+                // SAFETY: keys t .. t+8 (< lanes).
+                unsafe { norms::<S, 1>(base.add(t * ld), ld, dk, rest) };
+            }
+        });
+    }
+    for (t, v) in dst.iter_mut().enumerate().skip(lanes) {
         keys.load_row(kh, t, bufs.row);
         let s: f32 = bufs.row[..dk].iter().map(|x| x * x).sum();
         *v = -libm::sqrtf(s);
+    }
+}
+
+/// `out[i] = -sqrt(Σ_d x_d·x_d)` for the `8·B` f32 key rows at `k` (`ld` apart), each
+/// summed in dimension order in its own lane.
+///
+/// # Safety
+/// `k` must point to `8·B` readable rows of `dk` floats, `ld` apart; `out` has `8·B`.
+#[inline(always)]
+unsafe fn norms<S: Simd, const B: usize>(k: *const f32, ld: usize, dk: usize, out: &mut [f32]) {
+    let mut acc = [S::zero(); B];
+    let d8 = dk / 8 * 8;
+    let mut d = 0;
+    while d < d8 {
+        for (j, a) in acc.iter_mut().enumerate() {
+            // 8 dims of 8 keys, turned so that vector i holds dim d + i of the 8 keys
+            let x = S::transpose8(core::array::from_fn(|l| {
+                S::load(k.add((8 * j + l) * ld + d))
+            }));
+            for xi in x {
+                *a = S::add(*a, S::mul(xi, xi));
+            }
+        }
+        d += 8;
+    }
+    let mut col = [0f32; 8];
+    for d in d8..dk {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, c) in col.iter_mut().enumerate() {
+                *c = *k.add((8 * j + l) * ld + d);
+            }
+            let x = S::load(col.as_ptr());
+            *a = S::add(*a, S::mul(x, x));
+        }
+    }
+    for (j, a) in acc.into_iter().enumerate() {
+        S::store(col.as_mut_ptr(), a);
+        for (o, s) in out[8 * j..8 * j + 8].iter_mut().zip(col) {
+            *o = -libm::sqrtf(s);
+        }
     }
 }

@@ -137,6 +137,7 @@ pub fn score_workspace_size(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usi
     let mut scratch = WorkspaceSize::new();
     if cfg.needs_queries() {
         window::scratch_size(&mut scratch, g, w, shape.dk)?;
+        window::one_pass_size(&mut scratch, g, w, shape.n)?;
     }
     if cfg.scorer == ScorerKind::Uniqueness {
         scratch.add::<f32>(uniqueness::scratch_floats(shape.n, shape.dk, shape.dv)?)?;
@@ -265,6 +266,7 @@ pub fn score_layer(
     let scratch = ws.into_rest();
 
     // Everything that can reject the input runs before the first write to `out`.
+    let mut one_pass = false;
     if let (Some(q), Some(lse)) = (queries, row_lse) {
         // the caller's row statistics: A = exp(z - lse), denominators 1
         for kh in 0..hkv {
@@ -274,7 +276,12 @@ pub fn score_layer(
         rsum.fill(1.0);
     } else if let Some(q) = queries {
         if cfg.needs_queries() {
+            // one Q·Kᵀ per group when its logits fit the workspace (window.rs), else two
+            one_pass = true;
             for kh in 0..hkv {
+                one_pass &= window::one_pass_ready(q, keys, kh, g, w, scratch)?;
+            }
+            for kh in (0..hkv).filter(|_| !one_pass) {
                 window::row_stats(
                     q,
                     keys,
@@ -321,18 +328,12 @@ pub fn score_layer(
                 cross: &mut *cross,
             };
             let q = queries.ok_or(Error::NullPointer)?;
-            window::column_stats(
-                q,
-                keys,
-                kh,
-                g,
-                w,
-                &rmax[kh * g * w..],
-                &rsum[kh * g * w..],
-                nd,
-                scratch,
-                &mut st,
-            )?;
+            let (rm, rs) = (&mut rmax[kh * g * w..], &mut rsum[kh * g * w..]);
+            if one_pass {
+                window::one_pass(q, keys, kh, g, w, rm, rs, nd, scratch, &mut st)?;
+            } else {
+                window::column_stats(q, keys, kh, g, w, rm, rs, nd, scratch, &mut st)?;
+            }
         }
         match cfg.scorer {
             ScorerKind::SnapKv => snapkv::score(cfg, sum, g, w, p, &mut bufs, dst),
