@@ -100,7 +100,7 @@ pub fn compute_gram(
     }
     // |x·y| <= max(x·x, y·y) up to f64 rounding (relative 2^-10 for D <= 2^40): below
     // that margin every entry fits f32; above it, compute each entry once to be sure
-    if dm > 1 << 40 || largest * (1.0 + 1.0 / 1024.0) > f32::MAX as f64 {
+    if dm as u64 > 1u64 << 40 || largest * (1.0 + 1.0 / 1024.0) > f32::MAX as f64 {
         let all_finite = for_each_entry(wo, hkv, g, nb, wa, wb, &mut |_, v| v.is_finite());
         if !all_finite {
             return Err(Error::NonFinite);
@@ -525,7 +525,8 @@ pub fn value_forms_finite(
         let scale = 2.0 * vmax.max(1.0) * 1.01;
         for k in 0..nb {
             let gb = &gram[(kh * nb + k) * dv * dv..(kh * nb + k + 1) * dv * dv];
-            let frob = gb.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+            let frob = gb.iter().map(|&x| x as f64 * x as f64).sum::<f64>();
+            let frob = libm::sqrt(frob);
             let bound = scale * frob;
             if bound.is_nan() || bound > f32::MAX as f64 {
                 let mut tile = [0f32; 64];
