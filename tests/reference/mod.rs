@@ -370,7 +370,7 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                         a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / (na * nb)
                     }
                 };
-                (0..p)
+                let u: Vec<f64> = (0..p)
                     .map(|i| {
                         let r = (0..n)
                             .filter(|&j| j != i)
@@ -381,7 +381,10 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                             .fold(-1.0, f64::max);
                         (1.0 - r).max(0.0).powi(8)
                     })
-                    .collect()
+                    .collect();
+                // a unique token lends 0.9 of its score to the token before it
+                let lend = |i: usize| if i + 1 < p { 0.9f32 as f64 * u[i + 1] } else { 0.0 };
+                (0..p).map(|i| u[i].max(lend(i))).collect()
             }
             ScorerKind::Tova => {
                 // w = 1; mean over every query head of the layer, same for all KV heads.
