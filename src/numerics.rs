@@ -511,6 +511,16 @@ pub(crate) unsafe fn sum_v<S: Simd>(x: &[f32]) -> f32 {
     s
 }
 
+/// Lane `k` of the result is [`Simd::hsum`] of `v[k]`, by the same tree.
+#[inline(always)]
+pub(crate) unsafe fn hsum8<S: Simd>(v: [S::V; 8]) -> S::V {
+    let t = S::transpose8(v);
+    S::add(
+        S::add(S::add(t[0], t[4]), S::add(t[2], t[6])),
+        S::add(S::add(t[1], t[5]), S::add(t[3], t[7])),
+    )
+}
+
 /// `Σ x[i]·y[i]` with 8 lanes of partial sums (deterministic order); `y.len() >= x.len()`.
 #[inline(always)]
 pub(crate) unsafe fn dot_v<S: Simd>(x: &[f32], y: &[f32]) -> f32 {

@@ -32,7 +32,7 @@
 
 use crate::error::{Error, Result};
 use crate::numerics::{
-    all_finite, dispatch, dot_v, exp_neg, load_rows, sum_v, Simd, Workspace, WorkspaceSize,
+    all_finite, dispatch, dot_v, exp_neg, hsum8, load_rows, sum_v, Simd, Workspace, WorkspaceSize,
 };
 use crate::view::{DType, View};
 
@@ -654,16 +654,6 @@ unsafe fn fused_stats<S: Simd>(
         }
         tb += 8;
     }
-}
-
-/// Lane `k` of the result is [`Simd::hsum`] of `v[k]`, by the same tree.
-#[inline(always)]
-unsafe fn hsum8<S: Simd>(v: [S::V; 8]) -> S::V {
-    let t = S::transpose8(v);
-    S::add(
-        S::add(S::add(t[0], t[4]), S::add(t[2], t[6])),
-        S::add(S::add(t[1], t[5]), S::add(t[3], t[7])),
-    )
 }
 
 /// What pass 1 checks, without its arithmetic, for callers that give the row statistics

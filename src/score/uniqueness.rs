@@ -17,7 +17,7 @@
 //! the value cosine computed only where the key cosine could raise the running maximum.
 use super::Bufs;
 use crate::error::{Error, Result};
-use crate::numerics::{dispatch, dot_v, load_rows, Simd};
+use crate::numerics::{dispatch, dot_v, hsum8, load_rows, Simd};
 use crate::view::View;
 
 /// Sharpening exponent (decision, SPEC §3b).
@@ -71,17 +71,48 @@ pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], 
         let vn = &mut rest[..n * dv];
         load_unit_rows::<S>(keys, kh, kn);
         load_unit_rows::<S>(values, kh, vn);
+        let d8 = dk / 8 * 8;
         for (i, out) in dst.iter_mut().enumerate() {
             let (ki, vi) = (&kn[i * dk..(i + 1) * dk], &vn[i * dv..(i + 1) * dv]);
             let mut best = -1.0f32;
-            for j in (0..n).filter(|&j| j != i) {
-                // SAFETY: both slices are rows of length dk (dv) of the same buffer.
-                let ck = unsafe { dot_v::<S>(ki, &kn[j * dk..(j + 1) * dk]) };
-                if ck > best {
-                    // SAFETY: as above.
-                    let cv = unsafe { dot_v::<S>(vi, &vn[j * dv..(j + 1) * dv]) };
-                    best = best.max(ck.min(cv));
+            let mut j0 = 0;
+            while j0 < n {
+                // eight key cosines at once, each summed exactly as dot_v sums it
+                let nb = 8.min(n - j0);
+                let mut ck = [0f32; 8];
+                if nb == 8 {
+                    // SAFETY: rows j0..j0+8 of dk floats are inside kn; d + 8 <= d8 <= dk.
+                    unsafe {
+                        let mut acc = [S::zero(); 8];
+                        for d in (0..d8).step_by(8) {
+                            let x = S::load(ki.as_ptr().add(d));
+                            for (q, a) in acc.iter_mut().enumerate() {
+                                *a = S::fma(x, S::load(kn.as_ptr().add((j0 + q) * dk + d)), *a);
+                            }
+                        }
+                        S::store(ck.as_mut_ptr(), hsum8::<S>(acc));
+                    }
+                    for (q, c) in ck.iter_mut().enumerate() {
+                        let kj = &kn[(j0 + q) * dk..(j0 + q + 1) * dk];
+                        for (a, b) in ki[d8..].iter().zip(&kj[d8..]) {
+                            *c += a * b;
+                        }
+                    }
+                } else {
+                    for (q, c) in ck[..nb].iter_mut().enumerate() {
+                        // SAFETY: both slices are rows of length dk of the same buffer.
+                        *c = unsafe { dot_v::<S>(ki, &kn[(j0 + q) * dk..(j0 + q + 1) * dk]) };
+                    }
                 }
+                for (q, &c) in ck[..nb].iter().enumerate() {
+                    let j = j0 + q;
+                    if j != i && c > best {
+                        // SAFETY: both slices are rows of length dv of the same buffer.
+                        let cv = unsafe { dot_v::<S>(vi, &vn[j * dv..(j + 1) * dv]) };
+                        best = best.max(c.min(cv));
+                    }
+                }
+                j0 += nb;
             }
             let u2 = (1.0 - best).max(0.0) * (1.0 - best).max(0.0);
             *out = u2 * u2 * (u2 * u2); // ^POWER

@@ -383,7 +383,13 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                     })
                     .collect();
                 // a unique token lends 0.9 of its score to the token before it
-                let lend = |i: usize| if i + 1 < p { 0.9f32 as f64 * u[i + 1] } else { 0.0 };
+                let lend = |i: usize| {
+                    if i + 1 < p {
+                        0.9f32 as f64 * u[i + 1]
+                    } else {
+                        0.0
+                    }
+                };
                 (0..p).map(|i| u[i].max(lend(i))).collect()
             }
             ScorerKind::Tova => {
