@@ -21,13 +21,18 @@ pub mod config;
 /// cbindgen:ignore
 #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 pub mod cuda;
+/// The device pipeline: planning, workspace layout and launch chains of the CUDA paths.
+#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+pub mod device;
 pub mod error;
 pub mod gram;
 pub mod numerics;
 pub mod pool;
 pub mod score;
 pub mod select;
+pub mod shape;
 pub mod shard;
+mod span;
 pub mod view;
 mod window;
 
@@ -44,6 +49,7 @@ pub use score::{
     layer_shape, score_layer, score_len, score_workspace_size, window_row_lse,
     window_row_lse_workspace_size, LayerInputs, LayerShape,
 };
+pub use shape::ModelShape;
 pub use view::{DType, View, ViewMut};
 
 /// Library version.

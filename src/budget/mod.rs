@@ -17,6 +17,7 @@ use crate::error::{add, mul, Error, Result};
 use crate::numerics::{Workspace, WorkspaceSize};
 use crate::pool::pool;
 use crate::select::{make_key, run_search};
+use crate::shape::ModelShape;
 
 pub use lava::{lava_budgets, layer_entropy};
 pub use pyramid::pyramid_budget;
@@ -41,21 +42,12 @@ impl ModelScores<'_> {
         self.n - self.window.min(self.n)
     }
     fn validate(&self) -> Result<()> {
-        if self.layers == 0
-            || self.hkv == 0
-            || self.n == 0
-            || self.layers > crate::error::MAX_LAYERS
-        {
-            return Err(Error::InvalidArgument);
-        }
-        if self.n > crate::error::MAX_TOKENS
-            || self
-                .layers
-                .checked_mul(self.hkv)
-                .map_or(true, |u| u > u32::MAX as usize / 2)
-        {
-            return Err(Error::Overflow);
-        }
+        ModelShape::new(
+            self.layers as u64,
+            self.hkv as u64,
+            self.n as u64,
+            self.window as u64,
+        )?;
         let len = mul(mul(self.layers, self.hkv)?, self.prefix())?;
         if self.scores.len() < len {
             return Err(Error::ShapeMismatch);

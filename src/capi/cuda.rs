@@ -287,7 +287,3 @@ pub unsafe extern "C" fn kve_cuda_compact_to_varlen(
 
 #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 mod imp;
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-mod score;
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-mod select;

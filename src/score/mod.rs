@@ -9,6 +9,7 @@ mod criticalkv;
 mod knorm;
 mod laprox;
 mod lava;
+pub mod requirements;
 mod snapkv;
 mod streaming;
 mod tova;
@@ -19,6 +20,7 @@ use crate::gram;
 use crate::numerics::{Workspace, WorkspaceSize};
 use crate::view::View;
 use crate::window::{self, Needs, Stats};
+use requirements::{requirements, ValueInput};
 
 /// The tensors of one layer, where the engine keeps them.
 #[derive(Clone, Copy, Debug, Default)]
@@ -67,7 +69,31 @@ impl LayerShape {
     pub fn prefix(&self, window: u32) -> usize {
         self.n - (window as usize).min(self.n)
     }
-    fn validate(&self) -> Result<()> {
+    /// A layer of these dimensions, checked as every scoring path checks it (host and
+    /// device, size queries and calls): heads past [`MAX_HEADS`] are `InvalidArgument`, a
+    /// value that does not fit `usize` is `Overflow`, then [`LayerShape::validate`].
+    pub fn from_dims(hq: u64, hkv: u64, n: u64, dk: u64, dv: u64) -> Result<LayerShape> {
+        let heads = |v: u64| {
+            if v > MAX_HEADS as u64 {
+                Err(Error::InvalidArgument)
+            } else {
+                Ok(v as usize)
+            }
+        };
+        let size = |v: u64| usize::try_from(v).map_err(|_| Error::Overflow);
+        let shape = LayerShape {
+            hq: heads(hq)?,
+            hkv: heads(hkv)?,
+            n: size(n)?,
+            dk: size(dk)?,
+            dv: size(dv)?,
+        };
+        shape.validate()?;
+        Ok(shape)
+    }
+    /// Every dimension at least 1, `hq` a multiple of `hkv`, `n <= MAX_TOKENS`, head dims
+    /// `<= 1024`, `hq <= MAX_HEADS`.
+    pub fn validate(&self) -> Result<()> {
         if self.hq == 0 || self.hkv == 0 || self.n == 0 || self.dk == 0 || self.dv == 0 {
             return Err(Error::InvalidArgument);
         }
@@ -91,21 +117,13 @@ pub fn score_len(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usize> {
     mul(shape.hkv, shape.prefix(cfg.window))
 }
 
+/// The window statistics the scorer reads (its row of [`requirements`]).
 fn needs(cfg: &ScoreConfig) -> Needs {
-    match cfg.scorer {
-        ScorerKind::SnapKv | ScorerKind::Lava | ScorerKind::CriticalKv | ScorerKind::Tova => {
-            Needs {
-                sum: true,
-                sq: false,
-                cross: false,
-            }
-        }
-        ScorerKind::LaProx => Needs {
-            sum: false,
-            sq: true,
-            cross: cfg.needs_cross(),
-        },
-        ScorerKind::StreamingLlm | ScorerKind::KNorm => Needs::default(),
+    let r = requirements(cfg.scorer);
+    Needs {
+        sum: r.attn_sum,
+        sq: r.attn_sq,
+        cross: cfg.needs_cross(),
     }
 }
 
@@ -208,21 +226,22 @@ pub fn score_layer(
         return Err(Error::WorkspaceTooSmall);
     }
     // scorer-specific inputs
-    match cfg.scorer {
-        ScorerKind::Lava => {
+    let req = requirements(cfg.scorer);
+    match req.values {
+        ValueInput::Values => {
             inputs.values.as_ref().ok_or(Error::NullPointer)?;
         }
-        ScorerKind::LaProx => laprox::check_inputs(cfg, inputs, &shape)?,
-        ScorerKind::CriticalKv => {
-            let l1 = inputs.value_l1.ok_or(Error::NullPointer)?;
-            if l1.len() < mul(hkv, n)? {
-                return Err(Error::ShapeMismatch);
-            }
-            if l1[..hkv * n].iter().any(|v| !v.is_finite()) {
-                return Err(Error::NonFinite);
-            }
+        ValueInput::ValuesOrForms => laprox::check_inputs(cfg, inputs, &shape)?,
+        ValueInput::None => {}
+    }
+    if req.value_l1 {
+        let l1 = inputs.value_l1.ok_or(Error::NullPointer)?;
+        if l1.len() < mul(hkv, n)? {
+            return Err(Error::ShapeMismatch);
         }
-        _ => {}
+        if l1[..hkv * n].iter().any(|v| !v.is_finite()) {
+            return Err(Error::NonFinite);
+        }
     }
     if p == 0 {
         return Ok(());
@@ -285,7 +304,7 @@ pub fn score_layer(
     if cfg.scorer == ScorerKind::KNorm && !knorm::keys_finite(keys, &mut bufs) {
         return Err(Error::NonFinite);
     }
-    if cfg.scorer == ScorerKind::Lava {
+    if req.head_factors {
         lava::head_factors(
             inputs.values.as_ref().ok_or(Error::NullPointer)?,
             p,
@@ -293,7 +312,7 @@ pub fn score_layer(
             bufs.acc,
         )?;
     }
-    if cfg.scorer == ScorerKind::LaProx {
+    if req.values == ValueInput::ValuesOrForms {
         laprox::check_values_finite(cfg, inputs, &shape, p, bufs.row)?;
     }
 

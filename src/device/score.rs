@@ -1,28 +1,32 @@
-//! `kve_cuda_score_layer`: every scorer of SPEC §3 as a chain of launches on the caller's
-//! stream, the same formulas in the same order as the core (src/score), so the device
-//! scores match the host's to float tolerance.
+//! One layer's scores on the device: every scorer of SPEC §3 as a chain of launches on
+//! the caller's stream, the same formulas in the same order as the core (src/score), so
+//! the device scores match the host's to float tolerance.
 
-use super::super::params::{read_ext, score_config};
-use super::super::score::{kve_layer_inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS};
-use super::super::{
-    check_alias, kve_score_params, status_of, tri, Span, KVE_ERR_INVALID_ARGUMENT, KVE_MAX_HEADS,
-    KVE_OK,
-};
-use super::imp::{check_workspace, ck, elem_size, run, span_of, tensor_span, view, write, Carve};
+use super::limits::{MAX_DIM, MAX_GRID, MAX_GROUP, MAX_GROUP_CROSS, MAX_WINDOW};
+use super::{check_workspace, ck, elem_size, span_of, Carve, Floats, Tensor};
 use crate::config::{LaproxGqa, Pool, PoolKind, PoolPlacement, ScoreConfig, ScorerKind};
 use crate::cuda as cu;
 use crate::error::{Error, Result};
 use crate::gram;
+use crate::score::requirements::{requirements, ValueInput};
+use crate::score::LayerShape;
+use crate::span::{check_alias, Span};
 use core::ffi::{c_int, c_void};
 use core::ptr::{null, null_mut};
 
-/// Largest head dims the kernels take (window: dk; vonorm: dv).
-const MAX_DIM: u64 = 256;
-/// Most heads (query or KV) the kernels take: they put heads in a grid dimension.
-const MAX_GRID_HEADS: i64 = 65535;
-/// Window kernel: most query heads per KV head, most window rows.
-const MAX_GROUP: usize = 128;
-const MAX_WINDOW: usize = 1 << 24;
+/// The tensors of one layer on the device. Each tensor comes as the caller converted
+/// it: an error there (absent, or failing the host-side checks) surfaces only when the
+/// scorer reads that tensor, in the order the checks below read them.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerInputs {
+    pub queries: Result<Tensor>,
+    pub keys: Result<Tensor>,
+    pub values: Result<Tensor>,
+    pub gram: Floats,
+    pub value_forms: Floats,
+    pub value_l1: Floats,
+    pub row_lse: Floats,
+}
 
 #[derive(Clone, Copy)]
 struct Shape {
@@ -67,10 +71,10 @@ struct Parts {
 fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
     let mul = crate::error::mul;
     let mut c = Carve::new(base);
-    let laprox = cfg.scorer == ScorerKind::LaProx;
+    let req = requirements(cfg.scorer);
     let cross = cfg.needs_cross();
     let (hq, hkv, p) = (s.hq, s.hkv, s.p);
-    let win_bytes = if cfg.needs_queries() {
+    let win_bytes = if req.queries {
         // SAFETY: a pure host function.
         unsafe { cu::kve_cuda_window_workspace_size(hq as i64, s.w as i64, s.n as i64, hkv as i64) }
     } else {
@@ -78,14 +82,11 @@ fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
     };
     let win = c.take::<u8>(win_bytes)?;
     let rows = if cross { mul(hkv, s.pairs())? } else { hq };
-    let a = c.take::<f32>(if cfg.needs_queries() {
-        mul(rows, p)?
-    } else {
-        0
-    })?;
-    let b = c.take::<f32>(if cfg.needs_queries() { mul(hq, p)? } else { 0 })?;
-    let t = c.take::<f32>(if laprox && cross { mul(3 * hkv, p)? } else { 0 })?;
-    let gram_path = laprox && s.gram;
+    let a = c.take::<f32>(if req.queries { mul(rows, p)? } else { 0 })?;
+    let b = c.take::<f32>(if req.queries { mul(hq, p)? } else { 0 })?;
+    // the group's attention term, value term and their product (LaProx exact, mean-attn)
+    let t = c.take::<f32>(if cross { mul(3 * hkv, p)? } else { 0 })?;
+    let gram_path = req.values == ValueInput::ValuesOrForms && s.gram;
     let forms = c.take::<f32>(if gram_path { mul(rows, p)? } else { 0 })?;
     let gram_elems = if gram_path {
         mul(rows, mul(s.dv, s.dv)?)?
@@ -94,12 +95,8 @@ fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
     };
     let gram_hi = c.take::<u16>(gram_elems)?;
     let gram_lo = c.take::<u16>(gram_elems)?;
-    let factor = c.take::<f32>(if cfg.scorer == ScorerKind::Lava {
-        hkv
-    } else {
-        0
-    })?;
-    let critical = cfg.scorer == ScorerKind::CriticalKv;
+    let factor = c.take::<f32>(if req.head_factors { hkv } else { 0 })?;
+    let critical = req.first_stage;
     // SAFETY: a pure host function.
     let sel_bytes = if critical {
         unsafe { cu::kve_cuda_select_workspace_size(hkv as i64) }
@@ -127,59 +124,194 @@ fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
     })
 }
 
-fn head_count(v: u64) -> Result<usize> {
-    if v == 0 || v > KVE_MAX_HEADS {
-        return Err(Error::InvalidArgument);
-    }
-    Ok(v as usize)
+/// Device workspace bytes of [`score_layer`] for a layer of this shape: enough for
+/// LaProx with the Gram, whatever the dtype.
+pub fn score_workspace_size(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usize> {
+    cfg.validate()?;
+    shape.validate()?;
+    let w = (cfg.window as usize).min(shape.n);
+    let s = Shape {
+        hq: shape.hq,
+        hkv: shape.hkv,
+        n: shape.n,
+        w,
+        p: shape.n - w,
+        dv: shape.dv,
+        gram: true,
+    };
+    Ok(layout(cfg, &s, null_mut())?.total)
 }
 
-pub unsafe fn score_workspace_size(
-    params: *const kve_score_params,
-    hq: u64,
-    hkv: u64,
-    n: u64,
-    dk: u64,
-    dv: u64,
-    out_bytes: *mut u64,
-) -> i32 {
-    let cfg = tri!(score_config(params));
-    let (hq, hkv) = (tri!(head_count(hq)), tri!(head_count(hkv)));
-    if n == 0 || n > crate::error::MAX_TOKENS as u64 || dk == 0 || dv == 0 || dv > 1024 {
-        return KVE_ERR_INVALID_ARGUMENT;
+/// What one call reads, checked on the host.
+struct Inputs {
+    q: Option<cu::KveCudaView>,
+    k: cu::KveCudaView,
+    v: Option<cu::KveCudaView>,
+    gram: Option<*const f32>,
+    forms: Option<*const f32>,
+    l1: Option<*const f32>,
+    lse: Option<*const f32>,
+    /// Every byte range the call reads (alias checks).
+    reads: [Span; 7],
+}
+
+fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
+    let kt = d.keys?;
+    let k = kt.view;
+    if k.heads as u64 > MAX_GRID {
+        return Err(Error::InvalidArgument);
     }
-    if hq % hkv != 0 {
-        return status_of(Error::ShapeMismatch);
-    }
-    let n = n as usize;
+    let (hkv, n, dk) = (k.heads as usize, k.tokens as usize, k.dim as u64);
     let w = (cfg.window as usize).min(n);
-    let s = Shape {
+    let req = requirements(cfg.scorer);
+    let mut hq = hkv;
+    let mut q = None;
+    if req.queries {
+        let qv = d.queries?.view;
+        if qv.dtype != k.dtype || qv.dim != k.dim {
+            return Err(Error::ShapeMismatch);
+        }
+        if (qv.tokens as usize) < w || dk > MAX_DIM {
+            return Err(Error::InvalidArgument);
+        }
+        hq = qv.heads as usize;
+        if hq % hkv != 0 {
+            return Err(Error::ShapeMismatch);
+        }
+        if qv.heads as u64 > MAX_GRID || hq / hkv > MAX_GROUP || w > MAX_WINDOW {
+            return Err(Error::InvalidArgument);
+        }
+        q = Some(qv);
+    }
+    let mut s = Shape {
         hq,
         hkv,
         n,
         w,
         p: n - w,
-        dv: dv as usize,
-        gram: true,
+        dv: dk as usize,
+        gram: false,
     };
-    let parts = tri!(layout(&cfg, &s, null_mut()));
-    tri!(write(out_bytes, parts.total as u64));
-    KVE_OK
+    let forms = d.value_forms.get()?;
+    let laprox = req.values == ValueInput::ValuesOrForms;
+    let needs_v = req.values == ValueInput::Values || (laprox && forms.is_none());
+    let mut v = None;
+    if needs_v {
+        let vv = d.values?.view;
+        if vv.heads != k.heads || vv.tokens != k.tokens || vv.dtype != k.dtype {
+            return Err(Error::ShapeMismatch);
+        }
+        s.dv = vv.dim as usize;
+        v = Some(vv);
+    }
+    let cross = cfg.needs_cross();
+    let mut gram = None;
+    if laprox {
+        if cross && s.g() > MAX_GROUP_CROSS {
+            return Err(Error::InvalidArgument);
+        }
+        if forms.is_some() {
+            if d.value_forms.len as usize != gram::value_forms_len(hq, hkv, n, cross)? {
+                return Err(Error::ShapeMismatch);
+            }
+        } else {
+            let g = d.gram.get()?.ok_or(Error::NullPointer)?;
+            if s.dv as u64 > MAX_DIM {
+                return Err(Error::InvalidArgument);
+            }
+            if d.gram.len as usize != gram::gram_len(hq, hkv, s.dv, cross)? {
+                return Err(Error::ShapeMismatch);
+            }
+            gram = Some(g);
+            s.gram = true;
+        }
+    }
+    let mut l1 = None;
+    if req.value_l1 {
+        let p = d.value_l1.get()?.ok_or(Error::NullPointer)?;
+        if (d.value_l1.len as u128) < (hkv as u128) * (n as u128) {
+            return Err(Error::ShapeMismatch);
+        }
+        l1 = Some(p);
+    }
+    let mut lse = None;
+    if req.queries {
+        lse = d.row_lse.get()?;
+        if lse.is_some() && d.row_lse.len as u128 != (hq as u128) * (w as u128) {
+            return Err(Error::ShapeMismatch);
+        }
+    }
+    let floats_span = |p: Option<*const f32>, len: u64| match p {
+        Some(p) => span_of(p, len as usize),
+        None => Ok(Span::EMPTY),
+    };
+    let reads = [
+        match (q, d.queries) {
+            (Some(_), Ok(t)) => t.span(),
+            _ => Span::EMPTY,
+        },
+        kt.span(),
+        match (v, d.values) {
+            (Some(_), Ok(t)) => t.span(),
+            _ => Span::EMPTY,
+        },
+        floats_span(gram, d.gram.len)?,
+        floats_span(if laprox { forms } else { None }, d.value_forms.len)?,
+        floats_span(l1, d.value_l1.len)?,
+        floats_span(lse, d.row_lse.len)?,
+    ];
+    Ok((
+        Inputs {
+            q,
+            k,
+            v,
+            gram,
+            forms,
+            l1,
+            lse,
+            reads,
+        },
+        s,
+    ))
 }
 
-/// A device `const float*` input with its length: NULL with 0 is absent.
-fn floats(ptr: *const f32, len: u64) -> Result<Option<*const f32>> {
-    if ptr.is_null() {
-        return if len == 0 {
-            Ok(None)
-        } else {
-            Err(Error::NullPointer)
-        };
+/// Score one layer into `out` (`[Hkv][P]`, device memory) on `stream`. Everything the
+/// host can check is checked before anything is enqueued; nothing is written on error.
+///
+/// # Safety
+/// Every pointer of `inputs`, `out` and `workspace` is device memory of the declared
+/// size, valid until the stream has run the launches.
+pub unsafe fn score_layer(
+    cfg: &ScoreConfig,
+    inputs: &LayerInputs,
+    out: *mut f32,
+    out_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+    stream: *mut c_void,
+) -> Result<()> {
+    let (inp, s) = check_inputs(cfg, inputs)?;
+    if out.is_null() {
+        return Err(Error::NullPointer);
     }
-    if (ptr as usize) % 4 != 0 {
+    if (out as usize) % 4 != 0 {
         return Err(Error::Misaligned);
     }
-    Ok(Some(ptr))
+    if (out_len as u128) < (s.hkv as u128) * (s.p as u128) {
+        return Err(Error::OutputTooSmall);
+    }
+    let need = layout(cfg, &s, null_mut())?.total;
+    check_workspace(workspace, workspace_bytes, need)?;
+    let writes = [
+        span_of(out, s.hkv * s.p)?,
+        span_of(workspace as *const u8, need)?,
+    ];
+    check_alias(&writes, &inp.reads)?;
+    if s.p == 0 {
+        return Ok(());
+    }
+    let parts = layout(cfg, &s, workspace)?;
+    launch(cfg, &inp, &s, &parts, out, stream)
 }
 
 /// Pooling on the device (`in` and `out` must not overlap).
@@ -190,7 +322,7 @@ unsafe fn pool(
     rows: usize,
     n: usize,
     stream: *mut c_void,
-) -> core::result::Result<(), i32> {
+) -> Result<()> {
     let (mode, decay) = match p.kind {
         PoolKind::None | PoolKind::Avg => (cu::KVE_CUDA_POOL_AVG, 1.0),
         PoolKind::Max => (cu::KVE_CUDA_POOL_MAX, 1.0),
@@ -224,7 +356,7 @@ unsafe fn pooled(
     rows: usize,
     n: usize,
     stream: *mut c_void,
-) -> core::result::Result<*mut f32, i32> {
+) -> Result<*mut f32> {
     if p.is_identity() {
         return Ok(src);
     }
@@ -246,7 +378,7 @@ unsafe fn reduce(
     p: usize,
     op: c_int,
     stream: *mut c_void,
-) -> core::result::Result<(), i32> {
+) -> Result<()> {
     let pi = p as i64;
     ck(cu::kve_cuda_head_reduce(
         a,
@@ -263,174 +395,6 @@ unsafe fn reduce(
         op,
         stream,
     ))
-}
-
-/// What one call reads, checked on the host.
-struct Inputs {
-    q: Option<cu::KveCudaView>,
-    k: cu::KveCudaView,
-    v: Option<cu::KveCudaView>,
-    gram: Option<*const f32>,
-    forms: Option<*const f32>,
-    l1: Option<*const f32>,
-    lse: Option<*const f32>,
-    /// Every byte range the call reads (alias checks).
-    reads: [Span; 7],
-}
-
-fn check_inputs(cfg: &ScoreConfig, d: &kve_layer_inputs) -> Result<(Inputs, Shape)> {
-    let k = view(&d.keys)?;
-    if k.heads > MAX_GRID_HEADS {
-        return Err(Error::InvalidArgument);
-    }
-    let (hkv, n, dk) = (k.heads as usize, k.tokens as usize, k.dim as u64);
-    let w = (cfg.window as usize).min(n);
-    let mut hq = hkv;
-    let mut q = None;
-    if cfg.needs_queries() {
-        let qv = view(&d.queries)?;
-        if qv.dtype != k.dtype || qv.dim != k.dim {
-            return Err(Error::ShapeMismatch);
-        }
-        if (qv.tokens as usize) < w || dk > MAX_DIM {
-            return Err(Error::InvalidArgument);
-        }
-        hq = qv.heads as usize;
-        if hq % hkv != 0 {
-            return Err(Error::ShapeMismatch);
-        }
-        if qv.heads > MAX_GRID_HEADS || hq / hkv > MAX_GROUP || w > MAX_WINDOW {
-            return Err(Error::InvalidArgument);
-        }
-        q = Some(qv);
-    }
-    let mut s = Shape {
-        hq,
-        hkv,
-        n,
-        w,
-        p: n - w,
-        dv: dk as usize,
-        gram: false,
-    };
-    let forms = floats(d.value_forms, d.value_forms_len)?;
-    let laprox = cfg.scorer == ScorerKind::LaProx;
-    let needs_v = cfg.scorer == ScorerKind::Lava || (laprox && forms.is_none());
-    let mut v = None;
-    if needs_v {
-        let vv = view(&d.values)?;
-        if vv.heads != k.heads || vv.tokens != k.tokens || vv.dtype != k.dtype {
-            return Err(Error::ShapeMismatch);
-        }
-        s.dv = vv.dim as usize;
-        v = Some(vv);
-    }
-    let cross = cfg.needs_cross();
-    let mut gram = None;
-    if laprox {
-        if cross && s.g() > 16 {
-            return Err(Error::InvalidArgument);
-        }
-        if let Some(_f) = forms {
-            if d.value_forms_len as usize != gram::value_forms_len(hq, hkv, n, cross)? {
-                return Err(Error::ShapeMismatch);
-            }
-        } else {
-            let g = floats(d.gram, d.gram_len)?.ok_or(Error::NullPointer)?;
-            if s.dv as u64 > MAX_DIM {
-                return Err(Error::InvalidArgument);
-            }
-            if d.gram_len as usize != gram::gram_len(hq, hkv, s.dv, cross)? {
-                return Err(Error::ShapeMismatch);
-            }
-            gram = Some(g);
-            s.gram = true;
-        }
-    }
-    let mut l1 = None;
-    if cfg.scorer == ScorerKind::CriticalKv {
-        let p = floats(d.value_l1, d.value_l1_len)?.ok_or(Error::NullPointer)?;
-        if (d.value_l1_len as u128) < (hkv as u128) * (n as u128) {
-            return Err(Error::ShapeMismatch);
-        }
-        l1 = Some(p);
-    }
-    let mut lse = None;
-    if cfg.needs_queries() {
-        lse = floats(d.row_lse, d.row_lse_len)?;
-        if lse.is_some() && d.row_lse_len as u128 != (hq as u128) * (w as u128) {
-            return Err(Error::ShapeMismatch);
-        }
-    }
-    let floats_span = |p: Option<*const f32>, len: u64| match p {
-        Some(p) => span_of(p, len as usize),
-        None => Span::EMPTY,
-    };
-    let reads = [
-        if q.is_some() {
-            tensor_span(&d.queries)?
-        } else {
-            Span::EMPTY
-        },
-        tensor_span(&d.keys)?,
-        if v.is_some() {
-            tensor_span(&d.values)?
-        } else {
-            Span::EMPTY
-        },
-        floats_span(gram, d.gram_len),
-        floats_span(if laprox { forms } else { None }, d.value_forms_len),
-        floats_span(l1, d.value_l1_len),
-        floats_span(lse, d.row_lse_len),
-    ];
-    Ok((
-        Inputs {
-            q,
-            k,
-            v,
-            gram,
-            forms,
-            l1,
-            lse,
-            reads,
-        },
-        s,
-    ))
-}
-
-pub unsafe fn score_layer(
-    params: *const kve_score_params,
-    inputs: *const kve_layer_inputs,
-    out: *mut f32,
-    out_len: u64,
-    workspace: *mut c_void,
-    workspace_bytes: u64,
-    stream: *mut c_void,
-) -> i32 {
-    let cfg = tri!(score_config(params));
-    let d = tri!(read_ext(inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS));
-    let (inp, s) = tri!(check_inputs(&cfg, &d));
-    if out.is_null() {
-        return status_of(Error::NullPointer);
-    }
-    if (out as usize) % 4 != 0 {
-        return status_of(Error::Misaligned);
-    }
-    if (out_len as u128) < (s.hkv as u128) * (s.p as u128) {
-        return status_of(Error::OutputTooSmall);
-    }
-    let need = tri!(layout(&cfg, &s, null_mut())).total;
-    tri!(check_workspace(workspace, workspace_bytes, need));
-    let writes = [
-        span_of(out, s.hkv * s.p),
-        span_of(workspace as *const u8, need),
-    ];
-    tri!(check_alias(&writes, &inp.reads));
-    if s.p == 0 {
-        return KVE_OK;
-    }
-    let parts = tri!(layout(&cfg, &s, workspace));
-    run(|| launch(&cfg, &inp, &s, &parts, out, stream))
 }
 
 /// Which column aggregates of the window pass to write (null: not computed).
@@ -465,8 +429,8 @@ unsafe fn window(
     agg: Aggregates,
     gqa: c_int,
     stream: *mut c_void,
-) -> core::result::Result<(), i32> {
-    let mut q = inp.q.ok_or(KVE_ERR_INVALID_ARGUMENT)?;
+) -> Result<()> {
+    let mut q = inp.q.ok_or(Error::InvalidArgument)?;
     let skip = q.tokens - s.w as i64;
     let bytes = skip * q.stride_token * elem_size(q.dtype) as i64;
     q.data = (q.data as *mut u8).wrapping_add(bytes as usize) as *mut c_void;
@@ -495,7 +459,7 @@ unsafe fn snapkv(
     parts: &Parts,
     dst: *mut f32,
     stream: *mut c_void,
-) -> core::result::Result<(), i32> {
+) -> Result<()> {
     let gqa = cfg.gqa as c_int;
     if cfg.reduce_before_pool {
         if cfg.pool.is_identity() {
@@ -537,12 +501,12 @@ unsafe fn value_forms(
     s: &Shape,
     parts: &Parts,
     stream: *mut c_void,
-) -> core::result::Result<(*const f32, usize), i32> {
+) -> Result<(*const f32, usize)> {
     if let Some(f) = inp.forms {
         return Ok((f, s.n));
     }
-    let v = inp.v.ok_or(KVE_ERR_INVALID_ARGUMENT)?;
-    let g = inp.gram.ok_or(KVE_ERR_INVALID_ARGUMENT)?;
+    let v = inp.v.ok_or(Error::InvalidArgument)?;
+    let g = inp.gram.ok_or(Error::InvalidArgument)?;
     let n_gram = if cfg.needs_cross() {
         s.hkv * s.pairs()
     } else {
@@ -585,7 +549,7 @@ unsafe fn laprox(
     parts: &Parts,
     out: *mut f32,
     stream: *mut c_void,
-) -> core::result::Result<(), i32> {
+) -> Result<()> {
     let (hq, hkv, p) = (s.hq, s.hkv, s.p);
     let sum = cu::KVE_CUDA_GQA_SUM;
     // the window pass first: it is the launch a device can refuse (shared memory), and
@@ -686,13 +650,13 @@ unsafe fn launch(
     parts: &Parts,
     out: *mut f32,
     stream: *mut c_void,
-) -> core::result::Result<(), i32> {
+) -> Result<()> {
     let (hq, hkv, p) = (s.hq, s.hkv, s.p);
     let pi = p as i64;
     match cfg.scorer {
         ScorerKind::SnapKv => snapkv(cfg, inp, s, parts, out, stream),
         ScorerKind::Lava => {
-            let v = inp.v.ok_or(KVE_ERR_INVALID_ARGUMENT)?;
+            let v = inp.v.ok_or(Error::InvalidArgument)?;
             let max = cu::KVE_CUDA_GQA_MAX;
             window(inp, s, parts, Aggregates::mean(parts.a), max, stream)?;
             let x = pooled(&cfg.pool, parts.a, parts.b, hq, p, stream)?;
@@ -702,7 +666,7 @@ unsafe fn launch(
         ScorerKind::LaProx => laprox(cfg, inp, s, parts, out, stream),
         ScorerKind::CriticalKv => {
             snapkv(cfg, inp, s, parts, out, stream)?;
-            let l1 = inp.l1.ok_or(KVE_ERR_INVALID_ARGUMENT)?;
+            let l1 = inp.l1.ok_or(Error::InvalidArgument)?;
             // first stage: each head's top `critical_first_stage` by the base score
             ck(cu::kve_cuda_select(
                 out,

@@ -1,18 +1,20 @@
-//! `kve_cuda_select_model`: every allocator and granularity of SPEC §4 on the device, as
-//! the core's `select_model` (src/budget) decides them: scores at the selection
+//! A whole model's selection on the device: every allocator and granularity of SPEC §4
+//! as the core's `select_model` (src/budget) decides them: scores at the selection
 //! granularity (reduced, post-pooled), per-layer budgets computed on the device (no host
 //! round trip), the AdaKV/LAVa safeguard as forced entries, then radix top-K selects.
+//! The kept sets are the host's.
 
-use super::super::params::select_config;
-use super::super::select::kve_model_scores;
-use super::super::{arg, check_alias, kve_select_params, status_of, tri, KVE_OK};
-use super::imp::{check_workspace, ck, run, span_of, write, Carve};
+use super::limits::{MAX_GRID, MAX_SELECT_ENTRIES};
+use super::{check_workspace, ck, span_of, Carve};
 use crate::config::{AllocatorKind, Granularity, Normalize, PoolKind, SelectConfig};
 use crate::cuda as cu;
 use crate::error::{Error, Result};
+use crate::shape::ModelShape;
+use crate::span::check_alias;
 use core::ffi::{c_int, c_void};
 use core::ptr::{null, null_mut};
 
+/// The model's dimensions as the launches see them.
 #[derive(Clone, Copy)]
 struct Shape {
     layers: usize,
@@ -20,6 +22,17 @@ struct Shape {
     p: usize,
     /// Window tokens (always kept, listed after the chosen prefix).
     w: usize,
+}
+
+impl Shape {
+    fn of(m: &ModelShape) -> Shape {
+        Shape {
+            layers: m.layers,
+            hkv: m.hkv,
+            p: m.prefix(),
+            w: m.window,
+        }
+    }
 }
 
 /// What the configuration asks of the device.
@@ -173,106 +186,92 @@ fn kernel_limits(cfg: &SelectConfig, pl: &Plan, s: &Shape) -> Result<()> {
     } else {
         1
     };
-    if grid.iter().any(|&r| r > 65535) || group as u128 * s.p as u128 >= 1 << 32 {
+    if grid.iter().any(|&r| r as u64 > MAX_GRID)
+        || group as u128 * s.p as u128 >= MAX_SELECT_ENTRIES
+    {
         return Err(Error::InvalidArgument);
     }
     Ok(())
 }
 
-fn shape(layers: u64, hkv: u64, n: u64, window: u64) -> Result<Shape> {
-    if layers == 0 || hkv == 0 || n == 0 || n > crate::error::MAX_TOKENS as u64 {
-        return Err(Error::InvalidArgument);
-    }
-    if layers
-        .checked_mul(hkv)
-        .map_or(true, |u| u > u32::MAX as u64 / 2)
-    {
-        return Err(Error::Overflow);
-    }
-    if layers > crate::error::MAX_LAYERS as u64 {
-        return Err(Error::InvalidArgument);
-    }
-    Ok(Shape {
-        layers: layers as usize,
-        hkv: hkv as usize,
-        p: (n - window.min(n)) as usize,
-        w: window.min(n) as usize,
-    })
+/// Device workspace bytes of [`select_model`].
+pub fn select_workspace_size(cfg: &SelectConfig, m: &ModelShape) -> Result<usize> {
+    cfg.validate()?;
+    let s = Shape::of(m);
+    Ok(layout(&plan(cfg, &s), &s, null_mut())?.total)
 }
 
-pub unsafe fn select_workspace_size(
-    params: *const kve_select_params,
-    layers: u64,
-    hkv: u64,
-    n: u64,
-    window: u64,
-    out_bytes: *mut u64,
-) -> i32 {
-    let cfg = tri!(select_config(params));
-    let s = tri!(shape(layers, hkv, n, window));
-    let parts = tri!(layout(&plan(&cfg, &s), &s, null_mut()));
-    tri!(write(out_bytes, parts.total as u64));
-    KVE_OK
+/// Where [`select_model`] writes: per unit `u = l*hkv + kh`, `counts[u]` kept positions
+/// in `idx[u*idx_ld ..]` (int32, device memory).
+#[derive(Clone, Copy, Debug)]
+pub struct KeptLists {
+    pub counts: *mut i32,
+    pub counts_len: u64,
+    pub idx: *mut i32,
+    pub idx_ld: u64,
+    pub idx_len: u64,
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Select the kept positions of every (layer, KV head) from device `scores`
+/// (`[layers][hkv][P]`, `scores_len` floats, exactly `layers*hkv*P` read) on `stream`.
+/// Everything the host can check is checked before anything is enqueued.
+///
+/// # Safety
+/// `scores`, the lists and `workspace` are device memory of the declared sizes, valid
+/// until the stream has run the launches.
 pub unsafe fn select_model(
-    params: *const kve_select_params,
-    scores: *const kve_model_scores,
-    counts: *mut i32,
-    counts_len: u64,
-    idx: *mut i32,
-    idx_ld: u64,
-    idx_len: u64,
+    cfg: &SelectConfig,
+    m: &ModelShape,
+    scores: *const f32,
+    scores_len: u64,
+    out: &KeptLists,
     workspace: *mut c_void,
     workspace_bytes: u64,
     stream: *mut c_void,
-) -> i32 {
-    let cfg = tri!(select_config(params));
-    let m = tri!(arg(scores));
-    let s = tri!(shape(m.layers, m.hkv, m.n, m.window));
-    if m.scores.is_null() || counts.is_null() || idx.is_null() {
-        return status_of(Error::NullPointer);
+) -> Result<()> {
+    cfg.validate()?;
+    let s = Shape::of(m);
+    let (counts, idx, idx_ld) = (out.counts, out.idx, out.idx_ld);
+    if scores.is_null() || counts.is_null() || idx.is_null() {
+        return Err(Error::NullPointer);
     }
-    if (m.scores as usize) % 4 != 0 || (counts as usize) % 4 != 0 || (idx as usize) % 4 != 0 {
-        return status_of(Error::Misaligned);
+    if (scores as usize) % 4 != 0 || (counts as usize) % 4 != 0 || (idx as usize) % 4 != 0 {
+        return Err(Error::Misaligned);
     }
     let all = (s.layers * s.hkv) as u64;
-    if (m.len as u128) < all as u128 * s.p as u128 {
-        return status_of(Error::ShapeMismatch);
+    if (scores_len as u128) < all as u128 * s.p as u128 {
+        return Err(Error::ShapeMismatch);
     }
     if idx_ld < (s.p + s.w) as u64
         || idx_ld > i32::MAX as u64
-        || counts_len < all
-        || (idx_len as u128) < all as u128 * idx_ld as u128
+        || out.counts_len < all
+        || (out.idx_len as u128) < all as u128 * idx_ld as u128
     {
-        return status_of(Error::OutputTooSmall);
+        return Err(Error::OutputTooSmall);
     }
-    let pl = plan(&cfg, &s);
-    tri!(kernel_limits(&cfg, &pl, &s));
-    let need = tri!(layout(&pl, &s, null_mut())).total;
-    tri!(check_workspace(workspace, workspace_bytes, need));
-    let reads = [span_of(m.scores, all as usize * s.p)];
+    let pl = plan(cfg, &s);
+    kernel_limits(cfg, &pl, &s)?;
+    let need = layout(&pl, &s, null_mut())?.total;
+    check_workspace(workspace, workspace_bytes, need)?;
+    let reads = [span_of(scores, all as usize * s.p)?];
     let writes = [
-        span_of(counts, all as usize),
-        span_of(idx, all as usize * idx_ld as usize),
-        span_of(workspace as *const u8, need),
+        span_of(counts, all as usize)?,
+        span_of(idx, all as usize * idx_ld as usize)?,
+        span_of(workspace as *const u8, need)?,
     ];
-    tri!(check_alias(&writes, &reads));
-    let parts = tri!(layout(&pl, &s, workspace));
-    run(|| {
-        launch(
-            &cfg,
-            &pl,
-            &s,
-            &parts,
-            m.scores,
-            counts,
-            idx,
-            idx_ld as i64,
-            stream,
-        )
-    })
+    check_alias(&writes, &reads)?;
+    let parts = layout(&pl, &s, workspace)?;
+    launch(
+        cfg,
+        &pl,
+        &s,
+        &parts,
+        scores,
+        counts,
+        idx,
+        idx_ld as i64,
+        stream,
+    )
 }
 
 /// Pool rows of `p` entries on the device (`src` and `dst` distinct).
@@ -283,7 +282,7 @@ unsafe fn pool_rows(
     rows: usize,
     p: usize,
     stream: *mut c_void,
-) -> core::result::Result<(), i32> {
+) -> Result<()> {
     let pp = &cfg.post_pool;
     let (mode, k, decay) = match pp.kind {
         // identity: a plain copy (avg over one element)
@@ -325,7 +324,7 @@ unsafe fn launch(
     idx: *mut i32,
     idx_ld: i64,
     stream: *mut c_void,
-) -> core::result::Result<(), i32> {
+) -> Result<()> {
     choose(cfg, pl, s, parts, scores, counts, idx, idx_ld, stream)?;
     ck(cu::kve_cuda_append_range(
         counts,
@@ -349,7 +348,7 @@ unsafe fn choose(
     idx: *mut i32,
     idx_ld: i64,
     stream: *mut c_void,
-) -> core::result::Result<(), i32> {
+) -> Result<()> {
     let (layers, hkv, p) = (s.layers, s.hkv, s.p);
     let pi = p as i64;
     let all = (layers * hkv) as i64;
