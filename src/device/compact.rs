@@ -45,16 +45,19 @@ pub unsafe fn compact_in_place(
     if (workspace_bytes as u128) < need as u128 {
         return Err(Error::WorkspaceTooSmall);
     }
-    ck(cu::kve_cuda_compact(
-        kv,
-        kept,
-        i64_of(kept_ld)?,
-        counts,
-        max_keep as i64,
-        workspace,
-        workspace_bytes as usize,
-        stream,
-    ))
+    // SAFETY: the caller's device buffers; the launcher checks the lists on the device.
+    ck(unsafe {
+        cu::kve_cuda_compact(
+            kv,
+            kept,
+            i64_of(kept_ld)?,
+            counts,
+            max_keep as i64,
+            workspace,
+            workspace_bytes as usize,
+            stream,
+        )
+    })
 }
 
 /// Kept rows of every head of `src`, head after head, into `dst` (contiguous rows of
@@ -75,7 +78,6 @@ pub unsafe fn compact_varlen(
         return Err(Error::NullPointer);
     }
     let ld = i64_of(kept_ld)?;
-    ck(cu::kve_cuda_compact_varlen(
-        src, kept, ld, counts, dst, cu_seqlens, stream,
-    ))
+    // SAFETY: the caller's device buffers of the sizes the lists imply.
+    ck(unsafe { cu::kve_cuda_compact_varlen(src, kept, ld, counts, dst, cu_seqlens, stream) })
 }

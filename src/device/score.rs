@@ -97,8 +97,8 @@ fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
     let gram_lo = c.take::<u16>(gram_elems)?;
     let factor = c.take::<f32>(if req.head_factors { hkv } else { 0 })?;
     let critical = req.first_stage;
-    // SAFETY: a pure host function.
     let sel_bytes = if critical {
+        // SAFETY: a pure host function.
         unsafe { cu::kve_cuda_select_workspace_size(hkv as i64) }
     } else {
         0
@@ -311,7 +311,9 @@ pub unsafe fn score_layer(
         return Ok(());
     }
     let parts = layout(cfg, &s, workspace)?;
-    launch(cfg, &inp, &s, &parts, out, stream)
+    // SAFETY: inputs, out and the workspace parts are the caller's device buffers, their
+    // sizes checked above against the shape the chain launches over.
+    unsafe { launch(cfg, &inp, &s, &parts, out, stream) }
 }
 
 /// Pooling on the device (`in` and `out` must not overlap).
@@ -323,29 +325,33 @@ unsafe fn pool(
     n: usize,
     stream: *mut c_void,
 ) -> Result<()> {
-    let (mode, decay) = match p.kind {
-        PoolKind::None | PoolKind::Avg => (cu::KVE_CUDA_POOL_AVG, 1.0),
-        PoolKind::Max => (cu::KVE_CUDA_POOL_MAX, 1.0),
-        PoolKind::Forward => (cu::KVE_CUDA_POOL_FORWARD, p.decay),
-    };
-    let k = if p.kind == PoolKind::None {
-        1
-    } else {
-        p.kernel as c_int
-    };
-    let n = n as i64;
-    ck(cu::kve_cuda_pool(
-        input,
-        n,
-        out,
-        n,
-        rows as i64,
-        n,
-        mode,
-        k,
-        decay,
-        stream,
-    ))
+    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
+    // the launchers only enqueue work on `stream`.
+    unsafe {
+        let (mode, decay) = match p.kind {
+            PoolKind::None | PoolKind::Avg => (cu::KVE_CUDA_POOL_AVG, 1.0),
+            PoolKind::Max => (cu::KVE_CUDA_POOL_MAX, 1.0),
+            PoolKind::Forward => (cu::KVE_CUDA_POOL_FORWARD, p.decay),
+        };
+        let k = if p.kind == PoolKind::None {
+            1
+        } else {
+            p.kernel as c_int
+        };
+        let n = n as i64;
+        ck(cu::kve_cuda_pool(
+            input,
+            n,
+            out,
+            n,
+            rows as i64,
+            n,
+            mode,
+            k,
+            decay,
+            stream,
+        ))
+    }
 }
 
 /// Pool `src` into `dst`, or hand `src` back when the pool changes nothing.
@@ -357,11 +363,15 @@ unsafe fn pooled(
     n: usize,
     stream: *mut c_void,
 ) -> Result<*mut f32> {
-    if p.is_identity() {
-        return Ok(src);
+    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
+    // the launchers only enqueue work on `stream`.
+    unsafe {
+        if p.is_identity() {
+            return Ok(src);
+        }
+        pool(p, src, dst, rows, n, stream)?;
+        Ok(dst)
     }
-    pool(p, src, dst, rows, n, stream)?;
-    Ok(dst)
 }
 
 /// `out[hk] = gqa over the group of a·f(b)·scale` (kve_cuda_head_reduce), rows stride `p`.
@@ -379,22 +389,26 @@ unsafe fn reduce(
     op: c_int,
     stream: *mut c_void,
 ) -> Result<()> {
-    let pi = p as i64;
-    ck(cu::kve_cuda_head_reduce(
-        a,
-        pi,
-        b,
-        ld_b.max(p) as i64,
-        b_mode,
-        scale,
-        out,
-        pi,
-        hq as i64,
-        hkv as i64,
-        pi,
-        op,
-        stream,
-    ))
+    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
+    // the launchers only enqueue work on `stream`.
+    unsafe {
+        let pi = p as i64;
+        ck(cu::kve_cuda_head_reduce(
+            a,
+            pi,
+            b,
+            ld_b.max(p) as i64,
+            b_mode,
+            scale,
+            out,
+            pi,
+            hq as i64,
+            hkv as i64,
+            pi,
+            op,
+            stream,
+        ))
+    }
 }
 
 /// Which column aggregates of the window pass to write (null: not computed).
@@ -430,25 +444,29 @@ unsafe fn window(
     gqa: c_int,
     stream: *mut c_void,
 ) -> Result<()> {
-    let mut q = inp.q.ok_or(Error::InvalidArgument)?;
-    let skip = q.tokens - s.w as i64;
-    let bytes = skip * q.stride_token * elem_size(q.dtype) as i64;
-    q.data = (q.data as *mut u8).wrapping_add(bytes as usize) as *mut c_void;
-    q.tokens = s.w as i64;
-    ck(cu::kve_cuda_window(
-        &q,
-        &inp.k,
-        s.w as i64,
-        agg.mean,
-        agg.l2,
-        agg.cross,
-        agg.group,
-        gqa,
-        inp.lse.unwrap_or(null()),
-        parts.win as *mut c_void,
-        parts.win_bytes,
-        stream,
-    ))
+    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
+    // the launchers only enqueue work on `stream`.
+    unsafe {
+        let mut q = inp.q.ok_or(Error::InvalidArgument)?;
+        let skip = q.tokens - s.w as i64;
+        let bytes = skip * q.stride_token * elem_size(q.dtype) as i64;
+        q.data = (q.data as *mut u8).wrapping_add(bytes as usize) as *mut c_void;
+        q.tokens = s.w as i64;
+        ck(cu::kve_cuda_window(
+            &q,
+            &inp.k,
+            s.w as i64,
+            agg.mean,
+            agg.l2,
+            agg.cross,
+            agg.group,
+            gqa,
+            inp.lse.unwrap_or(null()),
+            parts.win as *mut c_void,
+            parts.win_bytes,
+            stream,
+        ))
+    }
 }
 
 /// SnapKV's pooled, group-reduced mean attention into `dst` `[Hkv][P]`.
@@ -460,37 +478,41 @@ unsafe fn snapkv(
     dst: *mut f32,
     stream: *mut c_void,
 ) -> Result<()> {
-    let gqa = cfg.gqa as c_int;
-    if cfg.reduce_before_pool {
-        if cfg.pool.is_identity() {
-            return window(
+    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
+    // the launchers only enqueue work on `stream`.
+    unsafe {
+        let gqa = cfg.gqa as c_int;
+        if cfg.reduce_before_pool {
+            if cfg.pool.is_identity() {
+                return window(
+                    inp,
+                    s,
+                    parts,
+                    Aggregates {
+                        group: dst,
+                        ..Aggregates::NONE
+                    },
+                    gqa,
+                    stream,
+                );
+            }
+            window(
                 inp,
                 s,
                 parts,
                 Aggregates {
-                    group: dst,
+                    group: parts.a,
                     ..Aggregates::NONE
                 },
                 gqa,
                 stream,
-            );
+            )?;
+            return pool(&cfg.pool, parts.a, dst, s.hkv, s.p, stream);
         }
-        window(
-            inp,
-            s,
-            parts,
-            Aggregates {
-                group: parts.a,
-                ..Aggregates::NONE
-            },
-            gqa,
-            stream,
-        )?;
-        return pool(&cfg.pool, parts.a, dst, s.hkv, s.p, stream);
+        window(inp, s, parts, Aggregates::mean(parts.a), gqa, stream)?;
+        let x = pooled(&cfg.pool, parts.a, parts.b, s.hq, s.p, stream)?;
+        reduce(x, null(), 0, 0, null(), dst, s.hq, s.hkv, s.p, gqa, stream)
     }
-    window(inp, s, parts, Aggregates::mean(parts.a), gqa, stream)?;
-    let x = pooled(&cfg.pool, parts.a, parts.b, s.hq, s.p, stream)?;
-    reduce(x, null(), 0, 0, null(), dst, s.hq, s.hkv, s.p, gqa, stream)
 }
 
 /// LaProx's value-output terms: `(forms, row stride)`, from the caller's cached value
@@ -502,44 +524,48 @@ unsafe fn value_forms(
     parts: &Parts,
     stream: *mut c_void,
 ) -> Result<(*const f32, usize)> {
-    if let Some(f) = inp.forms {
-        return Ok((f, s.n));
-    }
-    let v = inp.v.ok_or(Error::InvalidArgument)?;
-    let g = inp.gram.ok_or(Error::InvalidArgument)?;
-    let n_gram = if cfg.needs_cross() {
-        s.hkv * s.pairs()
-    } else {
-        s.hq
-    };
-    let (hi, lo): (*const c_void, *const c_void) = if v.dtype == cu::KVE_CUDA_F32 {
-        (g as *const c_void, null())
-    } else {
-        // hi + lo in V's dtype: ~f32-accurate G on 16-bit tensor cores
-        ck(cu::kve_cuda_gram_split(
-            g,
-            (n_gram * s.dv * s.dv) as i64,
-            v.dtype,
-            parts.gram_hi as *mut c_void,
-            parts.gram_lo as *mut c_void,
+    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
+    // the launchers only enqueue work on `stream`.
+    unsafe {
+        if let Some(f) = inp.forms {
+            return Ok((f, s.n));
+        }
+        let v = inp.v.ok_or(Error::InvalidArgument)?;
+        let g = inp.gram.ok_or(Error::InvalidArgument)?;
+        let n_gram = if cfg.needs_cross() {
+            s.hkv * s.pairs()
+        } else {
+            s.hq
+        };
+        let (hi, lo): (*const c_void, *const c_void) = if v.dtype == cu::KVE_CUDA_F32 {
+            (g as *const c_void, null())
+        } else {
+            // hi + lo in V's dtype: ~f32-accurate G on 16-bit tensor cores
+            ck(cu::kve_cuda_gram_split(
+                g,
+                (n_gram * s.dv * s.dv) as i64,
+                v.dtype,
+                parts.gram_hi as *mut c_void,
+                parts.gram_lo as *mut c_void,
+                stream,
+            ))?;
+            (
+                parts.gram_hi as *const c_void,
+                parts.gram_lo as *const c_void,
+            )
+        };
+        ck(cu::kve_cuda_vonorm(
+            &v,
+            s.p as i64,
+            hi,
+            lo,
+            n_gram as i64,
+            0,
+            parts.forms,
             stream,
         ))?;
-        (
-            parts.gram_hi as *const c_void,
-            parts.gram_lo as *const c_void,
-        )
-    };
-    ck(cu::kve_cuda_vonorm(
-        &v,
-        s.p as i64,
-        hi,
-        lo,
-        n_gram as i64,
-        0,
-        parts.forms,
-        stream,
-    ))?;
-    Ok((parts.forms, s.p))
+        Ok((parts.forms, s.p))
+    }
 }
 
 unsafe fn laprox(
@@ -550,93 +576,97 @@ unsafe fn laprox(
     out: *mut f32,
     stream: *mut c_void,
 ) -> Result<()> {
-    let (hq, hkv, p) = (s.hq, s.hkv, s.p);
-    let sum = cu::KVE_CUDA_GQA_SUM;
-    // the window pass first: it is the launch a device can refuse (shared memory), and
-    // then nothing else has been enqueued
-    let cross = cfg.laprox_gqa != LaproxGqa::Sum;
-    let (l2, pairs) = if cross {
-        (null_mut(), parts.a)
-    } else {
-        (parts.a, null_mut())
-    };
-    window(
-        inp,
-        s,
-        parts,
-        Aggregates {
-            l2,
-            cross: pairs,
-            ..Aggregates::NONE
-        },
-        sum,
-        stream,
-    )?;
-    let (forms, ldf) = value_forms(cfg, inp, s, parts, stream)?;
-    match cfg.laprox_gqa {
-        LaproxGqa::Sum => match cfg.placement {
-            PoolPlacement::Attention => {
-                let x = pooled(&cfg.pool, parts.a, parts.b, hq, p, stream)?;
-                reduce(x, forms, ldf, 1, null(), out, hq, hkv, p, sum, stream)
-            }
-            PoolPlacement::Product => {
-                reduce(
-                    parts.a,
-                    forms,
-                    ldf,
-                    1,
-                    null(),
-                    parts.b,
-                    hq,
-                    hq,
-                    p,
-                    sum,
-                    stream,
-                )?;
-                let x = pooled(&cfg.pool, parts.b, parts.a, hq, p, stream)?;
-                reduce(x, null(), 0, 0, null(), out, hq, hkv, p, sum, stream)
-            }
-        },
-        LaproxGqa::Exact | LaproxGqa::MeanAttn => {
-            let (g, pi) = (s.g() as i64, p as i64);
-            let np_row = |t: *mut f32, k: usize| t.wrapping_add(k * hkv * p);
-            let (t1, t2, t3) = (np_row(parts.t, 0), np_row(parts.t, 1), np_row(parts.t, 2));
-            let exact = |c: *const f32, f: *const f32, o: *mut f32, mode: c_int| {
-                ck(cu::kve_cuda_laprox_exact(
-                    c,
-                    if c.is_null() { 0 } else { pi },
-                    f,
-                    if f.is_null() { 0 } else { ldf as i64 },
-                    o,
-                    pi,
-                    hkv as i64,
-                    g,
-                    pi,
-                    mode,
-                    stream,
-                ))
-            };
-            if cfg.laprox_gqa == LaproxGqa::Exact {
-                // the pool applies to the product whatever the placement (core: laprox.rs)
-                if cfg.pool.is_identity() {
-                    return exact(parts.a, forms, out, cu::KVE_CUDA_LAPROX_EXACT);
-                }
-                exact(parts.a, forms, t1, cu::KVE_CUDA_LAPROX_EXACT)?;
-                return pool(&cfg.pool, t1, out, hkv, p, stream);
-            }
-            exact(parts.a, null(), t1, cu::KVE_CUDA_LAPROX_ATTN_TERM)?;
-            exact(null(), forms, t2, cu::KVE_CUDA_LAPROX_VALUE_TERM)?;
-            match cfg.placement {
+    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
+    // the launchers only enqueue work on `stream`.
+    unsafe {
+        let (hq, hkv, p) = (s.hq, s.hkv, s.p);
+        let sum = cu::KVE_CUDA_GQA_SUM;
+        // the window pass first: it is the launch a device can refuse (shared memory), and
+        // then nothing else has been enqueued
+        let cross = cfg.laprox_gqa != LaproxGqa::Sum;
+        let (l2, pairs) = if cross {
+            (null_mut(), parts.a)
+        } else {
+            (parts.a, null_mut())
+        };
+        window(
+            inp,
+            s,
+            parts,
+            Aggregates {
+                l2,
+                cross: pairs,
+                ..Aggregates::NONE
+            },
+            sum,
+            stream,
+        )?;
+        let (forms, ldf) = value_forms(cfg, inp, s, parts, stream)?;
+        match cfg.laprox_gqa {
+            LaproxGqa::Sum => match cfg.placement {
                 PoolPlacement::Attention => {
-                    let x = pooled(&cfg.pool, t1, t3, hkv, p, stream)?;
-                    reduce(x, t2, p, 2, null(), out, hkv, hkv, p, sum, stream)
+                    let x = pooled(&cfg.pool, parts.a, parts.b, hq, p, stream)?;
+                    reduce(x, forms, ldf, 1, null(), out, hq, hkv, p, sum, stream)
                 }
                 PoolPlacement::Product => {
+                    reduce(
+                        parts.a,
+                        forms,
+                        ldf,
+                        1,
+                        null(),
+                        parts.b,
+                        hq,
+                        hq,
+                        p,
+                        sum,
+                        stream,
+                    )?;
+                    let x = pooled(&cfg.pool, parts.b, parts.a, hq, p, stream)?;
+                    reduce(x, null(), 0, 0, null(), out, hq, hkv, p, sum, stream)
+                }
+            },
+            LaproxGqa::Exact | LaproxGqa::MeanAttn => {
+                let (g, pi) = (s.g() as i64, p as i64);
+                let np_row = |t: *mut f32, k: usize| t.wrapping_add(k * hkv * p);
+                let (t1, t2, t3) = (np_row(parts.t, 0), np_row(parts.t, 1), np_row(parts.t, 2));
+                let exact = |c: *const f32, f: *const f32, o: *mut f32, mode: c_int| {
+                    ck(cu::kve_cuda_laprox_exact(
+                        c,
+                        if c.is_null() { 0 } else { pi },
+                        f,
+                        if f.is_null() { 0 } else { ldf as i64 },
+                        o,
+                        pi,
+                        hkv as i64,
+                        g,
+                        pi,
+                        mode,
+                        stream,
+                    ))
+                };
+                if cfg.laprox_gqa == LaproxGqa::Exact {
+                    // the pool applies to the product whatever the placement (core: laprox.rs)
                     if cfg.pool.is_identity() {
-                        return reduce(t1, t2, p, 2, null(), out, hkv, hkv, p, sum, stream);
+                        return exact(parts.a, forms, out, cu::KVE_CUDA_LAPROX_EXACT);
                     }
-                    reduce(t1, t2, p, 2, null(), t3, hkv, hkv, p, sum, stream)?;
-                    pool(&cfg.pool, t3, out, hkv, p, stream)
+                    exact(parts.a, forms, t1, cu::KVE_CUDA_LAPROX_EXACT)?;
+                    return pool(&cfg.pool, t1, out, hkv, p, stream);
+                }
+                exact(parts.a, null(), t1, cu::KVE_CUDA_LAPROX_ATTN_TERM)?;
+                exact(null(), forms, t2, cu::KVE_CUDA_LAPROX_VALUE_TERM)?;
+                match cfg.placement {
+                    PoolPlacement::Attention => {
+                        let x = pooled(&cfg.pool, t1, t3, hkv, p, stream)?;
+                        reduce(x, t2, p, 2, null(), out, hkv, hkv, p, sum, stream)
+                    }
+                    PoolPlacement::Product => {
+                        if cfg.pool.is_identity() {
+                            return reduce(t1, t2, p, 2, null(), out, hkv, hkv, p, sum, stream);
+                        }
+                        reduce(t1, t2, p, 2, null(), t3, hkv, hkv, p, sum, stream)?;
+                        pool(&cfg.pool, t3, out, hkv, p, stream)
+                    }
                 }
             }
         }
@@ -651,75 +681,79 @@ unsafe fn launch(
     out: *mut f32,
     stream: *mut c_void,
 ) -> Result<()> {
-    let (hq, hkv, p) = (s.hq, s.hkv, s.p);
-    let pi = p as i64;
-    match cfg.scorer {
-        ScorerKind::SnapKv => snapkv(cfg, inp, s, parts, out, stream),
-        ScorerKind::Lava => {
-            let v = inp.v.ok_or(Error::InvalidArgument)?;
-            let max = cu::KVE_CUDA_GQA_MAX;
-            window(inp, s, parts, Aggregates::mean(parts.a), max, stream)?;
-            let x = pooled(&cfg.pool, parts.a, parts.b, hq, p, stream)?;
-            ck(cu::kve_cuda_lava_factor(&v, pi, parts.factor, stream))?;
-            reduce(x, null(), 0, 0, parts.factor, out, hq, hkv, p, max, stream)
-        }
-        ScorerKind::LaProx => laprox(cfg, inp, s, parts, out, stream),
-        ScorerKind::CriticalKv => {
-            snapkv(cfg, inp, s, parts, out, stream)?;
-            let l1 = inp.l1.ok_or(Error::InvalidArgument)?;
-            // first stage: each head's top `critical_first_stage` by the base score
-            ck(cu::kve_cuda_select(
-                out,
-                pi,
-                pi,
-                hkv as i64,
-                1,
-                null(),
-                cfg.critical_first_stage as i64,
-                null(),
-                1,
-                parts.counts,
-                parts.idx,
-                pi,
-                parts.sel as *mut c_void,
-                parts.sel_bytes,
-                stream,
-            ))?;
-            ck(cu::kve_cuda_critical_combine(
-                out,
-                pi,
-                l1,
-                s.n as i64,
-                parts.counts,
-                parts.idx,
-                pi,
-                hkv as i64,
-                pi,
-                out,
-                pi,
-                stream,
-            ))
-        }
-        ScorerKind::StreamingLlm => ck(cu::kve_cuda_sink_scores(
-            out,
-            hkv as i64,
-            pi,
-            pi,
-            cfg.sinks as i64,
-            stream,
-        )),
-        ScorerKind::KNorm => ck(cu::kve_cuda_knorm(&inp.k, pi, out, pi, stream)),
-        ScorerKind::Tova => {
-            // the mean over every query head of the layer once, into row 0; the other KV
-            // heads get a copy of that row (a one-head "mean" is the value itself)
-            let mean = cu::KVE_CUDA_GQA_MEAN;
-            window(inp, s, parts, Aggregates::mean(parts.a), 0, stream)?;
-            reduce(parts.a, null(), 0, 0, null(), out, hq, 1, p, mean, stream)?;
-            for kh in 1..hkv {
-                let row = out.wrapping_add(kh * p);
-                reduce(out, null(), 0, 0, null(), row, 1, 1, p, mean, stream)?;
+    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
+    // the launchers only enqueue work on `stream`.
+    unsafe {
+        let (hq, hkv, p) = (s.hq, s.hkv, s.p);
+        let pi = p as i64;
+        match cfg.scorer {
+            ScorerKind::SnapKv => snapkv(cfg, inp, s, parts, out, stream),
+            ScorerKind::Lava => {
+                let v = inp.v.ok_or(Error::InvalidArgument)?;
+                let max = cu::KVE_CUDA_GQA_MAX;
+                window(inp, s, parts, Aggregates::mean(parts.a), max, stream)?;
+                let x = pooled(&cfg.pool, parts.a, parts.b, hq, p, stream)?;
+                ck(cu::kve_cuda_lava_factor(&v, pi, parts.factor, stream))?;
+                reduce(x, null(), 0, 0, parts.factor, out, hq, hkv, p, max, stream)
             }
-            Ok(())
+            ScorerKind::LaProx => laprox(cfg, inp, s, parts, out, stream),
+            ScorerKind::CriticalKv => {
+                snapkv(cfg, inp, s, parts, out, stream)?;
+                let l1 = inp.l1.ok_or(Error::InvalidArgument)?;
+                // first stage: each head's top `critical_first_stage` by the base score
+                ck(cu::kve_cuda_select(
+                    out,
+                    pi,
+                    pi,
+                    hkv as i64,
+                    1,
+                    null(),
+                    cfg.critical_first_stage as i64,
+                    null(),
+                    1,
+                    parts.counts,
+                    parts.idx,
+                    pi,
+                    parts.sel as *mut c_void,
+                    parts.sel_bytes,
+                    stream,
+                ))?;
+                ck(cu::kve_cuda_critical_combine(
+                    out,
+                    pi,
+                    l1,
+                    s.n as i64,
+                    parts.counts,
+                    parts.idx,
+                    pi,
+                    hkv as i64,
+                    pi,
+                    out,
+                    pi,
+                    stream,
+                ))
+            }
+            ScorerKind::StreamingLlm => ck(cu::kve_cuda_sink_scores(
+                out,
+                hkv as i64,
+                pi,
+                pi,
+                cfg.sinks as i64,
+                stream,
+            )),
+            ScorerKind::KNorm => ck(cu::kve_cuda_knorm(&inp.k, pi, out, pi, stream)),
+            ScorerKind::Tova => {
+                // the mean over every query head of the layer once, into row 0; the other KV
+                // heads get a copy of that row (a one-head "mean" is the value itself)
+                let mean = cu::KVE_CUDA_GQA_MEAN;
+                window(inp, s, parts, Aggregates::mean(parts.a), 0, stream)?;
+                reduce(parts.a, null(), 0, 0, null(), out, hq, 1, p, mean, stream)?;
+                for kh in 1..hkv {
+                    let row = out.wrapping_add(kh * p);
+                    reduce(out, null(), 0, 0, null(), row, 1, 1, p, mean, stream)?;
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -261,17 +261,21 @@ pub unsafe fn select_model(
     ];
     check_alias(&writes, &reads)?;
     let parts = layout(&pl, &s, workspace)?;
-    launch(
-        cfg,
-        &pl,
-        &s,
-        &parts,
-        scores,
-        counts,
-        idx,
-        idx_ld as i64,
-        stream,
-    )
+    // SAFETY: scores, lists and workspace parts are the caller's device buffers, their
+    // sizes checked above against the shape the chain launches over.
+    unsafe {
+        launch(
+            cfg,
+            &pl,
+            &s,
+            &parts,
+            scores,
+            counts,
+            idx,
+            idx_ld as i64,
+            stream,
+        )
+    }
 }
 
 /// Pool rows of `p` entries on the device (`src` and `dst` distinct).
@@ -283,33 +287,37 @@ unsafe fn pool_rows(
     p: usize,
     stream: *mut c_void,
 ) -> Result<()> {
-    let pp = &cfg.post_pool;
-    let (mode, k, decay) = match pp.kind {
-        // identity: a plain copy (avg over one element)
-        PoolKind::None => (cu::KVE_CUDA_POOL_AVG, 1, 1.0),
-        PoolKind::Avg => (cu::KVE_CUDA_POOL_AVG, pp.kernel as c_int, 1.0),
-        PoolKind::Max => (cu::KVE_CUDA_POOL_MAX, pp.kernel as c_int, 1.0),
-        PoolKind::Forward => (cu::KVE_CUDA_POOL_FORWARD, pp.kernel as c_int, pp.decay),
-    };
-    let k = if pp.is_identity() { 1 } else { k };
-    let mode = if pp.is_identity() {
-        cu::KVE_CUDA_POOL_AVG
-    } else {
-        mode
-    };
-    let n = p as i64;
-    ck(cu::kve_cuda_pool(
-        src,
-        n,
-        dst,
-        n,
-        rows as i64,
-        n,
-        mode,
-        k,
-        decay,
-        stream,
-    ))
+    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
+    // the launchers only enqueue work on `stream`.
+    unsafe {
+        let pp = &cfg.post_pool;
+        let (mode, k, decay) = match pp.kind {
+            // identity: a plain copy (avg over one element)
+            PoolKind::None => (cu::KVE_CUDA_POOL_AVG, 1, 1.0),
+            PoolKind::Avg => (cu::KVE_CUDA_POOL_AVG, pp.kernel as c_int, 1.0),
+            PoolKind::Max => (cu::KVE_CUDA_POOL_MAX, pp.kernel as c_int, 1.0),
+            PoolKind::Forward => (cu::KVE_CUDA_POOL_FORWARD, pp.kernel as c_int, pp.decay),
+        };
+        let k = if pp.is_identity() { 1 } else { k };
+        let mode = if pp.is_identity() {
+            cu::KVE_CUDA_POOL_AVG
+        } else {
+            mode
+        };
+        let n = p as i64;
+        ck(cu::kve_cuda_pool(
+            src,
+            n,
+            dst,
+            n,
+            rows as i64,
+            n,
+            mode,
+            k,
+            decay,
+            stream,
+        ))
+    }
 }
 
 /// The chosen prefix positions, then the window, in every unit's list.
@@ -325,16 +333,20 @@ unsafe fn launch(
     idx_ld: i64,
     stream: *mut c_void,
 ) -> Result<()> {
-    choose(cfg, pl, s, parts, scores, counts, idx, idx_ld, stream)?;
-    ck(cu::kve_cuda_append_range(
-        counts,
-        idx,
-        idx_ld,
-        (s.layers * s.hkv) as i64,
-        s.p as i64,
-        s.w as i64,
-        stream,
-    ))
+    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
+    // the launchers only enqueue work on `stream`.
+    unsafe {
+        choose(cfg, pl, s, parts, scores, counts, idx, idx_ld, stream)?;
+        ck(cu::kve_cuda_append_range(
+            counts,
+            idx,
+            idx_ld,
+            (s.layers * s.hkv) as i64,
+            s.p as i64,
+            s.w as i64,
+            stream,
+        ))
+    }
 }
 
 /// The chosen prefix positions of every unit.
@@ -349,210 +361,214 @@ unsafe fn choose(
     idx_ld: i64,
     stream: *mut c_void,
 ) -> Result<()> {
-    let (layers, hkv, p) = (s.layers, s.hkv, s.p);
-    let pi = p as i64;
-    let all = (layers * hkv) as i64;
-    let sel = |arr: *const f32,
-               groups: usize,
-               rows_per_group: usize,
-               k: *const i64,
-               k_all: i64,
-               layer_sum: *const f64,
-               rows_per_layer: usize,
-               c: *mut i32,
-               x: *mut i32,
-               ld: i64| {
-        ck(cu::kve_cuda_select(
-            arr,
-            pi,
-            pi,
-            groups as i64,
-            rows_per_group as i64,
-            k,
-            k_all,
-            layer_sum,
-            rows_per_layer as i64,
-            c,
-            x,
-            ld,
-            parts.sel as *mut c_void,
-            parts.sel_bytes,
-            stream,
-        ))
-    };
-    if p == 0 {
-        // every token is in the window: nothing to choose, every count 0
-        return sel(
-            null(),
-            all as usize,
-            1,
-            null(),
-            0,
-            null(),
-            1,
-            counts,
-            idx,
-            idx_ld,
-        );
-    }
-    if pl.stats {
-        ck(cu::kve_cuda_layer_stats(
-            scores,
-            hkv as i64 * pi,
-            hkv as i64 * pi,
-            layers as i64,
-            parts.sums,
-            parts.entropy,
-            parts.stats as *mut c_void,
-            parts.stats_bytes,
-            stream,
-        ))?;
-    }
-    // scores at the selection granularity
-    let arr: *mut f32 = match cfg.granularity {
-        Granularity::Head => {
-            if pl.copy {
-                pool_rows(cfg, scores, parts.arr, pl.units, p, stream)?;
-                parts.arr
-            } else {
-                scores as *mut f32
-            }
-        }
-        Granularity::Layer | Granularity::Token => {
-            let reduced = if pl.tmp { parts.tmp } else { parts.arr };
-            if cfg.granularity == Granularity::Layer {
-                // raw sums over the heads of each layer
-                ck(cu::kve_cuda_head_reduce(
-                    scores,
-                    pi,
-                    null(),
-                    pi,
-                    0,
-                    null(),
-                    reduced,
-                    pi,
-                    all,
-                    layers as i64,
-                    pi,
-                    cu::KVE_CUDA_GQA_SUM,
-                    stream,
-                ))?;
-            } else {
-                let sums = if cfg.normalize == Normalize::LayerSum {
-                    parts.sums as *const f64
-                } else {
-                    null()
-                };
-                ck(cu::kve_cuda_token_reduce(
-                    scores,
-                    sums,
-                    layers as i64,
-                    hkv as i64,
-                    pi,
-                    reduced,
-                    stream,
-                ))?;
-            }
-            if pl.tmp {
-                pool_rows(cfg, parts.tmp, parts.arr, pl.units, p, stream)?;
-            }
-            parts.arr
-        }
-    };
-    // where the final lists go: the caller's, or the workspace to broadcast from
-    let (fc, fi, fld) = if pl.shared {
-        (parts.counts, parts.idx, pi)
-    } else {
-        (counts, idx, idx_ld)
-    };
-    let b = cfg.budget.min(p as u64).min(i64::MAX as u64) as i64;
-    if cfg.granularity == Granularity::Token {
-        sel(arr, 1, 1, null(), b, null(), 1, fc, fi, fld)?;
-    } else if let Some(mode) = pl.budgets {
-        ck(cu::kve_cuda_layer_budgets(
-            mode,
-            parts.entropy,
-            layers as i64,
-            pl.per_layer as i64,
-            pi,
-            cfg.budget,
-            cfg.beta,
-            cfg.alpha,
-            parts.k_layer,
-            parts.k_unit,
-            stream,
-        ))?;
-        if pl.safeguard {
-            // each unit's own top floor(alpha·B_l) is forced, then one top over the layer
-            sel(
+    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
+    // the launchers only enqueue work on `stream`.
+    unsafe {
+        let (layers, hkv, p) = (s.layers, s.hkv, s.p);
+        let pi = p as i64;
+        let all = (layers * hkv) as i64;
+        let sel = |arr: *const f32,
+                   groups: usize,
+                   rows_per_group: usize,
+                   k: *const i64,
+                   k_all: i64,
+                   layer_sum: *const f64,
+                   rows_per_layer: usize,
+                   c: *mut i32,
+                   x: *mut i32,
+                   ld: i64| {
+            ck(cu::kve_cuda_select(
                 arr,
-                pl.units,
+                pi,
+                pi,
+                groups as i64,
+                rows_per_group as i64,
+                k,
+                k_all,
+                layer_sum,
+                rows_per_layer as i64,
+                c,
+                x,
+                ld,
+                parts.sel as *mut c_void,
+                parts.sel_bytes,
+                stream,
+            ))
+        };
+        if p == 0 {
+            // every token is in the window: nothing to choose, every count 0
+            return sel(
+                null(),
+                all as usize,
                 1,
-                parts.k_unit,
+                null(),
                 0,
                 null(),
                 1,
-                parts.counts,
-                parts.idx,
-                pi,
-            )?;
-            ck(cu::kve_cuda_mark_forced(
-                arr,
-                pi,
-                pl.units as i64,
-                parts.counts,
-                parts.idx,
-                pi,
+                counts,
+                idx,
+                idx_ld,
+            );
+        }
+        if pl.stats {
+            ck(cu::kve_cuda_layer_stats(
+                scores,
+                hkv as i64 * pi,
+                hkv as i64 * pi,
+                layers as i64,
+                parts.sums,
+                parts.entropy,
+                parts.stats as *mut c_void,
+                parts.stats_bytes,
                 stream,
             ))?;
+        }
+        // scores at the selection granularity
+        let arr: *mut f32 = match cfg.granularity {
+            Granularity::Head => {
+                if pl.copy {
+                    pool_rows(cfg, scores, parts.arr, pl.units, p, stream)?;
+                    parts.arr
+                } else {
+                    scores as *mut f32
+                }
+            }
+            Granularity::Layer | Granularity::Token => {
+                let reduced = if pl.tmp { parts.tmp } else { parts.arr };
+                if cfg.granularity == Granularity::Layer {
+                    // raw sums over the heads of each layer
+                    ck(cu::kve_cuda_head_reduce(
+                        scores,
+                        pi,
+                        null(),
+                        pi,
+                        0,
+                        null(),
+                        reduced,
+                        pi,
+                        all,
+                        layers as i64,
+                        pi,
+                        cu::KVE_CUDA_GQA_SUM,
+                        stream,
+                    ))?;
+                } else {
+                    let sums = if cfg.normalize == Normalize::LayerSum {
+                        parts.sums as *const f64
+                    } else {
+                        null()
+                    };
+                    ck(cu::kve_cuda_token_reduce(
+                        scores,
+                        sums,
+                        layers as i64,
+                        hkv as i64,
+                        pi,
+                        reduced,
+                        stream,
+                    ))?;
+                }
+                if pl.tmp {
+                    pool_rows(cfg, parts.tmp, parts.arr, pl.units, p, stream)?;
+                }
+                parts.arr
+            }
+        };
+        // where the final lists go: the caller's, or the workspace to broadcast from
+        let (fc, fi, fld) = if pl.shared {
+            (parts.counts, parts.idx, pi)
+        } else {
+            (counts, idx, idx_ld)
+        };
+        let b = cfg.budget.min(p as u64).min(i64::MAX as u64) as i64;
+        if cfg.granularity == Granularity::Token {
+            sel(arr, 1, 1, null(), b, null(), 1, fc, fi, fld)?;
+        } else if let Some(mode) = pl.budgets {
+            ck(cu::kve_cuda_layer_budgets(
+                mode,
+                parts.entropy,
+                layers as i64,
+                pl.per_layer as i64,
+                pi,
+                cfg.budget,
+                cfg.beta,
+                cfg.alpha,
+                parts.k_layer,
+                parts.k_unit,
+                stream,
+            ))?;
+            if pl.safeguard {
+                // each unit's own top floor(alpha·B_l) is forced, then one top over the layer
+                sel(
+                    arr,
+                    pl.units,
+                    1,
+                    parts.k_unit,
+                    0,
+                    null(),
+                    1,
+                    parts.counts,
+                    parts.idx,
+                    pi,
+                )?;
+                ck(cu::kve_cuda_mark_forced(
+                    arr,
+                    pi,
+                    pl.units as i64,
+                    parts.counts,
+                    parts.idx,
+                    pi,
+                    stream,
+                ))?;
+                sel(
+                    arr,
+                    layers,
+                    pl.per_layer,
+                    parts.k_layer,
+                    0,
+                    null(),
+                    1,
+                    fc,
+                    fi,
+                    fld,
+                )?;
+            } else {
+                sel(arr, pl.units, 1, parts.k_unit, 0, null(), 1, fc, fi, fld)?;
+            }
+        } else {
+            // global: one top-K over every unit, layers normalised by their sums
+            let layer_sum = if cfg.normalize == Normalize::LayerSum {
+                parts.sums as *const f64
+            } else {
+                null()
+            };
+            let k = (pl.units as i64).saturating_mul(b);
             sel(
                 arr,
-                layers,
-                pl.per_layer,
-                parts.k_layer,
-                0,
-                null(),
                 1,
+                pl.units,
+                null(),
+                k,
+                layer_sum,
+                pl.per_layer,
                 fc,
                 fi,
                 fld,
             )?;
-        } else {
-            sel(arr, pl.units, 1, parts.k_unit, 0, null(), 1, fc, fi, fld)?;
         }
-    } else {
-        // global: one top-K over every unit, layers normalised by their sums
-        let layer_sum = if cfg.normalize == Normalize::LayerSum {
-            parts.sums as *const f64
-        } else {
-            null()
-        };
-        let k = (pl.units as i64).saturating_mul(b);
-        sel(
-            arr,
-            1,
-            pl.units,
-            null(),
-            k,
-            layer_sum,
-            pl.per_layer,
-            fc,
-            fi,
-            fld,
-        )?;
+        if pl.shared {
+            ck(cu::kve_cuda_broadcast_lists(
+                parts.counts,
+                parts.idx,
+                pi,
+                pl.units as i64,
+                all / pl.units as i64,
+                counts,
+                idx,
+                idx_ld,
+                stream,
+            ))?;
+        }
+        Ok(())
     }
-    if pl.shared {
-        ck(cu::kve_cuda_broadcast_lists(
-            parts.counts,
-            parts.idx,
-            pi,
-            pl.units as i64,
-            all / pl.units as i64,
-            counts,
-            idx,
-            idx_ld,
-            stream,
-        ))?;
-    }
-    Ok(())
 }

@@ -1,6 +1,8 @@
 //! The device entry points with feature `cuda` (or `cuda-mock`): C descriptors to the
 //! core's types, then the device pipeline (`crate::device`), its `Error` to a status.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use super::super::params::{read_ext, score_config, select_config};
 use super::super::score::{kve_layer_inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS};
 use super::super::select::kve_model_scores;
@@ -41,6 +43,9 @@ fn tensor(t: &kve_tensor) -> Result<device::Tensor> {
 }
 
 /// Write one out-parameter (checked first, like the host functions do).
+///
+/// # Safety
+/// `p` is NULL or points to a host `T` the caller lets us write.
 unsafe fn write<T>(p: *mut T, v: Result<T>) -> i32 {
     let out = tri!(out_param(p));
     let v = tri!(v);
@@ -68,11 +73,13 @@ pub unsafe fn score_workspace_size(
     dv: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let bytes = score_config(params).and_then(|cfg| {
+    // SAFETY: `params` is NULL or the caller's struct of `struct_size` bytes (checked).
+    let bytes = unsafe { score_config(params) }.and_then(|cfg| {
         let shape = LayerShape::from_dims(hq, hkv, n, dk, dv)?;
         device::score_workspace_size(&cfg, &shape)
     });
-    write(out_bytes, bytes.map(|b| b as u64))
+    // SAFETY: a host out-parameter, checked before it is written.
+    unsafe { write(out_bytes, bytes.map(|b| b as u64)) }
 }
 
 pub unsafe fn score_layer(
@@ -84,8 +91,10 @@ pub unsafe fn score_layer(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    let cfg = tri!(score_config(params));
-    let d = tri!(read_ext(inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS));
+    // SAFETY: host structs the caller passes, read within their checked `struct_size`.
+    let cfg = tri!(unsafe { score_config(params) });
+    // SAFETY: as above.
+    let d = tri!(unsafe { read_ext(inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS) });
     if d.reserved != 0 {
         return status_of(Error::InvalidArgument);
     }
@@ -99,15 +108,11 @@ pub unsafe fn score_layer(
         value_l1: floats(d.value_l1, d.value_l1_len),
         row_lse: floats(d.row_lse, d.row_lse_len),
     };
-    to_status(device::score_layer(
-        &cfg,
-        &li,
-        out,
-        out_len,
-        workspace,
-        workspace_bytes,
-        stream,
-    ))
+    // SAFETY: the tensors, `out` and the workspace are device memory of the declared
+    // sizes (this function's contract); the pipeline checks them before any launch.
+    to_status(unsafe {
+        device::score_layer(&cfg, &li, out, out_len, workspace, workspace_bytes, stream)
+    })
 }
 
 pub unsafe fn select_workspace_size(
@@ -118,11 +123,13 @@ pub unsafe fn select_workspace_size(
     window: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let bytes = select_config(params).and_then(|cfg| {
+    // SAFETY: `params` is NULL or the caller's struct of `struct_size` bytes (checked).
+    let bytes = unsafe { select_config(params) }.and_then(|cfg| {
         let shape = ModelShape::new(layers, hkv, n, window)?;
         device::select_workspace_size(&cfg, &shape)
     });
-    write(out_bytes, bytes.map(|b| b as u64))
+    // SAFETY: a host out-parameter, checked before it is written.
+    unsafe { write(out_bytes, bytes.map(|b| b as u64)) }
 }
 
 pub unsafe fn select_model(
@@ -137,8 +144,10 @@ pub unsafe fn select_model(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    let cfg = tri!(select_config(params));
-    let m = tri!(arg(scores));
+    // SAFETY: host structs the caller passes (NULL and alignment checked).
+    let cfg = tri!(unsafe { select_config(params) });
+    // SAFETY: as above.
+    let m = tri!(unsafe { arg(scores) });
     let shape = tri!(ModelShape::new(m.layers, m.hkv, m.n, m.window));
     let lists = KeptLists {
         counts,
@@ -147,16 +156,20 @@ pub unsafe fn select_model(
         idx_ld,
         idx_len,
     };
-    to_status(device::select_model(
-        &cfg,
-        &shape,
-        m.scores,
-        m.len,
-        &lists,
-        workspace,
-        workspace_bytes,
-        stream,
-    ))
+    // SAFETY: scores, lists and workspace are device memory of the declared sizes (this
+    // function's contract); the pipeline checks them before any launch.
+    to_status(unsafe {
+        device::select_model(
+            &cfg,
+            &shape,
+            m.scores,
+            m.len,
+            &lists,
+            workspace,
+            workspace_bytes,
+            stream,
+        )
+    })
 }
 
 pub unsafe fn compact_workspace_size(
@@ -164,9 +177,11 @@ pub unsafe fn compact_workspace_size(
     max_keep: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let v = tri!(tensor(tri!(arg(kv))));
+    // SAFETY: a host descriptor (NULL and alignment checked).
+    let v = tri!(tensor(tri!(unsafe { arg(kv) })));
     let b = tri!(device::compact_workspace_size(&v.view, max_keep));
-    write(out_bytes, Ok(b as u64))
+    // SAFETY: a host out-parameter, checked before it is written.
+    unsafe { write(out_bytes, Ok(b as u64)) }
 }
 
 pub unsafe fn compact_in_place(
@@ -179,17 +194,21 @@ pub unsafe fn compact_in_place(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    let v = tri!(tensor(tri!(arg(kv))));
-    to_status(device::compact_in_place(
-        &v.view,
-        kept,
-        kept_ld,
-        counts,
-        max_keep,
-        workspace,
-        workspace_bytes,
-        stream,
-    ))
+    // SAFETY: a host descriptor (NULL and alignment checked).
+    let v = tri!(tensor(tri!(unsafe { arg(kv) })));
+    // SAFETY: the view, lists and workspace are device memory (this function's contract).
+    to_status(unsafe {
+        device::compact_in_place(
+            &v.view,
+            kept,
+            kept_ld,
+            counts,
+            max_keep,
+            workspace,
+            workspace_bytes,
+            stream,
+        )
+    })
 }
 
 pub unsafe fn compact_varlen(
@@ -201,8 +220,10 @@ pub unsafe fn compact_varlen(
     cu_seqlens: *mut i32,
     stream: *mut c_void,
 ) -> i32 {
-    let v = tri!(tensor(tri!(arg(src))));
-    to_status(device::compact_varlen(
-        &v.view, kept, kept_ld, counts, dst, cu_seqlens, stream,
-    ))
+    // SAFETY: a host descriptor (NULL and alignment checked).
+    let v = tri!(tensor(tri!(unsafe { arg(src) })));
+    // SAFETY: the view, lists and outputs are device memory (this function's contract).
+    to_status(unsafe {
+        device::compact_varlen(&v.view, kept, kept_ld, counts, dst, cu_seqlens, stream)
+    })
 }
