@@ -24,6 +24,7 @@ pub mod cuda;
 /// The device pipeline: planning, workspace layout and launch chains of the CUDA paths.
 #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 pub mod device;
+pub mod dtype;
 pub mod error;
 pub mod gram;
 pub mod numerics;
@@ -35,6 +36,7 @@ pub mod shard;
 mod span;
 pub mod view;
 mod window;
+pub mod workspace;
 
 pub use budget::{
     evicted_positions, select_model, select_output_len, select_workspace_size, ModelScores,

@@ -14,9 +14,9 @@
 use crate::budget::ModelScores;
 use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
 use crate::error::{add, mul, Error, Result};
-use crate::numerics::{Workspace, WorkspaceSize};
 use crate::pool::pool;
 use crate::select::{make_key, Histogram};
+use crate::workspace::{Workspace, WorkspaceSize};
 
 /// The search state is the core's: plain data a C caller can hold.
 pub use crate::select::{Search as ShardSearch, KEEP_NOTHING};

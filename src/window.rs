@@ -17,10 +17,9 @@
 //! compute identical logits (same kernel, same order), so `z - max <= 0` holds exactly.
 
 use crate::error::{Error, Result};
-use crate::numerics::{
-    all_finite, dispatch, dot_v, exp_neg, load_rows, sum_v, Simd, Workspace, WorkspaceSize,
-};
-use crate::view::{DType, View};
+use crate::numerics::{all_finite, dispatch, dot_v, exp_neg, sum_v, Simd};
+use crate::view::{load_rows, DType, View};
+use crate::workspace::{Workspace, WorkspaceSize};
 
 /// Keys per micro-tile of the Q·Kᵀ kernel.
 const KT: usize = 6;

@@ -14,10 +14,10 @@ pub mod pyramid;
 
 use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
 use crate::error::{add, mul, Error, Result};
-use crate::numerics::{Workspace, WorkspaceSize};
 use crate::pool::pool;
 use crate::select::{make_key, run_search};
 use crate::shape::ModelShape;
+use crate::workspace::{Workspace, WorkspaceSize};
 
 pub use lava::{lava_budgets, layer_entropy};
 pub use pyramid::pyramid_budget;

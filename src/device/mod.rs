@@ -24,6 +24,7 @@ pub mod select;
 use crate::cuda as cu;
 use crate::error::{Error, Result};
 use crate::span::Span;
+use crate::workspace::DeviceCarve as Carve;
 use core::ffi::{c_int, c_void};
 
 pub use compact::{compact_in_place, compact_varlen, compact_workspace_size};
@@ -31,7 +32,7 @@ pub use score::{score_layer, score_workspace_size, LayerInputs};
 pub use select::{select_model, select_workspace_size};
 
 /// Alignment of every workspace part (cudaMalloc gives 256).
-pub const ALIGN: usize = 256;
+pub const ALIGN: usize = Carve::ALIGN;
 
 /// A device tensor the caller has checked on the host (`kve_tensor` rules: dtype,
 /// extents and strides within its `len`), with the bytes it may reach.
@@ -103,45 +104,6 @@ fn elem_size(dtype: i32) -> usize {
         4
     } else {
         2
-    }
-}
-
-/// Carves 256-aligned parts off a device workspace. With a null base it only adds up
-/// sizes, so the size query and the call share one layout.
-struct Carve {
-    base: *mut u8,
-    off: usize,
-}
-
-impl Carve {
-    fn new(base: *mut c_void) -> Carve {
-        Carve {
-            base: base as *mut u8,
-            off: 0,
-        }
-    }
-    /// `count` elements of `T`; a null pointer for `count == 0`.
-    fn take<T>(&mut self, count: usize) -> Result<*mut T> {
-        if count == 0 {
-            return Ok(core::ptr::null_mut());
-        }
-        let bytes = count
-            .checked_mul(core::mem::size_of::<T>())
-            .ok_or(Error::Overflow)?;
-        let at = self.off;
-        self.off = at
-            .checked_add(bytes)
-            .and_then(|x| x.checked_add(ALIGN - 1))
-            .map(|x| x & !(ALIGN - 1))
-            .ok_or(Error::Overflow)?;
-        Ok(if self.base.is_null() {
-            core::ptr::null_mut()
-        } else {
-            self.base.wrapping_add(at) as *mut T
-        })
-    }
-    fn bytes(&self) -> usize {
-        self.off
     }
 }
 

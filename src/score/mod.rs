@@ -17,9 +17,9 @@ mod tova;
 use crate::config::{ScoreConfig, ScorerKind};
 use crate::error::{mul, Error, Result};
 use crate::gram;
-use crate::numerics::{Workspace, WorkspaceSize};
 use crate::view::View;
 use crate::window::{self, Needs, Stats};
+use crate::workspace::{Workspace, WorkspaceSize};
 use requirements::{requirements, ValueInput};
 
 /// The tensors of one layer, where the engine keeps them.
