@@ -1426,3 +1426,104 @@ fn host_and_device_size_queries_agree_on_bad_shapes() {
     println!("shape grid: {checked} shapes, {refused} refused, host == device for each");
     assert!(refused > checked / 2 && refused < checked);
 }
+
+// ------------------------------------------------------------- the requirements table
+
+/// Each scorer's row of `kvevict::score::requirements` is what the host and the device
+/// read: without an input the row names, both refuse with `KVE_ERR_NULL_POINTER`; without
+/// one it does not name, both score. So the table, the host checks and the device checks
+/// cannot drift apart unseen.
+#[test]
+fn requirements_table_is_what_host_and_device_read() {
+    use kvevict::score::requirements::{requirements, ValueInput};
+    type Edit = dyn Fn(&mut kve_layer_inputs);
+    if !dev::present() {
+        return;
+    }
+    let l = layer(
+        Dt::F32,
+        Layout::HeadMajor,
+        Layout::HeadMajor,
+        4,
+        2,
+        80,
+        16,
+        11,
+    );
+    let d = 16u64;
+    // the status of the host and of the device for inputs changed by `edit`
+    let statuses = |p: &kve_score_params, edit: &Edit| unsafe {
+        let (mut hb, mut db) = (0u64, 0u64);
+        let (hq, hkv, n) = (l.hq as u64, l.hkv as u64, l.n as u64);
+        assert_eq!(
+            kve_score_workspace_size(p, hq, hkv, n, d, d, &mut hb),
+            KVE_OK
+        );
+        assert_eq!(
+            kve_cuda_score_workspace_size(p, hq, hkv, n, d, d, &mut db),
+            KVE_OK
+        );
+        let len = l.hkv * l.n;
+        let mut hin = inputs(&l, p, Vals::Gram, None, false);
+        let mut din = inputs(&l, p, Vals::Gram, None, true);
+        edit(&mut hin);
+        edit(&mut din);
+        let mut out = vec![0f32; len];
+        let mut ws = vec![0u8; hb as usize];
+        let host = kve_score_layer(
+            p,
+            &hin,
+            out.as_mut_ptr(),
+            len as u64,
+            ws.as_mut_ptr() as *mut c_void,
+            hb,
+        );
+        let (dout, dws) = (dev::Buf::new(len * 4), dev::Buf::new(db as usize));
+        let device =
+            kve_cuda_score_layer(p, &din, dout.ptr(), len as u64, dws.ptr(), db, null_mut());
+        (host, device)
+    };
+    let presets = [
+        Preset::SnapKv,
+        Preset::Lava,
+        Preset::LaProx,
+        Preset::CriticalKv,
+        Preset::StreamingLlm,
+        Preset::KNorm,
+        Preset::Tova,
+    ];
+    let mut cases = 0;
+    for preset in presets {
+        let p = score_params(|_| {}, preset);
+        let req = requirements(ScorerKind::from_u32(p.scorer).unwrap());
+        let want = |needed: bool| if needed { KVE_ERR_NULL_POINTER } else { KVE_OK };
+        let removals: [(&str, i32, &Edit); 5] = [
+            ("nothing", KVE_OK, &|_| {}),
+            ("queries", want(req.queries), &|i| {
+                i.queries = kve_tensor::NONE
+            }),
+            ("values", want(req.values != ValueInput::None), &|i| {
+                i.values = kve_tensor::NONE
+            }),
+            (
+                "gram",
+                want(req.values == ValueInput::ValuesOrForms),
+                &|i| {
+                    i.gram = null();
+                    i.gram_len = 0;
+                },
+            ),
+            ("value_l1", want(req.value_l1), &|i| {
+                i.value_l1 = null();
+                i.value_l1_len = 0;
+            }),
+        ];
+        for (what, expected, edit) in removals {
+            let (host, device) = statuses(&p, edit);
+            assert_eq!(host, expected, "{preset:?} without {what}: host");
+            assert_eq!(device, expected, "{preset:?} without {what}: device");
+            cases += 1;
+        }
+    }
+    println!("requirements: {cases} cases, host == device == the table for each");
+}
