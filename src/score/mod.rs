@@ -4,6 +4,11 @@
 //! Data flow: validate everything → pass 1 of the window attention for every group
 //! (rejects NaN/Inf in Q and K before anything is written) → per group: column
 //! statistics → the scorer's formula → `out[kh]`.
+//!
+//! Where a scorer lives: its formula in `score/<name>.rs`, what it reads in its row of
+//! [`requirements`] (inputs, window statistics; the host checks, the workspace sizes and
+//! the device layout follow the row), its launch chain in `src/device/score.rs`, and its
+//! `ScorerKind` / `Preset` in `config.rs`.
 
 mod criticalkv;
 mod knorm;
