@@ -1382,6 +1382,12 @@ fn host_and_device_size_queries_agree_on_bad_shapes() {
                     )
                 };
                 assert_eq!(host, device, "select layers {layers} hkv {hkv} n {n}");
+                let (mut o, mut i) = (0u64, 0u64);
+                let lens = unsafe { kve_select_output_len(&sp, layers, hkv, n, w, &mut o, &mut i) };
+                assert_eq!(
+                    lens, host,
+                    "output lengths, layers {layers} hkv {hkv} n {n}"
+                );
                 checked += 1;
                 refused += (host != KVE_OK) as usize;
             }

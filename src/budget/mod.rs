@@ -87,9 +87,7 @@ pub fn select_output_len(
     n: usize,
     window: usize,
 ) -> Result<(usize, usize)> {
-    if layers > crate::error::MAX_LAYERS {
-        return Err(Error::InvalidArgument);
-    }
+    ModelShape::new(layers as u64, hkv as u64, n as u64, window as u64)?;
     let p = (n - window.min(n)) as u64;
     let w = window.min(n);
     let mut prefix_total = 0u64;
@@ -113,9 +111,7 @@ pub fn select_workspace_size(
     window: usize,
 ) -> Result<usize> {
     cfg.validate()?;
-    if layers > crate::error::MAX_LAYERS {
-        return Err(Error::InvalidArgument);
-    }
+    ModelShape::new(layers as u64, hkv as u64, n as u64, window as u64)?;
     let p = n - window.min(n);
     let u = match cfg.granularity {
         Granularity::Head => mul(layers, hkv)?,
