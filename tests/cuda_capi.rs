@@ -1435,6 +1435,47 @@ fn host_and_device_size_queries_agree_on_bad_shapes() {
 
 // ------------------------------------------------------------- the requirements table
 
+/// `kve_score_layer` and `kve_cuda_score_layer` on one layer's inputs changed by `edit`
+/// (the same change to the host and the device descriptors): their two statuses.
+fn host_and_device_status(
+    l: &Layer,
+    p: &kve_score_params,
+    edit: &dyn Fn(&mut kve_layer_inputs),
+) -> (i32, i32) {
+    let d = l.k.ext[2] as u64;
+    let (hq, hkv, n) = (l.hq as u64, l.hkv as u64, l.n as u64);
+    let (mut hb, mut db) = (0u64, 0u64);
+    unsafe {
+        assert_eq!(
+            kve_score_workspace_size(p, hq, hkv, n, d, d, &mut hb),
+            KVE_OK
+        );
+        assert_eq!(
+            kve_cuda_score_workspace_size(p, hq, hkv, n, d, d, &mut db),
+            KVE_OK
+        );
+        let len = l.hkv * l.n;
+        let mut hin = inputs(l, p, Vals::Gram, None, false);
+        let mut din = inputs(l, p, Vals::Gram, None, true);
+        edit(&mut hin);
+        edit(&mut din);
+        let mut out = vec![0f32; len];
+        let mut ws = vec![0u8; hb as usize];
+        let host = kve_score_layer(
+            p,
+            &hin,
+            out.as_mut_ptr(),
+            len as u64,
+            ws.as_mut_ptr() as *mut c_void,
+            hb,
+        );
+        let (dout, dws) = (dev::Buf::new(len * 4), dev::Buf::new(db as usize));
+        let device =
+            kve_cuda_score_layer(p, &din, dout.ptr(), len as u64, dws.ptr(), db, null_mut());
+        (host, device)
+    }
+}
+
 /// Each scorer's row of `kvevict::score::requirements` is what the host and the device
 /// read: without an input the row names, both refuse with `KVE_ERR_NULL_POINTER`; without
 /// one it does not name, both score. So the table, the host checks and the device checks
@@ -1456,39 +1497,7 @@ fn requirements_table_is_what_host_and_device_read() {
         16,
         11,
     );
-    let d = 16u64;
-    // the status of the host and of the device for inputs changed by `edit`
-    let statuses = |p: &kve_score_params, edit: &Edit| unsafe {
-        let (mut hb, mut db) = (0u64, 0u64);
-        let (hq, hkv, n) = (l.hq as u64, l.hkv as u64, l.n as u64);
-        assert_eq!(
-            kve_score_workspace_size(p, hq, hkv, n, d, d, &mut hb),
-            KVE_OK
-        );
-        assert_eq!(
-            kve_cuda_score_workspace_size(p, hq, hkv, n, d, d, &mut db),
-            KVE_OK
-        );
-        let len = l.hkv * l.n;
-        let mut hin = inputs(&l, p, Vals::Gram, None, false);
-        let mut din = inputs(&l, p, Vals::Gram, None, true);
-        edit(&mut hin);
-        edit(&mut din);
-        let mut out = vec![0f32; len];
-        let mut ws = vec![0u8; hb as usize];
-        let host = kve_score_layer(
-            p,
-            &hin,
-            out.as_mut_ptr(),
-            len as u64,
-            ws.as_mut_ptr() as *mut c_void,
-            hb,
-        );
-        let (dout, dws) = (dev::Buf::new(len * 4), dev::Buf::new(db as usize));
-        let device =
-            kve_cuda_score_layer(p, &din, dout.ptr(), len as u64, dws.ptr(), db, null_mut());
-        (host, device)
-    };
+    let statuses = |p: &kve_score_params, edit: &Edit| host_and_device_status(&l, p, edit);
     let presets = [
         Preset::SnapKv,
         Preset::Lava,
@@ -1532,4 +1541,71 @@ fn requirements_table_is_what_host_and_device_read() {
         }
     }
     println!("requirements: {cases} cases, host == device == the table for each");
+}
+
+/// The same bad descriptor gives the same status on the host and on the device: both
+/// check tensors with one function (`Tensor::new` of the C layer) and shapes with the
+/// same rules, so a caller's error handling does not depend on where it scores.
+#[test]
+fn host_and_device_refuse_bad_inputs_alike() {
+    type Edit = dyn Fn(&mut kve_layer_inputs);
+    if !dev::present() {
+        return;
+    }
+    let l = layer(
+        Dt::F32,
+        Layout::HeadMajor,
+        Layout::HeadMajor,
+        4,
+        2,
+        80,
+        16,
+        13,
+    );
+    let lse = [0f32; 3];
+    let lse_ptr = lse.as_ptr() as usize;
+    let edits: [(&str, &Edit); 16] = [
+        ("keys dtype", &|i| i.keys.dtype = 9),
+        ("keys pad", &|i| i.keys.pad = 1),
+        ("keys len", &|i| i.keys.len -= 1),
+        ("keys misaligned", &|i| {
+            i.keys.data = (i.keys.data as *const u8).wrapping_add(2) as *const c_void
+        }),
+        ("keys heads 0", &|i| i.keys.extent[0] = 0),
+        ("keys tokens past 2^31", &|i| {
+            i.keys.extent[1] = (1 << 31) + 1
+        }),
+        ("queries dim", &|i| i.queries.extent[2] -= 1),
+        ("queries rows", &|i| i.queries.extent[1] = 1),
+        ("queries heads", &|i| i.queries.extent[0] = 3),
+        ("queries absent", &|i| i.queries = kve_tensor::NONE),
+        ("values tokens", &|i| i.values.extent[1] -= 1),
+        ("values heads", &|i| i.values.extent[0] = 1),
+        ("reserved", &|i| i.reserved = 1),
+        ("struct size", &|i| i.struct_size = 7),
+        ("row_lse length", &move |i| {
+            i.row_lse = lse_ptr as *const f32;
+            i.row_lse_len = 3;
+        }),
+        ("value_l1 short", &|i| i.value_l1_len = 3),
+    ];
+    let mut cases = 0;
+    for preset in [
+        Preset::SnapKv,
+        Preset::Lava,
+        Preset::LaProx,
+        Preset::CriticalKv,
+        Preset::KNorm,
+    ] {
+        let p = score_params(|_| {}, preset);
+        for (what, edit) in edits {
+            let (host, device) = host_and_device_status(&l, &p, edit);
+            assert_eq!(
+                host, device,
+                "{preset:?}, {what}: host {host}, device {device}"
+            );
+            cases += 1;
+        }
+    }
+    println!("bad inputs: {cases} cases, the same status on host and device");
 }

@@ -119,10 +119,18 @@ pub unsafe extern "C" fn kve_cuda_score_layer(
             return status_of(Error::InvalidArgument);
         }
         let floats = |ptr, len| Floats { ptr, len };
+        // every given tensor is checked, as on the host
+        let opt = |t: &kve_tensor| {
+            if t.data.is_null() {
+                Ok(None)
+            } else {
+                tensor(t).map(Some)
+            }
+        };
         let li = device::LayerInputs {
-            queries: tensor(&d.queries),
-            keys: tensor(&d.keys),
-            values: tensor(&d.values),
+            queries: tri!(opt(&d.queries)),
+            keys: tri!(opt(&d.keys)),
+            values: tri!(opt(&d.values)),
             gram: floats(d.gram, d.gram_len),
             value_forms: floats(d.value_forms, d.value_forms_len),
             value_l1: floats(d.value_l1, d.value_l1_len),

@@ -14,14 +14,13 @@ use crate::span::{check_alias, Span};
 use core::ffi::{c_int, c_void};
 use core::ptr::{null, null_mut};
 
-/// The tensors of one layer on the device. Each tensor comes as the caller converted
-/// it: an error there (absent, or failing the host-side checks) surfaces only when the
-/// scorer reads that tensor, in the order the checks below read them.
+/// The tensors of one layer on the device (`None`: absent), each checked on the host
+/// when given (the caller converts them with the host's tensor checks).
 #[derive(Clone, Copy, Debug)]
 pub struct LayerInputs {
-    pub queries: Result<Tensor>,
-    pub keys: Result<Tensor>,
-    pub values: Result<Tensor>,
+    pub queries: Option<Tensor>,
+    pub keys: Option<Tensor>,
+    pub values: Option<Tensor>,
     pub gram: Floats,
     pub value_forms: Floats,
     pub value_l1: Floats,
@@ -156,29 +155,30 @@ struct Inputs {
 }
 
 fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
-    let kt = d.keys?;
+    // every input given is checked, read or not, as on the host
+    let forms = d.value_forms.get()?;
+    let (gram_in, l1_in, lse_in) = (d.gram.get()?, d.value_l1.get()?, d.row_lse.get()?);
+    let extent = |t: &Option<Tensor>| {
+        t.map(|t| [t.view.heads, t.view.tokens, t.view.dim].map(|x| x as usize))
+    };
+    let shape =
+        LayerShape::from_extents(cfg, extent(&d.keys), extent(&d.queries), extent(&d.values))?;
+    let kt = d.keys.ok_or(Error::NullPointer)?;
     let k = kt.view;
-    if k.heads as u64 > MAX_GRID {
+    let (hq, hkv, n, dk) = (shape.hq, shape.hkv, shape.n, shape.dk as u64);
+    let w = (cfg.window as usize).min(n);
+    // what the kernels take beyond the host's rules
+    if hkv as u64 > MAX_GRID {
         return Err(Error::InvalidArgument);
     }
-    let (hkv, n, dk) = (k.heads as usize, k.tokens as usize, k.dim as u64);
-    let w = (cfg.window as usize).min(n);
     let req = requirements(cfg.scorer);
-    let mut hq = hkv;
     let mut q = None;
     if req.queries {
-        let qv = d.queries?.view;
-        if qv.dtype != k.dtype || qv.dim != k.dim {
+        let qv = d.queries.ok_or(Error::NullPointer)?.view;
+        if qv.dtype != k.dtype {
             return Err(Error::ShapeMismatch);
         }
-        if (qv.tokens as usize) < w || dk > MAX_DIM {
-            return Err(Error::InvalidArgument);
-        }
-        hq = qv.heads as usize;
-        if hq % hkv != 0 {
-            return Err(Error::ShapeMismatch);
-        }
-        if qv.heads as u64 > MAX_GRID || hq / hkv > MAX_GROUP || w > MAX_WINDOW {
+        if dk > MAX_DIM || hq as u64 > MAX_GRID || hq / hkv > MAX_GROUP || w > MAX_WINDOW {
             return Err(Error::InvalidArgument);
         }
         q = Some(qv);
@@ -189,19 +189,17 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
         n,
         w,
         p: n - w,
-        dv: dk as usize,
+        dv: shape.dv,
         gram: false,
     };
-    let forms = d.value_forms.get()?;
     let laprox = req.values == ValueInput::ValuesOrForms;
     let needs_v = req.values == ValueInput::Values || (laprox && forms.is_none());
     let mut v = None;
     if needs_v {
-        let vv = d.values?.view;
-        if vv.heads != k.heads || vv.tokens != k.tokens || vv.dtype != k.dtype {
+        let vv = d.values.ok_or(Error::NullPointer)?.view;
+        if vv.dtype != k.dtype {
             return Err(Error::ShapeMismatch);
         }
-        s.dv = vv.dim as usize;
         v = Some(vv);
     }
     let cross = cfg.needs_cross();
@@ -215,7 +213,7 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
                 return Err(Error::ShapeMismatch);
             }
         } else {
-            let g = d.gram.get()?.ok_or(Error::NullPointer)?;
+            let g = gram_in.ok_or(Error::NullPointer)?;
             if s.dv as u64 > MAX_DIM {
                 return Err(Error::InvalidArgument);
             }
@@ -228,7 +226,7 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
     }
     let mut l1 = None;
     if req.value_l1 {
-        let p = d.value_l1.get()?.ok_or(Error::NullPointer)?;
+        let p = l1_in.ok_or(Error::NullPointer)?;
         if (d.value_l1.len as u128) < (hkv as u128) * (n as u128) {
             return Err(Error::ShapeMismatch);
         }
@@ -236,7 +234,7 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
     }
     let mut lse = None;
     if req.queries {
-        lse = d.row_lse.get()?;
+        lse = lse_in;
         if lse.is_some() && d.row_lse.len as u128 != (hq as u128) * (w as u128) {
             return Err(Error::ShapeMismatch);
         }
@@ -247,12 +245,12 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
     };
     let reads = [
         match (q, d.queries) {
-            (Some(_), Ok(t)) => t.span(),
+            (Some(_), Some(t)) => t.span(),
             _ => Span::EMPTY,
         },
         kt.span(),
         match (v, d.values) {
-            (Some(_), Ok(t)) => t.span(),
+            (Some(_), Some(t)) => t.span(),
             _ => Span::EMPTY,
         },
         floats_span(gram, d.gram.len)?,

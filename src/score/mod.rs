@@ -174,35 +174,52 @@ pub(crate) struct Bufs<'s> {
 
 /// Derive and check the layer shape from the inputs the scorer needs.
 pub fn layer_shape(cfg: &ScoreConfig, inputs: &LayerInputs) -> Result<LayerShape> {
-    let keys = inputs.keys.as_ref().ok_or(Error::NullPointer)?;
-    let [hkv, n, dk] = keys.extent();
-    let mut shape = LayerShape {
-        hq: hkv,
-        hkv,
-        n,
-        dk,
-        dv: dk,
-    };
-    if cfg.needs_queries() {
-        let q = inputs.queries.as_ref().ok_or(Error::NullPointer)?;
-        let [hq, wq, dq] = q.extent();
-        if dq != dk {
-            return Err(Error::ShapeMismatch);
+    LayerShape::from_extents(
+        cfg,
+        inputs.keys.as_ref().map(|v| v.extent()),
+        inputs.queries.as_ref().map(|v| v.extent()),
+        inputs.values.as_ref().map(|v| v.extent()),
+    )
+}
+
+impl LayerShape {
+    /// The layer's shape from the extents of the tensors given (`None`: absent), checked
+    /// as every scoring path checks it (host and device): keys always needed, queries
+    /// when the scorer reads them (at least `min(window, N)` rows, keys' dim), values
+    /// when given (keys' heads and tokens), then [`LayerShape::validate`].
+    pub fn from_extents(
+        cfg: &ScoreConfig,
+        keys: Option<[usize; 3]>,
+        queries: Option<[usize; 3]>,
+        values: Option<[usize; 3]>,
+    ) -> Result<LayerShape> {
+        let [hkv, n, dk] = keys.ok_or(Error::NullPointer)?;
+        let mut shape = LayerShape {
+            hq: hkv,
+            hkv,
+            n,
+            dk,
+            dv: dk,
+        };
+        if cfg.needs_queries() {
+            let [hq, wq, dq] = queries.ok_or(Error::NullPointer)?;
+            if dq != dk {
+                return Err(Error::ShapeMismatch);
+            }
+            if wq < (cfg.window as usize).min(n) {
+                return Err(Error::InvalidArgument);
+            }
+            shape.hq = hq;
         }
-        if wq < (cfg.window as usize).min(n) {
-            return Err(Error::InvalidArgument);
+        if let Some([vh, vn, dv]) = values {
+            if vh != hkv || vn != n {
+                return Err(Error::ShapeMismatch);
+            }
+            shape.dv = dv;
         }
-        shape.hq = hq;
+        shape.validate()?;
+        Ok(shape)
     }
-    if let Some(v) = inputs.values.as_ref() {
-        let [vh, vn, dv] = v.extent();
-        if vh != hkv || vn != n {
-            return Err(Error::ShapeMismatch);
-        }
-        shape.dv = dv;
-    }
-    shape.validate()?;
-    Ok(shape)
 }
 
 /// Score one layer into `out[Hkv][P]`. `workspace` must hold [`score_workspace_size`] bytes.
