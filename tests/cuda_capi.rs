@@ -1435,13 +1435,26 @@ fn host_and_device_size_queries_agree_on_bad_shapes() {
 
 // ------------------------------------------------------------- the requirements table
 
+/// A change to a layer's input descriptors.
+type Edit = dyn Fn(&mut kve_layer_inputs);
+
+/// A small f32 layer (4 query heads, 2 KV heads, 80 tokens, dim 16) for status checks.
+fn small_layer(seed: u64) -> Layer {
+    layer(
+        Dt::F32,
+        Layout::HeadMajor,
+        Layout::HeadMajor,
+        4,
+        2,
+        80,
+        16,
+        seed,
+    )
+}
+
 /// `kve_score_layer` and `kve_cuda_score_layer` on one layer's inputs changed by `edit`
 /// (the same change to the host and the device descriptors): their two statuses.
-fn host_and_device_status(
-    l: &Layer,
-    p: &kve_score_params,
-    edit: &dyn Fn(&mut kve_layer_inputs),
-) -> (i32, i32) {
+fn host_and_device_status(l: &Layer, p: &kve_score_params, edit: &Edit) -> (i32, i32) {
     let d = l.k.ext[2] as u64;
     let (hq, hkv, n) = (l.hq as u64, l.hkv as u64, l.n as u64);
     let (mut hb, mut db) = (0u64, 0u64);
@@ -1483,20 +1496,10 @@ fn host_and_device_status(
 #[test]
 fn requirements_table_is_what_host_and_device_read() {
     use kvevict::score::requirements::{requirements, ValueInput};
-    type Edit = dyn Fn(&mut kve_layer_inputs);
     if !dev::present() {
         return;
     }
-    let l = layer(
-        Dt::F32,
-        Layout::HeadMajor,
-        Layout::HeadMajor,
-        4,
-        2,
-        80,
-        16,
-        11,
-    );
+    let l = small_layer(11);
     let statuses = |p: &kve_score_params, edit: &Edit| host_and_device_status(&l, p, edit);
     let presets = [
         Preset::SnapKv,
@@ -1548,20 +1551,10 @@ fn requirements_table_is_what_host_and_device_read() {
 /// same rules, so a caller's error handling does not depend on where it scores.
 #[test]
 fn host_and_device_refuse_bad_inputs_alike() {
-    type Edit = dyn Fn(&mut kve_layer_inputs);
     if !dev::present() {
         return;
     }
-    let l = layer(
-        Dt::F32,
-        Layout::HeadMajor,
-        Layout::HeadMajor,
-        4,
-        2,
-        80,
-        16,
-        13,
-    );
+    let l = small_layer(13);
     let lse = [0f32; 3];
     let lse_ptr = lse.as_ptr() as usize;
     let edits: [(&str, &Edit); 16] = [
