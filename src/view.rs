@@ -2,6 +2,8 @@
 //! queries; (head, row, col) for `Wo`. One descriptor covers head-major `[H, N, d]`,
 //! llama.cpp's token-major rows `[N, H*d]` and its transposed V `[H*d, N]`.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use crate::error::{add, mul, Error, Result};
 use core::marker::PhantomData;
 use half::{bf16, f16};
@@ -45,12 +47,19 @@ fn check_layout(
     Ok(())
 }
 
+/// Element `off` of a buffer of `dtype` as f32.
+///
+/// # Safety
+/// `ptr` points to at least `off + 1` readable, aligned elements of `dtype`.
 #[inline(always)]
 unsafe fn load(ptr: *const u8, dtype: DType, off: usize) -> f32 {
-    match dtype {
-        DType::F32 => *(ptr as *const f32).add(off),
-        DType::F16 => (*(ptr as *const f16).add(off)).to_f32(),
-        DType::BF16 => (*(ptr as *const bf16).add(off)).to_f32(),
+    // SAFETY: the caller's contract: element `off` is in bounds and aligned.
+    unsafe {
+        match dtype {
+            DType::F32 => *(ptr as *const f32).add(off),
+            DType::F16 => (*(ptr as *const f16).add(off)).to_f32(),
+            DType::BF16 => (*(ptr as *const bf16).add(off)).to_f32(),
+        }
     }
 }
 
@@ -62,9 +71,11 @@ macro_rules! typed_constructors {
             unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::F32, extent, stride) }
         }
         pub fn f16(data: $f16, extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+            // SAFETY: as above.
             unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::F16, extent, stride) }
         }
         pub fn bf16(data: $bf16, extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+            // SAFETY: as above.
             unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::BF16, extent, stride) }
         }
     };
@@ -141,8 +152,14 @@ impl<'a> View<'a> {
     pub fn load_row(&self, a: usize, b: usize, out: &mut [f32]) {
         let n = self.extent[2];
         let out = &mut out[..n];
+        assert!(
+            a < self.extent[0] && b < self.extent[1],
+            "row outside the view"
+        );
         let base = a * self.stride[0] + b * self.stride[1];
         let s = self.stride[2];
+        // SAFETY: (a, b, 0..n) is inside the extent (asserted), which construction proved
+        // in bounds of the buffer.
         unsafe {
             match (self.dtype, s) {
                 (DType::F32, 1) => {
@@ -278,6 +295,8 @@ impl<'a> ViewMut<'a> {
         let es = self.dtype.size();
         let sb = a * src.stride[0] + from * src.stride[1];
         let db = a2 * self.stride[0] + to * self.stride[1];
+        // SAFETY: compaction passes rows inside both views' extents (its lists are checked
+        // against them first) and views that do not overlap (checked there too).
         unsafe {
             for c in 0..self.extent[2] {
                 core::ptr::copy_nonoverlapping(
