@@ -1011,30 +1011,30 @@ fn host_select(
         n: n as u64,
         window: w as u64,
     };
+    let (st, off, idx) = host_select_call(p, &m);
+    assert_eq!(st, KVE_OK);
+    (0..layers * hkv)
+        .map(|u| idx[off[u] as usize..off[u + 1] as usize].to_vec())
+        .collect()
+}
+
+/// `kve_select_model` with outputs and workspace sized by its size queries for `m`'s
+/// shape (empty when a query refuses it): the status, the offsets and the indices.
+fn host_select_call(p: &kve_select_params, m: &kve_model_scores) -> (i32, Vec<u64>, Vec<u32>) {
+    let (mut no, mut ni, mut bytes) = (0u64, 0u64, 0u64);
+    let (l, h, n, w) = (m.layers, m.hkv, m.n, m.window);
     unsafe {
-        let (mut no, mut ni, mut bytes) = (0u64, 0u64, 0u64);
-        assert_eq!(
-            kve_select_output_len(
-                p,
-                layers as u64,
-                hkv as u64,
-                n as u64,
-                w as u64,
-                &mut no,
-                &mut ni
-            ),
-            KVE_OK
-        );
-        assert_eq!(
-            kve_select_workspace_size(p, layers as u64, hkv as u64, n as u64, w as u64, &mut bytes),
-            KVE_OK
-        );
+        if kve_select_output_len(p, l, h, n, w, &mut no, &mut ni) != KVE_OK
+            || kve_select_workspace_size(p, l, h, n, w, &mut bytes) != KVE_OK
+        {
+            (no, ni, bytes) = (0, 0, 0);
+        }
         let mut off = vec![0u64; no as usize];
         let mut idx = vec![0u32; ni as usize];
         let mut ws = vec![0u8; bytes as usize];
         let st = kve_select_model(
             p,
-            &m,
+            m,
             off.as_mut_ptr(),
             no,
             idx.as_mut_ptr(),
@@ -1042,10 +1042,7 @@ fn host_select(
             ws.as_mut_ptr() as *mut c_void,
             bytes,
         );
-        assert_eq!(st, KVE_OK);
-        (0..layers * hkv)
-            .map(|u| idx[off[u] as usize..off[u + 1] as usize].to_vec())
-            .collect()
+        (st, off, idx)
     }
 }
 
@@ -1601,4 +1598,96 @@ fn host_and_device_refuse_bad_inputs_alike() {
         }
     }
     println!("bad inputs: {cases} cases, the same status on host and device");
+}
+
+/// The same bad scores descriptor gives the same status to `kve_select_model` and
+/// `kve_cuda_select_model` (one `ModelShape` check, the same length rule): every output
+/// is sized by its own size queries, so only the descriptor differs from a valid call.
+#[test]
+fn host_and_device_select_refuse_bad_scores_alike() {
+    type ScoresEdit = dyn Fn(&mut kve_model_scores);
+    if !dev::present() {
+        return;
+    }
+    let (layers, hkv, n, w) = (2u64, 2u64, 40u64, 8u64);
+    let len = (layers * hkv * (n - w)) as usize;
+    let vals: Vec<f32> = (0..len).map(|i| ((i * 37) % 11) as f32).collect();
+    let dscores = dev::Buf::from(&vals);
+    let statuses = |p: &kve_select_params, edit: &ScoresEdit| unsafe {
+        let mut hm = kve_model_scores {
+            scores: vals.as_ptr(),
+            len: len as u64,
+            layers,
+            hkv,
+            n,
+            window: w,
+        };
+        let mut dm = kve_model_scores {
+            scores: dscores.ptr(),
+            ..hm
+        };
+        edit(&mut hm);
+        edit(&mut dm);
+        let host = host_select_call(p, &hm).0;
+        // device outputs and workspace as its size query gives them for the edited shape
+        let (l, h, nn, ww) = (dm.layers, dm.hkv, dm.n, dm.window);
+        let mut db = 0u64;
+        kve_cuda_select_model_workspace_size(p, l, h, nn, ww, &mut db);
+        let units = (l * h).min(64) as usize;
+        let ld = (nn as usize).clamp(1, 64);
+        let (counts, idx) = (dev::Buf::new(units * 4), dev::Buf::new(units * ld * 4));
+        let dws = dev::Buf::new(db as usize);
+        let device = kve_cuda_select_model(
+            p,
+            &dm,
+            counts.ptr(),
+            units as u64,
+            idx.ptr(),
+            ld as u64,
+            (units * ld) as u64,
+            dws.ptr(),
+            db,
+            null_mut(),
+        );
+        (host, device)
+    };
+    let edits: [(&str, &ScoresEdit); 12] = [
+        ("nothing", &|_| {}),
+        ("scores null", &|m| m.scores = null()),
+        ("scores misaligned", &|m| {
+            m.scores = (m.scores as *const u8).wrapping_add(2) as *const f32
+        }),
+        ("len short", &|m| m.len -= 1),
+        ("len 0", &|m| m.len = 0),
+        ("layers 0", &|m| m.layers = 0),
+        ("hkv 0", &|m| m.hkv = 0),
+        ("n 0", &|m| m.n = 0),
+        ("n past 2^31", &|m| m.n = (1 << 31) + 1),
+        ("layers past 2^20", &|m| m.layers = (1 << 20) + 1),
+        ("window past n", &|m| m.window = 1000),
+        ("window 0", &|m| m.window = 0),
+    ];
+    let mut cases = 0;
+    for (alloc, gran) in [
+        (AllocatorKind::Uniform, Granularity::Head),
+        (AllocatorKind::Ada, Granularity::Head),
+        (AllocatorKind::Global, Granularity::Layer),
+    ] {
+        let p = select_params(alloc, gran, 8);
+        for (what, edit) in edits {
+            let (host, device) = statuses(&p, edit);
+            assert_eq!(
+                host, device,
+                "{alloc:?} {gran:?}, {what}: host {host}, device {device}"
+            );
+            let valid = matches!(what, "nothing" | "window past n");
+            assert_eq!(
+                host == KVE_OK,
+                valid,
+                "{alloc:?} {gran:?}, {what}: status {host}"
+            );
+            cases += 1;
+        }
+    }
+    println!("bad scores: {cases} cases, the same status on host and device");
 }
