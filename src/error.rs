@@ -25,6 +25,8 @@ pub enum Error {
     Aliasing,
     /// Shapes of the inputs disagree with each other.
     ShapeMismatch,
+    /// A CUDA launcher refused its arguments or failed to launch (device paths only).
+    Cuda,
 }
 
 impl Error {
@@ -42,6 +44,7 @@ impl Error {
             Error::WorkspaceTooSmall => "the workspace is too small",
             Error::Aliasing => "input and output buffers overlap",
             Error::ShapeMismatch => "input shapes disagree",
+            Error::Cuda => "a CUDA call failed (see cudaGetLastError)",
         }
     }
 }

@@ -8,8 +8,9 @@
 //! then pairs `a < b` in order). The diagonal part is identical in both layouts.
 
 use crate::error::{mul, Error, Result};
-use crate::numerics::{all_finite, dispatch, load_rows, Simd, Workspace, WorkspaceSize};
-use crate::view::View;
+use crate::numerics::{all_finite, dispatch, Simd};
+use crate::view::{load_rows, View};
+use crate::workspace::{Workspace, WorkspaceSize};
 
 /// Blocks per KV head.
 pub fn blocks(g: usize, cross: bool) -> usize {

@@ -21,16 +21,23 @@ pub mod config;
 /// cbindgen:ignore
 #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 pub mod cuda;
+/// The device pipeline: planning, workspace layout and launch chains of the CUDA paths.
+#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+pub mod device;
+pub mod dtype;
 pub mod error;
 pub mod gram;
 pub mod numerics;
 pub mod pool;
 pub mod score;
 pub mod select;
+pub mod shape;
 pub mod shard;
+mod span;
 pub mod stream;
 pub mod view;
 mod window;
+pub mod workspace;
 
 pub use budget::{
     evicted_positions, select_model, select_output_len, select_workspace_size, ModelScores,
@@ -45,6 +52,7 @@ pub use score::{
     layer_shape, score_layer, score_len, score_workspace_size, window_row_lse,
     window_row_lse_workspace_size, LayerInputs, LayerShape,
 };
+pub use shape::ModelShape;
 pub use stream::{
     stream_feed, stream_feed_workspace_size, stream_init, stream_query_count, stream_scores,
     stream_scores_len, stream_scores_workspace_size, stream_shape, stream_state_size, stream_stats,

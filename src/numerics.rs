@@ -1,11 +1,9 @@
-//! Hot-loop building blocks: 8-lane vector operations (`Simd`), a vectorisable exp, f32
-//! row loads (f16 converted 8 at a time), and the workspace carver. Kernels (here, in
+//! Hot-loop building blocks: 8-lane vector operations (`Simd`), a vectorisable exp, sums
+//! and float keys. Dtype conversions are in `dtype`, row loads in `view`, the workspace
+//! carver in `workspace`. Kernels (here, in
 //! `window` and `gram`) are written once as `#[inline(always)]` generics over `Simd` and
 //! instantiated twice by `dispatch!`: a portable build, and an AVX2+FMA+F16C build chosen
 //! at run time when `std` can detect it (`KVEVICT_PORTABLE=1` forces the portable one).
-
-use crate::error::{Error, Result};
-use crate::view::{DType, View};
 
 /// exp(x) for finite x <= 0 (softmax after max subtraction); 0 below -87.3.
 /// Cody–Waite range reduction and a degree-6 polynomial: about 2 ulp. Branch-free and
@@ -410,71 +408,6 @@ macro_rules! dispatch {
 }
 pub(crate) use dispatch;
 
-/// Rows `b0 .. b0+nt` of head `a` of `view` as f32, row `t` into `dst[t*d..(t+1)*d]`
-/// (`d = extent[2]`). Rows of f16 with unit element stride convert 8 at a time.
-#[inline(always)]
-pub(crate) fn load_rows<S: Simd>(view: &View, a: usize, b0: usize, nt: usize, dst: &mut [f32]) {
-    let d = view.extent()[2];
-    let st = view.stride();
-    let dst = &mut dst[..nt * d];
-    if view.dtype() == DType::F16 && st[2] == 1 {
-        assert!(a < view.extent()[0] && b0 + nt <= view.extent()[1]);
-        // The view proved every element of its extent in bounds at construction; its
-        // address comes back from `byte_range` (the pointer it was built from).
-        let base = view.byte_range().0 as *const u16;
-        let d8 = d / 8 * 8;
-        for t in 0..nt {
-            let row = &mut dst[t * d..(t + 1) * d];
-            // SAFETY: (a, b0 + t, 0..d) is inside the view's extent (asserted above).
-            unsafe {
-                let src = base.add(a * st[0] + (b0 + t) * st[1]);
-                let mut c = 0;
-                while c < d8 {
-                    S::store(row.as_mut_ptr().add(c), S::load_f16(src.add(c)));
-                    c += 8;
-                }
-                for c in d8..d {
-                    row[c] = half::f16::from_bits(*src.add(c)).to_f32();
-                }
-            }
-        }
-        return;
-    }
-    for t in 0..nt {
-        view.load_row(a, b0 + t, &mut dst[t * d..(t + 1) * d]);
-    }
-}
-
-/// `out[i] = f32(src[i])` for IEEE binary16 bits `src`, 8 at a time (F16C where the CPU
-/// has it); bit-identical to `half::f16::to_f32` (NaN payloads included).
-#[inline]
-pub(crate) fn f16_to_f32(src: &[u16], out: &mut [f32]) {
-    dispatch!(fn(src: &[u16], out: &mut [f32]) -> (), S => {
-        let n = src.len().min(out.len());
-        let (src, out) = (&src[..n], &mut out[..n]);
-        let n8 = n / 8 * 8;
-        let mut c = 0;
-        while c < n8 {
-            // SAFETY: c + 8 <= n8 <= n, the length of both slices.
-            unsafe { S::store(out.as_mut_ptr().add(c), S::load_f16(src.as_ptr().add(c))) };
-            c += 8;
-        }
-        for c in n8..n {
-            out[c] = half::f16::from_bits(src[c]).to_f32();
-        }
-    })
-}
-
-/// `out[i] = f32(src[i])` for bfloat16 bits `src`, branch-free (vectorises); bit-identical
-/// to `half::bf16::to_f32` (which sets the quiet bit of a NaN).
-#[inline]
-pub(crate) fn bf16_to_f32(src: &[u16], out: &mut [f32]) {
-    for (o, &b) in out.iter_mut().zip(src) {
-        let nan = ((b & 0x7FFF) > 0x7F80) as u32;
-        *o = f32::from_bits((b as u32 | nan << 6) << 16);
-    }
-}
-
 /// Whether every element of `x` is finite (`v - v` is +0 for finite `v`, NaN otherwise).
 #[inline(always)]
 pub(crate) fn all_finite<S: Simd>(x: &[f32]) -> bool {
@@ -562,84 +495,6 @@ pub fn key_float(k: u32) -> f32 {
     }
 }
 
-/// Carves typed, 64-byte-aligned slices out of the caller's byte workspace.
-pub struct Workspace<'a> {
-    buf: &'a mut [u8],
-}
-
-/// Bytes a workspace needs for a list of (element size, count) requests, alignment included.
-pub struct WorkspaceSize(pub usize);
-
-impl WorkspaceSize {
-    pub const fn new() -> Self {
-        WorkspaceSize(0)
-    }
-    pub fn add<T>(&mut self, n: usize) -> Result<()> {
-        let bytes = n
-            .checked_mul(core::mem::size_of::<T>())
-            .ok_or(Error::Overflow)?;
-        let padded = bytes.checked_add(63).ok_or(Error::Overflow)? & !63;
-        // 64 more for the alignment of the first slice
-        self.0 = self.0.checked_add(padded).ok_or(Error::Overflow)?;
-        Ok(())
-    }
-    pub fn total(&self) -> usize {
-        self.0 + 64
-    }
-}
-
-impl Default for WorkspaceSize {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-mod sealed {
-    pub trait Pod: Copy + Default {}
-    impl Pod for f32 {}
-    impl Pod for f64 {}
-    impl Pod for u32 {}
-    impl Pod for u64 {}
-    impl Pod for u128 {}
-    impl Pod for u8 {}
-}
-
-impl<'a> Workspace<'a> {
-    pub fn new(buf: &'a mut [u8]) -> Self {
-        let off = buf.as_ptr().align_offset(64).min(buf.len());
-        let (_, rest) = buf.split_at_mut(off);
-        Workspace { buf: rest }
-    }
-    /// What is left, for scratch that is carved anew on every iteration.
-    pub fn into_rest(self) -> &'a mut [u8] {
-        self.buf
-    }
-    /// A zeroed slice of `n` elements.
-    pub fn take<T: sealed::Pod>(&mut self, n: usize) -> Result<&'a mut [T]> {
-        let s = self.take_dirty::<T>(n)?;
-        s.fill(T::default());
-        Ok(s)
-    }
-    /// A slice of `n` elements holding whatever the workspace held (any bit pattern is a
-    /// valid `T`), for large buffers written before they are read: no zeroing pass.
-    pub fn take_dirty<T: sealed::Pod>(&mut self, n: usize) -> Result<&'a mut [T]> {
-        let bytes = n
-            .checked_mul(core::mem::size_of::<T>())
-            .ok_or(Error::Overflow)?;
-        let padded = bytes.checked_add(63).ok_or(Error::Overflow)? & !63;
-        let buf = core::mem::take(&mut self.buf);
-        if padded > buf.len() && bytes > buf.len() {
-            self.buf = buf;
-            return Err(Error::WorkspaceTooSmall);
-        }
-        let cut = padded.min(buf.len());
-        let (head, rest) = buf.split_at_mut(cut);
-        self.buf = rest;
-        // SAFETY: head is 64-byte aligned (every cut is a multiple of 64 from an aligned
-        // start), at least `bytes` long, and T is plain data valid for any bit pattern.
-        Ok(unsafe { core::slice::from_raw_parts_mut(head.as_mut_ptr() as *mut T, n) })
-    }
-}
 #[cfg(all(test, feature = "std"))]
 mod tests {
     use super::*;

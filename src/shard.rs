@@ -14,12 +14,13 @@
 use crate::budget::ModelScores;
 use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
 use crate::error::{add, mul, Error, Result};
-use crate::numerics::{Workspace, WorkspaceSize};
 use crate::pool::pool;
 use crate::select::{make_key, Histogram};
+use crate::workspace::{Workspace, WorkspaceSize};
 
 /// The search state is the core's: plain data a C caller can hold.
 pub use crate::select::{Search as ShardSearch, KEEP_NOTHING};
+use crate::shape::ModelShape;
 
 fn check_cfg(cfg: &SelectConfig) -> Result<()> {
     cfg.validate()?;
@@ -37,17 +38,7 @@ fn units_per_layer(cfg: &SelectConfig, hkv: usize) -> usize {
 }
 
 fn check_dims(layers: usize, hkv: usize, n: usize) -> Result<()> {
-    if layers == 0 || hkv == 0 || n == 0 {
-        return Err(Error::InvalidArgument);
-    }
-    if n > crate::error::MAX_TOKENS
-        || layers
-            .checked_mul(hkv)
-            .map_or(true, |u| u > crate::error::MAX_UNITS)
-    {
-        return Err(Error::Overflow);
-    }
-    Ok(())
+    ModelShape::new(layers as u64, hkv as u64, n as u64, 0).map(|_| ())
 }
 
 /// A search for the model of `layers` layers (all shards together): `global` allocator,

@@ -40,11 +40,12 @@
 use crate::config::{GqaReduce, Pool};
 use crate::error::{add, mul, Error, Result};
 use crate::gram;
-use crate::numerics::{dispatch, Simd, Workspace, WorkspaceSize};
+use crate::numerics::{dispatch, Simd};
 use crate::pool::pool_in_place;
 use crate::score::{reduce_rows, MAX_HEADS};
 use crate::view::View;
 use crate::window::{self, Scratch, CHUNK, KT};
+use crate::workspace::{Workspace, WorkspaceSize};
 
 /// The statistic a stream finishes into (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

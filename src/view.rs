@@ -2,37 +2,14 @@
 //! queries; (head, row, col) for `Wo`. One descriptor covers head-major `[H, N, d]`,
 //! llama.cpp's token-major rows `[N, H*d]` and its transposed V `[H*d, N]`.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
 use crate::error::{add, mul, Error, Result};
 use core::marker::PhantomData;
 use half::{bf16, f16};
 
-/// Element type of a view.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum DType {
-    F32 = 0,
-    F16 = 1,
-    BF16 = 2,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub const fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
-        }
-    }
-    /// Decode an integer from C; unknown values are an error, never transmuted.
-    pub const fn from_u32(v: u32) -> Result<DType> {
-        match v {
-            0 => Ok(DType::F32),
-            1 => Ok(DType::F16),
-            2 => Ok(DType::BF16),
-            _ => Err(Error::BadEnum),
-        }
-    }
-}
+pub use crate::dtype::DType;
+use crate::numerics::Simd;
 
 /// Highest element offset a view touches, checked; `None` extent product means empty.
 fn last_offset(extent: [usize; 3], stride: [usize; 3]) -> Result<usize> {
@@ -70,12 +47,19 @@ fn check_layout(
     Ok(())
 }
 
+/// Element `off` of a buffer of `dtype` as f32.
+///
+/// # Safety
+/// `ptr` points to at least `off + 1` readable, aligned elements of `dtype`.
 #[inline(always)]
 unsafe fn load(ptr: *const u8, dtype: DType, off: usize) -> f32 {
-    match dtype {
-        DType::F32 => *(ptr as *const f32).add(off),
-        DType::F16 => (*(ptr as *const f16).add(off)).to_f32(),
-        DType::BF16 => (*(ptr as *const bf16).add(off)).to_f32(),
+    // SAFETY: the caller's contract: element `off` is in bounds and aligned.
+    unsafe {
+        match dtype {
+            DType::F32 => *(ptr as *const f32).add(off),
+            DType::F16 => (*(ptr as *const f16).add(off)).to_f32(),
+            DType::BF16 => (*(ptr as *const bf16).add(off)).to_f32(),
+        }
     }
 }
 
@@ -87,9 +71,11 @@ macro_rules! typed_constructors {
             unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::F32, extent, stride) }
         }
         pub fn f16(data: $f16, extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+            // SAFETY: as above.
             unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::F16, extent, stride) }
         }
         pub fn bf16(data: $bf16, extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
+            // SAFETY: as above.
             unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::BF16, extent, stride) }
         }
     };
@@ -166,8 +152,14 @@ impl<'a> View<'a> {
     pub fn load_row(&self, a: usize, b: usize, out: &mut [f32]) {
         let n = self.extent[2];
         let out = &mut out[..n];
+        assert!(
+            a < self.extent[0] && b < self.extent[1],
+            "row outside the view"
+        );
         let base = a * self.stride[0] + b * self.stride[1];
         let s = self.stride[2];
+        // SAFETY: (a, b, 0..n) is inside the extent (asserted), which construction proved
+        // in bounds of the buffer.
         unsafe {
             match (self.dtype, s) {
                 (DType::F32, 1) => {
@@ -176,11 +168,11 @@ impl<'a> View<'a> {
                 }
                 (DType::F16, 1) => {
                     let src = core::slice::from_raw_parts((self.ptr as *const u16).add(base), n);
-                    crate::numerics::f16_to_f32(src, out);
+                    crate::dtype::f16_to_f32(src, out);
                 }
                 (DType::BF16, 1) => {
                     let src = core::slice::from_raw_parts((self.ptr as *const u16).add(base), n);
-                    crate::numerics::bf16_to_f32(src, out);
+                    crate::dtype::bf16_to_f32(src, out);
                 }
                 _ => {
                     for (c, o) in out.iter_mut().enumerate() {
@@ -303,6 +295,8 @@ impl<'a> ViewMut<'a> {
         let es = self.dtype.size();
         let sb = a * src.stride[0] + from * src.stride[1];
         let db = a2 * self.stride[0] + to * self.stride[1];
+        // SAFETY: compaction passes rows inside both views' extents (its lists are checked
+        // against them first) and views that do not overlap (checked there too).
         unsafe {
             for c in 0..self.extent[2] {
                 core::ptr::copy_nonoverlapping(
@@ -339,4 +333,39 @@ pub fn layout_overlaps(extent: [usize; 3], stride: [usize; 3]) -> bool {
         };
     }
     false
+}
+
+/// Rows `b0 .. b0+nt` of head `a` of `view` as f32, row `t` into `dst[t*d..(t+1)*d]`
+/// (`d = extent[2]`). Rows of f16 with unit element stride convert 8 at a time.
+#[inline(always)]
+pub(crate) fn load_rows<S: Simd>(view: &View, a: usize, b0: usize, nt: usize, dst: &mut [f32]) {
+    let d = view.extent()[2];
+    let st = view.stride();
+    let dst = &mut dst[..nt * d];
+    if view.dtype() == DType::F16 && st[2] == 1 {
+        assert!(a < view.extent()[0] && b0 + nt <= view.extent()[1]);
+        // The view proved every element of its extent in bounds at construction; its
+        // address comes back from `byte_range` (the pointer it was built from).
+        let base = view.byte_range().0 as *const u16;
+        let d8 = d / 8 * 8;
+        for t in 0..nt {
+            let row = &mut dst[t * d..(t + 1) * d];
+            // SAFETY: (a, b0 + t, 0..d) is inside the view's extent (asserted above).
+            unsafe {
+                let src = base.add(a * st[0] + (b0 + t) * st[1]);
+                let mut c = 0;
+                while c < d8 {
+                    S::store(row.as_mut_ptr().add(c), S::load_f16(src.add(c)));
+                    c += 8;
+                }
+                for c in d8..d {
+                    row[c] = half::f16::from_bits(*src.add(c)).to_f32();
+                }
+            }
+        }
+        return;
+    }
+    for t in 0..nt {
+        view.load_row(a, b0 + t, &mut dst[t * d..(t + 1) * d]);
+    }
 }

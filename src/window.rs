@@ -31,10 +31,9 @@
 //! exactly; every variant keeps the same operations in the same order (same bits).
 
 use crate::error::{Error, Result};
-use crate::numerics::{
-    all_finite, dispatch, dot_v, exp_neg, hsum8, load_rows, sum_v, Simd, Workspace, WorkspaceSize,
-};
-use crate::view::{DType, View};
+use crate::numerics::{all_finite, dispatch, dot_v, exp_neg, hsum8, sum_v, Simd};
+use crate::view::{load_rows, DType, View};
+use crate::workspace::{Workspace, WorkspaceSize};
 
 /// Keys per micro-tile of the Q·Kᵀ kernel.
 pub(crate) const KT: usize = 6;

@@ -14,9 +14,10 @@ pub mod pyramid;
 
 use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
 use crate::error::{add, mul, Error, Result};
-use crate::numerics::{Workspace, WorkspaceSize};
 use crate::pool::pool;
 use crate::select::{make_key, run_search};
+use crate::shape::ModelShape;
+use crate::workspace::{Workspace, WorkspaceSize};
 
 pub use lava::{lava_budgets, layer_entropy};
 pub use pyramid::pyramid_budget;
@@ -41,21 +42,12 @@ impl ModelScores<'_> {
         self.n - self.window.min(self.n)
     }
     fn validate(&self) -> Result<()> {
-        if self.layers == 0
-            || self.hkv == 0
-            || self.n == 0
-            || self.layers > crate::error::MAX_LAYERS
-        {
-            return Err(Error::InvalidArgument);
-        }
-        if self.n > crate::error::MAX_TOKENS
-            || self
-                .layers
-                .checked_mul(self.hkv)
-                .map_or(true, |u| u > crate::error::MAX_UNITS)
-        {
-            return Err(Error::Overflow);
-        }
+        ModelShape::new(
+            self.layers as u64,
+            self.hkv as u64,
+            self.n as u64,
+            self.window as u64,
+        )?;
         let len = mul(mul(self.layers, self.hkv)?, self.prefix())?;
         if self.scores.len() < len {
             return Err(Error::ShapeMismatch);
@@ -95,9 +87,7 @@ pub fn select_output_len(
     n: usize,
     window: usize,
 ) -> Result<(usize, usize)> {
-    if layers > crate::error::MAX_LAYERS {
-        return Err(Error::InvalidArgument);
-    }
+    ModelShape::new(layers as u64, hkv as u64, n as u64, window as u64)?;
     let p = (n - window.min(n)) as u64;
     let w = window.min(n);
     let mut prefix_total = 0u64;
@@ -121,9 +111,7 @@ pub fn select_workspace_size(
     window: usize,
 ) -> Result<usize> {
     cfg.validate()?;
-    if layers > crate::error::MAX_LAYERS {
-        return Err(Error::InvalidArgument);
-    }
+    ModelShape::new(layers as u64, hkv as u64, n as u64, window as u64)?;
     let p = n - window.min(n);
     let u = match cfg.granularity {
         Granularity::Head => mul(layers, hkv)?,

@@ -3,7 +3,8 @@
 //!
 //! With feature `cuda` they validate the host-side descriptors exactly like the host
 //! functions (null, dtype, alignment, extents/strides against `len`, sizes) and enqueue
-//! the launchers of `cuda/kvevict_cuda.h` (`crate::cuda`) on the caller's stream. Every
+//! the launchers of `cuda/kvevict_cuda.h` (`crate::cuda`) on the caller's stream through
+//! the device pipeline (`crate::device`); this file only converts arguments. Every
 //! pointer inside a descriptor and every buffer argument is a DEVICE pointer; the
 //! descriptor structs themselves are host memory. Nothing synchronises; errors from
 //! kernels surface on the stream (`cudaGetLastError` / the next sync). A launcher that
@@ -20,6 +21,17 @@ use core::ffi::c_void;
 
 #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
 use super::KVE_ERR_NOT_BUILT_WITH_CUDA as STUB;
+#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+use {
+    super::params::{read_ext, score_config, select_config},
+    super::score::{KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS},
+    super::{arg, status_of, to_status, tri},
+    crate::device::{self, select::KeptLists, Floats},
+    crate::error::Error,
+    crate::score::LayerShape,
+    crate::shape::ModelShape,
+    imp::{tensor, write},
+};
 
 /// Number of CUDA devices the library can use; 0 (and `KVE_OK`) when there is no device
 /// or driver. A library built without CUDA writes `*count = 0` (when `count` is non-NULL
@@ -57,7 +69,13 @@ pub unsafe extern "C" fn kve_cuda_score_workspace_size(
 ) -> i32 {
     #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
-        imp::score_workspace_size(params, hq, hkv, n, dk, dv, out_bytes)
+        // SAFETY: `params` is NULL or the caller's struct of `struct_size` bytes (checked).
+        let bytes = unsafe { score_config(params) }.and_then(|cfg| {
+            let shape = LayerShape::from_dims(hq, hkv, n, dk, dv)?;
+            device::score_workspace_size(&cfg, &shape)
+        });
+        // SAFETY: a host out-parameter, checked before it is written.
+        unsafe { write(out_bytes, bytes.map(|b| b as u64)) }
     }
     #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
@@ -99,15 +117,36 @@ pub unsafe extern "C" fn kve_cuda_score_layer(
 ) -> i32 {
     #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
-        imp::score_layer(
-            params,
-            inputs,
-            out,
-            out_len,
-            workspace,
-            workspace_bytes,
-            stream,
-        )
+        // SAFETY: host structs the caller passes, read within their checked `struct_size`.
+        let cfg = tri!(unsafe { score_config(params) });
+        // SAFETY: as above.
+        let d = tri!(unsafe { read_ext(inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS) });
+        if d.reserved != 0 {
+            return status_of(Error::InvalidArgument);
+        }
+        let floats = |ptr, len| Floats { ptr, len };
+        // every given tensor is checked, as on the host
+        let opt = |t: &kve_tensor| {
+            if t.data.is_null() {
+                Ok(None)
+            } else {
+                tensor(t).map(Some)
+            }
+        };
+        let li = device::LayerInputs {
+            queries: tri!(opt(&d.queries)),
+            keys: tri!(opt(&d.keys)),
+            values: tri!(opt(&d.values)),
+            gram: floats(d.gram, d.gram_len),
+            value_forms: floats(d.value_forms, d.value_forms_len),
+            value_l1: floats(d.value_l1, d.value_l1_len),
+            row_lse: floats(d.row_lse, d.row_lse_len),
+        };
+        // SAFETY: the tensors, `out` and the workspace are device memory of the declared
+        // sizes (this function's contract); the pipeline checks them before any launch.
+        to_status(unsafe {
+            device::score_layer(&cfg, &li, out, out_len, workspace, workspace_bytes, stream)
+        })
     }
     #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
@@ -136,7 +175,13 @@ pub unsafe extern "C" fn kve_cuda_select_model_workspace_size(
 ) -> i32 {
     #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
-        imp::select_workspace_size(params, layers, hkv, n, window, out_bytes)
+        // SAFETY: `params` is NULL or the caller's struct of `struct_size` bytes (checked).
+        let bytes = unsafe { select_config(params) }.and_then(|cfg| {
+            let shape = ModelShape::new(layers, hkv, n, window)?;
+            device::select_workspace_size(&cfg, &shape)
+        });
+        // SAFETY: a host out-parameter, checked before it is written.
+        unsafe { write(out_bytes, bytes.map(|b| b as u64)) }
     }
     #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
@@ -173,18 +218,32 @@ pub unsafe extern "C" fn kve_cuda_select_model(
 ) -> i32 {
     #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
-        imp::select_model(
-            params,
-            scores,
+        // SAFETY: host structs the caller passes (NULL and alignment checked).
+        let cfg = tri!(unsafe { select_config(params) });
+        // SAFETY: as above.
+        let m = tri!(unsafe { arg(scores) });
+        let shape = tri!(ModelShape::new(m.layers, m.hkv, m.n, m.window));
+        let lists = KeptLists {
             counts,
             counts_len,
             idx,
             idx_ld,
             idx_len,
-            workspace,
-            workspace_bytes,
-            stream,
-        )
+        };
+        // SAFETY: scores, lists and workspace are device memory of the declared sizes (this
+        // function's contract); the pipeline checks them before any launch.
+        to_status(unsafe {
+            device::select_model(
+                &cfg,
+                &shape,
+                m.scores,
+                m.len,
+                &lists,
+                workspace,
+                workspace_bytes,
+                stream,
+            )
+        })
     }
     #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
@@ -214,7 +273,11 @@ pub unsafe extern "C" fn kve_cuda_compact_in_place_workspace_size(
 ) -> i32 {
     #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
-        imp::compact_workspace_size(kv, max_keep, out_bytes)
+        // SAFETY: a host descriptor (NULL and alignment checked).
+        let v = tri!(tensor(tri!(unsafe { arg(kv) })));
+        let b = tri!(device::compact_workspace_size(&v.view, max_keep));
+        // SAFETY: a host out-parameter, checked before it is written.
+        unsafe { write(out_bytes, Ok(b as u64)) }
     }
     #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
@@ -240,16 +303,21 @@ pub unsafe extern "C" fn kve_cuda_compact_in_place(
 ) -> i32 {
     #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
-        imp::compact_in_place(
-            kv,
-            kept,
-            kept_ld,
-            counts,
-            max_keep,
-            workspace,
-            workspace_bytes,
-            stream,
-        )
+        // SAFETY: a host descriptor (NULL and alignment checked).
+        let v = tri!(tensor(tri!(unsafe { arg(kv) })));
+        // SAFETY: the view, lists and workspace are device memory (this function's contract).
+        to_status(unsafe {
+            device::compact_in_place(
+                &v.view,
+                kept,
+                kept_ld,
+                counts,
+                max_keep,
+                workspace,
+                workspace_bytes,
+                stream,
+            )
+        })
     }
     #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
@@ -282,7 +350,12 @@ pub unsafe extern "C" fn kve_cuda_compact_to_varlen(
 ) -> i32 {
     #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
-        imp::compact_varlen(src, kept, kept_ld, counts, dst, cu_seqlens, stream)
+        // SAFETY: a host descriptor (NULL and alignment checked).
+        let v = tri!(tensor(tri!(unsafe { arg(src) })));
+        // SAFETY: the view, lists and outputs are device memory (this function's contract).
+        to_status(unsafe {
+            device::compact_varlen(&v.view, kept, kept_ld, counts, dst, cu_seqlens, stream)
+        })
     }
     #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
@@ -293,7 +366,3 @@ pub unsafe extern "C" fn kve_cuda_compact_to_varlen(
 
 #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 mod imp;
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-mod score;
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-mod select;

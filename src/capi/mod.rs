@@ -155,6 +155,7 @@ pub const fn status_of(e: Error) -> i32 {
         Error::WorkspaceTooSmall => KVE_ERR_WORKSPACE_TOO_SMALL,
         Error::Aliasing => KVE_ERR_ALIASING,
         Error::ShapeMismatch => KVE_ERR_SHAPE_MISMATCH,
+        Error::Cuda => KVE_ERR_CUDA,
     }
 }
 
@@ -266,16 +267,7 @@ impl kve_tensor {
 /// Largest `extent[0]` (heads) a tensor may have; larger is `KVE_ERR_INVALID_ARGUMENT`.
 pub const KVE_MAX_HEADS: u64 = 65536;
 
-/// A byte range `[start, end)`; empty ranges overlap nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Span(pub usize, pub usize);
-
-impl Span {
-    pub const EMPTY: Span = Span(0, 0);
-    pub fn overlaps(self, o: Span) -> bool {
-        self.0 < self.1 && o.0 < o.1 && self.0 < o.1 && o.0 < self.1
-    }
-}
+pub(crate) use crate::span::{check_alias, span_of, Span};
 
 /// The bytes of one `T` at `p` (for alias checks of structs passed by pointer).
 pub(crate) fn span_ptr<T>(p: *const T) -> Span {
@@ -283,29 +275,8 @@ pub(crate) fn span_ptr<T>(p: *const T) -> Span {
     Span(a, a.saturating_add(core::mem::size_of::<T>()))
 }
 
-/// Fail with `Aliasing` when any output overlaps any input or another output.
-pub(crate) fn check_alias(outputs: &[Span], inputs: &[Span]) -> crate::Result<()> {
-    for (i, &o) in outputs.iter().enumerate() {
-        if inputs.iter().any(|&x| o.overlaps(x)) || outputs[i + 1..].iter().any(|&x| o.overlaps(x))
-        {
-            return Err(Error::Aliasing);
-        }
-    }
-    Ok(())
-}
-
 pub(crate) fn to_usize(v: u64) -> crate::Result<usize> {
     usize::try_from(v).map_err(|_| Error::Overflow)
-}
-
-/// Span of `len` elements of `size` bytes at `addr`, checked against the address space.
-fn span_of(addr: usize, len: usize, size: usize) -> crate::Result<Span> {
-    let bytes = len.checked_mul(size).ok_or(Error::Overflow)?;
-    if bytes > isize::MAX as usize {
-        return Err(Error::Overflow);
-    }
-    let end = addr.checked_add(bytes).ok_or(Error::Overflow)?;
-    Ok(Span(addr, end))
 }
 
 /// A checked `(pointer, length)` buffer, before any slice exists.

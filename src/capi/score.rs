@@ -158,13 +158,7 @@ pub unsafe extern "C" fn kve_score_workspace_size(
     let out = tri!(out_param(out_bytes));
     let cfg = tri!(score_config(params));
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
-    let shape = LayerShape {
-        hq: tri!(head_count(hq)),
-        hkv: tri!(head_count(hkv)),
-        n: tri!(to_usize(n)),
-        dk: tri!(to_usize(dk)),
-        dv: tri!(to_usize(dv)),
-    };
+    let shape = tri!(LayerShape::from_dims(hq, hkv, n, dk, dv));
     let bytes = tri!(staged_workspace_size(&cfg, &shape));
     write_u64(&out, bytes);
     KVE_OK

@@ -8,6 +8,7 @@ use crate::config::SelectConfig;
 use crate::error::{Error, Result};
 use crate::numerics::key_float;
 use crate::select::Histogram;
+use crate::shape::ModelShape;
 use crate::shard::{self, ShardSearch, KEEP_NOTHING};
 use core::ffi::c_void;
 
@@ -31,28 +32,11 @@ pub struct kve_model_scores {
     pub window: u64,
 }
 
-/// Dimensions checked before the core loops over them: `layers * hkv <= 2^31`
-/// (`MAX_UNITS`), `layers <= 2^20`.
+/// Dimensions checked before the core loops over them ([`ModelShape::new`], the check
+/// the device path makes too).
 fn dims(layers: u64, hkv: u64, n: u64, window: u64) -> Result<(usize, usize, usize, usize)> {
-    if layers == 0 || hkv == 0 || n == 0 {
-        return Err(Error::InvalidArgument);
-    }
-    if n > crate::error::MAX_TOKENS as u64
-        || layers
-            .checked_mul(hkv)
-            .map_or(true, |u| u > crate::error::MAX_UNITS as u64)
-    {
-        return Err(Error::Overflow);
-    }
-    if layers > crate::error::MAX_LAYERS as u64 {
-        return Err(Error::InvalidArgument);
-    }
-    Ok((
-        to_usize(layers)?,
-        to_usize(hkv)?,
-        to_usize(n)?,
-        to_usize(window.min(n))?,
-    ))
+    let m = ModelShape::new(layers, hkv, n, window)?;
+    Ok((m.layers, m.hkv, m.n, m.window))
 }
 
 /// Validate a scores descriptor; returns the checked buffer and the core's view of it.

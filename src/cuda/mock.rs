@@ -42,9 +42,10 @@
 #![allow(clippy::missing_safety_doc)] // the contract of every launcher: src/cuda.rs, cuda/kvevict_cuda.h
 
 use super::*;
-use crate::numerics::{float_key, WorkspaceSize};
+use crate::numerics::float_key;
 use crate::view::{DType, View};
 use crate::window::{self, Needs, Stats};
+use crate::workspace::WorkspaceSize;
 use core::ffi::{c_int, c_void};
 use std::vec;
 use std::vec::Vec;

@@ -4,11 +4,17 @@
 //! Data flow: validate everything → pass 1 of the window attention for every group
 //! (rejects NaN/Inf in Q and K before anything is written) → per group: column
 //! statistics → the scorer's formula → `out[kh]`.
+//!
+//! Where a scorer lives: its formula in `score/<name>.rs`, what it reads in its row of
+//! [`requirements`] (inputs, window statistics; the host checks, the workspace sizes and
+//! the device layout follow the row), its launch chain in `src/device/score.rs`, and its
+//! `ScorerKind` / `Preset` in `config.rs`.
 
 mod criticalkv;
 mod knorm;
 mod laprox;
 mod lava;
+pub mod requirements;
 mod snapkv;
 mod streaming;
 mod tova;
@@ -18,9 +24,10 @@ pub use uniqueness::POWER as UNIQUENESS_POWER;
 use crate::config::{ScoreConfig, ScorerKind};
 use crate::error::{mul, Error, Result};
 use crate::gram;
-use crate::numerics::{Workspace, WorkspaceSize};
 use crate::view::View;
 use crate::window::{self, Needs, Stats};
+use crate::workspace::{Workspace, WorkspaceSize};
+use requirements::{requirements, ValueInput};
 
 /// The tensors of one layer, where the engine keeps them.
 #[derive(Clone, Copy, Debug, Default)]
@@ -69,7 +76,31 @@ impl LayerShape {
     pub fn prefix(&self, window: u32) -> usize {
         self.n - (window as usize).min(self.n)
     }
-    fn validate(&self) -> Result<()> {
+    /// A layer of these dimensions, checked as every scoring path checks it (host and
+    /// device, size queries and calls): heads past [`MAX_HEADS`] are `InvalidArgument`, a
+    /// value that does not fit `usize` is `Overflow`, then [`LayerShape::validate`].
+    pub fn from_dims(hq: u64, hkv: u64, n: u64, dk: u64, dv: u64) -> Result<LayerShape> {
+        let heads = |v: u64| {
+            if v > MAX_HEADS as u64 {
+                Err(Error::InvalidArgument)
+            } else {
+                Ok(v as usize)
+            }
+        };
+        let size = |v: u64| usize::try_from(v).map_err(|_| Error::Overflow);
+        let shape = LayerShape {
+            hq: heads(hq)?,
+            hkv: heads(hkv)?,
+            n: size(n)?,
+            dk: size(dk)?,
+            dv: size(dv)?,
+        };
+        shape.validate()?;
+        Ok(shape)
+    }
+    /// Every dimension at least 1, `hq` a multiple of `hkv`, `n <= MAX_TOKENS`, head dims
+    /// `<= 1024`, `hq <= MAX_HEADS`.
+    pub fn validate(&self) -> Result<()> {
         if self.hq == 0 || self.hkv == 0 || self.n == 0 || self.dk == 0 || self.dv == 0 {
             return Err(Error::InvalidArgument);
         }
@@ -93,21 +124,13 @@ pub fn score_len(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usize> {
     mul(shape.hkv, shape.prefix(cfg.window))
 }
 
+/// The window statistics the scorer reads (its row of [`requirements`]).
 fn needs(cfg: &ScoreConfig) -> Needs {
-    match cfg.scorer {
-        ScorerKind::SnapKv | ScorerKind::Lava | ScorerKind::CriticalKv | ScorerKind::Tova => {
-            Needs {
-                sum: true,
-                sq: false,
-                cross: false,
-            }
-        }
-        ScorerKind::LaProx => Needs {
-            sum: false,
-            sq: true,
-            cross: cfg.needs_cross(),
-        },
-        ScorerKind::StreamingLlm | ScorerKind::KNorm | ScorerKind::Uniqueness => Needs::default(),
+    let r = requirements(cfg.scorer);
+    Needs {
+        sum: r.attn_sum,
+        sq: r.attn_sq,
+        cross: cfg.needs_cross(),
     }
 }
 
@@ -139,7 +162,7 @@ pub fn score_workspace_size(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usi
         window::scratch_size(&mut scratch, g, w, shape.dk)?;
         window::one_pass_size(&mut scratch, g, w, shape.n)?;
     }
-    if cfg.scorer == ScorerKind::Uniqueness {
+    if requirements(cfg.scorer).unit_rows {
         scratch.add::<f32>(uniqueness::scratch_floats(shape.n, shape.dk, shape.dv)?)?;
     }
     ws.total()
@@ -157,35 +180,52 @@ pub(crate) struct Bufs<'s> {
 
 /// Derive and check the layer shape from the inputs the scorer needs.
 pub fn layer_shape(cfg: &ScoreConfig, inputs: &LayerInputs) -> Result<LayerShape> {
-    let keys = inputs.keys.as_ref().ok_or(Error::NullPointer)?;
-    let [hkv, n, dk] = keys.extent();
-    let mut shape = LayerShape {
-        hq: hkv,
-        hkv,
-        n,
-        dk,
-        dv: dk,
-    };
-    if cfg.needs_queries() {
-        let q = inputs.queries.as_ref().ok_or(Error::NullPointer)?;
-        let [hq, wq, dq] = q.extent();
-        if dq != dk {
-            return Err(Error::ShapeMismatch);
+    LayerShape::from_extents(
+        cfg,
+        inputs.keys.as_ref().map(|v| v.extent()),
+        inputs.queries.as_ref().map(|v| v.extent()),
+        inputs.values.as_ref().map(|v| v.extent()),
+    )
+}
+
+impl LayerShape {
+    /// The layer's shape from the extents of the tensors given (`None`: absent), checked
+    /// as every scoring path checks it (host and device): keys always needed, queries
+    /// when the scorer reads them (at least `min(window, N)` rows, keys' dim), values
+    /// when given (keys' heads and tokens), then [`LayerShape::validate`].
+    pub fn from_extents(
+        cfg: &ScoreConfig,
+        keys: Option<[usize; 3]>,
+        queries: Option<[usize; 3]>,
+        values: Option<[usize; 3]>,
+    ) -> Result<LayerShape> {
+        let [hkv, n, dk] = keys.ok_or(Error::NullPointer)?;
+        let mut shape = LayerShape {
+            hq: hkv,
+            hkv,
+            n,
+            dk,
+            dv: dk,
+        };
+        if cfg.needs_queries() {
+            let [hq, wq, dq] = queries.ok_or(Error::NullPointer)?;
+            if dq != dk {
+                return Err(Error::ShapeMismatch);
+            }
+            if wq < (cfg.window as usize).min(n) {
+                return Err(Error::InvalidArgument);
+            }
+            shape.hq = hq;
         }
-        if wq < (cfg.window as usize).min(n) {
-            return Err(Error::InvalidArgument);
+        if let Some([vh, vn, dv]) = values {
+            if vh != hkv || vn != n {
+                return Err(Error::ShapeMismatch);
+            }
+            shape.dv = dv;
         }
-        shape.hq = hq;
+        shape.validate()?;
+        Ok(shape)
     }
-    if let Some(v) = inputs.values.as_ref() {
-        let [vh, vn, dv] = v.extent();
-        if vh != hkv || vn != n {
-            return Err(Error::ShapeMismatch);
-        }
-        shape.dv = dv;
-    }
-    shape.validate()?;
-    Ok(shape)
 }
 
 /// Score one layer into `out[Hkv][P]`. `workspace` must hold [`score_workspace_size`] bytes.
@@ -214,21 +254,22 @@ pub fn score_layer(
         return Err(Error::WorkspaceTooSmall);
     }
     // scorer-specific inputs
-    match cfg.scorer {
-        ScorerKind::Lava | ScorerKind::Uniqueness => {
+    let req = requirements(cfg.scorer);
+    match req.values {
+        ValueInput::Values => {
             inputs.values.as_ref().ok_or(Error::NullPointer)?;
         }
-        ScorerKind::LaProx => laprox::check_inputs(cfg, inputs, &shape)?,
-        ScorerKind::CriticalKv => {
-            let l1 = inputs.value_l1.ok_or(Error::NullPointer)?;
-            if l1.len() < mul(hkv, n)? {
-                return Err(Error::ShapeMismatch);
-            }
-            if l1[..hkv * n].iter().any(|v| !v.is_finite()) {
-                return Err(Error::NonFinite);
-            }
+        ValueInput::ValuesOrForms => laprox::check_inputs(cfg, inputs, &shape)?,
+        ValueInput::None => {}
+    }
+    if req.value_l1 {
+        let l1 = inputs.value_l1.ok_or(Error::NullPointer)?;
+        if l1.len() < mul(hkv, n)? {
+            return Err(Error::ShapeMismatch);
         }
-        _ => {}
+        if l1[..hkv * n].iter().any(|v| !v.is_finite()) {
+            return Err(Error::NonFinite);
+        }
     }
     // checked even with no prefix to score: a wrong length is a caller error all the same
     let row_lse = if cfg.needs_queries() {
@@ -298,13 +339,13 @@ pub fn score_layer(
     if cfg.scorer == ScorerKind::KNorm && !knorm::keys_finite(keys, &mut bufs) {
         return Err(Error::NonFinite);
     }
-    if cfg.scorer == ScorerKind::Uniqueness {
+    if req.unit_rows {
         let values = inputs.values.as_ref().ok_or(Error::NullPointer)?;
         if !uniqueness::inputs_finite(keys, values, &mut bufs) {
             return Err(Error::NonFinite);
         }
     }
-    if cfg.scorer == ScorerKind::Lava {
+    if req.head_factors {
         lava::head_factors(
             inputs.values.as_ref().ok_or(Error::NullPointer)?,
             p,
@@ -312,7 +353,7 @@ pub fn score_layer(
             bufs.acc,
         )?;
     }
-    if cfg.scorer == ScorerKind::LaProx {
+    if req.values == ValueInput::ValuesOrForms {
         laprox::check_values_finite(cfg, inputs, &shape, p, bufs.row)?;
     }
 

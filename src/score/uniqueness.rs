@@ -17,7 +17,8 @@
 //! the value cosine computed only where the key cosine could raise the running maximum.
 use super::Bufs;
 use crate::error::{Error, Result};
-use crate::numerics::{dispatch, dot_v, hsum8, load_rows, Simd};
+use crate::numerics::{dispatch, dot_v, hsum8, Simd};
+use crate::view::load_rows;
 use crate::view::View;
 
 /// Sharpening exponent (decision, SPEC §3b).
