@@ -9,7 +9,7 @@
 //! - [`compact`]: compaction of the kept rows.
 //!
 //! Every call checks everything the host can check (pointers, lengths, alignment,
-//! workspace size, aliasing, the kernels' [`limits`]) before it enqueues anything, and
+//! workspace size, aliasing, the kernels' [`limits`](crate::device::limits)) before it enqueues anything, and
 //! returns the core's [`Error`]; a launcher that refuses its arguments gives
 //! [`Error::Cuda`]. Buffers are device pointers; descriptors live on the host. Nothing
 //! synchronises. The C layer (`src/capi/cuda`) only converts arguments and statuses.

@@ -6,7 +6,7 @@
 //! statistics → the scorer's formula → `out[kh]`.
 //!
 //! Where a scorer lives: its formula in `score/<name>.rs`, what it reads in its row of
-//! [`requirements`] (inputs, window statistics; the host checks, the workspace sizes and
+//! [`requirements()`] (inputs, window statistics; the host checks, the workspace sizes and
 //! the device layout follow the row), its launch chain in `src/device/score.rs`, and its
 //! `ScorerKind` / `Preset` in `config.rs`.
 
