@@ -294,6 +294,7 @@ METHODS: Dict[str, Method] = {
 }
 
 BEST_PRESET = "laprox-span-w8"  # eval/demo.py's default; see eval/README.md
+BEST_AGNOSTIC = "uniqueness"  # question-agnostic (context compressed before the question); eval/agnostic.py
 
 
 def get(name):
