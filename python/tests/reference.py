@@ -80,6 +80,24 @@ def knorm(k, w):
     return -np.linalg.norm(np.asarray(k, np.float64)[:, : n - w], axis=-1)
 
 
+def uniqueness(k, v, w):
+    """(1 - max_{j != i} min(cos k, cos v))^8, then 0.9 of the next token's score lent back."""
+    k = np.asarray(k, np.float64)
+    v = np.asarray(v, np.float64)
+    hkv, n, _ = k.shape
+    p = n - min(w, n)
+    out = np.zeros((hkv, p))
+    for h in range(hkv):
+        kn = k[h] / np.maximum(np.linalg.norm(k[h], axis=1, keepdims=True), 1e-300)
+        vn = v[h] / np.maximum(np.linalg.norm(v[h], axis=1, keepdims=True), 1e-300)
+        c = np.minimum(kn @ kn.T, vn @ vn.T)
+        np.fill_diagonal(c, -1.0)
+        u = np.maximum(1.0 - c.max(axis=1)[:p], 0.0) ** 8
+        lent = np.append(0.9 * u[1:], 0.0)
+        out[h] = np.maximum(u, lent)
+    return out
+
+
 def tova(q, k):
     hkv, n, _ = k.shape
     a = window_attention(q, k, 1)[:, 0, : n - 1].mean(axis=0)

@@ -131,9 +131,18 @@ class ScorerTests(unittest.TestCase):
             self.assertEqual(kve.ScoreParams("snapkv", **p.as_dict()), p)
             self.assertEqual(p.replace(window=3).window, 3)
             self.assertIn(p.scorer, ("snapkv", "lava", "laprox", "criticalkv", "streamingllm",
-                                     "knorm", "tova"))
+                                     "knorm", "tova", "uniqueness"))
         self.assertEqual(kve.ScoreParams.preset("laprox-span").pool_kernel, 1)
         self.assertEqual(kve.ScoreParams.preset("laprox-span").scorer, "laprox")
+
+    def test_uniqueness(self):
+        # a planted twin (key and value copied) scores low, its neighbours lend 0.9 back
+        k, v = self.k.copy(), self.v.copy()
+        k[:, 5], v[:, 5] = k[:, 20], v[:, 20]
+        got = kve.score_layer(kve.ScoreParams.preset("uniqueness", window=W), None, k, values=v)
+        assert_close(self, got, ref.uniqueness(k, v, W), what="uniqueness")
+        for twin in (5, 20):  # u = 0: only what the next token lends
+            self.assertTrue(np.all(got[:, twin] <= 0.9 * got[:, twin + 1] * (1 + 1e-6)))
 
     def test_workspace_and_out_reuse(self):
         params = kve.ScoreParams.preset("snapkv", window=W)
