@@ -139,11 +139,13 @@ def redundancy(cap, mode="min", stride=1):
         for l in range(L):
             for h in range(H):
                 c = kn[l, h] @ kn[l, h, cand].T
-                if mode in ("min", "min2"):
+                if mode.startswith("min"):
                     c = np.minimum(c, vn[l, h] @ vn[l, h, cand].T)
-                if mode == "min2":  # a twin must follow a twin of the previous token too
+                if mode[3:]:  # minK: a twin must follow twins of the K-1 previous tokens too
                     assert stride == 1
-                    c[1:, 1:] = np.minimum(c[1:, 1:], c[:-1, :-1])
+                    c0 = c.copy()
+                    for t in range(1, int(mode[3:])):
+                        c[t:, t:] = np.minimum(c[t:, t:], c0[:-t, :-t])
                 c[cand, np.arange(len(cand))] = -1.0
                 out[l, h] = c.max(axis=1)
         memo[key] = out
@@ -248,7 +250,8 @@ def variants():
         v[f"uniq-p{pw}-nopool"] = (None, make_redundancy(post_pool=NOPOOL, power=float(pw)))
         for b in (1, 2, 4):
             v[f"uniq-p{pw}-b{b}"] = (None, make_redundancy(power=float(pw), back=b))
-            v[f"uniq2-p{pw}-b{b}"] = (None, make_redundancy("min2", power=float(pw), back=b))
+            for kk in (2, 3, 4, 6):
+                v[f"uniq{kk}-p{pw}-b{b}"] = (None, make_redundancy(f"min{kk}", power=float(pw), back=b))
     v["lib-uniqueness"] = (None, methods.METHODS["uniqueness"].select) if "uniqueness" in methods.METHODS else None
     return {k: x for k, x in v.items() if x is not None}
 
