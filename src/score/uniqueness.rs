@@ -26,9 +26,10 @@ pub const POWER: i32 = 8;
 /// Share of a token's score lent to the token before it.
 pub const BACK_DECAY: f32 = 0.9;
 
-/// Workspace floats: the unit-normalised K and V rows of one KV head.
+/// Workspace floats: the unit-normalised K and V rows of one KV head, and every token's
+/// running maximum similarity.
 pub(crate) fn scratch_floats(n: usize, dk: usize, dv: usize) -> Result<usize> {
-    n.checked_mul(dk + dv).ok_or(Error::Overflow)
+    n.checked_mul(dk + dv + 1).ok_or(Error::Overflow)
 }
 
 /// NaN/Inf anywhere in K or V is rejected before `out` is written.
@@ -69,14 +70,18 @@ pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], 
         let [_, n, dk] = keys.extent();
         let dv = values.extent()[2];
         let (kn, rest) = scratch.split_at_mut(n * dk);
-        let vn = &mut rest[..n * dv];
+        let (vn, rest) = rest.split_at_mut(n * dv);
         load_unit_rows::<S>(keys, kh, kn);
         load_unit_rows::<S>(values, kh, vn);
+        let best = &mut rest[..n];
+        best.fill(-1.0);
         let d8 = dk / 8 * 8;
-        for (i, out) in dst.iter_mut().enumerate() {
+        // each pair once (j > i) updates both ends: the similarity is symmetric, bit for bit
+        // (the same products summed in the same order), so the maxima equal the one-sided
+        // search's; a value cosine is computed only where the key cosine could raise either
+        for i in 0..n {
             let (ki, vi) = (&kn[i * dk..(i + 1) * dk], &vn[i * dv..(i + 1) * dv]);
-            let mut best = -1.0f32;
-            let mut j0 = 0;
+            let mut j0 = i + 1;
             while j0 < n {
                 // eight key cosines at once, each summed exactly as dot_v sums it
                 let nb = 8.min(n - j0);
@@ -107,15 +112,19 @@ pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], 
                 }
                 for (q, &c) in ck[..nb].iter().enumerate() {
                     let j = j0 + q;
-                    if j != i && c > best {
+                    if c > best[i] || c > best[j] {
                         // SAFETY: both slices are rows of length dv of the same buffer.
                         let cv = unsafe { dot_v::<S>(vi, &vn[j * dv..(j + 1) * dv]) };
-                        best = best.max(c.min(cv));
+                        let m = c.min(cv);
+                        best[i] = best[i].max(m);
+                        best[j] = best[j].max(m);
                     }
                 }
                 j0 += nb;
             }
-            let u2 = (1.0 - best).max(0.0) * (1.0 - best).max(0.0);
+        }
+        for (out, &b) in dst.iter_mut().zip(best.iter()) {
+            let u2 = (1.0 - b).max(0.0) * (1.0 - b).max(0.0);
             *out = u2 * u2 * (u2 * u2); // ^POWER
         }
         // ascending: dst[i + 1] is still unlent when dst[i] reads it
