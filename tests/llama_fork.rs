@@ -351,7 +351,7 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     // a 4096-cell context (positions keep growing) whose sequence may hold at most BUDGET cells;
     // batches of 64 fit the 64 cells an eviction to 0.75 * BUDGET frees
     let budget = BUDGET.to_string();
-    let _server = Server(
+    let mut server = Server(
         Command::new(s.bin.join("llama-server"))
             .arg("-m")
             .arg(&s.model)
@@ -378,6 +378,9 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
                 &budget,
                 "--kv-evict-to",
                 "0.75",
+                // libllama's info lines (each eviction logs one) show from verbosity 4
+                "-lv",
+                "4",
             ])
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -388,6 +391,12 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     loop {
         if let Ok((200, _)) = http(port, "GET", "/health", "") {
             break;
+        }
+        if let Ok(Some(status)) = server.0.try_wait() {
+            panic!(
+                "llama-server exited ({status}):\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
         }
         assert!(
             t0.elapsed().as_secs() < 300,
@@ -427,7 +436,7 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     let mut history_tokens = 0.0;
     let mut turn = |messages: &mut Vec<(String, String)>, errors: &mut Vec<String>| -> String {
         let body = format!(
-            "{{\"messages\":[{}],\"max_tokens\":40,\"temperature\":0}}",
+            "{{\"messages\":[{}],\"max_tokens\":64,\"temperature\":0}}",
             messages
                 .iter()
                 .map(|(r, c)| format!("{{\"role\":\"{r}\",\"content\":\"{}\"}}", json_escape(c)))
@@ -468,7 +477,10 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
                 "malformed request answered {status}"
             );
         }
-        messages.push(("user".into(), format!("Tell me one short fact about {t}.")));
+        messages.push((
+            "user".into(),
+            format!("Tell me two facts about {t}, in two sentences."),
+        ));
         let a = turn(&mut messages, &mut errors);
         messages.push(("assistant".into(), a));
     }
@@ -494,7 +506,7 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     let kv_bytes_per_cell = 30 * 2 * 192 * 2; // SmolLM2: layers x (K, V) x n_embd_k_gqa x f16
     println!(
         "llama-server, {} turns over /v1/chat/completions in {secs:.1} s: history {history_tokens} tokens, budget {BUDGET} cells \
-         ({:.1} MiB of KV instead of {:.1} MiB), {} evictions, most cells held {held}; last answer {last:?} (green recalled: {})",
+         (cells in use: {:.1} MiB of f16 K+V at most, against {:.1} MiB for the whole history; the context allocates -c 4096 cells), {} evictions, most cells held {held}; last answer {last:?} (green recalled: {})",
         topics.len() + 2,
         (BUDGET * kv_bytes_per_cell) as f64 / 1048576.0,
         history_tokens * kv_bytes_per_cell as f64 / 1048576.0,
@@ -512,4 +524,68 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
         "a sequence held {held} cells, budget {BUDGET}"
     );
     let _ = std::fs::remove_file(&log_path);
+}
+
+#[test]
+fn cli_compresses_once_after_the_prompt() {
+    let Some(s) = setup() else {
+        return;
+    };
+    // a ~450-token prompt; --kv-keep 0.1: when the first answer token is decoded, the prompt's
+    // cells are compressed to 10% (libllama logs it at verbosity 4)
+    let sentences = [
+        "The old miller walked past the tall lighthouse.",
+        "A curious child remembered the apple orchard.",
+    ];
+    let mut prompt: String = (0..40)
+        .map(|i| sentences[i % 2])
+        .collect::<Vec<_>>()
+        .join(" ");
+    prompt += " The pass key is 46860. Remember it. What is the pass key?";
+    let o = Command::new(s.bin.join("llama-cli"))
+        .arg("-m")
+        .arg(&s.model)
+        .args([
+            "-p",
+            &prompt,
+            "-n",
+            "8",
+            "-st",
+            "-t",
+            "2",
+            "--kv-keep",
+            "0.1",
+            "-lv",
+            "4",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run llama-cli");
+    let log = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success(),
+        "llama-cli failed ({}):\n{log}",
+        o.status
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("evict: seq 0: "))
+        .unwrap_or_else(|| panic!("no eviction logged:\n{log}"));
+    let cells: Vec<f64> = line
+        .split("seq 0: ")
+        .nth(1)
+        .unwrap()
+        .split(" cells")
+        .next()
+        .unwrap()
+        .split(" -> ")
+        .map(|v| v.trim().parse().unwrap())
+        .collect();
+    println!("llama-cli --kv-keep 0.1: {line}");
+    assert_eq!(
+        log.matches("evict: seq 0: ").count(),
+        1,
+        "one-shot: one eviction"
+    );
+    assert_eq!(cells[1], (cells[0] * 0.1).floor(), "cells kept");
 }
