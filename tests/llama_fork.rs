@@ -141,6 +141,12 @@ fn needle_at_ten_percent_compacts_the_cache() {
             "flash {flash}: full exact {full_exact}/{n}; laprox-span at 10%: exact {span_exact}/{n}, key recovered {span_key}/{n}\n",
             n = PROMPTS.len()
         );
+        // issue 12's target: at 10% keep, at least as many exact answers as the full cache
+        if span_exact < full_exact {
+            failures.push(format!(
+                "flash {flash}: laprox-span exact on {span_exact}, the full cache on {full_exact}"
+            ));
+        }
     }
     println!("{table}");
     assert!(failures.is_empty(), "{failures:#?}");
