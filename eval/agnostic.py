@@ -166,6 +166,21 @@ def make_redundancy(mode="min", stride=1, post_pool=("forward", 8, 0.9), granula
     return select
 
 
+def make_combo(weight=1.0, stat="max", value=True):
+    """uniqueness + weight x reconstruction (max attention x ||v Wo||), each normalised by its
+    layer sum, then laprox-span's selection."""
+    def select(cap, keep_ratio, window):
+        u = np.maximum(1.0 - redundancy(cap, "min", 1), 0).astype(np.float64) ** 8
+        u[:, :, :-1] = np.maximum(u[:, :, :-1], 0.9 * u[:, :, 1:])
+        r = head_scores(cap, STATS[(id(cap), "recon")], stat, "sum", value).astype(np.float64)
+        norm = lambda x: x / np.maximum(x.sum(axis=(1, 2), keepdims=True), 1e-30)
+        s = (norm(u) + weight * norm(r))[:, :, : cap.n - window]
+        b = methods.head_budget(cap.n, keep_ratio, window) - window
+        return methods.library_select(cap, np.ascontiguousarray(s, np.float32), b, window, "laprox",
+                                      allocator="global", granularity="token", post_pool=("forward", 8, 0.9))
+    return select
+
+
 def value_norms(cap):
     """||v_i Wo_h||_2 per layer, query head, token: [L, Hq, N] (the library's value forms)."""
     kve = methods.kvevict()
@@ -252,6 +267,8 @@ def variants():
             v[f"uniq-p{pw}-b{b}"] = (None, make_redundancy(power=float(pw), back=b))
             for kk in (2, 3, 4, 6):
                 v[f"uniq{kk}-p{pw}-b{b}"] = (None, make_redundancy(f"min{kk}", power=float(pw), back=b))
+    for wgt in (0.5, 1.0, 2.0):
+        v[f"combo-{wgt:g}"] = ("recon", make_combo(wgt))
     v["lib-uniqueness"] = (None, methods.METHODS["uniqueness"].select) if "uniqueness" in methods.METHODS else None
     return {k: x for k, x in v.items() if x is not None}
 
