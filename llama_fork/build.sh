@@ -50,7 +50,8 @@ for p in "${patches[@]}"; do
     (cd "$stage" && GIT_CEILING_DIRECTORIES="$dir" git apply --whitespace=nowarn "$p")
 done
 if [ -d "$dir/src" ]; then
-    diff -rq --exclude=.git "$stage" "$dir/src" | while IFS= read -r line; do
+    # (diff exits 1 when the trees differ, which is the point: not an error under pipefail)
+    { diff -rq --exclude=.git "$stage" "$dir/src" || true; } | while IFS= read -r line; do
         case "$line" in
             "Files $stage/"*" differ")
                 f=${line#"Files $stage/"}; f=${f%% and *}
