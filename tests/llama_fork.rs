@@ -8,7 +8,9 @@
 //! - the decode speed on the compacted cache against the full one at the same prompt;
 //! - bad input refused by `llama-cli` / `llama-server` at startup, and bad calls of the C
 //!   API returning their error without touching the cache;
-//! - `llama-server` on loopback with a cell budget smaller than a multi-turn conversation.
+//! - `llama-server` on loopback with a cell budget smaller than a multi-turn conversation;
+//! - question-agnostic compression (`--agnostic`: the context alone is prefilled and
+//!   compressed, the question comes after) with the `uniqueness` method.
 //!
 //! Needs `KVEVICT_FORK_BIN` (llama_fork/build.sh prints it) and `KVEVICT_LLAMA_MODEL`;
 //! skips with a message without them, unless `KVEVICT_FORK_REQUIRED=1`
@@ -147,6 +149,79 @@ fn needle_at_ten_percent_compacts_the_cache() {
                 "flash {flash}: laprox-span exact on {span_exact}, the full cache on {full_exact}"
             ));
         }
+    }
+    println!("{table}");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Issue 11's llama.cpp step: compress the context before the question exists. The
+/// question-agnostic `uniqueness` scorer (no window queries read) must answer every prompt
+/// the full cache answers at 10 % keep; the question-aware default is printed beside it.
+#[test]
+fn agnostic_compression_keeps_the_needle() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let mut table = String::from("flash depth | full | uniqueness 10% | laprox-span 10%\n");
+    let mut failures = Vec::new();
+    for flash in ["off", "on"] {
+        let (mut full_ok, mut uniq_ok) = (0, 0);
+        for (depth, seed) in PROMPTS {
+            let common = [
+                "--needle",
+                depth,
+                "--seed",
+                seed,
+                "--flash-attn",
+                flash,
+                "--agnostic",
+            ];
+            let full = needle_with(&s, &common, &["--kv-evict", "full"]);
+            let uniq = needle_with(
+                &s,
+                &common,
+                &["--kv-evict", "uniqueness", "--kv-keep", "0.1"],
+            );
+            let span = needle_with(
+                &s,
+                &common,
+                &["--kv-evict", "laprox-span", "--kv-keep", "0.1"],
+            );
+            for r in [&uniq, &span] {
+                assert_eq!(r.num("agnostic"), 1.0);
+                let before = r.num("cells_before");
+                // the context alone was prefilled: the question is not in the cache yet
+                assert!(
+                    before < full.num("prompt") - 1.0,
+                    "agnostic: question prefilled"
+                );
+                assert_eq!(r.num("cells_after"), (before * 0.1).floor(), "cells kept");
+                assert_eq!(
+                    r.num("n_kv_after"),
+                    padded(r.num("cells_after")),
+                    "compacted"
+                );
+            }
+            table += &format!(
+                "{flash:>5} {depth:>5} | {} | {} ({:.0} ms) | {}\n",
+                full.verdict(),
+                uniq.verdict(),
+                uniq.num("score_ms"),
+                span.verdict()
+            );
+            let (f, u) = (full.num("correct") == 1.0, uniq.num("correct") == 1.0);
+            full_ok += f as i32;
+            uniq_ok += (f && u) as i32;
+            if f && !u {
+                failures.push(format!(
+                    "flash {flash} depth {depth}: uniqueness answered {:?}",
+                    uniq.get("answer")
+                ));
+            }
+        }
+        table += &format!(
+            "flash {flash}: uniqueness exact on {uniq_ok} of the full cache's {full_ok}\n"
+        );
     }
     println!("{table}");
     assert!(failures.is_empty(), "{failures:#?}");
