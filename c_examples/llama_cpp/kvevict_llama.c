@@ -97,8 +97,9 @@ static double cpu_s(void) {
 
 /* ------------------------------------------------------------------------- options */
 
-enum method { M_FULL, M_LAPROX, M_LAPROX_SPAN, M_LAVA, M_SNAPKV, M_STREAMING, M_KNORM };
-static const char *METHOD_NAMES[] = {"full", "laprox", "laprox-span", "lava", "snapkv", "streamingllm", "knorm"};
+enum method { M_FULL, M_LAPROX, M_LAPROX_SPAN, M_LAVA, M_SNAPKV, M_STREAMING, M_KNORM, M_UNIQUENESS };
+static const char *METHOD_NAMES[] = {"full", "laprox", "laprox-span", "lava", "snapkv", "streamingllm", "knorm",
+                                     "uniqueness"};
 
 struct opts {
     const char *model;
@@ -131,7 +132,8 @@ struct opts {
 static void usage(void) {
     fprintf(stderr,
             "usage: kvevict_llama -m MODEL.gguf [options]\n"
-            "  --method M[,M..]  full | laprox | laprox-span | lava | snapkv | streamingllm | knorm  (laprox-span);\n"
+            "  --method M[,M..]  full | laprox | laprox-span | lava | snapkv | streamingllm | knorm |\n"
+            "                    uniqueness (question-agnostic: no queries)  (laprox-span);\n"
             "                    one-shot mode runs every listed method on one prefill (state snapshot)\n"
             "  --keep R          one-shot: keep ratio of the cache, window inside it (kvpress) (0.1)\n"
             "  --window W        observation window (preset's: 32)\n"
@@ -572,13 +574,14 @@ static void scorer_init(struct scorer *s, enum method m, int window, int post_k,
     s->method = m;
     uint32_t preset = m == M_LAPROX ? KVE_PRESET_LAPROX : m == M_LAPROX_SPAN ? KVE_PRESET_LAPROX_SPAN
                     : m == M_LAVA ? KVE_PRESET_LAVA : m == M_SNAPKV ? KVE_PRESET_SNAPKV
-                    : m == M_STREAMING ? KVE_PRESET_STREAMINGLLM : KVE_PRESET_KNORM;
+                    : m == M_STREAMING ? KVE_PRESET_STREAMINGLLM : m == M_UNIQUENESS ? KVE_PRESET_UNIQUENESS
+                    : KVE_PRESET_KNORM;
     KVE(kve_score_params_init(&s->sp, sizeof s->sp, preset));
     if (window > 0) s->sp.window = (uint32_t)window;
     s->window = (int)s->sp.window;
     /* llama.cpp's cell holds one token for every layer and head: token granularity,
      * one global top-K over the layer-normalised sum of scores. */
-    if (m == M_LAPROX_SPAN) {
+    if (m == M_LAPROX_SPAN || m == M_UNIQUENESS) {
         KVE(kve_select_params_init_laprox_span(&s->sel, sizeof s->sel, 0));
         if (post_k > 0) {
             s->sel.post_pool_kernel = (uint32_t)post_k;
@@ -626,7 +629,7 @@ static int compress(struct scorer *s, struct capture *c, struct llama_context *c
     GROW(s->q, s->q_len, (size_t)s->window * hq * hd);
     GROW(s->f, s->f_len, (size_t)hkv * g * n);
     if (s->ws_len < wsb) { free(s->ws); s->ws = xmalloc(wsb); s->ws_len = wsb; }
-    const int needs_q = s->method != M_STREAMING && s->method != M_KNORM;
+    const int needs_q = s->method != M_STREAMING && s->method != M_KNORM && s->method != M_UNIQUENESS;
     for (int l = 0; l < L; l++) {
         kve_layer_inputs in;
         KVE(kve_layer_inputs_init(&in, sizeof in));
@@ -901,7 +904,7 @@ int main(int argc, char **argv) {
         any = 1;
         scorer_init(&sc[i], m, o.window, o.post_k, o.post_decay);
         if (sc[i].window > ring) ring = sc[i].window;
-        keep_v |= m == M_LAVA;
+        keep_v |= m == M_LAVA || m == M_UNIQUENESS;
         forms |= m == M_LAPROX || m == M_LAPROX_SPAN;
     }
 
