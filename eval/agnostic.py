@@ -120,14 +120,14 @@ def signal_stats(model, cap, signal):
     return out
 
 
-def redundancy(cap, mode="min", stride=1):
+def redundancy(cap, mode="min", stride=1, kth=1):
     """[L, Hkv, N]: for each key, the largest similarity to another cached token, where the
     similarity of i and j is min(cos(k_i, k_j), cos(v_i, v_j)) ("min") or the key cosine
     alone ("k"); candidates j are every `stride`-th position. 1 - redundancy is the score:
     a token with a near-duplicate key AND value elsewhere can go, attention to it would
     find the twin and read nearly the same value."""
     memo = methods._SCORES.setdefault(cap, {})
-    key = ("redundancy", mode, stride)
+    key = ("redundancy", mode, stride, kth)
     if key not in memo:
         K = cap.keys.astype(np.float32)
         V = cap.values.astype(np.float32)
@@ -147,15 +147,16 @@ def redundancy(cap, mode="min", stride=1):
                     for t in range(1, int(mode[3:])):
                         c[t:, t:] = np.minimum(c[t:, t:], c0[:-t, :-t])
                 c[cand, np.arange(len(cand))] = -1.0
-                out[l, h] = c.max(axis=1)
+                # the kth most similar other token: redundant only with >= kth twins
+                out[l, h] = c.max(axis=1) if kth == 1 else -np.partition(-c, kth - 1, axis=1)[:, kth - 1]
         memo[key] = out
     return memo[key]
 
 
 def make_redundancy(mode="min", stride=1, post_pool=("forward", 8, 0.9), granularity="token", allocator="global",
-                    power=1.0, back=0, decay=0.9):
+                    power=1.0, back=0, decay=0.9, kth=1):
     def select(cap, keep_ratio, window):
-        s = np.maximum(1.0 - redundancy(cap, mode, stride), 0) ** power
+        s = np.maximum(1.0 - redundancy(cap, mode, stride, kth), 0) ** power
         s0 = s.copy()
         for j in range(1, back + 1):  # a unique token lends score to the j tokens before it
             s[:, :, :-j] = np.maximum(s[:, :, :-j], decay ** j * s0[:, :, j:])
@@ -267,6 +268,8 @@ def variants():
             v[f"uniq-p{pw}-b{b}"] = (None, make_redundancy(power=float(pw), back=b))
             for kk in (2, 3, 4, 6):
                 v[f"uniq{kk}-p{pw}-b{b}"] = (None, make_redundancy(f"min{kk}", power=float(pw), back=b))
+    for kth in (2, 3, 4, 6):
+        v[f"uniq-k{kth}"] = (None, make_redundancy(power=8.0, back=1, kth=kth))
     for wgt in (0.5, 1.0, 2.0):
         v[f"combo-{wgt:g}"] = ("recon", make_combo(wgt))
     v["lib-uniqueness"] = (None, methods.METHODS["uniqueness"].select) if "uniqueness" in methods.METHODS else None
