@@ -231,6 +231,55 @@ fn needle_at_ten_percent() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Question-agnostic (`--agnostic`: the context is compressed before the question is
+/// decoded): the `uniqueness` method must answer every prompt the full cache answers at 10 %
+/// of the cells; LaProx-span, which reads the window's queries, is printed beside it.
+#[test]
+fn agnostic_uniqueness_at_ten_percent() {
+    let Some(s) = setup().expect("setup") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut table = String::from("depth seed | full | uniqueness | laprox-span | uniqueness ms\n");
+    for (depth, seed) in PROMPTS {
+        let args = [
+            "--method",
+            "full,uniqueness,laprox-span",
+            "--keep",
+            "0.1",
+            "--agnostic",
+        ];
+        let rows = run(
+            &s,
+            &[&args[..], &["--needle", depth, "--seed", seed]].concat(),
+        );
+        assert_eq!(rows.len(), 3);
+        let (full, uniq, span) = (&rows[0], &rows[1], &rows[2]);
+        assert_eq!(uniq.num("agnostic"), 1.0);
+        let scored = full.num("scored");
+        assert_eq!(
+            uniq.num("cells_kept"),
+            (scored * 0.1).floor(),
+            "uniqueness: cells kept"
+        );
+        table += &format!(
+            "{depth:>5} {seed:>4} | {} | {} | {} | {:.1}\n",
+            full.verdict(),
+            uniq.verdict(),
+            span.verdict(),
+            uniq.num("kvevict_ms")
+        );
+        if full.num("correct") == 1.0 && uniq.num("correct") != 1.0 {
+            failures.push(format!(
+                "depth {depth}: uniqueness answered {:?}",
+                uniq.get("answer")
+            ));
+        }
+    }
+    println!("{table}");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 #[test]
 fn decode_time_budget_is_held() {
     let Some(s) = setup().expect("setup") else {
