@@ -13,13 +13,13 @@
 //! The one-token backward reach took the development split from 4 to 8 of 9 at 5 % and the
 //! held-out split from 10 to 11 of 14 at 10 % (more reach did not help: eval/README.md).
 //!
-//! Cost: every prefix token against every cached token, `O(N²·(dk+dv))` per KV head, with
-//! the value cosine computed only where the key cosine could raise the running maximum.
+//! Cost: every pair of cached tokens once, `O(N²·(dk+dv)/2)` per KV head (both ends of a
+//! pair updated), the value cosine only where the key cosine could raise either maximum;
+//! workspace `N·(dk+dv+1)` floats. Quadratic: a sub-quadratic twin search is future work.
 use super::Bufs;
 use crate::error::{Error, Result};
 use crate::numerics::{dispatch, dot_v, hsum8, Simd};
-use crate::view::load_rows;
-use crate::view::View;
+use crate::view::{load_rows, View};
 
 /// Sharpening exponent (decision, SPEC §3b).
 pub const POWER: i32 = 8;
