@@ -529,7 +529,7 @@ const char *kve_status_message(int32_t status);
 uint32_t kve_version(void);
 
 /**
- * The library's version as a static string, e.g. `"0.1.0"` (never NULL, never freed).
+ * The library's version as a static string, e.g. `"0.2.0"` (never NULL, never freed).
  */
 const char *kve_version_string(void);
 

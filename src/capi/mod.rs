@@ -208,7 +208,7 @@ pub extern "C" fn kve_version() -> u32 {
     KVE_VERSION_MAJOR * 10000 + KVE_VERSION_MINOR * 100 + KVE_VERSION_PATCH
 }
 
-/// The library's version as a static string, e.g. `"0.1.0"` (never NULL, never freed).
+/// The library's version as a static string, e.g. `"0.2.0"` (never NULL, never freed).
 #[no_mangle]
 pub extern "C" fn kve_version_string() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr() as *const c_char
