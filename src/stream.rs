@@ -440,6 +440,32 @@ fn row_stats(
     })
 }
 
+/// The masked logits of keys `c0 .. c0+nt` of KV head `kh` into `s.c` (one chunk of both
+/// passes); with `check`, whether every key element was finite.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn chunk_logits<S: Simd>(
+    keys: &View,
+    kh: usize,
+    g: usize,
+    lim: &[u64],
+    c0: usize,
+    nt: usize,
+    check: bool,
+    s: &mut Scratch,
+) -> bool {
+    let ntp = nt.div_ceil(KT) * KT;
+    let (kp, ldk, finite) = window::load_keys::<S>(keys, kh, c0, nt, ntp, s.k, check);
+    if !finite {
+        return false;
+    }
+    let rp = s.rows_pad;
+    // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
+    unsafe { window::gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, &mut s.c[..ntp * rp]) };
+    mask(s, g, lim, c0, nt);
+    true
+}
+
 #[inline(always)]
 fn row_stats_impl<S: Simd>(
     keys: &View,
@@ -457,24 +483,9 @@ fn row_stats_impl<S: Simd>(
     let mut c0 = 0;
     while c0 < end {
         let nt = CHUNK.min(end - c0);
-        let ntp = nt.div_ceil(KT) * KT;
-        let (kp, ldk, finite) = window::load_keys::<S>(keys, kh, c0, nt, ntp, s.k, true);
-        if !finite {
+        if !chunk_logits::<S>(keys, kh, g, lim, c0, nt, true, s) {
             return Err(Error::NonFinite);
         }
-        // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        unsafe {
-            window::gemm::<S>(
-                s.q,
-                s.dk,
-                s.rows_pad,
-                kp,
-                ldk,
-                ntp,
-                &mut s.c[..ntp * s.rows_pad],
-            )
-        };
-        mask(s, g, lim, c0, nt);
         window::fold_rows::<S>(s, nt, rmax, rsum)?;
         c0 += nt;
     }
@@ -515,21 +526,7 @@ fn column_stats_impl<S: Simd>(
     let mut c0 = 0;
     while c0 < end {
         let nt = CHUNK.min(end - c0);
-        let ntp = nt.div_ceil(KT) * KT;
-        let (kp, ldk, _) = window::load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
-        // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        unsafe {
-            window::gemm::<S>(
-                s.q,
-                s.dk,
-                s.rows_pad,
-                kp,
-                ldk,
-                ntp,
-                &mut s.c[..ntp * s.rows_pad],
-            )
-        };
-        mask(s, g, lim, c0, nt);
+        chunk_logits::<S>(keys, kh, g, lim, c0, nt, false, s);
         window::probabilities::<S>(s, nt);
         for t in 0..nt {
             // rows that cannot see the key hold exact zeros: skip them
