@@ -31,7 +31,7 @@ import captures  # noqa: E402
 import methods  # noqa: E402
 import tasks  # noqa: E402
 from engine import CACHE_DIR, OUT_DIR, KVCache, Model  # noqa: E402
-from metrics import evaluate_many  # noqa: E402
+from metrics import evaluate_selections  # noqa: E402
 from needle import CONTEXT_TOKENS, answer_correct  # noqa: E402
 
 RECON_PROMPT = "\n\nRepeat the previous context exactly.\n"
@@ -312,20 +312,9 @@ def main(argv=None):
             st = signal_stats(model, cap, sig)
             STATS[(id(cap), sig)] = st
             cost.setdefault(sig, []).append((int(st["extra_tokens"]) / cap.n, float(st["t_forward"])))
-        jobs, kepts, index = [], [], {}
-        for x in names:
-            for r in ratios:
-                kept = table[x][1](cap, r, args.window)
-                methods.check_kept(kept, cap)
-                hsh = methods.kept_digest(kept)
-                if hsh not in index:
-                    index[hsh] = len(kepts)
-                    kepts.append(kept)
-                jobs.append((x, r, index[hsh]))
-        evals = evaluate_many(model, cap, kepts, p.key)
         marks = []
-        for x, r, j in jobs:
-            e = evals[j]
+        selects = [(x, (lambda f: lambda c, r: f(c, r, args.window))(table[x][1])) for x in names]
+        for x, r, e, _ in evaluate_selections(model, cap, selects, ratios, p.key):
             res.setdefault((x, r), []).append((p.index, e["correct"], e["kl"]))
             marks.append(f"{x}@{r:g}:{'ok' if e['correct'] else 'x'}")
         print(f"prompt {p.index} depth {p.depth:.2f} full {'ok' if p.index in full_ok else 'x'} "

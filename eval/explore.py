@@ -23,7 +23,7 @@ import captures  # noqa: E402
 import methods  # noqa: E402
 from engine import OUT_DIR, Model  # noqa: E402
 from methods import Method, library_method as L  # noqa: E402
-from metrics import evaluate_many  # noqa: E402
+from metrics import evaluate_selections  # noqa: E402
 from needle import CONTEXT_TOKENS, answer_correct, make_prompts  # noqa: E402
 
 SPAN_POOL = ("forward", 8, 0.9)
@@ -141,22 +141,10 @@ def main(argv=None):
             if model.tokenizer.decode(ids[i:i + 5]) == p.key:
                 pos = list(range(i, i + 5))
                 break
-        jobs, kepts, index = [], [], {}
-        for name in names:
-            m = get(name)
-            for r in ratios:
-                kept = m.select(cap, r, m.window)
-                methods.check_kept(kept, cap)
-                h = methods.kept_digest(kept)
-                if h not in index:
-                    index[h] = len(kepts)
-                    kepts.append(kept)
-                jobs.append((name, r, index[h]))
-        evals = evaluate_many(model, cap, kepts, p.key)
         marks = []
-        for name, r, j in jobs:
-            e = evals[j]
-            res.setdefault((name, r), []).append((p.index, e["correct"], e["kl"], e["layer_err"], digit_coverage(kepts[j], pos)))
+        selects = [(name, (lambda m: lambda c, r: m.select(c, r, m.window))(get(name))) for name in names]
+        for name, r, e, kept in evaluate_selections(model, cap, selects, ratios, p.key):
+            res.setdefault((name, r), []).append((p.index, e["correct"], e["kl"], e["layer_err"], digit_coverage(kept, pos)))
             marks.append(f"{name}@{r:g}:{'ok' if e['correct'] else 'x'}")
         print(f"prompt {p.index} depth {p.depth:.2f} full {'ok' if p.index in full_ok else 'x'} "
               f"({time.time() - t0:.0f}s) " + " ".join(marks), file=sys.stderr, flush=True)

@@ -129,3 +129,22 @@ def evaluate_many(model, cap, kepts, key, batch=48):
                 "kept_frac": int(masks[b].sum()) / total,
             })
     return out
+
+
+def evaluate_selections(model, cap, selects, ratios, key):
+    """Every (name, ratio) of `selects` ([(name, select(cap, ratio) -> kept)]) on one capture:
+    identical selections are decoded once, all of them as one batch. Returns a list of
+    (name, ratio, metrics, kept)."""
+    import methods  # the eval's method helpers (validation, digests)
+    jobs, kepts, index = [], [], {}
+    for name, select in selects:
+        for r in ratios:
+            kept = select(cap, r)
+            methods.check_kept(kept, cap)
+            h = methods.kept_digest(kept)
+            if h not in index:
+                index[h] = len(kepts)
+                kepts.append(kept)
+            jobs.append((name, r, index[h]))
+    evals = evaluate_many(model, cap, kepts, key)
+    return [(name, r, evals[j], kepts[j]) for name, r, j in jobs]
