@@ -283,7 +283,7 @@ class Model:
         prefix entries each keeps: the batched equivalent of `generate(tokens,
         KVCache.from_arrays(K, V, kept_b), n_new)` for every b.
 
-        K, V: `[L, Hkv, N, hd]` the prefix; masks: `[B, L, Hkv, N]` bool (False = evicted).
+        K, V: `[L, Hkv, N, hd]` the prefix; masks: `[B, L, Hkv, N]` bool (False = evicted), or float: the additive bias.
         The prefix attention of all B sequences is one matmul per (layer, KV head) against the
         shared K/V with a per-sequence additive mask; the tokens fed afterwards have their own
         K/V per sequence. Weights are read once per step for the whole batch.
@@ -293,7 +293,9 @@ class Model:
         B, L, Hkv, N = masks.shape
         T0 = len(tokens)
         hd = self.head_dim
-        bias = np.where(masks, np.float32(0), np.float32(-np.inf))  # [B, L, Hkv, N]
+        # a float `masks` is the additive bias itself (-inf = evicted, else a log weight)
+        bias = (np.where(masks, np.float32(0), np.float32(-np.inf)) if masks.dtype == bool
+                else masks.astype(np.float32))  # [B, L, Hkv, N]
         S = T0 + n_new
         newk = np.zeros((L, B, Hkv, S, hd), np.float32)
         newv = np.zeros((L, B, Hkv, S, hd), np.float32)

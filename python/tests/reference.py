@@ -81,7 +81,8 @@ def knorm(k, w):
 
 
 def uniqueness(k, v, w):
-    """(1 - max_{j != i} min(cos k, cos v))^8, then 0.9 of the next token's score lent back."""
+    """(1 - r)^8 with r the 4th largest min(cos k, cos v) over the other tokens (-1 where
+    fewer exist), then 0.9^j of the score lent to each of the j <= 4 tokens before."""
     k = np.asarray(k, np.float64)
     v = np.asarray(v, np.float64)
     hkv, n, _ = k.shape
@@ -91,10 +92,14 @@ def uniqueness(k, v, w):
         kn = k[h] / np.maximum(np.linalg.norm(k[h], axis=1, keepdims=True), 1e-300)
         vn = v[h] / np.maximum(np.linalg.norm(v[h], axis=1, keepdims=True), 1e-300)
         c = np.minimum(kn @ kn.T, vn @ vn.T)
-        np.fill_diagonal(c, -1.0)
-        u = np.maximum(1.0 - c.max(axis=1)[:p], 0.0) ** 8
-        lent = np.append(0.9 * u[1:], 0.0)
-        out[h] = np.maximum(u, lent)
+        np.fill_diagonal(c, -np.inf)
+        c = np.concatenate([c, np.full((n, 4), -1.0)], axis=1)  # pads rows with < 4 others
+        r = -np.partition(-c, 3, axis=1)[:, 3]
+        u = np.maximum(1.0 - r[:p], 0.0) ** 8
+        s = u.copy()
+        for j in range(1, min(5, p)):
+            s[:-j] = np.maximum(s[:-j], float(np.float32(0.9)) ** j * u[j:])
+        out[h] = s
     return out
 
 

@@ -136,13 +136,17 @@ class ScorerTests(unittest.TestCase):
         self.assertEqual(kve.ScoreParams.preset("laprox-span").scorer, "laprox")
 
     def test_uniqueness(self):
-        # a planted twin (key and value copied) scores low, its neighbours lend 0.9 back
+        # a token with 4 planted twins (key and value copied) scores 0 itself and keeps only
+        # what the next 4 tokens lend (at most 0.9 of theirs); the reference checks the rest
         k, v = self.k.copy(), self.v.copy()
-        k[:, 5], v[:, 5] = k[:, 20], v[:, 20]
+        twins = (5, 12, 20, 27, 33)
+        for t in twins[1:]:
+            k[:, t], v[:, t] = k[:, twins[0]], v[:, twins[0]]
+        k[:, 40], v[:, 40] = k[:, 2], v[:, 2]  # one twin: not enough to be redundant
         got = kve.score_layer(kve.ScoreParams.preset("uniqueness", window=W), None, k, values=v)
         assert_close(self, got, ref.uniqueness(k, v, W), what="uniqueness")
-        for twin in (5, 20):  # u = 0: only what the next token lends
-            self.assertTrue(np.all(got[:, twin] <= 0.9 * got[:, twin + 1] * (1 + 1e-6)))
+        for t in twins:
+            self.assertTrue(np.all(got[:, t] <= 0.9 * got[:, t + 1: t + 5].max(axis=1) * (1 + 1e-6)))
 
     def test_workspace_and_out_reuse(self):
         params = kve.ScoreParams.preset("snapkv", window=W)

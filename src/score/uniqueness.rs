@@ -1,21 +1,27 @@
 //! Uniqueness (SPEC §3b; ours, question-agnostic, no queries, no extra forward pass):
-//! `u[kh,i] = max(0, 1 - r_i)^8` with `r_i = max_{j != i, j < N} min(cos(k_i, k_j), cos(v_i, v_j))`,
-//! then `s[kh,i] = max(u[i], 0.9·u[i+1])` over the prefix: a unique token lends 0.9 of its
-//! score to the token before it (the word that introduces it: "is" before a key's digits).
+//! `u[kh,i] = max(0, 1 - r_i)^8` with `r_i` the [`TWIN_RANK`]-th largest of
+//! `min(cos(k_i, k_j), cos(v_i, v_j))` over every other cached token `j` (−1 where fewer
+//! exist), then `s[kh,i] = max_{0 <= j <= 4} 0.9^j·u[i+j]` over the prefix: a unique token
+//! lends `0.9^j` of its score to the `j` tokens before it (the words that introduce it:
+//! "The amber code is" before a code's digits).
 //!
-//! Why: a token whose key *and* value have a near-twin elsewhere in the cache can go — any
-//! query that would attend to it finds the twin and reads nearly the same value. What has no
+//! Why: a token whose key *and* value have near-twins elsewhere in the cache can go — any
+//! query that would attend to it finds a twin and reads nearly the same value. What has no
 //! twin (a pass key, a name, a number stated once) is what no other cell can stand in for.
-//! Keys alone are not enough: the digits of "54505" share keys, not values. The power 8
-//! sharpens the per-head scores so that the layer-sum normalisation of the token
-//! granularity (SPEC §4) does not flatten the few unique tokens into the many (measured in
-//! eval/agnostic.py: powers 1, 2, 4, 8 kept the needle on 1, 8, 8, 8 of 9 prompts at 10 %).
-//! The one-token backward reach took the development split from 4 to 8 of 9 at 5 % and the
-//! held-out split from 10 to 11 of 14 at 10 % (more reach did not help: eval/README.md).
+//! Keys alone are not enough: the digits of "54505" share keys, not values. Why the 4th
+//! twin, not the nearest: filler words recur many times, while the digits of a few codes
+//! recur only once or twice among each other; with the nearest twin the codes of a
+//! multi-key context were evicted and their labels kept (eval/agnostic.py, multikey: 1 of
+//! 18 at 10 % with the nearest twin, 9 of 18 with the 4th; single needle unchanged). The
+//! four-token backward reach then keeps each label with its digits (with one token, the 4th
+//! twin lost single needles at 5 %: 14 against 17 of 19). The power 8 sharpens the per-head
+//! scores so that the layer-sum normalisation of the token granularity (SPEC §4) does not
+//! flatten the few unique tokens into the many.
 //!
 //! Cost: every pair of cached tokens once, `O(N²·(dk+dv)/2)` per KV head (both ends of a
-//! pair updated), the value cosine only where the key cosine could raise either maximum;
-//! workspace `N·(dk+dv+1)` floats. Quadratic: a sub-quadratic twin search is future work.
+//! pair updated), the value cosine only where the key cosine could enter either token's
+//! top [`TWIN_RANK`]; workspace `N·(dk+dv+TWIN_RANK)` floats. Quadratic: a sub-quadratic
+//! twin search is future work.
 use super::Bufs;
 use crate::error::{Error, Result};
 use crate::numerics::{dispatch, dot_v, hsum8, Simd};
@@ -23,13 +29,31 @@ use crate::view::{load_rows, View};
 
 /// Sharpening exponent (decision, SPEC §3b).
 pub const POWER: i32 = 8;
-/// Share of a token's score lent to the token before it.
+/// Share of a token's score lent to the token before it (`BACK_DECAY^j` to the j-th before).
 pub const BACK_DECAY: f32 = 0.9;
+/// How many tokens before a unique token receive its lent score.
+pub const BACK_REACH: usize = 4;
+/// Which twin decides redundancy: a token is redundant when it has this many near-twins.
+pub const TWIN_RANK: usize = 4;
 
 /// Workspace floats: the unit-normalised K and V rows of one KV head, and every token's
-/// running maximum similarity.
+/// running top [`TWIN_RANK`] similarities.
 pub(crate) fn scratch_floats(n: usize, dk: usize, dv: usize) -> Result<usize> {
-    n.checked_mul(dk + dv + 1).ok_or(Error::Overflow)
+    n.checked_mul(dk + dv + TWIN_RANK).ok_or(Error::Overflow)
+}
+
+/// Puts `m` into `top` (descending) when it beats the smallest kept value.
+#[inline(always)]
+fn insert_top(top: &mut [f32], m: f32) {
+    let mut k = TWIN_RANK - 1;
+    if m <= top[k] {
+        return;
+    }
+    while k > 0 && top[k - 1] < m {
+        top[k] = top[k - 1];
+        k -= 1;
+    }
+    top[k] = m;
 }
 
 /// NaN/Inf anywhere in K or V is rejected before `out` is written.
@@ -73,12 +97,14 @@ pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], 
         let (vn, rest) = rest.split_at_mut(n * dv);
         load_unit_rows::<S>(keys, kh, kn);
         load_unit_rows::<S>(values, kh, vn);
-        let best = &mut rest[..n];
-        best.fill(-1.0);
+        // top[i * R..][..R]: token i's R largest similarities so far, descending
+        let top = &mut rest[..n * TWIN_RANK];
+        top.fill(-1.0);
+        let floor = |top: &[f32], t: usize| top[t * TWIN_RANK + TWIN_RANK - 1];
         let d8 = dk / 8 * 8;
         // each pair once (j > i) updates both ends: the similarity is symmetric, bit for bit
-        // (the same products summed in the same order), so the maxima equal the one-sided
-        // search's; a value cosine is computed only where the key cosine could raise either
+        // (the same products summed in the same order), so the top lists equal the one-sided
+        // search's; a value cosine is computed only where the key cosine could enter either
         for i in 0..n {
             let (ki, vi) = (&kn[i * dk..(i + 1) * dk], &vn[i * dv..(i + 1) * dv]);
             let mut j0 = i + 1;
@@ -112,24 +138,29 @@ pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], 
                 }
                 for (q, &c) in ck[..nb].iter().enumerate() {
                     let j = j0 + q;
-                    if c > best[i] || c > best[j] {
+                    if c > floor(top, i) || c > floor(top, j) {
                         // SAFETY: both slices are rows of length dv of the same buffer.
                         let cv = unsafe { dot_v::<S>(vi, &vn[j * dv..(j + 1) * dv]) };
                         let m = c.min(cv);
-                        best[i] = best[i].max(m);
-                        best[j] = best[j].max(m);
+                        insert_top(&mut top[i * TWIN_RANK..(i + 1) * TWIN_RANK], m);
+                        insert_top(&mut top[j * TWIN_RANK..(j + 1) * TWIN_RANK], m);
                     }
                 }
                 j0 += nb;
             }
         }
-        for (out, &b) in dst.iter_mut().zip(best.iter()) {
+        for (t, out) in dst.iter_mut().enumerate() {
+            let b = floor(top, t);
             let u2 = (1.0 - b).max(0.0) * (1.0 - b).max(0.0);
             *out = u2 * u2 * (u2 * u2); // ^POWER
         }
-        // ascending: dst[i + 1] is still unlent when dst[i] reads it
-        for i in 1..dst.len() {
-            dst[i - 1] = dst[i - 1].max(BACK_DECAY * dst[i]);
+        // ascending: dst[i + 1 ..] are still unlent when dst[i] reads them
+        for i in 0..dst.len() {
+            let mut f = 1.0f32;
+            for j in 1..=BACK_REACH.min(dst.len() - 1 - i) {
+                f *= BACK_DECAY;
+                dst[i] = dst[i].max(f * dst[i + j]);
+            }
         }
     })
 }

@@ -360,7 +360,8 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                 .collect(),
             ScorerKind::KNorm => (0..p).map(|i| -norm2(x.k.row(kh, i))).collect(),
             ScorerKind::Uniqueness => {
-                // (1 - max_{j != i} min(cos k, cos v))^8 over every cached token j (SPEC §3b)
+                // (1 - r_i)^8, r_i the 4th largest min(cos k, cos v) over every other cached
+                // token (−1 where fewer exist), SPEC §3b
                 let v = x.v.as_ref().unwrap();
                 let cos = |a: &[f64], b: &[f64]| {
                     let (na, nb) = (norm2(a), norm2(b));
@@ -372,25 +373,28 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                 };
                 let u: Vec<f64> = (0..p)
                     .map(|i| {
-                        let r = (0..n)
+                        let mut sims: Vec<f64> = (0..n)
                             .filter(|&j| j != i)
                             .map(|j| {
                                 cos(x.k.row(kh, i), x.k.row(kh, j))
                                     .min(cos(v.row(kh, i), v.row(kh, j)))
                             })
-                            .fold(-1.0, f64::max);
+                            .collect();
+                        sims.sort_by(|a, b| b.total_cmp(a));
+                        let r = sims.get(3).copied().unwrap_or(-1.0);
                         (1.0 - r).max(0.0).powi(8)
                     })
                     .collect();
-                // a unique token lends 0.9 of its score to the token before it
-                let lend = |i: usize| {
-                    if i + 1 < p {
-                        0.9f32 as f64 * u[i + 1]
-                    } else {
-                        0.0
-                    }
-                };
-                (0..p).map(|i| u[i].max(lend(i))).collect()
+                // a unique token lends 0.9^j of its score to the j <= 4 tokens before it
+                let decay = 0.9f32 as f64;
+                (0..p)
+                    .map(|i| {
+                        (0..=4)
+                            .filter(|j| i + j < p)
+                            .map(|j| decay.powi(j as i32) * u[i + j])
+                            .fold(0.0, f64::max)
+                    })
+                    .collect()
             }
             ScorerKind::Tova => {
                 // w = 1; mean over every query head of the layer, same for all KV heads.
