@@ -60,6 +60,7 @@ def oracle_sets(d, p):
     return {
         "sink+cue..digits+tail7": np.r_[0, d - 3:d + 5, p - 7:p],
         "sink+is..period+tail7": np.r_[0, d - 2:d + 6, p - 7:p],
+        "sink+cue..period (no tail)": np.r_[0, d - 3:d + 6],
         "cue..period+tail7 (no sink)": np.r_[d - 3:d + 6, p - 7:p],
         "sink+digits": np.r_[0, d:d + 5],
         "sink0-7+cue..digits": np.r_[0:8, d - 3:d + 5],
