@@ -24,9 +24,9 @@ import methods  # noqa: E402
 from engine import OUT_DIR, Model  # noqa: E402
 from methods import Method, library_method as L  # noqa: E402
 from metrics import evaluate_selections  # noqa: E402
-from needle import CONTEXT_TOKENS, answer_correct, make_prompts  # noqa: E402
+from needle import CONTEXT_TOKENS, NEEDLE, answer_correct, make_prompts  # noqa: E402
 
-SPAN_POOL = ("forward", 8, 0.9)
+SPAN_POOL = ("forward", 8, 0.9, 0)  # the laprox-span preset's post-pool before the sink rule
 
 
 def span(window=32, post_pool=SPAN_POOL, **kw):
@@ -67,6 +67,22 @@ VARIANTS = {
     "span-w8-f16": span(8, post_pool=("forward", 16, 0.9)),
     "span-w8-f4": span(8, post_pool=("forward", 4, 0.9)),
     "span-w8-exact": span(8, laprox_gqa="exact"),
+    # question-agnostic: uniqueness with laprox-span's selection before the sink rule
+    "uniqueness-pool8": at_window("uniqueness", 8, post_pool=SPAN_POOL),
+    # the smallest budgets, library options (post_pool = kind, kernel, decay, sinks): the
+    # preset before (span-w8), each half of the change, the kernel's neighbours
+    "span-w8-sinkrule": span(8, post_pool=("forward", 8, 0.9, 1)),
+    "span-w8-f9flat": span(8, post_pool=("forward", 9, 1.0, 0)),
+    "span-w8-f8flat-sinkrule": span(8, post_pool=("forward", 8, 1.0, 1)),
+    "span-w8-f10flat-sinkrule": span(8, post_pool=("forward", 10, 1.0, 1)),
+    "span-w8-f8d95-sinkrule": span(8, post_pool=("forward", 8, 0.95, 1)),
+    # the smallest budgets: the sink lends nothing (composed reserve) / flat continuation
+    "span-w8-sink1": span(8, sinks=1),
+    "span-w8-d1": span(8, post_pool=("forward", 8, 1.0)),
+    "span-w8-sink1-d1": span(8, sinks=1, post_pool=("forward", 8, 1.0)),
+    "span-w8-sink1-d95": span(8, sinks=1, post_pool=("forward", 8, 0.95)),
+    **{f"span-w{w}-sink1-f{k}d{d}": span(w, sinks=1, post_pool=("forward", k, d / 100))
+       for w in (4, 8) for k in (8, 9, 10, 12, 16) for d in (90, 95, 100)},
     # the same pipeline at other granularities (forward post-pool per unit)
     "laprox-k1-fwdpost": Method(L("laprox", kernel=1, post_pool=SPAN_POOL), library=True),
     "laprox-k1-layer-fwdpost": Method(L("laprox", kernel=1, granularity="layer", post_pool=SPAN_POOL), library=True),
@@ -114,6 +130,9 @@ def main(argv=None):
     ap.add_argument("--ratios", default="0.1,0.05")
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=CONTEXT_TOKENS, help="prompt length in tokens")
+    ap.add_argument("--seed-base", type=int, default=0, help="> 0: other filler and keys (held-out)")
+    ap.add_argument("--key-digits", type=int, default=5, help="digits of the pass key (format probe)")
+    ap.add_argument("--needle", default=NEEDLE, help="needle sentence with {key} (format probe)")
     ap.add_argument("--only", default="", help="prompt indices to run (default all)")
     ap.add_argument("--setting", default="aware", choices=["aware", "agnostic"])
     ap.add_argument("--out", default=os.path.join(OUT_DIR, "explore.md"))
@@ -123,7 +142,7 @@ def main(argv=None):
     for n in names:
         get(n)
     model = Model()
-    prompts = make_prompts(model.tokenizer, args.prompts, args.tokens)
+    prompts = make_prompts(model.tokenizer, args.prompts, args.tokens, args.seed_base, args.key_digits, args.needle)
     if args.only:
         keep = {int(i) for i in args.only.split(",")}
         prompts = [p for p in prompts if p.index in keep]
@@ -135,11 +154,12 @@ def main(argv=None):
         if answer_correct(model.tokenizer.decode(cap.answer_ids), p.key):
             full_ok.add(p.index)
         ids = [int(t) for t in cap.a["prefill_ids"]]
-        # the key's digits: the first run of 5 digit tokens spelling it
+        # the key's digits: the first run of digit tokens spelling it (one token per digit)
+        nd = len(p.key)
         pos = []
-        for i in range(len(ids) - 4):
-            if model.tokenizer.decode(ids[i:i + 5]) == p.key:
-                pos = list(range(i, i + 5))
+        for i in range(len(ids) - nd + 1):
+            if model.tokenizer.decode(ids[i:i + nd]) == p.key:
+                pos = list(range(i, i + nd))
                 break
         marks = []
         selects = [(name, (lambda m: lambda c, r: m.select(c, r, m.window))(get(name))) for name in names]
@@ -148,7 +168,8 @@ def main(argv=None):
             marks.append(f"{name}@{r:g}:{'ok' if e['correct'] else 'x'}")
         print(f"prompt {p.index} depth {p.depth:.2f} full {'ok' if p.index in full_ok else 'x'} "
               f"({time.time() - t0:.0f}s) " + " ".join(marks), file=sys.stderr, flush=True)
-    lines = [f"\n## {args.setting}, {len(prompts)} prompts of {args.prompts} x {args.tokens} tokens (full cache answers {len(full_ok)}), "
+    lines = [f"\n## {args.setting}, {len(prompts)} prompts of {args.prompts} x {args.tokens} tokens, seed base {args.seed_base}, "
+             f"needle {args.needle!r} with {args.key_digits} digits (full cache answers {len(full_ok)}), "
              f"window inside the budget\n", "| variant | ratio | correct | on full-ok | KL | layer err | needle digits kept |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name in names:

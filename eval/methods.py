@@ -172,8 +172,10 @@ def library_select(cap, scores, budget, window, preset, allocator=None, granular
     for k, v in (("normalize", normalize), ("alpha", alpha), ("beta", beta)):
         if v is not None:
             setattr(sp, k, v)
-    if post_pool is not None:
-        sp.post_pool_kind, sp.post_pool_kernel, sp.post_pool_decay = post_pool
+    if post_pool is not None:  # (kind, kernel, decay[, sinks]): sinks default as the preset
+        sp.post_pool_kind, sp.post_pool_kernel, sp.post_pool_decay = post_pool[:3]
+        if len(post_pool) > 3:
+            sp.post_pool_sinks = post_pool[3]
     offsets, indices = kve.select_model(sp, scores, cap.n, window)
     return kve.kept_lists(offsets, indices, cap.n_layers, cap.n_kv_heads)
 
@@ -187,9 +189,10 @@ def library_method(preset, allocator=None, granularity=None, normalize=None, alp
                    **score_fields):
     """A select() backed by the kvevict binding: score (`preset`, SPEC §3, any ScoreParams
     field overridden: kernel=1, pool="forward", laprox_gqa="exact", ...) -> allocate ->
-    select (allocator, granularity, normalize, alpha, beta, post_pool=(kind, kernel, decay);
+    select (allocator, granularity, normalize, alpha, beta, post_pool=(kind, kernel, decay[, sinks]);
     defaults as kvevict.select_kept: uniform, lava -> lava, laprox -> global, laprox-span
-    -> its own global token-level selection with forward post-pooling 8 / 0.9).
+    -> its own global token-level selection with forward post-pooling 9 / 1.0, the sink
+    at position 0 left out of the pool).
 
     Budget: `head_budget(n, ratio, w) - w` prefix tokens per (layer, KV head) on average.
     Composed extras (evaluation ideas, not library options; they spend the same budget):
@@ -280,7 +283,8 @@ METHODS: Dict[str, Method] = {
     "laprox-fwd": Method(L("laprox", pool="forward", kernel=8, decay=0.9), library=True,
                          note="laprox with forward pooling 8/0.9 (per head); global"),
     "laprox-span": Method(L("laprox-span"), library=True,
-                          note="laprox k=1 -> token granularity (layer-sum normalized) -> forward pool 8/0.9 -> global top-K"),
+                          note="laprox k=1 -> token granularity (layer-sum normalized) -> forward pool 9/1.0, the sink "
+                               "lending nothing -> global top-K"),
     "laprox-span-w8": Method(L("laprox-span"), window=8, library=True,
                              note="laprox-span with an 8-token window: more of the budget left to the prefix (best preset)"),
     "laprox-k1-fwdpost-w8": Method(L("laprox", kernel=1, post_pool=("forward", 8, 0.9)), window=8, library=True,
@@ -290,7 +294,7 @@ METHODS: Dict[str, Method] = {
     # question-agnostic (SPEC §3b)
     "uniqueness": Method(L("uniqueness"), window=8, library=True,
                          note="question-agnostic: (1 - max twin similarity of (k, v))^8, no queries; laprox-span's "
-                              "selection (token granularity, global, forward post-pool 8/0.9)"),
+                              "selection (token granularity, global, forward post-pool 9/1.0, sink left out)"),
 }
 
 BEST_PRESET = "laprox-span-w8"  # eval/demo.py's default; see eval/README.md

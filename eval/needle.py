@@ -34,8 +34,11 @@ QUESTION = "\nQuestion: what is the pass key?\nAnswer: The pass key is"
 CONTEXT_TOKENS = 1000  # total prompt length target, question included
 
 
-def needle_sentence(key):
-    return f"The pass key is {key}. Remember it."
+NEEDLE = "The pass key is {key}. Remember it."
+
+
+def needle_sentence(key, template=NEEDLE):
+    return template.format(key=key)
 
 
 def filler_sentences(rng, count):
@@ -64,13 +67,14 @@ class Prompt:
         return self.context_ids + self.question_ids
 
 
-def make_prompt(tokenizer, index, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=0):
-    """seed_base > 0 draws filler and key from other seeds (a held-out split)."""
+def make_prompt(tokenizer, index, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=0, key_digits=5, template=NEEDLE):
+    """seed_base > 0 draws filler and key from other seeds (a held-out split); key_digits and
+    template (with {key}) change the needle's format (the question stays the same)."""
     depth = index / (n_prompts - 1) if n_prompts > 1 else 0.5
-    key = str(np.random.default_rng([7919, index + seed_base]).integers(10000, 100000))
+    key = str(np.random.default_rng([7919, index + seed_base]).integers(10 ** (key_digits - 1), 10 ** key_digits))
     rng = np.random.default_rng([1234, index + seed_base])
     q_ids = tokenizer.encode(QUESTION)
-    budget = n_tokens - len(q_ids) - len(tokenizer.encode(" " + needle_sentence(key)))
+    budget = n_tokens - len(q_ids) - len(tokenizer.encode(" " + needle_sentence(key, template)))
     sentences = []
     used = 0
     while True:  # each sentence starts with a space-prefixed word, so token counts add up
@@ -81,13 +85,13 @@ def make_prompt(tokenizer, index, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=
         sentences.append(s)
         used += n
     at = int(round(depth * len(sentences)))
-    parts = sentences[:at] + [needle_sentence(key)] + sentences[at:]
+    parts = sentences[:at] + [needle_sentence(key, template)] + sentences[at:]
     context = " ".join(parts)
     return Prompt(index, depth, key, context, QUESTION, tokenizer.encode(context), q_ids)
 
 
-def make_prompts(tokenizer, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=0):
-    return [make_prompt(tokenizer, i, n_prompts, n_tokens, seed_base) for i in range(n_prompts)]
+def make_prompts(tokenizer, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=0, key_digits=5, template=NEEDLE):
+    return [make_prompt(tokenizer, i, n_prompts, n_tokens, seed_base, key_digits, template) for i in range(n_prompts)]
 
 
 def answer_correct(text, key):

@@ -375,9 +375,12 @@ typedef struct kve_select_params {
    */
   float post_pool_decay;
   /**
-   * Must be 0.
+   * The first `post_pool_sinks` prefix positions are left out of the post-pool: they
+   * keep their own score and lend none to their followers (an attention sink's score
+   * is not a read of what follows it). Any value; clamped to the prefix. 0: pool all
+   * (the V1 `reserved` slot, so V1 callers that zeroed it get this). LaProx-span: 1.
    */
-  uint32_t reserved;
+  uint32_t post_pool_sinks;
 } kve_select_params;
 
 /**
@@ -724,8 +727,9 @@ int32_t kve_select_params_init(struct kve_select_params *params,
 
 /**
  * Fill `params` with LaProx-span's selection (SPEC §3): global allocator, token
- * granularity (one token set for the whole model), forward post pooling (k = 8,
- * decay 0.9). Use with the `KVE_PRESET_LAPROX_SPAN` scorer. Writes only `params`.
+ * granularity (one token set for the whole model), forward post pooling (k = 9,
+ * decay 1.0) with position 0 left out of it (`post_pool_sinks` = 1). Use with the
+ * `KVE_PRESET_LAPROX_SPAN` scorer. Writes only `params`.
  */
 int32_t kve_select_params_init_laprox_span(struct kve_select_params *params,
                                            uint32_t struct_size,

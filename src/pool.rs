@@ -53,6 +53,14 @@ pub fn pool(p: &Pool, src: &[f32], dst: &mut [f32]) {
     }
 }
 
+/// [`pool`] over `src[sinks..]` only; the first `sinks` entries are copied as they are, so
+/// they lend nothing to their followers (the selection's `post_pool_sinks`).
+pub fn pool_past_sinks(p: &Pool, sinks: usize, src: &[f32], dst: &mut [f32]) {
+    let s = sinks.min(src.len());
+    dst[..s].copy_from_slice(&src[..s]);
+    pool(p, &src[s..], &mut dst[s..src.len()]);
+}
+
 /// Pool `buf` through `tmp` (same length), leaving the result in `buf`.
 pub fn pool_in_place(p: &Pool, buf: &mut [f32], tmp: &mut [f32]) {
     if p.is_identity() {

@@ -14,7 +14,7 @@
 use crate::budget::ModelScores;
 use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
 use crate::error::{add, mul, Error, Result};
-use crate::pool::pool;
+use crate::pool::pool_past_sinks;
 use crate::select::{make_key, Histogram};
 use crate::workspace::{Workspace, WorkspaceSize};
 
@@ -132,6 +132,7 @@ fn prepare<'a>(
     }
     let upl = units_per_layer(cfg, hkv);
     let nu = layers * upl;
+    let sinks = cfg.post_pool_sinks as usize;
     let mut ws = Workspace::new(workspace);
     let copy = ws.take::<f32>(nu * p)?;
     let tmp = ws.take::<f32>(p)?;
@@ -148,8 +149,9 @@ fn prepare<'a>(
             Granularity::Head => {
                 for kh in 0..hkv {
                     let u = l * hkv + kh;
-                    pool(
+                    pool_past_sinks(
                         &cfg.post_pool,
+                        sinks,
                         &layer[kh * p..(kh + 1) * p],
                         &mut copy[u * p..(u + 1) * p],
                     );
@@ -164,7 +166,7 @@ fn prepare<'a>(
                     }
                 }
                 tmp[..p].copy_from_slice(dst);
-                pool(&cfg.post_pool, &tmp[..p], dst);
+                pool_past_sinks(&cfg.post_pool, sinks, &tmp[..p], dst);
                 scale[l] = f;
             }
         }
@@ -375,6 +377,7 @@ mod tests {
                         cfg.normalize = norm;
                         if pooled {
                             cfg.post_pool = Pool::forward(4, 0.8);
+                            cfg.post_pool_sinks = seed as u32 % 3; // 0, 1, 2 positions lend nothing
                         }
                         run(&cfg, &s, layers, hkv, n, w, split);
                     }

@@ -574,7 +574,7 @@ fn enums_out_of_range() {
             KVE_ERR_INVALID_ARGUMENT
         );
         let mut sel = select_params(0, 0, 4);
-        sel.reserved = 1;
+        sel.beta = 0; // (the V1 `reserved` slot is now post_pool_sinks, any value valid)
         expect!(
             kve_select_model(
                 &sel,

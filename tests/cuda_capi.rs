@@ -1135,24 +1135,27 @@ fn device_selection_equals_host_for_every_allocator_and_granularity() {
     ] {
         for gran in [Granularity::Head, Granularity::Layer, Granularity::Token] {
             for budget in [0u64, 7, 40, 1000] {
-                for (norm, pool) in [
-                    (Normalize::LayerSum, Pool::NONE),
-                    (Normalize::None, Pool::NONE),
-                    (Normalize::LayerSum, Pool::forward(8, 0.9)),
-                    (Normalize::LayerSum, Pool::max(3)),
-                    (Normalize::None, Pool::avg(5)),
+                for (norm, pool, sinks) in [
+                    (Normalize::LayerSum, Pool::NONE, 0),
+                    (Normalize::None, Pool::NONE, 2),
+                    (Normalize::LayerSum, Pool::forward(8, 0.9), 0),
+                    (Normalize::LayerSum, Pool::forward(9, 1.0), 1),
+                    (Normalize::LayerSum, Pool::max(3), 0),
+                    (Normalize::None, Pool::avg(5), 5),
+                    (Normalize::LayerSum, Pool::forward(3, 0.5), u32::MAX),
                 ] {
                     let mut sp = select_params(alloc, gran, budget);
                     sp.normalize = norm as u32;
                     sp.post_pool_kind = pool.kind as u32;
                     sp.post_pool_kernel = pool.kernel;
                     sp.post_pool_decay = pool.decay;
+                    sp.post_pool_sinks = sinks;
                     sp.alpha = 0.3;
                     let host = host_select(&sp, &scores, layers, hkv, n, w);
                     let devs = device_select(&sp, &d, scores.len(), layers, hkv, n, w);
                     assert_eq!(
                         devs, host,
-                        "{alloc:?} {gran:?} budget {budget} {norm:?} {pool:?}"
+                        "{alloc:?} {gran:?} budget {budget} {norm:?} {pool:?} sinks {sinks}"
                     );
                     checked += 1;
                 }

@@ -197,6 +197,9 @@ fn every_allocator_and_granularity() {
             for (gi, &gran) in GRANULARITIES.iter().enumerate() {
                 let mut cfg = SelectConfig::new(alloc, gran, any_budget(&mut rng, m.p()));
                 cfg.post_pool = any_post_pool(&mut rng);
+                if rng.coin(0.4) {
+                    cfg.post_pool_sinks = rng.pick(&[1, 2, 5, m.p() as u32, u32::MAX]);
+                }
                 if rng.coin(0.3) {
                     cfg.normalize = Normalize::None;
                 }
@@ -235,8 +238,8 @@ fn huge_budgets() {
     }
 }
 
-/// LaProx-span's selection (token granularity, global, forward 8 / 0.9) on real scorer
-/// output, end to end.
+/// LaProx-span's selection (token granularity, global, forward 9 / 1.0, position 0 left out
+/// of the pool) against the reference.
 #[test]
 fn laprox_span_selection() {
     let mut rng = Rng::new(12);
@@ -245,6 +248,64 @@ fn laprox_span_selection() {
         let cfg = SelectConfig::laprox_span(any_budget(&mut rng, m.p()));
         check(&format!("span case {case}"), &cfg, &m);
     }
+}
+
+/// The smallest budgets (eval/README.md, "the smallest budgets"): 16 prefix tokens for the
+/// whole model, a sink at 0, a question tail before the window and one cue whose 8
+/// followers (digits and the closing period) are read by no window query. LaProx-span's
+/// selection keeps the sink, the tail and the cue's continuation; the pool it had before
+/// (forward 8 / 0.9, the sink lending) spends 7 slots on the sink's followers, and its
+/// decayed continuation loses to stray peaks.
+#[test]
+fn laprox_span_smallest_budget_keeps_the_continuation() {
+    let (layers, hkv, p, window) = (3, 2, 100, 4);
+    let cue = 40;
+    let mut one = vec![0.001f32; p];
+    one[0] = 10.0; // attention sink
+    for (j, i) in (p - 7..p).enumerate() {
+        one[i] = 3.0 + j as f32 * 0.3; // the question just before the window
+    }
+    one[cue] = 1.0;
+    one[cue + 1..=cue + 8].fill(0.02); // continuation: nothing in the window reads it
+    for i in [10, 20, 60, 70] {
+        one[i] = 0.6; // stray peaks, above 0.9^7 of the cue
+    }
+    let scores: Vec<f32> = (0..layers * hkv).flat_map(|_| one.clone()).collect();
+    let n = p + window;
+    let cfg = SelectConfig::laprox_span(16);
+    let kept = core_select(&cfg, &scores, layers, hkv, n, window).unwrap();
+    let prefix: Vec<u32> = kept[0]
+        .iter()
+        .copied()
+        .filter(|&i| (i as usize) < p)
+        .collect();
+    let want: Vec<u32> = [0]
+        .into_iter()
+        .chain(cue as u32 + 1..=cue as u32 + 8)
+        .chain(p as u32 - 7..p as u32)
+        .collect();
+    assert_eq!(
+        prefix, want,
+        "sink, the cue's continuation, the question tail"
+    );
+
+    let mut before = cfg;
+    before.post_pool = Pool::forward(8, 0.9);
+    before.post_pool_sinks = 0;
+    let old = core_select(&before, &scores, layers, hkv, n, window).unwrap();
+    let old: Vec<u32> = old[0]
+        .iter()
+        .copied()
+        .filter(|&i| (i as usize) < p)
+        .collect();
+    assert!(
+        (1..8).all(|i| old.contains(&i)),
+        "the sink's followers: {old:?}"
+    );
+    assert!(
+        !old.contains(&(cue as u32 + 5)),
+        "continuation lost: {old:?}"
+    );
 }
 
 /// Exact ties everywhere: all-equal scores, then scores from {0, 1, 2}. The later

@@ -230,7 +230,8 @@ class SelectParams(_Params):
     layer, token), ``normalize`` (layer-sum, none), ``budget`` (average prefix tokens kept
     per (layer, KV head), window excluded: see :func:`budget_from_capacity` and
     :func:`budget_keep_ratio_total`), ``alpha``, ``beta``, ``post_pool_kind``,
-    ``post_pool_kernel``, ``post_pool_decay``.
+    ``post_pool_kernel``, ``post_pool_decay``, ``post_pool_sinks`` (the first that many
+    prefix positions keep their own score and lend none in the post-pool).
     """
 
     _struct = kve_select_params
@@ -247,7 +248,8 @@ class SelectParams(_Params):
     @classmethod
     def laprox_span(cls, budget=0, **fields):
         """LaProx-span's selection: global allocator, token granularity, forward post
-        pooling (k = 8, decay 0.9). Use with ``ScoreParams.preset("laprox-span")``."""
+        pooling (k = 9, decay 1.0), position 0 (the attention sink) left out of the pool
+        (``post_pool_sinks = 1``). Use with ``ScoreParams.preset("laprox-span")``."""
         self = cls.__new__(cls)
         _Params.__init__(self)
         call("kve_select_params_init_laprox_span", self._ref, ctypes.sizeof(self._c), int(budget))

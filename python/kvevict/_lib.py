@@ -117,7 +117,7 @@ class kve_select_params(ctypes.Structure):
         ("post_pool_kind", c_uint32),
         ("post_pool_kernel", c_uint32),
         ("post_pool_decay", c_float),
-        ("reserved", c_uint32),
+        ("post_pool_sinks", c_uint32),
     ]
 
 

@@ -173,7 +173,7 @@ def select_kept(preset, queries, keys, values=None, wo=None, *, keep_ratio=None,
       token), ``normalize``, ``alpha``, ``beta``, ``post_pool`` (``(kind, kernel, decay)``).
       Default allocator per preset: uniform, but lava → lava, laprox → global, and
       laprox-span and uniqueness → laprox-span's selection (global, token granularity,
-      forward pooling 8, 0.9).
+      forward pooling 9 / 1.0, the sink left out).
     - criticalkv: ``critical_first_stage`` defaults to kvpress's
       ``max(floor(first_stage_ratio * (budget + window)), 1) - window`` (ratio 0.5).
     - ``details=True`` returns a dict: kept, offsets, indices, scores, budget,

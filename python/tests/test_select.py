@@ -91,10 +91,24 @@ class SelectTests(unittest.TestCase):
 
     def test_laprox_span_selection(self):
         sp = kve.SelectParams.laprox_span(10)
-        self.assertEqual((sp.allocator, sp.granularity, sp.post_pool_kind, sp.post_pool_kernel),
-                         ("global", "token", "forward", 8))
+        self.assertEqual((sp.allocator, sp.granularity, sp.post_pool_kind, sp.post_pool_kernel,
+                          sp.post_pool_decay, sp.post_pool_sinks), ("global", "token", "forward", 9, 1.0, 1))
         off, idx = kve.select_model(sp, scores(4), N, W)
         self.assertEqual(int(off[-1]), L * H * (10 + W))
+
+    def test_post_pool_sinks_lend_nothing(self):
+        # a token-level selection of layer-normalised sums, pooled past the first `sinks`
+        s = scores(9)
+        s[:, :, 0] = 50.0  # a sink whose followers would win the pool
+        t = (s / s.reshape(L, -1).sum(axis=1)[:, None, None]).sum(axis=(0, 1))
+        for sinks in (0, 1, 3):
+            sp = kve.SelectParams("global", "token", 10, post_pool_kind="forward", post_pool_kernel=6,
+                                  post_pool_decay=0.8, post_pool_sinks=sinks)
+            pooled = np.concatenate([t[:sinks], ref.pool(t[sinks:], "forward", 6, 0.8)])
+            off, idx = kve.select_model(sp, s, N, W)
+            kept = kve.kept_lists(off, idx, L, H)[0][0]
+            np.testing.assert_array_equal(kept, np.concatenate([ref.top_k(pooled, 10), window()]))
+            self.assertEqual(bool(np.isin(np.arange(1, 6), kept).all()), sinks == 0)
 
     def test_budget_larger_than_prefix(self):
         off, idx = kve.select_model(kve.SelectParams("uniform", "head", 10 ** 12), scores(), N, W)

@@ -14,7 +14,7 @@ pub mod pyramid;
 
 use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
 use crate::error::{add, mul, Error, Result};
-use crate::pool::pool;
+use crate::pool::pool_past_sinks;
 use crate::select::{make_key, run_search};
 use crate::shape::ModelShape;
 use crate::workspace::{Workspace, WorkspaceSize};
@@ -240,15 +240,13 @@ pub fn select_model(
     };
 
     // scores at the selection granularity
+    let sinks = cfg.post_pool_sinks as usize;
+    let pool = |src: &[f32], dst: &mut [f32]| pool_past_sinks(&cfg.post_pool, sinks, src, dst);
     match cfg.granularity {
         Granularity::Head => {
             if !copy.is_empty() {
                 for u in 0..nu {
-                    pool(
-                        &cfg.post_pool,
-                        &m.scores[u * p..(u + 1) * p],
-                        &mut copy[u * p..(u + 1) * p],
-                    );
+                    pool(&m.scores[u * p..(u + 1) * p], &mut copy[u * p..(u + 1) * p]);
                 }
             }
         }
@@ -262,7 +260,7 @@ pub fn select_model(
                     }
                 }
                 tmp[..p].copy_from_slice(dst);
-                pool(&cfg.post_pool, &tmp[..p], dst);
+                pool(&tmp[..p], dst);
             }
         }
         Granularity::Token => {
@@ -277,7 +275,7 @@ pub fn select_model(
                 }
             }
             tmp[..p].copy_from_slice(dst);
-            pool(&cfg.post_pool, &tmp[..p], dst);
+            pool(&tmp[..p], dst);
         }
     }
     // layer normalisation matters only where layers compete: the global allocator

@@ -77,8 +77,11 @@ pub struct kve_select_params {
     pub post_pool_kernel: u32,
     /// Its decay (forward pooling).
     pub post_pool_decay: f32,
-    /// Must be 0.
-    pub reserved: u32,
+    /// The first `post_pool_sinks` prefix positions are left out of the post-pool: they
+    /// keep their own score and lend none to their followers (an attention sink's score
+    /// is not a read of what follows it). Any value; clamped to the prefix. 0: pool all
+    /// (the V1 `reserved` slot, so V1 callers that zeroed it get this). LaProx-span: 1.
+    pub post_pool_sinks: u32,
 }
 
 /// `sizeof(kve_score_params)` of the first release.
@@ -138,7 +141,7 @@ pub(crate) fn encode_select(c: &SelectConfig) -> kve_select_params {
         post_pool_kind: c.post_pool.kind as u32,
         post_pool_kernel: c.post_pool.kernel,
         post_pool_decay: c.post_pool.decay,
-        reserved: 0,
+        post_pool_sinks: c.post_pool_sinks,
     }
 }
 
@@ -208,9 +211,6 @@ pub(crate) unsafe fn select_config(p: *const kve_select_params) -> Result<Select
         0,
     ));
     let p = read_ext(p, KVE_SELECT_PARAMS_V1_SIZE, d)?;
-    if p.reserved != 0 {
-        return Err(Error::InvalidArgument);
-    }
     let cfg = SelectConfig {
         allocator: AllocatorKind::from_u32(p.allocator)?,
         granularity: Granularity::from_u32(p.granularity)?,
@@ -223,6 +223,7 @@ pub(crate) unsafe fn select_config(p: *const kve_select_params) -> Result<Select
             kernel: p.post_pool_kernel,
             decay: p.post_pool_decay,
         },
+        post_pool_sinks: p.post_pool_sinks,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -264,8 +265,9 @@ pub unsafe extern "C" fn kve_select_params_init(
 }
 
 /// Fill `params` with LaProx-span's selection (SPEC §3): global allocator, token
-/// granularity (one token set for the whole model), forward post pooling (k = 8,
-/// decay 0.9). Use with the `KVE_PRESET_LAPROX_SPAN` scorer. Writes only `params`.
+/// granularity (one token set for the whole model), forward post pooling (k = 9,
+/// decay 1.0) with position 0 left out of it (`post_pool_sinks` = 1). Use with the
+/// `KVE_PRESET_LAPROX_SPAN` scorer. Writes only `params`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_select_params_init_laprox_span(
     params: *mut kve_select_params,

@@ -269,6 +269,7 @@ fn round_of(c: &kve_search) -> u64 {
         p.budget,
         (p.beta as u64) << 32 | p.post_pool_kind as u64,
         (p.post_pool_kernel as u64) << 32 | p.post_pool_decay.to_bits() as u64,
+        p.post_pool_sinks as u64,
     ];
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for w in words {

@@ -305,13 +305,33 @@ unsafe fn pool_rows(
             mode
         };
         let n = p as i64;
+        // the first `post_pool_sinks` positions are copied (avg over one), the rest pooled
+        // on their own, as `pool_past_sinks` does on the host
+        let s = (cfg.post_pool_sinks as usize).min(p);
+        if s > 0 {
+            ck(cu::kve_cuda_pool(
+                src,
+                n,
+                dst,
+                n,
+                rows as i64,
+                s as i64,
+                cu::KVE_CUDA_POOL_AVG,
+                1,
+                1.0,
+                stream,
+            ))?;
+        }
+        if s == p {
+            return Ok(());
+        }
         ck(cu::kve_cuda_pool(
-            src,
+            src.add(s),
             n,
-            dst,
+            dst.add(s),
             n,
             rows as i64,
-            n,
+            (p - s) as i64,
             mode,
             k,
             decay,

@@ -619,7 +619,8 @@ pub fn select_model(
     // unit scores at the selection granularity, then `post_pool` on them.
     // CORE DECISION: layer granularity sums the raw head scores (the layer's normaliser is
     // one constant, applied below where layers compete); token granularity sums the
-    // layer-normalised scores of every layer and head. post_pool runs on the unit scores.
+    // layer-normalised scores of every layer and head. post_pool runs on the unit scores,
+    // past the first post_pool_sinks positions.
     let (nu, per_layer): (usize, usize) = match cfg.granularity {
         Granularity::Head => (layers * hkv, hkv),
         Granularity::Layer => (layers, 1),
@@ -645,7 +646,11 @@ pub fn select_model(
                     })
                     .collect(),
             };
-            pool(&cfg.post_pool, &raw)
+            // the first post_pool_sinks positions keep their own score and lend none
+            let k = (cfg.post_pool_sinks as usize).min(p);
+            let mut out = raw[..k].to_vec();
+            out.extend(pool(&cfg.post_pool, &raw[k..]));
+            out
         })
         .collect();
     // CORE DECISION: the normalisation matters only where layers compete (global).
