@@ -13,12 +13,19 @@
 //! The one-token backward reach took the development split from 4 to 8 of 9 at 5 % and the
 //! held-out split from 10 to 11 of 14 at 10 % (more reach did not help: eval/README.md).
 //!
-//! Cost: every pair of cached tokens once, `O(N²·(dk+dv)/2)` per KV head (both ends of a
-//! pair updated), the value cosine only where the key cosine could raise either maximum;
-//! workspace `N·(dk+dv+1)` floats. Quadratic: a sub-quadratic twin search is future work.
+//! Cost: every unordered pair of cached tokens once, `N·(N−1)·(dk+dv)` flops per KV head
+//! at most (both ends of a pair updated from one similarity), blocked like a GEMM: the rows
+//! are unit-normalised once into panels of 16 tokens `[dk][16]` (K) and `[dv][16]` (V), and a
+//! 6-row × 16-column register tile accumulates the key dot products over `d` (one FMA
+//! chain per pair, `d` in order, so a pair's cosine has the same bits whichever token is
+//! the row). A tile's value dots are computed only for the rows where some key cosine
+//! beats `min(best_i, best_j)` (`min(ck, cv) <= ck`, so no other pair can raise a maximum):
+//! on SmolLM2's cache that skips most value work. The result equals the plain search's
+//! bit for bit (`tests` below). Workspace: [`scratch_floats`]. Quadratic: at N = 1000 a
+//! SmolLM2 layer (3 KV heads, d = 64) takes about 1.5–2.5 ms of one core (bench/README).
 use super::Bufs;
 use crate::error::{Error, Result};
-use crate::numerics::{dispatch, dot_v, hsum8, Simd};
+use crate::numerics::{dispatch, dot_v, Simd};
 use crate::view::{load_rows, View};
 
 /// Sharpening exponent (decision, SPEC §3b).
@@ -26,10 +33,29 @@ pub const POWER: i32 = 8;
 /// Share of a token's score lent to the token before it.
 pub const BACK_DECAY: f32 = 0.9;
 
-/// Workspace floats: the unit-normalised K and V rows of one KV head, and every token's
-/// running maximum similarity.
+/// Tokens per column panel (two vectors of lanes).
+const PANEL: usize = 16;
+/// Rows per register tile: 6 × 2 accumulators, 2 column vectors and a broadcast fill 15 of
+/// AVX2's 16 registers (the window pass's Q·Kᵀ tile shape).
+const ROWS: usize = 6;
+
+/// `n` rounded up to whole panels.
+fn padded(n: usize) -> Result<usize> {
+    n.checked_add(PANEL - 1)
+        .map(|x| x / PANEL * PANEL)
+        .ok_or(Error::Overflow)
+}
+
+/// Workspace floats: the unit-normalised K and V rows of one KV head packed in panels
+/// (`n16·(dk+dv)`, `n16` = N rounded up to 16), every token's running maximum similarity
+/// (`n16`), and 16 rows of `max(dk, dv)` for loading.
 pub(crate) fn scratch_floats(n: usize, dk: usize, dv: usize) -> Result<usize> {
-    n.checked_mul(dk + dv + 1).ok_or(Error::Overflow)
+    let n16 = padded(n)?;
+    let rows = dk.checked_add(dv).ok_or(Error::Overflow)?.checked_add(1);
+    let load = PANEL.checked_mul(dk.max(dv));
+    n16.checked_mul(rows.ok_or(Error::Overflow)?)
+        .and_then(|x| x.checked_add(load?))
+        .ok_or(Error::Overflow)
 }
 
 /// NaN/Inf anywhere in K or V is rejected before `out` is written.
@@ -48,19 +74,182 @@ pub(super) fn inputs_finite(keys: &View, values: &View, bufs: &mut Bufs) -> bool
     true
 }
 
-/// Rows of head `kh` of `view`, each scaled to unit L2 norm (zero rows stay zero), into `dst`.
-fn load_unit_rows<S: Simd>(view: &View, kh: usize, dst: &mut [f32]) {
+/// Rows of head `kh` of `view`, each scaled to unit L2 norm (zero rows stay zero), packed
+/// into `dst` as panels of 16 tokens `[d][16]` (tokens past N are zero); `tmp` holds 16 rows.
+#[inline(always)]
+fn load_unit_panels<S: Simd>(view: &View, kh: usize, tmp: &mut [f32], dst: &mut [f32]) {
     let [_, n, d] = view.extent();
-    load_rows::<S>(view, kh, 0, n, dst);
-    for row in dst[..n * d].chunks_exact_mut(d) {
-        // SAFETY: `row` is one slice, read as both operands.
-        let ss = unsafe { dot_v::<S>(row, row) };
-        if ss > 0.0 {
-            let inv = 1.0 / libm::sqrtf(ss);
-            for v in row.iter_mut() {
-                *v *= inv;
+    for (p, panel) in dst.chunks_exact_mut(PANEL * d).enumerate() {
+        let t0 = p * PANEL;
+        let nt = PANEL.min(n - t0);
+        load_rows::<S>(view, kh, t0, nt, tmp);
+        for row in tmp[..nt * d].chunks_exact_mut(d) {
+            // SAFETY: `row` is one slice, read as both operands.
+            let ss = unsafe { dot_v::<S>(row, row) };
+            if ss > 0.0 {
+                let inv = 1.0 / libm::sqrtf(ss);
+                for v in row.iter_mut() {
+                    *v *= inv;
+                }
             }
         }
+        panel.fill(0.0);
+        for (t, row) in tmp[..nt * d].chunks_exact(d).enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                panel[c * PANEL + t] = v;
+            }
+        }
+    }
+}
+
+/// `acc[r][h]` lane `l` = `Σ_c row_r[c]·col_l[c]`, `c` in order, one FMA per term: rows `r`
+/// read at `rows[r] + 16·c` (a token inside its panel), the 16 columns at `col + 16·c + l`.
+#[inline(always)]
+unsafe fn tile<S: Simd, const M: usize>(
+    rows: &[*const f32; M],
+    col: *const f32,
+    d: usize,
+) -> [[S::V; 2]; M] {
+    let mut acc = [[S::zero(); 2]; M];
+    for c in 0..d {
+        let c0 = S::load(col.add(c * PANEL));
+        let c1 = S::load(col.add(c * PANEL + 8));
+        for r in 0..M {
+            let b = S::splat(*rows[r].add(c * PANEL));
+            acc[r][0] = S::fma(b, c0, acc[r][0]);
+            acc[r][1] = S::fma(b, c1, acc[r][1]);
+        }
+    }
+    acc
+}
+
+/// Largest lane (NaN-free input).
+#[inline(always)]
+unsafe fn hmax<S: Simd>(v: S::V) -> f32 {
+    let mut l = [0f32; 8];
+    S::store(l.as_mut_ptr(), v);
+    l.iter().fold(l[0], |a, &b| if b > a { b } else { a })
+}
+
+/// The value tile of the `M` rows `sel[..M]` of the row tile against one panel, each
+/// `min`ed with its key cosines `m[sel[k]]` (16 lanes per row, in memory: the tile's
+/// accumulators get every register).
+#[inline(always)]
+unsafe fn value_rows<S: Simd, const M: usize>(
+    vr: &[*const f32; ROWS],
+    sel: &[usize; ROWS],
+    col: *const f32,
+    dv: usize,
+    m: &mut [[f32; PANEL]; ROWS],
+) {
+    let rows: [*const f32; M] = core::array::from_fn(|k| vr[sel[k]]);
+    let cv = tile::<S, M>(&rows, col, dv);
+    for k in 0..M {
+        let p = m[sel[k]].as_mut_ptr();
+        S::store(p, S::min(S::load(p), cv[k][0]));
+        S::store(p.add(8), S::min(S::load(p.add(8)), cv[k][1]));
+    }
+}
+
+/// `best[i] = max(-1, max_{j != i, j < n} min(kn_i·kn_j, vn_i·vn_j))` over the packed unit
+/// rows (`kp` `[n16/16][dk][16]`, `vp` likewise); `best` holds `n16` floats.
+#[inline(always)]
+fn max_similarity<S: Simd>(
+    kp: &[f32],
+    vp: &[f32],
+    n: usize,
+    dk: usize,
+    dv: usize,
+    best: &mut [f32],
+) {
+    let n16 = best.len();
+    if n == 0 {
+        return;
+    }
+    assert!(n16 % PANEL == 0 && n16 >= n && kp.len() >= n16 * dk && vp.len() >= n16 * dv);
+    best.fill(-1.0);
+    let (kb, vb, bp) = (kp.as_ptr(), vp.as_ptr(), best.as_mut_ptr());
+    // a token's element c sits at its panel's base + 16·c + its lane
+    let at = |base: *const f32, d: usize, i: usize| {
+        // SAFETY: i < n <= n16, so the panel of i is inside the buffer checked above.
+        unsafe { base.add(i / PANEL * PANEL * d + i % PANEL) }
+    };
+    let mut i0 = 0;
+    while i0 < n {
+        // rows past n repeat row n-1 (readable) and are masked out below
+        let ri: [usize; ROWS] = core::array::from_fn(|r| (i0 + r).min(n - 1));
+        let kr = ri.map(|i| at(kb, dk, i));
+        let vr = ri.map(|i| at(vb, dv, i));
+        // upper triangle: panels from the one holding i0; in the panels that overlap the
+        // row tile (and past n) the pairs j <= i are masked, computed by another tile
+        for j0 in (i0 / PANEL * PANEL..n).step_by(PANEL) {
+            // SAFETY: every pointer is a row or panel inside kp/vp (asserted above) and
+            // best[j0 .. j0+16] is inside best (j0 + 16 <= n16).
+            unsafe {
+                let ck = tile::<S, ROWS>(&kr, kb.add(j0 * dk), dk);
+                // rows where some key cosine beats min(best_i, best_j): only those can
+                // raise a maximum, since min(ck, cv) <= ck
+                let b = [S::load(bp.add(j0)), S::load(bp.add(j0 + 8))];
+                let edge = j0 < i0 + ROWS || j0 + PANEL > n;
+                let mut sel = [0usize; ROWS];
+                let mut ns = 0;
+                for r in 0..ROWS {
+                    let br = S::splat(*bp.add(ri[r]));
+                    let mut hit = S::gt_mask(ck[r][0], S::min(br, b[0]))
+                        | S::gt_mask(ck[r][1], S::min(br, b[1])) << 8;
+                    if edge {
+                        // only pairs j > i, j < n: the others are another tile's or none
+                        let live = (0..PANEL).filter(|&c| j0 + c > i0 + r && j0 + c < n);
+                        hit &= live.fold(0u32, |a, c| a | 1 << c);
+                    }
+                    sel[ns] = r;
+                    ns += usize::from(hit != 0);
+                }
+                if ns == 0 {
+                    continue;
+                }
+                let mut m = [[f32::NEG_INFINITY; PANEL]; ROWS];
+                for &r in &sel[..ns] {
+                    S::store(m[r].as_mut_ptr(), ck[r][0]);
+                    S::store(m[r].as_mut_ptr().add(8), ck[r][1]);
+                    if edge {
+                        for (c, x) in m[r].iter_mut().enumerate() {
+                            if j0 + c <= i0 + r || j0 + c >= n {
+                                *x = f32::NEG_INFINITY;
+                            }
+                        }
+                    }
+                }
+                let m = core::hint::black_box(&mut m);
+                let col = vb.add(j0 * dv);
+                match ns {
+                    1 => value_rows::<S, 1>(&vr, &sel, col, dv, m),
+                    2 => value_rows::<S, 2>(&vr, &sel, col, dv, m),
+                    3 => value_rows::<S, 3>(&vr, &sel, col, dv, m),
+                    4 => value_rows::<S, 4>(&vr, &sel, col, dv, m),
+                    5 => value_rows::<S, 5>(&vr, &sel, col, dv, m),
+                    _ => value_rows::<S, ROWS>(&vr, &sel, col, dv, m),
+                }
+                let row = |r: usize| [S::load(m[r].as_ptr()), S::load(m[r].as_ptr().add(8))];
+                let mut cm = row(sel[0]);
+                for &r in &sel[1..ns] {
+                    let x = row(r);
+                    cm = [S::max(cm[0], x[0]), S::max(cm[1], x[1])];
+                }
+                S::store(bp.add(j0), S::max(b[0], cm[0]));
+                S::store(bp.add(j0 + 8), S::max(b[1], cm[1]));
+                // rows after columns: a row token inside this panel reads its fresh maximum
+                for &r in &sel[..ns] {
+                    let x = row(r);
+                    let x = hmax::<S>(S::max(x[0], x[1]));
+                    let p = bp.add(ri[r]);
+                    if x > *p {
+                        *p = x;
+                    }
+                }
+            }
+        }
+        i0 += ROWS;
     }
 }
 
@@ -69,60 +258,13 @@ pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], 
     dispatch!(fn(keys: &View, values: &View, kh: usize, scratch: &mut [f32], dst: &mut [f32]) -> (), S => {
         let [_, n, dk] = keys.extent();
         let dv = values.extent()[2];
-        let (kn, rest) = scratch.split_at_mut(n * dk);
-        let (vn, rest) = rest.split_at_mut(n * dv);
-        load_unit_rows::<S>(keys, kh, kn);
-        load_unit_rows::<S>(values, kh, vn);
-        let best = &mut rest[..n];
-        best.fill(-1.0);
-        let d8 = dk / 8 * 8;
-        // each pair once (j > i) updates both ends: the similarity is symmetric, bit for bit
-        // (the same products summed in the same order), so the maxima equal the one-sided
-        // search's; a value cosine is computed only where the key cosine could raise either
-        for i in 0..n {
-            let (ki, vi) = (&kn[i * dk..(i + 1) * dk], &vn[i * dv..(i + 1) * dv]);
-            let mut j0 = i + 1;
-            while j0 < n {
-                // eight key cosines at once, each summed exactly as dot_v sums it
-                let nb = 8.min(n - j0);
-                let mut ck = [0f32; 8];
-                if nb == 8 {
-                    // SAFETY: rows j0..j0+8 of dk floats are inside kn; d + 8 <= d8 <= dk.
-                    unsafe {
-                        let mut acc = [S::zero(); 8];
-                        for d in (0..d8).step_by(8) {
-                            let x = S::load(ki.as_ptr().add(d));
-                            for (q, a) in acc.iter_mut().enumerate() {
-                                *a = S::fma(x, S::load(kn.as_ptr().add((j0 + q) * dk + d)), *a);
-                            }
-                        }
-                        S::store(ck.as_mut_ptr(), hsum8::<S>(acc));
-                    }
-                    for (q, c) in ck.iter_mut().enumerate() {
-                        let kj = &kn[(j0 + q) * dk..(j0 + q + 1) * dk];
-                        for (a, b) in ki[d8..].iter().zip(&kj[d8..]) {
-                            *c += a * b;
-                        }
-                    }
-                } else {
-                    for (q, c) in ck[..nb].iter_mut().enumerate() {
-                        // SAFETY: both slices are rows of length dk of the same buffer.
-                        *c = unsafe { dot_v::<S>(ki, &kn[(j0 + q) * dk..(j0 + q + 1) * dk]) };
-                    }
-                }
-                for (q, &c) in ck[..nb].iter().enumerate() {
-                    let j = j0 + q;
-                    if c > best[i] || c > best[j] {
-                        // SAFETY: both slices are rows of length dv of the same buffer.
-                        let cv = unsafe { dot_v::<S>(vi, &vn[j * dv..(j + 1) * dv]) };
-                        let m = c.min(cv);
-                        best[i] = best[i].max(m);
-                        best[j] = best[j].max(m);
-                    }
-                }
-                j0 += nb;
-            }
-        }
+        let n16 = n.div_ceil(PANEL) * PANEL;
+        let (kp, rest) = scratch.split_at_mut(n16 * dk);
+        let (vp, rest) = rest.split_at_mut(n16 * dv);
+        let (best, tmp) = rest.split_at_mut(n16);
+        load_unit_panels::<S>(keys, kh, tmp, kp);
+        load_unit_panels::<S>(values, kh, tmp, vp);
+        max_similarity::<S>(kp, vp, n, dk, dv, best);
         for (out, &b) in dst.iter_mut().zip(best.iter()) {
             let u2 = (1.0 - b).max(0.0) * (1.0 - b).max(0.0);
             *out = u2 * u2 * (u2 * u2); // ^POWER
@@ -132,4 +274,115 @@ pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], 
             dst[i - 1] = dst[i - 1].max(BACK_DECAY * dst[i]);
         }
     })
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use crate::numerics::Portable;
+    use std::vec::Vec;
+
+    /// Unit rows with planted near-twins (so pruning both skips and keeps value tiles),
+    /// packed as `score` packs them.
+    fn packed(n: usize, d: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        let mut rnd = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let mut rows: Vec<f32> = (0..n * d).map(|_| rnd()).collect();
+        for t in (3..n).step_by(5) {
+            let src = (t * 7) % t;
+            for c in 0..d {
+                rows[t * d + c] = rows[src * d + c] + 0.05 * rnd();
+            }
+        }
+        if n > 2 {
+            rows[d..2 * d].fill(0.0); // a zero row stays zero
+        }
+        let n16 = n.div_ceil(PANEL) * PANEL;
+        let mut p = std::vec![0f32; n16 * d];
+        for t in 0..n {
+            let row = &mut rows[t * d..(t + 1) * d];
+            let ss: f32 = row.iter().map(|x| x * x).sum();
+            if ss > 0.0 {
+                let inv = 1.0 / ss.sqrt();
+                row.iter_mut().for_each(|x| *x *= inv);
+            }
+            for c in 0..d {
+                p[t / PANEL * PANEL * d + c * PANEL + t % PANEL] = row[c];
+            }
+        }
+        p
+    }
+
+    /// Every ordered pair, the same per-pair arithmetic (one FMA chain over `d`, fused or
+    /// not as `S` is), no tiles, no pruning: the tiled search must give the same bits.
+    fn brute(kp: &[f32], vp: &[f32], n: usize, dk: usize, dv: usize, fused: bool) -> Vec<f32> {
+        let el = |p: &[f32], d: usize, i: usize, c: usize| {
+            p[i / PANEL * PANEL * d + c * PANEL + i % PANEL]
+        };
+        let dot = |p: &[f32], d: usize, i: usize, j: usize| {
+            (0..d).fold(0f32, |a, c| {
+                let (x, y) = (el(p, d, i, c), el(p, d, j, c));
+                if fused {
+                    x.mul_add(y, a)
+                } else {
+                    a + x * y
+                }
+            })
+        };
+        (0..n)
+            .map(|i| {
+                (0..n).filter(|&j| j != i).fold(-1f32, |b, j| {
+                    let m = dot(kp, dk, i, j).min(dot(vp, dv, i, j));
+                    if m > b {
+                        m
+                    } else {
+                        b
+                    }
+                })
+            })
+            .collect()
+    }
+
+    fn same_as_brute<S: Simd>(fused: bool) {
+        for (n, dk, dv) in [
+            (1, 8, 8),
+            (2, 5, 3),
+            (7, 16, 16),
+            (16, 64, 64),
+            (33, 12, 20),
+            (100, 64, 64),
+            (203, 32, 24),
+        ] {
+            let (kp, vp) = (packed(n, dk, n as u64), packed(n, dv, 99 + n as u64));
+            let mut best = std::vec![0f32; n.div_ceil(PANEL) * PANEL];
+            max_similarity::<S>(&kp, &vp, n, dk, dv, &mut best);
+            let r = brute(&kp, &vp, n, dk, dv, fused);
+            for i in 0..n {
+                assert_eq!(
+                    best[i].to_bits(),
+                    r[i].to_bits(),
+                    "n {n} dk {dk} dv {dv} token {i}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tiled_pruned_search_equals_plain_search() {
+        same_as_brute::<Portable>(false);
+        #[cfg(target_arch = "x86_64")]
+        if crate::numerics::has_avx2() {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx() {
+                same_as_brute::<crate::numerics::Avx2>(true);
+            }
+            // SAFETY: the CPU has avx2, fma and f16c.
+            unsafe { avx() };
+        }
+    }
 }
