@@ -204,7 +204,7 @@ def score(c, name):
         out[:, :4] = 1.0
     elif name == "uniqueness":
         # SPEC §3b: per KV head, the max over j != i of min(cos k, cos v) over all N tokens,
-        # (1 - r)^8 clipped at 0, then each token lends 0.9 of its score to the one before
+        # (1 - r)^8 clipped at 0, then each prefix token lends 0.9 of its score to the one before
         for kh in range(hkv):
             k = c["k"][kh].astype(F32)
             v = c["v"][kh].astype(F32)
@@ -218,9 +218,9 @@ def score(c, name):
                 m = np.minimum(k[r0:r1] @ k.T, v[r0:r1] @ v.T)
                 m[np.arange(r1 - r0), np.arange(r0, r1)] = -np.inf
                 r[r0:r1] = m.max(axis=1)
-            u = np.maximum(F32(1) - r, 0) ** 8
+            u = (np.maximum(F32(1) - r, 0) ** 8)[:p]  # lending stays inside the prefix
             u[:-1] = np.maximum(u[:-1], F32(0.9) * u[1:])
-            out[kh] = u[:p]
+            out[kh] = u
     elif name == "value-forms":
         # LaProx's value forms v·G_a·vᵀ for every token: [Hkv][g][N], one GEMM per block
         out = np.empty((hkv, g, n), dtype=F32)

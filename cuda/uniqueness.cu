@@ -116,6 +116,7 @@ __global__ void __launch_bounds__(UQ_NT)
         row_key[threadIdx.x] = 0u;
         col_key[threadIdx.x] = 0u;
     }
+    __syncthreads();  // the keys are set before any thread folds into them (even when d = 0)
     float ck[4][4], cv[4][4];
     dots(ck, ku + h * n * dk, i0, j0, n, dk, sa, sb);
     dots(cv, vu + h * n * dv, i0, j0, n, dv, sa, sb);
