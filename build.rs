@@ -32,6 +32,7 @@ mod cuda_build {
         "baselines.cu",
         "budgets.cu",
         "stream.cu",
+        "uniqueness.cu",
     ];
     const HEADERS: &[&str] = &["kvevict_cuda.h", "common.cuh", "mma.cuh"];
 

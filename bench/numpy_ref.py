@@ -137,6 +137,7 @@ CFG = {
     "tova": (1, None, 1),
     "streamingllm": (32, None, 1),
     "value-forms": (0, None, 1),
+    "uniqueness": (8, None, 1),
 }
 
 
@@ -201,6 +202,25 @@ def score(c, name):
             out[kh] = -np.sqrt(np.einsum("pd,pd->p", kk, kk))
     elif name == "streamingllm":
         out[:, :4] = 1.0
+    elif name == "uniqueness":
+        # SPEC §3b: per KV head, the max over j != i of min(cos k, cos v) over all N tokens,
+        # (1 - r)^8 clipped at 0, then each prefix token lends 0.9 of its score to the one before
+        for kh in range(hkv):
+            k = c["k"][kh].astype(F32)
+            v = c["v"][kh].astype(F32)
+            for x in (k, v):
+                nrm = np.sqrt(np.einsum("nd,nd->n", x, x))
+                x /= np.where(nrm > 0, nrm, 1)[:, None]
+            r = np.empty(n, F32)
+            blk = 1024  # row blocks: never an [N, N] matrix
+            for r0 in range(0, n, blk):
+                r1 = min(n, r0 + blk)
+                m = np.minimum(k[r0:r1] @ k.T, v[r0:r1] @ v.T)
+                m[np.arange(r1 - r0), np.arange(r0, r1)] = -np.inf
+                r[r0:r1] = m.max(axis=1)
+            u = (np.maximum(F32(1) - r, 0) ** 8)[:p]  # lending stays inside the prefix
+            u[:-1] = np.maximum(u[:-1], F32(0.9) * u[1:])
+            out[kh] = u
     elif name == "value-forms":
         # LaProx's value forms v·G_a·vᵀ for every token: [Hkv][g][N], one GEMM per block
         out = np.empty((hkv, g, n), dtype=F32)
@@ -226,6 +246,9 @@ def flops(c, name):
         return 0, 0
     if name == "value-forms":
         return hq * n * (2 * dk * dk + 2 * dk), 0
+    if name == "uniqueness":
+        # one key and one value dot product per unordered pair of tokens (dv = dk here)
+        return hkv * n * (n - 1) * 2 * dk, 0
     f = 2 * hq * w * n * dk
     if name == "laprox":
         f += hq * p * (2 * dk * dk + 2 * dk)
@@ -372,7 +395,10 @@ def main():
           "value forms v·G·vᵀ when computed in the timed region (`laprox`; `laprox-cached` "
           "reads cached forms; the core does about half those multiply-adds, using G's "
           "symmetry). `value-forms`: `compute_value_forms` over all N tokens of the layer "
-          "(the cache an engine fills as tokens arrive), counted the same way. `+lse` rows: the scorer given the window rows' log-sum-exp (flash "
+          "(the cache an engine fills as tokens arrive), counted the same way. `uniqueness`: "
+          "N·(N−1)·(dk+dv) per KV head, one key and one value dot product per unordered pair "
+          "of tokens (the core skips value dots it can prove useless; numpy computes both "
+          "full N×N products), N <= 8192 only. `+lse` rows: the scorer given the window rows' log-sum-exp (flash "
           "attention's softmax_lse; here computed outside the timed region, by "
           "`window_row_lse` for Rust and by numpy for numpy, each side given its own): "
           "one Q·Kᵀ over the prefix keys only, A = exp(z − lse), no row max/denominator, "

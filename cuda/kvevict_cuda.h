@@ -290,6 +290,22 @@ int kve_cuda_critical_combine(const float* base, int64_t ld_base, const float* v
                               int64_t idx_ld, int64_t rows, int64_t n, float* out,
                               int64_t ld_out, void* stream);
 
+/* -------------------------------------------------------------- uniqueness --
+ * uniqueness (question-agnostic, SPEC §3b): per head h < k->heads, over every token
+ *   of the views (N = k->tokens), r_i = max_{j != i} min(cos(k_i, k_j), cos(v_i, v_j))
+ *   (-1 when N = 1), u_i = max(0, 1 - r_i)^8, and for i < prefix
+ *   out[h*ld_out + i] = max(u_i, 0.9 * u_{i+1}) (u_i alone for i = prefix - 1).
+ *   k and v: same dtype, heads and tokens (dims may differ), any strides. The
+ *   arithmetic is the core's AVX2 path (src/score/uniqueness.rs), so the scores are
+ *   its bits. O(N^2 (dk + dv)) per head on FP32 cores, upper triangle only.
+ *   Workspace: kve_cuda_uniqueness_workspace_size(heads, N, dk, dv) bytes, 256-byte
+ *   aligned (unit K and V rows in f32, one key per token). Limits: heads <= 65535,
+ *   N <= 65535 * 64, ld_out >= prefix; otherwise cudaErrorInvalidValue, nothing
+ *   enqueued. NaN/Inf inputs are not detected. */
+size_t kve_cuda_uniqueness_workspace_size(int64_t heads, int64_t n, int64_t dk, int64_t dv);
+int kve_cuda_uniqueness(const kve_cuda_view* k, const kve_cuda_view* v, int64_t prefix,
+                        float* out, int64_t ld_out, void* ws, size_t ws_bytes, void* stream);
+
 /* ----------------------------------------------------------------- budgets --
  * layer_budgets (one thread; layers is small): the per-layer and per-unit
  * budgets of the allocators (SPEC §4), exactly as the core's select_model

@@ -13,6 +13,7 @@
 //! tab-separated `RESULT` line. `scripts/bench_cpu.sh` dumps the cases, then
 //! `bench/numpy_ref.py` alternates `--load` runs of this binary with numpy runs of the same
 //! math (several rounds, minimum per side), checks the scores and prints the table.
+//! `uniqueness` (every pair of tokens) runs only for N <= 8192.
 
 use half::f16;
 use kvevict::*;
@@ -35,7 +36,12 @@ const SCORERS: &[&str] = &[
     "value-forms",
     "snapkv-w8",
     "laprox-cached-w8",
+    "uniqueness",
 ];
+
+/// Uniqueness compares every pair of tokens (`O(N²)`): cases above this N skip it (at
+/// N = 32k one Llama layer would take tens of seconds per run, numpy's more).
+const UNIQUENESS_MAX_N: usize = 8192;
 
 /// Window queries given per head (the largest preset window).
 const WQ: usize = 64;
@@ -202,6 +208,7 @@ fn config(full: &str, p: usize) -> ScoreConfig {
         "knorm" => Preset::KNorm,
         "tova" => Preset::Tova,
         "streamingllm" => Preset::StreamingLlm,
+        "uniqueness" => Preset::Uniqueness,
         _ => panic!("unknown scorer {name}"),
     };
     let mut cfg = ScoreConfig::preset(preset);
@@ -413,6 +420,10 @@ fn load_case(dir: &Path) -> Case {
 /// with `out_dir` write the scores to `out_dir/scores_<scorer>.bin`.
 fn bench_case(case: &str, c: &Case, scorers: &[String], reps: usize, out_dir: Option<&Path>) {
     for name in scorers {
+        if name == "uniqueness" && c.n > UNIQUENESS_MAX_N {
+            eprintln!("{case:<12} {name:<15} skipped: N > {UNIQUENESS_MAX_N} (quadratic)");
+            continue;
+        }
         let (window, out, times) = run_case(c, name, reps);
         let mut sorted = times.wall.clone();
         sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());

@@ -612,7 +612,7 @@ int32_t kve_cuda_score_workspace_size(const struct kve_score_params *params,
  *
  * Limits of the kernels: `dk <= 256`; `dv <= 256` when the Gram is given; `g <= 128`
  * (`g <= 16` for the exact and mean-attn LaProx GQA modes); at most 65535 heads;
- * `window <= 2^24`; otherwise `KVE_ERR_INVALID_ARGUMENT`. Some shapes also need more
+ * `window <= 2^24`; uniqueness: `N <= 65535·64`; otherwise `KVE_ERR_INVALID_ARGUMENT`. Some shapes also need more
  * shared memory than an architecture has (large `g`, f32 with `dk > 128`): the launch is
  * then refused with `KVE_ERR_CUDA`, nothing enqueued.
  * Everything the host can check (pointers, dtypes, extents and strides against `len`,

@@ -65,6 +65,10 @@ pub struct KveCudaView {
 mod mock;
 #[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
 pub use mock::*;
+#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
+mod mock_uniqueness;
+#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
+pub use mock_uniqueness::*;
 
 #[cfg(feature = "cuda")]
 extern "C" {
@@ -270,6 +274,19 @@ extern "C" {
         prefix: i64,
         out: *mut f32,
         ld_out: i64,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_uniqueness_workspace_size(heads: i64, n: i64, dk: i64, dv: i64) -> usize;
+    #[allow(clippy::too_many_arguments)]
+    pub fn kve_cuda_uniqueness(
+        k: *const KveCudaView,
+        v: *const KveCudaView,
+        prefix: i64,
+        out: *mut f32,
+        ld_out: i64,
+        ws: *mut c_void,
+        ws_bytes: usize,
         stream: *mut c_void,
     ) -> c_int;
 

@@ -59,6 +59,8 @@ pub(crate) trait Simd: Copy {
     unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
     /// [`exp_neg`] per lane.
     unsafe fn exp_neg(x: Self::V) -> Self::V;
+    /// Bit `i` set where lane `i` of `a` > lane `i` of `b` (false when either is NaN).
+    unsafe fn gt_mask(a: Self::V, b: Self::V) -> u32;
     /// Sum of the lanes, in a fixed order: ((0+4)+(2+6)) + ((1+5)+(3+7)).
     unsafe fn hsum(v: Self::V) -> f32;
     /// [`Simd::exp_neg`] of four vectors, the same bits; implementations interleave the
@@ -164,6 +166,14 @@ impl Simd for Portable {
         o
     }
     #[inline(always)]
+    unsafe fn gt_mask(a: [f32; 8], b: [f32; 8]) -> u32 {
+        let mut m = 0;
+        for i in 0..8 {
+            m |= u32::from(a[i] > b[i]) << i;
+        }
+        m
+    }
+    #[inline(always)]
     unsafe fn exp_neg(x: [f32; 8]) -> [f32; 8] {
         let mut o = x;
         for v in o.iter_mut() {
@@ -237,6 +247,10 @@ mod avx2 {
         unsafe fn min(a: __m256, b: __m256) -> __m256 {
             // vminps(x, y) = x < y ? x : y (y when either is NaN)
             _mm256_min_ps(b, a)
+        }
+        #[inline(always)]
+        unsafe fn gt_mask(a: __m256, b: __m256) -> u32 {
+            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(a, b)) as u32
         }
         #[inline(always)]
         unsafe fn exp_neg(x: __m256) -> __m256 {

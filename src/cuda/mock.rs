@@ -77,7 +77,7 @@ fn dtype_of(dt: i32) -> Option<DType> {
 
 /// The kernels' `view_ok`: a descriptor pointer, known dtype, reserved 0, non-negative
 /// extents and strides, data when non-empty, offsets that fit. Returns a copy.
-unsafe fn view_ok(v: *const KveCudaView) -> Option<KveCudaView> {
+pub(super) unsafe fn view_ok(v: *const KveCudaView) -> Option<KveCudaView> {
     if v.is_null() {
         return None;
     }
@@ -134,7 +134,7 @@ unsafe fn core_view<'a>(v: &KveCudaView) -> Option<View<'a>> {
 
 /// Element `(h, t, d)` of a validated view as f32.
 #[inline]
-unsafe fn get(v: &KveCudaView, h: usize, t: usize, d: usize) -> f32 {
+pub(super) unsafe fn get(v: &KveCudaView, h: usize, t: usize, d: usize) -> f32 {
     let off = h * v.stride_head as usize + t * v.stride_token as usize + d * v.stride_dim as usize;
     match v.dtype {
         KVE_CUDA_F32 => *(v.data as *const f32).add(off),
@@ -161,7 +161,7 @@ unsafe fn get_typed(p: *const c_void, dtype: i32, i: usize) -> f32 {
 }
 
 /// Overwrite the first `bytes` of a workspace, as a kernel would use it.
-unsafe fn scribble(ws: *mut c_void, bytes: usize) {
+pub(super) unsafe fn scribble(ws: *mut c_void, bytes: usize) {
     if bytes > 0 {
         core::ptr::write_bytes(ws as *mut u8, WS_PATTERN, bytes);
     }

@@ -14,3 +14,5 @@ pub const MAX_GROUP_CROSS: usize = 16;
 pub const MAX_WINDOW: usize = 1 << 24;
 /// `kve_cuda_select`: entries of one selection group (indices are 32-bit).
 pub const MAX_SELECT_ENTRIES: u128 = 1 << 32;
+/// Uniqueness: cached tokens (its pair tiles of 64 tokens span two grid dimensions).
+pub const MAX_UNIQUENESS_TOKENS: u64 = 65535 * 64;

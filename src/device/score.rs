@@ -2,7 +2,9 @@
 //! the caller's stream, the same formulas in the same order as the core (src/score), so
 //! the device scores match the host's to float tolerance.
 
-use super::limits::{MAX_DIM, MAX_GRID, MAX_GROUP, MAX_GROUP_CROSS, MAX_WINDOW};
+use super::limits::{
+    MAX_DIM, MAX_GRID, MAX_GROUP, MAX_GROUP_CROSS, MAX_UNIQUENESS_TOKENS, MAX_WINDOW,
+};
 use super::{check_workspace, ck, elem_size, span_of, Carve, Floats, Tensor};
 use crate::config::{LaproxGqa, Pool, PoolKind, PoolPlacement, ScoreConfig, ScorerKind};
 use crate::cuda as cu;
@@ -34,6 +36,7 @@ struct Shape {
     n: usize,
     w: usize,
     p: usize,
+    dk: usize,
     dv: usize,
     /// LaProx's value forms are computed from the Gram (in the workspace). The size query
     /// assumes so; a call given cached `value_forms` needs neither those parts nor `dv`.
@@ -64,6 +67,9 @@ struct Parts {
     sel_bytes: usize,
     counts: *mut i32,
     idx: *mut i32,
+    /// Uniqueness's unit rows and maxima.
+    uniq: *mut u8,
+    uniq_bytes: usize,
     total: usize,
 }
 
@@ -71,10 +77,6 @@ fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
     let mul = crate::error::mul;
     let mut c = Carve::new(base);
     let req = requirements(cfg.scorer);
-    // no kernel yet for the question-agnostic uniqueness scorer: score it on the host
-    if req.unit_rows {
-        return Err(Error::InvalidArgument);
-    }
     let cross = cfg.needs_cross();
     let (hq, hkv, p) = (s.hq, s.hkv, s.p);
     let win_bytes = if req.queries {
@@ -109,6 +111,15 @@ fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
     let sel = c.take::<u8>(sel_bytes)?;
     let counts = c.take::<i32>(if critical { hkv } else { 0 })?;
     let idx = c.take::<i32>(if critical { mul(hkv, p)? } else { 0 })?;
+    let uniq_bytes = if req.unit_rows {
+        // SAFETY: a pure host function.
+        unsafe {
+            cu::kve_cuda_uniqueness_workspace_size(hkv as i64, s.n as i64, s.dk as i64, s.dv as i64)
+        }
+    } else {
+        0
+    };
+    let uniq = c.take::<u8>(uniq_bytes)?;
     Ok(Parts {
         win,
         win_bytes,
@@ -123,6 +134,8 @@ fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
         sel_bytes,
         counts,
         idx,
+        uniq,
+        uniq_bytes,
         total: c.bytes(),
     })
 }
@@ -139,6 +152,7 @@ pub fn score_workspace_size(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usi
         n: shape.n,
         w,
         p: shape.n - w,
+        dk: shape.dk,
         dv: shape.dv,
         gram: true,
     };
@@ -176,6 +190,9 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
         return Err(Error::InvalidArgument);
     }
     let req = requirements(cfg.scorer);
+    if req.unit_rows && n as u64 > MAX_UNIQUENESS_TOKENS {
+        return Err(Error::InvalidArgument);
+    }
     let mut q = None;
     if req.queries {
         let qv = d.queries.ok_or(Error::NullPointer)?.view;
@@ -193,6 +210,7 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
         n,
         w,
         p: n - w,
+        dk: shape.dk,
         dv: shape.dv,
         gram: false,
     };
@@ -744,7 +762,16 @@ unsafe fn launch(
                 stream,
             )),
             ScorerKind::KNorm => ck(cu::kve_cuda_knorm(&inp.k, pi, out, pi, stream)),
-            ScorerKind::Uniqueness => Err(Error::InvalidArgument), // refused by layout()
+            ScorerKind::Uniqueness => ck(cu::kve_cuda_uniqueness(
+                &inp.k,
+                &inp.v.ok_or(Error::InvalidArgument)?,
+                pi,
+                out,
+                pi,
+                parts.uniq as *mut c_void,
+                parts.uniq_bytes,
+                stream,
+            )),
             ScorerKind::Tova => {
                 // the mean over every query head of the layer once, into row 0; the other KV
                 // heads get a copy of that row (a one-head "mean" is the value itself)

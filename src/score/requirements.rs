@@ -35,8 +35,9 @@ pub struct Requirements {
     pub head_factors: bool,
     /// CriticalKV: a first-stage top-k per head before the value term is combined.
     pub first_stage: bool,
-    /// Uniqueness: the unit-normalised K and V rows of one KV head (`N·(dk+dv)` floats of
-    /// workspace), for the pairwise similarities. No device kernel yet.
+    /// Uniqueness: the unit-normalised K and V rows of one KV head, packed in panels of 16
+    /// tokens, and each token's top-4 similarities (`⌈N/16⌉·16·(dk+dv+5) + 16·max(dk, dv)`
+    /// floats of workspace), for the pairwise similarities.
     pub unit_rows: bool,
 }
 

@@ -1,0 +1,162 @@
+//! Test double of `cuda/uniqueness.cu` (feature `cuda-mock`): `kve_cuda_uniqueness` and its
+//! workspace size as plain Rust over host memory, with the conventions of `mock.rs` (same
+//! validation as the launcher, nothing written on error, the workspace overwritten).
+//!
+//! Arithmetic: the kernel's, step for step, rather than a call into the core: each row's
+//! squared norm in 8 fused lanes (`mul_add`) summed by the core's tree, the tail unfused,
+//! `1 / sqrt` both correctly rounded; each pair's cosine one fused chain over `d` in order;
+//! each token's 4th largest similarity from lists of -1; the 0.9^j as repeated products. That is also the core's AVX2 path, so on an AVX2 + FMA host the scores
+//! equal the host scorer's bit for bit (tests/uniqueness_device.rs), and the test shows what
+//! the kernel computes without a GPU.
+
+#![allow(clippy::missing_safety_doc)] // the contract: src/cuda.rs, cuda/kvevict_cuda.h
+
+use super::mock::{get, scribble, view_ok};
+use super::KveCudaView;
+use core::ffi::{c_int, c_void};
+use std::vec::Vec;
+
+/// `cudaErrorInvalidValue`.
+const INVALID: c_int = 1;
+/// Tokens per row tile of the kernel, and its row tiles (a grid dimension).
+const TILE: i64 = 64;
+const MAX_TILES: i64 = 65535;
+
+/// The kernel's part sizes, 4 bytes an element rounded up to 256; `None` on overflow.
+fn part_bytes(heads: i64, n: i64, d: i64) -> Option<usize> {
+    let x = (heads as usize)
+        .checked_mul(n as usize)?
+        .checked_mul(d as usize)?;
+    x.checked_mul(4)?.checked_add(255).map(|b| b / 256 * 256)
+}
+
+/// `usize::MAX` (the kernel's `SIZE_MAX`) when the size overflows.
+pub unsafe fn kve_cuda_uniqueness_workspace_size(heads: i64, n: i64, dk: i64, dv: i64) -> usize {
+    if heads < 0 || n < 0 || dk < 0 || dv < 0 {
+        return 0;
+    }
+    let parts = [dk, dv, 1].map(|d| part_bytes(heads, n, d));
+    parts
+        .into_iter()
+        .try_fold(0usize, |a, b| a.checked_add(b?))
+        .unwrap_or(usize::MAX)
+}
+
+/// Unit rows of head `h` (`[N][d]`), as the kernel's `unit_rows_kernel`.
+unsafe fn unit_rows(x: &KveCudaView, h: usize) -> Vec<f32> {
+    let (n, d) = (x.tokens as usize, x.dim as usize);
+    let d8 = d / 8 * 8;
+    let mut out = Vec::with_capacity(n * d);
+    for t in 0..n {
+        let mut lane = [0f32; 8];
+        for c in (0..d8).step_by(8) {
+            for (l, a) in lane.iter_mut().enumerate() {
+                let v = get(x, h, t, c + l);
+                *a = v.mul_add(v, *a);
+            }
+        }
+        let mut s = ((lane[0] + lane[4]) + (lane[2] + lane[6]))
+            + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+        for c in d8..d {
+            let v = get(x, h, t, c);
+            s += v * v;
+        }
+        let inv = if s > 0.0 { 1.0 / s.sqrt() } else { 1.0 };
+        out.extend((0..d).map(|c| get(x, h, t, c) * inv));
+    }
+    out
+}
+
+/// The kernel's `UQ_RANK` and `UQ_REACH`.
+const RANK: usize = 4;
+const REACH: usize = 4;
+
+/// `m` into the descending list `l` when it beats its last entry.
+fn insert_top(l: &mut [f32; RANK], m: f32) {
+    if m > l[RANK - 1] {
+        l[RANK - 1] = m;
+        l.sort_by(|a, b| b.total_cmp(a));
+    }
+}
+
+/// `Σ_c a[c]·b[c]`, one fused multiply-add per term, in order.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0f32, |s, (x, y)| x.mul_add(*y, s))
+}
+
+/// `max(0, 1 - r)^8` as the kernel's `sharpen`.
+fn sharpen(r: f32) -> f32 {
+    let x = (1.0 - r).max(0.0);
+    let u2 = x * x;
+    (u2 * u2) * (u2 * u2)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn kve_cuda_uniqueness(
+    k: *const KveCudaView,
+    v: *const KveCudaView,
+    prefix: i64,
+    out: *mut f32,
+    ld_out: i64,
+    ws: *mut c_void,
+    ws_bytes: usize,
+    _stream: *mut c_void,
+) -> c_int {
+    let (Some(kd), Some(vd)) = (view_ok(k), view_ok(v)) else {
+        return INVALID;
+    };
+    if kd.dtype != vd.dtype || vd.heads != kd.heads || vd.tokens != kd.tokens {
+        return INVALID;
+    }
+    let (heads, n) = (kd.heads, kd.tokens);
+    if prefix < 0 || prefix > n || heads > 65535 || (n + TILE - 1) / TILE > MAX_TILES {
+        return INVALID;
+    }
+    if kd.dim > i32::MAX as i64 || vd.dim > i32::MAX as i64 {
+        return INVALID;
+    }
+    if prefix == 0 || heads == 0 {
+        return 0;
+    }
+    if out.is_null() || ld_out < prefix {
+        return INVALID;
+    }
+    let need = kve_cuda_uniqueness_workspace_size(heads, n, kd.dim, vd.dim);
+    if need == usize::MAX || ws.is_null() || ws_bytes < need || (ws as usize) % 256 != 0 {
+        return INVALID;
+    }
+    // everything is read before the workspace and `out` are written (they may not overlap
+    // the inputs on the device either)
+    let (n, p) = (n as usize, prefix as usize);
+    let mut scores = Vec::with_capacity(heads as usize * p);
+    for h in 0..heads as usize {
+        let (ku, vu) = (unit_rows(&kd, h), unit_rows(&vd, h));
+        let (dk, dv) = (kd.dim as usize, vd.dim as usize);
+        let mut top = std::vec![[-1f32; RANK]; n];
+        for i in 0..n {
+            for j in i + 1..n {
+                let ck = dot(&ku[i * dk..(i + 1) * dk], &ku[j * dk..(j + 1) * dk]);
+                let cv = dot(&vu[i * dv..(i + 1) * dv], &vu[j * dv..(j + 1) * dv]);
+                let m = ck.min(cv);
+                insert_top(&mut top[i], m);
+                insert_top(&mut top[j], m);
+            }
+        }
+        let u: Vec<f32> = top[..p].iter().map(|l| sharpen(l[RANK - 1])).collect();
+        scores.extend((0..p).map(|i| {
+            let (mut s, mut f) = (u[i], 1f32);
+            for j in 1..=REACH {
+                f *= 0.9;
+                if let Some(&x) = u.get(i + j) {
+                    s = s.max(f * x);
+                }
+            }
+            s
+        }));
+    }
+    scribble(ws, need);
+    for (h, row) in scores.chunks_exact(p).enumerate() {
+        core::ptr::copy_nonoverlapping(row.as_ptr(), out.add(h * ld_out as usize), p);
+    }
+    0
+}
