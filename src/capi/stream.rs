@@ -234,7 +234,9 @@ pub unsafe extern "C" fn kve_stream_feed(
     ))
 }
 
-/// Queries fed into `state` so far. Writes only `*out_count`.
+/// Queries fed into `state` so far. A buffer that is not a started state, or is shorter
+/// than its shape's `kve_stream_state_size` → `KVE_ERR_INVALID_ARGUMENT`. Writes only
+/// `*out_count`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_stream_query_count(
     state: *const c_void,
