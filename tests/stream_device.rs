@@ -14,107 +14,21 @@ use kvevict::*;
 use reference::harness::*;
 use reference::{softmax_row, Rng, T3};
 
-/// Memory the launcher reads and writes: device memory with `cuda`, host memory with the
-/// mock.
-mod mem {
-    use std::ffi::c_void;
+#[macro_use]
+mod conformance;
 
-    #[cfg(feature = "cuda")]
-    extern "C" {
-        fn cudaMalloc(p: *mut *mut c_void, n: usize) -> i32;
-        fn cudaFree(p: *mut c_void) -> i32;
-        fn cudaMemcpy(dst: *mut c_void, src: *const c_void, n: usize, kind: i32) -> i32;
-        fn cudaDeviceSynchronize() -> i32;
-    }
-
-    pub struct Buf {
-        pub p: *mut c_void,
-        bytes: usize,
-        #[cfg(not(feature = "cuda"))]
-        _host: Vec<u64>,
-    }
-
-    impl Buf {
-        pub fn up<T: Copy>(x: &[T]) -> Buf {
-            let bytes = std::mem::size_of_val(x).max(8);
-            #[cfg(feature = "cuda")]
-            let b = {
-                let mut p = std::ptr::null_mut();
-                assert_eq!(unsafe { cudaMalloc(&mut p, bytes) }, 0, "cudaMalloc");
-                Buf { p, bytes }
-            };
-            #[cfg(not(feature = "cuda"))]
-            let b = {
-                let mut h = vec![0u64; bytes.div_ceil(8)];
-                Buf {
-                    p: h.as_mut_ptr() as *mut c_void,
-                    bytes,
-                    _host: h,
-                }
-            };
-            // SAFETY: `bytes` fits both buffers.
-            unsafe {
-                copy(
-                    b.p,
-                    x.as_ptr() as *const c_void,
-                    std::mem::size_of_val(x),
-                    1,
-                )
-            };
-            b
-        }
-        pub fn down<T: Copy + Default>(&self, n: usize) -> Vec<T> {
-            let mut out = vec![T::default(); n];
-            assert!(n * std::mem::size_of::<T>() <= self.bytes);
-            // SAFETY: as above.
-            unsafe {
-                copy(
-                    out.as_mut_ptr() as *mut c_void,
-                    self.p,
-                    n * std::mem::size_of::<T>(),
-                    2,
-                )
-            };
-            out
-        }
-    }
-
-    unsafe fn copy(dst: *mut c_void, src: *const c_void, n: usize, kind: i32) {
-        #[cfg(feature = "cuda")]
-        {
-            assert_eq!(cudaMemcpy(dst, src, n, kind), 0, "cudaMemcpy");
-            assert_eq!(cudaDeviceSynchronize(), 0, "sync");
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = kind;
-            std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n);
-        }
-    }
-
-    #[cfg(feature = "cuda")]
-    impl Drop for Buf {
-        fn drop(&mut self) {
-            unsafe { cudaFree(self.p) };
-        }
-    }
-}
-
-use mem::Buf;
+/// Memory the launcher reads and writes (cudaMalloc'd with the kernels, host memory with
+/// the mock).
+type Buf = conformance::DBuf<u8>;
 
 fn present() -> bool {
-    let mut c = 0;
-    let ok = unsafe { kve_cuda_device_count(&mut c) } == 0 && c > 0;
-    if !ok {
-        println!("skipped: no CUDA device");
-    }
-    ok
+    conformance::have_device()
 }
 
 /// A device view of a stored tensor uploaded to `buf`.
 fn dview(s: &Stored, buf: &Buf) -> KveCudaView {
     KveCudaView {
-        data: buf.p,
+        data: buf.vptr(),
         dtype: s.dtype as i32,
         reserved: 0,
         stride_head: s.stride[0] as i64,
@@ -128,9 +42,9 @@ fn dview(s: &Stored, buf: &Buf) -> KveCudaView {
 
 fn upload(s: &Stored) -> Buf {
     match s.dtype {
-        DType::F32 => Buf::up(&s.f32),
-        DType::F16 => Buf::up(&s.f16),
-        DType::BF16 => Buf::up(&s.bf16),
+        DType::F32 => Buf::bytes_of(&s.f32),
+        DType::F16 => Buf::bytes_of(&s.f16),
+        DType::BF16 => Buf::bytes_of(&s.bf16),
     }
 }
 
@@ -150,22 +64,23 @@ struct Chunk {
 unsafe fn feed(k: &KveCudaView, ch: &Chunk, acc: &Acc, ws: &Buf, ws_bytes: usize) -> i32 {
     let qb = upload(&ch.q);
     let qv = dview(&ch.q, &qb);
-    let pb = Buf::up(&ch.pos);
-    let lb = ch.lse.as_ref().map(|l| Buf::up(l));
+    let pb = Buf::bytes_of(&ch.pos);
+    let lb = ch.lse.as_ref().map(|l| Buf::bytes_of(l));
     let r = kve_cuda_stream_feed(
         &qv,
-        pb.p as *const i64,
+        pb.vptr() as *const i64,
         k,
-        lb.as_ref().map_or(std::ptr::null(), |b| b.p as *const f32),
-        acc.max.p as *mut f32,
-        acc.sum.p as *mut f32,
-        acc.sq.p as *mut f32,
-        ws.p,
+        lb.as_ref()
+            .map_or(std::ptr::null(), |b| b.vptr() as *const f32),
+        acc.max.vptr() as *mut f32,
+        acc.sum.vptr() as *mut f32,
+        acc.sq.vptr() as *mut f32,
+        ws.vptr(),
         ws_bytes,
         std::ptr::null_mut(),
     );
     // the mock's results are there on return; the kernels' after a copy (which syncs)
-    let _ = acc.max.down::<f32>(1);
+    let _ = acc.max.download_as::<f32>(1);
     r
 }
 
@@ -238,12 +153,12 @@ fn launcher_matches_the_core_state() {
         let kv = dview(&ks, &kb);
         let zeros = vec![0f32; hq * n];
         let acc = Acc {
-            max: Buf::up(&zeros),
-            sum: Buf::up(&zeros),
-            sq: Buf::up(&zeros),
+            max: Buf::bytes_of(&zeros),
+            sum: Buf::bytes_of(&zeros),
+            sq: Buf::bytes_of(&zeros),
         };
         let wsb = unsafe { kve_cuda_stream_feed_workspace_size(hq as i64, 11) };
-        let dws = Buf::up(&vec![0u8; wsb]);
+        let dws = Buf::bytes_of(&vec![0u8; wsb]);
         for ch in &chunks {
             assert_eq!(
                 unsafe { feed(&kv, ch, &acc, &dws, wsb) },
@@ -252,9 +167,9 @@ fn launcher_matches_the_core_state() {
             );
         }
         let got = [
-            acc.max.down::<f32>(hq * n),
-            acc.sum.down::<f32>(hq * n),
-            acc.sq.down::<f32>(hq * n),
+            acc.max.download_as::<f32>(hq * n),
+            acc.sum.download_as::<f32>(hq * n),
+            acc.sq.download_as::<f32>(hq * n),
         ];
         for (what, a, b) in [
             ("max", &got[0], want.max),
@@ -294,16 +209,16 @@ fn mock_rejects_bad_arguments_and_writes_nothing() {
     let kv = dview(&ks, &kb);
     let canary = vec![-3.5f32; hq * n];
     let acc = Acc {
-        max: Buf::up(&canary),
-        sum: Buf::up(&canary),
-        sq: Buf::up(&canary),
+        max: Buf::bytes_of(&canary),
+        sum: Buf::bytes_of(&canary),
+        sq: Buf::bytes_of(&canary),
     };
     let wsb = unsafe { kve_cuda_stream_feed_workspace_size(hq as i64, c as i64) };
-    let ws = Buf::up(&vec![0u8; wsb]);
+    let ws = Buf::bytes_of(&vec![0u8; wsb]);
     let unchanged = |what: &str| {
         for b in [&acc.max, &acc.sum, &acc.sq] {
             assert_eq!(
-                b.down::<f32>(hq * n),
+                b.download_as::<f32>(hq * n),
                 canary,
                 "{what}: accumulators written"
             );
@@ -342,10 +257,10 @@ fn mock_rejects_bad_arguments_and_writes_nothing() {
             std::ptr::null(),
             &kv,
             std::ptr::null(),
-            acc.max.p as *mut f32,
-            acc.sum.p as *mut f32,
-            acc.sq.p as *mut f32,
-            ws.p,
+            acc.max.vptr() as *mut f32,
+            acc.sum.vptr() as *mut f32,
+            acc.sq.vptr() as *mut f32,
+            ws.vptr(),
             wsb,
             std::ptr::null_mut(),
         );
