@@ -2927,3 +2927,228 @@ fn gpu_and_cpu_shards_match_select_model() {
         }
     }
 }
+
+/// kve_cuda_vonorm in f32 against the core's value forms (`compute_value_forms`, all N
+/// tokens; on the mock bit for bit) and its square-root mode; gram_split's hi part is
+/// the dtype's rounding of G and hi + lo ~22 bits; 16-bit V with hi/lo Grams is
+/// ~f32-accurate; the factor form `||v L||²` (L from the host gram_factor, L Lᵀ = G)
+/// equals the forms.
+#[test]
+fn vonorm_gram_split_and_factor_equal_core() {
+    use kvevict::{compute_value_forms, value_forms_len};
+    need_device!();
+    let mut rng = Rng::new(8);
+    let (hq, hkv, n, d) = (4usize, 2usize, 40usize, 24usize);
+    let g = hq / hkv;
+    let v = Tensor::new(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || {
+        rng.normal()
+    });
+    let gram = core_gram(&mut rng, hq, hkv, d, hq * d);
+    let gd = DBuf::from(&gram);
+    let mut forms = vec![0f32; value_forms_len(hq, hkv, n, false).unwrap()];
+    compute_value_forms(&v.core_view(), &gram, hq, false, 0, n, &mut forms).unwrap();
+    let forms64: Vec<f64> = forms.iter().map(|&x| x as f64).collect();
+    let vonorm = |vv: &KveCudaView, hi: *const c_void, lo: *const c_void, sqrt: i32| {
+        let out = poisoned(hq * n);
+        // SAFETY: device buffers of the documented sizes.
+        let rc = unsafe {
+            kve_cuda_vonorm(
+                vv,
+                n as i64,
+                hi,
+                lo,
+                hq as i64,
+                sqrt,
+                out.ptr(),
+                null_stream(),
+            )
+        };
+        ck(rc, "vonorm");
+        out.download()
+    };
+    let got = vonorm(&v.view(), gd.vptr(), null(), 0);
+    assert_close("vonorm f32", &got, &forms64, 1e-5);
+    let roots = vonorm(&v.view(), gd.vptr(), null(), 1);
+    let want: Vec<f64> = forms.iter().map(|f| f.max(0.0).sqrt() as f64).collect();
+    assert_close("vonorm f32 sqrt", &roots, &want, 1e-5);
+    if MOCK {
+        assert_eq!(got, forms, "the core's value forms");
+        let exact: Vec<f32> = forms.iter().map(|f| f.max(0.0).sqrt()).collect();
+        assert_eq!(roots, exact, "their square roots");
+    }
+    // f16 V with hi/lo Grams from gram_split
+    let v16 = Tensor::new(Dt::F16, Layout::HeadMajor, [hkv, n, d], &mut || {
+        rng.normal()
+    });
+    let (hi, lo) = (DBuf::<u16>::new(gram.len()), DBuf::<u16>::new(gram.len()));
+    // SAFETY: device buffers of `gram.len()` elements.
+    let rc = unsafe {
+        kve_cuda_gram_split(
+            gd.ptr(),
+            gram.len() as i64,
+            KVE_CUDA_F16,
+            hi.vptr(),
+            lo.vptr(),
+            null_stream(),
+        )
+    };
+    ck(rc, "gram_split");
+    let (hb, lb) = (hi.download(), lo.download());
+    for ((&h, &l), &x) in hb.iter().zip(&lb).zip(&gram) {
+        let (h, l) = (f16::from_bits(h), f16::from_bits(l));
+        assert_eq!(h, f16::from_f32(x), "hi of {x}");
+        // hi + lo: ~22 bits, down to f16's subnormal spacing (6e-8) for lo
+        assert!(
+            ((h.to_f32() + l.to_f32()) - x).abs() <= 5e-7 * x.abs() + 3e-8,
+            "{x}"
+        );
+    }
+    let got = vonorm(&v16.view(), hi.vptr(), lo.vptr(), 0);
+    for m in 0..hq {
+        for i in 0..n {
+            let (mut s, mut mag) = (0f64, 0f64);
+            for r in 0..d {
+                for c in 0..d {
+                    let t = v16.at(m / g, i, r)
+                        * gram[(m * d + r) * d + c] as f64
+                        * v16.at(m / g, i, c);
+                    s += t;
+                    mag += t.abs();
+                }
+            }
+            let e = (got[m * n + i] as f64 - s).abs();
+            assert!(e <= 2e-6 * mag, "f16 m{m} i{i}: {} vs {s}", got[m * n + i]);
+        }
+    }
+    // the factor form: L from gram_factor (host), ||v L||² = v G vᵀ
+    let mut lf = vec![SENTINEL; gram.len()];
+    // SAFETY: host arrays of `hq·d·d` floats.
+    assert_eq!(
+        unsafe { kve_cuda_gram_factor(gram.as_ptr(), hq as i64, d as i64, lf.as_mut_ptr()) },
+        0
+    );
+    for m in 0..hq {
+        let b = &lf[m * d * d..(m + 1) * d * d];
+        for r in 0..d {
+            for c in 0..d {
+                if c > r {
+                    assert_eq!(b[r * d + c], 0.0);
+                }
+                let llt: f64 = (0..d)
+                    .map(|k| b[r * d + k] as f64 * b[c * d + k] as f64)
+                    .sum();
+                let gv = gram[m * d * d + r * d + c] as f64;
+                let scale = gram[m * d * d + r * d + r].abs().max(1e-6) as f64;
+                assert!((llt - gv).abs() <= 1e-5 * scale + 1e-6);
+            }
+        }
+    }
+    let ld = DBuf::from(&lf);
+    let fo = poisoned(hq * n);
+    // SAFETY: device buffers of the documented sizes.
+    let rc = unsafe {
+        kve_cuda_vonorm_factor(
+            &v.view(),
+            n as i64,
+            ld.vptr(),
+            null(),
+            hq as i64,
+            0,
+            fo.ptr(),
+            null_stream(),
+        )
+    };
+    ck(rc, "vonorm_factor");
+    let fo = fo.download();
+    let top = forms.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+    for (k, (&a, &b)) in fo.iter().zip(&forms).enumerate() {
+        assert!(
+            (a as f64 - b as f64).abs() <= 1e-5 * (b as f64).abs() + 1e-6 * top,
+            "factor {k}: {a} vs {b}"
+        );
+    }
+}
+
+/// The host Cholesky factor of a rank-1 PSD Gram (zero pivots give zero columns); a
+/// block not PSD, NaN, NULL or d = 0 are refused with nothing written; gram_split refuses
+/// a bad dtype or a NULL hi, and its bf16 hi part is the rounding of G.
+#[test]
+fn gram_factor_rejects_and_zero_columns() {
+    let d = 3;
+    let u = [1.0f32, 2.0, -1.0];
+    let g: Vec<f32> = (0..9).map(|e| u[e / 3] * u[e % 3]).collect();
+    let mut l = vec![SENTINEL; 9];
+    // SAFETY: host arrays (the factor runs on the host) of the documented sizes.
+    unsafe {
+        assert_eq!(kve_cuda_gram_factor(g.as_ptr(), 1, d, l.as_mut_ptr()), 0);
+        assert_eq!(l, vec![1.0, 0.0, 0.0, 2.0, 0.0, 0.0, -1.0, 0.0, 0.0]);
+        let mut g2 = g.clone();
+        g2.extend_from_slice(&[1.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0]);
+        let mut l2 = vec![SENTINEL; 18];
+        assert_eq!(
+            kve_cuda_gram_factor(g2.as_ptr(), 2, d, l2.as_mut_ptr()),
+            INVALID,
+            "not PSD"
+        );
+        assert!(l2.iter().all(|&v| v == SENTINEL));
+        let mut gn = g.clone();
+        gn[4] = f32::NAN;
+        assert_eq!(
+            kve_cuda_gram_factor(gn.as_ptr(), 1, d, l2.as_mut_ptr()),
+            INVALID,
+            "NaN"
+        );
+        assert_eq!(
+            kve_cuda_gram_factor(null(), 1, d, l2.as_mut_ptr()),
+            INVALID,
+            "NULL"
+        );
+        assert_eq!(
+            kve_cuda_gram_factor(g.as_ptr(), 1, 0, l2.as_mut_ptr()),
+            INVALID,
+            "d = 0"
+        );
+        assert_eq!(
+            kve_cuda_gram_factor(null(), 0, d, null_mut()),
+            0,
+            "no blocks"
+        );
+        assert!(l2.iter().all(|&v| v == SENTINEL));
+    }
+    need_device!();
+    let gd = DBuf::from(&g);
+    let hi = DBuf::from(&[0u16; 9]);
+    // SAFETY: device buffers of 9 elements; the refused calls launch nothing.
+    unsafe {
+        assert_eq!(
+            kve_cuda_gram_split(gd.ptr(), 9, 5, hi.vptr(), null_mut(), null_stream()),
+            INVALID
+        );
+        assert_eq!(
+            kve_cuda_gram_split(
+                gd.ptr(),
+                9,
+                KVE_CUDA_BF16,
+                null_mut(),
+                null_mut(),
+                null_stream()
+            ),
+            INVALID
+        );
+        assert!(hi.download().iter().all(|&v| v == 0));
+        ck(
+            kve_cuda_gram_split(
+                gd.ptr(),
+                9,
+                KVE_CUDA_BF16,
+                hi.vptr(),
+                null_mut(),
+                null_stream(),
+            ),
+            "split",
+        );
+    }
+    for (h, &x) in hi.download().iter().zip(&g) {
+        assert_eq!(*h, bf16::from_f32(x).to_bits());
+    }
+}
