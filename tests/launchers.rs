@@ -3152,3 +3152,157 @@ fn gram_factor_rejects_and_zero_columns() {
         assert_eq!(*h, bf16::from_f32(x).to_bits());
     }
 }
+
+/// The core's kept lists of every (layer, head) unit, window positions included.
+fn core_lists(
+    cfg: &kvevict::SelectConfig,
+    s: &[f32],
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    w: usize,
+) -> Vec<Vec<i32>> {
+    let m = kvevict::ModelScores {
+        scores: s,
+        layers,
+        hkv,
+        n,
+        window: w,
+    };
+    let (no, ni) = kvevict::select_output_len(cfg, layers, hkv, n, w).unwrap();
+    let (mut off, mut idx) = (vec![0u64; no], vec![0u32; ni]);
+    let mut ws = vec![0u8; kvevict::select_workspace_size(cfg, layers, hkv, n, w).unwrap()];
+    kvevict::select_model(cfg, &m, &mut off, &mut idx, &mut ws).expect("select_model");
+    (0..layers * hkv)
+        .map(|u| {
+            idx[off[u] as usize..off[u + 1] as usize]
+                .iter()
+                .map(|&i| i as i32)
+                .collect()
+        })
+        .collect()
+}
+
+/// The device pipeline's kept lists (`kvevict::device::select_model`), row stride n.
+fn device_lists(
+    cfg: &kvevict::SelectConfig,
+    s: &[f32],
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    w: usize,
+) -> Vec<Vec<i32>> {
+    let units = layers * hkv;
+    let m = kvevict::ModelShape::new(layers as u64, hkv as u64, n as u64, w as u64).expect("shape");
+    let sd = DBuf::from(s);
+    let wsb = kvevict::device::select_workspace_size(cfg, &m).expect("workspace");
+    let ws = DBuf::<u8>::new(wsb);
+    let counts = DBuf::from(&vec![-1i32; units]);
+    let idx = DBuf::from(&vec![-1i32; units * n]);
+    let lists = kvevict::device::select::KeptLists {
+        counts: counts.ptr(),
+        counts_len: units as u64,
+        idx: idx.ptr(),
+        idx_ld: n as u64,
+        idx_len: (units * n) as u64,
+    };
+    // SAFETY: device buffers of the declared sizes.
+    unsafe {
+        kvevict::device::select_model(
+            cfg,
+            &m,
+            sd.ptr(),
+            s.len() as u64,
+            &lists,
+            ws.vptr(),
+            wsb as u64,
+            null_mut(),
+        )
+    }
+    .unwrap_or_else(|e| panic!("device select_model {cfg:?}: {e:?}"));
+    let (c, x) = (counts.download(), idx.download());
+    (0..units)
+        .map(|u| x[u * n..u * n + c[u] as usize].to_vec())
+        .collect()
+}
+
+/// Every allocator the device pipeline runs (uniform, pyramid, global with and without
+/// layer-sum normalisation, AdaKV and LAVa with and without the safeguard floor, token
+/// granularity with and without post-pooling) on scores with many ties, over shapes with
+/// no window, a budget of 0 and one past P: the kept lists are the core's (exactly on the
+/// mock; on the kernels at least 99.9 % of them and the same counts).
+#[test]
+fn device_selections_equal_select_model() {
+    use kvevict::{AllocatorKind as A, Granularity, Normalize, Pool, SelectConfig};
+    need_device!();
+    let mut rng = Rng::new(101);
+    for &(layers, hkv, n, w, budget) in &[
+        (4usize, 2usize, 40usize, 8usize, 5u64),
+        (3, 3, 17, 4, 2),
+        (5, 1, 100, 4, 30),
+        (2, 4, 64, 0, 64),
+        (6, 2, 50, 10, 0),
+        (3, 2, 30, 6, 1000),
+    ] {
+        let p = n - w;
+        // a coarse grid: ties everywhere
+        let s: Vec<f32> = (0..layers * hkv * p)
+            .map(|_| (rng.unif() * 40.0).floor() / 7.0)
+            .collect();
+        let mut cfgs: Vec<(String, SelectConfig)> = vec![
+            (
+                "uniform".into(),
+                SelectConfig::new(A::Uniform, Granularity::Head, budget),
+            ),
+            (
+                "pyramid".into(),
+                SelectConfig::new(A::Pyramid, Granularity::Head, budget),
+            ),
+        ];
+        for norm in [Normalize::LayerSum, Normalize::None] {
+            let mut c = SelectConfig::new(A::Global, Granularity::Head, budget);
+            c.normalize = norm;
+            cfgs.push((format!("global {norm:?}"), c));
+        }
+        for alpha in [0.0f32, 0.2, 0.5] {
+            for a in [A::Ada, A::Lava] {
+                let mut c = SelectConfig::new(a, Granularity::Head, budget);
+                c.alpha = alpha;
+                cfgs.push((format!("{a:?} alpha {alpha}"), c));
+            }
+        }
+        for pooled in [false, true] {
+            let mut c = SelectConfig::new(A::Global, Granularity::Token, budget);
+            if pooled {
+                c.post_pool = Pool::forward(8, 0.9);
+            }
+            cfgs.push((format!("token pooled {pooled}"), c));
+        }
+        for (name, cfg) in &cfgs {
+            if p == 0 && cfg.granularity == Granularity::Token {
+                continue;
+            }
+            let want = core_lists(cfg, &s, layers, hkv, n, w);
+            let got = device_lists(cfg, &s, layers, hkv, n, w);
+            let tag = format!("{name}: layers {layers} hkv {hkv} n {n} w {w} budget {budget}");
+            if MOCK {
+                assert_eq!(got, want, "{tag}");
+                continue;
+            }
+            let total: usize = want.iter().map(|l| l.len()).sum();
+            let same: usize = got
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| g.iter().filter(|x| w.contains(x)).count())
+                .sum();
+            assert_eq!(
+                got.iter().map(|l| l.len()).sum::<usize>(),
+                total,
+                "{tag}: kept count"
+            );
+            let overlap = same as f64 / total.max(1) as f64;
+            println!("{tag}: overlap {overlap:.6}");
+            assert!(overlap >= 0.999, "{tag}: overlap {overlap}");
+        }
+    }
+}
