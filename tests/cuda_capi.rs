@@ -21,7 +21,7 @@ mod conformance;
 
 /// Device memory (cudaMalloc'd with the kernels, host memory with the mock).
 type Buf = conformance::DBuf<u8>;
-use conformance::have_device;
+use conformance::{have_device, Dt};
 
 struct Rng(u64);
 impl Rng {
@@ -40,37 +40,6 @@ impl Rng {
     }
     fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.normal() * scale).collect()
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Dt {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl Dt {
-    fn code(self) -> u32 {
-        self as u32
-    }
-    fn size(self) -> usize {
-        if self == Dt::F32 {
-            4
-        } else {
-            2
-        }
-    }
-    fn encode(self, xs: &[f32]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(xs.len() * self.size());
-        for &x in xs {
-            match self {
-                Dt::F32 => out.extend_from_slice(&x.to_le_bytes()),
-                Dt::F16 => out.extend_from_slice(&f16::from_f32(x).to_le_bytes()),
-                Dt::Bf16 => out.extend_from_slice(&bf16::from_f32(x).to_le_bytes()),
-            }
-        }
-        out
     }
 }
 
@@ -130,7 +99,7 @@ impl Tensor {
         kve_tensor {
             data,
             len: self.len() as u64,
-            dtype: self.dt.code(),
+            dtype: self.dt.code() as u32,
             pad: 0,
             extent: self.ext.map(|x| x as u64),
             stride: self.stride.map(|x| x as u64),
@@ -832,7 +801,7 @@ fn device_score_rejects_shapes_beyond_the_kernels() {
     let t = |heads: u64, tokens: u64| kve_tensor {
         data: buf.vptr() as *const c_void,
         len: tokens * d,
-        dtype: Dt::F32.code(),
+        dtype: Dt::F32.code() as u32,
         pad: 0,
         extent: [heads, tokens, d],
         stride: [0, d, 1],

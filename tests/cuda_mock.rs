@@ -1,11 +1,10 @@
-//! The CUDA launchers' test double (`src/cuda/mock.rs`, feature `cuda-mock`) against the CPU
-//! core, for the launchers not yet in the shared conformance suite (`tests/launchers.rs`:
-//! window, pooling, LAVa factor, refusals run there on the mock and the kernels alike):
-//! head reductions, value norms and the scorers built
-//! from them equal `score_layer` (bit for bit where the mock runs the core's arithmetic);
-//! selections (uniform, pyramid, ada, lava, global, token, shards) equal `select_model`
-//! exactly; the rest against direct f64 computations; invalid arguments give 1 and leave
-//! every output untouched.
+//! Edge cases of the CUDA launchers' test double (`src/cuda/mock.rs`, feature `cuda-mock`)
+//! against the CPU core, on host buffers: strided and in-place head reductions and
+//! LaProx-exact terms, layer statistics, ties / NaN / edge budgets of the selection, shards
+//! on the device, forced entries, broadcast lists and budgets, compaction, token reduction;
+//! bit for bit where the mock runs the core's arithmetic, invalid arguments give 1 and
+//! leave every output untouched. Every launcher's conformance (the same cases on the mock
+//! and on the kernels, against f64 references) is `tests/launchers.rs`.
 #![cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
 #![allow(clippy::needless_range_loop)]
 
