@@ -3306,3 +3306,84 @@ fn device_selections_equal_select_model() {
         }
     }
 }
+
+/// kve_cuda_layer_stats: per-layer Σ|s| and entropy against the core's (`layer_entropy`;
+/// bit for bit on the mock, to 1e-12 on the kernels), a layer of zeros has entropy 0, the
+/// entropy alone may be asked for; a row stride below the count, a short workspace or
+/// NULL scores are refused with nothing written.
+#[test]
+fn layer_stats_equal_core() {
+    need_device!();
+    let mut rng = Rng::new(61);
+    let (layers, count, stride) = (5usize, 333usize, 340usize);
+    let mut s = rng.vec(layers * stride, 3.0);
+    s[2 * stride..2 * stride + count].fill(0.0);
+    let sd = DBuf::from(&s);
+    // SAFETY: a pure host function of the sizes.
+    let wsz = unsafe { kve_cuda_layer_stats_workspace_size(layers as i64, count as i64) };
+    let ws = DBuf::<u8>::new(wsz);
+    let (sums, ent) = (
+        DBuf::from(&vec![-1f64; layers]),
+        DBuf::from(&vec![-1f64; layers]),
+    );
+    let stats = |sp: *const f32, st: usize, sm: *mut f64, en: *mut f64, wsb: usize| {
+        // SAFETY: device buffers of the documented sizes, or refused before any launch.
+        unsafe {
+            kve_cuda_layer_stats(
+                sp,
+                st as i64,
+                count as i64,
+                layers as i64,
+                sm,
+                en,
+                ws.vptr(),
+                wsb,
+                null_stream(),
+            )
+        }
+    };
+    ck(
+        stats(sd.ptr(), stride, sums.ptr(), ent.ptr(), wsz),
+        "layer_stats",
+    );
+    let (gs, ge) = (sums.download(), ent.download());
+    for l in 0..layers {
+        let x = &s[l * stride..l * stride + count];
+        let (ws_, we) = (
+            x.iter().map(|&v| (v as f64).abs()).sum::<f64>(),
+            kvevict::budget::layer_entropy(x),
+        );
+        if MOCK {
+            assert_eq!((gs[l], ge[l]), (ws_, we), "layer {l}");
+        } else {
+            assert!(
+                (gs[l] - ws_).abs() <= 1e-12 * ws_ && (ge[l] - we).abs() <= 1e-12 * we.max(1.0),
+                "layer {l}"
+            );
+        }
+    }
+    assert_eq!(ge[2], 0.0, "a layer of zeros");
+    let e2 = DBuf::from(&vec![-1f64; layers]);
+    ck(
+        stats(sd.ptr(), stride, null_mut(), e2.ptr(), wsz),
+        "entropy alone",
+    );
+    assert_eq!(e2.download(), ge);
+    let e3 = DBuf::from(&vec![-1f64; layers]);
+    for (st, wsb, sp, what) in [
+        (
+            count - 1,
+            wsz,
+            sd.ptr() as *const f32,
+            "stride below the count",
+        ),
+        (stride, wsz - 1, sd.ptr(), "short workspace"),
+        (stride, wsz, null(), "NULL scores"),
+    ] {
+        assert_eq!(stats(sp, st, null_mut(), e3.ptr(), wsb), INVALID, "{what}");
+    }
+    assert!(
+        e3.download().iter().all(|&v| v == -1.0),
+        "refused layer_stats wrote"
+    );
+}
