@@ -10,8 +10,8 @@
 #   nvcc:  $NVCC; else nvcc on PATH or /usr/local/cuda/bin/nvcc (the CUDA image has
 #          13.0); else a carried .venv-nvcc ($KVEVICT_NVCC_VENV); else
 #          cuda/install_nvcc.sh (needs PyPI, or KVEVICT_NVCC_WHEELS=<dir of wheels>).
-#   tests: cargo if present (cargo test --release --features cuda --test cuda_gpu);
-#          else a prebuilt test binary build/gpu/cuda_gpu (made on a dev machine by
+#   tests: cargo if present (cargo test --release --features cuda --test launchers);
+#          else a prebuilt test binary build/gpu/launchers (made on a dev machine by
 #          cuda/prebuild.sh and carried: run(carry=["build/gpu"]); the binary links
 #          cudart statically and needs only glibc).
 #   bench: build/gpu/kvevict_bench if carried (KVEVICT_REBUILD_BENCH=1 rebuilds it),
@@ -79,15 +79,16 @@ TEST_BIN=""
 if ! skip tests; then
   say "GPU tests"
   if command -v cargo >/dev/null 2>&1 && [ -n "$NVCC" ]; then
-    if timeout "$(tmo 240)" cargo test --release --features cuda --test cuda_gpu --test cuda_capi --test stream_device --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
-      TEST_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
+    if timeout "$(tmo 240)" cargo test --release --features cuda --test launchers --test cuda_capi --test stream_device --test uniqueness_device --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
+      TEST_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/launchers-* 2>/dev/null | grep -v '\.d$' | head -1)
       CAPI_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_capi-* 2>/dev/null | grep -v '\.d$' | head -1)
       STREAM_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/stream_device-* 2>/dev/null | grep -v '\.d$' | head -1)
+      UNIQ_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/uniqueness_device-* 2>/dev/null | grep -v '\.d$' | head -1)
     fi
   fi
-  if [ -z "$TEST_BIN" ] && [ -x build/gpu/cuda_gpu ]; then
-    TEST_BIN=build/gpu/cuda_gpu
-    echo "using the prebuilt test binary build/gpu/cuda_gpu"
+  if [ -z "$TEST_BIN" ] && [ -x build/gpu/launchers ]; then
+    TEST_BIN=build/gpu/launchers
+    echo "using the prebuilt test binary build/gpu/launchers"
   fi
   if [ -z "${CAPI_BIN:-}" ] && [ -x build/gpu/cuda_capi ]; then CAPI_BIN=build/gpu/cuda_capi; fi
   # the public C API's device paths against the host C API (every scorer / allocator)
@@ -111,6 +112,17 @@ if ! skip tests; then
   else
     note "stream launcher tests: NOT RUN (no build/gpu/stream_device)"
   fi
+  if [ -z "${UNIQ_BIN:-}" ] && [ -x build/gpu/uniqueness_device ]; then UNIQ_BIN=build/gpu/uniqueness_device; fi
+  # the uniqueness kernel against the host scorer (within 1e-5 of each head's largest score)
+  if [ -n "${UNIQ_BIN:-}" ]; then
+    if timeout "$(tmo 60)" "$UNIQ_BIN" --nocapture 2>&1 | tee "$LOG/uniqueness.log" | grep -E "^test |skipped|panicked"; then
+      note "uniqueness kernel tests: $(grep -E '^test result' "$LOG/uniqueness.log" | tail -1)"
+    else
+      note "uniqueness kernel tests: FAILED (see uniqueness.log): $(grep -E 'panicked' -A2 "$LOG/uniqueness.log" | head -4 | tr '\n' ' ')"
+    fi
+  else
+    note "uniqueness kernel tests: NOT RUN (no build/gpu/uniqueness_device)"
+  fi
   if [ -n "$TEST_BIN" ]; then
     if timeout "$(tmo 150)" "$TEST_BIN" --test-threads=4 2>&1 | tee "$LOG/tests.log" | tail -25; then
       note "tests: $(grep -E '^test result' "$LOG/tests.log" | tail -1)"
@@ -119,7 +131,7 @@ if ! skip tests; then
     fi
     grep -E "max rel err" "$LOG/tests.log" | sort -t' ' -k1,1 | awk '{print}' > "$LOG/errors.txt" || true
   else
-    note "tests: NOT RUN (no cargo+nvcc, no build/gpu/cuda_gpu)"
+    note "tests: NOT RUN (no cargo+nvcc, no build/gpu/launchers)"
   fi
 fi
 

@@ -139,7 +139,7 @@ int kve_cuda_vonorm_factor(const kve_cuda_view* v, int64_t n_tokens, const void*
 /* gram_factor (HOST memory, no device, no stream): l_out = the lower-triangular
  * Cholesky factor of each [dv, dv] block of g (f64 arithmetic; a zero pivot of a
  * semi-definite block gives a zero column). 1 (invalid) when a block is not
- * positive semi-definite or not finite. Run once per model. */
+ * positive semi-definite or not finite, with nothing written. Run once per model. */
 int kve_cuda_gram_factor(const float* g, int64_t n_gram, int64_t dv, float* l_out);
 
 /* gram_split: hi = round(G) to dtype, lo = round(G - hi) (lo may be NULL).

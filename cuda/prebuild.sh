@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, on a machine without a GPU, the two binaries cuda/check.sh runs on the GPU
-# machine (which may lack cargo): build/gpu/cuda_gpu and build/gpu/cuda_capi (the GPU
+# machine (which may lack cargo): build/gpu/launchers and build/gpu/cuda_capi (the GPU
 # test binaries) and
 # build/gpu/kvevict_bench. Carry them with run(carry=["build/gpu"]).
 # Archs: KVEVICT_CUDA_ARCHS (default 90, the H200). Needs nvcc: $NVCC or
@@ -14,8 +14,8 @@ fi
 export NVCC
 LIBDIR=$(dirname "$(dirname "$NVCC")")/lib
 mkdir -p build/gpu
-cargo test --release --features cuda --test cuda_gpu --test cuda_capi --test stream_device --no-run 2>&1 | tail -3
-for t in cuda_gpu cuda_capi stream_device; do
+cargo test --release --features cuda --test launchers --test cuda_capi --test stream_device --test uniqueness_device --no-run 2>&1 | tail -3
+for t in launchers cuda_capi stream_device uniqueness_device; do
   bin=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/$t-* | grep -v '\.d$' | head -1)
   cp "$bin" build/gpu/$t
   strip --strip-debug build/gpu/$t 2>/dev/null || true

@@ -10,6 +10,7 @@
 // ||v L||² = Σ_c X[i,c]² with X = V·L, and a column chunk [c0, c0+CB) needs only
 // rows r >= c0 of L: about (1 + 16/dv)/2 of the tensor-core work (0.56 at dv 128).
 #include <math.h>
+#include <algorithm>
 #include <vector>
 #include "common.cuh"
 #include "mma.cuh"
@@ -181,6 +182,8 @@ extern "C" int kve_cuda_gram_factor(const float* g, int64_t n_gram, int64_t dv, 
     if (n_gram == 0) return 0;
     if (!g || !l_out) return (int)cudaErrorInvalidValue;
     std::vector<double> a((size_t)(dv * dv)), l((size_t)(dv * dv));
+    // every block first: nothing is written when a later one is refused
+    std::vector<float> all((size_t)(n_gram * dv * dv));
     for (int64_t m = 0; m < n_gram; ++m) {
         const float* gm = g + m * dv * dv;
         double maxd = 0.0;
@@ -207,9 +210,10 @@ extern "C" int kve_cuda_gram_factor(const float* g, int64_t n_gram, int64_t dv, 
                 l[i * dv + j] = s / ljj;
             }
         }
-        float* lm = l_out + m * dv * dv;
+        float* lm = all.data() + m * dv * dv;
         for (int64_t i = 0; i < dv * dv; ++i) lm[i] = (float)l[i];
     }
+    std::copy(all.begin(), all.end(), l_out);
     return 0;
 }
 

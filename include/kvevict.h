@@ -1140,7 +1140,9 @@ int32_t kve_stream_feed(void *state,
                         uint64_t workspace_bytes);
 
 /**
- * Queries fed into `state` so far. Writes only `*out_count`.
+ * Queries fed into `state` so far. A buffer that is not a started state, or is shorter
+ * than its shape's `kve_stream_state_size` → `KVE_ERR_INVALID_ARGUMENT`. Writes only
+ * `*out_count`.
  */
 int32_t kve_stream_query_count(const void *state, uint64_t state_bytes, uint64_t *out_count);
 

@@ -21,8 +21,9 @@ pub fn blocks(g: usize, cross: bool) -> usize {
     }
 }
 
-/// (a, b) of block `k` of a group of `g`.
-pub(crate) fn block_pair(g: usize, k: usize) -> (usize, usize) {
+/// (a, b) of block `k` of a group of `g`: the diagonal blocks first, then `a < b` in row
+/// order (the layout of the Gram blocks and value forms; the kernels' too).
+pub fn block_pair(g: usize, k: usize) -> (usize, usize) {
     if k < g {
         return (k, k);
     }

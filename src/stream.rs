@@ -211,9 +211,12 @@ pub fn stream_shape(state: &[u8]) -> Result<StreamShape> {
     Ok(shape)
 }
 
-/// Queries fed into an initialised state so far.
+/// Queries fed into an initialised state so far. A state shorter than its shape's size is
+/// not one (`InvalidArgument`, as in [`stream_stats`]).
 pub fn stream_query_count(state: &[u8]) -> Result<u64> {
-    stream_shape(state)?;
+    if state.len() < stream_state_size(&stream_shape(state)?)? {
+        return Err(Error::InvalidArgument);
+    }
     let mut b = [0u8; 8];
     b.copy_from_slice(&state[H_QUERIES * 8..H_QUERIES * 8 + 8]);
     Ok(u64::from_ne_bytes(b))

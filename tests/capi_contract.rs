@@ -423,6 +423,237 @@ fn outputs_over_struct_arguments_are_aliasing() {
     }
 }
 
+/// The stream entry points (`kve_stream_*`) with an output (state, workspace, scores,
+/// statistics) placed over a struct or array argument: ALIASING, nothing written. Each
+/// case succeeds with the same arguments placed apart, so the status is the check's.
+#[test]
+fn stream_outputs_over_struct_arguments_are_aliasing() {
+    const C: usize = 3;
+    let (hq, hkv, n, dk) = (HQ as u64, HKV as u64, N as u64, D as u64);
+    let (mut bytes, mut fwb, mut swb) = (0u64, 0u64, 0u64);
+    unsafe {
+        expect!(kve_stream_state_size(hq, hkv, n, dk, &mut bytes), KVE_OK);
+        expect!(
+            kve_stream_feed_workspace_size(hq, hkv, n, dk, C as u64, &mut fwb),
+            KVE_OK
+        );
+        expect!(
+            kve_stream_scores_workspace_size(hq, hkv, n, dk, &mut swb),
+            KVE_OK
+        );
+    }
+    // the state, then room for the arguments placed over its tail
+    let words = bytes as usize / 8;
+    let mut mem = vec![0u64; words];
+    let state = mem.as_mut_ptr();
+    unsafe {
+        expect!(
+            kve_stream_init(state as *mut c_void, bytes, hq, hkv, n, dk),
+            KVE_OK
+        );
+    }
+    let q = data(HQ * C * D, 21);
+    let k = data(HKV * N * D, 22);
+    let (qt, kt) = (contiguous(&q, [HQ, C, D]), contiguous(&k, [HKV, N, D]));
+    // the first chunk, then the positions of every later (valid) feed
+    let (first, pos) = ([1i64, 5, 9], [9i64, 12, 30]);
+    let mut fws = vec![0u64; fwb as usize / 8 + 1];
+    let feed = |state: *mut u64,
+                qd: *const kve_tensor,
+                p: *const i64,
+                kd: *const kve_tensor,
+                lse: &[f32],
+                ws: *mut u64| unsafe {
+        kve_stream_feed(
+            state as *mut c_void,
+            bytes,
+            qd,
+            p,
+            C as u64,
+            kd,
+            if lse.is_empty() { null() } else { lse.as_ptr() },
+            lse.len() as u64,
+            ws as *mut c_void,
+            fwb,
+        )
+    };
+    expect!(
+        feed(state, &qt, first.as_ptr(), &kt, &[], fws.as_mut_ptr()),
+        KVE_OK
+    );
+    // a word of the state's tail (accumulators), 16-aligned for any argument
+    let tail = (words - 16) & !1;
+    let fws_p = fws.as_mut_ptr();
+    unsafe {
+        // the queries' and the keys' descriptors, and the positions, in the state's tail
+        // or in the workspace
+        for place in [state.add(tail), fws_p] {
+            (place as *mut kve_tensor).write(qt);
+            let (before, wsb) = (mem.clone(), fws.clone());
+            expect!(
+                feed(
+                    state,
+                    place as *const kve_tensor,
+                    pos.as_ptr(),
+                    &kt,
+                    &[],
+                    fws_p
+                ),
+                KVE_ERR_ALIASING
+            );
+            assert!(mem == before && fws == wsb, "queries descriptor: written");
+            (place as *mut kve_tensor).write(kt);
+            let (before, wsb) = (mem.clone(), fws.clone());
+            expect!(
+                feed(
+                    state,
+                    &qt,
+                    pos.as_ptr(),
+                    place as *const kve_tensor,
+                    &[],
+                    fws_p
+                ),
+                KVE_ERR_ALIASING
+            );
+            assert!(mem == before && fws == wsb, "keys descriptor: written");
+            (place as *mut [i64; 3]).write(pos);
+            let (before, wsb) = (mem.clone(), fws.clone());
+            expect!(
+                feed(state, &qt, place as *const i64, &kt, &[], fws_p),
+                KVE_ERR_ALIASING
+            );
+            assert!(mem == before && fws == wsb, "positions: written");
+        }
+        // row_lse in the state's tail
+        let lse = std::slice::from_raw_parts(state.add(tail) as *const f32, HQ * C);
+        let before = mem.clone();
+        expect!(
+            feed(state, &qt, pos.as_ptr(), &kt, lse, fws_p),
+            KVE_ERR_ALIASING
+        );
+        assert!(mem == before, "row_lse: written");
+    }
+    // placed apart, the same feed succeeds
+    expect!(feed(state, &qt, pos.as_ptr(), &kt, &[], fws_p), KVE_OK);
+
+    // kve_stream_scores: the scores or the workspace over the params or the values
+    // descriptor (max attention ignores the values, so the call succeeds without the check)
+    let mut sp = std::mem::MaybeUninit::<kve_stream_score_params>::uninit();
+    unsafe {
+        expect!(
+            kve_stream_score_params_init(
+                sp.as_mut_ptr(),
+                std::mem::size_of::<kve_stream_score_params>() as u32
+            ),
+            KVE_OK
+        );
+    }
+    let sp = unsafe { sp.assume_init() };
+    let v = data(HKV * N * D, 23);
+    let vt = contiguous(&v, [HKV, N, D]);
+    let ol = HKV * N;
+    let mut out = vec![0u64; ol / 2 + 16];
+    let mut sws = vec![0u64; swb as usize / 8 + 16];
+    let scores = |p: *const kve_stream_score_params,
+                  vd: *const kve_tensor,
+                  o: *mut u64,
+                  ws: *mut u64| unsafe {
+        kve_stream_scores(
+            state as *const c_void,
+            bytes,
+            p,
+            vd,
+            null(),
+            0,
+            null(),
+            0,
+            o as *mut f32,
+            ol as u64,
+            ws as *mut c_void,
+            swb,
+        )
+    };
+    let (op, wp) = (out.as_mut_ptr(), sws.as_mut_ptr());
+    unsafe {
+        for place in [op.add(2), wp.add(2)] {
+            (place as *mut kve_stream_score_params).write(sp);
+            let (ob, wb) = (out.clone(), sws.clone());
+            expect!(scores(place as *const _, null(), op, wp), KVE_ERR_ALIASING);
+            assert!(out == ob && sws == wb, "params: written");
+            (place as *mut kve_tensor).write(vt);
+            let (ob, wb) = (out.clone(), sws.clone());
+            expect!(scores(&sp, place as *const _, op, wp), KVE_ERR_ALIASING);
+            assert!(out == ob && sws == wb, "values descriptor: written");
+        }
+        // the scores over the workspace
+        let before = sws.clone();
+        let r = kve_stream_scores(
+            state as *const c_void,
+            bytes,
+            &sp,
+            null(),
+            null(),
+            0,
+            null(),
+            0,
+            wp.add(2) as *mut f32,
+            ol as u64,
+            wp as *mut c_void,
+            swb,
+        );
+        expect!(r, KVE_ERR_ALIASING);
+        assert!(sws == before, "scores over the workspace: written");
+    }
+    expect!(scores(&sp, &vt, op, wp), KVE_OK);
+
+    // kve_stream_stats: outputs over each other or over the state; query count over the state
+    let hn = HQ * N;
+    let mut st_out = vec![CANARY; 3 * hn + 1];
+    let mut seen = canary_u64(N);
+    let sp3 = st_out.as_mut_ptr() as *mut f32;
+    let stats = |m: *mut f32, s: *mut f32, q: *mut f32, sn: *mut u64| unsafe {
+        kve_stream_stats(state as *const c_void, bytes, m, s, q, hn as u64, sn, n)
+    };
+    let before = mem.clone();
+    unsafe {
+        let seen_p = seen.as_mut_ptr();
+        let cases = [
+            (sp3, sp3.add(hn - 1), sp3.add(2 * hn), seen_p),
+            (
+                sp3,
+                sp3.add(hn),
+                sp3.add(2 * hn),
+                sp3.add(2 * hn) as *mut u64,
+            ),
+            (sp3, sp3.add(hn), state.add(tail) as *mut f32, seen_p),
+            (sp3, sp3.add(hn), sp3.add(2 * hn), state.add(tail - N)),
+        ];
+        for (i, (m, s, q, sn)) in cases.into_iter().enumerate() {
+            expect!(stats(m, s, q, sn), KVE_ERR_ALIASING);
+            assert!(
+                st_out.iter().all(|&x| x == CANARY) && seen.iter().all(|&x| x == CANARY as u64),
+                "stats case {i}: written"
+            );
+            assert!(mem == before, "stats case {i}: state written");
+        }
+        let mut cnt = CANARY as u64;
+        expect!(
+            kve_stream_query_count(state as *const c_void, bytes, state.add(tail)),
+            KVE_ERR_ALIASING
+        );
+        assert!(mem == before, "query count over the state: written");
+        expect!(
+            kve_stream_query_count(state as *const c_void, bytes, &mut cnt),
+            KVE_OK
+        );
+        assert_eq!(cnt, 2 * C as u64);
+        expect!(
+            stats(sp3, sp3.add(hn), sp3.add(2 * hn), seen.as_mut_ptr()),
+            KVE_OK
+        );
+    }
+}
+
 // ------------------------------------------------------ 8. a Gram and value forms both
 
 #[test]

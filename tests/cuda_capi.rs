@@ -6,6 +6,7 @@
 //! src/cuda/mock.rs: that proves the host-side chains of launches (which launcher, which
 //! buffer, which stride) reproduce the core, whatever the kernels do.
 #![cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#![allow(clippy::needless_range_loop)] // tests/reference's and tests/conformance's loops
 
 use half::{bf16, f16};
 use kvevict::capi::*;
@@ -14,123 +15,13 @@ use kvevict::View;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 
-/// Device memory: cudaMalloc'd with the real kernels, 256-aligned host memory with the mock.
-mod dev {
-    use std::ffi::c_void;
+mod reference;
+#[macro_use]
+mod conformance;
 
-    #[cfg(feature = "cuda")]
-    mod rt {
-        use std::ffi::c_void;
-        extern "C" {
-            pub fn cudaMalloc(p: *mut *mut c_void, n: usize) -> i32;
-            pub fn cudaFree(p: *mut c_void) -> i32;
-            pub fn cudaMemcpy(dst: *mut c_void, src: *const c_void, n: usize, kind: i32) -> i32;
-            pub fn cudaDeviceSynchronize() -> i32;
-        }
-    }
-
-    pub struct Buf {
-        ptr: *mut u8,
-        bytes: usize,
-    }
-
-    impl Buf {
-        pub fn new(bytes: usize) -> Buf {
-            let bytes = bytes.max(1);
-            #[cfg(feature = "cuda")]
-            let ptr = unsafe {
-                let mut p = std::ptr::null_mut();
-                assert_eq!(rt::cudaMalloc(&mut p, bytes), 0, "cudaMalloc");
-                p as *mut u8
-            };
-            #[cfg(not(feature = "cuda"))]
-            let ptr = unsafe {
-                std::alloc::alloc(std::alloc::Layout::from_size_align(bytes, 256).unwrap())
-            };
-            let b = Buf { ptr, bytes };
-            b.upload(&vec![0xA5u8; bytes]);
-            b
-        }
-        pub fn from<T: Copy>(h: &[T]) -> Buf {
-            let b = Buf::new(std::mem::size_of_val(h));
-            b.upload(h);
-            b
-        }
-        pub fn upload<T: Copy>(&self, h: &[T]) {
-            let n = std::mem::size_of_val(h);
-            assert!(n <= self.bytes);
-            #[cfg(feature = "cuda")]
-            unsafe {
-                assert_eq!(
-                    rt::cudaMemcpy(self.ptr as *mut c_void, h.as_ptr() as *const c_void, n, 1),
-                    0
-                );
-            }
-            #[cfg(not(feature = "cuda"))]
-            unsafe {
-                std::ptr::copy_nonoverlapping(h.as_ptr() as *const u8, self.ptr, n);
-            }
-        }
-        pub fn download<T: Copy + Default>(&self, count: usize) -> Vec<T> {
-            let mut v = vec![T::default(); count];
-            let n = std::mem::size_of_val(&v[..]);
-            assert!(n <= self.bytes);
-            #[cfg(feature = "cuda")]
-            unsafe {
-                assert_eq!(rt::cudaDeviceSynchronize(), 0, "kernel error");
-                assert_eq!(
-                    rt::cudaMemcpy(
-                        v.as_mut_ptr() as *mut c_void,
-                        self.ptr as *const c_void,
-                        n,
-                        2
-                    ),
-                    0
-                );
-            }
-            #[cfg(not(feature = "cuda"))]
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.ptr, v.as_mut_ptr() as *mut u8, n);
-            }
-            v
-        }
-        pub fn ptr<T>(&self) -> *mut T {
-            self.ptr as *mut T
-        }
-    }
-
-    impl Drop for Buf {
-        fn drop(&mut self) {
-            #[cfg(feature = "cuda")]
-            unsafe {
-                rt::cudaFree(self.ptr as *mut c_void);
-            }
-            #[cfg(not(feature = "cuda"))]
-            unsafe {
-                std::alloc::dealloc(
-                    self.ptr,
-                    std::alloc::Layout::from_size_align(self.bytes, 256).unwrap(),
-                );
-            }
-        }
-    }
-
-    /// A device to run on: always with the mock; with CUDA, when the runtime sees one.
-    pub fn present() -> bool {
-        let mut c = 0i32;
-        let st = unsafe { kvevict::capi::kve_cuda_get_device_count(&mut c) };
-        assert_eq!(st, kvevict::capi::KVE_OK);
-        if c == 0 {
-            println!("skipped: no CUDA device");
-        }
-        c > 0
-    }
-
-    #[allow(dead_code)]
-    pub fn null() -> *mut c_void {
-        std::ptr::null_mut()
-    }
-}
+/// Device memory (cudaMalloc'd with the kernels, host memory with the mock).
+type Buf = conformance::DBuf<u8>;
+use conformance::{have_device, Dt};
 
 struct Rng(u64);
 impl Rng {
@@ -149,37 +40,6 @@ impl Rng {
     }
     fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.normal() * scale).collect()
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Dt {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl Dt {
-    fn code(self) -> u32 {
-        self as u32
-    }
-    fn size(self) -> usize {
-        if self == Dt::F32 {
-            4
-        } else {
-            2
-        }
-    }
-    fn encode(self, xs: &[f32]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(xs.len() * self.size());
-        for &x in xs {
-            match self {
-                Dt::F32 => out.extend_from_slice(&x.to_le_bytes()),
-                Dt::F16 => out.extend_from_slice(&f16::from_f32(x).to_le_bytes()),
-                Dt::Bf16 => out.extend_from_slice(&bf16::from_f32(x).to_le_bytes()),
-            }
-        }
-        out
     }
 }
 
@@ -209,7 +69,7 @@ struct Tensor {
     ext: [usize; 3],
     stride: [usize; 3],
     bytes: Vec<u8>,
-    dev: dev::Buf,
+    dev: Buf,
 }
 
 impl Tensor {
@@ -218,7 +78,7 @@ impl Tensor {
         let len = ext[0] * ext[1] * ext[2];
         let vals = rng.vec(len, scale);
         let bytes = dt.encode(&vals);
-        let dev = dev::Buf::from(&bytes);
+        let dev = Buf::bytes_of(&bytes);
         Tensor {
             dt,
             ext,
@@ -232,14 +92,14 @@ impl Tensor {
     }
     fn desc(&self, on_device: bool) -> kve_tensor {
         let data = if on_device {
-            self.dev.ptr::<c_void>() as *const c_void
+            self.dev.vptr() as *const c_void
         } else {
             self.bytes.as_ptr() as *const c_void
         };
         kve_tensor {
             data,
             len: self.len() as u64,
-            dtype: self.dt.code(),
+            dtype: self.dt.code() as u32,
             pad: 0,
             extent: self.ext.map(|x| x as u64),
             stride: self.stride.map(|x| x as u64),
@@ -281,9 +141,9 @@ struct Layer {
     gram: [Vec<f32>; 2],
     forms: [Vec<f32>; 2],
     l1: Vec<f32>,
-    dgram: [dev::Buf; 2],
-    dforms: [dev::Buf; 2],
-    dl1: dev::Buf,
+    dgram: [Buf; 2],
+    dforms: [Buf; 2],
+    dl1: Buf,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -323,9 +183,9 @@ fn layer(
         hq,
         hkv,
         n,
-        dgram: [dev::Buf::from(&gram[0]), dev::Buf::from(&gram[1])],
-        dforms: [dev::Buf::from(&forms[0]), dev::Buf::from(&forms[1])],
-        dl1: dev::Buf::from(&l1),
+        dgram: [Buf::bytes_of(&gram[0]), Buf::bytes_of(&gram[1])],
+        dforms: [Buf::bytes_of(&forms[0]), Buf::bytes_of(&forms[1])],
+        dl1: Buf::bytes_of(&l1),
         q,
         k,
         v,
@@ -373,7 +233,7 @@ fn inputs(
     l: &Layer,
     p: &kve_score_params,
     vals: Vals,
-    lse: Option<(&[f32], &dev::Buf)>,
+    lse: Option<(&[f32], &Buf)>,
     on_device: bool,
 ) -> kve_layer_inputs {
     let mut i = inputs_init();
@@ -386,7 +246,7 @@ fn inputs(
         match vals {
             Vals::Gram => {
                 i.gram = if on_device {
-                    l.dgram[c].ptr()
+                    l.dgram[c].ptr_as()
                 } else {
                     l.gram[c].as_ptr()
                 };
@@ -395,7 +255,7 @@ fn inputs(
             Vals::Forms => {
                 i.values = kve_tensor::NONE;
                 i.value_forms = if on_device {
-                    l.dforms[c].ptr()
+                    l.dforms[c].ptr_as()
                 } else {
                     l.forms[c].as_ptr()
                 };
@@ -404,13 +264,13 @@ fn inputs(
         }
     }
     i.value_l1 = if on_device {
-        l.dl1.ptr()
+        l.dl1.ptr_as()
     } else {
         l.l1.as_ptr()
     };
     i.value_l1_len = l.l1.len() as u64;
     if let Some((h, d)) = lse {
-        i.row_lse = if on_device { d.ptr() } else { h.as_ptr() };
+        i.row_lse = if on_device { d.ptr_as() } else { h.as_ptr() };
         i.row_lse_len = h.len() as u64;
     }
     i
@@ -420,7 +280,7 @@ fn host_scores(
     l: &Layer,
     p: &kve_score_params,
     vals: Vals,
-    lse: Option<(&[f32], &dev::Buf)>,
+    lse: Option<(&[f32], &Buf)>,
 ) -> Vec<f32> {
     let d = l.k.ext[2] as u64;
     let mut bytes = 0u64;
@@ -450,7 +310,7 @@ fn device_scores(
     l: &Layer,
     p: &kve_score_params,
     vals: Vals,
-    lse: Option<(&[f32], &dev::Buf)>,
+    lse: Option<(&[f32], &Buf)>,
 ) -> Vec<f32> {
     let d = l.k.ext[2] as u64;
     let mut bytes = 0u64;
@@ -467,14 +327,22 @@ fn device_scores(
             ),
             KVE_OK
         );
-        let ws = dev::Buf::new(bytes as usize);
+        let ws = Buf::new(bytes as usize);
         let w = (p.window as usize).min(l.n);
         let len = l.hkv * (l.n - w);
-        let out = dev::Buf::new(len * 4);
+        let out = Buf::new(len * 4);
         let inp = inputs(l, p, vals, lse, true);
-        let st = kve_cuda_score_layer(p, &inp, out.ptr(), len as u64, ws.ptr(), bytes, null_mut());
+        let st = kve_cuda_score_layer(
+            p,
+            &inp,
+            out.ptr_as(),
+            len as u64,
+            ws.ptr_as(),
+            bytes,
+            null_mut(),
+        );
         assert_eq!(st, KVE_OK, "device score");
-        out.download::<f32>(len)
+        out.download_as::<f32>(len)
     }
 }
 
@@ -605,7 +473,7 @@ fn tolerance(dt: Dt) -> f64 {
 
 #[test]
 fn device_scores_match_host_for_every_scorer() {
-    if !dev::present() {
+    if !have_device() {
         return;
     }
     let cases = [
@@ -673,7 +541,7 @@ fn device_scores_match_host_for_every_scorer() {
 
 #[test]
 fn device_scores_with_row_lse_match_host() {
-    if !dev::present() {
+    if !have_device() {
         return;
     }
     let l = layer(
@@ -723,7 +591,7 @@ fn device_scores_with_row_lse_match_host() {
                 KVE_OK
             );
         }
-        let dl = dev::Buf::from(&lse);
+        let dl = Buf::bytes_of(&lse);
         let host = host_scores(&l, &p, Vals::Gram, Some((&lse, &dl)));
         let devs = device_scores(&l, &p, Vals::Gram, Some((&lse, &dl)));
         if p.scorer == ScorerKind::CriticalKv as u32 {
@@ -741,7 +609,7 @@ fn device_scores_with_row_lse_match_host() {
 
 #[test]
 fn device_score_rejects_bad_input_before_launching() {
-    if !dev::present() {
+    if !have_device() {
         return;
     }
     let l = layer(
@@ -762,15 +630,16 @@ fn device_score_rejects_bad_input_before_launching() {
             kve_cuda_score_workspace_size(&p, 8, 2, l.n as u64, d, d, &mut bytes),
             KVE_OK
         );
-        let ws = dev::Buf::new(bytes as usize);
+        let ws = Buf::new(bytes as usize);
         let len = 2 * (l.n - 32);
-        let out = dev::Buf::new(len * 4);
+        let out = Buf::new(len * 4);
         let canary = vec![0xA5A5_A5A5u32; len];
         let check = |inp: &kve_layer_inputs, wsb: u64, out_len: u64, want: i32, what: &str| {
-            out.upload(&canary);
-            let st = kve_cuda_score_layer(&p, inp, out.ptr(), out_len, ws.ptr(), wsb, null_mut());
+            out.upload_as(&canary);
+            let st =
+                kve_cuda_score_layer(&p, inp, out.ptr_as(), out_len, ws.ptr_as(), wsb, null_mut());
             assert_eq!(st, want, "{what}");
-            assert!(out.download::<u32>(len) == canary, "{what}: out written");
+            assert!(out.download_as::<u32>(len) == canary, "{what}: out written");
         };
         let good = inputs(&l, &p, Vals::Gram, None, true);
         check(
@@ -813,7 +682,7 @@ fn device_score_rejects_bad_input_before_launching() {
         x.keys.len -= 1;
         check(&x, bytes, len as u64, KVE_ERR_OUT_OF_BOUNDS, "keys length");
         let mut x = good;
-        x.row_lse = l.dl1.ptr();
+        x.row_lse = l.dl1.ptr_as();
         x.row_lse_len = 3;
         check(
             &x,
@@ -827,19 +696,19 @@ fn device_score_rejects_bad_input_before_launching() {
             &good,
             null_mut(),
             len as u64,
-            ws.ptr(),
+            ws.ptr_as(),
             bytes,
             null_mut(),
         );
         assert_eq!(st, KVE_ERR_NULL_POINTER);
         // outputs over inputs: refused, the input untouched
-        let keys_before = l.k.dev.download::<u8>(l.k.bytes.len());
+        let keys_before = l.k.dev.download_as::<u8>(l.k.bytes.len());
         let st = kve_cuda_score_layer(
             &p,
             &good,
-            l.k.dev.ptr(),
+            l.k.dev.ptr_as(),
             len as u64,
-            ws.ptr(),
+            ws.ptr_as(),
             bytes,
             null_mut(),
         );
@@ -847,22 +716,22 @@ fn device_score_rejects_bad_input_before_launching() {
         let st = kve_cuda_score_layer(
             &p,
             &good,
-            out.ptr(),
+            out.ptr_as(),
             len as u64,
-            l.dgram[0].ptr(),
+            l.dgram[0].ptr_as(),
             bytes,
             null_mut(),
         );
         assert_ne!(st, KVE_OK);
-        assert!(l.k.dev.download::<u8>(l.k.bytes.len()) == keys_before);
+        assert!(l.k.dev.download_as::<u8>(l.k.bytes.len()) == keys_before);
         // the whole cache is window: nothing to score, nothing written
         let mut big = p;
         big.window = 4096;
         big.scorer = ScorerKind::KNorm as u32; // reads no queries: any window is valid
-        out.upload(&canary);
-        let st = kve_cuda_score_layer(&big, &good, out.ptr(), 0, ws.ptr(), bytes, null_mut());
+        out.upload_as(&canary);
+        let st = kve_cuda_score_layer(&big, &good, out.ptr_as(), 0, ws.ptr_as(), bytes, null_mut());
         assert_eq!(st, KVE_OK);
-        assert!(out.download::<u32>(len) == canary);
+        assert!(out.download_as::<u32>(len) == canary);
     }
 }
 
@@ -871,7 +740,7 @@ fn device_score_rejects_bad_input_before_launching() {
 /// `kve_cuda_score_workspace_size` gave for the call's shape (`dv < dk`) was refused.
 #[test]
 fn device_score_with_value_forms_fits_the_queried_workspace() {
-    if !dev::present() {
+    if !have_device() {
         return;
     }
     let l = layer(
@@ -894,21 +763,21 @@ fn device_score_with_value_forms_fits_the_queried_workspace() {
                     kve_cuda_score_workspace_size(&p, 8, 2, l.n as u64, 32, dv, &mut bytes),
                     KVE_OK
                 );
-                let ws = dev::Buf::new(bytes as usize);
+                let ws = Buf::new(bytes as usize);
                 let len = host.len();
-                let out = dev::Buf::new(len * 4);
+                let out = Buf::new(len * 4);
                 let inp = inputs(&l, &p, Vals::Forms, None, true);
                 let st = kve_cuda_score_layer(
                     &p,
                     &inp,
-                    out.ptr(),
+                    out.ptr_as(),
                     len as u64,
-                    ws.ptr(),
+                    ws.ptr_as(),
                     bytes,
                     null_mut(),
                 );
                 assert_eq!(st, KVE_OK, "{gqa:?} dv {dv}");
-                let d = out.download::<f32>(len);
+                let d = out.download_as::<f32>(len);
                 assert!(
                     worst_rel(&d, &host, 2) < tolerance(Dt::F16),
                     "{gqa:?} dv {dv}"
@@ -923,16 +792,16 @@ fn device_score_with_value_forms_fits_the_queried_workspace() {
 /// (the kernels' grid limit is 65535). Now `KVE_ERR_INVALID_ARGUMENT`, nothing written.
 #[test]
 fn device_score_rejects_shapes_beyond_the_kernels() {
-    if !dev::present() {
+    if !have_device() {
         return;
     }
     let (w, n, d) = (2u64, 6u64, 4u64);
-    let buf = dev::Buf::from(&vec![0.25f32; (n * d) as usize]);
+    let buf = Buf::bytes_of(&vec![0.25f32; (n * d) as usize]);
     // `heads` heads sharing one [n, d] block (head stride 0)
     let t = |heads: u64, tokens: u64| kve_tensor {
-        data: buf.ptr::<c_void>() as *const c_void,
+        data: buf.vptr() as *const c_void,
         len: tokens * d,
-        dtype: Dt::F32.code(),
+        dtype: Dt::F32.code() as u32,
         pad: 0,
         extent: [heads, tokens, d],
         stride: [0, d, 1],
@@ -957,17 +826,24 @@ fn device_score_rejects_shapes_beyond_the_kernels() {
                 kve_cuda_score_workspace_size(&p, hq, hkv, n, d, d, &mut bytes),
                 KVE_OK
             );
-            let ws = dev::Buf::new(bytes as usize);
+            let ws = Buf::new(bytes as usize);
             let len = (hkv * (n - w)) as usize;
-            let out = dev::Buf::new(len * 4);
+            let out = Buf::new(len * 4);
             let canary = vec![0xA5A5_A5A5u32; len];
-            out.upload(&canary);
-            let st =
-                kve_cuda_score_layer(&p, &inp, out.ptr(), len as u64, ws.ptr(), bytes, null_mut());
+            out.upload_as(&canary);
+            let st = kve_cuda_score_layer(
+                &p,
+                &inp,
+                out.ptr_as(),
+                len as u64,
+                ws.ptr_as(),
+                bytes,
+                null_mut(),
+            );
             assert_eq!(st, want, "{preset:?} hq {hq} hkv {hkv}");
             if want != KVE_OK {
                 assert!(
-                    out.download::<u32>(len) == canary,
+                    out.download_as::<u32>(len) == canary,
                     "{preset:?}: out written"
                 );
             }
@@ -1048,7 +924,7 @@ fn host_select_call(p: &kve_select_params, m: &kve_model_scores) -> (i32, Vec<u6
 
 fn device_select(
     p: &kve_select_params,
-    scores: &dev::Buf,
+    scores: &Buf,
     len: usize,
     layers: usize,
     hkv: usize,
@@ -1056,7 +932,7 @@ fn device_select(
     w: usize,
 ) -> Vec<Vec<u32>> {
     let m = kve_model_scores {
-        scores: scores.ptr(),
+        scores: scores.ptr_as(),
         len: len as u64,
         layers: layers as u64,
         hkv: hkv as u64,
@@ -1078,24 +954,24 @@ fn device_select(
             ),
             KVE_OK
         );
-        let ws = dev::Buf::new(bytes as usize);
-        let counts = dev::Buf::new(units * 4);
-        let idx = dev::Buf::new(units * ld * 4);
+        let ws = Buf::new(bytes as usize);
+        let counts = Buf::new(units * 4);
+        let idx = Buf::new(units * ld * 4);
         let st = kve_cuda_select_model(
             p,
             &m,
-            counts.ptr(),
+            counts.ptr_as(),
             units as u64,
-            idx.ptr(),
+            idx.ptr_as(),
             ld as u64,
             (units * ld) as u64,
-            ws.ptr(),
+            ws.ptr_as(),
             bytes,
             null_mut(),
         );
         assert_eq!(st, KVE_OK, "device select");
-        let c = counts.download::<i32>(units);
-        let x = idx.download::<i32>(units * ld);
+        let c = counts.download_as::<i32>(units);
+        let x = idx.download_as::<i32>(units * ld);
         (0..units)
             .map(|u| {
                 x[u * ld..u * ld + c[u] as usize]
@@ -1109,7 +985,7 @@ fn device_select(
 
 #[test]
 fn device_selection_equals_host_for_every_allocator_and_granularity() {
-    if !dev::present() {
+    if !have_device() {
         return;
     }
     let mut rng = Rng(77);
@@ -1124,7 +1000,7 @@ fn device_selection_equals_host_for_every_allocator_and_granularity() {
             *s = 0.5;
         }
     }
-    let d = dev::Buf::from(&scores);
+    let d = Buf::bytes_of(&scores);
     let mut checked = 0;
     for alloc in [
         AllocatorKind::Uniform,
@@ -1188,15 +1064,15 @@ fn device_selection_equals_host_for_every_allocator_and_granularity() {
 
 #[test]
 fn device_select_rejects_bad_input_before_launching() {
-    if !dev::present() {
+    if !have_device() {
         return;
     }
     let (layers, hkv, n, w) = (2usize, 2usize, 50usize, 10usize);
     let p = n - w;
-    let d = dev::Buf::from(&vec![1f32; layers * hkv * p]);
+    let d = Buf::bytes_of(&vec![1f32; layers * hkv * p]);
     let sp = select_params(AllocatorKind::Lava, Granularity::Head, 5);
     let mut m = kve_model_scores {
-        scores: d.ptr(),
+        scores: d.ptr_as(),
         len: (layers * hkv * p) as u64,
         layers: layers as u64,
         hkv: hkv as u64,
@@ -1209,26 +1085,26 @@ fn device_select_rejects_bad_input_before_launching() {
             kve_cuda_select_model_workspace_size(&sp, 2, 2, n as u64, w as u64, &mut bytes),
             KVE_OK
         );
-        let ws = dev::Buf::new(bytes as usize);
+        let ws = Buf::new(bytes as usize);
         let units = layers * hkv;
-        let counts = dev::Buf::new(units * 4);
-        let idx = dev::Buf::new(units * n * 4);
+        let counts = Buf::new(units * 4);
+        let idx = Buf::new(units * n * 4);
         let canary = vec![-7i32; units];
         let run = |m: &kve_model_scores, ld: u64, wsb: u64| {
-            counts.upload(&canary);
+            counts.upload_as(&canary);
             let st = kve_cuda_select_model(
                 &sp,
                 m,
-                counts.ptr(),
+                counts.ptr_as(),
                 units as u64,
-                idx.ptr(),
+                idx.ptr_as(),
                 ld,
                 (units * n) as u64,
-                ws.ptr(),
+                ws.ptr_as(),
                 wsb,
                 null_mut(),
             );
-            let untouched = counts.download::<i32>(units) == canary;
+            let untouched = counts.download_as::<i32>(units) == canary;
             (st, untouched)
         };
         assert_eq!(
@@ -1247,24 +1123,23 @@ fn device_select_rejects_bad_input_before_launching() {
         m.layers = 2;
         m.scores = null();
         assert_eq!(run(&m, n as u64, bytes), (KVE_ERR_NULL_POINTER, true));
-        m.scores = d.ptr();
+        m.scores = d.ptr_as();
         // the kept lists over the scores
         let st = kve_cuda_select_model(
             &sp,
             &m,
-            counts.ptr(),
+            counts.ptr_as(),
             units as u64,
-            d.ptr(),
+            d.ptr_as(),
             n as u64,
             (units * n) as u64,
-            ws.ptr(),
+            ws.ptr_as(),
             bytes,
             null_mut(),
         );
         assert_eq!(st, KVE_ERR_ALIASING);
         let (st, _) = run(&m, n as u64, bytes);
         assert_eq!(st, KVE_OK);
-        let _ = dev::null();
     }
 }
 
@@ -1274,7 +1149,7 @@ fn device_select_rejects_bad_input_before_launching() {
 /// launch chain against the launchers' checks (the fuzz target's arena is too small).
 #[test]
 fn device_select_rejects_shapes_beyond_the_kernels() {
-    if !dev::present() {
+    if !have_device() {
         return;
     }
     // (allocator, granularity, normalize, layers, hkv, n, window)
@@ -1320,17 +1195,17 @@ fn device_select_rejects_shapes_beyond_the_kernels() {
             0,
         ),
     ];
-    let d = dev::Buf::from(&vec![1f32; 64]);
-    let small = dev::Buf::new(1024);
-    let counts = dev::Buf::new(64);
-    let idx = dev::Buf::new(64);
+    let d = Buf::bytes_of(&vec![1f32; 64]);
+    let small = Buf::new(1024);
+    let counts = Buf::new(64);
+    let idx = Buf::new(64);
     for (alloc, gran, norm, layers, hkv, n, w) in cases {
         let mut sp = select_params(alloc, gran, 1);
         sp.normalize = norm as u32;
         let (units, p) = (layers * hkv, n - w);
         // descriptors only: nothing is read or written once the shape is refused
         let m = kve_model_scores {
-            scores: d.ptr(),
+            scores: d.ptr_as(),
             len: units * p,
             layers,
             hkv,
@@ -1341,12 +1216,12 @@ fn device_select_rejects_shapes_beyond_the_kernels() {
             let st = kve_cuda_select_model(
                 &sp,
                 &m,
-                counts.ptr(),
+                counts.ptr_as(),
                 units,
-                idx.ptr(),
+                idx.ptr_as(),
                 n,
                 u64::MAX,
-                small.ptr(),
+                small.ptr_as(),
                 1024,
                 null_mut(),
             );
@@ -1483,9 +1358,16 @@ fn host_and_device_status(l: &Layer, p: &kve_score_params, edit: &Edit) -> (i32,
             ws.as_mut_ptr() as *mut c_void,
             hb,
         );
-        let (dout, dws) = (dev::Buf::new(len * 4), dev::Buf::new(db as usize));
-        let device =
-            kve_cuda_score_layer(p, &din, dout.ptr(), len as u64, dws.ptr(), db, null_mut());
+        let (dout, dws) = (Buf::new(len * 4), Buf::new(db as usize));
+        let device = kve_cuda_score_layer(
+            p,
+            &din,
+            dout.ptr_as(),
+            len as u64,
+            dws.ptr_as(),
+            db,
+            null_mut(),
+        );
         (host, device)
     }
 }
@@ -1497,7 +1379,7 @@ fn host_and_device_status(l: &Layer, p: &kve_score_params, edit: &Edit) -> (i32,
 #[test]
 fn requirements_table_is_what_host_and_device_read() {
     use kvevict::score::requirements::{requirements, ValueInput};
-    if !dev::present() {
+    if !have_device() {
         return;
     }
     let l = small_layer(11);
@@ -1552,7 +1434,7 @@ fn requirements_table_is_what_host_and_device_read() {
 /// same rules, so a caller's error handling does not depend on where it scores.
 #[test]
 fn host_and_device_refuse_bad_inputs_alike() {
-    if !dev::present() {
+    if !have_device() {
         return;
     }
     let l = small_layer(13);
@@ -1610,13 +1492,13 @@ fn host_and_device_refuse_bad_inputs_alike() {
 #[test]
 fn host_and_device_select_refuse_bad_scores_alike() {
     type ScoresEdit = dyn Fn(&mut kve_model_scores);
-    if !dev::present() {
+    if !have_device() {
         return;
     }
     let (layers, hkv, n, w) = (2u64, 2u64, 40u64, 8u64);
     let len = (layers * hkv * (n - w)) as usize;
     let vals: Vec<f32> = (0..len).map(|i| ((i * 37) % 11) as f32).collect();
-    let dscores = dev::Buf::from(&vals);
+    let dscores = Buf::bytes_of(&vals);
     let statuses = |p: &kve_select_params, edit: &ScoresEdit| unsafe {
         let mut hm = kve_model_scores {
             scores: vals.as_ptr(),
@@ -1627,7 +1509,7 @@ fn host_and_device_select_refuse_bad_scores_alike() {
             window: w,
         };
         let mut dm = kve_model_scores {
-            scores: dscores.ptr(),
+            scores: dscores.ptr_as(),
             ..hm
         };
         edit(&mut hm);
@@ -1639,17 +1521,17 @@ fn host_and_device_select_refuse_bad_scores_alike() {
         kve_cuda_select_model_workspace_size(p, l, h, nn, ww, &mut db);
         let units = (l * h).min(64) as usize;
         let ld = (nn as usize).clamp(1, 64);
-        let (counts, idx) = (dev::Buf::new(units * 4), dev::Buf::new(units * ld * 4));
-        let dws = dev::Buf::new(db as usize);
+        let (counts, idx) = (Buf::new(units * 4), Buf::new(units * ld * 4));
+        let dws = Buf::new(db as usize);
         let device = kve_cuda_select_model(
             p,
             &dm,
-            counts.ptr(),
+            counts.ptr_as(),
             units as u64,
-            idx.ptr(),
+            idx.ptr_as(),
             ld as u64,
             (units * ld) as u64,
-            dws.ptr(),
+            dws.ptr_as(),
             db,
             null_mut(),
         );

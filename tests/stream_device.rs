@@ -14,8 +14,39 @@ use kvevict::*;
 use reference::harness::*;
 use reference::{softmax_row, Rng, T3};
 
-mod device_mem;
-use device_mem::{dview, present, upload, Buf};
+#[macro_use]
+mod conformance;
+
+/// Memory the launcher reads and writes (cudaMalloc'd with the kernels, host memory with
+/// the mock).
+type Buf = conformance::DBuf<u8>;
+
+fn present() -> bool {
+    conformance::have_device()
+}
+
+/// A device view of a stored tensor uploaded to `buf`.
+fn dview(s: &Stored, buf: &Buf) -> KveCudaView {
+    KveCudaView {
+        data: buf.vptr(),
+        dtype: s.dtype as i32,
+        reserved: 0,
+        stride_head: s.stride[0] as i64,
+        stride_token: s.stride[1] as i64,
+        stride_dim: s.stride[2] as i64,
+        heads: s.extent[0] as i64,
+        tokens: s.extent[1] as i64,
+        dim: s.extent[2] as i64,
+    }
+}
+
+fn upload(s: &Stored) -> Buf {
+    match s.dtype {
+        DType::F32 => Buf::bytes_of(&s.f32),
+        DType::F16 => Buf::bytes_of(&s.f16),
+        DType::BF16 => Buf::bytes_of(&s.bf16),
+    }
+}
 
 /// Accumulators `max`, `sum`, `sq` on the device, `[Hq][N]` each.
 struct Acc {
@@ -33,22 +64,23 @@ struct Chunk {
 unsafe fn feed(k: &KveCudaView, ch: &Chunk, acc: &Acc, ws: &Buf, ws_bytes: usize) -> i32 {
     let qb = upload(&ch.q);
     let qv = dview(&ch.q, &qb);
-    let pb = Buf::up(&ch.pos);
-    let lb = ch.lse.as_ref().map(|l| Buf::up(l));
+    let pb = Buf::bytes_of(&ch.pos);
+    let lb = ch.lse.as_ref().map(|l| Buf::bytes_of(l));
     let r = kve_cuda_stream_feed(
         &qv,
-        pb.p as *const i64,
+        pb.vptr() as *const i64,
         k,
-        lb.as_ref().map_or(std::ptr::null(), |b| b.p as *const f32),
-        acc.max.p as *mut f32,
-        acc.sum.p as *mut f32,
-        acc.sq.p as *mut f32,
-        ws.p,
+        lb.as_ref()
+            .map_or(std::ptr::null(), |b| b.vptr() as *const f32),
+        acc.max.vptr() as *mut f32,
+        acc.sum.vptr() as *mut f32,
+        acc.sq.vptr() as *mut f32,
+        ws.vptr(),
         ws_bytes,
         std::ptr::null_mut(),
     );
     // the mock's results are there on return; the kernels' after a copy (which syncs)
-    let _ = acc.max.down::<f32>(1);
+    let _ = acc.max.download_as::<f32>(1);
     r
 }
 
@@ -121,12 +153,12 @@ fn launcher_matches_the_core_state() {
         let kv = dview(&ks, &kb);
         let zeros = vec![0f32; hq * n];
         let acc = Acc {
-            max: Buf::up(&zeros),
-            sum: Buf::up(&zeros),
-            sq: Buf::up(&zeros),
+            max: Buf::bytes_of(&zeros),
+            sum: Buf::bytes_of(&zeros),
+            sq: Buf::bytes_of(&zeros),
         };
         let wsb = unsafe { kve_cuda_stream_feed_workspace_size(hq as i64, 11) };
-        let dws = Buf::up(&vec![0u8; wsb]);
+        let dws = Buf::bytes_of(&vec![0u8; wsb]);
         for ch in &chunks {
             assert_eq!(
                 unsafe { feed(&kv, ch, &acc, &dws, wsb) },
@@ -135,9 +167,9 @@ fn launcher_matches_the_core_state() {
             );
         }
         let got = [
-            acc.max.down::<f32>(hq * n),
-            acc.sum.down::<f32>(hq * n),
-            acc.sq.down::<f32>(hq * n),
+            acc.max.download_as::<f32>(hq * n),
+            acc.sum.download_as::<f32>(hq * n),
+            acc.sq.download_as::<f32>(hq * n),
         ];
         for (what, a, b) in [
             ("max", &got[0], want.max),
@@ -177,16 +209,16 @@ fn mock_rejects_bad_arguments_and_writes_nothing() {
     let kv = dview(&ks, &kb);
     let canary = vec![-3.5f32; hq * n];
     let acc = Acc {
-        max: Buf::up(&canary),
-        sum: Buf::up(&canary),
-        sq: Buf::up(&canary),
+        max: Buf::bytes_of(&canary),
+        sum: Buf::bytes_of(&canary),
+        sq: Buf::bytes_of(&canary),
     };
     let wsb = unsafe { kve_cuda_stream_feed_workspace_size(hq as i64, c as i64) };
-    let ws = Buf::up(&vec![0u8; wsb]);
+    let ws = Buf::bytes_of(&vec![0u8; wsb]);
     let unchanged = |what: &str| {
         for b in [&acc.max, &acc.sum, &acc.sq] {
             assert_eq!(
-                b.down::<f32>(hq * n),
+                b.download_as::<f32>(hq * n),
                 canary,
                 "{what}: accumulators written"
             );
@@ -225,10 +257,10 @@ fn mock_rejects_bad_arguments_and_writes_nothing() {
             std::ptr::null(),
             &kv,
             std::ptr::null(),
-            acc.max.p as *mut f32,
-            acc.sum.p as *mut f32,
-            acc.sq.p as *mut f32,
-            ws.p,
+            acc.max.vptr() as *mut f32,
+            acc.sum.vptr() as *mut f32,
+            acc.sq.vptr() as *mut f32,
+            ws.vptr(),
             wsb,
             std::ptr::null_mut(),
         );

@@ -7,6 +7,10 @@
 //! plain-Rust test double of the CUDA launchers (feature `cuda-mock`): "device pointers"
 //! are host pointers, so the same arena serves as device memory.
 //!
+//! The query stream (`kve_stream_*`) runs start to finish: size, start, one to three
+//! chunks, then scores, raw statistics or the count, with its descriptors, positions
+//! and outputs sometimes placed inside the state, the workspace or the output.
+//!
 //! Oracles: no crash, no out-of-bounds access (ASan), and
 //! - on error, outputs still hold their canaries and the arena is unchanged;
 //! - on success, outputs are well formed (finite host scores, ascending kept lists, ...);
@@ -351,6 +355,79 @@ fn select_params(r: &mut R) -> kve_select_params {
     p
 }
 
+fn stream_params(r: &mut R) -> kve_stream_score_params {
+    let mut p: kve_stream_score_params = unsafe { std::mem::zeroed() };
+    if unsafe { kve_stream_score_params_init(&mut p, 40) } != KVE_OK {
+        p.struct_size = 40;
+    }
+    p.stat = r.enum_val(4);
+    if r.chance(3) {
+        p.gqa = r.enum_val(3);
+        p.pool_kind = r.enum_val(4);
+        p.pool_kernel = if r.chance(8) { r.u32() } else { r.u8() as u32 % 12 };
+        p.pool_decay = [0.9, 1.0, 0.0, -1.0, f32::NAN, 0.5][r.u8() as usize % 6];
+        p.post_pool_kind = r.enum_val(4);
+        p.post_pool_kernel = r.u8() as u32 % 12;
+        p.post_pool_decay = [0.9, 1.0, 0.0, f32::NAN][r.u8() as usize % 4];
+        p.reserved = if r.chance(16) { 1 } else { 0 };
+    }
+    p
+}
+
+/// Mostly give `t` (a view over the arena) the extents the call wants, contiguous or
+/// with its middle axes swapped, as long as the arena holds it.
+fn fit(r: &mut R, a: &Arena, t: &mut kve_tensor, e: [u64; 3]) {
+    if t.data.is_null() || r.chance(5) {
+        return;
+    }
+    let es = if t.dtype == 0 { 4 } else { 2 };
+    let room = ((ARENA - (t.data as usize - a.base() as usize)) / es) as u64;
+    let need = e[0].saturating_mul(e[1]).saturating_mul(e[2]);
+    if need > room {
+        return;
+    }
+    t.extent = e;
+    let plane = e[1].saturating_mul(e[2]);
+    t.stride = if r.chance(4) { [plane, 1, e[1]] } else { [plane, e[2], 1] };
+    t.len = if r.chance(16) { need.saturating_sub(1) } else { need };
+}
+
+/// Bytes of a tensor descriptor.
+const TD: usize = std::mem::size_of::<kve_tensor>();
+
+/// An 8-aligned state buffer of `bytes` (sometimes short or misaligned on purpose).
+struct State {
+    own: Vec<u64>,
+    ptr: *mut u8,
+    len: u64,
+}
+
+impl State {
+    fn new(r: &mut R, bytes: u64) -> State {
+        let mut own = vec![0x5A5A_5A5A_5A5A_5A5Au64; bytes as usize / 8 + 2];
+        let mut ptr = own.as_mut_ptr() as *mut u8;
+        let mut len = bytes;
+        if r.chance(24) {
+            len = len.saturating_sub(8);
+        }
+        if r.chance(24) {
+            ptr = unsafe { ptr.add(4) };
+        }
+        State { own, ptr, len }
+    }
+    fn bytes(&self) -> Vec<u64> {
+        self.own.clone()
+    }
+    /// An 8-aligned place for an argument of `size` bytes that starts inside the state's
+    /// span (so it overlaps it) and ends inside its buffer.
+    fn inside(&mut self, r: &mut R, size: usize) -> *mut u8 {
+        let first = (self.ptr as usize - self.own.as_ptr() as usize) / 8;
+        let last = self.own.len().saturating_sub(size.div_ceil(8)).min((self.len as usize / 8).saturating_sub(1));
+        let w = first + r.u8() as usize % (last.saturating_sub(first) + 1);
+        unsafe { (self.own.as_mut_ptr() as *mut u8).add(w * 8) }
+    }
+}
+
 fn check_csr(off: &[u32], offsets_len: usize, idx: &[u32], units: usize, n: u64) {
     let o = unsafe { std::slice::from_raw_parts(off.as_ptr() as *const u64, offsets_len) };
     assert_eq!(o[0], 0);
@@ -364,7 +441,7 @@ fn check_csr(off: &[u32], offsets_len: usize, idx: &[u32], units: usize, n: u64)
 
 fuzz_target!(|data: &[u8]| {
     let mut r = R { d: data, i: 0 };
-    let op = r.u8() % 11;
+    let op = r.u8() % 12;
     let mut a = Arena::new(&mut r);
     let before: Vec<u8> = a.bytes().to_vec();
     let st;
@@ -825,6 +902,223 @@ fuzz_target!(|data: &[u8]| {
                         let mut ws = vec![0u8; wl as usize];
                         assert_eq!(kve_select_shard(&sp, &ms, 0, &s, o.as_mut_ptr() as *mut u64, ol, i.as_mut_ptr(), il, ws.as_mut_ptr() as *mut c_void, wl), KVE_OK);
                         check_csr(&o, (layers * hkv) as usize + 1, &i, (layers * hkv) as usize, n);
+                    }
+                }
+            }
+            11 => {
+                // the query stream: size, start, feed chunks, then finish (scores, raw
+                // statistics or the count); arguments sometimes placed inside the state or
+                // the workspace
+                let hq = r.size(8);
+                let hkv = if r.chance(8) { r.size(4) } else { [1, 2, hq.max(1)][r.u8() as usize % 3] };
+                let (n, dk) = (r.size(96), r.size(32));
+                let mut bytes = 0u64;
+                if kve_stream_state_size(hq, hkv, n, dk, &mut bytes) != KVE_OK || bytes > 1 << 20 {
+                    assert_ne!(kve_stream_state_size(hq, hkv, n, dk, std::ptr::null_mut()), KVE_OK);
+                    return;
+                }
+                let mut state = State::new(&mut r, bytes);
+                let s0 = state.bytes();
+                let ist = kve_stream_init(state.ptr as *mut c_void, state.len, hq, hkv, n, dk);
+                if ist != KVE_OK {
+                    assert!(state.bytes() == s0, "state written by a refused init");
+                    return;
+                }
+                let mut fed = 0u64;
+                let mut last = 0i64;
+                for _ in 0..1 + r.u8() % 3 {
+                    let c = if r.chance(16) { r.size(8) } else { 1 + r.u8() as u64 % 8 };
+                    let mut q = tensor(&mut r, &a, [8, 8, 32]);
+                    fit(&mut r, &a, &mut q, [hq, c, dk]);
+                    let mut k = tensor(&mut r, &a, [4, 96, 32]);
+                    fit(&mut r, &a, &mut k, [hkv, n, dk]);
+                    if elems(&q).saturating_mul(n) > 1 << 20 || elems(&k) > 1 << 16 || c > 1 << 12 {
+                        return;
+                    }
+                    let npos = if r.chance(16) { c.wrapping_add(1) } else { c };
+                    let mut pos: Vec<i64> = Vec::new();
+                    for _ in 0..npos.min(64) {
+                        last = if r.chance(24) { r.u64() as i64 } else { last.saturating_add((r.u8() % 4) as i64) };
+                        pos.push(last);
+                    }
+                    let npos = npos.min(pos.len() as u64);
+                    let (mut lse, mut lse_len) = (std::ptr::null::<f32>(), 0u64);
+                    if r.chance(3) {
+                        let off = (r.u8() as usize % 64) * 4 + if r.chance(24) { 2 } else { 0 };
+                        let room = ((ARENA - off) / 4) as u64;
+                        let want = hq.saturating_mul(c);
+                        lse_len = if want < room && !r.chance(8) { want } else { r.u32() as u64 % room };
+                        lse = a.base().add(off) as *const f32;
+                    }
+                    let mut wq = 0u64;
+                    let qsz = (kve_stream_feed_workspace_size(hq, hkv, n, dk, c, &mut wq) == KVE_OK).then_some(wq);
+                    let mut ws = workspace(&mut r, qsz);
+                    let (mut wsp, mut wsl) = (ws.as_mut_ptr(), ws.len() as u64);
+                    // arguments placed over the state or the workspace: never accepted
+                    let mut placed = false;
+                    let (mut qd, mut kd, mut pp): (*const kve_tensor, *const kve_tensor, *const i64) = (&q, &k, pos.as_ptr());
+                    match r.u8() % 24 {
+                        0 => {
+                            let p = state.inside(&mut r, TD) as *mut kve_tensor;
+                            p.write(q);
+                            (qd, placed) = (p, true);
+                        }
+                        1 => {
+                            let p = state.inside(&mut r, TD) as *mut kve_tensor;
+                            p.write(k);
+                            (kd, placed) = (p, true);
+                        }
+                        2 if !pos.is_empty() && pos.len() as u64 * 8 + 16 <= state.len => {
+                            let p = state.inside(&mut r, pos.len() * 8) as *mut i64;
+                            std::ptr::copy_nonoverlapping(pos.as_ptr(), p, pos.len());
+                            (pp, placed) = (p, true);
+                        }
+                        3 if ws.len() >= TD => {
+                            (ws.as_mut_ptr() as *mut kve_tensor).write_unaligned(q);
+                            (qd, placed) = (ws.as_ptr() as *const kve_tensor, true);
+                        }
+                        4 => {
+                            let p = state.inside(&mut r, 8);
+                            (wsp, wsl, placed) = (p, wsl.min(8), true);
+                        }
+                        _ => {}
+                    }
+                    let snap = state.bytes();
+                    let fst = kve_stream_feed(state.ptr as *mut c_void, state.len, qd, pp, npos, kd, lse, lse_len, wsp as *mut c_void, wsl);
+                    if debug() {
+                        eprintln!("stream feed {fst}: shape {hq} {hkv} {n} {dk}, c {c}, q {:?}, k {:?}, positions {pos:?} ({npos}), lse len {lse_len}, ws {wsl}, placed {placed}", q.extent, k.extent);
+                    }
+                    if placed {
+                        assert_ne!(fst, KVE_OK, "an argument over the state or the workspace accepted");
+                    }
+                    if fst != KVE_OK {
+                        assert!(state.bytes() == snap, "state written by a refused feed (status {fst})");
+                        assert!(a.bytes() == &before[..], "arena written by a refused feed");
+                        if placed || r.chance(2) {
+                            return;
+                        }
+                        continue;
+                    }
+                    // what the feed read stays as it was, and the state counts the chunk
+                    assert!(a.bytes() == &before[..], "feed wrote into its inputs");
+                    fed += npos;
+                    let mut cnt = 0u64;
+                    assert_eq!(kve_stream_query_count(state.ptr as *const c_void, state.len, &mut cnt), KVE_OK);
+                    assert_eq!(cnt, fed, "query count");
+                }
+                let sp = state.ptr as *const c_void;
+                match r.u8() % 3 {
+                    0 => {
+                        let p0 = stream_params(&mut r);
+                        let pb = padded(&mut r, p0);
+                        let p = &pb.p;
+                        let mut v = kve_tensor::NONE;
+                        if r.chance(2) {
+                            v = tensor(&mut r, &a, [4, 96, 32]);
+                            let dv = if r.chance(2) { dk } else { v.extent[2] };
+                            fit(&mut r, &a, &mut v, [hkv, n, dv]);
+                        }
+                        if elems(&v) > 1 << 16 {
+                            return;
+                        }
+                        let g = if hkv > 0 { hq / hkv } else { 1 };
+                        let dv = v.extent[2];
+                        let want = [hkv.saturating_mul(g).saturating_mul(dv.saturating_mul(dv)), hkv.saturating_mul(g).saturating_mul(n)];
+                        let fl = |r: &mut R, want: u64| {
+                            if !r.chance(3) {
+                                return (std::ptr::null::<f32>(), 0u64);
+                            }
+                            let off = (r.u8() as usize % 64) * 4;
+                            let room = ((ARENA - off) / 4) as u64;
+                            let len = if want < room && r.chance(2) { want } else { r.u32() as u64 % room };
+                            (a.base().add(off) as *const f32, len)
+                        };
+                        let (gram, gl) = fl(&mut r, want[0]);
+                        let (forms, fl_) = fl(&mut r, want[1]);
+                        if gl.saturating_mul(n) > 1 << 22 {
+                            return;
+                        }
+                        let vd: *const kve_tensor = if v.data.is_null() && r.chance(2) { std::ptr::null() } else { &v };
+                        let olen = hkv.saturating_mul(n);
+                        let o = Out::new(&mut r, &mut a, olen.min(1 << 14) as usize);
+                        let mut wq = 0u64;
+                        let qsz = (kve_stream_scores_workspace_size(hq, hkv, n, dk, &mut wq) == KVE_OK).then_some(wq);
+                        let mut ws = workspace(&mut r, qsz);
+                        // the params or the values descriptor inside the output: refused
+                        let over = !o.in_arena && !o.ptr.is_null() && o.len as usize >= 2 + TD / 4 && r.chance(16);
+                        let (mut pd, mut vdd) = (p as *const kve_stream_score_params, vd);
+                        if over {
+                            if r.chance(2) {
+                                (o.ptr.add(2) as *mut kve_stream_score_params).write_unaligned(*p);
+                                pd = o.ptr.add(2) as *const _;
+                            } else {
+                                (o.ptr.add(2) as *mut kve_tensor).write_unaligned(v);
+                                vdd = o.ptr.add(2) as *const _;
+                            }
+                        }
+                        let snap = state.bytes();
+                        st = kve_stream_scores(sp, state.len, pd, vdd, gram, gl, forms, fl_, o.ptr as *mut f32, o.len, ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+                        assert!(state.bytes() == snap, "scores wrote into the state");
+                        if debug() {
+                            eprintln!("stream scores {st}: stat {}, fed {fed}, values {:?}, gram {gl}, forms {fl_}, out {}", p.stat, v.extent, o.len);
+                        }
+                        if over {
+                            assert_ne!(st, KVE_OK, "scores over the params or the values descriptor accepted");
+                            // (the harness wrote into that output itself: checked here)
+                            assert!(a.bytes() == &before[..], "arena written by a refused call");
+                            return;
+                        }
+                        if st == KVE_OK {
+                            let reads = [span(&v), span_n(gram as _, gl, 4), span_n(forms as _, fl_, 4), span_n(sp, state.len, 1)];
+                            for rd in reads {
+                                assert!(!overlaps(span_n(o.ptr as _, olen, 4), rd), "stream scores over an input accepted");
+                            }
+                            if !o.in_arena {
+                                let s = std::slice::from_raw_parts(o.ptr as *const f32, olen as usize);
+                                assert!(s.iter().all(|x| x.is_finite()), "non-finite stream score");
+                            }
+                        }
+                        outs.push(o);
+                    }
+                    1 => {
+                        let hn = hq.saturating_mul(n);
+                        let cap = hn.min(1 << 14) as usize;
+                        let m = Out::new(&mut r, &mut a, cap);
+                        let s_ = Out::new(&mut r, &mut a, cap);
+                        let q2 = Out::new(&mut r, &mut a, cap);
+                        let sn = Out::new(&mut r, &mut a, 2 * n.min(1 << 13) as usize);
+                        let sn = Out { len: sn.len / 2, ..sn };
+                        let len = [m.len, s_.len, q2.len][r.u8() as usize % 3];
+                        let snap = state.bytes();
+                        st = kve_stream_stats(sp, state.len, m.ptr as *mut f32, s_.ptr as *mut f32, q2.ptr as *mut f32, len, sn.ptr as *mut u64, sn.len);
+                        assert!(state.bytes() == snap, "stats wrote into the state");
+                        if debug() {
+                            eprintln!("stream stats {st}: fed {fed}, len {len}, seen {}", sn.len);
+                        }
+                        if st == KVE_OK && ![&m, &s_, &q2, &sn].iter().any(|o| o.in_arena) {
+                            let seen = std::slice::from_raw_parts(sn.ptr as *const u64, n as usize);
+                            assert_eq!(seen.iter().sum::<u64>(), fed, "seen does not add up to the queries fed");
+                            for o in [&m, &s_, &q2] {
+                                let x = std::slice::from_raw_parts(o.ptr as *const f32, hn as usize);
+                                assert!(x.iter().all(|v| v.is_finite() && *v >= 0.0), "statistic negative or non-finite");
+                            }
+                        }
+                        outs.extend([m, s_, q2, sn]);
+                    }
+                    _ => {
+                        let mut cnt = CANARY as u64;
+                        let inside = r.chance(8);
+                        let cp = if inside { state.inside(&mut r, 8) as *mut u64 } else { &mut cnt };
+                        let snap = state.bytes();
+                        st = kve_stream_query_count(sp, state.len, cp);
+                        if inside {
+                            assert_ne!(st, KVE_OK, "query count over the state accepted");
+                        } else if st == KVE_OK {
+                            assert_eq!(cnt, fed);
+                        } else {
+                            assert_eq!(cnt, CANARY as u64, "count written on error");
+                        }
+                        assert!(state.bytes() == snap, "query count wrote into the state");
                     }
                 }
             }

@@ -33,7 +33,7 @@ pub unsafe extern "C" fn kve_compact_in_place(
     let t = tri!(Tensor::from_ptr(kv));
     let o = tri!(Buf::new(offsets, offsets_len));
     let i = tri!(Buf::new(indices, indices_len));
-    let l = if lengths.is_null() && lengths_len == 0 {
+    let mut l = if lengths.is_null() && lengths_len == 0 {
         None
     } else {
         Some(tri!(Buf::new(lengths, lengths_len)))
@@ -48,7 +48,7 @@ pub unsafe extern "C" fn kve_compact_in_place(
         &mut view,
         o.slice(),
         i.slice(),
-        l.as_ref().map(|b| b.slice_mut()),
+        l.as_mut().map(|b| b.slice_mut()),
     ))
 }
 
@@ -75,7 +75,7 @@ pub unsafe extern "C" fn kve_compact_varlen(
     let d = tri!(Tensor::from_ptr(dst));
     let o = tri!(Buf::new(offsets, offsets_len));
     let i = tri!(Buf::new(indices, indices_len));
-    let cu = tri!(Buf::new(cu_seqlens, cu_seqlens_len));
+    let mut cu = tri!(Buf::new(cu_seqlens, cu_seqlens_len));
     tri!(check_alias(
         &[d.span, cu.span],
         &[s.span, o.span, i.span, span_ptr(src), span_ptr(dst)]

@@ -46,7 +46,7 @@ pub unsafe extern "C" fn kve_cuda_get_device_count(count: *mut i32) -> i32 {
     }
     #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
-        if let Ok(out) = super::out_param(count) {
+        if let Ok(mut out) = super::out_param(count) {
             // SAFETY: out_param checked non-NULL and aligned; one element.
             unsafe { out.slice_mut()[0] = 0 };
         }

@@ -318,9 +318,12 @@ impl<T> Buf<T> {
     pub unsafe fn slice<'a>(&self) -> &'a [T] {
         core::slice::from_raw_parts(self.ptr, self.len)
     }
+    /// The elements, mutably borrowed for as long as the `Buf` is (so one `Buf` never
+    /// hands out two live `&mut` to the same memory).
+    ///
     /// # Safety
     /// The caller promised `len` writable elements; nothing else overlaps them.
-    pub unsafe fn slice_mut<'a>(&self) -> &'a mut [T] {
+    pub unsafe fn slice_mut(&mut self) -> &mut [T] {
         core::slice::from_raw_parts_mut(self.ptr, self.len)
     }
 }

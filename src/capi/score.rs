@@ -137,7 +137,7 @@ fn float_count(len: usize) -> Result<usize> {
     }
 }
 
-fn write_u64(out: &Buf<u64>, v: usize) {
+fn write_u64(out: &mut Buf<u64>, v: usize) {
     // SAFETY: out_param checked non-NULL and aligned; one element.
     unsafe { out.slice_mut()[0] = v as u64 };
 }
@@ -155,12 +155,12 @@ pub unsafe extern "C" fn kve_score_workspace_size(
     dv: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_bytes));
+    let mut out = tri!(out_param(out_bytes));
     let cfg = tri!(score_config(params));
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let shape = tri!(LayerShape::from_dims(hq, hkv, n, dk, dv));
     let bytes = tri!(staged_workspace_size(&cfg, &shape));
-    write_u64(&out, bytes);
+    write_u64(&mut out, bytes);
     KVE_OK
 }
 
@@ -185,7 +185,7 @@ pub unsafe extern "C" fn kve_score_output_len(
     n: u64,
     out_len: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_len));
+    let mut out = tri!(out_param(out_len));
     let cfg = tri!(score_config(params));
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let hkv = tri!(head_count(hkv));
@@ -198,7 +198,7 @@ pub unsafe extern "C" fn kve_score_output_len(
         dv: 1,
     };
     let len = tri!(float_count(tri!(crate::score_len(&cfg, &shape))));
-    write_u64(&out, len);
+    write_u64(&mut out, len);
     KVE_OK
 }
 
@@ -240,8 +240,8 @@ pub unsafe extern "C" fn kve_score_layer(
     let f = tri!(opt_floats(inp.value_forms, inp.value_forms_len));
     let l1 = tri!(opt_floats(inp.value_l1, inp.value_l1_len));
     let lse = tri!(opt_floats(inp.row_lse, inp.row_lse_len));
-    let o = tri!(Buf::new(out, out_len));
-    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let mut o = tri!(Buf::new(out, out_len));
+    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     let inputs_span = Span(
         inputs as usize,
         (inputs as usize).saturating_add(inp.struct_size as usize),
@@ -309,7 +309,7 @@ pub unsafe extern "C" fn kve_window_row_lse_workspace_size(
     window: u32,
     out_bytes: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_bytes));
+    let mut out = tri!(out_param(out_bytes));
     let shape = LayerShape {
         hq: tri!(head_count(hq)),
         hkv: tri!(head_count(hkv)),
@@ -318,7 +318,7 @@ pub unsafe extern "C" fn kve_window_row_lse_workspace_size(
         dv: 1,
     };
     let bytes = tri!(crate::window_row_lse_workspace_size(&shape, window));
-    write_u64(&out, bytes);
+    write_u64(&mut out, bytes);
     KVE_OK
 }
 
@@ -342,8 +342,8 @@ pub unsafe extern "C" fn kve_window_row_lse(
 ) -> i32 {
     let q = tri!(Tensor::from_ptr(queries));
     let k = tri!(Tensor::from_ptr(keys));
-    let o = tri!(Buf::new(out, out_len));
-    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let mut o = tri!(Buf::new(out, out_len));
+    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[o.span, ws.span],
         &[q.span, k.span, span_ptr(queries), span_ptr(keys)]
@@ -379,14 +379,14 @@ pub unsafe extern "C" fn kve_gram_len(
     cross: u32,
     out_len: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_len));
+    let mut out = tri!(out_param(out_len));
     let len = tri!(float_count(tri!(gram::gram_len(
         tri!(head_count(hq)),
         tri!(head_count(hkv)),
         tri!(to_usize(dv)),
         tri!(cross_flag(cross))
     ))));
-    write_u64(&out, len);
+    write_u64(&mut out, len);
     KVE_OK
 }
 
@@ -398,12 +398,12 @@ pub unsafe extern "C" fn kve_gram_workspace_size(
     d_model: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_bytes));
+    let mut out = tri!(out_param(out_bytes));
     let b = tri!(gram::gram_workspace_size(
         tri!(to_usize(dv)),
         tri!(to_usize(d_model))
     ));
-    write_u64(&out, b);
+    write_u64(&mut out, b);
     KVE_OK
 }
 
@@ -427,8 +427,8 @@ pub unsafe extern "C" fn kve_compute_gram(
     let wo = tri!(Tensor::from_ptr(wo));
     let hkv = tri!(head_count(hkv));
     let cross = tri!(cross_flag(cross));
-    let o = tri!(Buf::new(out, out_len));
-    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let mut o = tri!(Buf::new(out, out_len));
+    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[o.span, ws.span],
         &[wo.span, span_ptr(wo_desc)]
@@ -454,14 +454,14 @@ pub unsafe extern "C" fn kve_value_forms_len(
     cross: u32,
     out_len: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_len));
+    let mut out = tri!(out_param(out_len));
     let len = tri!(float_count(tri!(gram::value_forms_len(
         tri!(head_count(hq)),
         tri!(head_count(hkv)),
         tri!(to_usize(n)),
         tri!(cross_flag(cross))
     ))));
-    write_u64(&out, len);
+    write_u64(&mut out, len);
     KVE_OK
 }
 
@@ -488,7 +488,7 @@ pub unsafe extern "C" fn kve_compute_value_forms(
     let hq = tri!(head_count(hq));
     let cross = tri!(cross_flag(cross));
     let (t0, t1) = (tri!(to_usize(t0)), tri!(to_usize(t1)));
-    let o = tri!(Buf::new(out, out_len));
+    let mut o = tri!(Buf::new(out, out_len));
     tri!(check_alias(&[o.span], &[v.span, g.span, span_ptr(values)]));
     let view = tri!(v.view());
     let gs = g.slice();
@@ -529,12 +529,12 @@ pub unsafe extern "C" fn kve_value_l1_workspace_size(
     d_model: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_bytes));
+    let mut out = tri!(out_param(out_bytes));
     let b = tri!(gram::value_l1_workspace_size(
         tri!(to_usize(dv)),
         tri!(to_usize(d_model))
     ));
-    write_u64(&out, b);
+    write_u64(&mut out, b);
     KVE_OK
 }
 
@@ -553,8 +553,8 @@ pub unsafe extern "C" fn kve_compute_value_l1(
 ) -> i32 {
     let v = tri!(Tensor::from_ptr(values));
     let w = tri!(Tensor::from_ptr(wo));
-    let o = tri!(Buf::new(out, out_len));
-    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let mut o = tri!(Buf::new(out, out_len));
+    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[o.span, ws.span],
         &[v.span, w.span, span_ptr(values), span_ptr(wo)]

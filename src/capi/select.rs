@@ -59,7 +59,7 @@ unsafe fn model<'a>(m: *const kve_model_scores) -> Result<(Buf<f32>, ModelScores
     Ok((b, ms))
 }
 
-fn write<T: Copy>(out: &Buf<T>, v: T) {
+fn write<T: Copy>(out: &mut Buf<T>, v: T) {
     // SAFETY: out_param checked non-NULL and aligned; one element.
     unsafe { out.slice_mut()[0] = v };
 }
@@ -77,14 +77,14 @@ pub unsafe extern "C" fn kve_select_output_len(
     offsets_len: *mut u64,
     indices_len: *mut u64,
 ) -> i32 {
-    let oo = tri!(out_param(offsets_len));
-    let oi = tri!(out_param(indices_len));
+    let mut oo = tri!(out_param(offsets_len));
+    let mut oi = tri!(out_param(indices_len));
     let cfg = tri!(select_config(params));
     tri!(check_alias(&[oo.span, oi.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let (a, b) = tri!(crate::select_output_len(&cfg, l, h, n, w));
-    write(&oo, a as u64);
-    write(&oi, b as u64);
+    write(&mut oo, a as u64);
+    write(&mut oi, b as u64);
     KVE_OK
 }
 
@@ -98,12 +98,12 @@ pub unsafe extern "C" fn kve_select_workspace_size(
     window: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_bytes));
+    let mut out = tri!(out_param(out_bytes));
     let cfg = tri!(select_config(params));
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let b = tri!(crate::select_workspace_size(&cfg, l, h, n, w));
-    write(&out, b as u64);
+    write(&mut out, b as u64);
     KVE_OK
 }
 
@@ -128,9 +128,9 @@ pub unsafe extern "C" fn kve_select_model(
 ) -> i32 {
     let cfg = tri!(select_config(params));
     let (sb, ms) = tri!(model(scores));
-    let o = tri!(Buf::new(offsets, offsets_len));
-    let i = tri!(Buf::new(indices, indices_len));
-    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let mut o = tri!(Buf::new(offsets, offsets_len));
+    let mut i = tri!(Buf::new(indices, indices_len));
+    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[o.span, i.span, ws.span],
         &[sb.span, span_ptr(params), span_ptr(scores)]
@@ -160,8 +160,8 @@ pub unsafe extern "C" fn kve_evicted_positions(
     out_count: *mut u64,
 ) -> i32 {
     let k = tri!(Buf::new(kept, kept_len));
-    let o = tri!(Buf::new(out, out_len));
-    let c = tri!(out_param(out_count));
+    let mut o = tri!(Buf::new(out, out_len));
+    let mut c = tri!(out_param(out_count));
     tri!(check_alias(&[o.span, c.span], &[k.span]));
     if prefix > crate::error::MAX_TOKENS as u64 {
         return super::KVE_ERR_INVALID_ARGUMENT;
@@ -180,7 +180,7 @@ pub unsafe extern "C" fn kve_evicted_positions(
         prefix as usize,
         o.slice_mut()
     ));
-    write(&c, written as u64);
+    write(&mut c, written as u64);
     KVE_OK
 }
 
@@ -372,7 +372,7 @@ pub unsafe extern "C" fn kve_search_init(
     n: u64,
     window: u64,
 ) -> i32 {
-    let out = tri!(out_param(search));
+    let mut out = tri!(out_param(search));
     let cfg = tri!(shard_config(params));
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
@@ -391,15 +391,15 @@ pub unsafe extern "C" fn kve_search_init(
         window: w as u64,
         params: encode_select(&cfg),
     };
-    write(&out, to_c(&s, &model));
+    write(&mut out, to_c(&s, &model));
     KVE_OK
 }
 
 /// Zero a histogram (counts, round and layers). Writes only `*hist`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_histogram_clear(hist: *mut kve_histogram) -> i32 {
-    let out = tri!(out_param(hist));
-    write(&out, EMPTY_HISTOGRAM);
+    let mut out = tri!(out_param(hist));
+    write(&mut out, EMPTY_HISTOGRAM);
     KVE_OK
 }
 
@@ -414,12 +414,12 @@ pub unsafe extern "C" fn kve_select_shard_workspace_size(
     window: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_bytes));
+    let mut out = tri!(out_param(out_bytes));
     let cfg = tri!(shard_config(params));
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let b = tri!(shard::shard_workspace_size(&cfg, l, h, n, w));
-    write(&out, b as u64);
+    write(&mut out, b as u64);
     KVE_OK
 }
 
@@ -446,8 +446,8 @@ pub unsafe extern "C" fn kve_search_count_shard(
     let (sb, ms) = tri!(model(shard));
     let c = *tri!(arg(search));
     let st = tri!(from_c(&c));
-    let h = tri!(out_param(hist));
-    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let mut h = tri!(out_param(hist));
+    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[h.span, ws.span],
         &[sb.span, span_ptr(search), span_ptr(params), span_ptr(shard)]
@@ -474,7 +474,7 @@ pub unsafe extern "C" fn kve_search_count_shard(
     v.layer_sum = v
         .layer_sum
         .wrapping_add(layer_sum(first_layer..first_layer + ms.layers as u64));
-    write(&h, v);
+    write(&mut h, v);
     KVE_OK
 }
 
@@ -486,7 +486,7 @@ pub unsafe extern "C" fn kve_histogram_merge(
     dst: *mut kve_histogram,
     src: *const kve_histogram,
 ) -> i32 {
-    let d = tri!(out_param(dst));
+    let mut d = tri!(out_param(dst));
     let s = tri!(arg(src));
     let sspan = span_ptr(src);
     if d.span.overlaps(sspan) {
@@ -502,7 +502,7 @@ pub unsafe extern "C" fn kve_histogram_merge(
     v.round = v.round.max(s.round);
     v.layers = v.layers.saturating_add(s.layers);
     v.layer_sum = v.layer_sum.wrapping_add(s.layer_sum);
-    write(&d, v);
+    write(&mut d, v);
     KVE_OK
 }
 
@@ -518,7 +518,7 @@ pub unsafe extern "C" fn kve_search_step(
     hist: *const kve_histogram,
     done: *mut i32,
 ) -> i32 {
-    let so = tri!(out_param(search));
+    let mut so = tri!(out_param(search));
     let h = tri!(arg(hist));
     let d = if done.is_null() {
         None
@@ -539,9 +539,9 @@ pub unsafe extern "C" fn kve_search_step(
         }
     }
     let fin = st.search.step(&Histogram(h.bins));
-    write(&so, to_c(&st.search, &c));
-    if let Some(d) = d {
-        write(&d, fin as i32);
+    write(&mut so, to_c(&st.search, &c));
+    if let Some(mut d) = d {
+        write(&mut d, fin as i32);
     }
     KVE_OK
 }
@@ -552,7 +552,7 @@ pub unsafe extern "C" fn kve_search_step(
 /// search is running. Writes only `*score`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_search_threshold(search: *const kve_search, score: *mut f32) -> i32 {
-    let out = tri!(out_param(score));
+    let mut out = tri!(out_param(score));
     let st = tri!(from_c(tri!(arg(search))));
     tri!(check_alias(&[out.span], &[span_ptr(search)]));
     let s = st.search;
@@ -566,7 +566,7 @@ pub unsafe extern "C" fn kve_search_threshold(search: *const kve_search, score: 
     } else {
         key_float((s.threshold >> 64) as u32)
     };
-    write(&out, v);
+    write(&mut out, v);
     KVE_OK
 }
 
@@ -581,15 +581,15 @@ pub unsafe extern "C" fn kve_select_shard_output_len(
     offsets_len: *mut u64,
     indices_len: *mut u64,
 ) -> i32 {
-    let oo = tri!(out_param(offsets_len));
-    let oi = tri!(out_param(indices_len));
+    let mut oo = tri!(out_param(offsets_len));
+    let mut oi = tri!(out_param(indices_len));
     if oo.span.overlaps(oi.span) {
         return super::KVE_ERR_ALIASING;
     }
     let (l, h, n, _) = tri!(dims(layers, hkv, n, 0));
     let (a, b) = tri!(shard::shard_output_len(l, h, n));
-    write(&oo, a as u64);
-    write(&oi, b as u64);
+    write(&mut oo, a as u64);
+    write(&mut oi, b as u64);
     KVE_OK
 }
 
@@ -613,9 +613,9 @@ pub unsafe extern "C" fn kve_select_shard(
     let cfg = tri!(shard_config(params));
     let (sb, ms) = tri!(model(shard));
     let st = tri!(from_c(tri!(arg(search))));
-    let o = tri!(Buf::new(offsets, offsets_len));
-    let i = tri!(Buf::new(indices, indices_len));
-    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let mut o = tri!(Buf::new(offsets, offsets_len));
+    let mut i = tri!(Buf::new(indices, indices_len));
+    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[o.span, i.span, ws.span],
         &[sb.span, span_ptr(search), span_ptr(params), span_ptr(shard)]

@@ -110,7 +110,7 @@ fn shape(hq: u64, hkv: u64, n: u64, dk: u64) -> Result<StreamShape> {
     })
 }
 
-fn write_u64(out: &Buf<u64>, v: u64) {
+fn write_u64(out: &mut Buf<u64>, v: u64) {
     // SAFETY: out_param checked non-NULL and aligned; one element.
     unsafe { out.slice_mut()[0] = v };
 }
@@ -135,9 +135,9 @@ pub unsafe extern "C" fn kve_stream_state_size(
     dk: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_bytes));
+    let mut out = tri!(out_param(out_bytes));
     let bytes = tri!(crate::stream_state_size(&tri!(shape(hq, hkv, n, dk))));
-    write_u64(&out, bytes as u64);
+    write_u64(&mut out, bytes as u64);
     KVE_OK
 }
 
@@ -154,7 +154,7 @@ pub unsafe extern "C" fn kve_stream_init(
     dk: u64,
 ) -> i32 {
     let sh = tri!(shape(hq, hkv, n, dk));
-    let st = tri!(state_buf(state, state_bytes));
+    let mut st = tri!(state_buf(state, state_bytes));
     to_status(crate::stream_init(&sh, st.slice_mut()))
 }
 
@@ -169,13 +169,13 @@ pub unsafe extern "C" fn kve_stream_feed_workspace_size(
     chunk: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_bytes));
+    let mut out = tri!(out_param(out_bytes));
     let sh = tri!(shape(hq, hkv, n, dk));
     let bytes = tri!(crate::stream_feed_workspace_size(
         &sh,
         tri!(to_usize(chunk))
     ));
-    write_u64(&out, bytes as u64);
+    write_u64(&mut out, bytes as u64);
     KVE_OK
 }
 
@@ -202,7 +202,7 @@ pub unsafe extern "C" fn kve_stream_feed(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    let st = tri!(state_buf(state, state_bytes));
+    let mut st = tri!(state_buf(state, state_bytes));
     let q = tri!(Tensor::from_ptr(queries));
     let k = tri!(Tensor::from_ptr(keys));
     let pos = tri!(Buf::new(positions, positions_len));
@@ -211,7 +211,7 @@ pub unsafe extern "C" fn kve_stream_feed(
     } else {
         Some(tri!(Buf::new(row_lse, row_lse_len)))
     };
-    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[st.span, ws.span],
         &[
@@ -234,18 +234,20 @@ pub unsafe extern "C" fn kve_stream_feed(
     ))
 }
 
-/// Queries fed into `state` so far. Writes only `*out_count`.
+/// Queries fed into `state` so far. A buffer that is not a started state, or is shorter
+/// than its shape's `kve_stream_state_size` → `KVE_ERR_INVALID_ARGUMENT`. Writes only
+/// `*out_count`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_stream_query_count(
     state: *const c_void,
     state_bytes: u64,
     out_count: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_count));
+    let mut out = tri!(out_param(out_count));
     let st = tri!(state_buf(state, state_bytes));
     tri!(check_alias(&[out.span], &[st.span]));
     let c = tri!(crate::stream_query_count(st.slice()));
-    write_u64(&out, c);
+    write_u64(&mut out, c);
     KVE_OK
 }
 
@@ -258,11 +260,11 @@ pub unsafe extern "C" fn kve_stream_scores_workspace_size(
     dk: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let out = tri!(out_param(out_bytes));
+    let mut out = tri!(out_param(out_bytes));
     let bytes = tri!(crate::stream_scores_workspace_size(&tri!(shape(
         hq, hkv, n, dk
     ))));
-    write_u64(&out, bytes as u64);
+    write_u64(&mut out, bytes as u64);
     KVE_OK
 }
 
@@ -305,8 +307,8 @@ pub unsafe extern "C" fn kve_stream_scores(
     };
     let g = tri!(opt(gram, gram_len));
     let f = tri!(opt(value_forms, value_forms_len));
-    let o = tri!(Buf::new(out, out_len));
-    let ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let mut o = tri!(Buf::new(out, out_len));
+    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     let sp = |b: &Option<Buf<f32>>| b.as_ref().map_or(Span::EMPTY, |b| b.span);
     tri!(check_alias(
         &[o.span, ws.span],
@@ -358,12 +360,12 @@ pub unsafe extern "C" fn kve_stream_stats(
     seen_len: u64,
 ) -> i32 {
     let st = tri!(state_buf(state, state_bytes));
-    let outs = [
+    let mut outs = [
         tri!(Buf::new(out_max, len)),
         tri!(Buf::new(out_sum, len)),
         tri!(Buf::new(out_sq, len)),
     ];
-    let seen = tri!(Buf::new(out_seen, seen_len));
+    let mut seen = tri!(Buf::new(out_seen, seen_len));
     tri!(check_alias(
         &[outs[0].span, outs[1].span, outs[2].span, seen.span],
         &[st.span]
@@ -373,7 +375,7 @@ pub unsafe extern "C" fn kve_stream_stats(
     if outs.iter().any(|b| b.len() < hn) || seen.len() < n {
         return super::KVE_ERR_OUTPUT_TOO_SMALL;
     }
-    for (b, src) in outs.iter().zip([s.max, s.sum, s.sq]) {
+    for (b, src) in outs.iter_mut().zip([s.max, s.sum, s.sq]) {
         b.slice_mut()[..hn].copy_from_slice(src);
     }
     seen.slice_mut()[..n].copy_from_slice(s.seen);

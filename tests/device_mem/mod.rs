@@ -1,4 +1,5 @@
-//! Memory the launchers read and write in the device tests: device memory with `cuda`,
+//! Memory the launchers read and write in `uniqueness_device` (the conformance suite has its
+//! own `DBuf`; merging the two is left): device memory with `cuda`,
 //! host memory with the mock; and the tensors of tests/reference uploaded as device views.
 #![allow(dead_code)] // each test uses its part
 

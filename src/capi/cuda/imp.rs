@@ -39,7 +39,7 @@ pub(super) fn tensor(t: &kve_tensor) -> Result<device::Tensor> {
 /// # Safety
 /// `p` is NULL or points to a host `T` the caller lets us write.
 pub(super) unsafe fn write<T>(p: *mut T, v: Result<T>) -> i32 {
-    let out = tri!(out_param(p));
+    let mut out = tri!(out_param(p));
     let v = tri!(v);
     // SAFETY: out_param checked non-NULL and aligned; one element.
     unsafe { out.slice_mut()[0] = v };
@@ -47,7 +47,7 @@ pub(super) unsafe fn write<T>(p: *mut T, v: Result<T>) -> i32 {
 }
 
 pub unsafe fn device_count(count: *mut i32) -> i32 {
-    let out = tri!(out_param(count));
+    let mut out = tri!(out_param(count));
     let mut c: c_int = 0;
     // SAFETY: writes one int to a local.
     let st = unsafe { cu::kve_cuda_device_count(&mut c) };
