@@ -203,8 +203,9 @@ def score(c, name):
     elif name == "streamingllm":
         out[:, :4] = 1.0
     elif name == "uniqueness":
-        # SPEC §3b: per KV head, the max over j != i of min(cos k, cos v) over all N tokens,
-        # (1 - r)^8 clipped at 0, then each prefix token lends 0.9 of its score to the one before
+        # SPEC §3b: per KV head, the 4th largest over j != i of min(cos k, cos v) over all N
+        # tokens (-1 where fewer), (1 - r)^8 clipped at 0, then each prefix token lends
+        # 0.9^j of its score to the j <= 4 before it
         for kh in range(hkv):
             k = c["k"][kh].astype(F32)
             v = c["v"][kh].astype(F32)
@@ -217,10 +218,15 @@ def score(c, name):
                 r1 = min(n, r0 + blk)
                 m = np.minimum(k[r0:r1] @ k.T, v[r0:r1] @ v.T)
                 m[np.arange(r1 - r0), np.arange(r0, r1)] = -np.inf
-                r[r0:r1] = m.max(axis=1)
+                m = np.concatenate([m, np.full((r1 - r0, 4), F32(-1))], axis=1)
+                r[r0:r1] = -np.partition(-m, 3, axis=1)[:, 3]
             u = (np.maximum(F32(1) - r, 0) ** 8)[:p]  # lending stays inside the prefix
-            u[:-1] = np.maximum(u[:-1], F32(0.9) * u[1:])
-            out[kh] = u
+            s, f = u.copy(), F32(1)
+            for j in range(1, 5):
+                f = F32(f * F32(0.9))
+                if p > j:
+                    s[:-j] = np.maximum(s[:-j], f * u[j:])
+            out[kh] = s
     elif name == "value-forms":
         # LaProx's value forms v·G_a·vᵀ for every token: [Hkv][g][N], one GEMM per block
         out = np.empty((hkv, g, n), dtype=F32)

@@ -138,6 +138,14 @@ unsafe fn tile<S: Simd, const M: usize>(
     acc
 }
 
+/// Largest lane (NaN-free input).
+#[inline(always)]
+unsafe fn hmax<S: Simd>(v: S::V) -> f32 {
+    let mut l = [0f32; 8];
+    S::store(l.as_mut_ptr(), v);
+    l.iter().fold(l[0], |a, &b| if b > a { b } else { a })
+}
+
 /// The value tile of the `M` rows `sel[..M]` of the row tile against one panel, each
 /// `min`ed with its key cosines `m[sel[k]]` (16 lanes per row, in memory: the tile's
 /// accumulators get every register).
@@ -260,14 +268,22 @@ fn kth_similarity<S: Simd>(
                     _ => value_rows::<S, ROWS>(&vr, &sel, col, dv, m),
                 }
                 // both ends of every computed pair (masked pairs are -inf and enter nothing);
-                // insertion order does not matter: a top list is a multiset's largest values
+                // insertion order does not matter: a top list is a multiset's largest values.
+                // Vector compares against the floors first: most pairs enter no list.
                 for &r in &sel[..ns] {
-                    for (c, &x) in m[r].iter().enumerate() {
-                        if x > floor[j0 + c] {
-                            insert_top(top, floor, j0 + c, x);
-                        }
-                        if x > floor[ri[r]] {
-                            insert_top(top, floor, ri[r], x);
+                    let x = [S::load(m[r].as_ptr()), S::load(m[r].as_ptr().add(8))];
+                    let fp = floor.as_ptr();
+                    let mut bits = S::gt_mask(x[0], S::load(fp.add(j0)))
+                        | S::gt_mask(x[1], S::load(fp.add(j0 + 8))) << 8;
+                    while bits != 0 {
+                        let c = bits.trailing_zeros() as usize;
+                        insert_top(top, floor, j0 + c, m[r][c]);
+                        bits &= bits - 1;
+                    }
+                    // read after the columns: a row token inside this panel may have moved
+                    if hmax::<S>(S::max(x[0], x[1])) > floor[ri[r]] {
+                        for &v in &m[r] {
+                            insert_top(top, floor, ri[r], v);
                         }
                     }
                 }
