@@ -406,6 +406,30 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16
     ))
 }
 
+/// (MiB, cells) of the KV cache from llama.cpp's log line
+/// `llama_kv_cache: size =    7.03 MiB (   320 cells, 30 layers, ...`.
+fn kv_allocation(log: &str) -> (f64, u32) {
+    let line = log
+        .lines()
+        .find(|l| l.contains("llama_kv_cache: size ="))
+        .unwrap_or_else(|| panic!("no KV allocation logged:\n{log}"));
+    let mib = line
+        .split("size =")
+        .nth(1)
+        .unwrap()
+        .split("MiB")
+        .next()
+        .unwrap();
+    let cells = line
+        .split('(')
+        .nth(1)
+        .unwrap()
+        .split("cells")
+        .next()
+        .unwrap();
+    (mib.trim().parse().unwrap(), cells.trim().parse().unwrap())
+}
+
 struct Server(std::process::Child);
 
 impl Drop for Server {
@@ -429,8 +453,9 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     let log_path =
         std::env::temp_dir().join(format!("kvevict-llama-server-{}.log", std::process::id()));
     let log = std::fs::File::create(&log_path).unwrap();
-    // a 4096-cell context (positions keep growing) whose sequence may hold at most BUDGET cells;
-    // batches of 64 fit the 64 cells an eviction to 0.75 * BUDGET frees
+    // a 4096-token context (positions keep growing) whose sequence may hold at most BUDGET cells;
+    // batches of 64 fit the 64 cells an eviction to 0.75 * BUDGET frees; the cache allocates
+    // BUDGET + 64 cells
     let budget = BUDGET.to_string();
     let mut server = Server(
         Command::new(s.bin.join("llama-server"))
@@ -585,12 +610,16 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     };
     let held = evictions.iter().map(|l| most(l)).max().unwrap_or(0);
     let kv_bytes_per_cell = 30 * 2 * 192 * 2; // SmolLM2: layers x (K, V) x n_embd_k_gqa x f16
+                                              // the allocation llama.cpp logs: "llama_kv_cache: size =    7.03 MiB (   320 cells, ..."
+    let (alloc_mib, alloc_cells) = kv_allocation(&log_text);
     println!(
         "llama-server, {} turns over /v1/chat/completions in {secs:.1} s: history {history_tokens} tokens, budget {BUDGET} cells \
-         (cells in use: {:.1} MiB of f16 K+V at most, against {:.1} MiB for the whole history; the context allocates -c 4096 cells), {} evictions, most cells held {held}; last answer {last:?} (green recalled: {})",
+         (cells in use: {:.1} MiB of f16 K+V at most, against {:.1} MiB for the whole history; allocated {alloc_cells} cells, \
+         {alloc_mib:.2} MiB, against {:.1} MiB for -c 4096), {} evictions, most cells held {held}; last answer {last:?} (green recalled: {})",
         topics.len() + 2,
         (BUDGET * kv_bytes_per_cell) as f64 / 1048576.0,
         history_tokens * kv_bytes_per_cell as f64 / 1048576.0,
+        (4096 * kv_bytes_per_cell) as f64 / 1048576.0,
         evictions.len(),
         last.to_lowercase().contains("green")
     );
@@ -603,6 +632,13 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     assert!(
         held <= BUDGET,
         "a sequence held {held} cells, budget {BUDGET}"
+    );
+    // memory really freed: the cache is allocated for the budget plus one batch (-b 64), not -c
+    assert_eq!(alloc_cells, BUDGET + 64, "KV cells allocated");
+    let bound_mib = ((BUDGET + 64) * kv_bytes_per_cell) as f64 / 1048576.0;
+    assert!(
+        (alloc_mib - bound_mib).abs() < 0.01,
+        "KV allocation {alloc_mib} MiB, expected {bound_mib:.2} MiB"
     );
     let _ = std::fs::remove_file(&log_path);
 }
