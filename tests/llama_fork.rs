@@ -10,7 +10,9 @@
 //!   API returning their error without touching the cache;
 //! - `llama-server` on loopback with a cell budget smaller than a multi-turn conversation;
 //! - question-agnostic compression (`--agnostic`: the context alone is prefilled and
-//!   compressed, the question comes after) with the `uniqueness` method.
+//!   compressed, the question comes after) with the `uniqueness` method;
+//! - the compacted sequence saved with `llama_state_seq_save_file` (about 1/keep smaller) and
+//!   loaded into a fresh context, where it answers the same.
 //!
 //! Needs `KVEVICT_FORK_BIN` (llama_fork/build.sh prints it) and `KVEVICT_LLAMA_MODEL`;
 //! skips with a message without them, unless `KVEVICT_FORK_REQUIRED=1`
@@ -225,6 +227,69 @@ fn agnostic_compression_keeps_the_needle() {
     }
     println!("{table}");
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn compacted_state_file_is_smaller_and_answers_the_same() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let dir = std::env::temp_dir();
+    let mut lines = Vec::new();
+    // question-aware (flash off) and question-agnostic (uniqueness, flash on) compression at 10%
+    for (flash, extra) in [
+        ("off", ["--kv-evict", "laprox-span"]),
+        ("on", ["--kv-evict", "uniqueness"]),
+    ] {
+        let path = dir.join(format!("kvevict-state-{}-{flash}.bin", std::process::id()));
+        let path_str = path.to_str().unwrap().to_string();
+        let mut args = vec![
+            "--needle",
+            "0.3",
+            "--seed",
+            "3",
+            "--flash-attn",
+            flash,
+            "--kv-keep",
+            "0.1",
+            "--state-file",
+            &path_str,
+        ];
+        args.extend(extra);
+        if extra[1] == "uniqueness" {
+            args.push("--agnostic");
+        }
+        let r = needle(&s, &args);
+        let (full, small) = (r.num("state_full_bytes"), r.num("state_bytes"));
+        let cells = r.num("cells_before") / r.num("cells_after");
+        // the files on disk are what the tool reported
+        assert_eq!(std::fs::metadata(&path).unwrap().len() as f64, small);
+        let full_path = format!("{path_str}.full");
+        assert_eq!(std::fs::metadata(&full_path).unwrap().len() as f64, full);
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&full_path);
+        lines.push(format!(
+            "{} flash {flash}: state file {small} bytes, uncompressed {full} bytes ({:.2}x smaller; cells {} -> {}); answer {:?}, after reload {:?}",
+            r.get("method"),
+            full / small,
+            r.num("cells_before"),
+            r.num("cells_after"),
+            r.get("answer"),
+            r.get("reload_answer"),
+        ));
+        // K/V rows dominate the file: it shrinks as the cells do (the token list and header aside)
+        assert!(
+            full / small > 0.97 * cells && full / small < 1.03 * cells,
+            "state file {full} -> {small} bytes, cells shrank {cells:.2}x"
+        );
+        assert!(!r.get("answer").is_empty(), "no answer");
+        assert_eq!(
+            r.get("reload_answer"),
+            r.get("answer"),
+            "the reloaded compacted state must answer the same"
+        );
+    }
+    println!("{}", lines.join("\n"));
 }
 
 #[test]
