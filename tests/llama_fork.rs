@@ -10,7 +10,9 @@
 //!   API returning their error without touching the cache;
 //! - `llama-server` on loopback with a cell budget smaller than a multi-turn conversation;
 //! - question-agnostic compression (`--agnostic`: the context alone is prefilled and
-//!   compressed, the question comes after) with the `uniqueness` method.
+//!   compressed, the question comes after) with the `uniqueness` method;
+//! - the compacted sequence saved with `llama_state_seq_save_file` (about 1/keep smaller) and
+//!   loaded into a fresh context, where it answers the same.
 //!
 //! Needs `KVEVICT_FORK_BIN` (llama_fork/build.sh prints it) and `KVEVICT_LLAMA_MODEL`;
 //! skips with a message without them, unless `KVEVICT_FORK_REQUIRED=1`
@@ -228,7 +230,70 @@ fn agnostic_compression_keeps_the_needle() {
 }
 
 #[test]
-fn decode_is_faster_on_the_compacted_cache() {
+fn compacted_state_file_is_smaller_and_answers_the_same() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let dir = std::env::temp_dir();
+    let mut lines = Vec::new();
+    // question-aware (flash off) and question-agnostic (uniqueness, flash on) compression at 10%
+    for (flash, extra) in [
+        ("off", ["--kv-evict", "laprox-span"]),
+        ("on", ["--kv-evict", "uniqueness"]),
+    ] {
+        let path = dir.join(format!("kvevict-state-{}-{flash}.bin", std::process::id()));
+        let path_str = path.to_str().unwrap().to_string();
+        let mut args = vec![
+            "--needle",
+            "0.3",
+            "--seed",
+            "3",
+            "--flash-attn",
+            flash,
+            "--kv-keep",
+            "0.1",
+            "--state-file",
+            &path_str,
+        ];
+        args.extend(extra);
+        if extra[1] == "uniqueness" {
+            args.push("--agnostic");
+        }
+        let r = needle(&s, &args);
+        let (full, small) = (r.num("state_full_bytes"), r.num("state_bytes"));
+        let cells = r.num("cells_before") / r.num("cells_after");
+        // the files on disk are what the tool reported
+        assert_eq!(std::fs::metadata(&path).unwrap().len() as f64, small);
+        let full_path = format!("{path_str}.full");
+        assert_eq!(std::fs::metadata(&full_path).unwrap().len() as f64, full);
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&full_path);
+        lines.push(format!(
+            "{} flash {flash}: state file {small} bytes, uncompressed {full} bytes ({:.2}x smaller; cells {} -> {}); answer {:?}, after reload {:?}",
+            r.get("method"),
+            full / small,
+            r.num("cells_before"),
+            r.num("cells_after"),
+            r.get("answer"),
+            r.get("reload_answer"),
+        ));
+        // K/V rows dominate the file: it shrinks as the cells do (the token list and header aside)
+        assert!(
+            full / small > 0.97 * cells && full / small < 1.03 * cells,
+            "state file {full} -> {small} bytes, cells shrank {cells:.2}x"
+        );
+        assert!(!r.get("answer").is_empty(), "no answer");
+        assert_eq!(
+            r.get("reload_answer"),
+            r.get("answer"),
+            "the reloaded compacted state must answer the same"
+        );
+    }
+    println!("{}", lines.join("\n"));
+}
+
+#[test]
+fn decode_is_faster_on_the_compacted_cache_than_with_holes() {
     let Some(s) = setup() else {
         return;
     };
@@ -251,18 +316,44 @@ fn decode_is_faster_on_the_compacted_cache() {
         &common,
         &["--kv-evict", "laprox-span", "--kv-keep", "0.1"],
     );
-    let (f, c) = (full.num("cpu_ms_per_tok"), span.num("cpu_ms_per_tok"));
+    // the same number of cells removed with llama_memory_seq_rm: holes, the span stays
+    let holes = needle_with(
+        &s,
+        &common,
+        &["--kv-evict", "laprox-span", "--kv-keep", "0.1", "--holes"],
+    );
+    let (f, c, h) = (
+        full.num("cpu_ms_per_tok"),
+        span.num("cpu_ms_per_tok"),
+        holes.num("cpu_ms_per_tok"),
+    );
     println!(
         "decode after a {}-token prompt, 64 tokens, -t 1: full {:.2} ms CPU/token ({:.1} tokens/s wall), \
-         compacted to {} cells (n_kv {}) {:.2} ms CPU/token ({:.1} tokens/s wall): {:.2}x",
+         holes ({} cells, n_kv {}) {:.2} ms CPU/token ({:.1} tokens/s wall), \
+         compacted to {} cells (n_kv {}) {:.2} ms CPU/token ({:.1} tokens/s wall): {:.2}x full, {:.2}x holes",
         full.get("prompt"),
         f,
         full.num("tok_s"),
+        holes.get("cells_end"),
+        holes.get("n_kv_end"),
+        h,
+        holes.num("tok_s"),
         span.get("cells_end"),
         span.get("n_kv_end"),
         c,
         span.num("tok_s"),
-        f / c
+        f / c,
+        h / c
+    );
+    assert_eq!(
+        holes.num("cells_after"),
+        span.num("cells_after"),
+        "holes and compaction keep as many cells"
+    );
+    assert!(
+        holes.num("n_kv_end") >= 1024.0,
+        "holes leave the span as it was, got {}",
+        holes.get("n_kv_end")
     );
     assert!(
         span.num("n_kv_end") < 1024.0,
@@ -270,8 +361,8 @@ fn decode_is_faster_on_the_compacted_cache() {
         span.get("n_kv_end")
     );
     assert!(
-        c < f,
-        "compacted {c:.2} ms/token is not faster than full {f:.2} ms/token"
+        c < f && c < h,
+        "compacted {c:.2} ms/token is not faster than full {f:.2} and holes {h:.2} ms/token"
     );
 }
 
@@ -406,6 +497,30 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16
     ))
 }
 
+/// (MiB, cells) of the KV cache from llama.cpp's log line
+/// `llama_kv_cache: size =    7.03 MiB (   320 cells, 30 layers, ...`.
+fn kv_allocation(log: &str) -> (f64, u32) {
+    let line = log
+        .lines()
+        .find(|l| l.contains("llama_kv_cache: size ="))
+        .unwrap_or_else(|| panic!("no KV allocation logged:\n{log}"));
+    let mib = line
+        .split("size =")
+        .nth(1)
+        .unwrap()
+        .split("MiB")
+        .next()
+        .unwrap();
+    let cells = line
+        .split('(')
+        .nth(1)
+        .unwrap()
+        .split("cells")
+        .next()
+        .unwrap();
+    (mib.trim().parse().unwrap(), cells.trim().parse().unwrap())
+}
+
 struct Server(std::process::Child);
 
 impl Drop for Server {
@@ -429,8 +544,9 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     let log_path =
         std::env::temp_dir().join(format!("kvevict-llama-server-{}.log", std::process::id()));
     let log = std::fs::File::create(&log_path).unwrap();
-    // a 4096-cell context (positions keep growing) whose sequence may hold at most BUDGET cells;
-    // batches of 64 fit the 64 cells an eviction to 0.75 * BUDGET frees
+    // a 4096-token context (positions keep growing) whose sequence may hold at most BUDGET cells;
+    // batches of 64 fit the 64 cells an eviction to 0.75 * BUDGET frees; the cache allocates
+    // BUDGET + 64 cells
     let budget = BUDGET.to_string();
     let mut server = Server(
         Command::new(s.bin.join("llama-server"))
@@ -585,12 +701,16 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     };
     let held = evictions.iter().map(|l| most(l)).max().unwrap_or(0);
     let kv_bytes_per_cell = 30 * 2 * 192 * 2; // SmolLM2: layers x (K, V) x n_embd_k_gqa x f16
+                                              // the allocation llama.cpp logs: "llama_kv_cache: size =    7.03 MiB (   320 cells, ..."
+    let (alloc_mib, alloc_cells) = kv_allocation(&log_text);
     println!(
         "llama-server, {} turns over /v1/chat/completions in {secs:.1} s: history {history_tokens} tokens, budget {BUDGET} cells \
-         (cells in use: {:.1} MiB of f16 K+V at most, against {:.1} MiB for the whole history; the context allocates -c 4096 cells), {} evictions, most cells held {held}; last answer {last:?} (green recalled: {})",
+         (cells in use: {:.1} MiB of f16 K+V at most, against {:.1} MiB for the whole history; allocated {alloc_cells} cells, \
+         {alloc_mib:.2} MiB, against {:.1} MiB for -c 4096), {} evictions, most cells held {held}; last answer {last:?} (green recalled: {})",
         topics.len() + 2,
         (BUDGET * kv_bytes_per_cell) as f64 / 1048576.0,
         history_tokens * kv_bytes_per_cell as f64 / 1048576.0,
+        (4096 * kv_bytes_per_cell) as f64 / 1048576.0,
         evictions.len(),
         last.to_lowercase().contains("green")
     );
@@ -603,6 +723,13 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     assert!(
         held <= BUDGET,
         "a sequence held {held} cells, budget {BUDGET}"
+    );
+    // memory really freed: the cache is allocated for the budget plus one batch (-b 64), not -c
+    assert_eq!(alloc_cells, BUDGET + 64, "KV cells allocated");
+    let bound_mib = ((BUDGET + 64) * kv_bytes_per_cell) as f64 / 1048576.0;
+    assert!(
+        (alloc_mib - bound_mib).abs() < 0.01,
+        "KV allocation {alloc_mib} MiB, expected {bound_mib:.2} MiB"
     );
     let _ = std::fs::remove_file(&log_path);
 }

