@@ -1,5 +1,7 @@
 //! Scoring one layer, and the per-model / per-token value terms LaProx and CriticalKV read.
 
+#![allow(unsafe_op_in_unsafe_fn)] // step 6 of issue 10 in progress
+
 use super::params::{read_ext, score_config, write_ext};
 use super::{
     check_alias, kve_score_params, kve_tensor, out_param, span_ptr, to_status, to_usize, tri, Buf,

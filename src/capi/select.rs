@@ -1,6 +1,8 @@
 //! Budget allocation and selection for a whole model, the eviction list for engines whose
 //! cache cell is shared by every head, and the sharded (multi-device) threshold search.
 
+#![allow(unsafe_op_in_unsafe_fn)] // step 6 of issue 10 in progress
+
 use super::params::{encode_select, kve_select_params, select_config};
 use super::{arg, check_alias, out_param, span_ptr, to_status, to_usize, tri, Buf, Span, KVE_OK};
 use crate::budget::ModelScores;
