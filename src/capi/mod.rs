@@ -411,7 +411,7 @@ impl Tensor {
     }
     /// A required tensor given by pointer.
     pub unsafe fn from_ptr(t: *const kve_tensor) -> crate::Result<Tensor> {
-        // SAFETY: the caller vouches `t` is NULL or points to a `kve_tensor`; `arg` checks the rest.
+        // SAFETY: NULL or the caller's `kve_tensor`; `arg` checks NULL and alignment.
         Tensor::new(unsafe { arg(t)? })
     }
     pub fn span(t: &Option<Tensor>) -> Span {
@@ -420,13 +420,13 @@ impl Tensor {
     /// # Safety
     /// The caller promised `len` readable elements, unmodified while the view lives.
     pub unsafe fn view<'a>(&self) -> crate::Result<View<'a>> {
-        // SAFETY: `new` checked ptr, alignment and span; the caller vouches for `len` readable elements.
+        // SAFETY: `new` checked ptr, alignment, span; the caller vouches `len` readable elements.
         unsafe { View::from_raw(self.ptr, self.len, self.dtype, self.extent, self.stride) }
     }
     /// # Safety
     /// The caller promised `len` writable elements, not otherwise borrowed.
     pub unsafe fn view_mut<'a>(&self) -> crate::Result<ViewMut<'a>> {
-        // SAFETY: `new` checked ptr, alignment and span; the caller vouches for `len` writable elements.
+        // SAFETY: `new` checked ptr, alignment, span; the caller vouches `len` writable elements.
         unsafe { ViewMut::from_raw(self.ptr, self.len, self.dtype, self.extent, self.stride) }
     }
 }

@@ -178,7 +178,7 @@ pub(crate) unsafe fn write_ext<T: Extensible>(
     let _ = out_param(p)?;
     let size = known_size::<T>(struct_size, first)?;
     let dst = p as *mut u8;
-    // SAFETY: out_param checked `p` non-NULL and aligned; known_size bounds `size` by size_of::<T>().
+    // SAFETY: out_param checked `p` non-NULL, aligned; known_size: `size` <= size_of::<T>().
     unsafe { core::ptr::copy_nonoverlapping(&value as *const T as *const u8, dst, size) };
     // SAFETY: as above; every Extensible struct starts with its u32 struct_size.
     unsafe { *(dst as *mut u32) = struct_size };
