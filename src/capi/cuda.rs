@@ -13,8 +13,6 @@
 //! The launchers' own names are `kve_cuda_<stage>` (an internal interface); these are
 //! the public, stable ones with status codes and `kve_tensor` descriptors.
 
-#![allow(unsafe_op_in_unsafe_fn)] // step 6 of issue 10 in progress
-
 use super::kve_tensor;
 use super::params::kve_select_params;
 use super::score::kve_layer_inputs;
@@ -44,7 +42,8 @@ use {
 pub unsafe extern "C" fn kve_cuda_get_device_count(count: *mut i32) -> i32 {
     #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
-        imp::device_count(count)
+        // SAFETY: `count` is NULL or the caller's host `int32_t`; device_count checks it.
+        unsafe { imp::device_count(count) }
     }
     #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {
