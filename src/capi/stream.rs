@@ -232,8 +232,10 @@ pub unsafe extern "C" fn kve_stream_feed(
             span_ptr(keys),
         ],
     ));
-    // SAFETY: Tensor::new checked both tensors; check_alias: no output overlaps them.
-    let (qv, kv) = (tri!(unsafe { q.view() }), tri!(unsafe { k.view() }));
+    // SAFETY: Tensor::new checked the queries; check_alias: no output overlaps them.
+    let qv = tri!(unsafe { q.view() });
+    // SAFETY: Tensor::new checked the keys; check_alias: no output overlaps them.
+    let kv = tri!(unsafe { k.view() });
     // SAFETY: Buf::new checked the lists; check_alias: no output overlaps them.
     let (pos, lse) = unsafe { (pos.slice(), lse.as_ref().map(|b| b.slice())) };
     // SAFETY: state_buf / Buf::new checked both; check_alias: they overlap no input nor each other.
