@@ -30,7 +30,8 @@ pub unsafe extern "C" fn kve_compact_in_place(
     lengths: *mut u32,
     lengths_len: u64,
 ) -> i32 {
-    let t = tri!(Tensor::from_ptr(kv));
+    // SAFETY: the caller passes NULL or a `kve_tensor`; from_ptr checks NULL and alignment.
+    let t = tri!(unsafe { Tensor::from_ptr(kv) });
     let o = tri!(Buf::new(offsets, offsets_len));
     let i = tri!(Buf::new(indices, indices_len));
     let mut l = if lengths.is_null() && lengths_len == 0 {
@@ -43,12 +44,14 @@ pub unsafe extern "C" fn kve_compact_in_place(
         &[t.span, lspan],
         &[o.span, i.span, span_ptr(kv)]
     ));
-    let mut view = tri!(t.view_mut());
+    // SAFETY: Tensor::new checked kv's buffer; check_alias: no list overlaps it.
+    let mut view = tri!(unsafe { t.view_mut() });
+    // SAFETY: Buf::new checked the lists; check_alias: neither overlaps an output.
+    let (offs, idx) = unsafe { (o.slice(), i.slice()) };
+    // SAFETY: Buf::new checked `lengths`; check_alias: it overlaps no input nor kv.
+    let lengths = l.as_mut().map(|b| unsafe { b.slice_mut() });
     to_status(crate::compact::compact_in_place(
-        &mut view,
-        o.slice(),
-        i.slice(),
-        l.as_mut().map(|b| b.slice_mut()),
+        &mut view, offs, idx, lengths,
     ))
 }
 
@@ -71,8 +74,10 @@ pub unsafe extern "C" fn kve_compact_varlen(
     cu_seqlens: *mut i32,
     cu_seqlens_len: u64,
 ) -> i32 {
-    let s = tri!(Tensor::from_ptr(src));
-    let d = tri!(Tensor::from_ptr(dst));
+    // SAFETY: the caller passes NULL or `kve_tensor`s; from_ptr checks NULL and alignment.
+    let s = tri!(unsafe { Tensor::from_ptr(src) });
+    // SAFETY: as above.
+    let d = tri!(unsafe { Tensor::from_ptr(dst) });
     let o = tri!(Buf::new(offsets, offsets_len));
     let i = tri!(Buf::new(indices, indices_len));
     let mut cu = tri!(Buf::new(cu_seqlens, cu_seqlens_len));
@@ -80,13 +85,13 @@ pub unsafe extern "C" fn kve_compact_varlen(
         &[d.span, cu.span],
         &[s.span, o.span, i.span, span_ptr(src), span_ptr(dst)]
     ));
-    let sv = tri!(s.view());
-    let mut dv = tri!(d.view_mut());
-    to_status(crate::compact::compact_varlen(
-        &sv,
-        o.slice(),
-        i.slice(),
-        &mut dv,
-        cu.slice_mut(),
-    ))
+    // SAFETY: Tensor::new checked src's buffer; check_alias: no output overlaps it.
+    let sv = tri!(unsafe { s.view() });
+    // SAFETY: Tensor::new checked dst's buffer; check_alias: it overlaps no input nor cu_seqlens.
+    let mut dv = tri!(unsafe { d.view_mut() });
+    // SAFETY: Buf::new checked the lists; check_alias: no output overlaps them.
+    let (offs, idx) = unsafe { (o.slice(), i.slice()) };
+    // SAFETY: Buf::new checked cu_seqlens; check_alias: it overlaps no input nor dst.
+    let cu = unsafe { cu.slice_mut() };
+    to_status(crate::compact::compact_varlen(&sv, offs, idx, &mut dv, cu))
 }

@@ -42,7 +42,8 @@ use {
 pub unsafe extern "C" fn kve_cuda_get_device_count(count: *mut i32) -> i32 {
     #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
-        imp::device_count(count)
+        // SAFETY: `count` is NULL or the caller's host `int32_t`; device_count checks it.
+        unsafe { imp::device_count(count) }
     }
     #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
     {

@@ -24,6 +24,9 @@
 //!   distinct outputs may run concurrently.
 //! - Rust panics cannot cross the ABI: the library is built with `panic = "abort"` and
 //!   written not to panic; `KVE_ERR_PANIC` is reserved and never returned.
+// every unsafe operation sits in its own block, each with a `// SAFETY:` line saying why
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)]
 #![allow(clippy::too_many_arguments)]
@@ -316,7 +319,9 @@ impl<T> Buf<T> {
     /// # Safety
     /// The caller promised `len` readable elements; no output overlaps them.
     pub unsafe fn slice<'a>(&self) -> &'a [T] {
-        core::slice::from_raw_parts(self.ptr, self.len)
+        // SAFETY: `new` checked ptr non-NULL (or dangling for len 0), aligned and the span
+        // unwrapped; the caller vouches for `len` readable elements.
+        unsafe { core::slice::from_raw_parts(self.ptr, self.len) }
     }
     /// The elements, mutably borrowed for as long as the `Buf` is (so one `Buf` never
     /// hands out two live `&mut` to the same memory).
@@ -324,7 +329,9 @@ impl<T> Buf<T> {
     /// # Safety
     /// The caller promised `len` writable elements; nothing else overlaps them.
     pub unsafe fn slice_mut(&mut self) -> &mut [T] {
-        core::slice::from_raw_parts_mut(self.ptr, self.len)
+        // SAFETY: `new` checked ptr non-NULL (or dangling for len 0), aligned and the span
+        // unwrapped; the caller vouches for `len` writable, unaliased elements.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
@@ -344,7 +351,8 @@ pub(crate) unsafe fn arg<'a, T>(ptr: *const T) -> crate::Result<&'a T> {
     if (ptr as usize) % core::mem::align_of::<T>() != 0 {
         return Err(Error::Misaligned);
     }
-    Ok(&*ptr)
+    // SAFETY: checked non-NULL and aligned above; the caller vouches it points to a `T`.
+    Ok(unsafe { &*ptr })
 }
 
 /// A checked tensor descriptor, before any view exists.
@@ -405,7 +413,8 @@ impl Tensor {
     }
     /// A required tensor given by pointer.
     pub unsafe fn from_ptr(t: *const kve_tensor) -> crate::Result<Tensor> {
-        Tensor::new(arg(t)?)
+        // SAFETY: NULL or the caller's `kve_tensor`; `arg` checks NULL and alignment.
+        Tensor::new(unsafe { arg(t)? })
     }
     pub fn span(t: &Option<Tensor>) -> Span {
         t.as_ref().map_or(Span::EMPTY, |t| t.span)
@@ -413,12 +422,14 @@ impl Tensor {
     /// # Safety
     /// The caller promised `len` readable elements, unmodified while the view lives.
     pub unsafe fn view<'a>(&self) -> crate::Result<View<'a>> {
-        View::from_raw(self.ptr, self.len, self.dtype, self.extent, self.stride)
+        // SAFETY: `new` checked ptr, alignment, span; the caller vouches `len` readable elements.
+        unsafe { View::from_raw(self.ptr, self.len, self.dtype, self.extent, self.stride) }
     }
     /// # Safety
     /// The caller promised `len` writable elements, not otherwise borrowed.
     pub unsafe fn view_mut<'a>(&self) -> crate::Result<ViewMut<'a>> {
-        ViewMut::from_raw(self.ptr, self.len, self.dtype, self.extent, self.stride)
+        // SAFETY: `new` checked ptr, alignment, span; the caller vouches `len` writable elements.
+        unsafe { ViewMut::from_raw(self.ptr, self.len, self.dtype, self.extent, self.stride) }
     }
 }
 

@@ -158,10 +158,13 @@ fn known_size<T: Extensible>(size: u32, first: u32) -> Result<usize> {
 /// Read an extensible struct (rules in the module docs): the fields of its version,
 /// `defaults` for the rest.
 pub(crate) unsafe fn read_ext<T: Extensible>(p: *const T, first: u32, defaults: T) -> Result<T> {
-    let r = arg(p)?;
-    let size = known_size::<T>(*(r as *const T as *const u32), first)?;
+    // SAFETY: the caller passes NULL or a `T`; arg checks NULL and alignment.
+    let r = unsafe { arg(p)? };
+    // SAFETY: `r` is a checked `&T`, and every Extensible struct starts with its u32 struct_size.
+    let size = known_size::<T>(unsafe { *(r as *const T as *const u32) }, first)?;
     let mut v = defaults;
-    core::ptr::copy_nonoverlapping(p as *const u8, &mut v as *mut T as *mut u8, size);
+    // SAFETY: known_size bounds `size` by size_of::<T>(): the caller's bytes, into a local `T`.
+    unsafe { core::ptr::copy_nonoverlapping(p as *const u8, &mut v as *mut T as *mut u8, size) };
     Ok(v)
 }
 
@@ -175,15 +178,18 @@ pub(crate) unsafe fn write_ext<T: Extensible>(
     let _ = out_param(p)?;
     let size = known_size::<T>(struct_size, first)?;
     let dst = p as *mut u8;
-    core::ptr::copy_nonoverlapping(&value as *const T as *const u8, dst, size);
-    *(dst as *mut u32) = struct_size;
+    // SAFETY: out_param checked `p` non-NULL, aligned; known_size: `size` <= size_of::<T>().
+    unsafe { core::ptr::copy_nonoverlapping(&value as *const T as *const u8, dst, size) };
+    // SAFETY: as above; every Extensible struct starts with its u32 struct_size.
+    unsafe { *(dst as *mut u32) = struct_size };
     Ok(())
 }
 
 /// Decode score parameters into the core's configuration (validated).
 pub(crate) unsafe fn score_config(p: *const kve_score_params) -> Result<ScoreConfig> {
     let d = encode_score(&ScoreConfig::preset(Preset::SnapKv));
-    let p = read_ext(p, KVE_SCORE_PARAMS_V1_SIZE, d)?;
+    // SAFETY: the caller passes NULL or a `kve_score_params`; read_ext checks the rest.
+    let p = unsafe { read_ext(p, KVE_SCORE_PARAMS_V1_SIZE, d)? };
     let cfg = ScoreConfig {
         scorer: ScorerKind::from_u32(p.scorer)?,
         window: p.window,
@@ -210,7 +216,8 @@ pub(crate) unsafe fn select_config(p: *const kve_select_params) -> Result<Select
         Granularity::Head,
         0,
     ));
-    let p = read_ext(p, KVE_SELECT_PARAMS_V1_SIZE, d)?;
+    // SAFETY: the caller passes NULL or a `kve_select_params`; read_ext checks the rest.
+    let p = unsafe { read_ext(p, KVE_SELECT_PARAMS_V1_SIZE, d)? };
     let cfg = SelectConfig {
         allocator: AllocatorKind::from_u32(p.allocator)?,
         granularity: Granularity::from_u32(p.granularity)?,
@@ -243,7 +250,8 @@ pub unsafe extern "C" fn kve_score_params_init(
 ) -> i32 {
     let preset = tri!(Preset::from_u32(preset));
     let v = encode_score(&ScoreConfig::preset(preset));
-    to_status(write_ext(params, struct_size, KVE_SCORE_PARAMS_V1_SIZE, v))
+    // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
+    to_status(unsafe { write_ext(params, struct_size, KVE_SCORE_PARAMS_V1_SIZE, v) })
 }
 
 /// Fill `params` for an allocator (`KVE_ALLOCATOR_*`) at a granularity
@@ -261,7 +269,8 @@ pub unsafe extern "C" fn kve_select_params_init(
     let a = tri!(AllocatorKind::from_u32(allocator));
     let g = tri!(Granularity::from_u32(granularity));
     let v = encode_select(&SelectConfig::new(a, g, budget));
-    to_status(write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v))
+    // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
+    to_status(unsafe { write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v) })
 }
 
 /// Fill `params` with LaProx-span's selection (SPEC §3): global allocator, token
@@ -275,7 +284,8 @@ pub unsafe extern "C" fn kve_select_params_init_laprox_span(
     budget: u64,
 ) -> i32 {
     let v = encode_select(&SelectConfig::laprox_span(budget));
-    to_status(write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v))
+    // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
+    to_status(unsafe { write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v) })
 }
 
 /// Budget for a capacity `C` per KV head with the window inside it (SnapKV / AdaKV /

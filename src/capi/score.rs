@@ -101,12 +101,8 @@ pub unsafe extern "C" fn kve_layer_inputs_init(
     inputs: *mut kve_layer_inputs,
     struct_size: u32,
 ) -> i32 {
-    to_status(write_ext(
-        inputs,
-        struct_size,
-        KVE_LAYER_INPUTS_V1_SIZE,
-        NO_INPUTS,
-    ))
+    // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
+    to_status(unsafe { write_ext(inputs, struct_size, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS) })
 }
 
 /// An optional `const float*` input: absent when NULL with length 0.
@@ -156,7 +152,8 @@ pub unsafe extern "C" fn kve_score_workspace_size(
     out_bytes: *mut u64,
 ) -> i32 {
     let mut out = tri!(out_param(out_bytes));
-    let cfg = tri!(score_config(params));
+    // SAFETY: NULL or the caller's params; score_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { score_config(params) });
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let shape = tri!(LayerShape::from_dims(hq, hkv, n, dk, dv));
     let bytes = tri!(staged_workspace_size(&cfg, &shape));
@@ -186,7 +183,8 @@ pub unsafe extern "C" fn kve_score_output_len(
     out_len: *mut u64,
 ) -> i32 {
     let mut out = tri!(out_param(out_len));
-    let cfg = tri!(score_config(params));
+    // SAFETY: NULL or the caller's params; score_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { score_config(params) });
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let hkv = tri!(head_count(hkv));
     let n = tri!(to_usize(n));
@@ -228,8 +226,10 @@ pub unsafe extern "C" fn kve_score_layer(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    let cfg = tri!(score_config(params));
-    let inp = tri!(read_ext(inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS));
+    // SAFETY: NULL or the caller's params; score_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { score_config(params) });
+    // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
+    let inp = tri!(unsafe { read_ext(inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS) });
     if inp.reserved != 0 {
         return super::KVE_ERR_INVALID_ARGUMENT;
     }
@@ -262,21 +262,28 @@ pub unsafe extern "C" fn kve_score_layer(
     ));
     let li = LayerInputs {
         queries: match &q {
-            Some(t) => Some(tri!(t.view())),
+            // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
+            Some(t) => Some(tri!(unsafe { t.view() })),
             None => None,
         },
         keys: match &k {
-            Some(t) => Some(tri!(t.view())),
+            // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
+            Some(t) => Some(tri!(unsafe { t.view() })),
             None => None,
         },
         values: match &v {
-            Some(t) => Some(tri!(t.view())),
+            // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
+            Some(t) => Some(tri!(unsafe { t.view() })),
             None => None,
         },
-        gram: g.as_ref().map(|b| b.slice()),
-        value_forms: f.as_ref().map(|b| b.slice()),
-        value_l1: l1.as_ref().map(|b| b.slice()),
-        row_lse: lse.as_ref().map(|b| b.slice()),
+        // SAFETY: Buf::new checked the buffer; check_alias: no output overlaps it.
+        gram: g.as_ref().map(|b| unsafe { b.slice() }),
+        // SAFETY: Buf::new checked the buffer; check_alias: no output overlaps it.
+        value_forms: f.as_ref().map(|b| unsafe { b.slice() }),
+        // SAFETY: Buf::new checked the buffer; check_alias: no output overlaps it.
+        value_l1: l1.as_ref().map(|b| unsafe { b.slice() }),
+        // SAFETY: Buf::new checked the buffer; check_alias: no output overlaps it.
+        row_lse: lse.as_ref().map(|b| unsafe { b.slice() }),
     };
     let shape = tri!(crate::layer_shape(&cfg, &li));
     let need = tri!(crate::score_len(&cfg, &shape));
@@ -287,13 +294,17 @@ pub unsafe extern "C" fn kve_score_layer(
         return super::KVE_ERR_WORKSPACE_TOO_SMALL;
     }
     // stage: the first 4-aligned `need` floats of the workspace, the core gets the rest
-    let wsb = ws.slice_mut();
+    // SAFETY: Buf::new checked the workspace; check_alias: it overlaps no input nor `out`.
+    let wsb = unsafe { ws.slice_mut() };
     let pad = wsb.as_ptr().align_offset(4).min(4);
     let (head, rest) = wsb.split_at_mut(pad + need * 4);
     // SAFETY: `head[pad..]` is 4-aligned and holds `need` f32 (any bit pattern is valid).
-    let stage = core::slice::from_raw_parts_mut(head.as_mut_ptr().add(pad) as *mut f32, need);
+    let stage =
+        unsafe { core::slice::from_raw_parts_mut(head.as_mut_ptr().add(pad) as *mut f32, need) };
     tri!(crate::score_layer(&cfg, &li, stage, rest));
-    o.slice_mut()[..need].copy_from_slice(stage);
+    // SAFETY: Buf::new checked `out` (`need` <= its length, checked above); check_alias: unaliased.
+    let o = unsafe { o.slice_mut() };
+    o[..need].copy_from_slice(stage);
     KVE_OK
 }
 
@@ -340,23 +351,23 @@ pub unsafe extern "C" fn kve_window_row_lse(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    let q = tri!(Tensor::from_ptr(queries));
-    let k = tri!(Tensor::from_ptr(keys));
+    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
+    let q = tri!(unsafe { Tensor::from_ptr(queries) });
+    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
+    let k = tri!(unsafe { Tensor::from_ptr(keys) });
     let mut o = tri!(Buf::new(out, out_len));
     let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[o.span, ws.span],
         &[q.span, k.span, span_ptr(queries), span_ptr(keys)]
     ));
-    let qv = tri!(q.view());
-    let kv = tri!(k.view());
-    to_status(crate::window_row_lse(
-        &qv,
-        &kv,
-        window,
-        o.slice_mut(),
-        ws.slice_mut(),
-    ))
+    // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
+    let qv = tri!(unsafe { q.view() });
+    // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
+    let kv = tri!(unsafe { k.view() });
+    // SAFETY: Buf::new checked both; check_alias: they overlap no input nor each other.
+    let (o, ws) = unsafe { (o.slice_mut(), ws.slice_mut()) };
+    to_status(crate::window_row_lse(&qv, &kv, window, o, ws))
 }
 
 fn cross_flag(cross: u32) -> Result<bool> {
@@ -424,7 +435,8 @@ pub unsafe extern "C" fn kve_compute_gram(
     workspace_bytes: u64,
 ) -> i32 {
     let wo_desc = wo;
-    let wo = tri!(Tensor::from_ptr(wo));
+    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
+    let wo = tri!(unsafe { Tensor::from_ptr(wo) });
     let hkv = tri!(head_count(hkv));
     let cross = tri!(cross_flag(cross));
     let mut o = tri!(Buf::new(out, out_len));
@@ -433,14 +445,11 @@ pub unsafe extern "C" fn kve_compute_gram(
         &[o.span, ws.span],
         &[wo.span, span_ptr(wo_desc)]
     ));
-    let view = tri!(wo.view());
-    to_status(gram::compute_gram(
-        &view,
-        hkv,
-        cross,
-        o.slice_mut(),
-        ws.slice_mut(),
-    ))
+    // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
+    let view = tri!(unsafe { wo.view() });
+    // SAFETY: Buf::new checked both; check_alias: they overlap no input nor each other.
+    let (o, ws) = unsafe { (o.slice_mut(), ws.slice_mut()) };
+    to_status(gram::compute_gram(&view, hkv, cross, o, ws))
 }
 
 /// Floats of the value-form cache `[Hkv][blocks][N]` (blocks as in `kve_gram_len`).
@@ -483,15 +492,18 @@ pub unsafe extern "C" fn kve_compute_value_forms(
     out: *mut f32,
     out_len: u64,
 ) -> i32 {
-    let v = tri!(Tensor::from_ptr(values));
+    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
+    let v = tri!(unsafe { Tensor::from_ptr(values) });
     let g = tri!(Buf::new(gram, gram_len));
     let hq = tri!(head_count(hq));
     let cross = tri!(cross_flag(cross));
     let (t0, t1) = (tri!(to_usize(t0)), tri!(to_usize(t1)));
     let mut o = tri!(Buf::new(out, out_len));
     tri!(check_alias(&[o.span], &[v.span, g.span, span_ptr(values)]));
-    let view = tri!(v.view());
-    let gs = g.slice();
+    // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
+    let view = tri!(unsafe { v.view() });
+    // SAFETY: Buf::new checked the Gram; check_alias: `out` does not overlap it.
+    let gs = unsafe { g.slice() };
     let [hkv, n, dv] = view.extent();
     if let Ok(need) = gram::gram_len(hq, hkv, dv, cross) {
         if let Some(used) = gs.get(..need) {
@@ -511,15 +523,9 @@ pub unsafe extern "C" fn kve_compute_value_forms(
     if accepted && !gram::value_forms_finite(&view, gs, hq, cross, t0, t1) {
         return super::KVE_ERR_NON_FINITE;
     }
-    to_status(gram::compute_value_forms(
-        &view,
-        gs,
-        hq,
-        cross,
-        t0,
-        t1,
-        o.slice_mut(),
-    ))
+    // SAFETY: Buf::new checked `out` (non-NULL, aligned, sized); check_alias: it overlaps no input.
+    let o = unsafe { o.slice_mut() };
+    to_status(gram::compute_value_forms(&view, gs, hq, cross, t0, t1, o))
 }
 
 /// Workspace bytes of `kve_compute_value_l1`. Writes only `*out_bytes`.
@@ -551,16 +557,20 @@ pub unsafe extern "C" fn kve_compute_value_l1(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    let v = tri!(Tensor::from_ptr(values));
-    let w = tri!(Tensor::from_ptr(wo));
+    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
+    let v = tri!(unsafe { Tensor::from_ptr(values) });
+    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
+    let w = tri!(unsafe { Tensor::from_ptr(wo) });
     let mut o = tri!(Buf::new(out, out_len));
     let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[o.span, ws.span],
         &[v.span, w.span, span_ptr(values), span_ptr(wo)]
     ));
-    let vv = tri!(v.view());
-    let wv = tri!(w.view());
+    // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
+    let vv = tri!(unsafe { v.view() });
+    // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
+    let wv = tri!(unsafe { w.view() });
     let [a, b, c] = wv.extent();
     // the workspace holds a head of Wo: checking its size first bounds the scan below
     let need = tri!(gram::value_l1_workspace_size(b, c));
@@ -576,10 +586,7 @@ pub unsafe extern "C" fn kve_compute_value_l1(
             }
         }
     }
-    to_status(gram::compute_value_l1(
-        &vv,
-        &wv,
-        o.slice_mut(),
-        ws.slice_mut(),
-    ))
+    // SAFETY: Buf::new checked both; check_alias: they overlap no input nor each other.
+    let (o, ws) = unsafe { (o.slice_mut(), ws.slice_mut()) };
+    to_status(gram::compute_value_l1(&vv, &wv, o, ws))
 }

@@ -40,8 +40,12 @@ fn dims(layers: u64, hkv: u64, n: u64, window: u64) -> Result<(usize, usize, usi
 }
 
 /// Validate a scores descriptor; returns the checked buffer and the core's view of it.
+///
+/// # Safety
+/// `m` is NULL or points to a `kve_model_scores` whose `scores` are readable for `'a`.
 unsafe fn model<'a>(m: *const kve_model_scores) -> Result<(Buf<f32>, ModelScores<'a>)> {
-    let m = arg(m)?;
+    // SAFETY: NULL or the caller's `kve_model_scores`; `arg` checks NULL and alignment.
+    let m = unsafe { arg(m)? };
     let (layers, hkv, n, window) = dims(m.layers, m.hkv, m.n, m.window)?;
     let b = Buf::new(m.scores, m.len)?;
     // exactly the layout's length: a longer buffer hides scores of another window
@@ -49,8 +53,10 @@ unsafe fn model<'a>(m: *const kve_model_scores) -> Result<(Buf<f32>, ModelScores
     if want != Some(m.len) {
         return Err(Error::ShapeMismatch);
     }
+    // SAFETY: Buf::new checked the scores; every caller checks that no output overlaps them.
+    let scores = unsafe { b.slice() };
     let ms = ModelScores {
-        scores: b.slice(),
+        scores,
         layers,
         hkv,
         n,
@@ -79,7 +85,8 @@ pub unsafe extern "C" fn kve_select_output_len(
 ) -> i32 {
     let mut oo = tri!(out_param(offsets_len));
     let mut oi = tri!(out_param(indices_len));
-    let cfg = tri!(select_config(params));
+    // SAFETY: NULL or the caller's params; select_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { select_config(params) });
     tri!(check_alias(&[oo.span, oi.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let (a, b) = tri!(crate::select_output_len(&cfg, l, h, n, w));
@@ -99,7 +106,8 @@ pub unsafe extern "C" fn kve_select_workspace_size(
     out_bytes: *mut u64,
 ) -> i32 {
     let mut out = tri!(out_param(out_bytes));
-    let cfg = tri!(select_config(params));
+    // SAFETY: NULL or the caller's params; select_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { select_config(params) });
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let b = tri!(crate::select_workspace_size(&cfg, l, h, n, w));
@@ -126,8 +134,10 @@ pub unsafe extern "C" fn kve_select_model(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    let cfg = tri!(select_config(params));
-    let (sb, ms) = tri!(model(scores));
+    // SAFETY: NULL or the caller's params; select_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { select_config(params) });
+    // SAFETY: NULL or the caller's `kve_model_scores`; model checks it and its scores.
+    let (sb, ms) = tri!(unsafe { model(scores) });
     let mut o = tri!(Buf::new(offsets, offsets_len));
     let mut i = tri!(Buf::new(indices, indices_len));
     let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
@@ -135,13 +145,9 @@ pub unsafe extern "C" fn kve_select_model(
         &[o.span, i.span, ws.span],
         &[sb.span, span_ptr(params), span_ptr(scores)]
     ));
-    to_status(crate::select_model(
-        &cfg,
-        &ms,
-        o.slice_mut(),
-        i.slice_mut(),
-        ws.slice_mut(),
-    ))
+    // SAFETY: Buf::new checked the three; check_alias: they overlap no input nor each other.
+    let (o, i, ws) = unsafe { (o.slice_mut(), i.slice_mut(), ws.slice_mut()) };
+    to_status(crate::select_model(&cfg, &ms, o, i, ws))
 }
 
 /// Positions `p < prefix` missing from an ascending kept list: what an engine whose
@@ -166,7 +172,8 @@ pub unsafe extern "C" fn kve_evicted_positions(
     if prefix > crate::error::MAX_TOKENS as u64 {
         return super::KVE_ERR_INVALID_ARGUMENT;
     }
-    let kept = k.slice();
+    // SAFETY: Buf::new checked `kept`; check_alias: no output overlaps it.
+    let kept = unsafe { k.slice() };
     if kept.windows(2).any(|w| w[0] >= w[1]) {
         return super::KVE_ERR_INVALID_ARGUMENT;
     }
@@ -175,11 +182,9 @@ pub unsafe extern "C" fn kve_evicted_positions(
     if (o.len() as u64) < evicted {
         return super::KVE_ERR_OUTPUT_TOO_SMALL;
     }
-    let written = tri!(crate::evicted_positions(
-        kept,
-        prefix as usize,
-        o.slice_mut()
-    ));
+    // SAFETY: Buf::new checked `out`; check_alias: it overlaps `kept` and `out_count` nowhere.
+    let o = unsafe { o.slice_mut() };
+    let written = tri!(crate::evicted_positions(kept, prefix as usize, o));
     write(&mut c, written as u64);
     KVE_OK
 }
@@ -354,7 +359,8 @@ impl State {
 }
 
 unsafe fn shard_config(params: *const kve_select_params) -> Result<SelectConfig> {
-    select_config(params)
+    // SAFETY: the caller passes NULL or its params; select_config checks NULL, alignment, size.
+    unsafe { select_config(params) }
 }
 
 /// Start a search for the model of `layers` layers (all shards together). Sharded
@@ -373,7 +379,8 @@ pub unsafe extern "C" fn kve_search_init(
     window: u64,
 ) -> i32 {
     let mut out = tri!(out_param(search));
-    let cfg = tri!(shard_config(params));
+    // SAFETY: NULL or the caller's params; shard_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { shard_config(params) });
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let s = tri!(shard::search_new(&cfg, l, h, n, w));
@@ -415,7 +422,8 @@ pub unsafe extern "C" fn kve_select_shard_workspace_size(
     out_bytes: *mut u64,
 ) -> i32 {
     let mut out = tri!(out_param(out_bytes));
-    let cfg = tri!(shard_config(params));
+    // SAFETY: NULL or the caller's params; shard_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { shard_config(params) });
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let b = tri!(shard::shard_workspace_size(&cfg, l, h, n, w));
@@ -442,9 +450,12 @@ pub unsafe extern "C" fn kve_search_count_shard(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    let cfg = tri!(shard_config(params));
-    let (sb, ms) = tri!(model(shard));
-    let c = *tri!(arg(search));
+    // SAFETY: NULL or the caller's params; shard_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { shard_config(params) });
+    // SAFETY: NULL or the caller's `kve_model_scores`; model checks it and its scores.
+    let (sb, ms) = tri!(unsafe { model(shard) });
+    // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
+    let c = *tri!(unsafe { arg(search) });
     let st = tri!(from_c(&c));
     let mut h = tri!(out_param(hist));
     let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
@@ -454,19 +465,17 @@ pub unsafe extern "C" fn kve_search_count_shard(
     ));
     tri!(st.check_shard(&cfg, &ms, first_layer));
     let first = tri!(to_usize(first_layer));
-    let mut v = h.slice()[0];
+    // SAFETY: out_param checked `hist` non-NULL and aligned; check_alias: no input overlaps it.
+    let mut v = unsafe { h.slice() }[0];
     let round = round_of(&c);
     if v.round != 0 && v.round != round {
         return super::KVE_ERR_INVALID_ARGUMENT;
     }
     let mut hh = Histogram(v.bins);
+    // SAFETY: Buf::new checked the workspace; check_alias: it overlaps no input nor `hist`.
+    let ws = unsafe { ws.slice_mut() };
     tri!(shard::count_shard(
-        &cfg,
-        &ms,
-        first,
-        &st.search,
-        &mut hh,
-        ws.slice_mut()
+        &cfg, &ms, first, &st.search, &mut hh, ws
     ));
     v.bins = hh.0;
     v.round = round;
@@ -487,12 +496,14 @@ pub unsafe extern "C" fn kve_histogram_merge(
     src: *const kve_histogram,
 ) -> i32 {
     let mut d = tri!(out_param(dst));
-    let s = tri!(arg(src));
+    // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
+    let s = tri!(unsafe { arg(src) });
     let sspan = span_ptr(src);
     if d.span.overlaps(sspan) {
         return super::KVE_ERR_ALIASING;
     }
-    let mut v = d.slice()[0];
+    // SAFETY: out_param checked `dst` non-NULL and aligned; the overlap test above: not `src`.
+    let mut v = unsafe { d.slice() }[0];
     if v.round != 0 && s.round != 0 && v.round != s.round {
         return super::KVE_ERR_INVALID_ARGUMENT;
     }
@@ -519,7 +530,8 @@ pub unsafe extern "C" fn kve_search_step(
     done: *mut i32,
 ) -> i32 {
     let mut so = tri!(out_param(search));
-    let h = tri!(arg(hist));
+    // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
+    let h = tri!(unsafe { arg(hist) });
     let d = if done.is_null() {
         None
     } else {
@@ -528,7 +540,8 @@ pub unsafe extern "C" fn kve_search_step(
     let hspan = span_ptr(hist);
     let dspan = d.as_ref().map_or(Span::EMPTY, |d| d.span);
     tri!(check_alias(&[so.span, dspan], &[hspan]));
-    let c = so.slice()[0];
+    // SAFETY: out_param checked `search` non-NULL and aligned; check_alias: no input overlaps it.
+    let c = unsafe { so.slice() }[0];
     let mut st = tri!(from_c(&c));
     if !st.search.done {
         if h.round != round_of(&c) {
@@ -553,7 +566,8 @@ pub unsafe extern "C" fn kve_search_step(
 #[no_mangle]
 pub unsafe extern "C" fn kve_search_threshold(search: *const kve_search, score: *mut f32) -> i32 {
     let mut out = tri!(out_param(score));
-    let st = tri!(from_c(tri!(arg(search))));
+    // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
+    let st = tri!(from_c(tri!(unsafe { arg(search) })));
     tri!(check_alias(&[out.span], &[span_ptr(search)]));
     let s = st.search;
     if !s.done {
@@ -610,9 +624,12 @@ pub unsafe extern "C" fn kve_select_shard(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    let cfg = tri!(shard_config(params));
-    let (sb, ms) = tri!(model(shard));
-    let st = tri!(from_c(tri!(arg(search))));
+    // SAFETY: NULL or the caller's params; shard_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { shard_config(params) });
+    // SAFETY: NULL or the caller's `kve_model_scores`; model checks it and its scores.
+    let (sb, ms) = tri!(unsafe { model(shard) });
+    // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
+    let st = tri!(from_c(tri!(unsafe { arg(search) })));
     let mut o = tri!(Buf::new(offsets, offsets_len));
     let mut i = tri!(Buf::new(indices, indices_len));
     let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
@@ -622,13 +639,7 @@ pub unsafe extern "C" fn kve_select_shard(
     ));
     tri!(st.check_shard(&cfg, &ms, first_layer));
     let first = tri!(to_usize(first_layer));
-    to_status(shard::select_shard(
-        &cfg,
-        &ms,
-        first,
-        &st.search,
-        o.slice_mut(),
-        i.slice_mut(),
-        ws.slice_mut(),
-    ))
+    // SAFETY: Buf::new checked the three; check_alias: they overlap no input nor each other.
+    let (o, i, ws) = unsafe { (o.slice_mut(), i.slice_mut(), ws.slice_mut()) };
+    to_status(shard::select_shard(&cfg, &ms, first, &st.search, o, i, ws))
 }

@@ -67,16 +67,22 @@ pub unsafe extern "C" fn kve_stream_score_params_init(
     params: *mut kve_stream_score_params,
     struct_size: u32,
 ) -> i32 {
-    to_status(write_ext(
-        params,
-        struct_size,
-        KVE_STREAM_SCORE_PARAMS_V1_SIZE,
-        DEFAULT_PARAMS,
-    ))
+    // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
+    to_status(unsafe {
+        write_ext(
+            params,
+            struct_size,
+            KVE_STREAM_SCORE_PARAMS_V1_SIZE,
+            DEFAULT_PARAMS,
+        )
+    })
 }
 
+/// # Safety
+/// `p` is NULL or points to the caller's `kve_stream_score_params`.
 unsafe fn stream_config(p: *const kve_stream_score_params) -> Result<StreamScoreConfig> {
-    let p = read_ext(p, KVE_STREAM_SCORE_PARAMS_V1_SIZE, DEFAULT_PARAMS)?;
+    // SAFETY: NULL or the caller's params; read_ext checks NULL, alignment, struct_size.
+    let p = unsafe { read_ext(p, KVE_STREAM_SCORE_PARAMS_V1_SIZE, DEFAULT_PARAMS)? };
     if p.reserved != 0 {
         return Err(Error::InvalidArgument);
     }
@@ -155,7 +161,8 @@ pub unsafe extern "C" fn kve_stream_init(
 ) -> i32 {
     let sh = tri!(shape(hq, hkv, n, dk));
     let mut st = tri!(state_buf(state, state_bytes));
-    to_status(crate::stream_init(&sh, st.slice_mut()))
+    // SAFETY: state_buf checked the state (non-NULL, 8-aligned, sized); the only buffer.
+    to_status(crate::stream_init(&sh, unsafe { st.slice_mut() }))
 }
 
 /// Workspace bytes `kve_stream_feed` needs for chunks of up to `chunk` queries. Writes
@@ -203,8 +210,10 @@ pub unsafe extern "C" fn kve_stream_feed(
     workspace_bytes: u64,
 ) -> i32 {
     let mut st = tri!(state_buf(state, state_bytes));
-    let q = tri!(Tensor::from_ptr(queries));
-    let k = tri!(Tensor::from_ptr(keys));
+    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
+    let q = tri!(unsafe { Tensor::from_ptr(queries) });
+    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
+    let k = tri!(unsafe { Tensor::from_ptr(keys) });
     let pos = tri!(Buf::new(positions, positions_len));
     let lse = if row_lse.is_null() && row_lse_len == 0 {
         None
@@ -223,15 +232,15 @@ pub unsafe extern "C" fn kve_stream_feed(
             span_ptr(keys),
         ],
     ));
-    let (qv, kv) = (tri!(q.view()), tri!(k.view()));
-    to_status(crate::stream_feed(
-        st.slice_mut(),
-        &qv,
-        pos.slice(),
-        &kv,
-        lse.as_ref().map(|b| b.slice()),
-        ws.slice_mut(),
-    ))
+    // SAFETY: Tensor::new checked the queries; check_alias: no output overlaps them.
+    let qv = tri!(unsafe { q.view() });
+    // SAFETY: Tensor::new checked the keys; check_alias: no output overlaps them.
+    let kv = tri!(unsafe { k.view() });
+    // SAFETY: Buf::new checked the lists; check_alias: no output overlaps them.
+    let (pos, lse) = unsafe { (pos.slice(), lse.as_ref().map(|b| b.slice())) };
+    // SAFETY: state_buf / Buf::new checked both; check_alias: they overlap no input nor each other.
+    let (st, ws) = unsafe { (st.slice_mut(), ws.slice_mut()) };
+    to_status(crate::stream_feed(st, &qv, pos, &kv, lse, ws))
 }
 
 /// Queries fed into `state` so far. A buffer that is not a started state, or is shorter
@@ -246,7 +255,8 @@ pub unsafe extern "C" fn kve_stream_query_count(
     let mut out = tri!(out_param(out_count));
     let st = tri!(state_buf(state, state_bytes));
     tri!(check_alias(&[out.span], &[st.span]));
-    let c = tri!(crate::stream_query_count(st.slice()));
+    // SAFETY: state_buf checked the state; check_alias: `out_count` does not overlap it.
+    let c = tri!(crate::stream_query_count(unsafe { st.slice() }));
     write_u64(&mut out, c);
     KVE_OK
 }
@@ -291,12 +301,14 @@ pub unsafe extern "C" fn kve_stream_scores(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    let cfg = tri!(stream_config(params));
+    // SAFETY: NULL or the caller's params; stream_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { stream_config(params) });
     let st = tri!(state_buf(state, state_bytes));
     let v = if values.is_null() {
         None
     } else {
-        tri!(Tensor::optional(tri!(arg(values))))
+        // SAFETY: non-NULL here, the caller's `kve_tensor`; `arg` checks alignment.
+        tri!(Tensor::optional(tri!(unsafe { arg(values) })))
     };
     let opt = |p: *const f32, len: u64| -> Result<Option<Buf<f32>>> {
         if p.is_null() && len == 0 {
@@ -326,20 +338,21 @@ pub unsafe extern "C" fn kve_stream_scores(
         ],
     ));
     let sv = StreamValues {
-        value_forms: f.as_ref().map(|b| b.slice()),
+        // SAFETY: Buf::new checked the buffer; check_alias: no output overlaps it.
+        value_forms: f.as_ref().map(|b| unsafe { b.slice() }),
         values: match &v {
-            Some(t) => Some(tri!(t.view())),
+            // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
+            Some(t) => Some(tri!(unsafe { t.view() })),
             None => None,
         },
-        gram: g.as_ref().map(|b| b.slice()),
+        // SAFETY: Buf::new checked the buffer; check_alias: no output overlaps it.
+        gram: g.as_ref().map(|b| unsafe { b.slice() }),
     };
-    to_status(crate::stream_scores(
-        st.slice(),
-        &cfg,
-        &sv,
-        o.slice_mut(),
-        ws.slice_mut(),
-    ))
+    // SAFETY: state_buf checked the state; check_alias: no output overlaps it.
+    let st = unsafe { st.slice() };
+    // SAFETY: Buf::new checked both; check_alias: they overlap no input nor each other.
+    let (o, ws) = unsafe { (o.slice_mut(), ws.slice_mut()) };
+    to_status(crate::stream_scores(st, &cfg, &sv, o, ws))
 }
 
 /// Copy the raw statistics of `state` out, for callers that finish them their own way:
@@ -370,14 +383,19 @@ pub unsafe extern "C" fn kve_stream_stats(
         &[outs[0].span, outs[1].span, outs[2].span, seen.span],
         &[st.span]
     ));
-    let s = tri!(crate::stream_stats(st.slice()));
+    // SAFETY: state_buf checked the state; check_alias: no output overlaps it.
+    let s = tri!(crate::stream_stats(unsafe { st.slice() }));
     let (hn, n) = (s.max.len(), s.seen.len());
     if outs.iter().any(|b| b.len() < hn) || seen.len() < n {
         return super::KVE_ERR_OUTPUT_TOO_SMALL;
     }
     for (b, src) in outs.iter_mut().zip([s.max, s.sum, s.sq]) {
-        b.slice_mut()[..hn].copy_from_slice(src);
+        // SAFETY: Buf::new checked it (len >= hn above); check_alias: it overlaps no other buffer.
+        let b = unsafe { b.slice_mut() };
+        b[..hn].copy_from_slice(src);
     }
-    seen.slice_mut()[..n].copy_from_slice(s.seen);
+    // SAFETY: Buf::new checked it (len >= n above); check_alias: it overlaps no other buffer.
+    let seen = unsafe { seen.slice_mut() };
+    seen[..n].copy_from_slice(s.seen);
     KVE_OK
 }

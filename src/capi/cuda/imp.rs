@@ -1,8 +1,6 @@
 //! Conversions of the device entry points (features `cuda`, `cuda-mock`): C tensor
 //! descriptors to the device pipeline's, out-parameters; the device count.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-
 use super::super::{kve_tensor, out_param, tri, Tensor, KVE_OK};
 use crate::cuda as cu;
 use crate::device;
