@@ -403,6 +403,22 @@ impl Tensor {
             buf: None,
         }
     }
+    /// The stored elements (the uploaded layout and dtype, gaps included) as the core's
+    /// view, handed to `f`: the host reads exactly what the device reads.
+    pub fn with_stored_view<R>(&self, f: impl FnOnce(kvevict::View<'_>) -> R) -> R {
+        let (ext, st) = (self.ext, self.st);
+        match self.dt {
+            Dt::F32 => f(kvevict::View::f32(&self.flat, ext, st).expect("stored view")),
+            Dt::F16 => {
+                let h: Vec<f16> = self.flat.iter().map(|&x| f16::from_f32(x)).collect();
+                f(kvevict::View::f16(&h, ext, st).expect("stored view"))
+            }
+            Dt::Bf16 => {
+                let h: Vec<bf16> = self.flat.iter().map(|&x| bf16::from_f32(x)).collect();
+                f(kvevict::View::bf16(&h, ext, st).expect("stored view"))
+            }
+        }
+    }
     /// The same values as a contiguous f32 view for the CPU core.
     pub fn core_view(&self) -> kvevict::View<'_> {
         kvevict::View::f32_contiguous(&self.vals, self.ext).expect("core view")
