@@ -208,6 +208,14 @@ pub fn sentinel(n: usize) -> DBuf<f32> {
 
 pub const SENTINEL: f32 = -12345.0;
 
+/// Every element of `b` still [`SENTINEL`]: nothing was written.
+#[track_caller]
+pub fn assert_sentinel(what: &str, b: &DBuf<f32>) {
+    let got = b.download();
+    let at = got.iter().position(|&x| x != SENTINEL);
+    assert!(at.is_none(), "{what}: element {at:?} written");
+}
+
 /// The launchers' "invalid argument, nothing enqueued" status.
 pub const INVALID: i32 = 1;
 
