@@ -79,11 +79,10 @@ TEST_BIN=""
 if ! skip tests; then
   say "GPU tests"
   if command -v cargo >/dev/null 2>&1 && [ -n "$NVCC" ]; then
-    if timeout "$(tmo 240)" cargo test --release --features cuda --test launchers --test cuda_capi --test stream_device --test uniqueness_device --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
+    if timeout "$(tmo 240)" cargo test --release --features cuda --test launchers --test cuda_capi --test stream_device --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
       TEST_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/launchers-* 2>/dev/null | grep -v '\.d$' | head -1)
       CAPI_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_capi-* 2>/dev/null | grep -v '\.d$' | head -1)
       STREAM_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/stream_device-* 2>/dev/null | grep -v '\.d$' | head -1)
-      UNIQ_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/uniqueness_device-* 2>/dev/null | grep -v '\.d$' | head -1)
     fi
   fi
   if [ -z "$TEST_BIN" ] && [ -x build/gpu/launchers ]; then
@@ -111,17 +110,6 @@ if ! skip tests; then
     fi
   else
     note "stream launcher tests: NOT RUN (no build/gpu/stream_device)"
-  fi
-  if [ -z "${UNIQ_BIN:-}" ] && [ -x build/gpu/uniqueness_device ]; then UNIQ_BIN=build/gpu/uniqueness_device; fi
-  # the uniqueness kernel against the host scorer (within 1e-5 of each head's largest score)
-  if [ -n "${UNIQ_BIN:-}" ]; then
-    if timeout "$(tmo 60)" "$UNIQ_BIN" --nocapture 2>&1 | tee "$LOG/uniqueness.log" | grep -E "^test |skipped|panicked"; then
-      note "uniqueness kernel tests: $(grep -E '^test result' "$LOG/uniqueness.log" | tail -1)"
-    else
-      note "uniqueness kernel tests: FAILED (see uniqueness.log): $(grep -E 'panicked' -A2 "$LOG/uniqueness.log" | head -4 | tr '\n' ' ')"
-    fi
-  else
-    note "uniqueness kernel tests: NOT RUN (no build/gpu/uniqueness_device)"
   fi
   if [ -n "$TEST_BIN" ]; then
     if timeout "$(tmo 150)" "$TEST_BIN" --test-threads=4 2>&1 | tee "$LOG/tests.log" | tail -25; then

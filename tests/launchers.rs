@@ -7,6 +7,8 @@
 //! core's f32 arithmetic, is in addition held to the core bit for bit and to an
 //! elementwise bound. Outputs start poisoned (NaN) or canary-filled, so an element not
 //! written shows; refused arguments return 1 and leave every output as it was.
+//! Each launcher's edges (ties, NaN, empty and in-place calls, refusals) are here too,
+//! and the uniqueness scorer against the host scorer.
 //!
 //! Helpers (device buffers, data, dtypes, layouts, tolerances): `tests/conformance`.
 //! Seeds: `KVEVICT_TEST_SEED` (default 1).
@@ -1357,15 +1359,28 @@ fn head_reduce_and_laprox_exact_match_reference() {
     let (hkv, g, n) = (3usize, 4usize, 500usize);
     let hq = hkv * g;
     let (ld_a, ld_b, ld_o) = (n + 3, n + 17, n + 5);
-    let a: Vec<f32> = (0..hq * n).map(|_| rng.unif()).collect();
+    // every 5th token negative in all heads (a max of negatives is not 0); one sign per
+    // token, so the group sums do not cancel and the mock is held elementwise
+    let a: Vec<f32> = (0..hq * n)
+        .map(|e| rng.unif() * if e % n % 5 == 0 { -1.0 } else { 1.0 })
+        .collect();
     let b: Vec<f32> = (0..hq * n).map(|_| rng.unif() * 5.0).collect();
+    // the sqrt factor's input, a third negative: sqrt(max(b, 0)) (b_mode 2 keeps `b`)
+    let b_neg: Vec<f32> = b
+        .iter()
+        .enumerate()
+        .map(|(e, &x)| if e % 3 == 0 { -x } else { x })
+        .collect();
     let sc: Vec<f32> = (0..hkv).map(|_| 1.0 + rng.unif()).collect();
-    let (ad, bd, sd) = (
-        DBuf::from(&strided(&a, hq, n, ld_a)),
+    let (ad, sd) = (DBuf::from(&strided(&a, hq, n, ld_a)), DBuf::from(&sc));
+    let bds = [
+        DBuf::from(&strided(&b_neg, hq, n, ld_b)),
         DBuf::from(&strided(&b, hq, n, ld_b)),
-        DBuf::from(&sc),
-    );
+    ];
+    let b_of = |bm: i32| if bm == 1 { &b_neg } else { &b };
+    let bd_of = |bm: i32| &bds[(bm != 1) as usize];
     let reference = |op: i32, bm: i32, use_scale: bool, hkv: usize, g: usize| -> Vec<f64> {
+        let b = b_of(bm);
         let mut want = vec![0f64; hkv * n];
         for hk in 0..hkv {
             for i in 0..n {
@@ -1374,7 +1389,7 @@ fn head_reduce_and_laprox_exact_match_reference() {
                         let h = hk * g + hh;
                         let mut x = a[h * n + i] as f64;
                         if bm == 1 {
-                            x *= (b[h * n + i] as f64).sqrt();
+                            x *= (b[h * n + i].max(0.0) as f64).sqrt();
                         }
                         if bm == 2 {
                             x *= b[h * n + i] as f64;
@@ -1399,7 +1414,7 @@ fn head_reduce_and_laprox_exact_match_reference() {
                         kve_cuda_head_reduce(
                             ad.ptr(),
                             ld_a as i64,
-                            if bm == 0 { null() } else { bd.ptr() },
+                            if bm == 0 { null() } else { bd_of(bm).ptr() },
                             ld_b as i64,
                             bm,
                             if use_scale { sd.ptr() } else { null() },
@@ -1416,7 +1431,11 @@ fn head_reduce_and_laprox_exact_match_reference() {
                 );
                 let what = format!("head_reduce op{op} b{bm} scale{use_scale} (strided)");
                 let got = unstride(&what, &out.download(), hkv, n, ld_o);
-                assert_close(&what, &got, &reference(op, bm, use_scale, hkv, g), 1e-5);
+                let want = reference(op, bm, use_scale, hkv, g);
+                assert_close(&what, &got, &want, 1e-5);
+                if MOCK {
+                    assert_each_close(&what, &got, &want, 1e-6, 1e-7);
+                }
             }
         }
     }
@@ -1428,7 +1447,7 @@ fn head_reduce_and_laprox_exact_match_reference() {
                 kve_cuda_head_reduce(
                     inplace.ptr(),
                     ld_a as i64,
-                    bd.ptr(),
+                    bd_of(bm).ptr(),
                     ld_b as i64,
                     bm,
                     null(),
@@ -1451,7 +1470,60 @@ fn head_reduce_and_laprox_exact_match_reference() {
             &reference(KVE_CUDA_GQA_SUM, bm, false, hq, 1),
             1e-6,
         );
+        if MOCK && bm == 2 {
+            // one f32 product per element
+            let prod: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x * y).collect();
+            assert_eq!(got, prod, "{what}: the mock's products");
+        }
     }
+    // refusals (nothing written): b missing for b_mode 1, Hq not a multiple of Hkv, an
+    // unknown b_mode or GQA op, ld_b < n; in place only element for element (not with a
+    // group of g > 1, not with another row stride)
+    let out = sentinel(hkv * ld_o);
+    let bd = bd_of(2).ptr() as *const f32;
+    let (ldo, ld_in) = (ld_o as i64, ld_a as i64);
+    let (o, inp) = (out.ptr(), ad.ptr());
+    for (what, bm, b_p, ld_b, hk, op, o, ld_out) in [
+        ("b_mode 1 without b", 1, null(), ld_b, hkv, 0, o, ldo),
+        ("hq % hkv != 0", 0, bd, ld_b, 5, 0, o, ldo),
+        ("b_mode 3", 3, bd, ld_b, hkv, 0, o, ldo),
+        ("GQA op 3", 0, bd, ld_b, hkv, 3, o, ldo),
+        ("ld_b < n", 2, bd, n - 1, hkv, 0, o, ldo),
+        ("in place, g > 1", 0, null(), 0, hkv, 0, inp, ld_in),
+        (
+            "in place, other stride",
+            0,
+            null(),
+            0,
+            hq,
+            0,
+            inp,
+            ld_in + 1,
+        ),
+    ] {
+        // SAFETY: device buffers of the declared sizes; refused before any is touched.
+        let rc = unsafe {
+            kve_cuda_head_reduce(
+                inp,
+                ld_in,
+                b_p,
+                ld_b as i64,
+                bm,
+                null(),
+                o,
+                ld_out,
+                hq as i64,
+                hk as i64,
+                n as i64,
+                op,
+                null_mut(),
+            )
+        };
+        assert_eq!(rc, INVALID, "head_reduce: {what}");
+    }
+    assert_sentinel("head_reduce refusals: out", &out);
+    let got_a = unstride("head_reduce refusals: a", &ad.download(), hq, n, ld_a);
+    assert_eq!(got_a, a, "head_reduce refusals: a written");
     // exact GQA from cross terms, every mode, strided; unused inputs passed as NULL
     let np = g * (g + 1) / 2;
     let (ld_c, ld_q) = (n + 9, n + 1);
@@ -1523,7 +1595,54 @@ fn head_reduce_and_laprox_exact_match_reference() {
         let what = format!("laprox_exact mode{mode} (strided)");
         let got = unstride(&what, &out.download(), hkv, n, ld_o);
         assert_close(&what, &got, &want, 1e-5);
+        if MOCK {
+            assert_each_close(&what, &got, &want, 1e-5, 1e-6);
+        }
     }
+    // refusals (nothing written): an input the mode reads missing, an unknown mode, a row
+    // stride below n, a group past 64
+    let out = sentinel(hkv * ld_o);
+    let (c, q) = (cd.ptr() as *const f32, qd.ptr() as *const f32);
+    for (what, c, ld_c, q, mode, g) in [
+        (
+            "exact without cross",
+            null(),
+            ld_c,
+            q,
+            KVE_CUDA_LAPROX_EXACT,
+            g,
+        ),
+        (
+            "mean-attn without qv",
+            c,
+            ld_c,
+            null(),
+            KVE_CUDA_LAPROX_MEAN_ATTN,
+            g,
+        ),
+        ("mode 4", c, ld_c, q, 4, g),
+        ("ld_cross < n", c, n - 1, q, KVE_CUDA_LAPROX_EXACT, g),
+        ("g 65", c, ld_c, q, KVE_CUDA_LAPROX_EXACT, 65),
+    ] {
+        // SAFETY: device buffers of the declared sizes; refused before any is touched.
+        let rc = unsafe {
+            kve_cuda_laprox_exact(
+                c,
+                ld_c as i64,
+                q,
+                ld_q as i64,
+                out.ptr(),
+                ld_o as i64,
+                hkv as i64,
+                g as i64,
+                n as i64,
+                mode,
+                null_mut(),
+            )
+        };
+        assert_eq!(rc, INVALID, "laprox_exact: {what}");
+    }
+    assert_sentinel("laprox_exact refusals: out", &out);
 }
 
 // ----------------------------------------------- layer statistics, token reduction --
@@ -1652,6 +1771,57 @@ fn layer_stats_and_token_reduce_match_reference() {
     }
 }
 
+/// Edges of token_reduce and sink_scores (exact values: the header's f32 order without
+/// FMA): sums NULL gives plain sums; a layer whose sum is <= 0 counts with factor 1; no
+/// layers gives zeros; refusals write nothing; sinks honour the row stride.
+#[test]
+fn token_reduce_and_sinks_edges() {
+    need_device!();
+    let sd = DBuf::from(&[1.0f32, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0]);
+    let out = sentinel(2);
+    let reduce = |s: *const f32, sums: *const f64, layers: i64| {
+        // SAFETY: 2 layers of 2 rows of 2 floats, out of 2 (device buffers).
+        unsafe { kve_cuda_token_reduce(s, sums, layers, 2, 2, out.ptr(), null_mut()) }
+    };
+    ck(reduce(sd.ptr(), null(), 2), "token_reduce without sums");
+    assert_eq!(out.download(), vec![4.0, 6.0]);
+    let sums = DBuf::from(&[10.0f64, 0.0]);
+    ck(reduce(sd.ptr(), sums.ptr(), 2), "token_reduce, a zero sum");
+    let f = (1.0f64 / 10.0) as f32;
+    assert_eq!(out.download(), vec![1.0 * f + 3.0 * f, 2.0 * f + 4.0 * f]);
+    out.upload(&[SENTINEL; 2]);
+    assert_eq!(
+        reduce(null(), null(), 2),
+        INVALID,
+        "token_reduce without scores"
+    );
+    assert_eq!(
+        reduce(sd.ptr(), null(), -1),
+        INVALID,
+        "token_reduce, layers < 0"
+    );
+    assert_sentinel("token_reduce refused", &out);
+    ck(reduce(null(), null(), 0), "token_reduce without layers");
+    assert_eq!(out.download(), vec![0.0; 2], "no layers: zeros");
+    // sinks with a row stride
+    let o = sentinel(2 * 5);
+    // SAFETY: 2 rows of stride 5 (device buffer); the second call is refused.
+    unsafe {
+        ck(
+            kve_cuda_sink_scores(o.ptr(), 2, 4, 5, 2, null_mut()),
+            "sinks",
+        );
+        assert_eq!(
+            o.download(),
+            vec![1.0, 1.0, 0.0, 0.0, SENTINEL, 1.0, 1.0, 0.0, 0.0, SENTINEL]
+        );
+        o.upload(&[SENTINEL; 10]);
+        let rc = kve_cuda_sink_scores(o.ptr(), 2, 4, 3, 2, null_mut());
+        assert_eq!(rc, INVALID, "sinks, ld < n");
+    }
+    assert_sentinel("sinks refused", &o);
+}
+
 // ----------------------------------------------------------- selection, compaction --
 
 #[test]
@@ -1745,6 +1915,165 @@ fn select_matches_reference_exactly() {
             }
         }
     }
+}
+
+/// `kve_cuda_select` over `groups · rpg` rows of `s` (row stride and length `n`): the kept
+/// lists per row; the index slots past each count stay unwritten.
+#[allow(clippy::too_many_arguments)]
+fn select_lists(
+    s: &[f32],
+    n: usize,
+    groups: usize,
+    rpg: usize,
+    k: Option<&[i64]>,
+    k_all: i64,
+    sums: Option<&[f64]>,
+    rpl: usize,
+) -> Vec<Vec<i32>> {
+    let (rows, idx_ld) = (groups * rpg, n + 3);
+    let sd = DBuf::from(s);
+    let kd = k.map(DBuf::from);
+    let lsd = sums.map(DBuf::from);
+    let counts = DBuf::from(&vec![-7i32; rows]);
+    let idx = DBuf::from(&vec![-7i32; rows * idx_ld]);
+    // SAFETY: a pure host function.
+    let wsb = unsafe { kve_cuda_select_workspace_size(groups as i64) };
+    let ws = DBuf::<u8>::new(wsb);
+    // SAFETY: device buffers of the declared sizes.
+    let rc = unsafe {
+        kve_cuda_select(
+            sd.ptr(),
+            n as i64,
+            n as i64,
+            groups as i64,
+            rpg as i64,
+            kd.as_ref().map_or(null(), |b| b.ptr()),
+            k_all,
+            lsd.as_ref().map_or(null(), |b| b.ptr()),
+            rpl as i64,
+            counts.ptr(),
+            idx.ptr(),
+            idx_ld as i64,
+            ws.vptr(),
+            wsb,
+            null_mut(),
+        )
+    };
+    ck(rc, "select");
+    let (gc, gi) = (counts.download(), idx.download());
+    (0..rows)
+        .map(|r| {
+            let c = gc[r] as usize;
+            let past = &gi[r * idx_ld + c..(r + 1) * idx_ld];
+            assert!(
+                past.iter().all(|&v| v == -7),
+                "select row {r}: written past its count"
+            );
+            gi[r * idx_ld..r * idx_ld + c].to_vec()
+        })
+        .collect()
+}
+
+/// Edges of `kve_cuda_select`: equal keys (the later position first, then the lower row),
+/// NaN lowest and ±inf, k <= 0 and k >= size, per-group k, n == 0 (counts zeroed, nothing
+/// else read), and refusals that write nothing.
+#[test]
+fn select_ties_nan_and_edges() {
+    need_device!();
+    let s = vec![1.0f32; 2 * 4];
+    assert_eq!(
+        select_lists(&s, 4, 1, 2, None, 3, None, 1),
+        vec![vec![2, 3], vec![3]],
+        "ties"
+    );
+    let s = vec![f32::NAN, f32::NEG_INFINITY, 0.5, f32::INFINITY];
+    assert_eq!(
+        select_lists(&s, 4, 1, 1, None, 2, None, 1),
+        vec![vec![2, 3]]
+    );
+    assert_eq!(
+        select_lists(&s, 4, 1, 1, None, 3, None, 1),
+        vec![vec![1, 2, 3]],
+        "NaN lowest, -inf above it"
+    );
+    assert_eq!(
+        select_lists(&s, 2, 2, 1, Some(&[-1i64, 9][..]), 0, None, 1),
+        vec![vec![], vec![0, 1]],
+        "k <= 0 keeps none, k >= size all"
+    );
+    // n == 0: the counts zeroed, nothing else read
+    let counts = DBuf::from(&[5i32; 3]);
+    // SAFETY: only `counts` (3 rows) is written.
+    let rc = unsafe {
+        kve_cuda_select(
+            null(),
+            0,
+            0,
+            3,
+            1,
+            null(),
+            1,
+            null(),
+            0,
+            counts.ptr(),
+            null_mut(),
+            0,
+            null_mut(),
+            0,
+            null_mut(),
+        )
+    };
+    ck(rc, "select n 0");
+    assert_eq!(counts.download(), vec![0; 3]);
+    // refusals: ld < n, idx_ld < n, workspace too small, layer sums without rows per layer
+    let sd = DBuf::from(&s);
+    let counts = DBuf::from(&[5i32; 2]);
+    let idx = DBuf::from(&[5i32; 8]);
+    // SAFETY: a pure host function.
+    let wsz = unsafe { kve_cuda_select_workspace_size(2) };
+    let ws = DBuf::<u8>::new(wsz);
+    let sums = DBuf::from(&[1.0f64]);
+    for (what, ld, idx_ld, wsb, ls, rpl) in [
+        ("ld < n", 3, 4, wsz, null(), 0),
+        ("idx_ld < n", 4, 3, wsz, null(), 0),
+        ("workspace too small", 4, 4, wsz - 1, null(), 0),
+        (
+            "sums without rows per layer",
+            4,
+            4,
+            wsz,
+            sums.ptr() as *const f64,
+            0,
+        ),
+    ] {
+        // SAFETY: device buffers of the declared sizes; refused before any is touched.
+        let rc = unsafe {
+            kve_cuda_select(
+                sd.ptr(),
+                ld,
+                4,
+                2,
+                1,
+                null(),
+                1,
+                ls,
+                rpl,
+                counts.ptr(),
+                idx.ptr(),
+                idx_ld,
+                ws.vptr(),
+                wsb,
+                null_mut(),
+            )
+        };
+        assert_eq!(rc, INVALID, "select: {what}");
+    }
+    assert_eq!(
+        counts.download(),
+        vec![5; 2],
+        "select refusals: counts written"
+    );
+    assert_eq!(idx.download(), vec![5; 8], "select refusals: idx written");
 }
 
 #[test]
@@ -1847,6 +2176,152 @@ fn compact_matches_reference() {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Edges of compaction on a transposed f16 cache (tokens fastest): the workspace size,
+/// refusals that write nothing (workspace too small, kept_ld below max_keep; varlen with
+/// kept_ld below the tokens or no destination), varlen per head and with one shared list
+/// (kept_ld 0), then in place. A kept position past the tokens is refused by the mock,
+/// which reads the lists on the host; the kernels cannot see device lists before launching.
+#[test]
+fn compact_edges_and_rejections() {
+    need_device!();
+    let (heads, n, d) = (3usize, 10usize, 4usize);
+    let mut e = 0f32;
+    let x = Tensor::new(Dt::F16, Layout::Transposed, [heads, n, d], &mut || {
+        e += 1.0;
+        e
+    });
+    let at = |v: &[f32], h: usize, t: usize, c: usize| v[(h * n + t) * d + c];
+    let kept = [0i32, 2, 5, 9, 1, 3, 4, 0, 7, 8, 9, 0];
+    let counts = [4i32, 3, 2];
+    let (kd, cd) = (DBuf::from(&kept), DBuf::from(&counts));
+    // SAFETY: a pure host function of the view.
+    let wsz = unsafe { kve_cuda_compact_workspace_size(&x.view(), 4) };
+    assert_eq!(wsz, heads * 4 * d * 2, "compact workspace size");
+    let ws = DBuf::<u8>::new(wsz);
+    let compact = |kept: &DBuf<i32>, kept_ld: i64, wsb: usize| {
+        // SAFETY: device buffers of the declared sizes.
+        unsafe {
+            kve_cuda_compact(
+                &x.view(),
+                kept.ptr(),
+                kept_ld,
+                cd.ptr(),
+                4,
+                ws.vptr(),
+                wsb,
+                null_mut(),
+            )
+        }
+    };
+    assert_eq!(
+        compact(&kd, 4, wsz - 1),
+        INVALID,
+        "compact: workspace too small"
+    );
+    assert_eq!(compact(&kd, 3, wsz), INVALID, "compact: kept_ld < max_keep");
+    if MOCK {
+        let bad = DBuf::from(&[0i32, 2, 5, 10, 1, 3, 4, 0, 7, 8, 9, 0]);
+        assert_eq!(
+            compact(&bad, 4, wsz),
+            INVALID,
+            "compact: kept past the tokens"
+        );
+    }
+    assert_eq!(x.read_back(), x.vals, "compact refused: tensor written");
+    // varlen (out of place)
+    let cu = DBuf::from(&[-1i32; 4]);
+    let dst = DBuf::<u8>::new(9 * d * 2);
+    let varlen = |kept: &DBuf<i32>, kept_ld: i64, counts: &DBuf<i32>, dst: *mut c_void| {
+        // SAFETY: device buffers of the declared sizes.
+        unsafe {
+            kve_cuda_compact_varlen(
+                &x.view(),
+                kept.ptr(),
+                kept_ld,
+                counts.ptr(),
+                dst,
+                cu.ptr(),
+                null_mut(),
+            )
+        }
+    };
+    let kept10: Vec<i32> = (0..heads)
+        .flat_map(|h| {
+            let mut row = kept[h * 4..h * 4 + 4].to_vec();
+            row.resize(10, 0);
+            row
+        })
+        .collect();
+    let k10 = DBuf::from(&kept10);
+    assert_eq!(
+        varlen(&kd, 4, &cd, dst.vptr()),
+        INVALID,
+        "varlen: kept_ld < tokens"
+    );
+    assert_eq!(
+        varlen(&k10, 10, &cd, null_mut()),
+        INVALID,
+        "varlen: no destination"
+    );
+    assert_eq!(
+        cu.download(),
+        vec![-1; 4],
+        "varlen refused: cu_seqlens written"
+    );
+    ck(varlen(&k10, 10, &cd, dst.vptr()), "varlen");
+    let cug = cu.download();
+    assert_eq!(cug, vec![0, 4, 7, 9]);
+    let got = Dt::F16.decode(&dst.download());
+    for h in 0..heads {
+        for t in 0..counts[h] as usize {
+            for c in 0..d {
+                let want = at(&x.vals, h, kept10[h * 10 + t] as usize, c);
+                assert_eq!(
+                    got[(cug[h] as usize + t) * d + c],
+                    want,
+                    "varlen h{h} t{t} c{c}"
+                );
+            }
+        }
+    }
+    // one list for every head (kept_ld 0)
+    let (shared, two) = (DBuf::from(&[1i32, 8]), DBuf::from(&[2i32]));
+    let dst0 = DBuf::<u8>::new(3 * 2 * d * 2);
+    ck(varlen(&shared, 0, &two, dst0.vptr()), "varlen, shared list");
+    assert_eq!(cu.download(), vec![0, 2, 4, 6]);
+    let got = Dt::F16.decode(&dst0.download());
+    for h in 0..heads {
+        for (t, src) in [1usize, 8].into_iter().enumerate() {
+            for c in 0..d {
+                assert_eq!(
+                    got[(2 * h + t) * d + c],
+                    at(&x.vals, h, src, c),
+                    "shared h{h} t{t} c{c}"
+                );
+            }
+        }
+    }
+    // in place
+    ck(compact(&kd, 4, wsz), "compact");
+    let y = x.read_back();
+    for h in 0..heads {
+        for t in 0..n {
+            for c in 0..d {
+                let src = if t < counts[h] as usize {
+                    kept[h * 4 + t] as usize
+                } else {
+                    t
+                };
+                assert_eq!(
+                    at(&y, h, t, c),
+                    at(&x.vals, h, src, c),
+                    "in place h{h} t{t} c{c}"
+                );
             }
         }
     }
@@ -1969,6 +2444,166 @@ fn broadcast_lists_matches_reference() {
         }
         assert_eq!(oc.download(), want_c, "broadcast counts (reps {reps})");
         assert_eq!(oi.download(), want_i, "broadcast lists (reps {reps})");
+    }
+}
+
+/// Edges of the list launchers: mark_forced skips positions outside the row and marks
+/// none for a negative count; broadcast_lists refuses outputs over its sources and
+/// reps < 0; layer_budgets refuses bad modes and parameters, does nothing without layers,
+/// and may leave k_unit NULL. Every refusal writes nothing.
+#[test]
+fn forced_broadcast_budgets_edges_and_rejections() {
+    need_device!();
+    let inf = f32::INFINITY;
+    let counts = DBuf::from(&[2i32, 1]);
+    let mark = |counts: *const i32, idx: &[i32]| -> (i32, Vec<f32>) {
+        let (sd, id) = (DBuf::from(&[0.5f32; 2 * 6]), DBuf::from(idx));
+        // SAFETY: device buffers of the declared sizes (2 rows of 6, lists of stride 4).
+        let rc = unsafe { kve_cuda_mark_forced(sd.ptr(), 6, 2, counts, id.ptr(), 4, null_mut()) };
+        (rc, sd.download())
+    };
+    let idx = [0i32, 5, 0, 0, 3, 0, 0, 0];
+    let (rc, s) = mark(counts.ptr(), &idx);
+    ck(rc, "mark_forced");
+    assert_eq!(
+        s,
+        vec![inf, 0.5, 0.5, 0.5, 0.5, inf, 0.5, 0.5, 0.5, inf, 0.5, 0.5]
+    );
+    // positions outside the row are skipped
+    let (rc, s) = mark(counts.ptr(), &[-1, 6, 0, 0, 3, 0, 0, 0]);
+    ck(rc, "mark_forced, positions outside");
+    assert!(
+        s[..6].iter().all(|&v| v == 0.5),
+        "mark_forced: outside marked"
+    );
+    assert_eq!(s[6 + 3], inf);
+    // a negative count marks none
+    let neg = DBuf::from(&[-3i32, 1]);
+    let (rc, s) = mark(neg.ptr(), &idx);
+    ck(rc, "mark_forced, negative count");
+    assert_eq!(s.iter().filter(|v| v.is_infinite()).count(), 1);
+    // no counts: refused, nothing written
+    let (rc, s) = mark(null(), &idx);
+    assert_eq!(rc, INVALID, "mark_forced without counts");
+    assert!(s.iter().all(|&v| v == 0.5), "mark_forced refused: written");
+
+    // broadcast: two source rows, three copies each; the slots past a count untouched
+    let (sc, si) = (DBuf::from(&[2i32, 0]), DBuf::from(&[4i32, 7, -1, 9, 9, 9]));
+    let (c, i) = (DBuf::from(&[-1i32; 6]), DBuf::from(&[-1i32; 6 * 3]));
+    // SAFETY: device buffers of the declared sizes.
+    let rc = unsafe {
+        kve_cuda_broadcast_lists(sc.ptr(), si.ptr(), 3, 2, 3, c.ptr(), i.ptr(), 3, null_mut())
+    };
+    ck(rc, "broadcast_lists");
+    assert_eq!(c.download(), vec![2, 2, 2, 0, 0, 0]);
+    let got = i.download();
+    for u in 0..3 {
+        assert_eq!(&got[u * 3..u * 3 + 3], &[4, 7, -1]);
+    }
+    assert!(got[9..].iter().all(|&v| v == -1));
+    // outputs over the sources, reps < 0: refused, nothing written
+    let sc2 = DBuf::from(&[2i32, 0, -1, -1, -1, -1]);
+    let i = DBuf::from(&[-1i32; 6 * 3]);
+    let (c2, sip) = (sc2.ptr(), si.ptr());
+    for (what, src_c, src_i, reps, out_c) in [
+        (
+            "counts over the source counts",
+            c2 as *const i32,
+            sip as *const i32,
+            3,
+            c2,
+        ),
+        (
+            "counts over the source lists",
+            sip as *const i32,
+            c2 as *const i32,
+            3,
+            c2,
+        ),
+        (
+            "reps < 0",
+            sc.ptr() as *const i32,
+            sip as *const i32,
+            -1,
+            c2,
+        ),
+    ] {
+        // SAFETY: device buffers of the declared sizes; refused before any is touched.
+        let rc = unsafe {
+            kve_cuda_broadcast_lists(src_c, src_i, 3, 2, reps, out_c, i.ptr(), 3, null_mut())
+        };
+        assert_eq!(rc, INVALID, "broadcast_lists: {what}");
+    }
+    assert_eq!(sc2.download(), vec![2, 0, -1, -1, -1, -1]);
+    assert!(i.download().iter().all(|&v| v == -1));
+
+    // budgets: bad mode, lava without weights, pyramid beta 0, alpha out of range,
+    // per_layer 0 (even without layers), layers < 0, layers·per_layer·p >= 2^62
+    let (kl, ku) = (DBuf::from(&[-1i64; 3]), DBuf::from(&[-1i64; 6]));
+    let budgets = |mode, layers, per, p, beta, alpha, kl: *mut i64, ku: *mut i64| {
+        // SAFETY: device buffers of 3 and 6 entries (the shapes that pass the checks).
+        unsafe {
+            kve_cuda_layer_budgets(
+                mode,
+                null(),
+                layers,
+                per,
+                p,
+                4,
+                beta,
+                alpha,
+                kl,
+                ku,
+                null_mut(),
+            )
+        }
+    };
+    for (mode, layers, per, p, beta, alpha) in [
+        (4, 3, 2, 10, 20, 0.2f32),
+        (KVE_CUDA_BUDGET_LAVA, 3, 2, 10, 20, 0.2),
+        (KVE_CUDA_BUDGET_PYRAMID, 3, 2, 10, 0, 0.2),
+        (KVE_CUDA_BUDGET_ADA, 3, 2, 10, 20, 1.5),
+        (KVE_CUDA_BUDGET_ADA, 3, 2, 10, 20, f32::NAN),
+        (KVE_CUDA_BUDGET_UNIFORM, 3, 0, 10, 20, 0.2),
+        (KVE_CUDA_BUDGET_UNIFORM, 0, 0, 10, 20, 0.2),
+        (KVE_CUDA_BUDGET_UNIFORM, -1, 2, 10, 20, 0.2),
+        (KVE_CUDA_BUDGET_UNIFORM, 4, 1 << 30, 1 << 30, 20, 0.2),
+    ] {
+        let rc = budgets(mode, layers, per, p, beta, alpha, kl.ptr(), ku.ptr());
+        assert_eq!(
+            rc, INVALID,
+            "layer_budgets mode {mode} layers {layers} per {per}"
+        );
+    }
+    assert!(kl.download().iter().all(|&v| v == -1) && ku.download().iter().all(|&v| v == -1));
+    // no layers: nothing to do
+    let rc = budgets(
+        KVE_CUDA_BUDGET_UNIFORM,
+        0,
+        2,
+        10,
+        20,
+        0.2,
+        null_mut(),
+        null_mut(),
+    );
+    ck(rc, "layer_budgets without layers");
+    // pyramid against the core's formula; k_unit may be NULL
+    let rc = budgets(
+        KVE_CUDA_BUDGET_PYRAMID,
+        3,
+        2,
+        10,
+        20,
+        0.2,
+        kl.ptr(),
+        null_mut(),
+    );
+    ck(rc, "layer_budgets pyramid");
+    let got = kl.download();
+    for l in 0..3 {
+        let want = 2 * kvevict::budget::pyramid_budget(4, 20, l, 3).min(10) as i64;
+        assert_eq!(got[l], want, "pyramid layer {l}");
     }
 }
 
@@ -2928,6 +3563,164 @@ fn gpu_and_cpu_shards_match_select_model() {
     }
 }
 
+/// Two device shards (layers [0, 2) and [2, 5), the second at a unit offset), fed the
+/// device's own layer sums, on coarse scores (ties) reproduce the core's global
+/// select_model; the threshold KEEP_NOTHING keeps none; bad search states are refused
+/// with the histogram untouched.
+#[test]
+fn two_device_shards_keep_nothing_and_rejections() {
+    use kvevict::select::Histogram;
+    use kvevict::{AllocatorKind, Granularity, SelectConfig};
+    need_device!();
+    let mut rng = Rng::new(48);
+    let (layers, hkv, p, budget) = (5usize, 2usize, 40usize, 7u64);
+    let s: Vec<f32> = (0..layers * hkv * p)
+        .map(|_| rng.below(40) as f32 / 7.0)
+        .collect();
+    let sd = DBuf::from(&s);
+    let count = (hkv * p) as i64;
+    // SAFETY: a pure host function.
+    let wsz = unsafe { kve_cuda_layer_stats_workspace_size(layers as i64, count) };
+    let ws = DBuf::<u8>::new(wsz);
+    let (sums, ent) = (DBuf::<f64>::new(layers), DBuf::<f64>::new(layers));
+    // SAFETY: device buffers of the declared sizes.
+    let rc = unsafe {
+        kve_cuda_layer_stats(
+            sd.ptr(),
+            count,
+            count,
+            layers as i64,
+            sums.ptr(),
+            ent.ptr(),
+            ws.vptr(),
+            wsz,
+            null_mut(),
+        )
+    };
+    ck(rc, "layer_stats");
+    let want = core_select(&s, layers, hkv, p, true, budget);
+    let cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Head, budget);
+    let mut search = kvevict::shard::search_new(&cfg, layers, hkv, p + 1, 1).unwrap();
+    let shards = [(0usize, 2usize), (2, 3)];
+    let hist = DBuf::<u64>::new(256);
+    let mut rounds = 0;
+    while !search.done {
+        let mut h = Histogram::default();
+        for &(l0, ln) in &shards {
+            hist.upload(&[0u64; 256]);
+            // SAFETY: the shard's rows and sums inside the device buffers.
+            let rc = unsafe {
+                kve_cuda_shard_count(
+                    sd.ptr().wrapping_add(l0 * hkv * p),
+                    p as i64,
+                    p as i64,
+                    (ln * hkv) as i64,
+                    (l0 * hkv) as i64,
+                    sums.ptr().wrapping_add(l0),
+                    hkv as i64,
+                    (search.prefix >> 64) as u64,
+                    search.prefix as u64,
+                    search.bits,
+                    hist.ptr(),
+                    null_mut(),
+                )
+            };
+            ck(rc, "shard_count");
+            let mut hs = [0u64; 256];
+            hs.copy_from_slice(&hist.download());
+            h.merge(&Histogram(hs));
+        }
+        search.step(&h);
+        rounds += 1;
+        assert!(rounds <= 13, "search does not end");
+    }
+    let mut got = Vec::new();
+    for &(l0, ln) in &shards {
+        let rows = ln * hkv;
+        let (counts, idx) = (
+            DBuf::from(&vec![-1i32; rows]),
+            DBuf::from(&vec![-1i32; rows * p]),
+        );
+        // SAFETY: as above; outputs of `rows` rows.
+        let rc = unsafe {
+            kve_cuda_shard_select(
+                sd.ptr().wrapping_add(l0 * hkv * p),
+                p as i64,
+                p as i64,
+                rows as i64,
+                (l0 * hkv) as i64,
+                sums.ptr().wrapping_add(l0),
+                hkv as i64,
+                (search.threshold >> 64) as u64,
+                search.threshold as u64,
+                counts.ptr(),
+                idx.ptr(),
+                p as i64,
+                null_mut(),
+            )
+        };
+        ck(rc, "shard_select");
+        let (gc, gi) = (counts.download(), idx.download());
+        for u in 0..rows {
+            got.push(gi[u * p..u * p + gc[u] as usize].to_vec());
+        }
+    }
+    assert_eq!(
+        got, want,
+        "two device shards vs select_model ({rounds} rounds)"
+    );
+    // KEEP_NOTHING keeps none
+    let (counts, idx) = (DBuf::from(&[9i32; 2]), DBuf::from(&vec![0i32; 2 * p]));
+    // SAFETY: 2 rows of the device scores.
+    let rc = unsafe {
+        kve_cuda_shard_select(
+            sd.ptr(),
+            p as i64,
+            p as i64,
+            2,
+            0,
+            null(),
+            0,
+            u64::MAX,
+            u64::MAX,
+            counts.ptr(),
+            idx.ptr(),
+            p as i64,
+            null_mut(),
+        )
+    };
+    ck(rc, "shard_select KEEP_NOTHING");
+    assert_eq!(counts.download(), vec![0, 0]);
+    // bad search states: a prefix without bits, bits not a whole byte or past the key,
+    // a prefix wider than its bits
+    let hist = DBuf::from(&[3u64; 256]);
+    for (hi, lo, bits) in [(0, 5, 0), (0, 0, 4), (0, 0, 104), (0, 256, 8)] {
+        // SAFETY: refused before any buffer is touched.
+        let rc = unsafe {
+            kve_cuda_shard_count(
+                sd.ptr(),
+                p as i64,
+                p as i64,
+                2,
+                0,
+                null(),
+                0,
+                hi,
+                lo,
+                bits,
+                hist.ptr(),
+                null_mut(),
+            )
+        };
+        assert_eq!(rc, INVALID, "shard_count prefix {lo} bits {bits}");
+    }
+    assert_eq!(
+        hist.download(),
+        vec![3u64; 256],
+        "shard_count refused: histogram written"
+    );
+}
+
 /// kve_cuda_vonorm in f32 against the core's value forms (`compute_value_forms`, all N
 /// tokens; on the mock bit for bit) and its square-root mode; gram_split's hi part is
 /// the dtype's rounding of G and hi + lo ~22 bits; 16-bit V with hi/lo Grams is
@@ -3386,4 +4179,272 @@ fn layer_stats_equal_core() {
         e3.download().iter().all(|&v| v == -1.0),
         "refused layer_stats wrote"
     );
+}
+
+// ------------------------------------------------------------------------ uniqueness --
+// The uniqueness scorer (`kvevict::device::score_layer` → `kve_cuda_uniqueness`,
+// cuda/uniqueness.cu) against the host scorer on the same stored tensors. The mock
+// (src/cuda/mock_uniqueness.rs) runs the kernel's arithmetic, which is the host's AVX2 + FMA
+// path: there (with `KVEVICT_PORTABLE` unset) the scores are equal bit for bit. Elsewhere
+// the host sums without fusing, and on the kernels the order differs: each head's scores
+// agree to 1e-5 of its largest (each cosine within a few ulp; `8·(1 − r)^7·δr` stays far
+// below that).
+
+/// Whether the host scorer runs its AVX2 + FMA path (the arithmetic of the kernel).
+fn host_fuses() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+            && std::env::var_os("KVEVICT_PORTABLE").is_none()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Keys `[hkv, n, dk]` and values `[hkv, n, dv]` (values of `[h][t][d]`), a third of the
+/// tokens near-copies of others in both K and V, so some maxima are near 1 and the scores
+/// span decades.
+fn twins(rng: &mut Rng, hkv: usize, n: usize, dk: usize, dv: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut k: Vec<f32> = (0..hkv * n * dk).map(|_| rng.normal()).collect();
+    let mut v: Vec<f32> = (0..hkv * n * dv).map(|_| rng.normal()).collect();
+    for _ in 0..n / 3 {
+        let (a, b) = (rng.below(n), rng.below(n));
+        for h in 0..hkv {
+            for (t, d) in [(&mut k, dk), (&mut v, dv)] {
+                for c in 0..d {
+                    let e = t[(h * n + a) * d + c] * (1.0 + 0.01 * rng.normal());
+                    t[(h * n + b) * d + c] = e;
+                }
+            }
+        }
+    }
+    (k, v)
+}
+
+/// The host scorer's uniqueness scores `[Hkv][P]` on the stored layouts of `k` and `v`.
+fn host_uniqueness(k: &Tensor, v: &Tensor, w: usize) -> Vec<f32> {
+    let cfg = kvevict::ScoreConfig {
+        window: w as u32,
+        ..kvevict::ScoreConfig::preset(kvevict::Preset::Uniqueness)
+    };
+    k.with_stored_view(|kv| {
+        v.with_stored_view(|vv| {
+            let inputs = kvevict::LayerInputs {
+                keys: Some(kv),
+                values: Some(vv),
+                ..Default::default()
+            };
+            let shape = kvevict::layer_shape(&cfg, &inputs).expect("layer_shape");
+            let mut ws = vec![0u8; kvevict::score_workspace_size(&cfg, &shape).unwrap()];
+            let mut out = vec![0f32; kvevict::score_len(&cfg, &shape).unwrap()];
+            kvevict::score_layer(&cfg, &inputs, &mut out, &mut ws).expect("score_layer");
+            out
+        })
+    })
+}
+
+fn uniqueness_cfg(w: usize) -> kvevict::ScoreConfig {
+    kvevict::ScoreConfig {
+        window: w as u32,
+        ..kvevict::ScoreConfig::preset(kvevict::Preset::Uniqueness)
+    }
+}
+
+/// `kvevict::device::score_layer` (uniqueness) of `k`, `v` into `out` (`out_len` floats)
+/// with the workspace `ws`.
+fn device_uniqueness(
+    k: &kvevict::device::Tensor,
+    v: &kvevict::device::Tensor,
+    w: usize,
+    out: &DBuf<f32>,
+    out_len: u64,
+    ws: &DBuf<u8>,
+) -> kvevict::Result<()> {
+    let inputs = kvevict::device::score::LayerInputs {
+        queries: None,
+        keys: Some(*k),
+        values: Some(*v),
+        gram: kvevict::device::Floats::NONE,
+        value_forms: kvevict::device::Floats::NONE,
+        value_l1: kvevict::device::Floats::NONE,
+        row_lse: kvevict::device::Floats::NONE,
+    };
+    // SAFETY: device tensors and buffers of the declared sizes.
+    unsafe {
+        kvevict::device::score_layer(
+            &uniqueness_cfg(w),
+            &inputs,
+            out.ptr(),
+            out_len,
+            ws.vptr(),
+            ws.len() as u64,
+            null_stream(),
+        )
+    }
+}
+
+/// Over dtypes, layouts (K and V apart), windows, `dk != dv`, planted twins and N from 1
+/// to a few tiles of 64: the device's scores are the host scorer's (bits or 1e-5, above),
+/// and the element past the output stays unwritten.
+#[test]
+fn uniqueness_matches_host_scorer() {
+    need_device!();
+    let bits = MOCK && host_fuses();
+    let mut rng = Rng::new(29);
+    use Layout::*;
+    let cases = [
+        (Dt::F32, HeadMajor, HeadMajor, 2, 150, 64, 64, 8),
+        (Dt::F16, TokenMajor, Transposed, 3, 97, 40, 24, 8),
+        (Dt::Bf16, HeadMajor, TokenMajor, 1, 200, 13, 70, 32),
+        (Dt::F32, Transposed, HeadMajor, 2, 65, 8, 8, 1),
+        (Dt::F16, Padded, Padded, 2, 130, 24, 16, 4),
+        (Dt::F16, HeadMajor, HeadMajor, 1, 2, 16, 16, 1),
+        (Dt::F32, HeadMajor, HeadMajor, 2, 1, 16, 16, 1),
+        (Dt::F32, HeadMajor, HeadMajor, 1, 20, 16, 16, 20),
+    ];
+    for (dt, kl, vl, hkv, n, dk, dv, w) in cases {
+        let (kv, vv) = twins(&mut rng, hkv, n, dk, dv);
+        let (mut ki, mut vi) = (kv.into_iter(), vv.into_iter());
+        let k = Tensor::new(dt, kl, [hkv, n, dk], &mut || ki.next().unwrap());
+        let v = Tensor::new(dt, vl, [hkv, n, dv], &mut || vi.next().unwrap());
+        let what = format!("{dt:?} K {kl:?} V {vl:?} hkv {hkv} n {n} dk {dk} dv {dv} w {w}");
+        let want = host_uniqueness(&k, &v, w);
+        let len = hkv * (n - w.min(n));
+        assert_eq!(want.len(), len, "{what}");
+        let shape =
+            kvevict::LayerShape::from_dims(hkv as u64, hkv as u64, n as u64, dk as u64, dv as u64)
+                .expect("shape");
+        let wsb = kvevict::device::score_workspace_size(&uniqueness_cfg(w), &shape);
+        let ws = DBuf::<u8>::new(wsb.expect("workspace"));
+        let out = poisoned(len + 1);
+        device_uniqueness(&k.device(), &v.device(), w, &out, len as u64, &ws)
+            .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+        let got = out.download();
+        assert!(got[len].is_nan(), "{what}: written past the output");
+        let p = len / hkv;
+        for h in 0..hkv {
+            let (a, b) = (&got[h * p..(h + 1) * p], &want[h * p..(h + 1) * p]);
+            if bits {
+                let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{what} head {h}: device {a:?}\nhost {b:?}");
+            } else {
+                let m = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    assert!(
+                        (x - y).abs() <= 1e-5 * m,
+                        "{what} head {h} token {i}: device {x} host {y}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Past the kernels' token limit (tiles of 64 in a grid dimension) the call is refused
+/// before anything is enqueued: `InvalidArgument` (the C entry's
+/// `KVE_ERR_INVALID_ARGUMENT`), the output untouched.
+#[test]
+fn uniqueness_too_many_tokens_is_invalid_argument() {
+    need_device!();
+    let n = 65535 * 64 + 1;
+    let one = DBuf::from(&[1f32]);
+    let start = one.vptr() as usize;
+    // every token aliases one element: strides of 0
+    let t = kvevict::device::Tensor {
+        view: KveCudaView {
+            data: one.vptr(),
+            dtype: KVE_CUDA_F32,
+            reserved: 0,
+            stride_head: 0,
+            stride_token: 0,
+            stride_dim: 1,
+            heads: 1,
+            tokens: n,
+            dim: 1,
+        },
+        bytes: (start, start + 4),
+    };
+    let out = sentinel(4);
+    let ws = DBuf::<u8>::new(1024);
+    // refused before `out` (4 floats: OutputTooSmall would come later) or the workspace
+    // (too small) is looked at
+    let r = device_uniqueness(&t, &t, 8, &out, u64::MAX / 8, &ws);
+    assert_eq!(r, Err(kvevict::Error::InvalidArgument));
+    assert_sentinel("uniqueness past the token limit", &out);
+}
+
+/// `kve_cuda_uniqueness`'s own checks (the kernel's, mirrored by the mock): each bad
+/// argument gives 1 and writes nothing; prefix 0 is a no-op needing no output; a second
+/// call gives the same scores whatever the workspace held; sizes that overflow are
+/// SIZE_MAX.
+#[test]
+fn uniqueness_launcher_rejects_and_writes_nothing() {
+    need_device!();
+    let mut rng = Rng::new(3);
+    let (hkv, n, d) = (2, 40, 16);
+    let k = Tensor::new(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || {
+        rng.normal()
+    });
+    let (k, v) = (k.view(), k.view());
+    // SAFETY: a pure host function.
+    let bytes =
+        unsafe { kve_cuda_uniqueness_workspace_size(hkv as i64, n as i64, d as i64, d as i64) };
+    let ws = DBuf::<u8>::new(bytes + 256);
+    let out = sentinel(hkv * n);
+    let run = |k: KveCudaView, v: KveCudaView, prefix: i64, ld: i64, w: *mut c_void, wb: usize| {
+        // SAFETY: device views and buffers of the declared sizes; refused calls touch none.
+        unsafe { kve_cuda_uniqueness(&k, &v, prefix, out.ptr(), ld, w, wb, null_stream()) }
+    };
+    let p = n as i64 - 8;
+    ck(run(k, v, p, p, ws.vptr(), bytes), "the good call");
+    let good = out.download();
+    assert!(good[..hkv * p as usize].iter().all(|x| x.is_finite()));
+    let untouched = vec![SENTINEL; hkv * n];
+    out.upload(&untouched);
+    let half = KveCudaView {
+        dtype: KVE_CUDA_F16,
+        ..v
+    };
+    let fewer = KveCudaView {
+        tokens: n as i64 - 1,
+        ..v
+    };
+    let heads = KveCudaView { heads: 1, ..v };
+    let odd = (ws.vptr() as *mut u8).wrapping_add(4) as *mut c_void;
+    let wsp = ws.vptr();
+    for (what, st) in [
+        (
+            "prefix > N",
+            run(k, v, n as i64 + 1, n as i64 + 1, wsp, bytes),
+        ),
+        ("prefix < 0", run(k, v, -1, p, wsp, bytes)),
+        ("ld_out < prefix", run(k, v, p, p - 1, wsp, bytes)),
+        ("dtypes differ", run(k, half, p, p, wsp, bytes)),
+        ("tokens differ", run(k, fewer, p, p, wsp, bytes)),
+        ("heads differ", run(k, heads, p, p, wsp, bytes)),
+        ("no workspace", run(k, v, p, p, null_mut(), bytes)),
+        ("workspace too small", run(k, v, p, p, wsp, bytes - 1)),
+        ("workspace misaligned", run(k, v, p, p, odd, bytes)),
+    ] {
+        assert_eq!(st, INVALID, "{what}");
+        assert_eq!(out.download(), untouched, "{what}: nothing written");
+    }
+    // SAFETY: refused before any pointer is dereferenced.
+    unsafe {
+        let no_out = kve_cuda_uniqueness(&k, &v, p, null_mut(), p, wsp, bytes, null_stream());
+        assert_eq!(no_out, INVALID, "no output");
+        let no_k = kve_cuda_uniqueness(null(), &v, p, out.ptr(), p, wsp, bytes, null_stream());
+        assert_eq!(no_k, INVALID, "no keys");
+        // prefix 0 is a no-op that needs no output
+        let none = kve_cuda_uniqueness(&k, &v, 0, null_mut(), 0, null_mut(), 0, null_stream());
+        assert_eq!(none, 0, "prefix 0");
+    }
+    assert_eq!(out.download(), untouched, "nothing written");
+    ck(run(k, v, p, p, wsp, bytes), "the good call again");
+    assert_eq!(out.download(), good, "the same scores again");
+    // SAFETY: a pure host function.
+    let huge = unsafe { kve_cuda_uniqueness_workspace_size(1 << 20, 1 << 22, 1 << 30, 1) };
+    assert_eq!(huge, usize::MAX);
 }

@@ -208,6 +208,14 @@ pub fn sentinel(n: usize) -> DBuf<f32> {
 
 pub const SENTINEL: f32 = -12345.0;
 
+/// Every element of `b` still [`SENTINEL`]: nothing was written.
+#[track_caller]
+pub fn assert_sentinel(what: &str, b: &DBuf<f32>) {
+    let got = b.download();
+    let at = got.iter().position(|&x| x != SENTINEL);
+    assert!(at.is_none(), "{what}: element {at:?} written");
+}
+
 /// The launchers' "invalid argument, nothing enqueued" status.
 pub const INVALID: i32 = 1;
 
@@ -401,6 +409,22 @@ impl Tensor {
             vals,
             flat,
             buf: None,
+        }
+    }
+    /// The stored elements (the uploaded layout and dtype, gaps included) as the core's
+    /// view, handed to `f`: the host reads exactly what the device reads.
+    pub fn with_stored_view<R>(&self, f: impl FnOnce(kvevict::View<'_>) -> R) -> R {
+        let (ext, st) = (self.ext, self.st);
+        match self.dt {
+            Dt::F32 => f(kvevict::View::f32(&self.flat, ext, st).expect("stored view")),
+            Dt::F16 => {
+                let h: Vec<f16> = self.flat.iter().map(|&x| f16::from_f32(x)).collect();
+                f(kvevict::View::f16(&h, ext, st).expect("stored view"))
+            }
+            Dt::Bf16 => {
+                let h: Vec<bf16> = self.flat.iter().map(|&x| bf16::from_f32(x)).collect();
+                f(kvevict::View::bf16(&h, ext, st).expect("stored view"))
+            }
         }
     }
     /// The same values as a contiguous f32 view for the CPU core.
