@@ -6,7 +6,7 @@
 //! squared norm in 8 fused lanes (`mul_add`) summed by the core's tree, the tail unfused,
 //! `1 / sqrt` both correctly rounded; each pair's cosine one fused chain over `d` in order;
 //! each token's 4th largest similarity from lists of -1; the 0.9^j as repeated products. That is also the core's AVX2 path, so on an AVX2 + FMA host the scores
-//! equal the host scorer's bit for bit (tests/uniqueness_device.rs), and the test shows what
+//! equal the host scorer's bit for bit (tests/launchers.rs, `uniqueness_matches_host_scorer`), and the test shows what
 //! the kernel computes without a GPU.
 
 #![allow(clippy::missing_safety_doc)] // the contract: src/cuda.rs, cuda/kvevict_cuda.h
