@@ -162,9 +162,12 @@ pub(crate) fn load_keys<S: Simd>(
         let finite = !check
             || if st[1] == dk {
                 // dense rows: one sweep over the chunk
+                // SAFETY: st[2] = 1 and st[1] = dk make rows c0..c0+nt one run of nt·dk floats
+                // from `base`, all inside the view (asserted and proved above).
                 all_finite::<S>(unsafe { core::slice::from_raw_parts(base, nt * dk) })
             } else {
                 (0..nt).all(|t| {
+                    // SAFETY: t < nt and st[2] = 1: row c0+t's dk floats lie inside the view.
                     let row = unsafe { core::slice::from_raw_parts(base.add(t * st[1]), dk) };
                     all_finite::<S>(row)
                 })
@@ -836,6 +839,7 @@ pub(crate) fn one_pass_ready(
         // largest |k| over the head and whether every element is finite, in one sweep
         // (`v - v` is 0 for finite v, NaN for NaN/Inf); ||k||² <= dk·max|k|²
         let [_, n, dk] = keys.extent();
+        // SAFETY: `dispatch!` runs this with S = Avx2 only after detecting avx2, fma and f16c.
         let (mut vmax, mut bad) = unsafe { (S::zero(), S::zero()) };
         let mut m = 0f32;
         let mut ok = true;
@@ -867,7 +871,9 @@ pub(crate) fn one_pass_ready(
             c0 += nt;
         }
         let mut lanes = [0f32; 8];
+        // SAFETY: `lanes` holds the 8 floats stored; `dispatch!` guarantees S's CPU features.
         unsafe { S::store(lanes.as_mut_ptr(), vmax) };
+        // SAFETY: a lane reduction with no memory access; `dispatch!` guarantees S's features.
         (lanes.iter().fold(m, |a, &b| a.max(b)), ok && unsafe { S::hsum(bad) } == 0.0)
     });
     if !finite {
@@ -929,8 +935,8 @@ fn one_pass_impl<S: Simd>(
     while c0 < p {
         let nt = CHUNK.min(p - c0);
         let (src, dst) = (&store[c0 * rp..(c0 + nt) * rp], &mut s.c[..nt * rp]);
-        // SAFETY: both hold nt·rp floats, in different slices.
         let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+        // SAFETY: `src` (the store) and `dst` (`s.c`) each hold nt·rp floats and don't overlap.
         unsafe { chunk_column_stats::<S>(sp, dp, c0, nt, p, g, w, rp, s.m, s.inv, needs, out) };
         c0 += nt;
     }
