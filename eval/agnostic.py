@@ -154,9 +154,13 @@ def redundancy(cap, mode="min", stride=1, kth=1):
 
 
 def make_redundancy(mode="min", stride=1, post_pool=("forward", 8, 0.9), granularity="token", allocator="global",
-                    power=1.0, back=0, decay=0.9, kth=1):
+                    power=1.0, back=0, decay=0.9, kth=1, clamp=False, sink=None):
     def select(cap, keep_ratio, window):
-        s = np.maximum(1.0 - redundancy(cap, mode, stride, kth), 0) ** power
+        s = np.clip(1.0 - redundancy(cap, mode, stride, kth), 0, 1 if clamp else None) ** power
+        if sink == "zero":
+            s[:, :, 0] = 0
+        elif sink == "cap":
+            s[:, :, 0] = np.minimum(s[:, :, 0], s[:, :, 1:].max(axis=2))
         s0 = s.copy()
         for j in range(1, back + 1):  # a unique token lends score to the j tokens before it
             s[:, :, :-j] = np.maximum(s[:, :, :-j], decay ** j * s0[:, :, j:])
@@ -164,6 +168,96 @@ def make_redundancy(mode="min", stride=1, post_pool=("forward", 8, 0.9), granula
         b = methods.head_budget(cap.n, keep_ratio, window) - window
         return methods.library_select(cap, np.ascontiguousarray(s, np.float32), b, window, "laprox",
                                       allocator=allocator, granularity=granularity, post_pool=post_pool)
+    return select
+
+
+def surprisal(model, cap):
+    """[N] -log p(token_i | tokens < i) from the full prefill (token 0: the largest of the
+    rest). Needs the prefill's logits at every position (one LM-head product per token)."""
+    ids = [int(t) for t in cap.a["prefill_ids"]]
+    h = hashlib.sha1(np.asarray(ids, np.int64).tobytes())
+    path = os.path.join(CACHE_DIR, "agnostic", f"surprisal-{h.hexdigest()[:16]}.npy")
+    if not os.path.exists(path):
+        logits, _ = model.forward(ids, KVCache(model.n_layers), all_logits=True)
+        z = logits[:-1].astype(np.float64)
+        m = z.max(axis=1, keepdims=True)
+        lse = (m + np.log(np.exp(z - m).sum(axis=1, keepdims=True)))[:, 0]
+        s = lse - z[np.arange(len(ids) - 1), ids[1:]]
+        s = np.concatenate([[s.max()], s]).astype(np.float32)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        np.save(path, s)
+    return np.load(path)
+
+
+def make_surprisal(power=1.0, post_pool=("forward", 8, 0.9), mix=None, back=0, decay=0.9):
+    """Prefill surprisal as every (layer, head)'s score, ** power; `mix` = w: times the
+    uniqueness score (1 - redundancy)^8 ** w."""
+    def select(cap, keep_ratio, window):
+        s = np.broadcast_to(surprisal(MODEL[0], cap).astype(np.float64) ** power,
+                            (cap.n_layers, cap.n_kv_heads, cap.n)).copy()
+        if mix is not None:
+            s = s * (np.maximum(1.0 - redundancy(cap, "min", 1), 0).astype(np.float64) ** 8) ** mix
+        s0 = s.copy()
+        for j in range(1, back + 1):
+            s[:, :, :-j] = np.maximum(s[:, :, :-j], decay ** j * s0[:, :, j:])
+        s = s[:, :, : cap.n - window]
+        b = methods.head_budget(cap.n, keep_ratio, window) - window
+        return methods.library_select(cap, np.ascontiguousarray(s, np.float32), b, window, "laprox",
+                                      allocator="global", granularity="token", post_pool=post_pool)
+    return select
+
+
+MODEL = []
+
+
+def with_separators(inner, seps=(".",)):
+    """`inner`'s selection with the sentence separators of the context kept too (SepLLM's
+    observation: separator tokens hold their segment's summary), inside the same budget
+    (the latest separators when they alone exceed it)."""
+    def select(cap, keep_ratio, window):
+        tok = MODEL[0].tokenizer
+        ids = cap.a["prefill_ids"][: cap.n - window]
+        sep = np.array([i for i, t in enumerate(ids) if tok.decode([int(t)]).strip() in seps], np.int64)
+        total = methods.head_budget(cap.n, keep_ratio, window)
+        sep = sep[len(sep) - min(len(sep), max(total - window, 0)):]
+        r = max(total - len(sep), window + 1) / cap.n
+        return methods._union(inner(cap, r, window), sep)
+    return select
+
+
+def twin_count(cap, beta):
+    """[L, Hkv, N]: a soft count of each token's twins, sum over j != i of
+    exp(beta (sim_ij - 1)) with sim = min(cos k, cos v): an exact twin counts 1, a far one 0."""
+    memo = methods._SCORES.setdefault(cap, {})
+    key = ("twin_count", beta)
+    if key not in memo:
+        K = cap.keys.astype(np.float32)
+        V = cap.values.astype(np.float32)
+        kn = K / np.linalg.norm(K, axis=3, keepdims=True)
+        vn = V / np.linalg.norm(V, axis=3, keepdims=True)
+        L, H, n, _ = K.shape
+        out = np.empty((L, H, n), np.float32)
+        for l in range(L):
+            for h in range(H):
+                c = np.minimum(kn[l, h] @ kn[l, h].T, vn[l, h] @ vn[l, h].T)
+                np.fill_diagonal(c, -np.inf)
+                out[l, h] = np.exp(beta * (c - 1.0)).sum(axis=1)
+        memo[key] = out
+    return memo[key]
+
+
+def make_soft(beta=20.0, power=1.0, back=1, decay=0.9, post_pool=("forward", 8, 0.9), granularity="token"):
+    """Uniqueness from the soft twin count: (1 + count)^-power; a token with one twin scores
+    1/2, with five 1/6 (KVzip's reconstruction attention splits over twins the same way)."""
+    def select(cap, keep_ratio, window):
+        s = (1.0 + twin_count(cap, beta)) ** -power
+        s0 = s.copy()
+        for j in range(1, back + 1):
+            s[:, :, :-j] = np.maximum(s[:, :, :-j], decay ** j * s0[:, :, j:])
+        s = s[:, :, : cap.n - window]
+        b = methods.head_budget(cap.n, keep_ratio, window) - window
+        return methods.library_select(cap, np.ascontiguousarray(s, np.float32), b, window, "laprox",
+                                      allocator="global", granularity=granularity, post_pool=post_pool)
     return select
 
 
@@ -268,11 +362,35 @@ def variants():
             v[f"uniq-p{pw}-b{b}"] = (None, make_redundancy(power=float(pw), back=b))
             for kk in (2, 3, 4, 6):
                 v[f"uniq{kk}-p{pw}-b{b}"] = (None, make_redundancy(f"min{kk}", power=float(pw), back=b))
-    for kth in (2, 3, 4, 6):
+    for kth in (1, 2, 3, 4, 6):
         v[f"uniq-k{kth}"] = (None, make_redundancy(power=8.0, back=1, kth=kth))
+        v[f"uniq-k{kth}-head"] = (None, make_redundancy(power=8.0, back=1, kth=kth, granularity="head"))
+        v[f"uniq-k{kth}-f16"] = (None, make_redundancy(power=8.0, back=1, kth=kth, post_pool=("forward", 16, 0.9)))
+        v[f"uniq-k{kth}-b4"] = (None, make_redundancy(power=8.0, back=4, kth=kth))
+        v[f"uniq-k{kth}-b4-s0"] = (None, make_redundancy(power=8.0, back=4, kth=kth, sink="zero"))
+        v[f"uniq-k{kth}-b4-scap"] = (None, make_redundancy(power=8.0, back=4, kth=kth, sink="cap"))
+        v[f"uniq-k{kth}-b4-c"] = (None, make_redundancy(power=8.0, back=4, kth=kth, clamp=True))
+        v[f"uniq-k{kth}-b1-c"] = (None, make_redundancy(power=8.0, back=1, kth=kth, clamp=True))
+        for b in (2, 3, 4):
+            for f in (0, 2, 4, 6):
+                v[f"uniq-k{kth}-b{b}-f{f}"] = (None, make_redundancy(power=8.0, back=b, kth=kth,
+                                                                  post_pool=("forward", f, 0.9) if f else NOPOOL))
+    for pw in (1, 2, 4):
+        v[f"surp-p{pw}"] = (None, make_surprisal(float(pw)))
+        v[f"surp-p{pw}-f16"] = (None, make_surprisal(float(pw), post_pool=("forward", 16, 0.9)))
+        v[f"surp-p{pw}-nopool"] = (None, make_surprisal(float(pw), post_pool=NOPOOL))
+        for mx in (0.25, 0.5, 1.0):
+            v[f"surp-p{pw}-u{mx:g}"] = (None, make_surprisal(float(pw), mix=mx))
+    for beta in (5, 10, 20, 40):
+        for pw in (1, 2, 4, 8):
+            v[f"soft-b{beta}-p{pw}"] = (None, make_soft(float(beta), float(pw)))
     for wgt in (0.5, 1.0, 2.0):
         v[f"combo-{wgt:g}"] = ("recon", make_combo(wgt))
     v["lib-uniqueness"] = (None, methods.METHODS["uniqueness"].select) if "uniqueness" in methods.METHODS else None
+    for base in ("uniq-k3", "uniq-k4", "lib-uniqueness", "recon-max-v", "surp-p4"):
+        if v.get(base) is not None:
+            v[base + "+sep"] = (v[base][0], with_separators(v[base][1]))
+            v[base + "+sep.!?"] = (v[base][0], with_separators(v[base][1], (".", "!", "?", ",")))
     return {k: x for k, x in v.items() if x is not None}
 
 
@@ -297,6 +415,7 @@ def main(argv=None):
             table[x] = (None, (lambda m: lambda cap, r, _w: m.select(cap, r, m.window))(m))
     ratios = [float(r) for r in args.ratios.split(",")]
     model = Model()
+    MODEL.append(model)
     prompts = [p for group in tasks.make_task(args.task, model.tokenizer, args.prompts, args.tokens, args.seed_base)
                for p in group]
     if args.only:
