@@ -24,6 +24,7 @@ constexpr int UQ_DC = 32;   // dims per staged chunk
 constexpr int64_t UQ_MAX_TILES = 65535;  // row tiles: a grid dimension
 constexpr int UQ_RANK = 4;               // the twin that decides (TWIN_RANK in the core)
 constexpr int UQ_REACH = 4;              // tokens before a unique one that it lends to
+constexpr float UQ_CUTOFF = 0.5f;        // redundant from here on: score 0 (TWIN_CUTOFF)
 
 // One thread per token: the unit row of (h, t) into dst[(h·N + t)·d ..], f32.
 template <typename T>
@@ -158,11 +159,11 @@ __global__ void __launch_bounds__(UQ_NT)
     }
 }
 
-// max(0, 1 - r)^8 as the core computes it: u2 = x·x, (u2·u2)·(u2·u2).
+// max(0, 1 - r)^8 as the core computes it: u2 = x·x, (u2·u2)·(u2·u2); 0 from the cutoff on.
 __device__ __forceinline__ float sharpen(float r) {
     const float x = fmaxf(__fsub_rn(1.0f, r), 0.0f);
     const float u2 = __fmul_rn(x, x);
-    return __fmul_rn(__fmul_rn(u2, u2), __fmul_rn(u2, u2));
+    return r >= UQ_CUTOFF ? 0.0f : __fmul_rn(__fmul_rn(u2, u2), __fmul_rn(u2, u2));
 }
 
 __global__ void __launch_bounds__(UQ_NT)

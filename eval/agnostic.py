@@ -120,14 +120,15 @@ def signal_stats(model, cap, signal):
     return out
 
 
-def redundancy(cap, mode="min", stride=1, kth=1):
+def redundancy(cap, mode="min", stride=1, kth=1, horizon=0):
     """[L, Hkv, N]: for each key, the largest similarity to another cached token, where the
     similarity of i and j is min(cos(k_i, k_j), cos(v_i, v_j)) ("min") or the key cosine
     alone ("k"); candidates j are every `stride`-th position. 1 - redundancy is the score:
     a token with a near-duplicate key AND value elsewhere can go, attention to it would
-    find the twin and read nearly the same value."""
+    find the twin and read nearly the same value. `horizon` > 0: twins only among the
+    tokens at most `horizon` positions away (linear cost in N)."""
     memo = methods._SCORES.setdefault(cap, {})
-    key = ("redundancy", mode, stride, kth)
+    key = ("redundancy", mode, stride, kth, horizon)
     if key not in memo:
         K = cap.keys.astype(np.float32)
         V = cap.values.astype(np.float32)
@@ -147,6 +148,8 @@ def redundancy(cap, mode="min", stride=1, kth=1):
                     for t in range(1, int(mode[3:])):
                         c[t:, t:] = np.minimum(c[t:, t:], c0[:-t, :-t])
                 c[cand, np.arange(len(cand))] = -1.0
+                if horizon:
+                    c[np.abs(np.arange(n)[:, None] - cand[None, :]) > horizon] = -1.0
                 # the kth most similar other token: redundant only with >= kth twins
                 out[l, h] = c.max(axis=1) if kth == 1 else -np.partition(-c, kth - 1, axis=1)[:, kth - 1]
         memo[key] = out
@@ -154,9 +157,14 @@ def redundancy(cap, mode="min", stride=1, kth=1):
 
 
 def make_redundancy(mode="min", stride=1, post_pool=("forward", 8, 0.9), granularity="token", allocator="global",
-                    power=1.0, back=0, decay=0.9, kth=1, clamp=False, sink=None):
+                    power=1.0, back=0, decay=0.9, kth=1, clamp=False, sink=None, horizon=0, libsel=False, cutoff=None):
+    """libsel: the library's uniqueness selection (laprox-span's: forward 9 / 1.0, the sink
+    lending nothing) instead of the post_pool / granularity / allocator given."""
     def select(cap, keep_ratio, window):
-        s = np.clip(1.0 - redundancy(cap, mode, stride, kth), 0, 1 if clamp else None) ** power
+        red = redundancy(cap, mode, stride, kth, horizon)
+        s = np.clip(1.0 - red, 0, 1 if clamp else None) ** power
+        if cutoff is not None:  # redundant at or past the cutoff: no score at all
+            s[red >= cutoff] = 0.0
         if sink == "zero":
             s[:, :, 0] = 0
         elif sink == "cap":
@@ -166,6 +174,8 @@ def make_redundancy(mode="min", stride=1, post_pool=("forward", 8, 0.9), granula
             s[:, :, :-j] = np.maximum(s[:, :, :-j], decay ** j * s0[:, :, j:])
         s = s[:, :, : cap.n - window]
         b = methods.head_budget(cap.n, keep_ratio, window) - window
+        if libsel:
+            return methods.library_select(cap, np.ascontiguousarray(s, np.float32), b, window, "uniqueness")
         return methods.library_select(cap, np.ascontiguousarray(s, np.float32), b, window, "laprox",
                                       allocator=allocator, granularity=granularity, post_pool=post_pool)
     return select
@@ -371,6 +381,13 @@ def variants():
         v[f"uniq-k{kth}-b4-scap"] = (None, make_redundancy(power=8.0, back=4, kth=kth, sink="cap"))
         v[f"uniq-k{kth}-b4-c"] = (None, make_redundancy(power=8.0, back=4, kth=kth, clamp=True))
         v[f"uniq-k{kth}-b1-c"] = (None, make_redundancy(power=8.0, back=1, kth=kth, clamp=True))
+        for cut in (0.4, 0.5, 0.6, 0.7):
+            v[f"uniq-k{kth}-lib-t{int(cut * 100)}"] = (None, make_redundancy(power=8.0, back=4, kth=kth, clamp=True,
+                                                                              libsel=True, cutoff=cut))
+        for hz in (0, 128, 256, 384, 512, 768, 1024):  # twins only within hz positions: linear cost
+            v[f"uniq-k{kth}-lib-h{hz}"] = (None, make_redundancy(power=8.0, back=4, kth=kth, clamp=True, horizon=hz,
+                                                                libsel=True))
+            v[f"uniq-k{kth}-b4-c-h{hz}"] = (None, make_redundancy(power=8.0, back=4, kth=kth, clamp=True, horizon=hz))
         for b in (2, 3, 4):
             for f in (0, 2, 4, 6):
                 v[f"uniq-k{kth}-b{b}-f{f}"] = (None, make_redundancy(power=8.0, back=b, kth=kth,

@@ -200,8 +200,10 @@ impl ScoreConfig {
                 pool: Pool::avg(7),
                 ..base
             },
+            // SPEC §3 decision: w = 8 (a 32-token window eats a third of a 10 % budget)
             Preset::LaProxSpan => ScoreConfig {
                 scorer: ScorerKind::LaProx,
+                window: 8,
                 pool: Pool::NONE,
                 ..base
             },

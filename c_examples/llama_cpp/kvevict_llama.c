@@ -136,7 +136,7 @@ static void usage(void) {
             "                    uniqueness (question-agnostic: no queries)  (laprox-span);\n"
             "                    one-shot mode runs every listed method on one prefill (state snapshot)\n"
             "  --keep R          one-shot: keep ratio of the cache, window inside it (kvpress) (0.1)\n"
-            "  --window W        observation window (preset's: 32)\n"
+            "  --window W        observation window (the preset's: 8 for laprox-span and uniqueness, 32 for the others)\n"
             "  --agnostic        question-agnostic: compress the context before the question is decoded\n"
             "  --max-cells C     decode-time mode: evict whenever the cache would exceed C cells\n"
             "  --evict-to F      decode-time: keep F*C cells after an eviction (0.75)\n"

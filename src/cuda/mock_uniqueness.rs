@@ -84,11 +84,18 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |s, (x, y)| x.mul_add(*y, s))
 }
 
-/// `max(0, 1 - r)^8` as the kernel's `sharpen`.
+/// The kernel's `UQ_CUTOFF`.
+const CUTOFF: f32 = 0.5;
+
+/// `max(0, 1 - r)^8`, 0 from the cutoff on, as the kernel's `sharpen`.
 fn sharpen(r: f32) -> f32 {
     let x = (1.0 - r).max(0.0);
     let u2 = x * x;
-    (u2 * u2) * (u2 * u2)
+    if r >= CUTOFF {
+        0.0
+    } else {
+        (u2 * u2) * (u2 * u2)
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -382,7 +382,12 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                             .collect();
                         sims.sort_by(|a, b| b.total_cmp(a));
                         let r = sims.get(3).copied().unwrap_or(-1.0);
-                        (1.0 - r).max(0.0).powi(8)
+                        // nothing at or past the cutoff (0.5)
+                        if r >= 0.5 {
+                            0.0
+                        } else {
+                            (1.0 - r).max(0.0).powi(8)
+                        }
                     })
                     .collect();
                 // a unique token lends 0.9^j of its score to the j <= 4 tokens before it
