@@ -22,7 +22,7 @@
 //! of 19 at 10/5/2.5 % against 18/18/13 without it) and makes the search sub-quadratic on
 //! real caches: `r_i` only grows as more tokens are compared, so a first scan over the
 //! pairs at most [`NEAR`] apart settles every token it finds four twins ≥ 0.5 for — on
-//! SmolLM2's caches 89 % of them (1k tokens) — and only the rest are compared with the
+//! SmolLM2's caches 83 % of them (1k tokens) — and only the rest are compared with the
 //! whole cache, stopping as soon as they reach the cutoff. When over half the tokens are
 //! left (random data), every pair is compared as below, which is then cheaper.
 //!
