@@ -2,7 +2,7 @@
 // loads (ld.global.nc.v4, LOAD_UNROLL in flight per thread) when the layout allows
 // it, the scalar element loop otherwise; the same zero padding either way. Which
 // path runs is decided per call from block-uniform values only (no divergence).
-// cuda/tile_loads_test.cpp runs these on the host against a scalar reference.
+// cuda/checks/tile_loads_test.cpp runs these on the host against a scalar reference.
 #pragma once
 
 #include "common.cuh"

@@ -5,7 +5,7 @@
 // loop, and compares every padded element with a scalar reference; elements past
 // the padded width must stay untouched. A shim below stands in for the CUDA headers:
 // the loaders only copy bits, so f16 / bf16 are 16-bit payloads here.
-// Build and run: g++ -std=c++17 -O1 -Icuda cuda/tile_loads_test.cpp && ./a.out
+// Build and run: see cuda/ptx_check.sh (g++ with -Icuda and the CUDA include dir).
 #define __CUDA_RUNTIME_H__
 #define __CUDA_FP16_H__
 #define __CUDA_BF16_H__
