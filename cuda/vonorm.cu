@@ -32,12 +32,13 @@ template <typename T, int DVP> struct VoCfg {
     static constexpr size_t G_BYTES = ((size_t)DVP * LDG * sizeof(T) + 127) / 128 * 128;
     static constexpr size_t X_BYTES = ((size_t)TV * LDX * sizeof(float) + 127) / 128 * 128;
     static constexpr size_t SMEM = V_BYTES + 2 * G_BYTES + X_BYTES;
+    // Blocks per SM ptxas must allow for (registers): what sm_90's shared memory holds
+    // for 16-bit V (3), 2 for f32; without it ptxas spilled a few bytes in two builds.
+    static constexpr int MIN_BLOCKS = sizeof(T) == 2 ? 3 : 2;
 };
 
-// Two blocks per SM (what sm_80's shared memory holds): with the thread count
-// alone ptxas spilled a few bytes to local memory in two instantiations.
 template <typename T, int DVP>
-__global__ void __launch_bounds__(VO_NT, 2)
+__global__ void __launch_bounds__(VO_NT, (VoCfg<T, DVP>::MIN_BLOCKS))
     vonorm_kernel(View v, int64_t n_tokens, const T* __restrict__ ghi, const T* __restrict__ glo,
                   int gpk, int take_sqrt, int tri, float* __restrict__ out) {
     using C = VoCfg<T, DVP>;
