@@ -34,7 +34,7 @@ mod cuda_build {
         "stream.cu",
         "uniqueness.cu",
     ];
-    const HEADERS: &[&str] = &["kvevict_cuda.h", "common.cuh", "mma.cuh"];
+    const HEADERS: &[&str] = &["kvevict_cuda.h", "common.cuh", "mma.cuh", "tile_loads.cuh"];
 
     fn fail(msg: &str) -> ! {
         eprintln!("kvevict build.rs: {msg}");

@@ -79,34 +79,6 @@ static inline bool view_ok(const kve_cuda_view* v) {
     return span < 9.0e18;
 }
 
-// Copies a [rows x dim] tile of a view (head h, tokens t0.., dims 0..dim) into
-// shared memory as row-major [rows_pad x ld] (same element type), zero-filling
-// rows >= nrows_valid and dims >= dim up to dim_pad. Coalesces along the unit
-// stride of the view (dim or token). All threads of the block participate.
-template <typename T>
-__device__ __forceinline__ void load_tile(T* __restrict__ dst, int ld, const View& v, int64_t h,
-                                          int64_t t0, int nrows_valid, int rows_pad, int dim_pad) {
-    const int dim = (int)v.dim;
-    const int n = rows_pad * dim_pad;
-    if (v.sd == 1 || v.st != 1) {
-        // dim fastest
-        for (int e = threadIdx.x; e < n; e += blockDim.x) {
-            const int r = e / dim_pad, d = e - r * dim_pad;
-            T x = zero_val<T>();
-            if (r < nrows_valid && d < dim) x = *elem_ptr<T>(v, h, t0 + r, d);
-            dst[r * ld + d] = x;
-        }
-    } else {
-        // tokens fastest (transposed layouts)
-        for (int e = threadIdx.x; e < n; e += blockDim.x) {
-            const int d = e / rows_pad, r = e - d * rows_pad;
-            T x = zero_val<T>();
-            if (r < nrows_valid && d < dim) x = *elem_ptr<T>(v, h, t0 + r, d);
-            dst[r * ld + d] = x;
-        }
-    }
-}
-
 // ------------------------------------------------- order-preserving floats --
 // Monotone map float -> uint32: a < b (as floats, -0 == +0 treated as equal
 // after canonicalisation) iff key(a) < key(b). NaN maps to 0 (ranks lowest).

@@ -75,11 +75,15 @@ int kve_cuda_device_count(int* out);
  *   z[h,j,i] = Qw[h,j]·K[h/g,i] / sqrt(dk), causal inside the window,
  *   A = softmax_i(z) in f32 with max subtraction over all visible keys.
  * q: [Hq, w, dk] view; k: [Hkv, N, dk] view; q and k must have the same dtype;
- * dk <= 256. Shared memory grows with dk, the dtype and the group: f32 with dk > 128,
- * out_cross with g = 16, and g >= 32 need more than the 99 KiB of sm_86 / sm_89 (f32
- * with dk > 128 and g = 16 cross or g >= 64 more than sm_80's 163 KiB; f32, dk > 128,
- * g = 128 more than sm_90's 227 KiB); the launcher returns cudaErrorInvalidValue, with
- * nothing enqueued, where the device lacks it. Three launches: pass 1 (per-split row
+ * dk <= 256. Shared memory grows with dk, the dtype and the group; the launcher reads
+ * the device's opt-in limit per block and takes fewer window positions per block
+ * where it is lower, so these run on sm_80, 86, 89 and 90 alike: f16/bf16 with
+ * g <= 64 (dk <= 128) or g <= 32 (dk <= 256), f32 with g <= 32 (dk <= 128) or g <= 16
+ * (dk <= 256); out_cross with g <= 16, but f32 with dk > 128 only g <= 8 (Llama-3-8B,
+ * bf16, dk = 128, g = 4, cross: 92,032 B < 99 KiB). Larger groups need sm_80's 163 KiB
+ * or sm_90's 227 KiB (one window position's g rows must fit; the table:
+ * cuda/checks/smem_table.cu); the launcher returns cudaErrorInvalidValue, with nothing
+ * enqueued, where the device lacks it. Three launches: pass 1 (per-split row
  * max / sum-exp), combine, pass 2 (aggregates). The [w, N] attention matrix is never
  * stored.
  * Outputs (each may be NULL; all contiguous f32):

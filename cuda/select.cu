@@ -163,7 +163,9 @@ __global__ void __launch_bounds__(SEL_NT) sel_scan(SelArgs a, int shift) {
     for (int b = threadIdx.x; b < SEL_BINS; b += blockDim.x) g[b] = 0u;
 }
 
-__global__ void __launch_bounds__(SEL_NT)
+// The occupancy target (4 blocks of 256 threads: <= 64 registers) keeps ptxas from
+// the 4-byte local-memory spill it made on sm_80/86/89 with the thread count alone.
+__global__ void __launch_bounds__(SEL_NT, 4)
     sel_output(SelArgs a, int32_t* __restrict__ counts, int32_t* __restrict__ idx,
                int64_t idx_ld) {
     __shared__ int wcount[SEL_NT / 32];

@@ -14,6 +14,7 @@
 #include <vector>
 #include "common.cuh"
 #include "mma.cuh"
+#include "tile_loads.cuh"
 
 namespace kve {
 namespace {
@@ -31,10 +32,13 @@ template <typename T, int DVP> struct VoCfg {
     static constexpr size_t G_BYTES = ((size_t)DVP * LDG * sizeof(T) + 127) / 128 * 128;
     static constexpr size_t X_BYTES = ((size_t)TV * LDX * sizeof(float) + 127) / 128 * 128;
     static constexpr size_t SMEM = V_BYTES + 2 * G_BYTES + X_BYTES;
+    // Blocks per SM ptxas must allow for (registers): what sm_90's shared memory holds
+    // for 16-bit V (3), 2 for f32; without it ptxas spilled a few bytes in two builds.
+    static constexpr int MIN_BLOCKS = sizeof(T) == 2 ? 3 : 2;
 };
 
 template <typename T, int DVP>
-__global__ void __launch_bounds__(VO_NT)
+__global__ void __launch_bounds__(VO_NT, (VoCfg<T, DVP>::MIN_BLOCKS))
     vonorm_kernel(View v, int64_t n_tokens, const T* __restrict__ ghi, const T* __restrict__ glo,
                   int gpk, int take_sqrt, int tri, float* __restrict__ out) {
     using C = VoCfg<T, DVP>;
@@ -62,13 +66,9 @@ __global__ void __launch_bounds__(VO_NT)
         float q = 0.0f;
         for (int c0 = 0; c0 < dv; c0 += VO_CB) {
             __syncthreads();  // V loaded / previous chunk's G and X no longer read
-            for (int e = threadIdx.x; e < DVP * VO_CB; e += blockDim.x) {
-                const int kr = e / VO_CB, c = e - kr * VO_CB;
-                // factor form: only the lower triangle (row >= column) of L counts
-                const bool ok = kr < dv && c0 + c < dv && (!tri || kr >= c0 + c);
-                Gh[kr * C::LDG + c] = ok ? gh[(int64_t)kr * dv + c0 + c] : zero_val<T>();
-                if (gl) Gl[kr * C::LDG + c] = ok ? gl[(int64_t)kr * dv + c0 + c] : zero_val<T>();
-            }
+            // factor form: only the lower triangle (row >= column) of L counts
+            load_g_cols<T, VO_NT, VO_CB, DVP>(Gh, C::LDG, gh, dv, c0, tri);
+            if (gl) load_g_cols<T, VO_NT, VO_CB, DVP>(Gl, C::LDG, gl, dv, c0, tri);
             __syncthreads();
             MM<T>::template ab<DVP>(X, C::LDX, Vs, C::LDV, Gh, gl ? Gl : nullptr, C::LDG, C::TV,
                                     VO_CB, tri ? (c0 / 16) * 16 : 0);

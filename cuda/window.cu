@@ -20,6 +20,7 @@
 // in f32; f32 accumulation), SIMT f32 for f32 inputs.
 #include "common.cuh"
 #include "mma.cuh"
+#include "tile_loads.cuh"
 
 namespace kve {
 namespace {
@@ -62,22 +63,28 @@ __host__ __device__ inline WinSmem win_smem(int rcp, int n_items) {
     return o;
 }
 
-// Loads the chunk's query rows r = jj*g + hh (jj < jn) into Qs [rcp x LDQ],
-// zero-padding rows >= jn*g and dims >= dk.
+// Window positions per chunk (jc; rcp = rows padded to 16) and the two passes'
+// dynamic shared memory. As many positions as RMAX rows allow, fewer where pass 2
+// would exceed `optin` (the device's opt-in limit per block: 99 KiB on sm_86/89,
+// 163 KiB on sm_80, 227 KiB on sm_90). Smaller chunks only re-read K more often
+// (pass 1) and reload Q more often (pass 2). jc = 0: one position does not fit.
+struct WinPlan {
+    int jc, rcp;
+    size_t sm1, sm2;
+};
 template <typename T, int DKP>
-__device__ void load_q_chunk(T* Qs, const View& q, int hk, int g, int64_t j0, int jn, int rcp) {
+__host__ inline WinPlan win_plan(int64_t w, int g, bool cross, size_t optin) {
     using C = WinCfg<T, DKP>;
-    const int dk = (int)q.dim;
-    const int rows = jn * g;
-    for (int e = threadIdx.x; e < rcp * DKP; e += blockDim.x) {
-        const int r = e / DKP, d = e - r * DKP;
-        T x = zero_val<T>();
-        if (r < rows && d < dk) {
-            const int hh = r % g, jj = r / g;
-            x = *elem_ptr<T>(q, (int64_t)hk * g + hh, j0 + jj, d);
-        }
-        Qs[r * C::LDQ + d] = x;
+    const int n_items = g + (cross ? g * (g + 1) / 2 : g);
+    int64_t jc = C::RMAX / g;
+    if (jc < 1) jc = 1;
+    if (jc > w) jc = w;
+    for (; jc >= 1; --jc) {
+        const int rcp = (int)((jc * g + 15) / 16 * 16);
+        const size_t sm2 = win_smem<T, DKP>(rcp, n_items).total;
+        if (sm2 <= optin) return WinPlan{(int)jc, rcp, win_smem<T, DKP>(rcp, 0).total, sm2};
     }
+    return WinPlan{0, 0, 0, 0};
 }
 
 struct WinArgs {
@@ -111,7 +118,7 @@ __global__ void __launch_bounds__(WIN_NT) window_pass1(WinArgs a, float2* __rest
         const int64_t j0 = (int64_t)c * a.jc;
         const int jn = (int)min((int64_t)a.jc, a.w - j0);
         const int rows = jn * a.g;
-        load_q_chunk<T, DKP>(Qs, a.q, hk, a.g, j0, jn, a.rcp);
+        load_q_rows<T>(Qs, C::LDQ, DKP, a.q, hk, a.g, j0, jn, a.rcp);
         for (int r = threadIdx.x; r < a.rcp; r += blockDim.x) {
             rm[r] = -INFINITY;
             rl[r] = 0.0f;
@@ -234,7 +241,7 @@ __global__ void __launch_bounds__(WIN_NT)
             const int jn = (int)min((int64_t)a.jc, a.w - j0);
             const int rows = jn * g;
             if (a.nchunks > 1 || t == t_begin) {
-                load_q_chunk<T, DKP>(Qs, a.q, hk, g, j0, jn, a.rcp);
+                load_q_rows<T>(Qs, C::LDQ, DKP, a.q, hk, g, j0, jn, a.rcp);
                 for (int r = threadIdx.x; r < rows; r += blockDim.x) {
                     const int hh = r % g, jj = r / g;
                     const float2 st = stats[((int64_t)hk * g + hh) * a.w + j0 + jj];
@@ -302,12 +309,15 @@ int64_t pass1_splits(int64_t n, int64_t hkv) {
 template <typename T, int DKP>
 int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, const float* row_lse,
                void* ws, cudaStream_t st) {
-    using C = WinCfg<T, DKP>;
-    a.jc = C::RMAX / a.g;
-    if (a.jc < 1) a.jc = 1;
-    if (a.jc > a.w) a.jc = (int)a.w;
-    const int rc = a.jc * a.g;
-    a.rcp = (rc + 15) / 16 * 16;
+    // Shared-memory limits first (host-side; may refuse): nothing is enqueued
+    // unless every launch can run.
+    int dev = 0, optin = 0;
+    KVE_CHECK(cudaGetDevice(&dev));
+    KVE_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const WinPlan plan = win_plan<T, DKP>(a.w, a.g, o.cross_on != 0, (size_t)optin);
+    if (plan.jc == 0) return (int)cudaErrorInvalidValue;
+    a.jc = plan.jc;
+    a.rcp = plan.rcp;
     a.nchunks = (int)ceil_div(a.w, a.jc);
 
     const int64_t nsplit = pass1_splits(a.n, hkv);
@@ -317,11 +327,7 @@ int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, const float*
     float2* stats = part + hq * a.w * nsplit;
     const int64_t rows = hq * a.w;
 
-    // Shared-memory limits first (host-side; may refuse): nothing is enqueued
-    // unless every launch can run.
-    const size_t sm1 = win_smem<T, DKP>(a.rcp, 0).total;
-    const int npairs = o.cross_on ? a.g * (a.g + 1) / 2 : a.g;
-    const size_t sm2 = win_smem<T, DKP>(a.rcp, a.g + npairs).total;
+    const size_t sm1 = plan.sm1, sm2 = plan.sm2;
     if (!row_lse) KVE_CHECK(set_smem(window_pass1<T, DKP>, sm1));
     KVE_CHECK(set_smem(window_pass2<T, DKP>, sm2));
 

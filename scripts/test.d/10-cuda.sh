@@ -2,7 +2,10 @@
 # CUDA: compile every kernel for the default architectures (sm_80/86/89/90 + PTX) with the
 # pinned PyPI nvcc 13.0, link, and run the GPU tests and the C examples with the feature on.
 # Without a GPU the GPU tests print "skipped: no CUDA device" and pass; compile and link
-# are still proven. On the GPU machine use cuda/check.sh (sanitizers, benchmark).
+# are still proven. Then cuda/ptx_check.sh: the 16-byte tile loaders on the host, and per
+# arch no local-memory spills, 128-bit loads in the tile kernels, shared memory within
+# each arch's limit for the documented shapes. On the GPU machine use cuda/check.sh
+# (sanitizers, benchmark).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CUDA_ROOT=$(bash cuda/install_nvcc.sh)
@@ -10,3 +13,4 @@ export NVCC="$CUDA_ROOT/bin/nvcc"
 echo "nvcc: $("$NVCC" --version | tail -n 1)"
 cargo build --release --features cuda 2>&1 | tail -n 3
 cargo test --release --features cuda --test launchers --test cuda_capi --test c_examples --test stream_device -- --nocapture 2>&1 | grep -E "skipped|^test |test result|panicked|error" 
+bash cuda/ptx_check.sh
