@@ -194,7 +194,10 @@ unsafe fn tile16<S: Simd>(
 ) {
     let mut acc = [[S::zero(); 2]; KT];
     // one pointer per key row: each broadcast is base + d, no per-element index arithmetic
-    let kr: [*const f32; KT] = core::array::from_fn(|i| k.add(i * ldk));
+    let mut kr = [k; KT];
+    for (i, r) in kr.iter_mut().enumerate() {
+        *r = k.add(i * ldk);
+    }
     for d in 0..dk {
         let q0 = S::load(q.add(d * 16));
         let q1 = S::load(q.add(d * 16 + 8));
@@ -247,6 +250,28 @@ unsafe fn tile8<S: Simd>(
 /// `k` must point to `ntp` readable rows of `dk` floats, `ldk` apart.
 #[inline(always)]
 pub(crate) unsafe fn gemm<S: Simd>(
+    q: &[f32],
+    dk: usize,
+    rp: usize,
+    k: *const f32,
+    ldk: usize,
+    ntp: usize,
+    c: &mut [f32],
+) -> bool {
+    #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+    if S::AVX2 && crate::gemm512::available() {
+        // SAFETY: the caller's contract, and the CPU has AVX-512 F + VL (just checked).
+        return crate::gemm512::gemm(q, dk, rp, k, ldk, ntp, c);
+    }
+    gemm_tiles::<S>(q, dk, rp, k, ldk, ntp, c)
+}
+
+/// [`gemm`] with `S`'s own tiles (16 and 8 rows × [`KT`] keys).
+///
+/// # Safety
+/// As [`gemm`].
+#[inline(always)]
+pub(crate) unsafe fn gemm_tiles<S: Simd>(
     q: &[f32],
     dk: usize,
     rp: usize,
@@ -435,9 +460,15 @@ unsafe fn max_expsum<S: Simd, const B: usize>(
     }
     let mut acc = [S::zero(); B];
     for t in 0..nt {
-        let x: [S::V; B] = core::array::from_fn(|j| S::sub(S::load(cp.add(t * rp + 8 * j)), mv[j]));
-        // four chains at once (fewer than four blocks: repeats, results unused)
-        let e = S::exp_neg4(core::array::from_fn(|j| x[j.min(B - 1)]));
+        // four chains at once (fewer than four blocks: repeats, results unused); plain
+        // loops, not `array::from_fn`, whose closures LLVM may leave outlined (and then
+        // without the AVX2 features: every load a call)
+        let mut x = [S::zero(); 4];
+        for (j, x) in x.iter_mut().enumerate() {
+            let j = j.min(B - 1);
+            *x = S::sub(S::load(cp.add(t * rp + 8 * j)), mv[j]);
+        }
+        let e = S::exp_neg4(x);
         for j in 0..B {
             acc[j] = S::add(acc[j], e[j]);
         }
@@ -553,10 +584,11 @@ unsafe fn chunk_column_stats<S: Simd>(
         let mut r0 = 0;
         while r0 + 32 <= rp {
             // four vectors at once, as below
-            let z: [S::V; 4] = core::array::from_fn(|j| {
+            let mut z = [S::zero(); 4];
+            for (j, z) in z.iter_mut().enumerate() {
                 let o = r0 + 8 * j;
-                S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
-            });
+                *z = S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero());
+            }
             let e = S::exp_neg4(z);
             for (j, e) in e.into_iter().enumerate() {
                 let o = r0 + 8 * j;
@@ -645,7 +677,11 @@ unsafe fn fused_stats<S: Simd>(
                     let mut v = 0;
                     while v + 4 <= wv {
                         let o = a * w + 8 * v;
-                        let e = S::exp_neg4(core::array::from_fn(|j| z(sp, o + 8 * j)));
+                        let mut x = [S::zero(); 4];
+                        for (j, x) in x.iter_mut().enumerate() {
+                            *x = z(sp, o + 8 * j);
+                        }
+                        let e = S::exp_neg4(x);
                         for (j, e) in e.into_iter().enumerate() {
                             let pr = prob(o + 8 * j, e);
                             sm = S::add(sm, pr);
