@@ -499,7 +499,31 @@ unsafe fn max_expsum<S: Simd, const B: usize>(
         mv[j] = S::max(S::load(mp.add(8 * j)), mv[j]);
     }
     let mut acc = [S::zero(); B];
-    for t in 0..nt {
+    // `kb` keys per step make whole groups of four (key, block) vectors, taken key-major,
+    // so every exp_neg4 call has four useful chains (w = 8: 3 blocks, 4 keys; TOVA: 1
+    // block, 4 keys) and each block still sums its keys in order (the same bits)
+    let kb = match B {
+        1 | 3 => 4,
+        2 => 2,
+        _ => 1,
+    };
+    let mut t = 0;
+    while t + kb <= nt {
+        for c in 0..kb * B / 4 {
+            let mut x = [S::zero(); 4];
+            for (l, x) in x.iter_mut().enumerate() {
+                let (u, j) = ((4 * c + l) / B, (4 * c + l) % B);
+                *x = S::sub(S::load(cp.add((t + u) * rp + 8 * j)), mv[j]);
+            }
+            let e = S::exp_neg4(x);
+            for (l, e) in e.into_iter().enumerate() {
+                let j = (4 * c + l) % B;
+                acc[j] = S::add(acc[j], e);
+            }
+        }
+        t += kb;
+    }
+    for t in t..nt {
         // four chains at once (fewer than four blocks: repeats, results unused); plain
         // loops, not `array::from_fn`, whose closures LLVM may leave outlined (and then
         // without the AVX2 features: every load a call)
