@@ -35,6 +35,8 @@ pub mod score;
 pub mod select;
 pub mod shape;
 pub mod shard;
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+mod simd512;
 mod span;
 pub mod stream;
 pub mod view;

@@ -31,7 +31,12 @@
 //! exactly; every variant keeps the same operations in the same order (same bits).
 
 use crate::error::{Error, Result};
-use crate::numerics::{all_finite, dispatch, dot_v, exp_neg, hsum8, sum_v, Simd};
+use crate::numerics::{all_finite, dot_v, exp_neg, hsum8, sum_v, Simd};
+// the window pass takes the AVX-512 build of its kernels where there is one
+#[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
+use crate::numerics::dispatch as dispatch_wide;
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+use crate::simd512::dispatch_wide;
 use crate::view::{load_rows, DType, View};
 use crate::workspace::{Workspace, WorkspaceSize};
 
@@ -559,7 +564,7 @@ pub(crate) fn row_stats(
 ) -> Result<()> {
     let dk = keys.extent()[2];
     let s = &mut load_queries(queries, kh, g, w, dk, &mut Workspace::new(scratch))?;
-    dispatch!(fn(keys: &View, kh: usize, g: usize, w: usize, s: &mut Scratch,
+    dispatch_wide!(fn(keys: &View, kh: usize, g: usize, w: usize, s: &mut Scratch,
                  rmax: &mut [f32], rsum: &mut [f64]) -> Result<()>, S => {
         row_stats_impl::<S>(keys, kh, g, w, s, None, rmax, rsum)
     })
@@ -808,7 +813,7 @@ pub(crate) fn column_stats(
         s.m[r] = rmax[r];
         s.inv[r] = (1.0 / rsum[r]) as f32;
     }
-    dispatch!(fn(keys: &View, kh: usize, g: usize, w: usize, needs: Needs, s: &mut Scratch,
+    dispatch_wide!(fn(keys: &View, kh: usize, g: usize, w: usize, needs: Needs, s: &mut Scratch,
                  out: &mut Stats) -> Result<()>, S => {
         column_stats_impl::<S>(keys, kh, g, w, needs, s, out)
     })
@@ -923,7 +928,7 @@ pub(crate) fn one_pass(
     let mut ws = Workspace::new(scratch);
     let s = &mut load_queries(queries, kh, g, w, dk, &mut ws)?;
     let store = ws.take_dirty::<f32>(store_len(g, w, n)?)?;
-    dispatch!(fn(keys: &View, kh: usize, g: usize, w: usize, needs: Needs, s: &mut Scratch,
+    dispatch_wide!(fn(keys: &View, kh: usize, g: usize, w: usize, needs: Needs, s: &mut Scratch,
                  store: &mut [f32], rmax: &mut [f32], rsum: &mut [f64],
                  out: &mut Stats) -> Result<()>, S => {
         one_pass_impl::<S>(keys, kh, g, w, needs, s, store, rmax, rsum, out)
