@@ -740,7 +740,45 @@ unsafe fn fused_stats<S: Simd>(
         let mut ag = 0;
         while ag < g {
             let na = (g - ag).min(8);
-            for k in 0..8 {
+            if wv < 4 {
+                // w = 8, 16, 24: the (key, head, vector) triples in that order, four per
+                // exp_neg4 call (8·na·wv is a multiple of 4; AVX-512 runs them as two
+                // 16-lane exps), each added to its head's sum in the order of the loop below
+                // (the same bits)
+                for a in 0..na {
+                    sums[a] = [S::zero(); 8];
+                    sqs[a] = [S::zero(); 8];
+                }
+                let (mut k, mut a, mut v) = (0, 0, 0);
+                let mut i = 0;
+                while i < 8 * na * wv {
+                    let mut x = [S::zero(); 4];
+                    let mut at = [(0, 0, 0); 4];
+                    for (x, at) in x.iter_mut().zip(at.iter_mut()) {
+                        *at = (k, a, (ag + a) * w + 8 * v);
+                        *x = z(src.add((tb + k) * rp), at.2);
+                        v += 1;
+                        if v == wv {
+                            v = 0;
+                            a += 1;
+                            if a == na {
+                                a = 0;
+                                k += 1;
+                            }
+                        }
+                    }
+                    let e = S::exp_neg4(x);
+                    for (e, &(k, a, o)) in e.into_iter().zip(at.iter()) {
+                        let pr = prob(o, e);
+                        sums[a][k] = S::add(sums[a][k], pr);
+                        if needs.sq {
+                            sqs[a][k] = S::fma(pr, pr, sqs[a][k]);
+                        }
+                    }
+                    i += 4;
+                }
+            }
+            for k in (0..8).filter(|_| wv >= 4) {
                 let sp = src.add((tb + k) * rp);
                 for a in ag..ag + na {
                     let (mut sm, mut sq) = (S::zero(), S::zero());
