@@ -66,6 +66,8 @@ pub(crate) trait Simd: Copy {
     unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
     /// [`exp_neg`] per lane.
     unsafe fn exp_neg(x: Self::V) -> Self::V;
+    /// IEEE square root per lane (correctly rounded: `libm::sqrtf`'s bits).
+    unsafe fn sqrt(x: Self::V) -> Self::V;
     /// Bit `i` set where lane `i` of `a` > lane `i` of `b` (false when either is NaN).
     unsafe fn gt_mask(a: Self::V, b: Self::V) -> u32;
     /// Sum of the lanes, in a fixed order: ((0+4)+(2+6)) + ((1+5)+(3+7)).
@@ -187,6 +189,10 @@ impl Simd for Portable {
             *v = exp_neg(*v);
         }
         o
+    }
+    #[inline(always)]
+    unsafe fn sqrt(x: [f32; 8]) -> [f32; 8] {
+        x.map(libm::sqrtf)
     }
     #[inline(always)]
     unsafe fn hsum(v: [f32; 8]) -> f32 {
@@ -372,6 +378,10 @@ mod avx2 {
                 |v, i| _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x[i], min), v),
                 y
             )
+        }
+        #[inline(always)]
+        unsafe fn sqrt(x: __m256) -> __m256 {
+            _mm256_sqrt_ps(x)
         }
         #[inline(always)]
         unsafe fn hsum(v: __m256) -> f32 {

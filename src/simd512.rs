@@ -108,6 +108,7 @@ impl Simd for Avx512 {
         max(a: __m256, b: __m256) -> __m256;
         min(a: __m256, b: __m256) -> __m256;
         exp_neg(x: __m256) -> __m256;
+        sqrt(x: __m256) -> __m256;
         gt_mask(a: __m256, b: __m256) -> u32;
         hsum(v: __m256) -> f32;
         transpose8(v: [__m256; 8]) -> [__m256; 8];
