@@ -1,9 +1,10 @@
 //! Scoring one layer (SPEC §3): one score per (KV head, prefix token), `[Hkv][P]`, where
 //! `P = N - min(w, N)`; window tokens are always kept and never scored.
 //!
-//! Data flow: validate everything → pass 1 of the window attention for every group
-//! (rejects NaN/Inf in Q and K before anything is written) → per group: column
-//! statistics → the scorer's formula → `out[kh]`.
+//! Data flow: validate everything → per group: the window attention (one pass when the
+//! group's logits fit the workspace, else pass 1 for every group first; NaN/Inf in Q and K
+//! rejected through the logits) → column statistics → the scorer's formula → the held
+//! scores; `out` is written once every group has passed.
 //!
 //! Where a scorer lives: its formula in `score/<name>.rs`, what it reads in its row of
 //! [`requirements()`] (inputs, window statistics; the host checks, the workspace sizes and
