@@ -52,10 +52,24 @@ pub(crate) unsafe fn gemm(
     assert!(ntp % 6 == 0 && c.len() >= ntp * rp);
     assert!(q.len() >= rp * dk && rp % 8 == 0);
     let slots = rp.div_ceil(16);
+    let (full, half) = (rp / 16, rp % 16 == 8);
     let (q, c) = (q.as_ptr(), c.as_mut_ptr());
     let mut bad = _mm512_setzero_ps();
     let mut s0 = 0;
     while s0 < slots {
+        if half && full - s0 <= 3 {
+            // the last full slots with the 8-row panel, which takes two keys per vector
+            let f = |v: usize| q.add((s0 + v.min(full - s0)) * 16 * dk);
+            let fs = [f(0), f(1), f(2)];
+            let (qh, cs) = (q.add(full * 16 * dk), c.add(s0 * 16));
+            match full - s0 {
+                0 => tiles_h::<0, 12>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
+                1 => tiles_h::<1, 12>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
+                2 => tiles_h::<2, 6>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
+                _ => tiles_h::<3, 6>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
+            }
+            break;
+        }
         let ns = (slots - s0).min(4);
         let slot = |v: usize| {
             let r = (s0 + v.min(ns - 1)) * 16;
@@ -102,6 +116,94 @@ unsafe fn tiles<const V: usize, const KN: usize>(
     while t0 < ntp {
         tile::<V, 6>(k.add(t0 * ldk), ldk, dk, sl, c.add(t0 * ldc), ldc, bad);
         t0 += 6;
+    }
+}
+
+/// [`tiles`] for `V` full slots (16-row panels at `fs`, `[d][16]`) followed by the 8-row
+/// panel `qh` (`[d][8]`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tiles_h<const V: usize, const KN: usize>(
+    k: *const f32,
+    ldk: usize,
+    dk: usize,
+    fs: &[*const f32; 3],
+    qh: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    ntp: usize,
+    bad: &mut __m512,
+) {
+    let mut t0 = 0;
+    while t0 + KN <= ntp {
+        tile_h::<V, KN>(k.add(t0 * ldk), ldk, dk, fs, qh, c.add(t0 * ldc), ldc, bad);
+        t0 += KN;
+    }
+    while t0 < ntp {
+        tile_h::<V, 6>(k.add(t0 * ldk), ldk, dk, fs, qh, c.add(t0 * ldc), ldc, bad);
+        t0 += 6;
+    }
+}
+
+/// [`tile`] for `V` full slots and the 8-row panel, whose logits take half a vector per
+/// key: keys `2j` and `2j + 1` share one (their broadcasts blended, the panel's 8 rows in
+/// both halves), so 8 rows cost half an FMA per key element instead of a whole one. Each
+/// lane is still its logit's FMA chain over `d` in order (the same bits).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_h<const V: usize, const KN: usize>(
+    k: *const f32,
+    ldk: usize,
+    dk: usize,
+    fs: &[*const f32; 3],
+    qh: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    bad: &mut __m512,
+) {
+    let mut acc = [[_mm512_setzero_ps(); 3]; KN];
+    let mut acch = [_mm512_setzero_ps(); 6];
+    let mut kr = [k; KN];
+    for (i, r) in kr.iter_mut().enumerate() {
+        *r = k.add(i * ldk);
+    }
+    for d in 0..dk {
+        let mut qv = [_mm512_setzero_ps(); 3];
+        for (v, x) in qv.iter_mut().enumerate().take(V) {
+            *x = _mm512_loadu_ps(fs[v].add(d * 16));
+        }
+        // the panel's 8 floats in both halves
+        let qd = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(
+            qh.add(d * 8) as *const f64
+        )));
+        for j in 0..KN / 2 {
+            let b = [
+                _mm512_set1_ps(*kr[2 * j].add(d)),
+                _mm512_set1_ps(*kr[2 * j + 1].add(d)),
+            ];
+            for (u, &b) in b.iter().enumerate() {
+                for v in 0..V {
+                    acc[2 * j + u][v] = _mm512_fmadd_ps(b, qv[v], acc[2 * j + u][v]);
+                }
+            }
+            let bb = _mm512_mask_blend_ps(0xFF00, b[0], b[1]);
+            acch[j] = _mm512_fmadd_ps(bb, qd, acch[j]);
+        }
+    }
+    for i in 0..KN {
+        for v in 0..V {
+            _mm512_storeu_ps(c.add(i * ldc + 16 * v), acc[i][v]);
+            *bad = _mm512_fmadd_ps(acc[i][v], _mm512_setzero_ps(), *bad);
+        }
+    }
+    for j in 0..KN / 2 {
+        let (lo, hi) = (
+            _mm512_castps512_ps256(acch[j]),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acch[j]))),
+        );
+        _mm256_storeu_ps(c.add(2 * j * ldc + 16 * V), lo);
+        _mm256_storeu_ps(c.add((2 * j + 1) * ldc + 16 * V), hi);
+        *bad = _mm512_fmadd_ps(acch[j], _mm512_setzero_ps(), *bad);
     }
 }
 
