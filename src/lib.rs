@@ -26,6 +26,8 @@ pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+mod gemm512;
 pub mod gram;
 pub mod numerics;
 pub mod pool;
@@ -33,6 +35,8 @@ pub mod score;
 pub mod select;
 pub mod shape;
 pub mod shard;
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+mod simd512;
 mod span;
 pub mod stream;
 pub mod view;

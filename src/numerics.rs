@@ -41,6 +41,13 @@ pub fn exp_neg(x: f32) -> f32 {
 /// deterministic; they differ from each other in rounding (FMA contracts `a·b + c`).
 pub(crate) trait Simd: Copy {
     type V: Copy;
+    /// True for the AVX2 build, whose callers may also use AVX-512 where detected (read
+    /// only where the AVX-512 kernel is built).
+    #[cfg_attr(
+        not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)),
+        allow(dead_code)
+    )]
+    const AVX2: bool = false;
     unsafe fn zero() -> Self::V;
     unsafe fn splat(x: f32) -> Self::V;
     /// Unaligned load / store of 8 floats.
@@ -59,6 +66,8 @@ pub(crate) trait Simd: Copy {
     unsafe fn min(a: Self::V, b: Self::V) -> Self::V;
     /// [`exp_neg`] per lane.
     unsafe fn exp_neg(x: Self::V) -> Self::V;
+    /// IEEE square root per lane (correctly rounded: `libm::sqrtf`'s bits).
+    unsafe fn sqrt(x: Self::V) -> Self::V;
     /// Bit `i` set where lane `i` of `a` > lane `i` of `b` (false when either is NaN).
     unsafe fn gt_mask(a: Self::V, b: Self::V) -> u32;
     /// Sum of the lanes, in a fixed order: ((0+4)+(2+6)) + ((1+5)+(3+7)).
@@ -182,6 +191,10 @@ impl Simd for Portable {
         o
     }
     #[inline(always)]
+    unsafe fn sqrt(x: [f32; 8]) -> [f32; 8] {
+        x.map(libm::sqrtf)
+    }
+    #[inline(always)]
     unsafe fn hsum(v: [f32; 8]) -> f32 {
         ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]))
     }
@@ -202,6 +215,7 @@ mod avx2 {
 
     impl Simd for Avx2 {
         type V = __m256;
+        const AVX2: bool = true;
         #[inline(always)]
         unsafe fn zero() -> __m256 {
             _mm256_setzero_ps()
@@ -364,6 +378,10 @@ mod avx2 {
                 |v, i| _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x[i], min), v),
                 y
             )
+        }
+        #[inline(always)]
+        unsafe fn sqrt(x: __m256) -> __m256 {
+            _mm256_sqrt_ps(x)
         }
         #[inline(always)]
         unsafe fn hsum(v: __m256) -> f32 {

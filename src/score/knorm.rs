@@ -50,13 +50,16 @@ pub(super) fn score(keys: &View, kh: usize, bufs: &mut Bufs, dst: &mut [f32]) {
             let mut t = 0;
             for out in &mut pairs {
                 // SAFETY: keys t .. t+16 (< lanes), each dk floats, ld apart.
-                unsafe { norms::<S, 2>(base.add(t * ld), ld, dk, out) };
+                unsafe { row_sums::<S, 2, false>(base.add(t * ld), ld, dk, out) };
                 t += 16;
             }
             let rest = pairs.into_remainder();
             if !rest.is_empty() {
                 // SAFETY: keys t .. t+8 (< lanes).
-                unsafe { norms::<S, 1>(base.add(t * ld), ld, dk, rest) };
+                unsafe { row_sums::<S, 1, false>(base.add(t * ld), ld, dk, rest) };
+            }
+            for v in head.iter_mut() {
+                *v = -libm::sqrtf(*v);
             }
         });
     }
@@ -67,24 +70,40 @@ pub(super) fn score(keys: &View, kh: usize, bufs: &mut Bufs, dst: &mut [f32]) {
     }
 }
 
-/// `out[i] = -sqrt(Σ_d x_d·x_d)` for the `8·B` f32 key rows at `k` (`ld` apart), each
-/// summed in dimension order in its own lane.
+/// `out[i] = Σ_d x_d·x_d` (`L1`: `Σ_d |x_d|`) for the `8·B` f32 rows at `k` (`ld` apart),
+/// each summed in dimension order from +0 in its own lane (a scalar loop's bits).
 ///
 /// # Safety
 /// `k` must point to `8·B` readable rows of `dk` floats, `ld` apart; `out` has `8·B`.
 #[inline(always)]
-unsafe fn norms<S: Simd, const B: usize>(k: *const f32, ld: usize, dk: usize, out: &mut [f32]) {
+pub(super) unsafe fn row_sums<S: Simd, const B: usize, const L1: bool>(
+    k: *const f32,
+    ld: usize,
+    dk: usize,
+    out: &mut [f32],
+) {
+    // |x| as max(x, 0 - x): NaN stays NaN, and -0 gives -0, which adds to a +0 sum as +0
+    let term = |x: S::V| {
+        if L1 {
+            S::max(x, S::sub(S::zero(), x))
+        } else {
+            S::mul(x, x)
+        }
+    };
     let mut acc = [S::zero(); B];
     let d8 = dk / 8 * 8;
     let mut d = 0;
     while d < d8 {
         for (j, a) in acc.iter_mut().enumerate() {
             // 8 dims of 8 keys, turned so that vector i holds dim d + i of the 8 keys
-            let x = S::transpose8(core::array::from_fn(|l| {
-                S::load(k.add((8 * j + l) * ld + d))
-            }));
+            // a plain loop, not `array::from_fn` (its closure may stay outlined)
+            let mut x = [S::zero(); 8];
+            for (l, x) in x.iter_mut().enumerate() {
+                *x = S::load(k.add((8 * j + l) * ld + d));
+            }
+            let x = S::transpose8(x);
             for xi in x {
-                *a = S::add(*a, S::mul(xi, xi));
+                *a = S::add(*a, term(xi));
             }
         }
         d += 8;
@@ -96,13 +115,10 @@ unsafe fn norms<S: Simd, const B: usize>(k: *const f32, ld: usize, dk: usize, ou
                 *c = *k.add((8 * j + l) * ld + d);
             }
             let x = S::load(col.as_ptr());
-            *a = S::add(*a, S::mul(x, x));
+            *a = S::add(*a, term(x));
         }
     }
     for (j, a) in acc.into_iter().enumerate() {
-        S::store(col.as_mut_ptr(), a);
-        for (o, s) in out[8 * j..8 * j + 8].iter_mut().zip(col) {
-            *o = -libm::sqrtf(s);
-        }
+        S::store(out[8 * j..8 * j + 8].as_mut_ptr(), a);
     }
 }

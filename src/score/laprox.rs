@@ -9,6 +9,7 @@ use super::{Bufs, LayerInputs, LayerShape};
 use crate::config::{LaproxGqa, PoolPlacement, ScoreConfig};
 use crate::error::{Error, Result};
 use crate::gram::{self, block_pair, blocks};
+use crate::numerics::dispatch;
 use crate::pool::{pool, pool_in_place};
 
 pub(super) fn check_inputs(
@@ -118,20 +119,14 @@ pub(super) fn score(
             dst.fill(0.0);
             for a in 0..g {
                 let att = &mut sq[a * p..(a + 1) * p];
-                for v in att.iter_mut() {
-                    *v = libm::sqrtf(*v);
-                }
+                sqrt_all(att, false);
                 forms.fill(kh, a, p, bufs.row, bufs.tmp_b);
                 let vn = &mut bufs.tmp_b[..p];
-                for v in vn.iter_mut() {
-                    *v = libm::sqrtf(v.max(0.0));
-                }
+                sqrt_all(vn, true);
                 match cfg.placement {
                     PoolPlacement::Attention => {
                         pool_in_place(&cfg.pool, att, bufs.tmp_a);
-                        for ((d, &x), &y) in dst.iter_mut().zip(att.iter()).zip(vn.iter()) {
-                            *d += x * y;
-                        }
+                        add_products(dst, att, vn);
                     }
                     PoolPlacement::Product => {
                         for (x, &y) in att.iter_mut().zip(vn.iter()) {
@@ -208,6 +203,50 @@ pub(super) fn score(
             }
         }
     }
+}
+
+/// `x = sqrt(x)` (with `clamp`: `sqrt(max(x, 0))`, NaN to 0 as `f32::max`), 8 at a time
+/// (IEEE square roots: the scalar loop's bits).
+fn sqrt_all(x: &mut [f32], clamp: bool) {
+    dispatch!(fn(x: &mut [f32], clamp: bool) -> (), S => {
+        let n8 = x.len() / 8 * 8;
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 <= n8 <= x.len().
+            unsafe {
+                let p = x.as_mut_ptr().add(i);
+                let v = S::load(p);
+                // max(0, v) keeps 0 where v is NaN or not above 0, as `f32::max(v, 0.0)`
+                S::store(p, S::sqrt(if clamp { S::max(S::zero(), v) } else { v }));
+            }
+            i += 8;
+        }
+        for v in x[n8..].iter_mut() {
+            *v = libm::sqrtf(if clamp { v.max(0.0) } else { *v });
+        }
+    })
+}
+
+/// `d += x·y` elementwise (a product, then a sum: no fused multiply-add, the scalar bits).
+fn add_products(d: &mut [f32], x: &[f32], y: &[f32]) {
+    dispatch!(fn(d: &mut [f32], x: &[f32], y: &[f32]) -> (), S => {
+        let n = d.len();
+        assert!(x.len() >= n && y.len() >= n);
+        let n8 = n / 8 * 8;
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 <= n8 <= n, every slice holds n.
+            unsafe {
+                let dp = d.as_mut_ptr().add(i);
+                let xy = S::mul(S::load(x.as_ptr().add(i)), S::load(y.as_ptr().add(i)));
+                S::store(dp, S::add(S::load(dp), xy));
+            }
+            i += 8;
+        }
+        for ((d, &x), &y) in d[n8..].iter_mut().zip(&x[n8..n]).zip(&y[n8..n]) {
+            *d += x * y;
+        }
+    })
 }
 
 fn window_pairs(g: usize) -> usize {
