@@ -190,21 +190,26 @@ unsafe fn tile16<S: Simd>(
     c: *mut f32,
     ldc: usize,
 ) {
-    let mut acc = [[S::zero(); 2]; KT];
-    // one pointer per key row: each broadcast is base + d, no per-element index arithmetic
-    let kr: [*const f32; KT] = core::array::from_fn(|i| k.add(i * ldk));
-    for d in 0..dk {
-        let q0 = S::load(q.add(d * 16));
-        let q1 = S::load(q.add(d * 16 + 8));
-        for i in 0..KT {
-            let b = S::splat(*kr[i].add(d));
-            acc[i][0] = S::fma(b, q0, acc[i][0]);
-            acc[i][1] = S::fma(b, q1, acc[i][1]);
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
+    // KT rows of `dk` floats `ldk` apart, `q` `dk` rows of 16 and `c` KT rows of 16 `ldc` apart
+    // (the callers in `gemm`).
+    unsafe {
+        let mut acc = [[S::zero(); 2]; KT];
+        // one pointer per key row: each broadcast is base + d, no per-element index arithmetic
+        let kr: [*const f32; KT] = core::array::from_fn(|i| k.add(i * ldk));
+        for d in 0..dk {
+            let q0 = S::load(q.add(d * 16));
+            let q1 = S::load(q.add(d * 16 + 8));
+            for i in 0..KT {
+                let b = S::splat(*kr[i].add(d));
+                acc[i][0] = S::fma(b, q0, acc[i][0]);
+                acc[i][1] = S::fma(b, q1, acc[i][1]);
+            }
         }
-    }
-    for i in 0..KT {
-        S::store(c.add(i * ldc), acc[i][0]);
-        S::store(c.add(i * ldc + 8), acc[i][1]);
+        for i in 0..KT {
+            S::store(c.add(i * ldc), acc[i][0]);
+            S::store(c.add(i * ldc + 8), acc[i][1]);
+        }
     }
 }
 
@@ -218,15 +223,20 @@ unsafe fn tile8<S: Simd>(
     c: *mut f32,
     ldc: usize,
 ) {
-    let mut acc = [S::zero(); KT];
-    for d in 0..dk {
-        let q0 = S::load(q.add(d * 8));
-        for i in 0..KT {
-            acc[i] = S::fma(S::splat(*k.add(i * ldk + d)), q0, acc[i]);
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
+    // KT rows of `dk` floats `ldk` apart, `q` `dk` rows of 8 and `c` KT rows of 8 `ldc` apart (the
+    // callers in `gemm`).
+    unsafe {
+        let mut acc = [S::zero(); KT];
+        for d in 0..dk {
+            let q0 = S::load(q.add(d * 8));
+            for i in 0..KT {
+                acc[i] = S::fma(S::splat(*k.add(i * ldk + d)), q0, acc[i]);
+            }
         }
-    }
-    for i in 0..KT {
-        S::store(c.add(i * ldc), acc[i]);
+        for i in 0..KT {
+            S::store(c.add(i * ldc), acc[i]);
+        }
     }
 }
 
@@ -246,27 +256,32 @@ pub(crate) unsafe fn gemm<S: Simd>(
     ntp: usize,
     c: &mut [f32],
 ) {
-    assert!(ntp % KT == 0 && c.len() >= ntp * rp);
-    assert!(q.len() >= rp * dk && rp % 8 == 0);
-    let full = rp / 16 * 16;
-    let (q, c) = (q.as_ptr(), c.as_mut_ptr());
-    // every q and c access is inside the slices checked above
-    let mut r0 = 0;
-    while r0 < full {
-        let qp = q.add(r0 * dk);
-        let mut t0 = 0;
-        while t0 < ntp {
-            tile16::<S>(k.add(t0 * ldk), ldk, dk, qp, c.add(t0 * rp + r0), rp);
-            t0 += KT;
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
+    // `ntp` rows `ldk` apart (this fn's contract) and the tiles stay inside `q` and `c` (asserted
+    // above).
+    unsafe {
+        assert!(ntp % KT == 0 && c.len() >= ntp * rp);
+        assert!(q.len() >= rp * dk && rp % 8 == 0);
+        let full = rp / 16 * 16;
+        let (q, c) = (q.as_ptr(), c.as_mut_ptr());
+        // every q and c access is inside the slices checked above
+        let mut r0 = 0;
+        while r0 < full {
+            let qp = q.add(r0 * dk);
+            let mut t0 = 0;
+            while t0 < ntp {
+                tile16::<S>(k.add(t0 * ldk), ldk, dk, qp, c.add(t0 * rp + r0), rp);
+                t0 += KT;
+            }
+            r0 += 16;
         }
-        r0 += 16;
-    }
-    if full < rp {
-        let qp = q.add(full * dk);
-        let mut t0 = 0;
-        while t0 < ntp {
-            tile8::<S>(k.add(t0 * ldk), ldk, dk, qp, c.add(t0 * rp + full), rp);
-            t0 += KT;
+        if full < rp {
+            let qp = q.add(full * dk);
+            let mut t0 = 0;
+            while t0 < ntp {
+                tile8::<S>(k.add(t0 * ldk), ldk, dk, qp, c.add(t0 * rp + full), rp);
+                t0 += KT;
+            }
         }
     }
 }
@@ -397,27 +412,32 @@ unsafe fn max_expsum<S: Simd, const B: usize>(
     mx: *mut f32,
     cs: *mut f32,
 ) {
-    let mut mv = [S::splat(f32::NEG_INFINITY); B];
-    for t in 0..nt {
-        for j in 0..B {
-            mv[j] = S::max(mv[j], S::load(cp.add(t * rp + 8 * j)));
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `cp`,
+    // `mp`, `mx`, `cs` cover the `nt` rows of `8·B` floats this fn's contract asks for.
+    unsafe {
+        let mut mv = [S::splat(f32::NEG_INFINITY); B];
+        for t in 0..nt {
+            for j in 0..B {
+                mv[j] = S::max(mv[j], S::load(cp.add(t * rp + 8 * j)));
+            }
         }
-    }
-    for j in 0..B {
-        mv[j] = S::max(S::load(mp.add(8 * j)), mv[j]);
-    }
-    let mut acc = [S::zero(); B];
-    for t in 0..nt {
-        let x: [S::V; B] = core::array::from_fn(|j| S::sub(S::load(cp.add(t * rp + 8 * j)), mv[j]));
-        // four chains at once (fewer than four blocks: repeats, results unused)
-        let e = S::exp_neg4(core::array::from_fn(|j| x[j.min(B - 1)]));
         for j in 0..B {
-            acc[j] = S::add(acc[j], e[j]);
+            mv[j] = S::max(S::load(mp.add(8 * j)), mv[j]);
         }
-    }
-    for j in 0..B {
-        S::store(mx.add(8 * j), mv[j]);
-        S::store(cs.add(8 * j), acc[j]);
+        let mut acc = [S::zero(); B];
+        for t in 0..nt {
+            let x: [S::V; B] =
+                core::array::from_fn(|j| S::sub(S::load(cp.add(t * rp + 8 * j)), mv[j]));
+            // four chains at once (fewer than four blocks: repeats, results unused)
+            let e = S::exp_neg4(core::array::from_fn(|j| x[j.min(B - 1)]));
+            for j in 0..B {
+                acc[j] = S::add(acc[j], e[j]);
+            }
+        }
+        for j in 0..B {
+            S::store(mx.add(8 * j), mv[j]);
+            S::store(cs.add(8 * j), acc[j]);
+        }
     }
 }
 
@@ -512,63 +532,67 @@ unsafe fn chunk_column_stats<S: Simd>(
     needs: Needs,
     out: &mut Stats,
 ) {
-    assert!(m.len() >= rp && inv.len() >= rp && g * w <= rp && rp % 8 == 0);
-    let t0 = if w % 8 == 0 && !needs.cross {
-        let nt8 = nt / 8 * 8;
-        fused_stats::<S>(src, c0, nt8, p, g, w, rp, m, inv, needs, out);
-        nt8
-    } else {
-        0
-    };
-    for t in t0..nt {
-        let (sp, dp) = (src.add(t * rp), dst.add(t * rp));
-        let (mp, ip) = (m.as_ptr(), inv.as_ptr());
-        let mut r0 = 0;
-        while r0 + 32 <= rp {
-            // four vectors at once, as below
-            let z: [S::V; 4] = core::array::from_fn(|j| {
-                let o = r0 + 8 * j;
-                S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
-            });
-            let e = S::exp_neg4(z);
-            for (j, e) in e.into_iter().enumerate() {
-                let o = r0 + 8 * j;
-                S::store(dp.add(o), S::mul(e, S::load(ip.add(o))));
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `src` and
+    // `dst` hold `nt·rp` floats (this fn's contract), `m` and `inv` `rp` (asserted first).
+    unsafe {
+        assert!(m.len() >= rp && inv.len() >= rp && g * w <= rp && rp % 8 == 0);
+        let t0 = if w % 8 == 0 && !needs.cross {
+            let nt8 = nt / 8 * 8;
+            fused_stats::<S>(src, c0, nt8, p, g, w, rp, m, inv, needs, out);
+            nt8
+        } else {
+            0
+        };
+        for t in t0..nt {
+            let (sp, dp) = (src.add(t * rp), dst.add(t * rp));
+            let (mp, ip) = (m.as_ptr(), inv.as_ptr());
+            let mut r0 = 0;
+            while r0 + 32 <= rp {
+                // four vectors at once, as below
+                let z: [S::V; 4] = core::array::from_fn(|j| {
+                    let o = r0 + 8 * j;
+                    S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
+                });
+                let e = S::exp_neg4(z);
+                for (j, e) in e.into_iter().enumerate() {
+                    let o = r0 + 8 * j;
+                    S::store(dp.add(o), S::mul(e, S::load(ip.add(o))));
+                }
+                r0 += 32;
             }
-            r0 += 32;
-        }
-        while r0 < rp {
-            // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
-            // when the caller gave `row_lse` (its logits may round differently); padding
-            // rows have inv = 0
-            let z = S::min(
-                S::sub(S::load(sp.add(r0)), S::load(m.as_ptr().add(r0))),
-                S::zero(),
-            );
-            S::store(
-                dp.add(r0),
-                S::mul(S::exp_neg(z), S::load(inv.as_ptr().add(r0))),
-            );
-            r0 += 8;
-        }
-        let row = core::slice::from_raw_parts(dp as *const f32, g * w);
-        for a in 0..g {
-            let pa = &row[a * w..(a + 1) * w];
-            let o = a * p + c0 + t;
-            if needs.sum {
-                out.sum[o] += sum_v::<S>(pa);
+            while r0 < rp {
+                // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
+                // when the caller gave `row_lse` (its logits may round differently); padding
+                // rows have inv = 0
+                let z = S::min(
+                    S::sub(S::load(sp.add(r0)), S::load(m.as_ptr().add(r0))),
+                    S::zero(),
+                );
+                S::store(
+                    dp.add(r0),
+                    S::mul(S::exp_neg(z), S::load(inv.as_ptr().add(r0))),
+                );
+                r0 += 8;
             }
-            if needs.sq {
-                out.sq[o] += dot_v::<S>(pa, pa);
-            }
-        }
-        if needs.cross {
-            let mut pi = 0;
+            let row = core::slice::from_raw_parts(dp as *const f32, g * w);
             for a in 0..g {
-                for b in a + 1..g {
-                    let (pa, pb) = (&row[a * w..(a + 1) * w], &row[b * w..(b + 1) * w]);
-                    out.cross[pi * p + c0 + t] += dot_v::<S>(pa, pb);
-                    pi += 1;
+                let pa = &row[a * w..(a + 1) * w];
+                let o = a * p + c0 + t;
+                if needs.sum {
+                    out.sum[o] += sum_v::<S>(pa);
+                }
+                if needs.sq {
+                    out.sq[o] += dot_v::<S>(pa, pa);
+                }
+            }
+            if needs.cross {
+                let mut pi = 0;
+                for a in 0..g {
+                    for b in a + 1..g {
+                        let (pa, pb) = (&row[a * w..(a + 1) * w], &row[b * w..(b + 1) * w]);
+                        out.cross[pi * p + c0 + t] += dot_v::<S>(pa, pb);
+                        pi += 1;
+                    }
                 }
             }
         }
@@ -596,65 +620,69 @@ unsafe fn fused_stats<S: Simd>(
     needs: Needs,
     out: &mut Stats,
 ) {
-    let wv = w / 8;
-    let (mp, ip) = (m.as_ptr(), inv.as_ptr());
-    let prob = |o: usize, e: S::V| S::mul(e, S::load(ip.add(o)));
-    let z = |sp: *const f32, o: usize| {
-        S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
-    };
-    // 8 keys × up to 8 heads per step: each key's row is read in order (streams well from
-    // the one-pass store), the heads' sums wait in `sums[a][k]`
-    let mut sums = [[S::zero(); 8]; 8];
-    let mut sqs = [[S::zero(); 8]; 8];
-    let mut tb = 0;
-    while tb < nt8 {
-        let mut ag = 0;
-        while ag < g {
-            let na = (g - ag).min(8);
-            for k in 0..8 {
-                let sp = src.add((tb + k) * rp);
-                for a in ag..ag + na {
-                    let (mut sm, mut sq) = (S::zero(), S::zero());
-                    let mut v = 0;
-                    while v + 4 <= wv {
-                        let o = a * w + 8 * v;
-                        let e = S::exp_neg4(core::array::from_fn(|j| z(sp, o + 8 * j)));
-                        for (j, e) in e.into_iter().enumerate() {
-                            let pr = prob(o + 8 * j, e);
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `src`
+    // holds `nt8·rp` floats (this fn's contract), `m` and `inv` `rp` (the caller's `Scratch`).
+    unsafe {
+        let wv = w / 8;
+        let (mp, ip) = (m.as_ptr(), inv.as_ptr());
+        let prob = |o: usize, e: S::V| S::mul(e, S::load(ip.add(o)));
+        let z = |sp: *const f32, o: usize| {
+            S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
+        };
+        // 8 keys × up to 8 heads per step: each key's row is read in order (streams well from
+        // the one-pass store), the heads' sums wait in `sums[a][k]`
+        let mut sums = [[S::zero(); 8]; 8];
+        let mut sqs = [[S::zero(); 8]; 8];
+        let mut tb = 0;
+        while tb < nt8 {
+            let mut ag = 0;
+            while ag < g {
+                let na = (g - ag).min(8);
+                for k in 0..8 {
+                    let sp = src.add((tb + k) * rp);
+                    for a in ag..ag + na {
+                        let (mut sm, mut sq) = (S::zero(), S::zero());
+                        let mut v = 0;
+                        while v + 4 <= wv {
+                            let o = a * w + 8 * v;
+                            let e = S::exp_neg4(core::array::from_fn(|j| z(sp, o + 8 * j)));
+                            for (j, e) in e.into_iter().enumerate() {
+                                let pr = prob(o + 8 * j, e);
+                                sm = S::add(sm, pr);
+                                if needs.sq {
+                                    sq = S::fma(pr, pr, sq);
+                                }
+                            }
+                            v += 4;
+                        }
+                        while v < wv {
+                            let o = a * w + 8 * v;
+                            let pr = prob(o, S::exp_neg(z(sp, o)));
                             sm = S::add(sm, pr);
                             if needs.sq {
                                 sq = S::fma(pr, pr, sq);
                             }
+                            v += 1;
                         }
-                        v += 4;
+                        sums[a - ag][k] = sm;
+                        sqs[a - ag][k] = sq;
                     }
-                    while v < wv {
-                        let o = a * w + 8 * v;
-                        let pr = prob(o, S::exp_neg(z(sp, o)));
-                        sm = S::add(sm, pr);
-                        if needs.sq {
-                            sq = S::fma(pr, pr, sq);
-                        }
-                        v += 1;
+                }
+                for a in ag..ag + na {
+                    let o = a * p + c0 + tb;
+                    if needs.sum {
+                        let d = out.sum[o..o + 8].as_mut_ptr();
+                        S::store(d, S::add(S::load(d), hsum8::<S>(sums[a - ag])));
                     }
-                    sums[a - ag][k] = sm;
-                    sqs[a - ag][k] = sq;
+                    if needs.sq {
+                        let d = out.sq[o..o + 8].as_mut_ptr();
+                        S::store(d, S::add(S::load(d), hsum8::<S>(sqs[a - ag])));
+                    }
                 }
+                ag += na;
             }
-            for a in ag..ag + na {
-                let o = a * p + c0 + tb;
-                if needs.sum {
-                    let d = out.sum[o..o + 8].as_mut_ptr();
-                    S::store(d, S::add(S::load(d), hsum8::<S>(sums[a - ag])));
-                }
-                if needs.sq {
-                    let d = out.sq[o..o + 8].as_mut_ptr();
-                    S::store(d, S::add(S::load(d), hsum8::<S>(sqs[a - ag])));
-                }
-            }
-            ag += na;
+            tb += 8;
         }
-        tb += 8;
     }
 }
 

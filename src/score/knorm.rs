@@ -74,35 +74,39 @@ pub(super) fn score(keys: &View, kh: usize, bufs: &mut Bufs, dst: &mut [f32]) {
 /// `k` must point to `8·B` readable rows of `dk` floats, `ld` apart; `out` has `8·B`.
 #[inline(always)]
 unsafe fn norms<S: Simd, const B: usize>(k: *const f32, ld: usize, dk: usize, out: &mut [f32]) {
-    let mut acc = [S::zero(); B];
-    let d8 = dk / 8 * 8;
-    let mut d = 0;
-    while d < d8 {
-        for (j, a) in acc.iter_mut().enumerate() {
-            // 8 dims of 8 keys, turned so that vector i holds dim d + i of the 8 keys
-            let x = S::transpose8(core::array::from_fn(|l| {
-                S::load(k.add((8 * j + l) * ld + d))
-            }));
-            for xi in x {
-                *a = S::add(*a, S::mul(xi, xi));
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
+    // `8·B` rows of `dk` floats `ld` apart and `out` `8·B` (this fn's contract).
+    unsafe {
+        let mut acc = [S::zero(); B];
+        let d8 = dk / 8 * 8;
+        let mut d = 0;
+        while d < d8 {
+            for (j, a) in acc.iter_mut().enumerate() {
+                // 8 dims of 8 keys, turned so that vector i holds dim d + i of the 8 keys
+                let x = S::transpose8(core::array::from_fn(|l| {
+                    S::load(k.add((8 * j + l) * ld + d))
+                }));
+                for xi in x {
+                    *a = S::add(*a, S::mul(xi, xi));
+                }
+            }
+            d += 8;
+        }
+        let mut col = [0f32; 8];
+        for d in d8..dk {
+            for (j, a) in acc.iter_mut().enumerate() {
+                for (l, c) in col.iter_mut().enumerate() {
+                    *c = *k.add((8 * j + l) * ld + d);
+                }
+                let x = S::load(col.as_ptr());
+                *a = S::add(*a, S::mul(x, x));
             }
         }
-        d += 8;
-    }
-    let mut col = [0f32; 8];
-    for d in d8..dk {
-        for (j, a) in acc.iter_mut().enumerate() {
-            for (l, c) in col.iter_mut().enumerate() {
-                *c = *k.add((8 * j + l) * ld + d);
+        for (j, a) in acc.into_iter().enumerate() {
+            S::store(col.as_mut_ptr(), a);
+            for (o, s) in out[8 * j..8 * j + 8].iter_mut().zip(col) {
+                *o = -libm::sqrtf(s);
             }
-            let x = S::load(col.as_ptr());
-            *a = S::add(*a, S::mul(x, x));
-        }
-    }
-    for (j, a) in acc.into_iter().enumerate() {
-        S::store(col.as_mut_ptr(), a);
-        for (o, s) in out[8 * j..8 * j + 8].iter_mut().zip(col) {
-            *o = -libm::sqrtf(s);
         }
     }
 }
