@@ -121,22 +121,16 @@ fn last_elem(v: &KveCudaView) -> Option<usize> {
 
 /// The core's [`View`] over a validated, non-empty descriptor.
 unsafe fn core_view<'a>(v: &KveCudaView) -> Option<View<'a>> {
+    let len = last_elem(v)?.checked_add(1)?;
+    let dtype = dtype_of(v.dtype)?;
+    let extent = [v.heads as usize, v.tokens as usize, v.dim as usize];
+    let stride = [
+        v.stride_head as usize,
+        v.stride_token as usize,
+        v.stride_dim as usize,
+    ];
     // SAFETY: `v` was validated by `view_ok`: `data` holds `last_elem + 1` elements of its dtype.
-    unsafe {
-        let len = last_elem(v)?.checked_add(1)?;
-        View::from_raw(
-            v.data as *const u8,
-            len,
-            dtype_of(v.dtype)?,
-            [v.heads as usize, v.tokens as usize, v.dim as usize],
-            [
-                v.stride_head as usize,
-                v.stride_token as usize,
-                v.stride_dim as usize,
-            ],
-        )
-        .ok()
-    }
+    unsafe { View::from_raw(v.data as *const u8, len, dtype, extent, stride) }.ok()
 }
 
 /// Element `(h, t, d)` of a validated view as f32.
@@ -177,11 +171,9 @@ unsafe fn get_typed(p: *const c_void, dtype: i32, i: usize) -> f32 {
 
 /// Overwrite the first `bytes` of a workspace, as a kernel would use it.
 pub(super) unsafe fn scribble(ws: *mut c_void, bytes: usize) {
-    // SAFETY: the caller checked that `ws` holds at least `bytes` bytes.
-    unsafe {
-        if bytes > 0 {
-            core::ptr::write_bytes(ws as *mut u8, WS_PATTERN, bytes);
-        }
+    if bytes > 0 {
+        // SAFETY: the caller checked that `ws` holds at least `bytes` bytes.
+        unsafe { core::ptr::write_bytes(ws as *mut u8, WS_PATTERN, bytes) };
     }
 }
 
@@ -214,14 +206,12 @@ fn norm_factor(sum: f64) -> f32 {
 /// Scale of row `r` for select / shard: `norm_factor(layer_sum[r / rpl])` or none.
 #[inline]
 unsafe fn row_scale(layer_sum: *const f64, rpl: usize, r: usize) -> Option<f32> {
-    // SAFETY: a non-null `layer_sum` holds one f64 per layer (`r / rpl` < layers, launcher
-    // contract).
-    unsafe {
-        if layer_sum.is_null() {
-            None
-        } else {
-            Some(norm_factor(*layer_sum.add(r / rpl)))
-        }
+    if layer_sum.is_null() {
+        None
+    } else {
+        // SAFETY: a non-null `layer_sum` holds one f64 per layer and `r / rpl` < layers
+        // (launcher contract).
+        Some(norm_factor(unsafe { *layer_sum.add(r / rpl) }))
     }
 }
 
@@ -237,13 +227,11 @@ fn scaled(x: f32, sc: Option<f32>) -> f32 {
 
 /// The mock reports one device.
 pub unsafe fn kve_cuda_device_count(out: *mut c_int) -> c_int {
-    // SAFETY: a non-null `out` points to one writable int (launcher contract).
-    unsafe {
-        if !out.is_null() {
-            *out = 1;
-        }
-        0
+    if !out.is_null() {
+        // SAFETY: a non-null `out` points to one writable int (launcher contract).
+        unsafe { *out = 1 };
     }
+    0
 }
 
 // ------------------------------------------------------------------- window --
@@ -486,32 +474,30 @@ unsafe fn vonorm_args(
     out: *mut f32,
 ) -> Result<Option<(KveCudaView, usize, usize, usize, usize)>, c_int> {
     // SAFETY: `view_ok` reads a descriptor pointer the launcher's caller vouches for.
-    unsafe {
-        let vd = view_ok(v).ok_or(INVALID)?;
-        let hkv = vd.heads;
-        if hkv <= 0 || vd.dim < 1 || vd.dim > 256 {
-            return Err(INVALID);
-        }
-        if n_tokens < 0 || n_tokens > vd.tokens {
-            return Err(INVALID);
-        }
-        if n_gram <= 0 || n_gram % hkv != 0 || hkv > 65535 {
-            return Err(INVALID);
-        }
-        if n_tokens == 0 {
-            return Ok(None);
-        }
-        if hi.is_null() || out.is_null() {
-            return Err(INVALID);
-        }
-        Ok(Some((
-            vd,
-            hkv as usize,
-            vd.dim as usize,
-            n_tokens as usize,
-            (n_gram / hkv) as usize,
-        )))
+    let vd = unsafe { view_ok(v) }.ok_or(INVALID)?;
+    let hkv = vd.heads;
+    if hkv <= 0 || vd.dim < 1 || vd.dim > 256 {
+        return Err(INVALID);
     }
+    if n_tokens < 0 || n_tokens > vd.tokens {
+        return Err(INVALID);
+    }
+    if n_gram <= 0 || n_gram % hkv != 0 || hkv > 65535 {
+        return Err(INVALID);
+    }
+    if n_tokens == 0 {
+        return Ok(None);
+    }
+    if hi.is_null() || out.is_null() {
+        return Err(INVALID);
+    }
+    Ok(Some((
+        vd,
+        hkv as usize,
+        vd.dim as usize,
+        n_tokens as usize,
+        (n_gram / hkv) as usize,
+    )))
 }
 
 /// Block `m` (`[dv][dv]`) of hi (+ lo) in `v`'s dtype, as f32 `hi + lo`.
@@ -1358,23 +1344,21 @@ pub unsafe fn kve_cuda_shard_select(
 
 /// The kernel's formula: `heads · max_keep · dim` elements.
 pub unsafe fn kve_cuda_compact_workspace_size(x: *const KveCudaView, max_keep: i64) -> usize {
-    // SAFETY: `view_ok` reads a descriptor pointer the caller vouches for.
-    unsafe {
-        if x.is_null() {
-            return 0;
-        }
-        let x = *x;
-        if max_keep <= 0 || x.heads <= 0 || x.dim <= 0 {
-            return 0;
-        }
-        let es = dtype_size(x.dtype) as i64;
-        x.heads
-            .checked_mul(max_keep)
-            .and_then(|e| e.checked_mul(x.dim))
-            .and_then(|e| e.checked_mul(es))
-            .and_then(|b| usize::try_from(b).ok())
-            .unwrap_or(usize::MAX)
+    if x.is_null() {
+        return 0;
     }
+    // SAFETY: a non-null `x` points to a descriptor (launcher contract).
+    let x = unsafe { *x };
+    if max_keep <= 0 || x.heads <= 0 || x.dim <= 0 {
+        return 0;
+    }
+    let es = dtype_size(x.dtype) as i64;
+    x.heads
+        .checked_mul(max_keep)
+        .and_then(|e| e.checked_mul(x.dim))
+        .and_then(|e| e.checked_mul(es))
+        .and_then(|b| usize::try_from(b).ok())
+        .unwrap_or(usize::MAX)
 }
 
 /// `counts[h]` (or `counts[0]` with a shared list) clamped to `[0, cap]`, as the kernels.
