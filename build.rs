@@ -9,8 +9,33 @@
 //   KVEVICT_CUDA_LIB_DIR directory holding libcudart_static.a (else found next to nvcc)
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    avx512_cfg();
     #[cfg(feature = "cuda")]
     cuda_build::build();
+}
+
+/// `--cfg kvevict_avx512` when the compiler is Rust >= 1.89 (stable AVX-512 intrinsics;
+/// the crate's MSRV is 1.75, which builds without the AVX-512 Q·Kᵀ kernel).
+fn avx512_cfg() {
+    println!("cargo:rustc-check-cfg=cfg(kvevict_avx512)");
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let minor = std::process::Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        // "rustc 1.95.0 (...)"
+        .and_then(|v| {
+            v.split_whitespace()
+                .nth(1)?
+                .split('.')
+                .nth(1)?
+                .parse::<u32>()
+                .ok()
+        });
+    if minor.is_some_and(|m| m >= 89) {
+        println!("cargo:rustc-cfg=kvevict_avx512");
+    }
 }
 
 #[cfg(feature = "cuda")]

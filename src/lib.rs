@@ -29,6 +29,8 @@ pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+mod gemm512;
 pub mod gram;
 pub mod numerics;
 pub mod pool;

@@ -47,6 +47,13 @@ pub fn exp_neg(x: f32) -> f32 {
 /// `load_f16` also need 8 readable (writable) elements at `p`.
 pub(crate) trait Simd: Copy {
     type V: Copy;
+    /// True for the AVX2 build, whose callers may also use AVX-512 where detected (read
+    /// only where the AVX-512 kernel is built).
+    #[cfg_attr(
+        not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)),
+        allow(dead_code)
+    )]
+    const AVX2: bool = false;
     unsafe fn zero() -> Self::V;
     unsafe fn splat(x: f32) -> Self::V;
     /// Unaligned load / store of 8 floats.
@@ -218,6 +225,7 @@ mod avx2 {
 
     impl Simd for Avx2 {
         type V = __m256;
+        const AVX2: bool = true;
         #[inline(always)]
         unsafe fn zero() -> __m256 {
             // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.

@@ -2,21 +2,86 @@
 //! forward continuation pooling. `src` and `dst` are distinct slices of equal length.
 
 use crate::config::{Pool, PoolKind};
+use crate::numerics::{dispatch, Simd};
 
 pub fn pool(p: &Pool, src: &[f32], dst: &mut [f32]) {
     let n = src.len();
     let dst = &mut dst[..n];
-    let k = p.kernel as usize;
     if p.is_identity() {
         dst.copy_from_slice(src);
         return;
     }
+    // the interior, 8 outputs at a time, then the edges (and the tail) one by one
+    let done = dispatch!(fn(p: &Pool, src: &[f32], dst: &mut [f32]) -> (usize, usize), S => {
+        pool_interior::<S>(p, src, dst)
+    });
+    pool_scalar(p, src, dst, 0, done.0);
+    pool_scalar(p, src, dst, done.1, n);
+}
+
+/// Outputs `i0 .. i1` of [`pool`] whose whole kernel lies inside `src`, 8 at a time with
+/// the scalar loop's operations in its order (the same bits); returns `(i0, i1)`.
+#[inline(always)]
+fn pool_interior<S: Simd>(p: &Pool, src: &[f32], dst: &mut [f32]) -> (usize, usize) {
+    let (n, k) = (src.len(), p.kernel as usize);
+    let (i0, last) = match p.kind {
+        PoolKind::Avg | PoolKind::Max => (k / 2, n.saturating_sub(k / 2)),
+        PoolKind::Forward => (k - 1, n),
+        PoolKind::None => return (0, 0),
+    };
+    if last < i0 + 8 {
+        return (0, 0);
+    }
+    let i1 = i0 + (last - i0) / 8 * 8;
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    let mut i = i0;
+    while i < i1 {
+        // SAFETY: i0 <= i, i + 8 <= i1 <= last, so every index read below is in
+        // [i - i0, i + 8 + k/2) ⊆ [0, n) (avg/max) or [i + 1 - k, i + 8) ⊆ [0, n) (forward),
+        // and dst has n elements (`pool` sliced it).
+        unsafe {
+            match p.kind {
+                PoolKind::Avg => {
+                    let mut s = S::zero();
+                    for j in 0..k {
+                        s = S::add(s, S::load(sp.add(i - i0 + j)));
+                    }
+                    S::store(dp.add(i), S::mul(s, S::splat(1.0 / k as f32)));
+                }
+                PoolKind::Max => {
+                    let mut m = S::splat(f32::NEG_INFINITY);
+                    for j in 0..k {
+                        m = S::max(m, S::load(sp.add(i - i0 + j)));
+                    }
+                    S::store(dp.add(i), m);
+                }
+                _ => {
+                    // forward (None returned above)
+                    let mut best = S::load(sp.add(i));
+                    let mut f = 1.0f32;
+                    for j in 1..k {
+                        f *= p.decay;
+                        best = S::max(best, S::mul(S::splat(f), S::load(sp.add(i - j))));
+                    }
+                    S::store(dp.add(i), best);
+                }
+            }
+        }
+        i += 8;
+    }
+    (i0, i1)
+}
+
+/// Outputs `i0 .. i1` of [`pool`], one at a time.
+fn pool_scalar(p: &Pool, src: &[f32], dst: &mut [f32], i0: usize, i1: usize) {
+    let n = src.len();
+    let k = p.kernel as usize;
     match p.kind {
         PoolKind::None => dst.copy_from_slice(src),
         PoolKind::Avg => {
             let h = k / 2;
             let inv = 1.0 / k as f32;
-            for i in 0..n {
+            for i in i0..i1 {
                 let lo = i.saturating_sub(h);
                 let hi = (i + h + 1).min(n);
                 let mut s = 0f32;
@@ -28,7 +93,7 @@ pub fn pool(p: &Pool, src: &[f32], dst: &mut [f32]) {
         }
         PoolKind::Max => {
             let h = k / 2;
-            for i in 0..n {
+            for i in i0..i1 {
                 let lo = i.saturating_sub(h);
                 let hi = (i + h + 1).min(n);
                 dst[i] = src[lo..hi]
@@ -37,7 +102,7 @@ pub fn pool(p: &Pool, src: &[f32], dst: &mut [f32]) {
             }
         }
         PoolKind::Forward => {
-            for i in 0..n {
+            for i in i0..i1 {
                 let mut best = src[i];
                 let mut f = 1.0f32;
                 for j in 1..k.min(i + 1) {
@@ -69,4 +134,40 @@ pub fn pool_in_place(p: &Pool, buf: &mut [f32], tmp: &mut [f32]) {
     let tmp = &mut tmp[..buf.len()];
     tmp.copy_from_slice(buf);
     pool(p, tmp, buf);
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use std::vec;
+    use std::vec::Vec;
+
+    /// The vectorised interior gives the scalar loop's bits for every kind, kernels up to
+    /// past the length, lengths around whole vectors, signed zeros among the values.
+    #[test]
+    fn vector_interior_matches_scalar_bits() {
+        let mut x = 7u64;
+        let src: Vec<f32> = (0..300)
+            .map(|i| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                match i % 11 {
+                    0 => -0.0,
+                    1 => 0.0,
+                    _ => (x >> 40) as f32 / (1u64 << 24) as f32 - 0.3,
+                }
+            })
+            .collect();
+        for p in [Pool::avg(3), Pool::avg(7), Pool::max(5), Pool::max(7)]
+            .into_iter()
+            .chain([Pool::max(41), Pool::forward(9, 1.0), Pool::forward(4, 0.7)])
+        {
+            for n in [1, 7, 8, 9, 15, 16, 23, 24, 25, 40, 300] {
+                let (mut a, mut b) = (vec![1f32; n], vec![2f32; n]);
+                pool(&p, &src[..n], &mut a);
+                pool_scalar(&p, &src[..n], &mut b, 0, n);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{p:?} n {n}");
+            }
+        }
+    }
 }

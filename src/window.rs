@@ -14,11 +14,11 @@
 //! counts it), pass 1 runs on each chunk as it is computed and pass 2 reads the store.
 //! **Two passes** otherwise ([`row_stats`], then [`column_stats`], which computes the logits
 //! again), so the workspace never grows past the cap plus an N-independent scratch.
-//! Both give the same bits (same kernel, chunks and order). The one pass is taken only
-//! when [`one_pass_ready`] has checked, before any output is written, that no input is
-//! NaN/Inf and no logit can overflow (finite inputs near 1e19 take two passes, which then
-//! report `NonFinite` before writing, as always). With `row_lse` given there is one pass
-//! over K anyway and nothing is stored.
+//! Both give the same bits (same kernel, chunks and order). NaN/Inf keys are found through
+//! their logits ([`gemm`]: one `z·0` per 8 logits, no separate sweep over K), so a group
+//! can fail only once its Q·Kᵀ has run: `score_layer` keeps the groups' scores in its
+//! workspace and writes its output after the last group. With `row_lse` given there is
+//! one pass over K anyway and nothing is stored.
 //!
 //! Per chunk of keys, the logits of all `g·w` window rows come out key-major with the rows
 //! in vector lanes (`c[t][row]`): a 6-key × 16-row FMA micro-tile broadcasts key elements
@@ -180,7 +180,48 @@ pub(crate) fn load_keys<S: Simd>(
     (k.as_ptr(), dk, !check || all_finite::<S>(&k[..nt * dk]))
 }
 
-/// `c[t][r0..r0+16] = Σ_d k[t][d]·q[d][0..16]` for `KT` keys.
+/// Start keys `c0 .. c0+nt` of KV head `kh` on their way into the cache (the next chunk,
+/// while this one is multiplied): the f16/bf16 conversion otherwise waits on memory
+/// (Llama-3-8B at 32k: ~13 % of the window pass). A hint only.
+#[inline(always)]
+pub(crate) fn prefetch_keys(keys: &View, kh: usize, c0: usize, nt: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let [_, n, dk] = keys.extent();
+        let st = keys.stride();
+        let es = keys.dtype().size();
+        // f32 rows are read in place by the kernel, which the hardware prefetcher follows
+        // (a software prefetch measured slower there)
+        if keys.dtype() == DType::F32 || st[2] != 1 || c0 >= n {
+            return;
+        }
+        let t1 = (c0 + nt).min(n);
+        // dense rows: one span; else row by row (first and last byte of each row included)
+        let (rows, span) = if st[1] == dk {
+            (1, (t1 - c0) * dk * es)
+        } else {
+            (t1 - c0, dk * es)
+        };
+        let base = keys.byte_range().0 + (kh * st[0] + c0 * st[1]) * es;
+        for r in 0..rows {
+            let p = base + r * st[1] * es;
+            let mut o = 0;
+            while o < span {
+                // SAFETY: a prefetch never faults; the address is only a hint.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>((p + o) as *const i8) };
+                o += 64;
+            }
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((p + span - 1) as *const i8) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (keys, kh, c0, nt);
+}
+
+/// `c[t][r0..r0+16] = Σ_d k[t][d]·q[d][0..16]` for `KT` keys; `bad` gains a NaN lane when
+/// a logit is not finite (`z·0` is 0 for finite `z`, NaN for NaN/Inf).
 #[inline(always)]
 unsafe fn tile16<S: Simd>(
     k: *const f32,
@@ -189,6 +230,7 @@ unsafe fn tile16<S: Simd>(
     q: *const f32,
     c: *mut f32,
     ldc: usize,
+    bad: &mut S::V,
 ) {
     // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
     // KT rows of `dk` floats `ldk` apart, `q` `dk` rows of 16 and `c` KT rows of 16 `ldc` apart
@@ -196,7 +238,10 @@ unsafe fn tile16<S: Simd>(
     unsafe {
         let mut acc = [[S::zero(); 2]; KT];
         // one pointer per key row: each broadcast is base + d, no per-element index arithmetic
-        let kr: [*const f32; KT] = core::array::from_fn(|i| k.add(i * ldk));
+        let mut kr = [k; KT];
+        for (i, r) in kr.iter_mut().enumerate() {
+            *r = k.add(i * ldk);
+        }
         for d in 0..dk {
             let q0 = S::load(q.add(d * 16));
             let q1 = S::load(q.add(d * 16 + 8));
@@ -209,6 +254,8 @@ unsafe fn tile16<S: Simd>(
         for i in 0..KT {
             S::store(c.add(i * ldc), acc[i][0]);
             S::store(c.add(i * ldc + 8), acc[i][1]);
+            *bad = S::fma(acc[i][0], S::zero(), *bad);
+            *bad = S::fma(acc[i][1], S::zero(), *bad);
         }
     }
 }
@@ -222,6 +269,7 @@ unsafe fn tile8<S: Simd>(
     q: *const f32,
     c: *mut f32,
     ldc: usize,
+    bad: &mut S::V,
 ) {
     // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
     // KT rows of `dk` floats `ldk` apart, `q` `dk` rows of 8 and `c` KT rows of 8 `ldc` apart (the
@@ -236,13 +284,17 @@ unsafe fn tile8<S: Simd>(
         }
         for i in 0..KT {
             S::store(c.add(i * ldc), acc[i]);
+            *bad = S::fma(acc[i], S::zero(), *bad);
         }
     }
 }
 
 /// Logits of one chunk: `c[t][r] = k[t]·q[r]` for `t < ntp` (a multiple of KT), every row;
 /// key row `t` at `k + t·ldk`, `c` the chunk's `[ntp][rows_pad]` logits (`s.c`, or a slice
-/// of the one-pass store), `q` the packed queries of [`Scratch`].
+/// of the one-pass store), `q` the packed queries of [`Scratch`]. Returns whether every
+/// logit is finite: with finite queries, false iff a key element is NaN/Inf (which makes
+/// its key's logits NaN/Inf: `Inf·x` is ±Inf or NaN, and NaN/Inf stay so through the sum)
+/// or a logit overflows f32, so the logits themselves check the keys.
 ///
 /// # Safety
 /// `k` must point to `ntp` readable rows of `dk` floats, `ldk` apart.
@@ -255,22 +307,54 @@ pub(crate) unsafe fn gemm<S: Simd>(
     ldk: usize,
     ntp: usize,
     c: &mut [f32],
-) {
+) -> bool {
+    #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+    if S::AVX2 && crate::gemm512::available() {
+        // SAFETY: the caller's contract, and the CPU has AVX-512 F + VL (just checked).
+        return unsafe { crate::gemm512::gemm(q, dk, rp, k, ldk, ntp, c) };
+    }
+    // SAFETY: the caller's contract is `gemm_tiles`'s.
+    unsafe { gemm_tiles::<S>(q, dk, rp, k, ldk, ntp, c) }
+}
+
+/// [`gemm`] with `S`'s own tiles (16 and 8 rows × [`KT`] keys).
+///
+/// # Safety
+/// As [`gemm`].
+#[inline(always)]
+pub(crate) unsafe fn gemm_tiles<S: Simd>(
+    q: &[f32],
+    dk: usize,
+    rp: usize,
+    k: *const f32,
+    ldk: usize,
+    ntp: usize,
+    c: &mut [f32],
+) -> bool {
     // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
     // `ntp` rows `ldk` apart (this fn's contract) and the tiles stay inside `q` and `c` (asserted
-    // above).
+    // first).
     unsafe {
         assert!(ntp % KT == 0 && c.len() >= ntp * rp);
         assert!(q.len() >= rp * dk && rp % 8 == 0);
         let full = rp / 16 * 16;
         let (q, c) = (q.as_ptr(), c.as_mut_ptr());
+        let mut bad = S::zero();
         // every q and c access is inside the slices checked above
         let mut r0 = 0;
         while r0 < full {
             let qp = q.add(r0 * dk);
             let mut t0 = 0;
             while t0 < ntp {
-                tile16::<S>(k.add(t0 * ldk), ldk, dk, qp, c.add(t0 * rp + r0), rp);
+                tile16::<S>(
+                    k.add(t0 * ldk),
+                    ldk,
+                    dk,
+                    qp,
+                    c.add(t0 * rp + r0),
+                    rp,
+                    &mut bad,
+                );
                 t0 += KT;
             }
             r0 += 16;
@@ -279,10 +363,19 @@ pub(crate) unsafe fn gemm<S: Simd>(
             let qp = q.add(full * dk);
             let mut t0 = 0;
             while t0 < ntp {
-                tile8::<S>(k.add(t0 * ldk), ldk, dk, qp, c.add(t0 * rp + full), rp);
+                tile8::<S>(
+                    k.add(t0 * ldk),
+                    ldk,
+                    dk,
+                    qp,
+                    c.add(t0 * rp + full),
+                    rp,
+                    &mut bad,
+                );
                 t0 += KT;
             }
         }
+        S::hsum(bad) == 0.0
     }
 }
 
@@ -426,10 +519,15 @@ unsafe fn max_expsum<S: Simd, const B: usize>(
         }
         let mut acc = [S::zero(); B];
         for t in 0..nt {
-            let x: [S::V; B] =
-                core::array::from_fn(|j| S::sub(S::load(cp.add(t * rp + 8 * j)), mv[j]));
-            // four chains at once (fewer than four blocks: repeats, results unused)
-            let e = S::exp_neg4(core::array::from_fn(|j| x[j.min(B - 1)]));
+            // four chains at once (fewer than four blocks: repeats, results unused); plain
+            // loops, not `array::from_fn`, whose closures LLVM may leave outlined (and then
+            // without the AVX2 features: every load a call)
+            let mut x = [S::zero(); 4];
+            for (j, x) in x.iter_mut().enumerate() {
+                let j = j.min(B - 1);
+                *x = S::sub(S::load(cp.add(t * rp + 8 * j)), mv[j]);
+            }
+            let e = S::exp_neg4(x);
             for j in 0..B {
                 acc[j] = S::add(acc[j], e[j]);
             }
@@ -444,7 +542,7 @@ unsafe fn max_expsum<S: Simd, const B: usize>(
 /// Pass 1 for KV group `kh`: running max `rmax[g*w]` and denominator `rsum[g*w]` of every
 /// window row over its visible keys. `queries` is `[Hq, wq, dk]` with `wq >= w` (the last
 /// `w` rows are the window), `keys` is `[Hkv, N, dk]`, `1 <= w <= N`. Rejects NaN/Inf in
-/// the group's queries and in every key of the head.
+/// the group's queries and in every key of the head (and logits that overflow f32).
 pub(crate) fn row_stats(
     queries: &View,
     keys: &View,
@@ -464,7 +562,7 @@ pub(crate) fn row_stats(
 }
 
 /// Pass 1 over every key; with `store` (the one pass) each chunk's logits stay there
-/// (`[key][rows_pad]`) and the keys are not checked again ([`one_pass_ready`] did).
+/// (`[key][rows_pad]`). NaN/Inf keys are found through their logits ([`gemm`]).
 #[inline(always)]
 fn row_stats_impl<S: Simd>(
     keys: &View,
@@ -490,16 +588,17 @@ fn row_stats_impl<S: Simd>(
     while c0 < n {
         let nt = CHUNK.min(n - c0);
         let ntp = nt.div_ceil(KT) * KT;
-        let (kp, ldk, finite) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, store.is_none());
-        if !finite {
-            return Err(Error::NonFinite);
-        }
+        let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
+        prefetch_keys(keys, kh, c0 + nt, CHUNK);
         let c = match store.as_deref_mut() {
             Some(st) => &mut st[c0 * rp..(c0 + ntp) * rp],
             None => &mut s.c[..ntp * rp],
         };
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c) };
+        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c) } {
+            // a NaN/Inf key (or an overflowing logit), found through its logits
+            return Err(Error::NonFinite);
+        }
         chunk_row_stats::<S>(c, c0, nt, p, g, w, rp, s.m, rmax, rsum)?;
         c0 += nt;
     }
@@ -549,10 +648,11 @@ unsafe fn chunk_column_stats<S: Simd>(
             let mut r0 = 0;
             while r0 + 32 <= rp {
                 // four vectors at once, as below
-                let z: [S::V; 4] = core::array::from_fn(|j| {
+                let mut z = [S::zero(); 4];
+                for (j, z) in z.iter_mut().enumerate() {
                     let o = r0 + 8 * j;
-                    S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
-                });
+                    *z = S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero());
+                }
                 let e = S::exp_neg4(z);
                 for (j, e) in e.into_iter().enumerate() {
                     let o = r0 + 8 * j;
@@ -645,7 +745,11 @@ unsafe fn fused_stats<S: Simd>(
                         let mut v = 0;
                         while v + 4 <= wv {
                             let o = a * w + 8 * v;
-                            let e = S::exp_neg4(core::array::from_fn(|j| z(sp, o + 8 * j)));
+                            let mut x = [S::zero(); 4];
+                            for (j, x) in x.iter_mut().enumerate() {
+                                *x = z(sp, o + 8 * j);
+                            }
+                            let e = S::exp_neg4(x);
                             for (j, e) in e.into_iter().enumerate() {
                                 let pr = prob(o + 8 * j, e);
                                 sm = S::add(sm, pr);
@@ -686,53 +790,10 @@ unsafe fn fused_stats<S: Simd>(
     }
 }
 
-/// What pass 1 checks, without its arithmetic, for callers that give the row statistics
-/// (`LayerInputs::row_lse`): rejects NaN/Inf in the group's window queries and in every key
-/// of KV head `kh`.
-pub(crate) fn check_finite(
-    queries: &View,
-    keys: &View,
-    kh: usize,
-    g: usize,
-    w: usize,
-    scratch: &mut [u8],
-) -> Result<()> {
-    let dk = keys.extent()[2];
-    let s = &mut load_queries(queries, kh, g, w, dk, &mut Workspace::new(scratch))?;
-    let [_, n, _] = keys.extent();
-    let st = keys.stride();
-    if keys.dtype() == DType::F16 && st[2] == 1 {
-        // on the bits: an f16 is NaN/Inf iff its exponent is all ones (the largest value
-        // `b & 0x7C00` can take), so one max-reduction per row, no conversion
-        assert!(kh < keys.extent()[0]);
-        let base = keys.byte_range().0 as *const u16;
-        for t in 0..n {
-            // SAFETY: row (kh, t, 0..dk) is inside the view's extent, which the view proved
-            // in bounds at construction; `byte_range` gives back its pointer.
-            let row = unsafe { core::slice::from_raw_parts(base.add(kh * st[0] + t * st[1]), dk) };
-            if row.iter().fold(0u16, |m, &b| m.max(b & 0x7C00)) == 0x7C00 {
-                return Err(Error::NonFinite);
-            }
-        }
-        return Ok(());
-    }
-    dispatch!(fn(keys: &View, kh: usize, s: &mut Scratch) -> Result<()>, S => {
-        let n = keys.extent()[1];
-        let mut c0 = 0;
-        while c0 < n {
-            let nt = CHUNK.min(n - c0);
-            let (_, _, finite) = load_keys::<S>(keys, kh, c0, nt, nt, s.k, true);
-            if !finite {
-                return Err(Error::NonFinite);
-            }
-            c0 += nt;
-        }
-        Ok(())
-    })
-}
-
 /// Pass 2 for KV group `kh`: statistics of the prefix columns, added into `out`
-/// (each `[g or pairs][P]`, zeroed by the caller). Uses the row statistics of pass 1.
+/// (each `[g or pairs][P]`, zeroed by the caller). Uses the row statistics of pass 1 (or
+/// the caller's `row_lse`). Rejects NaN/Inf in the group's queries and in the prefix keys
+/// (through their logits, as [`row_stats`]) and in the window keys (a sweep over them).
 pub(crate) fn column_stats(
     queries: &View,
     keys: &View,
@@ -752,10 +813,9 @@ pub(crate) fn column_stats(
         s.inv[r] = (1.0 / rsum[r]) as f32;
     }
     dispatch!(fn(keys: &View, kh: usize, g: usize, w: usize, needs: Needs, s: &mut Scratch,
-                 out: &mut Stats) -> (), S => {
+                 out: &mut Stats) -> Result<()>, S => {
         column_stats_impl::<S>(keys, kh, g, w, needs, s, out)
-    });
-    Ok(())
+    })
 }
 
 #[inline(always)]
@@ -767,7 +827,7 @@ fn column_stats_impl<S: Simd>(
     needs: Needs,
     s: &mut Scratch,
     out: &mut Stats,
-) {
+) -> Result<()> {
     let n = keys.extent()[1];
     let p = n - w;
     let rp = s.rows_pad;
@@ -776,13 +836,25 @@ fn column_stats_impl<S: Simd>(
         let nt = CHUNK.min(p - c0);
         let ntp = nt.div_ceil(KT) * KT;
         let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
+        prefetch_keys(keys, kh, c0 + nt, CHUNK);
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, s.c) };
+        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, s.c) } {
+            return Err(Error::NonFinite);
+        }
         let c = s.c[..ntp * rp].as_mut_ptr();
         // SAFETY: `c` holds the chunk's ntp·rp logits, turned into probabilities in place.
         unsafe { chunk_column_stats::<S>(c, c, c0, nt, p, g, w, rp, s.m, s.inv, needs, out) };
         c0 += nt;
     }
+    // the window keys take no part in the statistics but must be finite all the same
+    while c0 < n {
+        let nt = CHUNK.min(n - c0);
+        if !load_keys::<S>(keys, kh, c0, nt, nt, s.k, true).2 {
+            return Err(Error::NonFinite);
+        }
+        c0 += nt;
+    }
+    Ok(())
 }
 
 /// Most bytes the one-pass window may keep for one KV group's logits: the rule is
@@ -815,15 +887,9 @@ pub(crate) fn one_pass_size(ws: &mut WorkspaceSize, g: usize, w: usize, n: usize
     Ok(())
 }
 
-/// Logits bound under which the one pass cannot overflow: `|z| <= ||q||·||k|| <= 1e37`
-/// (with `||k||² <= dk·max|k|²`, so anything below ~1e17 per element passes).
-const LOGIT_BOUND_SQ: f64 = 1e74;
-
-/// Whether KV group `kh` may take the one pass, decided before anything is written: its
-/// store fits `scratch` (after [`scratch_size`]'s slices), and by Cauchy–Schwarz no logit
-/// (nor partial sum) exceeds 1e37 in magnitude, so pass 1 cannot fail once started.
-/// Rejects NaN/Inf in the group's window queries and keys like [`check_finite`];
-/// `Ok(false)` (finite but huge, or no room): take [`row_stats`] + [`column_stats`].
+/// Whether KV group `kh` may take the one pass: its store fits `scratch` (after
+/// [`scratch_size`]'s slices) and its window queries are finite (NaN/Inf: `NonFinite`).
+/// `Ok(false)`: take [`row_stats`] + [`column_stats`].
 pub(crate) fn one_pass_ready(
     queries: &View,
     keys: &View,
@@ -833,89 +899,18 @@ pub(crate) fn one_pass_ready(
     scratch: &mut [u8],
 ) -> Result<bool> {
     let [_, n, dk] = keys.extent();
-    if !one_pass_fits(g, w, n) {
-        return check_finite(queries, keys, kh, g, w, scratch).map(|_| false);
-    }
     let mut ws = Workspace::new(scratch);
-    let s = &mut load_queries(queries, kh, g, w, dk, &mut ws)?;
-    if ws.take_dirty::<f32>(store_len(g, w, n)?).is_err() {
-        return check_finite(queries, keys, kh, g, w, scratch).map(|_| false);
-    }
-    // largest squared norm of a (scaled) query row, from the packed panels
-    let full = s.rows_pad / 16 * 16;
-    let mut q2 = 0f32;
-    for r in 0..s.rows {
-        let (base, width, lane) = if r < full {
-            (r / 16 * 16 * dk, 16, r % 16)
-        } else {
-            (full * dk, 8, r - full)
-        };
-        q2 = q2.max(
-            (0..dk)
-                .map(|d| s.q[base + d * width + lane])
-                .map(|x| x * x)
-                .sum(),
-        );
-    }
-    if keys.dtype() == DType::F16 {
-        // f16 keys are bounded (|k| <= 65504): only their bits need checking
-        check_finite(queries, keys, kh, g, w, scratch)?;
-        let k2 = dk as f64 * 65504.0 * 65504.0; // ||k||² <= dk·max|k|²
-        return Ok(q2 as f64 * k2 <= LOGIT_BOUND_SQ);
-    }
-    let (kmax, finite) = dispatch!(fn(keys: &View, kh: usize, s: &mut Scratch) -> (f32, bool), S => {
-        // largest |k| over the head and whether every element is finite, in one sweep
-        // (`v - v` is 0 for finite v, NaN for NaN/Inf); ||k||² <= dk·max|k|²
-        let [_, n, dk] = keys.extent();
-        // SAFETY: `dispatch!` runs this with S = Avx2 only after detecting avx2, fma and f16c.
-        let (mut vmax, mut bad) = unsafe { (S::zero(), S::zero()) };
-        let mut m = 0f32;
-        let mut ok = true;
-        let mut c0 = 0;
-        while c0 < n {
-            let nt = CHUNK.min(n - c0);
-            let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, nt, s.k, false);
-            let (rows, len) = if ldk == dk { (1, nt * dk) } else { (nt, dk) };
-            for t in 0..rows {
-                // SAFETY: load_keys returns nt rows of dk floats, ldk apart (one run of
-                // nt·dk when ldk = dk).
-                let x = unsafe { core::slice::from_raw_parts(kp.add(t * ldk), len) };
-                let n8 = len / 8 * 8;
-                let mut i = 0;
-                while i < n8 {
-                    // SAFETY: i + 8 <= len.
-                    unsafe {
-                        let v = S::load(x.as_ptr().add(i));
-                        vmax = S::max(vmax, S::max(v, S::sub(S::zero(), v)));
-                        bad = S::add(bad, S::sub(v, v));
-                    }
-                    i += 8;
-                }
-                for &v in &x[n8..] {
-                    m = m.max(libm::fabsf(v));
-                    ok &= v.is_finite();
-                }
-            }
-            c0 += nt;
-        }
-        let mut lanes = [0f32; 8];
-        // SAFETY: `lanes` holds the 8 floats stored; `dispatch!` guarantees S's CPU features.
-        unsafe { S::store(lanes.as_mut_ptr(), vmax) };
-        // SAFETY: a lane reduction with no memory access; `dispatch!` guarantees S's features.
-        (lanes.iter().fold(m, |a, &b| a.max(b)), ok && unsafe { S::hsum(bad) } == 0.0)
-    });
-    if !finite {
-        return Err(Error::NonFinite);
-    }
-    let k2 = dk as f64 * kmax as f64 * kmax as f64;
-    Ok(q2 as f64 * k2 <= LOGIT_BOUND_SQ)
+    load_queries(queries, kh, g, w, dk, &mut ws)?;
+    Ok(one_pass_fits(g, w, n) && ws.take_dirty::<f32>(store_len(g, w, n)?).is_ok())
 }
 
 /// Both passes for KV group `kh` with one Q·Kᵀ: the logits of every key go to a store in
 /// the workspace, pass 1 (row max / denominator) runs on each chunk as it is computed, and
 /// pass 2 (column statistics, added into `out`) reads the store. Bit-identical to
 /// [`row_stats`] then [`column_stats`]: the same kernel, chunks and order. Call only after
-/// [`one_pass_ready`] said yes for this group (it has checked the inputs).
+/// [`one_pass_ready`] said yes. NaN/Inf in the queries or keys (or a logit that overflows)
+/// is `NonFinite`, found before `out` is touched; a caller scoring several groups holds
+/// back its own output until every group has passed (`score_layer` does).
 pub(crate) fn one_pass(
     queries: &View,
     keys: &View,
@@ -1094,10 +1089,11 @@ mod tests {
         }
     }
 
-    /// NaN/Inf is rejected before the one pass starts; finite keys whose logits could
-    /// overflow f32 send the layer to the two passes; too long a layer does not fit.
+    /// NaN/Inf keys, NaN queries and logits that overflow f32 are `NonFinite` from the one
+    /// pass and from both passes (found through the logits); a NaN query already from
+    /// `one_pass_ready`; too small a workspace for the store means two passes, not an error.
     #[test]
-    fn one_pass_ready_checks_and_bounds() {
+    fn non_finite_keys_and_logits_are_rejected() {
         let (g, w, n, dk) = (2, 4, 40, 8);
         let qv = vals(g * w * dk, 5, 1.0);
         let q = View::f32(&qv, [g, w, dk], [w * dk, dk, 1]).unwrap();
@@ -1105,21 +1101,59 @@ mod tests {
         scratch_size(&mut sz, g, w, dk).unwrap();
         one_pass_size(&mut sz, g, w, n).unwrap();
         let mut scratch = vec![0u8; sz.total()];
-        let mut kv = vals(n * dk, 6, 1.0);
-        let ready = |kv: &[f32], scratch: &mut [u8]| {
-            let k = View::f32(kv, [1, n, dk], [n * dk, dk, 1]).unwrap();
-            one_pass_ready(&q, &k, 0, g, w, scratch)
+        let needs = Needs {
+            sum: true,
+            sq: false,
+            cross: false,
         };
-        assert_eq!(ready(&kv, &mut scratch), Ok(true));
-        // too small a workspace for the store: two passes, not an error
+        // (one pass, two passes) on keys `kv`
+        let score = |kv: &[f32], scratch: &mut [u8]| {
+            let k = View::f32(kv, [1, n, dk], [n * dk, dk, 1]).unwrap();
+            let (mut rm, mut rs) = (vec![0f32; g * w], vec![0f64; g * w]);
+            let mut sum = vec![0f32; g * (n - w)];
+            let mut st = Stats {
+                sum: &mut sum,
+                sq: &mut [],
+                cross: &mut [],
+            };
+            assert_eq!(one_pass_ready(&q, &k, 0, g, w, scratch), Ok(true));
+            let one = one_pass(&q, &k, 0, g, w, &mut rm, &mut rs, needs, scratch, &mut st);
+            let two = row_stats(&q, &k, 0, g, w, scratch, &mut rm, &mut rs)
+                .and_then(|_| column_stats(&q, &k, 0, g, w, &rm, &rs, needs, scratch, &mut st));
+            (one, two)
+        };
+        let kv = vals(n * dk, 6, 1.0);
+        assert_eq!(score(&kv, &mut scratch), (Ok(()), Ok(())));
+        let k = View::f32(&kv, [1, n, dk], [n * dk, dk, 1]).unwrap();
         let small = sz.total() - store_len(g, w, n).unwrap() * 4;
-        assert_eq!(ready(&kv, &mut scratch[..small]), Ok(false));
-        kv[77] = 3e37;
-        assert_eq!(ready(&kv, &mut scratch), Ok(false));
-        kv[77] = f32::INFINITY;
-        assert_eq!(ready(&kv, &mut scratch), Err(Error::NonFinite));
-        kv[77] = f32::NAN;
-        assert_eq!(ready(&kv, &mut scratch), Err(Error::NonFinite));
+        assert_eq!(
+            one_pass_ready(&q, &k, 0, g, w, &mut scratch[..small]),
+            Ok(false)
+        );
+        // a bad element in a prefix key, a window key, the last key
+        for (at, bad) in [(77, f32::INFINITY), (5 + (n - 2) * dk, f32::NAN)]
+            .into_iter()
+            .chain([((n - 1) * dk, f32::NEG_INFINITY)])
+        {
+            let mut kb = kv.clone();
+            kb[at] = bad;
+            let e = Err(Error::NonFinite);
+            assert_eq!(score(&kb, &mut scratch), (e, e), "K[{at}] = {bad}");
+        }
+        // finite keys whose logit overflows: row 0's dot product is > f32::MAX
+        let mut kb = kv.clone();
+        for d in 0..dk {
+            kb[3 * dk + d] = f32::MAX * qv[d].signum();
+        }
+        let e = Err(Error::NonFinite);
+        assert_eq!(score(&kb, &mut scratch), (e, e));
+        let mut qb = qv.clone();
+        qb[9] = f32::NAN;
+        let qn = View::f32(&qb, [g, w, dk], [w * dk, dk, 1]).unwrap();
+        assert_eq!(
+            one_pass_ready(&qn, &k, 0, g, w, &mut scratch),
+            Err(Error::NonFinite)
+        );
         assert!(one_pass_fits(4, 32, 32768) && !one_pass_fits(4, 32, 32769));
         assert!(one_pass_fits(4, 8, 131072) && !one_pass_fits(usize::MAX, 2, 2));
     }

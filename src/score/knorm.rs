@@ -83,9 +83,12 @@ unsafe fn norms<S: Simd, const B: usize>(k: *const f32, ld: usize, dk: usize, ou
         while d < d8 {
             for (j, a) in acc.iter_mut().enumerate() {
                 // 8 dims of 8 keys, turned so that vector i holds dim d + i of the 8 keys
-                let x = S::transpose8(core::array::from_fn(|l| {
-                    S::load(k.add((8 * j + l) * ld + d))
-                }));
+                // a plain loop, not `array::from_fn` (its closure may stay outlined)
+                let mut x = [S::zero(); 8];
+                for (l, x) in x.iter_mut().enumerate() {
+                    *x = S::load(k.add((8 * j + l) * ld + d));
+                }
+                let x = S::transpose8(x);
                 for xi in x {
                     *a = S::add(*a, S::mul(xi, xi));
                 }

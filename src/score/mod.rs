@@ -157,6 +157,11 @@ pub fn score_workspace_size(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usi
     ws.add::<f32>(p)?; // tmp b
     ws.add::<f32>(p.max(shape.hkv))?; // accumulator / LAVa head factors
     ws.add::<f32>(shape.dv.max(shape.dk))?; // one row
+    ws.add::<f32>(if cfg.needs_queries() {
+        mul(shape.hkv, p)? // scores held back until every group has passed
+    } else {
+        0
+    })?;
     let mut scratch = WorkspaceSize::new();
     if cfg.needs_queries() {
         window::scratch_size(&mut scratch, g, w, shape.dk)?;
@@ -230,9 +235,10 @@ impl LayerShape {
 
 /// Score one layer into `out[Hkv][P]`. `workspace` must hold [`score_workspace_size`] bytes.
 /// Nothing is written to `out` when validation fails; NaN/Inf in Q, K or V (or in the
-/// cached value forms / L1 norms) is rejected before the first write. The one exception:
-/// finite inputs whose scores overflow f32 (values near 1e19) return `NonFinite` after
-/// `out` was written; its contents are then unspecified. LaProx's `gram` / `value_forms`
+/// cached value forms / L1 norms) is rejected before the first write, and so are window
+/// logits that overflow f32. The one exception: for the scorers that read no queries
+/// (KNorm, StreamingLLM, uniqueness), finite inputs whose scores overflow f32 return
+/// `NonFinite` after `out` was written; its contents are then unspecified. LaProx's `gram` / `value_forms`
 /// must have exactly the length for `cross = (laprox_gqa != Sum)`.
 pub fn score_layer(
     cfg: &ScoreConfig,
@@ -304,15 +310,16 @@ pub fn score_layer(
         acc: ws.take::<f32>(p.max(hkv))?,
         row: ws.take::<f32>(shape.dv.max(shape.dk))?,
     };
+    // the window pass finds NaN/Inf keys through their logits, group by group: the scores
+    // wait here until the last group has passed, so nothing is written on error
+    let held = ws.take::<f32>(if cfg.needs_queries() { hkv * p } else { 0 })?;
     let scratch = ws.into_rest();
 
-    // Everything that can reject the input runs before the first write to `out`.
+    // Everything that can reject the input runs before the first write to `out` (the window
+    // pass's key checks through `held`).
     let mut one_pass = false;
-    if let (Some(q), Some(lse)) = (queries, row_lse) {
+    if let (Some(_), Some(lse)) = (queries, row_lse) {
         // the caller's row statistics: A = exp(z - lse), denominators 1
-        for kh in 0..hkv {
-            window::check_finite(q, keys, kh, g, w, scratch)?;
-        }
         rmax.copy_from_slice(lse);
         rsum.fill(1.0);
     } else if let Some(q) = queries {
@@ -357,8 +364,14 @@ pub fn score_layer(
         laprox::check_values_finite(cfg, inputs, &shape, p, bufs.row)?;
     }
 
+    // where the scores go first, and where they are copied once all passed
+    let (dest, late): (&mut [f32], Option<&mut [f32]>) = if cfg.needs_queries() {
+        (held, Some(&mut out[..hkv * p]))
+    } else {
+        (&mut out[..hkv * p], None)
+    };
     for kh in 0..hkv {
-        let dst = &mut out[kh * p..(kh + 1) * p];
+        let dst = &mut dest[kh * p..(kh + 1) * p];
         if cfg.needs_queries() {
             sum.fill(0.0);
             sq.fill(0.0);
@@ -406,10 +419,13 @@ pub fn score_layer(
         }
     }
     if cfg.scorer == ScorerKind::Tova {
-        tova::finish(&bufs, hkv, p, out);
+        tova::finish(&bufs, hkv, p, dest);
     }
-    if out[..hkv * p].iter().any(|v| !v.is_finite()) {
+    if dest.iter().any(|v| !v.is_finite()) {
         return Err(Error::NonFinite);
+    }
+    if let Some(out) = late {
+        out.copy_from_slice(dest);
     }
     Ok(())
 }

@@ -1,0 +1,212 @@
+//! The window pass's Q·Kᵀ ([`crate::window::gemm`]) on AVX-512 (F + VL), taken instead of
+//! the AVX2 kernel when the CPU has it: 16 window rows per vector, up to 4 vectors (64 rows)
+//! per key tile, so small windows (w = 8: 24 or 32 rows) need 2 FMAs per key element
+//! instead of 3-4. Every logit is the same chain of fused multiply-adds over `d` from 0, in
+//! the same order, as in the AVX2 kernel: the same bits. `KVEVICT_NO_AVX512` (any value)
+//! keeps the AVX2 kernel, to compare the two. Built with Rust >= 1.89 only (`build.rs`
+//! sets `kvevict_avx512`), where these intrinsics are stable.
+#![allow(clippy::incompatible_msrv)]
+
+use core::arch::x86_64::*;
+
+/// Whether the CPU has AVX-512 F and VL and `KVEVICT_NO_AVX512` is not set (once per process).
+pub(crate) fn available() -> bool {
+    use core::sync::atomic::{AtomicU8, Ordering};
+    static STATE: AtomicU8 = AtomicU8::new(0);
+    match STATE.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let yes = std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::env::var_os("KVEVICT_NO_AVX512").is_none();
+            STATE.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+            yes
+        }
+    }
+}
+
+/// One vector of window rows: its packed query panel (`[d][16]`, or `[d][8]` for the last
+/// panel when `rows_pad % 16 == 8`), the floats between consecutive `d`, and the lane mask.
+#[derive(Clone, Copy)]
+struct Slot {
+    q: *const f32,
+    step: usize,
+    mask: __mmask16,
+}
+
+/// [`crate::window::gemm`] (same contract, same packing, same bits).
+///
+/// # Safety
+/// As `window::gemm`; the CPU must have AVX-512 F and VL ([`available`]).
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub(crate) unsafe fn gemm(
+    q: &[f32],
+    dk: usize,
+    rp: usize,
+    k: *const f32,
+    ldk: usize,
+    ntp: usize,
+    c: &mut [f32],
+) -> bool {
+    // SAFETY: the CPU has AVX-512 F + VL, AVX2 and FMA (this fn's contract and target features); `k`
+    // holds `ntp` rows `ldk` apart (contract) and every panel and `c` offset stays inside `q`
+    // and `c` (asserted first).
+    unsafe {
+        assert!(ntp % 6 == 0 && c.len() >= ntp * rp);
+        assert!(q.len() >= rp * dk && rp % 8 == 0);
+        let slots = rp.div_ceil(16);
+        let (q, c) = (q.as_ptr(), c.as_mut_ptr());
+        let mut bad = _mm512_setzero_ps();
+        let mut s0 = 0;
+        while s0 < slots {
+            let ns = (slots - s0).min(4);
+            let slot = |v: usize| {
+                let r = (s0 + v.min(ns - 1)) * 16;
+                let half = r + 16 > rp;
+                Slot {
+                    // every panel starts at row r: r·dk floats in (the 8-row one included)
+                    q: q.add(r * dk),
+                    step: if half { 8 } else { 16 },
+                    mask: if half { 0xFF } else { 0xFFFF },
+                }
+            };
+            let sl = [slot(0), slot(1), slot(2), slot(3)];
+            let cs = c.add(s0 * 16);
+            // 12 keys per tile while the rows fit 2 vectors, else 6 (at most 24 accumulators)
+            match ns {
+                1 => tiles::<1, 12>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
+                2 => tiles::<2, 12>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
+                3 => tiles::<3, 6>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
+                _ => tiles::<4, 6>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
+            }
+            s0 += ns;
+        }
+        _mm512_reduce_add_ps(bad) == 0.0
+    }
+}
+
+/// Tiles of `KN` keys (then of 6 for the rest: `ntp` is a multiple of 6) over `V` slots.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tiles<const V: usize, const KN: usize>(
+    k: *const f32,
+    ldk: usize,
+    dk: usize,
+    sl: &[Slot; 4],
+    c: *mut f32,
+    ldc: usize,
+    ntp: usize,
+    bad: &mut __m512,
+) {
+    // SAFETY: `gemm`'s contract (CPU features, `k` `ntp` rows `ldk` apart, `c` `ntp` rows `ldc`
+    // apart); each tile starts at a key `t0` with `t0 + KN <= ntp` (or 6).
+    unsafe {
+        let mut t0 = 0;
+        while t0 + KN <= ntp {
+            tile::<V, KN>(k.add(t0 * ldk), ldk, dk, sl, c.add(t0 * ldc), ldc, bad);
+            t0 += KN;
+        }
+        while t0 < ntp {
+            tile::<V, 6>(k.add(t0 * ldk), ldk, dk, sl, c.add(t0 * ldc), ldc, bad);
+            t0 += 6;
+        }
+    }
+}
+
+/// `c[t][16v + l] = Σ_d k[t][d]·q_v[d][l]` for `KN` keys and `V` slots; `bad` gains a NaN
+/// lane when a logit is not finite (as the AVX2 tile; masked-off lanes hold 0, or NaN only
+/// when a key element is NaN/Inf, which the real lanes show too).
+#[inline(always)]
+unsafe fn tile<const V: usize, const KN: usize>(
+    k: *const f32,
+    ldk: usize,
+    dk: usize,
+    sl: &[Slot; 4],
+    c: *mut f32,
+    ldc: usize,
+    bad: &mut __m512,
+) {
+    // SAFETY: the CPU has AVX-512 F + VL (our callers run under `gemm`'s target features); `k`
+    // holds `KN` rows `ldk` apart, each slot's panel `dk` steps and `c` `KN` rows `ldc` apart
+    // (as `tiles` passes them).
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); V]; KN];
+        let mut kr = [k; KN];
+        for (i, r) in kr.iter_mut().enumerate() {
+            *r = k.add(i * ldk);
+        }
+        for d in 0..dk {
+            // plain loops, not `array::from_fn` (its closures may stay outlined)
+            let mut qv = [_mm512_setzero_ps(); V];
+            for (v, x) in qv.iter_mut().enumerate() {
+                *x = _mm512_maskz_loadu_ps(sl[v].mask, sl[v].q.add(d * sl[v].step));
+            }
+            for i in 0..KN {
+                let b = _mm512_set1_ps(*kr[i].add(d));
+                for v in 0..V {
+                    acc[i][v] = _mm512_fmadd_ps(b, qv[v], acc[i][v]);
+                }
+            }
+        }
+        for i in 0..KN {
+            for v in 0..V {
+                _mm512_mask_storeu_ps(c.add(i * ldc + 16 * v), sl[v].mask, acc[i][v]);
+                *bad = _mm512_fmadd_ps(acc[i][v], _mm512_setzero_ps(), *bad);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::numerics::{has_avx2, Avx2};
+    use crate::window::gemm_tiles;
+    use std::vec;
+    use std::vec::Vec;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn avx2(q: &[f32], dk: usize, rp: usize, k: &[f32], ldk: usize, c: &mut [f32]) -> bool {
+        // SAFETY: `k` holds `k.len() / ldk` rows of `ldk` floats; the caller checked the CPU.
+        unsafe { gemm_tiles::<Avx2>(q, dk, rp, k.as_ptr(), ldk, k.len() / ldk, c) }
+    }
+
+    /// The AVX-512 kernel gives the AVX2 kernel's bits and finiteness verdict for every row
+    /// count up to 2 slot groups (with and without an 8-row panel), odd dims, padded key
+    /// strides, and NaN/Inf keys.
+    #[test]
+    fn avx512_matches_avx2_bits() {
+        if !(super::available() && has_avx2()) {
+            return; // nothing to compare on this CPU
+        }
+        let mut x = 11u64;
+        let mut val = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        for rp in (8..=136).step_by(8) {
+            for (dk, ldk) in [(5, 5), (64, 70), (128, 128)] {
+                for ntp in [6, 12, 18, 96] {
+                    let q: Vec<f32> = (0..rp * dk).map(|_| val()).collect();
+                    let mut k: Vec<f32> = (0..ntp * ldk).map(|_| val()).collect();
+                    for bad in [None, Some(f32::NAN), Some(f32::NEG_INFINITY)] {
+                        if let Some(b) = bad {
+                            k[(ntp - 1) * ldk + dk - 1] = b;
+                        }
+                        let (mut c1, mut c2) = (vec![0f32; ntp * rp], vec![1f32; ntp * rp]);
+                        // SAFETY: k holds ntp rows of ldk >= dk floats; both CPUs checked.
+                        let f1 = unsafe { super::gemm(&q, dk, rp, k.as_ptr(), ldk, ntp, &mut c1) };
+                        // SAFETY: k holds ntp rows of ldk >= dk floats; has_avx2 checked the CPU.
+                        let f2 = unsafe { avx2(&q, dk, rp, &k, ldk, &mut c2) };
+                        assert_eq!(f1, f2, "rp {rp} dk {dk} ntp {ntp} {bad:?}");
+                        assert_eq!(f1, bad.is_none());
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&c1), bits(&c2), "rp {rp} dk {dk} ntp {ntp} {bad:?}");
+                    }
+                }
+            }
+        }
+    }
+}
