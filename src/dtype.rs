@@ -1,8 +1,6 @@
 //! Element types of the caller's tensors and their conversion to f32 (f16 8 at a time,
 //! with F16C where the CPU has it).
 
-#![deny(unsafe_op_in_unsafe_fn)]
-
 use crate::error::{Error, Result};
 use crate::numerics::dispatch;
 

@@ -49,50 +49,55 @@ pub(crate) unsafe fn gemm(
     ntp: usize,
     c: &mut [f32],
 ) -> bool {
-    assert!(ntp % 6 == 0 && c.len() >= ntp * rp);
-    assert!(q.len() >= rp * dk && rp % 8 == 0);
-    let slots = rp.div_ceil(16);
-    let (full, half) = (rp / 16, rp % 16 == 8);
-    let (q, c) = (q.as_ptr(), c.as_mut_ptr());
-    let mut bad = _mm512_setzero_ps();
-    let mut s0 = 0;
-    while s0 < slots {
-        if half && full - s0 <= 3 {
-            // the last full slots with the 8-row panel, which takes two keys per vector
-            let f = |v: usize| q.add((s0 + v.min(full - s0)) * 16 * dk);
-            let fs = [f(0), f(1), f(2)];
-            let (qh, cs) = (q.add(full * 16 * dk), c.add(s0 * 16));
-            match full - s0 {
-                0 => tiles_h::<0, 12>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
-                1 => tiles_h::<1, 12>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
-                2 => tiles_h::<2, 6>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
-                _ => tiles_h::<3, 6>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
+    // SAFETY: the CPU has AVX-512 F + VL, AVX2 and FMA (this fn's contract and target features); `k`
+    // holds `ntp` rows `ldk` apart (contract) and every panel and `c` offset stays inside `q`
+    // and `c` (asserted first).
+    unsafe {
+        assert!(ntp % 6 == 0 && c.len() >= ntp * rp);
+        assert!(q.len() >= rp * dk && rp % 8 == 0);
+        let slots = rp.div_ceil(16);
+        let (full, half) = (rp / 16, rp % 16 == 8);
+        let (q, c) = (q.as_ptr(), c.as_mut_ptr());
+        let mut bad = _mm512_setzero_ps();
+        let mut s0 = 0;
+        while s0 < slots {
+            if half && full - s0 <= 3 {
+                // the last full slots with the 8-row panel, which takes two keys per vector
+                let f = |v: usize| q.add((s0 + v.min(full - s0)) * 16 * dk);
+                let fs = [f(0), f(1), f(2)];
+                let (qh, cs) = (q.add(full * 16 * dk), c.add(s0 * 16));
+                match full - s0 {
+                    0 => tiles_h::<0, 12>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
+                    1 => tiles_h::<1, 12>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
+                    2 => tiles_h::<2, 6>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
+                    _ => tiles_h::<3, 6>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
+                }
+                break;
             }
-            break;
-        }
-        let ns = (slots - s0).min(4);
-        let slot = |v: usize| {
-            let r = (s0 + v.min(ns - 1)) * 16;
-            let half = r + 16 > rp;
-            Slot {
-                // every panel starts at row r: r·dk floats in (the 8-row one included)
-                q: q.add(r * dk),
-                step: if half { 8 } else { 16 },
-                mask: if half { 0xFF } else { 0xFFFF },
+            let ns = (slots - s0).min(4);
+            let slot = |v: usize| {
+                let r = (s0 + v.min(ns - 1)) * 16;
+                let half = r + 16 > rp;
+                Slot {
+                    // every panel starts at row r: r·dk floats in (the 8-row one included)
+                    q: q.add(r * dk),
+                    step: if half { 8 } else { 16 },
+                    mask: if half { 0xFF } else { 0xFFFF },
+                }
+            };
+            let sl = [slot(0), slot(1), slot(2), slot(3)];
+            let cs = c.add(s0 * 16);
+            // 12 keys per tile while the rows fit 2 vectors, else 6 (at most 24 accumulators)
+            match ns {
+                1 => tiles::<1, 12>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
+                2 => tiles::<2, 12>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
+                3 => tiles::<3, 6>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
+                _ => tiles::<4, 6>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
             }
-        };
-        let sl = [slot(0), slot(1), slot(2), slot(3)];
-        let cs = c.add(s0 * 16);
-        // 12 keys per tile while the rows fit 2 vectors, else 6 (at most 24 accumulators)
-        match ns {
-            1 => tiles::<1, 12>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
-            2 => tiles::<2, 12>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
-            3 => tiles::<3, 6>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
-            _ => tiles::<4, 6>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
+            s0 += ns;
         }
-        s0 += ns;
+        _mm512_reduce_add_ps(bad) == 0.0
     }
-    _mm512_reduce_add_ps(bad) == 0.0
 }
 
 /// Tiles of `KN` keys (then of 6 for the rest: `ntp` is a multiple of 6) over `V` slots.
@@ -108,14 +113,18 @@ unsafe fn tiles<const V: usize, const KN: usize>(
     ntp: usize,
     bad: &mut __m512,
 ) {
-    let mut t0 = 0;
-    while t0 + KN <= ntp {
-        tile::<V, KN>(k.add(t0 * ldk), ldk, dk, sl, c.add(t0 * ldc), ldc, bad);
-        t0 += KN;
-    }
-    while t0 < ntp {
-        tile::<V, 6>(k.add(t0 * ldk), ldk, dk, sl, c.add(t0 * ldc), ldc, bad);
-        t0 += 6;
+    // SAFETY: `gemm`'s contract (CPU features, `k` `ntp` rows `ldk` apart, `c` `ntp` rows `ldc`
+    // apart); each tile starts at a key `t0` with `t0 + KN <= ntp` (or 6).
+    unsafe {
+        let mut t0 = 0;
+        while t0 + KN <= ntp {
+            tile::<V, KN>(k.add(t0 * ldk), ldk, dk, sl, c.add(t0 * ldc), ldc, bad);
+            t0 += KN;
+        }
+        while t0 < ntp {
+            tile::<V, 6>(k.add(t0 * ldk), ldk, dk, sl, c.add(t0 * ldc), ldc, bad);
+            t0 += 6;
+        }
     }
 }
 
@@ -134,14 +143,17 @@ unsafe fn tiles_h<const V: usize, const KN: usize>(
     ntp: usize,
     bad: &mut __m512,
 ) {
-    let mut t0 = 0;
-    while t0 + KN <= ntp {
-        tile_h::<V, KN>(k.add(t0 * ldk), ldk, dk, fs, qh, c.add(t0 * ldc), ldc, bad);
-        t0 += KN;
-    }
-    while t0 < ntp {
-        tile_h::<V, 6>(k.add(t0 * ldk), ldk, dk, fs, qh, c.add(t0 * ldc), ldc, bad);
-        t0 += 6;
+    // SAFETY: the caller built with AVX-512 F + VL (`available`); `k`, `qh`, `fs`, `c` cover `ntp` keys and their logits (this fn's contract)
+    unsafe {
+        let mut t0 = 0;
+        while t0 + KN <= ntp {
+            tile_h::<V, KN>(k.add(t0 * ldk), ldk, dk, fs, qh, c.add(t0 * ldc), ldc, bad);
+            t0 += KN;
+        }
+        while t0 < ntp {
+            tile_h::<V, 6>(k.add(t0 * ldk), ldk, dk, fs, qh, c.add(t0 * ldc), ldc, bad);
+            t0 += 6;
+        }
     }
 }
 
@@ -161,49 +173,52 @@ unsafe fn tile_h<const V: usize, const KN: usize>(
     ldc: usize,
     bad: &mut __m512,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); 3]; KN];
-    let mut acch = [_mm512_setzero_ps(); 6];
-    let mut kr = [k; KN];
-    for (i, r) in kr.iter_mut().enumerate() {
-        *r = k.add(i * ldk);
-    }
-    for d in 0..dk {
-        let mut qv = [_mm512_setzero_ps(); 3];
-        for (v, x) in qv.iter_mut().enumerate().take(V) {
-            *x = _mm512_loadu_ps(fs[v].add(d * 16));
+    // SAFETY: AVX-512 F + VL present (the callers' contract); `k` holds `KN` keys of `dk` floats `ldk` apart, `qh`/`fs` the query panel, `c` `KN` rows of logits `ldc` apart
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 3]; KN];
+        let mut acch = [_mm512_setzero_ps(); 6];
+        let mut kr = [k; KN];
+        for (i, r) in kr.iter_mut().enumerate() {
+            *r = k.add(i * ldk);
         }
-        // the panel's 8 floats in both halves
-        let qd = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(
-            qh.add(d * 8) as *const f64
-        )));
-        for j in 0..KN / 2 {
-            let b = [
-                _mm512_set1_ps(*kr[2 * j].add(d)),
-                _mm512_set1_ps(*kr[2 * j + 1].add(d)),
-            ];
-            for (u, &b) in b.iter().enumerate() {
-                for v in 0..V {
-                    acc[2 * j + u][v] = _mm512_fmadd_ps(b, qv[v], acc[2 * j + u][v]);
-                }
+        for d in 0..dk {
+            let mut qv = [_mm512_setzero_ps(); 3];
+            for (v, x) in qv.iter_mut().enumerate().take(V) {
+                *x = _mm512_loadu_ps(fs[v].add(d * 16));
             }
-            let bb = _mm512_mask_blend_ps(0xFF00, b[0], b[1]);
-            acch[j] = _mm512_fmadd_ps(bb, qd, acch[j]);
+            // the panel's 8 floats in both halves
+            let qd = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(
+                qh.add(d * 8) as *const f64
+            )));
+            for j in 0..KN / 2 {
+                let b = [
+                    _mm512_set1_ps(*kr[2 * j].add(d)),
+                    _mm512_set1_ps(*kr[2 * j + 1].add(d)),
+                ];
+                for (u, &b) in b.iter().enumerate() {
+                    for v in 0..V {
+                        acc[2 * j + u][v] = _mm512_fmadd_ps(b, qv[v], acc[2 * j + u][v]);
+                    }
+                }
+                let bb = _mm512_mask_blend_ps(0xFF00, b[0], b[1]);
+                acch[j] = _mm512_fmadd_ps(bb, qd, acch[j]);
+            }
         }
-    }
-    for i in 0..KN {
-        for v in 0..V {
-            _mm512_storeu_ps(c.add(i * ldc + 16 * v), acc[i][v]);
-            *bad = _mm512_fmadd_ps(acc[i][v], _mm512_setzero_ps(), *bad);
+        for i in 0..KN {
+            for v in 0..V {
+                _mm512_storeu_ps(c.add(i * ldc + 16 * v), acc[i][v]);
+                *bad = _mm512_fmadd_ps(acc[i][v], _mm512_setzero_ps(), *bad);
+            }
         }
-    }
-    for j in 0..KN / 2 {
-        let (lo, hi) = (
-            _mm512_castps512_ps256(acch[j]),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acch[j]))),
-        );
-        _mm256_storeu_ps(c.add(2 * j * ldc + 16 * V), lo);
-        _mm256_storeu_ps(c.add((2 * j + 1) * ldc + 16 * V), hi);
-        *bad = _mm512_fmadd_ps(acch[j], _mm512_setzero_ps(), *bad);
+        for j in 0..KN / 2 {
+            let (lo, hi) = (
+                _mm512_castps512_ps256(acch[j]),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acch[j]))),
+            );
+            _mm256_storeu_ps(c.add(2 * j * ldc + 16 * V), lo);
+            _mm256_storeu_ps(c.add((2 * j + 1) * ldc + 16 * V), hi);
+            *bad = _mm512_fmadd_ps(acch[j], _mm512_setzero_ps(), *bad);
+        }
     }
 }
 
@@ -220,28 +235,33 @@ unsafe fn tile<const V: usize, const KN: usize>(
     ldc: usize,
     bad: &mut __m512,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); V]; KN];
-    let mut kr = [k; KN];
-    for (i, r) in kr.iter_mut().enumerate() {
-        *r = k.add(i * ldk);
-    }
-    for d in 0..dk {
-        // plain loops, not `array::from_fn` (its closures may stay outlined)
-        let mut qv = [_mm512_setzero_ps(); V];
-        for (v, x) in qv.iter_mut().enumerate() {
-            *x = _mm512_maskz_loadu_ps(sl[v].mask, sl[v].q.add(d * sl[v].step));
+    // SAFETY: the CPU has AVX-512 F + VL (our callers run under `gemm`'s target features); `k`
+    // holds `KN` rows `ldk` apart, each slot's panel `dk` steps and `c` `KN` rows `ldc` apart
+    // (as `tiles` passes them).
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); V]; KN];
+        let mut kr = [k; KN];
+        for (i, r) in kr.iter_mut().enumerate() {
+            *r = k.add(i * ldk);
         }
-        for i in 0..KN {
-            let b = _mm512_set1_ps(*kr[i].add(d));
-            for v in 0..V {
-                acc[i][v] = _mm512_fmadd_ps(b, qv[v], acc[i][v]);
+        for d in 0..dk {
+            // plain loops, not `array::from_fn` (its closures may stay outlined)
+            let mut qv = [_mm512_setzero_ps(); V];
+            for (v, x) in qv.iter_mut().enumerate() {
+                *x = _mm512_maskz_loadu_ps(sl[v].mask, sl[v].q.add(d * sl[v].step));
+            }
+            for i in 0..KN {
+                let b = _mm512_set1_ps(*kr[i].add(d));
+                for v in 0..V {
+                    acc[i][v] = _mm512_fmadd_ps(b, qv[v], acc[i][v]);
+                }
             }
         }
-    }
-    for i in 0..KN {
-        for v in 0..V {
-            _mm512_mask_storeu_ps(c.add(i * ldc + 16 * v), sl[v].mask, acc[i][v]);
-            *bad = _mm512_fmadd_ps(acc[i][v], _mm512_setzero_ps(), *bad);
+        for i in 0..KN {
+            for v in 0..V {
+                _mm512_mask_storeu_ps(c.add(i * ldc + 16 * v), sl[v].mask, acc[i][v]);
+                *bad = _mm512_fmadd_ps(acc[i][v], _mm512_setzero_ps(), *bad);
+            }
         }
     }
 }
@@ -255,7 +275,8 @@ mod tests {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn avx2(q: &[f32], dk: usize, rp: usize, k: &[f32], ldk: usize, c: &mut [f32]) -> bool {
-        gemm_tiles::<Avx2>(q, dk, rp, k.as_ptr(), ldk, k.len() / ldk, c)
+        // SAFETY: `k` holds `k.len() / ldk` rows of `ldk` floats; the caller checked the CPU.
+        unsafe { gemm_tiles::<Avx2>(q, dk, rp, k.as_ptr(), ldk, k.len() / ldk, c) }
     }
 
     /// The AVX-512 kernel gives the AVX2 kernel's bits and finiteness verdict for every row
@@ -285,6 +306,7 @@ mod tests {
                         let (mut c1, mut c2) = (vec![0f32; ntp * rp], vec![1f32; ntp * rp]);
                         // SAFETY: k holds ntp rows of ldk >= dk floats; both CPUs checked.
                         let f1 = unsafe { super::gemm(&q, dk, rp, k.as_ptr(), ldk, ntp, &mut c1) };
+                        // SAFETY: k holds ntp rows of ldk >= dk floats; has_avx2 checked the CPU.
                         let f2 = unsafe { avx2(&q, dk, rp, &k, ldk, &mut c2) };
                         assert_eq!(f1, f2, "rp {rp} dk {dk} ntp {ntp} {bad:?}");
                         assert_eq!(f1, bad.is_none());

@@ -213,69 +213,73 @@ unsafe fn qf_tile<S: Simd, const MT: usize>(
     g: &[f32],
     sym: bool,
 ) -> [f32; MT] {
-    assert!(v.len() >= MT * dv && g.len() >= dv * dv);
-    let (vp, gp) = (v.as_ptr(), g.as_ptr());
-    let full = dv / 16 * 16;
-    let mut tot = [S::zero(); MT];
-    let mut c0 = 0;
-    while c0 < full {
-        let mut acc = [[S::zero(); 2]; MT];
-        let r_end = if sym { c0 } else { dv };
-        for r in 0..r_end {
-            let g0 = S::load(gp.add(r * dv + c0));
-            let g1 = S::load(gp.add(r * dv + c0 + 8));
-            for i in 0..MT {
-                let b = S::splat(*vp.add(i * dv + r));
-                acc[i][0] = S::fma(b, g0, acc[i][0]);
-                acc[i][1] = S::fma(b, g1, acc[i][1]);
-            }
-        }
-        if sym {
-            for a in acc.iter_mut() {
-                a[0] = S::add(a[0], a[0]);
-                a[1] = S::add(a[1], a[1]);
-            }
-            for (rr, m) in DIAG.iter().enumerate() {
-                let r = c0 + rr;
-                let g0 = S::mul(S::load(gp.add(r * dv + c0)), S::load(m.as_ptr()));
-                let g1 = S::mul(S::load(gp.add(r * dv + c0 + 8)), S::load(m.as_ptr().add(8)));
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); every load
+    // reads `v[..MT·dv]` or `g[..dv·dv]`, asserted first.
+    unsafe {
+        assert!(v.len() >= MT * dv && g.len() >= dv * dv);
+        let (vp, gp) = (v.as_ptr(), g.as_ptr());
+        let full = dv / 16 * 16;
+        let mut tot = [S::zero(); MT];
+        let mut c0 = 0;
+        while c0 < full {
+            let mut acc = [[S::zero(); 2]; MT];
+            let r_end = if sym { c0 } else { dv };
+            for r in 0..r_end {
+                let g0 = S::load(gp.add(r * dv + c0));
+                let g1 = S::load(gp.add(r * dv + c0 + 8));
                 for i in 0..MT {
                     let b = S::splat(*vp.add(i * dv + r));
                     acc[i][0] = S::fma(b, g0, acc[i][0]);
                     acc[i][1] = S::fma(b, g1, acc[i][1]);
                 }
             }
+            if sym {
+                for a in acc.iter_mut() {
+                    a[0] = S::add(a[0], a[0]);
+                    a[1] = S::add(a[1], a[1]);
+                }
+                for (rr, m) in DIAG.iter().enumerate() {
+                    let r = c0 + rr;
+                    let g0 = S::mul(S::load(gp.add(r * dv + c0)), S::load(m.as_ptr()));
+                    let g1 = S::mul(S::load(gp.add(r * dv + c0 + 8)), S::load(m.as_ptr().add(8)));
+                    for i in 0..MT {
+                        let b = S::splat(*vp.add(i * dv + r));
+                        acc[i][0] = S::fma(b, g0, acc[i][0]);
+                        acc[i][1] = S::fma(b, g1, acc[i][1]);
+                    }
+                }
+            }
+            for i in 0..MT {
+                tot[i] = S::fma(acc[i][0], S::load(vp.add(i * dv + c0)), tot[i]);
+                tot[i] = S::fma(acc[i][1], S::load(vp.add(i * dv + c0 + 8)), tot[i]);
+            }
+            c0 += 16;
         }
+        let mut out = [0f32; MT];
         for i in 0..MT {
-            tot[i] = S::fma(acc[i][0], S::load(vp.add(i * dv + c0)), tot[i]);
-            tot[i] = S::fma(acc[i][1], S::load(vp.add(i * dv + c0 + 8)), tot[i]);
+            let vi = &v[i * dv..(i + 1) * dv];
+            let mut s = S::hsum(tot[i]);
+            // columns past the last full panel
+            for c in full..dv {
+                let y = if sym {
+                    let mut y = 0f32;
+                    for r in 0..c {
+                        y += vi[r] * g[r * dv + c];
+                    }
+                    2.0 * y + vi[c] * g[c * dv + c]
+                } else {
+                    let mut y = 0f32;
+                    for r in 0..dv {
+                        y += vi[r] * g[r * dv + c];
+                    }
+                    y
+                };
+                s += y * vi[c];
+            }
+            out[i] = s;
         }
-        c0 += 16;
+        out
     }
-    let mut out = [0f32; MT];
-    for i in 0..MT {
-        let vi = &v[i * dv..(i + 1) * dv];
-        let mut s = S::hsum(tot[i]);
-        // columns past the last full panel
-        for c in full..dv {
-            let y = if sym {
-                let mut y = 0f32;
-                for r in 0..c {
-                    y += vi[r] * g[r * dv + c];
-                }
-                2.0 * y + vi[c] * g[c * dv + c]
-            } else {
-                let mut y = 0f32;
-                for r in 0..dv {
-                    y += vi[r] * g[r * dv + c];
-                }
-                y
-            };
-            s += y * vi[c];
-        }
-        out[i] = s;
-    }
-    out
 }
 
 /// `dst[t - t0] = v_t G v_tᵀ` for tokens `t0..t1` of KV head `kh` of `values` (`[Hkv, N, dv]`,

@@ -5,6 +5,9 @@
 //! Flow for one model: [`compute_gram`] once → per layer [`score_layer`] into `[Hkv][P]`
 //! → [`select_model`] over `[L][Hkv][P]` → [`compact`] each layer's K and V.
 #![no_std]
+// every unsafe operation sits in its own block with a SAFETY line saying why it holds
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 #![allow(clippy::needless_range_loop)]
 // kernels take (data, shape, strides, outputs) like their C counterparts; the fast-exp
 // coefficients are written as published

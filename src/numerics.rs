@@ -39,6 +39,12 @@ pub fn exp_neg(x: f32) -> f32 {
 /// generics: [`Portable`] (plain arrays, whatever the target vectorises them to) and, on
 /// x86_64 with `std` (run-time detection), `Avx2` (AVX2 + FMA + F16C intrinsics). Both are
 /// deterministic; they differ from each other in rounding (FMA contracts `a·b + c`).
+///
+/// # Safety
+/// Every method, and every `unsafe fn` generic over `S: Simd`, may only run where `S`'s
+/// CPU features are enabled: `Avx2` only inside the `avx2,fma,f16c` functions that
+/// [`dispatch!`] enters after [`has_avx2`]; `Portable` anywhere. `load`, `store` and
+/// `load_f16` also need 8 readable (writable) elements at `p`.
 pub(crate) trait Simd: Copy {
     type V: Copy;
     /// True for the AVX2 build, whose callers may also use AVX-512 where detected (read
@@ -76,19 +82,24 @@ pub(crate) trait Simd: Copy {
     /// four dependency chains step by step, so the out-of-order window overlaps them.
     #[inline(always)]
     unsafe fn exp_neg4(x: [Self::V; 4]) -> [Self::V; 4] {
-        x.map(|v| Self::exp_neg(v))
+        // SAFETY: our caller keeps the `Simd` contract; no memory is touched.
+        unsafe { x.map(|v| Self::exp_neg(v)) }
     }
     /// The 8×8 transpose: lane `j` of output `i` is lane `i` of input `j`.
     #[inline(always)]
     unsafe fn transpose8(v: [Self::V; 8]) -> [Self::V; 8] {
-        let mut m = [[0f32; 8]; 8];
-        for (row, x) in m.iter_mut().zip(v) {
-            Self::store(row.as_mut_ptr(), x);
+        // SAFETY: our caller keeps the `Simd` contract; each store and load covers one 8-float row
+        // or column of `m`.
+        unsafe {
+            let mut m = [[0f32; 8]; 8];
+            for (row, x) in m.iter_mut().zip(v) {
+                Self::store(row.as_mut_ptr(), x);
+            }
+            core::array::from_fn(|i| {
+                let col: [f32; 8] = core::array::from_fn(|j| m[j][i]);
+                Self::load(col.as_ptr())
+            })
         }
-        core::array::from_fn(|i| {
-            let col: [f32; 8] = core::array::from_fn(|j| m[j][i]);
-            Self::load(col.as_ptr())
-        })
     }
 }
 
@@ -108,19 +119,24 @@ impl Simd for Portable {
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> [f32; 8] {
-        core::ptr::read_unaligned(p as *const [f32; 8])
+        // SAFETY: `p` holds 8 readable floats (the caller's, per `Simd::load`).
+        unsafe { core::ptr::read_unaligned(p as *const [f32; 8]) }
     }
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: [f32; 8]) {
-        core::ptr::write_unaligned(p as *mut [f32; 8], v)
+        // SAFETY: `p` holds 8 writable floats (the caller's, per `Simd::store`).
+        unsafe { core::ptr::write_unaligned(p as *mut [f32; 8], v) }
     }
     #[inline(always)]
     unsafe fn load_f16(p: *const u16) -> [f32; 8] {
-        let mut o = [0f32; 8];
-        for (i, x) in o.iter_mut().enumerate() {
-            *x = half::f16::from_bits(*p.add(i)).to_f32();
+        // SAFETY: `p` holds 8 readable u16 (the caller's, per `Simd::load_f16`).
+        unsafe {
+            let mut o = [0f32; 8];
+            for (i, x) in o.iter_mut().enumerate() {
+                *x = half::f16::from_bits(*p.add(i)).to_f32();
+            }
+            o
         }
-        o
     }
     #[inline(always)]
     unsafe fn add(a: [f32; 8], b: [f32; 8]) -> [f32; 8] {
@@ -218,177 +234,208 @@ mod avx2 {
         const AVX2: bool = true;
         #[inline(always)]
         unsafe fn zero() -> __m256 {
-            _mm256_setzero_ps()
+            // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+            unsafe { _mm256_setzero_ps() }
         }
         #[inline(always)]
         unsafe fn splat(x: f32) -> __m256 {
-            _mm256_set1_ps(x)
+            // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+            unsafe { _mm256_set1_ps(x) }
         }
         #[inline(always)]
         unsafe fn load(p: *const f32) -> __m256 {
-            _mm256_loadu_ps(p)
+            // SAFETY: the CPU has avx2 (the `Simd` contract) and `p` holds 8 floats (the caller's).
+            unsafe { _mm256_loadu_ps(p) }
         }
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: __m256) {
-            _mm256_storeu_ps(p, v)
+            // SAFETY: the CPU has avx2 (the `Simd` contract) and `p` holds 8 writable floats (the
+            // caller's).
+            unsafe { _mm256_storeu_ps(p, v) }
         }
         #[inline(always)]
         unsafe fn load_f16(p: *const u16) -> __m256 {
-            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+            // SAFETY: the CPU has avx2 and f16c (the `Simd` contract) and `p` holds 8 u16 (the
+            // caller's).
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
         }
         #[inline(always)]
         unsafe fn add(a: __m256, b: __m256) -> __m256 {
-            _mm256_add_ps(a, b)
+            // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+            unsafe { _mm256_add_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn sub(a: __m256, b: __m256) -> __m256 {
-            _mm256_sub_ps(a, b)
+            // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+            unsafe { _mm256_sub_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn mul(a: __m256, b: __m256) -> __m256 {
-            _mm256_mul_ps(a, b)
+            // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+            unsafe { _mm256_mul_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
-            _mm256_fmadd_ps(a, b, c)
+            // SAFETY: the CPU has fma (the `Simd` contract); no memory is touched.
+            unsafe { _mm256_fmadd_ps(a, b, c) }
         }
         #[inline(always)]
         unsafe fn max(a: __m256, b: __m256) -> __m256 {
-            // vmaxps(x, y) = x > y ? x : y (y when either is NaN)
-            _mm256_max_ps(b, a)
+            // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+            unsafe {
+                // vmaxps(x, y) = x > y ? x : y (y when either is NaN)
+                _mm256_max_ps(b, a)
+            }
         }
         #[inline(always)]
         unsafe fn min(a: __m256, b: __m256) -> __m256 {
-            // vminps(x, y) = x < y ? x : y (y when either is NaN)
-            _mm256_min_ps(b, a)
+            // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+            unsafe {
+                // vminps(x, y) = x < y ? x : y (y when either is NaN)
+                _mm256_min_ps(b, a)
+            }
         }
         #[inline(always)]
         unsafe fn gt_mask(a: __m256, b: __m256) -> u32 {
-            _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(a, b)) as u32
+            // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+            unsafe { _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(a, b)) as u32 }
         }
         #[inline(always)]
         unsafe fn exp_neg(x: __m256) -> __m256 {
-            // the scalar exp_neg's steps, lane-wise; NaN propagates like there
-            let lo = _mm256_set1_ps(-87.0);
-            let xc = _mm256_blendv_ps(x, lo, _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo));
-            let t = _mm256_fmadd_ps(
-                xc,
-                _mm256_set1_ps(core::f32::consts::LOG2_E),
-                _mm256_set1_ps(0.5),
-            );
-            let n = _mm256_floor_ps(t);
-            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), xc);
-            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-            let p = _mm256_set1_ps(1.987_569_1e-4);
-            let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
-            let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
-            let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
-            let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
-            let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.000_000_1e-1));
-            let p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r);
-            let p = _mm256_add_ps(p, _mm256_set1_ps(1.0));
-            let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-                _mm256_cvttps_epi32(n),
-                _mm256_set1_epi32(127),
-            ));
-            let y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-            let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.3));
-            _mm256_andnot_ps(under, y)
+            // SAFETY: the CPU has avx2 and fma (the `Simd` contract); no memory is touched.
+            unsafe {
+                // the scalar exp_neg's steps, lane-wise; NaN propagates like there
+                let lo = _mm256_set1_ps(-87.0);
+                let xc = _mm256_blendv_ps(x, lo, _mm256_cmp_ps::<_CMP_LT_OQ>(x, lo));
+                let t = _mm256_fmadd_ps(
+                    xc,
+                    _mm256_set1_ps(core::f32::consts::LOG2_E),
+                    _mm256_set1_ps(0.5),
+                );
+                let n = _mm256_floor_ps(t);
+                let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), xc);
+                let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+                let p = _mm256_set1_ps(1.987_569_1e-4);
+                let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
+                let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+                let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+                let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
+                let p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.000_000_1e-1));
+                let p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r);
+                let p = _mm256_add_ps(p, _mm256_set1_ps(1.0));
+                let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+                    _mm256_cvttps_epi32(n),
+                    _mm256_set1_epi32(127),
+                ));
+                let y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+                let under = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.3));
+                _mm256_andnot_ps(under, y)
+            }
         }
         #[inline(always)]
         unsafe fn transpose8(v: [__m256; 8]) -> [__m256; 8] {
-            // pairs of rows interleaved, then 64-bit pairs, then 128-bit halves
-            let t0 = _mm256_unpacklo_ps(v[0], v[1]);
-            let t1 = _mm256_unpackhi_ps(v[0], v[1]);
-            let t2 = _mm256_unpacklo_ps(v[2], v[3]);
-            let t3 = _mm256_unpackhi_ps(v[2], v[3]);
-            let t4 = _mm256_unpacklo_ps(v[4], v[5]);
-            let t5 = _mm256_unpackhi_ps(v[4], v[5]);
-            let t6 = _mm256_unpacklo_ps(v[6], v[7]);
-            let t7 = _mm256_unpackhi_ps(v[6], v[7]);
-            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-            [
-                _mm256_permute2f128_ps::<0x20>(u0, u4),
-                _mm256_permute2f128_ps::<0x20>(u1, u5),
-                _mm256_permute2f128_ps::<0x20>(u2, u6),
-                _mm256_permute2f128_ps::<0x20>(u3, u7),
-                _mm256_permute2f128_ps::<0x31>(u0, u4),
-                _mm256_permute2f128_ps::<0x31>(u1, u5),
-                _mm256_permute2f128_ps::<0x31>(u2, u6),
-                _mm256_permute2f128_ps::<0x31>(u3, u7),
-            ]
+            // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+            unsafe {
+                // pairs of rows interleaved, then 64-bit pairs, then 128-bit halves
+                let t0 = _mm256_unpacklo_ps(v[0], v[1]);
+                let t1 = _mm256_unpackhi_ps(v[0], v[1]);
+                let t2 = _mm256_unpacklo_ps(v[2], v[3]);
+                let t3 = _mm256_unpackhi_ps(v[2], v[3]);
+                let t4 = _mm256_unpacklo_ps(v[4], v[5]);
+                let t5 = _mm256_unpackhi_ps(v[4], v[5]);
+                let t6 = _mm256_unpacklo_ps(v[6], v[7]);
+                let t7 = _mm256_unpackhi_ps(v[6], v[7]);
+                let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+                let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+                let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+                let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+                let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+                let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+                let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+                let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+                [
+                    _mm256_permute2f128_ps::<0x20>(u0, u4),
+                    _mm256_permute2f128_ps::<0x20>(u1, u5),
+                    _mm256_permute2f128_ps::<0x20>(u2, u6),
+                    _mm256_permute2f128_ps::<0x20>(u3, u7),
+                    _mm256_permute2f128_ps::<0x31>(u0, u4),
+                    _mm256_permute2f128_ps::<0x31>(u1, u5),
+                    _mm256_permute2f128_ps::<0x31>(u2, u6),
+                    _mm256_permute2f128_ps::<0x31>(u3, u7),
+                ]
+            }
         }
         #[inline(always)]
         unsafe fn exp_neg4(x: [__m256; 4]) -> [__m256; 4] {
-            // exp_neg's steps, each applied to the four vectors before the next
-            macro_rules! step {
+            // SAFETY: the CPU has avx2 and fma (the `Simd` contract); no memory is touched.
+            unsafe {
+                // exp_neg's steps, each applied to the four vectors before the next
+                macro_rules! step {
                 (|$v:ident, $i:ident| $e:expr, $a:expr) => {{
                     let a = $a;
                     let f = |$v: __m256, $i: usize| $e;
                     [f(a[0], 0), f(a[1], 1), f(a[2], 2), f(a[3], 3)]
                 }};
             }
-            let lo = _mm256_set1_ps(-87.0);
-            let xc = step!(
-                |v, _i| _mm256_blendv_ps(v, lo, _mm256_cmp_ps::<_CMP_LT_OQ>(v, lo)),
-                x
-            );
-            let (l2e, half) = (
-                _mm256_set1_ps(core::f32::consts::LOG2_E),
-                _mm256_set1_ps(0.5),
-            );
-            let n = step!(|v, _i| _mm256_floor_ps(_mm256_fmadd_ps(v, l2e, half)), xc);
-            let (hi, lo2) = (_mm256_set1_ps(0.693_359_4), _mm256_set1_ps(-2.121_944_4e-4));
-            let r = step!(|v, i| _mm256_fnmadd_ps(n[i], hi, v), xc);
-            let r = step!(|v, i| _mm256_fnmadd_ps(n[i], lo2, v), r);
-            let mut p = [_mm256_set1_ps(1.987_569_1e-4); 4];
-            for c in [
-                1.398_199_9e-3,
-                8.333_452e-3,
-                4.166_579_6e-2,
-                1.666_666_5e-1,
-                5.000_000_1e-1,
-            ] {
-                let cv = _mm256_set1_ps(c);
-                p = step!(|v, i| _mm256_fmadd_ps(v, r[i], cv), p);
+                let lo = _mm256_set1_ps(-87.0);
+                let xc = step!(
+                    |v, _i| _mm256_blendv_ps(v, lo, _mm256_cmp_ps::<_CMP_LT_OQ>(v, lo)),
+                    x
+                );
+                let (l2e, half) = (
+                    _mm256_set1_ps(core::f32::consts::LOG2_E),
+                    _mm256_set1_ps(0.5),
+                );
+                let n = step!(|v, _i| _mm256_floor_ps(_mm256_fmadd_ps(v, l2e, half)), xc);
+                let (hi, lo2) = (_mm256_set1_ps(0.693_359_4), _mm256_set1_ps(-2.121_944_4e-4));
+                let r = step!(|v, i| _mm256_fnmadd_ps(n[i], hi, v), xc);
+                let r = step!(|v, i| _mm256_fnmadd_ps(n[i], lo2, v), r);
+                let mut p = [_mm256_set1_ps(1.987_569_1e-4); 4];
+                for c in [
+                    1.398_199_9e-3,
+                    8.333_452e-3,
+                    4.166_579_6e-2,
+                    1.666_666_5e-1,
+                    5.000_000_1e-1,
+                ] {
+                    let cv = _mm256_set1_ps(c);
+                    p = step!(|v, i| _mm256_fmadd_ps(v, r[i], cv), p);
+                }
+                let p = step!(
+                    |v, i| _mm256_fmadd_ps(_mm256_mul_ps(v, r[i]), r[i], r[i]),
+                    p
+                );
+                let one = _mm256_set1_ps(1.0);
+                let p = step!(|v, _i| _mm256_add_ps(v, one), p);
+                let bias = _mm256_set1_epi32(127);
+                let y = step!(
+                    |v, i| {
+                        let e = _mm256_add_epi32(_mm256_cvttps_epi32(n[i]), bias);
+                        _mm256_mul_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e)))
+                    },
+                    p
+                );
+                let min = _mm256_set1_ps(-87.3);
+                step!(
+                    |v, i| _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x[i], min), v),
+                    y
+                )
             }
-            let p = step!(
-                |v, i| _mm256_fmadd_ps(_mm256_mul_ps(v, r[i]), r[i], r[i]),
-                p
-            );
-            let one = _mm256_set1_ps(1.0);
-            let p = step!(|v, _i| _mm256_add_ps(v, one), p);
-            let bias = _mm256_set1_epi32(127);
-            let y = step!(
-                |v, i| {
-                    let e = _mm256_add_epi32(_mm256_cvttps_epi32(n[i]), bias);
-                    _mm256_mul_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e)))
-                },
-                p
-            );
-            let min = _mm256_set1_ps(-87.3);
-            step!(
-                |v, i| _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x[i], min), v),
-                y
-            )
         }
         #[inline(always)]
         unsafe fn sqrt(x: __m256) -> __m256 {
-            _mm256_sqrt_ps(x)
+            // SAFETY: AVX (part of AVX2) is present: the `Simd` contract of `Avx2`
+            unsafe { _mm256_sqrt_ps(x) }
         }
         #[inline(always)]
         unsafe fn hsum(v: __m256) -> f32 {
-            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-            _mm_cvtss_f32(s)
+            // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+            unsafe {
+                let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+                _mm_cvtss_f32(s)
+            }
         }
     }
 }
@@ -461,48 +508,57 @@ pub(crate) fn all_finite<S: Simd>(x: &[f32]) -> bool {
 /// Sum of `x` with 8 lanes of partial sums (deterministic order).
 #[inline(always)]
 pub(crate) unsafe fn sum_v<S: Simd>(x: &[f32]) -> f32 {
-    let n8 = x.len() / 8 * 8;
-    let mut acc = S::zero();
-    let p = x.as_ptr();
-    let mut i = 0;
-    while i < n8 {
-        acc = S::add(acc, S::load(p.add(i)));
-        i += 8;
+    // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+    unsafe {
+        let n8 = x.len() / 8 * 8;
+        let mut acc = S::zero();
+        let p = x.as_ptr();
+        let mut i = 0;
+        while i < n8 {
+            acc = S::add(acc, S::load(p.add(i)));
+            i += 8;
+        }
+        let mut s = S::hsum(acc);
+        for &v in &x[n8..] {
+            s += v;
+        }
+        s
     }
-    let mut s = S::hsum(acc);
-    for &v in &x[n8..] {
-        s += v;
-    }
-    s
 }
 
 /// Lane `k` of the result is [`Simd::hsum`] of `v[k]`, by the same tree.
 #[inline(always)]
 pub(crate) unsafe fn hsum8<S: Simd>(v: [S::V; 8]) -> S::V {
-    let t = S::transpose8(v);
-    S::add(
-        S::add(S::add(t[0], t[4]), S::add(t[2], t[6])),
-        S::add(S::add(t[1], t[5]), S::add(t[3], t[7])),
-    )
+    // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+    unsafe {
+        let t = S::transpose8(v);
+        S::add(
+            S::add(S::add(t[0], t[4]), S::add(t[2], t[6])),
+            S::add(S::add(t[1], t[5]), S::add(t[3], t[7])),
+        )
+    }
 }
 
 /// `Σ x[i]·y[i]` with 8 lanes of partial sums (deterministic order); `y.len() >= x.len()`.
 #[inline(always)]
 pub(crate) unsafe fn dot_v<S: Simd>(x: &[f32], y: &[f32]) -> f32 {
-    let y = &y[..x.len()];
-    let n8 = x.len() / 8 * 8;
-    let mut acc = S::zero();
-    let (px, py) = (x.as_ptr(), y.as_ptr());
-    let mut i = 0;
-    while i < n8 {
-        acc = S::fma(S::load(px.add(i)), S::load(py.add(i)), acc);
-        i += 8;
+    // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+    unsafe {
+        let y = &y[..x.len()];
+        let n8 = x.len() / 8 * 8;
+        let mut acc = S::zero();
+        let (px, py) = (x.as_ptr(), y.as_ptr());
+        let mut i = 0;
+        while i < n8 {
+            acc = S::fma(S::load(px.add(i)), S::load(py.add(i)), acc);
+            i += 8;
+        }
+        let mut s = S::hsum(acc);
+        for (a, b) in x[n8..].iter().zip(&y[n8..]) {
+            s += a * b;
+        }
+        s
     }
-    let mut s = S::hsum(acc);
-    for (a, b) in x[n8..].iter().zip(&y[n8..]) {
-        s += a * b;
-    }
-    s
 }
 
 /// Order-preserving map from finite f32 to u32: a < b  <=>  key(a) < key(b).

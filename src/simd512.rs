@@ -14,80 +14,91 @@ pub(crate) struct Avx512;
 /// Two 8-lane vectors as one 16-lane vector (`a` low, `b` high) and back.
 #[inline(always)]
 unsafe fn join(a: __m256, b: __m256) -> __m512 {
-    let lo = _mm512_castpd256_pd512(_mm256_castps_pd(a));
-    _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, _mm256_castps_pd(b)))
+    // SAFETY: AVX-512 F is present (`Avx512` is only used where `gemm512::available`); register casts only
+    unsafe {
+        let lo = _mm512_castpd256_pd512(_mm256_castps_pd(a));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, _mm256_castps_pd(b)))
+    }
 }
 #[inline(always)]
 unsafe fn split(v: __m512) -> (__m256, __m256) {
-    let d = _mm512_castps_pd(v);
-    (
-        _mm256_castpd_ps(_mm512_castpd512_pd256(d)),
-        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(d)),
-    )
+    // SAFETY: AVX-512 F is present (as `join`); register casts only
+    unsafe {
+        let d = _mm512_castps_pd(v);
+        (
+            _mm256_castpd_ps(_mm512_castpd512_pd256(d)),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(d)),
+        )
+    }
 }
 
 /// `numerics::exp_neg` on two 16-lane vectors: the AVX2 `exp_neg4`'s operations, lane for
 /// lane (compare-and-blend as a masked blend, floor as roundscale 0x09, the same FMAs).
 #[inline(always)]
 unsafe fn exp_neg2(x: [__m512; 2]) -> [__m512; 2] {
-    let lo = _mm512_set1_ps(-87.0);
-    let xc = x.map(|v| _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo), v, lo));
-    let (l2e, half) = (
-        _mm512_set1_ps(core::f32::consts::LOG2_E),
-        _mm512_set1_ps(0.5),
-    );
-    let n = xc.map(|v| _mm512_roundscale_ps::<0x09>(_mm512_fmadd_ps(v, l2e, half)));
-    let (hi, lo2) = (_mm512_set1_ps(0.693_359_4), _mm512_set1_ps(-2.121_944_4e-4));
-    let r = [
-        _mm512_fnmadd_ps(n[0], hi, xc[0]),
-        _mm512_fnmadd_ps(n[1], hi, xc[1]),
-    ];
-    let r = [
-        _mm512_fnmadd_ps(n[0], lo2, r[0]),
-        _mm512_fnmadd_ps(n[1], lo2, r[1]),
-    ];
-    let mut p = [_mm512_set1_ps(1.987_569_1e-4); 2];
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        5.000_000_1e-1,
-    ] {
-        let cv = _mm512_set1_ps(c);
-        p = [
-            _mm512_fmadd_ps(p[0], r[0], cv),
-            _mm512_fmadd_ps(p[1], r[1], cv),
+    // SAFETY: AVX-512 F is present (as `join`); lane-wise arithmetic on registers only
+    unsafe {
+        let lo = _mm512_set1_ps(-87.0);
+        let xc = x.map(|v| _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo), v, lo));
+        let (l2e, half) = (
+            _mm512_set1_ps(core::f32::consts::LOG2_E),
+            _mm512_set1_ps(0.5),
+        );
+        let n = xc.map(|v| _mm512_roundscale_ps::<0x09>(_mm512_fmadd_ps(v, l2e, half)));
+        let (hi, lo2) = (_mm512_set1_ps(0.693_359_4), _mm512_set1_ps(-2.121_944_4e-4));
+        let r = [
+            _mm512_fnmadd_ps(n[0], hi, xc[0]),
+            _mm512_fnmadd_ps(n[1], hi, xc[1]),
         ];
+        let r = [
+            _mm512_fnmadd_ps(n[0], lo2, r[0]),
+            _mm512_fnmadd_ps(n[1], lo2, r[1]),
+        ];
+        let mut p = [_mm512_set1_ps(1.987_569_1e-4); 2];
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            5.000_000_1e-1,
+        ] {
+            let cv = _mm512_set1_ps(c);
+            p = [
+                _mm512_fmadd_ps(p[0], r[0], cv),
+                _mm512_fmadd_ps(p[1], r[1], cv),
+            ];
+        }
+        let p = [
+            _mm512_fmadd_ps(_mm512_mul_ps(p[0], r[0]), r[0], r[0]),
+            _mm512_fmadd_ps(_mm512_mul_ps(p[1], r[1]), r[1], r[1]),
+        ];
+        let one = _mm512_set1_ps(1.0);
+        let p = p.map(|v| _mm512_add_ps(v, one));
+        let bias = _mm512_set1_epi32(127);
+        let scale = |n: __m512| {
+            let e = _mm512_add_epi32(_mm512_cvttps_epi32(n), bias);
+            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
+        };
+        let y = [
+            _mm512_mul_ps(p[0], scale(n[0])),
+            _mm512_mul_ps(p[1], scale(n[1])),
+        ];
+        let min = _mm512_set1_ps(-87.3);
+        // andnot(x < -87.3, y): 0 where below
+        [
+            _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[0], min), y[0]),
+            _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[1], min), y[1]),
+        ]
     }
-    let p = [
-        _mm512_fmadd_ps(_mm512_mul_ps(p[0], r[0]), r[0], r[0]),
-        _mm512_fmadd_ps(_mm512_mul_ps(p[1], r[1]), r[1], r[1]),
-    ];
-    let one = _mm512_set1_ps(1.0);
-    let p = p.map(|v| _mm512_add_ps(v, one));
-    let bias = _mm512_set1_epi32(127);
-    let scale = |n: __m512| {
-        let e = _mm512_add_epi32(_mm512_cvttps_epi32(n), bias);
-        _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
-    };
-    let y = [
-        _mm512_mul_ps(p[0], scale(n[0])),
-        _mm512_mul_ps(p[1], scale(n[1])),
-    ];
-    let min = _mm512_set1_ps(-87.3);
-    // andnot(x < -87.3, y): 0 where below
-    [
-        _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[0], min), y[0]),
-        _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[1], min), y[1]),
-    ]
 }
 
 macro_rules! delegate {
     ($($name:ident($($a:ident: $t:ty),*) -> $r:ty;)*) => {$(
         #[inline(always)]
         unsafe fn $name($($a: $t),*) -> $r {
-            Avx2::$name($($a),*)
+            // SAFETY: AVX-512 implies the AVX2 + FMA + F16C of `Avx2`; the arguments carry
+            // this fn's own `Simd` contract to the same function of `Avx2`
+            unsafe { Avx2::$name($($a),*) }
         }
     )*};
 }
@@ -115,9 +126,12 @@ impl Simd for Avx512 {
     }
     #[inline(always)]
     unsafe fn exp_neg4(x: [__m256; 4]) -> [__m256; 4] {
-        let [a, b] = exp_neg2([join(x[0], x[1]), join(x[2], x[3])]);
-        let ((a0, a1), (b0, b1)) = (split(a), split(b));
-        [a0, a1, b0, b1]
+        // SAFETY: AVX-512 F + VL are present (as `join`); the two halves are registers
+        unsafe {
+            let [a, b] = exp_neg2([join(x[0], x[1]), join(x[2], x[3])]);
+            let ((a0, a1), (b0, b1)) = (split(a), split(b));
+            [a0, a1, b0, b1]
+        }
     }
 }
 
@@ -149,14 +163,18 @@ mod tests {
 
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
     unsafe fn both(x: &[f32; 32]) -> ([f32; 32], [f32; 32]) {
-        let v: [__m256; 4] = [0, 8, 16, 24].map(|o| Avx2::load(x.as_ptr().add(o)));
-        let (a, b) = (Avx2::exp_neg4(v), Avx512::exp_neg4(v));
-        let (mut oa, mut ob) = ([0f32; 32], [0f32; 32]);
-        for j in 0..4 {
-            Avx2::store(oa.as_mut_ptr().add(8 * j), a[j]);
-            Avx2::store(ob.as_mut_ptr().add(8 * j), b[j]);
+        // SAFETY: the features are enabled on this fn (its caller checked the CPU); every
+        // load and store is one of 4 groups of 8 inside the 32-float arrays
+        unsafe {
+            let v: [__m256; 4] = [0, 8, 16, 24].map(|o| Avx2::load(x.as_ptr().add(o)));
+            let (a, b) = (Avx2::exp_neg4(v), Avx512::exp_neg4(v));
+            let (mut oa, mut ob) = ([0f32; 32], [0f32; 32]);
+            for j in 0..4 {
+                Avx2::store(oa.as_mut_ptr().add(8 * j), a[j]);
+                Avx2::store(ob.as_mut_ptr().add(8 * j), b[j]);
+            }
+            (oa, ob)
         }
-        (oa, ob)
     }
 
     /// The 16-lane exp gives the 8-lane one's bits, over [-100, 0] finely, the clamp and

@@ -553,27 +553,31 @@ fn column_stats_impl<S: Simd>(
 /// sums in the order of `sum_v` / `dot_v`).
 #[inline(always)]
 unsafe fn col_stats<S: Simd>(x: &[f32], m0: f32) -> (f32, f32, f32) {
-    let n8 = x.len() / 8 * 8;
-    let p = x.as_ptr();
-    let (mut s, mut q, mut m) = (S::zero(), S::zero(), S::splat(m0));
-    let mut i = 0;
-    while i < n8 {
-        let v = S::load(p.add(i));
-        s = S::add(s, v);
-        q = S::fma(v, v, q);
-        m = S::max(m, v);
-        i += 8;
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); the loads
+    // read `x[i..i + 8]` with `i + 8 <= n8 <= x.len()`.
+    unsafe {
+        let n8 = x.len() / 8 * 8;
+        let p = x.as_ptr();
+        let (mut s, mut q, mut m) = (S::zero(), S::zero(), S::splat(m0));
+        let mut i = 0;
+        while i < n8 {
+            let v = S::load(p.add(i));
+            s = S::add(s, v);
+            q = S::fma(v, v, q);
+            m = S::max(m, v);
+            i += 8;
+        }
+        let mut lanes = [0f32; 8];
+        S::store(lanes.as_mut_ptr(), m);
+        let (mut s, mut q) = (S::hsum(s), S::hsum(q));
+        let mut m = lanes.iter().fold(m0, |a, &b| if b > a { b } else { a });
+        for &v in &x[n8..] {
+            s += v;
+            q += v * v;
+            m = if v > m { v } else { m };
+        }
+        (s, q, m)
     }
-    let mut lanes = [0f32; 8];
-    S::store(lanes.as_mut_ptr(), m);
-    let (mut s, mut q) = (S::hsum(s), S::hsum(q));
-    let mut m = lanes.iter().fold(m0, |a, &b| if b > a { b } else { a });
-    for &v in &x[n8..] {
-        s += v;
-        q += v * v;
-        m = if v > m { v } else { m };
-    }
-    (s, q, m)
 }
 
 /// Workspace bytes [`stream_scores`] needs.

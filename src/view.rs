@@ -2,8 +2,6 @@
 //! queries; (head, row, col) for `Wo`. One descriptor covers head-major `[H, N, d]`,
 //! llama.cpp's token-major rows `[N, H*d]` and its transposed V `[H*d, N]`.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-
 use crate::error::{add, mul, Error, Result};
 use core::marker::PhantomData;
 use half::{bf16, f16};
@@ -71,11 +69,11 @@ macro_rules! typed_constructors {
             unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::F32, extent, stride) }
         }
         pub fn f16(data: $f16, extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
-            // SAFETY: as above.
+            // SAFETY: a borrowed slice is valid for its length and lifetime.
             unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::F16, extent, stride) }
         }
         pub fn bf16(data: $bf16, extent: [usize; 3], stride: [usize; 3]) -> Result<Self> {
-            // SAFETY: as above.
+            // SAFETY: a borrowed slice is valid for its length and lifetime.
             unsafe { Self::from_raw(data.$ptr() as $raw, data.len(), DType::BF16, extent, stride) }
         }
     };
@@ -93,8 +91,10 @@ pub struct View<'a> {
     _life: PhantomData<&'a [u8]>,
 }
 
-// SAFETY: a View is a shared borrow of plain numbers.
+// SAFETY: a View stands for the borrow `&'a [u8]` it was made from (`_life`) and only ever
+// reads plain numbers through `ptr`, so it may move to another thread like that borrow.
 unsafe impl Send for View<'_> {}
+// SAFETY: no interior mutability: threads sharing a View only read, as through `&[u8]`.
 unsafe impl Sync for View<'_> {}
 
 impl<'a> View<'a> {

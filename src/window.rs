@@ -217,7 +217,7 @@ pub(crate) fn prefetch_keys(keys: &View, kh: usize, c0: usize, nt: usize) {
                 unsafe { _mm_prefetch::<_MM_HINT_T0>((p + o) as *const i8) };
                 o += 64;
             }
-            // SAFETY: as above.
+            // SAFETY: a prefetch never faults, whatever the address.
             unsafe { _mm_prefetch::<_MM_HINT_T0>((p + span - 1) as *const i8) };
         }
     }
@@ -237,26 +237,31 @@ unsafe fn tile16<S: Simd>(
     ldc: usize,
     bad: &mut S::V,
 ) {
-    let mut acc = [[S::zero(); 2]; KT];
-    // one pointer per key row: each broadcast is base + d, no per-element index arithmetic
-    let mut kr = [k; KT];
-    for (i, r) in kr.iter_mut().enumerate() {
-        *r = k.add(i * ldk);
-    }
-    for d in 0..dk {
-        let q0 = S::load(q.add(d * 16));
-        let q1 = S::load(q.add(d * 16 + 8));
-        for i in 0..KT {
-            let b = S::splat(*kr[i].add(d));
-            acc[i][0] = S::fma(b, q0, acc[i][0]);
-            acc[i][1] = S::fma(b, q1, acc[i][1]);
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
+    // KT rows of `dk` floats `ldk` apart, `q` `dk` rows of 16 and `c` KT rows of 16 `ldc` apart
+    // (the callers in `gemm`).
+    unsafe {
+        let mut acc = [[S::zero(); 2]; KT];
+        // one pointer per key row: each broadcast is base + d, no per-element index arithmetic
+        let mut kr = [k; KT];
+        for (i, r) in kr.iter_mut().enumerate() {
+            *r = k.add(i * ldk);
         }
-    }
-    for i in 0..KT {
-        S::store(c.add(i * ldc), acc[i][0]);
-        S::store(c.add(i * ldc + 8), acc[i][1]);
-        *bad = S::fma(acc[i][0], S::zero(), *bad);
-        *bad = S::fma(acc[i][1], S::zero(), *bad);
+        for d in 0..dk {
+            let q0 = S::load(q.add(d * 16));
+            let q1 = S::load(q.add(d * 16 + 8));
+            for i in 0..KT {
+                let b = S::splat(*kr[i].add(d));
+                acc[i][0] = S::fma(b, q0, acc[i][0]);
+                acc[i][1] = S::fma(b, q1, acc[i][1]);
+            }
+        }
+        for i in 0..KT {
+            S::store(c.add(i * ldc), acc[i][0]);
+            S::store(c.add(i * ldc + 8), acc[i][1]);
+            *bad = S::fma(acc[i][0], S::zero(), *bad);
+            *bad = S::fma(acc[i][1], S::zero(), *bad);
+        }
     }
 }
 
@@ -271,16 +276,21 @@ unsafe fn tile8<S: Simd>(
     ldc: usize,
     bad: &mut S::V,
 ) {
-    let mut acc = [S::zero(); KT];
-    for d in 0..dk {
-        let q0 = S::load(q.add(d * 8));
-        for i in 0..KT {
-            acc[i] = S::fma(S::splat(*k.add(i * ldk + d)), q0, acc[i]);
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
+    // KT rows of `dk` floats `ldk` apart, `q` `dk` rows of 8 and `c` KT rows of 8 `ldc` apart (the
+    // callers in `gemm`).
+    unsafe {
+        let mut acc = [S::zero(); KT];
+        for d in 0..dk {
+            let q0 = S::load(q.add(d * 8));
+            for i in 0..KT {
+                acc[i] = S::fma(S::splat(*k.add(i * ldk + d)), q0, acc[i]);
+            }
         }
-    }
-    for i in 0..KT {
-        S::store(c.add(i * ldc), acc[i]);
-        *bad = S::fma(acc[i], S::zero(), *bad);
+        for i in 0..KT {
+            S::store(c.add(i * ldc), acc[i]);
+            *bad = S::fma(acc[i], S::zero(), *bad);
+        }
     }
 }
 
@@ -306,9 +316,10 @@ pub(crate) unsafe fn gemm<S: Simd>(
     #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
     if S::AVX2 && crate::gemm512::available() {
         // SAFETY: the caller's contract, and the CPU has AVX-512 F + VL (just checked).
-        return crate::gemm512::gemm(q, dk, rp, k, ldk, ntp, c);
+        return unsafe { crate::gemm512::gemm(q, dk, rp, k, ldk, ntp, c) };
     }
-    gemm_tiles::<S>(q, dk, rp, k, ldk, ntp, c)
+    // SAFETY: the caller's contract is `gemm_tiles`'s.
+    unsafe { gemm_tiles::<S>(q, dk, rp, k, ldk, ntp, c) }
 }
 
 /// [`gemm`] with `S`'s own tiles (16 and 8 rows × [`KT`] keys).
@@ -325,47 +336,52 @@ pub(crate) unsafe fn gemm_tiles<S: Simd>(
     ntp: usize,
     c: &mut [f32],
 ) -> bool {
-    assert!(ntp % KT == 0 && c.len() >= ntp * rp);
-    assert!(q.len() >= rp * dk && rp % 8 == 0);
-    let full = rp / 16 * 16;
-    let (q, c) = (q.as_ptr(), c.as_mut_ptr());
-    let mut bad = S::zero();
-    // every q and c access is inside the slices checked above
-    let mut r0 = 0;
-    while r0 < full {
-        let qp = q.add(r0 * dk);
-        let mut t0 = 0;
-        while t0 < ntp {
-            tile16::<S>(
-                k.add(t0 * ldk),
-                ldk,
-                dk,
-                qp,
-                c.add(t0 * rp + r0),
-                rp,
-                &mut bad,
-            );
-            t0 += KT;
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
+    // `ntp` rows `ldk` apart (this fn's contract) and the tiles stay inside `q` and `c` (asserted
+    // first).
+    unsafe {
+        assert!(ntp % KT == 0 && c.len() >= ntp * rp);
+        assert!(q.len() >= rp * dk && rp % 8 == 0);
+        let full = rp / 16 * 16;
+        let (q, c) = (q.as_ptr(), c.as_mut_ptr());
+        let mut bad = S::zero();
+        // every q and c access is inside the slices checked above
+        let mut r0 = 0;
+        while r0 < full {
+            let qp = q.add(r0 * dk);
+            let mut t0 = 0;
+            while t0 < ntp {
+                tile16::<S>(
+                    k.add(t0 * ldk),
+                    ldk,
+                    dk,
+                    qp,
+                    c.add(t0 * rp + r0),
+                    rp,
+                    &mut bad,
+                );
+                t0 += KT;
+            }
+            r0 += 16;
         }
-        r0 += 16;
-    }
-    if full < rp {
-        let qp = q.add(full * dk);
-        let mut t0 = 0;
-        while t0 < ntp {
-            tile8::<S>(
-                k.add(t0 * ldk),
-                ldk,
-                dk,
-                qp,
-                c.add(t0 * rp + full),
-                rp,
-                &mut bad,
-            );
-            t0 += KT;
+        if full < rp {
+            let qp = q.add(full * dk);
+            let mut t0 = 0;
+            while t0 < ntp {
+                tile8::<S>(
+                    k.add(t0 * ldk),
+                    ldk,
+                    dk,
+                    qp,
+                    c.add(t0 * rp + full),
+                    rp,
+                    &mut bad,
+                );
+                t0 += KT;
+            }
         }
+        S::hsum(bad) == 0.0
     }
-    S::hsum(bad) == 0.0
 }
 
 /// Pass 1 on one chunk of logits `c[t][rp]` (keys `c0 .. c0+nt`): the causal mask, then
@@ -494,57 +510,61 @@ unsafe fn max_expsum<S: Simd, const B: usize>(
     mx: *mut f32,
     cs: *mut f32,
 ) {
-    let mut mv = [S::splat(f32::NEG_INFINITY); B];
-    for t in 0..nt {
-        for j in 0..B {
-            mv[j] = S::max(mv[j], S::load(cp.add(t * rp + 8 * j)));
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `cp`,
+    // `mp`, `mx`, `cs` cover the `nt` rows of `8·B` floats this fn's contract asks for.
+    unsafe {
+        let mut mv = [S::splat(f32::NEG_INFINITY); B];
+        for t in 0..nt {
+            for j in 0..B {
+                mv[j] = S::max(mv[j], S::load(cp.add(t * rp + 8 * j)));
+            }
         }
-    }
-    for j in 0..B {
-        mv[j] = S::max(S::load(mp.add(8 * j)), mv[j]);
-    }
-    let mut acc = [S::zero(); B];
-    // `kb` keys per step make whole groups of four (key, block) vectors, taken key-major,
-    // so every exp_neg4 call has four useful chains (w = 8: 3 blocks, 4 keys; TOVA: 1
-    // block, 4 keys) and each block still sums its keys in order (the same bits)
-    let kb = match B {
-        1 | 3 => 4,
-        2 => 2,
-        _ => 1,
-    };
-    let mut t = 0;
-    while t + kb <= nt {
-        for c in 0..kb * B / 4 {
+        for j in 0..B {
+            mv[j] = S::max(S::load(mp.add(8 * j)), mv[j]);
+        }
+        let mut acc = [S::zero(); B];
+        // `kb` keys per step make whole groups of four (key, block) vectors, taken key-major,
+        // so every exp_neg4 call has four useful chains (w = 8: 3 blocks, 4 keys; TOVA: 1
+        // block, 4 keys) and each block still sums its keys in order (the same bits)
+        let kb = match B {
+            1 | 3 => 4,
+            2 => 2,
+            _ => 1,
+        };
+        let mut t = 0;
+        while t + kb <= nt {
+            for c in 0..kb * B / 4 {
+                let mut x = [S::zero(); 4];
+                for (l, x) in x.iter_mut().enumerate() {
+                    let (u, j) = ((4 * c + l) / B, (4 * c + l) % B);
+                    *x = S::sub(S::load(cp.add((t + u) * rp + 8 * j)), mv[j]);
+                }
+                let e = S::exp_neg4(x);
+                for (l, e) in e.into_iter().enumerate() {
+                    let j = (4 * c + l) % B;
+                    acc[j] = S::add(acc[j], e);
+                }
+            }
+            t += kb;
+        }
+        for t in t..nt {
+            // four chains at once (fewer than four blocks: repeats, results unused); plain
+            // loops, not `array::from_fn`, whose closures LLVM may leave outlined (and then
+            // without the AVX2 features: every load a call)
             let mut x = [S::zero(); 4];
-            for (l, x) in x.iter_mut().enumerate() {
-                let (u, j) = ((4 * c + l) / B, (4 * c + l) % B);
-                *x = S::sub(S::load(cp.add((t + u) * rp + 8 * j)), mv[j]);
+            for (j, x) in x.iter_mut().enumerate() {
+                let j = j.min(B - 1);
+                *x = S::sub(S::load(cp.add(t * rp + 8 * j)), mv[j]);
             }
             let e = S::exp_neg4(x);
-            for (l, e) in e.into_iter().enumerate() {
-                let j = (4 * c + l) % B;
-                acc[j] = S::add(acc[j], e);
+            for j in 0..B {
+                acc[j] = S::add(acc[j], e[j]);
             }
         }
-        t += kb;
-    }
-    for t in t..nt {
-        // four chains at once (fewer than four blocks: repeats, results unused); plain
-        // loops, not `array::from_fn`, whose closures LLVM may leave outlined (and then
-        // without the AVX2 features: every load a call)
-        let mut x = [S::zero(); 4];
-        for (j, x) in x.iter_mut().enumerate() {
-            let j = j.min(B - 1);
-            *x = S::sub(S::load(cp.add(t * rp + 8 * j)), mv[j]);
-        }
-        let e = S::exp_neg4(x);
         for j in 0..B {
-            acc[j] = S::add(acc[j], e[j]);
+            S::store(mx.add(8 * j), mv[j]);
+            S::store(cs.add(8 * j), acc[j]);
         }
-    }
-    for j in 0..B {
-        S::store(mx.add(8 * j), mv[j]);
-        S::store(cs.add(8 * j), acc[j]);
     }
 }
 
@@ -640,64 +660,68 @@ unsafe fn chunk_column_stats<S: Simd>(
     needs: Needs,
     out: &mut Stats,
 ) {
-    assert!(m.len() >= rp && inv.len() >= rp && g * w <= rp && rp % 8 == 0);
-    let t0 = if w % 8 == 0 && !needs.cross {
-        let nt8 = nt / 8 * 8;
-        fused_stats::<S>(src, c0, nt8, p, g, w, rp, m, inv, needs, out);
-        nt8
-    } else {
-        0
-    };
-    for t in t0..nt {
-        let (sp, dp) = (src.add(t * rp), dst.add(t * rp));
-        let (mp, ip) = (m.as_ptr(), inv.as_ptr());
-        let mut r0 = 0;
-        while r0 + 32 <= rp {
-            // four vectors at once, as below
-            let mut z = [S::zero(); 4];
-            for (j, z) in z.iter_mut().enumerate() {
-                let o = r0 + 8 * j;
-                *z = S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero());
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `src` and
+    // `dst` hold `nt·rp` floats (this fn's contract), `m` and `inv` `rp` (asserted first).
+    unsafe {
+        assert!(m.len() >= rp && inv.len() >= rp && g * w <= rp && rp % 8 == 0);
+        let t0 = if w % 8 == 0 && !needs.cross {
+            let nt8 = nt / 8 * 8;
+            fused_stats::<S>(src, c0, nt8, p, g, w, rp, m, inv, needs, out);
+            nt8
+        } else {
+            0
+        };
+        for t in t0..nt {
+            let (sp, dp) = (src.add(t * rp), dst.add(t * rp));
+            let (mp, ip) = (m.as_ptr(), inv.as_ptr());
+            let mut r0 = 0;
+            while r0 + 32 <= rp {
+                // four vectors at once, as below
+                let mut z = [S::zero(); 4];
+                for (j, z) in z.iter_mut().enumerate() {
+                    let o = r0 + 8 * j;
+                    *z = S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero());
+                }
+                let e = S::exp_neg4(z);
+                for (j, e) in e.into_iter().enumerate() {
+                    let o = r0 + 8 * j;
+                    S::store(dp.add(o), S::mul(e, S::load(ip.add(o))));
+                }
+                r0 += 32;
             }
-            let e = S::exp_neg4(z);
-            for (j, e) in e.into_iter().enumerate() {
-                let o = r0 + 8 * j;
-                S::store(dp.add(o), S::mul(e, S::load(ip.add(o))));
+            while r0 < rp {
+                // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
+                // when the caller gave `row_lse` (its logits may round differently); padding
+                // rows have inv = 0
+                let z = S::min(
+                    S::sub(S::load(sp.add(r0)), S::load(m.as_ptr().add(r0))),
+                    S::zero(),
+                );
+                S::store(
+                    dp.add(r0),
+                    S::mul(S::exp_neg(z), S::load(inv.as_ptr().add(r0))),
+                );
+                r0 += 8;
             }
-            r0 += 32;
-        }
-        while r0 < rp {
-            // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
-            // when the caller gave `row_lse` (its logits may round differently); padding
-            // rows have inv = 0
-            let z = S::min(
-                S::sub(S::load(sp.add(r0)), S::load(m.as_ptr().add(r0))),
-                S::zero(),
-            );
-            S::store(
-                dp.add(r0),
-                S::mul(S::exp_neg(z), S::load(inv.as_ptr().add(r0))),
-            );
-            r0 += 8;
-        }
-        let row = core::slice::from_raw_parts(dp as *const f32, g * w);
-        for a in 0..g {
-            let pa = &row[a * w..(a + 1) * w];
-            let o = a * p + c0 + t;
-            if needs.sum {
-                out.sum[o] += sum_v::<S>(pa);
-            }
-            if needs.sq {
-                out.sq[o] += dot_v::<S>(pa, pa);
-            }
-        }
-        if needs.cross {
-            let mut pi = 0;
+            let row = core::slice::from_raw_parts(dp as *const f32, g * w);
             for a in 0..g {
-                for b in a + 1..g {
-                    let (pa, pb) = (&row[a * w..(a + 1) * w], &row[b * w..(b + 1) * w]);
-                    out.cross[pi * p + c0 + t] += dot_v::<S>(pa, pb);
-                    pi += 1;
+                let pa = &row[a * w..(a + 1) * w];
+                let o = a * p + c0 + t;
+                if needs.sum {
+                    out.sum[o] += sum_v::<S>(pa);
+                }
+                if needs.sq {
+                    out.sq[o] += dot_v::<S>(pa, pa);
+                }
+            }
+            if needs.cross {
+                let mut pi = 0;
+                for a in 0..g {
+                    for b in a + 1..g {
+                        let (pa, pb) = (&row[a * w..(a + 1) * w], &row[b * w..(b + 1) * w]);
+                        out.cross[pi * p + c0 + t] += dot_v::<S>(pa, pb);
+                        pi += 1;
+                    }
                 }
             }
         }
@@ -725,107 +749,111 @@ unsafe fn fused_stats<S: Simd>(
     needs: Needs,
     out: &mut Stats,
 ) {
-    let wv = w / 8;
-    let (mp, ip) = (m.as_ptr(), inv.as_ptr());
-    let prob = |o: usize, e: S::V| S::mul(e, S::load(ip.add(o)));
-    let z = |sp: *const f32, o: usize| {
-        S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
-    };
-    // 8 keys × up to 8 heads per step: each key's row is read in order (streams well from
-    // the one-pass store), the heads' sums wait in `sums[a][k]`
-    let mut sums = [[S::zero(); 8]; 8];
-    let mut sqs = [[S::zero(); 8]; 8];
-    let mut tb = 0;
-    while tb < nt8 {
-        let mut ag = 0;
-        while ag < g {
-            let na = (g - ag).min(8);
-            if wv < 4 {
-                // w = 8, 16, 24: the (key, head, vector) triples in that order, four per
-                // exp_neg4 call (8·na·wv is a multiple of 4; AVX-512 runs them as two
-                // 16-lane exps), each added to its head's sum in the order of the loop below
-                // (the same bits)
-                for a in 0..na {
-                    sums[a] = [S::zero(); 8];
-                    sqs[a] = [S::zero(); 8];
-                }
-                let (mut k, mut a, mut v) = (0, 0, 0);
-                let mut i = 0;
-                while i < 8 * na * wv {
-                    let mut x = [S::zero(); 4];
-                    let mut at = [(0, 0, 0); 4];
-                    for (x, at) in x.iter_mut().zip(at.iter_mut()) {
-                        *at = (k, a, (ag + a) * w + 8 * v);
-                        *x = z(src.add((tb + k) * rp), at.2);
-                        v += 1;
-                        if v == wv {
-                            v = 0;
-                            a += 1;
-                            if a == na {
-                                a = 0;
-                                k += 1;
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `src`
+    // holds `nt8·rp` floats (this fn's contract), `m` and `inv` `rp` (the caller's `Scratch`).
+    unsafe {
+        let wv = w / 8;
+        let (mp, ip) = (m.as_ptr(), inv.as_ptr());
+        let prob = |o: usize, e: S::V| S::mul(e, S::load(ip.add(o)));
+        let z = |sp: *const f32, o: usize| {
+            S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
+        };
+        // 8 keys × up to 8 heads per step: each key's row is read in order (streams well from
+        // the one-pass store), the heads' sums wait in `sums[a][k]`
+        let mut sums = [[S::zero(); 8]; 8];
+        let mut sqs = [[S::zero(); 8]; 8];
+        let mut tb = 0;
+        while tb < nt8 {
+            let mut ag = 0;
+            while ag < g {
+                let na = (g - ag).min(8);
+                if wv < 4 {
+                    // w = 8, 16, 24: the (key, head, vector) triples in that order, four per
+                    // exp_neg4 call (8·na·wv is a multiple of 4; AVX-512 runs them as two
+                    // 16-lane exps), each added to its head's sum in the order of the loop below
+                    // (the same bits)
+                    for a in 0..na {
+                        sums[a] = [S::zero(); 8];
+                        sqs[a] = [S::zero(); 8];
+                    }
+                    let (mut k, mut a, mut v) = (0, 0, 0);
+                    let mut i = 0;
+                    while i < 8 * na * wv {
+                        let mut x = [S::zero(); 4];
+                        let mut at = [(0, 0, 0); 4];
+                        for (x, at) in x.iter_mut().zip(at.iter_mut()) {
+                            *at = (k, a, (ag + a) * w + 8 * v);
+                            *x = z(src.add((tb + k) * rp), at.2);
+                            v += 1;
+                            if v == wv {
+                                v = 0;
+                                a += 1;
+                                if a == na {
+                                    a = 0;
+                                    k += 1;
+                                }
                             }
                         }
-                    }
-                    let e = S::exp_neg4(x);
-                    for (e, &(k, a, o)) in e.into_iter().zip(at.iter()) {
-                        let pr = prob(o, e);
-                        sums[a][k] = S::add(sums[a][k], pr);
-                        if needs.sq {
-                            sqs[a][k] = S::fma(pr, pr, sqs[a][k]);
-                        }
-                    }
-                    i += 4;
-                }
-            }
-            for k in (0..8).filter(|_| wv >= 4) {
-                let sp = src.add((tb + k) * rp);
-                for a in ag..ag + na {
-                    let (mut sm, mut sq) = (S::zero(), S::zero());
-                    let mut v = 0;
-                    while v + 4 <= wv {
-                        let o = a * w + 8 * v;
-                        let mut x = [S::zero(); 4];
-                        for (j, x) in x.iter_mut().enumerate() {
-                            *x = z(sp, o + 8 * j);
-                        }
                         let e = S::exp_neg4(x);
-                        for (j, e) in e.into_iter().enumerate() {
-                            let pr = prob(o + 8 * j, e);
+                        for (e, &(k, a, o)) in e.into_iter().zip(at.iter()) {
+                            let pr = prob(o, e);
+                            sums[a][k] = S::add(sums[a][k], pr);
+                            if needs.sq {
+                                sqs[a][k] = S::fma(pr, pr, sqs[a][k]);
+                            }
+                        }
+                        i += 4;
+                    }
+                }
+                for k in (0..8).filter(|_| wv >= 4) {
+                    let sp = src.add((tb + k) * rp);
+                    for a in ag..ag + na {
+                        let (mut sm, mut sq) = (S::zero(), S::zero());
+                        let mut v = 0;
+                        while v + 4 <= wv {
+                            let o = a * w + 8 * v;
+                            let mut x = [S::zero(); 4];
+                            for (j, x) in x.iter_mut().enumerate() {
+                                *x = z(sp, o + 8 * j);
+                            }
+                            let e = S::exp_neg4(x);
+                            for (j, e) in e.into_iter().enumerate() {
+                                let pr = prob(o + 8 * j, e);
+                                sm = S::add(sm, pr);
+                                if needs.sq {
+                                    sq = S::fma(pr, pr, sq);
+                                }
+                            }
+                            v += 4;
+                        }
+                        while v < wv {
+                            let o = a * w + 8 * v;
+                            let pr = prob(o, S::exp_neg(z(sp, o)));
                             sm = S::add(sm, pr);
                             if needs.sq {
                                 sq = S::fma(pr, pr, sq);
                             }
+                            v += 1;
                         }
-                        v += 4;
+                        sums[a - ag][k] = sm;
+                        sqs[a - ag][k] = sq;
                     }
-                    while v < wv {
-                        let o = a * w + 8 * v;
-                        let pr = prob(o, S::exp_neg(z(sp, o)));
-                        sm = S::add(sm, pr);
-                        if needs.sq {
-                            sq = S::fma(pr, pr, sq);
-                        }
-                        v += 1;
+                }
+                for a in ag..ag + na {
+                    let o = a * p + c0 + tb;
+                    if needs.sum {
+                        let d = out.sum[o..o + 8].as_mut_ptr();
+                        S::store(d, S::add(S::load(d), hsum8::<S>(sums[a - ag])));
                     }
-                    sums[a - ag][k] = sm;
-                    sqs[a - ag][k] = sq;
+                    if needs.sq {
+                        let d = out.sq[o..o + 8].as_mut_ptr();
+                        S::store(d, S::add(S::load(d), hsum8::<S>(sqs[a - ag])));
+                    }
                 }
+                ag += na;
             }
-            for a in ag..ag + na {
-                let o = a * p + c0 + tb;
-                if needs.sum {
-                    let d = out.sum[o..o + 8].as_mut_ptr();
-                    S::store(d, S::add(S::load(d), hsum8::<S>(sums[a - ag])));
-                }
-                if needs.sq {
-                    let d = out.sq[o..o + 8].as_mut_ptr();
-                    S::store(d, S::add(S::load(d), hsum8::<S>(sqs[a - ag])));
-                }
-            }
-            ag += na;
+            tb += 8;
         }
-        tb += 8;
     }
 }
 

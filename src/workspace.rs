@@ -3,8 +3,6 @@
 //! 64-byte aligned slices ([`Workspace`], sized by [`WorkspaceSize`]); device parts are
 //! 256-byte aligned pointers into device memory (`DeviceCarve`, features `cuda`/`cuda-mock`).
 
-#![deny(unsafe_op_in_unsafe_fn)]
-
 use crate::error::{Error, Result};
 
 /// Alignment of every host part (a cache line).

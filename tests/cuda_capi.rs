@@ -21,27 +21,7 @@ mod conformance;
 
 /// Device memory (cudaMalloc'd with the kernels, host memory with the mock).
 type Buf = conformance::DBuf<u8>;
-use conformance::{have_device, Dt};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn unif(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    fn normal(&mut self) -> f32 {
-        let (a, b) = (self.unif().max(1e-7), self.unif());
-        (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos()
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.normal() * scale).collect()
-    }
-}
+use conformance::{have_device, Dt, Rng};
 
 /// How a [heads, tokens, dim] tensor lies in memory.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -76,7 +56,7 @@ impl Tensor {
     fn new(dt: Dt, l: Layout, ext: [usize; 3], rng: &mut Rng, scale: f32) -> Tensor {
         let stride = strides(l, ext);
         let len = ext[0] * ext[1] * ext[2];
-        let vals = rng.vec(len, scale);
+        let vals = rng.normals(len, scale);
         let bytes = dt.encode(&vals);
         let dev = Buf::bytes_of(&bytes);
         Tensor {
@@ -157,13 +137,13 @@ fn layer(
     d: usize,
     seed: u64,
 ) -> Layer {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D));
+    let mut rng = Rng::new(seed);
     let wq = 70;
     let dm = 48;
     let q = Tensor::new(dt, Layout::HeadMajor, [hq, wq, d], &mut rng, 1.0);
     let k = Tensor::new(dt, kl, [hkv, n, d], &mut rng, 1.0);
     let v = Tensor::new(dt, vl, [hkv, n, d], &mut rng, 1.0);
-    let wo_vals = rng.vec(hq * d * dm, 0.2);
+    let wo_vals = rng.normals(hq * d * dm, 0.2);
     let wo = View::f32(&wo_vals, [hq, d, dm], [d * dm, dm, 1]).unwrap();
     let mut gram: [Vec<f32>; 2] = Default::default();
     let mut forms: [Vec<f32>; 2] = Default::default();
@@ -988,7 +968,7 @@ fn device_selection_equals_host_for_every_allocator_and_granularity() {
     if !have_device() {
         return;
     }
-    let mut rng = Rng(77);
+    let mut rng = Rng::new(77);
     let (layers, hkv, n, w) = (5, 3, 230, 30);
     let p = n - w;
     // non-negative scores of different scales per layer, with exact ties

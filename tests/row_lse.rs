@@ -7,20 +7,10 @@ use kvevict::capi::*;
 use kvevict::*;
 use std::ffi::c_void;
 
-const CANARY: u32 = 0xA5A5_A5A5;
+mod reference;
+use reference::Rng;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) & 0xFFFF) as f32 / 32768.0 - 1.0
-    }
-    fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
-        (0..len).map(|_| self.next() * scale).collect()
-    }
-}
+const CANARY: u32 = 0xA5A5_A5A5;
 
 /// One layer's inputs, f32 or rounded to f16 (views over either).
 struct Case {
@@ -41,17 +31,17 @@ struct Case {
 }
 
 fn case(hq: usize, hkv: usize, n: usize, d: usize, wq: usize, seed: u64) -> Case {
-    let mut r = Rng(seed | 1);
+    let mut r = Rng::new(seed);
     // keys with a shared direction and queries scaled so the logits spread over a few units
-    let mean = r.vec(d, 1.0);
-    let mut k = r.vec(hkv * n * d, 1.5);
+    let mean = r.uniforms(d, 1.0);
+    let mut k = r.uniforms(hkv * n * d, 1.5);
     for (i, x) in k.iter_mut().enumerate() {
         *x += mean[i % d];
     }
-    let q = r.vec(hq * wq * d, 2.5);
-    let v = r.vec(hkv * n * d, 1.0);
+    let q = r.uniforms(hq * wq * d, 2.5);
+    let v = r.uniforms(hkv * n * d, 1.0);
     let dm = hq * d;
-    let wo = r.vec(hq * d * dm, 1.0 / (dm as f32).sqrt());
+    let wo = r.uniforms(hq * d * dm, 1.0 / (dm as f32).sqrt());
     let wov = View::f32_contiguous(&wo, [hq, d, dm]).unwrap();
     let mut gram = vec![0f32; gram_len(hq, hkv, d, false).unwrap()];
     let mut ws = vec![0u8; gram_workspace_size(d, dm).unwrap()];

@@ -76,7 +76,7 @@ pub unsafe extern "C" fn kve_compact_varlen(
 ) -> i32 {
     // SAFETY: the caller passes NULL or `kve_tensor`s; from_ptr checks NULL and alignment.
     let s = tri!(unsafe { Tensor::from_ptr(src) });
-    // SAFETY: as above.
+    // SAFETY: the caller passes NULL or a `kve_tensor`; from_ptr checks NULL and alignment.
     let d = tri!(unsafe { Tensor::from_ptr(dst) });
     let o = tri!(Buf::new(offsets, offsets_len));
     let i = tri!(Buf::new(indices, indices_len));

@@ -120,7 +120,7 @@ pub unsafe extern "C" fn kve_cuda_score_layer(
     {
         // SAFETY: host structs the caller passes, read within their checked `struct_size`.
         let cfg = tri!(unsafe { score_config(params) });
-        // SAFETY: as above.
+        // SAFETY: a host struct the caller passes, read within its checked `struct_size`.
         let d = tri!(unsafe { read_ext(inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS) });
         if d.reserved != 0 {
             return status_of(Error::InvalidArgument);
@@ -221,7 +221,7 @@ pub unsafe extern "C" fn kve_cuda_select_model(
     {
         // SAFETY: host structs the caller passes (NULL and alignment checked).
         let cfg = tri!(unsafe { select_config(params) });
-        // SAFETY: as above.
+        // SAFETY: a host struct the caller passes (arg checks NULL and alignment).
         let m = tri!(unsafe { arg(scores) });
         let shape = tri!(ModelShape::new(m.layers, m.hkv, m.n, m.window));
         let lists = KeptLists {

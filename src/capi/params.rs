@@ -180,7 +180,8 @@ pub(crate) unsafe fn write_ext<T: Extensible>(
     let dst = p as *mut u8;
     // SAFETY: out_param checked `p` non-NULL, aligned; known_size: `size` <= size_of::<T>().
     unsafe { core::ptr::copy_nonoverlapping(&value as *const T as *const u8, dst, size) };
-    // SAFETY: as above; every Extensible struct starts with its u32 struct_size.
+    // SAFETY: `dst` is non-NULL and aligned (out_param) and every Extensible struct starts
+    // with its u32 struct_size, inside the `size` >= 4 bytes the caller declared.
     unsafe { *(dst as *mut u32) = struct_size };
     Ok(())
 }

@@ -44,27 +44,30 @@ pub unsafe fn kve_cuda_uniqueness_workspace_size(heads: i64, n: i64, dk: i64, dv
 
 /// Unit rows of head `h` (`[N][d]`), as the kernel's `unit_rows_kernel`.
 unsafe fn unit_rows(x: &KveCudaView, h: usize) -> Vec<f32> {
-    let (n, d) = (x.tokens as usize, x.dim as usize);
-    let d8 = d / 8 * 8;
-    let mut out = Vec::with_capacity(n * d);
-    for t in 0..n {
-        let mut lane = [0f32; 8];
-        for c in (0..d8).step_by(8) {
-            for (l, a) in lane.iter_mut().enumerate() {
-                let v = get(x, h, t, c + l);
-                *a = v.mul_add(v, *a);
+    // SAFETY: `x` was validated by `view_ok` and `h` < heads (caller), so every `get` is inside it.
+    unsafe {
+        let (n, d) = (x.tokens as usize, x.dim as usize);
+        let d8 = d / 8 * 8;
+        let mut out = Vec::with_capacity(n * d);
+        for t in 0..n {
+            let mut lane = [0f32; 8];
+            for c in (0..d8).step_by(8) {
+                for (l, a) in lane.iter_mut().enumerate() {
+                    let v = get(x, h, t, c + l);
+                    *a = v.mul_add(v, *a);
+                }
             }
+            let mut s = ((lane[0] + lane[4]) + (lane[2] + lane[6]))
+                + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+            for c in d8..d {
+                let v = get(x, h, t, c);
+                s += v * v;
+            }
+            let inv = if s > 0.0 { 1.0 / s.sqrt() } else { 1.0 };
+            out.extend((0..d).map(|c| get(x, h, t, c) * inv));
         }
-        let mut s = ((lane[0] + lane[4]) + (lane[2] + lane[6]))
-            + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-        for c in d8..d {
-            let v = get(x, h, t, c);
-            s += v * v;
-        }
-        let inv = if s > 0.0 { 1.0 / s.sqrt() } else { 1.0 };
-        out.extend((0..d).map(|c| get(x, h, t, c) * inv));
+        out
     }
-    out
 }
 
 /// The kernel's `UQ_RANK` and `UQ_REACH`.
@@ -109,61 +112,66 @@ pub unsafe fn kve_cuda_uniqueness(
     ws_bytes: usize,
     _stream: *mut c_void,
 ) -> c_int {
-    let (Some(kd), Some(vd)) = (view_ok(k), view_ok(v)) else {
-        return INVALID;
-    };
-    if kd.dtype != vd.dtype || vd.heads != kd.heads || vd.tokens != kd.tokens {
-        return INVALID;
-    }
-    let (heads, n) = (kd.heads, kd.tokens);
-    if prefix < 0 || prefix > n || heads > 65535 || (n + TILE - 1) / TILE > MAX_TILES {
-        return INVALID;
-    }
-    if kd.dim > i32::MAX as i64 || vd.dim > i32::MAX as i64 {
-        return INVALID;
-    }
-    if prefix == 0 || heads == 0 {
-        return 0;
-    }
-    if out.is_null() || ld_out < prefix {
-        return INVALID;
-    }
-    let need = kve_cuda_uniqueness_workspace_size(heads, n, kd.dim, vd.dim);
-    if need == usize::MAX || ws.is_null() || ws_bytes < need || (ws as usize) % 256 != 0 {
-        return INVALID;
-    }
-    // everything is read before the workspace and `out` are written (they may not overlap
-    // the inputs on the device either)
-    let (n, p) = (n as usize, prefix as usize);
-    let mut scores = Vec::with_capacity(heads as usize * p);
-    for h in 0..heads as usize {
-        let (ku, vu) = (unit_rows(&kd, h), unit_rows(&vd, h));
-        let (dk, dv) = (kd.dim as usize, vd.dim as usize);
-        let mut top = std::vec![[-1f32; RANK]; n];
-        for i in 0..n {
-            for j in i + 1..n {
-                let ck = dot(&ku[i * dk..(i + 1) * dk], &ku[j * dk..(j + 1) * dk]);
-                let cv = dot(&vu[i * dv..(i + 1) * dv], &vu[j * dv..(j + 1) * dv]);
-                let m = ck.min(cv);
-                insert_top(&mut top[i], m);
-                insert_top(&mut top[j], m);
-            }
+    // SAFETY: the caller keeps kvevict_cuda.h's contract for this launcher (each non-null pointer
+    // covers the extents it passes; host memory under the mock), and the checks below reject null
+    // and out-of-range arguments before the first access.
+    unsafe {
+        let (Some(kd), Some(vd)) = (view_ok(k), view_ok(v)) else {
+            return INVALID;
+        };
+        if kd.dtype != vd.dtype || vd.heads != kd.heads || vd.tokens != kd.tokens {
+            return INVALID;
         }
-        let u: Vec<f32> = top[..p].iter().map(|l| sharpen(l[RANK - 1])).collect();
-        scores.extend((0..p).map(|i| {
-            let (mut s, mut f) = (u[i], 1f32);
-            for j in 1..=REACH {
-                f *= 0.9;
-                if let Some(&x) = u.get(i + j) {
-                    s = s.max(f * x);
+        let (heads, n) = (kd.heads, kd.tokens);
+        if prefix < 0 || prefix > n || heads > 65535 || (n + TILE - 1) / TILE > MAX_TILES {
+            return INVALID;
+        }
+        if kd.dim > i32::MAX as i64 || vd.dim > i32::MAX as i64 {
+            return INVALID;
+        }
+        if prefix == 0 || heads == 0 {
+            return 0;
+        }
+        if out.is_null() || ld_out < prefix {
+            return INVALID;
+        }
+        let need = kve_cuda_uniqueness_workspace_size(heads, n, kd.dim, vd.dim);
+        if need == usize::MAX || ws.is_null() || ws_bytes < need || (ws as usize) % 256 != 0 {
+            return INVALID;
+        }
+        // everything is read before the workspace and `out` are written (they may not overlap
+        // the inputs on the device either)
+        let (n, p) = (n as usize, prefix as usize);
+        let mut scores = Vec::with_capacity(heads as usize * p);
+        for h in 0..heads as usize {
+            let (ku, vu) = (unit_rows(&kd, h), unit_rows(&vd, h));
+            let (dk, dv) = (kd.dim as usize, vd.dim as usize);
+            let mut top = std::vec![[-1f32; RANK]; n];
+            for i in 0..n {
+                for j in i + 1..n {
+                    let ck = dot(&ku[i * dk..(i + 1) * dk], &ku[j * dk..(j + 1) * dk]);
+                    let cv = dot(&vu[i * dv..(i + 1) * dv], &vu[j * dv..(j + 1) * dv]);
+                    let m = ck.min(cv);
+                    insert_top(&mut top[i], m);
+                    insert_top(&mut top[j], m);
                 }
             }
-            s
-        }));
+            let u: Vec<f32> = top[..p].iter().map(|l| sharpen(l[RANK - 1])).collect();
+            scores.extend((0..p).map(|i| {
+                let (mut s, mut f) = (u[i], 1f32);
+                for j in 1..=REACH {
+                    f *= 0.9;
+                    if let Some(&x) = u.get(i + j) {
+                        s = s.max(f * x);
+                    }
+                }
+                s
+            }));
+        }
+        scribble(ws, need);
+        for (h, row) in scores.chunks_exact(p).enumerate() {
+            core::ptr::copy_nonoverlapping(row.as_ptr(), out.add(h * ld_out as usize), p);
+        }
+        0
     }
-    scribble(ws, need);
-    for (h, row) in scores.chunks_exact(p).enumerate() {
-        core::ptr::copy_nonoverlapping(row.as_ptr(), out.add(h * ld_out as usize), p);
-    }
-    0
 }

@@ -14,8 +14,6 @@
 //! [`Error::Cuda`]. Buffers are device pointers; descriptors live on the host. Nothing
 //! synchronises. The C layer (`src/capi/cuda`) only converts arguments and statuses.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-
 pub mod compact;
 pub mod limits;
 pub mod score;

@@ -82,43 +82,46 @@ pub(super) unsafe fn row_sums<S: Simd, const B: usize, const L1: bool>(
     dk: usize,
     out: &mut [f32],
 ) {
-    // |x| as max(x, 0 - x): NaN stays NaN, and -0 gives -0, which adds to a +0 sum as +0
-    let term = |x: S::V| {
-        if L1 {
-            S::max(x, S::sub(S::zero(), x))
-        } else {
-            S::mul(x, x)
-        }
-    };
-    let mut acc = [S::zero(); B];
-    let d8 = dk / 8 * 8;
-    let mut d = 0;
-    while d < d8 {
-        for (j, a) in acc.iter_mut().enumerate() {
-            // 8 dims of 8 keys, turned so that vector i holds dim d + i of the 8 keys
-            // a plain loop, not `array::from_fn` (its closure may stay outlined)
-            let mut x = [S::zero(); 8];
-            for (l, x) in x.iter_mut().enumerate() {
-                *x = S::load(k.add((8 * j + l) * ld + d));
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract); `k` holds `8·B` rows of `dk` floats `ld` apart and `out` `8·B` (this fn's contract)
+    unsafe {
+        // |x| as max(x, 0 - x): NaN stays NaN, and -0 gives -0, which adds to a +0 sum as +0
+        let term = |x: S::V| {
+            if L1 {
+                S::max(x, S::sub(S::zero(), x))
+            } else {
+                S::mul(x, x)
             }
-            let x = S::transpose8(x);
-            for xi in x {
-                *a = S::add(*a, term(xi));
+        };
+        let mut acc = [S::zero(); B];
+        let d8 = dk / 8 * 8;
+        let mut d = 0;
+        while d < d8 {
+            for (j, a) in acc.iter_mut().enumerate() {
+                // 8 dims of 8 keys, turned so that vector i holds dim d + i of the 8 keys
+                // a plain loop, not `array::from_fn` (its closure may stay outlined)
+                let mut x = [S::zero(); 8];
+                for (l, x) in x.iter_mut().enumerate() {
+                    *x = S::load(k.add((8 * j + l) * ld + d));
+                }
+                let x = S::transpose8(x);
+                for xi in x {
+                    *a = S::add(*a, term(xi));
+                }
+            }
+            d += 8;
+        }
+        let mut col = [0f32; 8];
+        for d in d8..dk {
+            for (j, a) in acc.iter_mut().enumerate() {
+                for (l, c) in col.iter_mut().enumerate() {
+                    *c = *k.add((8 * j + l) * ld + d);
+                }
+                let x = S::load(col.as_ptr());
+                *a = S::add(*a, term(x));
             }
         }
-        d += 8;
-    }
-    let mut col = [0f32; 8];
-    for d in d8..dk {
-        for (j, a) in acc.iter_mut().enumerate() {
-            for (l, c) in col.iter_mut().enumerate() {
-                *c = *k.add((8 * j + l) * ld + d);
-            }
-            let x = S::load(col.as_ptr());
-            *a = S::add(*a, term(x));
+        for (j, a) in acc.into_iter().enumerate() {
+            S::store(out[8 * j..8 * j + 8].as_mut_ptr(), a);
         }
-    }
-    for (j, a) in acc.into_iter().enumerate() {
-        S::store(out[8 * j..8 * j + 8].as_mut_ptr(), a);
     }
 }

@@ -141,25 +141,33 @@ unsafe fn tile<S: Simd, const M: usize>(
     col: *const f32,
     d: usize,
 ) -> [[S::V; 2]; M] {
-    let mut acc = [[S::zero(); 2]; M];
-    for c in 0..d {
-        let c0 = S::load(col.add(c * PANEL));
-        let c1 = S::load(col.add(c * PANEL + 8));
-        for r in 0..M {
-            let b = S::splat(*rows[r].add(c * PANEL));
-            acc[r][0] = S::fma(b, c0, acc[r][0]);
-            acc[r][1] = S::fma(b, c1, acc[r][1]);
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); every
+    // `rows[r]` and `col` panel holds `d` columns of 16 floats (caller).
+    unsafe {
+        let mut acc = [[S::zero(); 2]; M];
+        for c in 0..d {
+            let c0 = S::load(col.add(c * PANEL));
+            let c1 = S::load(col.add(c * PANEL + 8));
+            for r in 0..M {
+                let b = S::splat(*rows[r].add(c * PANEL));
+                acc[r][0] = S::fma(b, c0, acc[r][0]);
+                acc[r][1] = S::fma(b, c1, acc[r][1]);
+            }
         }
+        acc
     }
-    acc
 }
 
 /// Largest lane (NaN-free input).
 #[inline(always)]
 unsafe fn hmax<S: Simd>(v: S::V) -> f32 {
-    let mut l = [0f32; 8];
-    S::store(l.as_mut_ptr(), v);
-    l.iter().fold(l[0], |a, &b| if b > a { b } else { a })
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `l` holds
+    // the 8 floats stored.
+    unsafe {
+        let mut l = [0f32; 8];
+        S::store(l.as_mut_ptr(), v);
+        l.iter().fold(l[0], |a, &b| if b > a { b } else { a })
+    }
 }
 
 /// The value tile of the `M` rows `sel[..M]` of the row tile against one panel, each
@@ -173,12 +181,16 @@ unsafe fn value_rows<S: Simd, const M: usize>(
     dv: usize,
     m: &mut [[f32; PANEL]; ROWS],
 ) {
-    let rows: [*const f32; M] = core::array::from_fn(|k| vr[sel[k]]);
-    let cv = tile::<S, M>(&rows, col, dv);
-    for k in 0..M {
-        let p = m[sel[k]].as_mut_ptr();
-        S::store(p, S::min(S::load(p), cv[k][0]));
-        S::store(p.add(8), S::min(S::load(p.add(8)), cv[k][1]));
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers);
+    // `vr[sel[k]]` and `col` hold `dv` panel columns (caller), `m` rows of 16.
+    unsafe {
+        let rows: [*const f32; M] = core::array::from_fn(|k| vr[sel[k]]);
+        let cv = tile::<S, M>(&rows, col, dv);
+        for k in 0..M {
+            let p = m[sel[k]].as_mut_ptr();
+            S::store(p, S::min(S::load(p), cv[k][0]));
+            S::store(p.add(8), S::min(S::load(p.add(8)), cv[k][1]));
+        }
     }
 }
 

@@ -273,6 +273,10 @@ impl Rng {
     pub fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
+    /// `len` values normal with standard deviation `scale`.
+    pub fn normals(&mut self, len: usize, scale: f32) -> Vec<f32> {
+        (0..len).map(|_| self.normal() * scale).collect()
+    }
     /// `len` values uniform in [-scale, scale).
     pub fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
         (0..len)

@@ -49,6 +49,12 @@ impl Rng {
     pub fn coin(&mut self, p: f64) -> bool {
         self.uniform() < p
     }
+    /// `len` f32 values uniform in [-scale, scale).
+    pub fn uniforms(&mut self, len: usize, scale: f32) -> Vec<f32> {
+        (0..len)
+            .map(|_| ((2.0 * self.uniform() - 1.0) * scale as f64) as f32)
+            .collect()
+    }
     /// Standard normal (Box–Muller).
     pub fn normal(&mut self) -> f64 {
         let u1 = self.uniform().max(1e-300);
