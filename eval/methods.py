@@ -293,7 +293,8 @@ METHODS: Dict[str, Method] = {
     "snapkv-w8": Method(L("snapkv"), window=8, library=True, note="snapkv with an 8-token window (control for laprox-span-w8)"),
     # question-agnostic (SPEC §3b)
     "uniqueness": Method(L("uniqueness"), window=8, library=True,
-                         note="question-agnostic: (1 - max twin similarity of (k, v))^8, no queries; laprox-span's "
+                         note="question-agnostic: (1 - r)^8, r the 4th largest min(cos k, cos v) over the other tokens, 0 "
+                              "where r >= 0.5, 0.9^j lent to the 4 tokens before; no queries; laprox-span's "
                               "selection (token granularity, global, forward post-pool 9/1.0, sink left out)"),
 }
 
