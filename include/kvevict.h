@@ -47,9 +47,9 @@
 
 /* Version of this header (kve_version() gives the library's). */
 #define KVE_VERSION_MAJOR 0
-#define KVE_VERSION_MINOR 2
+#define KVE_VERSION_MINOR 3
 #define KVE_VERSION_PATCH 0
-#define KVE_VERSION_NUMBER 200
+#define KVE_VERSION_NUMBER 300
 
 /* Status codes (int32_t). kve_status_name / kve_status_message describe them. */
 #define KVE_OK 0
@@ -532,7 +532,7 @@ const char *kve_status_message(int32_t status);
 uint32_t kve_version(void);
 
 /**
- * The library's version as a static string, e.g. `"0.2.0"` (never NULL, never freed).
+ * The library's version as a static string, e.g. `"0.3.0"` (never NULL, never freed).
  */
 const char *kve_version_string(void);
 

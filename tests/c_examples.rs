@@ -281,7 +281,7 @@ fn install_and_cmake_consumer() {
     }
     let pc = std::fs::read_to_string(prefix.join("lib/pkgconfig/kvevict.pc")).unwrap();
     assert!(
-        pc.contains("Version: 0.2.0") && pc.contains("-lkvevict"),
+        pc.contains(&format!("Version: {}", env!("CARGO_PKG_VERSION"))) && pc.contains("-lkvevict"),
         "{pc}"
     );
     if let Ok(o) = Command::new("pkg-config")
