@@ -50,6 +50,12 @@ int main(void) {
     }
     CHECK(st);
     if (devices == 0) {
+        /* cuda/check.sh sets KVEVICT_REQUIRE_GPU where a GPU is listed: no skipping there */
+        const char* req = getenv("KVEVICT_REQUIRE_GPU");
+        if (req && *req && strcmp(req, "0") != 0) {
+            fprintf(stderr, "KVEVICT_REQUIRE_GPU is set but the CUDA runtime sees no device\n");
+            return 1;
+        }
         printf("skipped: no CUDA device\n");
         return 0;
     }

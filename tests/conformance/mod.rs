@@ -222,16 +222,26 @@ pub const INVALID: i32 = 1;
 // ------------------------------------------------------------------- device --
 
 /// A device to run on: always with the mock; with CUDA, when the runtime sees one
-/// (otherwise prints the skip line).
+/// (otherwise prints the skip line) — unless `KVEVICT_REQUIRE_GPU` is set (cuda/check.sh
+/// sets it where nvidia-smi lists a GPU): then no device is a failure, so a machine whose
+/// driver is too old for the static cudart cannot pass by skipping every test.
 pub fn have_device() -> bool {
     let mut n = 0;
     // SAFETY: an out-pointer to a local.
     let rc = unsafe { kve_cuda_device_count(&mut n) };
     if rc != 0 || n == 0 {
-        println!("skipped: no CUDA device (cudaGetDeviceCount status {rc}, count {n})");
+        no_device(&format!("cudaGetDeviceCount status {rc}, count {n}"));
         return false;
     }
     true
+}
+
+/// The skip line, or a panic when a GPU is required (`KVEVICT_REQUIRE_GPU` set, not "0").
+pub fn no_device(why: &str) {
+    if std::env::var("KVEVICT_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0") {
+        panic!("KVEVICT_REQUIRE_GPU is set but the CUDA runtime sees no device ({why})");
+    }
+    println!("skipped: no CUDA device ({why})");
 }
 
 #[allow(unused_macros)]
