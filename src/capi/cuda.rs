@@ -87,7 +87,8 @@ pub unsafe extern "C" fn kve_cuda_score_workspace_size(
 
 /// `kve_score_layer` on the device, enqueued on `stream` (a `cudaStream_t`, NULL = the
 /// legacy default stream): every scorer, pooling, GQA mode and placement of the host
-/// path, f32/f16/bf16 in any strided layout. Tensors of `inputs` and its `gram`,
+/// path, f32/f16/bf16 in any strided layout — one dtype for the queries, keys and values
+/// (the host path mixes them; here another is `KVE_ERR_SHAPE_MISMATCH`). Tensors of `inputs` and its `gram`,
 /// `value_forms`, `value_l1` and `row_lse` arrays, `out` (`Hkv*P` floats, `[Hkv][P]`)
 /// and the workspace (256-byte aligned, `kve_cuda_score_workspace_size` bytes) are
 /// device memory; the structs themselves are host memory. LaProx's `gram` is the f32
