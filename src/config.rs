@@ -28,7 +28,8 @@ c_enum! {
         StreamingLlm = 4,
         KNorm = 5,
         Tova = 6,
-        /// Question-agnostic: `(1 - max twin similarity of (k, v))^8` (SPEC §3b).
+        /// Question-agnostic: `(1 - r)^8`, r the 4th largest twin similarity of (k, v), 0 from
+        /// r >= 0.5 on (SPEC §3b; `score/uniqueness.rs`).
         Uniqueness = 7,
     }
 }

@@ -724,9 +724,11 @@ fuzz_target!(|data: &[u8]| {
                 }
                 if st == KVE_OK {
                     // what the call reads, and what it writes
+                    // (queries read, values read) per scorer, as src/score/requirements.rs
                     let (qr, vr) = match sp.scorer {
                         4 | 5 => (false, false),
                         1 => (true, true),
+                        7 => (false, true), // uniqueness: keys and values, no queries
                         2 => (true, inp.value_forms.is_null()),
                         _ => (true, false),
                     };
