@@ -9,11 +9,18 @@
 #   kvevict/ kvevict install prefix     STAMP: hash of the patches and of kvevict's sources
 # A build whose STAMP matches is reused (CI caches this folder); after a change of the series
 # only the files whose patched content changed are rewritten, so only they recompile.
-# Prints KVEVICT_FORK_BIN=<dir>/build/bin on stdout. Environment: KVEVICT_FORK_JOBS (2).
+# Prints KVEVICT_FORK_BIN=<dir>/build/bin on stdout. Environment: KVEVICT_FORK_JOBS (2);
+# KVEVICT_FORK_FEATURES, KVEVICT_FORK_CMAKE_ARGS: cargo features of the linked kvevict and extra
+# CMake arguments, for a GPU build in its own KVEVICT_FORK_DIR (the device path: "cuda" and
+# "-DGGML_CUDA=ON"); kvevict is then built in <dir>/cargo-target (unless CARGO_TARGET_DIR is
+# set), so <repo>/target keeps the default build. (The CPU test of the device path relinks this
+# build instead: llama_fork/cuda_mock.sh.)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${KVEVICT_FORK_DIR:-$root/build/llama-fork}
 jobs=${KVEVICT_FORK_JOBS:-2}
+features=${KVEVICT_FORK_FEATURES:-}
+read -r -a cmake_args <<< "${KVEVICT_FORK_CMAKE_ARGS:-}"
 venv=${KVEVICT_FORK_VENV:-$root/.venv-fork}
 log() { printf 'llama_fork/build: %s\n' "$*" >&2; }
 
@@ -24,7 +31,7 @@ patches=("$root"/llama_fork/patches/*.patch)
 kve_version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)
 # kvevict's sources are part of the key: the fork links them
 kve_hash=$(cd "$root" && cat Cargo.toml Cargo.lock build.rs include/kvevict.h $(git ls-files src) | sha256sum | cut -c1-16)
-stamp="$(cat "${patches[@]}" | sha256sum | cut -c1-16)-kvevict-$kve_version-$kve_hash"
+stamp="$(cat "${patches[@]}" | sha256sum | cut -c1-16)-kvevict-$kve_version-$kve_hash${features:+-$features}${cmake_args[*]:+-$(echo "${cmake_args[*]}" | sha256sum | cut -c1-8)}"
 
 if [ -f "$dir/STAMP" ] && [ "$(cat "$dir/STAMP")" = "$stamp" ] && [ -x "$dir/build/bin/llama-server" ]; then
     log "cached build ($stamp)"
@@ -34,7 +41,12 @@ fi
 t0=$(date +%s)
 
 # kvevict: a static library and its CMake package
-"$root/scripts/install.sh" "$dir/kvevict" >&2
+if [ -n "$features" ]; then
+    KVEVICT_FEATURES=$features CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$dir/cargo-target} \
+        "$root/scripts/install.sh" "$dir/kvevict" >&2
+else
+    "$root/scripts/install.sh" "$dir/kvevict" >&2
+fi
 
 # source: the pristine tree with the series applied, staged; only files whose content differs
 # from the previous build's source are copied over, so an incremental build recompiles only
@@ -69,7 +81,7 @@ fi
 "$cmake" -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
     -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DCMAKE_PREFIX_PATH="$dir/kvevict" >&2
+    -DCMAKE_PREFIX_PATH="$dir/kvevict" "${cmake_args[@]}" >&2
 "$cmake" --build "$dir/build" -j "$jobs" --target llama llama-cli llama-server llama-kvevict-needle >&2
 
 echo "$stamp" > "$dir/STAMP"

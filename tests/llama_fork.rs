@@ -12,7 +12,11 @@
 //! - question-agnostic compression (`--agnostic`: the context alone is prefilled and
 //!   compressed, the question comes after) with the `uniqueness` method;
 //! - the compacted sequence saved with `llama_state_seq_save_file` (about 1/keep smaller) and
-//!   loaded into a fresh context, where it answers the same.
+//!   loaded into a fresh context, where it answers the same;
+//! - the device path (`kve_cuda_*` on the cache's tensors, what a CUDA build runs) forced on the
+//!   CPU cache with `KVEVICT_FORK_DEVICE_PATH=1`, against libllama relinked with kvevict's
+//!   `cuda-mock` (`KVEVICT_FORK_MOCK_LIB`, llama_fork/cuda_mock.sh): the same kept cells and K/V
+//!   rows (byte-identical state files) and answers as the host path; refused cleanly without it.
 //!
 //! Needs `KVEVICT_FORK_BIN` (llama_fork/build.sh prints it) and `KVEVICT_LLAMA_MODEL`;
 //! skips with a message without them, unless `KVEVICT_FORK_REQUIRED=1`
@@ -21,7 +25,7 @@
 mod result_row;
 
 use result_row::{Row, PROMPTS};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 struct Setup {
@@ -364,6 +368,191 @@ fn decode_is_faster_on_the_compacted_cache_than_with_holes() {
         c < f && c < h,
         "compacted {c:.2} ms/token is not faster than full {f:.2} and holes {h:.2} ms/token"
     );
+}
+
+/// llama-kvevict-needle -v with libllama from `lib` (LD_LIBRARY_PATH goes ahead of the binary's
+/// RUNPATH) and the device path forced or not: (RESULT row if it ran, stderr, success).
+fn needle_path(
+    s: &Setup,
+    lib: Option<&Path>,
+    device: bool,
+    args: &[&str],
+) -> (Option<Row>, String, bool) {
+    let mut c = Command::new(s.bin.join("llama-kvevict-needle"));
+    c.arg("-m").arg(&s.model).args(args).arg("-v");
+    if let Some(lib) = lib {
+        c.env("LD_LIBRARY_PATH", lib);
+    }
+    if device {
+        c.env("KVEVICT_FORK_DEVICE_PATH", "1");
+    } else {
+        c.env_remove("KVEVICT_FORK_DEVICE_PATH");
+    }
+    let o = c.output().expect("run llama-kvevict-needle");
+    let row = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT ").map(Row::parse));
+    (
+        row,
+        String::from_utf8_lossy(&o.stderr).to_string(),
+        o.status.success(),
+    )
+}
+
+/// The device path (`kve_cuda_*` scoring into device workspaces, device selection, device
+/// compaction of the K/V rows) against the host path, on the cuda-mock relink of libllama:
+/// byte-identical compacted state files (same kept cells, same rows moved, same cell metadata)
+/// and the same answers, flash attention off (V transposed) and on.
+#[test]
+fn device_path_on_the_cuda_mock_matches_the_host_path() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let Some(lib) = std::env::var_os("KVEVICT_FORK_MOCK_LIB").map(PathBuf::from) else {
+        assert!(
+            std::env::var("KVEVICT_FORK_REQUIRED").map_or(true, |v| v != "1"),
+            "KVEVICT_FORK_MOCK_LIB is not set (llama_fork/cuda_mock.sh prints it)"
+        );
+        eprintln!("SKIPPED device_path_on_the_cuda_mock_matches_the_host_path: set KVEVICT_FORK_MOCK_LIB (llama_fork/cuda_mock.sh)");
+        return;
+    };
+    assert!(
+        lib.join("libllama.so.0").is_file(),
+        "no libllama.so.0 in {lib:?}"
+    );
+    let dir = std::env::temp_dir();
+    let mut table = String::from(
+        "flash depth | method       | cells      | host answer | device answer | state files\n",
+    );
+    // LaProx-span on every prompt with V transposed (flash off: the strided layout), one prompt
+    // with V rows (flash on); both: LAVa (values read) and uniqueness (agnostic: no queries)
+    let mut cases: Vec<(&str, &str, &str, &str)> = PROMPTS
+        .iter()
+        .map(|&(d, sd)| ("off", "laprox-span", d, sd))
+        .collect();
+    for flash in ["off", "on"] {
+        if flash == "on" {
+            cases.push((flash, "laprox-span", "0.5", "5"));
+        }
+        cases.extend([
+            (flash, "lava", "0.5", "5"),
+            (flash, "uniqueness", "0.5", "5"),
+        ]);
+    }
+    for &(flash, method, depth, seed) in &cases {
+        let mut files = Vec::new();
+        let mut rows = Vec::new();
+        for device in [false, true] {
+            let path = dir.join(format!("kvevict-dev-{}-{device}.bin", std::process::id()));
+            let path_str = path.to_str().unwrap().to_string();
+            let mut args = vec![
+                "--needle",
+                depth,
+                "--seed",
+                seed,
+                "--flash-attn",
+                flash,
+                "--kv-evict",
+                method,
+                "--kv-keep",
+                "0.1",
+                "--state-file",
+                &path_str,
+            ];
+            if method == "uniqueness" {
+                args.push("--agnostic");
+            }
+            let (row, err, ok) = needle_path(&s, Some(&lib), device, &args);
+            let tail: String = err.lines().rev().take(5).collect::<Vec<_>>().join("\n");
+            assert!(
+                ok,
+                "{method} flash {flash} depth {depth} device {device} failed:\n{tail}"
+            );
+            // the log line of llama_kv_evictor::evict names the path taken
+            let tag = if device {
+                "device path, kve_cuda_*"
+            } else {
+                "host path, kve_*"
+            };
+            assert!(
+                err.contains(tag),
+                "{method} device {device}: no {tag:?} in the log"
+            );
+            files.push(std::fs::read(&path).unwrap());
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(format!("{path_str}.full"));
+            rows.push(row.expect("a RESULT line"));
+        }
+        let (h, d) = (&rows[0], &rows[1]);
+        for k in [
+            "cells_before",
+            "cells_after",
+            "evicted",
+            "n_kv_after",
+            "answer",
+            "reload_answer",
+        ] {
+            assert_eq!(
+                h.get(k),
+                d.get(k),
+                "{method} flash {flash} depth {depth}: {k}"
+            );
+        }
+        let same = files[0] == files[1];
+        table += &format!(
+            "{flash:>5} {depth:>5} | {method:<12} | {:>4} -> {:<3} | {:?} | {:?} | {}\n",
+            h.get("cells_before"),
+            h.get("cells_after"),
+            h.get("answer"),
+            d.get("answer"),
+            if same { "identical" } else { "DIFFER" }
+        );
+        assert!(
+            same,
+            "{method} flash {flash} depth {depth}: the compacted state files differ"
+        );
+        if method == "laprox-span" {
+            assert_eq!(
+                d.num("recovered"),
+                1.0,
+                "device path, flash {flash} depth {depth}: {:?}",
+                d.get("answer")
+            );
+        }
+    }
+    println!("{table}");
+}
+
+/// Forced onto the device path, a libllama whose kvevict has no CUDA refuses the eviction with a
+/// clear message (the tool then stops), and the host path of the same binary still runs.
+#[test]
+fn device_path_without_cuda_is_refused() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let args = [
+        "--needle",
+        "0.3",
+        "--seed",
+        "3",
+        "--kv-evict",
+        "laprox-span",
+        "--kv-keep",
+        "0.1",
+    ];
+    let (row, err, ok) = needle_path(&s, None, true, &args);
+    assert!(
+        !ok && row.is_none(),
+        "the device path ran without CUDA in kvevict"
+    );
+    assert!(
+        err.contains("kvevict was built without CUDA") && err.contains("llama_kv_evict failed"),
+        "no clear refusal in:\n{}",
+        err.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+    );
+    // the host path of the same binary works
+    let (row, _, ok) = needle_path(&s, None, false, &args);
+    assert!(ok && row.is_some_and(|r| r.num("cells_after") > 0.0));
 }
 
 fn refused(s: &Setup, exe: &str, args: &[&str], message: &str) {
