@@ -879,14 +879,11 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
         .lines()
         .filter(|l| l.contains("most cells held"))
         .collect();
+    // "... most cells held N; host path, kve_*)": the digits after the label
     let most = |l: &str| -> u32 {
-        l.rsplit("most cells held ")
-            .next()
-            .unwrap()
-            .trim_end_matches(')')
-            .trim()
-            .parse()
-            .unwrap()
+        let tail = l.rsplit("most cells held ").next().unwrap();
+        let digits: String = tail.chars().take_while(|c| c.is_ascii_digit()).collect();
+        digits.parse().unwrap_or_else(|_| panic!("no cell count in {l:?}"))
     };
     let held = evictions.iter().map(|l| most(l)).max().unwrap_or(0);
     let kv_bytes_per_cell = 30 * 2 * 192 * 2; // SmolLM2: layers x (K, V) x n_embd_k_gqa x f16
