@@ -883,7 +883,9 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     let most = |l: &str| -> u32 {
         let tail = l.rsplit("most cells held ").next().unwrap();
         let digits: String = tail.chars().take_while(|c| c.is_ascii_digit()).collect();
-        digits.parse().unwrap_or_else(|_| panic!("no cell count in {l:?}"))
+        digits
+            .parse()
+            .unwrap_or_else(|_| panic!("no cell count in {l:?}"))
     };
     let held = evictions.iter().map(|l| most(l)).max().unwrap_or(0);
     let kv_bytes_per_cell = 30 * 2 * 192 * 2; // SmolLM2: layers x (K, V) x n_embd_k_gqa x f16
