@@ -194,6 +194,36 @@ unsafe fn value_rows<S: Simd, const M: usize>(
     }
 }
 
+/// [`value_rows`] for the first `ns` (1..=ROWS) rows of `sel`: one tile size per count.
+#[inline(always)]
+unsafe fn value_rows_n<S: Simd>(
+    ns: usize,
+    vr: &[*const f32; ROWS],
+    sel: &[usize; ROWS],
+    col: *const f32,
+    dv: usize,
+    m: &mut [[f32; PANEL]; ROWS],
+) {
+    // SAFETY: forwarded to `value_rows` under this fn's own contract (the same as its).
+    unsafe {
+        match ns {
+            1 => value_rows::<S, 1>(vr, sel, col, dv, m),
+            2 => value_rows::<S, 2>(vr, sel, col, dv, m),
+            3 => value_rows::<S, 3>(vr, sel, col, dv, m),
+            4 => value_rows::<S, 4>(vr, sel, col, dv, m),
+            5 => value_rows::<S, 5>(vr, sel, col, dv, m),
+            _ => value_rows::<S, ROWS>(vr, sel, col, dv, m),
+        }
+    }
+}
+
+/// Token `i`'s element 0 in packed panels `[n16/16][d][16]` at `base` (element `c` is
+/// `16·c` further). Safe to call while `i` is inside the packed tokens.
+#[inline(always)]
+fn panel_at(base: *const f32, d: usize, i: usize) -> *const f32 {
+    base.wrapping_add(i / PANEL * PANEL * d + i % PANEL)
+}
+
 /// Puts `m` into token `t`'s descending list `top[t·R..][..R]` when it beats the list's
 /// last entry, and keeps `floor[t]` equal to that last entry.
 #[inline(always)]
@@ -237,16 +267,12 @@ fn kth_similarity<S: Simd>(
     top.fill(-1.0);
     let (kb, vb) = (kp.as_ptr(), vp.as_ptr());
     // a token's element c sits at its panel's base + 16·c + its lane
-    let at = |base: *const f32, d: usize, i: usize| {
-        // SAFETY: i < n <= n16, so the panel of i is inside the buffer checked above.
-        unsafe { base.add(i / PANEL * PANEL * d + i % PANEL) }
-    };
     let mut i0 = 0;
     while i0 < n {
         // rows past n repeat row n-1 (readable) and are masked out below
         let ri: [usize; ROWS] = core::array::from_fn(|r| (i0 + r).min(n - 1));
-        let kr = ri.map(|i| at(kb, dk, i));
-        let vr = ri.map(|i| at(vb, dv, i));
+        let kr = ri.map(|i| panel_at(kb, dk, i));
+        let vr = ri.map(|i| panel_at(vb, dv, i));
         // upper triangle: panels from the one holding i0; in the panels that overlap the
         // row tile (and past n) the pairs j <= i are masked, computed by another tile
         let end = n.min((i0 + ROWS).saturating_add(near));
@@ -291,14 +317,7 @@ fn kth_similarity<S: Simd>(
                 }
                 let m = core::hint::black_box(&mut m);
                 let col = vb.add(j0 * dv);
-                match ns {
-                    1 => value_rows::<S, 1>(&vr, &sel, col, dv, m),
-                    2 => value_rows::<S, 2>(&vr, &sel, col, dv, m),
-                    3 => value_rows::<S, 3>(&vr, &sel, col, dv, m),
-                    4 => value_rows::<S, 4>(&vr, &sel, col, dv, m),
-                    5 => value_rows::<S, 5>(&vr, &sel, col, dv, m),
-                    _ => value_rows::<S, ROWS>(&vr, &sel, col, dv, m),
-                }
+                value_rows_n::<S>(ns, &vr, &sel, col, dv, m);
                 // both ends of every computed pair (masked pairs are -inf and enter nothing);
                 // insertion order does not matter: a top list is a multiset's largest values.
                 // Vector compares against the floors first: most pairs enter no list.
@@ -341,17 +360,13 @@ fn exact_rows<S: Simd>(
     m: usize,
 ) {
     let (kb, vb) = (kp.as_ptr(), vp.as_ptr());
-    let at = |base: *const f32, d: usize, i: usize| {
-        // SAFETY: i < n <= n16, so the panel of i is inside the buffer (kth_similarity's asserts).
-        unsafe { base.add(i / PANEL * PANEL * d + i % PANEL) }
-    };
     let ri: [usize; ROWS] = core::array::from_fn(|r| ri[r.min(m - 1)]);
     for &i in &ri[..m] {
         floor[i] = -1.0;
         top[i * TWIN_RANK..(i + 1) * TWIN_RANK].fill(-1.0);
     }
-    let kr = ri.map(|i| at(kb, dk, i));
-    let vr = ri.map(|i| at(vb, dv, i));
+    let kr = ri.map(|i| panel_at(kb, dk, i));
+    let vr = ri.map(|i| panel_at(vb, dv, i));
     let panels = n.div_ceil(PANEL);
     let p0 = ri[0] / PANEL;
     let mut dist = 0;
@@ -368,12 +383,17 @@ fn exact_rows<S: Simd>(
                 let mut sel = [0usize; ROWS];
                 let mut ns = 0;
                 let mut mm = [[f32::NEG_INFINITY; PANEL]; ROWS];
+                // lanes of tokens < n (the last panel may be partial)
+                let in_range: u32 = (1u32 << (n - j0).min(PANEL)) - 1;
                 for r in 0..m {
                     let br = S::splat(floor[ri[r]]);
                     let mut hit = S::gt_mask(ck[r][0], br) | S::gt_mask(ck[r][1], br) << 8;
                     // not itself, not past n
-                    let live = (0..PANEL).filter(|&c| j0 + c != ri[r] && j0 + c < n);
-                    hit &= live.fold(0u32, |a, c| a | 1 << c);
+                    let mut live = in_range;
+                    if (j0..j0 + PANEL).contains(&ri[r]) {
+                        live &= !(1 << (ri[r] - j0));
+                    }
+                    hit &= live;
                     if hit == 0 {
                         continue;
                     }
@@ -392,14 +412,7 @@ fn exact_rows<S: Simd>(
                 }
                 let mm = core::hint::black_box(&mut mm);
                 let col = vb.add(j0 * dv);
-                match ns {
-                    1 => value_rows::<S, 1>(&vr, &sel, col, dv, mm),
-                    2 => value_rows::<S, 2>(&vr, &sel, col, dv, mm),
-                    3 => value_rows::<S, 3>(&vr, &sel, col, dv, mm),
-                    4 => value_rows::<S, 4>(&vr, &sel, col, dv, mm),
-                    5 => value_rows::<S, 5>(&vr, &sel, col, dv, mm),
-                    _ => value_rows::<S, ROWS>(&vr, &sel, col, dv, mm),
-                }
+                value_rows_n::<S>(ns, &vr, &sel, col, dv, mm);
                 for &r in &sel[..ns] {
                     for &v in &mm[r] {
                         insert_top(top, floor, ri[r], v);
