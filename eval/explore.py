@@ -76,6 +76,12 @@ VARIANTS = {
     "span-w8-f8flat-sinkrule": span(8, post_pool=("forward", 8, 1.0, 1)),
     "span-w8-f10flat-sinkrule": span(8, post_pool=("forward", 10, 1.0, 1)),
     "span-w8-f8d95-sinkrule": span(8, post_pool=("forward", 8, 0.95, 1)),
+    # a span-length-independent continuation: long kernel, decay just under 1 so that nearer
+    # followers win when the budget cuts a span (flat ties go to the later positions)
+    "span-w8-f16d999-sinkrule": span(8, post_pool=("forward", 16, 0.999, 1)),
+    "span-w8-f32d999-sinkrule": span(8, post_pool=("forward", 32, 0.999, 1)),
+    "span-w8-f64d999-sinkrule": span(8, post_pool=("forward", 64, 0.999, 1)),
+    "span-w8-f32d99-sinkrule": span(8, post_pool=("forward", 32, 0.99, 1)),
     # the smallest budgets: the sink lends nothing (composed reserve) / flat continuation
     "span-w8-sink1": span(8, sinks=1),
     "span-w8-d1": span(8, post_pool=("forward", 8, 1.0)),

@@ -4,9 +4,12 @@ built from the answer's location, decoded through the cache like any method's se
 - `code+sink4+fill`: the three code sentences verbatim ("The amber code is 76224."), the first
   4 tokens, the 8-token window, then random other tokens up to the ratio's budget;
 - `code+sink4+dots`: the code sentences, 4 sinks, the window and every "." of the context
-  (about 12 % of the cache here, over the 10 % budget).
+  (about 12 % of the cache here, over the 10 % budget);
+- `code-B+A+sink4+fill` (`--margins B:A,...`): each code sentence with B tokens before and A
+  after it, then as `code+sink4+fill` (over the budget when the spans alone exceed it).
 
     python eval/multikey_oracle.py --prompts 8 --ratios 0.1,0.25,0.5
+    python eval/multikey_oracle.py --prompts 8 --ratios 0.1 --margins 8:0,16:0,32:0,0:8,8:8,16:16
 """
 import argparse
 import os
@@ -31,13 +34,13 @@ def code_spans(pieces):
             if pieces[i].strip() in tasks.LABELS and pieces[i + 1].strip() == "code" and pieces[i + 2].strip() == "is"]
 
 
-def oracle(tok, dots):
+def oracle(tok, dots, before=0, after=0):
     def select(cap, ratio):
         pieces = [tok.decode([int(t)]) for t in cap.a["prefill_ids"]]
         n = cap.n
         keep = set(range(n - WINDOW, n)) | set(range(4))
         for sp in code_spans(pieces):
-            keep |= set(sp)
+            keep |= set(range(max(sp.start - before, 0), min(sp.stop + after, n)))
         if dots:
             keep |= {i for i in range(n) if pieces[i] == "."}
         else:
@@ -54,11 +57,14 @@ def main():
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--ratios", default="0.1,0.25,0.5")
     ap.add_argument("--seed-base", type=int, default=0)
+    ap.add_argument("--margins", default="", help="before:after token margins around each code sentence, e.g. 8:0,16:0,8:8")
     args = ap.parse_args()
     ratios = [float(r) for r in args.ratios.split(",")]
     model = Model()
     tok = model.tokenizer
     selects = [("code+sink4+fill", oracle(tok, False)), ("code+sink4+dots", oracle(tok, True))]
+    for b, a in [(int(x.split(":")[0]), int(x.split(":")[1])) for x in args.margins.split(",") if x]:
+        selects.append((f"code-{b}+{a}+sink4+fill", oracle(tok, False, b, a)))
     tot, full = {}, 0
     for group in tasks.make_task("multikey", tok, args.prompts, seed_base=args.seed_base):
         for p in group:
