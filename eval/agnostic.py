@@ -404,6 +404,8 @@ def variants():
     for wgt in (0.5, 1.0, 2.0):
         v[f"combo-{wgt:g}"] = ("recon", make_combo(wgt))
     v["lib-uniqueness"] = (None, methods.METHODS["uniqueness"].select) if "uniqueness" in methods.METHODS else None
+    # the same with the selection's value links (continuation through runs of similar values)
+    v["lib-uniqueness-runs"] = (None, methods.METHODS["uniqueness-runs"].select)
     for base in ("uniq-k3", "uniq-k4", "lib-uniqueness", "recon-max-v", "surp-p4"):
         if v.get(base) is not None:
             v[base + "+sep"] = (v[base][0], with_separators(v[base][1]))

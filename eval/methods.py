@@ -159,8 +159,20 @@ def library_scores(cap, preset, window, **score_fields):
     return memo[key]
 
 
+def value_links(cap):
+    """The capture's value-link sums over every layer (kvevict.accumulate_value_links), memoised."""
+    memo = _SCORES.setdefault(cap, {})
+    if "value_links" not in memo:
+        kve = kvevict()
+        links = np.zeros(cap.n, np.float32)
+        for l in range(cap.n_layers):
+            kve.accumulate_value_links(cap.values[l], links)
+        memo["value_links"] = links
+    return memo["value_links"]
+
+
 def library_select(cap, scores, budget, window, preset, allocator=None, granularity=None,
-                   normalize=None, alpha=None, beta=None, post_pool=None):
+                   normalize=None, alpha=None, beta=None, post_pool=None, links=None):
     """The library's allocation + selection of `scores` -> kept[layer][kv_head]."""
     kve = kvevict()
     if allocator is None and preset in ("laprox-span", "uniqueness"):
@@ -176,7 +188,10 @@ def library_select(cap, scores, budget, window, preset, allocator=None, granular
         sp.post_pool_kind, sp.post_pool_kernel, sp.post_pool_decay = post_pool[:3]
         if len(post_pool) > 3:
             sp.post_pool_sinks = post_pool[3]
-    offsets, indices = kve.select_model(sp, scores, cap.n, window)
+    if links is None:
+        offsets, indices = kve.select_model(sp, scores, cap.n, window)
+    else:  # continuation through value runs, at threshold `links`
+        offsets, indices = kve.select_model(sp, scores, cap.n, window, links=value_links(cap), link_threshold=links)
     return kve.kept_lists(offsets, indices, cap.n_layers, cap.n_kv_heads)
 
 
@@ -186,13 +201,14 @@ def _union(kept, extra):
 
 def library_method(preset, allocator=None, granularity=None, normalize=None, alpha=None, beta=None,
                    post_pool=None, sinks=0, recent=0, layer_floor=0.0, first_stage_ratio=0.5,
-                   **score_fields):
+                   links=None, **score_fields):
     """A select() backed by the kvevict binding: score (`preset`, SPEC §3, any ScoreParams
     field overridden: kernel=1, pool="forward", laprox_gqa="exact", ...) -> allocate ->
     select (allocator, granularity, normalize, alpha, beta, post_pool=(kind, kernel, decay[, sinks]);
     defaults as kvevict.select_kept: uniform, lava -> lava, laprox -> global, laprox-span
     -> its own global token-level selection with forward post-pooling 9 / 1.0, the sink
-    at position 0 left out of the pool).
+    at position 0 left out of the pool); `links`: a value-link threshold (the post-pool
+    carried on through runs of similar values, kvevict.select_model(links=...)).
 
     Budget: `head_budget(n, ratio, w) - w` prefix tokens per (layer, KV head) on average.
     Composed extras (evaluation ideas, not library options; they spend the same budget):
@@ -211,7 +227,7 @@ def library_method(preset, allocator=None, granularity=None, normalize=None, alp
             fields["critical_first_stage"] = max(max(int(first_stage_ratio * (b + window)), 1) - window, 0)
         scores = library_scores(cap, preset, window, **fields)
         sel = dict(allocator=allocator, granularity=granularity, normalize=normalize, alpha=alpha,
-                   beta=beta, post_pool=post_pool)
+                   beta=beta, post_pool=post_pool, links=links)
         reserved = np.concatenate([np.arange(min(sinks, p)), np.arange(max(p - recent, 0), p)]).astype(np.int64)
         reserved = np.unique(reserved)
         if len(reserved):
@@ -290,12 +306,17 @@ METHODS: Dict[str, Method] = {
     "laprox-k1-fwdpost-w8": Method(L("laprox", kernel=1, post_pool=("forward", 8, 0.9)), window=8, library=True,
                                    note="laprox k=1, w=8, forward post-pool 8/0.9 per head, global: the per-head "
                                         "counterpart of laprox-span-w8 (ragged cache)"),
+    "laprox-span-w8-runs": Method(L("laprox-span", links=0.5), window=8, library=True,
+                                  note="laprox-span-w8 whose continuation is carried on through runs of similar "
+                                       "values (mean adjacent value cosine > 0.5): kve_select_model_linked"),
     "snapkv-w8": Method(L("snapkv"), window=8, library=True, note="snapkv with an 8-token window (control for laprox-span-w8)"),
     # question-agnostic (SPEC §3b)
     "uniqueness": Method(L("uniqueness"), window=8, library=True,
                          note="question-agnostic: (1 - r)^8, r the 4th largest min(cos k, cos v) over the other tokens, 0 "
                               "where r >= 0.5, 0.9^j lent to the 4 tokens before; no queries; laprox-span's "
                               "selection (token granularity, global, forward post-pool 9/1.0, sink left out)"),
+    "uniqueness-runs": Method(L("uniqueness", links=0.5), window=8, library=True,
+                              note="uniqueness with laprox-span-w8-runs' selection (value links)"),
 }
 
 BEST_PRESET = "laprox-span-w8"  # eval/demo.py's default; see eval/README.md

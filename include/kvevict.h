@@ -577,6 +577,26 @@ int32_t kve_compact_varlen(const struct kve_tensor *src,
                            uint64_t cu_seqlens_len);
 
 /**
+ * Workspace bytes of `kve_accumulate_value_links` for values of dimension `dv`. Writes
+ * only `*out_bytes`.
+ */
+int32_t kve_value_links_workspace_size(uint64_t dv, uint64_t *out_bytes);
+
+/**
+ * Add `sum over the Hkv heads of cos(v[h, i], v[h, i-1])` to `links[i]` for
+ * `1 <= i < N` (`links[0]` untouched; a zero vector links nothing), `values`
+ * `[Hkv, N, dv]` of one layer, any dtype and strides (V transposed included). Zero
+ * `links` (`links_len >= N`), then call once per layer; pass the sums to
+ * `kve_select_model_linked`. NaN/Inf in `values` or in `links[0..N]` give
+ * `KVE_ERR_NON_FINITE`. Writes `links` and the workspace; nothing on error.
+ */
+int32_t kve_accumulate_value_links(const struct kve_tensor *values,
+                                   float *links,
+                                   uint64_t links_len,
+                                   void *workspace,
+                                   uint64_t workspace_bytes);
+
+/**
  * Number of CUDA devices the library can use; 0 (and `KVE_OK`) when there is no device
  * or driver. A library built without CUDA writes `*count = 0` (when `count` is non-NULL
  * and aligned) and returns `KVE_ERR_NOT_BUILT_WITH_CUDA`: the one status that comes
@@ -958,6 +978,29 @@ int32_t kve_select_model(const struct kve_select_params *params,
                          uint64_t indices_len,
                          void *workspace,
                          uint64_t workspace_bytes);
+
+/**
+ * `kve_select_model` whose forward post-pool carries each continuation on through linked
+ * positions, so it never ends inside a run of similar values (a number longer than the
+ * kernel): position `i` continues `i - 1` when `links[i] / (layers * hkv)` exceeds
+ * `link_threshold` (LaProx-span: 0.5). `links`: exactly `n` floats, the sums written by
+ * `kve_accumulate_value_links` over every layer of the scores (else
+ * `KVE_ERR_SHAPE_MISMATCH`; NaN/Inf: `KVE_ERR_NON_FINITE`). The post-pool must be
+ * `KVE_POOL_FORWARD` with decay 1 and the threshold finite (else
+ * `KVE_ERR_INVALID_ARGUMENT`). Same workspace and outputs as `kve_select_model`; nothing
+ * written on error. Host only: the sharded and device selections take no links yet.
+ */
+int32_t kve_select_model_linked(const struct kve_select_params *params,
+                                const struct kve_model_scores *scores,
+                                const float *links,
+                                uint64_t links_len,
+                                float link_threshold,
+                                uint64_t *offsets,
+                                uint64_t offsets_len,
+                                uint32_t *indices,
+                                uint64_t indices_len,
+                                void *workspace,
+                                uint64_t workspace_bytes);
 
 /**
  * Positions `p < prefix` missing from an ascending kept list: what an engine whose

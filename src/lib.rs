@@ -32,6 +32,7 @@ pub mod error;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 mod gemm512;
 pub mod gram;
+pub mod links;
 pub mod numerics;
 pub mod pool;
 pub mod score;
@@ -47,7 +48,8 @@ mod window;
 pub mod workspace;
 
 pub use budget::{
-    evicted_positions, select_model, select_output_len, select_workspace_size, ModelScores,
+    evicted_positions, select_model, select_model_linked, select_output_len, select_workspace_size,
+    ModelScores, ValueLinks, LINK_THRESHOLD,
 };
 pub use config::*;
 pub use error::{Error, Result};
@@ -55,6 +57,7 @@ pub use gram::{
     compute_gram, compute_value_forms, compute_value_l1, gram_len, gram_workspace_size,
     value_forms_len,
 };
+pub use links::{accumulate_value_links, value_links_workspace_size};
 pub use score::{
     layer_shape, score_layer, score_len, score_workspace_size, window_row_lse,
     window_row_lse_workspace_size, LayerInputs, LayerShape,

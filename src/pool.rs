@@ -126,6 +126,51 @@ pub fn pool_past_sinks(p: &Pool, sinks: usize, src: &[f32], dst: &mut [f32]) {
     pool(p, &src[s..], &mut dst[s..src.len()]);
 }
 
+/// Flat forward pooling whose reach runs on through linked positions (the selection's
+/// value links): position `a >= sinks` lends its score to `a+1 ..= e(a)`, where `e(a)` is
+/// `a + kernel - 1` carried on while the next position is linked (`links[j] > link_min`),
+/// so a continuation never ends inside a run of linked tokens. `dst[j]` is the largest of
+/// `src[j]` and the scores lent to it. With nothing linked this is [`pool_past_sinks`]
+/// with `Pool::forward(kernel, 1.0)`, bit for bit. `links` covers `src` (index `j` says
+/// whether `j` continues `j - 1`; `links[0]` is not read).
+pub fn pool_forward_linked(
+    kernel: usize,
+    sinks: usize,
+    links: &[f32],
+    link_min: f32,
+    src: &[f32],
+    dst: &mut [f32],
+) {
+    let n = src.len();
+    let (dst, links) = (&mut dst[..n], &links[..n]);
+    let k = kernel.max(1);
+    // anchor a reaches j > a iff a + k - 1 >= c(j), c(j) the first position of the linked
+    // chain ending at j (c(j) = j when j is not linked): anchors [lo(j), j), lo nondecreasing
+    // (ties: the nearer anchor, then the position's own score, as `pool` scans them)
+    let (mut lo, mut best) = (0usize, f32::NEG_INFINITY);
+    for j in 0..n {
+        if j > 0 && links[j] > link_min {
+            // the same chain, the same lo: one more anchor, the nearest
+            if j > lo && src[j - 1] >= best {
+                best = src[j - 1];
+            }
+        } else {
+            lo = (j + 1).saturating_sub(k).max(sinks);
+            best = f32::NEG_INFINITY;
+            for &v in src[lo.min(j)..j].iter().rev() {
+                if v > best {
+                    best = v;
+                }
+            }
+        }
+        dst[j] = if j >= sinks && best > src[j] {
+            best
+        } else {
+            src[j]
+        };
+    }
+}
+
 /// Pool `buf` through `tmp` (same length), leaving the result in `buf`.
 pub fn pool_in_place(p: &Pool, buf: &mut [f32], tmp: &mut [f32]) {
     if p.is_identity() {
@@ -167,6 +212,65 @@ mod tests {
                 pool_scalar(&p, &src[..n], &mut b, 0, n);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "{p:?} n {n}");
+            }
+        }
+    }
+
+    /// Linked forward pooling against its definition (each anchor's reach carried on
+    /// through linked positions, brute force), and bit for bit the flat forward pool of
+    /// `pool_past_sinks` where nothing is linked.
+    #[test]
+    fn linked_forward_pool_follows_its_definition() {
+        let mut x = 11u64;
+        let mut next = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for n in [1usize, 2, 5, 17, 64] {
+            for k in [1usize, 2, 3, 9, 70] {
+                for sinks in [0usize, 1, 3] {
+                    for density in [0.0f32, 0.3, 0.8, 1.0] {
+                        let src: Vec<f32> = (0..n)
+                            .map(|i| match i % 7 {
+                                0 => 0.0,
+                                1 => -0.0,
+                                _ => next() - 0.2,
+                            })
+                            .collect();
+                        let links: Vec<f32> = (0..n).map(|_| next()).collect();
+                        let min = 1.0 - density; // linked where links > min
+                        let mut got = vec![f32::NAN; n];
+                        pool_forward_linked(k, sinks, &links, min, &src, &mut got);
+                        // brute force: reach of each anchor, then the max of what reaches j
+                        let reach = |a: usize| {
+                            let mut e = (a + k - 1).min(n - 1);
+                            while e + 1 < n && links[e + 1] > min {
+                                e += 1;
+                            }
+                            e
+                        };
+                        for j in 0..n {
+                            let mut want = src[j];
+                            if j >= sinks {
+                                for a in (sinks..j).rev() {
+                                    if reach(a) >= j && src[a] > want {
+                                        want = src[a];
+                                    }
+                                }
+                            }
+                            assert_eq!(got[j], want, "n {n} k {k} sinks {sinks} j {j}");
+                        }
+                        if density == 0.0 {
+                            let mut flat = vec![f32::NAN; n];
+                            pool_past_sinks(&Pool::forward(k as u32, 1.0), sinks, &src, &mut flat);
+                            let bits =
+                                |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(bits(&got), bits(&flat), "n {n} k {k} sinks {sinks}");
+                        }
+                    }
+                }
             }
         }
     }

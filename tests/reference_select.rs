@@ -517,3 +517,131 @@ fn evicted_is_complement() {
         }
     }
 }
+
+/// Value-link sums `[n]` over `count` heads: runs of linked positions (mean link 0.6-0.9)
+/// among unlinked ones (0.1-0.4), never near the threshold 0.5.
+fn any_links(rng: &mut Rng, n: usize, count: usize) -> Vec<f32> {
+    let mut linked = false;
+    (0..n)
+        .map(|_| {
+            if rng.coin(0.25) {
+                linked = !linked;
+            }
+            let mean = if linked {
+                rng.pick(&[0.6, 0.75, 0.9])
+            } else {
+                rng.pick(&[0.1, 0.25, 0.4])
+            };
+            (mean * count as f64) as f32
+        })
+        .collect()
+}
+
+/// The linked post-pool (continuation carried on through runs of similar values) against
+/// the reference, every allocator and granularity, flat forward kernels 1-12, any sinks.
+#[test]
+fn linked_selection_every_allocator_and_granularity() {
+    let mut rng = Rng::new(13);
+    for case in 0..30 {
+        let m = random_model(&mut rng);
+        let links = any_links(&mut rng, m.n, m.layers * m.hkv);
+        let links64: Vec<f64> = links.iter().map(|&x| x as f64).collect();
+        for (ai, &alloc) in ALLOCATORS.iter().enumerate() {
+            for (gi, &gran) in GRANULARITIES.iter().enumerate() {
+                let mut cfg = SelectConfig::new(alloc, gran, any_budget(&mut rng, m.p()));
+                cfg.post_pool = Pool::forward(rng.pick(&[1, 2, 3, 9, 12]), 1.0);
+                if rng.coin(0.5) {
+                    cfg.post_pool_sinks = rng.pick(&[1, 2, 5, u32::MAX]);
+                }
+                let label = format!("linked case {case} alloc {ai} gran {gi} {cfg:?}");
+                let vl = ValueLinks {
+                    sums: &links,
+                    threshold: LINK_THRESHOLD,
+                };
+                let core =
+                    core_select_linked(&cfg, &m.scores, Some(vl), m.layers, m.hkv, m.n, m.window)
+                        .unwrap_or_else(|e| panic!("{label}: core rejected {e:?}"));
+                let r = reference::select_model_linked(
+                    &cfg,
+                    &m.scores64(),
+                    Some((&links64, LINK_THRESHOLD as f64)),
+                    m.layers,
+                    m.hkv,
+                    m.n,
+                    m.window,
+                );
+                assert_eq!(core, r, "{label}");
+                structure(&label, &cfg, &m, &core);
+            }
+        }
+    }
+}
+
+/// Links nowhere above the threshold change nothing; links must come with a flat forward
+/// post-pool, cover the cache and be finite; nothing is written on error.
+#[test]
+fn linked_selection_contract() {
+    let mut rng = Rng::new(14);
+    let m = loop {
+        let m = random_model(&mut rng);
+        if m.p() > 8 {
+            break m;
+        }
+    };
+    let cfg = SelectConfig::laprox_span(m.p() as u64 / 3);
+    let quiet = vec![0.0f32; m.n];
+    let vl = |sums| ValueLinks {
+        sums,
+        threshold: LINK_THRESHOLD,
+    };
+    let plain = core_select(&cfg, &m.scores, m.layers, m.hkv, m.n, m.window).unwrap();
+    let linked = core_select_linked(
+        &cfg,
+        &m.scores,
+        Some(vl(&quiet)),
+        m.layers,
+        m.hkv,
+        m.n,
+        m.window,
+    )
+    .unwrap();
+    assert_eq!(plain, linked);
+
+    let ms = ModelScores {
+        scores: &m.scores,
+        layers: m.layers,
+        hkv: m.hkv,
+        n: m.n,
+        window: m.window,
+    };
+    let (no, ni) = select_output_len(&cfg, m.layers, m.hkv, m.n, m.window).unwrap();
+    let wsn = select_workspace_size(&cfg, m.layers, m.hkv, m.n, m.window).unwrap();
+    let mut nan = quiet.clone();
+    nan[m.n / 2] = f32::NAN;
+    let mut decayed = cfg;
+    decayed.post_pool = Pool::forward(9, 0.9);
+    let mut avg = cfg;
+    avg.post_pool = Pool::avg(3);
+    let cases: [(SelectConfig, ValueLinks, Error); 5] = [
+        (decayed, vl(&quiet), Error::InvalidArgument),
+        (avg, vl(&quiet), Error::InvalidArgument),
+        (
+            cfg,
+            ValueLinks {
+                sums: &quiet,
+                threshold: f32::NAN,
+            },
+            Error::InvalidArgument,
+        ),
+        (cfg, vl(&quiet[..m.n - 1]), Error::ShapeMismatch),
+        (cfg, vl(&nan), Error::NonFinite),
+    ];
+    for (c, l, want) in cases {
+        let (mut o, mut i, mut ws) = (vec![7u64; no], vec![7u32; ni], vec![7u8; wsn]);
+        let got = select_model_linked(&c, &ms, l, &mut o, &mut i, &mut ws);
+        assert_eq!(got, Err(want), "{c:?}");
+        assert!(
+            o.iter().all(|&x| x == 7) && i.iter().all(|&x| x == 7) && ws.iter().all(|&x| x == 7)
+        );
+    }
+}

@@ -12,9 +12,9 @@ from ._core import (ALLOCATORS, GRANULARITIES, POOLS, PRESETS, SCORERS, STATUS_C
                     from_bfloat16_bits, library_path, status_message, status_name,
                     to_bfloat16_bits, version, version_number)
 from ._lib import LibraryNotFound, candidate_paths
-from ._api import (ShardedSearch, compact_in_place, compact_varlen, compute_gram,
-                   compute_value_forms, compute_value_l1, evicted_positions, gram_blocks,
-                   gram_len, kept_lists, prefix_len, score_layer, score_output_len,
+from ._api import (LINK_THRESHOLD, ShardedSearch, accumulate_value_links, compact_in_place,
+                   compact_varlen, compute_gram, compute_value_forms, compute_value_l1,
+                   evicted_positions, gram_blocks, gram_len, kept_lists, prefix_len, score_layer, score_output_len,
                    score_workspace_size, select_model, select_output_len, select_sharded,
                    select_workspace_size, value_forms_len, window_row_lse)
 from ._stream import STREAM_STATS, StreamScorer
@@ -32,7 +32,8 @@ __all__ = [
     "budget_from_capacity", "budget_keep_ratio_total", "budget_keep_ratio_prefix",
     "score_layer", "score_output_len", "score_workspace_size", "prefix_len", "window_row_lse",
     "compute_gram", "gram_len", "gram_blocks", "compute_value_forms", "value_forms_len",
-    "compute_value_l1", "select_model", "select_output_len", "select_workspace_size",
+    "compute_value_l1", "accumulate_value_links", "LINK_THRESHOLD", "select_model",
+    "select_output_len", "select_workspace_size",
     "kept_lists", "evicted_positions", "ShardedSearch", "select_sharded",
     "compact_in_place", "compact_varlen", "score_model", "select_kept", "make_score_params",
     "GramCache", "gram_cache", "DEFAULT_ALLOCATOR", "StreamScorer", "STREAM_STATS",

@@ -289,7 +289,10 @@ def select_workspace_size(params, layers, hkv, n, window):
     return _out_u64("kve_select_workspace_size", params._ref, layers, hkv, n, window)
 
 
-def select_model(params, scores, n, window, *, workspace=None):
+LINK_THRESHOLD = 0.5  # LaProx-span's value-link threshold (kve_select_model_linked)
+
+
+def select_model(params, scores, n, window, *, workspace=None, links=None, link_threshold=LINK_THRESHOLD):
     """Select the kept positions of every (layer, KV head) (``kve_select_model``).
 
     ``scores``: float32 ``[L, Hkv, P]`` (``P = n - min(window, n)``), e.g. the stacked
@@ -297,6 +300,9 @@ def select_model(params, scores, n, window, *, workspace=None):
     positions of unit ``u = l*Hkv + kh`` are ``indices[offsets[u]:offsets[u+1]]``
     (uint64 offsets of length ``L*Hkv + 1``, uint32 indices, ascending, window included).
     :func:`kept_lists` turns them into ``kept[l][kh]`` arrays.
+    ``links``: float32 ``[n]`` value-link sums over every layer (:func:`accumulate_value_links`)
+    — the forward post-pool (decay 1) then carries each continuation on while the mean link
+    exceeds ``link_threshold`` (``kve_select_model_linked``).
     """
     params = _as_select_params(params)
     s, m = _model_scores(scores, n, window, "select_model")
@@ -305,9 +311,27 @@ def select_model(params, scores, n, window, *, workspace=None):
     offsets = np.empty(no, np.uint64)
     indices = np.empty(max(ni, 1), np.uint32)
     ws = _workspace(select_workspace_size(params, layers, hkv, n, window), workspace)
-    call("kve_select_model", params._ref, ctypes.byref(m), ptr(offsets), offsets.size,
-         ptr(indices), ni, ptr(ws), ws.size)
+    if links is None:
+        call("kve_select_model", params._ref, ctypes.byref(m), ptr(offsets), offsets.size,
+             ptr(indices), ni, ptr(ws), ws.size)
+    else:
+        lk = np.ascontiguousarray(links, dtype=np.float32)
+        call("kve_select_model_linked", params._ref, ctypes.byref(m), ptr(lk), lk.size,
+             float(link_threshold), ptr(offsets), offsets.size, ptr(indices), ni, ptr(ws), ws.size)
     return offsets, indices[: int(offsets[-1])].copy()
+
+
+def accumulate_value_links(values, links, *, dtype=None):
+    """Add one layer's value links to ``links`` (float32 ``[N]``, zeroed before the first
+    layer; ``kve_accumulate_value_links``): ``links[i] += sum_h cos(v[h,i], v[h,i-1])`` for
+    ``values`` ``[Hkv, N, dv]``. Returns ``links``."""
+    v = make_tensor(values, "values", dtype)
+    if not (isinstance(links, np.ndarray) and links.dtype == np.float32 and links.flags.c_contiguous
+            and links.flags.writeable):
+        raise TypeError("accumulate_value_links: links must be a writable C-contiguous float32 array")
+    ws = _workspace(_out_u64("kve_value_links_workspace_size", v.array.shape[2]))
+    call("kve_accumulate_value_links", ctypes.byref(v.c), ptr(links), links.size, ptr(ws), ws.size)
+    return links
 
 
 def kept_lists(offsets, indices, layers, hkv, dtype=np.int64):

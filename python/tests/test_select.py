@@ -110,6 +110,37 @@ class SelectTests(unittest.TestCase):
             np.testing.assert_array_equal(kept, np.concatenate([ref.top_k(pooled, 10), window()]))
             self.assertEqual(bool(np.isin(np.arange(1, 6), kept).all()), sinks == 0)
 
+    def test_value_links_and_linked_selection(self):
+        # links: sum over layers and heads of cos(v_i, v_{i-1}), V given transposed
+        rng = np.random.default_rng(3)
+        vs = [rng.standard_normal((H, N, 6)).astype(np.float32) for _ in range(L)]
+        vs[1][:, 20] = 0.0  # a zero vector links nothing
+        links = np.zeros(N, np.float32)
+        for v in vs:
+            kve.accumulate_value_links(np.ascontiguousarray(v.transpose(0, 2, 1)).transpose(0, 2, 1), links)
+        want = np.zeros(N)
+        for v in vs:
+            a, b = v[:, 1:].astype(np.float64), v[:, :-1].astype(np.float64)
+            den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+            want[1:] += np.where(den > 0, (a * b).sum(-1) / np.where(den > 0, den, 1), 0).sum(0)
+        np.testing.assert_allclose(links, want, atol=1e-5)
+        with self.assertRaises(kve.KvevictError):
+            kve.accumulate_value_links(np.full((H, N, 6), np.nan, np.float32), links)
+        # a cue whose linked run is longer than the kernel: the linked pool keeps all of it
+        s = np.full((L, H, P), 0.01, np.float32)
+        s[:, :, 5] = 1.0
+        run = np.full(N, 0.2 * L * H, np.float32)
+        run[9:18] = 0.8 * L * H
+        sp = kve.SelectParams.laprox_span(13)
+        off, idx = kve.select_model(sp, s, N, W, links=run)
+        np.testing.assert_array_equal(kve.kept_lists(off, idx, L, H)[0][0], np.r_[5:18, window()])
+        plain = kve.select_model(sp, s, N, W)
+        self.assertNotIn(17, kve.kept_lists(*plain, L, H)[0][0])
+        quiet = kve.select_model(sp, s, N, W, links=np.zeros(N, np.float32))
+        np.testing.assert_array_equal(quiet[1], plain[1])
+        with self.assertRaises(kve.KvevictError):
+            kve.select_model(sp, s, N, W, links=run[:-1])
+
     def test_budget_larger_than_prefix(self):
         off, idx = kve.select_model(kve.SelectParams("uniform", "head", 10 ** 12), scores(), N, W)
         self.assertEqual(idx.size, L * H * N)

@@ -14,7 +14,7 @@ pub mod pyramid;
 
 use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
 use crate::error::{add, mul, Error, Result};
-use crate::pool::pool_past_sinks;
+use crate::pool::{pool_forward_linked, pool_past_sinks};
 use crate::select::{make_key, run_search};
 use crate::shape::ModelShape;
 use crate::workspace::{Workspace, WorkspaceSize};
@@ -119,7 +119,7 @@ pub fn select_workspace_size(
         Granularity::Token => 1,
     };
     let copy = match cfg.granularity {
-        Granularity::Head if cfg.post_pool.is_identity() => 0,
+        Granularity::Head if !copies_scores(cfg) => 0,
         _ => mul(u, p)?,
     };
     let mut ws = WorkspaceSize::new();
@@ -186,6 +186,25 @@ impl Units<'_> {
     }
 }
 
+/// Whether per-head selection pools into its own copy of the scores (a forward post-pool
+/// always does: value links may extend even a 1-token kernel).
+fn copies_scores(cfg: &SelectConfig) -> bool {
+    !cfg.post_pool.is_identity() || cfg.post_pool.kind == crate::config::PoolKind::Forward
+}
+
+/// Value links for [`select_model_linked`]: `sums[i]` is `Σ cos(v_i, v_{i-1})` over every
+/// layer and KV head of the scores ([`crate::accumulate_value_links`] once per layer), for
+/// all `n` cache positions; position `i` continues `i - 1` when the mean over those
+/// `layers·hkv` heads exceeds `threshold`.
+#[derive(Clone, Copy, Debug)]
+pub struct ValueLinks<'a> {
+    pub sums: &'a [f32],
+    pub threshold: f32,
+}
+
+/// The LaProx-span selection's link threshold (SPEC §4, continuation through value runs).
+pub const LINK_THRESHOLD: f32 = 0.5;
+
 /// Select kept positions for the whole model in one call.
 ///
 /// Budgets larger than what a unit has are clamped (never an error). `offsets` needs
@@ -198,8 +217,48 @@ pub fn select_model(
     indices: &mut [u32],
     workspace: &mut [u8],
 ) -> Result<()> {
+    select(cfg, m, None, offsets, indices, workspace)
+}
+
+/// [`select_model`] whose forward post-pool (flat: decay 1) carries each continuation on
+/// through linked positions, so that it never ends inside a run of similar values (a
+/// number, a name cut by the kernel's length). Needs `post_pool` forward with decay 1
+/// (else `InvalidArgument`), `links.sums` of at least `n` finite floats
+/// (`ShapeMismatch`, `NonFinite`) and a finite threshold (`InvalidArgument`).
+pub fn select_model_linked(
+    cfg: &SelectConfig,
+    m: &ModelScores,
+    links: ValueLinks,
+    offsets: &mut [u64],
+    indices: &mut [u32],
+    workspace: &mut [u8],
+) -> Result<()> {
+    select(cfg, m, Some(links), offsets, indices, workspace)
+}
+
+fn select(
+    cfg: &SelectConfig,
+    m: &ModelScores,
+    links: Option<ValueLinks>,
+    offsets: &mut [u64],
+    indices: &mut [u32],
+    workspace: &mut [u8],
+) -> Result<()> {
     cfg.validate()?;
     m.validate()?;
+    if let Some(l) = links {
+        let flat =
+            cfg.post_pool.kind == crate::config::PoolKind::Forward && cfg.post_pool.decay == 1.0;
+        if !flat || !l.threshold.is_finite() {
+            return Err(Error::InvalidArgument);
+        }
+        if l.sums.len() < m.n {
+            return Err(Error::ShapeMismatch);
+        }
+        if l.sums[..m.n].iter().any(|v| !v.is_finite()) {
+            return Err(Error::NonFinite);
+        }
+    }
     let (no, ni) = select_output_len(cfg, m.layers, m.hkv, m.n, m.window)?;
     if offsets.len() < no || indices.len() < ni {
         return Err(Error::OutputTooSmall);
@@ -211,7 +270,7 @@ pub fn select_model(
     let nu = units(cfg, m);
     let mut ws = Workspace::new(workspace);
     let copy = ws.take::<f32>(match cfg.granularity {
-        Granularity::Head if cfg.post_pool.is_identity() => 0,
+        Granularity::Head if !copies_scores(cfg) => 0,
         _ => nu * p,
     })?;
     let tmp = ws.take::<f32>(p)?;
@@ -241,7 +300,14 @@ pub fn select_model(
 
     // scores at the selection granularity
     let sinks = cfg.post_pool_sinks as usize;
-    let pool = |src: &[f32], dst: &mut [f32]| pool_past_sinks(&cfg.post_pool, sinks, src, dst);
+    // linked when the mean over the scores' heads exceeds the threshold
+    let link_min = links.map(|l| (l.threshold as f64 * (layers * hkv) as f64) as f32);
+    let pool = |src: &[f32], dst: &mut [f32]| match (links, link_min) {
+        (Some(l), Some(min)) => {
+            pool_forward_linked(cfg.post_pool.kernel as usize, sinks, l.sums, min, src, dst)
+        }
+        _ => pool_past_sinks(&cfg.post_pool, sinks, src, dst),
+    };
     match cfg.granularity {
         Granularity::Head => {
             if !copy.is_empty() {

@@ -30,6 +30,7 @@
 
 pub mod compact;
 pub mod cuda;
+pub mod links;
 pub mod params;
 pub mod score;
 pub mod select;
@@ -41,6 +42,7 @@ use core::ffi::c_char;
 
 pub use compact::*;
 pub use cuda::*;
+pub use links::*;
 pub use params::*;
 pub use score::*;
 pub use select::*;

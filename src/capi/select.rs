@@ -150,6 +150,55 @@ pub unsafe extern "C" fn kve_select_model(
     to_status(crate::select_model(&cfg, &ms, o, i, ws))
 }
 
+/// `kve_select_model` whose forward post-pool carries each continuation on through linked
+/// positions, so it never ends inside a run of similar values (a number longer than the
+/// kernel): position `i` continues `i - 1` when `links[i] / (layers * hkv)` exceeds
+/// `link_threshold` (LaProx-span: 0.5). `links`: exactly `n` floats, the sums written by
+/// `kve_accumulate_value_links` over every layer of the scores (else
+/// `KVE_ERR_SHAPE_MISMATCH`; NaN/Inf: `KVE_ERR_NON_FINITE`). The post-pool must be
+/// `KVE_POOL_FORWARD` with decay 1 and the threshold finite (else
+/// `KVE_ERR_INVALID_ARGUMENT`). Same workspace and outputs as `kve_select_model`; nothing
+/// written on error. Host only: the sharded and device selections take no links yet.
+#[no_mangle]
+pub unsafe extern "C" fn kve_select_model_linked(
+    params: *const kve_select_params,
+    scores: *const kve_model_scores,
+    links: *const f32,
+    links_len: u64,
+    link_threshold: f32,
+    offsets: *mut u64,
+    offsets_len: u64,
+    indices: *mut u32,
+    indices_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
+    // SAFETY: NULL or the caller's params; select_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { select_config(params) });
+    // SAFETY: NULL or the caller's `kve_model_scores`; model checks it and its scores.
+    let (sb, ms) = tri!(unsafe { model(scores) });
+    let lb = tri!(Buf::new(links, links_len));
+    if links_len != ms.n as u64 {
+        return super::KVE_ERR_SHAPE_MISMATCH;
+    }
+    let mut o = tri!(Buf::new(offsets, offsets_len));
+    let mut i = tri!(Buf::new(indices, indices_len));
+    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    tri!(check_alias(
+        &[o.span, i.span, ws.span],
+        &[sb.span, lb.span, span_ptr(params), span_ptr(scores)]
+    ));
+    // SAFETY: Buf::new checked `links`; check_alias: no output overlaps it.
+    let sums = unsafe { lb.slice() };
+    let vl = crate::ValueLinks {
+        sums,
+        threshold: link_threshold,
+    };
+    // SAFETY: Buf::new checked the three; check_alias: they overlap no input nor each other.
+    let (o, i, ws) = unsafe { (o.slice_mut(), i.slice_mut(), ws.slice_mut()) };
+    to_status(crate::select_model_linked(&cfg, &ms, vl, o, i, ws))
+}
+
 /// Positions `p < prefix` missing from an ascending kept list: what an engine whose
 /// cache cell serves every head and layer (llama.cpp) evicts, one
 /// `llama_memory_seq_rm(mem, seq, p, p + 1)` each. `kept`: strictly ascending positions

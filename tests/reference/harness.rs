@@ -227,6 +227,19 @@ pub fn core_select(
     n: usize,
     window: usize,
 ) -> Result<Vec<Vec<u32>>> {
+    core_select_linked(cfg, scores, None, layers, hkv, n, window)
+}
+
+/// [`core_select`] through `select_model_linked` when `links` is given.
+pub fn core_select_linked(
+    cfg: &SelectConfig,
+    scores: &[f32],
+    links: Option<ValueLinks>,
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    window: usize,
+) -> Result<Vec<Vec<u32>>> {
     let m = ModelScores {
         scores,
         layers,
@@ -238,7 +251,10 @@ pub fn core_select(
     let mut offsets = vec![u64::MAX; no];
     let mut indices = vec![u32::MAX; ni];
     let mut ws = vec![0xA5u8; select_workspace_size(cfg, layers, hkv, n, window)?];
-    select_model(cfg, &m, &mut offsets, &mut indices, &mut ws)?;
+    match links {
+        None => select_model(cfg, &m, &mut offsets, &mut indices, &mut ws)?,
+        Some(l) => select_model_linked(cfg, &m, l, &mut offsets, &mut indices, &mut ws)?,
+    }
     let used = offsets[layers * hkv] as usize;
     assert!(used <= ni, "offsets end {used} past indices {ni}");
     assert!(

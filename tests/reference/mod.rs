@@ -611,6 +611,21 @@ pub fn select_model(
     n: usize,
     window: usize,
 ) -> Vec<Vec<u32>> {
+    select_model_linked(cfg, scores, None, layers, hkv, n, window)
+}
+
+/// [`select_model`] with value links `(sums [n], threshold)`: the forward post-pool (flat)
+/// lends a position's score to `a+1 ..= e(a)`, `e(a) = a + k - 1` carried on while the next
+/// position's mean link `sums[j] / (layers·hkv)` exceeds the threshold.
+pub fn select_model_linked(
+    cfg: &SelectConfig,
+    scores: &[f64],
+    links: Option<(&[f64], f64)>,
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    window: usize,
+) -> Vec<Vec<u32>> {
     let w = window.min(n);
     let p = n - w;
     let s = |l: usize, kh: usize| &scores[(l * hkv + kh) * p..(l * hkv + kh + 1) * p];
@@ -660,7 +675,24 @@ pub fn select_model(
             // the first post_pool_sinks positions keep their own score and lend none
             let k = (cfg.post_pool_sinks as usize).min(p);
             let mut out = raw[..k].to_vec();
-            out.extend(pool(&cfg.post_pool, &raw[k..]));
+            match links {
+                None => out.extend(pool(&cfg.post_pool, &raw[k..])),
+                Some((sums, thr)) => {
+                    let linked = |j: usize| sums[j] / (layers * hkv) as f64 > thr;
+                    let kern = cfg.post_pool.kernel as usize;
+                    let reach = |a: usize| {
+                        let mut e = (a + kern - 1).min(p - 1);
+                        while e + 1 < p && linked(e + 1) {
+                            e += 1;
+                        }
+                        e
+                    };
+                    for j in k..p {
+                        let lent = (k..j).filter(|&a| reach(a) >= j).map(|a| raw[a]);
+                        out.push(lent.fold(raw[j], f64::max));
+                    }
+                }
+            }
             out
         })
         .collect();

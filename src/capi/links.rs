@@ -1,0 +1,45 @@
+//! Value links (`crate::links`): accumulated per layer, consumed by
+//! `kve_select_model_linked`.
+
+use super::{
+    check_alias, kve_tensor, out_param, span_ptr, to_status, to_usize, tri, Buf, Tensor, KVE_OK,
+};
+use crate::links;
+use core::ffi::c_void;
+
+/// Workspace bytes of `kve_accumulate_value_links` for values of dimension `dv`. Writes
+/// only `*out_bytes`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_value_links_workspace_size(dv: u64, out_bytes: *mut u64) -> i32 {
+    let mut out = tri!(out_param(out_bytes));
+    let b = tri!(links::value_links_workspace_size(tri!(to_usize(dv))));
+    // SAFETY: out_param checked non-NULL and aligned; one element.
+    unsafe { out.slice_mut()[0] = b as u64 };
+    KVE_OK
+}
+
+/// Add `sum over the Hkv heads of cos(v[h, i], v[h, i-1])` to `links[i]` for
+/// `1 <= i < N` (`links[0]` untouched; a zero vector links nothing), `values`
+/// `[Hkv, N, dv]` of one layer, any dtype and strides (V transposed included). Zero
+/// `links` (`links_len >= N`), then call once per layer; pass the sums to
+/// `kve_select_model_linked`. NaN/Inf in `values` or in `links[0..N]` give
+/// `KVE_ERR_NON_FINITE`. Writes `links` and the workspace; nothing on error.
+#[no_mangle]
+pub unsafe extern "C" fn kve_accumulate_value_links(
+    values: *const kve_tensor,
+    links: *mut f32,
+    links_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
+    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
+    let v = tri!(unsafe { Tensor::from_ptr(values) });
+    let mut o = tri!(Buf::new(links, links_len));
+    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    tri!(check_alias(&[o.span, ws.span], &[v.span, span_ptr(values)]));
+    // SAFETY: Tensor::from_ptr checked the tensor; check_alias: no output overlaps it.
+    let vv = tri!(unsafe { v.view() });
+    // SAFETY: Buf::new checked both; check_alias: they overlap no input nor each other.
+    let (o, ws) = unsafe { (o.slice_mut(), ws.slice_mut()) };
+    to_status(links::accumulate_value_links(&vv, o, ws))
+}
