@@ -577,26 +577,6 @@ int32_t kve_compact_varlen(const struct kve_tensor *src,
                            uint64_t cu_seqlens_len);
 
 /**
- * Workspace bytes of `kve_accumulate_value_links` for values of dimension `dv`. Writes
- * only `*out_bytes`.
- */
-int32_t kve_value_links_workspace_size(uint64_t dv, uint64_t *out_bytes);
-
-/**
- * Add `sum over the Hkv heads of cos(v[h, i], v[h, i-1])` to `links[i]` for
- * `1 <= i < N` (`links[0]` untouched; a zero vector links nothing), `values`
- * `[Hkv, N, dv]` of one layer, any dtype and strides (V transposed included). Zero
- * `links` (`links_len >= N`), then call once per layer; pass the sums to
- * `kve_select_model_linked`. NaN/Inf in `values` or in `links[0..N]` give
- * `KVE_ERR_NON_FINITE`. Writes `links` and the workspace; nothing on error.
- */
-int32_t kve_accumulate_value_links(const struct kve_tensor *values,
-                                   float *links,
-                                   uint64_t links_len,
-                                   void *workspace,
-                                   uint64_t workspace_bytes);
-
-/**
  * Number of CUDA devices the library can use; 0 (and `KVE_OK`) when there is no device
  * or driver. A library built without CUDA writes `*count = 0` (when `count` is non-NULL
  * and aligned) and returns `KVE_ERR_NOT_BUILT_WITH_CUDA`: the one status that comes
@@ -721,6 +701,27 @@ int32_t kve_cuda_compact_to_varlen(const struct kve_tensor *src,
                                    void *dst,
                                    int32_t *cu_seqlens,
                                    void *stream);
+
+/**
+ * Workspace bytes of `kve_accumulate_value_links` for `n` tokens of dimension `dv`.
+ * Writes only `*out_bytes`.
+ */
+int32_t kve_value_links_workspace_size(uint64_t n, uint64_t dv, uint64_t *out_bytes);
+
+/**
+ * Add `sum over the Hkv heads of cos(v[h, i], v[h, i-1])` to `links[i]` for
+ * `1 <= i < N` (`links[0]` untouched; a zero vector links nothing), `values`
+ * `[Hkv, N, dv]` of one layer, any dtype and strides (V transposed included). Zero
+ * `links` (`links_len >= N`), then call once per layer; pass the sums to
+ * `kve_select_model_linked`. NaN/Inf in `values` or in `links[0..N]`, or a row whose
+ * squared norm overflows f32, give `KVE_ERR_NON_FINITE`. Writes `links` and the
+ * workspace; nothing on error.
+ */
+int32_t kve_accumulate_value_links(const struct kve_tensor *values,
+                                   float *links,
+                                   uint64_t links_len,
+                                   void *workspace,
+                                   uint64_t workspace_bytes);
 
 /**
  * Fill `params` with the defaults of a scoring preset (`KVE_PRESET_*`).

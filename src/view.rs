@@ -123,6 +123,15 @@ impl<'a> View<'a> {
     pub fn f32_contiguous(data: &'a [f32], extent: [usize; 3]) -> Result<Self> {
         Self::f32(data, extent, [extent[1] * extent[2], extent[2], 1])
     }
+    /// The same elements with the last two axes swapped (`(a, b, c)` read as `(a, c, b)`):
+    /// rows along axis 1, e.g. token rows of a transposed V.
+    pub fn swap_last(&self) -> View<'a> {
+        View {
+            extent: [self.extent[0], self.extent[2], self.extent[1]],
+            stride: [self.stride[0], self.stride[2], self.stride[1]],
+            ..*self
+        }
+    }
 
     pub fn dtype(&self) -> DType {
         self.dtype

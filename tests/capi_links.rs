@@ -10,10 +10,10 @@ use std::ptr::{null, null_mut};
 mod capi_common;
 use capi_common::*;
 
-fn links_ws(dv: usize) -> Vec<u8> {
+fn links_ws(n: usize, dv: usize) -> Vec<u8> {
     let mut b = 0u64;
     assert_eq!(
-        unsafe { kve_value_links_workspace_size(dv as u64, &mut b) },
+        unsafe { kve_value_links_workspace_size(n as u64, dv as u64, &mut b) },
         KVE_OK
     );
     vec![0u8; b as usize]
@@ -44,7 +44,7 @@ fn value_links_sum_cosines_over_layers_and_heads() {
         }
     }
     let mut links = vec![0f32; n];
-    let mut ws = links_ws(dv);
+    let mut ws = links_ws(n, dv);
     for v in &layers {
         // element (h, t, c) at h*dv*n + c*n + t
         let t = tensor(v.as_ptr(), v.len(), [hkv, n, dv], [dv * n, 1, n]);
@@ -79,7 +79,7 @@ fn value_links_refuse_bad_input_and_write_nothing() {
     let (n, dv) = (N, D);
     let v = data(HKV * n * dv, 3);
     let t = contiguous(&v, [HKV, n, dv]);
-    let mut ws = links_ws(dv);
+    let mut ws = links_ws(n, dv);
     let mut links = canary_f32(n);
     unsafe {
         expect!(
@@ -118,6 +118,15 @@ fn value_links_refuse_bad_input_and_write_nothing() {
     let tb = contiguous(&bad, [HKV, n, dv]);
     expect!(accumulate(&tb, &mut links, &mut ws), KVE_ERR_NON_FINITE);
     assert!(untouched_f32(&links));
+    // finite values whose squared norm overflows f32, token-major and transposed
+    let huge = vec![1e20f32; HKV * n * dv];
+    for t in [
+        contiguous(&huge, [HKV, n, dv]),
+        tensor(huge.as_ptr(), huge.len(), [HKV, n, dv], [dv * n, 1, n]),
+    ] {
+        expect!(accumulate(&t, &mut links, &mut ws), KVE_ERR_NON_FINITE);
+        assert!(untouched_f32(&links));
+    }
     // a non-finite running sum is refused too (it would stay non-finite)
     let mut sums = vec![0f32; n];
     sums[3] = f32::INFINITY;

@@ -329,7 +329,7 @@ def accumulate_value_links(values, links, *, dtype=None):
     if not (isinstance(links, np.ndarray) and links.dtype == np.float32 and links.flags.c_contiguous
             and links.flags.writeable):
         raise TypeError("accumulate_value_links: links must be a writable C-contiguous float32 array")
-    ws = _workspace(_out_u64("kve_value_links_workspace_size", v.array.shape[2]))
+    ws = _workspace(_out_u64("kve_value_links_workspace_size", v.array.shape[1], v.array.shape[2]))
     call("kve_accumulate_value_links", ctypes.byref(v.c), ptr(links), links.size, ptr(ws), ws.size)
     return links
 

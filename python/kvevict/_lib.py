@@ -272,7 +272,7 @@ _PROTOS = {
         c_int32,
         [P(kve_select_params), P(kve_model_scores), c_void_p, c_uint64, c_float, c_void_p, c_uint64,
          c_void_p, c_uint64, c_void_p, c_uint64]),
-    "kve_value_links_workspace_size": (c_int32, [c_uint64, _u64p]),
+    "kve_value_links_workspace_size": (c_int32, [c_uint64, c_uint64, _u64p]),
     "kve_accumulate_value_links": (c_int32, [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64]),
     "kve_evicted_positions": (c_int32, [c_void_p, c_uint64, c_uint64, c_void_p, c_uint64, _u64p]),
     # sharded search

@@ -7,12 +7,19 @@ use super::{
 use crate::links;
 use core::ffi::c_void;
 
-/// Workspace bytes of `kve_accumulate_value_links` for values of dimension `dv`. Writes
-/// only `*out_bytes`.
+/// Workspace bytes of `kve_accumulate_value_links` for `n` tokens of dimension `dv`.
+/// Writes only `*out_bytes`.
 #[no_mangle]
-pub unsafe extern "C" fn kve_value_links_workspace_size(dv: u64, out_bytes: *mut u64) -> i32 {
+pub unsafe extern "C" fn kve_value_links_workspace_size(
+    n: u64,
+    dv: u64,
+    out_bytes: *mut u64,
+) -> i32 {
     let mut out = tri!(out_param(out_bytes));
-    let b = tri!(links::value_links_workspace_size(tri!(to_usize(dv))));
+    let b = tri!(links::value_links_workspace_size(
+        tri!(to_usize(n)),
+        tri!(to_usize(dv))
+    ));
     // SAFETY: out_param checked non-NULL and aligned; one element.
     unsafe { out.slice_mut()[0] = b as u64 };
     KVE_OK
@@ -22,8 +29,9 @@ pub unsafe extern "C" fn kve_value_links_workspace_size(dv: u64, out_bytes: *mut
 /// `1 <= i < N` (`links[0]` untouched; a zero vector links nothing), `values`
 /// `[Hkv, N, dv]` of one layer, any dtype and strides (V transposed included). Zero
 /// `links` (`links_len >= N`), then call once per layer; pass the sums to
-/// `kve_select_model_linked`. NaN/Inf in `values` or in `links[0..N]` give
-/// `KVE_ERR_NON_FINITE`. Writes `links` and the workspace; nothing on error.
+/// `kve_select_model_linked`. NaN/Inf in `values` or in `links[0..N]`, or a row whose
+/// squared norm overflows f32, give `KVE_ERR_NON_FINITE`. Writes `links` and the
+/// workspace; nothing on error.
 #[no_mangle]
 pub unsafe extern "C" fn kve_accumulate_value_links(
     values: *const kve_tensor,
