@@ -11,6 +11,9 @@
  * LaProx, the layer's output projection `wo` (ggml `[n_embd_head*n_head, n_embd]`, i.e.
  * row-major `[D][Hq*d]` like PyTorch's o_proj.weight) turned into Gram matrices once.
  *
+ * The selection's continuation runs on through value links (how much each cell's value
+ * continues the previous one's), so a value longer than the continuation is kept whole.
+ *
  * Build: cc -std=c99 -I include llama_cpp_layout.c libkvevict.a -lpthread -ldl -lm
  */
 #include "common.h"
@@ -18,6 +21,9 @@
 enum { LAYERS = 4, HQ = 4, HKV = 2, D_HEAD = 16, D_MODEL = 64, KV_SIZE = 200, WINDOW = 32 };
 /* A "needle" the window's queries look at: these cells must survive. */
 enum { NEEDLE_AT = 40, NEEDLE_LEN = 3 };
+/* After it, a value no query reads, longer than the selection's 9-cell continuation (a
+ * long number): its cells have similar values, which the value links see. */
+enum { RUN_AT = 43, RUN_LEN = 12 };
 
 int main(void) {
     const uint64_t n = KV_SIZE, w = WINDOW, p = KV_SIZE - WINDOW;
@@ -36,15 +42,19 @@ int main(void) {
         wo[l] = xmalloc(sizeof(float) * D_MODEL * HQ * D_HEAD);
         for (int i = 0; i < HQ * WINDOW * D_HEAD; i++) q_win[l][i] = rnd();
         for (int i = 0; i < D_MODEL * HQ * D_HEAD; i++) wo[l][i] = 0.2f * rnd();
+        float dir[HKV * D_HEAD]; /* the run's common value direction */
+        for (int i = 0; i < HKV * D_HEAD; i++) dir[i] = rnd();
         for (int t = 0; t < KV_SIZE; t++)
             for (int h = 0; h < HKV; h++)
                 for (int c = 0; c < D_HEAD; c++) {
                     float kv = 0.5f * rnd();
+                    float vv = rnd();
+                    if (t >= RUN_AT && t < RUN_AT + RUN_LEN) vv = dir[h * D_HEAD + c] + 0.1f * rnd();
                     /* needle keys point along the first query head of their group */
                     if (t >= NEEDLE_AT && t < NEEDLE_AT + NEEDLE_LEN)
                         kv = 2.0f * q_win[l][((h * (HQ / HKV)) * WINDOW + WINDOW - 1) * D_HEAD + c];
                     k_cache[l][t * HKV * D_HEAD + h * D_HEAD + c] = f32_to_f16(kv);
-                    v_cache[l][(h * D_HEAD + c) * KV_SIZE + t] = f32_to_f16(rnd());
+                    v_cache[l][(h * D_HEAD + c) * KV_SIZE + t] = f32_to_f16(vv);
                 }
     }
 
@@ -72,12 +82,15 @@ int main(void) {
     }
     free(ws);
 
-    /* ---- per layer: scores [L][Hkv][P] ---- */
-    uint64_t score_len, score_ws;
+    /* ---- per layer: scores [L][Hkv][P] and the value links [n] ---- */
+    uint64_t score_len, score_ws, links_ws;
     CHECK(kve_score_output_len(&sp, HKV, n, &score_len));
     CHECK(kve_score_workspace_size(&sp, HQ, HKV, n, D_HEAD, D_HEAD, &score_ws));
+    CHECK(kve_value_links_workspace_size(n, D_HEAD, &links_ws));
     float* scores = xmalloc(sizeof(float) * score_len * LAYERS);
-    ws = xmalloc(score_ws);
+    float* links = xmalloc(sizeof(float) * n);
+    for (uint64_t i = 0; i < n; i++) links[i] = 0.0f;
+    ws = xmalloc(score_ws > links_ws ? score_ws : links_ws);
     for (int l = 0; l < LAYERS; l++) {
         kve_layer_inputs in;
         CHECK(kve_layer_inputs_init(&in, (uint32_t)sizeof in));
@@ -95,6 +108,7 @@ int main(void) {
         in.gram = gram[l];
         in.gram_len = gram_len;
         CHECK(kve_score_layer(&sp, &in, scores + l * score_len, score_len, ws, score_ws));
+        CHECK(kve_accumulate_value_links(&v, links, n, ws, links_ws));
     }
     free(ws);
 
@@ -106,7 +120,14 @@ int main(void) {
     uint32_t* indices = xmalloc(sizeof(uint32_t) * idx_len);
     ws = xmalloc(sel_ws);
     kve_model_scores ms = {scores, score_len * LAYERS, LAYERS, HKV, n, w};
+    /* without the links first, for comparison */
     CHECK(kve_select_model(&sel, &ms, offsets, off_len, indices, idx_len, ws, sel_ws));
+    int run_plain = 0;
+    for (uint64_t i = offsets[0]; i < offsets[1]; i++)
+        if (indices[i] >= RUN_AT && indices[i] < RUN_AT + RUN_LEN) run_plain++;
+    /* LaProx-span's threshold: mean link over layers and heads above 0.5 */
+    CHECK(kve_select_model_linked(&sel, &ms, links, n, 0.5f, offsets, off_len, indices, idx_len,
+                                  ws, sel_ws));
     free(ws);
 
     /* every unit holds the same list at token granularity: take (layer 0, head 0) */
@@ -133,10 +154,15 @@ int main(void) {
     for (uint64_t i = 0; i < kept_len; i++)
         if (kept[i] >= NEEDLE_AT && kept[i] < NEEDLE_AT + NEEDLE_LEN) needle_kept++;
     printf("needle cells kept: %d of %d\n", needle_kept, NEEDLE_LEN);
+    int run_kept = 0;
+    for (uint64_t i = 0; i < kept_len; i++)
+        if (kept[i] >= RUN_AT && kept[i] < RUN_AT + RUN_LEN) run_kept++;
+    printf("value run cells kept: %d of %d (without value links: %d)\n", run_kept, RUN_LEN,
+           run_plain);
 
     for (int l = 0; l < LAYERS; l++) {
         free(k_cache[l]); free(v_cache[l]); free(q_win[l]); free(wo[l]); free(gram[l]);
     }
-    free(scores); free(offsets); free(indices); free(evict);
+    free(scores); free(links); free(offsets); free(indices); free(evict);
     return 0;
 }

@@ -142,6 +142,10 @@ fn llama_cpp_layout() {
     all.sort();
     assert_eq!(all, (0..168).collect::<Vec<_>>());
     assert!(out.contains("needle cells kept: 3 of 3"), "{out}");
+    // the value after the needle is longer than the 9-cell continuation: links keep it
+    let run = numbers(line(&out, "value run cells kept:"));
+    assert_eq!(&run[..2], &[12, 12], "{out}");
+    assert!(run[2] < 12, "{out}");
 }
 
 #[test]
