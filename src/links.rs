@@ -81,8 +81,8 @@ fn links_into<S: Simd>(values: &View, stage: &mut [f32], a: &mut [f32], b: &mut 
             // SAFETY: the dispatch runs S only where the CPU has its features; rows have dv
             // elements each (`prev` holds row t - 1 once t > 0).
             let sq = unsafe { dot_v::<S>(cur, cur) };
-            // SAFETY: as above.
             let dot = if t > 0 {
+                // SAFETY: as above.
                 unsafe { dot_v::<S>(cur, prev) }
             } else {
                 0.0

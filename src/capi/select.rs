@@ -134,20 +134,20 @@ pub unsafe extern "C" fn kve_select_model(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    // SAFETY: NULL or the caller's params; select_config checks NULL, alignment, struct_size.
-    let cfg = tri!(unsafe { select_config(params) });
-    // SAFETY: NULL or the caller's `kve_model_scores`; model checks it and its scores.
-    let (sb, ms) = tri!(unsafe { model(scores) });
-    let mut o = tri!(Buf::new(offsets, offsets_len));
-    let mut i = tri!(Buf::new(indices, indices_len));
-    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
-    tri!(check_alias(
-        &[o.span, i.span, ws.span],
-        &[sb.span, span_ptr(params), span_ptr(scores)]
-    ));
-    // SAFETY: Buf::new checked the three; check_alias: they overlap no input nor each other.
-    let (o, i, ws) = unsafe { (o.slice_mut(), i.slice_mut(), ws.slice_mut()) };
-    to_status(crate::select_model(&cfg, &ms, o, i, ws))
+    // SAFETY: the caller's pointers, passed on; `select` checks each (no links).
+    unsafe {
+        select(
+            params,
+            scores,
+            None,
+            offsets,
+            offsets_len,
+            indices,
+            indices_len,
+            workspace,
+            workspace_bytes,
+        )
+    }
 }
 
 /// `kve_select_model` whose forward post-pool carries each continuation on through linked
@@ -173,30 +173,76 @@ pub unsafe extern "C" fn kve_select_model_linked(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
+    // SAFETY: the caller's pointers, passed on; `select` checks each.
+    unsafe {
+        select(
+            params,
+            scores,
+            Some((links, links_len, link_threshold)),
+            offsets,
+            offsets_len,
+            indices,
+            indices_len,
+            workspace,
+            workspace_bytes,
+        )
+    }
+}
+
+/// `kve_select_model` and `kve_select_model_linked`: `links` = (sums, their length,
+/// threshold) for the latter.
+///
+/// # Safety
+/// Each pointer is NULL or the caller's buffer of the stated length; all are checked here.
+#[allow(clippy::too_many_arguments)]
+unsafe fn select(
+    params: *const kve_select_params,
+    scores: *const kve_model_scores,
+    links: Option<(*const f32, u64, f32)>,
+    offsets: *mut u64,
+    offsets_len: u64,
+    indices: *mut u32,
+    indices_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
     // SAFETY: NULL or the caller's params; select_config checks NULL, alignment, struct_size.
     let cfg = tri!(unsafe { select_config(params) });
     // SAFETY: NULL or the caller's `kve_model_scores`; model checks it and its scores.
     let (sb, ms) = tri!(unsafe { model(scores) });
-    let lb = tri!(Buf::new(links, links_len));
-    if links_len != ms.n as u64 {
-        return super::KVE_ERR_SHAPE_MISMATCH;
-    }
+    let lb = match links {
+        Some((p, len, _)) => {
+            let b = tri!(Buf::new(p, len));
+            if len != ms.n as u64 {
+                return super::KVE_ERR_SHAPE_MISMATCH;
+            }
+            Some(b)
+        }
+        None => None,
+    };
     let mut o = tri!(Buf::new(offsets, offsets_len));
     let mut i = tri!(Buf::new(indices, indices_len));
     let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[o.span, i.span, ws.span],
-        &[sb.span, lb.span, span_ptr(params), span_ptr(scores)]
+        &[
+            sb.span,
+            lb.as_ref().map_or(Span::EMPTY, |b| b.span),
+            span_ptr(params),
+            span_ptr(scores)
+        ]
     ));
-    // SAFETY: Buf::new checked `links`; check_alias: no output overlaps it.
-    let sums = unsafe { lb.slice() };
-    let vl = crate::ValueLinks {
-        sums,
-        threshold: link_threshold,
-    };
     // SAFETY: Buf::new checked the three; check_alias: they overlap no input nor each other.
     let (o, i, ws) = unsafe { (o.slice_mut(), i.slice_mut(), ws.slice_mut()) };
-    to_status(crate::select_model_linked(&cfg, &ms, vl, o, i, ws))
+    match (lb, links) {
+        (Some(b), Some((_, _, threshold))) => {
+            // SAFETY: Buf::new checked `links`; check_alias: no output overlaps it.
+            let sums = unsafe { b.slice() };
+            let vl = crate::ValueLinks { sums, threshold };
+            to_status(crate::select_model_linked(&cfg, &ms, vl, o, i, ws))
+        }
+        _ => to_status(crate::select_model(&cfg, &ms, o, i, ws)),
+    }
 }
 
 /// Positions `p < prefix` missing from an ascending kept list: what an engine whose
