@@ -5,8 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ._api import (compute_gram, compute_value_l1, kept_lists, prefix_len, score_layer,
-                   select_model)
+from ._api import (accumulate_value_links, compute_gram, compute_value_l1, kept_lists,
+                   prefix_len, score_layer, select_model)
 from ._core import (ScoreParams, SelectParams, budget_from_capacity, budget_keep_ratio_prefix,
                     budget_keep_ratio_total)
 
@@ -155,7 +155,7 @@ def select_kept(preset, queries, keys, values=None, wo=None, *, keep_ratio=None,
                 capacity=None, ratio_of="total", window=None, allocator=None, granularity=None,
                 normalize=None, alpha=None, beta=None, post_pool=None, select_params=None,
                 first_stage_ratio=0.5, gram_cache=gram_cache, threads=1, details=False,
-                **score_fields):
+                value_links=None, **score_fields):
     """Score → allocate → select for a whole model in one call; returns ``kept[l][kh]``,
     ascending int64 positions (window included) per layer and KV head.
 
@@ -174,11 +174,16 @@ def select_kept(preset, queries, keys, values=None, wo=None, *, keep_ratio=None,
       Default allocator per preset: uniform, but lava → lava, laprox → global, and
       laprox-span and uniqueness → laprox-span's selection (global, token granularity,
       forward pooling 9 / 1.0, the sink left out).
+    - ``value_links``: a threshold (LaProx-span: ``LINK_THRESHOLD`` = 0.5) — the values'
+      links (:func:`accumulate_value_links` over every layer) carry the forward post-pool
+      on through runs of similar values (``kve_select_model_linked``); needs ``values``.
     - criticalkv: ``critical_first_stage`` defaults to kvpress's
       ``max(floor(first_stage_ratio * (budget + window)), 1) - window`` (ratio 0.5).
     - ``details=True`` returns a dict: kept, offsets, indices, scores, budget,
       score_params, select_params.
     """
+    if value_links is not None and values is None:
+        raise ValueError("select_kept: value_links needs values")
     params = make_score_params(preset, window, **score_fields)
     w = params.window
     L = len(keys)
@@ -205,7 +210,13 @@ def select_kept(preset, queries, keys, values=None, wo=None, *, keep_ratio=None,
             else (post_pool, 1, 1.0)
         sp.post_pool_kind, sp.post_pool_kernel, sp.post_pool_decay = kind, kernel, decay
     scores = score_model(params, queries, keys, values, wo, gram_cache=gram_cache, threads=threads)
-    offsets, indices = select_model(sp, scores, n, w)
+    links = None
+    if value_links is not None:
+        links = np.zeros(n, np.float32)
+        for v in values:
+            accumulate_value_links(v, links)
+    offsets, indices = select_model(sp, scores, n, w, links=links,
+                                    link_threshold=0.5 if value_links is None else value_links)
     kept = kept_lists(offsets, indices, L, hkv)
     if details:
         return {"kept": kept, "offsets": offsets, "indices": indices, "scores": scores,

@@ -57,6 +57,25 @@ class PipelineTests(unittest.TestCase):
             total = sum(len(a) for row in kept for a in row)
             self.assertEqual(total, L * HKV * (20 + w), name)
 
+    def test_value_links_option(self):
+        # select_kept(value_links=t) = select_model(links=the values' sums, t)
+        d = kve.select_kept("laprox-span", self.q, self.k, self.v, self.wo, budget=12, window=W,
+                            details=True)
+        links = np.zeros(self.k[0].shape[1], np.float32)
+        for v in self.v:
+            kve.accumulate_value_links(v, links)
+        n = self.k[0].shape[1]
+        for thr in (0.0, 0.5):
+            got = kve.select_kept("laprox-span", self.q, self.k, self.v, self.wo, budget=12,
+                                  window=W, value_links=thr)
+            want = kve.kept_lists(*kve.select_model(d["select_params"], d["scores"], n, W,
+                                                    links=links, link_threshold=thr), L, HKV)
+            for l in range(L):
+                for h in range(HKV):
+                    np.testing.assert_array_equal(got[l][h], want[l][h])
+        with self.assertRaises(ValueError):
+            kve.select_kept("snapkv", self.q, self.k, budget=12, window=W, value_links=0.5)
+
     def test_laprox_gram_cache(self):
         cache = kve.GramCache()
         a = kve.select_kept("laprox", self.q, self.k, self.v, self.wo, budget=12, window=W,
