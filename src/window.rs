@@ -427,21 +427,30 @@ fn chunk_row_stats<S: Simd>(
         }
         for l in 0..(8 * nb).min(rows - r0) {
             let r = r0 + l;
-            let (m_old, m_new) = (rmax[r], mx[l]);
-            if !m_new.is_finite() {
-                return Err(Error::NonFinite);
-            }
-            let rescale = if m_old == f32::NEG_INFINITY {
-                0.0
-            } else {
-                exp_neg(m_old - m_new) as f64
-            };
-            rsum[r] = rsum[r] * rescale + cs[l] as f64;
-            rmax[r] = m_new;
-            m[r] = m_new;
+            fold_row(&mut rmax[r], &mut rsum[r], mx[l], cs[l])?;
+            m[r] = mx[l];
         }
         r0 += 8 * nb;
     }
+    Ok(())
+}
+
+/// One row's pass-1 update for a chunk: the running max becomes `m_new` (the chunk's max
+/// with the old one) and the f64 denominator is rescaled to it and gains `cs`, the chunk's
+/// `Σ exp(z - m_new)`. A non-finite max (a row of -inf so far, or NaN) is `NonFinite`.
+#[inline(always)]
+pub(crate) fn fold_row(rmax: &mut f32, rsum: &mut f64, m_new: f32, cs: f32) -> Result<()> {
+    let m_old = *rmax;
+    if !m_new.is_finite() {
+        return Err(Error::NonFinite);
+    }
+    let rescale = if m_old == f32::NEG_INFINITY {
+        0.0
+    } else {
+        exp_neg(m_old - m_new) as f64
+    };
+    *rsum = *rsum * rescale + cs as f64;
+    *rmax = m_new;
     Ok(())
 }
 
