@@ -424,3 +424,134 @@ unsafe fn block<S: Simd, const B: usize, const RA: usize, const F16: bool>(
         }
     }
 }
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use crate::window::{one_pass, one_pass_ready, one_pass_size, scratch_size, Needs, Stats};
+    use crate::workspace::WorkspaceSize;
+    use std::format;
+    use std::vec;
+    use std::vec::Vec;
+
+    /// Values in [-s, s) from a fixed LCG.
+    fn vals(n: usize, seed: u64, s: f32) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * s
+            })
+            .collect()
+    }
+
+    /// [`layer`] against the window pass it replaces (one pass per group, then
+    /// [`accumulate`]): the same bits, row statistics and sums, for f32 / f16 / bf16 keys,
+    /// head-major and token-row layouts, 1 to 6 heads per group, dims that are not whole
+    /// vectors, and N around the block and chunk sizes.
+    #[test]
+    fn layer_matches_window_pass_bits() {
+        let shapes = [
+            (2, 3, 64, 777),
+            (1, 4, 128, 200),
+            (3, 1, 20, 97),
+            (1, 6, 16, 33),
+            (2, 5, 24, 2),
+            (1, 2, 72, 101),
+            (1, 4, 40, 96 * 3 + 31),
+        ];
+        for (i, &(hkv, g, dk, n)) in shapes.iter().enumerate() {
+            let (hq, wq, p) = (hkv * g, 3, n - 1);
+            let qv = vals(hq * wq * dk, 7 + i as u64, 1.0);
+            let kv = vals(hkv * n * dk, 99 + i as u64, 2.5);
+            // token rows [N, Hkv·dk] (llama.cpp's layout) beside head-major [Hkv, N, dk]
+            let mut kt = vec![0f32; kv.len()];
+            for h in 0..hkv {
+                for t in 0..n {
+                    for d in 0..dk {
+                        kt[t * hkv * dk + h * dk + d] = kv[(h * n + t) * dk + d];
+                    }
+                }
+            }
+            let k16: Vec<half::f16> = kt.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let kb16: Vec<half::bf16> = kt.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            let q = View::f32(&qv, [hq, wq, dk], [wq * dk, dk, 1]).unwrap();
+            let ke = [hkv, n, dk];
+            let (hm, tr) = ([n * dk, dk, 1], [dk, hkv * dk, 1]);
+            let views = [
+                View::f32(&kv, ke, hm).unwrap(),
+                View::f32(&kt, ke, tr).unwrap(),
+                View::f16(&k16, ke, tr).unwrap(),
+                View::bf16(&kb16, ke, tr).unwrap(),
+            ];
+            for (vi, k) in views.iter().enumerate() {
+                let mut sz = WorkspaceSize::new();
+                scratch_size(&mut sz, g, 1, dk).unwrap();
+                one_pass_size(&mut sz, g, 1, n).unwrap();
+                let mut scratch = vec![0xA5u8; sz.total()];
+                // the window pass, group by group, into TOVA's sums
+                let (mut rm0, mut rs0) = (vec![0f32; hq], vec![0f64; hq]);
+                let (mut ta, mut tb) = (vec![0f32; p], vec![0f32; p]);
+                let (mut acc, mut row) = (vec![0f32; p.max(hkv)], vec![0f32; dk]);
+                let mut bufs = Bufs {
+                    tmp_a: &mut ta,
+                    tmp_b: &mut tb,
+                    acc: &mut acc,
+                    row: &mut row,
+                };
+                let needs = Needs {
+                    sum: true,
+                    sq: false,
+                    cross: false,
+                };
+                for kh in 0..hkv {
+                    let mut sum = vec![0f32; g * p];
+                    let mut st = Stats {
+                        sum: &mut sum,
+                        sq: &mut [],
+                        cross: &mut [],
+                    };
+                    assert!(one_pass_ready(&q, k, kh, g, 1, &mut scratch).unwrap());
+                    let (rm, rs) = (&mut rm0[kh * g..], &mut rs0[kh * g..]);
+                    one_pass(&q, k, kh, g, 1, rm, rs, needs, &mut scratch, &mut st).unwrap();
+                    accumulate(&sum, g, hq, p, &mut bufs);
+                }
+                // TOVA's own pass
+                let (mut rm1, mut rs1, mut out) = (vec![0f32; hq], vec![0f64; hq], vec![0f32; p]);
+                assert!(layer(&q, k, g, &mut scratch, &mut rm1, &mut rs1, &mut out).unwrap());
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let what = format!("shape {i} view {vi}");
+                assert_eq!(bits(&rm0), bits(&rm1), "row max, {what}");
+                assert_eq!(rs0, rs1, "row denominators, {what}");
+                assert_eq!(bits(bufs.tmp_b), bits(&out), "scores, {what}");
+                assert!(out.iter().any(|&x| x > 0.0), "{what}");
+            }
+        }
+    }
+
+    /// A NaN key, a NaN query or an infinite key element is `NonFinite`.
+    #[test]
+    fn layer_rejects_non_finite() {
+        let (g, dk, n) = (3, 16, 50);
+        for (at_q, bad) in [(false, f32::NAN), (false, f32::INFINITY), (true, f32::NAN)] {
+            let mut qv = vals(g * dk, 1, 1.0);
+            let mut kv = vals(n * dk, 2, 1.0);
+            if at_q {
+                qv[dk + 3] = bad;
+            } else {
+                kv[37 * dk + 5] = bad;
+            }
+            let q = View::f32(&qv, [g, 1, dk], [dk, dk, 1]).unwrap();
+            let k = View::f32(&kv, [1, n, dk], [n * dk, dk, 1]).unwrap();
+            let mut sz = WorkspaceSize::new();
+            scratch_size(&mut sz, g, 1, dk).unwrap();
+            one_pass_size(&mut sz, g, 1, n).unwrap();
+            let mut scratch = vec![0u8; sz.total()];
+            let (mut rm, mut rs, mut out) = (vec![0f32; g], vec![0f64; g], vec![0f32; n - 1]);
+            let r = layer(&q, &k, g, &mut scratch, &mut rm, &mut rs, &mut out);
+            assert_eq!(r, Err(Error::NonFinite), "query {at_q}, {bad}");
+        }
+    }
+}
