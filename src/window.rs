@@ -774,10 +774,39 @@ unsafe fn fused_stats<S: Simd>(
         let mut tb = 0;
         while tb < nt8 {
             let mut ag = 0;
+            while ag < g && wv == 1 {
+                // w = 8: each (key, head) is one vector, whose sum is `0 + p`: per head, the 8
+                // keys' vectors go straight to `hsum8`, without the running sums the loop below
+                // keeps (indexed at run time, so in memory); the same operations, the same bits
+                let a = ag;
+                let o = a * w;
+                let (mut pr, mut pq) = ([S::zero(); 8], [S::zero(); 8]);
+                for h in 0..2 {
+                    let mut x = [S::zero(); 4];
+                    for (j, x) in x.iter_mut().enumerate() {
+                        *x = z(src.add((tb + 4 * h + j) * rp), o);
+                    }
+                    for (j, e) in S::exp_neg4(x).into_iter().enumerate() {
+                        let q = prob(o, e);
+                        pr[4 * h + j] = S::add(S::zero(), q);
+                        pq[4 * h + j] = S::fma(q, q, S::zero());
+                    }
+                }
+                let d0 = a * p + c0 + tb;
+                if needs.sum {
+                    let d = out.sum[d0..d0 + 8].as_mut_ptr();
+                    S::store(d, S::add(S::load(d), hsum8::<S>(pr)));
+                }
+                if needs.sq {
+                    let d = out.sq[d0..d0 + 8].as_mut_ptr();
+                    S::store(d, S::add(S::load(d), hsum8::<S>(pq)));
+                }
+                ag += 1;
+            }
             while ag < g {
                 let na = (g - ag).min(8);
                 if wv < 4 {
-                    // w = 8, 16, 24: the (key, head, vector) triples in that order, four per
+                    // w = 16, 24: the (key, head, vector) triples in that order, four per
                     // exp_neg4 call (8·na·wv is a multiple of 4; AVX-512 runs them as two
                     // 16-lane exps), each added to its head's sum in the order of the loop below
                     // (the same bits)
