@@ -301,9 +301,14 @@ unsafe fn tile8<S: Simd>(
 /// its key's logits NaN/Inf: `Inf·x` is ±Inf or NaN, and NaN/Inf stay so through the sum)
 /// or a logit overflows f32, so the logits themselves check the keys.
 ///
+/// `in_place`: the keys are the view's own f32 rows, whose next ones the AVX-512 kernel asks
+/// the cache for (a hint only; converted keys come from the chunk buffer and are prefetched
+/// by [`prefetch_keys`] instead).
+///
 /// # Safety
 /// `k` must point to `ntp` readable rows of `dk` floats, `ldk` apart.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm<S: Simd>(
     q: &[f32],
     dk: usize,
@@ -312,12 +317,14 @@ pub(crate) unsafe fn gemm<S: Simd>(
     ldk: usize,
     ntp: usize,
     c: &mut [f32],
+    in_place: bool,
 ) -> bool {
     #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
     if S::AVX2 && crate::gemm512::available() {
         // SAFETY: the caller's contract, and the CPU has AVX-512 F + VL (just checked).
-        return unsafe { crate::gemm512::gemm(q, dk, rp, k, ldk, ntp, c) };
+        return unsafe { crate::gemm512::gemm(q, dk, rp, k, ldk, ntp, c, in_place) };
     }
+    let _ = in_place;
     // SAFETY: the caller's contract is `gemm_tiles`'s.
     unsafe { gemm_tiles::<S>(q, dk, rp, k, ldk, ntp, c) }
 }
@@ -633,7 +640,8 @@ fn row_stats_impl<S: Simd>(
             None => &mut s.c[..ntp * rp],
         };
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c) } {
+        let in_place = kp != s.k.as_ptr();
+        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c, in_place) } {
             // a NaN/Inf key (or an overflowing logit), found through its logits
             return Err(Error::NonFinite);
         }
@@ -943,7 +951,8 @@ fn column_stats_impl<S: Simd>(
         let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
         prefetch_keys(keys, kh, c0 + nt, CHUNK);
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, s.c) } {
+        let in_place = kp != s.k.as_ptr();
+        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, s.c, in_place) } {
             return Err(Error::NonFinite);
         }
         let c = s.c[..ntp * rp].as_mut_ptr();
