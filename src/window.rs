@@ -639,8 +639,8 @@ fn row_stats_impl<S: Simd>(
             Some(st) => &mut st[c0 * rp..(c0 + ntp) * rp],
             None => &mut s.c[..ntp * rp],
         };
-        // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
         let in_place = kp != s.k.as_ptr();
+        // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
         if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c, in_place) } {
             // a NaN/Inf key (or an overflowing logit), found through its logits
             return Err(Error::NonFinite);
@@ -950,8 +950,8 @@ fn column_stats_impl<S: Simd>(
         let ntp = nt.div_ceil(KT) * KT;
         let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
         prefetch_keys(keys, kh, c0 + nt, CHUNK);
-        // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
         let in_place = kp != s.k.as_ptr();
+        // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
         if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, s.c, in_place) } {
             return Err(Error::NonFinite);
         }
