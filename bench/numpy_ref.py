@@ -285,6 +285,47 @@ def sgemm_rate(reps=7):
     return 2 * 1024**3 / t / 1e9, 2 * 1024**3 / ct / 1e9
 
 
+def read_rate(c, reps):
+    """Bytes/s of reading the layer's key buffer once, in its dtype (the bound of KNorm and
+    TOVA, which read every key once): the fastest of a few one-pass numpy reductions over
+    its raw bytes (no conversion; their arithmetic is cheaper than the load)."""
+    k = c["k"]
+    best = min(
+        timed(lambda: k.view(np.uint8).max(), reps)[1],
+        timed(lambda: np.add.reduce(k.view(np.uint64), axis=None), reps)[1],
+    )
+    return k.nbytes / best
+
+
+def sgemv_rate(c, reps):
+    """FLOP/s of TOVA's Q·Kᵀ as numpy does it, on f32 keys: one sgemv (1 BLAS thread) per
+    query head, its KV head's [N, dk] keys times its last query (2·Hq·N·dk FLOPs)."""
+    k32 = c["k"].astype(F32)
+    q = c["q"][:, -1, :].astype(F32)
+    g = c["g"]
+
+    def run():
+        for h in range(c["hq"]):
+            k32[h // g] @ q[h]
+
+    run()
+    return 2 * c["hq"] * c["n"] * c["dk"] / timed(run, reps)[1]
+
+
+def bound_shares(c, name, t, bounds):
+    """The row's share of its memory bound (TOVA, KNorm): the sgemv rate (TOVA) and the
+    read rate of the keys it reads (both), as text; '–' for other rows."""
+    rd, gv = bounds
+    es = c["k"].itemsize
+    if name == "tova":
+        gf = 2 * c["hq"] * c["n"] * c["dk"] / t
+        return f"sgemv {100 * gf / gv:.0f}% · read {100 * c['k'].nbytes / t / rd:.0f}%"
+    if name == "knorm":
+        p = c["n"] - cfg_of(name)[0]
+        return f"read {100 * c['hkv'] * p * c['dk'] * es / t / rd:.0f}%"
+    return "–"
+
+
 def rel_diff(ours, ref):
     big = np.finfo(F32).max
     worst = 0.0
@@ -345,6 +386,7 @@ def main():
     )
     best = {}  # (case, scorer) -> dict of minima
     errs = {}
+    bounds = {}  # case -> (read bytes/s, sgemv FLOP/s), best round
     gemm, gemm_wall = 0.0, 0.0
     for r in range(args.rounds):
         gw, gc = sgemm_rate()
@@ -355,6 +397,12 @@ def main():
             cdir = os.path.join(args.dir, case)
             rust = run_rust(args.rust, cdir, args.reps, args.scorers)
             c = load_case(cdir)
+            if {"tova", "knorm"} & set(rust):
+                rd, gv = read_rate(c, max(5, args.np_reps)), sgemv_rate(c, max(5, args.np_reps))
+                ob = bounds.get(case, (0.0, 0.0))
+                bounds[case] = (max(ob[0], rd), max(ob[1], gv))
+                print(f"  {case:<12} bounds: read of the keys {rd / 1e9:.1f} GB/s, "
+                      f"sgemv {gv / 1e9:.1f} GFLOP/s", flush=True)
             for name, (w, tmin, cmin) in rust.items():
                 # `+lse` rows: numpy gets the rows' LSE too, made here, outside the timing
                 cc = dict(c, lse={w: row_lse(c, w)}) if name.endswith("+lse") else c
@@ -378,10 +426,14 @@ def main():
           f"time over {args.rounds} rounds × the runs per round, Rust and numpy alternating case "
           f"by case; wall-clock minimum beside. Single-core sgemm (numpy matmul 1024x1024 f32, "
           f"1 BLAS thread, best round): **{gemm:.1f} GFLOP/s**.")
+    for case in sorted(bounds, key=case_order):
+        rd, gv = bounds[case]
+        print(f"Bounds, {case} (best round): read of the key buffer {rd / 1e9:.1f} GB/s, "
+              f"TOVA-shaped sgemv {gv / 1e9:.1f} GFLOP/s.")
     print()
     print("| model shape | N | scorer | w | time (ms) | wall (ms) | Mtok/s | GFLOP/s | % of sgemm "
-          "| Gexp/s | numpy (ms) | vs numpy | max rel diff |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| % of bound | Gexp/s | numpy (ms) | vs numpy | max rel diff |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (case, name), b in sorted(best.items(), key=lambda kv: (case_order(kv[0][0]),)):
         c, t = b["c"], b["rc"]
         f, nexp = flops(c, name)
@@ -390,8 +442,9 @@ def main():
         gfs = f"{gf:.1f}" if f else "–"
         pct = f"{100 * gf / gemm:.0f}%" if f else "–"
         gexp = f"{nexp / t / 1e9:.2f}" if nexp else "–"
+        bnd = bound_shares(c, name, t, bounds[case]) if case in bounds else "–"
         print(f"| {shape} | {c['n'] // 1024}k | {name} | {b['w']} | {t * 1e3:.2f} | {b['rw'] * 1e3:.2f} "
-              f"| {c['n'] / t / 1e6:.2f} | {gfs} | {pct} | {gexp} | {b['nc'] * 1e3:.2f} "
+              f"| {c['n'] / t / 1e6:.2f} | {gfs} | {pct} | {bnd} | {gexp} | {b['nc'] * 1e3:.2f} "
               f"| {b['nc'] / t:.2f}× | {errs[(case, name)]:.0e} |")
     print()
     print("time: thread CPU time of one `score_layer` call (one layer, one thread); numpy: the "
@@ -409,7 +462,12 @@ def main():
           "`window_row_lse` for Rust and by numpy for numpy, each side given its own): "
           "one Q·Kᵀ over the prefix keys only, A = exp(z − lse), no row max/denominator, "
           "on both sides; GFLOP/s still counts 2·Hq·w·N·dk. Softmax exps (Hq·w·N; the core computes two per logit without the LSE, one with it) are counted in Gexp/s, not in "
-          "GFLOP/s; KNorm counts 2·dk per key. vs numpy: numpy time / our time. max rel diff: "
+          "GFLOP/s; KNorm counts 2·dk per key. % of bound (TOVA and KNorm, which read every key "
+          "once for about 2 FLOPs per element, so memory, not the sgemm rate, bounds them): "
+          "the row's share of the rate of reading the key bytes it reads, in their dtype "
+          "(fastest one-pass numpy reduction over the raw key buffer, same run), and for TOVA "
+          "of numpy's sgemv rate on the same keys as f32 (one sgemv per query head, its KV "
+          "head's keys times its last query: the same useful FLOPs). vs numpy: numpy time / our time. max rel diff: "
           "largest |ours − numpy| over the prefix, relative to the KV head's largest |score|.")
 
 

@@ -35,7 +35,8 @@ struct Slot {
     mask: __mmask16,
 }
 
-/// [`crate::window::gemm`] (same contract, same packing, same bits).
+/// [`crate::window::gemm`] (same contract, same packing, same bits; `in_place`: prefetch
+/// the keys ahead).
 ///
 /// # Safety
 /// As `window::gemm`; the CPU must have AVX-512 F and VL ([`available`]).
@@ -48,6 +49,7 @@ pub(crate) unsafe fn gemm(
     ldk: usize,
     ntp: usize,
     c: &mut [f32],
+    in_place: bool,
 ) -> bool {
     // SAFETY: the CPU has AVX-512 F + VL, AVX2 and FMA (this fn's contract and target features); `k`
     // holds `ntp` rows `ldk` apart (contract) and every panel and `c` offset stays inside `q`
@@ -67,10 +69,54 @@ pub(crate) unsafe fn gemm(
                 let fs = [f(0), f(1), f(2)];
                 let (qh, cs) = (q.add(full * 16 * dk), c.add(s0 * 16));
                 match full - s0 {
-                    0 => tiles_h::<0, 12>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
-                    1 => tiles_h::<1, 12>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
-                    2 => tiles_h::<2, 6>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
-                    _ => tiles_h::<3, 6>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad),
+                    0 => tiles_h::<0, 12>(
+                        k,
+                        ldk,
+                        dk,
+                        &fs,
+                        qh,
+                        cs,
+                        rp,
+                        ntp,
+                        &mut bad,
+                        in_place && s0 == 0,
+                    ),
+                    1 => tiles_h::<1, 12>(
+                        k,
+                        ldk,
+                        dk,
+                        &fs,
+                        qh,
+                        cs,
+                        rp,
+                        ntp,
+                        &mut bad,
+                        in_place && s0 == 0,
+                    ),
+                    2 => tiles_h::<2, 6>(
+                        k,
+                        ldk,
+                        dk,
+                        &fs,
+                        qh,
+                        cs,
+                        rp,
+                        ntp,
+                        &mut bad,
+                        in_place && s0 == 0,
+                    ),
+                    _ => tiles_h::<3, 6>(
+                        k,
+                        ldk,
+                        dk,
+                        &fs,
+                        qh,
+                        cs,
+                        rp,
+                        ntp,
+                        &mut bad,
+                        in_place && s0 == 0,
+                    ),
                 }
                 break;
             }
@@ -89,14 +135,26 @@ pub(crate) unsafe fn gemm(
             let cs = c.add(s0 * 16);
             // 12 keys per tile while the rows fit 2 vectors, else 6 (at most 24 accumulators)
             match ns {
-                1 => tiles::<1, 12>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
-                2 => tiles::<2, 12>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
-                3 => tiles::<3, 6>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
-                _ => tiles::<4, 6>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad),
+                1 => tiles::<1, 12>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad, in_place && s0 == 0),
+                2 => tiles::<2, 12>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad, in_place && s0 == 0),
+                3 => tiles::<3, 6>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad, in_place && s0 == 0),
+                _ => tiles::<4, 6>(k, ldk, dk, &sl, cs, rp, ntp, &mut bad, in_place && s0 == 0),
             }
             s0 += ns;
         }
         _mm512_reduce_add_ps(bad) == 0.0
+    }
+}
+
+/// With `pf` (keys read in place, first sweep over the chunk's keys), the rows of the tile 48 keys ahead
+/// asked for: a tile's loads walk `KN` rows side by side, which the hardware prefetcher
+/// alone follows late (past the chunk's end: the next chunk's keys when they are read in
+/// place; a hint, which never faults).
+#[inline(always)]
+fn prefetch_ahead(pf: bool, k: *const f32, t0: usize, kn: usize, ldk: usize, dk: usize) {
+    if pf {
+        let p = k.wrapping_add((t0 + 48) * ldk) as *const u8;
+        crate::numerics::prefetch_rows(p, ldk * 4, dk * 4, kn);
     }
 }
 
@@ -112,12 +170,14 @@ unsafe fn tiles<const V: usize, const KN: usize>(
     ldc: usize,
     ntp: usize,
     bad: &mut __m512,
+    pf: bool,
 ) {
     // SAFETY: `gemm`'s contract (CPU features, `k` `ntp` rows `ldk` apart, `c` `ntp` rows `ldc`
     // apart); each tile starts at a key `t0` with `t0 + KN <= ntp` (or 6).
     unsafe {
         let mut t0 = 0;
         while t0 + KN <= ntp {
+            prefetch_ahead(pf, k, t0, KN, ldk, dk);
             tile::<V, KN>(k.add(t0 * ldk), ldk, dk, sl, c.add(t0 * ldc), ldc, bad);
             t0 += KN;
         }
@@ -142,11 +202,13 @@ unsafe fn tiles_h<const V: usize, const KN: usize>(
     ldc: usize,
     ntp: usize,
     bad: &mut __m512,
+    pf: bool,
 ) {
     // SAFETY: the caller built with AVX-512 F + VL (`available`); `k`, `qh`, `fs`, `c` cover `ntp` keys and their logits (this fn's contract)
     unsafe {
         let mut t0 = 0;
         while t0 + KN <= ntp {
+            prefetch_ahead(pf, k, t0, KN, ldk, dk);
             tile_h::<V, KN>(k.add(t0 * ldk), ldk, dk, fs, qh, c.add(t0 * ldc), ldc, bad);
             t0 += KN;
         }
@@ -305,7 +367,8 @@ mod tests {
                         }
                         let (mut c1, mut c2) = (vec![0f32; ntp * rp], vec![1f32; ntp * rp]);
                         // SAFETY: k holds ntp rows of ldk >= dk floats; both CPUs checked.
-                        let f1 = unsafe { super::gemm(&q, dk, rp, k.as_ptr(), ldk, ntp, &mut c1) };
+                        let f1 =
+                            unsafe { super::gemm(&q, dk, rp, k.as_ptr(), ldk, ntp, &mut c1, true) };
                         // SAFETY: k holds ntp rows of ldk >= dk floats; has_avx2 checked the CPU.
                         let f2 = unsafe { avx2(&q, dk, rp, &k, ldk, &mut c2) };
                         assert_eq!(f1, f2, "rp {rp} dk {dk} ntp {ntp} {bad:?}");

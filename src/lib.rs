@@ -43,6 +43,8 @@ pub mod shard;
 mod simd512;
 mod span;
 pub mod stream;
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+mod tova512;
 pub mod view;
 mod window;
 pub mod workspace;

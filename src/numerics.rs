@@ -487,6 +487,28 @@ macro_rules! dispatch {
 }
 pub(crate) use dispatch;
 
+/// A prefetch of `rows` rows of `bytes` bytes, `ld` bytes apart, from `p` (a hint: never
+/// faults, whatever the address).
+#[inline(always)]
+pub(crate) fn prefetch_rows(p: *const u8, ld: usize, bytes: usize, rows: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for r in 0..rows {
+        let row = p.wrapping_add(r * ld);
+        let mut o = 0;
+        while o < bytes {
+            // SAFETY: a prefetch never faults; the address is only a hint.
+            unsafe {
+                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+                    row.wrapping_add(o) as *const i8,
+                )
+            };
+            o += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, ld, bytes, rows);
+}
+
 /// Whether every element of `x` is finite (`v - v` is +0 for finite `v`, NaN otherwise).
 #[inline(always)]
 pub(crate) fn all_finite<S: Simd>(x: &[f32]) -> bool {

@@ -301,9 +301,14 @@ unsafe fn tile8<S: Simd>(
 /// its key's logits NaN/Inf: `Inf·x` is ±Inf or NaN, and NaN/Inf stay so through the sum)
 /// or a logit overflows f32, so the logits themselves check the keys.
 ///
+/// `in_place`: the keys are the view's own f32 rows, whose next ones the AVX-512 kernel asks
+/// the cache for (a hint only; converted keys come from the chunk buffer and are prefetched
+/// by [`prefetch_keys`] instead).
+///
 /// # Safety
 /// `k` must point to `ntp` readable rows of `dk` floats, `ldk` apart.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn gemm<S: Simd>(
     q: &[f32],
     dk: usize,
@@ -312,12 +317,14 @@ pub(crate) unsafe fn gemm<S: Simd>(
     ldk: usize,
     ntp: usize,
     c: &mut [f32],
+    in_place: bool,
 ) -> bool {
     #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
     if S::AVX2 && crate::gemm512::available() {
         // SAFETY: the caller's contract, and the CPU has AVX-512 F + VL (just checked).
-        return unsafe { crate::gemm512::gemm(q, dk, rp, k, ldk, ntp, c) };
+        return unsafe { crate::gemm512::gemm(q, dk, rp, k, ldk, ntp, c, in_place) };
     }
+    let _ = in_place;
     // SAFETY: the caller's contract is `gemm_tiles`'s.
     unsafe { gemm_tiles::<S>(q, dk, rp, k, ldk, ntp, c) }
 }
@@ -427,21 +434,30 @@ fn chunk_row_stats<S: Simd>(
         }
         for l in 0..(8 * nb).min(rows - r0) {
             let r = r0 + l;
-            let (m_old, m_new) = (rmax[r], mx[l]);
-            if !m_new.is_finite() {
-                return Err(Error::NonFinite);
-            }
-            let rescale = if m_old == f32::NEG_INFINITY {
-                0.0
-            } else {
-                exp_neg(m_old - m_new) as f64
-            };
-            rsum[r] = rsum[r] * rescale + cs[l] as f64;
-            rmax[r] = m_new;
-            m[r] = m_new;
+            fold_row(&mut rmax[r], &mut rsum[r], mx[l], cs[l])?;
+            m[r] = mx[l];
         }
         r0 += 8 * nb;
     }
+    Ok(())
+}
+
+/// One row's pass-1 update for a chunk: the running max becomes `m_new` (the chunk's max
+/// with the old one) and the f64 denominator is rescaled to it and gains `cs`, the chunk's
+/// `Σ exp(z - m_new)`. A non-finite max (a row of -inf so far, or NaN) is `NonFinite`.
+#[inline(always)]
+pub(crate) fn fold_row(rmax: &mut f32, rsum: &mut f64, m_new: f32, cs: f32) -> Result<()> {
+    let m_old = *rmax;
+    if !m_new.is_finite() {
+        return Err(Error::NonFinite);
+    }
+    let rescale = if m_old == f32::NEG_INFINITY {
+        0.0
+    } else {
+        exp_neg(m_old - m_new) as f64
+    };
+    *rsum = *rsum * rescale + cs as f64;
+    *rmax = m_new;
     Ok(())
 }
 
@@ -623,8 +639,9 @@ fn row_stats_impl<S: Simd>(
             Some(st) => &mut st[c0 * rp..(c0 + ntp) * rp],
             None => &mut s.c[..ntp * rp],
         };
+        let in_place = kp != s.k.as_ptr();
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c) } {
+        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c, in_place) } {
             // a NaN/Inf key (or an overflowing logit), found through its logits
             return Err(Error::NonFinite);
         }
@@ -765,10 +782,39 @@ unsafe fn fused_stats<S: Simd>(
         let mut tb = 0;
         while tb < nt8 {
             let mut ag = 0;
+            while ag < g && wv == 1 {
+                // w = 8: each (key, head) is one vector, whose sum is `0 + p`: per head, the 8
+                // keys' vectors go straight to `hsum8`, without the running sums the loop below
+                // keeps (indexed at run time, so in memory); the same operations, the same bits
+                let a = ag;
+                let o = a * w;
+                let (mut pr, mut pq) = ([S::zero(); 8], [S::zero(); 8]);
+                for h in 0..2 {
+                    let mut x = [S::zero(); 4];
+                    for (j, x) in x.iter_mut().enumerate() {
+                        *x = z(src.add((tb + 4 * h + j) * rp), o);
+                    }
+                    for (j, e) in S::exp_neg4(x).into_iter().enumerate() {
+                        let q = prob(o, e);
+                        pr[4 * h + j] = S::add(S::zero(), q);
+                        pq[4 * h + j] = S::fma(q, q, S::zero());
+                    }
+                }
+                let d0 = a * p + c0 + tb;
+                if needs.sum {
+                    let d = out.sum[d0..d0 + 8].as_mut_ptr();
+                    S::store(d, S::add(S::load(d), hsum8::<S>(pr)));
+                }
+                if needs.sq {
+                    let d = out.sq[d0..d0 + 8].as_mut_ptr();
+                    S::store(d, S::add(S::load(d), hsum8::<S>(pq)));
+                }
+                ag += 1;
+            }
             while ag < g {
                 let na = (g - ag).min(8);
                 if wv < 4 {
-                    // w = 8, 16, 24: the (key, head, vector) triples in that order, four per
+                    // w = 16, 24: the (key, head, vector) triples in that order, four per
                     // exp_neg4 call (8·na·wv is a multiple of 4; AVX-512 runs them as two
                     // 16-lane exps), each added to its head's sum in the order of the loop below
                     // (the same bits)
@@ -904,8 +950,9 @@ fn column_stats_impl<S: Simd>(
         let ntp = nt.div_ceil(KT) * KT;
         let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
         prefetch_keys(keys, kh, c0 + nt, CHUNK);
+        let in_place = kp != s.k.as_ptr();
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, s.c) } {
+        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, s.c, in_place) } {
             return Err(Error::NonFinite);
         }
         let c = s.c[..ntp * rp].as_mut_ptr();

@@ -2,64 +2,43 @@
 //!
 //! Each norm is `Σ_d x_d·x_d` summed in dimension order, every product and sum rounded to
 //! f32 (what the original scalar loop did, so scores are bit-identical to it). Keys held as
-//! f32 rows with unit element stride run eight at a time, one key per vector lane: the
-//! lanes keep each key's order, and the adds of eight keys overlap instead of waiting on
-//! one chain. Other dtypes and layouts take the scalar loop.
+//! f32 or f16 rows with unit element stride run eight at a time, one key per vector lane
+//! (f16 converted 8 elements per instruction as they are loaded): the lanes keep each key's
+//! order, and the adds of 32 keys overlap instead of waiting on one chain. Other dtypes and
+//! layouts take the scalar loop. The keys are read once: a NaN/Inf element makes its key's
+//! norm NaN/Inf, so `score_layer` checks the prefix keys through their scores (held in its
+//! workspace until every head has passed) and sweeps only the window keys.
 use super::Bufs;
-use crate::numerics::{all_finite, dispatch, Simd};
+#[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
+use crate::numerics::dispatch as dispatch_wide;
+use crate::numerics::{prefetch_rows, Simd};
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+use crate::simd512::dispatch_wide;
 use crate::view::{DType, View};
-
-/// Whether every key of every head is finite (vectorised; f32 rows read in place, others
-/// converted 8 at a time).
-pub(super) fn keys_finite(keys: &View, _bufs: &mut Bufs) -> bool {
-    let [hkv, n, dk] = keys.extent();
-    let st = keys.stride();
-    if keys.dtype() != DType::F32 || st[2] != 1 {
-        return crate::gram::values_finite(keys, 0, n);
-    }
-    let base = keys.byte_range().0 as *const f32;
-    dispatch!(fn(base: *const f32, st: [usize; 3], hkv: usize, n: usize, dk: usize) -> bool, S => {
-        (0..hkv).all(|h| {
-            (0..n).all(|t| {
-                // SAFETY: row (h, t, 0..dk) is inside the view's extent, which the view
-                // proved in bounds at construction; `byte_range` gives back its pointer.
-                let row = unsafe { core::slice::from_raw_parts(base.add(h * st[0] + t * st[1]), dk) };
-                all_finite::<S>(row)
-            })
-        })
-    })
-}
 
 pub(super) fn score(keys: &View, kh: usize, bufs: &mut Bufs, dst: &mut [f32]) {
     let [_, _, dk] = keys.extent();
     let st = keys.stride();
-    let lanes = if keys.dtype() == DType::F32 && st[2] == 1 {
+    let f16 = keys.dtype() == DType::F16;
+    let lanes = if (f16 || keys.dtype() == DType::F32) && st[2] == 1 {
         dst.len() / 8 * 8
     } else {
         0
     };
     if lanes > 0 {
         assert!(kh < keys.extent()[0] && lanes <= keys.extent()[1]);
+        let es = keys.dtype().size();
         // SAFETY: rows (kh, 0..lanes, 0..dk) are inside the view's extent, which the view
         // proved in bounds at construction; `byte_range` gives back its pointer.
-        let base = unsafe { (keys.byte_range().0 as *const f32).add(kh * st[0]) };
+        let base = unsafe { (keys.byte_range().0 as *const u8).add(kh * st[0] * es) };
         let (ld, head) = (st[1], &mut dst[..lanes]);
-        dispatch!(fn(base: *const f32, ld: usize, dk: usize, head: &mut [f32]) -> (), S => {
-            // two blocks of 8 keys at a time: two independent add chains
-            let mut pairs = head.chunks_exact_mut(16);
-            let mut t = 0;
-            for out in &mut pairs {
-                // SAFETY: keys t .. t+16 (< lanes), each dk floats, ld apart.
-                unsafe { row_sums::<S, 2, false>(base.add(t * ld), ld, dk, out) };
-                t += 16;
-            }
-            let rest = pairs.into_remainder();
-            if !rest.is_empty() {
-                // SAFETY: keys t .. t+8 (< lanes).
-                unsafe { row_sums::<S, 1, false>(base.add(t * ld), ld, dk, rest) };
-            }
-            for v in head.iter_mut() {
-                *v = -libm::sqrtf(*v);
+        dispatch_wide!(fn(base: *const u8, ld: usize, dk: usize, f16: bool, head: &mut [f32]) -> (), S => {
+            if f16 {
+                // SAFETY: `base` holds `head.len()` rows of `dk` f16, `ld` apart.
+                unsafe { norms::<S, true>(base, ld, dk, head) }
+            } else {
+                // SAFETY: as above, f32.
+                unsafe { norms::<S, false>(base, ld, dk, head) }
             }
         });
     }
@@ -69,6 +48,42 @@ pub(super) fn score(keys: &View, kh: usize, bufs: &mut Bufs, dst: &mut [f32]) {
         *v = -libm::sqrtf(s);
     }
 }
+
+/// `out[t] = -sqrt(Σ_d x_d·x_d)` for the `out.len()` (a multiple of 8) rows at `k`.
+///
+/// # Safety
+/// `k` must hold `out.len()` readable rows of `dk` elements (f16 when `F16`, else f32),
+/// `ld` elements apart.
+#[inline(always)]
+unsafe fn norms<S: Simd, const F16: bool>(k: *const u8, ld: usize, dk: usize, out: &mut [f32]) {
+    let es = if F16 { 2 } else { 4 };
+    // SAFETY: every block of keys starts at a key t with t + its size <= out.len() (the
+    // contract's rows); the caller keeps `S`'s contract.
+    unsafe {
+        // four blocks of 8 keys at a time: four independent add chains
+        let mut quads = out.chunks_exact_mut(32);
+        let mut t = 0;
+        for o in &mut quads {
+            prefetch_rows(k.add((t + AHEAD) * ld * es), ld * es, dk * es, 32);
+            row_sums_of::<S, 4, false, F16>(k.add(t * ld * es), ld, dk, o);
+            t += 32;
+        }
+        for o in quads.into_remainder().chunks_exact_mut(8) {
+            row_sums_of::<S, 1, false, F16>(k.add(t * ld * es), ld, dk, o);
+            t += 8;
+        }
+        let neg = S::splat(-1.0);
+        for o in out.chunks_exact_mut(8) {
+            // IEEE sqrt (libm::sqrtf's bits), negated exactly (-0 for a zero key, as `-sqrtf`)
+            S::store(o.as_mut_ptr(), S::mul(neg, S::sqrt(S::load(o.as_ptr()))));
+        }
+    }
+}
+
+/// Keys ahead of the one being summed that [`norms`] asks the cache for: the loads of a
+/// block walk 32 rows side by side, which the hardware prefetcher alone follows too late
+/// (SmolLM2 at 32k read the keys at about half the rate a plain sweep reaches).
+const AHEAD: usize = 64;
 
 /// `out[i] = Σ_d x_d·x_d` (`L1`: `Σ_d |x_d|`) for the `8·B` f32 rows at `k` (`ld` apart),
 /// each summed in dimension order from +0 in its own lane (a scalar loop's bits).
@@ -82,7 +97,24 @@ pub(super) unsafe fn row_sums<S: Simd, const B: usize, const L1: bool>(
     dk: usize,
     out: &mut [f32],
 ) {
-    // SAFETY: `S`'s CPU features are present (the `Simd` contract); `k` holds `8·B` rows of `dk` floats `ld` apart and `out` `8·B` (this fn's contract)
+    // SAFETY: this fn's contract is `row_sums_of`'s for f32 rows.
+    unsafe { row_sums_of::<S, B, L1, false>(k as *const u8, ld, dk, out) }
+}
+
+/// [`row_sums`] for f32 rows, or f16 rows when `F16` (converted to f32 exactly as loaded);
+/// `ld` counts elements.
+///
+/// # Safety
+/// `k` must point to `8·B` readable rows of `dk` elements, `ld` apart; `out` has `8·B`.
+#[inline(always)]
+unsafe fn row_sums_of<S: Simd, const B: usize, const L1: bool, const F16: bool>(
+    k: *const u8,
+    ld: usize,
+    dk: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract); `k` holds `8·B` rows of `dk`
+    // elements `ld` apart and `out` `8·B` (this fn's contract)
     unsafe {
         // |x| as max(x, 0 - x): NaN stays NaN, and -0 gives -0, which adds to a +0 sum as +0
         let term = |x: S::V| {
@@ -90,6 +122,20 @@ pub(super) unsafe fn row_sums<S: Simd, const B: usize, const L1: bool>(
                 S::max(x, S::sub(S::zero(), x))
             } else {
                 S::mul(x, x)
+            }
+        };
+        let load = |i: usize| {
+            if F16 {
+                S::load_f16((k as *const u16).add(i))
+            } else {
+                S::load((k as *const f32).add(i))
+            }
+        };
+        let elem = |i: usize| {
+            if F16 {
+                half::f16::from_bits(*(k as *const u16).add(i)).to_f32()
+            } else {
+                *(k as *const f32).add(i)
             }
         };
         let mut acc = [S::zero(); B];
@@ -101,7 +147,7 @@ pub(super) unsafe fn row_sums<S: Simd, const B: usize, const L1: bool>(
                 // a plain loop, not `array::from_fn` (its closure may stay outlined)
                 let mut x = [S::zero(); 8];
                 for (l, x) in x.iter_mut().enumerate() {
-                    *x = S::load(k.add((8 * j + l) * ld + d));
+                    *x = load((8 * j + l) * ld + d);
                 }
                 let x = S::transpose8(x);
                 for xi in x {
@@ -114,7 +160,7 @@ pub(super) unsafe fn row_sums<S: Simd, const B: usize, const L1: bool>(
         for d in d8..dk {
             for (j, a) in acc.iter_mut().enumerate() {
                 for (l, c) in col.iter_mut().enumerate() {
-                    *c = *k.add((8 * j + l) * ld + d);
+                    *c = elem((8 * j + l) * ld + d);
                 }
                 let x = S::load(col.as_ptr());
                 *a = S::add(*a, term(x));

@@ -158,7 +158,7 @@ pub fn score_workspace_size(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usi
     ws.add::<f32>(p)?; // tmp b
     ws.add::<f32>(p.max(shape.hkv))?; // accumulator / LAVa head factors
     ws.add::<f32>(shape.dv.max(shape.dk))?; // one row
-    ws.add::<f32>(if cfg.needs_queries() {
+    ws.add::<f32>(if holds_scores(cfg) {
         mul(shape.hkv, p)? // scores held back until every group has passed
     } else {
         0
@@ -174,6 +174,13 @@ pub fn score_workspace_size(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usi
     ws.total()
         .checked_add(scratch.total())
         .ok_or(Error::Overflow)
+}
+
+/// Whether `score_layer` keeps the scores in its workspace until every head has passed:
+/// the scorers whose input checks run on the way (the window pass checks keys through
+/// their logits, KNorm through their norms).
+fn holds_scores(cfg: &ScoreConfig) -> bool {
+    cfg.needs_queries() || cfg.scorer == ScorerKind::KNorm
 }
 
 /// Buffers a scorer's formula works with, `[P]` each unless noted.
@@ -238,7 +245,7 @@ impl LayerShape {
 /// Nothing is written to `out` when validation fails; NaN/Inf in Q, K or V (or in the
 /// cached value forms / L1 norms) is rejected before the first write, and so are window
 /// logits that overflow f32. The one exception: for the scorers that read no queries
-/// (KNorm, StreamingLLM, uniqueness), finite inputs whose scores overflow f32 return
+/// (StreamingLLM, uniqueness; not KNorm), finite inputs whose scores overflow f32 return
 /// `NonFinite` after `out` was written; its contents are then unspecified. LaProx's `gram` / `value_forms`
 /// must have exactly the length for `cross = (laprox_gqa != Sum)`.
 pub fn score_layer(
@@ -313,7 +320,7 @@ pub fn score_layer(
     };
     // the window pass finds NaN/Inf keys through their logits, group by group: the scores
     // wait here until the last group has passed, so nothing is written on error
-    let held = ws.take::<f32>(if cfg.needs_queries() { hkv * p } else { 0 })?;
+    let held = ws.take::<f32>(if holds_scores(cfg) { hkv * p } else { 0 })?;
     let scratch = ws.into_rest();
 
     // Everything that can reject the input runs before the first write to `out` (the window
@@ -344,7 +351,9 @@ pub fn score_layer(
             }
         }
     }
-    if cfg.scorer == ScorerKind::KNorm && !knorm::keys_finite(keys, &mut bufs) {
+    // KNorm checks its prefix keys through their norms (NaN/Inf in, NaN/Inf out), the
+    // window keys here
+    if cfg.scorer == ScorerKind::KNorm && !crate::gram::values_finite(keys, p, n) {
         return Err(Error::NonFinite);
     }
     if req.unit_rows {
@@ -366,12 +375,26 @@ pub fn score_layer(
     }
 
     // where the scores go first, and where they are copied once all passed
-    let (dest, late): (&mut [f32], Option<&mut [f32]>) = if cfg.needs_queries() {
+    let (dest, late): (&mut [f32], Option<&mut [f32]>) = if holds_scores(cfg) {
         (held, Some(&mut out[..hkv * p]))
     } else {
         (&mut out[..hkv * p], None)
     };
-    for kh in 0..hkv {
+    // TOVA's one window row per head: its own pass, keys in the vector lanes (tova.rs), when
+    // the one pass fits (same bits as the window pass below)
+    let tova_done = cfg.scorer == ScorerKind::Tova
+        && w == 1
+        && one_pass
+        && tova::layer(
+            queries.ok_or(Error::NullPointer)?,
+            keys,
+            g,
+            scratch,
+            rmax,
+            rsum,
+            bufs.tmp_b,
+        )?;
+    for kh in (0..hkv).filter(|_| !tova_done) {
         let dst = &mut dest[kh * p..(kh + 1) * p];
         if cfg.needs_queries() {
             sum.fill(0.0);

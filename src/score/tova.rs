@@ -1,6 +1,25 @@
 //! TOVA (SPEC §3): the last query's attention (w = 1), mean over every query head of the
 //! layer; the same score for every KV head.
+//!
+//! With one window row per query head, the shared window pass ([`crate::window`]) fills
+//! at most `g` of each vector's 8 lanes (window rows in lanes) and spends a scalar
+//! reduction per key. [`layer`] is that pass laid out for w = 1, with keys in the lanes
+//! instead: 8 keys' dimension `d` per vector (f32 rows read in place, f16 converted as
+//! loaded, turned by `transpose8`), multiplied by each head's query element, so every lane
+//! is useful and the keys are read once per KV group. The arithmetic is the window pass's,
+//! logit by logit: the same FMA chain over `d` from 0, the same per-chunk max, exp sums in
+//! key order from +0 and f64 denominator updates ([`window::fold_row`]), the same
+//! probabilities and the same order of the sum over heads: the same bits.
 use super::Bufs;
+use crate::error::{Error, Result};
+#[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
+use crate::numerics::dispatch as dispatch_wide;
+use crate::numerics::{prefetch_rows, Simd};
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+use crate::simd512::dispatch_wide;
+use crate::view::{load_rows, DType, View};
+use crate::window::{self, CHUNK};
+use crate::workspace::Workspace;
 
 pub(super) fn accumulate(sum: &[f32], g: usize, hq: usize, p: usize, bufs: &mut Bufs) {
     let inv = 1.0 / hq as f32;
@@ -14,5 +33,525 @@ pub(super) fn accumulate(sum: &[f32], g: usize, hq: usize, p: usize, bufs: &mut 
 pub(super) fn finish(bufs: &Bufs, hkv: usize, p: usize, out: &mut [f32]) {
     for kh in 0..hkv {
         out[kh * p..(kh + 1) * p].copy_from_slice(&bufs.tmp_b[..p]);
+    }
+}
+
+/// Scratch of [`layer`]: one group's scaled queries `[g][dk]`, its logits `[g][zld]`, four
+/// rows' exps of a chunk `[4][CHUNK]`, and a chunk of keys converted to f32 `[CHUNK][dk]` (layouts
+/// not read in place, and the last keys when they are not a whole block of 8).
+struct Carve<'s> {
+    q: &'s mut [f32],
+    z: &'s mut [f32],
+    e: &'s mut [f32],
+    k: &'s mut [f32],
+    zld: usize,
+}
+
+/// The whole TOVA pass: adds `Σ_kh Σ_a A[kh·g + a, last query, t] / hq` into `acc[t]` for the
+/// prefix keys `t < N - 1` (zeroed by the caller), in the order of the window pass +
+/// [`accumulate`], with `rmax`/`rsum` (`[hq]`) as its row statistics. `Ok(false)`, with
+/// nothing done, when `scratch` cannot hold its buffers (the caller then takes the window
+/// pass). NaN/Inf queries or keys (or logits that overflow) are `NonFinite`.
+pub(super) fn layer(
+    queries: &View,
+    keys: &View,
+    g: usize,
+    scratch: &mut [u8],
+    rmax: &mut [f32],
+    rsum: &mut [f64],
+    acc: &mut [f32],
+) -> Result<bool> {
+    let [hkv, n, dk] = keys.extent();
+    // logits rows padded to whole vectors, plus one vector read past the last key
+    let zld = n.div_ceil(8) * 8 + 8;
+    let mut ws = Workspace::new(scratch);
+    let (Ok(q), Ok(z), Ok(e), Ok(k)) = (
+        ws.take_dirty::<f32>(g * dk),
+        ws.take_dirty::<f32>(g * zld),
+        ws.take::<f32>(4 * CHUNK),
+        ws.take_dirty::<f32>(CHUNK * dk),
+    ) else {
+        return Ok(false);
+    };
+    let c = &mut Carve { q, z, e, k, zld };
+    let wq = queries.extent()[1];
+    let scale = 1.0 / libm::sqrtf(dk as f32);
+    let inv_hq = 1.0 / (hkv * g) as f32;
+    for kh in 0..hkv {
+        for a in 0..g {
+            let row = &mut c.q[a * dk..(a + 1) * dk];
+            queries.load_row(kh * g + a, wq - 1, row);
+            for v in row.iter_mut() {
+                if !v.is_finite() {
+                    return Err(Error::NonFinite);
+                }
+                *v *= scale;
+            }
+        }
+        let (rm, rs) = (
+            &mut rmax[kh * g..(kh + 1) * g],
+            &mut rsum[kh * g..(kh + 1) * g],
+        );
+        dispatch_wide!(fn(keys: &View, kh: usize, g: usize, c: &mut Carve, rm: &mut [f32],
+                          rs: &mut [f64], inv_hq: f32, acc: &mut [f32]) -> Result<()>, S => {
+            group::<S>(keys, kh, g, c, rm, rs, inv_hq, acc)
+        })?;
+    }
+    Ok(true)
+}
+
+/// [`layer`] for KV group `kh` (its queries in `c.q`).
+#[inline(always)]
+fn group<S: Simd>(
+    keys: &View,
+    kh: usize,
+    g: usize,
+    c: &mut Carve,
+    rmax: &mut [f32],
+    rsum: &mut [f64],
+    inv_hq: f32,
+    acc: &mut [f32],
+) -> Result<()> {
+    let [_, n, dk] = keys.extent();
+    let p = n - 1;
+    let st = keys.stride();
+    let zld = c.zld;
+    rmax.fill(f32::NEG_INFINITY);
+    rsum.fill(0.0);
+    // rows read in place: f32 or f16 with unit element stride
+    let dt = keys.dtype();
+    let direct = st[2] == 1 && (dt == DType::F32 || dt == DType::F16);
+    let es = dt.size();
+    // SAFETY (pointer arithmetic only): head kh's first element, inside the view.
+    let base = (keys.byte_range().0 as *const u8).wrapping_add(kh * st[0] * es);
+    // SAFETY: `S`'s CPU features are present (our dispatch); every key block read is inside
+    // the view (keys c0..c0+nt < n, rows `st[1]` apart) or inside `c.k`, every logit written
+    // inside `c.z` (row a: zld >= n rounded up to 8, plus 8) and every exp inside `c.e`.
+    unsafe {
+        #[allow(unused_mut)]
+        let (mut bad, mut ok) = (S::zero(), true);
+        let mut c0 = 0;
+        while c0 < n {
+            let nt = CHUNK.min(n - c0);
+            let nt8 = nt / 8 * 8;
+            let z = c.z.as_mut_ptr().add(c0);
+            let q = c.q.as_ptr();
+            if direct {
+                let k = base.wrapping_add(c0 * st[1] * es);
+                // 16 keys per vector where the CPU has AVX-512 (the same bits)
+                #[allow(unused_mut)]
+                let mut t = 0;
+                #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+                if S::AVX2 && dk % 16 == 0 && crate::gemm512::available() {
+                    let nt16 = nt / 16 * 16;
+                    use crate::tova512::logits as wide;
+                    ok &= if dt == DType::F16 {
+                        wide::<true>(k, st[1], dk, q, g, z, zld, nt16)
+                    } else {
+                        wide::<false>(k, st[1], dk, q, g, z, zld, nt16)
+                    };
+                    t = nt16;
+                }
+                let (kt, zt) = (k.wrapping_add(t * st[1] * es), z.add(t));
+                if dt == DType::F16 {
+                    logits::<S, true>(kt, st[1], dk, q, g, zt, zld, nt8 - t, &mut bad);
+                } else {
+                    logits::<S, false>(kt, st[1], dk, q, g, zt, zld, nt8 - t, &mut bad);
+                }
+            }
+            // other layouts (and the last keys short of a block of 8) as f32 rows in `c.k`,
+            // zero rows up to the block's end
+            let t0 = if direct { nt8 } else { 0 };
+            if t0 < nt {
+                let kb = &mut c.k[..(nt - t0).div_ceil(8) * 8 * dk];
+                load_rows::<S>(keys, kh, c0 + t0, nt - t0, kb);
+                kb[(nt - t0) * dk..].fill(0.0);
+                let kp = kb.as_ptr() as *const u8;
+                let len = kb.len() / dk;
+                logits::<S, false>(kp, dk, dk, q, g, z.add(t0), zld, len, &mut bad);
+            }
+            // pass 1 on the chunk: each row's max, then its exps, then their sums in key
+            // order, four rows side by side (four independent add chains)
+            let mut mx = [0f32; 4];
+            let mut a0 = 0;
+            while a0 < g {
+                let na = (g - a0).min(4);
+                for (j, m) in mx.iter_mut().enumerate().take(na) {
+                    let a = a0 + j;
+                    let zr = z.add(a * zld);
+                    let mut mv = S::splat(f32::NEG_INFINITY);
+                    let mut t = 0;
+                    while t < nt8 {
+                        mv = S::max(mv, S::load(zr.add(t)));
+                        t += 8;
+                    }
+                    let mut lanes = [0f32; 8];
+                    S::store(lanes.as_mut_ptr(), mv);
+                    *m = rmax[a];
+                    let rest = core::slice::from_raw_parts(zr.add(nt8), nt - nt8);
+                    for &x in lanes.iter().chain(rest) {
+                        if x > *m {
+                            *m = x;
+                        }
+                    }
+                    let (mv, e) = (S::splat(*m), c.e.as_mut_ptr().add(j * CHUNK));
+                    let mut t = 0;
+                    while t < nt {
+                        // four vectors (those from `nt` on are zeros, unused; lanes past `nt`
+                        // in the last one are the zero keys' logits, unused)
+                        let mut x = [S::zero(); 4];
+                        for (i, x) in x.iter_mut().enumerate() {
+                            if t + 8 * i < nt {
+                                *x = S::sub(S::load(zr.add(t + 8 * i)), mv);
+                            }
+                        }
+                        for (i, v) in S::exp_neg4(x).into_iter().enumerate() {
+                            if t + 8 * i < nt {
+                                S::store(e.add(t + 8 * i), v);
+                            }
+                        }
+                        t += 32;
+                    }
+                }
+                // rows past `na` sum whatever `e` holds there, unused
+                let mut cs = [0f32; 4];
+                let e = &c.e[..4 * CHUNK];
+                for t in 0..nt {
+                    for (j, cs) in cs.iter_mut().enumerate() {
+                        *cs += e[j * CHUNK + t];
+                    }
+                }
+                for j in 0..na {
+                    window::fold_row(&mut rmax[a0 + j], &mut rsum[a0 + j], mx[j], cs[j])?;
+                }
+                a0 += 4;
+            }
+            c0 += nt;
+        }
+        if !ok || S::hsum(bad) != 0.0 {
+            // a NaN/Inf key (or an overflowing logit), found through its logits
+            return Err(Error::NonFinite);
+        }
+        if rsum.iter().any(|s| !s.is_finite() || *s <= 0.0) {
+            return Err(Error::NonFinite);
+        }
+        // pass 2: probabilities of the prefix keys, added head by head into `acc`
+        let p32 = p / 32 * 32;
+        let ih = S::splat(inv_hq);
+        for a in 0..g {
+            let (mv, iv) = (S::splat(rmax[a]), S::splat((1.0 / rsum[a]) as f32));
+            let zr = c.z.as_ptr().add(a * zld);
+            let mut t = 0;
+            while t < p32 {
+                let mut x = [S::zero(); 4];
+                for (j, x) in x.iter_mut().enumerate() {
+                    *x = S::min(S::sub(S::load(zr.add(t + 8 * j)), mv), S::zero());
+                }
+                for (j, e) in S::exp_neg4(x).into_iter().enumerate() {
+                    let o = acc.as_mut_ptr().add(t + 8 * j);
+                    S::store(o, S::add(S::load(o), S::mul(S::mul(e, iv), ih)));
+                }
+                t += 32;
+            }
+            // the rest 8 at a time, the last keys through a copy of their 8 sums
+            while t < p {
+                let mut tail = [0f32; 8];
+                let r = (p - t).min(8);
+                tail[..r].copy_from_slice(&acc[t..t + r]);
+                let (o, x) = (tail.as_mut_ptr(), S::load(zr.add(t)));
+                let pr = S::mul(S::exp_neg(S::min(S::sub(x, mv), S::zero())), iv);
+                S::store(o, S::add(S::load(o), S::mul(pr, ih)));
+                acc[t..t + r].copy_from_slice(&tail[..r]);
+                t += 8;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Logits `z[a][t] = Σ_d k[t][d]·q[a][d]` (an FMA chain over `d` from 0) for rows `a < g`
+/// and the `nt8` (a multiple of 8) keys at `k` (`ld` elements apart; f16 when `F16`), keys
+/// in vector lanes; `bad` gains a NaN lane when a logit is not finite.
+///
+/// # Safety
+/// `k` must hold `nt8` readable rows of `dk` elements, `q` `g` rows of `dk` floats, and `z`
+/// `g` rows of `nt8` writable floats, `zld` apart.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn logits<S: Simd, const F16: bool>(
+    k: *const u8,
+    ld: usize,
+    dk: usize,
+    q: *const f32,
+    g: usize,
+    z: *mut f32,
+    zld: usize,
+    nt8: usize,
+    bad: &mut S::V,
+) {
+    let es = if F16 { 2 } else { 4 };
+    // SAFETY: this fn's contract; each call below covers keys t .. t+8·B (<= nt8) and
+    // rows a0 .. a0+RA (<= g)
+    unsafe {
+        let mut a0 = 0;
+        while a0 < g {
+            let (qa, za) = (q.add(a0 * dk), z.add(a0 * zld));
+            let mut t = 0;
+            macro_rules! blocks {
+                ($b:literal, $ra:literal) => {{
+                    if a0 == 0 {
+                        // as in tova512: 64 keys ahead, the rows of this block
+                        let kt = k.wrapping_add((t + 64) * ld * es);
+                        prefetch_rows(kt, ld * es, dk * es, 8 * $b);
+                    }
+                    block::<S, $b, $ra, F16>(k.add(t * ld * es), ld, dk, qa, za.add(t), zld, bad)
+                }};
+            }
+            // up to 4 rows per sweep over the keys, 16 keys at a time, then 8
+            match (g - a0).min(4) {
+                4 => {
+                    while t + 16 <= nt8 {
+                        blocks!(2, 4);
+                        t += 16;
+                    }
+                    if t < nt8 {
+                        blocks!(1, 4);
+                    }
+                }
+                3 => {
+                    while t + 16 <= nt8 {
+                        blocks!(2, 3);
+                        t += 16;
+                    }
+                    if t < nt8 {
+                        blocks!(1, 3);
+                    }
+                }
+                2 => {
+                    while t + 16 <= nt8 {
+                        blocks!(2, 2);
+                        t += 16;
+                    }
+                    if t < nt8 {
+                        blocks!(1, 2);
+                    }
+                }
+                _ => {
+                    while t + 16 <= nt8 {
+                        blocks!(2, 1);
+                        t += 16;
+                    }
+                    if t < nt8 {
+                        blocks!(1, 1);
+                    }
+                }
+            }
+            a0 += 4;
+        }
+    }
+}
+
+/// [`logits`] for `8·B` keys and `RA` rows.
+///
+/// # Safety
+/// As [`logits`], for `8·B` keys and `RA` rows.
+#[inline(always)]
+unsafe fn block<S: Simd, const B: usize, const RA: usize, const F16: bool>(
+    k: *const u8,
+    ld: usize,
+    dk: usize,
+    q: *const f32,
+    z: *mut f32,
+    zld: usize,
+    bad: &mut S::V,
+) {
+    // SAFETY: `S`'s CPU features are present and every access is inside the rows of this fn's
+    // contract
+    unsafe {
+        let load = |i: usize| {
+            if F16 {
+                S::load_f16((k as *const u16).add(i))
+            } else {
+                S::load((k as *const f32).add(i))
+            }
+        };
+        let elem = |i: usize| {
+            if F16 {
+                half::f16::from_bits(*(k as *const u16).add(i)).to_f32()
+            } else {
+                *(k as *const f32).add(i)
+            }
+        };
+        let mut acc = [[S::zero(); RA]; B];
+        let d8 = dk / 8 * 8;
+        let mut d = 0;
+        while d < d8 {
+            // 8 dims of 8 keys per block, turned so that vector i holds dim d + i of the keys
+            let mut x = [[S::zero(); 8]; B];
+            for (b, x) in x.iter_mut().enumerate() {
+                for (l, x) in x.iter_mut().enumerate() {
+                    *x = load((8 * b + l) * ld + d);
+                }
+                *x = S::transpose8(*x);
+            }
+            for i in 0..8 {
+                for a in 0..RA {
+                    let qs = S::splat(*q.add(a * dk + d + i));
+                    for b in 0..B {
+                        acc[b][a] = S::fma(x[b][i], qs, acc[b][a]);
+                    }
+                }
+            }
+            d += 8;
+        }
+        let mut col = [0f32; 8];
+        for d in d8..dk {
+            for b in 0..B {
+                for (l, c) in col.iter_mut().enumerate() {
+                    *c = elem((8 * b + l) * ld + d);
+                }
+                let x = S::load(col.as_ptr());
+                for a in 0..RA {
+                    acc[b][a] = S::fma(x, S::splat(*q.add(a * dk + d)), acc[b][a]);
+                }
+            }
+        }
+        for b in 0..B {
+            for a in 0..RA {
+                S::store(z.add(a * zld + 8 * b), acc[b][a]);
+                *bad = S::fma(acc[b][a], S::zero(), *bad);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use crate::window::{one_pass, one_pass_ready, one_pass_size, scratch_size, Needs, Stats};
+    use crate::workspace::WorkspaceSize;
+    use std::format;
+    use std::vec;
+    use std::vec::Vec;
+
+    /// Values in [-s, s) from a fixed LCG.
+    fn vals(n: usize, seed: u64, s: f32) -> Vec<f32> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * s
+            })
+            .collect()
+    }
+
+    /// [`layer`] against the window pass it replaces (one pass per group, then
+    /// [`accumulate`]): the same bits, row statistics and sums, for f32 / f16 / bf16 keys,
+    /// head-major and token-row layouts, 1 to 6 heads per group, dims that are not whole
+    /// vectors, and N around the block and chunk sizes.
+    #[test]
+    fn layer_matches_window_pass_bits() {
+        let shapes = [
+            (2, 3, 64, 777),
+            (1, 4, 128, 200),
+            (3, 1, 20, 97),
+            (1, 6, 16, 33),
+            (2, 5, 24, 2),
+            (1, 2, 72, 101),
+            (1, 4, 40, 96 * 3 + 31),
+        ];
+        for (i, &(hkv, g, dk, n)) in shapes.iter().enumerate() {
+            let (hq, wq, p) = (hkv * g, 3, n - 1);
+            let qv = vals(hq * wq * dk, 7 + i as u64, 1.0);
+            let kv = vals(hkv * n * dk, 99 + i as u64, 2.5);
+            // token rows [N, Hkv·dk] (llama.cpp's layout) beside head-major [Hkv, N, dk]
+            let mut kt = vec![0f32; kv.len()];
+            for h in 0..hkv {
+                for t in 0..n {
+                    for d in 0..dk {
+                        kt[t * hkv * dk + h * dk + d] = kv[(h * n + t) * dk + d];
+                    }
+                }
+            }
+            let k16: Vec<half::f16> = kt.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let kb16: Vec<half::bf16> = kt.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            let q = View::f32(&qv, [hq, wq, dk], [wq * dk, dk, 1]).unwrap();
+            let ke = [hkv, n, dk];
+            let (hm, tr) = ([n * dk, dk, 1], [dk, hkv * dk, 1]);
+            let views = [
+                View::f32(&kv, ke, hm).unwrap(),
+                View::f32(&kt, ke, tr).unwrap(),
+                View::f16(&k16, ke, tr).unwrap(),
+                View::bf16(&kb16, ke, tr).unwrap(),
+            ];
+            for (vi, k) in views.iter().enumerate() {
+                let mut sz = WorkspaceSize::new();
+                scratch_size(&mut sz, g, 1, dk).unwrap();
+                one_pass_size(&mut sz, g, 1, n).unwrap();
+                let mut scratch = vec![0xA5u8; sz.total()];
+                // the window pass, group by group, into TOVA's sums
+                let (mut rm0, mut rs0) = (vec![0f32; hq], vec![0f64; hq]);
+                let (mut ta, mut tb) = (vec![0f32; p], vec![0f32; p]);
+                let (mut acc, mut row) = (vec![0f32; p.max(hkv)], vec![0f32; dk]);
+                let mut bufs = Bufs {
+                    tmp_a: &mut ta,
+                    tmp_b: &mut tb,
+                    acc: &mut acc,
+                    row: &mut row,
+                };
+                let needs = Needs {
+                    sum: true,
+                    sq: false,
+                    cross: false,
+                };
+                for kh in 0..hkv {
+                    let mut sum = vec![0f32; g * p];
+                    let mut st = Stats {
+                        sum: &mut sum,
+                        sq: &mut [],
+                        cross: &mut [],
+                    };
+                    assert!(one_pass_ready(&q, k, kh, g, 1, &mut scratch).unwrap());
+                    let (rm, rs) = (&mut rm0[kh * g..], &mut rs0[kh * g..]);
+                    one_pass(&q, k, kh, g, 1, rm, rs, needs, &mut scratch, &mut st).unwrap();
+                    accumulate(&sum, g, hq, p, &mut bufs);
+                }
+                // TOVA's own pass
+                let (mut rm1, mut rs1, mut out) = (vec![0f32; hq], vec![0f64; hq], vec![0f32; p]);
+                assert!(layer(&q, k, g, &mut scratch, &mut rm1, &mut rs1, &mut out).unwrap());
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let what = format!("shape {i} view {vi}");
+                assert_eq!(bits(&rm0), bits(&rm1), "row max, {what}");
+                assert_eq!(rs0, rs1, "row denominators, {what}");
+                assert_eq!(bits(bufs.tmp_b), bits(&out), "scores, {what}");
+                assert!(out.iter().any(|&x| x > 0.0), "{what}");
+            }
+        }
+    }
+
+    /// A NaN key, a NaN query or an infinite key element is `NonFinite`.
+    #[test]
+    fn layer_rejects_non_finite() {
+        let (g, dk, n) = (3, 16, 50);
+        for (at_q, bad) in [(false, f32::NAN), (false, f32::INFINITY), (true, f32::NAN)] {
+            let mut qv = vals(g * dk, 1, 1.0);
+            let mut kv = vals(n * dk, 2, 1.0);
+            if at_q {
+                qv[dk + 3] = bad;
+            } else {
+                kv[37 * dk + 5] = bad;
+            }
+            let q = View::f32(&qv, [g, 1, dk], [dk, dk, 1]).unwrap();
+            let k = View::f32(&kv, [1, n, dk], [n * dk, dk, 1]).unwrap();
+            let mut sz = WorkspaceSize::new();
+            scratch_size(&mut sz, g, 1, dk).unwrap();
+            one_pass_size(&mut sz, g, 1, n).unwrap();
+            let mut scratch = vec![0u8; sz.total()];
+            let (mut rm, mut rs, mut out) = (vec![0f32; g], vec![0f64; g], vec![0f32; n - 1]);
+            let r = layer(&q, &k, g, &mut scratch, &mut rm, &mut rs, &mut out);
+            assert_eq!(r, Err(Error::NonFinite), "query {at_q}, {bad}");
+        }
     }
 }
