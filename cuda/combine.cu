@@ -95,10 +95,10 @@ extern "C" int kve_cuda_head_reduce(const float* a, int64_t ld_a, const float* b
     if (out == a && (hkv != hq || ld_out != ld_a)) return (int)cudaErrorInvalidValue;
     int64_t bx = ceil_div(n, 256);
     if (bx > 65535) bx = 65535;
-    head_reduce_kernel<<<dim3((unsigned)bx, (unsigned)hkv), 256, 0, KVE_STREAM(stream)>>>(
-        a, ld_a, b_mode != 0 ? b : nullptr, ld_b, b_mode, scale, out, ld_out, (int)(hq / hkv), n,
-        gqa_op);
-    return launch_status();
+    KVE_CHECK(launch_kernel(head_reduce_kernel, dim3((unsigned)bx, (unsigned)hkv), 256, 0,
+        KVE_STREAM(stream), a, ld_a, b_mode != 0 ? b : nullptr, ld_b, b_mode, scale, out, ld_out,
+        (int)(hq / hkv), n, gqa_op));
+    return 0;
 }
 
 extern "C" int kve_cuda_laprox_exact(const float* cross, int64_t ld_cross, const float* qv,
@@ -115,8 +115,8 @@ extern "C" int kve_cuda_laprox_exact(const float* cross, int64_t ld_cross, const
     if (use_q && (!qv || ld_qv < n)) return (int)cudaErrorInvalidValue;
     int64_t bx = ceil_div(n, 256);
     if (bx > 65535) bx = 65535;
-    laprox_exact_kernel<<<dim3((unsigned)bx, (unsigned)hkv), 256, 0, KVE_STREAM(stream)>>>(
-        use_c ? cross : nullptr, ld_cross, use_q ? qv : nullptr, ld_qv, out, ld_out, (int)g, n,
-        mode);
-    return launch_status();
+    KVE_CHECK(launch_kernel(laprox_exact_kernel, dim3((unsigned)bx, (unsigned)hkv), 256, 0,
+        KVE_STREAM(stream), use_c ? cross : nullptr, ld_cross, use_q ? qv : nullptr, ld_qv, out,
+        ld_out, (int)g, n, mode));
+    return 0;
 }

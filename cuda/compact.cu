@@ -162,19 +162,18 @@ extern "C" int kve_cuda_compact(const kve_cuda_view* x, const int32_t* kept, int
     for (int scatter = 0; scatter < 2; ++scatter) {
         switch (unit) {
             case 16:
-                compact_stage<uint4><<<grid, CP_NT, 0, st>>>(v, kept, kept_ld, counts, max_keep,
-                                                             static_cast<uint4*>(ws), scatter);
+                KVE_CHECK(launch_kernel(compact_stage<uint4>, grid, CP_NT, 0, st, v, kept, kept_ld,
+                    counts, max_keep, static_cast<uint4*>(ws), scatter));
                 break;
             case 4:
-                compact_stage<uint32_t><<<grid, CP_NT, 0, st>>>(
-                    v, kept, kept_ld, counts, max_keep, static_cast<uint32_t*>(ws), scatter);
+                KVE_CHECK(launch_kernel(compact_stage<uint32_t>, grid, CP_NT, 0, st, v, kept,
+                    kept_ld, counts, max_keep, static_cast<uint32_t*>(ws), scatter));
                 break;
             default:
-                compact_stage<uint16_t><<<grid, CP_NT, 0, st>>>(
-                    v, kept, kept_ld, counts, max_keep, static_cast<uint16_t*>(ws), scatter);
+                KVE_CHECK(launch_kernel(compact_stage<uint16_t>, grid, CP_NT, 0, st, v, kept,
+                    kept_ld, counts, max_keep, static_cast<uint16_t*>(ws), scatter));
                 break;
         }
-        KVE_CHECK(launch_status());
     }
     return 0;
 }
@@ -191,8 +190,8 @@ extern "C" int kve_cuda_compact_varlen(const kve_cuda_view* src, const int32_t* 
     const bool copies = src->dim > 0 && src->tokens > 0;
     if (copies && !dst) return (int)cudaErrorInvalidValue;
     cudaStream_t st = KVE_STREAM(stream);
-    cu_seqlens_kernel<<<1, 32, 0, st>>>(counts, kept_ld, src->heads, src->tokens, cu_seqlens);
-    KVE_CHECK(launch_status());
+    KVE_CHECK(launch_kernel(cu_seqlens_kernel, 1, 32, 0, st, counts, kept_ld, src->heads,
+        src->tokens, cu_seqlens));
     if (!copies) return 0;
     CpView v;
     int unit = 0;
@@ -210,17 +209,17 @@ extern "C" int kve_cuda_compact_varlen(const kve_cuda_view* src, const int32_t* 
     const unsigned grid = grid_for(v.heads * src->tokens * v.dim);
     switch (unit) {
         case 16:
-            varlen_copy<uint4><<<grid, CP_NT, 0, st>>>(v, src->tokens, kept, kept_ld, counts,
-                                                       cu_seqlens, static_cast<uint4*>(dst));
+            KVE_CHECK(launch_kernel(varlen_copy<uint4>, grid, CP_NT, 0, st, v, src->tokens, kept,
+                kept_ld, counts, cu_seqlens, static_cast<uint4*>(dst)));
             break;
         case 4:
-            varlen_copy<uint32_t><<<grid, CP_NT, 0, st>>>(v, src->tokens, kept, kept_ld, counts,
-                                                          cu_seqlens, static_cast<uint32_t*>(dst));
+            KVE_CHECK(launch_kernel(varlen_copy<uint32_t>, grid, CP_NT, 0, st, v, src->tokens, kept,
+                kept_ld, counts, cu_seqlens, static_cast<uint32_t*>(dst)));
             break;
         default:
-            varlen_copy<uint16_t><<<grid, CP_NT, 0, st>>>(v, src->tokens, kept, kept_ld, counts,
-                                                          cu_seqlens, static_cast<uint16_t*>(dst));
+            KVE_CHECK(launch_kernel(varlen_copy<uint16_t>, grid, CP_NT, 0, st, v, src->tokens, kept,
+                kept_ld, counts, cu_seqlens, static_cast<uint16_t*>(dst)));
             break;
     }
-    return launch_status();
+    return 0;
 }

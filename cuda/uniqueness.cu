@@ -212,8 +212,8 @@ extern "C" size_t kve_cuda_uniqueness_workspace_size(int64_t heads, int64_t n, i
 template <typename T>
 static int launch_unit_rows(const View& x, float* dst, cudaStream_t st) {
     const dim3 grid((unsigned)ceil_div(x.tokens, UQ_NT), (unsigned)x.heads);
-    unit_rows_kernel<T><<<grid, UQ_NT, 0, st>>>(x, dst);
-    return launch_status();
+    KVE_CHECK(launch_kernel(unit_rows_kernel<T>, grid, UQ_NT, 0, st, x, dst));
+    return 0;
 }
 
 static int unit_rows(const kve_cuda_view* x, float* dst, cudaStream_t st) {
@@ -250,11 +250,10 @@ extern "C" int kve_cuda_uniqueness(const kve_cuda_view* k, const kve_cuda_view* 
     KVE_CHECK(unit_rows(k, ku, st));
     KVE_CHECK(unit_rows(v, vu, st));
     const unsigned tiles = (unsigned)ceil_div(n, UQ_T);
-    rows_kernel<<<dim3(tiles, (unsigned)heads), UQ_NT, 0, st>>>(ku, vu, n, (int)k->dim,
-                                                               (int)v->dim, floor);
-    KVE_CHECK(launch_status());
+    KVE_CHECK(launch_kernel(rows_kernel, dim3(tiles, (unsigned)heads), UQ_NT, 0, st, ku, vu, n,
+        (int)k->dim, (int)v->dim, floor));
     const int64_t score_blocks = ceil_div(prefix, UQ_NT);
     const dim3 grid((unsigned)(score_blocks > 65535 ? 65535 : score_blocks), (unsigned)heads);
-    score_kernel<<<grid, UQ_NT, 0, st>>>(floor, n, prefix, out, ld_out);
-    return launch_status();
+    KVE_CHECK(launch_kernel(score_kernel, grid, UQ_NT, 0, st, floor, n, prefix, out, ld_out));
+    return 0;
 }

@@ -333,20 +333,19 @@ int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, const float*
 
     if (row_lse) {
         // the caller's row statistics: (lse, 1)
-        window_lse_stats<<<(unsigned)ceil_div(rows, 256), 256, 0, st>>>(row_lse, rows, stats);
-        KVE_CHECK(launch_status());
+        KVE_CHECK(launch_kernel(window_lse_stats, (unsigned)ceil_div(rows, 256), 256, 0, st,
+            row_lse, rows, stats));
     } else {
         // pass 1
         WinArgs a1 = a;
         a1.tiles_per_block = ceil_div(ntiles, nsplit);
         // Splits past the last tile get an empty key range but are still
         // launched, so every partial (m = -inf, l = 0) gets written.
-        window_pass1<T, DKP><<<dim3((unsigned)nsplit, (unsigned)hkv), WIN_NT, sm1, st>>>(a1, part);
-        KVE_CHECK(launch_status());
+        KVE_CHECK(launch_kernel(window_pass1<T, DKP>, dim3((unsigned)nsplit, (unsigned)hkv), WIN_NT,
+            sm1, st, a1, part));
         // combine
-        window_combine<<<(unsigned)ceil_div(rows, 256), 256, 0, st>>>(part, (int)nsplit, rows,
-                                                                       stats);
-        KVE_CHECK(launch_status());
+        KVE_CHECK(launch_kernel(window_combine, (unsigned)ceil_div(rows, 256), 256, 0, st, part,
+            (int)nsplit, rows, stats));
     }
     // pass 2
     {
@@ -356,9 +355,8 @@ int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, const float*
         WinArgs a2 = a;
         a2.tiles_per_block = ceil_div(ptiles, want < ptiles ? want : ptiles);
         const int64_t blocks = ceil_div(ptiles, a2.tiles_per_block);
-        window_pass2<T, DKP><<<dim3((unsigned)blocks, (unsigned)hkv), WIN_NT, sm2, st>>>(a2, stats,
-                                                                                        o);
-        KVE_CHECK(launch_status());
+        KVE_CHECK(launch_kernel(window_pass2<T, DKP>, dim3((unsigned)blocks, (unsigned)hkv), WIN_NT,
+            sm2, st, a2, stats, o));
     }
     return 0;
 }

@@ -2780,6 +2780,61 @@ fn workspace_sizes_are_pure_host_functions() {
     );
 }
 
+/// Each launcher reports its own launches' status: an earlier, unrelated (non-sticky) error
+/// the caller left pending — a failed cudaMalloc — is neither returned by a launcher nor
+/// cleared by it (the caller's `cudaGetLastError` still sees it afterwards).
+#[cfg(feature = "cuda")]
+#[test]
+fn launchers_leave_a_pending_error_alone() {
+    need_device!();
+    let (rows, n) = (3usize, 40usize);
+    let out = poisoned(rows * n);
+    let sums = DBuf::<f64>::new(1);
+    let ent = DBuf::<f64>::new(1);
+    // SAFETY: a pure host function.
+    let wsb = unsafe { kve_cuda_layer_stats_workspace_size(1, (rows * n) as i64) };
+    let ws = DBuf::<u8>::new(wsb.max(1));
+    let mut p = null_mut();
+    // SAFETY: an out-pointer to a local; 4 EiB cannot be allocated.
+    let pending = unsafe { rt::cudaMalloc(&mut p, 1 << 62) };
+    assert_ne!(pending, 0, "a 4 EiB cudaMalloc must fail");
+    // SAFETY: device buffers of the sizes passed.
+    unsafe {
+        let one =
+            kve_cuda_sink_scores(out.ptr(), rows as i64, n as i64, n as i64, 4, null_stream());
+        assert_eq!(one, 0, "one launch: {}", err_str(one));
+        let two = kve_cuda_layer_stats(
+            out.ptr(),
+            (rows * n) as i64,
+            (rows * n) as i64,
+            1,
+            sums.ptr(),
+            ent.ptr(),
+            ws.vptr(),
+            wsb,
+            null_stream(),
+        );
+        assert_eq!(two, 0, "two launches: {}", err_str(two));
+        assert_eq!(
+            rt::cudaGetLastError(),
+            pending,
+            "the caller's error is still pending"
+        );
+        assert_eq!(rt::cudaGetLastError(), 0, "and reading it cleared it");
+    }
+    let got = out.download();
+    for r in 0..rows {
+        for i in 0..n {
+            assert_eq!(
+                got[r * n + i],
+                if i < 4 { 1.0 } else { 0.0 },
+                "row {r} token {i}"
+            );
+        }
+    }
+    assert_eq!(sums.download()[0], (rows * 4) as f64, "the layer sum");
+}
+
 /// The row_lse path of kve_cuda_window in a CUDA graph: replays equal the eager run and
 /// the reference (the path itself: `tests/launchers.rs`).
 #[test]
