@@ -178,6 +178,14 @@ int kve_cuda_head_reduce(const float* a, int64_t ld_a, const float* b, int64_t l
                          int64_t ld_out, int64_t hq, int64_t hkv, int64_t n,
                          int gqa_op, void* stream);
 
+/* --------------------------------------------------------- head_reduce_all --
+ * out[r, i] = gqa_op over h < hq of a[h, i], the same value in every row r < reps (one
+ * launch; TOVA: the mean over a layer's query heads, one copy per KV head). a: [Hq, n]
+ * (row stride ld_a), out: [reps, n] (row stride ld_out; may equal a with ld_out == ld_a).
+ * Arithmetic as head_reduce's (b_mode 0, no scale): the core's bits. */
+int kve_cuda_head_reduce_all(const float* a, int64_t ld_a, float* out, int64_t ld_out,
+                             int64_t hq, int64_t reps, int64_t n, int gqa_op, void* stream);
+
 /* ------------------------------------------------------------ laprox_exact --
  * LaProx exact GQA: out[hk,i] = sqrt(max(0, sum_{a,b} C_ab(i) · Q_ab(i))) over
  * the g² ordered pairs, from the upper-triangle arrays cross [Hkv, np, n]

@@ -160,6 +160,18 @@ extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn kve_cuda_head_reduce_all(
+        a: *const f32,
+        ld_a: i64,
+        out: *mut f32,
+        ld_out: i64,
+        hq: i64,
+        reps: i64,
+        n: i64,
+        gqa_op: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn kve_cuda_laprox_exact(
         cross: *const f32,
         ld_cross: i64,

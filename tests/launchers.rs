@@ -1647,6 +1647,124 @@ fn head_reduce_and_laprox_exact_match_reference() {
 
 // ----------------------------------------------- layer statistics, token reduction --
 
+/// `kve_cuda_head_reduce_all` (TOVA's one launch): every output row equals, bit for bit,
+/// `kve_cuda_head_reduce` of all `hq` rows into one (itself held to the reference above), for
+/// each op; row gaps stay unwritten; in place (out == a) works; bad arguments give 1 and
+/// write nothing.
+#[test]
+fn head_reduce_all_equals_head_reduce_of_every_row() {
+    need_device!();
+    let mut rng = Rng::new(31);
+    let (hq, n, reps) = (6usize, 300usize, 4usize);
+    let (ld_a, ld_o) = (n + 7, n + 2);
+    let a: Vec<f32> = (0..hq * n)
+        .map(|e| rng.unif() * if e % 7 == 0 { -1.0 } else { 1.0 })
+        .collect();
+    let ad = DBuf::from(&strided(&a, hq, n, ld_a));
+    for op in 0..3 {
+        let one = poisoned(n);
+        // SAFETY: device buffers of the sizes passed.
+        ck(
+            unsafe {
+                kve_cuda_head_reduce(
+                    ad.ptr(),
+                    ld_a as i64,
+                    null(),
+                    0,
+                    0,
+                    null(),
+                    one.ptr(),
+                    n as i64,
+                    hq as i64,
+                    1,
+                    n as i64,
+                    op,
+                    null_stream(),
+                )
+            },
+            "head_reduce",
+        );
+        let want = one.download();
+        let out = poisoned(reps * ld_o);
+        // SAFETY: as above.
+        let rc = unsafe {
+            kve_cuda_head_reduce_all(
+                ad.ptr(),
+                ld_a as i64,
+                out.ptr(),
+                ld_o as i64,
+                hq as i64,
+                reps as i64,
+                n as i64,
+                op,
+                null_stream(),
+            )
+        };
+        ck(rc, "head_reduce_all");
+        let got = unstride("head_reduce_all", &out.download(), reps, n, ld_o);
+        for r in 0..reps {
+            let row = &got[r * n..(r + 1) * n];
+            let same = row
+                .iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "op {op} row {r}: {row:?}\nwant {want:?}");
+        }
+        // in place: rows 0..2 of a copy of a
+        let inplace = DBuf::from(&strided(&a, hq, n, ld_a));
+        // SAFETY: as above; out == a with the same ld is documented.
+        ck(
+            unsafe {
+                kve_cuda_head_reduce_all(
+                    inplace.ptr(),
+                    ld_a as i64,
+                    inplace.ptr(),
+                    ld_a as i64,
+                    hq as i64,
+                    2,
+                    n as i64,
+                    op,
+                    null_stream(),
+                )
+            },
+            "in place",
+        );
+        let got = inplace.download();
+        for r in 0..hq {
+            let row = &got[r * ld_a..r * ld_a + n];
+            if r < 2 {
+                assert!(row
+                    .iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()));
+            } else {
+                assert_eq!(row, &a[r * n..(r + 1) * n], "op {op}: row {r} untouched");
+            }
+        }
+    }
+    let out = sentinel(reps * ld_o);
+    let f = ad.ptr();
+    let o = out.ptr();
+    let call = |a: *const f32, lda: i64, o: *mut f32, ldo: i64, hq: i64, reps: i64, op: i32| {
+        // SAFETY: refused calls touch no pointer.
+        unsafe { kve_cuda_head_reduce_all(a, lda, o, ldo, hq, reps, n as i64, op, null_stream()) }
+    };
+    let (la, lo) = (ld_a as i64, ld_o as i64);
+    for (what, rc) in [
+        ("hq 0", call(f, la, o, lo, 0, 1, 0)),
+        ("reps 0", call(f, la, o, lo, 6, 0, 0)),
+        ("op 3", call(f, la, o, lo, 6, 1, 3)),
+        ("ld_a < n", call(f, n as i64 - 1, o, lo, 6, 1, 0)),
+        ("ld_out < n", call(f, la, o, n as i64 - 1, 6, 1, 0)),
+        ("a NULL", call(null(), la, o, lo, 6, 1, 0)),
+        ("out NULL", call(f, la, null_mut(), lo, 6, 1, 0)),
+        ("in place, other ld", call(f, la, f, la + 1, 6, 1, 0)),
+    ] {
+        assert_eq!(rc, 1, "{what}");
+    }
+    assert_sentinel("head_reduce_all refusals", &out);
+}
+
 #[test]
 fn layer_stats_and_token_reduce_match_reference() {
     need_device!();

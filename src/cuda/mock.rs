@@ -870,6 +870,63 @@ pub unsafe fn kve_cuda_head_reduce(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn kve_cuda_head_reduce_all(
+    a: *const f32,
+    ld_a: i64,
+    out: *mut f32,
+    ld_out: i64,
+    hq: i64,
+    reps: i64,
+    n: i64,
+    gqa_op: c_int,
+    _stream: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller keeps kvevict_cuda.h's contract for this launcher (each non-null pointer
+    // covers the extents it passes; host memory under the mock), and the checks below reject null
+    // and out-of-range arguments before the first access.
+    unsafe {
+        if hq <= 0 || hq > i32::MAX as i64 || reps <= 0 || n < 0 {
+            return INVALID;
+        }
+        if !(KVE_CUDA_GQA_MEAN..=KVE_CUDA_GQA_SUM).contains(&gqa_op) {
+            return INVALID;
+        }
+        if n == 0 {
+            return 0;
+        }
+        if a.is_null() || out.is_null() || ld_a < n || ld_out < n {
+            return INVALID;
+        }
+        if core::ptr::eq(out, a) && ld_out != ld_a {
+            return INVALID;
+        }
+        let (g, n, ld_a, ld_out) = (hq as usize, n as usize, ld_a as usize, ld_out as usize);
+        let inv_g = 1.0 / g as f32;
+        for i in 0..n {
+            // the core's reduce_rows order, as kve_cuda_head_reduce
+            let mut red = *a.add(i);
+            for h in 1..g {
+                let x = *a.add(h * ld_a + i);
+                red = if gqa_op == KVE_CUDA_GQA_MAX {
+                    red.max(x)
+                } else {
+                    red + x
+                };
+            }
+            let r = if gqa_op == KVE_CUDA_GQA_MEAN {
+                red * inv_g
+            } else {
+                red
+            };
+            for k in 0..reps as usize {
+                *out.add(k * ld_out + i) = r;
+            }
+        }
+        0
+    }
+}
+
 // ------------------------------------------------------------- laprox_exact --
 
 #[allow(clippy::too_many_arguments)]
