@@ -371,11 +371,31 @@ int kve_cuda_append_range(int32_t* counts, int32_t* idx, int64_t idx_ld, int64_t
  * heads = 1, dim = Hkv·d); counts then has one entry. Works for every layout
  * (transposed V too). Rows are staged through the workspace (gather, then
  * scatter: two launches), so counts[h] must be <= max_keep (rows beyond are not
- * moved). Workspace: kve_cuda_compact_workspace_size(x, max_keep). */
+ * moved). The launches cover kept rows only (blocks past a head's count return at
+ * once). Workspace: kve_cuda_compact_workspace_size(x, max_keep). */
 size_t kve_cuda_compact_workspace_size(const kve_cuda_view* x, int64_t max_keep);
 int kve_cuda_compact(const kve_cuda_view* x, const int32_t* kept, int64_t kept_ld,
                      const int32_t* counts, int64_t max_keep, void* ws,
                      size_t ws_bytes, void* stream);
+
+/* Batched in place: every item compacted as kve_cuda_compact(&item.x, item.kept,
+ * item.kept_ld, item.counts, max_keep, ...) would, all of them in two launches per 32
+ * items (K and V of every layer: 4 launches for 32 layers instead of 128). The items'
+ * tensors must not overlap one another or the workspace; items may share lists. Work
+ * covers the kept rows only (as kve_cuda_compact's). Workspace (16-byte aligned):
+ * kve_cuda_compact_batch_workspace_size(items, n_items, max_keep) bytes, reused by each
+ * launch pair in stream order. Every item is checked before the first launch: 1 and
+ * nothing enqueued when any is refused. */
+typedef struct kve_cuda_compact_item {
+  kve_cuda_view x;
+  const int32_t* kept;
+  int64_t kept_ld;
+  const int32_t* counts;
+} kve_cuda_compact_item;
+size_t kve_cuda_compact_batch_workspace_size(const kve_cuda_compact_item* items,
+                                             int64_t n_items, int64_t max_keep);
+int kve_cuda_compact_batch(const kve_cuda_compact_item* items, int64_t n_items,
+                           int64_t max_keep, void* ws, size_t ws_bytes, void* stream);
 
 /* Varlen, out of place: dst = [Σ_h counts[h], dim] contiguous rows of src's dtype,
  * head h's kept rows (ascending kept lists as above; kept_ld = 0 shares one list)

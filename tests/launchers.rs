@@ -2299,6 +2299,134 @@ fn compact_matches_reference() {
     }
 }
 
+/// `kve_cuda_compact_batch`: 35 tensors (two launch pairs: 32 + 3) of every dtype and
+/// layout, K and V of a "layer" sharing its lists, some layers with one shared list, each
+/// compacted as `kve_cuda_compact` would (rows moved, the rest untouched); the workspace is
+/// the largest pair's; a bad item anywhere refuses the whole call, nothing written.
+#[test]
+fn compact_batch_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(33);
+    let (h, n, d) = (2usize, 150usize, 16usize);
+    let mut tensors = Vec::new();
+    let mut lists = Vec::new();
+    for i in 0..35 {
+        let (dt, layout) = (DTYPES[i % DTYPES.len()], LAYOUTS[(i / 2) % LAYOUTS.len()]);
+        tensors.push(Tensor::new(dt, layout, [h, n, d], &mut || rng.normal()));
+        if i % 2 == 0 {
+            let shared = i % 6 == 4;
+            let (kept, counts) = random_lists(&mut rng, if shared { 1 } else { h }, n, n);
+            lists.push((
+                shared,
+                kept.clone(),
+                counts.clone(),
+                DBuf::from(&kept),
+                DBuf::from(&counts),
+            ));
+        }
+    }
+    let items: Vec<KveCudaCompactItem> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let (shared, _, _, kd, cd) = &lists[i / 2];
+            KveCudaCompactItem {
+                x: x.view(),
+                kept: kd.ptr(),
+                kept_ld: if *shared { 0 } else { n as i64 },
+                counts: cd.ptr(),
+            }
+        })
+        .collect();
+    let max_keep = lists
+        .iter()
+        .flat_map(|l| l.2.iter())
+        .copied()
+        .max()
+        .unwrap() as i64;
+    // SAFETY: a pure host function of the descriptors.
+    let wsb = unsafe { kve_cuda_compact_batch_workspace_size(items.as_ptr(), 35, max_keep) };
+    let pair: usize = items[..32]
+        .iter()
+        // SAFETY: as above.
+        .map(|it| unsafe { kve_cuda_compact_workspace_size(&it.x, max_keep) }.div_ceil(256) * 256)
+        .sum();
+    assert_eq!(wsb, pair, "the workspace is the first (largest) pair's");
+    let ws = DBuf::<u8>::new(wsb);
+    let before: Vec<Vec<f32>> = tensors.iter().map(|x| x.read_back()).collect();
+    // refusals: nothing moves
+    let mut bad = items.clone();
+    bad[33].kept_ld = max_keep - 1;
+    let stream = null_stream();
+    // SAFETY: device buffers of the declared sizes; refused calls touch none.
+    unsafe {
+        let refused = [
+            (
+                "an item's kept_ld < max_keep",
+                kve_cuda_compact_batch(bad.as_ptr(), 35, max_keep, ws.vptr(), wsb, stream),
+            ),
+            (
+                "workspace too small",
+                kve_cuda_compact_batch(items.as_ptr(), 35, max_keep, ws.vptr(), wsb - 1, stream),
+            ),
+            (
+                "no workspace",
+                kve_cuda_compact_batch(items.as_ptr(), 35, max_keep, null_mut(), wsb, stream),
+            ),
+            (
+                "no items",
+                kve_cuda_compact_batch(null(), 35, max_keep, ws.vptr(), wsb, stream),
+            ),
+            (
+                "n_items < 0",
+                kve_cuda_compact_batch(items.as_ptr(), -1, max_keep, ws.vptr(), wsb, stream),
+            ),
+        ];
+        for (what, rc) in refused {
+            assert_eq!(rc, 1, "{what}");
+        }
+        assert_eq!(
+            kve_cuda_compact_batch(null(), 0, max_keep, null_mut(), 0, stream),
+            0,
+            "empty"
+        );
+    }
+    for (i, x) in tensors.iter().enumerate() {
+        assert_eq!(
+            x.read_back(),
+            before[i],
+            "tensor {i}: nothing written on refusal"
+        );
+    }
+    // SAFETY: as above.
+    ck(
+        unsafe { kve_cuda_compact_batch(items.as_ptr(), 35, max_keep, ws.vptr(), wsb, stream) },
+        "compact_batch",
+    );
+    for (i, x) in tensors.iter().enumerate() {
+        let (shared, kept, counts, _, _) = &lists[i / 2];
+        let got = x.read_back();
+        for hh in 0..h {
+            let l = if *shared { 0 } else { hh };
+            for t in 0..n {
+                let src = if t < counts[l] as usize {
+                    kept[l * n + t] as usize
+                } else {
+                    t
+                };
+                for dd in 0..d {
+                    assert_eq!(
+                        got[(hh * n + t) * d + dd],
+                        x.vals[(hh * n + src) * d + dd],
+                        "tensor {i} ({:?}) h{hh} t{t} d{dd}",
+                        items[i].x.dtype
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Edges of compaction on a transposed f16 cache (tokens fastest): the workspace size,
 /// refusals that write nothing (workspace too small, kept_ld below max_keep; varlen with
 /// kept_ld below the tokens or no destination), varlen per head and with one shared list

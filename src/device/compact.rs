@@ -60,6 +60,64 @@ pub unsafe fn compact_in_place(
     })
 }
 
+/// Device workspace bytes of [`compact_batch`] for these tensors and the largest count.
+pub fn compact_batch_workspace_size(
+    items: &[cu::KveCudaCompactItem],
+    max_keep: u64,
+) -> Result<usize> {
+    let mk = i64_of(max_keep)?;
+    let n = i64_of(items.len() as u64)?;
+    // SAFETY: a pure host function of the descriptors, which `items` holds.
+    Ok(unsafe { cu::kve_cuda_compact_batch_workspace_size(items.as_ptr(), n, mk) })
+}
+
+/// [`compact_in_place`] for every item (K and V of every layer) in two launches per 32
+/// items; the items' tensors must not overlap one another.
+///
+/// # Safety
+/// Each item's data, lists and counts, and `workspace`, are device memory of the declared
+/// sizes.
+pub unsafe fn compact_batch(
+    items: &[cu::KveCudaCompactItem],
+    max_keep: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+    stream: *mut c_void,
+) -> Result<()> {
+    for it in items {
+        if it.kept.is_null() || it.counts.is_null() {
+            return Err(Error::NullPointer);
+        }
+        let kv = &it.x;
+        if crate::view::layout_overlaps(
+            [kv.heads as usize, kv.tokens as usize, kv.dim as usize],
+            [
+                kv.stride_head as usize,
+                kv.stride_token as usize,
+                kv.stride_dim as usize,
+            ],
+        ) {
+            return Err(Error::Aliasing);
+        }
+    }
+    let need = compact_batch_workspace_size(items, max_keep)?;
+    if (workspace_bytes as u128) < need as u128 {
+        return Err(Error::WorkspaceTooSmall);
+    }
+    let n = i64_of(items.len() as u64)?;
+    // SAFETY: the caller's device buffers; the launcher checks every descriptor first.
+    ck(unsafe {
+        cu::kve_cuda_compact_batch(
+            items.as_ptr(),
+            n,
+            i64_of(max_keep)?,
+            workspace,
+            workspace_bytes as usize,
+            stream,
+        )
+    })
+}
+
 /// Kept rows of every head of `src`, head after head, into `dst` (contiguous rows of
 /// `src`'s dtype and dim) and `cu_seqlens[0..=heads]`.
 ///
