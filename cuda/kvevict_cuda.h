@@ -304,14 +304,17 @@ int kve_cuda_critical_combine(const float* base, int64_t ld_base, const float* v
 
 /* -------------------------------------------------------------- uniqueness --
  * uniqueness (question-agnostic, SPEC §3b): per head h < k->heads, over every token
- *   of the views (N = k->tokens), r_i = max_{j != i} min(cos(k_i, k_j), cos(v_i, v_j))
- *   (-1 when N = 1), u_i = max(0, 1 - r_i)^8, and for i < prefix
- *   out[h*ld_out + i] = max(u_i, 0.9 * u_{i+1}) (u_i alone for i = prefix - 1).
+ *   of the views (N = k->tokens), r_i = the 4th largest min(cos(k_i, k_j), cos(v_i, v_j))
+ *   over j != i (-1 where fewer), u_i = max(0, 1 - r_i)^8 (0 where r_i >= 0.5), and for
+ *   i < prefix out[h*ld_out + i] = max_{0<=j<=4, i+j<prefix} 0.9^j * u_{i+j}.
  *   k and v: same dtype, heads and tokens (dims may differ), any strides. The
  *   arithmetic is the core's AVX2 path (src/score/uniqueness.rs), so the scores are
- *   its bits. O(N^2 (dk + dv)) per head on FP32 cores, upper triangle only.
+ *   its bits. Two scans as the core's: pairs within 128 tokens first, then only the
+ *   tokens still below the cutoff against the whole cache, stopping once settled;
+ *   O(N^2 (dk + dv)) per head at worst, on FP32 cores.
  *   Workspace: kve_cuda_uniqueness_workspace_size(heads, N, dk, dv) bytes, 256-byte
- *   aligned (unit K and V rows in f32, one key per token). Limits: heads <= 65535,
+ *   aligned (unit K and V rows in f32, a floor and an open-list entry per token, a
+ *   count per head). Limits: heads <= 65535,
  *   N <= 65535 * 64, ld_out >= prefix; otherwise cudaErrorInvalidValue, nothing
  *   enqueued. NaN/Inf inputs are not detected. */
 size_t kve_cuda_uniqueness_workspace_size(int64_t heads, int64_t n, int64_t dk, int64_t dv);

@@ -4643,6 +4643,98 @@ fn uniqueness_matches_host_scorer() {
     }
 }
 
+/// Keys and values `[hkv, n, d]` (n = 1536) laid out for the two scans: tokens 0..256 unique
+/// (never settled: compared with the whole cache), then five blocks of 128 tokens, 256
+/// apart, each holding the same 128 clusters (four twins each, all beyond the band's reach:
+/// settled by the second scan, which stops early for such a group), with filler repeating
+/// every 8 tokens between them (settled by the band).
+fn two_scan_cache(rng: &mut Rng, hkv: usize, dk: usize, dv: usize) -> (Vec<f32>, Vec<f32>, usize) {
+    let n = 256 + 5 * 256;
+    let mut k = vec![0f32; hkv * n * dk];
+    let mut v = vec![0f32; hkv * n * dv];
+    for h in 0..hkv {
+        for (t, d) in [(&mut k, dk), (&mut v, dv)] {
+            let far: Vec<f32> = (0..128 * d).map(|_| rng.normal()).collect();
+            let fill: Vec<f32> = (0..8 * d).map(|_| rng.normal()).collect();
+            for i in 0..n {
+                let row = &mut t[(h * n + i) * d..(h * n + i + 1) * d];
+                let base = match i.checked_sub(256).map(|x| (x / 128 % 2, x % 128)) {
+                    None => None,
+                    Some((0, c)) => Some(&far[c * d..(c + 1) * d]),
+                    Some((_, c)) => Some(&fill[c % 8 * d..(c % 8 + 1) * d]),
+                };
+                for (c, x) in row.iter_mut().enumerate() {
+                    *x = match base {
+                        None => rng.normal(),
+                        Some(b) => b[c] * (1.0 + 0.02 * rng.normal()),
+                    };
+                }
+            }
+        }
+    }
+    (k, v, n)
+}
+
+/// The kernel's two scans (band, then the unsettled tokens against the whole cache with an
+/// early stop) on a cache built to take every path (`two_scan_cache`): the scores are the
+/// host scorer's (bits or 1e-5, as above), with many tokens settled (score 0) and the unique
+/// ones not.
+#[test]
+fn uniqueness_two_scans_match_host_scorer() {
+    need_device!();
+    let bits = MOCK && host_fuses();
+    let mut rng = Rng::new(37);
+    for (dt, hkv, dk, dv, w) in [(Dt::F32, 2, 24, 40, 8), (Dt::Bf16, 1, 64, 32, 32)] {
+        let (kv, vv, n) = two_scan_cache(&mut rng, hkv, dk, dv);
+        let (mut ki, mut vi) = (kv.into_iter(), vv.into_iter());
+        let k = Tensor::new(dt, Layout::HeadMajor, [hkv, n, dk], &mut || {
+            ki.next().unwrap()
+        });
+        let v = Tensor::new(dt, Layout::TokenMajor, [hkv, n, dv], &mut || {
+            vi.next().unwrap()
+        });
+        let what = format!("{dt:?} hkv {hkv} n {n} dk {dk} dv {dv} w {w}");
+        let want = host_uniqueness(&k, &v, w);
+        let len = hkv * (n - w);
+        let shape =
+            kvevict::LayerShape::from_dims(hkv as u64, hkv as u64, n as u64, dk as u64, dv as u64)
+                .expect("shape");
+        let wsb = kvevict::device::score_workspace_size(&uniqueness_cfg(w), &shape);
+        let ws = DBuf::<u8>::new(wsb.expect("workspace"));
+        let out = poisoned(len + 1);
+        device_uniqueness(&k.device(), &v.device(), w, &out, len as u64, &ws)
+            .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+        let got = out.download();
+        assert!(got[len].is_nan(), "{what}: written past the output");
+        let p = n - w;
+        for h in 0..hkv {
+            let (a, b) = (&got[h * p..(h + 1) * p], &want[h * p..(h + 1) * p]);
+            let zeros = b.iter().filter(|&&x| x == 0.0).count();
+            assert!(
+                zeros > 1000 && p - zeros >= 250,
+                "{what}: {zeros} of {p} scores 0"
+            );
+            let same = a
+                .iter()
+                .zip(b)
+                .filter(|(x, y)| x.to_bits() == y.to_bits())
+                .count();
+            println!("uniqueness two scans {what} head {h}: {same} of {p} scores equal in bits");
+            if bits {
+                assert_eq!(same, p, "{what} head {h}: device {a:?}\nhost {b:?}");
+            } else {
+                let m = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    assert!(
+                        (x - y).abs() <= 1e-5 * m,
+                        "{what} head {h} token {i}: device {x} host {y}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Past the kernels' token limit (tiles of 64 in a grid dimension) the call is refused
 /// before anything is enqueued: `InvalidArgument` (the C entry's
 /// `KVE_ERR_INVALID_ARGUMENT`), the output untouched.
