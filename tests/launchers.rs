@@ -488,6 +488,64 @@ fn window_aggregates_match_reference() {
 /// rounded to f32) gives the reference's aggregates and the two-pass path's; the
 /// workspace holds NaN, so nothing of pass 1 is used. The mock equals the core's
 /// one-pass path bit for bit.
+/// Each output of `kve_cuda_window` requested alone (pass 2 then computes only the
+/// statistics it needs: the column sums for mean / group, the products for l2 / cross)
+/// equals, bit for bit, the same output of a call that requests all four.
+#[test]
+fn window_single_outputs_equal_all_outputs() {
+    need_device!();
+    let mut rng = Rng::new(35);
+    for (c, dt) in [
+        (wc(8, 2, 300, 8, 64), Dt::Bf16),
+        (wc(6, 3, 150, 12, 40), Dt::F32),
+    ] {
+        let (q, k) = win_inputs(&mut rng, &c, dt, Layout::HeadMajor);
+        let (g, p) = (c.hq / c.hkv, c.n - c.w);
+        let sizes = [c.hq * p, c.hq * p, c.hkv * g * (g + 1) / 2 * p, c.hkv * p];
+        for op in [KVE_CUDA_GQA_MEAN, KVE_CUDA_GQA_MAX] {
+            let all = run_window(&q, &k, c.w, op, None);
+            for which in 0..4 {
+                let out = poisoned(sizes[which]);
+                let o = |i: usize| if i == which { out.ptr() } else { null_mut() };
+                // SAFETY: a pure host function of the sizes.
+                let wsb = unsafe {
+                    kve_cuda_window_workspace_size(
+                        c.hq as i64,
+                        c.w as i64,
+                        c.n as i64,
+                        c.hkv as i64,
+                    )
+                };
+                let ws = DBuf::<u8>::new(wsb);
+                // SAFETY: device buffers of the documented sizes.
+                let rc = unsafe {
+                    kve_cuda_window(
+                        &q.view(),
+                        &k.view(),
+                        c.w as i64,
+                        o(0),
+                        o(1),
+                        o(2),
+                        o(3),
+                        op,
+                        null(),
+                        ws.vptr(),
+                        wsb,
+                        null_stream(),
+                    )
+                };
+                ck(rc, "kve_cuda_window, one output");
+                let got = out.download();
+                let same = got
+                    .iter()
+                    .zip(&all[which])
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{dt:?} g {g} op {op}: output {which} alone differs");
+            }
+        }
+    }
+}
+
 #[test]
 fn window_row_lse_matches_computed_path() {
     need_device!();
