@@ -171,7 +171,9 @@ __device__ __forceinline__ void write_floors(const float (&top)[4][UQ_RANK], con
 // Scan 1, one block per row tile of a head: the column tiles from i0 - reach to
 // i0 + 64 + reach (every pair at most `reach` apart, and more), each row's floor written.
 // With reach >= N every pair: the exact floors.
-__global__ void __launch_bounds__(UQ_NT)
+// (UQ_NT, 2): room for the 4 x 4 pair tile's two accumulator sets and the top lists (left
+// to itself ptxas picked 62 registers and spilled on sm_90)
+__global__ void __launch_bounds__(UQ_NT, 2)
     band_kernel(const float* __restrict__ ku, const float* __restrict__ vu, int64_t n, int dk,
                 int dv, int64_t reach, float* __restrict__ floor_out) {
     const int64_t h = blockIdx.y, i0 = (int64_t)blockIdx.x * UQ_T;
@@ -224,7 +226,7 @@ __global__ void __launch_bounds__(UQ_LIST_NT)
 // each token compared with every other, its list restarted empty; the column tiles
 // outward from the first token's, until every token of the block has four similarities
 // at or past the cutoff (then its score is 0 whatever the rest) or the cache ends.
-__global__ void __launch_bounds__(UQ_NT)
+__global__ void __launch_bounds__(UQ_NT, 2)
     exact_kernel(const float* __restrict__ ku, const float* __restrict__ vu, int64_t n, int dk,
                  int dv, const int32_t* __restrict__ list, const int32_t* __restrict__ count,
                  float* __restrict__ floor_out) {
