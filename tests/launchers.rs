@@ -2334,24 +2334,30 @@ fn compact_matches_reference() {
                     },
                     "compact",
                 );
-                let got = x.read_back();
-                for hh in 0..h {
-                    let l = if shared { 0 } else { hh };
-                    for t in 0..n {
-                        let src = if t < counts[l] as usize {
-                            kept[l * n + t] as usize
-                        } else {
-                            t
-                        };
-                        for dd in 0..d {
-                            assert_eq!(
-                                got[(hh * n + t) * d + dd],
-                                x.vals[(hh * n + src) * d + dd],
-                                "in place {dt:?} {layout:?} shared {shared} h{hh} t{t} d{dd}"
-                            );
-                        }
-                    }
-                }
+                let what = format!("in place {dt:?} {layout:?} shared {shared}");
+                assert_compacted(&what, &x, &kept, &counts, shared);
+            }
+        }
+    }
+}
+
+/// Each head of `x` as compacted in place: row `t < count` holds the old row `kept[t]`,
+/// the rest is unchanged (`shared`: one list for every head; lists `n` apart otherwise).
+#[track_caller]
+fn assert_compacted(what: &str, x: &Tensor, kept: &[i32], counts: &[i32], shared: bool) {
+    let [h, n, d] = x.ext;
+    let got = x.read_back();
+    for hh in 0..h {
+        let l = if shared { 0 } else { hh };
+        for t in 0..n {
+            let src = if t < counts[l] as usize {
+                kept[l * n + t] as usize
+            } else {
+                t
+            };
+            for dd in 0..d {
+                let (a, b) = (got[(hh * n + t) * d + dd], x.vals[(hh * n + src) * d + dd]);
+                assert_eq!(a, b, "{what} h{hh} t{t} d{dd}");
             }
         }
     }
@@ -2463,25 +2469,8 @@ fn compact_batch_matches_reference() {
     );
     for (i, x) in tensors.iter().enumerate() {
         let (shared, kept, counts, _, _) = &lists[i / 2];
-        let got = x.read_back();
-        for hh in 0..h {
-            let l = if *shared { 0 } else { hh };
-            for t in 0..n {
-                let src = if t < counts[l] as usize {
-                    kept[l * n + t] as usize
-                } else {
-                    t
-                };
-                for dd in 0..d {
-                    assert_eq!(
-                        got[(hh * n + t) * d + dd],
-                        x.vals[(hh * n + src) * d + dd],
-                        "tensor {i} ({:?}) h{hh} t{t} d{dd}",
-                        items[i].x.dtype
-                    );
-                }
-            }
-        }
+        let what = format!("tensor {i} ({:?})", items[i].x.dtype);
+        assert_compacted(&what, x, kept, counts, *shared);
     }
 }
 
