@@ -109,14 +109,17 @@ extern "C" int kve_cuda_knorm(const kve_cuda_view* k, int64_t prefix, float* out
     const dim3 grid((unsigned)ceil_div(prefix, KN_TOK), (unsigned)k->heads);
     cudaStream_t st = KVE_STREAM(stream);
     switch (k->dtype) {
-        case KVE_CUDA_F32: knorm_kernel<float><<<grid, KN_TOK, 0, st>>>(kv, prefix, out, ld_out); break;
-        case KVE_CUDA_F16: knorm_kernel<__half><<<grid, KN_TOK, 0, st>>>(kv, prefix, out, ld_out); break;
+        case KVE_CUDA_F32: KVE_CHECK(launch_kernel(knorm_kernel<float>, grid, KN_TOK, 0, st, kv,
+            prefix, out, ld_out)); break;
+        case KVE_CUDA_F16: KVE_CHECK(launch_kernel(knorm_kernel<__half>, grid, KN_TOK, 0, st, kv,
+            prefix, out, ld_out)); break;
         case KVE_CUDA_BF16:
-            knorm_kernel<__nv_bfloat16><<<grid, KN_TOK, 0, st>>>(kv, prefix, out, ld_out);
+            KVE_CHECK(launch_kernel(knorm_kernel<__nv_bfloat16>, grid, KN_TOK, 0, st, kv, prefix,
+                out, ld_out));
             break;
         default: return (int)cudaErrorInvalidValue;
     }
-    return launch_status();
+    return 0;
 }
 
 extern "C" int kve_cuda_sink_scores(float* out, int64_t rows, int64_t n, int64_t ld, int64_t sinks,
@@ -124,8 +127,9 @@ extern "C" int kve_cuda_sink_scores(float* out, int64_t rows, int64_t n, int64_t
     if (rows < 0 || n < 0) return (int)cudaErrorInvalidValue;
     if (rows == 0 || n == 0) return 0;
     if (!out || ld < n) return (int)cudaErrorInvalidValue;
-    sink_kernel<<<rows_grid(rows, n), BL_NT, 0, KVE_STREAM(stream)>>>(out, rows, n, ld, sinks);
-    return launch_status();
+    KVE_CHECK(launch_kernel(sink_kernel, rows_grid(rows, n), BL_NT, 0, KVE_STREAM(stream), out,
+        rows, n, ld, sinks));
+    return 0;
 }
 
 extern "C" int kve_cuda_critical_combine(const float* base, int64_t ld_base,
@@ -141,10 +145,10 @@ extern "C" int kve_cuda_critical_combine(const float* base, int64_t ld_base,
     if (out == base && ld_out != ld_base) return (int)cudaErrorInvalidValue;
     if (out == value_l1) return (int)cudaErrorInvalidValue;
     cudaStream_t st = KVE_STREAM(stream);
-    critical_product_kernel<<<rows_grid(rows, n), BL_NT, 0, st>>>(base, ld_base, value_l1, ld_l1,
-                                                                  rows, n, out, ld_out);
-    KVE_CHECK(launch_status());
+    KVE_CHECK(launch_kernel(critical_product_kernel, rows_grid(rows, n), BL_NT, 0, st, base,
+        ld_base, value_l1, ld_l1, rows, n, out, ld_out));
     const unsigned blocks = (unsigned)(rows > 65535 ? 65535 : rows);
-    critical_force_kernel<<<blocks, BL_NT, 0, st>>>(counts, idx, idx_ld, rows, n, out, ld_out);
-    return launch_status();
+    KVE_CHECK(launch_kernel(critical_force_kernel, blocks, BL_NT, 0, st, counts, idx, idx_ld, rows,
+        n, out, ld_out));
+    return 0;
 }

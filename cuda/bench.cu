@@ -215,6 +215,20 @@ struct Model {
         v.dim = d;
         return v;
     }
+    // K and V of every layer with the layer's kept lists (kept_ld = p).
+    std::vector<kve_cuda_compact_item> compact_items() const {
+        std::vector<kve_cuda_compact_item> items;
+        for (int l = 0; l < L; ++l)
+            for (int t = 0; t < 2; ++t) {
+                kve_cuda_compact_item it;
+                it.x = kv(t == 0 ? K : V, l);
+                it.kept = idx + (size_t)l * hkv * p;
+                it.kept_ld = p;
+                it.counts = counts + (size_t)l * hkv;
+                items.push_back(it);
+            }
+        return items;
+    }
     kve_cuda_view qv(int l) const {
         kve_cuda_view v;
         v.data = Q + (size_t)l * hq * w * d;
@@ -266,13 +280,9 @@ static void pipeline(Model& m, cudaStream_t s, int stages) {
                            m.hkv, m.counts, m.idx, P, m.ws_sel, m.b_sel, s));
     }
     if (stages & ST_COMPACT) {
-        for (int l = 0; l < m.L; ++l) {
-            for (int t = 0; t < 2; ++t) {
-                kve_cuda_view x = m.kv(t == 0 ? m.K : m.V, l);
-                CK(kve_cuda_compact(&x, m.idx + (size_t)l * m.hkv * P, P,
-                                    m.counts + (size_t)l * m.hkv, P, m.ws_cmp, m.b_cmp, s));
-            }
-        }
+        // K and V of every layer in one batched call (two launches per 32 tensors)
+        std::vector<kve_cuda_compact_item> items = m.compact_items();
+        CK(kve_cuda_compact_batch(items.data(), (int64_t)items.size(), P, m.ws_cmp, m.b_cmp, s));
     }
 }
 
@@ -352,8 +362,8 @@ int main(int argc, char** argv) {
         m.b_win = kve_cuda_window_workspace_size(m.hq, m.w, n, m.hkv);
         m.b_stats = kve_cuda_layer_stats_workspace_size(m.L, (int64_t)m.hkv * P);
         m.b_sel = kve_cuda_select_workspace_size(1);
-        kve_cuda_view v0 = m.kv(m.K, 0);
-        m.b_cmp = kve_cuda_compact_workspace_size(&v0, P);
+        std::vector<kve_cuda_compact_item> items = m.compact_items();
+        m.b_cmp = kve_cuda_compact_batch_workspace_size(items.data(), (int64_t)items.size(), P);
         CK(cudaMalloc(&m.ws_win, m.b_win));
         CK(cudaMalloc(&m.ws_stats, m.b_stats));
         CK(cudaMalloc(&m.ws_sel, m.b_sel));

@@ -234,8 +234,8 @@ extern "C" int kve_cuda_layer_budgets(int mode, const double* weights, int64_t l
     a.alpha = alpha;
     a.k_layer = k_layer;
     a.k_unit = k_unit;
-    layer_budgets_kernel<<<1, 1, 0, KVE_STREAM(stream)>>>(a);
-    return launch_status();
+    KVE_CHECK(launch_kernel(layer_budgets_kernel, 1, 1, 0, KVE_STREAM(stream), a));
+    return 0;
 }
 
 extern "C" int kve_cuda_mark_forced(float* scores, int64_t ld, int64_t rows, const int32_t* counts,
@@ -244,9 +244,9 @@ extern "C" int kve_cuda_mark_forced(float* scores, int64_t ld, int64_t rows, con
     if (rows == 0 || ld == 0) return 0;
     if (!scores || !counts || !idx) return (int)cudaErrorInvalidValue;
     const unsigned blocks = (unsigned)(rows > 65535 ? 65535 : rows);
-    mark_forced_kernel<<<blocks, 256, 0, KVE_STREAM(stream)>>>(scores, ld, rows, counts, idx,
-                                                              idx_ld);
-    return launch_status();
+    KVE_CHECK(launch_kernel(mark_forced_kernel, blocks, 256, 0, KVE_STREAM(stream), scores, ld,
+        rows, counts, idx, idx_ld));
+    return 0;
 }
 
 extern "C" int kve_cuda_broadcast_lists(const int32_t* src_counts, const int32_t* src_idx,
@@ -263,9 +263,9 @@ extern "C" int kve_cuda_broadcast_lists(const int32_t* src_counts, const int32_t
         return (int)cudaErrorInvalidValue;
     const int64_t rows_out = src_rows * reps;
     const unsigned blocks = (unsigned)(rows_out > 65535 ? 65535 : rows_out);
-    broadcast_lists_kernel<<<blocks, 256, 0, KVE_STREAM(stream)>>>(
-        src_counts, src_idx, src_ld, reps, rows_out, counts, idx, idx_ld);
-    return launch_status();
+    KVE_CHECK(launch_kernel(broadcast_lists_kernel, blocks, 256, 0, KVE_STREAM(stream), src_counts,
+        src_idx, src_ld, reps, rows_out, counts, idx, idx_ld));
+    return 0;
 }
 
 extern "C" int kve_cuda_append_range(int32_t* counts, int32_t* idx, int64_t idx_ld, int64_t rows,
@@ -275,7 +275,7 @@ extern "C" int kve_cuda_append_range(int32_t* counts, int32_t* idx, int64_t idx_
     if (start + count > ((int64_t)1 << 31) - 1 || count > idx_ld) return (int)cudaErrorInvalidValue;
     if (!counts || !idx) return (int)cudaErrorInvalidValue;
     const unsigned blocks = (unsigned)(rows > 65535 ? 65535 : rows);
-    append_range_kernel<<<blocks, 256, 0, KVE_STREAM(stream)>>>(counts, idx, idx_ld, rows,
-                                                               (int32_t)start, (int32_t)count);
-    return launch_status();
+    KVE_CHECK(launch_kernel(append_range_kernel, blocks, 256, 0, KVE_STREAM(stream), counts, idx,
+        idx_ld, rows, (int32_t)start, (int32_t)count));
+    return 0;
 }

@@ -138,9 +138,9 @@ if ! skip sanitizer && [ -n "$TEST_BIN" ]; then
       # small tests only (the sanitizer slows kernels 10-100x)
       t=$(tmo 100); [ "$t" -le 1 ] && { note "sanitizer $tool: skipped (time budget)"; continue; }
       timeout "$t" "$SAN" --tool "$tool" --error-exitcode 99 "$TEST_BIN" --test-threads=1 \
-          window_aggregates window_row_lse select_matches compact_matches vonorm_matches vonorm_factor lava_factor \
+          window_aggregates window_row_lse window_single select_matches compact_matches compact_batch vonorm_matches vonorm_factor lava_factor \
           pool_matches head_reduce knorm sink_scores critical_combine mark_forced broadcast_lists append_range layer_budgets \
-          laprox_pipeline >"$LOG/sanitizer_$tool.log" 2>&1
+          laprox_pipeline uniqueness_two_scans >"$LOG/sanitizer_$tool.log" 2>&1
       rc=$?
       slog=$LOG/sanitizer_$tool.log
       if [ "$rc" -eq 0 ]; then

@@ -6,28 +6,48 @@
 namespace kve {
 namespace {
 
+// op over hh < g of term(hh) in the core's order (src/score reduce_rows): the first head,
+// then max / sum, unfused; the mean as a product with 1/g.
+template <typename F>
+__device__ __forceinline__ float gqa_reduce(int g, int op, F term) {
+    float red = 0.0f;
+    for (int hh = 0; hh < g; ++hh) {
+        const float x = term(hh);
+        red = hh == 0 ? x : (op == KVE_CUDA_GQA_MAX) ? fmaxf(red, x) : __fadd_rn(red, x);
+    }
+    return (op == KVE_CUDA_GQA_MEAN) ? __fmul_rn(red, 1.0f / (float)g) : red;
+}
+
 // a and out may be the same array (Hkv == Hq, ld_out == ld_a): no __restrict__ on
 // them; every element is read before it is written, by the same thread.
-// Arithmetic in the core's order, unfused (src/score: products, then reduce_rows:
-// the first head, then max / sum, the mean as a product with 1/g), so equal inputs
-// give the core's bits.
+// Arithmetic in the core's order, unfused (src/score: products, then reduce_rows), so
+// equal inputs give the core's bits.
 __global__ void head_reduce_kernel(const float* a, int64_t ld_a, const float* __restrict__ b,
                                    int64_t ld_b, int b_mode, const float* __restrict__ scale,
                                    float* out, int64_t ld_out, int g, int64_t n, int op) {
     const int64_t hk = blockIdx.y;
-    const float inv_g = 1.0f / (float)g;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float red = 0.0f;
-        for (int hh = 0; hh < g; ++hh) {
+        out[hk * ld_out + i] = gqa_reduce(g, op, [&](int hh) {
             const int64_t h = hk * g + hh;
             float x = a[h * ld_a + i];
             if (b_mode == 1) x = __fmul_rn(x, sqrtf(fmaxf(b[h * ld_b + i], 0.0f)));
             else if (b_mode == 2) x = __fmul_rn(x, b[h * ld_b + i]);
             if (scale) x = __fmul_rn(x, scale[hk]);
-            red = hh == 0 ? x : (op == KVE_CUDA_GQA_MAX) ? fmaxf(red, x) : __fadd_rn(red, x);
-        }
-        out[hk * ld_out + i] = (op == KVE_CUDA_GQA_MEAN) ? __fmul_rn(red, inv_g) : red;
+            return x;
+        });
+    }
+}
+
+// Every one of the g rows of a reduced once per element, the result written to `reps` rows
+// of out (TOVA: the mean over all query heads, one copy per KV head). a and out may be the
+// same array with the same ld (element for element, as above).
+__global__ void head_reduce_all_kernel(const float* a, int64_t ld_a, float* out, int64_t ld_out,
+                                       int g, int64_t reps, int64_t n, int op) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float r = gqa_reduce(g, op, [&](int hh) { return a[hh * ld_a + i]; });
+        for (int64_t k = 0; k < reps; ++k) out[k * ld_out + i] = r;
     }
 }
 
@@ -95,10 +115,25 @@ extern "C" int kve_cuda_head_reduce(const float* a, int64_t ld_a, const float* b
     if (out == a && (hkv != hq || ld_out != ld_a)) return (int)cudaErrorInvalidValue;
     int64_t bx = ceil_div(n, 256);
     if (bx > 65535) bx = 65535;
-    head_reduce_kernel<<<dim3((unsigned)bx, (unsigned)hkv), 256, 0, KVE_STREAM(stream)>>>(
-        a, ld_a, b_mode != 0 ? b : nullptr, ld_b, b_mode, scale, out, ld_out, (int)(hq / hkv), n,
-        gqa_op);
-    return launch_status();
+    KVE_CHECK(launch_kernel(head_reduce_kernel, dim3((unsigned)bx, (unsigned)hkv), 256, 0,
+        KVE_STREAM(stream), a, ld_a, b_mode != 0 ? b : nullptr, ld_b, b_mode, scale, out, ld_out,
+        (int)(hq / hkv), n, gqa_op));
+    return 0;
+}
+
+extern "C" int kve_cuda_head_reduce_all(const float* a, int64_t ld_a, float* out, int64_t ld_out,
+                                        int64_t hq, int64_t reps, int64_t n, int gqa_op,
+                                        void* stream) {
+    if (hq <= 0 || hq > INT32_MAX || reps <= 0 || n < 0 || gqa_op < 0 || gqa_op > 2)
+        return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    if (!a || !out || ld_a < n || ld_out < n) return (int)cudaErrorInvalidValue;
+    if (out == a && ld_out != ld_a) return (int)cudaErrorInvalidValue;
+    int64_t bx = ceil_div(n, 256);
+    if (bx > 65535) bx = 65535;
+    KVE_CHECK(launch_kernel(head_reduce_all_kernel, (unsigned)bx, 256, 0, KVE_STREAM(stream), a,
+                            ld_a, out, ld_out, (int)hq, reps, n, gqa_op));
+    return 0;
 }
 
 extern "C" int kve_cuda_laprox_exact(const float* cross, int64_t ld_cross, const float* qv,
@@ -115,8 +150,8 @@ extern "C" int kve_cuda_laprox_exact(const float* cross, int64_t ld_cross, const
     if (use_q && (!qv || ld_qv < n)) return (int)cudaErrorInvalidValue;
     int64_t bx = ceil_div(n, 256);
     if (bx > 65535) bx = 65535;
-    laprox_exact_kernel<<<dim3((unsigned)bx, (unsigned)hkv), 256, 0, KVE_STREAM(stream)>>>(
-        use_c ? cross : nullptr, ld_cross, use_q ? qv : nullptr, ld_qv, out, ld_out, (int)g, n,
-        mode);
-    return launch_status();
+    KVE_CHECK(launch_kernel(laprox_exact_kernel, dim3((unsigned)bx, (unsigned)hkv), 256, 0,
+        KVE_STREAM(stream), use_c ? cross : nullptr, ld_cross, use_q ? qv : nullptr, ld_qv, out,
+        ld_out, (int)g, n, mode));
+    return 0;
 }

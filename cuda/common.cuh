@@ -110,7 +110,19 @@ __device__ __forceinline__ float warp_max(float x) {
 static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-static inline int launch_status() { return (int)cudaGetLastError(); }
+// Enqueues kernel<<<grid, block, smem, st>>>(args...) and returns this launch's own status.
+// cudaLaunchKernelEx's return value (not cudaGetLastError) so that an earlier, unrelated
+// non-sticky error of the caller is neither reported as ours nor cleared.
+template <typename... P, typename... A>
+static inline int launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                                cudaStream_t st, A&&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    return (int)cudaLaunchKernelEx(&cfg, kernel, static_cast<A&&>(args)...);
+}
 
 // Raises a kernel's dynamic shared-memory limit when it needs more than the
 // default 48 KiB. Host-side only (no synchronisation). Done once per (kernel,

@@ -178,6 +178,14 @@ int kve_cuda_head_reduce(const float* a, int64_t ld_a, const float* b, int64_t l
                          int64_t ld_out, int64_t hq, int64_t hkv, int64_t n,
                          int gqa_op, void* stream);
 
+/* --------------------------------------------------------- head_reduce_all --
+ * out[r, i] = gqa_op over h < hq of a[h, i], the same value in every row r < reps (one
+ * launch; TOVA: the mean over a layer's query heads, one copy per KV head). a: [Hq, n]
+ * (row stride ld_a), out: [reps, n] (row stride ld_out; may equal a with ld_out == ld_a).
+ * Arithmetic as head_reduce's (b_mode 0, no scale): the core's bits. */
+int kve_cuda_head_reduce_all(const float* a, int64_t ld_a, float* out, int64_t ld_out,
+                             int64_t hq, int64_t reps, int64_t n, int gqa_op, void* stream);
+
 /* ------------------------------------------------------------ laprox_exact --
  * LaProx exact GQA: out[hk,i] = sqrt(max(0, sum_{a,b} C_ab(i) · Q_ab(i))) over
  * the g² ordered pairs, from the upper-triangle arrays cross [Hkv, np, n]
@@ -296,14 +304,17 @@ int kve_cuda_critical_combine(const float* base, int64_t ld_base, const float* v
 
 /* -------------------------------------------------------------- uniqueness --
  * uniqueness (question-agnostic, SPEC §3b): per head h < k->heads, over every token
- *   of the views (N = k->tokens), r_i = max_{j != i} min(cos(k_i, k_j), cos(v_i, v_j))
- *   (-1 when N = 1), u_i = max(0, 1 - r_i)^8, and for i < prefix
- *   out[h*ld_out + i] = max(u_i, 0.9 * u_{i+1}) (u_i alone for i = prefix - 1).
+ *   of the views (N = k->tokens), r_i = the 4th largest min(cos(k_i, k_j), cos(v_i, v_j))
+ *   over j != i (-1 where fewer), u_i = max(0, 1 - r_i)^8 (0 where r_i >= 0.5), and for
+ *   i < prefix out[h*ld_out + i] = max_{0<=j<=4, i+j<prefix} 0.9^j * u_{i+j}.
  *   k and v: same dtype, heads and tokens (dims may differ), any strides. The
  *   arithmetic is the core's AVX2 path (src/score/uniqueness.rs), so the scores are
- *   its bits. O(N^2 (dk + dv)) per head on FP32 cores, upper triangle only.
+ *   its bits. Two scans as the core's: pairs within 128 tokens first, then only the
+ *   tokens still below the cutoff against the whole cache, stopping once settled;
+ *   O(N^2 (dk + dv)) per head at worst, on FP32 cores.
  *   Workspace: kve_cuda_uniqueness_workspace_size(heads, N, dk, dv) bytes, 256-byte
- *   aligned (unit K and V rows in f32, one key per token). Limits: heads <= 65535,
+ *   aligned (unit K and V rows in f32, a floor and an open-list entry per token, a
+ *   count per head). Limits: heads <= 65535,
  *   N <= 65535 * 64, ld_out >= prefix; otherwise cudaErrorInvalidValue, nothing
  *   enqueued. NaN/Inf inputs are not detected. */
 size_t kve_cuda_uniqueness_workspace_size(int64_t heads, int64_t n, int64_t dk, int64_t dv);
@@ -363,11 +374,31 @@ int kve_cuda_append_range(int32_t* counts, int32_t* idx, int64_t idx_ld, int64_t
  * heads = 1, dim = Hkv·d); counts then has one entry. Works for every layout
  * (transposed V too). Rows are staged through the workspace (gather, then
  * scatter: two launches), so counts[h] must be <= max_keep (rows beyond are not
- * moved). Workspace: kve_cuda_compact_workspace_size(x, max_keep). */
+ * moved). The launches cover kept rows only (blocks past a head's count return at
+ * once). Workspace: kve_cuda_compact_workspace_size(x, max_keep). */
 size_t kve_cuda_compact_workspace_size(const kve_cuda_view* x, int64_t max_keep);
 int kve_cuda_compact(const kve_cuda_view* x, const int32_t* kept, int64_t kept_ld,
                      const int32_t* counts, int64_t max_keep, void* ws,
                      size_t ws_bytes, void* stream);
+
+/* Batched in place: every item compacted as kve_cuda_compact(&item.x, item.kept,
+ * item.kept_ld, item.counts, max_keep, ...) would, all of them in two launches per 32
+ * items (K and V of every layer: 4 launches for 32 layers instead of 128). The items'
+ * tensors must not overlap one another or the workspace; items may share lists. Work
+ * covers the kept rows only (as kve_cuda_compact's). Workspace (16-byte aligned):
+ * kve_cuda_compact_batch_workspace_size(items, n_items, max_keep) bytes, reused by each
+ * launch pair in stream order. Every item is checked before the first launch: 1 and
+ * nothing enqueued when any is refused. */
+typedef struct kve_cuda_compact_item {
+  kve_cuda_view x;
+  const int32_t* kept;
+  int64_t kept_ld;
+  const int32_t* counts;
+} kve_cuda_compact_item;
+size_t kve_cuda_compact_batch_workspace_size(const kve_cuda_compact_item* items,
+                                             int64_t n_items, int64_t max_keep);
+int kve_cuda_compact_batch(const kve_cuda_compact_item* items, int64_t n_items,
+                           int64_t max_keep, void* ws, size_t ws_bytes, void* stream);
 
 /* Varlen, out of place: dst = [Σ_h counts[h], dim] contiguous rows of src's dtype,
  * head h's kept rows (ascending kept lists as above; kept_ld = 0 shares one list)

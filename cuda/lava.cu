@@ -61,12 +61,15 @@ extern "C" int kve_cuda_lava_factor(const kve_cuda_view* v, int64_t prefix, floa
     const View vv = to_view(*v);
     const dim3 grid((unsigned)ceil_div(prefix, LF_TOKENS), (unsigned)v->heads);
     switch (v->dtype) {
-        case KVE_CUDA_F32: lava_factor_kernel<float><<<grid, LF_NT, 0, st>>>(vv, prefix, out); break;
-        case KVE_CUDA_F16: lava_factor_kernel<__half><<<grid, LF_NT, 0, st>>>(vv, prefix, out); break;
+        case KVE_CUDA_F32: KVE_CHECK(launch_kernel(lava_factor_kernel<float>, grid, LF_NT, 0, st,
+            vv, prefix, out)); break;
+        case KVE_CUDA_F16: KVE_CHECK(launch_kernel(lava_factor_kernel<__half>, grid, LF_NT, 0, st,
+            vv, prefix, out)); break;
         case KVE_CUDA_BF16:
-            lava_factor_kernel<__nv_bfloat16><<<grid, LF_NT, 0, st>>>(vv, prefix, out);
+            KVE_CHECK(launch_kernel(lava_factor_kernel<__nv_bfloat16>, grid, LF_NT, 0, st, vv,
+                prefix, out));
             break;
         default: return (int)cudaErrorInvalidValue;
     }
-    return launch_status();
+    return 0;
 }

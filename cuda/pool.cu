@@ -57,7 +57,7 @@ extern "C" int kve_cuda_pool(const float* in, int64_t ld_in, float* out, int64_t
     if (!in || !out || ld_in < n || ld_out < n || rows > 65535) return (int)cudaErrorInvalidValue;
     int64_t bx = ceil_div(n, 256);
     if (bx > 65535) bx = 65535;
-    pool_kernel<<<dim3((unsigned)bx, (unsigned)rows), 256, 0, KVE_STREAM(stream)>>>(
-        in, ld_in, out, ld_out, n, mode, k, decay);
-    return launch_status();
+    KVE_CHECK(launch_kernel(pool_kernel, dim3((unsigned)bx, (unsigned)rows), 256, 0,
+        KVE_STREAM(stream), in, ld_in, out, ld_out, n, mode, k, decay));
+    return 0;
 }

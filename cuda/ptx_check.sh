@@ -35,6 +35,15 @@ echo "ptx_check: nvcc $("$NVCC" --version | tail -n 1)"
 "${TMPDIR:-/tmp}/kvevict_tile_loads_test.$$"
 rm -f "${TMPDIR:-/tmp}/kvevict_tile_loads_test.$$"
 
+# Every launcher reports its own launch's status (kve::launch_kernel: cudaLaunchKernelEx's
+# return value), never cudaGetLastError, which would report and clear a caller's earlier error.
+# device.cu clears only the error its own cudaGetDeviceCount just set.
+if grep -nE '<<<|cudaGetLastError|cudaPeekAtLastError' $(ls cuda/*.cu | grep -vE '/(bench|device)\.cu$'); then
+  echo "ptx_check: FAIL: a launcher uses <<<>>> or the thread's last error (use launch_kernel)" >&2
+  exit 1
+fi
+echo "ptx_check: every launch goes through launch_kernel (its own status)"
+
 find_cuobjdump() {
   local c
   for c in "${CUOBJDUMP:-}" "$CUDA_ROOT/bin/cuobjdump" "$(command -v cuobjdump || true)"; do

@@ -259,16 +259,14 @@ extern "C" int kve_cuda_select(const float* scores, int64_t ld, int64_t n, int64
     a.st = reinterpret_cast<SelState*>(ws);
     a.hist = reinterpret_cast<unsigned*>(static_cast<unsigned char*>(ws) + states_bytes(n_groups));
 
-    sel_init<<<(unsigned)n_groups, SEL_NT, 0, st>>>(a, k, k_all);
-    KVE_CHECK(launch_status());
+    KVE_CHECK(launch_kernel(sel_init, (unsigned)n_groups, SEL_NT, 0, st, a, k, k_all));
     const int64_t chunks = ceil_div(n, SEL_PER_BLOCK);
     for (int hi = total_bits; hi > 0; hi -= SEL_DIGIT) {
         const int shift = hi > SEL_DIGIT ? hi - SEL_DIGIT : 0;
-        sel_hist<<<(unsigned)(rows * chunks), SEL_NT, 0, st>>>(a, chunks, hi, shift);
-        KVE_CHECK(launch_status());
-        sel_scan<<<(unsigned)n_groups, SEL_NT, 0, st>>>(a, shift);
-        KVE_CHECK(launch_status());
+        KVE_CHECK(launch_kernel(sel_hist, (unsigned)(rows * chunks), SEL_NT, 0, st, a, chunks, hi,
+            shift));
+        KVE_CHECK(launch_kernel(sel_scan, (unsigned)n_groups, SEL_NT, 0, st, a, shift));
     }
-    sel_output<<<(unsigned)rows, SEL_NT, 0, st>>>(a, counts, idx, idx_ld);
-    return launch_status();
+    KVE_CHECK(launch_kernel(sel_output, (unsigned)rows, SEL_NT, 0, st, a, counts, idx, idx_ld));
+    return 0;
 }

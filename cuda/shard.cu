@@ -121,9 +121,9 @@ extern "C" int kve_cuda_shard_count(const float* scores, int64_t ld, int64_t n, 
     if (!hist) return (int)cudaErrorInvalidValue;
     const int64_t chunks = ceil_div(n, SH_PER_BLOCK);
     if (rows * chunks > 0x7fffffffLL) return (int)cudaErrorInvalidValue;
-    shard_count_kernel<<<(unsigned)(rows * chunks), SH_NT, 0, KVE_STREAM(stream)>>>(
-        a, chunks, prefix, (int)bits, hist);
-    return launch_status();
+    KVE_CHECK(launch_kernel(shard_count_kernel, (unsigned)(rows * chunks), SH_NT, 0,
+        KVE_STREAM(stream), a, chunks, prefix, (int)bits, hist));
+    return 0;
 }
 
 extern "C" int kve_cuda_shard_select(const float* scores, int64_t ld, int64_t n, int64_t rows,
@@ -138,7 +138,7 @@ extern "C" int kve_cuda_shard_select(const float* scores, int64_t ld, int64_t n,
     if (!counts || (n > 0 && (!idx || idx_ld < n)) || rows > 0x7fffffffLL)
         return (int)cudaErrorInvalidValue;
     const u128 thr = ((u128)threshold_hi << 64) | (u128)threshold_lo;
-    shard_select_kernel<<<(unsigned)rows, SH_NT, 0, KVE_STREAM(stream)>>>(a, thr, counts, idx,
-                                                                          idx_ld);
-    return launch_status();
+    KVE_CHECK(launch_kernel(shard_select_kernel, (unsigned)rows, SH_NT, 0, KVE_STREAM(stream), a,
+        thr, counts, idx, idx_ld));
+    return 0;
 }

@@ -104,12 +104,11 @@ extern "C" int kve_cuda_layer_stats(const float* scores, int64_t layer_stride, i
     cudaStream_t st = KVE_STREAM(stream);
     const int nb = (int)ls_blocks(count);
     double2* part = reinterpret_cast<double2*>(ws);
-    layer_stats_partial<<<dim3((unsigned)nb, (unsigned)layers), LS_NT, 0, st>>>(
-        scores, layer_stride, count, nb, part);
-    KVE_CHECK(launch_status());
-    layer_stats_final<<<(unsigned)ceil_div(layers, 128), 128, 0, st>>>(part, nb, layers, sums,
-                                                                       entropy);
-    return launch_status();
+    KVE_CHECK(launch_kernel(layer_stats_partial, dim3((unsigned)nb, (unsigned)layers), LS_NT, 0, st,
+        scores, layer_stride, count, nb, part));
+    KVE_CHECK(launch_kernel(layer_stats_final, (unsigned)ceil_div(layers, 128), 128, 0, st, part,
+        nb, layers, sums, entropy));
+    return 0;
 }
 
 extern "C" int kve_cuda_token_reduce(const float* scores, const double* sums, int64_t layers,
@@ -120,7 +119,7 @@ extern "C" int kve_cuda_token_reduce(const float* scores, const double* sums, in
     if (!out || ((layers > 0 && rows_per_layer > 0) && !scores)) return (int)cudaErrorInvalidValue;
     int64_t bx = ceil_div(n, 256);
     if (bx > 65535) bx = 65535;
-    token_reduce_kernel<<<(unsigned)bx, 256, 0, KVE_STREAM(stream)>>>(scores, sums, layers,
-                                                                      rows_per_layer, n, out);
-    return launch_status();
+    KVE_CHECK(launch_kernel(token_reduce_kernel, (unsigned)bx, 256, 0, KVE_STREAM(stream), scores,
+        sums, layers, rows_per_layer, n, out));
+    return 0;
 }

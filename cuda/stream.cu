@@ -142,17 +142,17 @@ int launch(const View& q, const View& k, const int64_t* pos, const float* row_ls
     const int64_t hq = q.heads, c = q.tokens, n = k.tokens;
     if (row_lse) {
         const int64_t rows = hq * c;
-        stream_lse_rows<<<(unsigned)ceil_div(rows, 256), 256, 0, st>>>(row_lse, rows, m, inv);
+        KVE_CHECK(launch_kernel(stream_lse_rows, (unsigned)ceil_div(rows, 256), 256, 0, st, row_lse,
+            rows, m, inv));
     } else {
-        stream_rows<T><<<dim3((unsigned)c, (unsigned)hq), ST_ROW_NT, dk * sizeof(float), st>>>(
-            q, k, pos, g, scale, m, inv);
+        KVE_CHECK(launch_kernel(stream_rows<T>, dim3((unsigned)c, (unsigned)hq), ST_ROW_NT,
+            dk * sizeof(float), st, q, k, pos, g, scale, m, inv));
     }
-    KVE_CHECK(launch_status());
     const size_t smem = stream_cols_smem(dk);
     KVE_CHECK(set_smem(stream_cols<T>, smem));
-    stream_cols<T><<<dim3((unsigned)ceil_div(n, ST_TK), (unsigned)k.heads), ST_TK, smem, st>>>(
-        q, k, pos, g, scale, m, inv, acc_max, acc_sum, acc_sq);
-    return launch_status();
+    KVE_CHECK(launch_kernel(stream_cols<T>, dim3((unsigned)ceil_div(n, ST_TK), (unsigned)k.heads),
+        ST_TK, smem, st, q, k, pos, g, scale, m, inv, acc_max, acc_sum, acc_sq));
+    return 0;
 }
 
 }  // namespace

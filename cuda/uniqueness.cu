@@ -7,10 +7,20 @@
 // row's squared norm in 8 fused lanes summed by the core's tree ((0+4)+(2+6)) +
 // ((1+5)+(3+7)), the tail unfused; rows scaled by 1/sqrt (both correctly rounded); each
 // pair's cosine one fmaf chain over d in order; the 0.9^j as repeated f32 products. A top
-// list is the largest values of a multiset, exact whatever the order of insertion. Four
-// launches: unit K rows, unit V rows, row tiles (each block scans every column tile for its
-// 64 rows: twice the symmetric search's dot products, but no cross-block merge), scores.
-// Workspace: the unit K and V rows in f32 and one floor (the 4th similarity) per token.
+// list is the largest values of a multiset, exact whatever the order of insertion.
+//
+// Two scans, as the core's (src/score/uniqueness.rs): r_i only grows as more pairs are
+// seen, and a token whose r_i reaches the cutoff (0.5) scores 0 whatever the rest. So
+// (1) every row tile compares its 64 rows with the column tiles within UQ_NEAR tokens
+// (a band: 5 tiles instead of N/64), (2) the tokens the band left below the cutoff are
+// listed in order, and (3) blocks of 64 listed tokens scan the whole cache outward from
+// their first token, each restarting its list, and stop as soon as all 64 are settled
+// (four similarities at or past the cutoff). Every unsettled token's r_i is then exact
+// and every settled one's is at or past the cutoff: the scores are the full search's.
+// When the band covers every pair (N <= UQ_NEAR + 64), (1) is the whole search.
+// Launches: unit K rows, unit V rows, band, open list, exact rows, scores.
+// Workspace: the unit K and V rows in f32, one floor (the 4th similarity) per token, the
+// open list (int32 per token) and its count per head.
 #include <float.h>
 
 #include "common.cuh"
@@ -25,6 +35,8 @@ constexpr int64_t UQ_MAX_TILES = 65535;  // row tiles: a grid dimension
 constexpr int UQ_RANK = 4;               // the twin that decides (TWIN_RANK in the core)
 constexpr int UQ_REACH = 4;              // tokens before a unique one that it lends to
 constexpr float UQ_CUTOFF = 0.5f;        // redundant from here on: score 0 (TWIN_CUTOFF)
+constexpr int64_t UQ_NEAR = 128;         // the band's reach (NEAR in the core)
+constexpr int UQ_LIST_NT = 1024;         // threads of the open-list kernel
 
 // One thread per token: the unit row of (h, t) into dst[(h·N + t)·d ..], f32.
 template <typename T>
@@ -69,21 +81,21 @@ __device__ __forceinline__ void insert_top(float (&l)[UQ_RANK], float m) {
         }
 }
 
-// Stage rows r0.. of a unit-row matrix ([N][d], f32), dims d0..d0+UQ_DC, transposed into
-// s[c][r] (zero past n or d).
+// Stage rows ri[0..UQ_T) (-1: none) of a unit-row matrix ([N][d], f32), dims
+// d0..d0+UQ_DC, transposed into s[c][r] (zero for no row or past d).
 __device__ __forceinline__ void stage(float (*s)[UQ_T + 1], const float* __restrict__ rows,
-                                      int64_t r0, int64_t n, int d, int d0) {
+                                      const int* ri, int d, int d0) {
     for (int e = threadIdx.x; e < UQ_T * UQ_DC; e += UQ_NT) {
         const int r = e / UQ_DC, c = e - r * UQ_DC;
         float x = 0.f;
-        if (r0 + r < n && d0 + c < d) x = rows[(r0 + r) * d + d0 + c];
+        if (ri[r] >= 0 && d0 + c < d) x = rows[(int64_t)ri[r] * d + d0 + c];
         s[c][r] = x;
     }
 }
 
-// acc[a][b] = Σ_c row(ty + 16a)[c] · col(tx + 16b)[c], c in order, one fmaf per term.
+// acc[a][b] = Σ_c row(ri[ty + 16a])[c] · col(cj[tx + 16b])[c], c in order, one fmaf per term.
 __device__ __forceinline__ void dots(float (&acc)[4][4], const float* __restrict__ rows,
-                                     int64_t i0, int64_t j0, int64_t n, int d,
+                                     const int* ri, const int* cj, int d,
                                      float (*sa)[UQ_T + 1], float (*sb)[UQ_T + 1]) {
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
 #pragma unroll
@@ -91,8 +103,8 @@ __device__ __forceinline__ void dots(float (&acc)[4][4], const float* __restrict
 #pragma unroll
         for (int b = 0; b < 4; ++b) acc[a][b] = 0.f;
     for (int d0 = 0; d0 < d; d0 += UQ_DC) {
-        stage(sa, rows, i0, n, d, d0);
-        stage(sb, rows, j0, n, d, d0);
+        stage(sa, rows, ri, d, d0);
+        stage(sb, rows, cj, d, d0);
         __syncthreads();
         const int nc = min(UQ_DC, d - d0);
         for (int c = 0; c < nc; ++c) {
@@ -110,53 +122,154 @@ __device__ __forceinline__ void dots(float (&acc)[4][4], const float* __restrict
     }
 }
 
-// One block per row tile of a head: every column tile in turn, min(key cosine, value
-// cosine) of each pair i != j into the thread's top list for its row; then the 16 lists
-// of a row merged in shared memory and its floor (the list's last entry) written.
-__global__ void __launch_bounds__(UQ_NT)
-    rows_kernel(const float* __restrict__ ku, const float* __restrict__ vu, int64_t n, int dk,
-                int dv, float* __restrict__ floor_out) {
-    const int64_t h = blockIdx.y, i0 = (int64_t)blockIdx.x * UQ_T;
-    __shared__ float sa[UQ_DC][UQ_T + 1];
-    __shared__ float sb[UQ_DC][UQ_T + 1];
-    __shared__ float lists[UQ_T][16][UQ_RANK];
+// The pairs of rows ri (-1: none) with the column tile j0.. (tokens < n): min(key cosine,
+// value cosine) of each pair i != j into the thread's top list for its row.
+__device__ __forceinline__ void pair_tile(float (&top)[4][UQ_RANK], const float* __restrict__ ku,
+                                          const float* __restrict__ vu, int dk, int dv,
+                                          const int* ri, int* cj, int64_t j0, int64_t n,
+                                          float (*sa)[UQ_T + 1], float (*sb)[UQ_T + 1]) {
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    float top[4][UQ_RANK];
+    __syncthreads();  // the previous tile's column indices are read
+    if (threadIdx.x < UQ_T) cj[threadIdx.x] = j0 + threadIdx.x < n ? (int)(j0 + threadIdx.x) : -1;
+    __syncthreads();
+    float ck[4][4], cv[4][4];
+    dots(ck, ku, ri, cj, dk, sa, sb);
+    dots(cv, vu, ri, cj, dv, sa, sb);
 #pragma unroll
-    for (int a = 0; a < 4; ++a)
+    for (int a = 0; a < 4; ++a) {
+        const int i = ri[ty + 16 * a];
 #pragma unroll
-        for (int k = 0; k < UQ_RANK; ++k) top[a][k] = -1.0f;
-    for (int64_t j0 = 0; j0 < n; j0 += UQ_T) {
-        float ck[4][4], cv[4][4];
-        dots(ck, ku + h * n * dk, i0, j0, n, dk, sa, sb);
-        dots(cv, vu + h * n * dv, i0, j0, n, dv, sa, sb);
-#pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            const int64_t i = i0 + ty + 16 * a;
-#pragma unroll
-            for (int b = 0; b < 4; ++b) {
-                const int64_t j = j0 + tx + 16 * b;
-                if (i < n && j < n && j != i) insert_top(top[a], fminf(ck[a][b], cv[a][b]));
-            }
+        for (int b = 0; b < 4; ++b) {
+            const int j = cj[tx + 16 * b];
+            if (i >= 0 && j >= 0 && j != i) insert_top(top[a], fminf(ck[a][b], cv[a][b]));
         }
     }
+}
+
+// The 16 lists of each row merged in shared memory; the floor (the list's last entry) of
+// row ri[r] written to floor_out[ri[r]].
+__device__ __forceinline__ void write_floors(const float (&top)[4][UQ_RANK], const int* ri,
+                                             float (*lists)[16][UQ_RANK],
+                                             float* __restrict__ floor_out) {
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
 #pragma unroll
     for (int a = 0; a < 4; ++a)
 #pragma unroll
         for (int k = 0; k < UQ_RANK; ++k) lists[ty + 16 * a][tx][k] = top[a][k];
     __syncthreads();
-    if (threadIdx.x < UQ_T) {
-        const int64_t i = i0 + threadIdx.x;
-        if (i < n) {
-            float l[UQ_RANK];
+    if (threadIdx.x < UQ_T && ri[threadIdx.x] >= 0) {
+        float l[UQ_RANK];
 #pragma unroll
-            for (int k = 0; k < UQ_RANK; ++k) l[k] = -1.0f;
-            for (int t = 0; t < 16; ++t)
+        for (int k = 0; k < UQ_RANK; ++k) l[k] = -1.0f;
+        for (int t = 0; t < 16; ++t)
 #pragma unroll
-                for (int k = 0; k < UQ_RANK; ++k) insert_top(l, lists[threadIdx.x][t][k]);
-            floor_out[h * n + i] = l[UQ_RANK - 1];
-        }
+            for (int k = 0; k < UQ_RANK; ++k) insert_top(l, lists[threadIdx.x][t][k]);
+        floor_out[ri[threadIdx.x]] = l[UQ_RANK - 1];
     }
+}
+
+// Scan 1, one block per row tile of a head: the column tiles from i0 - reach to
+// i0 + 64 + reach (every pair at most `reach` apart, and more), each row's floor written.
+// With reach >= N every pair: the exact floors.
+// (UQ_NT, 2): room for the 4 x 4 pair tile's two accumulator sets and the top lists (left
+// to itself ptxas picked 62 registers and spilled on sm_90)
+__global__ void __launch_bounds__(UQ_NT, 2)
+    band_kernel(const float* __restrict__ ku, const float* __restrict__ vu, int64_t n, int dk,
+                int dv, int64_t reach, float* __restrict__ floor_out) {
+    const int64_t h = blockIdx.y, i0 = (int64_t)blockIdx.x * UQ_T;
+    __shared__ float sa[UQ_DC][UQ_T + 1];
+    __shared__ float sb[UQ_DC][UQ_T + 1];
+    __shared__ float lists[UQ_T][16][UQ_RANK];
+    __shared__ int ri[UQ_T], cj[UQ_T];
+    if (threadIdx.x < UQ_T) ri[threadIdx.x] = i0 + threadIdx.x < n ? (int)(i0 + threadIdx.x) : -1;
+    float top[4][UQ_RANK];
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int k = 0; k < UQ_RANK; ++k) top[a][k] = -1.0f;
+    const int64_t lo = i0 > reach ? (i0 - reach) / UQ_T * UQ_T : 0;
+    const int64_t hi = n - i0 - UQ_T > reach ? i0 + UQ_T + reach : n;
+    const float* k = ku + h * n * dk;
+    const float* v = vu + h * n * dv;
+    for (int64_t j0 = lo; j0 < hi; j0 += UQ_T) pair_tile(top, k, v, dk, dv, ri, cj, j0, n, sa, sb);
+    write_floors(top, ri, lists, floor_out + h * n);
+}
+
+// One block per head: the tokens whose floor is below the cutoff, ascending, into
+// list[h·N ..] and their number into count[h] (a block-wide scan per chunk).
+__global__ void __launch_bounds__(UQ_LIST_NT)
+    open_list_kernel(const float* __restrict__ floor, int64_t n, int32_t* __restrict__ list,
+                     int32_t* __restrict__ count) {
+    const int64_t h = blockIdx.y;
+    __shared__ int warp_sum[UQ_LIST_NT / 32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int64_t base = 0;
+    for (int64_t c0 = 0; c0 < n; c0 += UQ_LIST_NT) {
+        const int64_t i = c0 + threadIdx.x;
+        const bool open = i < n && floor[h * n + i] < UQ_CUTOFF;
+        const unsigned bal = __ballot_sync(0xffffffffu, open);
+        if (lane == 0) warp_sum[warp] = __popc(bal);
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int w = 0; w < UQ_LIST_NT / 32; ++w) {
+            before += w < warp ? warp_sum[w] : 0;
+            total += warp_sum[w];
+        }
+        if (open) list[h * n + base + before + __popc(bal & ((1u << lane) - 1u))] = (int32_t)i;
+        base += total;
+        __syncthreads();  // warp_sum is rewritten by the next chunk
+    }
+    if (threadIdx.x == 0) count[h] = (int32_t)base;
+}
+
+// Scan 2, one block per 64 listed tokens of a head (blocks past the list return at once):
+// each token compared with every other, its list restarted empty; the column tiles
+// outward from the first token's, until every token of the block has four similarities
+// at or past the cutoff (then its score is 0 whatever the rest) or the cache ends.
+__global__ void __launch_bounds__(UQ_NT, 2)
+    exact_kernel(const float* __restrict__ ku, const float* __restrict__ vu, int64_t n, int dk,
+                 int dv, const int32_t* __restrict__ list, const int32_t* __restrict__ count,
+                 float* __restrict__ floor_out) {
+    const int64_t h = blockIdx.y, g0 = (int64_t)blockIdx.x * UQ_T;
+    const int64_t m = count[h];
+    if (g0 >= m) return;
+    __shared__ float sa[UQ_DC][UQ_T + 1];
+    __shared__ float sb[UQ_DC][UQ_T + 1];
+    __shared__ float lists[UQ_T][16][UQ_RANK];
+    __shared__ int ri[UQ_T], cj[UQ_T];
+    if (threadIdx.x < UQ_T)
+        ri[threadIdx.x] = g0 + threadIdx.x < m ? list[h * n + g0 + threadIdx.x] : -1;
+    __syncthreads();
+    float top[4][UQ_RANK];
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int k = 0; k < UQ_RANK; ++k) top[a][k] = -1.0f;
+    const int ty = threadIdx.x / 16;
+    const float* k = ku + h * n * dk;
+    const float* v = vu + h * n * dv;
+    const int64_t tiles = (n + UQ_T - 1) / UQ_T, p0 = ri[0] / UQ_T;
+    for (int64_t step = 0; step < 2 * tiles; ++step) {
+        // p0, p0 - 1, p0 + 1, p0 - 2, ...: twins are likeliest near the tokens
+        const int64_t p = (step & 1) ? p0 - (step + 1) / 2 : p0 + step / 2;
+        if (p < 0 || p >= tiles) continue;
+        pair_tile(top, k, v, dk, dv, ri, cj, p * UQ_T, n, sa, sb);
+        // a row is settled when its 16 lists hold four entries at or past the cutoff (each
+        // list keeps its columns' four largest, so the sum of their counts reaches four
+        // exactly when four of the row's similarities do)
+        bool mine = true;
+#pragma unroll
+        for (int a = 0; a < 4; ++a) {
+            int c = 0;
+#pragma unroll
+            for (int q = 0; q < UQ_RANK; ++q) c += top[a][q] >= UQ_CUTOFF;
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+            mine = mine && (ri[ty + 16 * a] < 0 || c >= UQ_RANK);
+        }
+        if (__syncthreads_and(mine)) break;
+    }
+    write_floors(top, ri, lists, floor_out + h * n);
 }
 
 // max(0, 1 - r)^8 as the core computes it: u2 = x·x, (u2·u2)·(u2·u2); 0 from the cutoff on.
@@ -184,8 +297,9 @@ __global__ void __launch_bounds__(UQ_NT)
     }
 }
 
-// Workspace parts: unit K [H][N][dk] f32, unit V [H][N][dv] f32, floors [H][N] f32, each
-// 4 bytes an element, rounded up to 256 bytes; SIZE_MAX when that overflows.
+// Workspace parts: unit K [H][N][dk] f32, unit V [H][N][dv] f32, floors [H][N] f32, the
+// open lists [H][N] int32 and their counts [H] int32, each 4 bytes an element, rounded up
+// to 256 bytes; SIZE_MAX when that overflows.
 size_t part_bytes(int64_t heads, int64_t n, int64_t d) {
     size_t x = 0;
     if (__builtin_mul_overflow((size_t)heads, (size_t)n, &x) ||
@@ -203,17 +317,22 @@ using namespace kve;
 extern "C" size_t kve_cuda_uniqueness_workspace_size(int64_t heads, int64_t n, int64_t dk,
                                                      int64_t dv) {
     if (heads < 0 || n < 0 || dk < 0 || dv < 0) return 0;
-    const size_t a = part_bytes(heads, n, dk), b = part_bytes(heads, n, dv),
-                 c = part_bytes(heads, n, 1);
-    if (a > SIZE_MAX - b || a + b > SIZE_MAX - c) return SIZE_MAX;
-    return a + b + c;
+    const size_t parts[5] = {part_bytes(heads, n, dk), part_bytes(heads, n, dv),
+                             part_bytes(heads, n, 1), part_bytes(heads, n, 1),
+                             part_bytes(heads, 1, 1)};
+    size_t total = 0;
+    for (size_t b : parts) {
+        if (b == SIZE_MAX || total > SIZE_MAX - b) return SIZE_MAX;
+        total += b;
+    }
+    return total;
 }
 
 template <typename T>
 static int launch_unit_rows(const View& x, float* dst, cudaStream_t st) {
     const dim3 grid((unsigned)ceil_div(x.tokens, UQ_NT), (unsigned)x.heads);
-    unit_rows_kernel<T><<<grid, UQ_NT, 0, st>>>(x, dst);
-    return launch_status();
+    KVE_CHECK(launch_kernel(unit_rows_kernel<T>, grid, UQ_NT, 0, st, x, dst));
+    return 0;
 }
 
 static int unit_rows(const kve_cuda_view* x, float* dst, cudaStream_t st) {
@@ -241,20 +360,33 @@ extern "C" int kve_cuda_uniqueness(const kve_cuda_view* k, const kve_cuda_view* 
     const size_t need = kve_cuda_uniqueness_workspace_size(heads, n, k->dim, v->dim);
     if (need == SIZE_MAX || !ws || ws_bytes < need || reinterpret_cast<uintptr_t>(ws) % 256 != 0)
         return (int)cudaErrorInvalidValue;
-    char* base = static_cast<char*>(ws);
-    float* ku = reinterpret_cast<float*>(base);
-    float* vu = reinterpret_cast<float*>(base + part_bytes(heads, n, k->dim));
-    float* floor = reinterpret_cast<float*>(base + part_bytes(heads, n, k->dim) +
-                                           part_bytes(heads, n, v->dim));
+    char* p = static_cast<char*>(ws);
+    float* ku = reinterpret_cast<float*>(p);
+    p += part_bytes(heads, n, k->dim);
+    float* vu = reinterpret_cast<float*>(p);
+    p += part_bytes(heads, n, v->dim);
+    float* floor = reinterpret_cast<float*>(p);
+    p += part_bytes(heads, n, 1);
+    int32_t* open = reinterpret_cast<int32_t*>(p);
+    p += part_bytes(heads, n, 1);
+    int32_t* n_open = reinterpret_cast<int32_t*>(p);
     cudaStream_t st = KVE_STREAM(stream);
     KVE_CHECK(unit_rows(k, ku, st));
     KVE_CHECK(unit_rows(v, vu, st));
-    const unsigned tiles = (unsigned)ceil_div(n, UQ_T);
-    rows_kernel<<<dim3(tiles, (unsigned)heads), UQ_NT, 0, st>>>(ku, vu, n, (int)k->dim,
-                                                               (int)v->dim, floor);
-    KVE_CHECK(launch_status());
+    const int dk = (int)k->dim, dv = (int)v->dim;
+    const dim3 tiles((unsigned)ceil_div(n, UQ_T), (unsigned)heads);
+    // a band that reaches every pair is the whole search: no second scan
+    const bool whole = n <= UQ_NEAR + UQ_T;
+    KVE_CHECK(launch_kernel(band_kernel, tiles, UQ_NT, 0, st, ku, vu, n, dk, dv,
+                            whole ? n : UQ_NEAR, floor));
+    if (!whole) {
+        KVE_CHECK(launch_kernel(open_list_kernel, dim3(1, (unsigned)heads), UQ_LIST_NT, 0, st,
+                                floor, n, open, n_open));
+        KVE_CHECK(launch_kernel(exact_kernel, tiles, UQ_NT, 0, st, ku, vu, n, dk, dv, open,
+                                n_open, floor));
+    }
     const int64_t score_blocks = ceil_div(prefix, UQ_NT);
     const dim3 grid((unsigned)(score_blocks > 65535 ? 65535 : score_blocks), (unsigned)heads);
-    score_kernel<<<grid, UQ_NT, 0, st>>>(floor, n, prefix, out, ld_out);
-    return launch_status();
+    KVE_CHECK(launch_kernel(score_kernel, grid, UQ_NT, 0, st, floor, n, prefix, out, ld_out));
+    return 0;
 }

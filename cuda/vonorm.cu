@@ -104,10 +104,10 @@ int vonorm_run(const View& v, int64_t n_tokens, const void* ghi, const void* glo
     const size_t sm = C::SMEM;
     KVE_CHECK(set_smem(vonorm_kernel<T, DVP>, sm));
     const dim3 grid((unsigned)ceil_div(n_tokens, C::TV), (unsigned)hkv);
-    vonorm_kernel<T, DVP><<<grid, VO_NT, sm, st>>>(v, n_tokens, reinterpret_cast<const T*>(ghi),
-                                                   reinterpret_cast<const T*>(glo), gpk,
-                                                   take_sqrt, tri, out);
-    return launch_status();
+    KVE_CHECK(launch_kernel(vonorm_kernel<T, DVP>, grid, VO_NT, sm, st, v, n_tokens,
+        reinterpret_cast<const T*>(ghi), reinterpret_cast<const T*>(glo), gpk, take_sqrt, tri,
+        out));
+    return 0;
 }
 
 template <typename T>
@@ -227,18 +227,18 @@ extern "C" int kve_cuda_gram_split(const float* g, int64_t n, int dtype, void* h
     if (blocks > 65535) blocks = 65535;
     switch (dtype) {
         case KVE_CUDA_F32:
-            gram_split_kernel<float><<<(unsigned)blocks, 256, 0, st>>>(
-                g, n, static_cast<float*>(hi), static_cast<float*>(lo));
+            KVE_CHECK(launch_kernel(gram_split_kernel<float>, (unsigned)blocks, 256, 0, st, g, n,
+                static_cast<float*>(hi), static_cast<float*>(lo)));
             break;
         case KVE_CUDA_F16:
-            gram_split_kernel<__half><<<(unsigned)blocks, 256, 0, st>>>(
-                g, n, static_cast<__half*>(hi), static_cast<__half*>(lo));
+            KVE_CHECK(launch_kernel(gram_split_kernel<__half>, (unsigned)blocks, 256, 0, st, g, n,
+                static_cast<__half*>(hi), static_cast<__half*>(lo)));
             break;
         case KVE_CUDA_BF16:
-            gram_split_kernel<__nv_bfloat16><<<(unsigned)blocks, 256, 0, st>>>(
-                g, n, static_cast<__nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(lo));
+            KVE_CHECK(launch_kernel(gram_split_kernel<__nv_bfloat16>, (unsigned)blocks, 256, 0, st,
+                g, n, static_cast<__nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(lo)));
             break;
         default: return (int)cudaErrorInvalidValue;
     }
-    return launch_status();
+    return 0;
 }

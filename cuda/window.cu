@@ -190,6 +190,8 @@ struct WinOut {
     float* group;  // [Hkv, P]
     int gqa_op;
     int cross_on;
+    int want_sum;  // mean or group requested: the g column sums
+    int want_sq;   // l2 or cross requested: the squared sums / cross products
 };
 
 template <typename T, int DKP>
@@ -199,7 +201,9 @@ __global__ void __launch_bounds__(WIN_NT)
     extern __shared__ __align__(128) unsigned char smem[];
     const int g = a.g;
     const int npairs = o.cross_on ? g * (g + 1) / 2 : g;
-    const int n_items = g + npairs;
+    // only the requested statistics: sums (mean, group) first, then products (l2, cross)
+    const int nsum = o.want_sum ? g : 0;
+    const int n_items = nsum + (o.want_sq ? npairs : 0);
     const WinSmem L = win_smem<T, DKP>(a.rcp, n_items);
     T* Qs = reinterpret_cast<T*>(smem + L.q);
     T* Ks = reinterpret_cast<T*>(smem + L.k);
@@ -261,10 +265,10 @@ __global__ void __launch_bounds__(WIN_NT)
             for (int e = threadIdx.x; e < n_items * WIN_TK; e += blockDim.x) {
                 const int item = e / WIN_TK, col = e - item * WIN_TK;
                 float s = 0.0f;
-                if (item < g) {
+                if (item < nsum) {
                     for (int jj = 0; jj < jn; ++jj) s += S[(jj * g + item) * C::LDS + col];
                 } else {
-                    const int x = pa[item - g], y = pb[item - g];
+                    const int x = pa[item - nsum], y = pb[item - nsum];
                     for (int jj = 0; jj < jn; ++jj)
                         s += S[(jj * g + x) * C::LDS + col] * S[(jj * g + y) * C::LDS + col];
                 }
@@ -278,9 +282,10 @@ __global__ void __launch_bounds__(WIN_NT)
             float red = (o.gqa_op == KVE_CUDA_GQA_MAX) ? -INFINITY : 0.0f;
             for (int hh = 0; hh < g; ++hh) {
                 const int64_t h = (int64_t)hk * g + hh;
-                const float mean = acc[hh * WIN_TK + col] * inv_w;
+                const float mean = nsum ? acc[hh * WIN_TK + col] * inv_w : 0.0f;
                 if (o.mean) o.mean[h * a.p + i] = mean;
-                if (o.l2) o.l2[h * a.p + i] = sqrtf(fmaxf(acc[(g + hh) * WIN_TK + col], 0.0f));
+                if (o.l2)
+                    o.l2[h * a.p + i] = sqrtf(fmaxf(acc[(nsum + hh) * WIN_TK + col], 0.0f));
                 if (o.gqa_op == KVE_CUDA_GQA_MAX)
                     red = fmaxf(red, mean);
                 else
@@ -291,7 +296,7 @@ __global__ void __launch_bounds__(WIN_NT)
                     (o.gqa_op == KVE_CUDA_GQA_MEAN) ? red / (float)g : red;
             if (o.cross)
                 for (int p = 0; p < npairs; ++p)
-                    o.cross[((int64_t)hk * npairs + p) * a.p + i] = acc[(g + p) * WIN_TK + col];
+                    o.cross[((int64_t)hk * npairs + p) * a.p + i] = acc[(nsum + p) * WIN_TK + col];
         }
         __syncthreads();
     }
@@ -333,20 +338,19 @@ int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, const float*
 
     if (row_lse) {
         // the caller's row statistics: (lse, 1)
-        window_lse_stats<<<(unsigned)ceil_div(rows, 256), 256, 0, st>>>(row_lse, rows, stats);
-        KVE_CHECK(launch_status());
+        KVE_CHECK(launch_kernel(window_lse_stats, (unsigned)ceil_div(rows, 256), 256, 0, st,
+            row_lse, rows, stats));
     } else {
         // pass 1
         WinArgs a1 = a;
         a1.tiles_per_block = ceil_div(ntiles, nsplit);
         // Splits past the last tile get an empty key range but are still
         // launched, so every partial (m = -inf, l = 0) gets written.
-        window_pass1<T, DKP><<<dim3((unsigned)nsplit, (unsigned)hkv), WIN_NT, sm1, st>>>(a1, part);
-        KVE_CHECK(launch_status());
+        KVE_CHECK(launch_kernel(window_pass1<T, DKP>, dim3((unsigned)nsplit, (unsigned)hkv), WIN_NT,
+            sm1, st, a1, part));
         // combine
-        window_combine<<<(unsigned)ceil_div(rows, 256), 256, 0, st>>>(part, (int)nsplit, rows,
-                                                                       stats);
-        KVE_CHECK(launch_status());
+        KVE_CHECK(launch_kernel(window_combine, (unsigned)ceil_div(rows, 256), 256, 0, st, part,
+            (int)nsplit, rows, stats));
     }
     // pass 2
     {
@@ -356,9 +360,8 @@ int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, const float*
         WinArgs a2 = a;
         a2.tiles_per_block = ceil_div(ptiles, want < ptiles ? want : ptiles);
         const int64_t blocks = ceil_div(ptiles, a2.tiles_per_block);
-        window_pass2<T, DKP><<<dim3((unsigned)blocks, (unsigned)hkv), WIN_NT, sm2, st>>>(a2, stats,
-                                                                                        o);
-        KVE_CHECK(launch_status());
+        KVE_CHECK(launch_kernel(window_pass2<T, DKP>, dim3((unsigned)blocks, (unsigned)hkv), WIN_NT,
+            sm2, st, a2, stats, o));
     }
     return 0;
 }
@@ -419,6 +422,8 @@ extern "C" int kve_cuda_window(const kve_cuda_view* q, const kve_cuda_view* k, i
     o.group = out_group;
     o.gqa_op = gqa_op;
     o.cross_on = out_cross != nullptr;
+    o.want_sum = out_mean || out_group;
+    o.want_sq = out_l2 || out_cross;
     cudaStream_t st = KVE_STREAM(stream);
     switch (q->dtype) {
         case KVE_CUDA_F32: return window_dispatch<float>(a, hq, hkv, o, row_lse, ws, st);

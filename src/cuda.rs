@@ -61,6 +61,16 @@ pub struct KveCudaView {
     pub dim: i64,
 }
 
+/// One tensor of `kve_cuda_compact_batch`: its view and kept lists (as `kve_cuda_compact`'s).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KveCudaCompactItem {
+    pub x: KveCudaView,
+    pub kept: *const i32,
+    pub kept_ld: i64,
+    pub counts: *const i32,
+}
+
 #[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
 mod mock;
 #[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
@@ -160,6 +170,18 @@ extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn kve_cuda_head_reduce_all(
+        a: *const f32,
+        ld_a: i64,
+        out: *mut f32,
+        ld_out: i64,
+        hq: i64,
+        reps: i64,
+        n: i64,
+        gqa_op: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn kve_cuda_laprox_exact(
         cross: *const f32,
         ld_cross: i64,
@@ -253,6 +275,20 @@ extern "C" {
         kept: *const i32,
         kept_ld: i64,
         counts: *const i32,
+        max_keep: i64,
+        ws: *mut c_void,
+        ws_bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_compact_batch_workspace_size(
+        items: *const KveCudaCompactItem,
+        n_items: i64,
+        max_keep: i64,
+    ) -> usize;
+    pub fn kve_cuda_compact_batch(
+        items: *const KveCudaCompactItem,
+        n_items: i64,
         max_keep: i64,
         ws: *mut c_void,
         ws_bytes: usize,

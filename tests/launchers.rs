@@ -488,6 +488,64 @@ fn window_aggregates_match_reference() {
 /// rounded to f32) gives the reference's aggregates and the two-pass path's; the
 /// workspace holds NaN, so nothing of pass 1 is used. The mock equals the core's
 /// one-pass path bit for bit.
+/// Each output of `kve_cuda_window` requested alone (pass 2 then computes only the
+/// statistics it needs: the column sums for mean / group, the products for l2 / cross)
+/// equals, bit for bit, the same output of a call that requests all four.
+#[test]
+fn window_single_outputs_equal_all_outputs() {
+    need_device!();
+    let mut rng = Rng::new(35);
+    for (c, dt) in [
+        (wc(8, 2, 300, 8, 64), Dt::Bf16),
+        (wc(6, 3, 150, 12, 40), Dt::F32),
+    ] {
+        let (q, k) = win_inputs(&mut rng, &c, dt, Layout::HeadMajor);
+        let (g, p) = (c.hq / c.hkv, c.n - c.w);
+        let sizes = [c.hq * p, c.hq * p, c.hkv * g * (g + 1) / 2 * p, c.hkv * p];
+        for op in [KVE_CUDA_GQA_MEAN, KVE_CUDA_GQA_MAX] {
+            let all = run_window(&q, &k, c.w, op, None);
+            for which in 0..4 {
+                let out = poisoned(sizes[which]);
+                let o = |i: usize| if i == which { out.ptr() } else { null_mut() };
+                // SAFETY: a pure host function of the sizes.
+                let wsb = unsafe {
+                    kve_cuda_window_workspace_size(
+                        c.hq as i64,
+                        c.w as i64,
+                        c.n as i64,
+                        c.hkv as i64,
+                    )
+                };
+                let ws = DBuf::<u8>::new(wsb);
+                // SAFETY: device buffers of the documented sizes.
+                let rc = unsafe {
+                    kve_cuda_window(
+                        &q.view(),
+                        &k.view(),
+                        c.w as i64,
+                        o(0),
+                        o(1),
+                        o(2),
+                        o(3),
+                        op,
+                        null(),
+                        ws.vptr(),
+                        wsb,
+                        null_stream(),
+                    )
+                };
+                ck(rc, "kve_cuda_window, one output");
+                let got = out.download();
+                let same = got
+                    .iter()
+                    .zip(&all[which])
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{dt:?} g {g} op {op}: output {which} alone differs");
+            }
+        }
+    }
+}
+
 #[test]
 fn window_row_lse_matches_computed_path() {
     need_device!();
@@ -1647,6 +1705,124 @@ fn head_reduce_and_laprox_exact_match_reference() {
 
 // ----------------------------------------------- layer statistics, token reduction --
 
+/// `kve_cuda_head_reduce_all` (TOVA's one launch): every output row equals, bit for bit,
+/// `kve_cuda_head_reduce` of all `hq` rows into one (itself held to the reference above), for
+/// each op; row gaps stay unwritten; in place (out == a) works; bad arguments give 1 and
+/// write nothing.
+#[test]
+fn head_reduce_all_equals_head_reduce_of_every_row() {
+    need_device!();
+    let mut rng = Rng::new(31);
+    let (hq, n, reps) = (6usize, 300usize, 4usize);
+    let (ld_a, ld_o) = (n + 7, n + 2);
+    let a: Vec<f32> = (0..hq * n)
+        .map(|e| rng.unif() * if e % 7 == 0 { -1.0 } else { 1.0 })
+        .collect();
+    let ad = DBuf::from(&strided(&a, hq, n, ld_a));
+    for op in 0..3 {
+        let one = poisoned(n);
+        // SAFETY: device buffers of the sizes passed.
+        ck(
+            unsafe {
+                kve_cuda_head_reduce(
+                    ad.ptr(),
+                    ld_a as i64,
+                    null(),
+                    0,
+                    0,
+                    null(),
+                    one.ptr(),
+                    n as i64,
+                    hq as i64,
+                    1,
+                    n as i64,
+                    op,
+                    null_stream(),
+                )
+            },
+            "head_reduce",
+        );
+        let want = one.download();
+        let out = poisoned(reps * ld_o);
+        // SAFETY: as above.
+        let rc = unsafe {
+            kve_cuda_head_reduce_all(
+                ad.ptr(),
+                ld_a as i64,
+                out.ptr(),
+                ld_o as i64,
+                hq as i64,
+                reps as i64,
+                n as i64,
+                op,
+                null_stream(),
+            )
+        };
+        ck(rc, "head_reduce_all");
+        let got = unstride("head_reduce_all", &out.download(), reps, n, ld_o);
+        for r in 0..reps {
+            let row = &got[r * n..(r + 1) * n];
+            let same = row
+                .iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "op {op} row {r}: {row:?}\nwant {want:?}");
+        }
+        // in place: rows 0..2 of a copy of a
+        let inplace = DBuf::from(&strided(&a, hq, n, ld_a));
+        // SAFETY: as above; out == a with the same ld is documented.
+        ck(
+            unsafe {
+                kve_cuda_head_reduce_all(
+                    inplace.ptr(),
+                    ld_a as i64,
+                    inplace.ptr(),
+                    ld_a as i64,
+                    hq as i64,
+                    2,
+                    n as i64,
+                    op,
+                    null_stream(),
+                )
+            },
+            "in place",
+        );
+        let got = inplace.download();
+        for r in 0..hq {
+            let row = &got[r * ld_a..r * ld_a + n];
+            if r < 2 {
+                assert!(row
+                    .iter()
+                    .zip(&want)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()));
+            } else {
+                assert_eq!(row, &a[r * n..(r + 1) * n], "op {op}: row {r} untouched");
+            }
+        }
+    }
+    let out = sentinel(reps * ld_o);
+    let f = ad.ptr();
+    let o = out.ptr();
+    let call = |a: *const f32, lda: i64, o: *mut f32, ldo: i64, hq: i64, reps: i64, op: i32| {
+        // SAFETY: refused calls touch no pointer.
+        unsafe { kve_cuda_head_reduce_all(a, lda, o, ldo, hq, reps, n as i64, op, null_stream()) }
+    };
+    let (la, lo) = (ld_a as i64, ld_o as i64);
+    for (what, rc) in [
+        ("hq 0", call(f, la, o, lo, 0, 1, 0)),
+        ("reps 0", call(f, la, o, lo, 6, 0, 0)),
+        ("op 3", call(f, la, o, lo, 6, 1, 3)),
+        ("ld_a < n", call(f, n as i64 - 1, o, lo, 6, 1, 0)),
+        ("ld_out < n", call(f, la, o, n as i64 - 1, 6, 1, 0)),
+        ("a NULL", call(null(), la, o, lo, 6, 1, 0)),
+        ("out NULL", call(f, la, null_mut(), lo, 6, 1, 0)),
+        ("in place, other ld", call(f, la, f, la + 1, 6, 1, 0)),
+    ] {
+        assert_eq!(rc, 1, "{what}");
+    }
+    assert_sentinel("head_reduce_all refusals", &out);
+}
+
 #[test]
 fn layer_stats_and_token_reduce_match_reference() {
     need_device!();
@@ -2158,26 +2334,143 @@ fn compact_matches_reference() {
                     },
                     "compact",
                 );
-                let got = x.read_back();
-                for hh in 0..h {
-                    let l = if shared { 0 } else { hh };
-                    for t in 0..n {
-                        let src = if t < counts[l] as usize {
-                            kept[l * n + t] as usize
-                        } else {
-                            t
-                        };
-                        for dd in 0..d {
-                            assert_eq!(
-                                got[(hh * n + t) * d + dd],
-                                x.vals[(hh * n + src) * d + dd],
-                                "in place {dt:?} {layout:?} shared {shared} h{hh} t{t} d{dd}"
-                            );
-                        }
-                    }
-                }
+                let what = format!("in place {dt:?} {layout:?} shared {shared}");
+                assert_compacted(&what, &x, &kept, &counts, shared);
             }
         }
+    }
+}
+
+/// Each head of `x` as compacted in place: row `t < count` holds the old row `kept[t]`,
+/// the rest is unchanged (`shared`: one list for every head; lists `n` apart otherwise).
+#[track_caller]
+fn assert_compacted(what: &str, x: &Tensor, kept: &[i32], counts: &[i32], shared: bool) {
+    let [h, n, d] = x.ext;
+    let got = x.read_back();
+    for hh in 0..h {
+        let l = if shared { 0 } else { hh };
+        for t in 0..n {
+            let src = if t < counts[l] as usize {
+                kept[l * n + t] as usize
+            } else {
+                t
+            };
+            for dd in 0..d {
+                let (a, b) = (got[(hh * n + t) * d + dd], x.vals[(hh * n + src) * d + dd]);
+                assert_eq!(a, b, "{what} h{hh} t{t} d{dd}");
+            }
+        }
+    }
+}
+
+/// `kve_cuda_compact_batch`: 35 tensors (two launch pairs: 32 + 3) of every dtype and
+/// layout, K and V of a "layer" sharing its lists, some layers with one shared list, each
+/// compacted as `kve_cuda_compact` would (rows moved, the rest untouched); the workspace is
+/// the largest pair's; a bad item anywhere refuses the whole call, nothing written.
+#[test]
+fn compact_batch_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(33);
+    let (h, n, d) = (2usize, 150usize, 16usize);
+    let mut tensors = Vec::new();
+    let mut lists = Vec::new();
+    for i in 0..35 {
+        let (dt, layout) = (DTYPES[i % DTYPES.len()], LAYOUTS[(i / 2) % LAYOUTS.len()]);
+        tensors.push(Tensor::new(dt, layout, [h, n, d], &mut || rng.normal()));
+        if i % 2 == 0 {
+            let shared = i % 6 == 4;
+            let (kept, counts) = random_lists(&mut rng, if shared { 1 } else { h }, n, n);
+            lists.push((
+                shared,
+                kept.clone(),
+                counts.clone(),
+                DBuf::from(&kept),
+                DBuf::from(&counts),
+            ));
+        }
+    }
+    let items: Vec<KveCudaCompactItem> = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let (shared, _, _, kd, cd) = &lists[i / 2];
+            KveCudaCompactItem {
+                x: x.view(),
+                kept: kd.ptr(),
+                kept_ld: if *shared { 0 } else { n as i64 },
+                counts: cd.ptr(),
+            }
+        })
+        .collect();
+    let max_keep = lists
+        .iter()
+        .flat_map(|l| l.2.iter())
+        .copied()
+        .max()
+        .unwrap() as i64;
+    // SAFETY: a pure host function of the descriptors.
+    let wsb = unsafe { kve_cuda_compact_batch_workspace_size(items.as_ptr(), 35, max_keep) };
+    let pair: usize = items[..32]
+        .iter()
+        // SAFETY: as above.
+        .map(|it| unsafe { kve_cuda_compact_workspace_size(&it.x, max_keep) }.div_ceil(256) * 256)
+        .sum();
+    assert_eq!(wsb, pair, "the workspace is the first (largest) pair's");
+    let ws = DBuf::<u8>::new(wsb);
+    let before: Vec<Vec<f32>> = tensors.iter().map(|x| x.read_back()).collect();
+    // refusals: nothing moves
+    let mut bad = items.clone();
+    bad[33].kept_ld = max_keep - 1;
+    let stream = null_stream();
+    // SAFETY: device buffers of the declared sizes; refused calls touch none.
+    unsafe {
+        let refused = [
+            (
+                "an item's kept_ld < max_keep",
+                kve_cuda_compact_batch(bad.as_ptr(), 35, max_keep, ws.vptr(), wsb, stream),
+            ),
+            (
+                "workspace too small",
+                kve_cuda_compact_batch(items.as_ptr(), 35, max_keep, ws.vptr(), wsb - 1, stream),
+            ),
+            (
+                "no workspace",
+                kve_cuda_compact_batch(items.as_ptr(), 35, max_keep, null_mut(), wsb, stream),
+            ),
+            (
+                "no items",
+                kve_cuda_compact_batch(null(), 35, max_keep, ws.vptr(), wsb, stream),
+            ),
+            (
+                "n_items < 0",
+                kve_cuda_compact_batch(items.as_ptr(), -1, max_keep, ws.vptr(), wsb, stream),
+            ),
+        ];
+        for (what, rc) in refused {
+            assert_eq!(rc, 1, "{what}");
+        }
+        assert_eq!(
+            kve_cuda_compact_batch(null(), 0, max_keep, null_mut(), 0, stream),
+            0,
+            "empty"
+        );
+    }
+    for (i, x) in tensors.iter().enumerate() {
+        assert_eq!(
+            x.read_back(),
+            before[i],
+            "tensor {i}: nothing written on refusal"
+        );
+    }
+    // SAFETY: as above.
+    ck(
+        unsafe { kve_cuda_compact_batch(items.as_ptr(), 35, max_keep, ws.vptr(), wsb, stream) },
+        "compact_batch",
+    );
+    for (i, x) in tensors.iter().enumerate() {
+        let (shared, kept, counts, _, _) = &lists[i / 2];
+        let what = format!("tensor {i} ({:?})", items[i].x.dtype);
+        assert_compacted(&what, x, kept, counts, *shared);
     }
 }
 
@@ -2778,6 +3071,61 @@ fn workspace_sizes_are_pure_host_functions() {
         unsafe { kve_cuda_compact_workspace_size(&v, 10) },
         8 * 10 * 128 * 2
     );
+}
+
+/// Each launcher reports its own launches' status: an earlier, unrelated (non-sticky) error
+/// the caller left pending — a failed cudaMalloc — is neither returned by a launcher nor
+/// cleared by it (the caller's `cudaGetLastError` still sees it afterwards).
+#[cfg(feature = "cuda")]
+#[test]
+fn launchers_leave_a_pending_error_alone() {
+    need_device!();
+    let (rows, n) = (3usize, 40usize);
+    let out = poisoned(rows * n);
+    let sums = DBuf::<f64>::new(1);
+    let ent = DBuf::<f64>::new(1);
+    // SAFETY: a pure host function.
+    let wsb = unsafe { kve_cuda_layer_stats_workspace_size(1, (rows * n) as i64) };
+    let ws = DBuf::<u8>::new(wsb.max(1));
+    let mut p = null_mut();
+    // SAFETY: an out-pointer to a local; 4 EiB cannot be allocated.
+    let pending = unsafe { rt::cudaMalloc(&mut p, 1 << 62) };
+    assert_ne!(pending, 0, "a 4 EiB cudaMalloc must fail");
+    // SAFETY: device buffers of the sizes passed.
+    unsafe {
+        let one =
+            kve_cuda_sink_scores(out.ptr(), rows as i64, n as i64, n as i64, 4, null_stream());
+        assert_eq!(one, 0, "one launch: {}", err_str(one));
+        let two = kve_cuda_layer_stats(
+            out.ptr(),
+            (rows * n) as i64,
+            (rows * n) as i64,
+            1,
+            sums.ptr(),
+            ent.ptr(),
+            ws.vptr(),
+            wsb,
+            null_stream(),
+        );
+        assert_eq!(two, 0, "two launches: {}", err_str(two));
+        assert_eq!(
+            rt::cudaGetLastError(),
+            pending,
+            "the caller's error is still pending"
+        );
+        assert_eq!(rt::cudaGetLastError(), 0, "and reading it cleared it");
+    }
+    let got = out.download();
+    for r in 0..rows {
+        for i in 0..n {
+            assert_eq!(
+                got[r * n + i],
+                if i < 4 { 1.0 } else { 0.0 },
+                "row {r} token {i}"
+            );
+        }
+    }
+    assert_eq!(sums.download()[0], (rows * 4) as f64, "the layer sum");
 }
 
 /// The row_lse path of kve_cuda_window in a CUDA graph: replays equal the eager run and
@@ -4329,6 +4677,98 @@ fn uniqueness_matches_host_scorer() {
             if bits {
                 let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(same, "{what} head {h}: device {a:?}\nhost {b:?}");
+            } else {
+                let m = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    assert!(
+                        (x - y).abs() <= 1e-5 * m,
+                        "{what} head {h} token {i}: device {x} host {y}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Keys and values `[hkv, n, d]` (n = 1536) laid out for the two scans: tokens 0..256 unique
+/// (never settled: compared with the whole cache), then five blocks of 128 tokens, 256
+/// apart, each holding the same 128 clusters (four twins each, all beyond the band's reach:
+/// settled by the second scan, which stops early for such a group), with filler repeating
+/// every 8 tokens between them (settled by the band).
+fn two_scan_cache(rng: &mut Rng, hkv: usize, dk: usize, dv: usize) -> (Vec<f32>, Vec<f32>, usize) {
+    let n = 256 + 5 * 256;
+    let mut k = vec![0f32; hkv * n * dk];
+    let mut v = vec![0f32; hkv * n * dv];
+    for h in 0..hkv {
+        for (t, d) in [(&mut k, dk), (&mut v, dv)] {
+            let far: Vec<f32> = (0..128 * d).map(|_| rng.normal()).collect();
+            let fill: Vec<f32> = (0..8 * d).map(|_| rng.normal()).collect();
+            for i in 0..n {
+                let row = &mut t[(h * n + i) * d..(h * n + i + 1) * d];
+                let base = match i.checked_sub(256).map(|x| (x / 128 % 2, x % 128)) {
+                    None => None,
+                    Some((0, c)) => Some(&far[c * d..(c + 1) * d]),
+                    Some((_, c)) => Some(&fill[c % 8 * d..(c % 8 + 1) * d]),
+                };
+                for (c, x) in row.iter_mut().enumerate() {
+                    *x = match base {
+                        None => rng.normal(),
+                        Some(b) => b[c] * (1.0 + 0.02 * rng.normal()),
+                    };
+                }
+            }
+        }
+    }
+    (k, v, n)
+}
+
+/// The kernel's two scans (band, then the unsettled tokens against the whole cache with an
+/// early stop) on a cache built to take every path (`two_scan_cache`): the scores are the
+/// host scorer's (bits or 1e-5, as above), with many tokens settled (score 0) and the unique
+/// ones not.
+#[test]
+fn uniqueness_two_scans_match_host_scorer() {
+    need_device!();
+    let bits = MOCK && host_fuses();
+    let mut rng = Rng::new(37);
+    for (dt, hkv, dk, dv, w) in [(Dt::F32, 2, 24, 40, 8), (Dt::Bf16, 1, 64, 32, 32)] {
+        let (kv, vv, n) = two_scan_cache(&mut rng, hkv, dk, dv);
+        let (mut ki, mut vi) = (kv.into_iter(), vv.into_iter());
+        let k = Tensor::new(dt, Layout::HeadMajor, [hkv, n, dk], &mut || {
+            ki.next().unwrap()
+        });
+        let v = Tensor::new(dt, Layout::TokenMajor, [hkv, n, dv], &mut || {
+            vi.next().unwrap()
+        });
+        let what = format!("{dt:?} hkv {hkv} n {n} dk {dk} dv {dv} w {w}");
+        let want = host_uniqueness(&k, &v, w);
+        let len = hkv * (n - w);
+        let shape =
+            kvevict::LayerShape::from_dims(hkv as u64, hkv as u64, n as u64, dk as u64, dv as u64)
+                .expect("shape");
+        let wsb = kvevict::device::score_workspace_size(&uniqueness_cfg(w), &shape);
+        let ws = DBuf::<u8>::new(wsb.expect("workspace"));
+        let out = poisoned(len + 1);
+        device_uniqueness(&k.device(), &v.device(), w, &out, len as u64, &ws)
+            .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+        let got = out.download();
+        assert!(got[len].is_nan(), "{what}: written past the output");
+        let p = n - w;
+        for h in 0..hkv {
+            let (a, b) = (&got[h * p..(h + 1) * p], &want[h * p..(h + 1) * p]);
+            let zeros = b.iter().filter(|&&x| x == 0.0).count();
+            assert!(
+                zeros > 1000 && p - zeros >= 250,
+                "{what}: {zeros} of {p} scores 0"
+            );
+            let same = a
+                .iter()
+                .zip(b)
+                .filter(|(x, y)| x.to_bits() == y.to_bits())
+                .count();
+            println!("uniqueness two scans {what} head {h}: {same} of {p} scores equal in bits");
+            if bits {
+                assert_eq!(same, p, "{what} head {h}: device {a:?}\nhost {b:?}");
             } else {
                 let m = b.iter().fold(0f32, |m, x| m.max(x.abs()));
                 for (i, (x, y)) in a.iter().zip(b).enumerate() {

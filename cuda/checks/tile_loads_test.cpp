@@ -73,7 +73,19 @@ enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
 enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 enum cudaStreamCaptureMode { cudaStreamCaptureModeRelaxed = 2 };
-static inline cudaError_t cudaGetLastError() { unused("cudaGetLastError"); }
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct cudaLaunchConfig_t {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+};
+template <typename... P, typename... A>
+static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t*, void (*)(P...), A&&...) {
+    unused("cudaLaunchKernelEx");
+}
 static inline cudaError_t cudaGetDevice(int*) { unused("cudaGetDevice"); }
 static inline cudaError_t cudaDeviceGetAttribute(int*, cudaDeviceAttr, int) {
     unused("cudaDeviceGetAttribute");

@@ -870,6 +870,63 @@ pub unsafe fn kve_cuda_head_reduce(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn kve_cuda_head_reduce_all(
+    a: *const f32,
+    ld_a: i64,
+    out: *mut f32,
+    ld_out: i64,
+    hq: i64,
+    reps: i64,
+    n: i64,
+    gqa_op: c_int,
+    _stream: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller keeps kvevict_cuda.h's contract for this launcher (each non-null pointer
+    // covers the extents it passes; host memory under the mock), and the checks below reject null
+    // and out-of-range arguments before the first access.
+    unsafe {
+        if hq <= 0 || hq > i32::MAX as i64 || reps <= 0 || n < 0 {
+            return INVALID;
+        }
+        if !(KVE_CUDA_GQA_MEAN..=KVE_CUDA_GQA_SUM).contains(&gqa_op) {
+            return INVALID;
+        }
+        if n == 0 {
+            return 0;
+        }
+        if a.is_null() || out.is_null() || ld_a < n || ld_out < n {
+            return INVALID;
+        }
+        if core::ptr::eq(out, a) && ld_out != ld_a {
+            return INVALID;
+        }
+        let (g, n, ld_a, ld_out) = (hq as usize, n as usize, ld_a as usize, ld_out as usize);
+        let inv_g = 1.0 / g as f32;
+        for i in 0..n {
+            // the core's reduce_rows order, as kve_cuda_head_reduce
+            let mut red = *a.add(i);
+            for h in 1..g {
+                let x = *a.add(h * ld_a + i);
+                red = if gqa_op == KVE_CUDA_GQA_MAX {
+                    red.max(x)
+                } else {
+                    red + x
+                };
+            }
+            let r = if gqa_op == KVE_CUDA_GQA_MEAN {
+                red * inv_g
+            } else {
+                red
+            };
+            for k in 0..reps as usize {
+                *out.add(k * ld_out + i) = r;
+            }
+        }
+        0
+    }
+}
+
 // ------------------------------------------------------------- laprox_exact --
 
 #[allow(clippy::too_many_arguments)]
@@ -1465,6 +1522,109 @@ pub unsafe fn kve_cuda_compact(
                     core::ptr::copy_nonoverlapping(stage.as_ptr().add((t * dim + d) * es), p, es);
                 }
             }
+        }
+        0
+    }
+}
+
+/// Items per launch pair of the kernels (`CP_MAX`): the workspace is the largest pair's.
+const COMPACT_BATCH: usize = 32;
+
+/// One item's staging bytes (0: nothing to move), as the kernels' `check_item`.
+unsafe fn item_bytes(it: &KveCudaCompactItem, max_keep: i64) -> usize {
+    let mk = max_keep.min(it.x.tokens);
+    if mk <= 0 {
+        return 0;
+    }
+    // SAFETY: a descriptor by reference.
+    unsafe { kve_cuda_compact_workspace_size(&it.x, mk) }
+}
+
+pub unsafe fn kve_cuda_compact_batch_workspace_size(
+    items: *const KveCudaCompactItem,
+    n_items: i64,
+    max_keep: i64,
+) -> usize {
+    if items.is_null() || n_items <= 0 || max_keep <= 0 {
+        return 0;
+    }
+    // SAFETY: `items` holds `n_items` descriptors (launcher contract).
+    let items = unsafe { core::slice::from_raw_parts(items, n_items as usize) };
+    let (mut most, mut sum, mut in_pair) = (0usize, 0usize, 0usize);
+    for it in items {
+        // SAFETY: a descriptor of the caller's.
+        let b = unsafe { item_bytes(it, max_keep) };
+        if b == 0 {
+            continue;
+        }
+        if in_pair == COMPACT_BATCH {
+            (sum, in_pair) = (0, 0);
+        }
+        sum = sum.saturating_add(b.saturating_add(255) / 256 * 256);
+        in_pair += 1;
+        most = most.max(sum);
+    }
+    most
+}
+
+/// Every item as `kve_cuda_compact` (each checked before any is moved).
+pub unsafe fn kve_cuda_compact_batch(
+    items: *const KveCudaCompactItem,
+    n_items: i64,
+    max_keep: i64,
+    ws: *mut c_void,
+    ws_bytes: usize,
+    _stream: *mut c_void,
+) -> c_int {
+    if n_items < 0 || max_keep < 0 || (n_items > 0 && items.is_null()) {
+        return INVALID;
+    }
+    if n_items == 0 {
+        return 0;
+    }
+    // SAFETY: the caller keeps kvevict_cuda.h's contract (`items` holds `n_items`
+    // descriptors; each list and tensor the extents it declares; host memory under the mock).
+    unsafe {
+        let items = core::slice::from_raw_parts(items, n_items as usize);
+        let mut any = false;
+        for it in items {
+            let Some(xd) = view_ok(&it.x) else {
+                return INVALID;
+            };
+            if it.kept_ld < 0 {
+                return INVALID;
+            }
+            let mk = max_keep.min(xd.tokens);
+            if xd.heads == 0 || xd.dim == 0 || mk == 0 {
+                continue;
+            }
+            if it.kept.is_null() || it.counts.is_null() || (it.kept_ld != 0 && it.kept_ld < mk) {
+                return INVALID;
+            }
+            let heads = xd.heads as usize;
+            if !lists_in_range(it.kept, it.kept_ld, it.counts, heads, mk, xd.tokens) {
+                return INVALID;
+            }
+            any = true;
+        }
+        if !any {
+            return 0;
+        }
+        let need = kve_cuda_compact_batch_workspace_size(items.as_ptr(), n_items, max_keep);
+        if ws.is_null() || ws_bytes < need || (ws as usize) % 16 != 0 {
+            return INVALID;
+        }
+        scribble(ws, need);
+        for it in items {
+            let b = item_bytes(it, max_keep);
+            if b == 0 {
+                continue;
+            }
+            // checked above: each succeeds (its staging is its own; the mock needs none)
+            let rc = kve_cuda_compact(
+                &it.x, it.kept, it.kept_ld, it.counts, max_keep, ws, b, _stream,
+            );
+            debug_assert_eq!(rc, 0);
         }
         0
     }

@@ -8,6 +8,12 @@
 //! each token's 4th largest similarity from lists of -1; the 0.9^j as repeated products. That is also the core's AVX2 path, so on an AVX2 + FMA host the scores
 //! equal the host scorer's bit for bit (tests/launchers.rs, `uniqueness_matches_host_scorer`), and the test shows what
 //! the kernel computes without a GPU.
+//!
+//! Structure: the kernel's two scans, tile for tile: the band (each row tile of 64 against
+//! the column tiles within [`NEAR`] of it; every pair when `N <= NEAR + 64`), the list of
+//! the tokens it leaves below the cutoff, then groups of 64 listed tokens against the
+//! whole cache, their lists restarted, column tiles outward from the group's first token's,
+//! stopping after the first tile that leaves every token of the group settled.
 
 #![allow(clippy::missing_safety_doc)] // the contract: src/cuda.rs, cuda/kvevict_cuda.h
 
@@ -35,7 +41,8 @@ pub unsafe fn kve_cuda_uniqueness_workspace_size(heads: i64, n: i64, dk: i64, dv
     if heads < 0 || n < 0 || dk < 0 || dv < 0 {
         return 0;
     }
-    let parts = [dk, dv, 1].map(|d| part_bytes(heads, n, d));
+    // unit K, unit V, floors, open lists, their counts
+    let parts = [(n, dk), (n, dv), (n, 1), (n, 1), (1, 1)].map(|(t, d)| part_bytes(heads, t, d));
     parts
         .into_iter()
         .try_fold(0usize, |a, b| a.checked_add(b?))
@@ -87,8 +94,86 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |s, (x, y)| x.mul_add(*y, s))
 }
 
-/// The kernel's `UQ_CUTOFF`.
+/// The kernel's `UQ_CUTOFF` and `UQ_NEAR`.
 const CUTOFF: f32 = 0.5;
+const NEAR: usize = 128;
+
+/// The pairs of `rows` with column tile `j0..j0 + 64` (tokens < n), `j != i`, into the rows'
+/// lists (the kernel's `pair_tile`).
+fn pair_tile(
+    ku: &[f32],
+    vu: &[f32],
+    dk: usize,
+    dv: usize,
+    n: usize,
+    rows: &[usize],
+    j0: usize,
+    top: &mut [[f32; RANK]],
+) {
+    for (r, &i) in rows.iter().enumerate() {
+        for j in j0..(j0 + TILE as usize).min(n) {
+            if j != i {
+                let ck = dot(&ku[i * dk..(i + 1) * dk], &ku[j * dk..(j + 1) * dk]);
+                let cv = dot(&vu[i * dv..(i + 1) * dv], &vu[j * dv..(j + 1) * dv]);
+                insert_top(&mut top[r], ck.min(cv));
+            }
+        }
+    }
+}
+
+/// Every token's floor (its 4th similarity) as the kernel's two scans leave it: exact below
+/// the cutoff, at or past it otherwise.
+fn floors(ku: &[f32], vu: &[f32], dk: usize, dv: usize, n: usize) -> Vec<f32> {
+    let t = TILE as usize;
+    let whole = n <= NEAR + t;
+    let reach = if whole { n } else { NEAR };
+    let mut floor = std::vec![-1f32; n];
+    // scan 1: the band of each row tile
+    for i0 in (0..n).step_by(t) {
+        let rows: Vec<usize> = (i0..(i0 + t).min(n)).collect();
+        let mut top = std::vec![[-1f32; RANK]; rows.len()];
+        let lo = if i0 > reach { (i0 - reach) / t * t } else { 0 };
+        let hi = if n - i0 > reach + t {
+            i0 + t + reach
+        } else {
+            n
+        };
+        for j0 in (lo..hi).step_by(t) {
+            pair_tile(ku, vu, dk, dv, n, &rows, j0, &mut top);
+        }
+        for (r, &i) in rows.iter().enumerate() {
+            floor[i] = top[r][RANK - 1];
+        }
+    }
+    if whole {
+        return floor;
+    }
+    // the open list, then scan 2 per group of 64 listed tokens
+    let open: Vec<usize> = (0..n).filter(|&i| floor[i] < CUTOFF).collect();
+    let tiles = n.div_ceil(t) as i64;
+    for rows in open.chunks(t) {
+        let mut top = std::vec![[-1f32; RANK]; rows.len()];
+        let p0 = (rows[0] / t) as i64;
+        for step in 0..2 * tiles {
+            let p = if step & 1 == 1 {
+                p0 - (step + 1) / 2
+            } else {
+                p0 + step / 2
+            };
+            if p < 0 || p >= tiles {
+                continue;
+            }
+            pair_tile(ku, vu, dk, dv, n, rows, p as usize * t, &mut top);
+            if top.iter().all(|l| l[RANK - 1] >= CUTOFF) {
+                break;
+            }
+        }
+        for (r, &i) in rows.iter().enumerate() {
+            floor[i] = top[r][RANK - 1];
+        }
+    }
+    floor
+}
 
 /// `max(0, 1 - r)^8`, 0 from the cutoff on, as the kernel's `sharpen`.
 fn sharpen(r: f32) -> f32 {
@@ -146,17 +231,8 @@ pub unsafe fn kve_cuda_uniqueness(
         for h in 0..heads as usize {
             let (ku, vu) = (unit_rows(&kd, h), unit_rows(&vd, h));
             let (dk, dv) = (kd.dim as usize, vd.dim as usize);
-            let mut top = std::vec![[-1f32; RANK]; n];
-            for i in 0..n {
-                for j in i + 1..n {
-                    let ck = dot(&ku[i * dk..(i + 1) * dk], &ku[j * dk..(j + 1) * dk]);
-                    let cv = dot(&vu[i * dv..(i + 1) * dv], &vu[j * dv..(j + 1) * dv]);
-                    let m = ck.min(cv);
-                    insert_top(&mut top[i], m);
-                    insert_top(&mut top[j], m);
-                }
-            }
-            let u: Vec<f32> = top[..p].iter().map(|l| sharpen(l[RANK - 1])).collect();
+            let floor = floors(&ku, &vu, dk, dv, n);
+            let u: Vec<f32> = floor[..p].iter().map(|&r| sharpen(r)).collect();
             scores.extend((0..p).map(|i| {
                 let (mut s, mut f) = (u[i], 1f32);
                 for j in 1..=REACH {

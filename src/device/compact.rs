@@ -12,6 +12,16 @@ pub fn compact_workspace_size(kv: &cu::KveCudaView, max_keep: u64) -> Result<usi
     Ok(unsafe { cu::kve_cuda_compact_workspace_size(kv, mk) })
 }
 
+/// Rows written in place must not share memory.
+fn in_place_ok(kv: &cu::KveCudaView) -> Result<()> {
+    let ext = [kv.heads, kv.tokens, kv.dim].map(|x| x as usize);
+    let strides = [kv.stride_head, kv.stride_token, kv.stride_dim].map(|x| x as usize);
+    if crate::view::layout_overlaps(ext, strides) {
+        return Err(Error::Aliasing);
+    }
+    Ok(())
+}
+
 /// For each head `h` of `kv`, rows `kept[h*kept_ld + t]` (`t < counts[h]`, ascending)
 /// move to token `t`; `kept_ld = 0`: one list for every head.
 ///
@@ -30,17 +40,7 @@ pub unsafe fn compact_in_place(
     if kept.is_null() || counts.is_null() {
         return Err(Error::NullPointer);
     }
-    // rows written in place must not share memory
-    if crate::view::layout_overlaps(
-        [kv.heads as usize, kv.tokens as usize, kv.dim as usize],
-        [
-            kv.stride_head as usize,
-            kv.stride_token as usize,
-            kv.stride_dim as usize,
-        ],
-    ) {
-        return Err(Error::Aliasing);
-    }
+    in_place_ok(kv)?;
     let need = compact_workspace_size(kv, max_keep)?;
     if (workspace_bytes as u128) < need as u128 {
         return Err(Error::WorkspaceTooSmall);
@@ -53,6 +53,54 @@ pub unsafe fn compact_in_place(
             i64_of(kept_ld)?,
             counts,
             max_keep as i64,
+            workspace,
+            workspace_bytes as usize,
+            stream,
+        )
+    })
+}
+
+/// Device workspace bytes of [`compact_batch`] for these tensors and the largest count.
+pub fn compact_batch_workspace_size(
+    items: &[cu::KveCudaCompactItem],
+    max_keep: u64,
+) -> Result<usize> {
+    let mk = i64_of(max_keep)?;
+    let n = i64_of(items.len() as u64)?;
+    // SAFETY: a pure host function of the descriptors, which `items` holds.
+    Ok(unsafe { cu::kve_cuda_compact_batch_workspace_size(items.as_ptr(), n, mk) })
+}
+
+/// [`compact_in_place`] for every item (K and V of every layer) in two launches per 32
+/// items; the items' tensors must not overlap one another.
+///
+/// # Safety
+/// Each item's data, lists and counts, and `workspace`, are device memory of the declared
+/// sizes.
+pub unsafe fn compact_batch(
+    items: &[cu::KveCudaCompactItem],
+    max_keep: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+    stream: *mut c_void,
+) -> Result<()> {
+    for it in items {
+        if it.kept.is_null() || it.counts.is_null() {
+            return Err(Error::NullPointer);
+        }
+        in_place_ok(&it.x)?;
+    }
+    let need = compact_batch_workspace_size(items, max_keep)?;
+    if (workspace_bytes as u128) < need as u128 {
+        return Err(Error::WorkspaceTooSmall);
+    }
+    let n = i64_of(items.len() as u64)?;
+    // SAFETY: the caller's device buffers; the launcher checks every descriptor first.
+    ck(unsafe {
+        cu::kve_cuda_compact_batch(
+            items.as_ptr(),
+            n,
+            i64_of(max_keep)?,
             workspace,
             workspace_bytes as usize,
             stream,

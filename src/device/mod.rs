@@ -25,7 +25,10 @@ use crate::span::Span;
 use crate::workspace::DeviceCarve as Carve;
 use core::ffi::{c_int, c_void};
 
-pub use compact::{compact_in_place, compact_varlen, compact_workspace_size};
+pub use compact::{
+    compact_batch, compact_batch_workspace_size, compact_in_place, compact_varlen,
+    compact_workspace_size,
+};
 pub use score::{score_layer, score_workspace_size, LayerInputs};
 pub use select::{select_model, select_workspace_size};
 

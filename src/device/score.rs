@@ -773,16 +773,14 @@ unsafe fn launch(
                 stream,
             )),
             ScorerKind::Tova => {
-                // the mean over every query head of the layer once, into row 0; the other KV
-                // heads get a copy of that row (a one-head "mean" is the value itself)
-                let mean = cu::KVE_CUDA_GQA_MEAN;
+                // the mean over every query head of the layer, computed once and written to
+                // every KV head's row: one launch
                 window(inp, s, parts, Aggregates::mean(parts.a), 0, stream)?;
-                reduce(parts.a, null(), 0, 0, null(), out, hq, 1, p, mean, stream)?;
-                for kh in 1..hkv {
-                    let row = out.wrapping_add(kh * p);
-                    reduce(out, null(), 0, 0, null(), row, 1, 1, p, mean, stream)?;
-                }
-                Ok(())
+                let (hq, hkv) = (hq as i64, hkv as i64);
+                let mean = cu::KVE_CUDA_GQA_MEAN;
+                ck(cu::kve_cuda_head_reduce_all(
+                    parts.a, pi, out, pi, hq, hkv, pi, mean, stream,
+                ))
             }
         }
     }

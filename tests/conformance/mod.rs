@@ -34,6 +34,7 @@ pub mod rt {
         pub fn cudaGraphExecDestroy(exec: *mut c_void) -> i32;
         pub fn cudaGraphDestroy(graph: *mut c_void) -> i32;
         pub fn cudaGetErrorString(e: i32) -> *const c_char;
+        pub fn cudaGetLastError() -> i32;
     }
     pub const H2D: i32 = 1;
     pub const D2H: i32 = 2;
