@@ -6,9 +6,17 @@
 #
 # Layout (all under $KVEVICT_FORK_DIR, default <repo>/build/llama-fork, gitignored):
 #   src/     patched source     build/   CMake build (binaries in build/bin)
-#   kvevict/ kvevict install prefix     STAMP: hash of the patches and of kvevict's sources
-# A build whose STAMP matches is reused (CI caches this folder); after a change of the series
-# only the files whose patched content changed are rewritten, so only they recompile.
+#   kvevict/ kvevict install prefix     STAMP: hash of the patches, kvevict's sources and the build flags
+# A build whose STAMP matches is reused; after a change of the series only the files whose patched
+# content changed are rewritten, so only they recompile. The STAMP is removed before a build starts
+# and written when it has finished, so a failed or interrupted build is never reused.
+#
+# Outside the clone: when KVEVICT_FORK_DIR is unset and <repo>/build/llama-fork does not exist (a
+# fresh clone, as in CI), the build goes to, or is found in, a folder keyed by the STAMP under
+# ${KVEVICT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvevict}/llama-fork-<key>, so a machine that
+# keeps $HOME builds each version of the fork once. Such a folder is complete (STAMP) or being built
+# under its lock (flock on <folder>.lock; a second run waits, then reuses it); keyed folders unused
+# for 30 days are removed. KVEVICT_CACHE_DIR=none keeps everything in the clone.
 # Prints KVEVICT_FORK_BIN=<dir>/build/bin on stdout. Environment: KVEVICT_FORK_JOBS (2);
 # KVEVICT_FORK_FEATURES, KVEVICT_FORK_CMAKE_ARGS: cargo features of the linked kvevict and extra
 # CMake arguments, for a GPU build in its own KVEVICT_FORK_DIR (the device path: "cuda" and
@@ -31,14 +39,39 @@ patches=("$root"/llama_fork/patches/*.patch)
 kve_version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)
 # kvevict's sources are part of the key: the fork links them
 kve_hash=$(cd "$root" && cat Cargo.toml Cargo.lock build.rs include/kvevict.h $(git ls-files src) | sha256sum | cut -c1-16)
-stamp="$(cat "${patches[@]}" | sha256sum | cut -c1-16)-kvevict-$kve_version-$kve_hash${features:+-$features}${cmake_args[*]:+-$(echo "${cmake_args[*]}" | sha256sum | cut -c1-8)}"
+# the build's own flags (this script and the pinned source) are part of the key too
+script_hash=$(cat "$root/llama_fork/build.sh" "$root/llama_fork/fetch.sh" | sha256sum | cut -c1-8)
+stamp="$(cat "${patches[@]}" | sha256sum | cut -c1-16)-kvevict-$kve_version-$kve_hash-$script_hash${features:+-$features}${cmake_args[*]:+-$(echo "${cmake_args[*]}" | sha256sum | cut -c1-8)}"
+
+if [ -n "${KVEVICT_CACHE_DIR:-}" ]; then cache_dir=$KVEVICT_CACHE_DIR
+elif [ -n "${XDG_CACHE_HOME:-}" ]; then cache_dir=$XDG_CACHE_HOME/kvevict
+elif [ -n "${HOME:-}" ]; then cache_dir=$HOME/.cache/kvevict
+else cache_dir=none; fi
+if [ -z "${KVEVICT_FORK_DIR:-}" ] && [ ! -e "$dir" ] && [ "$cache_dir" != none ]; then
+    dir=$cache_dir/llama-fork-$(echo "$stamp" | sha256sum | cut -c1-16)
+    mkdir -p "$cache_dir"
+    # one build per keyed folder at a time; a run that waited finds the STAMP below
+    exec 9> "$dir.lock"
+    flock 9
+    # keyed folders unused for 30 days (their STAMP is touched on every use), unless in use now
+    for old in "$cache_dir"/llama-fork-*/STAMP; do
+        d=${old%/STAMP}
+        if [ -f "$old" ] && [ "$d" != "$dir" ] && [ -n "$(find "$old" -mtime +30)" ]; then
+            # under its lock (skipped if a run holds it): a run wanting that key waits, then rebuilds
+            ( flock -n 8 || exit 0; log "removing $d (unused for 30 days)"; rm -rf "$d" ) 8> "$d.lock"
+        fi
+    done
+fi
 
 if [ -f "$dir/STAMP" ] && [ "$(cat "$dir/STAMP")" = "$stamp" ] && [ -x "$dir/build/bin/llama-server" ]; then
-    log "cached build ($stamp)"
+    log "cached build ($stamp in $dir)"
+    touch "$dir/STAMP"
     echo "KVEVICT_FORK_BIN=$dir/build/bin"
     exit 0
 fi
 t0=$(date +%s)
+# from here on the folder does not hold a finished build of any key until the STAMP is written again
+rm -f "$dir/STAMP"
 
 # kvevict: a static library and its CMake package
 if [ -n "$features" ]; then

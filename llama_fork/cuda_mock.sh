@@ -19,6 +19,9 @@ eval "$("$root/llama_fork/build.sh")"   # KVEVICT_FORK_BIN=<dir>/build/bin
 dir=$(cd "$KVEVICT_FORK_BIN/../.." && pwd)
 out=$dir/cuda-mock
 echo "KVEVICT_FORK_BIN=$KVEVICT_FORK_BIN"
+# the build folder's lock (llama_fork/build.sh): one relink at a time; a run that waited finds the STAMP
+exec 9> "$dir.lock"
+flock 9
 
 if [ -f "$out/STAMP" ] && [ "$(cat "$out/STAMP")" = "$(cat "$dir/STAMP")" ] && [ -f "$out/libllama.so.0" ]; then
     log "cached ($out)"
@@ -26,7 +29,7 @@ if [ -f "$out/STAMP" ] && [ "$(cat "$out/STAMP")" = "$(cat "$dir/STAMP")" ] && [
     exit 0
 fi
 t0=$(date +%s)
-rm -rf "$out"
+rm -rf "$out"   # (with its STAMP: a failed relink is never reused)
 mkdir -p "$out"
 KVEVICT_FEATURES=cuda-mock CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$dir/cargo-target-cuda-mock} \
     "$root/scripts/install.sh" "$out/kvevict" >&2

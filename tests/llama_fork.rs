@@ -8,7 +8,9 @@
 //! - the decode speed on the compacted cache against the full one at the same prompt;
 //! - bad input refused by `llama-cli` / `llama-server` at startup, and bad calls of the C
 //!   API returning their error without touching the cache;
-//! - `llama-server` on loopback with a cell budget smaller than a multi-turn conversation;
+//! - `llama-server` on loopback with a cell budget smaller than a multi-turn conversation, with
+//!   its default `-b`/`-ub`: the KV cache allocated for the budget alone; a prompt longer than
+//!   the budget through one `llama_decode` (evictions between its ubatches);
 //! - question-agnostic compression (`--agnostic`: the context alone is prefilled and
 //!   compressed, the question comes after) with the `uniqueness` method;
 //! - the compacted sequence saved with `llama_state_seq_save_file` (about 1/keep smaller) and
@@ -403,23 +405,32 @@ fn needle_path(
 /// compaction of the K/V rows) against the host path, on the cuda-mock relink of libllama:
 /// byte-identical compacted state files (same kept cells, same rows moved, same cell metadata)
 /// and the same answers, flash attention off (V transposed) and on.
-#[test]
-fn device_path_on_the_cuda_mock_matches_the_host_path() {
-    let Some(s) = setup() else {
-        return;
-    };
+/// The cuda-mock relink of libllama (`KVEVICT_FORK_MOCK_LIB`, llama_fork/cuda_mock.sh), or None
+/// with a printed line (a failure under `KVEVICT_FORK_REQUIRED=1`).
+fn mock_lib(test: &str) -> Option<PathBuf> {
     let Some(lib) = std::env::var_os("KVEVICT_FORK_MOCK_LIB").map(PathBuf::from) else {
         assert!(
             std::env::var("KVEVICT_FORK_REQUIRED").map_or(true, |v| v != "1"),
             "KVEVICT_FORK_MOCK_LIB is not set (llama_fork/cuda_mock.sh prints it)"
         );
-        eprintln!("SKIPPED device_path_on_the_cuda_mock_matches_the_host_path: set KVEVICT_FORK_MOCK_LIB (llama_fork/cuda_mock.sh)");
-        return;
+        eprintln!("SKIPPED {test}: set KVEVICT_FORK_MOCK_LIB (llama_fork/cuda_mock.sh)");
+        return None;
     };
     assert!(
         lib.join("libllama.so.0").is_file(),
         "no libllama.so.0 in {lib:?}"
     );
+    Some(lib)
+}
+
+#[test]
+fn device_path_on_the_cuda_mock_matches_the_host_path() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let Some(lib) = mock_lib("device_path_on_the_cuda_mock_matches_the_host_path") else {
+        return;
+    };
     let dir = std::env::temp_dir();
     let mut table = String::from(
         "flash depth | method       | cells      | host answer | device answer | state files\n",
@@ -525,6 +536,115 @@ fn device_path_on_the_cuda_mock_matches_the_host_path() {
 
 /// Forced onto the device path, a libllama whose kvevict has no CUDA refuses the eviction with a
 /// clear message (the tool then stops), and the host path of the same binary still runs.
+/// A ~1000-token prompt (context and question) through ONE `llama_decode` call under a 256-cell
+/// budget (`llama-kvevict-needle --kv-max-cells`): libllama places it ubatch by ubatch, evicting
+/// between them, so the cache is allocated for the budget alone (not budget + batch) and never
+/// holds more than the budget; n_ubatch is capped to what an eviction to 0.75 frees (64), also
+/// from the default 512. Host and device path (cuda-mock), flash attention off and on, evict
+/// the same cells and answer the same; with a budget above the prompt (no eviction) the
+/// ubatch-by-ubatch placement answers the needle like the full cache.
+#[test]
+fn a_prompt_longer_than_the_budget_streams_through_one_decode() {
+    let Some(s) = setup() else {
+        return;
+    };
+    const BUDGET: f64 = 256.0;
+    let lib = mock_lib("a_prompt_longer_than_the_budget_streams_through_one_decode");
+    let common = ["--needle", "0.5", "--seed", "5", "-n", "8", "-t", "2"];
+    let mut rows = Vec::new();
+    for (flash, ub) in [("off", Some("64")), ("on", None)] {
+        let mut args = [
+            &common[..],
+            &["--kv-max-cells", "256", "--flash-attn", flash],
+        ]
+        .concat();
+        if let Some(ub) = ub {
+            args.extend(["-ub", ub]);
+        }
+        let paths: &[bool] = if lib.is_some() {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &device in paths {
+            let (row, err, ok) = needle_path(&s, lib.as_deref().filter(|_| device), device, &args);
+            let r = row
+                .filter(|_| ok)
+                .unwrap_or_else(|| panic!("{args:?} device {device} failed:\n{err}"));
+            println!(
+                "budget 256, flash {flash}, -ub {}, {} path: prompt {} tokens in one decode, n_ubatch {}, allocated {} cells, \
+                 most held {}, {} evictions, {} cells at the end, answer {:?}",
+                ub.unwrap_or("512 (default)"),
+                if device { "device" } else { "host" },
+                r.num("prompt"),
+                r.num("n_ubatch"),
+                r.num("alloc_cells"),
+                r.num("most_held"),
+                r.num("evictions"),
+                r.num("cells_end"),
+                r.get("answer")
+            );
+            assert!(
+                r.num("prompt") > 3.0 * BUDGET,
+                "the prompt must be far longer than the budget"
+            );
+            assert_eq!(
+                r.num("n_ubatch"),
+                64.0,
+                "n_ubatch capped to what an eviction frees"
+            );
+            assert_eq!(
+                r.num("alloc_cells"),
+                BUDGET,
+                "KV cells allocated: the budget alone"
+            );
+            assert_eq!(
+                r.num("most_held"),
+                BUDGET,
+                "the budget is reached and never passed"
+            );
+            assert!(r.num("cells_end") <= BUDGET);
+            // (prompt - budget) / 64 cells to free at 64 per eviction, at least
+            assert!(r.num("evictions") >= ((r.num("prompt") - BUDGET) / 64.0).floor());
+            assert_eq!(
+                r.num("log_problems"),
+                0.0,
+                "warnings or errors logged:\n{err}"
+            );
+            assert_eq!(
+                r.num("device_evictions"),
+                if device { r.num("evictions") } else { 0.0 },
+                "path taken:\n{err}"
+            );
+            rows.push(r);
+        }
+    }
+    // the host and device paths keep the same cells: same evictions, cells and answer
+    for pair in rows.chunks(2).filter(|p| p.len() == 2) {
+        for k in ["evictions", "cells_end", "answer"] {
+            assert_eq!(pair[0].get(k), pair[1].get(k), "host vs device path: {k}");
+        }
+    }
+    // placed ubatch by ubatch but nothing evicted (budget above the prompt): the full cache's answer
+    let r = needle(
+        &s,
+        &[&common[..], &["--kv-max-cells", "2048", "-ub", "64"]].concat(),
+    );
+    println!(
+        "budget 2048 (above the prompt), -ub 64: {} evictions, most held {}, answer {:?} ({})",
+        r.num("evictions"),
+        r.num("most_held"),
+        r.get("answer"),
+        r.verdict()
+    );
+    assert_eq!(r.num("evictions"), 0.0);
+    assert!(
+        r.num("correct") == 1.0,
+        "needle lost without eviction: {:?}",
+        r.get("answer")
+    );
+}
+
 #[test]
 fn device_path_without_cuda_is_refused() {
     let Some(s) = setup() else {
@@ -733,9 +853,10 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     let log_path =
         std::env::temp_dir().join(format!("kvevict-llama-server-{}.log", std::process::id()));
     let log = std::fs::File::create(&log_path).unwrap();
-    // a 4096-token context (positions keep growing) whose sequence may hold at most BUDGET cells;
-    // batches of 64 fit the 64 cells an eviction to 0.75 * BUDGET frees; the cache allocates
-    // BUDGET + 64 cells
+    // a 4096-token context (positions keep growing) whose sequence may hold at most BUDGET cells,
+    // with llama-server's default -b (2048) and -ub (512): libllama places a batch ubatch by ubatch,
+    // evicting between them, and caps n_ubatch to the 64 cells an eviction to 0.75 * BUDGET frees,
+    // so the cache allocates BUDGET cells, not BUDGET + n_batch (2304) or BUDGET + n_ubatch
     let budget = BUDGET.to_string();
     let mut server = Server(
         Command::new(s.bin.join("llama-server"))
@@ -750,10 +871,6 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
                 "4096",
                 "-np",
                 "1",
-                "-b",
-                "64",
-                "-ub",
-                "64",
             ])
             .args([
                 "-t",
@@ -875,11 +992,18 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     let secs = t0.elapsed().as_secs_f64();
 
     let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
-    let evictions: Vec<&str> = log_text
+    // every eviction ("evict: seq 0: 256 -> 192 cells, ...") and every new high of the cells held
+    // after placing a ubatch ("place: seq 0: 256 cells with this ubatch ...") name the most cells held
+    let held_lines: Vec<&str> = log_text
         .lines()
         .filter(|l| l.contains("most cells held"))
         .collect();
-    // "... most cells held N; host path, kve_*)": the digits after the label
+    let evictions: Vec<&str> = held_lines
+        .iter()
+        .copied()
+        .filter(|l| l.contains("evict: seq "))
+        .collect();
+    // "... most cells held N; host path, kve_*)" / "... most cells held N)": the digits after the label
     let most = |l: &str| -> u32 {
         let tail = l.rsplit("most cells held ").next().unwrap();
         let digits: String = tail.chars().take_while(|c| c.is_ascii_digit()).collect();
@@ -887,12 +1011,12 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
             .parse()
             .unwrap_or_else(|_| panic!("no cell count in {l:?}"))
     };
-    let held = evictions.iter().map(|l| most(l)).max().unwrap_or(0);
+    let held = held_lines.iter().map(|l| most(l)).max().unwrap_or(0);
     let kv_bytes_per_cell = 30 * 2 * 192 * 2; // SmolLM2: layers x (K, V) x n_embd_k_gqa x f16
                                               // the allocation llama.cpp logs: "llama_kv_cache: size =    7.03 MiB (   320 cells, ..."
     let (alloc_mib, alloc_cells) = kv_allocation(&log_text);
     println!(
-        "llama-server, {} turns over /v1/chat/completions in {secs:.1} s: history {history_tokens} tokens, budget {BUDGET} cells \
+        "llama-server (default -b 2048 -ub 512), {} turns over /v1/chat/completions in {secs:.1} s: history {history_tokens} tokens, budget {BUDGET} cells \
          (cells in use: {:.1} MiB of f16 K+V at most, against {:.1} MiB for the whole history; allocated {alloc_cells} cells, \
          {alloc_mib:.2} MiB, against {:.1} MiB for -c 4096), {} evictions, most cells held {held}; last answer {last:?} (green recalled: {})",
         topics.len() + 2,
@@ -912,9 +1036,18 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
         held <= BUDGET,
         "a sequence held {held} cells, budget {BUDGET}"
     );
-    // memory really freed: the cache is allocated for the budget plus one batch (-b 64), not -c
-    assert_eq!(alloc_cells, BUDGET + 64, "KV cells allocated");
-    let bound_mib = ((BUDGET + 64) * kv_bytes_per_cell) as f64 / 1048576.0;
+    assert!(
+        held_lines.len() > evictions.len(),
+        "no ubatch placement logged:\n{log_text}"
+    );
+    assert!(
+        log_text.contains("n_ubatch 512 -> 64"),
+        "n_ubatch not capped:\n{log_text}"
+    );
+    // memory really freed: with the default -b 2048 -ub 512 the cache is allocated for the budget
+    // alone, not -c, not the budget plus a batch
+    assert_eq!(alloc_cells, BUDGET, "KV cells allocated");
+    let bound_mib = (BUDGET * kv_bytes_per_cell) as f64 / 1048576.0;
     assert!(
         (alloc_mib - bound_mib).abs() < 0.01,
         "KV allocation {alloc_mib} MiB, expected {bound_mib:.2} MiB"

