@@ -151,67 +151,20 @@ fn value_links_refuse_bad_input_and_write_nothing() {
     assert_eq!(vv, v);
 }
 
-fn select_linked(
+/// The linked selection of `scores` (N tokens, window W); empty `links` passes NULL for n.
+fn linked(
     sel: &kve_select_params,
     scores: &[f32],
     layers: usize,
     links: &[f32],
     threshold: f32,
 ) -> (i32, Vec<u64>, Vec<u32>) {
-    let (mut ol, mut il, mut wl) = (0u64, 0u64, 0u64);
-    unsafe {
-        assert_eq!(
-            kve_select_output_len(
-                sel,
-                layers as u64,
-                HKV as u64,
-                N as u64,
-                W as u64,
-                &mut ol,
-                &mut il
-            ),
-            KVE_OK
-        );
-        assert_eq!(
-            kve_select_workspace_size(sel, layers as u64, HKV as u64, N as u64, W as u64, &mut wl),
-            KVE_OK
-        );
-    }
-    let mut off = vec![CANARY as u64; ol as usize];
-    let mut idx = vec![CANARY; il as usize];
-    let mut ws = vec![0u8; wl as usize];
-    let ms = kve_model_scores {
-        scores: scores.as_ptr(),
-        len: scores.len() as u64,
-        layers: layers as u64,
-        hkv: HKV as u64,
-        n: N as u64,
-        window: W as u64,
+    let l = if links.is_empty() {
+        (null(), N as u64, threshold)
+    } else {
+        (links.as_ptr(), links.len() as u64, threshold)
     };
-    let st = unsafe {
-        kve_select_model_linked(
-            sel,
-            &ms,
-            if links.is_empty() {
-                null()
-            } else {
-                links.as_ptr()
-            },
-            if links.is_empty() {
-                N as u64
-            } else {
-                links.len() as u64
-            },
-            threshold,
-            off.as_mut_ptr(),
-            ol,
-            idx.as_mut_ptr(),
-            il,
-            ws.as_mut_ptr() as *mut c_void,
-            wl,
-        )
-    };
-    (st, off, idx)
+    select_linked(sel, scores, layers, N, W, Some(l))
 }
 
 fn laprox_span(budget: u64) -> kve_select_params {
@@ -241,7 +194,7 @@ fn linked_selection_keeps_a_run_longer_than_the_kernel() {
         *l = 0.8 * count; // 9..=17 continue their predecessors: the run 8..=17
     }
     let sel = laprox_span(13);
-    let (st, off, idx) = select_linked(&sel, &scores, layers, &links, 0.5);
+    let (st, off, idx) = linked(&sel, &scores, layers, &links, 0.5);
     expect!(st, KVE_OK);
     let head: Vec<u32> = idx[off[0] as usize..off[1] as usize].to_vec();
     let want: Vec<u32> = (5..=17).chain(P as u32..N as u32).collect();
@@ -267,7 +220,7 @@ fn linked_selection_keeps_a_run_longer_than_the_kernel() {
     let (mut o2, mut i2) = (vec![0u64; no], vec![0u32; ni]);
     let mut ws = vec![0u8; kvevict::select_workspace_size(&cfg, layers, HKV, N, W).unwrap()];
     kvevict::select_model_linked(&cfg, &ms, vl, &mut o2, &mut i2, &mut ws).unwrap();
-    let (_, off, idx) = select_linked(&sel, &scores, layers, &links, 0.5);
+    let (_, off, idx) = linked(&sel, &scores, layers, &links, 0.5);
     assert_eq!(off, o2);
     assert_eq!(
         idx[..off[layers * HKV] as usize],
@@ -300,7 +253,7 @@ fn linked_selection_refuses_bad_input_and_writes_nothing() {
         (&decayed, &links, 0.5, KVE_ERR_INVALID_ARGUMENT),
     ];
     for (i, (p, l, thr, want)) in cases.into_iter().enumerate() {
-        let (st, off, idx) = select_linked(p, &scores, layers, l, thr);
+        let (st, off, idx) = linked(p, &scores, layers, l, thr);
         assert_eq!(name(st), name(want), "case {i}");
         assert!(untouched(&off, &idx), "case {i}");
     }

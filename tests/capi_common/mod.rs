@@ -165,6 +165,19 @@ pub fn select(
     n: usize,
     w: usize,
 ) -> (i32, Vec<u64>, Vec<u32>) {
+    select_linked(sel, scores, layers, n, w, None)
+}
+
+/// [`select`] through `kve_select_model_linked` when `links` = (pointer, length, threshold)
+/// is given; outputs untouched on error.
+pub fn select_linked(
+    sel: &kve_select_params,
+    scores: &[f32],
+    layers: usize,
+    n: usize,
+    w: usize,
+    links: Option<(*const f32, u64, f32)>,
+) -> (i32, Vec<u64>, Vec<u32>) {
     let (mut ol, mut il, mut wl) = (0u64, 0u64, 0u64);
     unsafe {
         assert_eq!(
@@ -195,17 +208,14 @@ pub fn select(
         n: n as u64,
         window: w as u64,
     };
+    let (o, i, wsp) = (off.as_mut_ptr(), idx.as_mut_ptr(), ws.as_mut_ptr() as _);
     let st = unsafe {
-        kve_select_model(
-            sel,
-            &ms,
-            off.as_mut_ptr(),
-            ol,
-            idx.as_mut_ptr(),
-            il,
-            ws.as_mut_ptr() as _,
-            wl,
-        )
+        match links {
+            None => kve_select_model(sel, &ms, o, ol, i, il, wsp, wl),
+            Some((l, len, thr)) => {
+                kve_select_model_linked(sel, &ms, l, len, thr, o, ol, i, il, wsp, wl)
+            }
+        }
     };
     if st != KVE_OK {
         assert!(off.iter().all(|&x| x == CANARY as u64) && idx.iter().all(|&x| x == CANARY));
