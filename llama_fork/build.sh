@@ -47,9 +47,10 @@ if [ -n "${KVEVICT_CACHE_DIR:-}" ]; then cache_dir=$KVEVICT_CACHE_DIR
 elif [ -n "${XDG_CACHE_HOME:-}" ]; then cache_dir=$XDG_CACHE_HOME/kvevict
 elif [ -n "${HOME:-}" ]; then cache_dir=$HOME/.cache/kvevict
 else cache_dir=none; fi
-if [ -z "${KVEVICT_FORK_DIR:-}" ] && [ ! -e "$dir" ] && [ "$cache_dir" != none ]; then
+# (a cache folder that cannot be made or written, or no flock: build in the clone as before)
+if [ -z "${KVEVICT_FORK_DIR:-}" ] && [ ! -e "$dir" ] && [ "$cache_dir" != none ] \
+    && mkdir -p "$cache_dir" 2>/dev/null && [ -w "$cache_dir" ] && command -v flock >/dev/null; then
     dir=$cache_dir/llama-fork-$(echo "$stamp" | sha256sum | cut -c1-16)
-    mkdir -p "$cache_dir"
     # one build per keyed folder at a time; a run that waited finds the STAMP below
     exec 9> "$dir.lock"
     flock 9

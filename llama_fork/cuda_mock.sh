@@ -20,8 +20,10 @@ dir=$(cd "$KVEVICT_FORK_BIN/../.." && pwd)
 out=$dir/cuda-mock
 echo "KVEVICT_FORK_BIN=$KVEVICT_FORK_BIN"
 # the build folder's lock (llama_fork/build.sh): one relink at a time; a run that waited finds the STAMP
-exec 9> "$dir.lock"
-flock 9
+if command -v flock >/dev/null; then
+    exec 9> "$dir.lock"
+    flock 9
+fi
 
 if [ -f "$out/STAMP" ] && [ "$(cat "$out/STAMP")" = "$(cat "$dir/STAMP")" ] && [ -f "$out/libllama.so.0" ]; then
     log "cached ($out)"
