@@ -509,6 +509,38 @@ pub(crate) fn prefetch_rows(p: *const u8, ld: usize, bytes: usize, rows: usize) 
     let _ = (p, ld, bytes, rows);
 }
 
+/// 8 consecutive key elements at element `i` of `k`, f16 (`F16`) or f32, as f32 lanes.
+///
+/// # Safety
+/// `S`'s CPU features are present and elements `i .. i + 8` of `k` are readable.
+#[inline(always)]
+pub(crate) unsafe fn load_key<S: Simd, const F16: bool>(k: *const u8, i: usize) -> S::V {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if F16 {
+            S::load_f16((k as *const u16).add(i))
+        } else {
+            S::load((k as *const f32).add(i))
+        }
+    }
+}
+
+/// Element `i` of `k`, f16 (`F16`) or f32, as f32.
+///
+/// # Safety
+/// Element `i` of `k` is readable.
+#[inline(always)]
+pub(crate) unsafe fn key_elem<const F16: bool>(k: *const u8, i: usize) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if F16 {
+            half::f16::from_bits(*(k as *const u16).add(i)).to_f32()
+        } else {
+            *(k as *const f32).add(i)
+        }
+    }
+}
+
 /// Whether every element of `x` is finite (`v - v` is +0 for finite `v`, NaN otherwise).
 #[inline(always)]
 pub(crate) fn all_finite<S: Simd>(x: &[f32]) -> bool {

@@ -14,7 +14,7 @@ use super::Bufs;
 use crate::error::{Error, Result};
 #[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
 use crate::numerics::dispatch as dispatch_wide;
-use crate::numerics::{prefetch_rows, Simd};
+use crate::numerics::{key_elem, load_key, prefetch_rows, Simd};
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 use crate::simd512::dispatch_wide;
 use crate::view::{load_rows, DType, View};
@@ -368,20 +368,8 @@ unsafe fn block<S: Simd, const B: usize, const RA: usize, const F16: bool>(
     // SAFETY: `S`'s CPU features are present and every access is inside the rows of this fn's
     // contract
     unsafe {
-        let load = |i: usize| {
-            if F16 {
-                S::load_f16((k as *const u16).add(i))
-            } else {
-                S::load((k as *const f32).add(i))
-            }
-        };
-        let elem = |i: usize| {
-            if F16 {
-                half::f16::from_bits(*(k as *const u16).add(i)).to_f32()
-            } else {
-                *(k as *const f32).add(i)
-            }
-        };
+        let load = |i: usize| load_key::<S, F16>(k, i);
+        let elem = |i: usize| key_elem::<F16>(k, i);
         let mut acc = [[S::zero(); RA]; B];
         let d8 = dk / 8 * 8;
         let mut d = 0;
