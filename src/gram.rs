@@ -60,7 +60,8 @@ pub fn gram_workspace_size(dv: usize, d_model: usize) -> Result<usize> {
 }
 
 /// `wo` is `[Hq, dv, D]` (head, row, col): `Wo_h[r][c]`. For PyTorch's `o_proj.weight`
-/// (`[D, Hq·dv]`, row-major) use strides `[dv, 1, Hq·dv]`. Sums in f64 (once per model).
+/// (`[D, Hq·dv]`, row-major) use strides `[dv, 1, Hq·dv]`. Sums in f64 in a fixed lane
+/// order ([`dot64`]), the same bits on every build (once per model).
 pub fn compute_gram(
     wo: &View,
     hkv: usize,
@@ -126,13 +127,61 @@ pub fn compute_gram(
     Ok(())
 }
 
-/// `Σ x_i y_i` summed in f64 in order: one Gram entry.
+/// Lanes of a Gram entry's f64 sum: lane `j` adds the products `k ≡ j (mod LANES)` in
+/// order of `k`, then the lanes add as `(l0 + l2) + (l1 + l3)`. A fixed order, so every
+/// build (portable, AVX2) gives the same bits, with independent chains the CPU can overlap.
+const LANES: usize = 4;
+
+#[inline(always)]
+fn lanes_sum(l: [f64; LANES]) -> f64 {
+    (l[0] + l[2]) + (l[1] + l[3])
+}
+
+/// One Gram entry `Σ x_k y_k` in f64, in the lane order above.
 fn dot64(x: &[f32], y: &[f32]) -> f64 {
-    let mut s = 0f64;
-    for (p, q) in x.iter().zip(y) {
-        s += (*p as f64) * (*q as f64);
+    let mut r = [[0f64; 1]; 1];
+    dot_tile::<1, 1>([x], [y], &mut r);
+    r[0][0]
+}
+
+/// `R × C` Gram entries at once (`out[i][j] = x_i · y_j`), each in [`dot64`]'s order: every
+/// `x` and `y` chunk is loaded once for `C` (resp. `R`) entries.
+#[inline(always)]
+fn dot_tile<const R: usize, const C: usize>(
+    x: [&[f32]; R],
+    y: [&[f32]; C],
+    out: &mut [[f64; C]; R],
+) {
+    let n = x[0].len();
+    let mut acc = [[[0f64; LANES]; C]; R];
+    let full = n - n % LANES;
+    let mut k = 0;
+    while k < full {
+        let xs: [[f64; LANES]; R] =
+            core::array::from_fn(|i| core::array::from_fn(|l| x[i][k + l] as f64));
+        let ys: [[f64; LANES]; C] =
+            core::array::from_fn(|j| core::array::from_fn(|l| y[j][k + l] as f64));
+        for i in 0..R {
+            for j in 0..C {
+                for l in 0..LANES {
+                    acc[i][j][l] += xs[i][l] * ys[j][l];
+                }
+            }
+        }
+        k += LANES;
     }
-    s
+    for (l, k) in (full..n).enumerate() {
+        for i in 0..R {
+            for j in 0..C {
+                acc[i][j][l] += x[i][k] as f64 * y[j][k] as f64;
+            }
+        }
+    }
+    for i in 0..R {
+        for j in 0..C {
+            out[i][j] = lanes_sum(acc[i][j]);
+        }
+    }
 }
 
 /// Every Gram entry the layout computes (a diagonal block's upper triangle, every entry
@@ -156,16 +205,130 @@ fn for_each_entry(
                 wo.load_row(kh * g + b, r, &mut wb[r * dm..(r + 1) * dm]);
             }
             let base = (kh * nb + k) * dv * dv;
-            for r in 0..dv {
-                let c0 = if a == b { r } else { 0 };
-                for c in c0..dv {
-                    let (x, y) = (&wa[r * dm..(r + 1) * dm], &wb[c * dm..(c + 1) * dm]);
-                    if !f(base + r * dv + c, dot64(x, y) as f32) {
+            if !block_entries(wa, wb, dv, dm, a == b, base, f) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// The entries of one block (`wa`, `wb`: its two heads' rows) as `f(index, value)`, in
+/// tiles of `TR × TC` entries; a diagonal block's lower triangle is skipped.
+fn block_entries(
+    wa: &[f32],
+    wb: &[f32],
+    dv: usize,
+    dm: usize,
+    diag: bool,
+    base: usize,
+    f: &mut dyn FnMut(usize, f32) -> bool,
+) -> bool {
+    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    if crate::numerics::has_avx2() {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn fast(
+            wa: &[f32],
+            wb: &[f32],
+            dv: usize,
+            dm: usize,
+            diag: bool,
+            base: usize,
+            f: &mut dyn FnMut(usize, f32) -> bool,
+        ) -> bool {
+            // SAFETY: this function only runs where the CPU has AVX2 (checked by the caller).
+            block_entries_impl(wa, wb, dv, dm, diag, base, f, |x, y, t| unsafe {
+                dot_tile_avx2(x, y, t)
+            })
+        }
+        // SAFETY: the CPU has avx2, fma and f16c (checked just above).
+        return unsafe { fast(wa, wb, dv, dm, diag, base, f) };
+    }
+    block_entries_impl(wa, wb, dv, dm, diag, base, f, |x, y, t| {
+        dot_tile::<TR, TC>(x, y, t)
+    })
+}
+
+/// [`dot_tile`] with the `LANES` lanes in one AVX2 register: the same products and sums in
+/// the same order per lane, so the same bits.
+#[cfg(all(feature = "std", target_arch = "x86_64"))]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_tile_avx2(x: [&[f32]; TR], y: [&[f32]; TC], out: &mut [[f64; TC]; TR]) {
+    use core::arch::x86_64::*;
+    let n = x[0].len();
+    assert!(x.iter().all(|r| r.len() == n) && y.iter().all(|r| r.len() == n));
+    let full = n - n % LANES;
+    let mut acc = [[_mm256_setzero_pd(); TC]; TR];
+    let mut k = 0;
+    while k < full {
+        // SAFETY: k + LANES <= n for every row (asserted lengths).
+        let xs: [__m256d; TR] = core::array::from_fn(|i| unsafe {
+            _mm256_cvtps_pd(_mm_loadu_ps(x[i].as_ptr().add(k)))
+        });
+        // SAFETY: as above.
+        let ys: [__m256d; TC] = core::array::from_fn(|j| unsafe {
+            _mm256_cvtps_pd(_mm_loadu_ps(y[j].as_ptr().add(k)))
+        });
+        for i in 0..TR {
+            for j in 0..TC {
+                acc[i][j] = _mm256_add_pd(acc[i][j], _mm256_mul_pd(xs[i], ys[j]));
+            }
+        }
+        k += LANES;
+    }
+    for i in 0..TR {
+        for j in 0..TC {
+            let mut l = [0f64; LANES];
+            // SAFETY: `l` holds LANES f64.
+            unsafe { _mm256_storeu_pd(l.as_mut_ptr(), acc[i][j]) };
+            for (lane, kk) in (full..n).enumerate() {
+                l[lane] += x[i][kk] as f64 * y[j][kk] as f64;
+            }
+            out[i][j] = lanes_sum(l);
+        }
+    }
+}
+
+#[inline(always)]
+fn row_of(w: &[f32], dm: usize, r: usize) -> &[f32] {
+    &w[r * dm..(r + 1) * dm]
+}
+
+const TR: usize = 2;
+const TC: usize = 4;
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn block_entries_impl(
+    wa: &[f32],
+    wb: &[f32],
+    dv: usize,
+    dm: usize,
+    diag: bool,
+    base: usize,
+    f: &mut dyn FnMut(usize, f32) -> bool,
+    tile: impl Fn([&[f32]; TR], [&[f32]; TC], &mut [[f64; TC]; TR]),
+) -> bool {
+    let mut r0 = 0;
+    while r0 < dv {
+        // rows past the block repeat its last row; their entries are not reported
+        let x: [&[f32]; TR] = core::array::from_fn(|i| row_of(wa, dm, (r0 + i).min(dv - 1)));
+        let mut c0 = if diag { r0 - r0 % TC } else { 0 };
+        while c0 < dv {
+            let y: [&[f32]; TC] = core::array::from_fn(|j| row_of(wb, dm, (c0 + j).min(dv - 1)));
+            let mut t = [[0f64; TC]; TR];
+            tile(x, y, &mut t);
+            for (i, ti) in t.iter().enumerate() {
+                for (j, v) in ti.iter().enumerate() {
+                    let (r, c) = (r0 + i, c0 + j);
+                    if r < dv && c < dv && (!diag || c >= r) && !f(base + r * dv + c, *v as f32) {
                         return false;
                     }
                 }
             }
+            c0 += TC;
         }
+        r0 += TR;
     }
     true
 }
@@ -625,6 +788,56 @@ mod tests {
                         check::<crate::numerics::Avx2>(dv, sym, f16);
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn gram_entries_match_f64_and_builds_agree() {
+        // odd shapes: dv not a multiple of the tile, D not a multiple of the lanes
+        for (hq, hkv, dv, dm) in [(3, 1, 5, 13), (4, 2, 7, 1), (6, 2, 9, 37), (2, 2, 16, 64)] {
+            for cross in [false, true] {
+                let w = vals(hq * dv * dm, (hq * 131 + dv * 7 + dm) as u64);
+                let wo = View::f32(&w, [hq, dv, dm], [dv * dm, dm, 1]).unwrap();
+                let mut out = vec![f32::NAN; gram_len(hq, hkv, dv, cross).unwrap()];
+                let mut ws = vec![0u8; gram_workspace_size(dv, dm).unwrap()];
+                compute_gram(&wo, hkv, cross, &mut out, &mut ws).unwrap();
+                let (g, nb) = (hq / hkv, blocks(hq / hkv, cross));
+                for kh in 0..hkv {
+                    for k in 0..nb {
+                        let (a, b) = block_pair(g, k);
+                        for r in 0..dv {
+                            for c in 0..dv {
+                                let exact: f64 = (0..dm)
+                                    .map(|t| {
+                                        w[((kh * g + a) * dv + r) * dm + t] as f64
+                                            * w[((kh * g + b) * dv + c) * dm + t] as f64
+                                    })
+                                    .sum();
+                                let got = out[(kh * nb + k) * dv * dv + r * dv + c];
+                                let tol = 1e-6 * (1.0 + exact.abs());
+                                assert!(
+                                    (got as f64 - exact).abs() <= tol,
+                                    "{hq} {dv} {dm} {cross}: {got} vs {exact}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        #[cfg(all(feature = "std", target_arch = "x86_64"))]
+        if crate::numerics::has_avx2() {
+            for n in [1, 3, 4, 5, 8, 31, 64, 577] {
+                let x = vals(TR * n, n as u64);
+                let y = vals(TC * n, 7 + n as u64);
+                let xs: [&[f32]; TR] = core::array::from_fn(|i| &x[i * n..(i + 1) * n]);
+                let ys: [&[f32]; TC] = core::array::from_fn(|j| &y[j * n..(j + 1) * n]);
+                let (mut p, mut v) = ([[0f64; TC]; TR], [[1f64; TC]; TR]);
+                dot_tile::<TR, TC>(xs, ys, &mut p);
+                // SAFETY: the CPU has AVX2 (checked above).
+                unsafe { dot_tile_avx2(xs, ys, &mut v) };
+                assert_eq!(p, v, "n = {n}");
             }
         }
     }
