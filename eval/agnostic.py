@@ -422,7 +422,7 @@ def main(argv=None):
     ap.add_argument("--only", default="")
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--seed-base", type=int, default=0, help="> 0: a held-out split (other filler and keys)")
-    ap.add_argument("--task", default="needle", choices=["needle", "multikey", "vartrack"],
+    ap.add_argument("--task", default="needle", choices=["needle", "needle-prose", "multikey", "vartrack"],
                     help="multikey: 3 labelled codes in one context, each asked after one compression")
     ap.add_argument("--out", default=os.path.join(OUT_DIR, "agnostic.md"))
     args = ap.parse_args(argv)

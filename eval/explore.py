@@ -141,6 +141,8 @@ def main(argv=None):
     ap.add_argument("--needle", default=NEEDLE, help="needle sentence with {key} (format probe)")
     ap.add_argument("--only", default="", help="prompt indices to run (default all)")
     ap.add_argument("--setting", default="aware", choices=["aware", "agnostic"])
+    ap.add_argument("--prose", action="store_true",
+                    help="tasks.py's needle-prose: the pass key in docstring prose, not the filler grammar")
     ap.add_argument("--out", default=os.path.join(OUT_DIR, "explore.md"))
     args = ap.parse_args(argv)
     names = [v for v in args.variants.split(",") if v]
@@ -148,7 +150,11 @@ def main(argv=None):
     for n in names:
         get(n)
     model = Model()
-    prompts = make_prompts(model.tokenizer, args.prompts, args.tokens, args.seed_base, args.key_digits, args.needle)
+    if args.prose:
+        import tasks
+        prompts = [g[0] for g in tasks.make_task("needle-prose", model.tokenizer, args.prompts, args.tokens, args.seed_base)]
+    else:
+        prompts = make_prompts(model.tokenizer, args.prompts, args.tokens, args.seed_base, args.key_digits, args.needle)
     if args.only:
         keep = {int(i) for i in args.only.split(",")}
         prompts = [p for p in prompts if p.index in keep]
@@ -174,7 +180,7 @@ def main(argv=None):
             marks.append(f"{name}@{r:g}:{'ok' if e['correct'] else 'x'}")
         print(f"prompt {p.index} depth {p.depth:.2f} full {'ok' if p.index in full_ok else 'x'} "
               f"({time.time() - t0:.0f}s) " + " ".join(marks), file=sys.stderr, flush=True)
-    lines = [f"\n## {args.setting}, {len(prompts)} prompts of {args.prompts} x {args.tokens} tokens, seed base {args.seed_base}, "
+    lines = [f"\n## {args.setting}{' (prose)' if args.prose else ''}, {len(prompts)} prompts of {args.prompts} x {args.tokens} tokens, seed base {args.seed_base}, "
              f"needle {args.needle!r} with {args.key_digits} digits (full cache answers {len(full_ok)}), "
              f"window inside the budget\n", "| variant | ratio | correct | on full-ok | KL | layer err | needle digits kept |",
              "|---|---:|---:|---:|---:|---:|---:|"]

@@ -6,6 +6,10 @@ without any question, and then every question is asked of the same compressed ca
 - `vartrack`: not a lookup: a value is assigned to one variable and passed along a chain
   ("Let X be 51234." ... "Let Y be the same as X." ... "Let Z be the same as Y."), the
   question asks for the last variable's value, which is stated nowhere next to its name.
+- `needle-prose`: needle.py's pass key in real prose instead of the filler grammar: a
+  contiguous run of sentences from the Python standard library's docstrings (`prose.py`),
+  where far more tokens are unique than in the grammar's filler. Prompts outside the
+  grammar the methods were tuned on.
 
 Filler, key draws and depths follow needle.py; `seed_base` > 0 is a held-out split.
 """
@@ -66,6 +70,29 @@ def make_vartrack(tokenizer, index, n_prompts, n_tokens=CONTEXT_TOKENS, seed_bas
     return Prompt(index, first, key, context, q, tokenizer.encode(context), tokenizer.encode(q))
 
 
+def make_needle_prose(tokenizer, index, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=0):
+    """needle.py's prompt with a run of docstring sentences (from a seeded offset) as filler."""
+    from needle import QUESTION, needle_sentence
+    from prose import sentences
+    corpus = sentences()
+    depth = index / (n_prompts - 1) if n_prompts > 1 else 0.5
+    key = str(np.random.default_rng([7919, index + seed_base]).integers(10000, 100000))
+    rng = np.random.default_rng([6151, index + seed_base])
+    q_ids = tokenizer.encode(QUESTION)
+    budget = n_tokens - len(q_ids) - len(tokenizer.encode(" " + needle_sentence(key)))
+    at, used, sents = int(rng.integers(len(corpus))), 0, []
+    while True:
+        s = corpus[(at + len(sents)) % len(corpus)]
+        n = len(tokenizer.encode(" " + s))
+        if used + n > budget:
+            break
+        sents.append(s)
+        used += n
+    k = int(round(depth * len(sents)))
+    context = " ".join(sents[:k] + [needle_sentence(key)] + sents[k:])
+    return Prompt(index, depth, key, context, QUESTION, tokenizer.encode(context), q_ids)
+
+
 def make_task(task, tokenizer, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=0):
     """Prompts of `task`, grouped: a list of lists, each inner list sharing one context."""
     if task == "needle":
@@ -73,6 +100,8 @@ def make_task(task, tokenizer, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=0):
         return [[make_prompt(tokenizer, i, n_prompts, n_tokens, seed_base)] for i in range(n_prompts)]
     if task == "multikey":
         return [make_multikey(tokenizer, i, n_prompts, n_tokens, seed_base) for i in range(n_prompts)]
+    if task == "needle-prose":
+        return [[make_needle_prose(tokenizer, i, n_prompts, n_tokens, seed_base)] for i in range(n_prompts)]
     if task == "vartrack":
         return [[make_vartrack(tokenizer, i, n_prompts, n_tokens, seed_base)] for i in range(n_prompts)]
     raise ValueError(f"unknown task {task!r}")
