@@ -13,7 +13,7 @@ pub(crate) struct Avx512;
 
 /// Two 8-lane vectors as one 16-lane vector (`a` low, `b` high) and back.
 #[inline(always)]
-unsafe fn join(a: __m256, b: __m256) -> __m512 {
+pub(crate) unsafe fn join(a: __m256, b: __m256) -> __m512 {
     // SAFETY: AVX-512 F is present (`Avx512` is only used where `gemm512::available`); register casts only
     unsafe {
         let lo = _mm512_castpd256_pd512(_mm256_castps_pd(a));
@@ -21,7 +21,7 @@ unsafe fn join(a: __m256, b: __m256) -> __m512 {
     }
 }
 #[inline(always)]
-unsafe fn split(v: __m512) -> (__m256, __m256) {
+pub(crate) unsafe fn split(v: __m512) -> (__m256, __m256) {
     // SAFETY: AVX-512 F is present (as `join`); register casts only
     unsafe {
         let d = _mm512_castps_pd(v);
@@ -38,7 +38,7 @@ unsafe fn split(v: __m512) -> (__m256, __m256) {
 /// same product: `2^n` is exact and normal for n >= -126) with the cut-off below -87.3 as
 /// its zero mask (`!(x < -87.3)`: NLT_UQ).
 #[inline(always)]
-unsafe fn exp_neg2(x: [__m512; 2]) -> [__m512; 2] {
+pub(crate) unsafe fn exp_neg2(x: [__m512; 2]) -> [__m512; 2] {
     // SAFETY: AVX-512 F is present (as `join`); lane-wise arithmetic on registers only
     unsafe {
         let lo = _mm512_set1_ps(-87.0);
