@@ -27,6 +27,8 @@
 //! chunk (four blocks of 8 rows at a time, their exps interleaved); pass 2 forms the
 //! probabilities and sums each head's rows per key — straight into the sums, 8 keys reduced
 //! across lanes together, when the window is whole vectors and no cross terms are needed.
+//! Where the CPU has AVX-512, pass 1 and pass 2 at w = 8 run on 16-lane vectors
+//! (`softmax512`), with the same operations per lane.
 //! Both passes see identical logits (same kernel, same order), so `z - max <= 0` holds
 //! exactly; every variant keeps the same operations in the same order (same bits).
 
