@@ -357,8 +357,8 @@ mod tests {
             (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
         };
         for rp in (8..=136).step_by(8) {
-            for (dk, ldk) in [(5, 5), (64, 70), (128, 128)] {
-                for ntp in [6, 12, 18, 96] {
+            for (dk, ldk) in [(5, 5), (32, 36), (64, 70), (128, 128)] {
+                for ntp in [6, 12, 18, 24, 30, 96] {
                     let q: Vec<f32> = (0..rp * dk).map(|_| val()).collect();
                     let mut k: Vec<f32> = (0..ntp * ldk).map(|_| val()).collect();
                     for bad in [None, Some(f32::NAN), Some(f32::NEG_INFINITY)] {

@@ -41,6 +41,8 @@ pub mod shape;
 pub mod shard;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 mod simd512;
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+mod softmax512;
 mod span;
 pub mod stream;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]

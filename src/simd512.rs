@@ -13,7 +13,7 @@ pub(crate) struct Avx512;
 
 /// Two 8-lane vectors as one 16-lane vector (`a` low, `b` high) and back.
 #[inline(always)]
-unsafe fn join(a: __m256, b: __m256) -> __m512 {
+pub(crate) unsafe fn join(a: __m256, b: __m256) -> __m512 {
     // SAFETY: AVX-512 F is present (`Avx512` is only used where `gemm512::available`); register casts only
     unsafe {
         let lo = _mm512_castpd256_pd512(_mm256_castps_pd(a));
@@ -21,7 +21,7 @@ unsafe fn join(a: __m256, b: __m256) -> __m512 {
     }
 }
 #[inline(always)]
-unsafe fn split(v: __m512) -> (__m256, __m256) {
+pub(crate) unsafe fn split(v: __m512) -> (__m256, __m256) {
     // SAFETY: AVX-512 F is present (as `join`); register casts only
     unsafe {
         let d = _mm512_castps_pd(v);
@@ -32,14 +32,18 @@ unsafe fn split(v: __m512) -> (__m256, __m256) {
     }
 }
 
-/// `numerics::exp_neg` on two 16-lane vectors: the AVX2 `exp_neg4`'s operations, lane for
-/// lane (compare-and-blend as a masked blend, floor as roundscale 0x09, the same FMAs).
+/// `numerics::exp_neg` on two 16-lane vectors: the AVX2 `exp_neg4`'s values, lane for lane,
+/// in fewer instructions: the clamp as `max(-87, x)` (NaN kept, as the blend keeps it), floor
+/// as roundscale 0x09, the same FMAs, `p·2^n` as `scalef` (the same single rounding of the
+/// same product: `2^n` is exact and normal for n >= -126) with the cut-off below -87.3 as
+/// its zero mask (`!(x < -87.3)`: NLT_UQ).
 #[inline(always)]
-unsafe fn exp_neg2(x: [__m512; 2]) -> [__m512; 2] {
+pub(crate) unsafe fn exp_neg2(x: [__m512; 2]) -> [__m512; 2] {
     // SAFETY: AVX-512 F is present (as `join`); lane-wise arithmetic on registers only
     unsafe {
         let lo = _mm512_set1_ps(-87.0);
-        let xc = x.map(|v| _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo), v, lo));
+        // max(a, b) is `a > b ? a : b`: x when x is NaN, like the AVX2 blend on `x < -87`
+        let xc = x.map(|v| _mm512_max_ps(lo, v));
         let (l2e, half) = (
             _mm512_set1_ps(core::f32::consts::LOG2_E),
             _mm512_set1_ps(0.5),
@@ -74,20 +78,12 @@ unsafe fn exp_neg2(x: [__m512; 2]) -> [__m512; 2] {
         ];
         let one = _mm512_set1_ps(1.0);
         let p = p.map(|v| _mm512_add_ps(v, one));
-        let bias = _mm512_set1_epi32(127);
-        let scale = |n: __m512| {
-            let e = _mm512_add_epi32(_mm512_cvttps_epi32(n), bias);
-            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
-        };
-        let y = [
-            _mm512_mul_ps(p[0], scale(n[0])),
-            _mm512_mul_ps(p[1], scale(n[1])),
-        ];
         let min = _mm512_set1_ps(-87.3);
-        // andnot(x < -87.3, y): 0 where below
+        // lanes not below -87.3 (NaN included) get p·2^n, the others 0
+        let keep = x.map(|v| _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(v, min));
         [
-            _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[0], min), y[0]),
-            _mm512_maskz_mov_ps(!_mm512_cmp_ps_mask::<_CMP_LT_OQ>(x[1], min), y[1]),
+            _mm512_maskz_scalef_ps(keep[0], p[0], n[0]),
+            _mm512_maskz_scalef_ps(keep[1], p[1], n[1]),
         ]
     }
 }
@@ -178,7 +174,7 @@ mod tests {
     }
 
     /// The 16-lane exp gives the 8-lane one's bits, over [-100, 0] finely, the clamp and
-    /// cut-off edges, zeros and NaN.
+    /// cut-off edges, zeros, -inf and NaN (the domain: x <= 0, as `numerics::exp_neg`).
     #[test]
     fn exp_neg4_matches_avx2_bits() {
         if !(has_avx2() && crate::gemm512::available()) {
@@ -193,6 +189,7 @@ mod tests {
             -87.29,
             -87.31,
             -1e30,
+            f32::NEG_INFINITY,
             f32::NAN,
             -1e-40,
         ]);

@@ -27,6 +27,8 @@
 //! chunk (four blocks of 8 rows at a time, their exps interleaved); pass 2 forms the
 //! probabilities and sums each head's rows per key — straight into the sums, 8 keys reduced
 //! across lanes together, when the window is whole vectors and no cross terms are needed.
+//! Where the CPU has AVX-512, pass 1 and pass 2 at w = 8 run on 16-lane vectors
+//! (`softmax512`), with the same operations per lane.
 //! Both passes see identical logits (same kernel, same order), so `z - max <= 0` holds
 //! exactly; every variant keeps the same operations in the same order (same bits).
 
@@ -425,7 +427,12 @@ fn chunk_row_stats<S: Simd>(
         unsafe {
             let (cp, mp) = (c.as_ptr().add(r0), m.as_ptr().add(r0));
             let (mx, cs) = (mx.as_mut_ptr(), cs.as_mut_ptr());
+            // 16 lanes where the CPU has AVX-512 (the same bits)
+            #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+            let wide = S::AVX2 && crate::gemm512::available();
             match nb {
+                #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+                _ if wide => crate::softmax512::max_expsum(nb, cp, nt, rp, mp, mx, cs),
                 4 => max_expsum::<S, 4>(cp, nt, rp, mp, mx, cs),
                 3 => max_expsum::<S, 3>(cp, nt, rp, mp, mx, cs),
                 2 => max_expsum::<S, 2>(cp, nt, rp, mp, mx, cs),
@@ -518,7 +525,7 @@ pub(crate) fn probabilities<S: Simd>(s: &mut Scratch, nt: usize) {
 /// # Safety
 /// `cp` must hold `nt` rows of `8·B` readable floats `rp` apart; `mp`, `mx`, `cs` `8·B`.
 #[inline(always)]
-unsafe fn max_expsum<S: Simd, const B: usize>(
+pub(crate) unsafe fn max_expsum<S: Simd, const B: usize>(
     cp: *const f32,
     nt: usize,
     rp: usize,
@@ -683,7 +690,17 @@ unsafe fn chunk_column_stats<S: Simd>(
         assert!(m.len() >= rp && inv.len() >= rp && g * w <= rp && rp % 8 == 0);
         let t0 = if w % 8 == 0 && !needs.cross {
             let nt8 = nt / 8 * 8;
-            fused_stats::<S>(src, c0, nt8, p, g, w, rp, m, inv, needs, out);
+            // w = 8 on 16 lanes where the CPU has AVX-512 (the same bits)
+            #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+            let wide = w == 8 && S::AVX2 && crate::gemm512::available();
+            #[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
+            let wide = false;
+            if wide {
+                #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+                crate::softmax512::column_sums_w8(src, c0, nt8, p, g, m, inv, needs, out);
+            } else {
+                fused_stats::<S>(src, c0, nt8, p, g, w, rp, m, inv, needs, out);
+            }
             nt8
         } else {
             0
@@ -753,7 +770,7 @@ unsafe fn chunk_column_stats<S: Simd>(
 /// # Safety
 /// `src` must hold `nt8·rp` floats.
 #[inline(always)]
-unsafe fn fused_stats<S: Simd>(
+pub(crate) unsafe fn fused_stats<S: Simd>(
     src: *const f32,
     c0: usize,
     nt8: usize,
@@ -1081,13 +1098,13 @@ fn one_pass_impl<S: Simd>(
 }
 
 #[cfg(all(test, feature = "std"))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::vec;
     use std::vec::Vec;
 
     /// Values in [-s, s) from a fixed LCG.
-    fn vals(n: usize, seed: u64, s: f32) -> Vec<f32> {
+    pub(crate) fn vals(n: usize, seed: u64, s: f32) -> Vec<f32> {
         let mut x = seed;
         (0..n)
             .map(|_| {

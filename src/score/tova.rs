@@ -416,24 +416,12 @@ unsafe fn block<S: Simd, const B: usize, const RA: usize, const F16: bool>(
 #[cfg(all(test, feature = "std"))]
 mod tests {
     use super::*;
+    use crate::window::tests::vals;
     use crate::window::{one_pass, one_pass_ready, one_pass_size, scratch_size, Needs, Stats};
     use crate::workspace::WorkspaceSize;
     use std::format;
     use std::vec;
     use std::vec::Vec;
-
-    /// Values in [-s, s) from a fixed LCG.
-    fn vals(n: usize, seed: u64, s: f32) -> Vec<f32> {
-        let mut x = seed;
-        (0..n)
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * s
-            })
-            .collect()
-    }
 
     /// [`layer`] against the window pass it replaces (one pass per group, then
     /// [`accumulate`]): the same bits, row statistics and sums, for f32 / f16 / bf16 keys,
