@@ -15,6 +15,7 @@
 //! Runs with `--features cuda-mock` (the launchers' plain-Rust twins) and on a GPU with
 //! `--features cuda` (skips without a device; cuda/check.sh runs it).
 #![cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#![allow(clippy::needless_range_loop)] // tests/reference's and tests/conformance's loops
 
 use kvevict::capi::*;
 use kvevict::config::*;
