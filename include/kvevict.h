@@ -1039,7 +1039,8 @@ int32_t kve_select_model(const struct kve_select_params *params,
  * `KVE_ERR_SHAPE_MISMATCH`; NaN/Inf: `KVE_ERR_NON_FINITE`). The post-pool must be
  * `KVE_POOL_FORWARD` with decay 1 and the threshold finite (else
  * `KVE_ERR_INVALID_ARGUMENT`). Same workspace and outputs as `kve_select_model`; nothing
- * written on error. Host only: the sharded and device selections take no links yet.
+ * written on error. The device form: `kve_cuda_select_model_linked`; sharded:
+ * `kve_search_count_shard_linked` and `kve_select_shard_linked`.
  */
 int32_t kve_select_model_linked(const struct kve_select_params *params,
                                 const struct kve_model_scores *scores,
@@ -1119,6 +1120,29 @@ int32_t kve_search_count_shard(const struct kve_select_params *params,
                                uint64_t workspace_bytes);
 
 /**
+ * `kve_search_count_shard` for the linked selection (`kve_select_model_linked`'s
+ * forward post-pool carried on through linked positions): `links`, exactly `n` floats,
+ * are the sums over EVERY layer of the model — each shard accumulates its own layers
+ * with `kve_accumulate_value_links`, the caller adds the shards' sums — and every shard
+ * of the search passes the same `links` and `link_threshold` to this and to
+ * `kve_select_shard_linked`. Link rules as `kve_select_model_linked`'s: length
+ * `KVE_ERR_SHAPE_MISMATCH`, NaN/Inf `KVE_ERR_NON_FINITE`, a post-pool other than
+ * forward with decay 1 or a non-finite threshold `KVE_ERR_INVALID_ARGUMENT`. With one
+ * shard holding every layer the lists are `kve_select_model_linked`'s. `links` must not
+ * overlap `hist` or the workspace. Writes `hist` and the workspace; nothing on error.
+ */
+int32_t kve_search_count_shard_linked(const struct kve_select_params *params,
+                                      const struct kve_model_scores *shard,
+                                      uint64_t first_layer,
+                                      const struct kve_search *search,
+                                      const float *links,
+                                      uint64_t links_len,
+                                      float link_threshold,
+                                      struct kve_histogram *hist,
+                                      void *workspace,
+                                      uint64_t workspace_bytes);
+
+/**
  * `dst.bins[i] += src.bins[i]` (saturating), and the layers counted. The two must not
  * overlap (`KVE_ERR_ALIASING`) and, unless one is empty, be counted for the same round
  * (`KVE_ERR_INVALID_ARGUMENT`). Writes only `dst`.
@@ -1170,6 +1194,25 @@ int32_t kve_select_shard(const struct kve_select_params *params,
                          uint64_t indices_len,
                          void *workspace,
                          uint64_t workspace_bytes);
+
+/**
+ * `kve_select_shard` for the linked selection: `links` and `link_threshold` as given to
+ * `kve_search_count_shard_linked` (the same rules and statuses). Writes `offsets`,
+ * `indices` and the workspace; nothing on error.
+ */
+int32_t kve_select_shard_linked(const struct kve_select_params *params,
+                                const struct kve_model_scores *shard,
+                                uint64_t first_layer,
+                                const struct kve_search *search,
+                                const float *links,
+                                uint64_t links_len,
+                                float link_threshold,
+                                uint64_t *offsets,
+                                uint64_t offsets_len,
+                                uint32_t *indices,
+                                uint64_t indices_len,
+                                void *workspace,
+                                uint64_t workspace_bytes);
 
 /**
  * Fill `params` with the defaults (max attention, GQA max, no pooling) and its

@@ -98,11 +98,9 @@ pub unsafe fn select_model_linked(
     if !flat || !threshold.is_finite() {
         return Err(Error::InvalidArgument);
     }
-    // the host's: the mean over the scores' heads above the threshold
-    let link_min = (threshold as f64 * (m.layers * m.hkv) as f64) as f32;
     let l = Linked {
         sums: links,
-        link_min,
+        link_min: crate::budget::link_min(threshold, m.layers * m.hkv),
     };
     // SAFETY: the caller's contract, passed on; `links` holds n floats (checked above).
     unsafe {
