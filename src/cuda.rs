@@ -415,7 +415,7 @@ extern "C" {
     ) -> c_int;
 }
 
-/// Value links and the linked forward pool (`cuda/links.cu`).
+// Value links and the linked forward pool (`cuda/links.cu`).
 #[cfg(feature = "cuda")]
 extern "C" {
     pub fn kve_cuda_links_workspace_size(heads: i64, n: i64) -> usize;
