@@ -12,7 +12,7 @@
 // Cosines go to a [heads][N] stage; the second kernel adds them over heads in order and
 // then into links[t], as the core's stage does. A non-finite value or squared norm makes
 // the token's cosine NaN (the core's NonFinite, which a device cannot return).
-#include "common.cuh"
+#include "tile_loads.cuh"
 
 namespace kve {
 namespace {
@@ -30,9 +30,40 @@ __device__ __forceinline__ float link_cos(float dot, float sq, float psq) {
     return (float)((double)dot / sqrt((double)sq * (double)psq));
 }
 
+// Channels c .. c+7 of a row as f32 from 16-byte loads (rows contiguous and 16-byte
+// aligned): the values of to_f32, 8 (f16/bf16) or 2 x 4 (f32) per load.
+template <typename T> __device__ __forceinline__ void load8(const T* p, float* x);
+template <> __device__ __forceinline__ void load8<float>(const float* p, float* x) {
+    const uint4 a = ldg16(p), b = ldg16(p + 4);
+    const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int l = 0; l < 8; ++l) x[l] = __uint_as_float(w[l]);
+}
+template <> __device__ __forceinline__ void load8<__half>(const __half* p, float* x) {
+    const uint4 a = ldg16(p);
+    const __half2* h = reinterpret_cast<const __half2*>(&a);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(h[i]);
+        x[2 * i] = f.x;
+        x[2 * i + 1] = f.y;
+    }
+}
+template <> __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, float* x) {
+    const uint4 a = ldg16(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&a);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(h[i]);
+        x[2 * i] = f.x;
+        x[2 * i + 1] = f.y;
+    }
+}
+
+// vec: rows contiguous (stride_dim 1), dv a multiple of 8 and every row 16-byte aligned.
 template <typename T>
 __global__ void __launch_bounds__(VL_NT)
-    value_links_rows(View v, float* __restrict__ stage) {
+    value_links_rows(View v, bool vec, float* __restrict__ stage) {
     const int64_t t = (int64_t)blockIdx.x * VL_NT + threadIdx.x + 1;
     const int64_t h = blockIdx.y;
     if (t >= v.tokens) return;
@@ -43,12 +74,22 @@ __global__ void __launch_bounds__(VL_NT)
 #pragma unroll
     for (int l = 0; l < 8; ++l) ld[l] = ls[l] = lp[l] = 0.0f;
     for (int64_t c = 0; c < d8; c += 8) {
+        float x[8], y[8];
+        if (vec) {
+            load8<T>(a + c, x);
+            load8<T>(b + c, y);
+        } else {
+#pragma unroll
+            for (int l = 0; l < 8; ++l) {
+                x[l] = to_f32(a[(c + l) * v.sd]);
+                y[l] = to_f32(b[(c + l) * v.sd]);
+            }
+        }
 #pragma unroll
         for (int l = 0; l < 8; ++l) {
-            const float x = to_f32(a[(c + l) * v.sd]), y = to_f32(b[(c + l) * v.sd]);
-            ld[l] = fmaf(x, y, ld[l]);
-            ls[l] = fmaf(x, x, ls[l]);
-            lp[l] = fmaf(y, y, lp[l]);
+            ld[l] = fmaf(x[l], y[l], ld[l]);
+            ls[l] = fmaf(x[l], x[l], ls[l]);
+            lp[l] = fmaf(y[l], y[l], lp[l]);
         }
     }
     float dot = ((ld[0] + ld[4]) + (ld[2] + ld[6])) + ((ld[1] + ld[5]) + (ld[3] + ld[7]));
@@ -180,12 +221,15 @@ extern "C" int kve_cuda_value_links(const kve_cuda_view* v, float* links, void* 
     const View vv = to_view(*v);
     float* stage = static_cast<float*>(ws);
     const bool transposed = v->stride_token == 1 && v->stride_dim != 1;
+    const int64_t es = dtype_size(v->dtype);
+    const bool vec = v->stride_dim == 1 && v->dim % 8 == 0 && ((uintptr_t)v->data & 15u) == 0 &&
+                     (v->stride_head * es) % 16 == 0 && (v->stride_token * es) % 16 == 0;
     const dim3 grid((unsigned)ceil_div(v->tokens - 1, VL_NT), (unsigned)v->heads);
     cudaStream_t st = KVE_STREAM(stream);
 #define KVE_VL(T)                                                                          \
     KVE_CHECK(transposed                                                                   \
                   ? launch_kernel(value_links_channels<T>, grid, VL_NT, 0, st, vv, stage) \
-                  : launch_kernel(value_links_rows<T>, grid, VL_NT, 0, st, vv, stage))
+                  : launch_kernel(value_links_rows<T>, grid, VL_NT, 0, st, vv, vec, stage))
     switch (v->dtype) {
         case KVE_CUDA_F32: KVE_VL(float); break;
         case KVE_CUDA_F16: KVE_VL(__half); break;
