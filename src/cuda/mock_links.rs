@@ -7,8 +7,10 @@
 //! lanes and their tree (token rows) or the per-channel chain, fused or not by the token's
 //! place (V transposed), the cosine in f64, then the heads summed in order from +0. That is
 //! the core's AVX2 + FMA order (`src/links.rs`), so on such a host the links are the host's
-//! bits (tests/links_device.rs). pool_linked calls the core's `pool_forward_linked` (the
-//! kernel's scan picks the same maxima; only a zero's sign can differ).
+//! bits (tests/links_device.rs). pool_linked is the kernel's algorithm too — tiles of 256
+//! positions, each a segmented max-scan in the kernel's steps, the carry between tiles —
+//! so the tests compare that algorithm with the core's `pool_forward_linked` (the same
+//! maxima; only a zero's sign can differ).
 
 #![allow(clippy::missing_safety_doc)] // the contract: src/cuda.rs, cuda/kvevict_cuda.h
 
@@ -181,16 +183,66 @@ pub unsafe fn kve_cuda_pool_linked(
         let (mut src, mut dst) = (vec![0f32; n], vec![0f32; n]);
         for r in 0..rows as usize {
             core::ptr::copy(input.add(r * ld_in as usize), src.as_mut_ptr(), n);
-            crate::pool::pool_forward_linked(
-                k as usize,
-                sinks as usize,
-                l,
-                link_min,
-                &src,
-                &mut dst,
-            );
+            pool_linked_row(&src, &mut dst, k as usize, sinks as usize, l, link_min);
             core::ptr::copy(dst.as_ptr(), out.add(r * ld_out as usize), n);
         }
         0
+    }
+}
+
+/// Threads of the kernel's block: the tile of one scan.
+const PL_NT: usize = 256;
+
+/// One row of the kernel's `pool_linked_kernel`, thread by thread and step by step.
+fn pool_linked_row(x: &[f32], y: &mut [f32], k: usize, sinks: usize, links: &[f32], min: f32) {
+    let n = x.len();
+    let mut carry = f32::NEG_INFINITY;
+    for j0 in (0..n).step_by(PL_NT) {
+        let mut pre = [f32::NEG_INFINITY; PL_NT];
+        let mut starts = [true; PL_NT];
+        let mut v = [0f32; PL_NT];
+        for i in 0..PL_NT {
+            let j = j0 + i;
+            let s = if j < n { x[j] } else { 0.0 };
+            starts[i] = j >= n || j == 0 || j == sinks || links[j] <= min || links[j].is_nan();
+            if j < n && starts[i] && j > sinks {
+                let lo = (j + 1).saturating_sub(k).max(sinks);
+                for a in (lo..j).rev() {
+                    pre[i] = pre[i].max(x[a]);
+                }
+            }
+            v[i] = if starts[i] { pre[i].max(s) } else { s };
+        }
+        // the inclusive segmented max-scan, Hillis-Steele as the block runs it
+        let mut hd = starts;
+        let mut off = 1;
+        while off < PL_NT {
+            let (val, head) = (v, hd);
+            for i in off..PL_NT {
+                if !hd[i] {
+                    v[i] = v[i].max(val[i - off]);
+                    hd[i] = head[i - off];
+                }
+            }
+            off <<= 1;
+        }
+        for i in 0..PL_NT {
+            if !hd[i] {
+                v[i] = v[i].max(carry);
+            }
+        }
+        for i in 0..PL_NT {
+            let j = j0 + i;
+            if j < n {
+                let prev = if i == 0 { carry } else { v[i - 1] };
+                let best = if starts[i] { pre[i] } else { prev };
+                y[j] = if j >= sinks && best > x[j] {
+                    best
+                } else {
+                    x[j]
+                };
+            }
+        }
+        carry = v[PL_NT - 1];
     }
 }
