@@ -274,9 +274,9 @@ fn device_links_refuse_bad_input_and_write_nothing() {
     );
 }
 
-/// The linked launcher (with the mock: the kernel's scan algorithm, step by step) against the
-/// core's pool over rows that cross its 256-entry
-/// tiles, kernels past the runs, sinks, every link density; ties (a zero's sign aside).
+/// The linked launcher (with the mock: the kernel's scan algorithm, step by step) against
+/// the core's pool over rows that cross its 256-entry tiles, kernels past the runs, sinks,
+/// every link density; ties (a zero's sign aside).
 #[test]
 fn linked_pool_launcher_matches_the_core() {
     if !have_device() {
