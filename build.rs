@@ -58,6 +58,7 @@ mod cuda_build {
         "budgets.cu",
         "stream.cu",
         "uniqueness.cu",
+        "links.cu",
     ];
     const HEADERS: &[&str] = &["kvevict_cuda.h", "common.cuh", "mma.cuh", "tile_loads.cuh"];
 

@@ -85,10 +85,11 @@ TEST_BIN=""
 if ! skip tests; then
   say "GPU tests"
   if command -v cargo >/dev/null 2>&1 && [ -n "$NVCC" ]; then
-    if timeout "$(tmo 240)" cargo test --release --features cuda --test launchers --test cuda_capi --test stream_device --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
+    if timeout "$(tmo 240)" cargo test --release --features cuda --test launchers --test cuda_capi --test stream_device --test links_device --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
       TEST_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/launchers-* 2>/dev/null | grep -v '\.d$' | head -1)
       CAPI_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_capi-* 2>/dev/null | grep -v '\.d$' | head -1)
       STREAM_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/stream_device-* 2>/dev/null | grep -v '\.d$' | head -1)
+      LINKS_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/links_device-* 2>/dev/null | grep -v '\.d$' | head -1)
     fi
   fi
   if [ -z "$TEST_BIN" ] && [ -x build/gpu/launchers ]; then
@@ -116,6 +117,17 @@ if ! skip tests; then
     fi
   else
     note "stream launcher tests: NOT RUN (no build/gpu/stream_device)"
+  fi
+  if [ -z "${LINKS_BIN:-}" ] && [ -x build/gpu/links_device ]; then LINKS_BIN=build/gpu/links_device; fi
+  # value links and the linked selection against the host (links bit for bit)
+  if [ -n "${LINKS_BIN:-}" ]; then
+    if timeout "$(tmo 60)" "$LINKS_BIN" --nocapture 2>&1 | tee "$LOG/links.log" | grep -E "^test |skipped|equal|panicked"; then
+      note "value-link tests: $(grep -E '^test result' "$LOG/links.log" | tail -1)"
+    else
+      note "value-link tests: FAILED (see links.log): $(grep -E 'panicked' -A2 "$LOG/links.log" | head -4 | tr '\n' ' ')"
+    fi
+  else
+    note "value-link tests: NOT RUN (no build/gpu/links_device)"
   fi
   if [ -n "$TEST_BIN" ]; then
     if timeout "$(tmo 150)" "$TEST_BIN" --test-threads=4 2>&1 | tee "$LOG/tests.log" | tail -25; then

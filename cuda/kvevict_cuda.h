@@ -430,6 +430,33 @@ int kve_cuda_stream_feed(const kve_cuda_view* q, const int64_t* positions,
                          float* acc_sum, float* acc_sq, void* ws, size_t ws_bytes,
                          void* stream);
 
+/* -------------------------------------------------------------- value links --
+ * value_links (SPEC §4, continuation through value runs; the core's
+ * accumulate_value_links): links[t] += Σ_h cos(v[h,t], v[h,t-1]) over the v->heads heads
+ * of one layer's values v [Hkv, N, dv] (any dtype and strides, llama.cpp's transposed V
+ * included), for 1 <= t < N; links[0] untouched, a zero vector links nothing. links: N
+ * floats, zeroed by the caller before the first layer. In the core's operation order
+ * (token rows: its 8-lane fused dot; V transposed: its per-channel chains; the cosine in
+ * double), so the sums are the host's bits on an AVX2 + FMA host. A non-finite value or
+ * squared norm makes the cosines of its token and of the next one NaN, which then
+ * propagates into links (the host returns KVE_ERR_NON_FINITE instead). Workspace:
+ * kve_cuda_links_workspace_size(heads, N) bytes (the [heads][N] cosines),
+ * 256-byte aligned. Limits: heads <= 65535, N < 2^31.
+ *
+ * pool_linked: the selection's forward pool whose reach runs on through linked positions
+ * (the core's pool_forward_linked): for each of `rows` rows of n scores, out[j] = the
+ * largest of in[j] and in[a] over anchors sinks <= a < j that reach j, where anchor a
+ * reaches a + k - 1, carried on while the next position is linked (links[j] > link_min,
+ * links: n floats, links[0] not read); positions j < sinks are copied. Ties between
+ * equal scores may differ from the host in the sign of a zero only. k in 1..4096,
+ * link_min not NaN, in and out distinct. */
+size_t kve_cuda_links_workspace_size(int64_t heads, int64_t n);
+int kve_cuda_value_links(const kve_cuda_view* v, float* links, void* ws, size_t ws_bytes,
+                         void* stream);
+int kve_cuda_pool_linked(const float* in, int64_t ld_in, float* out, int64_t ld_out,
+                         int64_t rows, int64_t n, int k, int64_t sinks, const float* links,
+                         float link_min, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -14,8 +14,8 @@ fi
 export NVCC
 LIBDIR=$(dirname "$(dirname "$NVCC")")/lib
 mkdir -p build/gpu
-cargo test --release --features cuda --test launchers --test cuda_capi --test stream_device --no-run 2>&1 | tail -3
-for t in launchers cuda_capi stream_device; do
+cargo test --release --features cuda --test launchers --test cuda_capi --test stream_device --test links_device --no-run 2>&1 | tail -3
+for t in launchers cuda_capi stream_device links_device; do
   bin=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/$t-* | grep -v '\.d$' | head -1)
   cp "$bin" build/gpu/$t
   strip --strip-debug build/gpu/$t 2>/dev/null || true

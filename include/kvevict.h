@@ -703,6 +703,56 @@ int32_t kve_cuda_compact_to_varlen(const struct kve_tensor *src,
                                    void *stream);
 
 /**
+ * Device workspace bytes of `kve_cuda_accumulate_value_links` for `hkv` heads of `n`
+ * tokens. Writes only `*out_bytes` (host memory).
+ */
+int32_t kve_cuda_value_links_workspace_size(uint64_t hkv, uint64_t n, uint64_t *out_bytes);
+
+/**
+ * `kve_accumulate_value_links` on the device, enqueued on `stream`: adds `sum over the
+ * Hkv heads of cos(v[h, i], v[h, i-1])` to `links[i]`, `1 <= i < N`, for one layer's
+ * `values` `[Hkv, N, dv]` (f32/f16/bf16, any strides, V transposed included). `links`
+ * (`links_len >= N` floats, zeroed before the first layer) and the workspace
+ * (`kve_cuda_value_links_workspace_size` bytes, 256-byte aligned) are device memory; the
+ * descriptor is host memory. The host's operation order, so the sums are the host's bits
+ * on an AVX2 + FMA host. Checked before anything is enqueued as on the host (pointers,
+ * dtype, extents and strides, `links_len`, workspace, aliasing); `Hkv <= 65535` (else
+ * `KVE_ERR_INVALID_ARGUMENT`). Unlike the host path NaN/Inf are not detected: a
+ * non-finite value or squared norm makes its token's and the next token's link NaN.
+ */
+int32_t kve_cuda_accumulate_value_links(const struct kve_tensor *values,
+                                        float *links,
+                                        uint64_t links_len,
+                                        void *workspace,
+                                        uint64_t workspace_bytes,
+                                        void *stream);
+
+/**
+ * `kve_cuda_select_model` whose forward post-pool carries each continuation on through
+ * linked positions, as `kve_select_model_linked`: `i` continues `i - 1` when
+ * `links[i] / (layers * hkv)` exceeds `link_threshold`. `links`: exactly `n` floats of
+ * device memory, the sums of `kve_cuda_accumulate_value_links` over every layer (else
+ * `KVE_ERR_SHAPE_MISMATCH`). The post-pool must be `KVE_POOL_FORWARD` with decay 1 and
+ * the threshold finite (else `KVE_ERR_INVALID_ARGUMENT`). Same workspace
+ * (`kve_cuda_select_model_workspace_size`) and outputs as `kve_cuda_select_model`;
+ * nothing enqueued on error. Unlike the host path, non-finite links are not detected
+ * (they are device memory): a NaN sum links nothing.
+ */
+int32_t kve_cuda_select_model_linked(const struct kve_select_params *params,
+                                     const struct kve_model_scores *scores,
+                                     const float *links,
+                                     uint64_t links_len,
+                                     float link_threshold,
+                                     int32_t *counts,
+                                     uint64_t counts_len,
+                                     int32_t *idx,
+                                     uint64_t idx_ld,
+                                     uint64_t idx_len,
+                                     void *workspace,
+                                     uint64_t workspace_bytes,
+                                     void *stream);
+
+/**
  * Workspace bytes of `kve_accumulate_value_links` for `n` tokens of dimension `dv`.
  * Writes only `*out_bytes`.
  */
@@ -989,7 +1039,8 @@ int32_t kve_select_model(const struct kve_select_params *params,
  * `KVE_ERR_SHAPE_MISMATCH`; NaN/Inf: `KVE_ERR_NON_FINITE`). The post-pool must be
  * `KVE_POOL_FORWARD` with decay 1 and the threshold finite (else
  * `KVE_ERR_INVALID_ARGUMENT`). Same workspace and outputs as `kve_select_model`; nothing
- * written on error. Host only: the sharded and device selections take no links yet.
+ * written on error. The device form: `kve_cuda_select_model_linked`; sharded:
+ * `kve_search_count_shard_linked` and `kve_select_shard_linked`.
  */
 int32_t kve_select_model_linked(const struct kve_select_params *params,
                                 const struct kve_model_scores *scores,
@@ -1069,6 +1120,29 @@ int32_t kve_search_count_shard(const struct kve_select_params *params,
                                uint64_t workspace_bytes);
 
 /**
+ * `kve_search_count_shard` for the linked selection (`kve_select_model_linked`'s
+ * forward post-pool carried on through linked positions): `links`, exactly `n` floats,
+ * are the sums over EVERY layer of the model — each shard accumulates its own layers
+ * with `kve_accumulate_value_links`, the caller adds the shards' sums — and every shard
+ * of the search passes the same `links` and `link_threshold` to this and to
+ * `kve_select_shard_linked`. Link rules as `kve_select_model_linked`'s: length
+ * `KVE_ERR_SHAPE_MISMATCH`, NaN/Inf `KVE_ERR_NON_FINITE`, a post-pool other than
+ * forward with decay 1 or a non-finite threshold `KVE_ERR_INVALID_ARGUMENT`. With one
+ * shard holding every layer the lists are `kve_select_model_linked`'s. `links` must not
+ * overlap `hist` or the workspace. Writes `hist` and the workspace; nothing on error.
+ */
+int32_t kve_search_count_shard_linked(const struct kve_select_params *params,
+                                      const struct kve_model_scores *shard,
+                                      uint64_t first_layer,
+                                      const struct kve_search *search,
+                                      const float *links,
+                                      uint64_t links_len,
+                                      float link_threshold,
+                                      struct kve_histogram *hist,
+                                      void *workspace,
+                                      uint64_t workspace_bytes);
+
+/**
  * `dst.bins[i] += src.bins[i]` (saturating), and the layers counted. The two must not
  * overlap (`KVE_ERR_ALIASING`) and, unless one is empty, be counted for the same round
  * (`KVE_ERR_INVALID_ARGUMENT`). Writes only `dst`.
@@ -1120,6 +1194,25 @@ int32_t kve_select_shard(const struct kve_select_params *params,
                          uint64_t indices_len,
                          void *workspace,
                          uint64_t workspace_bytes);
+
+/**
+ * `kve_select_shard` for the linked selection: `links` and `link_threshold` as given to
+ * `kve_search_count_shard_linked` (the same rules and statuses). Writes `offsets`,
+ * `indices` and the workspace; nothing on error.
+ */
+int32_t kve_select_shard_linked(const struct kve_select_params *params,
+                                const struct kve_model_scores *shard,
+                                uint64_t first_layer,
+                                const struct kve_search *search,
+                                const float *links,
+                                uint64_t links_len,
+                                float link_threshold,
+                                uint64_t *offsets,
+                                uint64_t offsets_len,
+                                uint32_t *indices,
+                                uint64_t indices_len,
+                                void *workspace,
+                                uint64_t workspace_bytes);
 
 /**
  * Fill `params` with the defaults (max attention, GQA max, no pooling) and its

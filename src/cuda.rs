@@ -79,6 +79,10 @@ pub use mock::*;
 mod mock_uniqueness;
 #[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
 pub use mock_uniqueness::*;
+#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
+mod mock_links;
+#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
+pub use mock_links::*;
 
 #[cfg(feature = "cuda")]
 extern "C" {
@@ -407,6 +411,33 @@ extern "C" {
         acc_sq: *mut f32,
         ws: *mut c_void,
         ws_bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
+}
+
+// Value links and the linked forward pool (`cuda/links.cu`).
+#[cfg(feature = "cuda")]
+extern "C" {
+    pub fn kve_cuda_links_workspace_size(heads: i64, n: i64) -> usize;
+    pub fn kve_cuda_value_links(
+        v: *const KveCudaView,
+        links: *mut f32,
+        ws: *mut c_void,
+        ws_bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_pool_linked(
+        input: *const f32,
+        ld_in: i64,
+        out: *mut f32,
+        ld_out: i64,
+        rows: i64,
+        n: i64,
+        k: c_int,
+        sinks: i64,
+        links: *const f32,
+        link_min: f32,
         stream: *mut c_void,
     ) -> c_int;
 }

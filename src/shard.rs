@@ -11,10 +11,10 @@
 //! [`ShardSearch`] is [`crate::select::Search`]: plain, validated data, so a C caller can
 //! copy it between processes and devices.
 
-use crate::budget::ModelScores;
+use crate::budget::{ModelScores, ValueLinks};
 use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
 use crate::error::{add, mul, Error, Result};
-use crate::pool::pool_past_sinks;
+use crate::pool::{pool_forward_linked, pool_past_sinks};
 use crate::select::{make_key, Histogram};
 use crate::workspace::{Workspace, WorkspaceSize};
 
@@ -87,6 +87,16 @@ pub fn shard_output_len(layers: usize, hkv: usize, n: usize) -> Result<(usize, u
     Ok((add(u, 1)?, mul(u, n)?))
 }
 
+/// Value links for a shard's linked forward post-pool (`crate::select_model_linked`): the
+/// sums over EVERY layer of the model (each shard accumulates its own layers with
+/// [`crate::accumulate_value_links`], the caller adds them up) and the model's layer
+/// count, over whose heads the threshold is a mean.
+#[derive(Clone, Copy, Debug)]
+pub struct ShardLinks<'a> {
+    pub links: ValueLinks<'a>,
+    pub model_layers: usize,
+}
+
 /// Scores of a shard at the selection granularity, with their per-unit scale.
 struct Prepared<'a> {
     arr: &'a [f32],
@@ -113,11 +123,17 @@ fn prepare<'a>(
     cfg: &SelectConfig,
     m: &ModelScores<'a>,
     first_layer: usize,
+    links: Option<ShardLinks>,
     workspace: &'a mut [u8],
 ) -> Result<Prepared<'a>> {
     check_cfg(cfg)?;
     check_dims(m.layers, m.hkv, m.n)?;
     check_dims(add(first_layer, m.layers)?, m.hkv, m.n)?;
+    if let Some(l) = links {
+        if l.model_layers < first_layer + m.layers {
+            return Err(Error::ShapeMismatch);
+        }
+    }
     let (layers, hkv, p) = (m.layers, m.hkv, m.prefix());
     let len = mul(mul(layers, hkv)?, p)?;
     if m.scores.len() < len {
@@ -126,6 +142,9 @@ fn prepare<'a>(
     let scores = &m.scores[..len];
     if scores.iter().any(|v| !v.is_finite()) {
         return Err(Error::NonFinite);
+    }
+    if let Some(l) = links {
+        l.links.check(cfg, m.n)?;
     }
     if workspace.len() < shard_workspace_size(cfg, layers, hkv, m.n, m.window)? {
         return Err(Error::WorkspaceTooSmall);
@@ -137,6 +156,15 @@ fn prepare<'a>(
     let copy = ws.take::<f32>(nu * p)?;
     let tmp = ws.take::<f32>(p)?;
     let scale = ws.take::<f32>(nu)?;
+    // select_model's pool: linked through the model's sums when given
+    let pool = |src: &[f32], dst: &mut [f32]| match links {
+        Some(l) => {
+            let min = l.links.link_min(l.model_layers * hkv);
+            let k = cfg.post_pool.kernel as usize;
+            pool_forward_linked(k, sinks, l.links.sums, min, src, dst)
+        }
+        None => pool_past_sinks(&cfg.post_pool, sinks, src, dst),
+    };
     for l in 0..layers {
         let layer = &scores[l * hkv * p..(l + 1) * hkv * p];
         let lsum: f64 = layer.iter().map(|&s| (s as f64).abs()).sum();
@@ -149,12 +177,7 @@ fn prepare<'a>(
             Granularity::Head => {
                 for kh in 0..hkv {
                     let u = l * hkv + kh;
-                    pool_past_sinks(
-                        &cfg.post_pool,
-                        sinks,
-                        &layer[kh * p..(kh + 1) * p],
-                        &mut copy[u * p..(u + 1) * p],
-                    );
+                    pool(&layer[kh * p..(kh + 1) * p], &mut copy[u * p..(u + 1) * p]);
                     scale[u] = f;
                 }
             }
@@ -166,7 +189,7 @@ fn prepare<'a>(
                     }
                 }
                 tmp[..p].copy_from_slice(dst);
-                pool_past_sinks(&cfg.post_pool, sinks, &tmp[..p], dst);
+                pool(&tmp[..p], dst);
                 scale[l] = f;
             }
         }
@@ -190,8 +213,23 @@ pub fn count_shard(
     hist: &mut Histogram,
     workspace: &mut [u8],
 ) -> Result<()> {
+    count_shard_linked(cfg, m, first_layer, None, search, hist, workspace)
+}
+
+/// [`count_shard`], the post-pool linked when `links` are given (as
+/// [`crate::select_model_linked`]: flat forward post-pool, finite threshold, `n` finite
+/// sums; `model_layers` covering the shard). Every shard of the search passes the same.
+pub fn count_shard_linked(
+    cfg: &SelectConfig,
+    m: &ModelScores,
+    first_layer: usize,
+    links: Option<ShardLinks>,
+    search: &ShardSearch,
+    hist: &mut Histogram,
+    workspace: &mut [u8],
+) -> Result<()> {
     search.validate()?;
-    let pr = prepare(cfg, m, first_layer, workspace)?;
+    let pr = prepare(cfg, m, first_layer, links, workspace)?;
     if search.done {
         return Ok(());
     }
@@ -218,11 +256,35 @@ pub fn select_shard(
     indices: &mut [u32],
     workspace: &mut [u8],
 ) -> Result<()> {
+    select_shard_linked(
+        cfg,
+        m,
+        first_layer,
+        None,
+        search,
+        offsets,
+        indices,
+        workspace,
+    )
+}
+
+/// [`select_shard`], the post-pool linked as in [`count_shard_linked`].
+#[allow(clippy::too_many_arguments)]
+pub fn select_shard_linked(
+    cfg: &SelectConfig,
+    m: &ModelScores,
+    first_layer: usize,
+    links: Option<ShardLinks>,
+    search: &ShardSearch,
+    offsets: &mut [u64],
+    indices: &mut [u32],
+    workspace: &mut [u8],
+) -> Result<()> {
     search.validate()?;
     if !search.done {
         return Err(Error::InvalidArgument);
     }
-    let pr = prepare(cfg, m, first_layer, workspace)?;
+    let pr = prepare(cfg, m, first_layer, links, workspace)?;
     let (layers, hkv, n, p) = (m.layers, m.hkv, m.n, pr.p);
     let upl = units_per_layer(cfg, hkv);
     let t = search.threshold;
@@ -383,6 +445,181 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Value links of `layers` layers of random values `[hkv, n, 8]`, per shard: each
+    /// shard accumulates its own layers, the caller adds the shards' sums.
+    fn shard_link_sums(layers: usize, hkv: usize, n: usize, shards: &[(usize, usize)]) -> Vec<f32> {
+        let dv = 8;
+        let vals = scores(layers * hkv * n * dv, 99);
+        // runs of similar values: token i repeats i-1's vector, a little changed, where i % 5 != 0
+        let mut vals = vals;
+        for l in 0..layers {
+            for h in 0..hkv {
+                for i in 1..n {
+                    if i % 5 != 0 {
+                        for c in 0..dv {
+                            let at = ((l * hkv + h) * n + i) * dv + c;
+                            vals[at] = vals[at - dv] + 0.05 * vals[at];
+                        }
+                    }
+                }
+            }
+        }
+        let mut ws = vec![0u8; crate::value_links_workspace_size(n, dv).unwrap()];
+        let mut total = vec![0f32; n];
+        for &(l0, ln) in shards {
+            let mut part = vec![0f32; n];
+            for l in l0..l0 + ln {
+                let v = &vals[l * hkv * n * dv..(l + 1) * hkv * n * dv];
+                let view = crate::View::f32_contiguous(v, [hkv, n, dv]).unwrap();
+                crate::accumulate_value_links(&view, &mut part, &mut ws).unwrap();
+            }
+            for (t, p) in total.iter_mut().zip(&part) {
+                *t += p;
+            }
+        }
+        total
+    }
+
+    /// The linked shards' lists against `select_model_linked` over the whole model, for one
+    /// shard holding every layer and for 2 and 3 shards.
+    #[test]
+    fn linked_shards_equal_select_model_linked() {
+        let (layers, hkv, n, w) = (6, 2, 70, 6);
+        let p = n - w;
+        let s = scores(layers * hkv * p, 5);
+        for shards in [
+            vec![(0, 6)],
+            vec![(0, 2), (2, 4)],
+            vec![(0, 1), (1, 3), (4, 2)],
+        ] {
+            let sums = shard_link_sums(layers, hkv, n, &shards);
+            for gran in [Granularity::Head, Granularity::Layer] {
+                for (kernel, sinks, budget) in [(5u32, 0u32, 9u64), (1, 2, 4), (9, 1, 20)] {
+                    let mut cfg = SelectConfig::new(AllocatorKind::Global, gran, budget);
+                    cfg.post_pool = Pool::forward(kernel, 1.0);
+                    cfg.post_pool_sinks = sinks;
+                    let vl = ValueLinks {
+                        sums: &sums,
+                        threshold: 0.5,
+                    };
+                    let m = ModelScores {
+                        scores: &s,
+                        layers,
+                        hkv,
+                        n,
+                        window: w,
+                    };
+                    let (no, ni) = crate::select_output_len(&cfg, layers, hkv, n, w).unwrap();
+                    let (mut off, mut idx) = (vec![0u64; no], vec![0u32; ni]);
+                    let mut ws =
+                        vec![0u8; crate::select_workspace_size(&cfg, layers, hkv, n, w).unwrap()];
+                    crate::select_model_linked(&cfg, &m, vl, &mut off, &mut idx, &mut ws).unwrap();
+                    let links = Some(ShardLinks {
+                        links: vl,
+                        model_layers: layers,
+                    });
+                    let part = |l0: usize, ln: usize| ModelScores {
+                        scores: &s[l0 * hkv * p..(l0 + ln) * hkv * p],
+                        layers: ln,
+                        hkv,
+                        n,
+                        window: w,
+                    };
+                    let mut search = search_new(&cfg, layers, hkv, n, w).unwrap();
+                    while !search.done {
+                        let mut h = Histogram::default();
+                        for &(l0, ln) in &shards {
+                            let mut ws =
+                                vec![0u8; shard_workspace_size(&cfg, ln, hkv, n, w).unwrap()];
+                            let mut hs = Histogram::default();
+                            count_shard_linked(
+                                &cfg,
+                                &part(l0, ln),
+                                l0,
+                                links,
+                                &search,
+                                &mut hs,
+                                &mut ws,
+                            )
+                            .unwrap();
+                            h.merge(&hs);
+                        }
+                        search.step(&h);
+                    }
+                    let mut got = Vec::new();
+                    for &(l0, ln) in &shards {
+                        let (so, si) = shard_output_len(ln, hkv, n).unwrap();
+                        let (mut o2, mut i2) = (vec![0u64; so], vec![0u32; si]);
+                        let mut ws = vec![0u8; shard_workspace_size(&cfg, ln, hkv, n, w).unwrap()];
+                        select_shard_linked(
+                            &cfg,
+                            &part(l0, ln),
+                            l0,
+                            links,
+                            &search,
+                            &mut o2,
+                            &mut i2,
+                            &mut ws,
+                        )
+                        .unwrap();
+                        got.extend_from_slice(&i2[..o2[ln * hkv] as usize]);
+                    }
+                    assert_eq!(
+                        got,
+                        idx[..off[layers * hkv] as usize],
+                        "{shards:?} {gran:?} kernel {kernel} sinks {sinks}"
+                    );
+                    // the links matter here: the unlinked selection differs
+                    if shards.len() == 1 && kernel == 5 && gran == Granularity::Head {
+                        let mut plain = vec![0u32; ni];
+                        crate::select_model(&cfg, &m, &mut off.clone(), &mut plain, &mut ws)
+                            .unwrap();
+                        assert_ne!(plain, idx);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn linked_shards_refuse_bad_links() {
+        let (layers, hkv, n, w) = (2, 2, 20, 4);
+        let s = scores(layers * hkv * (n - w), 3);
+        let mut cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Head, 5);
+        cfg.post_pool = Pool::forward(4, 1.0);
+        let m = ModelScores {
+            scores: &s,
+            layers,
+            hkv,
+            n,
+            window: w,
+        };
+        let search = search_new(&cfg, layers, hkv, n, w).unwrap();
+        let good = vec![0f32; n];
+        let mut nan = good.clone();
+        nan[3] = f32::NAN;
+        let mut decayed = cfg;
+        decayed.post_pool = Pool::forward(4, 0.9);
+        let cases: [(&SelectConfig, &[f32], f32, usize, Error); 5] = [
+            (&cfg, &good[..n - 1], 0.5, layers, Error::ShapeMismatch),
+            (&cfg, &nan, 0.5, layers, Error::NonFinite),
+            (&cfg, &good, f32::NAN, layers, Error::InvalidArgument),
+            (&decayed, &good, 0.5, layers, Error::InvalidArgument),
+            (&cfg, &good, 0.5, layers - 1, Error::ShapeMismatch),
+        ];
+        for (i, (c, sums, threshold, model_layers, want)) in cases.into_iter().enumerate() {
+            let links = Some(ShardLinks {
+                links: ValueLinks { sums, threshold },
+                model_layers,
+            });
+            let mut ws = vec![0u8; shard_workspace_size(c, layers, hkv, n, w).unwrap_or(0)];
+            let mut h = Histogram::default();
+            let got = count_shard_linked(c, &m, 0, links, &search, &mut h, &mut ws);
+            assert_eq!(got, Err(want), "case {i}");
+            assert_eq!(h, Histogram::default(), "case {i}: histogram written");
         }
     }
 

@@ -258,3 +258,160 @@ fn linked_selection_refuses_bad_input_and_writes_nothing() {
         assert!(untouched(&off, &idx), "case {i}");
     }
 }
+
+/// `kve_search_count_shard_linked` / `kve_select_shard_linked` over `shards` (first layer,
+/// layers): the status of the first refused call, else the lists of every shard in order.
+fn sharded_linked(
+    sel: &kve_select_params,
+    scores: &[f32],
+    layers: usize,
+    shards: &[(usize, usize)],
+    links: (*const f32, u64, f32),
+) -> Result<Vec<u32>, i32> {
+    let (l, len, thr) = links;
+    let part = |l0: usize, ln: usize| kve_model_scores {
+        scores: scores[l0 * HKV * P..(l0 + ln) * HKV * P].as_ptr(),
+        len: (ln * HKV * P) as u64,
+        layers: ln as u64,
+        hkv: HKV as u64,
+        n: N as u64,
+        window: W as u64,
+    };
+    let ws_for = |ln: usize| {
+        let mut b = 0u64;
+        let st = unsafe {
+            kve_select_shard_workspace_size(sel, ln as u64, HKV as u64, N as u64, W as u64, &mut b)
+        };
+        assert_eq!(st, KVE_OK);
+        vec![0u8; b as usize]
+    };
+    let mut s = unsafe { std::mem::zeroed::<kve_search>() };
+    let st = unsafe { kve_search_init(&mut s, sel, layers as u64, HKV as u64, N as u64, W as u64) };
+    assert_eq!(st, KVE_OK);
+    let mut done = 0;
+    while done == 0 {
+        let mut total = unsafe { std::mem::zeroed::<kve_histogram>() };
+        for &(l0, ln) in shards {
+            let (ms, mut ws) = (part(l0, ln), ws_for(ln));
+            let mut h = unsafe { std::mem::zeroed::<kve_histogram>() };
+            let st = unsafe {
+                kve_search_count_shard_linked(
+                    sel,
+                    &ms,
+                    l0 as u64,
+                    &s,
+                    l,
+                    len,
+                    thr,
+                    &mut h,
+                    ws.as_mut_ptr() as *mut c_void,
+                    ws.len() as u64,
+                )
+            };
+            if st != KVE_OK {
+                assert_eq!(h, unsafe { std::mem::zeroed::<kve_histogram>() });
+                return Err(st);
+            }
+            assert_eq!(unsafe { kve_histogram_merge(&mut total, &h) }, KVE_OK);
+        }
+        assert_eq!(
+            unsafe { kve_search_step(&mut s, &total, &mut done) },
+            KVE_OK
+        );
+    }
+    let mut got = Vec::new();
+    for &(l0, ln) in shards {
+        let (ms, mut ws) = (part(l0, ln), ws_for(ln));
+        let (mut ol, mut il) = (0u64, 0u64);
+        let st = unsafe {
+            kve_select_shard_output_len(ln as u64, HKV as u64, N as u64, &mut ol, &mut il)
+        };
+        assert_eq!(st, KVE_OK);
+        let (mut o, mut i) = (vec![CANARY as u64; ol as usize], vec![CANARY; il as usize]);
+        let st = unsafe {
+            kve_select_shard_linked(
+                sel,
+                &ms,
+                l0 as u64,
+                &s,
+                l,
+                len,
+                thr,
+                o.as_mut_ptr(),
+                ol,
+                i.as_mut_ptr(),
+                il,
+                ws.as_mut_ptr() as *mut c_void,
+                ws.len() as u64,
+            )
+        };
+        if st != KVE_OK {
+            assert!(o.iter().all(|&x| x == CANARY as u64) && i.iter().all(|&x| x == CANARY));
+            return Err(st);
+        }
+        got.extend_from_slice(&i[..o[ln * HKV] as usize]);
+    }
+    Ok(got)
+}
+
+/// The sharded linked selection through the C API equals `kve_select_model_linked` with
+/// one shard, two and three; the links' rules and statuses are the model call's.
+#[test]
+fn sharded_linked_selection_equals_the_model_call() {
+    let layers = 4;
+    let scores = data(layers * HKV * P, 17);
+    let count = (layers * HKV) as f32;
+    // runs of linked positions: mean 0.8 inside, 0.2 at their starts
+    let links: Vec<f32> = (0..N)
+        .map(|i| count * if i % 6 == 0 { 0.2 } else { 0.8 })
+        .collect();
+    let mut sel = select_params(4, 0, 3); // global, head
+    sel.post_pool_kind = 3; // forward
+    sel.post_pool_kernel = 2;
+    sel.post_pool_decay = 1.0;
+    let l = (links.as_ptr(), N as u64, 0.5);
+    let (st, off, idx) = linked(&sel, &scores, layers, &links, 0.5);
+    expect!(st, KVE_OK);
+    let want = &idx[..off[layers * HKV] as usize];
+    for shards in [
+        vec![(0, 4)],
+        vec![(0, 3), (3, 1)],
+        vec![(0, 1), (1, 2), (3, 1)],
+    ] {
+        let got = sharded_linked(&sel, &scores, layers, &shards, l).unwrap();
+        assert_eq!(got, want, "{shards:?}");
+    }
+    // the links matter: without them the lists differ
+    let (_, o2, i2) = select(&sel, &scores, layers, N, W);
+    assert_ne!(&i2[..o2[layers * HKV] as usize], want);
+    let mut nan = links.clone();
+    nan[7] = f32::NAN;
+    let mut decayed = sel;
+    decayed.post_pool_decay = 0.5;
+    let shards = [(0usize, 2usize), (2, 2)];
+    for (i, (p, l, want)) in [
+        (
+            &sel,
+            (links.as_ptr(), N as u64 - 1, 0.5),
+            KVE_ERR_SHAPE_MISMATCH,
+        ),
+        (&sel, (nan.as_ptr(), N as u64, 0.5), KVE_ERR_NON_FINITE),
+        (&sel, (null(), N as u64, 0.5), KVE_ERR_NULL_POINTER),
+        (
+            &sel,
+            (links.as_ptr(), N as u64, f32::NAN),
+            KVE_ERR_INVALID_ARGUMENT,
+        ),
+        (
+            &decayed,
+            (links.as_ptr(), N as u64, 0.5),
+            KVE_ERR_INVALID_ARGUMENT,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let got = sharded_linked(p, &scores, layers, &shards, l);
+        assert_eq!(got.map_err(name), Err(name(want)), "case {i}");
+    }
+}

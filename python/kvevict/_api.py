@@ -362,7 +362,7 @@ class ShardedSearch:
     across devices"): the ``kve_search_*`` protocol. Global allocator, head or layer
     granularity. Usage::
 
-        s = ShardedSearch(params, layers, hkv, n, window)
+        s = ShardedSearch(params, layers, hkv, n, window)   # links=: the linked selection
         while not s.done:
             hist = s.new_histogram()
             for first, shard in shards:          # shard: [Ls, Hkv, P] scores
@@ -370,12 +370,17 @@ class ShardedSearch:
             s.step(hist)
         parts = [s.select(shard, first) for first, shard in shards]
 
-    Or :func:`select_sharded` for the whole loop in one process.
+    Or :func:`select_sharded` for the whole loop in one process. ``links``: float32 ``[n]``
+    value-link sums over EVERY layer (each shard accumulates its own layers with
+    :func:`accumulate_value_links`, the caller adds them up): the linked selection of
+    :func:`select_model` (``kve_search_count_shard_linked`` / ``kve_select_shard_linked``).
     """
 
-    def __init__(self, params, layers, hkv, n, window):
+    def __init__(self, params, layers, hkv, n, window, *, links=None, link_threshold=LINK_THRESHOLD):
         self.params = _as_select_params(params)
         self.layers, self.hkv, self.n, self.window = layers, hkv, n, window
+        self.links = None if links is None else np.ascontiguousarray(links, dtype=np.float32)
+        self.link_threshold = float(link_threshold)
         self.state = kve_search()
         call("kve_search_init", ctypes.byref(self.state), self.params._ref, layers, hkv, n, window)
 
@@ -407,8 +412,13 @@ class ShardedSearch:
         """Add a shard's candidates (``[Ls, Hkv, P]``, layers ``first_layer ..``) to ``hist``."""
         s, m = self._shard(scores, "ShardedSearch.count")
         ws = self._ws(s.shape[0])
-        call("kve_search_count_shard", self.params._ref, ctypes.byref(m), first_layer,
-             ctypes.byref(self.state), ctypes.byref(hist), ptr(ws), ws.size)
+        if self.links is None:
+            call("kve_search_count_shard", self.params._ref, ctypes.byref(m), first_layer,
+                 ctypes.byref(self.state), ctypes.byref(hist), ptr(ws), ws.size)
+        else:
+            call("kve_search_count_shard_linked", self.params._ref, ctypes.byref(m), first_layer,
+                 ctypes.byref(self.state), ptr(self.links), self.links.size, self.link_threshold,
+                 ctypes.byref(hist), ptr(ws), ws.size)
 
     def step(self, hist):
         """Fix the next digit from the merged histogram; returns :attr:`done`."""
@@ -433,21 +443,27 @@ class ShardedSearch:
         offsets = np.empty(int(a.value), np.uint64)
         indices = np.empty(max(int(b.value), 1), np.uint32)
         ws = self._ws(ls)
-        call("kve_select_shard", self.params._ref, ctypes.byref(m), first_layer,
-             ctypes.byref(self.state), ptr(offsets), offsets.size, ptr(indices), int(b.value),
-             ptr(ws), ws.size)
+        outs = (ptr(offsets), offsets.size, ptr(indices), int(b.value), ptr(ws), ws.size)
+        if self.links is None:
+            call("kve_select_shard", self.params._ref, ctypes.byref(m), first_layer,
+                 ctypes.byref(self.state), *outs)
+        else:
+            call("kve_select_shard_linked", self.params._ref, ctypes.byref(m), first_layer,
+                 ctypes.byref(self.state), ptr(self.links), self.links.size, self.link_threshold,
+                 *outs)
         return offsets, indices[: int(offsets[-1])].copy()
 
 
-def select_sharded(params, shards, n, window):
+def select_sharded(params, shards, n, window, *, links=None, link_threshold=LINK_THRESHOLD):
     """Run :class:`ShardedSearch` over ``shards`` (a list of ``[Ls, Hkv, P]`` score arrays,
     consecutive layers in order) and return ``(offsets, indices)`` for the whole model,
-    equal to :func:`select_model`'s."""
+    equal to :func:`select_model`'s (with ``links``: its linked selection's)."""
     shards = [np.ascontiguousarray(s, dtype=np.float32) for s in shards]
     layers = sum(s.shape[0] for s in shards)
     hkv = shards[0].shape[1]
     firsts = np.cumsum([0] + [s.shape[0] for s in shards[:-1]])
-    search = ShardedSearch(params, layers, hkv, n, window)
+    search = ShardedSearch(params, layers, hkv, n, window, links=links,
+                           link_threshold=link_threshold)
     while not search.done:
         total = search.new_histogram()
         for f, s in zip(firsts, shards):

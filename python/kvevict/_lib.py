@@ -293,6 +293,14 @@ _PROTOS = {
         c_int32,
         [P(kve_select_params), P(kve_model_scores), c_uint64, P(kve_search), c_void_p, c_uint64,
          c_void_p, c_uint64, c_void_p, c_uint64]),
+    "kve_search_count_shard_linked": (
+        c_int32,
+        [P(kve_select_params), P(kve_model_scores), c_uint64, P(kve_search), c_void_p, c_uint64,
+         c_float, P(kve_histogram), c_void_p, c_uint64]),
+    "kve_select_shard_linked": (
+        c_int32,
+        [P(kve_select_params), P(kve_model_scores), c_uint64, P(kve_search), c_void_p, c_uint64,
+         c_float, c_void_p, c_uint64, c_void_p, c_uint64, c_void_p, c_uint64]),
     # compaction
     "kve_compact_in_place": (
         c_int32, [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64, c_void_p, c_uint64]),
@@ -324,6 +332,13 @@ _CUDA_PROTOS = {
         [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64, c_void_p, c_uint64, c_void_p]),
     "kve_cuda_compact_to_varlen": (
         c_int32, [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_void_p, c_void_p, c_void_p]),
+    "kve_cuda_value_links_workspace_size": (c_int32, [c_uint64, c_uint64, _u64p]),
+    "kve_cuda_accumulate_value_links": (
+        c_int32, [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64, c_void_p]),
+    "kve_cuda_select_model_linked": (
+        c_int32,
+        [P(kve_select_params), P(kve_model_scores), c_void_p, c_uint64, c_float, c_void_p,
+         c_uint64, c_void_p, c_uint64, c_uint64, c_void_p, c_uint64, c_void_p]),
 }
 
 

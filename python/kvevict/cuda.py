@@ -38,13 +38,14 @@ Not run on a GPU by this package's tests: they run the entry points on the crate
 import ctypes
 
 from . import _lib
-from ._api import _as_score_params, _as_select_params, prefix_len
+from ._api import LINK_THRESHOLD, _as_score_params, _as_select_params, prefix_len
 from ._core import DTYPES, STATUS_CODES, KvevictError
 from ._lib import kve_layer_inputs, kve_model_scores, kve_tensor, lib
 
 __all__ = [
     "available", "device_count", "built_with_cuda", "score_workspace_size", "score_layer",
-    "select_workspace_size", "select_model", "compact_workspace_size", "compact_in_place",
+    "select_workspace_size", "select_model", "value_links_workspace_size",
+    "accumulate_value_links", "compact_workspace_size", "compact_in_place",
     "compact_varlen", "DeviceArray", "as_device_array", "stream_handle",
 ]
 
@@ -448,7 +449,7 @@ def select_workspace_size(params, layers, hkv, n, window):
 
 
 def select_model(params, scores, n, window, *, counts, idx, workspace=None, stream=None,
-                 layers=None, hkv=None):
+                 layers=None, hkv=None, links=None, link_threshold=LINK_THRESHOLD):
     """Select on the device (``kve_cuda_select_model``), enqueued on ``stream``.
 
     ``scores``: C-contiguous float32 device array ``[L, Hkv, P]`` (``P = n - min(window,
@@ -461,6 +462,10 @@ def select_model(params, scores, n, window, *, counts, idx, workspace=None, stre
     :func:`compact_in_place`. With layer / token granularity
     every head of a layer / of the model gets the same list. ``workspace``: at least
     :func:`select_workspace_size` bytes, 256-byte aligned. Returns ``(counts, idx)``.
+    ``links``: float32 device array of ``n`` value-link sums over every layer
+    (:func:`accumulate_value_links`): the forward post-pool (decay 1) then carries each
+    continuation on while the mean link exceeds ``link_threshold``
+    (``kve_cuda_select_model_linked``; NaN links are not detected on the device).
     """
     params = _as_select_params(params)
     s, sptr, slen = _flat(scores, "scores", "<f4")
@@ -482,10 +487,44 @@ def select_model(params, scores, n, window, *, counts, idx, workspace=None, stre
     m = kve_model_scores()
     m.scores, m.len, m.layers, m.hkv, m.n, m.window = sptr, slen, L, H, int(n), int(window)
     ws, wptr, wbytes = _workspace(workspace, arrays)
+    if links is not None:
+        lk, lptr, llen = _flat(links, "links", "<f4")
+        arrays.append(lk)
     st = _stream(stream, arrays, "select_model")
-    _call("kve_cuda_select_model", params._ref, ctypes.byref(m), cptr, clen, iptr, ld, ireach,
-          wptr, wbytes, st)
+    if links is None:
+        _call("kve_cuda_select_model", params._ref, ctypes.byref(m), cptr, clen, iptr, ld, ireach,
+              wptr, wbytes, st)
+    else:
+        _call("kve_cuda_select_model_linked", params._ref, ctypes.byref(m), lptr, llen,
+              float(link_threshold), cptr, clen, iptr, ld, ireach, wptr, wbytes, st)
     return counts, idx
+
+
+# ------------------------------------------------------------------------- value links
+def value_links_workspace_size(hkv, n):
+    """Device workspace bytes of :func:`accumulate_value_links` for ``hkv`` heads of ``n``
+    tokens (``kve_cuda_value_links_workspace_size``)."""
+    v = ctypes.c_uint64()
+    _call("kve_cuda_value_links_workspace_size", int(hkv), int(n), ctypes.byref(v))
+    return int(v.value)
+
+
+def accumulate_value_links(values, links, *, workspace=None, stream=None, dtype=None):
+    """Add one layer's value links on the device (``kve_cuda_accumulate_value_links``):
+    ``links[i] += sum_h cos(v[h,i], v[h,i-1])`` for ``values`` ``[Hkv, N, dv]`` (a 3-D
+    device array in any strides, transposed V included; float32 / float16 / bfloat16).
+    ``links``: C-contiguous float32 device array of at least ``N`` elements, zeroed before
+    the first layer. ``workspace``: at least :func:`value_links_workspace_size` bytes,
+    256-byte aligned. The host's bits on an AVX2 + FMA host; a NaN/Inf value makes its
+    token's and the next token's link NaN (not detected). Returns ``links``."""
+    t = _tensor(values, "values", dtype)
+    arrays = [t.arr]
+    lk, lptr, llen = _flat(links, "links", "<f4", writable=True)
+    arrays.append(lk)
+    ws, wptr, wbytes = _workspace(workspace, arrays)
+    st = _stream(stream, arrays, "accumulate_value_links")
+    _call("kve_cuda_accumulate_value_links", ctypes.byref(t.c), lptr, llen, wptr, wbytes, st)
+    return links
 
 
 # -------------------------------------------------------------------------- compaction

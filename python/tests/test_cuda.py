@@ -490,6 +490,52 @@ class SelectTests(_DeviceCase):
             call(scores=Dev(self.s.transpose(1, 0, 2)))
 
 
+class LinkTests(_DeviceCase):
+    """Value links and the linked selection on the device against the host's."""
+    L, H, N = 3, 2, 70
+
+    def test_links_match_host(self):
+        rng = np.random.default_rng(4)
+        for dt in (np.float32, np.float16):
+            vs = [rng.standard_normal((self.H, self.N, 12)).astype(dt) for _ in range(self.L)]
+            host = np.zeros(self.N, np.float32)
+            dev = np.zeros(self.N, np.float32)
+            ws = kc.value_links_workspace_size(self.H, self.N)
+            for v in vs:
+                vt = np.ascontiguousarray(v.transpose(0, 2, 1)).transpose(0, 2, 1)  # V transposed
+                kve.accumulate_value_links(vt, host)
+                kc.accumulate_value_links(Dev(vt), Dev(dev), workspace=workspace(ws))
+            # the kernel's operation order is the host's AVX2 path (bits there; tests/links_device.rs)
+            np.testing.assert_allclose(dev, host, rtol=1e-5, atol=1e-6)
+            self.assertGreater(np.abs(host).sum(), 0)
+        with self.assertRaises(kve.KvevictError) as cm:  # links shorter than N
+            kc.accumulate_value_links(Dev(vs[0]), Dev(np.zeros(self.N - 1, np.float32)),
+                                      workspace=workspace(ws))
+        self.assertEqual(cm.exception.name, "KVE_ERR_OUTPUT_TOO_SMALL")
+
+    def test_linked_selection_matches_host(self):
+        rng = np.random.default_rng(5)
+        P = self.N - W
+        s = rng.random((self.L, self.H, P)).astype(np.float32)
+        links = (self.L * self.H * np.where(rng.random(self.N) < 0.6, 0.8, 0.2)).astype(np.float32)
+        units = self.L * self.H
+        flat = dict(post_pool_kind="forward", post_pool_kernel=4, post_pool_decay=1.0)
+        for params in (kve.SelectParams.laprox_span(9), kve.SelectParams("global", "head", 6, **flat)):
+            off, idx = kve.select_model(params, s, self.N, W, links=links)
+            o = off.astype(np.int64)
+            counts = np.full(units, -1, np.int32)
+            lists = np.full((units, self.N), -1, np.int32)
+            ws = kc.select_workspace_size(params, self.L, self.H, self.N, W)
+            kc.select_model(params, Dev(s), self.N, W, counts=Dev(counts), idx=Dev(lists),
+                            workspace=workspace(ws), links=Dev(links))
+            for u in range(units):
+                np.testing.assert_array_equal(lists[u, : counts[u]], idx[o[u]:o[u + 1]])
+            with self.assertRaises(kve.KvevictError) as cm:
+                kc.select_model(params, Dev(s), self.N, W, counts=Dev(counts), idx=Dev(lists),
+                                workspace=workspace(ws), links=Dev(links[:-1]))
+            self.assertEqual(cm.exception.name, "KVE_ERR_SHAPE_MISMATCH")
+
+
 class CompactTests(_DeviceCase):
     L, H, N, D = 2, 3, 64, 8
 

@@ -163,6 +163,24 @@ class SelectTests(unittest.TestCase):
                 got = kve.select_sharded(sp, shards, N, W)
                 np.testing.assert_array_equal(got[0], want[0])
                 np.testing.assert_array_equal(got[1], want[1])
+        # the linked selection: each shard's own layers' links, added up by the caller
+        rng = np.random.default_rng(8)
+        vs = rng.standard_normal((L, H, N, 4)).astype(np.float32)
+        vs[:, :, 1:] += 2 * vs[:, :, :-1]  # neighbours alike: runs of links
+        sp = kve.SelectParams("global", "head", 6, post_pool_kind="forward", post_pool_kernel=3,
+                              post_pool_decay=1.0)
+        for cuts in ([], [1, 3], [1, 2]):  # one shard holding every layer, 2, 3
+            links = np.zeros(N, np.float32)
+            for part in np.split(np.arange(L), cuts):
+                own = np.zeros(N, np.float32)
+                for layer in part:
+                    kve.accumulate_value_links(vs[layer], own)
+                links += own
+            want = kve.select_model(sp, s, N, W, links=links)
+            got = kve.select_sharded(sp, np.split(s, cuts), N, W, links=links)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+        self.assertFalse(np.array_equal(kve.select_model(sp, s, N, W)[1], want[1]))
         search = kve.ShardedSearch(kve.SelectParams("global", "head", 10), L, H, N, W)
         rounds = 0
         while not search.done:

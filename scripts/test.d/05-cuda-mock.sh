@@ -6,7 +6,7 @@
 # are checked on a GPU by cuda/check.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo test --release --features cuda-mock --test cuda_capi --test launchers --test stream_device -- --nocapture 2>&1 \
+cargo test --release --features cuda-mock --test cuda_capi --test launchers --test stream_device --test links_device -- --nocapture 2>&1 \
   | grep -E "^test |test result|panicked|worst|selections|error"
 # the CUDA C example end to end (host stand-ins for the six cudart calls it makes)
 cargo test --release --features cuda-mock --test c_examples cuda_device -- --nocapture 2>&1 \

@@ -202,6 +202,33 @@ pub struct ValueLinks<'a> {
     pub threshold: f32,
 }
 
+impl ValueLinks<'_> {
+    /// The selection takes links with a flat forward post-pool and a finite threshold
+    /// (`InvalidArgument`), `n` sums (`ShapeMismatch`), all finite (`NonFinite`).
+    pub(crate) fn check(&self, cfg: &SelectConfig, n: usize) -> Result<()> {
+        let flat =
+            cfg.post_pool.kind == crate::config::PoolKind::Forward && cfg.post_pool.decay == 1.0;
+        if !flat || !self.threshold.is_finite() {
+            return Err(Error::InvalidArgument);
+        }
+        if self.sums.len() < n {
+            return Err(Error::ShapeMismatch);
+        }
+        if self.sums[..n].iter().any(|v| !v.is_finite()) {
+            return Err(Error::NonFinite);
+        }
+        Ok(())
+    }
+    pub(crate) fn link_min(&self, heads: usize) -> f32 {
+        link_min(self.threshold, heads)
+    }
+}
+
+/// The least sum that links: `threshold` times the `heads` (layers · Hkv) summed.
+pub(crate) fn link_min(threshold: f32, heads: usize) -> f32 {
+    (threshold as f64 * heads as f64) as f32
+}
+
 /// The LaProx-span selection's link threshold (SPEC §4, continuation through value runs).
 pub const LINK_THRESHOLD: f32 = 0.5;
 
@@ -247,17 +274,7 @@ fn select(
     cfg.validate()?;
     m.validate()?;
     if let Some(l) = links {
-        let flat =
-            cfg.post_pool.kind == crate::config::PoolKind::Forward && cfg.post_pool.decay == 1.0;
-        if !flat || !l.threshold.is_finite() {
-            return Err(Error::InvalidArgument);
-        }
-        if l.sums.len() < m.n {
-            return Err(Error::ShapeMismatch);
-        }
-        if l.sums[..m.n].iter().any(|v| !v.is_finite()) {
-            return Err(Error::NonFinite);
-        }
+        l.check(cfg, m.n)?;
     }
     let (no, ni) = select_output_len(cfg, m.layers, m.hkv, m.n, m.window)?;
     if offsets.len() < no || indices.len() < ni {
@@ -301,7 +318,7 @@ fn select(
     // scores at the selection granularity
     let sinks = cfg.post_pool_sinks as usize;
     // linked when the mean over the scores' heads exceeds the threshold
-    let link_min = links.map(|l| (l.threshold as f64 * (layers * hkv) as f64) as f32);
+    let link_min = links.map(|l| l.link_min(layers * hkv));
     let pool = |src: &[f32], dst: &mut [f32]| match (links, link_min) {
         (Some(l), Some(min)) => {
             pool_forward_linked(cfg.post_pool.kernel as usize, sinks, l.sums, min, src, dst)

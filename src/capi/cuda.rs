@@ -368,3 +368,6 @@ pub unsafe extern "C" fn kve_cuda_compact_to_varlen(
 
 #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 mod imp;
+
+mod links;
+pub use links::*;

@@ -158,7 +158,8 @@ pub unsafe extern "C" fn kve_select_model(
 /// `KVE_ERR_SHAPE_MISMATCH`; NaN/Inf: `KVE_ERR_NON_FINITE`). The post-pool must be
 /// `KVE_POOL_FORWARD` with decay 1 and the threshold finite (else
 /// `KVE_ERR_INVALID_ARGUMENT`). Same workspace and outputs as `kve_select_model`; nothing
-/// written on error. Host only: the sharded and device selections take no links yet.
+/// written on error. The device form: `kve_cuda_select_model_linked`; sharded:
+/// `kve_search_count_shard_linked` and `kve_select_shard_linked`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_select_model_linked(
     params: *const kve_select_params,
@@ -210,16 +211,7 @@ unsafe fn select(
     let cfg = tri!(unsafe { select_config(params) });
     // SAFETY: NULL or the caller's `kve_model_scores`; model checks it and its scores.
     let (sb, ms) = tri!(unsafe { model(scores) });
-    let lb = match links {
-        Some((p, len, _)) => {
-            let b = tri!(Buf::new(p, len));
-            if len != ms.n as u64 {
-                return super::KVE_ERR_SHAPE_MISMATCH;
-            }
-            Some(b)
-        }
-        None => None,
-    };
+    let lb = tri!(links_buf(links, ms.n));
     let mut o = tri!(Buf::new(offsets, offsets_len));
     let mut i = tri!(Buf::new(indices, indices_len));
     let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
@@ -545,6 +537,110 @@ pub unsafe extern "C" fn kve_search_count_shard(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
+    // SAFETY: the caller's pointers, passed on; `count_shard` checks each (no links).
+    unsafe {
+        count_shard(
+            params,
+            shard,
+            first_layer,
+            search,
+            None,
+            hist,
+            workspace,
+            workspace_bytes,
+        )
+    }
+}
+
+/// `kve_search_count_shard` for the linked selection (`kve_select_model_linked`'s
+/// forward post-pool carried on through linked positions): `links`, exactly `n` floats,
+/// are the sums over EVERY layer of the model — each shard accumulates its own layers
+/// with `kve_accumulate_value_links`, the caller adds the shards' sums — and every shard
+/// of the search passes the same `links` and `link_threshold` to this and to
+/// `kve_select_shard_linked`. Link rules as `kve_select_model_linked`'s: length
+/// `KVE_ERR_SHAPE_MISMATCH`, NaN/Inf `KVE_ERR_NON_FINITE`, a post-pool other than
+/// forward with decay 1 or a non-finite threshold `KVE_ERR_INVALID_ARGUMENT`. With one
+/// shard holding every layer the lists are `kve_select_model_linked`'s. `links` must not
+/// overlap `hist` or the workspace. Writes `hist` and the workspace; nothing on error.
+#[no_mangle]
+pub unsafe extern "C" fn kve_search_count_shard_linked(
+    params: *const kve_select_params,
+    shard: *const kve_model_scores,
+    first_layer: u64,
+    search: *const kve_search,
+    links: *const f32,
+    links_len: u64,
+    link_threshold: f32,
+    hist: *mut kve_histogram,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
+    // SAFETY: the caller's pointers, passed on; `count_shard` checks each.
+    unsafe {
+        count_shard(
+            params,
+            shard,
+            first_layer,
+            search,
+            Some((links, links_len, link_threshold)),
+            hist,
+            workspace,
+            workspace_bytes,
+        )
+    }
+}
+
+/// A shard's links argument checked: the buffer (NULL, alignment) and its length, `n`.
+fn links_buf(links: Option<(*const f32, u64, f32)>, n: usize) -> Result<Option<Buf<f32>>> {
+    match links {
+        Some((p, len, _)) => {
+            let b = Buf::new(p, len)?;
+            if len != n as u64 {
+                return Err(Error::ShapeMismatch);
+            }
+            Ok(Some(b))
+        }
+        None => Ok(None),
+    }
+}
+
+/// The core's shard links over a checked buffer, for a model of `model_layers` layers.
+///
+/// # Safety
+/// `b` was checked by [`links_buf`] and overlaps no output of the call.
+unsafe fn shard_links<'a>(
+    b: &'a Option<Buf<f32>>,
+    links: Option<(*const f32, u64, f32)>,
+    model_layers: usize,
+) -> Option<shard::ShardLinks<'a>> {
+    match (b, links) {
+        (Some(b), Some((_, _, threshold))) => {
+            // SAFETY: the caller's contract (checked buffer, no output overlaps it).
+            let sums = unsafe { b.slice() };
+            Some(shard::ShardLinks {
+                links: crate::ValueLinks { sums, threshold },
+                model_layers,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// `kve_search_count_shard` and its linked form.
+///
+/// # Safety
+/// Each pointer is NULL or the caller's buffer of the stated length; all are checked here.
+#[allow(clippy::too_many_arguments)]
+unsafe fn count_shard(
+    params: *const kve_select_params,
+    shard: *const kve_model_scores,
+    first_layer: u64,
+    search: *const kve_search,
+    links: Option<(*const f32, u64, f32)>,
+    hist: *mut kve_histogram,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
     // SAFETY: NULL or the caller's params; shard_config checks NULL, alignment, struct_size.
     let cfg = tri!(unsafe { shard_config(params) });
     // SAFETY: NULL or the caller's `kve_model_scores`; model checks it and its scores.
@@ -552,13 +648,22 @@ pub unsafe extern "C" fn kve_search_count_shard(
     // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
     let c = *tri!(unsafe { arg(search) });
     let st = tri!(from_c(&c));
+    let lb = tri!(links_buf(links, ms.n));
     let mut h = tri!(out_param(hist));
     let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[h.span, ws.span],
-        &[sb.span, span_ptr(search), span_ptr(params), span_ptr(shard)]
+        &[
+            sb.span,
+            lb.as_ref().map_or(Span::EMPTY, |b| b.span),
+            span_ptr(search),
+            span_ptr(params),
+            span_ptr(shard)
+        ]
     ));
     tri!(st.check_shard(&cfg, &ms, first_layer));
+    // SAFETY: links_buf checked it; check_alias: no output overlaps it.
+    let sl = unsafe { shard_links(&lb, links, st.layers) };
     let first = tri!(to_usize(first_layer));
     // SAFETY: out_param checked `hist` non-NULL and aligned; check_alias: no input overlaps it.
     let mut v = unsafe { h.slice() }[0];
@@ -569,8 +674,8 @@ pub unsafe extern "C" fn kve_search_count_shard(
     let mut hh = Histogram(v.bins);
     // SAFETY: Buf::new checked the workspace; check_alias: it overlaps no input nor `hist`.
     let ws = unsafe { ws.slice_mut() };
-    tri!(shard::count_shard(
-        &cfg, &ms, first, &st.search, &mut hh, ws
+    tri!(shard::count_shard_linked(
+        &cfg, &ms, first, sl, &st.search, &mut hh, ws
     ));
     v.bins = hh.0;
     v.round = round;
@@ -719,22 +824,99 @@ pub unsafe extern "C" fn kve_select_shard(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
+    let outs = ShardOut {
+        offsets,
+        offsets_len,
+        indices,
+        indices_len,
+        workspace,
+        workspace_bytes,
+    };
+    // SAFETY: the caller's pointers, passed on; `select_shard` checks each (no links).
+    unsafe { select_shard(params, shard, first_layer, search, None, &outs) }
+}
+
+/// `kve_select_shard` for the linked selection: `links` and `link_threshold` as given to
+/// `kve_search_count_shard_linked` (the same rules and statuses). Writes `offsets`,
+/// `indices` and the workspace; nothing on error.
+#[no_mangle]
+pub unsafe extern "C" fn kve_select_shard_linked(
+    params: *const kve_select_params,
+    shard: *const kve_model_scores,
+    first_layer: u64,
+    search: *const kve_search,
+    links: *const f32,
+    links_len: u64,
+    link_threshold: f32,
+    offsets: *mut u64,
+    offsets_len: u64,
+    indices: *mut u32,
+    indices_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+) -> i32 {
+    let outs = ShardOut {
+        offsets,
+        offsets_len,
+        indices,
+        indices_len,
+        workspace,
+        workspace_bytes,
+    };
+    let links = Some((links, links_len, link_threshold));
+    // SAFETY: the caller's pointers, passed on; `select_shard` checks each.
+    unsafe { select_shard(params, shard, first_layer, search, links, &outs) }
+}
+
+/// The outputs of `kve_select_shard` as passed.
+struct ShardOut {
+    offsets: *mut u64,
+    offsets_len: u64,
+    indices: *mut u32,
+    indices_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+}
+
+/// `kve_select_shard` and its linked form.
+///
+/// # Safety
+/// Each pointer is NULL or the caller's buffer of the stated length; all are checked here.
+unsafe fn select_shard(
+    params: *const kve_select_params,
+    shard: *const kve_model_scores,
+    first_layer: u64,
+    search: *const kve_search,
+    links: Option<(*const f32, u64, f32)>,
+    out: &ShardOut,
+) -> i32 {
     // SAFETY: NULL or the caller's params; shard_config checks NULL, alignment, struct_size.
     let cfg = tri!(unsafe { shard_config(params) });
     // SAFETY: NULL or the caller's `kve_model_scores`; model checks it and its scores.
     let (sb, ms) = tri!(unsafe { model(shard) });
     // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
     let st = tri!(from_c(tri!(unsafe { arg(search) })));
-    let mut o = tri!(Buf::new(offsets, offsets_len));
-    let mut i = tri!(Buf::new(indices, indices_len));
-    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
+    let lb = tri!(links_buf(links, ms.n));
+    let mut o = tri!(Buf::new(out.offsets, out.offsets_len));
+    let mut i = tri!(Buf::new(out.indices, out.indices_len));
+    let mut ws = tri!(Buf::new(out.workspace as *const u8, out.workspace_bytes));
     tri!(check_alias(
         &[o.span, i.span, ws.span],
-        &[sb.span, span_ptr(search), span_ptr(params), span_ptr(shard)]
+        &[
+            sb.span,
+            lb.as_ref().map_or(Span::EMPTY, |b| b.span),
+            span_ptr(search),
+            span_ptr(params),
+            span_ptr(shard)
+        ]
     ));
     tri!(st.check_shard(&cfg, &ms, first_layer));
     let first = tri!(to_usize(first_layer));
+    // SAFETY: links_buf checked it; check_alias: no output overlaps it.
+    let sl = unsafe { shard_links(&lb, links, st.layers) };
     // SAFETY: Buf::new checked the three; check_alias: they overlap no input nor each other.
     let (o, i, ws) = unsafe { (o.slice_mut(), i.slice_mut(), ws.slice_mut()) };
-    to_status(shard::select_shard(&cfg, &ms, first, &st.search, o, i, ws))
+    to_status(shard::select_shard_linked(
+        &cfg, &ms, first, sl, &st.search, o, i, ws,
+    ))
 }

@@ -16,6 +16,7 @@
 
 pub mod compact;
 pub mod limits;
+pub mod links;
 pub mod score;
 pub mod select;
 
@@ -29,6 +30,7 @@ pub use compact::{
     compact_batch, compact_batch_workspace_size, compact_in_place, compact_varlen,
     compact_workspace_size,
 };
+pub use links::{accumulate_value_links, select_model_linked, value_links_workspace_size};
 pub use score::{score_layer, score_workspace_size, LayerInputs};
 pub use select::{select_model, select_workspace_size};
 

@@ -55,7 +55,7 @@ struct Plan {
     shared: bool,
 }
 
-fn plan(cfg: &SelectConfig, s: &Shape) -> Plan {
+fn plan(cfg: &SelectConfig, s: &Shape, linked: bool) -> Plan {
     let (units, per_layer) = match cfg.granularity {
         Granularity::Head => (s.layers * s.hkv, s.hkv),
         Granularity::Layer => (s.layers, 1),
@@ -83,11 +83,13 @@ fn plan(cfg: &SelectConfig, s: &Shape) -> Plan {
     let head = cfg.granularity == Granularity::Head;
     let normalized =
         cfg.normalize == Normalize::LayerSum && (token || cfg.allocator == AllocatorKind::Global);
+    // a linked pool may extend even a 1-token kernel: it always pools (the host's copies_scores)
+    let pooled = !cfg.post_pool.is_identity() || linked;
     Plan {
         units,
         per_layer,
-        copy: !head || !cfg.post_pool.is_identity() || safeguard,
-        tmp: !head && !cfg.post_pool.is_identity(),
+        copy: !head || pooled || safeguard,
+        tmp: !head && pooled,
         safeguard,
         budgets,
         stats: normalized || budgets == Some(cu::KVE_CUDA_BUDGET_LAVA),
@@ -194,11 +196,13 @@ fn kernel_limits(cfg: &SelectConfig, pl: &Plan, s: &Shape) -> Result<()> {
     Ok(())
 }
 
-/// Device workspace bytes of [`select_model`].
+/// Device workspace bytes of [`select_model`] (and of the linked selection: the same, as
+/// a forward post-pool already pools into a copy).
 pub fn select_workspace_size(cfg: &SelectConfig, m: &ModelShape) -> Result<usize> {
     cfg.validate()?;
     let s = Shape::of(m);
-    Ok(layout(&plan(cfg, &s), &s, null_mut())?.total)
+    let linked = cfg.post_pool.kind == PoolKind::Forward;
+    Ok(layout(&plan(cfg, &s, linked), &s, null_mut())?.total)
 }
 
 /// Where [`select_model`] writes: per unit `u = l*hkv + kh`, `counts[u]` kept positions
@@ -229,6 +233,47 @@ pub unsafe fn select_model(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> Result<()> {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        select_with(
+            cfg,
+            m,
+            scores,
+            scores_len,
+            None,
+            out,
+            workspace,
+            workspace_bytes,
+            stream,
+        )
+    }
+}
+
+/// Value links on the device for the selection's forward post-pool: `n` sums at `sums`
+/// (device memory), linked where a sum exceeds `link_min`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Linked {
+    pub sums: *const f32,
+    pub link_min: f32,
+}
+
+/// [`select_model`], its forward post-pool carried on through `links` when given (checked
+/// by the caller: pointer, length, alignment, configuration).
+///
+/// # Safety
+/// As [`select_model`]; `links.sums` is device memory of `n` floats.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn select_with(
+    cfg: &SelectConfig,
+    m: &ModelShape,
+    scores: *const f32,
+    scores_len: u64,
+    links: Option<Linked>,
+    out: &KeptLists,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+    stream: *mut c_void,
+) -> Result<()> {
     cfg.validate()?;
     let s = Shape::of(m);
     let (counts, idx, idx_ld) = (out.counts, out.idx, out.idx_ld);
@@ -249,11 +294,14 @@ pub unsafe fn select_model(
     {
         return Err(Error::OutputTooSmall);
     }
-    let pl = plan(cfg, &s);
+    let pl = plan(cfg, &s, links.is_some());
     kernel_limits(cfg, &pl, &s)?;
     let need = layout(&pl, &s, null_mut())?.total;
     check_workspace(workspace, workspace_bytes, need)?;
-    let reads = [span_of(scores, all as usize * s.p)?];
+    let reads = [
+        span_of(scores, all as usize * s.p)?,
+        span_of(links.map_or(null(), |l| l.sums), m.n)?,
+    ];
     let writes = [
         span_of(counts, all as usize)?,
         span_of(idx, all as usize * idx_ld as usize)?,
@@ -270,6 +318,7 @@ pub unsafe fn select_model(
             &s,
             &parts,
             scores,
+            links,
             counts,
             idx,
             idx_ld as i64,
@@ -278,19 +327,37 @@ pub unsafe fn select_model(
     }
 }
 
-/// Pool rows of `p` entries on the device (`src` and `dst` distinct).
+/// Pool rows of `p` entries on the device (`src` and `dst` distinct); linked: one launch
+/// of the linked forward pool, which copies the sinks itself.
 unsafe fn pool_rows(
     cfg: &SelectConfig,
     src: *const f32,
     dst: *mut f32,
     rows: usize,
     p: usize,
+    links: Option<Linked>,
     stream: *mut c_void,
 ) -> Result<()> {
     // SAFETY: the pointers are device memory of the sizes checked by the public caller;
     // the launchers only enqueue work on `stream`.
     unsafe {
         let pp = &cfg.post_pool;
+        if let Some(l) = links {
+            let n = p as i64;
+            return ck(cu::kve_cuda_pool_linked(
+                src,
+                n,
+                dst,
+                n,
+                rows as i64,
+                n,
+                pp.kernel as c_int,
+                cfg.post_pool_sinks as i64,
+                l.sums,
+                l.link_min,
+                stream,
+            ));
+        }
         let (mode, k, decay) = match pp.kind {
             // identity: a plain copy (avg over one element)
             PoolKind::None => (cu::KVE_CUDA_POOL_AVG, 1, 1.0),
@@ -348,6 +415,7 @@ unsafe fn launch(
     s: &Shape,
     parts: &Parts,
     scores: *const f32,
+    links: Option<Linked>,
     counts: *mut i32,
     idx: *mut i32,
     idx_ld: i64,
@@ -356,7 +424,9 @@ unsafe fn launch(
     // SAFETY: the pointers are device memory of the sizes checked by the public caller;
     // the launchers only enqueue work on `stream`.
     unsafe {
-        choose(cfg, pl, s, parts, scores, counts, idx, idx_ld, stream)?;
+        choose(
+            cfg, pl, s, parts, scores, links, counts, idx, idx_ld, stream,
+        )?;
         ck(cu::kve_cuda_append_range(
             counts,
             idx,
@@ -376,6 +446,7 @@ unsafe fn choose(
     s: &Shape,
     parts: &Parts,
     scores: *const f32,
+    links: Option<Linked>,
     counts: *mut i32,
     idx: *mut i32,
     idx_ld: i64,
@@ -447,7 +518,7 @@ unsafe fn choose(
         let arr: *mut f32 = match cfg.granularity {
             Granularity::Head => {
                 if pl.copy {
-                    pool_rows(cfg, scores, parts.arr, pl.units, p, stream)?;
+                    pool_rows(cfg, scores, parts.arr, pl.units, p, links, stream)?;
                     parts.arr
                 } else {
                     scores as *mut f32
@@ -489,7 +560,7 @@ unsafe fn choose(
                     ))?;
                 }
                 if pl.tmp {
-                    pool_rows(cfg, parts.tmp, parts.arr, pl.units, p, stream)?;
+                    pool_rows(cfg, parts.tmp, parts.arr, pl.units, p, links, stream)?;
                 }
                 parts.arr
             }
