@@ -8,6 +8,12 @@
 // the two ceilings measured in this run (device-to-device copy bandwidth; a
 // bf16 WMMA GEMM of our own, or --mm-tflops from a faster library), the
 // roofline floor = max(bytes / bandwidth, FLOPs / matmul rate) and the ratio.
+// Every timed stage also gets its GB/s and TFLOP/s against the H200's nominal
+// roofline (HBM 4.8 TB/s, 990 TFLOP/s dense f16) and a `STAGE n= name= ms= bytes=
+// flops=` line, which cuda/check.sh sets beside PyTorch's time for the same stage
+// (cuda/bench_torch.py `TORCH_STAGE` lines). The question-agnostic uniqueness scorer is
+// timed on one layer at N <= 32k (its exact scan is quadratic; on this random data no
+// token has four twins, so every token is compared with the whole cache: its worst case).
 //
 // Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Icuda -L<cuda lib> \
 //          cuda/bench.cu $(ls cuda/*.cu | grep -v bench.cu)   (cuda/prebuild.sh does this)
@@ -126,6 +132,18 @@ __global__ void __launch_bounds__(256) kernel(const __nv_bfloat16* A, const __nv
 }
 }  // namespace gemm
 
+// The H200's nominal roofline (per-stage percentages; the floor uses the measured ceilings).
+constexpr double H200_HBM = 4.8e12, H200_F16 = 990e12;
+
+// One timed stage: human line with GB/s and TFLOP/s against the roofline, and a machine line.
+static void stage_line(long long n, const char* name, const char* label, double ms, double bytes,
+                       double flops) {
+    const double s = ms * 1e-3, gbs = bytes / s / 1e9, tfs = flops / s / 1e12;
+    printf("    %-34s %9.3f ms  %8.1f GB/s (%5.1f%% of 4.8 TB/s)  %7.2f TFLOP/s (%5.2f%% of 990)\n",
+           label, ms, gbs, 100.0 * bytes / s / H200_HBM, tfs, 100.0 * flops / s / H200_F16);
+    printf("STAGE n=%lld name=%s ms=%.4f bytes=%.0f flops=%.0f\n", n, name, ms, bytes, flops);
+}
+
 static float median(std::vector<float> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -199,7 +217,8 @@ struct Model {
     double* sums = nullptr;
     int32_t *counts = nullptr, *idx = nullptr;
     void *ws_win = nullptr, *ws_stats = nullptr, *ws_sel = nullptr, *ws_cmp = nullptr;
-    size_t b_win = 0, b_stats = 0, b_sel = 0, b_cmp = 0;
+    void* ws_uniq = nullptr;
+    size_t b_win = 0, b_stats = 0, b_sel = 0, b_cmp = 0, b_uniq = 0;
     int64_t keep = 0;
 
     kve_cuda_view kv(__nv_bfloat16* base, int l) const {
@@ -246,10 +265,16 @@ struct Model {
 
 // stage masks
 enum { ST_WINDOW = 1, ST_VONORM = 2, ST_COMBINE = 4, ST_SELECT = 8, ST_COMPACT = 16, ST_ALL = 31,
-       ST_FACTOR = 32 /* value-output norms through the Cholesky factor instead of G */ };
+       ST_FACTOR = 32 /* value-output norms through the Cholesky factor instead of G */,
+       ST_UNIQ = 64 /* the uniqueness scorer of layer 0 alone (not part of ST_ALL) */ };
 
 static void pipeline(Model& m, cudaStream_t s, int stages) {
     const int64_t P = m.p;
+    if (stages & ST_UNIQ) {
+        kve_cuda_view k = m.kv(m.K, 0), v = m.kv(m.V, 0);
+        CK(kve_cuda_uniqueness(&k, &v, P, m.scores, P, m.ws_uniq, m.b_uniq, s));
+        return;
+    }
     for (int l = 0; l < m.L; ++l) {
         if (stages & ST_WINDOW) {
             kve_cuda_view q = m.qv(l), k = m.kv(m.K, l);
@@ -390,6 +415,16 @@ int main(int argc, char** argv) {
         const float t_vof = time_stages(m, s, ST_VONORM | ST_FACTOR, reps);
         const float t_allf = time_stages(m, s, ST_ALL | ST_FACTOR, reps);
         const float t_all = time_stages(m, s, ST_ALL, reps);
+        // uniqueness: one layer, quadratic at worst, so only up to 32k tokens
+        const bool uniq = n <= 32768;
+        float t_uniq = 0.0f;
+        if (uniq) {
+            m.b_uniq = kve_cuda_uniqueness_workspace_size(m.hkv, n, m.d, m.d);
+            CK(cudaMalloc(&m.ws_uniq, m.b_uniq));
+            t_uniq = time_stages(m, s, ST_UNIQ, reps < 3 ? reps : 3);
+            CK(cudaFree(m.ws_uniq));
+            m.ws_uniq = nullptr;
+        }
         // graph
         cudaGraph_t graph;
         cudaGraphExec_t exec;
@@ -426,19 +461,37 @@ int main(int argc, char** argv) {
         const double t_bytes = bytes / bw * 1e3, t_flops = flops / mm * 1e3;
         const double floor_ms = std::max(t_bytes, t_flops);
         printf("  stage times (all %d layers, median of %d):\n", m.L, reps);
-        printf("    window attention (2 passes)   %9.3f ms  (%.1f TFLOP/s on one pass of logits)\n",
-               t_win, fl_win / (t_win * 1e-3) / 1e12);
-        printf("    value-output norms (Gram MMA) %9.3f ms  (%.1f TFLOP/s)\n", t_vo,
-               fl_vo / (t_vo * 1e-3) / 1e12);
+        const double f4 = 4.0, b2 = 2.0;  // bytes of an f32 / a bf16
+        const double k_bytes = (double)kv_elems * b2, hqp = (double)m.L * m.hq * P;
+        const double hkvp = (double)m.L * m.hkv * P;
+        // window: K and Q read, the L2 column norms written (one pass of logits counted)
+        stage_line(n, "window", "window attention (2 passes)", t_win,
+                   k_bytes + (double)m.L * m.hq * m.w * m.d * b2 + hqp * f4, fl_win);
+        // value-output norms: the prefix of V and the Grams read, the norms written
+        const double vo_bytes = (double)m.L * m.hkv * P * m.d * b2 +
+                                (double)m.L * m.hq * m.d * m.d * b2 + hqp * f4;
+        stage_line(n, "vonorm", "value-output norms (Gram MMA)", t_vo, vo_bytes, fl_vo);
         const double tri_frac = 0.5 * (1.0 + 16.0 / m.d);  // share of L's 16x16 blocks computed
-        printf("    value-output norms (factor)   %9.3f ms  (%.1f TFLOP/s done, %.1f Gram-equivalent)\n",
-               t_vof, tri_frac * fl_vo / (t_vof * 1e-3) / 1e12, fl_vo / (t_vof * 1e-3) / 1e12);
-        printf("    pool + group sum              %9.3f ms\n", t_cmb);
-        printf("    layer sums + global select    %9.3f ms\n", t_sel);
-        printf("    compact K and V in place      %9.3f ms\n", t_cmp);
-        printf("  whole model, eager              %9.3f ms\n", t_all);
-        printf("  whole model, CUDA graph replay  %9.3f ms  (kept %lld rows, want %lld)\n", t_graph,
-               tot, (long long)m.keep);
+        stage_line(n, "vonorm_factor", "value-output norms (factor)", t_vof, vo_bytes,
+                   tri_frac * fl_vo);
+        // pool (read l2, write pooled) and group sum (read pooled and the norms, write scores)
+        stage_line(n, "combine", "pool + group sum", t_cmb, hqp * f4 * 4.0 + hkvp * f4,
+                   hqp * (7.0 + 2.0));
+        // layer sums and the select's passes over the scores, the kept lists written
+        stage_line(n, "select", "layer sums + global select", t_sel,
+                   hkvp * f4 * 2.0 + (double)m.keep * 4.0, 0.0);
+        stage_line(n, "compact", "compact K and V in place", t_cmp, move_bytes, 0.0);
+        if (uniq) {
+            // one layer: its K and V read, the scores written; every pair's two cosines
+            const double ub = 2.0 * m.hkv * (double)n * m.d * b2 + (double)m.hkv * P * f4;
+            const double uf = 2.0 * (2.0 * m.d) * (double)n * (double)n * m.hkv;
+            stage_line(n, "uniqueness", "uniqueness, layer 0 only (SIMT f32)", t_uniq, ub, uf);
+        } else {
+            printf("    uniqueness: not timed at N > 32768 (quadratic at worst)\n");
+        }
+        stage_line(n, "whole", "whole model, eager", t_all, bytes, flops);
+        stage_line(n, "whole_graph", "whole model, CUDA graph replay", t_graph, bytes, flops);
+        printf("  kept %lld rows, want %lld\n", tot, (long long)m.keep);
         printf("  whole model, eager, factor form %9.3f ms  (floor of that form: %.3f ms)\n", t_allf,
                std::max(t_bytes, (fl_win + tri_frac * fl_vo) / mm * 1e3));
         printf("  floor: bytes %.2f GB / %.2f TB/s = %.3f ms; FLOPs %.2f TFLOP / %.1f TFLOP/s = "

@@ -18,18 +18,31 @@
 #          else built here with nvcc.
 # Environment: KVEVICT_CUDA_ARCHS (default 90 here), CHECK_N (default 32768,131072),
 #   CHECK_SKIP="tests sanitizer bench torch" to leave steps out.
-# Output: a summary at the end; logs in build/gpu/logs, and the main ones (7
+# Output: a summary at the end, with every benchmarked stage's ms, GB/s and TFLOP/s
+# against the H200 roofline (HBM 4.8 TB/s, 990 TFLOP/s dense f16) beside PyTorch's time
+# for the same stage in the same run; logs in build/gpu/logs, and the main ones (7
 # files: the device tool brings back 8) copied to $OUT when it is set.
+# Exit status: 1 when a GPU is listed (nvidia-smi) and a step fails, errors, or cannot
+# run on it (tests, C API tests, stream tests, sanitizer errors, the benchmark, the
+# PyTorch version when torch imports); 0 otherwise. Without a listed GPU, steps that
+# cannot run are noted, not failures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 LOG=$ROOT/build/gpu/logs
 mkdir -p "$LOG" build/gpu
+# this run's logs only (a stale torch.log would set an old run's times beside this one's)
+rm -f "$LOG"/*.log "$LOG"/*.txt
 export KVEVICT_CUDA_ARCHS=${KVEVICT_CUDA_ARCHS:-90}
 CHECK_N=${CHECK_N:-32768,131072}
 declare -a SUMMARY
 say() { printf '\n==== %s ====\n' "$*"; }
 note() { SUMMARY+=("$*"); }
+FAILED=0
+fail() { SUMMARY+=("$*"); FAILED=1; }
+GPU_LISTED=0
+# with a GPU listed a step that cannot run fails the check; without one it is only noted
+need() { if [ "$GPU_LISTED" = 1 ]; then fail "$*"; else note "$*"; fi; }
 skip() { [[ " ${CHECK_SKIP:-} " == *" $1 "* ]]; }
 t0=$(date +%s)
 # The whole script stays within CHECK_BUDGET_S (default 420 s): each step's timeout is
@@ -44,6 +57,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2
 # A GPU listed by the driver: the tests must run on it, so "no device" from the CUDA runtime
 # (e.g. a driver too old for the static cudart 13) fails them instead of skipping them.
 if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  GPU_LISTED=1
   export KVEVICT_REQUIRE_GPU=${KVEVICT_REQUIRE_GPU:-1}
   echo "GPU listed by nvidia-smi: KVEVICT_REQUIRE_GPU=$KVEVICT_REQUIRE_GPU (no device = failure)"
 fi
@@ -102,10 +116,10 @@ if ! skip tests; then
     if timeout "$(tmo 120)" "$CAPI_BIN" --test-threads=4 --nocapture 2>&1 | tee "$LOG/capi.log" | grep -E "^test |worst|selections|panicked" ; then
       note "C API device tests: $(grep -E '^test result' "$LOG/capi.log" | tail -1) $(grep -E 'worst relative' "$LOG/capi.log" | head -1)"
     else
-      note "C API device tests: FAILED (see capi.log): $(grep -E 'panicked' -A2 "$LOG/capi.log" | head -4 | tr '\n' ' ')"
+      fail "C API device tests: FAILED (see capi.log): $(grep -E 'panicked' -A2 "$LOG/capi.log" | head -4 | tr '\n' ' ')"
     fi
   else
-    note "C API device tests: NOT RUN (no build/gpu/cuda_capi)"
+    need "C API device tests: NOT RUN (no build/gpu/cuda_capi)"
   fi
   if [ -z "${STREAM_BIN:-}" ] && [ -x build/gpu/stream_device ]; then STREAM_BIN=build/gpu/stream_device; fi
   # the query-stream launcher against the core's stream state
@@ -113,10 +127,10 @@ if ! skip tests; then
     if timeout "$(tmo 60)" "$STREAM_BIN" --nocapture 2>&1 | tee "$LOG/stream.log" | grep -E "^test |skipped|panicked"; then
       note "stream launcher tests: $(grep -E '^test result' "$LOG/stream.log" | tail -1)"
     else
-      note "stream launcher tests: FAILED (see stream.log): $(grep -E 'panicked' -A2 "$LOG/stream.log" | head -4 | tr '\n' ' ')"
+      fail "stream launcher tests: FAILED (see stream.log): $(grep -E 'panicked' -A2 "$LOG/stream.log" | head -4 | tr '\n' ' ')"
     fi
   else
-    note "stream launcher tests: NOT RUN (no build/gpu/stream_device)"
+    need "stream launcher tests: NOT RUN (no build/gpu/stream_device)"
   fi
   if [ -z "${LINKS_BIN:-}" ] && [ -x build/gpu/links_device ]; then LINKS_BIN=build/gpu/links_device; fi
   # value links and the linked selection against the host (links bit for bit)
@@ -133,11 +147,11 @@ if ! skip tests; then
     if timeout "$(tmo 150)" "$TEST_BIN" --test-threads=4 2>&1 | tee "$LOG/tests.log" | tail -25; then
       note "tests: $(grep -E '^test result' "$LOG/tests.log" | tail -1)"
     else
-      note "tests: FAILED (see tests.log): $(grep -E '^test .* FAILED|panicked' "$LOG/tests.log" | head -5 | tr '\n' ' ')"
+      fail "tests: FAILED (see tests.log): $(grep -E '^test .* FAILED|panicked' "$LOG/tests.log" | head -5 | tr '\n' ' ')"
     fi
     grep -E "max rel err" "$LOG/tests.log" | sort -t' ' -k1,1 | awk '{print}' > "$LOG/errors.txt" || true
   else
-    note "tests: NOT RUN (no cargo+nvcc, no build/gpu/launchers)"
+    need "tests: NOT RUN (no cargo+nvcc, no build/gpu/launchers)"
   fi
 fi
 
@@ -164,7 +178,7 @@ if ! skip sanitizer && [ -n "$TEST_BIN" ]; then
       elif [ "$rc" -eq 124 ]; then
         note "sanitizer $tool: TIMEOUT after ${t} s"
       else
-        note "sanitizer $tool: ERRORS (rc $rc): $(grep -E 'ERROR SUMMARY|Invalid|hazard|Race' "$slog" | head -3 | tr '\n' ' ')"
+        fail "sanitizer $tool: ERRORS (rc $rc): $(grep -E 'ERROR SUMMARY|Invalid|hazard|Race' "$slog" | head -3 | tr '\n' ' ')"
       fi
       tail -5 "$LOG/sanitizer_$tool.log"
     done
@@ -201,15 +215,18 @@ if ! skip bench; then
       mv build/gpu/kvevict_bench.new "$BENCH"
     else
       echo "bench build failed:"; tail -20 "$LOG/bench_build.log"
+      need "bench: build FAILED (see bench_build.log)"
     fi
   fi
   if [ -x "$BENCH" ]; then
     if timeout "$(tmo 150)" "$BENCH" --n "$CHECK_N" $MM_ARG 2>&1 | tee "$LOG/bench.log"; then :; else
-      note "bench: FAILED (rc $?)"
+      fail "bench: FAILED (rc $?): $(grep -E ' -> [0-9]+ \(' "$LOG/bench.log" | head -2 | tr '\n' ' ')"
     fi
+    # the bench skips without a device: with a GPU listed that is the runtime failing
+    if grep -q '^skipped: no CUDA device' "$LOG/bench.log"; then need "bench: the CUDA runtime sees no device"; fi
     while read -r l; do note "bench: $l"; done < <(grep -E '^RESULT|^ceilings|matmul rate used' "$LOG/bench.log")
   else
-    note "bench: no binary"
+    need "bench: no binary"
   fi
 fi
 
@@ -217,12 +234,45 @@ if ! skip torch; then
   say "PyTorch: same math"
   PY=$(command -v python3 || true)
   if [ -n "$PY" ]; then
-    timeout "$(tmo 120)" "$PY" cuda/bench_torch.py --n "$CHECK_N" 2>&1 | tee "$LOG/torch.log" | tail -8
-    if grep -q "torch not available" "$LOG/torch.log"; then note "torch not available"; fi
-    while read -r l; do note "torch: $l"; done < <(grep -E '^TORCH' "$LOG/torch.log")
+    timeout "$(tmo 120)" "$PY" cuda/bench_torch.py --n "$CHECK_N" 2>&1 | tee "$LOG/torch.log" | tail -16
+    trc=$?
+    if grep -q "no CUDA device" "$LOG/torch.log"; then need "torch: imports but sees no CUDA device"
+    elif grep -q "torch not available" "$LOG/torch.log"; then note "torch not available"
+    elif [ "$trc" -ne 0 ]; then need "torch: FAILED (rc $trc, see torch.log): $(tail -2 "$LOG/torch.log" | tr '\n' ' ')"; fi
+    while read -r l; do note "torch: $l"; done < <(grep -E '^TORCH ' "$LOG/torch.log")
   else
     echo "torch not available"; note "torch not available (no python3)"
   fi
+fi
+
+# ------------------------------------------------------- per-stage table --
+# Every stage the bench timed (STAGE lines), with GB/s and TFLOP/s against the H200's
+# nominal roofline, beside PyTorch's time for the same stage in this run (TORCH_STAGE).
+stage_table() {  # stage_table BENCH_LOG TORCH_LOG
+  awk -v hbm=4.8e12 -v f16=990e12 '
+    function kv(line, key,   m) { return match(line, key "=[^ ]+") ? substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1) : "" }
+    FILENAME == ARGV[1] && /^STAGE / { k = kv($0, "n") "|" kv($0, "name"); ord[++no] = k
+      ms[k] = kv($0, "ms"); by[k] = kv($0, "bytes"); fl[k] = kv($0, "flops") }
+    FILENAME == ARGV[2] && /^TORCH_STAGE / { tm[kv($0, "n") "|" kv($0, "name")] = kv($0, "ms") }
+    END {
+      if (no == 0) { print "no stage timings (bench not run)"; exit }
+      printf "%-7s %-14s %10s %9s %7s %9s %7s %11s %8s\n", "N", "stage", "ms", "GB/s", "%HBM", "TFLOP/s", "%f16", "torch ms", "torch/us"
+      for (i = 1; i <= no; i++) { k = ord[i]; split(k, a, "|"); t = tm[k]
+        # the factor form and the graph replay compute what torch does in its Gram / eager version
+        if (t == "" && a[2] == "vonorm_factor") t = tm[a[1] "|vonorm"]
+        if (t == "" && a[2] == "whole_graph") t = tm[a[1] "|whole"]
+        s = ms[k] / 1e3
+        printf "%-7s %-14s %10.3f %9.1f %6.1f%% %9.2f %6.2f%% %11s %8s\n", a[1], a[2], ms[k], by[k] / s / 1e9,
+               100 * by[k] / s / hbm, fl[k] / s / 1e12, 100 * fl[k] / s / f16,
+               (t == "" ? "-" : sprintf("%.3f", t)), (t == "" || ms[k] == 0 ? "-" : sprintf("%.1fx", t / ms[k])) } }
+  ' "$1" "$2"
+}
+if ! skip bench; then
+  say "stages against the H200 roofline and PyTorch"
+  bl=$LOG/bench.log; tl=$LOG/torch.log
+  [ -f "$bl" ] || bl=/dev/null; [ -f "$tl" ] || tl=/dev/null
+  stage_table "$bl" "$tl" 2>&1 | tee "$LOG/stages.txt"
+  while read -r l; do note "stage: $l"; done < "$LOG/stages.txt"
 fi
 
 say "summary ($(( $(date +%s) - t0 )) s)"
@@ -232,3 +282,5 @@ if [ -n "${OUT:-}" ]; then
     [ -f "$LOG/$f" ] && cp "$LOG/$f" "$OUT/$f"
   done
 fi
+if [ "$FAILED" -ne 0 ]; then echo "check.sh: FAILED (a GPU is listed and a step failed; see the summary)"; exit 1; fi
+echo "check.sh: passed"

@@ -412,6 +412,31 @@ typedef struct kve_model_scores {
 } kve_model_scores;
 
 /**
+ * One tensor of `kve_cuda_compact_batch_in_place` (host memory; `kv.data`, `kept` and
+ * `counts` are device pointers): as the arguments of `kve_cuda_compact_in_place` — for
+ * each head `h` of `kv`, rows `kept[h*kept_ld + t]` (`t < counts[h]`, ascending, `< N`)
+ * move to token `t`; `kept_ld = 0`: one list and one count shared by every head.
+ */
+typedef struct kve_compact_item {
+  /**
+   * The tensor compacted in place (writable device memory, any layout).
+   */
+  struct kve_tensor kv;
+  /**
+   * int32 kept lists, device memory (`kve_cuda_select_model`'s `idx + u*idx_ld`).
+   */
+  const int32_t *kept;
+  /**
+   * Elements between two heads' lists: 0 (shared) or `>= min(max_keep, N)`.
+   */
+  uint64_t kept_ld;
+  /**
+   * int32 counts, one per head (one when `kept_ld = 0`), device memory.
+   */
+  const int32_t *counts;
+} kve_compact_item;
+
+/**
  * State of a model-wide top-K search split over shards of layers (SPEC §4, "selection
  * across devices"). Plain data: copy it to every shard, process or device. Written only
  * by `kve_search_init` and `kve_search_step`; the fields are the library's business
@@ -751,6 +776,84 @@ int32_t kve_cuda_select_model_linked(const struct kve_select_params *params,
                                      void *workspace,
                                      uint64_t workspace_bytes,
                                      void *stream);
+
+/**
+ * Device workspace bytes of `kve_cuda_compact_batch_in_place` for these items and the
+ * largest count of any list (`max_keep`; `N` always suffices). Every item is checked as
+ * the call checks it. Writes only `*out_bytes`.
+ */
+int32_t kve_cuda_compact_batch_in_place_workspace_size(const struct kve_compact_item *items,
+                                                       uint64_t n_items,
+                                                       uint64_t max_keep,
+                                                       uint64_t *out_bytes);
+
+/**
+ * `kve_cuda_compact_in_place` of every item (K and V of every layer) on `stream`, two
+ * launches per 32 items (Llama-3-8B's 64 tensors: 4 launches instead of 128). `items`
+ * (host memory, at most 1024, else `KVE_ERR_INVALID_ARGUMENT`) as `kve_compact_item`
+ * says; `counts[h] <= max_keep`. The items' tensors (their `data`/`len` buffers) must not
+ * overlap one another, any item's lists, the items array or the workspace
+ * (`KVE_ERR_ALIASING`); items may share lists. Workspace: device memory, 256-byte
+ * aligned, `kve_cuda_compact_batch_in_place_workspace_size` bytes. Every item is checked
+ * before the first launch (nothing enqueued on error); the lists' contents are read on
+ * the device only (ascending positions below N, as `kve_cuda_select_model` writes them).
+ */
+int32_t kve_cuda_compact_batch_in_place(const struct kve_compact_item *items,
+                                        uint64_t n_items,
+                                        uint64_t max_keep,
+                                        void *workspace,
+                                        uint64_t workspace_bytes,
+                                        void *stream);
+
+/**
+ * Device bytes of `kve_cuda_prepare_gram`'s output for a Gram of `gram_len` floats
+ * (`kve_gram_len`) and values of `dtype` (`KVE_DTYPE_*`). `with_lo` 1: the Gram rounded
+ * to the dtype plus its rounding residual (two tensor-core products, an f32-accurate G:
+ * what `kve_cuda_score_layer` computes); 0: the rounded Gram alone (half the
+ * tensor-core work of LaProx's value term, G to 8 (bf16) or 11 (f16) bits). f32 values:
+ * the Gram itself, whatever `with_lo`. Writes only `*out_bytes`.
+ */
+int32_t kve_cuda_prepare_gram_size(uint64_t gram_len,
+                                   uint32_t dtype,
+                                   uint32_t with_lo,
+                                   uint64_t *out_bytes);
+
+/**
+ * Split LaProx's f32 Gram (`gram`, `gram_len` floats from `kve_compute_gram`, device
+ * memory) for values of `dtype` into `split` (device memory, 256-byte aligned,
+ * `kve_cuda_prepare_gram_size` bytes, not overlapping `gram`), enqueued on `stream`. Once
+ * per model and layer; pass `split` to `kve_cuda_score_layer_prepared` with the same
+ * `dtype` (the values') and `with_lo`. With `with_lo = 1` the scores equal
+ * `kve_cuda_score_layer`'s given `gram`, bit for bit.
+ */
+int32_t kve_cuda_prepare_gram(const float *gram,
+                              uint64_t gram_len,
+                              uint32_t dtype,
+                              uint32_t with_lo,
+                              void *split,
+                              uint64_t split_bytes,
+                              void *stream);
+
+/**
+ * `kve_cuda_score_layer` with LaProx's Gram given split (`kve_cuda_prepare_gram`: `split`,
+ * `split_bytes`, `with_lo` as made there, for the values' dtype) instead of
+ * `inputs->gram`: the split is not recomputed. `inputs->gram` and `inputs->value_forms`
+ * must be NULL (`KVE_ERR_INVALID_ARGUMENT`); `split_bytes` must be the split's size for
+ * this layer's Gram (`kve_gram_len` of its shape and GQA mode) and values' dtype
+ * (`KVE_ERR_SHAPE_MISMATCH`). Scorers other than LaProx do not read it. Workspace:
+ * `kve_cuda_score_workspace_size` bytes suffice. Everything else as
+ * `kve_cuda_score_layer`.
+ */
+int32_t kve_cuda_score_layer_prepared(const struct kve_score_params *params,
+                                      const struct kve_layer_inputs *inputs,
+                                      const void *split,
+                                      uint64_t split_bytes,
+                                      uint32_t with_lo,
+                                      float *out,
+                                      uint64_t out_len,
+                                      void *workspace,
+                                      uint64_t workspace_bytes,
+                                      void *stream);
 
 /**
  * Workspace bytes of `kve_accumulate_value_links` for `n` tokens of dimension `dv`.

@@ -1360,6 +1360,39 @@ fn cuda_entry_points_without_cuda() {
             ),
             KVE_ERR_NOT_BUILT_WITH_CUDA
         );
+        let mut b = 0u64;
+        expect!(
+            kve_cuda_compact_batch_in_place_workspace_size(null(), 0, 0, &mut b),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
+        );
+        expect!(
+            kve_cuda_compact_batch_in_place(null(), 0, 0, null_mut(), 0, null_mut()),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
+        );
+        expect!(
+            kve_cuda_prepare_gram_size(0, 0, 0, &mut b),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
+        );
+        expect!(
+            kve_cuda_prepare_gram(null(), 0, 0, 0, null_mut(), 0, null_mut()),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
+        );
+        expect!(
+            kve_cuda_score_layer_prepared(
+                null(),
+                null(),
+                null(),
+                0,
+                0,
+                null_mut(),
+                0,
+                null_mut(),
+                0,
+                null_mut()
+            ),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
+        );
+        assert_eq!(b, 0, "a stub wrote");
     }
 }
 

@@ -292,6 +292,21 @@ fn device_scores(
     vals: Vals,
     lse: Option<(&[f32], &Buf)>,
 ) -> Vec<f32> {
+    let inp = inputs(l, p, vals, lse, true);
+    let (st, out) = device_call(l, p, |out, len, ws, bytes| unsafe {
+        kve_cuda_score_layer(p, &inp, out, len, ws, bytes, null_mut())
+    });
+    assert_eq!(st, KVE_OK, "device score");
+    out
+}
+
+/// A device scoring call with the queried workspace and `out` (canary-filled): its status
+/// and `out` afterwards.
+fn device_call(
+    l: &Layer,
+    p: &kve_score_params,
+    call: impl FnOnce(*mut f32, u64, *mut c_void, u64) -> i32,
+) -> (i32, Vec<f32>) {
     let d = l.k.ext[2] as u64;
     let mut bytes = 0u64;
     unsafe {
@@ -307,23 +322,12 @@ fn device_scores(
             ),
             KVE_OK
         );
-        let ws = Buf::new(bytes as usize);
-        let w = (p.window as usize).min(l.n);
-        let len = l.hkv * (l.n - w);
-        let out = Buf::new(len * 4);
-        let inp = inputs(l, p, vals, lse, true);
-        let st = kve_cuda_score_layer(
-            p,
-            &inp,
-            out.ptr_as(),
-            len as u64,
-            ws.ptr_as(),
-            bytes,
-            null_mut(),
-        );
-        assert_eq!(st, KVE_OK, "device score");
-        out.download_as::<f32>(len)
     }
+    let ws = Buf::new(bytes as usize);
+    let len = l.hkv * (l.n - (p.window as usize).min(l.n));
+    let out = Buf::bytes_of(&vec![-7.5f32; len]);
+    let st = call(out.ptr_as(), len as u64, ws.ptr_as(), bytes);
+    (st, out.download_as::<f32>(len))
 }
 
 /// Largest |a - b| per head relative to that head's largest |b|.
@@ -451,41 +455,44 @@ fn tolerance(dt: Dt) -> f64 {
     }
 }
 
+/// Dtypes, layouts (K / V) and shapes (hq, hkv, n, d) of the scoring tests.
+const SCORE_CASES: [(Dt, Layout, Layout, usize, usize, usize, usize); 4] = [
+    (Dt::F32, Layout::HeadMajor, Layout::HeadMajor, 8, 2, 300, 32),
+    (
+        Dt::F16,
+        Layout::TokenRows,
+        Layout::Transposed,
+        8,
+        2,
+        257,
+        64,
+    ),
+    (
+        Dt::Bf16,
+        Layout::HeadMajor,
+        Layout::TokenRows,
+        4,
+        4,
+        200,
+        64,
+    ),
+    (
+        Dt::F16,
+        Layout::HeadMajor,
+        Layout::HeadMajor,
+        12,
+        3,
+        150,
+        128,
+    ),
+];
+
 #[test]
 fn device_scores_match_host_for_every_scorer() {
     if !have_device() {
         return;
     }
-    let cases = [
-        (Dt::F32, Layout::HeadMajor, Layout::HeadMajor, 8, 2, 300, 32),
-        (
-            Dt::F16,
-            Layout::TokenRows,
-            Layout::Transposed,
-            8,
-            2,
-            257,
-            64,
-        ),
-        (
-            Dt::Bf16,
-            Layout::HeadMajor,
-            Layout::TokenRows,
-            4,
-            4,
-            200,
-            64,
-        ),
-        (
-            Dt::F16,
-            Layout::HeadMajor,
-            Layout::HeadMajor,
-            12,
-            3,
-            150,
-            128,
-        ),
-    ];
+    let cases = SCORE_CASES;
     let mut worst_all = 0f64;
     for (ci, &(dt, kl, vl, hq, hkv, n, d)) in cases.iter().enumerate() {
         let l = layer(dt, kl, vl, hq, hkv, n, d, ci as u64 + 1);
@@ -1557,4 +1564,398 @@ fn host_and_device_select_refuse_bad_scores_alike() {
         }
     }
     println!("bad scores: {cases} cases, the same status on host and device");
+}
+
+// ------------------------------------------------- batched in-place compaction --
+
+/// One tensor of a compaction batch: its device copy, host copy and list rows.
+struct Compacted {
+    t: Tensor,
+    /// First list row (unit) of the tensor's heads; `None`: one shared list (kept_ld 0).
+    unit: Option<usize>,
+}
+
+/// The host C API's compaction of `t` with the lists `lists[unit ..]` (or `shared`).
+fn host_compacted(c: &Compacted, lists: &[Vec<u32>], shared: &[u32]) -> Vec<u8> {
+    let mut bytes = c.t.bytes.clone();
+    let heads = c.t.ext[0];
+    let (mut off, mut idx) = (vec![0u64], Vec::new());
+    for h in 0..heads {
+        let l: &[u32] = match c.unit {
+            Some(u) => &lists[u + h],
+            None => shared,
+        };
+        idx.extend_from_slice(l);
+        off.push(idx.len() as u64);
+    }
+    let mut d = c.t.desc(false);
+    d.data = bytes.as_mut_ptr() as *const c_void;
+    let st = unsafe {
+        kve_compact_in_place(
+            &d,
+            off.as_ptr(),
+            off.len() as u64,
+            idx.as_ptr(),
+            idx.len() as u64,
+            null_mut(),
+            0,
+        )
+    };
+    assert_eq!(st, KVE_OK, "host compaction");
+    bytes
+}
+
+/// `kve_cuda_compact_batch_in_place` over 37 tensors (two launch pairs), every dtype and
+/// layout, K and V of a layer sharing lists and one tensor with a list shared by its heads,
+/// equals the host C API's compaction of each tensor; refused calls write nothing.
+#[test]
+fn compact_batch_in_place_matches_host_compaction() {
+    if !have_device() {
+        return;
+    }
+    let (hkv, n, d, layers) = (3usize, 61usize, 8usize, 18usize);
+    let mut rng = Rng::new(77);
+    let ld = n + 5;
+    let units = layers * hkv;
+    let mut lists: Vec<Vec<u32>> = Vec::new();
+    for u in 0..units {
+        // some heads keep everything, one nothing, the rest a random ascending subset
+        let keep = match u % 7 {
+            0 => n,
+            3 => 0,
+            _ => 1 + rng.below(n - 1),
+        };
+        let mut all: Vec<u32> = (0..n as u32).collect();
+        for i in 0..n {
+            let j = i + rng.below(n - i);
+            all.swap(i, j);
+        }
+        let mut l = all[..keep].to_vec();
+        l.sort_unstable();
+        lists.push(l);
+    }
+    let shared: Vec<u32> = (0..n as u32).filter(|i| i % 3 != 1).collect();
+    let mut idx = vec![-1i32; units * ld];
+    let mut counts = vec![0i32; units];
+    for (u, l) in lists.iter().enumerate() {
+        counts[u] = l.len() as i32;
+        for (t, &i) in l.iter().enumerate() {
+            idx[u * ld + t] = i as i32;
+        }
+    }
+    let didx = Buf::bytes_of(&idx);
+    let dcounts = Buf::bytes_of(&counts);
+    let dshared = Buf::bytes_of(&shared.iter().map(|&i| i as i32).collect::<Vec<_>>());
+    let dshared_count = Buf::bytes_of(&[shared.len() as i32]);
+    let dts = [Dt::F16, Dt::Bf16, Dt::F32];
+    let lays = [Layout::HeadMajor, Layout::TokenRows, Layout::Transposed];
+    let mut ts = Vec::new();
+    for l in 0..layers {
+        for kv in 0..2 {
+            let (dt, lay) = (dts[(l + kv) % 3], lays[(l + 2 * kv) % 3]);
+            let t = Tensor::new(dt, lay, [hkv, n, d], &mut rng, 1.0);
+            ts.push(Compacted {
+                t,
+                unit: Some(l * hkv),
+            });
+        }
+    }
+    // llama.cpp token rows viewed as one head of width hkv*d, one shared list
+    ts.push(Compacted {
+        t: Tensor::new(Dt::Bf16, Layout::HeadMajor, [1, n, hkv * d], &mut rng, 1.0),
+        unit: None,
+    });
+    let item = |c: &Compacted| kve_compact_item {
+        kv: c.t.desc(true),
+        kept: match c.unit {
+            Some(u) => unsafe { didx.ptr_as::<i32>().add(u * ld) },
+            None => dshared.ptr_as(),
+        },
+        kept_ld: if c.unit.is_some() { ld as u64 } else { 0 },
+        counts: match c.unit {
+            Some(u) => unsafe { dcounts.ptr_as::<i32>().add(u) },
+            None => dshared_count.ptr_as(),
+        },
+    };
+    let items: Vec<kve_compact_item> = ts.iter().map(item).collect();
+    assert!(items.len() > 32, "two launch pairs");
+    let max_keep = n as u64;
+    let mut bytes = 0u64;
+    unsafe {
+        assert_eq!(
+            kve_cuda_compact_batch_in_place_workspace_size(
+                items.as_ptr(),
+                items.len() as u64,
+                max_keep,
+                &mut bytes
+            ),
+            KVE_OK
+        );
+    }
+    assert!(bytes > 0);
+    let ws = Buf::new(bytes as usize + 512);
+    let call = |its: &[kve_compact_item], ws: *mut c_void, wsb: u64| unsafe {
+        kve_cuda_compact_batch_in_place(
+            its.as_ptr(),
+            its.len() as u64,
+            max_keep,
+            ws,
+            wsb,
+            null_mut(),
+        )
+    };
+    let untouched = |what: &str| {
+        for c in &ts {
+            assert!(
+                c.t.dev.download_as::<u8>(c.t.bytes.len()) == c.t.bytes,
+                "{what}: a tensor was written"
+            );
+        }
+    };
+    // refusals first: nothing may move
+    let wsp = ws.ptr_as::<c_void>();
+    let mut bad = items.clone();
+    bad[33].kv.dtype = 9;
+    assert_eq!(call(&bad, wsp, bytes), KVE_ERR_BAD_ENUM);
+    let mut bad = items.clone();
+    bad[35].kept = null();
+    assert_eq!(call(&bad, wsp, bytes), KVE_ERR_NULL_POINTER);
+    let mut bad = items.clone();
+    bad[34].kept = unsafe { (bad[34].kept as *const u8).add(2) as *const i32 };
+    assert_eq!(call(&bad, wsp, bytes), KVE_ERR_MISALIGNED);
+    let mut bad = items.clone();
+    bad[34].kept_ld = (n - 1) as u64; // below min(max_keep, N)
+    assert_eq!(call(&bad, wsp, bytes), KVE_ERR_INVALID_ARGUMENT);
+    let mut bad = items.clone();
+    bad[36] = bad[2]; // the same tensor twice
+    assert_eq!(call(&bad, wsp, bytes), KVE_ERR_ALIASING);
+    let mut bad = items.clone();
+    bad[30].kept = bad[1].kv.data as *const i32; // a list inside another tensor
+    assert_eq!(call(&bad, wsp, bytes), KVE_ERR_ALIASING);
+    assert_eq!(
+        call(&items, items[5].kv.data as *mut c_void, bytes),
+        KVE_ERR_ALIASING
+    );
+    assert_eq!(call(&items, wsp, bytes - 1), KVE_ERR_WORKSPACE_TOO_SMALL);
+    assert_eq!(
+        call(
+            &items,
+            unsafe { (wsp as *mut u8).add(16) } as *mut c_void,
+            bytes
+        ),
+        KVE_ERR_MISALIGNED
+    );
+    assert_eq!(
+        call(&vec![items[0]; 1025], wsp, bytes),
+        KVE_ERR_INVALID_ARGUMENT
+    );
+    assert_eq!(
+        unsafe { kve_cuda_compact_batch_in_place(null(), 3, max_keep, wsp, bytes, null_mut()) },
+        KVE_ERR_NULL_POINTER
+    );
+    untouched("refused call");
+    assert_eq!(call(&[], null_mut(), 0), KVE_OK);
+    assert_eq!(call(&items, wsp, bytes), KVE_OK);
+    for (i, c) in ts.iter().enumerate() {
+        let want = host_compacted(c, &lists, &shared);
+        let got = c.t.dev.download_as::<u8>(c.t.bytes.len());
+        assert!(
+            got == want,
+            "tensor {i} ({:?} {:?}) differs from the host",
+            c.t.dt,
+            c.t.stride
+        );
+    }
+}
+
+// ----------------------------------------------------- the Gram split per model --
+
+/// The Gram of `l` split once (`kve_cuda_prepare_gram`), on the device.
+fn prepared_gram(l: &Layer, p: &kve_score_params, with_lo: u32) -> (Buf, u64) {
+    let c = (p.laprox_gqa != LaproxGqa::Sum as u32) as usize;
+    let dtype = l.v.dt.code() as u32;
+    let mut bytes = 0u64;
+    unsafe {
+        let len = l.gram[c].len() as u64;
+        assert_eq!(
+            kve_cuda_prepare_gram_size(len, dtype, with_lo, &mut bytes),
+            KVE_OK
+        );
+        let b = Buf::new(bytes as usize);
+        let st = kve_cuda_prepare_gram(
+            l.dgram[c].ptr_as(),
+            len,
+            dtype,
+            with_lo,
+            b.ptr_as(),
+            bytes,
+            null_mut(),
+        );
+        assert_eq!(st, KVE_OK, "prepare gram");
+        (b, bytes)
+    }
+}
+
+/// `kve_cuda_score_layer_prepared`'s status and `out` (canary-filled before the call).
+fn prepared_scores(
+    l: &Layer,
+    p: &kve_score_params,
+    inp: &kve_layer_inputs,
+    split: (*const c_void, u64),
+    with_lo: u32,
+) -> (i32, Vec<f32>) {
+    device_call(l, p, |out, len, ws, bytes| unsafe {
+        kve_cuda_score_layer_prepared(
+            p,
+            inp,
+            split.0,
+            split.1,
+            with_lo,
+            out,
+            len,
+            ws,
+            bytes,
+            null_mut(),
+        )
+    })
+}
+
+/// LaProx with the Gram split once per model equals the call that re-splits it on every
+/// call, bit for bit (with the lo half; f32: always); without the lo half (16-bit values)
+/// the value term sees G to 8 / 11 bits: other scores, near the host's. Refusals write
+/// nothing.
+#[test]
+fn prepared_gram_scores_equal_the_recomputed_split() {
+    if !have_device() {
+        return;
+    }
+    let cases = SCORE_CASES;
+    let laprox: Vec<_> = configs()
+        .into_iter()
+        .filter(|(_, p)| p.scorer == ScorerKind::LaProx as u32)
+        .collect();
+    for (ci, &(dt, kl, vl, hq, hkv, n, d)) in cases.iter().enumerate() {
+        let l = layer(dt, kl, vl, hq, hkv, n, d, ci as u64 + 40);
+        for (name, p) in &laprox {
+            let what = format!("{name} {dt:?} hq={hq} hkv={hkv} n={n} d={d}");
+            let old = device_scores(&l, p, Vals::Gram, None);
+            let mut inp = inputs(&l, p, Vals::Gram, None, true);
+            inp.gram = null();
+            inp.gram_len = 0;
+            let (s1, b1) = prepared_gram(&l, p, 1);
+            let (st, with_lo) = prepared_scores(&l, p, &inp, (s1.ptr_as(), b1), 1);
+            assert_eq!(st, KVE_OK, "{what}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(&with_lo) == bits(&old),
+                "{what}: prepared (hi + lo) != re-split"
+            );
+            let (s0, b0) = prepared_gram(&l, p, 0);
+            let (st, hi_only) = prepared_scores(&l, p, &inp, (s0.ptr_as(), b0), 0);
+            assert_eq!(st, KVE_OK, "{what}");
+            let host = host_scores(&l, p, Vals::Gram, None);
+            let e = worst_rel(&hi_only, &host, hkv);
+            if dt == Dt::F32 {
+                assert!(bits(&hi_only) == bits(&old), "{what}: f32 has no lo half");
+            } else {
+                assert!(
+                    bits(&hi_only) != bits(&old),
+                    "{what}: the hi half alone changes nothing"
+                );
+                let tol = if dt == Dt::Bf16 { 2e-2 } else { 3e-3 };
+                assert!(e <= tol, "{what}: hi only, worst relative difference {e:e}");
+            }
+            if dt != Dt::F32 && *name == "laprox" {
+                println!("hi-only Gram, {dt:?} values: worst relative difference {e:.2e}");
+            }
+        }
+    }
+    // refusals: nothing written to `out`
+    let l = layer(
+        Dt::Bf16,
+        Layout::HeadMajor,
+        Layout::HeadMajor,
+        4,
+        2,
+        90,
+        32,
+        9,
+    );
+    let p = &laprox[0].1;
+    let (s1, b1) = prepared_gram(&l, p, 1);
+    let base = {
+        let mut i = inputs(&l, p, Vals::Gram, None, true);
+        i.gram = null();
+        i.gram_len = 0;
+        i
+    };
+    let sp = (s1.ptr_as::<c_void>() as *const c_void, b1);
+    let canary = |r: (i32, Vec<f32>), want: i32, what: &str| {
+        assert_eq!(r.0, want, "{what}");
+        assert!(r.1.iter().all(|&x| x == -7.5), "{what}: out written");
+    };
+    canary(
+        prepared_scores(&l, p, &inputs(&l, p, Vals::Gram, None, true), sp, 1),
+        KVE_ERR_INVALID_ARGUMENT,
+        "gram and split",
+    );
+    let mut f = inputs(&l, p, Vals::Forms, None, true);
+    f.values = base.values;
+    canary(
+        prepared_scores(&l, p, &f, sp, 1),
+        KVE_ERR_INVALID_ARGUMENT,
+        "forms and split",
+    );
+    canary(
+        prepared_scores(&l, p, &base, sp, 0),
+        KVE_ERR_SHAPE_MISMATCH,
+        "with_lo differs",
+    );
+    canary(
+        prepared_scores(&l, p, &base, (sp.0, b1 - 2), 1),
+        KVE_ERR_SHAPE_MISMATCH,
+        "bytes",
+    );
+    canary(
+        prepared_scores(&l, p, &base, sp, 2),
+        KVE_ERR_INVALID_ARGUMENT,
+        "with_lo 2",
+    );
+    canary(
+        prepared_scores(&l, p, &base, (null(), b1), 1),
+        KVE_ERR_NULL_POINTER,
+        "NULL split",
+    );
+    let exact = score_params(|q| q.laprox_gqa = LaproxGqa::Exact as u32, Preset::LaProx);
+    canary(
+        prepared_scores(&l, &exact, &base, sp, 1),
+        KVE_ERR_SHAPE_MISMATCH,
+        "cross Gram",
+    );
+    unsafe {
+        let mut b = 0u64;
+        assert_eq!(
+            kve_cuda_prepare_gram_size(10, 7, 1, &mut b),
+            KVE_ERR_BAD_ENUM
+        );
+        assert_eq!(
+            kve_cuda_prepare_gram_size(10, 1, 3, &mut b),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        let len = l.gram[0].len() as u64;
+        let g = l.dgram[0].ptr_as::<f32>();
+        let before = s1.download_as::<u8>(b1 as usize);
+        for (bytes, dst, want) in [
+            (b1 - 1, s1.ptr_as::<u8>(), KVE_ERR_OUTPUT_TOO_SMALL),
+            (b1, s1.ptr_as::<u8>().add(16), KVE_ERR_MISALIGNED),
+            (b1, null_mut(), KVE_ERR_NULL_POINTER),
+        ] {
+            let st = kve_cuda_prepare_gram(g, len, 2, 1, dst as *mut c_void, bytes, null_mut());
+            assert_eq!(st, want);
+        }
+        assert!(
+            s1.download_as::<u8>(b1 as usize) == before,
+            "refused split wrote"
+        );
+    }
 }

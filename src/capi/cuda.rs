@@ -25,7 +25,7 @@ use super::KVE_ERR_NOT_BUILT_WITH_CUDA as STUB;
 use {
     super::params::{read_ext, score_config, select_config},
     super::score::{KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS},
-    super::{arg, status_of, to_status, tri},
+    super::{arg, to_status, tri},
     crate::device::{self, select::KeptLists, Floats},
     crate::error::Error,
     crate::score::LayerShape,
@@ -120,30 +120,7 @@ pub unsafe extern "C" fn kve_cuda_score_layer(
     #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
     {
         // SAFETY: host structs the caller passes, read within their checked `struct_size`.
-        let cfg = tri!(unsafe { score_config(params) });
-        // SAFETY: a host struct the caller passes, read within its checked `struct_size`.
-        let d = tri!(unsafe { read_ext(inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS) });
-        if d.reserved != 0 {
-            return status_of(Error::InvalidArgument);
-        }
-        let floats = |ptr, len| Floats { ptr, len };
-        // every given tensor is checked, as on the host
-        let opt = |t: &kve_tensor| {
-            if t.data.is_null() {
-                Ok(None)
-            } else {
-                tensor(t).map(Some)
-            }
-        };
-        let li = device::LayerInputs {
-            queries: tri!(opt(&d.queries)),
-            keys: tri!(opt(&d.keys)),
-            values: tri!(opt(&d.values)),
-            gram: floats(d.gram, d.gram_len),
-            value_forms: floats(d.value_forms, d.value_forms_len),
-            value_l1: floats(d.value_l1, d.value_l1_len),
-            row_lse: floats(d.row_lse, d.row_lse_len),
-        };
+        let (cfg, li) = tri!(unsafe { layer_args(params, inputs) });
         // SAFETY: the tensors, `out` and the workspace are device memory of the declared
         // sizes (this function's contract); the pipeline checks them before any launch.
         to_status(unsafe {
@@ -366,8 +343,50 @@ pub unsafe extern "C" fn kve_cuda_compact_to_varlen(
     }
 }
 
+/// The score parameters and the device pipeline's inputs of a layer: every given tensor
+/// checked, as on the host.
+///
+/// # Safety
+/// `params` and `inputs` are NULL or the caller's host structs of their `struct_size`.
+#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+unsafe fn layer_args(
+    params: *const super::params::kve_score_params,
+    inputs: *const kve_layer_inputs,
+) -> crate::error::Result<(crate::ScoreConfig, device::LayerInputs)> {
+    // SAFETY: this function's contract; both read within their checked `struct_size`.
+    let cfg = unsafe { score_config(params)? };
+    // SAFETY: as above.
+    let d = unsafe { read_ext(inputs, KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS)? };
+    if d.reserved != 0 {
+        return Err(Error::InvalidArgument);
+    }
+    let floats = |ptr, len| Floats { ptr, len };
+    let opt = |t: &kve_tensor| {
+        if t.data.is_null() {
+            Ok(None)
+        } else {
+            tensor(t).map(Some)
+        }
+    };
+    let li = device::LayerInputs {
+        queries: opt(&d.queries)?,
+        keys: opt(&d.keys)?,
+        values: opt(&d.values)?,
+        gram: floats(d.gram, d.gram_len),
+        value_forms: floats(d.value_forms, d.value_forms_len),
+        value_l1: floats(d.value_l1, d.value_l1_len),
+        row_lse: floats(d.row_lse, d.row_lse_len),
+    };
+    Ok((cfg, li))
+}
+
 #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 mod imp;
 
 mod links;
 pub use links::*;
+mod compact_batch;
+pub use compact_batch::*;
+
+mod gram;
+pub use gram::*;

@@ -13,7 +13,7 @@ pub fn compact_workspace_size(kv: &cu::KveCudaView, max_keep: u64) -> Result<usi
 }
 
 /// Rows written in place must not share memory.
-fn in_place_ok(kv: &cu::KveCudaView) -> Result<()> {
+pub(crate) fn in_place_ok(kv: &cu::KveCudaView) -> Result<()> {
     let ext = [kv.heads, kv.tokens, kv.dim].map(|x| x as usize);
     let strides = [kv.stride_head, kv.stride_token, kv.stride_dim].map(|x| x as usize);
     if crate::view::layout_overlaps(ext, strides) {

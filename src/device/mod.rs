@@ -15,6 +15,7 @@
 //! synchronises. The C layer (`src/capi/cuda`) only converts arguments and statuses.
 
 pub mod compact;
+pub mod gram_split;
 pub mod limits;
 pub mod links;
 pub mod score;
@@ -30,8 +31,9 @@ pub use compact::{
     compact_batch, compact_batch_workspace_size, compact_in_place, compact_varlen,
     compact_workspace_size,
 };
+pub use gram_split::{gram_split, gram_split_size, GramSplit};
 pub use links::{accumulate_value_links, select_model_linked, value_links_workspace_size};
-pub use score::{score_layer, score_workspace_size, LayerInputs};
+pub use score::{score_layer, score_layer_split, score_workspace_size, LayerInputs};
 pub use select::{select_model, select_workspace_size};
 
 /// Alignment of every workspace part (cudaMalloc gives 256).
@@ -94,7 +96,7 @@ fn i64_of(v: u64) -> Result<i64> {
 }
 
 /// The bytes of `count` elements of `T` at device address `p` (empty for `NULL`).
-fn span_of<T>(p: *const T, count: usize) -> Result<Span> {
+pub(crate) fn span_of<T>(p: *const T, count: usize) -> Result<Span> {
     if p.is_null() {
         return Ok(Span::EMPTY);
     }
@@ -111,7 +113,7 @@ fn elem_size(dtype: i32) -> usize {
 }
 
 /// Common checks of a device workspace argument.
-fn check_workspace(ws: *mut c_void, have: u64, need: usize) -> Result<()> {
+pub(crate) fn check_workspace(ws: *mut c_void, have: u64, need: usize) -> Result<()> {
     if (have as u128) < need as u128 {
         return Err(Error::WorkspaceTooSmall);
     }

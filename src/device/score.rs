@@ -2,6 +2,7 @@
 //! the caller's stream, the same formulas in the same order as the core (src/score), so
 //! the device scores match the host's to float tolerance.
 
+use super::gram_split::GramSplit;
 use super::limits::{
     MAX_DIM, MAX_GRID, MAX_GROUP, MAX_GROUP_CROSS, MAX_UNIQUENESS_TOKENS, MAX_WINDOW,
 };
@@ -41,6 +42,8 @@ struct Shape {
     /// LaProx's value forms are computed from the Gram (in the workspace). The size query
     /// assumes so; a call given cached `value_forms` needs neither those parts nor `dv`.
     gram: bool,
+    /// The Gram comes split by the caller ([`GramSplit`]): no split parts in the workspace.
+    presplit: bool,
 }
 
 impl Shape {
@@ -93,7 +96,7 @@ fn layout(cfg: &ScoreConfig, s: &Shape, base: *mut c_void) -> Result<Parts> {
     let t = c.take::<f32>(if cross { mul(3 * hkv, p)? } else { 0 })?;
     let gram_path = req.values == ValueInput::ValuesOrForms && s.gram;
     let forms = c.take::<f32>(if gram_path { mul(rows, p)? } else { 0 })?;
-    let gram_elems = if gram_path {
+    let gram_elems = if gram_path && !s.presplit {
         mul(rows, mul(s.dv, s.dv)?)?
     } else {
         0
@@ -155,6 +158,7 @@ pub fn score_workspace_size(cfg: &ScoreConfig, shape: &LayerShape) -> Result<usi
         dk: shape.dk,
         dv: shape.dv,
         gram: true,
+        presplit: false,
     };
     Ok(layout(cfg, &s, null_mut())?.total)
 }
@@ -168,11 +172,17 @@ struct Inputs {
     forms: Option<*const f32>,
     l1: Option<*const f32>,
     lse: Option<*const f32>,
+    /// The caller's Gram split (hi, lo or NULL), in place of `gram`.
+    split: Option<(*const c_void, *const c_void)>,
     /// Every byte range the call reads (alias checks).
-    reads: [Span; 7],
+    reads: [Span; 8],
 }
 
-fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
+fn check_inputs(
+    cfg: &ScoreConfig,
+    d: &LayerInputs,
+    presplit: Option<&GramSplit>,
+) -> Result<(Inputs, Shape)> {
     // every input given is checked, read or not, as on the host
     let forms = d.value_forms.get()?;
     let (gram_in, l1_in, lse_in) = (d.gram.get()?, d.value_l1.get()?, d.row_lse.get()?);
@@ -213,7 +223,12 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
         dk: shape.dk,
         dv: shape.dv,
         gram: false,
+        presplit: false,
     };
+    // the split stands for the Gram: one value term, never one ignored
+    if presplit.is_some() && (gram_in.is_some() || forms.is_some()) {
+        return Err(Error::InvalidArgument);
+    }
     let laprox = req.values == ValueInput::ValuesOrForms;
     let needs_v = req.values == ValueInput::Values || (laprox && forms.is_none());
     let mut v = None;
@@ -226,6 +241,7 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
     }
     let cross = cfg.needs_cross();
     let mut gram = None;
+    let mut split = None;
     if laprox {
         if cross && s.g() > MAX_GROUP_CROSS {
             return Err(Error::InvalidArgument);
@@ -234,6 +250,14 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
             if d.value_forms.len as usize != gram::value_forms_len(hq, hkv, n, cross)? {
                 return Err(Error::ShapeMismatch);
             }
+        } else if let Some(sp) = presplit {
+            if s.dv as u64 > MAX_DIM {
+                return Err(Error::InvalidArgument);
+            }
+            let vd = v.ok_or(Error::NullPointer)?.dtype;
+            split = Some(sp.parts(gram::gram_len(hq, hkv, s.dv, cross)?, vd)?);
+            s.gram = true;
+            s.presplit = true;
         } else {
             let g = gram_in.ok_or(Error::NullPointer)?;
             if s.dv as u64 > MAX_DIM {
@@ -279,6 +303,10 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
         floats_span(if laprox { forms } else { None }, d.value_forms.len)?,
         floats_span(l1, d.value_l1.len)?,
         floats_span(lse, d.row_lse.len)?,
+        match (split, presplit) {
+            (Some(_), Some(sp)) => span_of(sp.ptr as *const u8, sp.bytes as usize)?,
+            _ => Span::EMPTY,
+        },
     ];
     Ok((
         Inputs {
@@ -289,6 +317,7 @@ fn check_inputs(cfg: &ScoreConfig, d: &LayerInputs) -> Result<(Inputs, Shape)> {
             forms,
             l1,
             lse,
+            split,
             reads,
         },
         s,
@@ -310,7 +339,40 @@ pub unsafe fn score_layer(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> Result<()> {
-    let (inp, s) = check_inputs(cfg, inputs)?;
+    // SAFETY: this function's contract.
+    unsafe {
+        score_layer_split(
+            cfg,
+            inputs,
+            None,
+            out,
+            out_len,
+            workspace,
+            workspace_bytes,
+            stream,
+        )
+    }
+}
+
+/// [`score_layer`], with LaProx's Gram given split ([`GramSplit`], made once per model by
+/// [`gram_split`](super::gram_split::gram_split)) instead of `inputs.gram`, which must then
+/// be absent, as must `value_forms`. Scorers other than LaProx do not read it. The
+/// workspace of [`score_workspace_size`] suffices (the call needs no split parts).
+///
+/// # Safety
+/// As [`score_layer`]; the split is device memory of its declared bytes.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn score_layer_split(
+    cfg: &ScoreConfig,
+    inputs: &LayerInputs,
+    split: Option<&GramSplit>,
+    out: *mut f32,
+    out_len: u64,
+    workspace: *mut c_void,
+    workspace_bytes: u64,
+    stream: *mut c_void,
+) -> Result<()> {
+    let (inp, s) = check_inputs(cfg, inputs, split)?;
     if out.is_null() {
         return Err(Error::NullPointer);
     }
@@ -551,15 +613,18 @@ unsafe fn value_forms(
             return Ok((f, s.n));
         }
         let v = inp.v.ok_or(Error::InvalidArgument)?;
-        let g = inp.gram.ok_or(Error::InvalidArgument)?;
         let n_gram = if cfg.needs_cross() {
             s.hkv * s.pairs()
         } else {
             s.hq
         };
-        let (hi, lo): (*const c_void, *const c_void) = if v.dtype == cu::KVE_CUDA_F32 {
+        let (hi, lo): (*const c_void, *const c_void) = if let Some(parts) = inp.split {
+            parts // the caller's split, made once per model
+        } else if v.dtype == cu::KVE_CUDA_F32 {
+            let g = inp.gram.ok_or(Error::InvalidArgument)?;
             (g as *const c_void, null())
         } else {
+            let g = inp.gram.ok_or(Error::InvalidArgument)?;
             // hi + lo in V's dtype: ~f32-accurate G on 16-bit tensor cores
             ck(cu::kve_cuda_gram_split(
                 g,
