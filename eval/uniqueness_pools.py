@@ -1,0 +1,65 @@
+"""`uniqueness` scores (the library's) with other continuations in the selection: the forward
+post-pool's kernel and decay, value links (`kve_select_model_linked`), none. Question-agnostic
+setting. Prints one row per variant: correct at each ratio, of the prompts the full cache answers.
+
+    python eval/uniqueness_pools.py TASK PROMPTS RATIOS [SEED_BASE [TOKENS]]
+    python eval/uniqueness_pools.py needle-prose 20 0.1,0.05,0.025
+    python eval/uniqueness_pools.py needle 16 0.1,0.05,0.025 1000 2000
+    python eval/uniqueness_pools.py multikey 8 0.1,0.05 1000
+
+Results: README "Question-agnostic" (real prose).
+"""
+import os
+import sys
+import time
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import captures  # noqa: E402
+import methods  # noqa: E402
+import tasks  # noqa: E402
+from engine import Model  # noqa: E402
+from metrics import evaluate_selections  # noqa: E402
+from needle import answer_correct  # noqa: E402
+W = 8  # the window, kept inside the budget
+
+
+def mk(post_pool=None, links=None):
+    """A select(cap, ratio) of the library's uniqueness scores with this continuation."""
+    def sel(cap, r):
+        b = methods.head_budget(cap.n, r, W) - W
+        s = methods.library_scores(cap, "uniqueness", W)
+        return methods.library_select(cap, s, b, W, "uniqueness", post_pool=post_pool, links=links)
+    return sel
+
+
+def main():
+    model = Model(verbose=False)
+    tok = model.tokenizer
+    task, n, ratios = sys.argv[1], int(sys.argv[2]), [float(r) for r in sys.argv[3].split(",")]
+    seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    ntok = int(sys.argv[5]) if len(sys.argv) > 5 else 1000
+    V = {"fwd9(default)": mk(), "none": mk(("none", 1, 1.0, 1)), "fwd3": mk(("forward", 3, 1.0, 1)),
+         "fwd5": mk(("forward", 5, 1.0, 1)), "fwd1+links": mk(("forward", 1, 1.0, 1), 0.5),
+         "fwd3+links": mk(("forward", 3, 1.0, 1), 0.5), "fwd9+links": mk(None, 0.5),
+         "fwd9d.95": mk(("forward", 9, 0.95, 1)), "fwd9d.9": mk(("forward", 9, 0.9, 1)),
+         "fwd9d.8": mk(("forward", 9, 0.8, 1)), "fwd16d.9": mk(("forward", 16, 0.9, 1))}
+    tot = {}; full = 0; t0 = time.time()
+    groups = tasks.make_task(task, tok, n, ntok, seed_base=seed)
+    for g in groups:
+        for p in g:
+            cap, _ = captures.load_or_compute(model, p, "agnostic")
+            if not answer_correct(tok.decode(cap.answer_ids), p.key):
+                continue
+            full += 1
+            marks = []
+            for name, r, e, _ in evaluate_selections(model, cap, list(V.items()), ratios, p.key):
+                tot[(name, r)] = tot.get((name, r), 0) + e["correct"]
+                marks.append(f"{name}@{r}:{'ok' if e['correct'] else 'x'}")
+            print(p.index, f"{time.time()-t0:.0f}s", " ".join(marks), flush=True)
+    print(f"{task} seed {seed}: of {full} the full cache answers")
+    for name in V:
+        print(f"| {name} | " + " | ".join(f"{tot.get((name, r), 0)}" for r in ratios) + " |")
+
+
+if __name__ == "__main__":
+    main()
