@@ -59,8 +59,8 @@ def request(port, method, path, body=None, timeout=600):
 def session(args, method, fact):
     port = free_port()
     cmd = [os.path.join(args.bin, "llama-server"), "-m", args.model, "--host", "127.0.0.1",
-           "--port", str(port), "-c", "4096", "-np", "1", "-b", "64", "-ub", "64",
-           "-t", str(args.threads), "-lv", "4"]
+           "--port", str(port), "-c", "4096", "-np", "1", "-t", str(args.threads), "-lv", "4"]
+    # llama-server's default -b 2048 -ub 512: under the budget n_ubatch is capped to what an eviction frees
     if method != "full":
         cmd += ["--kv-evict", method, "--kv-max-cells", str(args.budget), "--kv-evict-to", "0.75"]
     log = tempfile.NamedTemporaryFile("w+", prefix="kvevict-recall-", suffix=".log", delete=False)
@@ -99,9 +99,13 @@ def session(args, method, fact):
         last = turn()
         text = open(log.name).read()
         held = [int(m) for m in re.findall(r"most cells held (\d+)", text)]
+        evictions = re.findall(r"evict: seq \d+: \d+ -> \d+ cells", text)
+        alloc = re.search(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells", text)
         return {"method": method, "key": key, "recalled": key in last.lower(), "answer": last,
-                "errors": errors, "history": prompt_tokens, "evictions": len(held),
-                "most_cells": max(held) if held else None, "secs": time.time() - t0}
+                "errors": errors, "history": prompt_tokens, "evictions": len(evictions),
+                "most_cells": max(held) if held else None,
+                "kv_cells": int(alloc.group(2)) if alloc else None,
+                "kv_mib": float(alloc.group(1)) if alloc else None, "secs": time.time() - t0}
     finally:
         srv.terminate()
         srv.wait()

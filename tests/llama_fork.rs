@@ -423,12 +423,16 @@ fn mock_lib(test: &str) -> Option<PathBuf> {
     Some(lib)
 }
 
+/// The fork's build and the cuda-mock relink, or None (skipped, see `setup` and `mock_lib`).
+fn setup_with_mock(test: &str) -> Option<(Setup, PathBuf)> {
+    let s = setup()?;
+    Some((s, mock_lib(test)?))
+}
+
 #[test]
 fn device_path_on_the_cuda_mock_matches_the_host_path() {
-    let Some(s) = setup() else {
-        return;
-    };
-    let Some(lib) = mock_lib("device_path_on_the_cuda_mock_matches_the_host_path") else {
+    let Some((s, lib)) = setup_with_mock("device_path_on_the_cuda_mock_matches_the_host_path")
+    else {
         return;
     };
     let dir = std::env::temp_dir();
@@ -740,7 +744,195 @@ fn bad_eviction_settings_are_refused_at_startup() {
             &["--kv-max-cells", "256", "--kv-evict-to", "1"],
             "evict-to fraction must be in (0, 1)",
         );
+        // value links: a threshold that is a number <= 1, a method with a forward post-pool
+        for bad in ["nan", "1.5", "inf"] {
+            refused(
+                &s,
+                exe,
+                &["--kv-keep", "0.1", "--kv-evict-links", bad],
+                "value-link threshold must be a number <= 1",
+            );
+        }
+        for method in ["snapkv", "streamingllm", "lava"] {
+            refused(
+                &s,
+                exe,
+                &[
+                    "--kv-evict",
+                    method,
+                    "--kv-keep",
+                    "0.1",
+                    "--kv-evict-links",
+                    "0.5",
+                ],
+                "value links need a method whose selection has a forward post-pool",
+            );
+        }
+        refused(
+            &s,
+            exe,
+            &["--kv-evict-links", "0.5"],
+            "value links need eviction",
+        );
     }
+    // the needle tool checks the same way before loading anything
+    refused(
+        &s,
+        "llama-kvevict-needle",
+        &["--kv-evict", "knorm", "--kv-evict-links", "0.5"],
+        "value links need a method whose selection has a forward post-pool",
+    );
+    refused(
+        &s,
+        "llama-kvevict-needle",
+        &["--kv-evict-links", "nan"],
+        "value-link threshold must be a number <= 1",
+    );
+}
+
+/// Value links (`--kv-evict-links 0.5`, kvevict's `kve_select_model_linked`) at 2.5 % keep with
+/// 7-digit keys (`--key-digits 7`), LaProx-span, flash attention off: 990 cells -> 24, of which the
+/// window takes 8. Without links the forward post-pool's fixed kernel cuts the key's last digits
+/// (the numpy eval's finding, 0/19 there); with links the run continues through the digits.
+#[test]
+fn value_links_keep_a_seven_digit_key() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let (mut with, mut without) = (0, 0);
+    let mut table = String::from("depth | without links | with links (0.5)\n");
+    for &(depth, seed) in &PROMPTS[..3] {
+        let common = [
+            "--needle",
+            depth,
+            "--seed",
+            seed,
+            "--key-digits",
+            "7",
+            "--kv-evict",
+            "laprox-span",
+            "--kv-keep",
+            "0.025",
+        ];
+        let plain = needle_with(&s, &common, &[]);
+        let linked = needle_with(&s, &common, &["--kv-evict-links", "0.5"]);
+        assert_eq!(plain.get("key").len(), 7, "a 7-digit key");
+        assert_eq!(linked.num("links"), 0.5);
+        assert_eq!(
+            linked.num("cells_after"),
+            plain.num("cells_after"),
+            "links change which cells are kept, not how many"
+        );
+        without += (plain.num("correct") == 1.0) as i32;
+        with += (linked.num("correct") == 1.0) as i32;
+        table += &format!(
+            "{depth} | {:?} | {:?} (key {})\n",
+            plain.get("answer"),
+            linked.get("answer"),
+            plain.get("key")
+        );
+    }
+    println!("{table}with links {with}/3, without {without}/3");
+    assert_eq!(with, 3, "value links lost a 7-digit key:\n{table}");
+    assert!(with > without, "links changed no answer:\n{table}");
+}
+
+/// Value links on the device path are refused with an error at the first eviction, never
+/// silently ignored (kve_cuda_* takes no links yet); the host path of the same binary runs them.
+#[test]
+fn value_links_on_the_device_path_are_refused() {
+    let Some((s, lib)) = setup_with_mock("value_links_on_the_device_path_are_refused") else {
+        return;
+    };
+    let args = [
+        "--needle",
+        "0.5",
+        "--seed",
+        "5",
+        "--kv-evict",
+        "laprox-span",
+        "--kv-keep",
+        "0.1",
+        "--kv-evict-links",
+        "0.5",
+    ];
+    let (row, err, ok) = needle_path(&s, Some(&lib), true, &args);
+    assert!(!ok && row.is_none(), "value links ran on the device path");
+    assert!(
+        err.contains("value links (kv_evict_links 0.50) are not on the device path")
+            && err.contains("llama_kv_evict failed"),
+        "no clear refusal in:\n{}",
+        err.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+    );
+    let (row, err, ok) = needle_path(&s, Some(&lib), false, &args);
+    let row = row.unwrap_or_else(|| panic!("host path with links failed:\n{err}"));
+    assert!(ok && row.num("cells_after") > 0.0 && row.num("links") == 0.5);
+}
+
+/// A sequence state with more cells than `--kv-max-cells` (the uncompressed prompt's state file,
+/// ~990 cells) loaded into a context with a 256-cell budget: evicted to 0.75 x 256 = 192 cells as
+/// it is read, scored question-agnostically on the state's own K/V bytes (V transposed with
+/// flash attention off, token rows with it on), then the question answered on what was kept. A
+/// state within the budget is restored whole.
+#[test]
+fn a_state_larger_than_the_budget_is_evicted_on_restore() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let dir = std::env::temp_dir();
+    let mut lines = Vec::new();
+    for (flash, budget) in [("off", "256"), ("on", "256"), ("off", "2048")] {
+        let path = dir.join(format!(
+            "kvevict-restore-{}-{flash}-{budget}.bin",
+            std::process::id()
+        ));
+        let path_str = path.to_str().unwrap().to_string();
+        let r = needle(
+            &s,
+            &[
+                "--needle",
+                "0.5",
+                "--seed",
+                "5",
+                "--flash-attn",
+                flash,
+                "--kv-keep",
+                "0.1",
+                "--state-file",
+                &path_str,
+                "--restore-max-cells",
+                budget,
+            ],
+        );
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(format!("{path_str}.full"));
+        let (cells, restored) = (r.num("cells_before"), r.num("restore_cells"));
+        lines.push(format!(
+            "flash {flash}, --kv-max-cells {budget}: state of {cells} cells restored as {restored} ({} evicted); answer {:?} (full cache before compression: key {})",
+            r.num("restore_evicted"),
+            r.get("restore_answer"),
+            r.get("key"),
+        ));
+        if budget == "256" {
+            assert!(cells > 256.0, "the state must exceed the budget");
+            assert_eq!(restored, (256.0f64 * 0.75).floor(), "cells after restore");
+            assert_eq!(r.num("restore_evicted"), cells - restored);
+        } else {
+            assert_eq!(
+                restored, cells,
+                "a state within the budget is restored whole"
+            );
+            assert_eq!(r.num("restore_evicted"), 0.0);
+        }
+        assert_eq!(
+            r.num("restore_correct"),
+            1.0,
+            "flash {flash} budget {budget}: restored state answered {:?}, key {}",
+            r.get("restore_answer"),
+            r.get("key")
+        );
+    }
+    println!("{}", lines.join("\n"));
 }
 
 fn json_escape(s: &str) -> String {
