@@ -121,6 +121,12 @@ class kve_select_params(ctypes.Structure):
     ]
 
 
+class kve_compact_item(ctypes.Structure):
+    """One tensor of ``kve_cuda_compact_batch_in_place``: the tensor, its kept lists and counts
+    (device pointers), ``kept_ld`` elements between two heads' lists (0: shared)."""
+    _fields_ = [("kv", kve_tensor), ("kept", c_void_p), ("kept_ld", c_uint64), ("counts", c_void_p)]
+
+
 class kve_layer_inputs(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -332,6 +338,17 @@ _CUDA_PROTOS = {
         [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64, c_void_p, c_uint64, c_void_p]),
     "kve_cuda_compact_to_varlen": (
         c_int32, [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_void_p, c_void_p, c_void_p]),
+    "kve_cuda_compact_batch_in_place_workspace_size": (
+        c_int32, [P(kve_compact_item), c_uint64, c_uint64, _u64p]),
+    "kve_cuda_compact_batch_in_place": (
+        c_int32, [P(kve_compact_item), c_uint64, c_uint64, c_void_p, c_uint64, c_void_p]),
+    "kve_cuda_prepare_gram_size": (c_int32, [c_uint64, c_uint32, c_uint32, _u64p]),
+    "kve_cuda_prepare_gram": (
+        c_int32, [c_void_p, c_uint64, c_uint32, c_uint32, c_void_p, c_uint64, c_void_p]),
+    "kve_cuda_score_layer_prepared": (
+        c_int32,
+        [P(kve_score_params), P(kve_layer_inputs), c_void_p, c_uint64, c_uint32, c_void_p, c_uint64,
+         c_void_p, c_uint64, c_void_p]),
     "kve_cuda_value_links_workspace_size": (c_int32, [c_uint64, c_uint64, _u64p]),
     "kve_cuda_accumulate_value_links": (
         c_int32, [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64, c_void_p]),
