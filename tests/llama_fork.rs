@@ -435,7 +435,6 @@ fn device_path_on_the_cuda_mock_matches_the_host_path() {
     else {
         return;
     };
-    let dir = std::env::temp_dir();
     let mut table = String::from(
         "flash depth | method       | cells      | host answer | device answer | state files\n",
     );
@@ -455,76 +454,18 @@ fn device_path_on_the_cuda_mock_matches_the_host_path() {
         ]);
     }
     for &(flash, method, depth, seed) in &cases {
-        let mut files = Vec::new();
-        let mut rows = Vec::new();
-        for device in [false, true] {
-            let path = dir.join(format!("kvevict-dev-{}-{device}.bin", std::process::id()));
-            let path_str = path.to_str().unwrap().to_string();
-            let mut args = vec![
-                "--needle",
-                depth,
-                "--seed",
-                seed,
-                "--flash-attn",
-                flash,
-                "--kv-evict",
-                method,
-                "--kv-keep",
-                "0.1",
-                "--state-file",
-                &path_str,
-            ];
-            if method == "uniqueness" {
-                args.push("--agnostic");
-            }
-            let (row, err, ok) = needle_path(&s, Some(&lib), device, &args);
-            let tail: String = err.lines().rev().take(5).collect::<Vec<_>>().join("\n");
-            assert!(
-                ok,
-                "{method} flash {flash} depth {depth} device {device} failed:\n{tail}"
-            );
-            // the log line of llama_kv_evictor::evict names the path taken
-            let tag = if device {
-                "device path, kve_cuda_*"
-            } else {
-                "host path, kve_*"
-            };
-            assert!(
-                err.contains(tag),
-                "{method} device {device}: no {tag:?} in the log"
-            );
-            files.push(std::fs::read(&path).unwrap());
-            let _ = std::fs::remove_file(&path);
-            let _ = std::fs::remove_file(format!("{path_str}.full"));
-            rows.push(row.expect("a RESULT line"));
-        }
-        let (h, d) = (&rows[0], &rows[1]);
-        for k in [
-            "cells_before",
-            "cells_after",
-            "evicted",
-            "n_kv_after",
-            "answer",
-            "reload_answer",
-        ] {
-            assert_eq!(
-                h.get(k),
-                d.get(k),
-                "{method} flash {flash} depth {depth}: {k}"
-            );
-        }
-        let same = files[0] == files[1];
+        let extra: &[&str] = if method == "uniqueness" {
+            &["--agnostic"]
+        } else {
+            &[]
+        };
+        let (h, d, _) = host_and_device(&s, &lib, flash, method, (depth, seed, "0.1"), extra);
         table += &format!(
-            "{flash:>5} {depth:>5} | {method:<12} | {:>4} -> {:<3} | {:?} | {:?} | {}\n",
+            "{flash:>5} {depth:>5} | {method:<12} | {:>4} -> {:<3} | {:?} | {:?} | identical\n",
             h.get("cells_before"),
             h.get("cells_after"),
             h.get("answer"),
             d.get("answer"),
-            if same { "identical" } else { "DIFFER" }
-        );
-        assert!(
-            same,
-            "{method} flash {flash} depth {depth}: the compacted state files differ"
         );
         if method == "laprox-span" {
             assert_eq!(
@@ -536,6 +477,83 @@ fn device_path_on_the_cuda_mock_matches_the_host_path() {
         }
     }
     println!("{table}");
+}
+
+/// One needle prompt on the host path and on the device path of the cuda-mock relink, each
+/// saving its compacted state: asserts that both ran on the path asked for (the log line of
+/// `llama_kv_evictor::evict` names it), gave the same cells, n_kv and answers, and wrote
+/// byte-identical state files (same kept cells, same rows moved, same cell metadata); returns
+/// the host's and the device's RESULT rows and the (common) state file.
+fn host_and_device(
+    s: &Setup,
+    lib: &Path,
+    flash: &str,
+    method: &str,
+    (depth, seed, keep): (&str, &str, &str),
+    extra: &[&str],
+) -> (Row, Row, Vec<u8>) {
+    let dir = std::env::temp_dir();
+    let mut files = Vec::new();
+    let mut rows = Vec::new();
+    for device in [false, true] {
+        let path = dir.join(format!("kvevict-dev-{}-{device}.bin", std::process::id()));
+        let path_str = path.to_str().unwrap().to_string();
+        let mut args = vec![
+            "--needle",
+            depth,
+            "--seed",
+            seed,
+            "--flash-attn",
+            flash,
+            "--kv-evict",
+            method,
+            "--kv-keep",
+            keep,
+            "--state-file",
+            &path_str,
+        ];
+        args.extend_from_slice(extra);
+        let (row, err, ok) = needle_path(s, Some(lib), device, &args);
+        let tail: String = err.lines().rev().take(5).collect::<Vec<_>>().join("\n");
+        assert!(
+            ok,
+            "{method} {extra:?} flash {flash} depth {depth} device {device} failed:\n{tail}"
+        );
+        let tag = if device {
+            "device path, kve_cuda_*"
+        } else {
+            "host path, kve_*"
+        };
+        assert!(
+            err.contains(tag),
+            "{method} device {device}: no {tag:?} in the log"
+        );
+        files.push(std::fs::read(&path).unwrap());
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(format!("{path_str}.full"));
+        rows.push(row.expect("a RESULT line"));
+    }
+    let (h, d) = (&rows[0], &rows[1]);
+    for k in [
+        "cells_before",
+        "cells_after",
+        "evicted",
+        "n_kv_after",
+        "answer",
+        "reload_answer",
+    ] {
+        assert_eq!(
+            h.get(k),
+            d.get(k),
+            "{method} {extra:?} flash {flash} depth {depth}: {k}"
+        );
+    }
+    assert!(
+        files[0] == files[1],
+        "{method} {extra:?} flash {flash} depth {depth}: the compacted state files differ"
+    );
+    let d = rows.pop().unwrap();
+    (rows.pop().unwrap(), d, files.pop().unwrap())
 }
 
 /// Forced onto the device path, a libllama whose kvevict has no CUDA refuses the eviction with a
@@ -837,36 +855,53 @@ fn value_links_keep_a_seven_digit_key() {
     assert!(with > without, "links changed no answer:\n{table}");
 }
 
-/// Value links on the device path are refused with an error at the first eviction, never
-/// silently ignored (kve_cuda_* takes no links yet); the host path of the same binary runs them.
+/// Value links on the device path (`kve_cuda_accumulate_value_links` per layer into device
+/// sums, `kve_cuda_select_model_linked`) against the host path (`kve_accumulate_value_links`,
+/// `kve_select_model_linked`) on the cuda-mock relink, on a prompt where the links change the
+/// kept cells (a 7-digit key at 2.5 %, as `value_links_keep_a_seven_digit_key`): LaProx-span with
+/// V transposed (flash off) and V rows (flash on), uniqueness question-agnostic; byte-identical
+/// compacted states (the same kept cells), same cells and answers, the key kept whole; and the
+/// state without links differs (so a path ignoring the links would fail here).
 #[test]
-fn value_links_on_the_device_path_are_refused() {
-    let Some((s, lib)) = setup_with_mock("value_links_on_the_device_path_are_refused") else {
+fn value_links_on_the_device_path_match_the_host_path() {
+    let Some((s, lib)) = setup_with_mock("value_links_on_the_device_path_match_the_host_path")
+    else {
         return;
     };
-    let args = [
-        "--needle",
-        "0.5",
-        "--seed",
-        "5",
-        "--kv-evict",
-        "laprox-span",
-        "--kv-keep",
-        "0.1",
-        "--kv-evict-links",
-        "0.5",
-    ];
-    let (row, err, ok) = needle_path(&s, Some(&lib), true, &args);
-    assert!(!ok && row.is_none(), "value links ran on the device path");
-    assert!(
-        err.contains("value links (kv_evict_links 0.50) are not on the device path")
-            && err.contains("llama_kv_evict failed"),
-        "no clear refusal in:\n{}",
-        err.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+    let prompt = ("0.5", "5", "0.025");
+    let linked = ["--key-digits", "7", "--kv-evict-links", "0.5"];
+    let agnostic = ["--key-digits", "7", "--kv-evict-links", "0.5", "--agnostic"];
+    let mut states = Vec::new();
+    for (flash, method, extra) in [
+        ("off", "laprox-span", &linked[..]),
+        ("on", "laprox-span", &linked[..]),
+        ("off", "uniqueness", &agnostic[..]),
+    ] {
+        let (h, d, state) = host_and_device(&s, &lib, flash, method, prompt, extra);
+        assert!(h.num("links") == 0.5 && d.num("links") == 0.5);
+        println!(
+            "links 0.5, {method} flash {flash}: {} -> {} cells, host {:?}, device {:?}, identical states",
+            h.get("cells_before"),
+            h.get("cells_after"),
+            h.get("answer"),
+            d.get("answer")
+        );
+        if method == "laprox-span" {
+            assert_eq!(
+                d.num("recovered"),
+                1.0,
+                "flash {flash}: {:?}",
+                d.get("answer")
+            );
+        }
+        states.push(state);
+    }
+    let (h, _, plain) = host_and_device(&s, &lib, "off", "laprox-span", prompt, &linked[..2]);
+    println!(
+        "without links, laprox-span flash off: {:?}",
+        h.get("answer")
     );
-    let (row, err, ok) = needle_path(&s, Some(&lib), false, &args);
-    let row = row.unwrap_or_else(|| panic!("host path with links failed:\n{err}"));
-    assert!(ok && row.num("cells_after") > 0.0 && row.num("links") == 0.5);
+    assert!(plain != states[0], "the links changed no kept cell");
 }
 
 /// A sequence state with more cells than `--kv-max-cells` (the uncompressed prompt's state file,
