@@ -1066,25 +1066,20 @@ impl Drop for Server {
     }
 }
 
-#[test]
-fn server_holds_a_cell_budget_over_a_long_conversation() {
-    let Some(s) = setup() else {
-        return;
-    };
-    const BUDGET: u32 = 256;
+/// `llama-server` on a free loopback port with one slot, `args` added, libllama's info lines
+/// logged (`-lv 4`: each eviction logs one) to a temporary file; returns once `/health`
+/// answers 200 (the server is killed when the handle drops).
+fn start_server(s: &Setup, name: &str, args: &[&str]) -> (Server, u16, PathBuf) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let log_path =
-        std::env::temp_dir().join(format!("kvevict-llama-server-{}.log", std::process::id()));
+    let log_path = std::env::temp_dir().join(format!(
+        "kvevict-llama-server-{name}-{}.log",
+        std::process::id()
+    ));
     let log = std::fs::File::create(&log_path).unwrap();
-    // a 4096-token context (positions keep growing) whose sequence may hold at most BUDGET cells,
-    // with llama-server's default -b (2048) and -ub (512): libllama places a batch ubatch by ubatch,
-    // evicting between them, and caps n_ubatch to the 64 cells an eviction to 0.75 * BUDGET frees,
-    // so the cache allocates BUDGET cells, not BUDGET + n_batch (2304) or BUDGET + n_ubatch
-    let budget = BUDGET.to_string();
     let mut server = Server(
         Command::new(s.bin.join("llama-server"))
             .arg("-m")
@@ -1094,24 +1089,11 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
                 "127.0.0.1",
                 "--port",
                 &port.to_string(),
-                "-c",
-                "4096",
                 "-np",
                 "1",
             ])
-            .args([
-                "-t",
-                "2",
-                "--kv-evict",
-                "laprox-span",
-                "--kv-max-cells",
-                &budget,
-                "--kv-evict-to",
-                "0.75",
-                // libllama's info lines (each eviction logs one) show from verbosity 4
-                "-lv",
-                "4",
-            ])
+            .args(args)
+            .args(["-lv", "4"])
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -1135,6 +1117,37 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
         );
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
+    (server, port, log_path)
+}
+
+#[test]
+fn server_holds_a_cell_budget_over_a_long_conversation() {
+    let Some(s) = setup() else {
+        return;
+    };
+    const BUDGET: u32 = 256;
+    // a 4096-token context (positions keep growing) whose sequence may hold at most BUDGET cells,
+    // with llama-server's default -b (2048) and -ub (512): libllama places a batch ubatch by ubatch,
+    // evicting between them, and caps n_ubatch to the 64 cells an eviction to 0.75 * BUDGET frees,
+    // so the cache allocates BUDGET cells, not BUDGET + n_batch (2304) or BUDGET + n_ubatch
+    let budget = BUDGET.to_string();
+    let (_server, port, log_path) = start_server(
+        &s,
+        "conversation",
+        &[
+            "-c",
+            "4096",
+            "-t",
+            "2",
+            "--kv-evict",
+            "laprox-span",
+            "--kv-max-cells",
+            &budget,
+            "--kv-evict-to",
+            "0.75",
+        ],
+    );
+    let t0 = std::time::Instant::now();
 
     let topics = [
         "the moon",
@@ -1344,4 +1357,240 @@ fn cli_compresses_once_after_the_prompt() {
         "one-shot: one eviction"
     );
     assert_eq!(cells[1], (cells[0] * 0.1).floor(), "cells kept");
+}
+
+/// A needle context in llama-kvevict-needle's filler grammar and splitmix64 stream (its key for
+/// the same seed): 56 sentences (~670 tokens), the pass-key sentence in the middle. Returns
+/// (context, key).
+fn needle_context(seed: u32) -> (String, String) {
+    const SUBJECTS: [&str; 16] = [
+        "The old miller",
+        "A curious child",
+        "The night watchman",
+        "The young painter",
+        "A quiet traveller",
+        "The river pilot",
+        "A clever merchant",
+        "The village baker",
+        "The tired soldier",
+        "A wandering poet",
+        "The shepherd",
+        "The ship's cook",
+        "An elderly teacher",
+        "The blacksmith",
+        "A stranger in a grey coat",
+        "The innkeeper",
+    ];
+    const VERBS: [&str; 16] = [
+        "walked past",
+        "remembered",
+        "painted",
+        "looked at",
+        "dreamed of",
+        "sang about",
+        "repaired",
+        "visited",
+        "waited beside",
+        "talked about",
+        "cleaned",
+        "wrote a letter about",
+        "searched for",
+        "admired",
+        "forgot about",
+        "returned to",
+    ];
+    const OBJECTS: [&str; 16] = [
+        "the tall lighthouse",
+        "the apple orchard",
+        "the narrow harbour",
+        "the green hills",
+        "the dusty road",
+        "the sleepy town",
+        "the northern forest",
+        "the stone bridge",
+        "the quiet library",
+        "the windy meadow",
+        "the frozen lake",
+        "the crowded market",
+        "the old chapel",
+        "the red barn",
+        "the broken mill",
+        "the silver river",
+    ];
+    const TAILS: [&str; 12] = [
+        "on a cold evening",
+        "in the early morning",
+        "before the storm",
+        "after a long day",
+        "without saying a word",
+        "with great patience",
+        "during the festival",
+        "under a grey sky",
+        "while the bells rang",
+        "for the last time",
+        "as the sun went down",
+        "in the spring rain",
+    ];
+    const SHORT: [&str; 8] = [
+        "Life went on as usual.",
+        "Nobody seemed to notice.",
+        "The air smelled of rain.",
+        "The story was told many times.",
+        "Everyone agreed it was a good idea.",
+        "It was a peaceful place.",
+        "The wind kept blowing.",
+        "Some things never change.",
+    ];
+    let mut state = 0x6b76657669637400u64 ^ (seed as u64).wrapping_mul(0x100000001b3);
+    let mut pick = |n: usize| -> usize {
+        state = state.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    };
+    let key = (10000 + pick(90000)).to_string();
+    let mut sents: Vec<String> = (0..56)
+        .map(|_| {
+            if pick(5) == 0 {
+                SHORT[pick(8)].to_string()
+            } else {
+                let (s, v, o, t) = (pick(16), pick(16), pick(16), pick(12));
+                format!("{} {} {} {}.", SUBJECTS[s], VERBS[v], OBJECTS[o], TAILS[t])
+            }
+        })
+        .collect();
+    sents.insert(28, format!("The pass key is {key}. Remember it."));
+    (sents.join(" "), key)
+}
+
+/// The JSON number after `"key":` in `text`.
+fn json_number(text: &str, key: &str) -> Option<f64> {
+    let at = text.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let digits: String = text[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == '-')
+        .collect();
+    digits.parse().ok()
+}
+
+/// Prompt caches moved between servers over HTTP, as a user would: a server without a budget
+/// prefills two needle contexts and saves its slot after each (`/slots/0?action=save`, the whole
+/// cache); a second server with `--kv-max-cells 256` restores each (`?action=restore`): libllama
+/// evicts the restored state to 0.75 x 256 cells as it reads it (question-agnostic `uniqueness`
+/// on the state's own K/V), the server reuses the restored tokens as the prompt's prefix (only
+/// the question is processed) and answers as the full cache did. A restore of a missing file
+/// gets its error and the server goes on.
+#[test]
+fn server_restores_a_saved_slot_into_its_budget() {
+    let Some(s) = setup() else {
+        return;
+    };
+    const QUESTION: &str = "\nQuestion: what is the pass key?\nAnswer: The pass key is";
+    let dir = std::env::temp_dir().join(format!("kvevict-slots-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let slot_dir = format!("{}/", dir.display());
+    let completion = |port: u16, prompt: &str, n: u32| -> String {
+        let body = format!(
+            "{{\"prompt\":\"{}\",\"n_predict\":{n},\"cache_prompt\":true,\"temperature\":0}}",
+            json_escape(prompt)
+        );
+        match http(port, "POST", "/completion", &body) {
+            Ok((200, b)) => b,
+            other => panic!("/completion: {other:?}"),
+        }
+    };
+    let contexts: Vec<(String, String)> = [1, 2].map(needle_context).into();
+
+    // the full cache: prefill a context, save the slot, then ask
+    let mut saved = Vec::new();
+    {
+        let (_server, port, log_path) = start_server(
+            &s,
+            "save",
+            &["-c", "2048", "-t", "2", "--slot-save-path", &slot_dir],
+        );
+        for (i, (context, key)) in contexts.iter().enumerate() {
+            completion(port, context, 1);
+            let body = format!("{{\"filename\":\"ctx{i}.bin\"}}");
+            let (status, b) = http(port, "POST", "/slots/0?action=save", &body).expect("save");
+            assert_eq!(status, 200, "save: {b}");
+            let n = json_number(&b, "n_saved").expect("n_saved");
+            let answer = json_string(
+                &completion(port, &format!("{context}{QUESTION}"), 8),
+                "content",
+            )
+            .unwrap_or_default();
+            assert!(
+                answer.contains(key.as_str()),
+                "the full cache must answer for the test to measure anything: {answer:?}, key {key}"
+            );
+            saved.push((n, answer));
+        }
+        let _ = std::fs::remove_file(&log_path);
+    }
+
+    let (_server, port, log_path) = start_server(
+        &s,
+        "restore",
+        &[
+            "-c",
+            "2048",
+            "-t",
+            "2",
+            "--slot-save-path",
+            &slot_dir,
+            "--kv-evict",
+            "uniqueness",
+            "--kv-max-cells",
+            "256",
+            "--kv-evict-to",
+            "0.75",
+        ],
+    );
+    let (status, b) = http(
+        port,
+        "POST",
+        "/slots/0?action=restore",
+        "{\"filename\":\"missing.bin\"}",
+    )
+    .expect("restore of a missing file");
+    assert!(
+        (400..=500).contains(&status),
+        "missing file answered {status}: {b}"
+    );
+    for (i, ((context, key), (n_saved, full_answer))) in contexts.iter().zip(&saved).enumerate() {
+        let body = format!("{{\"filename\":\"ctx{i}.bin\"}}");
+        let (status, b) = http(port, "POST", "/slots/0?action=restore", &body).expect("restore");
+        assert_eq!(status, 200, "restore: {b}");
+        assert_eq!(
+            json_number(&b, "n_restored"),
+            Some(*n_saved),
+            "tokens restored"
+        );
+        let reply = completion(port, &format!("{context}{QUESTION}"), 8);
+        let answer = json_string(&reply, "content").unwrap_or_default();
+        let processed = json_number(&reply, "prompt_n").expect("timings.prompt_n");
+        let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let evicted = format!("{n_saved} -> 192 cells");
+        let line = log_text
+            .lines()
+            .find(|l| l.contains("exceeds the KV cell budget 256") && l.contains(&evicted))
+            .unwrap_or_else(|| panic!("no restore-time eviction {evicted:?} logged:\n{log_text}"));
+        println!(
+            "slot {i}: {n_saved} tokens saved by a server without a budget, restored into --kv-max-cells 256: {}; \
+             {processed} prompt tokens processed for the question; answer {answer:?} (full cache {full_answer:?})",
+            line.split("budget 256: ").nth(1).unwrap_or(line)
+        );
+        assert!(
+            processed < 32.0,
+            "the restored prefix was not reused: {processed} prompt tokens processed"
+        );
+        assert!(
+            answer.contains(key.as_str()),
+            "restored slot answered {answer:?}, key {key}"
+        );
+    }
+    let _ = std::fs::remove_file(&log_path);
+    let _ = std::fs::remove_dir_all(&dir);
 }
