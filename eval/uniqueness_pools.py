@@ -6,6 +6,7 @@ setting. Prints one row per variant: correct at each ratio, of the prompts the f
     python eval/uniqueness_pools.py needle-prose 20 0.1,0.05,0.025
     python eval/uniqueness_pools.py needle 16 0.1,0.05,0.025 1000 2000
     python eval/uniqueness_pools.py multikey 8 0.1,0.05 1000
+    python eval/uniqueness_pools.py needle-prose 20 0.1,0.05,0.025 0 1000 max13,none  (some variants)
 
 Results: README "Question-agnostic" (real prose).
 """
@@ -14,6 +15,9 @@ import sys
 import time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np  # noqa: E402
+
+import agnostic  # noqa: E402
 import captures  # noqa: E402
 import methods  # noqa: E402
 import tasks  # noqa: E402
@@ -21,19 +25,25 @@ from engine import Model  # noqa: E402
 from metrics import evaluate_selections  # noqa: E402
 from needle import answer_correct  # noqa: E402
 W = 8  # the window, kept inside the budget
+MODEL = []
 
 
-def mk(post_pool=None, links=None):
-    """A select(cap, ratio) of the library's uniqueness scores with this continuation."""
+def mk(post_pool=None, links=None, surprisal=None):
+    """A select(cap, ratio) of the library's uniqueness scores with this continuation
+    (optionally times the prefill surprisal ** `surprisal`)."""
     def sel(cap, r):
         b = methods.head_budget(cap.n, r, W) - W
         s = methods.library_scores(cap, "uniqueness", W)
+        if surprisal:
+            su = agnostic.surprisal(MODEL[0], cap).astype(np.float64)[: cap.n - W] ** surprisal
+            s = np.ascontiguousarray(s.astype(np.float64) * su, np.float32)
         return methods.library_select(cap, s, b, W, "uniqueness", post_pool=post_pool, links=links)
     return sel
 
 
 def main():
     model = Model(verbose=False)
+    MODEL.append(model)
     tok = model.tokenizer
     task, n, ratios = sys.argv[1], int(sys.argv[2]), [float(r) for r in sys.argv[3].split(",")]
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
@@ -42,7 +52,13 @@ def main():
          "fwd5": mk(("forward", 5, 1.0, 1)), "fwd1+links": mk(("forward", 1, 1.0, 1), 0.5),
          "fwd3+links": mk(("forward", 3, 1.0, 1), 0.5), "fwd9+links": mk(None, 0.5),
          "fwd9d.95": mk(("forward", 9, 0.95, 1)), "fwd9d.9": mk(("forward", 9, 0.9, 1)),
-         "fwd9d.8": mk(("forward", 9, 0.8, 1)), "fwd16d.9": mk(("forward", 16, 0.9, 1))}
+         "fwd9d.8": mk(("forward", 9, 0.8, 1)), "fwd16d.9": mk(("forward", 16, 0.9, 1)),
+         # centred max pools: the continuation reaches back too (to a fact's label)
+         "max5": mk(("max", 5, 1.0, 1)), "max13": mk(("max", 13, 1.0, 1)), "max17": mk(("max", 17, 1.0, 1)),
+         # times the prefill's surprisal (needs every position's logits: an LM-head product per token)
+         "x surprisal": mk(surprisal=1.0), "x surprisal^0.5": mk(surprisal=0.5)}
+    if len(sys.argv) > 6:
+        V = {k: V[k] for k in sys.argv[6].split(",")}
     tot = {}; full = 0; t0 = time.time()
     groups = tasks.make_task(task, tok, n, ntok, seed_base=seed)
     for g in groups:
