@@ -54,7 +54,7 @@ pub(super) fn check_values_finite(
     if let Some(f) = inputs.value_forms {
         let nb = blocks(shape.group(), cfg.needs_cross());
         for blk in 0..shape.hkv * nb {
-            if !forms_finite(&f[blk * shape.n..blk * shape.n + p]) {
+            if !crate::numerics::finite(&f[blk * shape.n..blk * shape.n + p]) {
                 return Err(Error::NonFinite);
             }
         }
@@ -291,11 +291,47 @@ fn add_norm_products(d: &mut [f32], x: &[f32], f: &[f32], first: bool) {
     })
 }
 
-/// Whether every cached form is finite (vectorised).
-fn forms_finite(f: &[f32]) -> bool {
-    dispatch!(fn(f: &[f32]) -> bool, S => { crate::numerics::all_finite::<S>(f) })
-}
-
 fn window_pairs(g: usize) -> usize {
     g * (g - 1) / 2
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use crate::window::tests::vals;
+    use std::vec::Vec;
+
+    /// The one-sweep value term gives the bits of the scalar sequence it replaced (copy the
+    /// forms, `sqrtf(max(f, 0))`, then `d += x·v` from a zeroed `d` for the first head), and
+    /// `sqrt_to` those of `sqrtf`: every length around whole vectors, negative and zero forms,
+    /// signed zeros, with the kernels this CPU takes (`KVEVICT_PORTABLE=1`: the portable ones).
+    #[test]
+    fn value_term_sweep_matches_scalar_bits() {
+        for n in 0..=41 {
+            let mut f = vals(n, 3, 4.0);
+            let x: Vec<f32> = vals(n, 5, 2.0).iter().map(|v| v.abs()).collect();
+            for (i, v) in f.iter_mut().enumerate() {
+                match i % 7 {
+                    1 => *v = 0.0,
+                    2 => *v = -0.0,
+                    _ => {}
+                }
+            }
+            let d0 = vals(n, 9, 1.0);
+            for first in [true, false] {
+                let mut d = d0.clone();
+                add_norm_products(&mut d, &x, &f, first);
+                for i in 0..n {
+                    let acc = if first { 0.0 } else { d0[i] };
+                    let want = acc + x[i] * libm::sqrtf(f[i].max(0.0));
+                    assert_eq!(d[i].to_bits(), want.to_bits(), "n {n} i {i} first {first}");
+                }
+            }
+            let mut r = std::vec![0f32; n];
+            sqrt_to(&x, &mut r);
+            for i in 0..n {
+                assert_eq!(r[i].to_bits(), libm::sqrtf(x[i]).to_bits(), "n {n} i {i}");
+            }
+        }
+    }
 }
