@@ -13,7 +13,9 @@
 //! tab-separated `RESULT` line. `scripts/bench_cpu.sh` dumps the cases, then
 //! `bench/numpy_ref.py` alternates `--load` runs of this binary with numpy runs of the same
 //! math (several rounds, minimum per side), checks the scores and prints the table.
-//! `uniqueness` (every pair of tokens) runs only for N <= 8192.
+//! `uniqueness` (every pair of tokens) runs only for N <= 8192. `read` is not a scorer: the
+//! rate of reading the key buffer with plain vector loops (the memory bound of KNorm and
+//! TOVA), a `READ` line.
 
 use half::f16;
 use kvevict::*;
@@ -37,6 +39,7 @@ const SCORERS: &[&str] = &[
     "snapkv-w8",
     "laprox-cached-w8",
     "uniqueness",
+    "read",
 ];
 
 /// Uniqueness compares every pair of tokens (`O(N²)`): cases above this N skip it (at
@@ -415,11 +418,156 @@ fn load_case(dir: &Path) -> Case {
     }
 }
 
+/// The key buffer as raw bytes, in its dtype (what KNorm and TOVA read).
+fn key_bytes(c: &Case) -> &[u8] {
+    match &c.k {
+        // SAFETY: f32 and f16 are plain data without padding; the slice covers the Vec's
+        // initialised elements only and lives as long as `c`.
+        Data::F32(v) => unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4) },
+        // SAFETY: as above.
+        Data::F16(v) => unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 2) },
+    }
+}
+
+/// The bitwise OR of every 64-byte block of `b` (length a multiple of 512): a read of every
+/// byte at full width, eight independent chains, with (`pf`) or without a software prefetch
+/// 4 KiB ahead.
+///
+/// # Safety
+/// The CPU has AVX-512 F.
+#[cfg(all(target_arch = "x86_64", kvevict_avx512))]
+#[allow(clippy::incompatible_msrv)] // built with Rust >= 1.89 only (build.rs's cfg)
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn or_sweep_512(b: &[u8], pf: bool) -> u64 {
+    use std::arch::x86_64::*;
+    let p = b.as_ptr();
+    let mut a = [_mm512_setzero_si512(); 8];
+    let mut i = 0;
+    while i + 512 <= b.len() {
+        for (j, a) in a.iter_mut().enumerate() {
+            if pf {
+                // a hint only: never faults, whatever the address
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + 4096 + 64 * j) as *const i8);
+            }
+            // SAFETY: i + 64·j + 64 <= i + 512 <= b.len().
+            *a = _mm512_or_si512(*a, unsafe {
+                _mm512_loadu_si512(p.add(i + 64 * j) as *const _)
+            });
+        }
+        i += 512;
+    }
+    let mut r = a[0];
+    for x in &a[1..] {
+        r = _mm512_or_si512(r, *x);
+    }
+    _mm512_reduce_or_epi64(r) as u64
+}
+
+/// [`or_sweep_512`] on 32-byte vectors.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn or_sweep_256(b: &[u8], pf: bool) -> u64 {
+    use std::arch::x86_64::*;
+    let p = b.as_ptr();
+    let mut a = [_mm256_setzero_si256(); 8];
+    let mut i = 0;
+    while i + 256 <= b.len() {
+        for (j, a) in a.iter_mut().enumerate() {
+            if pf && j % 2 == 0 {
+                // a hint only: never faults, whatever the address
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + 4096 + 32 * j) as *const i8);
+            }
+            // SAFETY: i + 32·j + 32 <= i + 256 <= b.len().
+            *a = _mm256_or_si256(*a, unsafe {
+                _mm256_loadu_si256(p.add(i + 32 * j) as *const _)
+            });
+        }
+        i += 256;
+    }
+    let mut r = a[0];
+    for x in &a[1..] {
+        r = _mm256_or_si256(r, *x);
+    }
+    (_mm256_extract_epi64::<0>(r)
+        | _mm256_extract_epi64::<1>(r)
+        | _mm256_extract_epi64::<2>(r)
+        | _mm256_extract_epi64::<3>(r)) as u64
+}
+
+/// `read`: the rate of reading the key buffer once, the memory bound of KNorm and TOVA: for
+/// each of the read loops this CPU runs (AVX-512 / AVX2 OR-sweeps, with and without a
+/// software prefetch; plain u64 ORs elsewhere), the minimum thread CPU time over `reps`
+/// sweeps, loops alternating; prints `READ <case> <bytes> <best s> <loop>`.
+fn run_read(case: &str, c: &Case, reps: usize) {
+    let b = key_bytes(c);
+    let b = &b[..b.len() / 512 * 512];
+    type Sweep<'a> = Box<dyn Fn() -> u64 + 'a>;
+    let mut loops: Vec<(&str, Sweep)> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[cfg(kvevict_avx512)]
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512 F (and so AVX2; checked just above).
+            loops.push((
+                "avx512",
+                Box::new(move || unsafe { or_sweep_512(b, false) }),
+            ));
+            // SAFETY: as above.
+            loops.push((
+                "avx512+pf",
+                Box::new(move || unsafe { or_sweep_512(b, true) }),
+            ));
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            loops.push(("avx2", Box::new(move || unsafe { or_sweep_256(b, false) })));
+            // SAFETY: as above.
+            loops.push((
+                "avx2+pf",
+                Box::new(move || unsafe { or_sweep_256(b, true) }),
+            ));
+        }
+    }
+    loops.push((
+        "u64",
+        Box::new(move || {
+            b.chunks_exact(8)
+                .fold(0u64, |a, w| a | u64::from_le_bytes(w.try_into().unwrap()))
+        }),
+    ));
+    let mut best = vec![f64::INFINITY; loops.len()];
+    let mut sink = 0u64;
+    for _ in 0..reps {
+        for (i, (_, f)) in loops.iter().enumerate() {
+            let c0 = thread_cpu_s();
+            sink |= std::hint::black_box(f());
+            best[i] = best[i].min(thread_cpu_s() - c0);
+        }
+    }
+    let (i, t) = best.iter().enumerate().fold(
+        (0, f64::INFINITY),
+        |m, (i, &t)| if t < m.1 { (i, t) } else { m },
+    );
+    println!(
+        "{case:<12} read of the keys: {:.1} GB/s ({}; {sink:x})",
+        b.len() as f64 / t / 1e9,
+        loops[i].0
+    );
+    println!("READ\t{case}\t{}\t{t:.6}\t{}", b.len(), loops[i].0);
+}
+
 /// Time every scorer on one case; print a human line and a `RESULT` line per scorer
 /// (tab-separated: case, scorer, window, min wall s, median wall s, min thread-CPU s), and
 /// with `out_dir` write the scores to `out_dir/scores_<scorer>.bin`.
 fn bench_case(case: &str, c: &Case, scorers: &[String], reps: usize, out_dir: Option<&Path>) {
     for name in scorers {
+        if name == "read" {
+            run_read(case, c, reps);
+            continue;
+        }
         if name == "uniqueness" && c.n > UNIQUENESS_MAX_N {
             eprintln!("{case:<12} {name:<15} skipped: N > {UNIQUENESS_MAX_N} (quadratic)");
             continue;

@@ -4,7 +4,8 @@
 # N = 4k and 32k with every scorer, single-threaded, and compares with the same math in
 # numpy (single-threaded BLAS) and with the machine's single-core sgemm rate (numpy's, measured
 # in the same run: every row's "% of sgemm"; TOVA and KNorm, which read each key once, also
-# their share of the rate of reading the key bytes, and TOVA of a numpy sgemv of its shape,
+# their share of the rate of reading the key bytes (the faster of bench_cpu's plain vector read
+# loops, `read`, and numpy's reductions), and TOVA of a numpy sgemv of its shape,
 # both measured in the same run: "% of bound"). Besides the presets: `<scorer>+lse` (given the
 # window rows' log-sum-exp), `<scorer>-w8` (window 8), `value-forms` (LaProx's cached value
 # forms alone). Prints a markdown table at the end.

@@ -559,6 +559,11 @@ pub(crate) fn all_finite<S: Simd>(x: &[f32]) -> bool {
     lanes_ok && x[n8..].iter().all(|v| v.is_finite())
 }
 
+/// Whether every element of `x` is finite ([`all_finite`] with the best kernels the CPU has).
+pub(crate) fn finite(x: &[f32]) -> bool {
+    dispatch!(fn(x: &[f32]) -> bool, S => { all_finite::<S>(x) })
+}
+
 /// Sum of `x` with 8 lanes of partial sums (deterministic order).
 #[inline(always)]
 pub(crate) unsafe fn sum_v<S: Simd>(x: &[f32]) -> f32 {

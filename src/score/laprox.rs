@@ -54,10 +54,7 @@ pub(super) fn check_values_finite(
     if let Some(f) = inputs.value_forms {
         let nb = blocks(shape.group(), cfg.needs_cross());
         for blk in 0..shape.hkv * nb {
-            if f[blk * shape.n..blk * shape.n + p]
-                .iter()
-                .any(|v| !v.is_finite())
-            {
+            if !crate::numerics::finite(&f[blk * shape.n..blk * shape.n + p]) {
                 return Err(Error::NonFinite);
             }
         }
@@ -77,7 +74,16 @@ struct Forms<'a> {
     nb: usize,
 }
 
-impl Forms<'_> {
+impl<'a> Forms<'a> {
+    /// Block `k`'s cached forms of tokens `0..p` of KV head `kh`, when the caller gave them.
+    fn cached(&self, kh: usize, k: usize, p: usize) -> Option<&'a [f32]> {
+        let n = self.shape.n;
+        let nb = self.nb;
+        self.inputs
+            .value_forms
+            .map(|f| &f[(kh * nb + k) * n..(kh * nb + k) * n + p])
+    }
+
     /// Fill `dst[t]` with block `k`'s form for tokens `0..p`.
     fn fill(&self, kh: usize, k: usize, p: usize, _row: &mut [f32], dst: &mut [f32]) {
         let (n, dv) = (self.shape.n, self.shape.dv);
@@ -115,7 +121,29 @@ pub(super) fn score(
     };
     let dst = &mut dst[..p];
     match cfg.laprox_gqa {
+        LaproxGqa::Sum if cfg.placement == PoolPlacement::Attention => {
+            // per head: the attention norms pooled, then one sweep adding their products with
+            // the value norms, read straight from the cached forms when given (no copy)
+            for a in 0..g {
+                let att = &mut sq[a * p..(a + 1) * p];
+                if cfg.pool.is_identity() {
+                    sqrt_all(att, false);
+                } else {
+                    sqrt_to(att, bufs.tmp_a);
+                    pool(&cfg.pool, &bufs.tmp_a[..p], att);
+                }
+                let vf = match forms.cached(kh, a, p) {
+                    Some(f) => f,
+                    None => {
+                        forms.fill(kh, a, p, bufs.row, bufs.tmp_b);
+                        &bufs.tmp_b[..p]
+                    }
+                };
+                add_norm_products(dst, att, vf, a == 0);
+            }
+        }
         LaproxGqa::Sum => {
+            // the pool on the product
             dst.fill(0.0);
             for a in 0..g {
                 let att = &mut sq[a * p..(a + 1) * p];
@@ -123,20 +151,12 @@ pub(super) fn score(
                 forms.fill(kh, a, p, bufs.row, bufs.tmp_b);
                 let vn = &mut bufs.tmp_b[..p];
                 sqrt_all(vn, true);
-                match cfg.placement {
-                    PoolPlacement::Attention => {
-                        pool_in_place(&cfg.pool, att, bufs.tmp_a);
-                        add_products(dst, att, vn);
-                    }
-                    PoolPlacement::Product => {
-                        for (x, &y) in att.iter_mut().zip(vn.iter()) {
-                            *x *= y;
-                        }
-                        pool_in_place(&cfg.pool, att, bufs.tmp_a);
-                        for (d, &x) in dst.iter_mut().zip(att.iter()) {
-                            *d += x;
-                        }
-                    }
+                for (x, &y) in att.iter_mut().zip(vn.iter()) {
+                    *x *= y;
+                }
+                pool_in_place(&cfg.pool, att, bufs.tmp_a);
+                for (d, &x) in dst.iter_mut().zip(att.iter()) {
+                    *d += x;
                 }
             }
         }
@@ -227,28 +247,91 @@ fn sqrt_all(x: &mut [f32], clamp: bool) {
     })
 }
 
-/// `d += x·y` elementwise (a product, then a sum: no fused multiply-add, the scalar bits).
-fn add_products(d: &mut [f32], x: &[f32], y: &[f32]) {
-    dispatch!(fn(d: &mut [f32], x: &[f32], y: &[f32]) -> (), S => {
+/// `dst = sqrt(src)` elementwise, as [`sqrt_all`] without the clamp (the same bits).
+fn sqrt_to(src: &[f32], dst: &mut [f32]) {
+    dispatch!(fn(src: &[f32], dst: &mut [f32]) -> (), S => {
+        let n = src.len();
+        let dst = &mut dst[..n];
+        let n8 = n / 8 * 8;
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 <= n8 <= n, both slices hold n.
+            unsafe { S::store(dst.as_mut_ptr().add(i), S::sqrt(S::load(src.as_ptr().add(i)))) };
+            i += 8;
+        }
+        for (d, &v) in dst[n8..].iter_mut().zip(&src[n8..]) {
+            *d = libm::sqrtf(v);
+        }
+    })
+}
+
+/// `d = (first ? 0 : d) + x·sqrt(max(f, 0))` elementwise (a product, then a sum: no fused
+/// multiply-add; the square root as [`sqrt_all`]'s with the clamp), `f` only read.
+fn add_norm_products(d: &mut [f32], x: &[f32], f: &[f32], first: bool) {
+    dispatch!(fn(d: &mut [f32], x: &[f32], f: &[f32], first: bool) -> (), S => {
         let n = d.len();
-        assert!(x.len() >= n && y.len() >= n);
+        assert!(x.len() >= n && f.len() >= n);
         let n8 = n / 8 * 8;
         let mut i = 0;
         while i < n8 {
             // SAFETY: i + 8 <= n8 <= n, every slice holds n.
             unsafe {
                 let dp = d.as_mut_ptr().add(i);
-                let xy = S::mul(S::load(x.as_ptr().add(i)), S::load(y.as_ptr().add(i)));
-                S::store(dp, S::add(S::load(dp), xy));
+                let y = S::sqrt(S::max(S::zero(), S::load(f.as_ptr().add(i))));
+                let xy = S::mul(S::load(x.as_ptr().add(i)), y);
+                let acc = if first { S::zero() } else { S::load(dp) };
+                S::store(dp, S::add(acc, xy));
             }
             i += 8;
         }
-        for ((d, &x), &y) in d[n8..].iter_mut().zip(&x[n8..n]).zip(&y[n8..n]) {
-            *d += x * y;
+        for ((d, &x), &f) in d[n8..].iter_mut().zip(&x[n8..n]).zip(&f[n8..n]) {
+            let acc = if first { 0.0 } else { *d };
+            *d = acc + x * libm::sqrtf(f.max(0.0));
         }
     })
 }
 
 fn window_pairs(g: usize) -> usize {
     g * (g - 1) / 2
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use crate::window::tests::vals;
+    use std::vec::Vec;
+
+    /// The one-sweep value term gives the bits of the scalar sequence it replaced (copy the
+    /// forms, `sqrtf(max(f, 0))`, then `d += x·v` from a zeroed `d` for the first head), and
+    /// `sqrt_to` those of `sqrtf`: every length around whole vectors, negative and zero forms,
+    /// signed zeros, with the kernels this CPU takes (`KVEVICT_PORTABLE=1`: the portable ones).
+    #[test]
+    fn value_term_sweep_matches_scalar_bits() {
+        for n in 0..=41 {
+            let mut f = vals(n, 3, 4.0);
+            let x: Vec<f32> = vals(n, 5, 2.0).iter().map(|v| v.abs()).collect();
+            for (i, v) in f.iter_mut().enumerate() {
+                match i % 7 {
+                    1 => *v = 0.0,
+                    2 => *v = -0.0,
+                    _ => {}
+                }
+            }
+            let d0 = vals(n, 9, 1.0);
+            for first in [true, false] {
+                let mut d = d0.clone();
+                add_norm_products(&mut d, &x, &f, first);
+                for i in 0..n {
+                    let acc = if first { 0.0 } else { d0[i] };
+                    let want = acc + x[i] * libm::sqrtf(f[i].max(0.0));
+                    assert_eq!(d[i].to_bits(), want.to_bits(), "n {n} i {i} first {first}");
+                }
+            }
+            let mut r = std::vec![0f32; n];
+            sqrt_to(&x, &mut r);
+            for i in 0..n {
+                assert_eq!(r[i].to_bits(), libm::sqrtf(x[i]).to_bits(), "n {n} i {i}");
+            }
+        }
+    }
 }

@@ -445,7 +445,7 @@ pub fn score_layer(
     if cfg.scorer == ScorerKind::Tova {
         tova::finish(&bufs, hkv, p, dest);
     }
-    if dest.iter().any(|v| !v.is_finite()) {
+    if !crate::numerics::finite(dest) {
         return Err(Error::NonFinite);
     }
     if let Some(out) = late {
