@@ -1,12 +1,12 @@
 // Uniqueness (SPEC §3b, the question-agnostic scorer) on the device: per KV head,
 // r_i = the 4th largest min(cos(k_i, k_j), cos(v_i, v_j)) over every other cached token
-// (-1 where fewer), u_i = max(0, 1 - r_i)^8, s_i = max_{0<=j<=4} 0.9^j·u_{i+j} over the
-// prefix (src/score/uniqueness.rs says why).
+// (-1 where fewer), u_i = max(0, 1 - r_i)^8, s_i = max_{0<=j<=10} c_j·u_{i+j} over the
+// prefix, c_j = 1 for j <= 6 and 0.9^(j-6) beyond (src/score/uniqueness.rs says why).
 //
 // The same arithmetic as the core's AVX2 path, so the scores match it bit for bit: each
 // row's squared norm in 8 fused lanes summed by the core's tree ((0+4)+(2+6)) +
 // ((1+5)+(3+7)), the tail unfused; rows scaled by 1/sqrt (both correctly rounded); each
-// pair's cosine one fmaf chain over d in order; the 0.9^j as repeated f32 products. A top
+// pair's cosine one fmaf chain over d in order; the 0.9^(j-6) as repeated f32 products. A top
 // list is the largest values of a multiset, exact whatever the order of insertion.
 //
 // Two scans, as the core's (src/score/uniqueness.rs): r_i only grows as more pairs are
@@ -33,7 +33,8 @@ constexpr int UQ_T = 64;    // tokens per side of a pair tile (16 x 16 threads, 
 constexpr int UQ_DC = 32;   // dims per staged chunk
 constexpr int64_t UQ_MAX_TILES = 65535;  // row tiles: a grid dimension
 constexpr int UQ_RANK = 4;               // the twin that decides (TWIN_RANK in the core)
-constexpr int UQ_REACH = 4;              // tokens before a unique one that it lends to
+constexpr int UQ_REACH = 10;             // tokens before a unique one that it lends to
+constexpr int UQ_FLAT = 6;               // of those, the nearest get its whole score
 constexpr float UQ_CUTOFF = 0.5f;        // redundant from here on: score 0 (TWIN_CUTOFF)
 constexpr int64_t UQ_NEAR = 128;         // the band's reach (NEAR in the core)
 constexpr int UQ_LIST_NT = 1024;         // threads of the open-list kernel
@@ -286,11 +287,12 @@ __global__ void __launch_bounds__(UQ_NT)
     for (int64_t i = (int64_t)blockIdx.x * UQ_NT + threadIdx.x; i < prefix;
          i += (int64_t)gridDim.x * UQ_NT) {
         float s = sharpen(floor[h * n + i]);
-        // a token lends 0.9^j of its score to the j-th before it, inside the prefix
+        // a token lends its score to the UQ_FLAT tokens before it, then 0.9^(j - UQ_FLAT) of it
+        // to the j-th before, inside the prefix
         float f = 1.0f;
 #pragma unroll
         for (int j = 1; j <= UQ_REACH; ++j) {
-            f = __fmul_rn(f, 0.9f);
+            if (j > UQ_FLAT) f = __fmul_rn(f, 0.9f);
             if (i + j < prefix) s = fmaxf(s, __fmul_rn(f, sharpen(floor[h * n + i + j])));
         }
         out[h * ld_out + i] = s;

@@ -5,7 +5,7 @@
 //! Arithmetic: the kernel's, step for step, rather than a call into the core: each row's
 //! squared norm in 8 fused lanes (`mul_add`) summed by the core's tree, the tail unfused,
 //! `1 / sqrt` both correctly rounded; each pair's cosine one fused chain over `d` in order;
-//! each token's 4th largest similarity from lists of -1; the 0.9^j as repeated products. That is also the core's AVX2 path, so on an AVX2 + FMA host the scores
+//! each token's 4th largest similarity from lists of -1; the 0.9^(j-6) as repeated products. That is also the core's AVX2 path, so on an AVX2 + FMA host the scores
 //! equal the host scorer's bit for bit (tests/launchers.rs, `uniqueness_matches_host_scorer`), and the test shows what
 //! the kernel computes without a GPU.
 //!
@@ -79,7 +79,9 @@ unsafe fn unit_rows(x: &KveCudaView, h: usize) -> Vec<f32> {
 
 /// The kernel's `UQ_RANK` and `UQ_REACH`.
 const RANK: usize = 4;
-const REACH: usize = 4;
+const REACH: usize = 10;
+/// The kernel's `UQ_FLAT`: the first tokens before get the whole score.
+const FLAT: usize = 6;
 
 /// `m` into the descending list `l` when it beats its last entry.
 fn insert_top(l: &mut [f32; RANK], m: f32) {
@@ -236,7 +238,9 @@ pub unsafe fn kve_cuda_uniqueness(
             scores.extend((0..p).map(|i| {
                 let (mut s, mut f) = (u[i], 1f32);
                 for j in 1..=REACH {
-                    f *= 0.9;
+                    if j > FLAT {
+                        f *= 0.9;
+                    }
                     if let Some(&x) = u.get(i + j) {
                         s = s.max(f * x);
                     }

@@ -1,9 +1,10 @@
 //! Uniqueness (SPEC §3b; ours, question-agnostic, no queries, no extra forward pass):
 //! `u[kh,i] = max(0, 1 - r_i)^8` with `r_i` the [`TWIN_RANK`]-th largest of
 //! `min(cos(k_i, k_j), cos(v_i, v_j))` over every other cached token `j` (−1 where fewer
-//! exist), 0 where `r_i >= ` [`TWIN_CUTOFF`] (0.5), then `s[kh,i] = max_{0 <= j <= 4} 0.9^j·u[i+j]` over the prefix: a unique token
-//! lends `0.9^j` of its score to the `j` tokens before it (the words that introduce it:
-//! "The amber code is" before a code's digits).
+//! exist), 0 where `r_i >= ` [`TWIN_CUTOFF`] (0.5), then `s[kh,i] = max_{0 <= j <= 10} c_j·u[i+j]` over the prefix, `c_j = 1` for
+//! `j <= 6` and `0.9^(j−6)` beyond: a unique token lends its whole score to the 6 tokens
+//! before it and a decaying share to the 4 before those (the words that introduce it: "The
+//! amber code is" before a code's digits).
 //!
 //! Why: a token whose key *and* value have near-twins elsewhere in the cache can go — any
 //! query that would attend to it finds a twin and reads nearly the same value. What has no
@@ -13,8 +14,13 @@
 //! recur only once or twice among each other; with the nearest twin the codes of a
 //! multi-key context were evicted and their labels kept (eval/agnostic.py, multikey: 1 of
 //! 18 at 10 % with the nearest twin, 9 of 18 with the 4th; single needle unchanged). The
-//! four-token backward reach then keeps each label with its digits (with one token, the 4th
-//! twin lost single needles at 5 %: 14 against 17 of 19). The power 8 sharpens the per-head
+//! backward reach then keeps each label with its digits (with one token, the 4th twin lost
+//! single needles at 5 %: 14 against 17 of 19). Why whole scores to 6 tokens, not `0.9^j`
+//! to 4: in prose most tokens are unique, the label's lent share lost to them, and the
+//! digits were kept without "pass key is" (eval/uniqueness_pools.py, needle in docstrings at
+//! 10 % / 5 %: 7 / 1 of 19 → 16 / 7, held out 6 / 1 of 17 → 16 / 8; the grammar's needle
+//! 18/17/12 of 19 → 18/18/16; multi-key 10 / 8 of 18 → 10 / 5, held out 13 / 9 → 12 / 6).
+//! The power 8 sharpens the per-head
 //! scores so that the layer-sum normalisation of the token granularity (SPEC §4) does not
 //! flatten the few unique tokens into the many.
 //!
@@ -46,10 +52,13 @@ use crate::view::{load_rows, View};
 
 /// Sharpening exponent (decision, SPEC §3b).
 pub const POWER: i32 = 8;
-/// Share of a token's score lent to the token before it (`BACK_DECAY^j` to the j-th before).
+/// How many tokens before a unique token receive its whole score (the words that introduce
+/// it: "The pass key is" before a key's digits).
+pub const BACK_FLAT: usize = 6;
+/// Share lent past [`BACK_FLAT`]: `BACK_DECAY^(j - BACK_FLAT)` to the j-th token before.
 pub const BACK_DECAY: f32 = 0.9;
-/// How many tokens before a unique token receive its lent score.
-pub const BACK_REACH: usize = 4;
+/// How many tokens before a unique token receive some of its score.
+pub const BACK_REACH: usize = 10;
 /// Which twin decides redundancy: a token is redundant when it has this many near-twins.
 pub const TWIN_RANK: usize = 4;
 /// A token whose [`TWIN_RANK`]-th twin is at least this similar scores 0 (its `(1 - r)^8`
@@ -492,7 +501,9 @@ pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], 
         for i in 0..dst.len() {
             let mut f = 1.0f32;
             for j in 1..=BACK_REACH.min(dst.len() - 1 - i) {
-                f *= BACK_DECAY;
+                if j > BACK_FLAT {
+                    f *= BACK_DECAY;
+                }
                 dst[i] = dst[i].max(f * dst[i + j]);
             }
         }

@@ -396,13 +396,14 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                         }
                     })
                     .collect();
-                // a unique token lends 0.9^j of its score to the j <= 4 tokens before it
+                // a unique token lends its score to the 6 tokens before it, then 0.9^(j - 6) of
+                // it to the j-th before, j <= 10
                 let decay = 0.9f32 as f64;
                 (0..p)
                     .map(|i| {
-                        (0..=4)
+                        (0..=10)
                             .filter(|j| i + j < p)
-                            .map(|j| decay.powi(j as i32) * u[i + j])
+                            .map(|j| decay.powi((j as i32 - 6).max(0)) * u[i + j])
                             .fold(0.0, f64::max)
                     })
                     .collect()
