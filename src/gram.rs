@@ -9,7 +9,7 @@
 
 use crate::error::{mul, Error, Result};
 use crate::numerics::{all_finite, dispatch, Simd};
-use crate::view::{load_rows, View};
+use crate::view::{load_rows, DType, View};
 use crate::workspace::{Workspace, WorkspaceSize};
 
 /// Blocks per KV head.
@@ -342,6 +342,9 @@ pub fn value_forms_len(hq: usize, hkv: usize, n: usize, cross: bool) -> Result<u
 /// Token rows per quadratic-form tile, and the stack buffer (f32) they are converted into.
 const QT: usize = 6;
 const QBUF: usize = 1536;
+/// f32 stack buffer of token rows loaded at once for the value forms: 64 tokens at dv = 64, so a
+/// transposed channel run is read in whole 128-byte pairs of cache lines before the next channel.
+const VBUF: usize = 4096;
 
 /// Coefficients of the diagonal 16×16 block in the symmetric form: row `i` counts column
 /// `c` twice when `c > i`, once when `c == i`, not when `c < i` (its pair was counted).
@@ -474,27 +477,105 @@ fn quad_forms_impl<S: Simd>(
     assert!(dv <= QBUF && gblk.len() >= dv * dv && dst.len() >= t1 - t0);
     let g = &gblk[..dv * dv];
     let sym = symmetric(g, dv);
-    let tile = (QBUF / dv).min(QT);
-    let mut buf = [0f32; QBUF];
+    let chunk = chunk_rows(dv);
+    let mut buf = [0f32; VBUF];
     let mut t = t0;
     while t < t1 {
-        let mt = tile.min(t1 - t);
-        load_rows::<S>(values, kh, t, mt, &mut buf);
-        let o = &mut dst[t - t0..t - t0 + mt];
-        // SAFETY: buf holds mt rows of dv, g is dv×dv (qf_tile asserts both).
-        unsafe {
-            match mt {
-                6 => o.copy_from_slice(&qf_tile::<S, 6>(&buf, dv, g, sym)),
-                5 => o.copy_from_slice(&qf_tile::<S, 5>(&buf, dv, g, sym)),
-                4 => o.copy_from_slice(&qf_tile::<S, 4>(&buf, dv, g, sym)),
-                3 => o.copy_from_slice(&qf_tile::<S, 3>(&buf, dv, g, sym)),
-                2 => o.copy_from_slice(&qf_tile::<S, 2>(&buf, dv, g, sym)),
-                _ => o.copy_from_slice(&qf_tile::<S, 1>(&buf, dv, g, sym)),
-            }
-        }
+        let mt = chunk.min(t1 - t);
+        load_value_rows::<S>(values, kh, t, mt, &mut buf);
+        forms_of_rows::<S>(&buf[..mt * dv], dv, g, sym, &mut dst[t - t0..t - t0 + mt]);
         t += mt;
     }
 }
+
+/// Token rows loaded at once into the `VBUF` stack buffer: a multiple of 8 when it holds 8
+/// (the transposed loader's tile).
+fn chunk_rows(dv: usize) -> usize {
+    let c = (VBUF / dv.max(1)).max(1);
+    if c >= 8 {
+        c / 8 * 8
+    } else {
+        c
+    }
+}
+
+/// `dst[i] = r_i G r_iᵀ` for the rows `r_i = rows[i*dv..(i+1)*dv]`, `QT` rows per tile. Each
+/// row's result depends on that row alone, so any chunking of the tokens gives the same bits.
+#[inline(always)]
+fn forms_of_rows<S: Simd>(rows: &[f32], dv: usize, g: &[f32], sym: bool, dst: &mut [f32]) {
+    let m = dst.len();
+    assert!(rows.len() >= m * dv);
+    let mut i = 0;
+    while i < m {
+        let mt = QT.min(m - i);
+        let r = &rows[i * dv..(i + mt) * dv];
+        let o = &mut dst[i..i + mt];
+        // SAFETY: r holds mt rows of dv, g is dv×dv (qf_tile asserts both).
+        unsafe {
+            match mt {
+                6 => o.copy_from_slice(&qf_tile::<S, 6>(r, dv, g, sym)),
+                5 => o.copy_from_slice(&qf_tile::<S, 5>(r, dv, g, sym)),
+                4 => o.copy_from_slice(&qf_tile::<S, 4>(r, dv, g, sym)),
+                3 => o.copy_from_slice(&qf_tile::<S, 3>(r, dv, g, sym)),
+                2 => o.copy_from_slice(&qf_tile::<S, 2>(r, dv, g, sym)),
+                _ => o.copy_from_slice(&qf_tile::<S, 1>(r, dv, g, sym)),
+            }
+        }
+        i += mt;
+    }
+}
+
+/// Rows `t..t + mt` of head `kh` of `values` into `dst[..mt*dv]` as f32, token-major:
+/// [`load_rows`], except for f16 values stored transposed (token stride 1: llama.cpp's V
+/// cache without flash attention), read 8 tokens × 8 channels at a time and transposed in
+/// registers rather than one strided element at a time (3-4x slower). Exact conversions
+/// either way, so the same f32 values.
+#[inline(always)]
+fn load_value_rows<S: Simd>(values: &View, kh: usize, t: usize, mt: usize, dst: &mut [f32]) {
+    let [h, n, dv] = values.extent();
+    let st = values.stride();
+    if values.dtype() != DType::F16 || st[1] != 1 || st[2] == 1 {
+        return load_rows::<S>(values, kh, t, mt, dst);
+    }
+    assert!(kh < h && t + mt <= n && dst.len() >= mt * dv);
+    let (m8, d8) = (mt / 8 * 8, dv / 8 * 8);
+    let cvt = |x: u16| half::f16::from_bits(x).to_f32();
+    // SAFETY: every element read, (kh, t..t + mt, 0..dv), is inside the view's extent
+    // (asserted above), which its construction proved in bounds of its buffer (whose address
+    // `byte_range` returns); 8 tokens from token i < m8 end at most at token mt; every store
+    // is inside dst[..mt*dv] (asserted).
+    unsafe {
+        let p = (values.byte_range().0 as *const u16).add(kh * st[0] + t);
+        let o = dst.as_mut_ptr();
+        let mut i = 0;
+        while i < m8 {
+            let mut c = 0;
+            while c < d8 {
+                // column j: channel c + j of tokens i..i + 8; transposed: row r = token i + r
+                let cols: [S::V; 8] =
+                    core::array::from_fn(|j| S::load_f16(p.add((c + j) * st[2] + i)));
+                for (r, v) in S::transpose8(cols).into_iter().enumerate() {
+                    S::store(o.add((i + r) * dv + c), v);
+                }
+                c += 8;
+            }
+            for c in d8..dv {
+                for r in i..i + 8 {
+                    *o.add(r * dv + c) = cvt(*p.add(c * st[2] + r));
+                }
+            }
+            i += 8;
+        }
+        for r in m8..mt {
+            for c in 0..dv {
+                *o.add(r * dv + c) = cvt(*p.add(c * st[2] + r));
+            }
+        }
+    }
+}
+
+/// Blocks whose symmetry is decided at once (a stack array) in [`compute_value_forms`].
+const SYM_GROUP: usize = 64;
 
 /// Fill columns `t0..t1` of the value-form cache from `values` (`[Hkv, N, dv]`) and a Gram
 /// computed with the same `cross`. Other columns are not touched, so an engine can fill
@@ -530,17 +611,71 @@ pub fn compute_value_forms(
     if !values_finite(values, t0, t1) {
         return Err(Error::NonFinite);
     }
+    dispatch!(fn(values: &View, gram: &[f32], nb: usize, t0: usize, t1: usize,
+                 out: &mut [f32]) -> (), S => {
+        value_forms_impl::<S>(values, gram, nb, t0, t1, out)
+    });
+    Ok(())
+}
+
+/// [`compute_value_forms`]'s loop on checked arguments: each chunk of token rows is loaded
+/// once for all (up to `SYM_GROUP`) blocks of its head, not once per block.
+#[inline(always)]
+fn value_forms_impl<S: Simd>(
+    values: &View,
+    gram: &[f32],
+    nb: usize,
+    t0: usize,
+    t1: usize,
+    out: &mut [f32],
+) {
+    let [hkv, n, dv] = values.extent();
+    let block = |kh: usize, k: usize| &gram[(kh * nb + k) * dv * dv..(kh * nb + k + 1) * dv * dv];
+    let chunk = chunk_rows(dv);
+    let mut buf = [0f32; VBUF];
     for kh in 0..hkv {
-        for k in 0..nb {
-            let gb = &gram[(kh * nb + k) * dv * dv..(kh * nb + k + 1) * dv * dv];
-            quad_forms(values, kh, gb, t0, t1, &mut out[(kh * nb + k) * n + t0..]);
+        let mut k0 = 0;
+        while k0 < nb {
+            let k1 = (k0 + SYM_GROUP).min(nb);
+            let mut sym = [false; SYM_GROUP];
+            for k in k0..k1 {
+                sym[k - k0] = symmetric(block(kh, k), dv);
+            }
+            let mut t = t0;
+            while t < t1 {
+                let mt = chunk.min(t1 - t);
+                load_value_rows::<S>(values, kh, t, mt, &mut buf);
+                for k in k0..k1 {
+                    let dst = &mut out[(kh * nb + k) * n + t..(kh * nb + k) * n + t + mt];
+                    forms_of_rows::<S>(&buf[..mt * dv], dv, block(kh, k), sym[k - k0], dst);
+                }
+                t += mt;
+            }
+            k0 = k1;
         }
     }
-    Ok(())
 }
 
 /// Whether rows `t0..t1` of every head of `view` are finite.
 pub(crate) fn values_finite(view: &View, t0: usize, t1: usize) -> bool {
+    let [h, n, d] = view.extent();
+    let st = view.stride();
+    if view.dtype() == DType::F16 && st[1] == 1 && t0 < t1 {
+        // f16 stored transposed: the tokens of one channel are contiguous, and a binary16 is
+        // non-finite exactly when its exponent bits are all set (no conversion needed)
+        assert!(t1 <= n);
+        let base = view.byte_range().0 as *const u16;
+        return (0..h).all(|a| {
+            (0..d).all(|c| {
+                // SAFETY: (a, t0..t1, c) is inside the extent (t1 <= n asserted), which the
+                // view's construction proved in bounds; token stride 1: a contiguous run.
+                let run = unsafe {
+                    core::slice::from_raw_parts(base.add(a * st[0] + c * st[2] + t0), t1 - t0)
+                };
+                run.iter().map(|&x| x & 0x7c00).max() != Some(0x7c00)
+            })
+        });
+    }
     dispatch!(fn(view: &View, t0: usize, t1: usize) -> bool, S => {
         let [h, _, d] = view.extent();
         let mut buf = [0f32; QBUF];
@@ -663,6 +798,28 @@ fn l1_of(v: &[f32], w: &[f32], y: &mut [f32]) -> f32 {
     y.iter().map(|x| x.abs()).sum()
 }
 
+/// The largest `|v_t|²` (f64) over tokens `t0..t1` of head `kh` (0 for none), rows loaded in
+/// chunks as [`compute_value_forms`] loads them.
+fn max_sq_norm(values: &View, kh: usize, t0: usize, t1: usize) -> f64 {
+    dispatch!(fn(values: &View, kh: usize, t0: usize, t1: usize) -> f64, S => {
+        let dv = values.extent()[2];
+        let chunk = chunk_rows(dv);
+        let mut buf = [0f32; VBUF];
+        let mut vmax = 0f64;
+        let mut t = t0;
+        while t < t1 {
+            let mt = chunk.min(t1 - t);
+            load_value_rows::<S>(values, kh, t, mt, &mut buf);
+            for row in buf[..mt * dv].chunks_exact(dv.max(1)) {
+                let sq: f64 = row.iter().map(|&x| x as f64 * x as f64).sum();
+                vmax = vmax.max(sq);
+            }
+            t += mt;
+        }
+        vmax
+    })
+}
+
 /// Whether every value form `compute_value_forms` would write for tokens `t0..t1` is
 /// finite, for inputs it accepts (finite values and Gram, `dv <= 1024`). Cheap unless
 /// the inputs are huge: [`quad_forms`] forms `Y = v·G` (entries at most doubled by the
@@ -683,14 +840,8 @@ pub fn value_forms_finite(
         return true; // compute_value_forms refuses the shape itself
     };
     let nb = blocks(g, cross);
-    let mut row = [0f32; QBUF];
     for kh in 0..hkv {
-        let mut vmax = 0f64; // largest |v|² of the tokens filled
-        for t in t0..t1 {
-            values.load_row(kh, t, &mut row[..dv]);
-            let sq: f64 = row[..dv].iter().map(|&x| x as f64 * x as f64).sum();
-            vmax = vmax.max(sq);
-        }
+        let vmax = max_sq_norm(values, kh, t0, t1); // largest |v|² of the tokens filled
         let scale = 2.0 * vmax.max(1.0) * 1.01;
         for k in 0..nb {
             let gb = &gram[(kh * nb + k) * dv * dv..(kh * nb + k + 1) * dv * dv];
@@ -838,6 +989,141 @@ mod tests {
                 // SAFETY: the CPU has AVX2 (checked above).
                 unsafe { dot_tile_avx2(xs, ys, &mut v) };
                 assert_eq!(p, v, "n = {n}");
+            }
+        }
+    }
+
+    /// f16 values `[hkv, n, dv]` in token rows and the same values stored transposed as
+    /// llama.cpp keeps V without flash attention (element (h, t, c) at `(h·dv + c)·size + t`).
+    fn both_layouts(
+        hkv: usize,
+        n: usize,
+        dv: usize,
+        size: usize,
+    ) -> (Vec<half::f16>, Vec<half::f16>) {
+        let v = vals(hkv * n * dv, (n * 31 + dv) as u64);
+        let mut rows = vec![half::f16::ZERO; hkv * n * dv];
+        let mut trans = vec![half::f16::ZERO; hkv * dv * size];
+        for h in 0..hkv {
+            for t in 0..n {
+                for c in 0..dv {
+                    let x = half::f16::from_f32(v[(h * n + t) * dv + c]);
+                    rows[t * hkv * dv + h * dv + c] = x;
+                    trans[(h * dv + c) * size + t] = x;
+                }
+            }
+        }
+        (rows, trans)
+    }
+
+    #[test]
+    fn transposed_values_give_the_forms_of_token_rows_bit_for_bit() {
+        // dv off the 8-lane tile, n off the 8-token tile and the chunk, sub-ranges t0..t1
+        for (hq, hkv, dv, n) in [
+            (9, 3, 64, 1000),
+            (4, 2, 12, 77),
+            (2, 1, 5, 9),
+            (6, 2, 128, 130),
+            (3, 3, 8, 8),
+        ] {
+            let size = n + 13;
+            let (rows, trans) = both_layouts(hkv, n, dv, size);
+            let vr = View::f16(&rows, [hkv, n, dv], [dv, hkv * dv, 1]).unwrap();
+            let vt = View::f16(&trans, [hkv, n, dv], [dv * size, 1, size]).unwrap();
+            for cross in [false, true] {
+                let glen = gram_len(hq, hkv, dv, cross).unwrap();
+                let mut gram = vals(glen, 5 + dv as u64);
+                // the diagonal blocks symmetric, as real Gram blocks are
+                let nb = blocks(hq / hkv, cross);
+                for (i, b) in gram.chunks_exact_mut(dv * dv).enumerate() {
+                    if i % nb < hq / hkv {
+                        for r in 0..dv {
+                            for c in 0..r {
+                                b[r * dv + c] = b[c * dv + r];
+                            }
+                        }
+                    }
+                }
+                let len = value_forms_len(hq, hkv, n, cross).unwrap();
+                for (t0, t1) in [(0, n), (1, n), (n / 3, n - n / 4)] {
+                    let mut want = vec![f32::NAN; len];
+                    // the per-block path (quad_forms, one head and block at a time) on token rows
+                    for kh in 0..hkv {
+                        for k in 0..nb {
+                            let gb = &gram[(kh * nb + k) * dv * dv..(kh * nb + k + 1) * dv * dv];
+                            quad_forms(&vr, kh, gb, t0, t1, &mut want[(kh * nb + k) * n + t0..]);
+                        }
+                    }
+                    for v in [&vr, &vt] {
+                        let mut got = vec![f32::NAN; len];
+                        compute_value_forms(v, &gram, hq, cross, t0, t1, &mut got).unwrap();
+                        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{hq} {hkv} {dv} {n} {cross} {t0}..{t1}"
+                        );
+                        let mut tmp = vec![0f32; n];
+                        quad_forms(
+                            v,
+                            hkv - 1,
+                            &gram[(hkv - 1) * nb * dv * dv..],
+                            t0,
+                            t1,
+                            &mut tmp,
+                        );
+                        assert_eq!(
+                            bits(&tmp[..t1 - t0]),
+                            bits(&want[(hkv - 1) * nb * n + t0..][..t1 - t0])
+                        );
+                    }
+                    assert!(value_forms_finite(&vt, &gram, hq, cross, t0, t1));
+                }
+            }
+            // the transposed loader on each kernel build against the plain row loader
+            let mut a = vec![0f32; VBUF];
+            let mut b = vec![1f32; VBUF];
+            let mt = chunk_rows(dv).min(n - 1);
+            for kh in 0..hkv {
+                load_rows::<crate::numerics::Portable>(&vr, kh, 1, mt, &mut a);
+                load_value_rows::<crate::numerics::Portable>(&vt, kh, 1, mt, &mut b);
+                assert_eq!(a[..mt * dv], b[..mt * dv]);
+                #[cfg(all(feature = "std", target_arch = "x86_64"))]
+                if crate::numerics::has_avx2() {
+                    // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+                    unsafe { transposed_avx2(&vt, kh, mt, &mut b) };
+                    assert_eq!(a[..mt * dv], b[..mt * dv]);
+                }
+            }
+        }
+    }
+
+    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn transposed_avx2(v: &View, kh: usize, mt: usize, out: &mut [f32]) {
+        load_value_rows::<crate::numerics::Avx2>(v, kh, 1, mt, out)
+    }
+
+    #[test]
+    fn a_non_finite_transposed_value_is_found_in_its_range_only() {
+        let (hkv, n, dv, size) = (3, 100, 16, 128);
+        let (_, clean) = both_layouts(hkv, n, dv, size);
+        for bad in [half::f16::NAN, half::f16::INFINITY, half::f16::NEG_INFINITY] {
+            for (h, t, c) in [(0, 0, 0), (2, 99, 15), (1, 50, 7)] {
+                let mut tr = clean.clone();
+                tr[(h * dv + c) * size + t] = bad;
+                // a non-finite value in the padding past n is outside every range
+                tr[size - 1] = half::f16::NAN;
+                let v = View::f16(&tr, [hkv, n, dv], [dv * size, 1, size]).unwrap();
+                assert!(!values_finite(&v, 0, n));
+                assert!(!values_finite(&v, t, t + 1));
+                assert!(values_finite(&v, 0, t) && values_finite(&v, t + 1, n));
+                let gram = vals(gram_len(3 * hkv, hkv, dv, false).unwrap(), 3);
+                let mut out = vec![0f32; value_forms_len(3 * hkv, hkv, n, false).unwrap()];
+                assert_eq!(
+                    compute_value_forms(&v, &gram, 3 * hkv, false, 0, n, &mut out),
+                    Err(Error::NonFinite)
+                );
             }
         }
     }
