@@ -204,8 +204,8 @@ def score(c, name):
         out[:, :4] = 1.0
     elif name == "uniqueness":
         # SPEC §3b: per KV head, the 4th largest over j != i of min(cos k, cos v) over all N
-        # tokens (-1 where fewer), (1 - r)^8 clipped at 0 and 0 from r >= 0.5 on, then each prefix token lends
-        # 0.9^j of its score to the j <= 4 before it
+        # tokens (-1 where fewer), (1 - r)^24 clipped at 0 and 0 from r >= 0.5 on, then each prefix token lends
+        # its whole score to the 6 before it and 0.729^(j-6) of it to the j-th before, j <= 10
         for kh in range(hkv):
             k = c["k"][kh].astype(F32)
             v = c["v"][kh].astype(F32)
@@ -220,10 +220,11 @@ def score(c, name):
                 m[np.arange(r1 - r0), np.arange(r0, r1)] = -np.inf
                 m = np.concatenate([m, np.full((r1 - r0, 4), F32(-1))], axis=1)
                 r[r0:r1] = -np.partition(-m, 3, axis=1)[:, 3]
-            u = np.where(r >= F32(0.5), F32(0), np.maximum(F32(1) - r, 0) ** 8)[:p]  # lending stays inside the prefix
+            u = np.where(r >= F32(0.5), F32(0), np.maximum(F32(1) - r, 0) ** 24)[:p]  # lending stays inside the prefix
             s, f = u.copy(), F32(1)
-            for j in range(1, 5):
-                f = F32(f * F32(0.9))
+            for j in range(1, 11):
+                if j > 6:
+                    f = F32(f * F32(0.729))
                 if p > j:
                     s[:-j] = np.maximum(s[:-j], f * u[j:])
             out[kh] = s

@@ -85,7 +85,8 @@ def laprox_layer(q, k, v, g_mat, w, grp):
 
 def uniqueness(k, v, p, chunk=2048):
     # k/v [Hkv, N, d] -> [Hkv, P]: r = 4th largest min(cos k, cos v) over j != i,
-    # u = max(0, 1 - r)^8 (0 where r >= 0.5), out[i] = max_{j<=4, i+j<P} 0.9^j u[i+j]
+    # u = max(0, 1 - r)^24 (0 where r >= 0.5), out[i] = max_{j<=10, i+j<P} c_j u[i+j],
+    # c_j = 1 for j <= 6, 0.729^(j-6) beyond
     hkv, n, _ = k.shape
     ku = F.normalize(k.float(), dim=-1)
     vu = F.normalize(v.float(), dim=-1)
@@ -96,10 +97,10 @@ def uniqueness(k, v, p, chunk=2048):
             s = torch.minimum(ku[h, c0:c1] @ ku[h].T, vu[h, c0:c1] @ vu[h].T)
             s[torch.arange(c1 - c0, device=k.device), torch.arange(c0, c1, device=k.device)] = -1.0
             r[h, c0:c1] = torch.topk(s, 4, dim=-1).values[:, 3]
-    u = torch.where(r >= 0.5, torch.zeros_like(r), (1.0 - r).clamp_min(0.0).pow(8))[:, :p]
+    u = torch.where(r >= 0.5, torch.zeros_like(r), (1.0 - r).clamp_min(0.0).pow(24))[:, :p]
     out = u.clone()
-    for j in range(1, 5):
-        out[:, : p - j] = torch.maximum(out[:, : p - j], u[:, j:] * (0.9 ** j))
+    for j in range(1, 11):
+        out[:, : p - j] = torch.maximum(out[:, : p - j], u[:, j:] * (0.729 ** max(j - 6, 0)))
     return out
 
 

@@ -1,12 +1,12 @@
 // Uniqueness (SPEC §3b, the question-agnostic scorer) on the device: per KV head,
 // r_i = the 4th largest min(cos(k_i, k_j), cos(v_i, v_j)) over every other cached token
-// (-1 where fewer), u_i = max(0, 1 - r_i)^8, s_i = max_{0<=j<=10} c_j·u_{i+j} over the
-// prefix, c_j = 1 for j <= 6 and 0.9^(j-6) beyond (src/score/uniqueness.rs says why).
+// (-1 where fewer), u_i = max(0, 1 - r_i)^24, s_i = max_{0<=j<=10} c_j·u_{i+j} over the
+// prefix, c_j = 1 for j <= 6 and 0.729^(j-6) beyond (src/score/uniqueness.rs says why).
 //
 // The same arithmetic as the core's AVX2 path, so the scores match it bit for bit: each
 // row's squared norm in 8 fused lanes summed by the core's tree ((0+4)+(2+6)) +
 // ((1+5)+(3+7)), the tail unfused; rows scaled by 1/sqrt (both correctly rounded); each
-// pair's cosine one fmaf chain over d in order; the 0.9^(j-6) as repeated f32 products. A top
+// pair's cosine one fmaf chain over d in order; the 0.729^(j-6) as repeated f32 products. A top
 // list is the largest values of a multiset, exact whatever the order of insertion.
 //
 // Two scans, as the core's (src/score/uniqueness.rs): r_i only grows as more pairs are
@@ -35,6 +35,7 @@ constexpr int64_t UQ_MAX_TILES = 65535;  // row tiles: a grid dimension
 constexpr int UQ_RANK = 4;               // the twin that decides (TWIN_RANK in the core)
 constexpr int UQ_REACH = 10;             // tokens before a unique one that it lends to
 constexpr int UQ_FLAT = 6;               // of those, the nearest get its whole score
+constexpr float UQ_DECAY = 0.729f;       // share lent past UQ_FLAT, per token further back
 constexpr float UQ_CUTOFF = 0.5f;        // redundant from here on: score 0 (TWIN_CUTOFF)
 constexpr int64_t UQ_NEAR = 128;         // the band's reach (NEAR in the core)
 constexpr int UQ_LIST_NT = 1024;         // threads of the open-list kernel
@@ -273,11 +274,13 @@ __global__ void __launch_bounds__(UQ_NT, 2)
     write_floors(top, ri, lists, floor_out + h * n);
 }
 
-// max(0, 1 - r)^8 as the core computes it: u2 = x·x, (u2·u2)·(u2·u2); 0 from the cutoff on.
+// max(0, 1 - r)^24 as the core computes it: u2 = x·x, u8 = (u2·u2)·(u2·u2), (u8·u8)·u8; 0 from
+// the cutoff on.
 __device__ __forceinline__ float sharpen(float r) {
     const float x = fmaxf(__fsub_rn(1.0f, r), 0.0f);
     const float u2 = __fmul_rn(x, x);
-    return r >= UQ_CUTOFF ? 0.0f : __fmul_rn(__fmul_rn(u2, u2), __fmul_rn(u2, u2));
+    const float u8 = __fmul_rn(__fmul_rn(u2, u2), __fmul_rn(u2, u2));
+    return r >= UQ_CUTOFF ? 0.0f : __fmul_rn(__fmul_rn(u8, u8), u8);
 }
 
 __global__ void __launch_bounds__(UQ_NT)
@@ -287,12 +290,12 @@ __global__ void __launch_bounds__(UQ_NT)
     for (int64_t i = (int64_t)blockIdx.x * UQ_NT + threadIdx.x; i < prefix;
          i += (int64_t)gridDim.x * UQ_NT) {
         float s = sharpen(floor[h * n + i]);
-        // a token lends its score to the UQ_FLAT tokens before it, then 0.9^(j - UQ_FLAT) of it
+        // a token lends its score to the UQ_FLAT tokens before it, then 0.729^(j - UQ_FLAT) of it
         // to the j-th before, inside the prefix
         float f = 1.0f;
 #pragma unroll
         for (int j = 1; j <= UQ_REACH; ++j) {
-            if (j > UQ_FLAT) f = __fmul_rn(f, 0.9f);
+            if (j > UQ_FLAT) f = __fmul_rn(f, UQ_DECAY);
             if (i + j < prefix) s = fmaxf(s, __fmul_rn(f, sharpen(floor[h * n + i + j])));
         }
         out[h * ld_out + i] = s;

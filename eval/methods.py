@@ -312,8 +312,9 @@ METHODS: Dict[str, Method] = {
     "snapkv-w8": Method(L("snapkv"), window=8, library=True, note="snapkv with an 8-token window (control for laprox-span-w8)"),
     # question-agnostic (SPEC §3b)
     "uniqueness": Method(L("uniqueness"), window=8, library=True,
-                         note="question-agnostic: (1 - r)^8, r the 4th largest min(cos k, cos v) over the other tokens, 0 "
-                              "where r >= 0.5, 0.9^j lent to the 4 tokens before; no queries; laprox-span's "
+                         note="question-agnostic: (1 - r)^24, r the 4th largest min(cos k, cos v) over the other tokens, 0 "
+                              "where r >= 0.5, the whole score lent to the 6 tokens before, 0.729^(j-6) to the "
+                              "j <= 10th; no queries; laprox-span's "
                               "selection (token granularity, global, forward post-pool 9/1.0, sink left out)"),
     "uniqueness-runs": Method(L("uniqueness", links=0.5), window=8, library=True,
                               note="uniqueness with laprox-span-w8-runs' selection (value links)"),

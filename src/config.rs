@@ -28,7 +28,7 @@ c_enum! {
         StreamingLlm = 4,
         KNorm = 5,
         Tova = 6,
-        /// Question-agnostic: `(1 - r)^8`, r the 4th largest twin similarity of (k, v), 0 from
+        /// Question-agnostic: `(1 - r)^24`, r the 4th largest twin similarity of (k, v), 0 from
         /// r >= 0.5 on (SPEC §3b; `score/uniqueness.rs`).
         Uniqueness = 7,
     }

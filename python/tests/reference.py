@@ -81,9 +81,9 @@ def knorm(k, w):
 
 
 def uniqueness(k, v, w):
-    """(1 - r)^8 with r the 4th largest min(cos k, cos v) over the other tokens (-1 where
+    """(1 - r)^24 with r the 4th largest min(cos k, cos v) over the other tokens (-1 where
     fewer exist), 0 where r >= 0.5, then the score lent whole to the 6 tokens before and
-    0.9^(j - 6) of it to the j-th before, j <= 10."""
+    0.729^(j - 6) of it to the j-th before, j <= 10."""
     k = np.asarray(k, np.float64)
     v = np.asarray(v, np.float64)
     hkv, n, _ = k.shape
@@ -96,10 +96,10 @@ def uniqueness(k, v, w):
         np.fill_diagonal(c, -np.inf)
         c = np.concatenate([c, np.full((n, 4), -1.0)], axis=1)  # pads rows with < 4 others
         r = -np.partition(-c, 3, axis=1)[:, 3]
-        u = np.where(r[:p] >= 0.5, 0.0, np.maximum(1.0 - r[:p], 0.0) ** 8)  # cutoff 0.5
+        u = np.where(r[:p] >= 0.5, 0.0, np.maximum(1.0 - r[:p], 0.0) ** 24)  # cutoff 0.5
         s = u.copy()
         for j in range(1, min(11, p)):
-            s[:-j] = np.maximum(s[:-j], float(np.float32(0.9)) ** max(j - 6, 0) * u[j:])
+            s[:-j] = np.maximum(s[:-j], float(np.float32(0.729)) ** max(j - 6, 0) * u[j:])
         out[h] = s
     return out
 

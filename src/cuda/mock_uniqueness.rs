@@ -5,7 +5,7 @@
 //! Arithmetic: the kernel's, step for step, rather than a call into the core: each row's
 //! squared norm in 8 fused lanes (`mul_add`) summed by the core's tree, the tail unfused,
 //! `1 / sqrt` both correctly rounded; each pair's cosine one fused chain over `d` in order;
-//! each token's 4th largest similarity from lists of -1; the 0.9^(j-6) as repeated products. That is also the core's AVX2 path, so on an AVX2 + FMA host the scores
+//! each token's 4th largest similarity from lists of -1; the 0.729^(j-6) as repeated products. That is also the core's AVX2 path, so on an AVX2 + FMA host the scores
 //! equal the host scorer's bit for bit (tests/launchers.rs, `uniqueness_matches_host_scorer`), and the test shows what
 //! the kernel computes without a GPU.
 //!
@@ -82,6 +82,8 @@ const RANK: usize = 4;
 const REACH: usize = 10;
 /// The kernel's `UQ_FLAT`: the first tokens before get the whole score.
 const FLAT: usize = 6;
+/// The kernel's `UQ_DECAY`: the share lent past [`FLAT`], per token further back.
+const DECAY: f32 = 0.729;
 
 /// `m` into the descending list `l` when it beats its last entry.
 fn insert_top(l: &mut [f32; RANK], m: f32) {
@@ -177,14 +179,15 @@ fn floors(ku: &[f32], vu: &[f32], dk: usize, dv: usize, n: usize) -> Vec<f32> {
     floor
 }
 
-/// `max(0, 1 - r)^8`, 0 from the cutoff on, as the kernel's `sharpen`.
+/// `max(0, 1 - r)^24`, 0 from the cutoff on, as the kernel's `sharpen`.
 fn sharpen(r: f32) -> f32 {
     let x = (1.0 - r).max(0.0);
     let u2 = x * x;
+    let u8 = (u2 * u2) * (u2 * u2);
     if r >= CUTOFF {
         0.0
     } else {
-        (u2 * u2) * (u2 * u2)
+        (u8 * u8) * u8
     }
 }
 
@@ -239,7 +242,7 @@ pub unsafe fn kve_cuda_uniqueness(
                 let (mut s, mut f) = (u[i], 1f32);
                 for j in 1..=REACH {
                     if j > FLAT {
-                        f *= 0.9;
+                        f *= DECAY;
                     }
                     if let Some(&x) = u.get(i + j) {
                         s = s.max(f * x);

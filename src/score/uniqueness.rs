@@ -1,8 +1,8 @@
 //! Uniqueness (SPEC §3b; ours, question-agnostic, no queries, no extra forward pass):
-//! `u[kh,i] = max(0, 1 - r_i)^8` with `r_i` the [`TWIN_RANK`]-th largest of
+//! `u[kh,i] = max(0, 1 - r_i)^24` with `r_i` the [`TWIN_RANK`]-th largest of
 //! `min(cos(k_i, k_j), cos(v_i, v_j))` over every other cached token `j` (−1 where fewer
 //! exist), 0 where `r_i >= ` [`TWIN_CUTOFF`] (0.5), then `s[kh,i] = max_{0 <= j <= 10} c_j·u[i+j]` over the prefix, `c_j = 1` for
-//! `j <= 6` and `0.9^(j−6)` beyond: a unique token lends its whole score to the 6 tokens
+//! `j <= 6` and `0.729^(j−6)` beyond: a unique token lends its whole score to the 6 tokens
 //! before it and a decaying share to the 4 before those (the words that introduce it: "The
 //! amber code is" before a code's digits).
 //!
@@ -20,12 +20,18 @@
 //! digits were kept without "pass key is" (eval/uniqueness_pools.py, needle in docstrings at
 //! 10 % / 5 %: 7 / 1 of 19 → 16 / 7, held out 6 / 1 of 17 → 16 / 8; the grammar's needle
 //! 18/17/12 of 19 → 18/18/16; multi-key 10 / 8 of 18 → 10 / 5, held out 13 / 9 → 12 / 6).
-//! The power 8 sharpens the per-head
+//! The power sharpens the per-head
 //! scores so that the layer-sum normalisation of the token granularity (SPEC §4) does not
-//! flatten the few unique tokens into the many.
+//! flatten the few unique tokens into the many. Why 24, not 8: in prose many tokens of a
+//! head are nearly as unique as a fact, and with 8 their summed mass outweighed the fact's
+//! (the cube of every score, lends included, so the same kept sets as `0.9` cubed: needle in
+//! docstrings at 10 / 5 / 2.5 %: 16 / 7 / 2 of 19 → 19 / 18 / 10, held out 16 / 8 / 4 of 17 →
+//! 16 / 13 / 7; multi-key at 5 %: 5 → 8 of 18, held out 6 → 9; the grammar's needle 18 / 18 /
+//! 16 of 19 → 18 / 18 / 15, held out 2k 12 / 12 / 10 of 14 → 11 / 10 / 9, the needle kept
+//! verbatim in each of those misses; powers 12, 16 and 32 measured too).
 //!
-//! The cutoff changes no score by more than `0.5^8 ≈ 0.004` (eval: single needle 18/18/12
-//! of 19 at 10/5/2.5 % against 18/18/13 without it) and makes the search sub-quadratic on
+//! The cutoff changes no score by more than `0.5^24 ≈ 6·10⁻⁸` (eval, at power 8: single
+//! needle 18/18/12 of 19 at 10/5/2.5 % against 18/18/13 without it) and makes the search sub-quadratic on
 //! real caches: `r_i` only grows as more tokens are compared, so a first scan over the
 //! pairs at most [`NEAR`] apart settles every token it finds four twins ≥ 0.5 for — on
 //! SmolLM2's caches 83 % of them (1k tokens) — and only the rest are compared with the
@@ -51,18 +57,18 @@ use crate::numerics::{dispatch, dot_v, Simd};
 use crate::view::{load_rows, View};
 
 /// Sharpening exponent (decision, SPEC §3b).
-pub const POWER: i32 = 8;
+pub const POWER: i32 = 24;
 /// How many tokens before a unique token receive its whole score (the words that introduce
 /// it: "The pass key is" before a key's digits).
 pub const BACK_FLAT: usize = 6;
 /// Share lent past [`BACK_FLAT`]: `BACK_DECAY^(j - BACK_FLAT)` to the j-th token before.
-pub const BACK_DECAY: f32 = 0.9;
+pub const BACK_DECAY: f32 = 0.729;
 /// How many tokens before a unique token receive some of its score.
 pub const BACK_REACH: usize = 10;
 /// Which twin decides redundancy: a token is redundant when it has this many near-twins.
 pub const TWIN_RANK: usize = 4;
-/// A token whose [`TWIN_RANK`]-th twin is at least this similar scores 0 (its `(1 - r)^8`
-/// would be at most `0.5^8 ≈ 0.004`): since `r` can only grow as more tokens are compared,
+/// A token whose [`TWIN_RANK`]-th twin is at least this similar scores 0 (its `(1 - r)^24`
+/// would be at most `0.5^24 ≈ 6·10⁻⁸`): since `r` can only grow as more tokens are compared,
 /// a partial scan that finds four such twins settles the token exactly.
 pub const TWIN_CUTOFF: f32 = 0.5;
 /// The first scan compares each token with the tokens at most this far after it (and so,
@@ -479,6 +485,20 @@ fn twin_floors<S: Simd>(
     }
 }
 
+/// `max(0, 1 - r)^POWER`, 0 at or past the cutoff, as one fixed product sequence (the CUDA
+/// kernel and the mock repeat it bit for bit): `u2 = x·x`, `u8 = (u2·u2)·(u2·u2)`, `(u8·u8)·u8`.
+#[inline(always)]
+fn sharpen(r: f32) -> f32 {
+    let x = (1.0 - r).max(0.0);
+    let u2 = x * x;
+    let u8 = u2 * u2 * (u2 * u2);
+    if r >= TWIN_CUTOFF {
+        0.0
+    } else {
+        u8 * u8 * u8
+    }
+}
+
 /// Scores of KV head `kh`'s first `dst.len()` tokens; `scratch` holds [`scratch_floats`].
 pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], dst: &mut [f32]) {
     dispatch!(fn(keys: &View, values: &View, kh: usize, scratch: &mut [f32], dst: &mut [f32]) -> (), S => {
@@ -493,9 +513,7 @@ pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], 
         load_unit_panels::<S>(values, kh, tmp, vp);
         twin_floors::<S>(kp, vp, n, dk, dv, floor, top, NEAR);
         for (out, &b) in dst.iter_mut().zip(floor.iter()) {
-            let u2 = (1.0 - b).max(0.0) * (1.0 - b).max(0.0);
-            // ^POWER; nothing at or past the cutoff
-            *out = if b >= TWIN_CUTOFF { 0.0 } else { u2 * u2 * (u2 * u2) };
+            *out = sharpen(b);
         }
         // ascending: dst[i + 1 ..] are still unlent when dst[i] reads them
         for i in 0..dst.len() {

@@ -392,13 +392,13 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                         if r >= 0.5 {
                             0.0
                         } else {
-                            (1.0 - r).max(0.0).powi(8)
+                            (1.0 - r).max(0.0).powi(24)
                         }
                     })
                     .collect();
-                // a unique token lends its score to the 6 tokens before it, then 0.9^(j - 6) of
+                // a unique token lends its score to the 6 tokens before it, then 0.729^(j - 6) of
                 // it to the j-th before, j <= 10
-                let decay = 0.9f32 as f64;
+                let decay = 0.729f32 as f64;
                 (0..p)
                     .map(|i| {
                         (0..=10)
