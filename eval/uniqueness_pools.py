@@ -7,6 +7,7 @@ setting. Prints one row per variant: correct at each ratio, of the prompts the f
     python eval/uniqueness_pools.py needle 16 0.1,0.05,0.025 1000 2000
     python eval/uniqueness_pools.py multikey 8 0.1,0.05 1000
     python eval/uniqueness_pools.py needle-prose 20 0.1,0.05,0.025 0 1000 max13,none  (some variants)
+    python eval/uniqueness_pools.py needle-prose 20 0.1,0.05,0.025 0 1000 "fwd9(default),power8,power16"
 
 Results: README "Question-agnostic" (real prose).
 """
@@ -28,12 +29,15 @@ W = 8  # the window, kept inside the budget
 MODEL = []
 
 
-def mk(post_pool=None, links=None, surprisal=None):
+def mk(post_pool=None, links=None, surprisal=None, power=None):
     """A select(cap, ratio) of the library's uniqueness scores with this continuation
-    (optionally times the prefill surprisal ** `surprisal`)."""
+    (optionally times the prefill surprisal ** `surprisal`; `power`: the scores raised to
+    power / 24, i.e. `(1 - r)^power` with its lends, the library's being 24)."""
     def sel(cap, r):
         b = methods.head_budget(cap.n, r, W) - W
         s = methods.library_scores(cap, "uniqueness", W)
+        if power:
+            s = np.ascontiguousarray(s.astype(np.float64) ** (power / 24.0), np.float32)
         if surprisal:
             su = agnostic.surprisal(MODEL[0], cap).astype(np.float64)[: cap.n - W] ** surprisal
             s = np.ascontiguousarray(s.astype(np.float64) * su, np.float32)
@@ -56,7 +60,10 @@ def main():
          # centred max pools: the continuation reaches back too (to a fact's label)
          "max5": mk(("max", 5, 1.0, 1)), "max13": mk(("max", 13, 1.0, 1)), "max17": mk(("max", 17, 1.0, 1)),
          # times the prefill's surprisal (needs every position's logits: an LM-head product per token)
-         "x surprisal": mk(surprisal=1.0), "x surprisal^0.5": mk(surprisal=0.5)}
+         "x surprisal": mk(surprisal=1.0), "x surprisal^0.5": mk(surprisal=0.5),
+         # other sharpening powers (the library's is 24; 8 until 2026-12-02)
+         "power8": mk(power=8), "power12": mk(power=12), "power16": mk(power=16),
+         "power32": mk(power=32), "power48": mk(power=48)}
     if len(sys.argv) > 6:
         V = {k: V[k] for k in sys.argv[6].split(",")}
     tot = {}; full = 0; t0 = time.time()
