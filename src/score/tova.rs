@@ -38,13 +38,12 @@ pub(super) fn finish(bufs: &Bufs, hkv: usize, p: usize, out: &mut [f32]) {
     }
 }
 
-/// Scratch of [`layer`]: one group's scaled queries `[g][dk]`, its logits `[g][zld]`, four
-/// rows' exps of a chunk `[4][CHUNK]`, and a chunk of keys converted to f32 `[CHUNK][dk]` (layouts
+/// Scratch of [`layer`]: one group's scaled queries `[g][dk]`, its logits `[g][zld]`, and a
+/// chunk of keys converted to f32 `[CHUNK][dk]` (layouts
 /// not read in place, and the last keys when they are not a whole block of 8).
 struct Carve<'s> {
     q: &'s mut [f32],
     z: &'s mut [f32],
-    e: &'s mut [f32],
     k: &'s mut [f32],
     zld: usize,
 }
@@ -67,15 +66,14 @@ pub(super) fn layer(
     // logits rows padded to whole vectors, plus one vector read past the last key
     let zld = n.div_ceil(8) * 8 + 8;
     let mut ws = Workspace::new(scratch);
-    let (Ok(q), Ok(z), Ok(e), Ok(k)) = (
+    let (Ok(q), Ok(z), Ok(k)) = (
         ws.take_dirty::<f32>(g * dk),
         ws.take_dirty::<f32>(g * zld),
-        ws.take::<f32>(4 * CHUNK),
         ws.take_dirty::<f32>(CHUNK * dk),
     ) else {
         return Ok(false);
     };
-    let c = &mut Carve { q, z, e, k, zld };
+    let c = &mut Carve { q, z, k, zld };
     let wq = queries.extent()[1];
     let scale = 1.0 / libm::sqrtf(dk as f32);
     let inv_hq = 1.0 / (hkv * g) as f32;
@@ -128,7 +126,7 @@ fn group<S: Simd>(
     let base = (keys.byte_range().0 as *const u8).wrapping_add(kh * st[0] * es);
     // SAFETY: `S`'s CPU features are present (our dispatch); every key block read is inside
     // the view (keys c0..c0+nt < n, rows `st[1]` apart) or inside `c.k`, every logit written
-    // inside `c.z` (row a: zld >= n rounded up to 8, plus 8) and every exp inside `c.e`.
+    // inside `c.z` (row a: zld >= n rounded up to 8, plus 8).
     unsafe {
         #[allow(unused_mut)]
         let (mut bad, mut ok) = (S::zero(), true);
@@ -172,61 +170,49 @@ fn group<S: Simd>(
                 let len = kb.len() / dk;
                 logits::<S, false>(kp, dk, dk, q, g, z.add(t0), zld, len, &mut bad);
             }
-            // pass 1 on the chunk: each row's max, then its exps, then their sums in key
-            // order, four rows side by side (four independent add chains)
-            let mut mx = [0f32; 4];
-            let mut a0 = 0;
-            while a0 < g {
-                let na = (g - a0).min(4);
-                for (j, m) in mx.iter_mut().enumerate().take(na) {
-                    let a = a0 + j;
-                    let zr = z.add(a * zld);
-                    let mut mv = S::splat(f32::NEG_INFINITY);
-                    let mut t = 0;
-                    while t < nt8 {
-                        mv = S::max(mv, S::load(zr.add(t)));
-                        t += 8;
-                    }
-                    let mut lanes = [0f32; 8];
-                    S::store(lanes.as_mut_ptr(), mv);
-                    *m = rmax[a];
-                    let rest = core::slice::from_raw_parts(zr.add(nt8), nt - nt8);
-                    for &x in lanes.iter().chain(rest) {
-                        if x > *m {
-                            *m = x;
-                        }
-                    }
-                    let (mv, e) = (S::splat(*m), c.e.as_mut_ptr().add(j * CHUNK));
-                    let mut t = 0;
-                    while t < nt {
-                        // four vectors (those from `nt` on are zeros, unused; lanes past `nt`
-                        // in the last one are the zero keys' logits, unused)
-                        let mut x = [S::zero(); 4];
-                        for (i, x) in x.iter_mut().enumerate() {
-                            if t + 8 * i < nt {
-                                *x = S::sub(S::load(zr.add(t + 8 * i)), mv);
-                            }
-                        }
-                        for (i, v) in S::exp_neg4(x).into_iter().enumerate() {
-                            if t + 8 * i < nt {
-                                S::store(e.add(t + 8 * i), v);
-                            }
-                        }
-                        t += 32;
+            // pass 1 on the chunk, row by row: the running max, then the sum of the exps in 8
+            // lanes (lane t mod 8 in key order from +0, then `S::hsum`'s tree)
+            for a in 0..g {
+                let zr = z.add(a * zld);
+                let mut mv = S::splat(f32::NEG_INFINITY);
+                let mut t = 0;
+                while t < nt8 {
+                    mv = S::max(mv, S::load(zr.add(t)));
+                    t += 8;
+                }
+                let mut lanes = [0f32; 8];
+                S::store(lanes.as_mut_ptr(), mv);
+                let mut m = rmax[a];
+                let rest = core::slice::from_raw_parts(zr.add(nt8), nt - nt8);
+                for &x in lanes.iter().chain(rest) {
+                    if x > m {
+                        m = x;
                     }
                 }
-                // rows past `na` sum whatever `e` holds there, unused
-                let mut cs = [0f32; 4];
-                let e = &c.e[..4 * CHUNK];
-                for t in 0..nt {
-                    for (j, cs) in cs.iter_mut().enumerate() {
-                        *cs += e[j * CHUNK + t];
+                let (mv, mut sv) = (S::splat(m), S::zero());
+                let mut t = 0;
+                while t < nt {
+                    // four vectors (those from `nt` on are zeros, unused)
+                    let mut x = [S::zero(); 4];
+                    for (i, x) in x.iter_mut().enumerate() {
+                        if t + 8 * i < nt {
+                            *x = S::sub(S::load(zr.add(t + 8 * i)), mv);
+                        }
                     }
+                    for (i, v) in S::exp_neg4(x).into_iter().enumerate() {
+                        let t8 = t + 8 * i;
+                        if t8 + 8 <= nt {
+                            sv = S::add(sv, v);
+                        } else if t8 < nt {
+                            // lanes past `nt` (the zero keys' logits) left out: +0 adds exactly
+                            S::store(lanes.as_mut_ptr(), v);
+                            lanes[nt - t8..].fill(0.0);
+                            sv = S::add(sv, S::load(lanes.as_ptr()));
+                        }
+                    }
+                    t += 32;
                 }
-                for j in 0..na {
-                    window::fold_row(&mut rmax[a0 + j], &mut rsum[a0 + j], mx[j], cs[j])?;
-                }
-                a0 += 4;
+                window::fold_row(&mut rmax[a], &mut rsum[a], m, S::hsum(sv))?;
             }
             c0 += nt;
         }
