@@ -32,6 +32,9 @@ pub mod error;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 mod gemm512;
 pub mod gram;
+mod lanes;
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+mod lanes512;
 pub mod links;
 pub mod numerics;
 pub mod pool;

@@ -1734,13 +1734,14 @@ pub unsafe fn kve_cuda_knorm(
         }
         for h in 0..kd.heads as usize {
             for i in 0..prefix as usize {
-                // the core's knorm: f32 sum of squares in order, then -sqrt
-                let mut s = 0f32;
+                // the core's knorm: f32 sums of squares in its lane order (crate::lanes:
+                // lane d % 16 by FMA, then the halving tree), then -sqrt
+                let mut s = [0f32; 16];
                 for d in 0..kd.dim as usize {
                     let x = get(&kd, h, i, d);
-                    s += x * x;
+                    s[d % 16] = crate::lanes::fma1(x, x, s[d % 16]);
                 }
-                *out.add(h * ld_out as usize + i) = -libm::sqrtf(s);
+                *out.add(h * ld_out as usize + i) = -libm::sqrtf(crate::lanes::tree16(s));
             }
         }
         0

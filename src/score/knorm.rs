@@ -1,14 +1,16 @@
 //! KNorm (SPEC §3): `-||K[kh,i]||_2`, no queries needed.
 //!
-//! Each norm is `Σ_d x_d·x_d` summed in dimension order, every product and sum rounded to
-//! f32 (what the original scalar loop did, so scores are bit-identical to it). Keys held as
-//! f32 or f16 rows with unit element stride run eight at a time, one key per vector lane
-//! (f16 converted 8 elements per instruction as they are loaded): the lanes keep each key's
-//! order, and the adds of 32 keys overlap instead of waiting on one chain. Other dtypes and
-//! layouts take the scalar loop. The keys are read once: a NaN/Inf element makes its key's
-//! norm NaN/Inf, so `score_layer` checks the prefix keys through their scores (held in its
-//! workspace until every head has passed) and sweeps only the window keys.
+//! Each norm is `Σ_d x_d·x_d` in the lane order of [`crate::lanes`] (each square an FMA into
+//! its lane), the same on every path, so scores are bit-identical across them.
+//! Keys held as f32 or f16 rows with unit element stride run 16 at a time on AVX-512
+//! ([`crate::lanes512::squares`], `dk` a multiple of 16) or 8 at a time
+//! ([`crate::lanes::squares8`]; f16 converted as loaded), each row read in place 16 elements
+//! per step; the others (other dtypes and layouts, the last keys short of a block) through
+//! a row copy and [`crate::lanes::row_squares`]. The keys are read once: a NaN/Inf element
+//! makes its key's norm NaN/Inf, so `score_layer` checks the prefix keys through their
+//! scores (held in its workspace until every head has passed) and sweeps only the window keys.
 use super::Bufs;
+use crate::lanes::{row_squares, squares8};
 #[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
 use crate::numerics::dispatch as dispatch_wide;
 use crate::numerics::{key_elem, load_key, prefetch_rows, Simd};
@@ -42,11 +44,14 @@ pub(super) fn score(keys: &View, kh: usize, bufs: &mut Bufs, dst: &mut [f32]) {
             }
         });
     }
-    for (t, v) in dst.iter_mut().enumerate().skip(lanes) {
-        keys.load_row(kh, t, bufs.row);
-        let s: f32 = bufs.row[..dk].iter().map(|x| x * x).sum();
-        *v = -libm::sqrtf(s);
-    }
+    let (row, rest) = (&mut bufs.row[..dk], &mut dst[lanes..]);
+    dispatch_wide!(fn(keys: &View, kh: usize, lanes: usize, row: &mut [f32], rest: &mut [f32]) -> (), S => {
+        for (t, v) in rest.iter_mut().enumerate() {
+            keys.load_row(kh, lanes + t, row);
+            // SAFETY: `S`'s CPU features are present (our dispatch).
+            *v = -libm::sqrtf(unsafe { row_squares::<S>(row) });
+        }
+    });
 }
 
 /// `out[t] = -sqrt(Σ_d x_d·x_d)` for the `out.len()` (a multiple of 8) rows at `k`.
@@ -60,16 +65,17 @@ unsafe fn norms<S: Simd, const F16: bool>(k: *const u8, ld: usize, dk: usize, ou
     // SAFETY: every block of keys starts at a key t with t + its size <= out.len() (the
     // contract's rows); the caller keeps `S`'s contract.
     unsafe {
-        // four blocks of 8 keys at a time: four independent add chains
-        let mut quads = out.chunks_exact_mut(32);
+        #[allow(unused_mut)]
         let mut t = 0;
-        for o in &mut quads {
-            prefetch_rows(k.add((t + AHEAD) * ld * es), ld * es, dk * es, 32);
-            row_sums_of::<S, 4, false, F16>(k.add(t * ld * es), ld, dk, o);
-            t += 32;
+        #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+        if S::AVX2 && dk % 16 == 0 && crate::gemm512::available() {
+            t = out.len() / 16 * 16;
+            crate::lanes512::squares::<F16>(k, ld, dk, &mut out[..t]);
         }
-        for o in quads.into_remainder().chunks_exact_mut(8) {
-            row_sums_of::<S, 1, false, F16>(k.add(t * ld * es), ld, dk, o);
+        for o in out[t..].chunks_exact_mut(8) {
+            prefetch_rows(k.add((t + AHEAD) * ld * es), ld * es, dk * es, 8);
+            let o: &mut [f32; 8] = o.try_into().unwrap_or_else(|_| unreachable!());
+            squares8::<S, F16>(k.add(t * ld * es), ld, dk, o);
             t += 8;
         }
         let neg = S::splat(-1.0);
@@ -80,10 +86,9 @@ unsafe fn norms<S: Simd, const F16: bool>(k: *const u8, ld: usize, dk: usize, ou
     }
 }
 
-/// Keys ahead of the one being summed that [`norms`] asks the cache for: the loads of a
-/// block walk 32 rows side by side, which the hardware prefetcher alone follows too late
-/// (SmolLM2 at 32k read the keys at about half the rate a plain sweep reaches). 32, not 64:
-/// 13–18 % faster at 32k (SmolLM2 f32 and Llama-3-8B f16), 16 and 48 no better.
+/// Keys ahead of the one being summed that [`norms`]'s 8-key blocks ask the cache for: the
+/// loads of a block walk 8 rows side by side, which the hardware prefetcher alone follows
+/// too late.
 const AHEAD: usize = 32;
 
 /// `out[i] = Σ_d x_d·x_d` (`L1`: `Σ_d |x_d|`) for the `8·B` f32 rows at `k` (`ld` apart),
@@ -157,6 +162,65 @@ unsafe fn row_sums_of<S: Simd, const B: usize, const L1: bool, const F16: bool>(
         }
         for (j, a) in acc.into_iter().enumerate() {
             S::store(out[8 * j..8 * j + 8].as_mut_ptr(), a);
+        }
+    }
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use crate::lanes::tests::{spread, sum_squares, token_rows};
+    use std::vec;
+    use std::vec::Vec;
+
+    /// Every key's score is `-sqrt` of the lane-order sum of its row as f32, bit for bit,
+    /// whatever path it takes (AVX-512 blocks of 16, blocks of 8, the row path for the last
+    /// keys and for bf16 / strided rows): f32, f16 and bf16, head-major and token rows, dims
+    /// that are not whole chunks of 16, key counts that are not whole blocks. Run natively,
+    /// with `KVEVICT_NO_AVX512=1` and with `KVEVICT_PORTABLE=1`, it checks each path.
+    #[test]
+    fn scores_follow_lane_order_on_every_path() {
+        for &(hkv, n, dk) in &[
+            (2, 77, 64),
+            (1, 40, 128),
+            (3, 35, 20),
+            (1, 53, 7),
+            (2, 16, 48),
+        ] {
+            let kv = spread(hkv * n * dk, (n * dk) as u64);
+            let kt = token_rows(&kv, hkv, n, dk);
+            let k16: Vec<half::f16> = kt.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let kb16: Vec<half::bf16> = kt.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            let ke = [hkv, n, dk];
+            let (hm, tr) = ([n * dk, dk, 1], [dk, hkv * dk, 1]);
+            let views = [
+                View::f32(&kv, ke, hm).unwrap(),
+                View::f32(&kt, ke, tr).unwrap(),
+                View::f16(&k16, ke, tr).unwrap(),
+                View::bf16(&kb16, ke, tr).unwrap(),
+            ];
+            for (vi, k) in views.iter().enumerate() {
+                let (mut ta, mut tb, mut acc, mut row) =
+                    (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; dk]);
+                let mut bufs = Bufs {
+                    tmp_a: &mut ta,
+                    tmp_b: &mut tb,
+                    acc: &mut acc,
+                    row: &mut row,
+                };
+                for kh in 0..hkv {
+                    let p = n - 3; // a window of 3
+                    let mut dst = vec![f32::NAN; p];
+                    score(k, kh, &mut bufs, &mut dst);
+                    let mut x = vec![0f32; dk];
+                    for (t, &s) in dst.iter().enumerate() {
+                        k.load_row(kh, t, &mut x);
+                        let want = -libm::sqrtf(sum_squares(&x));
+                        let what = std::format!("n {n} dk {dk} view {vi} head {kh} key {t}");
+                        assert_eq!(s.to_bits(), want.to_bits(), "{what}");
+                    }
+                }
+            }
         }
     }
 }

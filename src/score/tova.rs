@@ -3,18 +3,20 @@
 //!
 //! With one window row per query head, the shared window pass ([`crate::window`]) fills
 //! at most `g` of each vector's 8 lanes (window rows in lanes) and spends a scalar
-//! reduction per key. [`layer`] is that pass laid out for w = 1, with keys in the lanes
-//! instead: 8 keys' dimension `d` per vector (f32 rows read in place, f16 converted as
-//! loaded, turned by `transpose8`), multiplied by each head's query element, so every lane
-//! is useful and the keys are read once per KV group. The arithmetic is the window pass's,
-//! logit by logit: the same FMA chain over `d` from 0, the same per-chunk max, exp sums in
-//! key order from +0 and f64 denominator updates ([`window::fold_row`]), the same
-//! probabilities and the same order of the sum over heads: the same bits.
+//! reduction per key. [`layer`] is that pass laid out for w = 1, reading each key's row in
+//! place (f16 converted as loaded) once per KV group for up to 4 heads at a time, each
+//! logit summed in the lane order of [`crate::lanes`] (16 elements per FMA, no transpose;
+//! the same on AVX-512, AVX2 and the portable kernels). Only the logits' rounding differs
+//! from the window pass (its FMA chain runs over `d` in order); the rest is its arithmetic:
+//! the same per-chunk max, exp sums in key order from +0 and f64 denominator updates
+//! ([`window::fold_row`]), the same probabilities and order of the sum over heads. With a
+//! `row_lse`, or when the workspace cannot hold the logits, TOVA takes the window pass.
 use super::Bufs;
 use crate::error::{Error, Result};
+use crate::lanes::dots8;
 #[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
 use crate::numerics::dispatch as dispatch_wide;
-use crate::numerics::{key_elem, load_key, prefetch_rows, Simd};
+use crate::numerics::{prefetch_rows, Simd};
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 use crate::simd512::dispatch_wide;
 use crate::view::{load_rows, DType, View};
@@ -36,13 +38,12 @@ pub(super) fn finish(bufs: &Bufs, hkv: usize, p: usize, out: &mut [f32]) {
     }
 }
 
-/// Scratch of [`layer`]: one group's scaled queries `[g][dk]`, its logits `[g][zld]`, four
-/// rows' exps of a chunk `[4][CHUNK]`, and a chunk of keys converted to f32 `[CHUNK][dk]` (layouts
+/// Scratch of [`layer`]: one group's scaled queries `[g][dk]`, its logits `[g][zld]`, and a
+/// chunk of keys converted to f32 `[CHUNK][dk]` (layouts
 /// not read in place, and the last keys when they are not a whole block of 8).
 struct Carve<'s> {
     q: &'s mut [f32],
     z: &'s mut [f32],
-    e: &'s mut [f32],
     k: &'s mut [f32],
     zld: usize,
 }
@@ -65,15 +66,14 @@ pub(super) fn layer(
     // logits rows padded to whole vectors, plus one vector read past the last key
     let zld = n.div_ceil(8) * 8 + 8;
     let mut ws = Workspace::new(scratch);
-    let (Ok(q), Ok(z), Ok(e), Ok(k)) = (
+    let (Ok(q), Ok(z), Ok(k)) = (
         ws.take_dirty::<f32>(g * dk),
         ws.take_dirty::<f32>(g * zld),
-        ws.take::<f32>(4 * CHUNK),
         ws.take_dirty::<f32>(CHUNK * dk),
     ) else {
         return Ok(false);
     };
-    let c = &mut Carve { q, z, e, k, zld };
+    let c = &mut Carve { q, z, k, zld };
     let wq = queries.extent()[1];
     let scale = 1.0 / libm::sqrtf(dk as f32);
     let inv_hq = 1.0 / (hkv * g) as f32;
@@ -126,7 +126,7 @@ fn group<S: Simd>(
     let base = (keys.byte_range().0 as *const u8).wrapping_add(kh * st[0] * es);
     // SAFETY: `S`'s CPU features are present (our dispatch); every key block read is inside
     // the view (keys c0..c0+nt < n, rows `st[1]` apart) or inside `c.k`, every logit written
-    // inside `c.z` (row a: zld >= n rounded up to 8, plus 8) and every exp inside `c.e`.
+    // inside `c.z` (row a: zld >= n rounded up to 8, plus 8).
     unsafe {
         #[allow(unused_mut)]
         let (mut bad, mut ok) = (S::zero(), true);
@@ -170,61 +170,49 @@ fn group<S: Simd>(
                 let len = kb.len() / dk;
                 logits::<S, false>(kp, dk, dk, q, g, z.add(t0), zld, len, &mut bad);
             }
-            // pass 1 on the chunk: each row's max, then its exps, then their sums in key
-            // order, four rows side by side (four independent add chains)
-            let mut mx = [0f32; 4];
-            let mut a0 = 0;
-            while a0 < g {
-                let na = (g - a0).min(4);
-                for (j, m) in mx.iter_mut().enumerate().take(na) {
-                    let a = a0 + j;
-                    let zr = z.add(a * zld);
-                    let mut mv = S::splat(f32::NEG_INFINITY);
-                    let mut t = 0;
-                    while t < nt8 {
-                        mv = S::max(mv, S::load(zr.add(t)));
-                        t += 8;
-                    }
-                    let mut lanes = [0f32; 8];
-                    S::store(lanes.as_mut_ptr(), mv);
-                    *m = rmax[a];
-                    let rest = core::slice::from_raw_parts(zr.add(nt8), nt - nt8);
-                    for &x in lanes.iter().chain(rest) {
-                        if x > *m {
-                            *m = x;
-                        }
-                    }
-                    let (mv, e) = (S::splat(*m), c.e.as_mut_ptr().add(j * CHUNK));
-                    let mut t = 0;
-                    while t < nt {
-                        // four vectors (those from `nt` on are zeros, unused; lanes past `nt`
-                        // in the last one are the zero keys' logits, unused)
-                        let mut x = [S::zero(); 4];
-                        for (i, x) in x.iter_mut().enumerate() {
-                            if t + 8 * i < nt {
-                                *x = S::sub(S::load(zr.add(t + 8 * i)), mv);
-                            }
-                        }
-                        for (i, v) in S::exp_neg4(x).into_iter().enumerate() {
-                            if t + 8 * i < nt {
-                                S::store(e.add(t + 8 * i), v);
-                            }
-                        }
-                        t += 32;
+            // pass 1 on the chunk, row by row: the running max, then the sum of the exps in 8
+            // lanes (lane t mod 8 in key order from +0, then `S::hsum`'s tree)
+            for a in 0..g {
+                let zr = z.add(a * zld);
+                let mut mv = S::splat(f32::NEG_INFINITY);
+                let mut t = 0;
+                while t < nt8 {
+                    mv = S::max(mv, S::load(zr.add(t)));
+                    t += 8;
+                }
+                let mut lanes = [0f32; 8];
+                S::store(lanes.as_mut_ptr(), mv);
+                let mut m = rmax[a];
+                let rest = core::slice::from_raw_parts(zr.add(nt8), nt - nt8);
+                for &x in lanes.iter().chain(rest) {
+                    if x > m {
+                        m = x;
                     }
                 }
-                // rows past `na` sum whatever `e` holds there, unused
-                let mut cs = [0f32; 4];
-                let e = &c.e[..4 * CHUNK];
-                for t in 0..nt {
-                    for (j, cs) in cs.iter_mut().enumerate() {
-                        *cs += e[j * CHUNK + t];
+                let (mv, mut sv) = (S::splat(m), S::zero());
+                let mut t = 0;
+                while t < nt {
+                    // four vectors (those from `nt` on are zeros, unused)
+                    let mut x = [S::zero(); 4];
+                    for (i, x) in x.iter_mut().enumerate() {
+                        if t + 8 * i < nt {
+                            *x = S::sub(S::load(zr.add(t + 8 * i)), mv);
+                        }
                     }
+                    for (i, v) in S::exp_neg4(x).into_iter().enumerate() {
+                        let t8 = t + 8 * i;
+                        if t8 + 8 <= nt {
+                            sv = S::add(sv, v);
+                        } else if t8 < nt {
+                            // lanes past `nt` (the zero keys' logits) left out: +0 adds exactly
+                            S::store(lanes.as_mut_ptr(), v);
+                            lanes[nt - t8..].fill(0.0);
+                            sv = S::add(sv, S::load(lanes.as_ptr()));
+                        }
+                    }
+                    t += 32;
                 }
-                for j in 0..na {
-                    window::fold_row(&mut rmax[a0 + j], &mut rsum[a0 + j], mx[j], cs[j])?;
-                }
-                a0 += 4;
+                window::fold_row(&mut rmax[a], &mut rsum[a], m, S::hsum(sv))?;
             }
             c0 += nt;
         }
@@ -269,9 +257,9 @@ fn group<S: Simd>(
     Ok(())
 }
 
-/// Logits `z[a][t] = Σ_d k[t][d]·q[a][d]` (an FMA chain over `d` from 0) for rows `a < g`
-/// and the `nt8` (a multiple of 8) keys at `k` (`ld` elements apart; f16 when `F16`), keys
-/// in vector lanes; `bad` gains a NaN lane when a logit is not finite.
+/// Logits `z[a][t] = Σ_d k[t][d]·q[a][d]` (FMAs in the lane order of [`crate::lanes`]) for
+/// rows `a < g` and the `nt8` (a multiple of 8) keys at `k` (`ld` elements apart; f16 when
+/// `F16`), 8 keys per [`dots8`]; `bad` gains a NaN lane when a logit is not finite.
 ///
 /// # Safety
 /// `k` must hold `nt8` readable rows of `dk` elements, `q` `g` rows of `dk` floats, and `z`
@@ -304,7 +292,12 @@ unsafe fn logits<S: Simd, const F16: bool>(
                         let kt = k.wrapping_add((t + 64) * ld * es);
                         prefetch_rows(kt, ld * es, dk * es, 8 * $b);
                     }
-                    block::<S, $b, $ra, F16>(k.add(t * ld * es), ld, dk, qa, za.add(t), zld, bad)
+                    for i in 0..$b {
+                        let (kb, zb) = (k.add((t + 8 * i) * ld * es), za.add(t + 8 * i));
+                        for v in dots8::<S, $ra, F16>(kb, ld, dk, qa, zb, zld) {
+                            *bad = S::fma(v, S::zero(), *bad);
+                        }
+                    }
                 }};
             }
             // up to 4 rows per sweep over the keys, 16 keys at a time, then 8
@@ -351,71 +344,10 @@ unsafe fn logits<S: Simd, const F16: bool>(
     }
 }
 
-/// [`logits`] for `8·B` keys and `RA` rows.
-///
-/// # Safety
-/// As [`logits`], for `8·B` keys and `RA` rows.
-#[inline(always)]
-unsafe fn block<S: Simd, const B: usize, const RA: usize, const F16: bool>(
-    k: *const u8,
-    ld: usize,
-    dk: usize,
-    q: *const f32,
-    z: *mut f32,
-    zld: usize,
-    bad: &mut S::V,
-) {
-    // SAFETY: `S`'s CPU features are present and every access is inside the rows of this fn's
-    // contract
-    unsafe {
-        let load = |i: usize| load_key::<S, F16>(k, i);
-        let elem = |i: usize| key_elem::<F16>(k, i);
-        let mut acc = [[S::zero(); RA]; B];
-        let d8 = dk / 8 * 8;
-        let mut d = 0;
-        while d < d8 {
-            // 8 dims of 8 keys per block, turned so that vector i holds dim d + i of the keys
-            let mut x = [[S::zero(); 8]; B];
-            for (b, x) in x.iter_mut().enumerate() {
-                for (l, x) in x.iter_mut().enumerate() {
-                    *x = load((8 * b + l) * ld + d);
-                }
-                *x = S::transpose8(*x);
-            }
-            for i in 0..8 {
-                for a in 0..RA {
-                    let qs = S::splat(*q.add(a * dk + d + i));
-                    for b in 0..B {
-                        acc[b][a] = S::fma(x[b][i], qs, acc[b][a]);
-                    }
-                }
-            }
-            d += 8;
-        }
-        let mut col = [0f32; 8];
-        for d in d8..dk {
-            for b in 0..B {
-                for (l, c) in col.iter_mut().enumerate() {
-                    *c = elem((8 * b + l) * ld + d);
-                }
-                let x = S::load(col.as_ptr());
-                for a in 0..RA {
-                    acc[b][a] = S::fma(x, S::splat(*q.add(a * dk + d)), acc[b][a]);
-                }
-            }
-        }
-        for b in 0..B {
-            for a in 0..RA {
-                S::store(z.add(a * zld + 8 * b), acc[b][a]);
-                *bad = S::fma(acc[b][a], S::zero(), *bad);
-            }
-        }
-    }
-}
-
 #[cfg(all(test, feature = "std"))]
 mod tests {
     use super::*;
+    use crate::lanes::tests::token_rows;
     use crate::window::tests::vals;
     use crate::window::{one_pass, one_pass_ready, one_pass_size, scratch_size, Needs, Stats};
     use crate::workspace::WorkspaceSize;
@@ -424,11 +356,12 @@ mod tests {
     use std::vec::Vec;
 
     /// [`layer`] against the window pass it replaces (one pass per group, then
-    /// [`accumulate`]): the same bits, row statistics and sums, for f32 / f16 / bf16 keys,
+    /// [`accumulate`]): the same row statistics and sums up to the logits' rounding (bits:
+    /// `logits_follow_lane_order`), for f32 / f16 / bf16 keys,
     /// head-major and token-row layouts, 1 to 6 heads per group, dims that are not whole
     /// vectors, and N around the block and chunk sizes.
     #[test]
-    fn layer_matches_window_pass_bits() {
+    fn layer_matches_window_pass() {
         let shapes = [
             (2, 3, 64, 777),
             (1, 4, 128, 200),
@@ -442,15 +375,7 @@ mod tests {
             let (hq, wq, p) = (hkv * g, 3, n - 1);
             let qv = vals(hq * wq * dk, 7 + i as u64, 1.0);
             let kv = vals(hkv * n * dk, 99 + i as u64, 2.5);
-            // token rows [N, Hkv·dk] (llama.cpp's layout) beside head-major [Hkv, N, dk]
-            let mut kt = vec![0f32; kv.len()];
-            for h in 0..hkv {
-                for t in 0..n {
-                    for d in 0..dk {
-                        kt[t * hkv * dk + h * dk + d] = kv[(h * n + t) * dk + d];
-                    }
-                }
-            }
+            let kt = token_rows(&kv, hkv, n, dk);
             let k16: Vec<half::f16> = kt.iter().map(|&x| half::f16::from_f32(x)).collect();
             let kb16: Vec<half::bf16> = kt.iter().map(|&x| half::bf16::from_f32(x)).collect();
             let q = View::f32(&qv, [hq, wq, dk], [wq * dk, dk, 1]).unwrap();
@@ -497,12 +422,139 @@ mod tests {
                 // TOVA's own pass
                 let (mut rm1, mut rs1, mut out) = (vec![0f32; hq], vec![0f64; hq], vec![0f32; p]);
                 assert!(layer(&q, k, g, &mut scratch, &mut rm1, &mut rs1, &mut out).unwrap());
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                // the logits' rounding differs (lane order vs the window pass's chain over d)
                 let what = format!("shape {i} view {vi}");
-                assert_eq!(bits(&rm0), bits(&rm1), "row max, {what}");
-                assert_eq!(rs0, rs1, "row denominators, {what}");
-                assert_eq!(bits(bufs.tmp_b), bits(&out), "scores, {what}");
+                let close = |a: f64, b: f64, tol: f64| (a - b).abs() <= tol * b.abs().max(1.0);
+                for h in 0..hq {
+                    assert!(close(rm1[h] as f64, rm0[h] as f64, 1e-6), "row max, {what}");
+                    assert!(close(rs1[h], rs0[h], 1e-5), "row denominators, {what}");
+                }
+                let top = bufs.tmp_b.iter().fold(0f32, |m, &x| m.max(x)) as f64;
+                for (a, b) in out.iter().zip(bufs.tmp_b.iter()) {
+                    assert!(
+                        (*a as f64 - *b as f64).abs() <= 1e-5 * top,
+                        "scores, {what}"
+                    );
+                }
                 assert!(out.iter().any(|&x| x > 0.0), "{what}");
+            }
+        }
+    }
+
+    /// The logits of every path against the lane order ([`crate::lanes`]), bit for bit: the
+    /// 8-lane kernels (AVX2 fused, portable) and AVX-512 (dims in whole chunks of 16), f32 and
+    /// f16 rows `ld` apart, 1 to 4 query rows, dims and key counts that are not whole chunks
+    /// or blocks of 16 (the AVX-512 kernel takes the whole blocks, as in `group`).
+    #[test]
+    fn logits_follow_lane_order() {
+        use crate::lanes::tests::{dot, f16_rows, spread};
+        fn run<S: Simd>(fused: bool, wide: bool) {
+            for &(g, dk, nt) in &[
+                (4, 128, 40),
+                (3, 64, 24),
+                (1, 16, 8),
+                (2, 20, 16),
+                (4, 7, 8),
+            ] {
+                let ld = dk + 5;
+                let kv = spread(nt * ld, (g * dk + nt) as u64);
+                let (k16, k16f) = f16_rows(&kv);
+                let q = spread(g * dk, 3 + dk as u64);
+                for f16 in [false, true] {
+                    let zld = nt + 3;
+                    let mut z = vec![f32::NAN; g * zld];
+                    let (kp, rows) = if f16 {
+                        (k16.as_ptr() as *const u8, &k16f)
+                    } else {
+                        (kv.as_ptr() as *const u8, &kv)
+                    };
+                    #[allow(unused_mut)]
+                    let mut t = 0;
+                    // SAFETY: the caller runs with S's features
+                    let mut bad = unsafe { S::zero() };
+                    // SAFETY: nt rows of dk elements ld apart, g query rows, g rows of z of
+                    // nt floats zld apart; the caller runs with S's features (and AVX-512
+                    // F + VL when `wide`)
+                    unsafe {
+                        #[cfg(all(target_arch = "x86_64", kvevict_avx512))]
+                        if wide && dk % 16 == 0 {
+                            t = nt / 16 * 16;
+                            let ok = if f16 {
+                                crate::tova512::logits::<true>(
+                                    kp,
+                                    ld,
+                                    dk,
+                                    q.as_ptr(),
+                                    g,
+                                    z.as_mut_ptr(),
+                                    zld,
+                                    t,
+                                )
+                            } else {
+                                crate::tova512::logits::<false>(
+                                    kp,
+                                    ld,
+                                    dk,
+                                    q.as_ptr(),
+                                    g,
+                                    z.as_mut_ptr(),
+                                    zld,
+                                    t,
+                                )
+                            };
+                            assert!(ok);
+                        }
+                        let (kt, zt) = (
+                            kp.add(t * ld * if f16 { 2 } else { 4 }),
+                            z.as_mut_ptr().add(t),
+                        );
+                        if f16 {
+                            logits::<S, true>(kt, ld, dk, q.as_ptr(), g, zt, zld, nt - t, &mut bad);
+                        } else {
+                            logits::<S, false>(
+                                kt,
+                                ld,
+                                dk,
+                                q.as_ptr(),
+                                g,
+                                zt,
+                                zld,
+                                nt - t,
+                                &mut bad,
+                            );
+                        }
+                        assert_eq!(S::hsum(bad), 0.0);
+                    }
+                    let _ = wide;
+                    for a in 0..g {
+                        for t in 0..nt {
+                            let want =
+                                dot(&rows[t * ld..t * ld + dk], &q[a * dk..(a + 1) * dk], fused);
+                            let what =
+                                format!("g {g} dk {dk} f16 {f16} wide {wide} row {a} key {t}");
+                            assert_eq!(z[a * zld + t].to_bits(), want.to_bits(), "{what}");
+                        }
+                    }
+                }
+            }
+        }
+        run::<crate::numerics::Portable>(false, false);
+        #[cfg(target_arch = "x86_64")]
+        if crate::numerics::has_avx2() {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx() {
+                run::<crate::numerics::Avx2>(true, false)
+            }
+            // SAFETY: the CPU has avx2, fma and f16c (checked just above)
+            unsafe { avx() };
+            #[cfg(kvevict_avx512)]
+            if crate::gemm512::available() {
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+                unsafe fn avx512() {
+                    run::<crate::numerics::Avx2>(true, true)
+                }
+                // SAFETY: the CPU has AVX-512 F + VL too (checked just above)
+                unsafe { avx512() };
             }
         }
     }
