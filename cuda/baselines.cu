@@ -1,5 +1,5 @@
 // Scores of the baseline scorers (SPEC §3) that need no attention: KNorm
-// (-||K[h,i]||_2, in the core's f32 sum order), StreamingLLM's sink scores, and
+// (-||K[h,i]||_2, in the core's f32 lane order), StreamingLLM's sink scores, and
 // CriticalKV's second stage ((base + 1e-4) · value L1 norm, the first stage's kept
 // tokens forced to FLT_MAX). Each equals the core bit for bit; no workspace.
 #include <float.h>
@@ -12,11 +12,12 @@ namespace {
 constexpr int BL_NT = 256;
 constexpr int KN_TOK = 128;  // knorm: tokens (= threads) per block
 constexpr int KN_DCH = 32;   // knorm: dims per staged chunk
+static_assert(KN_DCH % 16 == 0, "a chunk starts at a multiple of the 16 lanes");
 
-// out[h*ld_out + i] = -sqrt(Σ_d K[h,i,d]²) in f32, summed in d order without fusing:
-// the core's knorm bit for bit. Chunks of [KN_TOK tokens x KN_DCH dims] are staged
+// out[h*ld_out + i] = -sqrt(Σ_d K[h,i,d]²) in f32 in the core's lane order (lane d % 16 by
+// FMA, then the halving tree; src/lanes.rs): the core's knorm bit for bit. Chunks of [KN_TOK tokens x KN_DCH dims] are staged
 // through shared memory with loads coalesced along the view's unit stride (dim, or
-// tokens for transposed layouts); then each thread sums its own token in order.
+// tokens for transposed layouts); then each thread sums its own token in its 16 lanes.
 template <typename T>
 __global__ void __launch_bounds__(KN_TOK)
     knorm_kernel(View k, int64_t prefix, float* __restrict__ out, int64_t ld_out) {
@@ -26,9 +27,13 @@ __global__ void __launch_bounds__(KN_TOK)
     const int nt = (int)min((int64_t)KN_TOK, prefix - t0);
     const int dim = (int)k.dim;
     const bool dim_fast = k.sd == 1 || k.st != 1;
-    float s = 0.0f;
+    float lane[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) lane[j] = 0.0f;
     for (int d0 = 0; d0 < dim; d0 += KN_DCH) {
         const int nd = min(KN_DCH, dim - d0);
+        // (unrolled by 8 only: the 16 lanes stay live across it)
+#pragma unroll 8
         for (int e = threadIdx.x; e < KN_TOK * KN_DCH; e += KN_TOK) {
             int r, d;
             if (dim_fast) {
@@ -38,18 +43,31 @@ __global__ void __launch_bounds__(KN_TOK)
                 d = e / KN_TOK;
                 r = e - d * KN_TOK;
             }
-            if (r < nt && d < nd)
-                tile[r * (KN_DCH + 1) + d] = to_f32<T>(*elem_ptr<T>(k, h, t0 + r, d0 + d));
+            // dims past the row are +0: the lanes' FMA adds nothing (the core pads so too)
+            if (r < nt)
+                tile[r * (KN_DCH + 1) + d] =
+                    d < nd ? to_f32<T>(*elem_ptr<T>(k, h, t0 + r, d0 + d)) : 0.0f;
         }
         __syncthreads();
         if (threadIdx.x < nt)
-            for (int d = 0; d < nd; ++d) {
-                const float x = tile[threadIdx.x * (KN_DCH + 1) + d];
-                s = __fadd_rn(s, __fmul_rn(x, x));
+#pragma unroll 1
+            for (int dd = 0; dd < KN_DCH; dd += 16) {
+                // d0 and dd are multiples of 16, so lane j holds the dims d ≡ j (mod 16)
+                const float* row = tile + threadIdx.x * (KN_DCH + 1) + dd;
+#pragma unroll
+                for (int j = 0; j < 16; ++j) lane[j] = __fmaf_rn(row[j], row[j], lane[j]);
             }
         __syncthreads();
     }
-    if (threadIdx.x < nt) out[h * ld_out + t0 + threadIdx.x] = -sqrtf(s);
+    // the core's halving tree over the 16 lanes (crate::lanes::tree16)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) lane[j] = __fadd_rn(lane[j], lane[j + 8]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) lane[j] = __fadd_rn(lane[j], lane[j + 4]);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) lane[j] = __fadd_rn(lane[j], lane[j + 2]);
+    lane[0] = __fadd_rn(lane[0], lane[1]);
+    if (threadIdx.x < nt) out[h * ld_out + t0 + threadIdx.x] = -sqrtf(lane[0]);
 }
 
 __global__ void sink_kernel(float* __restrict__ out, int64_t rows, int64_t n, int64_t ld,

@@ -380,8 +380,8 @@ pub fn score_layer(
     } else {
         (&mut out[..hkv * p], None)
     };
-    // TOVA's one window row per head: its own pass, keys in the vector lanes (tova.rs), when
-    // the one pass fits (same bits as the window pass below)
+    // TOVA's one window row per head: its own pass, sums in the lane order (tova.rs), when
+    // the one pass fits (the window pass below agrees to rounding)
     let tova_done = cfg.scorer == ScorerKind::Tova
         && w == 1
         && one_pass
