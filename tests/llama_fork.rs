@@ -8,6 +8,7 @@
 //! - the attention span (`n_kv`) on the compacted cache: the kept cells rounded up to the fork's
 //!   pad (decode timings printed, measured by llama_fork/bench_decode.py, never asserted);
 //! - LaProx's Gram blocks built once per model (a second context reuses them);
+//! - the window queries captured inside the graph (`ggml_set_rows`), only for methods that read them;
 //! - bad input refused by `llama-cli` / `llama-server` at startup, and bad calls of the C
 //!   API returning their error without touching the cache;
 //! - `llama-server` on loopback with a cell budget smaller than a multi-turn conversation, with
@@ -440,6 +441,99 @@ fn laprox_gram_blocks_are_built_once_per_model() {
     );
     assert_eq!(r.num("again_cells_after"), r.num("cells_after"));
     assert_eq!(r.num("correct"), 1.0, "answer {:?}", r.get("answer"));
+}
+
+/// The window queries (every layer's post-RoPE `Qcur`) are captured by one `ggml_set_rows` node per
+/// layer inside the graph, into a ring per sequence (`llama_kv_evictor::graph_node`), not by a
+/// scheduler eval callback (which split every decode graph at each captured node, ~0.3 ms a token),
+/// and only when the method reads queries: the tool reports the layers captured, from libllama's
+/// log. A method that reads none (uniqueness, knorm) captures nothing; one that reads
+/// them captures every layer, one-shot and under a decode-time budget, where ubatches of 5 tokens
+/// (fewer than the 8-token window) make each eviction's window span several ubatches: every
+/// eviction finds its queries (a missing one is an error in the log and a failed eviction).
+#[test]
+fn window_queries_are_captured_in_the_graph_when_the_method_reads_them() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let common = [
+        "--needle",
+        "0.5",
+        "--seed",
+        "3",
+        "--ctx-tokens",
+        "200",
+        "-n",
+        "4",
+        "-t",
+        "2",
+    ];
+    for (method, reads_queries) in [
+        ("laprox-span", true),
+        ("tova", true),
+        ("uniqueness", false),
+        ("knorm", false),
+    ] {
+        let r = needle_with(&s, &common, &["--kv-evict", method, "--kv-keep", "0.25"]);
+        println!(
+            "{method} one-shot: {} of {} layers captured, cells {} -> {}, log problems {}, answer {:?}",
+            r.num("capture_layers"),
+            r.num("n_layer"),
+            r.num("cells_before"),
+            r.num("cells_after"),
+            r.num("log_problems"),
+            r.get("answer")
+        );
+        let want = if reads_queries { r.num("n_layer") } else { 0.0 };
+        assert_eq!(r.num("capture_layers"), want, "{method}: layers captured");
+        assert!(
+            r.num("cells_after") < r.num("cells_before"),
+            "{method}: evicted"
+        );
+        assert_eq!(r.num("log_problems"), 0.0, "{method}: warnings or errors");
+    }
+    for (method, reads_queries) in [("laprox-span", true), ("uniqueness", false)] {
+        let r = needle_with(
+            &s,
+            &common,
+            &[
+                "--kv-evict",
+                method,
+                "--kv-max-cells",
+                "64",
+                "--kv-evict-to",
+                "0.75",
+                "-ub",
+                "5",
+            ],
+        );
+        println!(
+            "{method} under --kv-max-cells 64, -ub 5: {} of {} layers captured, {} evictions, most held {}, \
+             log problems {}, answer {:?}",
+            r.num("capture_layers"),
+            r.num("n_layer"),
+            r.num("evictions"),
+            r.num("most_held"),
+            r.num("log_problems"),
+            r.get("answer")
+        );
+        let want = if reads_queries { r.num("n_layer") } else { 0.0 };
+        assert_eq!(r.num("capture_layers"), want, "{method}: layers captured");
+        assert_eq!(r.num("n_ubatch"), 5.0);
+        // (ubatches of 5 from 48 cells: 63 held at most)
+        assert!(
+            r.num("most_held") <= 64.0 && r.num("most_held") > 64.0 - 5.0,
+            "{method}: the budget is reached and never passed: {}",
+            r.num("most_held")
+        );
+        // (prompt - 64) / 16 cells to free at 16 per eviction, at least
+        assert!(
+            r.num("evictions") >= ((r.num("prompt") - 64.0) / 16.0).floor(),
+            "{method}: {} evictions",
+            r.num("evictions")
+        );
+        assert_eq!(r.num("log_problems"), 0.0, "{method}: warnings or errors");
+    }
 }
 
 /// llama-kvevict-needle -v with libllama from `lib` (LD_LIBRARY_PATH goes ahead of the binary's
