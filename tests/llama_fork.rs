@@ -8,6 +8,7 @@
 //! - the attention span (`n_kv`) on the compacted cache: the kept cells rounded up to the fork's
 //!   pad (decode timings printed, measured by llama_fork/bench_decode.py, never asserted);
 //! - LaProx's Gram blocks built once per model (a second context reuses them);
+//! - the window queries captured inside the graph (`ggml_set_rows`), only for methods that read them;
 //! - bad input refused by `llama-cli` / `llama-server` at startup, and bad calls of the C
 //!   API returning their error without touching the cache;
 //! - `llama-server` on loopback with a cell budget smaller than a multi-turn conversation, with
@@ -288,8 +289,7 @@ fn compacted_state_file_is_smaller_and_answers_the_same() {
         assert_eq!(std::fs::metadata(&path).unwrap().len() as f64, small);
         let full_path = format!("{path_str}.full");
         assert_eq!(std::fs::metadata(&full_path).unwrap().len() as f64, full);
-        let _ = std::fs::remove_file(&path);
-        let _ = std::fs::remove_file(&full_path);
+        remove_state_files(&path_str);
         lines.push(format!(
             "{} flash {flash}: state file {small} bytes, uncompressed {full} bytes ({:.2}x smaller; cells {} -> {}); answer {:?}, after reload {:?}",
             r.get("method"),
@@ -440,6 +440,99 @@ fn laprox_gram_blocks_are_built_once_per_model() {
     );
     assert_eq!(r.num("again_cells_after"), r.num("cells_after"));
     assert_eq!(r.num("correct"), 1.0, "answer {:?}", r.get("answer"));
+}
+
+/// The window queries (every layer's post-RoPE `Qcur`) are captured by one `ggml_set_rows` node per
+/// layer inside the graph, into a ring per sequence (`llama_kv_evictor::graph_node`), not by a
+/// scheduler eval callback (which split every decode graph at each captured node, ~0.3 ms a token),
+/// and only when the method reads queries: the tool reports the layers captured, from libllama's
+/// log. A method that reads none (uniqueness, knorm) captures nothing; one that reads
+/// them captures every layer, one-shot and under a decode-time budget, where ubatches of 5 tokens
+/// (fewer than the 8-token window) make each eviction's window span several ubatches: every
+/// eviction finds its queries (a missing one is an error in the log and a failed eviction).
+#[test]
+fn window_queries_are_captured_in_the_graph_when_the_method_reads_them() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let common = [
+        "--needle",
+        "0.5",
+        "--seed",
+        "3",
+        "--ctx-tokens",
+        "200",
+        "-n",
+        "4",
+        "-t",
+        "2",
+    ];
+    for (method, reads_queries) in [
+        ("laprox-span", true),
+        ("tova", true),
+        ("uniqueness", false),
+        ("knorm", false),
+    ] {
+        let r = needle_with(&s, &common, &["--kv-evict", method, "--kv-keep", "0.25"]);
+        println!(
+            "{method} one-shot: {} of {} layers captured, cells {} -> {}, log problems {}, answer {:?}",
+            r.num("capture_layers"),
+            r.num("n_layer"),
+            r.num("cells_before"),
+            r.num("cells_after"),
+            r.num("log_problems"),
+            r.get("answer")
+        );
+        let want = if reads_queries { r.num("n_layer") } else { 0.0 };
+        assert_eq!(r.num("capture_layers"), want, "{method}: layers captured");
+        assert!(
+            r.num("cells_after") < r.num("cells_before"),
+            "{method}: evicted"
+        );
+        assert_eq!(r.num("log_problems"), 0.0, "{method}: warnings or errors");
+    }
+    for (method, reads_queries) in [("laprox-span", true), ("uniqueness", false)] {
+        let r = needle_with(
+            &s,
+            &common,
+            &[
+                "--kv-evict",
+                method,
+                "--kv-max-cells",
+                "64",
+                "--kv-evict-to",
+                "0.75",
+                "-ub",
+                "5",
+            ],
+        );
+        println!(
+            "{method} under --kv-max-cells 64, -ub 5: {} of {} layers captured, {} evictions, most held {}, \
+             log problems {}, answer {:?}",
+            r.num("capture_layers"),
+            r.num("n_layer"),
+            r.num("evictions"),
+            r.num("most_held"),
+            r.num("log_problems"),
+            r.get("answer")
+        );
+        let want = if reads_queries { r.num("n_layer") } else { 0.0 };
+        assert_eq!(r.num("capture_layers"), want, "{method}: layers captured");
+        assert_eq!(r.num("n_ubatch"), 5.0);
+        // (ubatches of 5 from 48 cells: 63 held at most)
+        assert!(
+            r.num("most_held") <= 64.0 && r.num("most_held") > 64.0 - 5.0,
+            "{method}: the budget is reached and never passed: {}",
+            r.num("most_held")
+        );
+        // (prompt - 64) / 16 cells to free at 16 per eviction, at least
+        assert!(
+            r.num("evictions") >= ((r.num("prompt") - 64.0) / 16.0).floor(),
+            "{method}: {} evictions",
+            r.num("evictions")
+        );
+        assert_eq!(r.num("log_problems"), 0.0, "{method}: warnings or errors");
+    }
 }
 
 /// llama-kvevict-needle -v with libllama from `lib` (LD_LIBRARY_PATH goes ahead of the binary's
@@ -599,8 +692,7 @@ fn host_and_device(
             "{method} device {device}: no {tag:?} in the log"
         );
         files.push(std::fs::read(&path).unwrap());
-        let _ = std::fs::remove_file(&path);
-        let _ = std::fs::remove_file(format!("{path_str}.full"));
+        remove_state_files(&path_str);
         rows.push(row.expect("a RESULT line"));
     }
     let (h, d) = (&rows[0], &rows[1]);
@@ -1009,8 +1101,7 @@ fn a_state_larger_than_the_budget_is_evicted_on_restore() {
                 budget,
             ],
         );
-        let _ = std::fs::remove_file(&path);
-        let _ = std::fs::remove_file(format!("{path_str}.full"));
+        remove_state_files(&path_str);
         let (cells, restored) = (r.num("cells_before"), r.num("restore_cells"));
         lines.push(format!(
             "flash {flash}, --kv-max-cells {budget}: state of {cells} cells restored as {restored} ({} evicted); answer {:?} (full cache before compression: key {})",
@@ -1038,6 +1129,86 @@ fn a_state_larger_than_the_budget_is_evicted_on_restore() {
         );
     }
     println!("{}", lines.join("\n"));
+}
+
+/// The files `--state-file PATH` leaves: PATH, PATH.full, PATH.txt and (with `--restore-max-cells`)
+/// PATH.restored.
+fn remove_state_files(path: &str) {
+    for suffix in ["", ".full", ".txt", ".restored"] {
+        let _ = std::fs::remove_file(format!("{path}{suffix}"));
+    }
+}
+
+/// The restore path (a state over the budget evicted as it is read) keeps exactly the cells a
+/// one-shot eviction of the same prefilled sequence keeps: question-agnostic `uniqueness` to 192
+/// cells both ways in one run (`llama_kv_evict_to` on the live cache, and its uncompressed state
+/// restored under `--kv-max-cells 256 --kv-evict-to 0.75`), on the repetitive filler
+/// (`--filler 6,6,5,4`) where a restored slot lost the key: the two sequence state files are
+/// byte-identical (same cells, same order, same K/V rows), with flash attention off (V transposed)
+/// and on, and the answers are the same. (Where the key is lost there, the one-shot eviction loses
+/// it too: the method, see llama_fork/README.md.)
+#[test]
+fn the_restore_keeps_the_cells_of_a_one_shot_eviction() {
+    let Some(s) = setup() else {
+        return;
+    };
+    for flash in ["off", "on"] {
+        let path = std::env::temp_dir().join(format!(
+            "kvevict-restore-vs-oneshot-{}-{flash}.bin",
+            std::process::id()
+        ));
+        let path_str = path.to_str().unwrap().to_string();
+        let r = needle(
+            &s,
+            &[
+                "--needle",
+                "0.5",
+                "--seed",
+                "5",
+                "--ctx-tokens",
+                "500",
+                "--filler",
+                "6,6,5,4",
+                "--agnostic",
+                "--flash-attn",
+                flash,
+                "--kv-evict",
+                "uniqueness",
+                "--kv-keep-cells",
+                "192",
+                "--state-file",
+                &path_str,
+                "--restore-max-cells",
+                "256",
+                "--kv-evict-to",
+                "0.75",
+            ],
+        );
+        let one_shot = std::fs::read(&path).unwrap();
+        let restored = std::fs::read(format!("{path_str}.restored")).unwrap();
+        remove_state_files(&path_str);
+        println!(
+            "flash {flash}: {} cells -> one-shot {}, restored {} ({} bytes each, identical {}); answers {:?} / {:?}",
+            r.num("cells_before"),
+            r.num("cells_after"),
+            r.num("restore_cells"),
+            one_shot.len(),
+            one_shot == restored,
+            r.get("answer"),
+            r.get("restore_answer")
+        );
+        assert!(
+            r.num("cells_before") > 256.0,
+            "the state must exceed the budget"
+        );
+        assert_eq!(r.num("cells_after"), 192.0);
+        assert_eq!(r.num("restore_cells"), 192.0);
+        assert!(
+            one_shot == restored,
+            "flash {flash}: the restored sequence differs from the one-shot eviction's"
+        );
+        assert_eq!(r.get("answer"), r.get("restore_answer"));
+    }
 }
 
 fn json_escape(s: &str) -> String {

