@@ -29,15 +29,19 @@ W = 8  # the window, kept inside the budget
 MODEL = []
 
 
-def mk(post_pool=None, links=None, surprisal=None, power=None):
+def mk(post_pool=None, links=None, surprisal=None, power=None, nosink=False):
     """A select(cap, ratio) of the library's uniqueness scores with this continuation
     (optionally times the prefill surprisal ** `surprisal`; `power`: the scores raised to
-    power / 24, i.e. `(1 - r)^power` with its lends, the library's being 24)."""
+    power / 24, i.e. `(1 - r)^power` with its lends, the library's being 24; `nosink`: position 0
+    scores 0, so the selection keeps the first cell only if the budget reaches it)."""
     def sel(cap, r):
         b = methods.head_budget(cap.n, r, W) - W
         s = methods.library_scores(cap, "uniqueness", W)
         if power:
             s = np.ascontiguousarray(s.astype(np.float64) ** (power / 24.0), np.float32)
+        if nosink:
+            s = s.copy()
+            s[:, :, 0] = 0.0
         if surprisal:
             su = agnostic.surprisal(MODEL[0], cap).astype(np.float64)[: cap.n - W] ** surprisal
             s = np.ascontiguousarray(s.astype(np.float64) * su, np.float32)
@@ -63,7 +67,9 @@ def main():
          "x surprisal": mk(surprisal=1.0), "x surprisal^0.5": mk(surprisal=0.5),
          # other sharpening powers (the library's is 24; 8 until 2026-12-02)
          "power8": mk(power=8), "power12": mk(power=12), "power16": mk(power=16),
-         "power32": mk(power=32), "power48": mk(power=48)}
+         "power32": mk(power=32), "power48": mk(power=48),
+         # the first cell (an attention sink: SmolLM2 has no BOS) not kept for its own score
+         "nosink": mk(nosink=True)}
     if len(sys.argv) > 6:
         V = {k: V[k] for k in sys.argv[6].split(",")}
     tot = {}; full = 0; t0 = time.time()
