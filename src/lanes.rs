@@ -239,6 +239,43 @@ pub(crate) mod tests {
         kt
     }
 
+    /// The same keys `[hkv][n][dk]` in the layouts the scorers read: f32 head-major, then
+    /// token rows (llama.cpp's) in f32, f16 and bf16.
+    pub(crate) struct KeyLayouts {
+        kv: Vec<f32>,
+        kt: Vec<f32>,
+        k16: Vec<half::f16>,
+        kb16: Vec<half::bf16>,
+        extent: [usize; 3],
+    }
+
+    impl KeyLayouts {
+        pub(crate) fn new(kv: Vec<f32>, hkv: usize, n: usize, dk: usize) -> Self {
+            let kt = token_rows(&kv, hkv, n, dk);
+            let k16 = kt.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let kb16 = kt.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            Self {
+                kv,
+                kt,
+                k16,
+                kb16,
+                extent: [hkv, n, dk],
+            }
+        }
+
+        pub(crate) fn views(&self) -> [crate::view::View<'_>; 4] {
+            use crate::view::View;
+            let [hkv, n, dk] = self.extent;
+            let (hm, tr) = ([n * dk, dk, 1], [dk, hkv * dk, 1]);
+            [
+                View::f32(&self.kv, self.extent, hm).unwrap(),
+                View::f32(&self.kt, self.extent, tr).unwrap(),
+                View::f16(&self.k16, self.extent, tr).unwrap(),
+                View::bf16(&self.kb16, self.extent, tr).unwrap(),
+            ]
+        }
+    }
+
     /// Values whose sums round differently in different orders (spread exponents, both signs).
     pub(crate) fn spread(n: usize, seed: u64) -> Vec<f32> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

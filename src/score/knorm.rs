@@ -169,9 +169,8 @@ unsafe fn row_sums_of<S: Simd, const B: usize, const L1: bool, const F16: bool>(
 #[cfg(all(test, feature = "std"))]
 mod tests {
     use super::*;
-    use crate::lanes::tests::{spread, sum_squares, token_rows};
+    use crate::lanes::tests::{spread, sum_squares, KeyLayouts};
     use std::vec;
-    use std::vec::Vec;
 
     /// Every key's score is `-sqrt` of the lane-order sum of its row as f32, bit for bit,
     /// whatever path it takes (AVX-512 blocks of 16, blocks of 8, the row path for the last
@@ -187,18 +186,8 @@ mod tests {
             (1, 53, 7),
             (2, 16, 48),
         ] {
-            let kv = spread(hkv * n * dk, (n * dk) as u64);
-            let kt = token_rows(&kv, hkv, n, dk);
-            let k16: Vec<half::f16> = kt.iter().map(|&x| half::f16::from_f32(x)).collect();
-            let kb16: Vec<half::bf16> = kt.iter().map(|&x| half::bf16::from_f32(x)).collect();
-            let ke = [hkv, n, dk];
-            let (hm, tr) = ([n * dk, dk, 1], [dk, hkv * dk, 1]);
-            let views = [
-                View::f32(&kv, ke, hm).unwrap(),
-                View::f32(&kt, ke, tr).unwrap(),
-                View::f16(&k16, ke, tr).unwrap(),
-                View::bf16(&kb16, ke, tr).unwrap(),
-            ];
+            let keys = KeyLayouts::new(spread(hkv * n * dk, (n * dk) as u64), hkv, n, dk);
+            let views = keys.views();
             for (vi, k) in views.iter().enumerate() {
                 let (mut ta, mut tb, mut acc, mut row) =
                     (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; dk]);

@@ -347,13 +347,12 @@ unsafe fn logits<S: Simd, const F16: bool>(
 #[cfg(all(test, feature = "std"))]
 mod tests {
     use super::*;
-    use crate::lanes::tests::token_rows;
+    use crate::lanes::tests::KeyLayouts;
     use crate::window::tests::vals;
     use crate::window::{one_pass, one_pass_ready, one_pass_size, scratch_size, Needs, Stats};
     use crate::workspace::WorkspaceSize;
     use std::format;
     use std::vec;
-    use std::vec::Vec;
 
     /// [`layer`] against the window pass it replaces (one pass per group, then
     /// [`accumulate`]): the same row statistics and sums up to the logits' rounding (bits:
@@ -375,18 +374,9 @@ mod tests {
             let (hq, wq, p) = (hkv * g, 3, n - 1);
             let qv = vals(hq * wq * dk, 7 + i as u64, 1.0);
             let kv = vals(hkv * n * dk, 99 + i as u64, 2.5);
-            let kt = token_rows(&kv, hkv, n, dk);
-            let k16: Vec<half::f16> = kt.iter().map(|&x| half::f16::from_f32(x)).collect();
-            let kb16: Vec<half::bf16> = kt.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            let keys = KeyLayouts::new(kv, hkv, n, dk);
             let q = View::f32(&qv, [hq, wq, dk], [wq * dk, dk, 1]).unwrap();
-            let ke = [hkv, n, dk];
-            let (hm, tr) = ([n * dk, dk, 1], [dk, hkv * dk, 1]);
-            let views = [
-                View::f32(&kv, ke, hm).unwrap(),
-                View::f32(&kt, ke, tr).unwrap(),
-                View::f16(&k16, ke, tr).unwrap(),
-                View::bf16(&kb16, ke, tr).unwrap(),
-            ];
+            let views = keys.views();
             for (vi, k) in views.iter().enumerate() {
                 let mut sz = WorkspaceSize::new();
                 scratch_size(&mut sz, g, 1, dk).unwrap();
