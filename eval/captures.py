@@ -133,3 +133,14 @@ def load_or_compute(model, prompt, setting, tail=1):
     wo = model.wo_stack()
     meta = {"setting": setting, "tail": tail, "prompt": prompt.index, "depth": prompt.depth, "key": prompt.key}
     return Captures(arrays, wo, meta), cached
+
+
+def answered(model, task, n_prompts, n_tokens, seed_base, setting):
+    """(prompt, captures) of `task`'s prompts that the full cache answers, in `setting`."""
+    import tasks  # here: tasks builds prompts, captures only stores their tensors
+    from needle import answer_correct
+    for group in tasks.make_task(task, model.tokenizer, n_prompts, n_tokens, seed_base=seed_base):
+        for p in group:
+            cap, _ = load_or_compute(model, p, setting)
+            if answer_correct(model.tokenizer.decode(cap.answer_ids), p.key):
+                yield p, cap

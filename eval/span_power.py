@@ -17,10 +17,8 @@ import numpy as np  # noqa: E402
 
 import captures  # noqa: E402
 import methods  # noqa: E402
-import tasks  # noqa: E402
 from engine import Model  # noqa: E402
 from metrics import evaluate_selections  # noqa: E402
-from needle import answer_correct  # noqa: E402
 W = 8  # LaProx-span's window, kept inside the budget
 
 
@@ -37,21 +35,16 @@ def span(power):
 
 def main():
     model = Model(verbose=False)
-    tok = model.tokenizer
     task, n, ratios = sys.argv[1], int(sys.argv[2]), [float(r) for r in sys.argv[3].split(",")]
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     ntok = int(sys.argv[5]) if len(sys.argv) > 5 else 1000
     powers = [float(x) for x in (sys.argv[6] if len(sys.argv) > 6 else "1,2,3").split(",")]
     V = [(f"power {p:g}", span(p)) for p in powers]
     tot, full = {}, 0
-    for g in tasks.make_task(task, tok, n, ntok, seed_base=seed):
-        for p in g:
-            cap, _ = captures.load_or_compute(model, p, "aware")
-            if not answer_correct(tok.decode(cap.answer_ids), p.key):
-                continue
-            full += 1
-            for name, r, e, _ in evaluate_selections(model, cap, V, ratios, p.key):
-                tot[(name, r)] = tot.get((name, r), 0) + e["correct"]
+    for p, cap in captures.answered(model, task, n, ntok, seed, "aware"):
+        full += 1
+        for name, r, e, _ in evaluate_selections(model, cap, V, ratios, p.key):
+            tot[(name, r)] = tot.get((name, r), 0) + e["correct"]
     print(f"{task} seed {seed} tokens {ntok}, question-aware: of {full} the full cache answers")
     for name, _ in V:
         print(f"| laprox-span, {name} | " + " | ".join(f"{tot.get((name, r), 0)}" for r in ratios) + " |")

@@ -21,10 +21,8 @@ import numpy as np  # noqa: E402
 import agnostic  # noqa: E402
 import captures  # noqa: E402
 import methods  # noqa: E402
-import tasks  # noqa: E402
 from engine import Model  # noqa: E402
 from metrics import evaluate_selections  # noqa: E402
-from needle import answer_correct  # noqa: E402
 W = 8  # the window, kept inside the budget
 MODEL = []
 
@@ -52,7 +50,6 @@ def mk(post_pool=None, links=None, surprisal=None, power=None, nosink=False):
 def main():
     model = Model(verbose=False)
     MODEL.append(model)
-    tok = model.tokenizer
     task, n, ratios = sys.argv[1], int(sys.argv[2]), [float(r) for r in sys.argv[3].split(",")]
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     ntok = int(sys.argv[5]) if len(sys.argv) > 5 else 1000
@@ -73,18 +70,13 @@ def main():
     if len(sys.argv) > 6:
         V = {k: V[k] for k in sys.argv[6].split(",")}
     tot = {}; full = 0; t0 = time.time()
-    groups = tasks.make_task(task, tok, n, ntok, seed_base=seed)
-    for g in groups:
-        for p in g:
-            cap, _ = captures.load_or_compute(model, p, "agnostic")
-            if not answer_correct(tok.decode(cap.answer_ids), p.key):
-                continue
-            full += 1
-            marks = []
-            for name, r, e, _ in evaluate_selections(model, cap, list(V.items()), ratios, p.key):
-                tot[(name, r)] = tot.get((name, r), 0) + e["correct"]
-                marks.append(f"{name}@{r}:{'ok' if e['correct'] else 'x'}")
-            print(p.index, f"{time.time()-t0:.0f}s", " ".join(marks), flush=True)
+    for p, cap in captures.answered(model, task, n, ntok, seed, "agnostic"):
+        full += 1
+        marks = []
+        for name, r, e, _ in evaluate_selections(model, cap, list(V.items()), ratios, p.key):
+            tot[(name, r)] = tot.get((name, r), 0) + e["correct"]
+            marks.append(f"{name}@{r}:{'ok' if e['correct'] else 'x'}")
+        print(p.index, f"{time.time()-t0:.0f}s", " ".join(marks), flush=True)
     print(f"{task} seed {seed}: of {full} the full cache answers")
     for name in V:
         print(f"| {name} | " + " | ".join(f"{tot.get((name, r), 0)}" for r in ratios) + " |")

@@ -469,30 +469,12 @@ mod tests {
                         #[cfg(all(target_arch = "x86_64", kvevict_avx512))]
                         if wide && dk % 16 == 0 {
                             t = nt / 16 * 16;
-                            let ok = if f16 {
-                                crate::tova512::logits::<true>(
-                                    kp,
-                                    ld,
-                                    dk,
-                                    q.as_ptr(),
-                                    g,
-                                    z.as_mut_ptr(),
-                                    zld,
-                                    t,
-                                )
+                            let logits512 = if f16 {
+                                crate::tova512::logits::<true>
                             } else {
-                                crate::tova512::logits::<false>(
-                                    kp,
-                                    ld,
-                                    dk,
-                                    q.as_ptr(),
-                                    g,
-                                    z.as_mut_ptr(),
-                                    zld,
-                                    t,
-                                )
+                                crate::tova512::logits::<false>
                             };
-                            assert!(ok);
+                            assert!(logits512(kp, ld, dk, q.as_ptr(), g, z.as_mut_ptr(), zld, t));
                         }
                         let (kt, zt) = (
                             kp.add(t * ld * if f16 { 2 } else { 4 }),
