@@ -1,7 +1,8 @@
 // Scores of the baseline scorers (SPEC §3) that need no attention: KNorm
 // (-||K[h,i]||_2, in the core's f32 lane order), StreamingLLM's sink scores, and
 // CriticalKV's second stage ((base + 1e-4) · value L1 norm, the first stage's kept
-// tokens forced to FLT_MAX). Each equals the core bit for bit; no workspace.
+// tokens forced to FLT_MAX); and the power any scorer's output may be raised to
+// (kve_score_params.power). Each equals the core bit for bit; no workspace.
 #include <float.h>
 
 #include "common.cuh"
@@ -78,6 +79,22 @@ __global__ void sink_kernel(float* __restrict__ out, int64_t rows, int64_t n, in
             out[r * ld + i] = i < sinks ? 1.0f : 0.0f;
 }
 
+// kve_score_params.power: the core's src/score/power.rs bit for bit (products rounded one
+// by one: __fmul_rn is never contracted into an FMA).
+__global__ void power_kernel(float* __restrict__ s, int64_t rows, int64_t n, int64_t ld,
+                             int power) {
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+             i += (int64_t)gridDim.x * blockDim.x) {
+            const float x = s[r * ld + i];
+            const float a = fabsf(x);
+            float t = a;
+            for (int k = 1; k < power; ++k) t = __fmul_rn(t, a);
+            if (t > FLT_MAX) t = FLT_MAX;  // a NaN stays NaN
+            s[r * ld + i] = copysignf(t, x);
+        }
+}
+
 // out may be base (same ld): no __restrict__ on either; each element is read, then
 // written, by one thread. The arithmetic is the core's f32 (s + 1e-4) · l1, unfused.
 __global__ void critical_product_kernel(const float* base, int64_t ld_base,
@@ -147,6 +164,16 @@ extern "C" int kve_cuda_sink_scores(float* out, int64_t rows, int64_t n, int64_t
     if (!out || ld < n) return (int)cudaErrorInvalidValue;
     KVE_CHECK(launch_kernel(sink_kernel, rows_grid(rows, n), BL_NT, 0, KVE_STREAM(stream), out,
         rows, n, ld, sinks));
+    return 0;
+}
+
+extern "C" int kve_cuda_score_power(float* scores, int64_t rows, int64_t n, int64_t ld,
+                                    int power, void* stream) {
+    if (rows < 0 || n < 0 || power < 1 || power > 16) return (int)cudaErrorInvalidValue;
+    if (rows == 0 || n == 0 || power == 1) return 0;
+    if (!scores || ld < n) return (int)cudaErrorInvalidValue;
+    KVE_CHECK(launch_kernel(power_kernel, rows_grid(rows, n), BL_NT, 0, KVE_STREAM(stream),
+        scores, rows, n, ld, power));
     return 0;
 }
 

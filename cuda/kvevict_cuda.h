@@ -295,6 +295,12 @@ int kve_cuda_shard_select(const float* scores, int64_t ld, int64_t n, int64_t ro
  *   out may be base itself (same ld); no other overlap. */
 int kve_cuda_knorm(const kve_cuda_view* k, int64_t prefix, float* out, int64_t ld_out,
                    void* stream);
+/* score_power (kve_score_params.power, src/score/power.rs): in place, for r < rows,
+ *   i < n, s = scores[r*ld + i]: a = |s|, t = a, then power-1 times t = t*a (f32,
+ *   rounded each time, no FMA), t = min(t, FLT_MAX) (NaN stays NaN), s's sign put
+ *   back: the core's bits. power in [1, 16] (1: nothing to do), ld >= n. */
+int kve_cuda_score_power(float* scores, int64_t rows, int64_t n, int64_t ld, int power,
+                         void* stream);
 int kve_cuda_sink_scores(float* out, int64_t rows, int64_t n, int64_t ld, int64_t sinks,
                          void* stream);
 int kve_cuda_critical_combine(const float* base, int64_t ld_base, const float* value_l1,

@@ -47,9 +47,9 @@
 
 /* Version of this header (kve_version() gives the library's). */
 #define KVE_VERSION_MAJOR 0
-#define KVE_VERSION_MINOR 3
+#define KVE_VERSION_MINOR 4
 #define KVE_VERSION_PATCH 0
-#define KVE_VERSION_NUMBER 300
+#define KVE_VERSION_NUMBER 400
 
 /* Status codes (int32_t). kve_status_name / kve_status_message describe them. */
 #define KVE_OK 0
@@ -144,6 +144,8 @@
 #define KVE_MAX_BUDGET 2147483648ULL
 #define KVE_MAX_STRUCT_SIZE 4096
 #define KVE_SCORE_PARAMS_V1_SIZE 48
+#define KVE_SCORE_PARAMS_V2_SIZE 52
+#define KVE_MAX_SCORE_POWER 16
 #define KVE_SELECT_PARAMS_V1_SIZE 48
 #define KVE_LAYER_INPUTS_V1_SIZE 272
 #define KVE_LAYER_INPUTS_V2_SIZE 288
@@ -250,6 +252,15 @@ typedef struct kve_score_params {
    * `FLT_MAX` (see `kve_score_layer`).
    */
   uint32_t critical_first_stage;
+  /**
+   * The scores raised to this integer power in [1, `KVE_MAX_SCORE_POWER`], sign kept,
+   * saturating at `FLT_MAX` (products rounded one by one; the same bits on the host and
+   * the device). Each head's order is unchanged; a head's peaks weigh more once the
+   * selection normalises by the layer sum and adds heads and layers. 1: as the scorer
+   * computes them. The `laprox-span` preset: 3. Since V2 (`KVE_SCORE_PARAMS_V2_SIZE`);
+   * a V1 caller gets 1.
+   */
+  uint32_t power;
 } kve_score_params;
 
 /**
@@ -557,7 +568,7 @@ const char *kve_status_message(int32_t status);
 uint32_t kve_version(void);
 
 /**
- * The library's version as a static string, e.g. `"0.3.0"` (never NULL, never freed).
+ * The library's version as a static string, e.g. `"0.4.0"` (never NULL, never freed).
  */
 const char *kve_version_string(void);
 
@@ -882,7 +893,7 @@ int32_t kve_accumulate_value_links(const struct kve_tensor *values,
  * `struct_size`: `sizeof(kve_score_params)` as the caller sees it; the library writes
  * that many bytes. Returns `KVE_ERR_BAD_ENUM` for an unknown preset,
  * `KVE_ERR_INVALID_ARGUMENT` for a `struct_size` that is not a released size
- * (`KVE_SCORE_PARAMS_V1_SIZE`). Writes only `params`.
+ * (`KVE_SCORE_PARAMS_V1_SIZE`, `KVE_SCORE_PARAMS_V2_SIZE`). Writes only `params`.
  */
 int32_t kve_score_params_init(struct kve_score_params *params,
                               uint32_t struct_size,

@@ -330,6 +330,15 @@ extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn kve_cuda_score_power(
+        scores: *mut f32,
+        rows: i64,
+        n: i64,
+        ld: i64,
+        power: c_int,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn kve_cuda_sink_scores(
         out: *mut f32,
         rows: i64,

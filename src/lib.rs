@@ -79,5 +79,5 @@ pub use view::{DType, View, ViewMut};
 
 /// Library version.
 pub const VERSION_MAJOR: u32 = 0;
-pub const VERSION_MINOR: u32 = 3;
+pub const VERSION_MINOR: u32 = 4;
 pub const VERSION_PATCH: u32 = 0;

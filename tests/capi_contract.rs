@@ -746,13 +746,13 @@ fn padded<T: Copy>(p: T, size: u32) -> Box<Padded<T>> {
 fn sizes() -> impl Iterator<Item = u32> {
     (0..=4100u32)
         .step_by(4)
-        .chain([1, 47, 49, 271, 273, 287, 289, 1 << 20, u32::MAX])
+        .chain([1, 47, 49, 51, 53, 271, 273, 287, 289, 1 << 20, u32::MAX])
 }
 
 #[test]
 fn struct_sizes_are_released_versions_only() {
     // the sizes the Python binding passes (python/kvevict/_lib.py) are released ones
-    assert_eq!(std::mem::size_of::<kve_score_params>(), 48);
+    assert_eq!(std::mem::size_of::<kve_score_params>(), 52);
     assert_eq!(std::mem::size_of::<kve_select_params>(), 48);
     assert_eq!(std::mem::size_of::<kve_layer_inputs>(), 288);
     let sp = score_params(0);
@@ -763,9 +763,18 @@ fn struct_sizes_are_released_versions_only() {
         } else {
             KVE_ERR_INVALID_ARGUMENT
         };
+        // kve_score_params: V1 (48, no power) and V2 (52)
+        let score_ok = if size == KVE_SCORE_PARAMS_V1_SIZE || size == KVE_SCORE_PARAMS_V2_SIZE {
+            KVE_OK
+        } else {
+            KVE_ERR_INVALID_ARGUMENT
+        };
         let p = padded(sp, size);
         let mut len = 0u64;
-        expect!(unsafe { kve_score_output_len(&p.p, 2, 40, &mut len) }, ok);
+        expect!(
+            unsafe { kve_score_output_len(&p.p, 2, 40, &mut len) },
+            score_ok
+        );
         let s = padded(sel, size);
         let (mut a, mut b) = (0u64, 0u64);
         expect!(
@@ -776,14 +785,49 @@ fn struct_sizes_are_released_versions_only() {
             p: unsafe { std::mem::zeroed::<kve_score_params>() },
             tail: [0xAB; 4200],
         };
-        expect!(unsafe { kve_score_params_init(&mut w.p, size, 0) }, ok);
+        expect!(
+            unsafe { kve_score_params_init(&mut w.p, size, kvevict::Preset::LaProxSpan as u32) },
+            score_ok
+        );
         assert!(
             w.tail.iter().all(|&x| x == 0xAB),
-            "init wrote past 48 bytes"
+            "init wrote past the struct"
         );
-        if ok != KVE_OK {
+        if score_ok != KVE_OK {
             assert_eq!(w.p.struct_size, 0);
         }
+        if size == KVE_SCORE_PARAMS_V1_SIZE {
+            // a V1 caller's struct ends before power: those bytes are not its
+            assert_eq!(w.p.power, 0);
+        }
+        if size == KVE_SCORE_PARAMS_V2_SIZE {
+            assert_eq!(w.p.power, 3);
+        }
+    }
+    // a V1 struct's power bytes are not read: garbage there changes nothing, and a V1
+    // caller gets power 1 (the scores of the first release). KNorm: negative scores.
+    let mut l = Layer::new();
+    let inp = l.inputs();
+    let mut v1 = padded(
+        score_params(kvevict::Preset::KNorm as u32),
+        KVE_SCORE_PARAMS_V1_SIZE,
+    );
+    v1.p.power = 0;
+    expect!(l.score(&v1.p, &inp), KVE_OK);
+    let as_v1 = l.out.clone();
+    assert!(as_v1.iter().all(|&x| x < 0.0));
+    // V2: the power is applied (sign kept), and one out of [1, KVE_MAX_SCORE_POWER] rejected
+    let mut cubed = score_params(kvevict::Preset::KNorm as u32);
+    cubed.power = 3;
+    expect!(l.score(&cubed, &inp), KVE_OK);
+    for (c, s) in l.out.iter().zip(&as_v1) {
+        assert_eq!(c.to_bits(), (s * s * s).to_bits());
+    }
+    for bad in [0, KVE_MAX_SCORE_POWER + 1, u32::MAX] {
+        let mut b = score_params(kvevict::Preset::KNorm as u32);
+        b.power = bad;
+        // (Layer::score checks that nothing was written on error)
+        expect!(l.score(&b, &inp), KVE_ERR_INVALID_ARGUMENT);
     }
     // kve_layer_inputs: V1 (272, no row_lse) and V2 (288); 276 and 284 split row_lse
     let mut l = Layer::new();

@@ -921,6 +921,74 @@ fn knorm_matches_reference() {
     }
 }
 
+/// kve_score_params.power on the device: the core's `score::power` bit for bit (products
+/// rounded one by one), in place over strided rows, the padding between rows untouched;
+/// refused arguments change nothing.
+#[test]
+fn score_power_matches_core() {
+    need_device!();
+    let mut rng = Rng::new(31);
+    for &(rows, n, power) in &[
+        (3usize, 1000usize, 3i32),
+        (2, 17, 2),
+        (1, 300, 16),
+        (4, 5, 1),
+    ] {
+        let ld = n + 3;
+        // signed scores over decades, zeros of both signs, the saturating extremes
+        let mut host: Vec<f32> = (0..rows * ld)
+            .map(|_| (rng.normal() * 4.0).exp2() * if rng.unif() < 0.3 { -1.0 } else { 1.0 })
+            .collect();
+        host[0] = -0.0;
+        host[1] = 0.0;
+        host[2] = f32::MAX;
+        host[3] = -1e30;
+        let buf = DBuf::from(&host);
+        // SAFETY: `rows` rows of `ld` floats on the device.
+        let rc = unsafe {
+            kve_cuda_score_power(
+                buf.ptr(),
+                rows as i64,
+                n as i64,
+                ld as i64,
+                power,
+                null_mut(),
+            )
+        };
+        ck(rc, "score_power");
+        let mut want = host.clone();
+        for r in 0..rows {
+            kvevict::score::power::raise(power as u32, &mut want[r * ld..r * ld + n]);
+        }
+        let got = buf.download();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&got),
+            bits(&want),
+            "score_power rows{rows} n{n} power{power}"
+        );
+    }
+    // refusals: power outside [1, 16], ld < n, rows < 0, NULL
+    let host = vec![2.0f32; 16];
+    let buf = DBuf::from(&host);
+    for (rows, n, ld, power, what) in [
+        (2i64, 8i64, 8i64, 0i32, "power 0"),
+        (2, 8, 8, 17, "power 17"),
+        (2, 8, 7, 3, "ld < n"),
+        (-1, 8, 8, 3, "rows < 0"),
+    ] {
+        // SAFETY: refused before any access.
+        let rc = unsafe { kve_cuda_score_power(buf.ptr(), rows, n, ld, power, null_mut()) };
+        assert_eq!(rc, 1, "{what}");
+    }
+    // SAFETY: NULL with work to do is refused.
+    assert_eq!(
+        unsafe { kve_cuda_score_power(null_mut(), 1, 1, 1, 3, null_mut()) },
+        1
+    );
+    assert_eq!(buf.download(), host, "refused calls wrote");
+}
+
 #[test]
 fn sink_scores_match_reference() {
     need_device!();
@@ -3609,7 +3677,9 @@ fn device_scores_match_core() {
         laprox_gqa: LaproxGqa::MeanAttn,
         ..laprox
     };
-    let configs: [(&str, ScoreConfig); 8] = [
+    let configs: [(&str, ScoreConfig); 9] = [
+        // cubed after the chain (kve_cuda_score_power)
+        ("laprox-span", ScoreConfig::preset(Preset::LaProxSpan)),
         ("snapkv", ScoreConfig::preset(Preset::SnapKv)),
         (
             "snapkv reduce-before-pool",

@@ -306,9 +306,11 @@ fn padded<T>(r: &mut R, p: T) -> Box<Padded<T>> {
 
 fn score_params(r: &mut R) -> kve_score_params {
     let mut p: kve_score_params = unsafe { std::mem::zeroed() };
-    let st = unsafe { kve_score_params_init(&mut p, 48, r.u8() as u32 % 10) };
+    // V1 (48 bytes, no power) or V2 (52)
+    let size = if r.chance(4) { KVE_SCORE_PARAMS_V1_SIZE } else { KVE_SCORE_PARAMS_V2_SIZE };
+    let st = unsafe { kve_score_params_init(&mut p, size, r.u8() as u32 % 10) };
     if st != KVE_OK {
-        p.struct_size = 48;
+        p.struct_size = size;
     }
     // (sometimes the preset's own window: TOVA's is 1)
     p.window = if r.chance(4) { r.u32() % 300 } else if r.chance(5) { p.window } else { 1 + r.u8() as u32 % 40 };
@@ -323,6 +325,7 @@ fn score_params(r: &mut R) -> kve_score_params {
         p.placement = r.enum_val(2);
         p.sinks = r.u8() as u32 % 8;
         p.critical_first_stage = r.u8() as u32 % 16;
+        p.power = r.u8() as u32 % 18; // 0 and 17 are refused
     }
     p
 }

@@ -21,7 +21,7 @@ from ._stream import STREAM_STATS, StreamScorer
 from ._pipeline import (DEFAULT_ALLOCATOR, GramCache, gram_cache, make_score_params,
                         score_model, select_kept)
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 PRESET_NAMES = tuple(PRESETS.names())
 

@@ -191,7 +191,9 @@ class ScoreParams(_Params):
     Fields: ``scorer`` (snapkv, lava, laprox, criticalkv, streamingllm, knorm, tova, uniqueness),
     ``window``, ``pool_kind`` (none, avg, max, forward), ``pool_kernel``, ``pool_decay``,
     ``gqa`` (mean, max, sum), ``reduce_before_pool`` (bool), ``laprox_gqa`` (sum, exact,
-    mean-attn), ``placement`` (attention, product), ``sinks``, ``critical_first_stage``.
+    mean-attn), ``placement`` (attention, product), ``sinks``, ``critical_first_stage``,
+    ``power`` (the scores raised to this integer power in [1, 16], sign kept; 1 leaves them
+    as computed, the ``laprox-span`` preset cubes them).
     Enumerations read back as names and accept names or integers.
 
     ``ScoreParams()`` is the ``snapkv`` preset; ``ScoreParams.preset(name, **fields)``

@@ -102,6 +102,7 @@ class kve_score_params(ctypes.Structure):
         ("placement", c_uint32),
         ("sinks", c_uint32),
         ("critical_first_stage", c_uint32),
+        ("power", c_uint32),
     ]
 
 
@@ -198,7 +199,7 @@ class kve_histogram(ctypes.Structure):
 
 
 assert ctypes.sizeof(kve_tensor) == 72
-assert ctypes.sizeof(kve_score_params) == 48
+assert ctypes.sizeof(kve_score_params) == 52
 assert ctypes.sizeof(kve_select_params) == 48
 assert ctypes.sizeof(kve_layer_inputs) == 288
 assert ctypes.sizeof(kve_model_scores) == 48

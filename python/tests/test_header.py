@@ -56,7 +56,8 @@ class HeaderTests(unittest.TestCase):
 
     def test_struct_sizes(self):
         d = self.defines
-        self.assertEqual(d["KVE_SCORE_PARAMS_V1_SIZE"], ctypes.sizeof(_lib.kve_score_params))
+        self.assertEqual(d["KVE_SCORE_PARAMS_V1_SIZE"], 48)
+        self.assertEqual(d["KVE_SCORE_PARAMS_V2_SIZE"], ctypes.sizeof(_lib.kve_score_params))
         self.assertEqual(d["KVE_SELECT_PARAMS_V1_SIZE"], ctypes.sizeof(_lib.kve_select_params))
         self.assertEqual(d["KVE_LAYER_INPUTS_V1_SIZE"], 272)
         self.assertEqual(d["KVE_LAYER_INPUTS_V2_SIZE"], ctypes.sizeof(_lib.kve_layer_inputs))

@@ -54,6 +54,20 @@ class ScorerTests(unittest.TestCase):
                 want = ref.laprox_sum(self.q, self.k, self.v, self.wo, W, kernel, "avg", placement)
                 assert_close(self, got, want, what=f"laprox {placement} k={kernel}")
 
+    def test_laprox_span_preset_cubes_its_scores(self):
+        params = kve.ScoreParams.preset("laprox-span", window=W)
+        self.assertEqual((params.power, kve.ScoreParams.preset("laprox").power), (3, 1))
+        g = kve.compute_gram(self.wo, self.hkv)
+        got = kve.score_layer(params, self.q, self.k, self.v, gram=g)
+        want = ref.laprox_sum(self.q, self.k, self.v, self.wo, W, 1, "none") ** 3
+        assert_close(self, got, want, what="laprox-span (cubed)")
+        # KNorm's negative scores keep their sign under an even power
+        got = kve.score_layer(kve.ScoreParams.preset("knorm", window=W, power=2), self.q, self.k)
+        assert_close(self, got, -ref.knorm(self.k, W) ** 2, what="knorm squared")
+        for bad in (0, 17):
+            with self.assertRaises(kve.KvevictError):
+                kve.score_layer(kve.ScoreParams.preset("knorm", window=W, power=bad), self.q, self.k)
+
     def test_laprox_value_forms_equal_values_plus_gram(self):
         params = kve.ScoreParams.preset("laprox", window=W)
         g = kve.compute_gram(self.wo, self.hkv)

@@ -91,7 +91,7 @@ pub extern "C" fn kve_status_message(status: i32) -> *const c_char {
 
 /// Header version; `kve_version()` reports the library's at run time.
 pub const KVE_VERSION_MAJOR: u32 = 0;
-pub const KVE_VERSION_MINOR: u32 = 3;
+pub const KVE_VERSION_MINOR: u32 = 4;
 pub const KVE_VERSION_PATCH: u32 = 0;
 const _: () = assert!(
     KVE_VERSION_MAJOR == crate::VERSION_MAJOR
@@ -106,7 +106,7 @@ pub extern "C" fn kve_version() -> u32 {
     KVE_VERSION_MAJOR * 10000 + KVE_VERSION_MINOR * 100 + KVE_VERSION_PATCH
 }
 
-/// The library's version as a static string, e.g. `"0.3.0"` (never NULL, never freed).
+/// The library's version as a static string, e.g. `"0.4.0"` (never NULL, never freed).
 #[no_mangle]
 pub extern "C" fn kve_version_string() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr() as *const c_char
@@ -492,6 +492,11 @@ pub fn header_defines() -> std::string::String {
                 "KVE_SCORE_PARAMS_V1_SIZE",
                 params::KVE_SCORE_PARAMS_V1_SIZE as i64,
             ),
+            (
+                "KVE_SCORE_PARAMS_V2_SIZE",
+                params::KVE_SCORE_PARAMS_V2_SIZE as i64,
+            ),
+            ("KVE_MAX_SCORE_POWER", params::KVE_MAX_SCORE_POWER as i64),
             (
                 "KVE_SELECT_PARAMS_V1_SIZE",
                 params::KVE_SELECT_PARAMS_V1_SIZE as i64,

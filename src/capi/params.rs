@@ -49,6 +49,13 @@ pub struct kve_score_params {
     /// CriticalKV: prefix tokens per KV head forced by the base score; they score
     /// `FLT_MAX` (see `kve_score_layer`).
     pub critical_first_stage: u32,
+    /// The scores raised to this integer power in [1, `KVE_MAX_SCORE_POWER`], sign kept,
+    /// saturating at `FLT_MAX` (products rounded one by one; the same bits on the host and
+    /// the device). Each head's order is unchanged; a head's peaks weigh more once the
+    /// selection normalises by the layer sum and adds heads and layers. 1: as the scorer
+    /// computes them. The `laprox-span` preset: 3. Since V2 (`KVE_SCORE_PARAMS_V2_SIZE`);
+    /// a V1 caller gets 1.
+    pub power: u32,
 }
 
 /// How to allocate budgets and select (SPEC §4). Fill with `kve_select_params_init`.
@@ -84,8 +91,12 @@ pub struct kve_select_params {
     pub post_pool_sinks: u32,
 }
 
-/// `sizeof(kve_score_params)` of the first release.
+/// `sizeof(kve_score_params)` of the first release (without `power`; still accepted).
 pub const KVE_SCORE_PARAMS_V1_SIZE: u32 = 48;
+/// `sizeof(kve_score_params)` with `power`.
+pub const KVE_SCORE_PARAMS_V2_SIZE: u32 = 52;
+/// The largest `kve_score_params.power`.
+pub const KVE_MAX_SCORE_POWER: u32 = crate::config::MAX_SCORE_POWER;
 /// `sizeof(kve_select_params)` of the first release.
 pub const KVE_SELECT_PARAMS_V1_SIZE: u32 = 48;
 
@@ -94,13 +105,13 @@ pub(crate) trait Extensible: Copy {
     const SIZES: &'static [u32];
 }
 impl Extensible for kve_score_params {
-    const SIZES: &'static [u32] = &[KVE_SCORE_PARAMS_V1_SIZE];
+    const SIZES: &'static [u32] = &[KVE_SCORE_PARAMS_V1_SIZE, KVE_SCORE_PARAMS_V2_SIZE];
 }
 impl Extensible for kve_select_params {
     const SIZES: &'static [u32] = &[KVE_SELECT_PARAMS_V1_SIZE];
 }
 const _: () =
-    assert!(core::mem::size_of::<kve_score_params>() == KVE_SCORE_PARAMS_V1_SIZE as usize);
+    assert!(core::mem::size_of::<kve_score_params>() == KVE_SCORE_PARAMS_V2_SIZE as usize);
 const _: () =
     assert!(core::mem::size_of::<kve_select_params>() == KVE_SELECT_PARAMS_V1_SIZE as usize);
 
@@ -114,7 +125,7 @@ fn flag(v: u32) -> Result<bool> {
 
 pub(crate) fn encode_score(c: &ScoreConfig) -> kve_score_params {
     kve_score_params {
-        struct_size: KVE_SCORE_PARAMS_V1_SIZE,
+        struct_size: KVE_SCORE_PARAMS_V2_SIZE,
         scorer: c.scorer as u32,
         window: c.window,
         pool_kind: c.pool.kind as u32,
@@ -126,6 +137,7 @@ pub(crate) fn encode_score(c: &ScoreConfig) -> kve_score_params {
         placement: c.placement as u32,
         sinks: c.sinks,
         critical_first_stage: c.critical_first_stage,
+        power: c.power,
     }
 }
 
@@ -205,6 +217,7 @@ pub(crate) unsafe fn score_config(p: *const kve_score_params) -> Result<ScoreCon
         placement: PoolPlacement::from_u32(p.placement)?,
         sinks: p.sinks,
         critical_first_stage: p.critical_first_stage,
+        power: p.power,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -242,7 +255,7 @@ pub(crate) unsafe fn select_config(p: *const kve_select_params) -> Result<Select
 /// `struct_size`: `sizeof(kve_score_params)` as the caller sees it; the library writes
 /// that many bytes. Returns `KVE_ERR_BAD_ENUM` for an unknown preset,
 /// `KVE_ERR_INVALID_ARGUMENT` for a `struct_size` that is not a released size
-/// (`KVE_SCORE_PARAMS_V1_SIZE`). Writes only `params`.
+/// (`KVE_SCORE_PARAMS_V1_SIZE`, `KVE_SCORE_PARAMS_V2_SIZE`). Writes only `params`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_score_params_init(
     params: *mut kve_score_params,

@@ -1748,6 +1748,35 @@ pub unsafe fn kve_cuda_knorm(
     }
 }
 
+pub unsafe fn kve_cuda_score_power(
+    scores: *mut f32,
+    rows: i64,
+    n: i64,
+    ld: i64,
+    power: c_int,
+    _stream: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller keeps kvevict_cuda.h's contract for this launcher (`scores` covers
+    // `rows` rows of `ld`, host memory under the mock); the checks below reject null and
+    // out-of-range arguments before the first access.
+    unsafe {
+        if rows < 0 || n < 0 || !(1..=crate::config::MAX_SCORE_POWER as c_int).contains(&power) {
+            return INVALID;
+        }
+        if rows == 0 || n == 0 {
+            return 0;
+        }
+        if scores.is_null() || ld < n {
+            return INVALID;
+        }
+        for r in 0..rows as usize {
+            let row = core::slice::from_raw_parts_mut(scores.add(r * ld as usize), n as usize);
+            crate::score::power::raise(power as u32, row);
+        }
+        0
+    }
+}
+
 pub unsafe fn kve_cuda_sink_scores(
     out: *mut f32,
     rows: i64,

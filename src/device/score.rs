@@ -766,6 +766,32 @@ unsafe fn launch(
     out: *mut f32,
     stream: *mut c_void,
 ) -> Result<()> {
+    // SAFETY: as launch_scorer's; the power runs in place over the `hkv` rows of `p` it wrote.
+    unsafe {
+        launch_scorer(cfg, inp, s, parts, out, stream)?;
+        if cfg.power > 1 {
+            let (rows, p) = (s.hkv as i64, s.p as i64);
+            ck(cu::kve_cuda_score_power(
+                out,
+                rows,
+                p,
+                p,
+                cfg.power as i32,
+                stream,
+            ))?;
+        }
+        Ok(())
+    }
+}
+
+unsafe fn launch_scorer(
+    cfg: &ScoreConfig,
+    inp: &Inputs,
+    s: &Shape,
+    parts: &Parts,
+    out: *mut f32,
+    stream: *mut c_void,
+) -> Result<()> {
     // SAFETY: the pointers are device memory of the sizes checked by the public caller;
     // the launchers only enqueue work on `stream`.
     unsafe {

@@ -15,6 +15,7 @@ mod criticalkv;
 mod knorm;
 mod laprox;
 mod lava;
+pub mod power;
 pub mod requirements;
 mod snapkv;
 mod streaming;
@@ -448,6 +449,7 @@ pub fn score_layer(
     if !crate::numerics::finite(dest) {
         return Err(Error::NonFinite);
     }
+    power::raise(cfg.power, dest);
     if let Some(out) = late {
         out.copy_from_slice(dest);
     }

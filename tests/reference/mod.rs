@@ -416,7 +416,10 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
                     .collect()
             }
         };
-        out.s.push(s);
+        // CORE DECISION (kve_score_params.power): sign(s)·|s|^power
+        let pw = cfg.power as i32;
+        out.s
+            .push(s.iter().map(|&x| x.signum() * x.abs().powi(pw)).collect());
     }
     out
 }
