@@ -165,7 +165,7 @@ if ! skip sanitizer && [ -n "$TEST_BIN" ]; then
       t=$(tmo 100); [ "$t" -le 1 ] && { note "sanitizer $tool: skipped (time budget)"; continue; }
       timeout "$t" "$SAN" --tool "$tool" --error-exitcode 99 "$TEST_BIN" --test-threads=1 \
           window_aggregates window_row_lse window_single select_matches compact_matches compact_batch vonorm_matches vonorm_factor lava_factor \
-          pool_matches head_reduce knorm sink_scores critical_combine mark_forced broadcast_lists append_range layer_budgets \
+          pool_matches head_reduce knorm score_power sink_scores critical_combine mark_forced broadcast_lists append_range layer_budgets \
           laprox_pipeline uniqueness_two_scans >"$LOG/sanitizer_$tool.log" 2>&1
       rc=$?
       slog=$LOG/sanitizer_$tool.log
