@@ -212,7 +212,7 @@ impl ScoreConfig {
                 ..base
             },
             // SPEC §3 decision: w = 8 (a 32-token window eats a third of a 10 % budget);
-            // cubed (eval/README "the smallest budgets"): at 2.5 % the layer-sum
+            // cubed (eval/README "Prose at 2.5 %"): at 2.5 % the layer-sum
             // normalisation let heads of many middling scores outweigh one head's peak
             // on the needle
             Preset::LaProxSpan => ScoreConfig {
