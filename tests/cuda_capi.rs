@@ -415,6 +415,19 @@ fn configs() -> Vec<(&'static str, kve_score_params)> {
         "laprox mean-attn k1",
         score_params(|p| p.laprox_gqa = LaproxGqa::MeanAttn as u32, P::LaProxSpan),
     ));
+    // kve_score_params.power on the device: forced FLT_MAX tokens saturate, negative
+    // scores keep their sign under an even power
+    v.push((
+        "criticalkv cubed",
+        score_params(
+            |p| {
+                p.critical_first_stage = 20;
+                p.power = 3;
+            },
+            P::CriticalKv,
+        ),
+    ));
+    v.push(("knorm squared", score_params(|p| p.power = 2, P::KNorm)));
     v
 }
 
