@@ -766,38 +766,12 @@ unsafe fn launch(
     out: *mut f32,
     stream: *mut c_void,
 ) -> Result<()> {
-    // SAFETY: as launch_scorer's; the power runs in place over the `hkv` rows of `p` it wrote.
-    unsafe {
-        launch_scorer(cfg, inp, s, parts, out, stream)?;
-        if cfg.power > 1 {
-            let (rows, p) = (s.hkv as i64, s.p as i64);
-            ck(cu::kve_cuda_score_power(
-                out,
-                rows,
-                p,
-                p,
-                cfg.power as i32,
-                stream,
-            ))?;
-        }
-        Ok(())
-    }
-}
-
-unsafe fn launch_scorer(
-    cfg: &ScoreConfig,
-    inp: &Inputs,
-    s: &Shape,
-    parts: &Parts,
-    out: *mut f32,
-    stream: *mut c_void,
-) -> Result<()> {
     // SAFETY: the pointers are device memory of the sizes checked by the public caller;
     // the launchers only enqueue work on `stream`.
     unsafe {
         let (hq, hkv, p) = (s.hq, s.hkv, s.p);
         let pi = p as i64;
-        match cfg.scorer {
+        let scored = match cfg.scorer {
             ScorerKind::SnapKv => snapkv(cfg, inp, s, parts, out, stream),
             ScorerKind::Lava => {
                 let v = inp.v.ok_or(Error::InvalidArgument)?;
@@ -873,6 +847,19 @@ unsafe fn launch_scorer(
                     parts.a, pi, out, pi, hq, hkv, pi, mean, stream,
                 ))
             }
+        };
+        scored?;
+        // kve_score_params.power, in place over the `hkv` rows of `p` just written
+        if cfg.power > 1 {
+            ck(cu::kve_cuda_score_power(
+                out,
+                hkv as i64,
+                pi,
+                pi,
+                cfg.power as i32,
+                stream,
+            ))?;
         }
+        Ok(())
     }
 }
