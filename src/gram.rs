@@ -85,9 +85,7 @@ pub fn compute_gram(
     // validate everything before writing: finite rows, then finite results
     let mut largest = 0f64;
     for h in 0..hq {
-        for r in 0..dv {
-            wo.load_row(h, r, &mut wa[r * dm..(r + 1) * dm]);
-        }
+        load_head(wo, h, wa);
         if wa.iter().any(|v| !v.is_finite()) {
             return Err(Error::NonFinite);
         }
@@ -187,6 +185,25 @@ fn dot_tile<const R: usize, const C: usize>(
 /// Every Gram entry the layout computes (a diagonal block's upper triangle, every entry
 /// of a cross block) as `f(index into the output, value)`, until `f` returns false.
 /// `wa`, `wb` hold two heads of `Wo` (`dv·D` floats each). Returns whether `f` always did.
+/// Head `h` of `wo` as `dv` rows of `dm` f32 into `dst`. PyTorch's `o_proj.weight` and
+/// ggml's `attn_output` keep a head's `dv` entries of one output column adjacent (strides
+/// `[dv, 1, Hq·dv]`): read in that order (a row would touch a cache line per element).
+fn load_head(wo: &View, h: usize, dst: &mut [f32]) {
+    let [_, dv, dm] = wo.extent();
+    let st = wo.stride();
+    if st[2] != 1 && st[1] < st[2] {
+        for c in 0..dm {
+            for r in 0..dv {
+                dst[r * dm + c] = wo.get(h, r, c);
+            }
+        }
+    } else {
+        for r in 0..dv {
+            wo.load_row(h, r, &mut dst[r * dm..(r + 1) * dm]);
+        }
+    }
+}
+
 fn for_each_entry(
     wo: &View,
     hkv: usize,
@@ -200,10 +217,14 @@ fn for_each_entry(
     for kh in 0..hkv {
         for k in 0..nb {
             let (a, b) = block_pair(g, k);
-            for r in 0..dv {
-                wo.load_row(kh * g + a, r, &mut wa[r * dm..(r + 1) * dm]);
-                wo.load_row(kh * g + b, r, &mut wb[r * dm..(r + 1) * dm]);
-            }
+            load_head(wo, kh * g + a, wa);
+            // a diagonal block reads one head twice
+            let wb: &[f32] = if a == b {
+                wa
+            } else {
+                load_head(wo, kh * g + b, wb);
+                wb
+            };
             let base = (kh * nb + k) * dv * dv;
             if !block_entries(wa, wb, dv, dm, a == b, base, f) {
                 return false;
@@ -953,6 +974,19 @@ mod tests {
                 let mut out = vec![f32::NAN; gram_len(hq, hkv, dv, cross).unwrap()];
                 let mut ws = vec![0u8; gram_workspace_size(dv, dm).unwrap()];
                 compute_gram(&wo, hkv, cross, &mut out, &mut ws).unwrap();
+                // the same Wo stored as PyTorch's o_proj.weight / ggml's attn_output
+                // (`[D, Hq·dv]` row-major, read column by column): the same bits
+                let mut t = vec![0f32; w.len()];
+                for i in 0..hq * dv {
+                    for c in 0..dm {
+                        t[c * hq * dv + i] = w[i * dm + c];
+                    }
+                }
+                let wt = View::f32(&t, [hq, dv, dm], [dv, 1, hq * dv]).unwrap();
+                let mut out_t = vec![f32::NAN; out.len()];
+                compute_gram(&wt, hkv, cross, &mut out_t, &mut ws).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&out), bits(&out_t), "{hq} {dv} {dm} {cross}: layouts");
                 let (g, nb) = (hq / hkv, blocks(hq / hkv, cross));
                 for kh in 0..hkv {
                     for k in 0..nb {
