@@ -781,9 +781,7 @@ pub fn compute_value_l1(
                 values.load_row(kh, t, v);
                 let mut acc = 0f32;
                 for a in 0..g {
-                    for r in 0..dv {
-                        wo.load_row(kh * g + a, r, &mut w[r * dm..(r + 1) * dm]);
-                    }
+                    load_head(wo, kh * g + a, w);
                     acc += l1_of(v, w, y) / g as f32;
                 }
                 if !acc.is_finite() {
@@ -795,9 +793,7 @@ pub fn compute_value_l1(
     out[..hkv * n].fill(0.0);
     for kh in 0..hkv {
         for a in 0..g {
-            for r in 0..dv {
-                wo.load_row(kh * g + a, r, &mut w[r * dm..(r + 1) * dm]);
-            }
+            load_head(wo, kh * g + a, w);
             for t in 0..n {
                 values.load_row(kh, t, v);
                 out[kh * n + t] += l1_of(v, w, y) / g as f32;
