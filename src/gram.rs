@@ -182,9 +182,6 @@ fn dot_tile<const R: usize, const C: usize>(
     }
 }
 
-/// Every Gram entry the layout computes (a diagonal block's upper triangle, every entry
-/// of a cross block) as `f(index into the output, value)`, until `f` returns false.
-/// `wa`, `wb` hold two heads of `Wo` (`dv·D` floats each). Returns whether `f` always did.
 /// Head `h` of `wo` as `dv` rows of `dm` f32 into `dst`. PyTorch's `o_proj.weight` and
 /// ggml's `attn_output` keep a head's `dv` entries of one output column adjacent (strides
 /// `[dv, 1, Hq·dv]`): read in that order (a row would touch a cache line per element).
@@ -204,6 +201,9 @@ fn load_head(wo: &View, h: usize, dst: &mut [f32]) {
     }
 }
 
+/// Every Gram entry the layout computes (a diagonal block's upper triangle, every entry
+/// of a cross block) as `f(index into the output, value)`, until `f` returns false.
+/// `wa`, `wb` hold two heads of `Wo` (`dv·D` floats each). Returns whether `f` always did.
 fn for_each_entry(
     wo: &View,
     hkv: usize,
@@ -218,7 +218,7 @@ fn for_each_entry(
         for k in 0..nb {
             let (a, b) = block_pair(g, k);
             load_head(wo, kh * g + a, wa);
-            // a diagonal block reads one head twice
+            // a diagonal block pairs a head with itself: loaded once
             let wb: &[f32] = if a == b {
                 wa
             } else {
