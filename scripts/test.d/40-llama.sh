@@ -9,9 +9,9 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 t0=$(date +%s)
 
-paths=$(scripts/setup_llama.sh)   # KVEVICT_LLAMA_VENV, KVEVICT_LLAMA_SITE, KVEVICT_LLAMA_MODEL
+paths=$(scripts/setup_llama.sh)   # KVEVICT_LLAMA_VENV, KVEVICT_LLAMA_SITE, KVEVICT_LLAMA_MODEL, KVEVICT_LLAMA_GEMMA
 eval "$paths"
-export KVEVICT_LLAMA_VENV KVEVICT_LLAMA_MODEL
+export KVEVICT_LLAMA_VENV KVEVICT_LLAMA_MODEL KVEVICT_LLAMA_GEMMA
 echo "llama setup: $(( $(date +%s) - t0 )) s (venv $KVEVICT_LLAMA_VENV)"
 
 work=$(mktemp -d)
