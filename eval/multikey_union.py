@@ -72,8 +72,8 @@ def main():
                     hi = mid - 1
             u = np.unique(np.concatenate([aware_pick(a, n, lo) for a in aw]))
             rank = methods.library_scores(ag[0], "uniqueness", W)
-            tot_s = rank.astype(np.float64).sum(axis=(0, 1))
-            rest = [i for i in np.argsort(-tot_s, kind="stable") if i not in set(u.tolist())]
+            in_u = set(u.tolist())
+            rest = [i for i in np.argsort(-rank.astype(np.float64).sum(axis=(0, 1)), kind="stable") if i not in in_u]
             picks[("uniqueness", r)] = methods.library_select(ag[0], rank, prefix, W, "uniqueness")[0][0]
             filled = np.unique(np.concatenate([u, np.asarray(rest[: max(prefix - len(u), 0)], np.int64)]))
             picks[("union", r)] = methods.add_window(u, n, W)
