@@ -156,6 +156,9 @@ mod cuda_build {
     pub fn build() {
         let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into()));
         let cuda_dir = root.join("cuda");
+        if env::var_os("CARGO_FEATURE_CUDA_EMU").is_some() {
+            return emu_build(&cuda_dir);
+        }
         for v in [
             "NVCC",
             "CUDA_HOME",
@@ -201,5 +204,78 @@ mod cuda_build {
             println!("cargo:rustc-link-lib={l}");
         }
         println!("cargo:rustc-env=KVEVICT_CUDA_LIB_DIR={}", lib_dir.display());
+    }
+
+    const EMU_FILES: &[&str] = &[
+        "emu.cpp",
+        "cuda_runtime.h",
+        "emu_device.h",
+        "cuda_fp16.h",
+        "cuda_bf16.h",
+        "mma.h",
+    ];
+
+    /// Feature `cuda-emu`: the same kernels compiled by the host C++ compiler against
+    /// cuda/emu (the runtime and device language on the CPU), no nvcc, no cudart.
+    fn emu_build(cuda_dir: &Path) {
+        let emu_dir = cuda_dir.join("emu");
+        for f in SOURCES.iter().chain(HEADERS) {
+            println!("cargo:rerun-if-changed=cuda/{f}");
+        }
+        for f in EMU_FILES {
+            println!("cargo:rerun-if-changed=cuda/emu/{f}");
+        }
+        let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR")).join("emu");
+        std::fs::create_dir_all(&out).unwrap_or_else(|e| fail(&format!("{}: {e}", out.display())));
+        let mut b = cc::Build::new();
+        b.cpp(true)
+            .opt_level(2)
+            .debug(true)
+            .include(&emu_dir) // first: its cuda_runtime.h, cuda_fp16.h, mma.h
+            .include(cuda_dir)
+            .flag("-std=c++17")
+            .flag("-ffp-contract=off") // no fusing the device code does not do
+            .flag("-fno-strict-aliasing")
+            .warnings(false);
+        for f in SOURCES {
+            let src = std::fs::read_to_string(cuda_dir.join(f))
+                .unwrap_or_else(|e| fail(&format!("cuda/{f}: {e}")));
+            let dst = out.join(f.replace(".cu", ".cpp"));
+            let text = format!("#line 1 \"cuda/{f}\"\n{}", emu_shared_rewrite(&src));
+            std::fs::write(&dst, text).unwrap_or_else(|e| fail(&format!("{}: {e}", dst.display())));
+            b.file(dst);
+        }
+        b.file(emu_dir.join("emu.cpp"));
+        b.compile("kvevict_cuda");
+    }
+
+    /// `extern __shared__ [__align__(n)] T name[];` (dynamic shared memory, which C++
+    /// cannot declare) becomes `T* name = (T*)kve_emu::dyn_smem();`, the current block's.
+    fn emu_shared_rewrite(src: &str) -> String {
+        let mut o = String::with_capacity(src.len());
+        for line in src.lines() {
+            let Some(at) = line.find("extern __shared__") else {
+                o.push_str(line);
+                o.push('\n');
+                continue;
+            };
+            let mut rest = line[at + "extern __shared__".len()..].trim_start();
+            if let Some(r) = rest.strip_prefix("__align__(") {
+                rest = r.split_once(')').map(|x| x.1).unwrap_or(r).trim_start();
+            }
+            let Some((decl, tail)) = rest.split_once("[];") else {
+                fail(&format!("cuda-emu: cannot read the shared-memory declaration {line:?}"));
+            };
+            let decl = decl.trim_end();
+            let cut = decl
+                .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or_else(|| fail(&format!("cuda-emu: no type in {line:?}")));
+            let (ty, name) = (decl[..cut + 1].trim(), &decl[cut + 1..]);
+            o.push_str(&line[..at]);
+            o.push_str(&format!(
+                "{ty}* {name} = reinterpret_cast<{ty}*>(kve_emu::dyn_smem());{tail}\n"
+            ));
+        }
+        o
     }
 }

@@ -11,7 +11,9 @@ fn root() -> PathBuf {
 }
 
 fn features() -> Vec<&'static str> {
-    if cfg!(feature = "cuda") {
+    if cfg!(feature = "cuda-emu") {
+        vec!["--features", "cuda-emu"]
+    } else if cfg!(feature = "cuda") {
         vec!["--features", "cuda"]
     } else if cfg!(feature = "cuda-mock") {
         vec!["--features", "cuda-mock"]
@@ -269,7 +271,9 @@ fn install_and_cmake_consumer() {
         .arg(root().join("scripts/install.sh"))
         .arg(&prefix)
         .env("KVEVICT_PROFILE", "dev");
-    if cfg!(feature = "cuda") {
+    if cfg!(feature = "cuda-emu") {
+        install.env("KVEVICT_FEATURES", "cuda-emu");
+    } else if cfg!(feature = "cuda") {
         install.env("KVEVICT_FEATURES", "cuda");
     }
     run(&mut install);

@@ -25,6 +25,7 @@ pub mod rt {
         pub fn cudaMemcpy(dst: *mut c_void, src: *const c_void, n: usize, kind: i32) -> i32;
         pub fn cudaDeviceSynchronize() -> i32;
         pub fn cudaStreamCreate(s: *mut *mut c_void) -> i32;
+        pub fn cudaStreamCreateWithFlags(s: *mut *mut c_void, flags: u32) -> i32;
         pub fn cudaStreamDestroy(s: *mut c_void) -> i32;
         pub fn cudaStreamSynchronize(s: *mut c_void) -> i32;
         pub fn cudaStreamBeginCapture(s: *mut c_void, mode: i32) -> i32;
@@ -39,6 +40,8 @@ pub mod rt {
     pub const H2D: i32 = 1;
     pub const D2H: i32 = 2;
     pub const CAPTURE_GLOBAL: i32 = 0;
+    pub const CAPTURE_THREAD_LOCAL: i32 = 1;
+    pub const STREAM_NON_BLOCKING: u32 = 1;
 }
 
 /// A launcher's (or the runtime's) status as text.
@@ -839,18 +842,25 @@ pub fn core_budgets(
 
 // --------------------------------------------------------------------- CUDA graphs --
 
-/// Captures `f(stream)` (global capture mode) in a CUDA graph, launches it twice and
-/// synchronises: the launchers inside must be capturable. The mock has no graphs: `f`
-/// runs twice on the NULL stream.
+/// Captures `f(stream)` in a CUDA graph, launches it twice and synchronises: the
+/// launchers inside must be capturable. Thread-local mode on a non-blocking stream: as
+/// strict as global mode for this thread's own calls, while the other test threads'
+/// cudaMalloc / cudaMemcpy (legacy stream) neither fail nor invalidate the capture, as
+/// they would under global mode on a blocking stream (the emulator of feature
+/// `cuda-emu` enforces these rules). The mock has no graphs: `f` runs twice on the NULL
+/// stream.
 #[cfg(feature = "cuda")]
 pub fn in_graph(f: &dyn Fn(*mut c_void)) {
     let mut s = null_mut();
     let mut graph = null_mut();
     let mut exec = null_mut();
     unsafe {
-        ck(rt::cudaStreamCreate(&mut s), "stream");
         ck(
-            rt::cudaStreamBeginCapture(s, rt::CAPTURE_GLOBAL),
+            rt::cudaStreamCreateWithFlags(&mut s, rt::STREAM_NON_BLOCKING),
+            "stream",
+        );
+        ck(
+            rt::cudaStreamBeginCapture(s, rt::CAPTURE_THREAD_LOCAL),
             "begin capture",
         );
         f(s);

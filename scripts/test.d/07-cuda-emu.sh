@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The REAL kernels of cuda/ without a GPU: feature cuda-emu compiles cuda/*.cu with the
+# host C++ compiler against cuda/emu (an emulated CUDA runtime and device language:
+# blocks in turn, threads as coroutines meeting at __syncthreads / warp collectives /
+# WMMA, guard pages, capture rules; see cuda/emu/emu.cpp), and the GPU test suites run
+# against the CPU core exactly as on a GPU. First the emulator's own self-test, then the
+# suites on sm_90's shared-memory limit in thread order, then again with threads in
+# reverse order (a result that changes is a missing barrier) on the 99 KiB limit of
+# sm_86 / sm_89 (the launchers' smaller plans).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+tests=(--test cuda_emu --test launchers --test cuda_capi --test stream_device --test links_device)
+filter='^test |test result|panicked|cuda-emu:|error'
+echo "-- sm_90 limit (227 KiB), forward thread order"
+cargo test --release --features cuda-emu "${tests[@]}" --test c_examples -- --nocapture 2>&1 | grep -E "$filter"
+echo "-- sm_86/89 limit (99 KiB), reverse thread order"
+KVEVICT_EMU_SMEM_OPTIN=101376 KVEVICT_EMU_ORDER=reverse \
+  cargo test --release --features cuda-emu "${tests[@]}" 2>&1 | grep -E "$filter"
