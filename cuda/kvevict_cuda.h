@@ -75,15 +75,17 @@ int kve_cuda_device_count(int* out);
  *   z[h,j,i] = Qw[h,j]·K[h/g,i] / sqrt(dk), causal inside the window,
  *   A = softmax_i(z) in f32 with max subtraction over all visible keys.
  * q: [Hq, w, dk] view; k: [Hkv, N, dk] view; q and k must have the same dtype;
- * dk <= 256. Shared memory grows with dk, the dtype and the group; the launcher reads
- * the device's opt-in limit per block and takes fewer window positions per block
- * where it is lower, so these run on sm_80, 86, 89 and 90 alike: f16/bf16 with
- * g <= 64 (dk <= 128) or g <= 32 (dk <= 256), f32 with g <= 32 (dk <= 128) or g <= 16
- * (dk <= 256); out_cross with g <= 16, but f32 with dk > 128 only g <= 8 (Llama-3-8B,
- * bf16, dk = 128, g = 4, cross: 92,032 B < 99 KiB). Larger groups need sm_80's 163 KiB
- * or sm_90's 227 KiB (one window position's g rows must fit; the table:
- * cuda/checks/smem_table.cu); the launcher returns cudaErrorInvalidValue, with nothing
- * enqueued, where the device lacks it. Three launches: pass 1 (per-split row
+ * dk <= 256. Shared memory grows with dk, the dtype, the group and the statistics
+ * asked for; the launcher reads the device's opt-in limit per block and takes fewer
+ * window positions per block where it is lower, and where one position's g query rows
+ * do not fit, splits the group's heads over several chunks (not with out_cross, which
+ * needs the whole group together). So these run on sm_80, 86, 89 and 90 alike, with
+ * every output asked for: f16/bf16 with g <= 128 (dk <= 128) or g <= 96 (dk <= 256),
+ * f32 with g <= 128 (dk <= 64), g <= 96 (dk <= 128) or g <= 24 (dk <= 256); out_cross
+ * with g <= 16, but f32 with dk > 128 only g <= 8 (Llama-3-8B, bf16, dk = 128, g = 4,
+ * cross: 92,032 B < 99 KiB). Beyond that sm_80's 163 KiB or sm_90's 227 KiB is needed
+ * (the table: cuda/checks/smem_table.cu); the launcher returns cudaErrorInvalidValue,
+ * with nothing enqueued, where the device lacks it. Three launches: pass 1 (per-split row
  * max / sum-exp), combine, pass 2 (aggregates). The [w, N] attention matrix is never
  * stored.
  * Outputs (each may be NULL; all contiguous f32):
@@ -126,7 +128,8 @@ int kve_cuda_lava_factor(const kve_cuda_view* v, int64_t prefix, float* out,
  * gram_lo: NULL, or the rounding residual G - gram_hi in the same dtype (two MMAs,
  * ~f32-accurate G); kve_cuda_gram_split makes both from an f32 G.
  * dv <= 256. out: [n_gram, n_tokens] contiguous f32.
- * Shared memory: f32 with dv > 128 needs > 99 KiB (sm_80 / sm_90 only). */
+ * Shared memory fits sm_80, 86, 89 and 90 for every dtype and dv, except f32 with
+ * dv > 128 AND a gram_lo (111 KB: sm_80 / sm_90 only; the C API passes none for f32). */
 int kve_cuda_vonorm(const kve_cuda_view* v, int64_t n_tokens, const void* gram_hi,
                     const void* gram_lo, int64_t n_gram, int take_sqrt, float* out,
                     void* stream);

@@ -136,23 +136,25 @@ __device__ __forceinline__ void load_tile(T* __restrict__ dst, int ld, const Vie
     }
 }
 
-// Query rows of one window chunk: row r = jj*g + hh (jj < jn) is q[hk*g + hh,
-// j0 + jj, :]; into Qs [rcp x ldq] with rows >= jn*g and dims >= dk zero up to
-// dkp. 16-byte loads when the dim stride is 1, dk, the head and token strides are
-// multiples of the vector and the chunk's first row is 16-byte aligned.
+// Query rows of one window chunk, positions j0.. j0+jn and heads h0.. h0+hn of KV
+// group hk: row r = jj*hn + hh is q[hk*g + h0 + hh, j0 + jj, :]; into Qs [rcp x ldq]
+// with rows >= jn*hn and dims >= dk zero up to dkp. 16-byte loads when the dim
+// stride is 1, dk, the head and token strides are multiples of the vector and the
+// chunk's first row is 16-byte aligned.
 template <typename T>
 __device__ __forceinline__ void load_q_rows(T* __restrict__ Qs, int ldq, int dkp, const View& q,
-                                            int hk, int g, int64_t j0, int jn, int rcp) {
+                                            int hk, int g, int h0, int hn, int64_t j0, int jn,
+                                            int rcp) {
     constexpr int VN = Vec16<T>::N;
     const int dk = (int)q.dim;
-    const int rows = jn * g;
-    const T* base = elem_ptr<T>(q, (int64_t)hk * g, j0, 0);
+    const int rows = jn * hn;
+    const T* base = elem_ptr<T>(q, (int64_t)hk * g + h0, j0, 0);
     if (q.sd == 1 && dk % VN == 0 && dkp % VN == 0 && q.st % VN == 0 && q.sh % VN == 0 &&
         aligned16(base)) {
         const int64_t sh = q.sh, st = q.st;
         const bool st16 = aligned16(Qs) && ldq % VN == 0;
         load_rows_vec<T>(
-            Qs, ldq, [=](int r) { return base + (r % g) * sh + (r / g) * st; }, rows, rcp, dk,
+            Qs, ldq, [=](int r) { return base + (r % hn) * sh + (r / hn) * st; }, rows, rcp, dk,
             dkp, st16);
         return;
     }
@@ -160,8 +162,8 @@ __device__ __forceinline__ void load_q_rows(T* __restrict__ Qs, int ldq, int dkp
         const int r = e / dkp, d = e - r * dkp;
         T x = zero_val<T>();
         if (r < rows && d < dk) {
-            const int hh = r % g, jj = r / g;
-            x = *elem_ptr<T>(q, (int64_t)hk * g + hh, j0 + jj, d);
+            const int hh = r % hn, jj = r / hn;
+            x = *elem_ptr<T>(q, (int64_t)hk * g + h0 + hh, j0 + jj, d);
         }
         Qs[r * ldq + d] = x;
     }

@@ -24,14 +24,17 @@ constexpr int VO_CB = 32;  // Gram columns per chunk
 
 template <typename T, int DVP> struct VoCfg {
     static constexpr int PAD = Pad<T>::value;
-    static constexpr int TV = (DVP >= 256 || sizeof(T) == 4) ? 64 : 128;  // tokens per tile
+    // tokens per tile; f32 at dv 256 takes 32 so that a block fits sm_86/89's 99 KiB
+    static constexpr int TV = (sizeof(T) == 4 && DVP >= 256) ? 32
+                              : (DVP >= 256 || sizeof(T) == 4) ? 64 : 128;
     static constexpr int LDV = DVP + PAD;
     static constexpr int LDG = VO_CB + (sizeof(T) == 2 ? 8 : 4);
     static constexpr int LDX = VO_CB + 4;
     static constexpr size_t V_BYTES = ((size_t)TV * LDV * sizeof(T) + 127) / 128 * 128;
     static constexpr size_t G_BYTES = ((size_t)DVP * LDG * sizeof(T) + 127) / 128 * 128;
     static constexpr size_t X_BYTES = ((size_t)TV * LDX * sizeof(float) + 127) / 128 * 128;
-    static constexpr size_t SMEM = V_BYTES + 2 * G_BYTES + X_BYTES;
+    // the lo half's G chunk only when a lo half is given
+    static constexpr size_t smem(bool lo) { return V_BYTES + (lo ? 2 : 1) * G_BYTES + X_BYTES; }
     // Blocks per SM ptxas must allow for (registers): what sm_90's shared memory holds
     // for 16-bit V (3), 2 for f32; without it ptxas spilled a few bytes in two builds.
     static constexpr int MIN_BLOCKS = sizeof(T) == 2 ? 3 : 2;
@@ -46,7 +49,7 @@ __global__ void __launch_bounds__(VO_NT, (VoCfg<T, DVP>::MIN_BLOCKS))
     T* Vs = reinterpret_cast<T*>(smem);
     T* Gh = reinterpret_cast<T*>(smem + C::V_BYTES);
     T* Gl = reinterpret_cast<T*>(smem + C::V_BYTES + C::G_BYTES);
-    float* X = reinterpret_cast<float*>(smem + C::V_BYTES + 2 * C::G_BYTES);
+    float* X = reinterpret_cast<float*>(smem + C::V_BYTES + (glo ? 2 : 1) * C::G_BYTES);
 
     const int hk = blockIdx.y;
     const int64_t i0 = (int64_t)blockIdx.x * C::TV;
@@ -101,7 +104,7 @@ int vonorm_run(const View& v, int64_t n_tokens, const void* ghi, const void* glo
     using C = VoCfg<T, DVP>;
     const int64_t hkv = v.heads;
     const int gpk = (int)(n_gram / hkv);
-    const size_t sm = C::SMEM;
+    const size_t sm = C::smem(glo != nullptr);
     KVE_CHECK(set_smem(vonorm_kernel<T, DVP>, sm));
     const dim3 grid((unsigned)ceil_div(n_tokens, C::TV), (unsigned)hkv);
     KVE_CHECK(launch_kernel(vonorm_kernel<T, DVP>, grid, VO_NT, sm, st, v, n_tokens,

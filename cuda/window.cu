@@ -14,8 +14,10 @@
 //   (every window query sees every prefix key, no mask), A = exp(z - m)/l, and
 //   accumulates per key the column sums / sums of squares / cross products.
 //
-// Rows of one chunk are ordered j-major (r = jj·g + hh) so that all g heads of
-// one window position are in the same chunk (cross terms need them together).
+// Rows of one chunk are ordered j-major (r = jj·hn + hh) so that all g heads of
+// one window position are in the same chunk (cross terms need them together);
+// where even one position's g rows do not fit the shared memory (large g on
+// sm_86/89), a chunk is one position and a range of hn < g heads (no cross terms).
 // Logits run on tensor cores for f16/bf16 (products of 16-bit values are exact
 // in f32; f32 accumulation), SIMT f32 for f32 inputs.
 #include "common.cuh"
@@ -63,38 +65,68 @@ __host__ __device__ inline WinSmem win_smem(int rcp, int n_items) {
     return o;
 }
 
-// Window positions per chunk (jc; rcp = rows padded to 16) and the two passes'
-// dynamic shared memory. As many positions as RMAX rows allow, fewer where pass 2
-// would exceed `optin` (the device's opt-in limit per block: 99 KiB on sm_86/89,
-// 163 KiB on sm_80, 227 KiB on sm_90). Smaller chunks only re-read K more often
-// (pass 1) and reload Q more often (pass 2). jc = 0: one position does not fit.
+// Pass 2's per-key accumulators: the g column sums when mean or group is asked for,
+// then the squared sums (l2) or all g(g+1)/2 cross products (cross).
+__host__ __device__ inline int win_items(int g, bool cross, bool want_sum, bool want_sq) {
+    return (want_sum ? g : 0) + (want_sq ? (cross ? g * (g + 1) / 2 : g) : 0);
+}
+
+// Chunks of the window rows and the two passes' dynamic shared memory: jc
+// positions of all g heads per chunk (rcp = rows padded to 16), as many as RMAX
+// rows allow, fewer where pass 2 would exceed `optin` (the device's opt-in limit
+// per block: 99 KiB on sm_86/89, 163 KiB on sm_80, 227 KiB on sm_90); where one
+// position of g heads does not fit either, one position of hc < g heads (not with
+// cross terms, which need the whole group). Smaller chunks only re-read K more often
+// (pass 1) and reload Q more often (pass 2). jc = 0: no chunk fits.
 struct WinPlan {
-    int jc, rcp;
+    int jc, hc, rcp;
     size_t sm1, sm2;
 };
 template <typename T, int DKP>
-__host__ inline WinPlan win_plan(int64_t w, int g, bool cross, size_t optin) {
+__host__ inline WinPlan win_plan(int64_t w, int g, int n_items, bool cross, size_t optin) {
     using C = WinCfg<T, DKP>;
-    const int n_items = g + (cross ? g * (g + 1) / 2 : g);
     int64_t jc = C::RMAX / g;
     if (jc < 1) jc = 1;
     if (jc > w) jc = w;
     for (; jc >= 1; --jc) {
         const int rcp = (int)((jc * g + 15) / 16 * 16);
         const size_t sm2 = win_smem<T, DKP>(rcp, n_items).total;
-        if (sm2 <= optin) return WinPlan{(int)jc, rcp, win_smem<T, DKP>(rcp, 0).total, sm2};
+        if (sm2 <= optin) return WinPlan{(int)jc, g, rcp, win_smem<T, DKP>(rcp, 0).total, sm2};
     }
-    return WinPlan{0, 0, 0, 0};
+    if (!cross)
+        for (int parts = 2; parts <= g; ++parts) {
+            const int hc = (g + parts - 1) / parts;  // balanced head chunks
+            const int rcp = (hc + 15) / 16 * 16;
+            const size_t sm2 = win_smem<T, DKP>(rcp, n_items).total;
+            if (sm2 <= optin) return WinPlan{1, hc, rcp, win_smem<T, DKP>(rcp, 0).total, sm2};
+        }
+    return WinPlan{0, 0, 0, 0, 0};
 }
 
 struct WinArgs {
     View q, k;
     int64_t n, w, p;  // tokens, window, prefix
     int g, jc, rcp, nchunks;
+    int hc, hchunks;  // heads per chunk (g unless the group is split), head chunks
     int64_t tiles_per_block;
     int nsplit;  // pass 1 splits
     float scale;
 };
+
+// Chunk c of the window rows: positions j0.. j0+jn, heads h0.. h0+hn of the group.
+struct WinChunk {
+    int64_t j0;
+    int jn, h0, hn;
+};
+__device__ __forceinline__ WinChunk win_chunk(const WinArgs& a, int c) {
+    WinChunk k;
+    const int pc = c / a.hchunks, hcix = c - pc * a.hchunks;
+    k.j0 = (int64_t)pc * a.jc;
+    k.jn = (int)min((int64_t)a.jc, a.w - k.j0);
+    k.h0 = hcix * a.hc;
+    k.hn = min(a.hc, a.g - k.h0);
+    return k;
+}
 
 template <typename T, int DKP>
 __global__ void __launch_bounds__(WIN_NT) window_pass1(WinArgs a, float2* __restrict__ part) {
@@ -115,10 +147,10 @@ __global__ void __launch_bounds__(WIN_NT) window_pass1(WinArgs a, float2* __rest
     const int64_t t_end = min(ntiles, t_begin + a.tiles_per_block);
 
     for (int c = 0; c < a.nchunks; ++c) {
-        const int64_t j0 = (int64_t)c * a.jc;
-        const int jn = (int)min((int64_t)a.jc, a.w - j0);
-        const int rows = jn * a.g;
-        load_q_rows<T>(Qs, C::LDQ, DKP, a.q, hk, a.g, j0, jn, a.rcp);
+        const WinChunk ch = win_chunk(a, c);
+        const int64_t j0 = ch.j0;
+        const int hn = ch.hn, rows = ch.jn * hn;
+        load_q_rows<T>(Qs, C::LDQ, DKP, a.q, hk, a.g, ch.h0, hn, j0, ch.jn, a.rcp);
         for (int r = threadIdx.x; r < a.rcp; r += blockDim.x) {
             rm[r] = -INFINITY;
             rl[r] = 0.0f;
@@ -131,7 +163,7 @@ __global__ void __launch_bounds__(WIN_NT) window_pass1(WinArgs a, float2* __rest
             MM<T>::template abt<DKP>(S, C::LDS, Qs, C::LDQ, Ks, C::LDK, a.rcp, WIN_TK);
             __syncthreads();
             for (int r = warp; r < rows; r += nw) {
-                const int64_t lim = a.p + j0 + r / a.g;  // last visible key
+                const int64_t lim = a.p + j0 + r / hn;  // last visible key
                 const int c0 = lane, c1 = lane + 32;
                 float z0 = -INFINITY, z1 = -INFINITY;
                 if (c0 < kn && i0 + c0 <= lim) z0 = S[r * C::LDS + c0] * a.scale;
@@ -151,7 +183,7 @@ __global__ void __launch_bounds__(WIN_NT) window_pass1(WinArgs a, float2* __rest
             __syncthreads();
         }
         for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-            const int hh = r % a.g, jj = r / a.g;
+            const int hh = ch.h0 + r % hn, jj = r / hn;
             const int64_t row = ((int64_t)hk * a.g + hh) * a.w + j0 + jj;
             part[row * a.nsplit + split] = make_float2(rm[r], rl[r]);
         }
@@ -203,7 +235,7 @@ __global__ void __launch_bounds__(WIN_NT)
     const int npairs = o.cross_on ? g * (g + 1) / 2 : g;
     // only the requested statistics: sums (mean, group) first, then products (l2, cross)
     const int nsum = o.want_sum ? g : 0;
-    const int n_items = nsum + (o.want_sq ? npairs : 0);
+    const int n_items = win_items(g, o.cross_on != 0, o.want_sum != 0, o.want_sq != 0);
     const WinSmem L = win_smem<T, DKP>(a.rcp, n_items);
     T* Qs = reinterpret_cast<T*>(smem + L.q);
     T* Ks = reinterpret_cast<T*>(smem + L.k);
@@ -241,13 +273,14 @@ __global__ void __launch_bounds__(WIN_NT)
         load_tile<T>(Ks, C::LDK, a.k, hk, i0, kn, WIN_TK, DKP);
         for (int e = threadIdx.x; e < n_items * WIN_TK; e += blockDim.x) acc[e] = 0.0f;
         for (int c = 0; c < a.nchunks; ++c) {
-            const int64_t j0 = (int64_t)c * a.jc;
-            const int jn = (int)min((int64_t)a.jc, a.w - j0);
-            const int rows = jn * g;
+            const int pc = c / a.hchunks, h0 = (c - pc * a.hchunks) * a.hc;
+            const int64_t j0 = (int64_t)pc * a.jc;
+            const int jn = (int)min((int64_t)a.jc, a.w - j0), hn = min(a.hc, g - h0);
+            const int rows = jn * hn;
             if (a.nchunks > 1 || t == t_begin) {
-                load_q_rows<T>(Qs, C::LDQ, DKP, a.q, hk, g, j0, jn, a.rcp);
+                load_q_rows<T>(Qs, C::LDQ, DKP, a.q, hk, g, h0, hn, j0, jn, a.rcp);
                 for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-                    const int hh = r % g, jj = r / g;
+                    const int hh = h0 + r % hn, jj = r / hn;
                     const float2 st = stats[((int64_t)hk * g + hh) * a.w + j0 + jj];
                     rm[r] = st.x;
                     ri[r] = st.y;
@@ -262,15 +295,20 @@ __global__ void __launch_bounds__(WIN_NT)
                 *sp = col < kn ? expf(*sp * a.scale - rm[r]) * ri[r] : 0.0f;
             }
             __syncthreads();
+            // the items of the chunk's heads (all of them unless the group is split,
+            // which it never is with cross terms)
             for (int e = threadIdx.x; e < n_items * WIN_TK; e += blockDim.x) {
                 const int item = e / WIN_TK, col = e - item * WIN_TK;
+                const bool is_sum = item < nsum;
+                const int x = (is_sum ? item : pa[item - nsum]) - h0;
+                const int y = (is_sum ? item : pb[item - nsum]) - h0;
+                if ((unsigned)x >= (unsigned)hn || (unsigned)y >= (unsigned)hn) continue;
                 float s = 0.0f;
-                if (item < nsum) {
-                    for (int jj = 0; jj < jn; ++jj) s += S[(jj * g + item) * C::LDS + col];
+                if (is_sum) {
+                    for (int jj = 0; jj < jn; ++jj) s += S[(jj * hn + x) * C::LDS + col];
                 } else {
-                    const int x = pa[item - nsum], y = pb[item - nsum];
                     for (int jj = 0; jj < jn; ++jj)
-                        s += S[(jj * g + x) * C::LDS + col] * S[(jj * g + y) * C::LDS + col];
+                        s += S[(jj * hn + x) * C::LDS + col] * S[(jj * hn + y) * C::LDS + col];
                 }
                 acc[e] += s;
             }
@@ -319,11 +357,14 @@ int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, const float*
     int dev = 0, optin = 0;
     KVE_CHECK(cudaGetDevice(&dev));
     KVE_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    const WinPlan plan = win_plan<T, DKP>(a.w, a.g, o.cross_on != 0, (size_t)optin);
+    const int n_items = win_items(a.g, o.cross_on != 0, o.want_sum != 0, o.want_sq != 0);
+    const WinPlan plan = win_plan<T, DKP>(a.w, a.g, n_items, o.cross_on != 0, (size_t)optin);
     if (plan.jc == 0) return (int)cudaErrorInvalidValue;
     a.jc = plan.jc;
+    a.hc = plan.hc;
+    a.hchunks = (int)ceil_div(a.g, a.hc);
     a.rcp = plan.rcp;
-    a.nchunks = (int)ceil_div(a.w, a.jc);
+    a.nchunks = (int)(ceil_div(a.w, a.jc) * a.hchunks);
 
     const int64_t nsplit = pass1_splits(a.n, hkv);
     const int64_t ntiles = ceil_div(a.n, WIN_TK);
@@ -412,7 +453,7 @@ extern "C" int kve_cuda_window(const kve_cuda_view* q, const kve_cuda_view* k, i
     a.w = w;
     a.p = p;
     a.g = (int)g;
-    a.jc = a.rcp = a.nchunks = a.nsplit = 0;
+    a.jc = a.rcp = a.nchunks = a.nsplit = a.hc = a.hchunks = 0;
     a.tiles_per_block = 0;
     a.scale = (float)(1.0 / sqrt((double)dk));
     WinOut o;

@@ -546,6 +546,64 @@ fn window_single_outputs_equal_all_outputs() {
     }
 }
 
+/// Groups too large for one window position's g rows in shared memory: the launcher
+/// splits each position's heads over chunks (sm_86/89's 99 KiB from g ~ 24 with f32 and
+/// dk 256; f32 dk 256 g 128 even on sm_90), and mean, l2 and group still match the f64
+/// reference. Where even a split does not fit (f32 dk 256 g 128 under 99 KiB) the launch
+/// is refused with nothing written.
+#[test]
+fn window_large_groups_split_heads_over_chunks() {
+    need_device!();
+    let mut rng = Rng::new(36);
+    for (c, dt) in [
+        (wc(128, 1, 70, 3, 256), Dt::F32),
+        (wc(96, 1, 80, 2, 120), Dt::F32),
+        (wc(48, 2, 75, 4, 256), Dt::F32),
+        (wc(96, 1, 70, 3, 256), Dt::Bf16),
+        (wc(128, 1, 66, 2, 128), Dt::F16),
+    ] {
+        let (q, k) = win_inputs(&mut rng, &c, dt, Layout::HeadMajor);
+        let g = c.hq / c.hkv;
+        let p = c.n - c.w;
+        let op = KVE_CUDA_GQA_MAX;
+        let tag = format!("window hq{} hkv{} dk{} {dt:?}", c.hq, c.hkv, c.dk);
+        // f32, dk 256, g 128: 64 heads per chunk need ~214 KB (pass 2)
+        if dt == Dt::F32 && c.dk == 256 && g == 128 && smem_optin() < 214 * 1024 {
+            let outs = [sentinel(c.hq * p), sentinel(c.hq * p), sentinel(c.hkv * p)];
+            // SAFETY: a pure host function of the sizes.
+            let wsb = unsafe {
+                kve_cuda_window_workspace_size(c.hq as i64, c.w as i64, c.n as i64, c.hkv as i64)
+            };
+            let ws = DBuf::<u8>::new(wsb);
+            // SAFETY: device buffers of the documented sizes.
+            let rc = unsafe {
+                kve_cuda_window(
+                    &q.view(),
+                    &k.view(),
+                    c.w as i64,
+                    outs[0].ptr(),
+                    outs[1].ptr(),
+                    null_mut(),
+                    outs[2].ptr(),
+                    op,
+                    null(),
+                    ws.vptr(),
+                    wsb,
+                    null_stream(),
+                )
+            };
+            assert_eq!(rc, 1, "{tag}: refused (cudaErrorInvalidValue)");
+            for o in &outs {
+                assert_sentinel(&tag, o);
+            }
+            println!("{tag}: refused under {} B of shared memory", smem_optin());
+            continue;
+        }
+        let got = run_window(&q, &k, c.w, op, None);
+        check_window(&tag, &got, &ref_window(&q, &k, c.w, op), g);
+    }
+}
+
 #[test]
 fn window_row_lse_matches_computed_path() {
     need_device!();

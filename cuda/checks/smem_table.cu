@@ -24,7 +24,7 @@ template <typename T, int DKP>
 int max_g(bool cross, size_t optin) {
     int best = 0;
     for (int g = 1; g <= (cross ? WIN_MAXG_CROSS : 128); ++g) {
-        if (win_plan<T, DKP>(W_MAX, g, cross, optin).jc == 0) break;
+        if (win_plan<T, DKP>(W_MAX, g, win_items(g, cross, true, true), cross, optin).jc == 0) break;
         best = g;
     }
     return best;
@@ -39,8 +39,9 @@ struct Promise {
     int g_all;
 };
 const Promise documented[] = {
-    {2, 128, false, 64}, {2, 256, false, 32}, {2, 256, true, 16},
-    {4, 128, false, 32}, {4, 128, true, 16},  {4, 256, false, 16}, {4, 256, true, 8},
+    {2, 128, false, 128}, {2, 256, false, 96}, {2, 256, true, 16},
+    {4, 64, false, 128},  {4, 128, false, 96}, {4, 128, true, 16},
+    {4, 256, false, 24},  {4, 256, true, 8},
 };
 
 template <typename T> int elem_of() { return (int)sizeof(T); }
@@ -69,10 +70,12 @@ int report_window(const char* dt) {
 }
 
 template <typename T, int DKP> void report_vonorm(const char* dt) {
-    const size_t sm = VoCfg<T, DKP>::SMEM;
-    printf("vonorm %-4s dv<=%-3d %6zu B:", dt, DKP, sm);
-    for (const Arch& a : ARCHS) printf("  %s %s", a.name, sm <= a.optin ? "ok" : "REFUSED");
-    printf("\n");
+    for (int lo = 0; lo < 2; ++lo) {
+        const size_t sm = VoCfg<T, DKP>::smem(lo != 0);
+        printf("vonorm %-4s dv<=%-3d %-5s %6zu B:", dt, DKP, lo ? "hi+lo" : "hi", sm);
+        for (const Arch& a : ARCHS) printf("  %s %s", a.name, sm <= a.optin ? "ok" : "REFUSED");
+        printf("\n");
+    }
 }
 
 }  // namespace
@@ -88,7 +91,8 @@ int main() {
     // Llama-3-8B: bf16, dk = 128, g = 4 (LaProx exact GQA: cross on)
     for (int cross = 0; cross < 2; ++cross)
         for (const Arch& a : ARCHS) {
-            const WinPlan p = win_plan<__nv_bfloat16, 128>(W_MAX, 4, cross != 0, a.optin);
+            const WinPlan p = win_plan<__nv_bfloat16, 128>(W_MAX, 4, win_items(4, cross != 0, true, true),
+                                                            cross != 0, a.optin);
             printf("window bf16 dk=128 g=4 %-8s %s: %d positions/chunk (%d rows), pass1 %zu B, "
                    "pass2 %zu B of %zu\n",
                    cross ? "cross" : "no-cross", a.name, p.jc, p.rcp, p.sm1, p.sm2, a.optin);

@@ -219,7 +219,7 @@ template <typename T> static void test_tile(const char* tn) {
                     }
 }
 
-// load_q_rows: rows r = jj*g + hh of q [Hq, w, dk].
+// load_q_rows: rows r = jj*hn + hh of q [Hq, w, dk], heads h0.. h0+hn of the group.
 template <typename T> static void test_q(const char* tn) {
     constexpr int VN = 16 / (int)sizeof(T);
     const int pad = sizeof(T) == 2 ? 8 : 1;
@@ -227,10 +227,13 @@ template <typename T> static void test_q(const char* tn) {
         for (int dk : {dkp, dkp - VN, dkp - 5})
             for (int g : {1, 4, 5})
                 for (int layout = 0; layout < 3; ++layout)
-                    for (int jn : {1, 7}) {
+                    for (int jn : {1, 7})
+                    for (int part = 0; part < (g > 1 ? 2 : 1); ++part) {
+                        // the whole group, or heads 1.. g-1 (a head chunk)
+                        const int h0 = part, hn = g - part;
                         const int hkv = 2, hk = 1, w = 24;
                         const int64_t j0 = 9;
-                        const int rcp = (jn * g + 15) / 16 * 16 + 16;  // extra zero rows too
+                        const int rcp = (jn * hn + 15) / 16 * 16 + 16;  // extra zero rows too
                         // 0 contiguous [Hq, w, dk], 1 token-major [w, Hq, dk] (head
                         // stride dk), 2 base off alignment
                         View q;
@@ -253,15 +256,15 @@ template <typename T> static void test_q(const char* tn) {
                         for (int i = 0; i < rcp * ld; ++i) dst.p[i] = from_bits<T>(SENTINEL);
                         g_vec_loads = 0;
                         run_block(256, [&] {
-                            load_q_rows<T>(dst.p, ld, dkp, q, hk, g, j0, jn, rcp);
+                            load_q_rows<T>(dst.p, ld, dkp, q, hk, g, h0, hn, j0, jn, rcp);
                         });
                         const bool want_vec = layout <= 1 && dk % VN == 0;
                         char what[160];
-                        snprintf(what, sizeof what, "load_q_rows<%s> dkp %d dk %d g %d layout %d "
-                                 "jn %d", tn, dkp, dk, g, layout, jn);
+                        snprintf(what, sizeof what, "load_q_rows<%s> dkp %d dk %d g %d h0 %d "
+                                 "layout %d jn %d", tn, dkp, dk, g, h0, layout, jn);
                         check(what, dst.p, rcp, ld, dkp, want_vec, [&](int r, int d) {
-                            if (r >= jn * g || d >= dk) return 0u;
-                            const int hh = r % g, jj = r / g;
+                            if (r >= jn * hn || d >= dk) return 0u;
+                            const int hh = h0 + r % hn, jj = r / hn;
                             return bits(src.p[((int64_t)hk * g + hh) * q.sh + (j0 + jj) * q.st + d]);
                         });
                     }

@@ -99,9 +99,11 @@ pub unsafe extern "C" fn kve_cuda_score_workspace_size(
 ///
 /// Limits of the kernels: `dk <= 256`; `dv <= 256` when the Gram is given; `g <= 128`
 /// (`g <= 16` for the exact and mean-attn LaProx GQA modes); at most 65535 heads;
-/// `window <= 2^24`; uniqueness: `N <= 65535·64`; otherwise `KVE_ERR_INVALID_ARGUMENT`. Some shapes also need more
-/// shared memory than an architecture has (large `g`, f32 with `dk > 128`): the launch is
-/// then refused with `KVE_ERR_CUDA`, nothing enqueued.
+/// `window <= 2^24`; uniqueness: `N <= 65535·64`; otherwise `KVE_ERR_INVALID_ARGUMENT`. A few
+/// shapes also need more shared memory than sm_86/89's 99 KiB (f32 with `dk > 128` and
+/// `g > 24`, 16-bit with `dk > 128` and `g > 96`; the exact LaProx GQA modes with f32,
+/// `dk > 128` and `g > 8`; `cuda/kvevict_cuda.h` has the table): the launch is then
+/// refused with `KVE_ERR_CUDA`, nothing enqueued.
 /// Everything the host can check (pointers, dtypes, extents and strides against `len`,
 /// lengths, alignment, workspace size) is checked before anything is enqueued, with the
 /// host path's status codes. Unlike the host path, NaN/Inf are not detected. Nothing

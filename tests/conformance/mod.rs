@@ -36,7 +36,10 @@ pub mod rt {
         pub fn cudaGraphDestroy(graph: *mut c_void) -> i32;
         pub fn cudaGetErrorString(e: i32) -> *const c_char;
         pub fn cudaGetLastError() -> i32;
+        pub fn cudaDeviceGetAttribute(v: *mut i32, attr: i32, dev: i32) -> i32;
     }
+    /// cudaDevAttrMaxSharedMemoryPerBlockOptin
+    pub const ATTR_SMEM_OPTIN: i32 = 97;
     pub const H2D: i32 = 1;
     pub const D2H: i32 = 2;
     pub const CAPTURE_GLOBAL: i32 = 0;
@@ -238,6 +241,22 @@ pub fn have_device() -> bool {
         return false;
     }
     true
+}
+
+/// The device's opt-in shared memory per block (bytes); usize::MAX for the mock.
+pub fn smem_optin() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        let mut v = 0i32;
+        // SAFETY: an out-pointer to a local.
+        ck(
+            unsafe { rt::cudaDeviceGetAttribute(&mut v, rt::ATTR_SMEM_OPTIN, 0) },
+            "cudaDeviceGetAttribute",
+        );
+        v as usize
+    }
+    #[cfg(not(feature = "cuda"))]
+    usize::MAX
 }
 
 /// The skip line, or a panic when a GPU is required (`KVEVICT_REQUIRE_GPU` set, not "0").
