@@ -9,7 +9,8 @@
 // data independent: a graph can capture it); passes after the threshold is
 // resolved exit at once. Equal composites (same score and position in
 // different rows of one group) are rationed by the lower row first.
-// The output pass writes, per row, the kept positions in ascending order.
+// The output pass writes, per row, the kept positions in ascending order: long rows
+// in chunks, one block each, after a pass that counts each chunk's kept positions.
 #include "common.cuh"
 
 namespace kve {
@@ -163,45 +164,79 @@ __global__ void __launch_bounds__(SEL_NT) sel_scan(SelArgs a, int shift) {
     for (int b = threadIdx.x; b < SEL_BINS; b += blockDim.x) g[b] = 0u;
 }
 
+// Whether position i of row r is kept, once the group's threshold is resolved.
+__device__ __forceinline__ bool sel_keep(const SelArgs& a, const SelState& s, int64_t r,
+                                         int64_t grp, int64_t i, double sum) {
+    if (s.mode == SEL_ALL) return true;
+    if (s.mode != SEL_RESOLVED) return false;
+    const unsigned long long c = sel_key(a, r, i, sum);
+    const unsigned long long top = c >> s.cut;
+    if (top != s.thr) return top > s.thr;
+    if (!s.exact) return true;
+    // rank among equal composites: rows of the group before r
+    long long rank = 0;
+    for (int64_t r2 = grp * a.rpg; r2 < r; ++r2)
+        if (sel_key(a, r2, i, row_sum(a, r2)) == c) ++rank;
+    return rank < s.need;
+}
+
+// Output chunks: a row's positions in `chunks` runs of `clen` (one block each), so a
+// long row is written by many blocks. Chunk counts go to the group's histogram bins,
+// zero after the last scan and zeroed again by the next call's sel_init:
+// bin (r - first row of the group) * chunks + c.
+__device__ __forceinline__ unsigned* sel_chunk_counts(const SelArgs& a, int64_t r, int64_t grp,
+                                                      int64_t chunks) {
+    return a.hist + grp * SEL_BINS + (r - grp * a.rpg) * chunks;
+}
+
 // The occupancy target (4 blocks of 256 threads: <= 64 registers) keeps ptxas from
 // the 4-byte local-memory spill it made on sm_80/86/89 with the thread count alone.
 __global__ void __launch_bounds__(SEL_NT, 4)
-    sel_output(SelArgs a, int32_t* __restrict__ counts, int32_t* __restrict__ idx,
-               int64_t idx_ld) {
+    sel_count(SelArgs a, int64_t chunks, int64_t clen) {
     __shared__ int wcount[SEL_NT / 32];
     __shared__ SelState s;
-    const int64_t r = blockIdx.x;
+    const int64_t r = blockIdx.x / chunks, c = blockIdx.x - r * chunks;
     const int64_t grp = r / a.rpg;
     if (threadIdx.x == 0) s = a.st[grp];
     __syncthreads();
     const double sum = row_sum(a, r);
+    const int64_t lo = c * clen, hi = min(a.n, lo + clen);
+    int mine = 0;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += SEL_NT) mine += sel_keep(a, s, r, grp, i, sum);
+    for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
+    if ((threadIdx.x & 31) == 0) wcount[threadIdx.x >> 5] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int tot = 0;
+        for (int w = 0; w < SEL_NT / 32; ++w) tot += wcount[w];
+        sel_chunk_counts(a, r, grp, chunks)[c] = (unsigned)tot;
+    }
+}
+
+__global__ void __launch_bounds__(SEL_NT, 4)
+    sel_output(SelArgs a, int64_t chunks, int64_t clen, int32_t* __restrict__ counts,
+               int32_t* __restrict__ idx, int64_t idx_ld) {
+    __shared__ int wcount[SEL_NT / 32];
+    __shared__ SelState s;
+    __shared__ long long s_base;
+    const int64_t r = blockIdx.x / chunks, c = blockIdx.x - r * chunks;
+    const int64_t grp = r / a.rpg;
+    if (threadIdx.x == 0) {
+        s = a.st[grp];
+        long long b = 0;  // kept in the row's earlier chunks
+        const unsigned* cc = chunks > 1 ? sel_chunk_counts(a, r, grp, chunks) : nullptr;
+        for (int64_t p = 0; p < c; ++p) b += cc[p];
+        s_base = b;
+    }
+    __syncthreads();
+    const double sum = row_sum(a, r);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int32_t* out = idx + r * idx_ld;
-    int64_t base = 0;
-    for (int64_t i0 = 0; i0 < a.n; i0 += SEL_NT) {
+    int64_t base = s_base;
+    const int64_t lo = c * clen, hi = min(a.n, lo + clen);
+    for (int64_t i0 = lo; i0 < hi; i0 += SEL_NT) {
         const int64_t i = i0 + threadIdx.x;
-        bool keep = false;
-        if (i < a.n) {
-            if (s.mode == SEL_ALL) {
-                keep = true;
-            } else if (s.mode == SEL_RESOLVED) {
-                const unsigned long long c = sel_key(a, r, i, sum);
-                const unsigned long long top = c >> s.cut;
-                if (top > s.thr) {
-                    keep = true;
-                } else if (top == s.thr) {
-                    if (!s.exact) {
-                        keep = true;
-                    } else {
-                        // rank among equal composites: rows of the group before r
-                        long long rank = 0;
-                        for (int64_t r2 = grp * a.rpg; r2 < r; ++r2)
-                            if (sel_key(a, r2, i, row_sum(a, r2)) == c) ++rank;
-                        keep = rank < s.need;
-                    }
-                }
-            }
-        }
+        const bool keep = i < hi && sel_keep(a, s, r, grp, i, sum);
         const unsigned bal = __ballot_sync(0xffffffffu, keep);
         if (lane == 0) wcount[warp] = __popc(bal);
         __syncthreads();
@@ -214,7 +249,20 @@ __global__ void __launch_bounds__(SEL_NT, 4)
         base += tot;
         __syncthreads();
     }
-    if (threadIdx.x == 0) counts[r] = (int32_t)base;
+    if (threadIdx.x == 0 && c == chunks - 1) counts[r] = (int32_t)base;
+}
+
+// Output chunks per row: runs of SEL_OUT_CHUNK positions, as many as the group's
+// 2048 bins can count (rows_per_group * chunks <= 2048); one chunk (no counting
+// pass) for short rows or groups of more than 1024 rows.
+constexpr int64_t SEL_OUT_CHUNK = 4096;
+int64_t out_chunks(int64_t n, int64_t rpg, int64_t rows) {
+    int64_t c = ceil_div(n, SEL_OUT_CHUNK);
+    const int64_t cap = SEL_BINS / (rpg > 0 ? rpg : 1);
+    if (c > cap) c = cap;
+    const int64_t grid_cap = (((int64_t)1 << 31) - 1) / (rows > 0 ? rows : 1);  // grid.x
+    if (c > grid_cap) c = grid_cap;
+    return c < 2 ? 1 : c;
 }
 
 }  // namespace
@@ -267,6 +315,11 @@ extern "C" int kve_cuda_select(const float* scores, int64_t ld, int64_t n, int64
             shift));
         KVE_CHECK(launch_kernel(sel_scan, (unsigned)n_groups, SEL_NT, 0, st, a, shift));
     }
-    KVE_CHECK(launch_kernel(sel_output, (unsigned)rows, SEL_NT, 0, st, a, counts, idx, idx_ld));
+    const int64_t oc = out_chunks(n, rows_per_group, rows);
+    const int64_t clen = ceil_div(n, oc);
+    if (oc > 1)
+        KVE_CHECK(launch_kernel(sel_count, (unsigned)(rows * oc), SEL_NT, 0, st, a, oc, clen));
+    KVE_CHECK(launch_kernel(sel_output, (unsigned)(rows * oc), SEL_NT, 0, st, a, oc, clen, counts,
+        idx, idx_ld));
     return 0;
 }

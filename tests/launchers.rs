@@ -2130,11 +2130,13 @@ fn token_reduce_and_sinks_edges() {
 fn select_matches_reference_exactly() {
     need_device!();
     let mut rng = Rng::new(7);
-    // (layers, hkv, n): shapes; modes: global, per layer, per head
+    // (layers, hkv, n): shapes; modes: global, per layer, per head. Rows past 4096
+    // positions are written in chunks by several blocks (5000: 2, 20000: 5).
     for &(layers, hkv, n) in &[
         (4usize, 2usize, 1000usize),
         (3, 4, 37),
         (2, 1, 5000),
+        (3, 2, 20000),
         (1, 1, 1),
     ] {
         let rows = layers * hkv;
