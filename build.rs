@@ -60,7 +60,13 @@ mod cuda_build {
         "uniqueness.cu",
         "links.cu",
     ];
-    const HEADERS: &[&str] = &["kvevict_cuda.h", "common.cuh", "mma.cuh", "tile_loads.cuh"];
+    const HEADERS: &[&str] = &[
+        "kvevict_cuda.h",
+        "common.cuh",
+        "mma.cuh",
+        "tile_loads.cuh",
+        "tile_async.cuh",
+    ];
 
     fn fail(msg: &str) -> ! {
         eprintln!("kvevict build.rs: {msg}");
@@ -213,6 +219,7 @@ mod cuda_build {
         "cuda_fp16.h",
         "cuda_bf16.h",
         "mma.h",
+        "cuda_pipeline.h",
     ];
 
     /// Feature `cuda-emu`: the same kernels compiled by the host C++ compiler against
@@ -246,7 +253,36 @@ mod cuda_build {
             b.file(dst);
         }
         b.file(emu_dir.join("emu.cpp"));
+        // KVEVICT_EMU_SANITIZE=undefined: the kernels under UBSan (misaligned vector
+        // loads and stores, which fault on a GPU; out-of-bounds static shared arrays;
+        // integer overflow), the first finding aborts.
+        println!("cargo:rerun-if-env-changed=KVEVICT_EMU_SANITIZE");
+        let san = env::var("KVEVICT_EMU_SANITIZE").unwrap_or_default();
+        match san.as_str() {
+            "" => {}
+            "undefined" => {
+                b.flag("-fsanitize=undefined")
+                    .flag("-fno-sanitize-recover=all")
+                    .flag("-fno-omit-frame-pointer");
+            }
+            other => fail(&format!("KVEVICT_EMU_SANITIZE={other}: only \"undefined\" is supported")),
+        }
         b.compile("kvevict_cuda");
+        if san == "undefined" {
+            let cxx = b.get_compiler();
+            let out = std::process::Command::new(cxx.path())
+                .arg("-print-file-name=libubsan.so")
+                .output()
+                .unwrap_or_else(|e| fail(&format!("asking the C++ compiler for libubsan: {e}")));
+            let lib = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+            match lib.parent() {
+                Some(d) if lib.is_absolute() => {
+                    println!("cargo:rustc-link-search=native={}", d.display())
+                }
+                _ => fail("libubsan not found (KVEVICT_EMU_SANITIZE=undefined)"),
+            }
+            println!("cargo:rustc-link-lib=dylib=ubsan");
+        }
     }
 
     /// `extern __shared__ [__align__(n)] T name[];` (dynamic shared memory, which C++

@@ -14,7 +14,7 @@
 #include <vector>
 #include "common.cuh"
 #include "mma.cuh"
-#include "tile_loads.cuh"
+#include "tile_async.cuh"
 
 namespace kve {
 namespace {
@@ -33,68 +33,107 @@ template <typename T, int DVP> struct VoCfg {
     static constexpr size_t V_BYTES = ((size_t)TV * LDV * sizeof(T) + 127) / 128 * 128;
     static constexpr size_t G_BYTES = ((size_t)DVP * LDG * sizeof(T) + 127) / 128 * 128;
     static constexpr size_t X_BYTES = ((size_t)TV * LDX * sizeof(float) + 127) / 128 * 128;
-    // the lo half's G chunk only when a lo half is given
-    static constexpr size_t smem(bool lo) { return V_BYTES + (lo ? 2 : 1) * G_BYTES + X_BYTES; }
+    // the lo half's G chunk only when a lo half is given; two of each with dbuf (the
+    // next chunk in flight while the current one is used)
+    static constexpr size_t smem(bool lo, bool dbuf = false) {
+        return V_BYTES + (lo ? 2 : 1) * (dbuf ? 2 : 1) * G_BYTES + X_BYTES;
+    }
     // Blocks per SM ptxas must allow for (registers): what sm_90's shared memory holds
     // for 16-bit V (3), 2 for f32; without it ptxas spilled a few bytes in two builds.
     static constexpr int MIN_BLOCKS = sizeof(T) == 2 ? 3 : 2;
 };
 
+// One G chunk (hi, and lo when given) into the slots of buffer `buf`.
+template <typename T, int DVP>
+__device__ __forceinline__ void vo_issue(unsigned char* gslots, int nparts, int buf, const T* gh,
+                                         const T* gl, int dv, int c0, int tri) {
+    using C = VoCfg<T, DVP>;
+    T* h = reinterpret_cast<T*>(gslots + (size_t)(buf * nparts) * C::G_BYTES);
+    load_g_cols_async<T, VO_NT, VO_CB, DVP>(h, C::LDG, gh, dv, c0, tri);
+    if (gl) {
+        T* l = reinterpret_cast<T*>(gslots + (size_t)(buf * nparts + 1) * C::G_BYTES);
+        load_g_cols_async<T, VO_NT, VO_CB, DVP>(l, C::LDG, gl, dv, c0, tri);
+    }
+}
+
+// Chunks of every Gram of the group in one sequence (mm, c0): with dbuf the next
+// chunk's G is fetched (cp.async) while the current one is multiplied.
 template <typename T, int DVP>
 __global__ void __launch_bounds__(VO_NT, (VoCfg<T, DVP>::MIN_BLOCKS))
     vonorm_kernel(View v, int64_t n_tokens, const T* __restrict__ ghi, const T* __restrict__ glo,
-                  int gpk, int take_sqrt, int tri, float* __restrict__ out) {
+                  int gpk, int take_sqrt, int tri, int dbuf, float* __restrict__ out) {
     using C = VoCfg<T, DVP>;
     extern __shared__ __align__(128) unsigned char smem[];
     T* Vs = reinterpret_cast<T*>(smem);
-    T* Gh = reinterpret_cast<T*>(smem + C::V_BYTES);
-    T* Gl = reinterpret_cast<T*>(smem + C::V_BYTES + C::G_BYTES);
-    float* X = reinterpret_cast<float*>(smem + C::V_BYTES + (glo ? 2 : 1) * C::G_BYTES);
+    unsigned char* gslots = smem + C::V_BYTES;
+    const int nparts = glo ? 2 : 1;
+    float* X = reinterpret_cast<float*>(gslots + (size_t)(nparts * (dbuf ? 2 : 1)) * C::G_BYTES);
 
     const int hk = blockIdx.y;
     const int64_t i0 = (int64_t)blockIdx.x * C::TV;
     const int tn = (int)min((int64_t)C::TV, n_tokens - i0);
     const int dv = (int)v.dim;
-    constexpr int TPT = VO_NT / C::TV;  // threads per token (2 or 4)
+    constexpr int TPT = VO_NT / C::TV;  // threads per token (2, 4 or 8)
     constexpr int CPT = VO_CB / TPT;    // columns per thread per chunk
     const int tok = threadIdx.x / TPT, sub = threadIdx.x % TPT;
 
     load_tile<T>(Vs, C::LDV, v, hk, i0, tn, C::TV, DVP);
     const int64_t gsz = (int64_t)dv * dv;
-
-    for (int mm = 0; mm < gpk; ++mm) {
-        const int64_t m = (int64_t)hk * gpk + mm;
-        const T* gh = ghi + m * gsz;
-        const T* gl = glo ? glo + m * gsz : nullptr;
-        float q = 0.0f;
-        for (int c0 = 0; c0 < dv; c0 += VO_CB) {
-            __syncthreads();  // V loaded / previous chunk's G and X no longer read
-            // factor form: only the lower triangle (row >= column) of L counts
-            load_g_cols<T, VO_NT, VO_CB, DVP>(Gh, C::LDG, gh, dv, c0, tri);
-            if (gl) load_g_cols<T, VO_NT, VO_CB, DVP>(Gl, C::LDG, gl, dv, c0, tri);
-            __syncthreads();
-            MM<T>::template ab<DVP>(X, C::LDX, Vs, C::LDV, Gh, gl ? Gl : nullptr, C::LDG, C::TV,
-                                    VO_CB, tri ? (c0 / 16) * 16 : 0);
-            __syncthreads();
-            if (tri) {
+    const int ncc = (dv + VO_CB - 1) / VO_CB;
+    const int total = gpk * ncc;
+    const T* g0 = ghi + (int64_t)hk * gpk * gsz;
+    const T* l0 = glo ? glo + (int64_t)hk * gpk * gsz : nullptr;
+    if (dbuf) vo_issue<T, DVP>(gslots, nparts, 0, g0, l0, dv, 0, tri);
+    __pipeline_commit();
+    float q = 0.0f;
+    for (int ci = 0; ci < total; ++ci) {
+        const int mm = ci / ncc, c0 = (ci - mm * ncc) * VO_CB;
+        const int buf = dbuf ? (ci & 1) : 0;
+        __syncthreads();  // V loaded / the previous chunk's G and X no longer read
+        if (dbuf) {
+            if (ci + 1 < total) {
+                const int mn = (ci + 1) / ncc, cn = (ci + 1 - mn * ncc) * VO_CB;
+                vo_issue<T, DVP>(gslots, nparts, buf ^ 1, g0 + mn * gsz,
+                                 l0 ? l0 + mn * gsz : nullptr, dv, cn, tri);
+            }
+            __pipeline_commit();
+            __pipeline_wait_prior(1);  // all but the newest group: chunk ci
+        } else {
+            vo_issue<T, DVP>(gslots, nparts, 0, g0 + mm * gsz, l0 ? l0 + mm * gsz : nullptr, dv, c0,
+                             tri);
+            __pipeline_commit();
+            __pipeline_wait_prior(0);
+        }
+        __syncthreads();
+        const T* Gh = reinterpret_cast<const T*>(gslots + (size_t)(buf * nparts) * C::G_BYTES);
+        const T* Gl = glo ? reinterpret_cast<const T*>(gslots + (size_t)(buf * nparts + 1) * C::G_BYTES)
+                          : nullptr;
+        // factor form: only the lower triangle (row >= column) of L counts
+        MM<T>::template ab<DVP>(X, C::LDX, Vs, C::LDV, Gh, Gl, C::LDG, C::TV, VO_CB,
+                                tri ? (c0 / 16) * 16 : 0);
+        __syncthreads();
+        if (tri) {
 #pragma unroll
-                for (int cc = 0; cc < CPT; ++cc) {
-                    const float x = X[tok * C::LDX + sub * CPT + cc];
-                    q = fmaf(x, x, q);
-                }
-            } else {
+            for (int cc = 0; cc < CPT; ++cc) {
+                const float x = X[tok * C::LDX + sub * CPT + cc];
+                q = fmaf(x, x, q);
+            }
+        } else {
 #pragma unroll
-                for (int cc = 0; cc < CPT; ++cc) {
-                    const int c = sub * CPT + cc;
-                    q = fmaf(X[tok * C::LDX + c], to_f32<T>(Vs[tok * C::LDV + c0 + c]), q);
-                }
+            for (int cc = 0; cc < CPT; ++cc) {
+                const int c = sub * CPT + cc;
+                q = fmaf(X[tok * C::LDX + c], to_f32<T>(Vs[tok * C::LDV + c0 + c]), q);
             }
         }
-        // reduce over the TPT adjacent lanes of a token
+        if (c0 + VO_CB >= dv) {  // the Gram's last chunk (uniform across the block)
+            // reduce over the TPT adjacent lanes of a token
 #pragma unroll
-        for (int o = TPT / 2; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
-        if (sub == 0 && tok < tn)
-            out[m * n_tokens + i0 + tok] = take_sqrt ? sqrtf(fmaxf(q, 0.0f)) : q;
+            for (int o = TPT / 2; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+            const int64_t m = (int64_t)hk * gpk + mm;
+            if (sub == 0 && tok < tn)
+                out[m * n_tokens + i0 + tok] = take_sqrt ? sqrtf(fmaxf(q, 0.0f)) : q;
+            q = 0.0f;
+        }
     }
 }
 
@@ -104,12 +143,25 @@ int vonorm_run(const View& v, int64_t n_tokens, const void* ghi, const void* glo
     using C = VoCfg<T, DVP>;
     const int64_t hkv = v.heads;
     const int gpk = (int)(n_gram / hkv);
-    const size_t sm = C::smem(glo != nullptr);
+    // double-buffered G where the device's opt-in limit holds it and it costs no resident
+    // block below the MIN_BLOCKS the registers were sized for (blocks of one SM overlap
+    // each other's loads too)
+    int dev = 0, optin = 0, per_sm = 0;
+    KVE_CHECK(cudaGetDevice(&dev));
+    KVE_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    KVE_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    const bool lo = glo != nullptr;
+    const size_t one = C::smem(lo, false), two = C::smem(lo, true);
+    const size_t reserve = 1024;  // per block, taken by the runtime
+    const size_t b1 = (size_t)per_sm / (one + reserve), b2 = (size_t)per_sm / (two + reserve);
+    const size_t want = b1 < (size_t)C::MIN_BLOCKS ? b1 : (size_t)C::MIN_BLOCKS;
+    const int dbuf = two <= (size_t)optin && b2 >= want ? 1 : 0;
+    const size_t sm = C::smem(lo, dbuf != 0);
     KVE_CHECK(set_smem(vonorm_kernel<T, DVP>, sm));
     const dim3 grid((unsigned)ceil_div(n_tokens, C::TV), (unsigned)hkv);
     KVE_CHECK(launch_kernel(vonorm_kernel<T, DVP>, grid, VO_NT, sm, st, v, n_tokens,
         reinterpret_cast<const T*>(ghi), reinterpret_cast<const T*>(glo), gpk, take_sqrt, tri,
-        out));
+        dbuf, out));
     return 0;
 }
 

@@ -22,7 +22,7 @@
 // in f32; f32 accumulation), SIMT f32 for f32 inputs.
 #include "common.cuh"
 #include "mma.cuh"
-#include "tile_loads.cuh"
+#include "tile_async.cuh"
 
 namespace kve {
 namespace {
@@ -42,10 +42,10 @@ template <typename T, int DKP> struct WinCfg {
 
 // Shared-memory carve-up, identical on host and device.
 struct WinSmem {
-    size_t q, k, s, rm, rl, acc, pairs, total;
+    size_t q, k, k2, s, rm, rl, acc, pairs, total;
 };
 template <typename T, int DKP>
-__host__ __device__ inline WinSmem win_smem(int rcp, int n_items) {
+__host__ __device__ inline WinSmem win_smem(int rcp, int n_items, int kbufs) {
     using C = WinCfg<T, DKP>;
     WinSmem o;
     size_t off = 0;
@@ -56,6 +56,7 @@ __host__ __device__ inline WinSmem win_smem(int rcp, int n_items) {
     };
     o.q = take((size_t)rcp * C::LDQ * sizeof(T));
     o.k = take((size_t)WIN_TK * C::LDK * sizeof(T));
+    o.k2 = kbufs == 2 ? take((size_t)WIN_TK * C::LDK * sizeof(T)) : o.k;  // the next K tile
     o.s = take((size_t)rcp * C::LDS * sizeof(float));
     o.rm = take((size_t)rcp * sizeof(float));
     o.rl = take((size_t)rcp * sizeof(float));
@@ -80,8 +81,19 @@ __host__ __device__ inline int win_items(int g, bool cross, bool want_sum, bool 
 // (pass 1) and reload Q more often (pass 2). jc = 0: no chunk fits.
 struct WinPlan {
     int jc, hc, rcp;
+    int kbufs;  // 2: the next K tile is fetched (cp.async) while the current one is used
     size_t sm1, sm2;
 };
+// A chunking that fits: a second K tile buffer too where pass 2 still fits with it
+// (both passes then use two), and the passes' shared-memory sizes.
+template <typename T, int DKP>
+__host__ inline WinPlan win_bufs(WinPlan p, int n_items, size_t optin) {
+    p.kbufs = win_smem<T, DKP>(p.rcp, n_items, 2).total <= optin ? 2 : 1;
+    p.sm2 = win_smem<T, DKP>(p.rcp, n_items, p.kbufs).total;
+    p.sm1 = win_smem<T, DKP>(p.rcp, 0, p.kbufs).total;
+    return p;
+}
+
 template <typename T, int DKP>
 __host__ inline WinPlan win_plan(int64_t w, int g, int n_items, bool cross, size_t optin) {
     using C = WinCfg<T, DKP>;
@@ -90,17 +102,17 @@ __host__ inline WinPlan win_plan(int64_t w, int g, int n_items, bool cross, size
     if (jc > w) jc = w;
     for (; jc >= 1; --jc) {
         const int rcp = (int)((jc * g + 15) / 16 * 16);
-        const size_t sm2 = win_smem<T, DKP>(rcp, n_items).total;
-        if (sm2 <= optin) return WinPlan{(int)jc, g, rcp, win_smem<T, DKP>(rcp, 0).total, sm2};
+        if (win_smem<T, DKP>(rcp, n_items, 1).total <= optin)
+            return win_bufs<T, DKP>(WinPlan{(int)jc, g, rcp, 1, 0, 0}, n_items, optin);
     }
     if (!cross)
         for (int parts = 2; parts <= g; ++parts) {
             const int hc = (g + parts - 1) / parts;  // balanced head chunks
             const int rcp = (hc + 15) / 16 * 16;
-            const size_t sm2 = win_smem<T, DKP>(rcp, n_items).total;
-            if (sm2 <= optin) return WinPlan{1, hc, rcp, win_smem<T, DKP>(rcp, 0).total, sm2};
+            if (win_smem<T, DKP>(rcp, n_items, 1).total <= optin)
+                return win_bufs<T, DKP>(WinPlan{1, hc, rcp, 1, 0, 0}, n_items, optin);
         }
-    return WinPlan{0, 0, 0, 0, 0};
+    return WinPlan{0, 0, 0, 0, 0, 0};
 }
 
 struct WinArgs {
@@ -108,6 +120,7 @@ struct WinArgs {
     int64_t n, w, p;  // tokens, window, prefix
     int g, jc, rcp, nchunks;
     int hc, hchunks;  // heads per chunk (g unless the group is split), head chunks
+    int kbufs;        // K tile buffers: 2 = the next tile in flight (cp.async)
     int64_t tiles_per_block;
     int nsplit;  // pass 1 splits
     float scale;
@@ -128,13 +141,50 @@ __device__ __forceinline__ WinChunk win_chunk(const WinArgs& a, int c) {
     return k;
 }
 
+// The K tile pipeline of both passes over tiles t_begin.. t_end of keys 0.. n: with two
+// buffers, tile t+1 is issued (cp.async) before tile t is used; with one, tile t is
+// issued and awaited at its turn. Either way the caller's next __syncthreads makes tile
+// t visible to the block, and every read of a buffer is followed by a __syncthreads
+// before it is refilled.
 template <typename T, int DKP>
-__global__ void __launch_bounds__(WIN_NT) window_pass1(WinArgs a, float2* __restrict__ part) {
+__device__ __forceinline__ void win_k_issue(const WinArgs& a, T* dst, int hk, int64_t t, int64_t n) {
+    using C = WinCfg<T, DKP>;
+    const int64_t i0 = t * WIN_TK;
+    load_tile_async<T>(dst, C::LDK, a.k, hk, i0, (int)min((int64_t)WIN_TK, n - i0), WIN_TK, DKP);
+}
+template <typename T, int DKP>
+__device__ __forceinline__ void win_k_first(const WinArgs& a, T* k0, int hk, int64_t t_begin,
+                                            int64_t t_end, int64_t n) {
+    if (a.kbufs == 2 && t_begin < t_end) win_k_issue<T, DKP>(a, k0, hk, t_begin, n);
+    __pipeline_commit();
+}
+template <typename T, int DKP>
+__device__ __forceinline__ T* win_k_tile(const WinArgs& a, T* k0, T* k1, int hk, int64_t t,
+                                         int64_t t_begin, int64_t t_end, int64_t n) {
+    if (a.kbufs != 2) {
+        win_k_issue<T, DKP>(a, k0, hk, t, n);
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+        return k0;
+    }
+    // selects, not an indexed array (which would live in local memory)
+    const bool odd = ((t - t_begin) & 1) != 0;
+    if (t + 1 < t_end) win_k_issue<T, DKP>(a, odd ? k0 : k1, hk, t + 1, n);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);  // every group but the newest: tile t
+    return odd ? k1 : k0;
+}
+
+// minBlocks 1: with the thread count alone, ptxas capped the bf16 builds at 64
+// registers on sm_86/89 and spilled (the K tile pipeline's extra live pointers).
+template <typename T, int DKP>
+__global__ void __launch_bounds__(WIN_NT, 1) window_pass1(WinArgs a, float2* __restrict__ part) {
     using C = WinCfg<T, DKP>;
     extern __shared__ __align__(128) unsigned char smem[];
-    const WinSmem L = win_smem<T, DKP>(a.rcp, 0);
+    const WinSmem L = win_smem<T, DKP>(a.rcp, 0, a.kbufs);
     T* Qs = reinterpret_cast<T*>(smem + L.q);
-    T* Ks = reinterpret_cast<T*>(smem + L.k);
+    T* const K0 = reinterpret_cast<T*>(smem + L.k);
+    T* const K1 = reinterpret_cast<T*>(smem + L.k2);
     float* S = reinterpret_cast<float*>(smem + L.s);
     float* rm = reinterpret_cast<float*>(smem + L.rm);
     float* rl = reinterpret_cast<float*>(smem + L.rl);
@@ -155,10 +205,11 @@ __global__ void __launch_bounds__(WIN_NT) window_pass1(WinArgs a, float2* __rest
             rm[r] = -INFINITY;
             rl[r] = 0.0f;
         }
+        win_k_first<T, DKP>(a, K0, hk, t_begin, t_end, a.n);
         for (int64_t t = t_begin; t < t_end; ++t) {
             const int64_t i0 = t * WIN_TK;
             const int kn = (int)min((int64_t)WIN_TK, a.n - i0);
-            load_tile<T>(Ks, C::LDK, a.k, hk, i0, kn, WIN_TK, DKP);
+            T* Ks = win_k_tile<T, DKP>(a, K0, K1, hk, t, t_begin, t_end, a.n);
             __syncthreads();
             MM<T>::template abt<DKP>(S, C::LDS, Qs, C::LDQ, Ks, C::LDK, a.rcp, WIN_TK);
             __syncthreads();
@@ -236,9 +287,10 @@ __global__ void __launch_bounds__(WIN_NT)
     // only the requested statistics: sums (mean, group) first, then products (l2, cross)
     const int nsum = o.want_sum ? g : 0;
     const int n_items = win_items(g, o.cross_on != 0, o.want_sum != 0, o.want_sq != 0);
-    const WinSmem L = win_smem<T, DKP>(a.rcp, n_items);
+    const WinSmem L = win_smem<T, DKP>(a.rcp, n_items, a.kbufs);
     T* Qs = reinterpret_cast<T*>(smem + L.q);
-    T* Ks = reinterpret_cast<T*>(smem + L.k);
+    T* const K0 = reinterpret_cast<T*>(smem + L.k);
+    T* const K1 = reinterpret_cast<T*>(smem + L.k2);
     float* S = reinterpret_cast<float*>(smem + L.s);
     float* rm = reinterpret_cast<float*>(smem + L.rm);
     float* ri = reinterpret_cast<float*>(smem + L.rl);
@@ -267,10 +319,11 @@ __global__ void __launch_bounds__(WIN_NT)
     const int64_t t_end = min(ptiles, t_begin + a.tiles_per_block);
     const float inv_w = 1.0f / (float)a.w;
 
+    win_k_first<T, DKP>(a, K0, hk, t_begin, t_end, a.p);
     for (int64_t t = t_begin; t < t_end; ++t) {
         const int64_t i0 = t * WIN_TK;
         const int kn = (int)min((int64_t)WIN_TK, a.p - i0);
-        load_tile<T>(Ks, C::LDK, a.k, hk, i0, kn, WIN_TK, DKP);
+        T* Ks = win_k_tile<T, DKP>(a, K0, K1, hk, t, t_begin, t_end, a.p);
         for (int e = threadIdx.x; e < n_items * WIN_TK; e += blockDim.x) acc[e] = 0.0f;
         for (int c = 0; c < a.nchunks; ++c) {
             const int pc = c / a.hchunks, h0 = (c - pc * a.hchunks) * a.hc;
@@ -364,6 +417,7 @@ int window_run(WinArgs a, int64_t hq, int64_t hkv, const WinOut& o, const float*
     a.hc = plan.hc;
     a.hchunks = (int)ceil_div(a.g, a.hc);
     a.rcp = plan.rcp;
+    a.kbufs = plan.kbufs;
     a.nchunks = (int)(ceil_div(a.w, a.jc) * a.hchunks);
 
     const int64_t nsplit = pass1_splits(a.n, hkv);
@@ -453,7 +507,7 @@ extern "C" int kve_cuda_window(const kve_cuda_view* q, const kve_cuda_view* k, i
     a.w = w;
     a.p = p;
     a.g = (int)g;
-    a.jc = a.rcp = a.nchunks = a.nsplit = a.hc = a.hchunks = 0;
+    a.jc = a.rcp = a.nchunks = a.nsplit = a.hc = a.hchunks = a.kbufs = 0;
     a.tiles_per_block = 0;
     a.scale = (float)(1.0 / sqrt((double)dk));
     WinOut o;

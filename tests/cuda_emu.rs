@@ -1,6 +1,6 @@
 //! The CUDA emulator of feature `cuda-emu` (cuda/emu) checked on its own: its collectives,
-//! WMMA and half conversions give the right results, its launch limits and stream-capture
-//! rules return the statuses a GPU returns, and what it promises to catch (a divergent
+//! WMMA, cp.async (landing only at the wait) and half conversions give the right results,
+//! its launch limits and stream-capture rules return the statuses a GPU returns, and what it promises to catch (a divergent
 //! barrier, a warp collective with an exited lane, a host pointer passed to a kernel, a
 //! write past an allocation) is caught. Builds cuda/emu/selftest.cpp with the host C++
 //! compiler and runs one case per process.
@@ -47,7 +47,7 @@ fn run(case: &str, env: &[(&str, &str)]) -> (i32, String) {
 
 #[test]
 fn results_are_right() {
-    for case in ["good", "wmma", "conversions", "limits", "capture"] {
+    for case in ["good", "wmma", "conversions", "limits", "capture", "pipeline"] {
         for order in ["forward", "reverse", "shuffle"] {
             let (rc, out) = run(case, &[("KVEVICT_EMU_ORDER", order)]);
             assert!(rc == 0 && out.ends_with("ok\n"), "{case} ({order}): rc {rc}\n{out}");

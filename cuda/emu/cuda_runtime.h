@@ -185,6 +185,10 @@ int sync_block_count(int pred);
 void sync_warp(unsigned mask);
 uint64_t shfl(unsigned mask, uint64_t v, int op, int arg, int width);
 unsigned ballot(unsigned mask, int pred);
+// cp.async: queued per thread, landing at the thread's wait for the group (or its exit).
+void async_copy(void* dst, const void* src, size_t size, size_t zfill);
+void async_commit();
+void async_wait(size_t prior);
 // Aborts with a message when a non-null kernel pointer argument is outside every allocation.
 void check_kernel_pointer(const void* p, int index);
 template <typename T> inline void check_arg(const T&, int) {}

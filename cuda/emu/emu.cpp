@@ -190,8 +190,16 @@ enum BarOp { BAR_SYNC, BAR_AND, BAR_OR, BAR_COUNT };
 enum WarpOp { W_SHFL_XOR = KVE_EMU_SHFL_XOR, W_SHFL_IDX = KVE_EMU_SHFL_IDX, W_SHFL_DOWN = KVE_EMU_SHFL_DOWN,
               W_SHFL_UP = KVE_EMU_SHFL_UP, W_BALLOT = 10, W_SYNC = 11 };
 
+struct AsyncCopy {
+    void* dst;
+    const void* src;
+    size_t n, zfill;
+    int group;  // the commit that closes it: groups < committed are complete after waits
+};
 struct Thr {
     ucontext_t ctx;
+    std::vector<AsyncCopy> pend;  // cp.async not landed yet
+    int committed;
     State st;
     uint3 tid;
     int bar_op, pred, bar_out;
@@ -216,8 +224,23 @@ Sched S;
 std::mutex launch_mu;
 const size_t STACK_BYTES = 256 * 1024;
 
+void land(Thr& t, int below) {
+    size_t k = 0;
+    for (size_t i = 0; i < t.pend.size(); ++i) {
+        const AsyncCopy& c = t.pend[i];
+        if (c.group < below) {
+            memcpy(c.dst, c.src, c.n - c.zfill);
+            memset(static_cast<unsigned char*>(c.dst) + (c.n - c.zfill), 0, c.zfill);
+        } else {
+            t.pend[k++] = c;
+        }
+    }
+    t.pend.resize(k);
+}
+
 void thread_entry() {
     (*S.body)();
+    land(S.thr[S.cur], 1 << 30);  // what an exiting thread left in flight lands anyway
     S.thr[S.cur].st = DONE;
     // returning resumes S.main (uc_link)
 }
@@ -296,6 +319,8 @@ void run_block(int n, const std::vector<int>& order) {
         t.ctx.uc_link = &S.main;
         makecontext(&t.ctx, thread_entry, 0);
         t.st = RUN;
+        t.pend.clear();
+        t.committed = 0;
         t.tid = uint3{(unsigned)(i % blockDim.x), (unsigned)(i / blockDim.x % blockDim.y),
                       (unsigned)(i / (blockDim.x * blockDim.y))};
     }
@@ -502,6 +527,20 @@ uint64_t shfl(unsigned mask, uint64_t v, int op, int arg, int width) {
     return warp_op(op, mask, v, arg, width, 0);
 }
 unsigned ballot(unsigned mask, int pred) { return (unsigned)warp_op(W_BALLOT, mask, 0, 0, 32, pred); }
+
+void async_copy(void* dst, const void* src, size_t size, size_t zfill) {
+    if (size != 4 && size != 8 && size != 16) die_in_block("cp.async of a size other than 4, 8, 16");
+    if (zfill > size) die_in_block("cp.async zero-fill larger than the copy");
+    if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & (size - 1))
+        die_in_block("cp.async with a misaligned source or destination");
+    Thr& t = S.thr[S.cur];
+    t.pend.push_back(AsyncCopy{dst, src, size, zfill, t.committed});
+}
+void async_commit() { ++S.thr[S.cur].committed; }
+void async_wait(size_t prior) {
+    Thr& t = S.thr[S.cur];
+    land(t, t.committed - (int)prior);
+}
 
 }  // namespace kve_emu
 

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <mma.h>
+#include <cuda_pipeline.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -255,6 +256,40 @@ static int capture() {
     return 0;
 }
 
+// cp.async: a copy lands at its thread's wait for its group, not before; zero-fill.
+__global__ void async_copies(const int* src, int* out) {
+    __shared__ int4 buf[2];
+    const int t = threadIdx.x;
+    if (t == 0) {
+        buf[0] = int4{-1, -1, -1, -1};
+        buf[1] = int4{-1, -1, -1, -1};
+        __pipeline_memcpy_async(&buf[0], src, 16);
+        __pipeline_commit();
+        __pipeline_memcpy_async(&buf[1], src + 4, 16, 8);  // 8 bytes copied, 8 zeroed
+        __pipeline_commit();
+        out[0] = buf[0].x;  // not landed yet
+        __pipeline_wait_prior(1);
+        out[1] = buf[0].x;  // the older group landed
+        out[2] = buf[1].x;  // the newer one not yet
+        __pipeline_wait_prior(0);
+        out[3] = buf[1].y;
+        out[4] = buf[1].z;
+    }
+}
+
+static int pipeline() {
+    int h[8] = {10, 11, 12, 13, 20, 21, 22, 23};
+    int *d, *o;
+    CK(cudaMalloc((void**)&d, sizeof h));
+    CK(cudaMalloc((void**)&o, 5 * sizeof(int)));
+    CK(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
+    CK(go(async_copies, dim3(1), dim3(32), 0, nullptr, (const int*)d, o));
+    int r[5];
+    CK(cudaMemcpy(r, o, sizeof r, cudaMemcpyDeviceToHost));
+    EXPECT(r[0] == -1 && r[1] == 10 && r[2] == -1 && r[3] == 21 && r[4] == 0);
+    return 0;
+}
+
 // ------------------------------------------------------------------- bad --
 __global__ void barrier_vs_shuffle(int* out) {
     int x = (int)threadIdx.x;
@@ -312,6 +347,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(c, "conversions")) rc = conversions();
     else if (!strcmp(c, "limits")) rc = limits();
     else if (!strcmp(c, "capture")) rc = capture();
+    else if (!strcmp(c, "pipeline")) rc = pipeline();
     else rc = bad(c);
     if (rc == 0) printf("ok\n");
     return rc;

@@ -6,7 +6,9 @@
 # against the CPU core exactly as on a GPU. First the emulator's own self-test, then the
 # suites on sm_90's shared-memory limit in thread order, then again with threads in
 # reverse order (a result that changes is a missing barrier) on the 99 KiB limit of
-# sm_86 / sm_89 (the launchers' smaller plans).
+# sm_86 / sm_89 (the launchers' smaller plans), then the kernels under UBSan in shuffled
+# order (misaligned vector accesses, which fault on a GPU; out-of-bounds static shared
+# arrays; overflow).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tests=(--test cuda_emu --test launchers --test cuda_capi --test stream_device --test links_device)
@@ -16,3 +18,6 @@ cargo test --release --features cuda-emu "${tests[@]}" --test c_examples -- --no
 echo "-- sm_86/89 limit (99 KiB), reverse thread order"
 KVEVICT_EMU_SMEM_OPTIN=101376 KVEVICT_EMU_ORDER=reverse \
   cargo test --release --features cuda-emu "${tests[@]}" 2>&1 | grep -E "$filter"
+echo "-- UBSan, shuffled thread order"
+KVEVICT_EMU_SANITIZE=undefined KVEVICT_EMU_ORDER=shuffle \
+  cargo test --release --features cuda-emu --test launchers 2>&1 | grep -E "$filter|runtime error"
