@@ -13,8 +13,9 @@
 // Memory from cudaMalloc and dynamic shared memory start as all-ones bytes (NaN in f32,
 // f16 and bf16), so a read before a write shows up in the results.
 //
-// Environment: KVEVICT_EMU_ORDER = forward | reverse | shuffle (the order threads of a
-// block run between collectives; a result that depends on it is a missing barrier),
+// Environment: KVEVICT_EMU_ORDER = forward | reverse | shuffle (the order blocks run, and
+// threads of a block between collectives; a result that depends on it is a missing
+// barrier, or blocks racing on one output),
 // KVEVICT_EMU_SMEM_OPTIN = bytes (the opt-in shared-memory limit: 232448 as on sm_90,
 // 166912 for sm_80, 101376 for sm_86/89), KVEVICT_EMU_NO_DEVICE=1 (no device visible).
 #include "cuda_runtime.h"
@@ -449,21 +450,31 @@ void run_grid(dim3 grid, dim3 block, size_t smem, const void* fn, const std::fun
     std::vector<int> order(n);
     for (int i = 0; i < n; ++i) order[i] = order_mode() == 1 ? n - 1 - i : i;
     uint64_t rng = 0x9E3779B97F4A7C15ull;
-    for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x) {
-                blockIdx = uint3{x, y, z};
-                if (smem) memset(dyn, 0xFF, smem);
-                if (order_mode() == 2)
-                    for (int i = n - 1; i > 0; --i) {
-                        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-                        std::swap(order[i], order[rng % (uint64_t)(i + 1)]);
-                    }
-                S.dyn = dyn;
-                in_kernel = 1;
-                run_block(n, order);
-                in_kernel = 0;
-            }
+    auto next = [&rng]() {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        return rng;
+    };
+    // blocks in the same order as threads (reverse: last block first; shuffle: a
+    // permutation), so a result that depends on which block runs first shows
+    const uint64_t nblocks = (uint64_t)grid.x * grid.y * grid.z;
+    std::vector<uint64_t> border;  // the shuffled order (grids up to 2^22 blocks)
+    if (order_mode() == 2 && nblocks <= ((uint64_t)1 << 22)) {
+        border.resize(nblocks);
+        for (uint64_t b = 0; b < nblocks; ++b) border[b] = b;
+        for (uint64_t b = nblocks - 1; b > 0; --b) std::swap(border[b], border[next() % (b + 1)]);
+    }
+    for (uint64_t bi = 0; bi < nblocks; ++bi) {
+        const uint64_t b = !border.empty() ? border[bi] : order_mode() == 1 ? nblocks - 1 - bi : bi;
+        blockIdx = uint3{(unsigned)(b % grid.x), (unsigned)(b / grid.x % grid.y),
+                         (unsigned)(b / ((uint64_t)grid.x * grid.y))};
+        if (smem) memset(dyn, 0xFF, smem);
+        if (order_mode() == 2)
+            for (int i = n - 1; i > 0; --i) std::swap(order[i], order[next() % (uint64_t)(i + 1)]);
+        S.dyn = dyn;
+        in_kernel = 1;
+        run_block(n, order);
+        in_kernel = 0;
+    }
 }
 
 }  // namespace
