@@ -26,6 +26,28 @@ template <typename T> struct MM<T, true> {
         using namespace nvcuda;
         const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
         const int mt = M / 16, nt = N / 16;
+        if (nw % mt == 0) {
+            // every output tile of this warp is in row tile warp % mt: its A fragments
+            // are loaded once and kept in registers for all of them
+            if (warp >= mt * nt) return;  // warp-uniform
+            const int m0 = (warp % mt) * 16;
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[KD / 16];
+#pragma unroll
+            for (int k = 0; k < KD / 16; ++k) wmma::load_matrix_sync(a[k], A + m0 * lda + k * 16, lda);
+            for (int f = warp; f < mt * nt; f += nw) {
+                const int n0 = (f / mt) * 16;
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+                wmma::fill_fragment(c, 0.0f);
+#pragma unroll
+                for (int k = 0; k < KD / 16; ++k) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+                    wmma::load_matrix_sync(b, B + n0 * ldb + k * 16, ldb);
+                    wmma::mma_sync(c, a[k], b, c);
+                }
+                wmma::store_matrix_sync(C + m0 * ldc + n0, c, ldc, wmma::mem_row_major);
+            }
+            return;
+        }
         for (int f = warp; f < mt * nt; f += nw) {
             const int m0 = (f % mt) * 16, n0 = (f / mt) * 16;
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
