@@ -265,7 +265,9 @@ mod cuda_build {
                     .flag("-fno-sanitize-recover=all")
                     .flag("-fno-omit-frame-pointer");
             }
-            other => fail(&format!("KVEVICT_EMU_SANITIZE={other}: only \"undefined\" is supported")),
+            other => fail(&format!(
+                "KVEVICT_EMU_SANITIZE={other}: only \"undefined\" is supported"
+            )),
         }
         b.compile("kvevict_cuda");
         if san == "undefined" {
@@ -300,7 +302,9 @@ mod cuda_build {
                 rest = r.split_once(')').map(|x| x.1).unwrap_or(r).trim_start();
             }
             let Some((decl, tail)) = rest.split_once("[];") else {
-                fail(&format!("cuda-emu: cannot read the shared-memory declaration {line:?}"));
+                fail(&format!(
+                    "cuda-emu: cannot read the shared-memory declaration {line:?}"
+                ));
             };
             let decl = decl.trim_end();
             let cut = decl

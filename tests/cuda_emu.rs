@@ -1,9 +1,10 @@
 //! The CUDA emulator of feature `cuda-emu` (cuda/emu) checked on its own: its collectives,
 //! WMMA, cp.async (landing only at the wait) and half conversions give the right results,
-//! its launch limits and stream-capture rules return the statuses a GPU returns, and what it promises to catch (a divergent
-//! barrier, a warp collective with an exited lane, a host pointer passed to a kernel, a
-//! write past an allocation) is caught. Builds cuda/emu/selftest.cpp with the host C++
-//! compiler and runs one case per process.
+//! its launch limits and stream-capture rules return the statuses a GPU returns, and what
+//! it promises to catch (a divergent barrier, a warp collective with an exited lane, a
+//! host pointer passed to a kernel, directly or as a view's `data`, a write past an
+//! allocation) is caught. Builds cuda/emu/selftest.cpp with the host C++ compiler and
+//! runs one case per process.
 #![cfg(feature = "cuda-emu")]
 
 use std::path::PathBuf;
@@ -47,10 +48,20 @@ fn run(case: &str, env: &[(&str, &str)]) -> (i32, String) {
 
 #[test]
 fn results_are_right() {
-    for case in ["good", "wmma", "conversions", "limits", "capture", "pipeline"] {
+    for case in [
+        "good",
+        "wmma",
+        "conversions",
+        "limits",
+        "capture",
+        "pipeline",
+    ] {
         for order in ["forward", "reverse", "shuffle"] {
             let (rc, out) = run(case, &[("KVEVICT_EMU_ORDER", order)]);
-            assert!(rc == 0 && out.ends_with("ok\n"), "{case} ({order}): rc {rc}\n{out}");
+            assert!(
+                rc == 0 && out.ends_with("ok\n"),
+                "{case} ({order}): rc {rc}\n{out}"
+            );
             if case != "good" {
                 break; // order only matters where threads share memory
             }
@@ -70,11 +81,15 @@ fn misuse_is_caught() {
         ("deadlock", "deadlock"),
         ("exited_lane", "lane that has exited"),
         ("host_pointer", "outside every cudaMalloc allocation"),
+        ("host_view", "outside every cudaMalloc allocation"),
         ("overrun", "bytes past the end"),
         ("far_overrun", "invalid access"),
     ] {
         let (rc, out) = run(case, &[]);
-        assert!(rc != 0 && out.contains(msg), "{case}: rc {rc}, wanted {msg:?}\n{out}");
+        assert!(
+            rc != 0 && out.contains(msg),
+            "{case}: rc {rc}, wanted {msg:?}\n{out}"
+        );
         assert!(!out.contains("not caught"), "{case}\n{out}");
     }
 }

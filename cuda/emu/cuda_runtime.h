@@ -191,9 +191,16 @@ void async_commit();
 void async_wait(size_t prior);
 // Aborts with a message when a non-null kernel pointer argument is outside every allocation.
 void check_kernel_pointer(const void* p, int index);
-template <typename T> inline void check_arg(const T&, int) {}
-template <typename T> inline void check_arg(T* const& p, int i) {
-    check_kernel_pointer(reinterpret_cast<const void*>(p), i);
+// Pointer arguments, and the `data` pointer of a struct argument that has one (a view).
+template <typename T, typename = void> struct has_data_ptr : std::false_type {};
+template <typename T>
+struct has_data_ptr<T, std::void_t<decltype(std::declval<const T&>().data)>>
+    : std::is_pointer<decltype(std::declval<const T&>().data)> {};
+template <typename T> inline void check_arg(const T& a, int i) {
+    if constexpr (std::is_pointer<T>::value)
+        check_kernel_pointer(reinterpret_cast<const void*>(a), i);
+    else if constexpr (has_data_ptr<T>::value)
+        check_kernel_pointer(reinterpret_cast<const void*>(a.data), i);
 }
 }  // namespace kve_emu
 

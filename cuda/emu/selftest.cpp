@@ -308,6 +308,14 @@ __global__ void write_far_past_end(float* p, int n) {
     if (threadIdx.x == 0) p[n + 4096] = 1.0f;
 }
 
+struct ViewArg {
+    float* data;
+    int n;
+};
+__global__ void view_kernel(ViewArg v) {
+    if (threadIdx.x == 0 && v.n > 0) v.data[0] = 1.0f;
+}
+
 static int bad(const char* what) {
     int* d;
     CK(cudaMalloc((void**)&d, 64 * 4));
@@ -318,6 +326,9 @@ static int bad(const char* what) {
     } else if (!strcmp(what, "host_pointer")) {
         static int host[64];
         go(add_one, dim3(1), dim3(32), 0, nullptr, host);
+    } else if (!strcmp(what, "host_view")) {
+        static float host[4];
+        go(view_kernel, dim3(1), dim3(32), 0, nullptr, ViewArg{host, 4});
     } else if (!strcmp(what, "overrun")) {
         float* f;
         CK(cudaMalloc((void**)&f, 10 * sizeof(float)));
