@@ -6,7 +6,7 @@
 
 Links: a relative target must exist in the repository (a folder or a file); a `#anchor` into a
 Markdown file must match one of its headings (GitHub's rule: lower case, punctuation dropped,
-spaces to hyphens). The README must stay within 150 lines and keep its "Simple API" line.
+spaces to hyphens). The README must stay within 150 lines.
 Quick starts (after `cargo build --release`): the ```c block is compiled against
 target/release/libkvevict.a and run; the ```rust block is built as a binary depending on this
 crate by path (target dir: target/, so the crate's build is reused); the ```python block runs
@@ -73,8 +73,6 @@ def check_readme():
     bad = []
     if len(text.splitlines()) > 150:
         bad.append(f"README.md: {len(text.splitlines())} lines (at most 150)")
-    if "Simple API: see docs/evictor.md" not in text:
-        bad.append('README.md: the line "Simple API: see docs/evictor.md" is missing')
     return bad
 
 
