@@ -15,7 +15,7 @@ use crate::budget::{ModelScores, ValueLinks};
 use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
 use crate::error::{add, mul, Error, Result};
 use crate::pool::{pool_forward_linked, pool_past_sinks};
-use crate::select::{make_key, Histogram};
+use crate::select::{make_key, Histogram, SPACE};
 use crate::workspace::{Workspace, WorkspaceSize};
 
 /// The search state is the core's: plain data a C caller can hold.
@@ -58,6 +58,42 @@ pub fn search_new(
         nu.saturating_mul(cfg.budget.min(p)),
         nu * p,
     ))
+}
+
+/// Whether `s` can be a state of the search [`search_new`] starts for this model, stepped
+/// on by [`ShardSearch::step`]. Checked: the fields' own consistency; while no digit is
+/// settled (`bits == 0`) the whole state, recomputed (`need` is the model's `k`); after
+/// that `need` at most `k`, no threshold while running, and a finished threshold that is
+/// the settled digits' (or 0, keep all). Not checkable: settled digits, `need` below `k`
+/// and a threshold made up together (a forged threshold) keep what they say.
+pub fn check_search(
+    cfg: &SelectConfig,
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    window: usize,
+    s: &ShardSearch,
+) -> Result<()> {
+    s.validate()?;
+    let start = search_new(cfg, layers, hkv, n, window)?;
+    let bad = Err(Error::InvalidArgument);
+    if s.bits == 0 {
+        return if *s == start { Ok(()) } else { bad };
+    }
+    if s.bits % 8 != 0 || s.bits > SPACE || s.prefix >> s.bits != 0 || s.need > start.need {
+        return bad;
+    }
+    let settled = s.prefix << (SPACE - s.bits);
+    let threshold_ok = if s.done {
+        s.threshold == settled || s.threshold == 0
+    } else {
+        s.threshold == 0
+    };
+    if threshold_ok {
+        Ok(())
+    } else {
+        bad
+    }
 }
 
 /// Workspace bytes of [`count_shard`] and [`select_shard`] for a shard of `layers` layers.
