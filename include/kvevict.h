@@ -450,8 +450,13 @@ typedef struct kve_compact_item {
 /**
  * State of a model-wide top-K search split over shards of layers (SPEC §4, "selection
  * across devices"). Plain data: copy it to every shard, process or device. Written only
- * by `kve_search_init` and `kve_search_step`; the fields are the library's business
- * (a state that could not have come from them gives `KVE_ERR_INVALID_ARGUMENT`).
+ * by `kve_search_init` and `kve_search_step`; the fields are the library's business.
+ * What can be checked is (`KVE_ERR_INVALID_ARGUMENT`): the fields' consistency; before
+ * the first step the whole state, recomputed from the model and parameters (`need` is
+ * their candidate count, at most the model's prefix positions); after it `need` at most
+ * that count, no threshold while running, a final threshold made of the settled digits.
+ * What cannot be: settled digits, `need` and threshold forged together stay a search
+ * the library cannot tell from its own, and the shards keep what its threshold says.
  *
  * It records the model and the parameters it was started for: a shard whose `hkv`, `n`
  * or window differ, or whose layers reach past the model's, gives
