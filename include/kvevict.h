@@ -1420,7 +1420,8 @@ int32_t kve_stream_scores_workspace_size(uint64_t hq,
  * least `hkv*N`. LaProx's value term (`KVE_STREAM_STAT_LAPROX` only, ignored otherwise):
  * `value_forms` `[Hkv][g][N]` from `kve_compute_value_forms` with `cross = 0`, or
  * `values` `[Hkv, N, dv]` (NULL for absent) with `gram` from `kve_compute_gram` with
- * `cross = 0`. `KVE_STREAM_STAT_MEAN`, `_MEAN_VISIBLE` and `_LAPROX` on a stream that has
+ * `cross = 0`; `value_forms` beside `values` or `gram` is `KVE_ERR_INVALID_ARGUMENT`
+ * (one value term, never one ignored, as `kve_layer_inputs`). `KVE_STREAM_STAT_MEAN`, `_MEAN_VISIBLE` and `_LAPROX` on a stream that has
  * seen no query give `KVE_ERR_INVALID_ARGUMENT`. Reads `state`; writes `out` (only on
  * success) and the workspace.
  */
