@@ -161,10 +161,11 @@ struct Parts<'s> {
     sq: &'s mut [f32],
 }
 
-/// Split `state` for `shape` (length and alignment checked).
+/// Split `state` for `shape` (length and alignment checked). A buffer shorter than the
+/// shape's state is `InvalidArgument` for every call (init included): it is not a state.
 fn parts<'s>(state: &'s mut [u8], shape: &StreamShape) -> Result<Parts<'s>> {
     if state.len() < stream_state_size(shape)? {
-        return Err(Error::OutputTooSmall);
+        return Err(Error::InvalidArgument);
     }
     if state.as_ptr() as usize % 8 != 0 {
         return Err(Error::Misaligned);

@@ -1591,7 +1591,7 @@ fn stream_entry_points() {
         let p = mem.as_mut_ptr() as *mut u8;
         let init = |s: *mut u8, b: u64| kve_stream_init(s as *mut c_void, b, hq, hkv, n, dk);
         expect!(init(null_mut(), bytes), KVE_ERR_NULL_POINTER);
-        expect!(init(p, bytes - 8), KVE_ERR_OUTPUT_TOO_SMALL);
+        expect!(init(p, bytes - 8), KVE_ERR_INVALID_ARGUMENT); // one rule for state_bytes
         expect!(init(p.add(4), bytes), KVE_ERR_MISALIGNED);
         expect!(init(p, huge), KVE_ERR_OVERFLOW);
         expect!(
