@@ -747,7 +747,8 @@ int32_t kve_cuda_compact_to_varlen(const struct kve_tensor *src,
 
 /**
  * Device workspace bytes of `kve_cuda_accumulate_value_links` for `hkv` heads of `n`
- * tokens. Writes only `*out_bytes` (host memory).
+ * tokens: `hkv` in 1 .. 65535, `n` in 1 .. 2^31 (else `KVE_ERR_INVALID_ARGUMENT`).
+ * Writes only `*out_bytes` (host memory).
  */
 int32_t kve_cuda_value_links_workspace_size(uint64_t hkv, uint64_t n, uint64_t *out_bytes);
 
@@ -874,8 +875,9 @@ int32_t kve_cuda_score_layer_prepared(const struct kve_score_params *params,
                                       void *stream);
 
 /**
- * Workspace bytes of `kve_accumulate_value_links` for `n` tokens of dimension `dv`.
- * Writes only `*out_bytes`.
+ * Workspace bytes of `kve_accumulate_value_links` for `n` tokens of dimension `dv`:
+ * `n` in 1 .. 2^31 and `dv >= 1` (else `KVE_ERR_INVALID_ARGUMENT`). Writes only
+ * `*out_bytes`.
  */
 int32_t kve_value_links_workspace_size(uint64_t n, uint64_t dv, uint64_t *out_bytes);
 

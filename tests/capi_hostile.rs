@@ -248,6 +248,15 @@ fn zero_and_huge_sizes() {
             kve_evicted_positions(null(), 0, u64::MAX, null_mut(), 0, &mut out),
             KVE_ERR_INVALID_ARGUMENT
         );
+        // value links: no tokens, no channels, past 2^31 tokens (issue 26: these were sized)
+        for (n, dv) in [(0, 8), (40, 0), ((1 << 31) + 1, 8), (u64::MAX, 8)] {
+            expect!(
+                kve_value_links_workspace_size(n, dv, &mut out),
+                KVE_ERR_INVALID_ARGUMENT
+            );
+        }
+        expect!(kve_value_links_workspace_size(1 << 31, 1, &mut out), KVE_OK);
+        out = CANARY as u64;
         assert_eq!(o2, CANARY as u64);
     }
     assert_eq!(out, CANARY as u64);
