@@ -450,8 +450,13 @@ typedef struct kve_compact_item {
 /**
  * State of a model-wide top-K search split over shards of layers (SPEC §4, "selection
  * across devices"). Plain data: copy it to every shard, process or device. Written only
- * by `kve_search_init` and `kve_search_step`; the fields are the library's business
- * (a state that could not have come from them gives `KVE_ERR_INVALID_ARGUMENT`).
+ * by `kve_search_init` and `kve_search_step`; the fields are the library's business.
+ * What can be checked is (`KVE_ERR_INVALID_ARGUMENT`): the fields' consistency; before
+ * the first step the whole state, recomputed from the model and parameters (`need` is
+ * their candidate count, at most the model's prefix positions); after it `need` at most
+ * that count, no threshold while running, a final threshold made of the settled digits.
+ * What cannot be: settled digits, `need` and threshold forged together stay a search
+ * the library cannot tell from its own, and the shards keep what its threshold says.
  *
  * It records the model and the parameters it was started for: a shard whose `hkv`, `n`
  * or window differ, or whose layers reach past the model's, gives
@@ -742,7 +747,8 @@ int32_t kve_cuda_compact_to_varlen(const struct kve_tensor *src,
 
 /**
  * Device workspace bytes of `kve_cuda_accumulate_value_links` for `hkv` heads of `n`
- * tokens. Writes only `*out_bytes` (host memory).
+ * tokens: `hkv` in 1 .. 65535, `n` in 1 .. 2^31 (else `KVE_ERR_INVALID_ARGUMENT`).
+ * Writes only `*out_bytes` (host memory).
  */
 int32_t kve_cuda_value_links_workspace_size(uint64_t hkv, uint64_t n, uint64_t *out_bytes);
 
@@ -869,8 +875,9 @@ int32_t kve_cuda_score_layer_prepared(const struct kve_score_params *params,
                                       void *stream);
 
 /**
- * Workspace bytes of `kve_accumulate_value_links` for `n` tokens of dimension `dv`.
- * Writes only `*out_bytes`.
+ * Workspace bytes of `kve_accumulate_value_links` for `n` tokens of dimension `dv`:
+ * `n` in 1 .. 2^31 and `dv >= 1` (else `KVE_ERR_INVALID_ARGUMENT`). Writes only
+ * `*out_bytes`.
  */
 int32_t kve_value_links_workspace_size(uint64_t n, uint64_t dv, uint64_t *out_bytes);
 
@@ -1339,7 +1346,9 @@ int32_t kve_stream_score_params_init(struct kve_stream_score_params *params, uin
 /**
  * Bytes of a stream state for a layer of `hq` query heads, `hkv` KV heads, `n` cached
  * tokens and key dim `dk` (`dk <= 1024`, `hq` a multiple of `hkv`). Writes only
- * `*out_bytes`.
+ * `*out_bytes`. One rule for `state_bytes` in every stream call (init, feed, count,
+ * stats, scores): fewer than this size for the state's shape is
+ * `KVE_ERR_INVALID_ARGUMENT` (the buffer is not a state of that shape).
  */
 int32_t kve_stream_state_size(uint64_t hq,
                               uint64_t hkv,
@@ -1349,7 +1358,7 @@ int32_t kve_stream_state_size(uint64_t hq,
 
 /**
  * Start an empty stream in `state` (8-byte aligned, `state_bytes` at least
- * `kve_stream_state_size`). The state is plain bytes (no pointers): it may be copied,
+ * `kve_stream_state_size`, else `KVE_ERR_INVALID_ARGUMENT` as every stream call). The state is plain bytes (no pointers): it may be copied,
  * saved and restored. Writes only `state`.
  */
 int32_t kve_stream_init(void *state,
@@ -1378,8 +1387,9 @@ int32_t kve_stream_feed_workspace_size(uint64_t hq,
  * `row_lse` (NULL, 0 when absent): exactly `Hq*c` floats `[Hq][c]`, each row's natural-log
  * log-sum-exp over its visible keys (flash attention's `softmax_lse`); K is then read
  * once instead of twice. Errors, with the state unchanged: positions going backwards or
- * negative → `KVE_ERR_INVALID_ARGUMENT`; a state not started, or started for another
- * shape → `KVE_ERR_INVALID_ARGUMENT` / `KVE_ERR_SHAPE_MISMATCH`; NaN/Inf in the queries, the
+ * negative → `KVE_ERR_INVALID_ARGUMENT`; a state not started, or shorter than its shape's
+ * `kve_stream_state_size` → `KVE_ERR_INVALID_ARGUMENT`; queries or keys of another shape
+ * → `KVE_ERR_SHAPE_MISMATCH`; NaN/Inf in the queries, the
  * visible keys or `row_lse` → `KVE_ERR_NON_FINITE`. Writes `state` and the workspace.
  */
 int32_t kve_stream_feed(void *state,
@@ -1415,7 +1425,8 @@ int32_t kve_stream_scores_workspace_size(uint64_t hq,
  * least `hkv*N`. LaProx's value term (`KVE_STREAM_STAT_LAPROX` only, ignored otherwise):
  * `value_forms` `[Hkv][g][N]` from `kve_compute_value_forms` with `cross = 0`, or
  * `values` `[Hkv, N, dv]` (NULL for absent) with `gram` from `kve_compute_gram` with
- * `cross = 0`. `KVE_STREAM_STAT_MEAN`, `_MEAN_VISIBLE` and `_LAPROX` on a stream that has
+ * `cross = 0`; `value_forms` beside `values` or `gram` is `KVE_ERR_INVALID_ARGUMENT`
+ * (one value term, never one ignored, as `kve_layer_inputs`). `KVE_STREAM_STAT_MEAN`, `_MEAN_VISIBLE` and `_LAPROX` on a stream that has
  * seen no query give `KVE_ERR_INVALID_ARGUMENT`. Reads `state`; writes `out` (only on
  * success) and the workspace.
  */

@@ -13,8 +13,12 @@ use crate::numerics::{all_finite, dispatch, dot_v, Simd};
 use crate::view::View;
 use crate::workspace::{Workspace, WorkspaceSize};
 
-/// Workspace bytes of [`accumulate_value_links`] for `n` tokens of dimension `dv`.
+/// Workspace bytes of [`accumulate_value_links`] for `n` tokens of dimension `dv`: `n` in
+/// `1 ..= MAX_TOKENS`, `dv >= 1` (else `InvalidArgument`, as the other size queries).
 pub fn value_links_workspace_size(n: usize, dv: usize) -> Result<usize> {
+    if n == 0 || dv == 0 || n > crate::error::MAX_TOKENS {
+        return Err(Error::InvalidArgument);
+    }
     let mut ws = WorkspaceSize::new();
     ws.add::<f32>(n)?; // this layer's links, added to `out` once all are finite
                        // two token rows, or (V transposed) a channel row and per-token dots and norms

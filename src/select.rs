@@ -46,7 +46,7 @@ impl Histogram {
 pub const KEEP_NOTHING: u128 = u128::MAX;
 
 /// Bits of the key space rounded up to whole digits.
-const SPACE: u32 = KEY_BITS.div_ceil(DIGIT) * DIGIT;
+pub(crate) const SPACE: u32 = KEY_BITS.div_ceil(DIGIT) * DIGIT;
 
 /// State of one top-K search. Plain, validated data (every field public), so a shard, a
 /// device or a C caller can hold and copy it between rounds.

@@ -10,12 +10,21 @@
 //!
 //! [`ShardSearch`] is [`crate::select::Search`]: plain, validated data, so a C caller can
 //! copy it between processes and devices.
+//!
+//! [`ModelSearch`] and [`ShardHistogram`] are the protocol with its protection, the one the
+//! C API converts to: the search records its model and parameters (a shard of another
+//! shape or other parameters is refused), every histogram records the round it was counted
+//! for (a fingerprint of the search state) and which layers it covers (a checksum), so a
+//! step refuses last round's counts, a missing layer or one counted twice. The free
+//! functions below it ([`search_new`], [`count_shard`], [`select_shard`]) are the bare
+//! primitives, for callers that mix in shards counted elsewhere (a device's launcher)
+//! and check the protocol themselves.
 
 use crate::budget::{ModelScores, ValueLinks};
 use crate::config::{AllocatorKind, Granularity, Normalize, SelectConfig};
 use crate::error::{add, mul, Error, Result};
 use crate::pool::{pool_forward_linked, pool_past_sinks};
-use crate::select::{make_key, Histogram};
+use crate::select::{make_key, Histogram, SPACE};
 use crate::workspace::{Workspace, WorkspaceSize};
 
 /// The search state is the core's: plain data a C caller can hold.
@@ -58,6 +67,301 @@ pub fn search_new(
         nu.saturating_mul(cfg.budget.min(p)),
         nu * p,
     ))
+}
+
+/// Whether `s` can be a state of the search [`search_new`] starts for this model, stepped
+/// on by [`ShardSearch::step`]. Checked: the fields' own consistency; while no digit is
+/// settled (`bits == 0`) the whole state, recomputed (`need` is the model's `k`); after
+/// that `need` at most `k`, no threshold while running, and a finished threshold that is
+/// the settled digits' (or 0, keep all). Not checkable: settled digits, `need` below `k`
+/// and a threshold made up together (a forged threshold) keep what they say.
+pub fn check_search(
+    cfg: &SelectConfig,
+    layers: usize,
+    hkv: usize,
+    n: usize,
+    window: usize,
+    s: &ShardSearch,
+) -> Result<()> {
+    s.validate()?;
+    let start = search_new(cfg, layers, hkv, n, window)?;
+    let bad = Err(Error::InvalidArgument);
+    if s.bits == 0 {
+        return if *s == start { Ok(()) } else { bad };
+    }
+    if s.bits % 8 != 0 || s.bits > SPACE || s.prefix >> s.bits != 0 || s.need > start.need {
+        return bad;
+    }
+    let settled = s.prefix << (SPACE - s.bits);
+    let threshold_ok = if s.done {
+        s.threshold == settled || s.threshold == 0
+    } else {
+        s.threshold == 0
+    };
+    if threshold_ok {
+        Ok(())
+    } else {
+        bad
+    }
+}
+
+/// Counts of the next key digit ([`Histogram`]) with what they cover: the round they were
+/// counted for ([`ModelSearch::round`]; 0 while empty), the layers counted (with repeats)
+/// and a checksum of which (a wrong set passes with probability about 2^-64).
+/// [`ShardHistogram::EMPTY`] (all zero) before counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ShardHistogram {
+    pub bins: Histogram,
+    pub round: u64,
+    pub layers: u64,
+    pub layer_sum: u64,
+}
+
+impl ShardHistogram {
+    pub const EMPTY: ShardHistogram = ShardHistogram {
+        bins: Histogram([0; 256]),
+        round: 0,
+        layers: 0,
+        layer_sum: 0,
+    };
+    /// Add another shard's counts (saturating) and layers. Unless one is empty both must
+    /// be counted for the same round (`InvalidArgument`, nothing changed).
+    pub fn merge(&mut self, other: &ShardHistogram) -> Result<()> {
+        if self.round != 0 && other.round != 0 && self.round != other.round {
+            return Err(Error::InvalidArgument);
+        }
+        self.bins.merge(&other.bins);
+        self.round = self.round.max(other.round);
+        self.layers = self.layers.saturating_add(other.layers);
+        self.layer_sum = self.layer_sum.wrapping_add(other.layer_sum);
+        Ok(())
+    }
+}
+
+/// The checksum term of layer `l` (splitmix64's finaliser: layers spread over all bits).
+fn layer_mix(l: u64) -> u64 {
+    let mut z = l.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn layer_sum(layers: core::ops::Range<u64>) -> u64 {
+    layers.fold(0u64, |a, l| a.wrapping_add(layer_mix(l)))
+}
+
+/// A model-wide search split over shards of layers, with the protocol's checks: it
+/// records the model (`shape`, all shards together) and the selection parameters it was
+/// started for. Plain data (every field public, so a caller can copy it between processes
+/// and devices); every method checks it first ([`ModelSearch::validate`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ModelSearch {
+    pub search: ShardSearch,
+    pub cfg: SelectConfig,
+    /// The model; `window` is `min(window, n)`.
+    pub shape: ModelShape,
+}
+
+impl ModelSearch {
+    /// Start a search for the model of `layers` layers (all shards together): `global`
+    /// allocator, head or layer granularity (else `InvalidArgument`); the dimensions as
+    /// [`ModelShape::new`] checks them.
+    pub fn new(
+        cfg: &SelectConfig,
+        layers: usize,
+        hkv: usize,
+        n: usize,
+        window: usize,
+    ) -> Result<ModelSearch> {
+        let shape = ModelShape::new(layers as u64, hkv as u64, n as u64, window as u64)?;
+        let search = search_new(cfg, shape.layers, shape.hkv, shape.n, shape.window)?;
+        Ok(ModelSearch {
+            search,
+            cfg: *cfg,
+            shape,
+        })
+    }
+
+    /// Whether this can be a state [`ModelSearch::new`] and [`ModelSearch::step`] produce
+    /// (as [`check_search`], with the model's dimensions and window checked too);
+    /// `InvalidArgument` when not. A forged threshold cannot be told from a real one.
+    pub fn validate(&self) -> Result<()> {
+        let m = self.shape;
+        let shape = ModelShape::new(m.layers as u64, m.hkv as u64, m.n as u64, m.window as u64);
+        if shape != Ok(m) {
+            return Err(Error::InvalidArgument);
+        }
+        check_search(&self.cfg, m.layers, m.hkv, m.n, m.window, &self.search)
+            .map_err(|_| Error::InvalidArgument)
+    }
+
+    /// The fingerprint of the state (never 0): FNV-1a over its fields, the parameters as
+    /// their C codes. Histograms record it.
+    pub fn round(&self) -> u64 {
+        let (s, p, m) = (&self.search, &self.cfg, &self.shape);
+        let words = [
+            s.need,
+            s.prefix as u64,
+            (s.prefix >> 64) as u64,
+            s.threshold as u64,
+            (s.threshold >> 64) as u64,
+            (s.bits as u64) << 32 | s.done as u64,
+            m.layers as u64,
+            m.hkv as u64,
+            m.n as u64,
+            m.window as u64,
+            (p.allocator as u64) << 32 | p.granularity as u64,
+            (p.normalize as u64) << 32 | p.alpha.to_bits() as u64,
+            p.budget,
+            (p.beta as u64) << 32 | p.post_pool.kind as u64,
+            (p.post_pool.kernel as u64) << 32 | p.post_pool.decay.to_bits() as u64,
+            p.post_pool_sinks as u64,
+        ];
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for w in words {
+            for b in w.to_le_bytes() {
+                h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        h | 1
+    }
+
+    /// `cfg` must be the search's parameters (`InvalidArgument`), the shard of `m.layers`
+    /// layers from `first_layer` part of its model: same `hkv`, `n`, window, inside its
+    /// layers (`ShapeMismatch`).
+    pub fn check_shard(
+        &self,
+        cfg: &SelectConfig,
+        m: &ModelScores,
+        first_layer: usize,
+    ) -> Result<()> {
+        self.validate()?;
+        if *cfg != self.cfg {
+            return Err(Error::InvalidArgument);
+        }
+        let s = self.shape;
+        let end = first_layer.checked_add(m.layers);
+        if m.hkv != s.hkv
+            || m.n != s.n
+            || m.window != s.window
+            || end.map_or(true, |e| e > s.layers)
+        {
+            return Err(Error::ShapeMismatch);
+        }
+        Ok(())
+    }
+
+    fn links<'a>(&self, links: Option<ValueLinks<'a>>) -> Option<ShardLinks<'a>> {
+        links.map(|links| ShardLinks {
+            links,
+            model_layers: self.shape.layers,
+        })
+    }
+
+    /// Add the shard's candidates (layers `first_layer ..` of the model, scores `m`) to
+    /// `hist` for this round: `hist` empty or counted for the same round (else
+    /// `InvalidArgument`); it then records the round and the layers. `links`: the sums over
+    /// EVERY layer of the model for the linked selection ([`count_shard_linked`]'s rules).
+    /// `hist` is written only on success.
+    pub fn count_shard(
+        &self,
+        cfg: &SelectConfig,
+        m: &ModelScores,
+        first_layer: usize,
+        links: Option<ValueLinks>,
+        hist: &mut ShardHistogram,
+        workspace: &mut [u8],
+    ) -> Result<()> {
+        self.check_shard(cfg, m, first_layer)?;
+        let round = self.round();
+        if hist.round != 0 && hist.round != round {
+            return Err(Error::InvalidArgument);
+        }
+        let mut bins = hist.bins;
+        let links = self.links(links);
+        count_shard_linked(
+            cfg,
+            m,
+            first_layer,
+            links,
+            &self.search,
+            &mut bins,
+            workspace,
+        )?;
+        let first = first_layer as u64;
+        *hist = ShardHistogram {
+            bins,
+            round,
+            layers: hist.layers.saturating_add(m.layers as u64),
+            layer_sum: hist
+                .layer_sum
+                .wrapping_add(layer_sum(first..first + m.layers as u64)),
+        };
+        Ok(())
+    }
+
+    /// Fix the next digit from `hist`, merged over every shard: while running it must be
+    /// counted for this round (`InvalidArgument`) over every layer of the model exactly
+    /// once (`ShapeMismatch`); a finished search ignores it. Returns whether the search is
+    /// done; unchanged on error.
+    pub fn step(&mut self, hist: &ShardHistogram) -> Result<bool> {
+        self.validate()?;
+        if !self.search.done {
+            if hist.round != self.round() {
+                return Err(Error::InvalidArgument);
+            }
+            let layers = self.shape.layers as u64;
+            if hist.layers != layers || hist.layer_sum != layer_sum(0..layers) {
+                return Err(Error::ShapeMismatch);
+            }
+        }
+        Ok(self.search.step(&hist.bins))
+    }
+
+    /// The threshold of a finished search as a normalised score: candidates above it are
+    /// kept, ties decided by position and unit; `-inf` keeps every candidate, `+inf` none.
+    /// `InvalidArgument` while running.
+    pub fn threshold_score(&self) -> Result<f32> {
+        self.validate()?;
+        let s = &self.search;
+        if !s.done {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(if s.threshold == KEEP_NOTHING {
+            f32::INFINITY
+        } else if s.threshold == 0 {
+            f32::NEG_INFINITY
+        } else {
+            crate::numerics::key_float((s.threshold >> 64) as u32)
+        })
+    }
+
+    /// The shard's kept lists under the finished search ([`select_shard_linked`]), the shard
+    /// and parameters checked as in [`ModelSearch::count_shard`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn select_shard(
+        &self,
+        cfg: &SelectConfig,
+        m: &ModelScores,
+        first_layer: usize,
+        links: Option<ValueLinks>,
+        offsets: &mut [u64],
+        indices: &mut [u32],
+        workspace: &mut [u8],
+    ) -> Result<()> {
+        self.check_shard(cfg, m, first_layer)?;
+        let links = self.links(links);
+        select_shard_linked(
+            cfg,
+            m,
+            first_layer,
+            links,
+            &self.search,
+            offsets,
+            indices,
+            workspace,
+        )
+    }
 }
 
 /// Workspace bytes of [`count_shard`] and [`select_shard`] for a shard of `layers` layers.
@@ -621,6 +925,86 @@ mod tests {
             assert_eq!(got, Err(want), "case {i}");
             assert_eq!(h, Histogram::default(), "case {i}: histogram written");
         }
+    }
+
+    /// A Rust caller of [`ModelSearch`] gets the C API's protection (issue 26): a missing
+    /// or repeated layer, last round's counts, another shard shape or other parameters and
+    /// a forged state are refused with nothing changed; the honest run equals
+    /// `select_model`.
+    #[test]
+    fn model_search_protects_a_rust_caller() {
+        let (layers, hkv, n, w) = (4, 2, 40, 8);
+        let p = n - w;
+        let s = scores(layers * hkv * p, 11);
+        let cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Head, 6);
+        let part = |l0: usize, ln: usize| ModelScores {
+            scores: &s[l0 * hkv * p..(l0 + ln) * hkv * p],
+            layers: ln,
+            hkv,
+            n,
+            window: w,
+        };
+        let mut ws = vec![0u8; shard_workspace_size(&cfg, layers, hkv, n, w).unwrap()];
+        let mut cws = ws.clone();
+        let mut count = |ms: &ModelSearch, shards: &[(usize, usize)]| {
+            let mut total = ShardHistogram::EMPTY;
+            for &(l0, ln) in shards {
+                let mut h = ShardHistogram::EMPTY;
+                ms.count_shard(&cfg, &part(l0, ln), l0, None, &mut h, &mut cws)?;
+                total.merge(&h)?;
+            }
+            Ok::<_, Error>(total)
+        };
+        let mut ms = ModelSearch::new(&cfg, layers, hkv, n, w).unwrap();
+        let start = ms;
+        for shards in [&[(0, 3)][..], &[(0, 2), (1, 3)], &[(0, 1), (0, 1), (2, 2)]] {
+            let h = count(&ms, shards).unwrap();
+            assert_eq!(ms.step(&h), Err(Error::ShapeMismatch), "{shards:?}");
+            assert_eq!(ms, start);
+        }
+        let mut h = ShardHistogram::EMPTY;
+        let mut other = cfg;
+        other.budget = 7;
+        let got = ms.count_shard(&other, &part(0, 2), 0, None, &mut h, &mut ws);
+        assert_eq!(got, Err(Error::InvalidArgument));
+        let got = ms.count_shard(&cfg, &part(2, 2), 3, None, &mut h, &mut ws);
+        assert_eq!(got, Err(Error::ShapeMismatch));
+        let narrow = ModelScores {
+            hkv: 1,
+            ..part(0, 1)
+        };
+        let got = ms.count_shard(&cfg, &narrow, 0, None, &mut h, &mut ws);
+        assert_eq!(got, Err(Error::ShapeMismatch));
+        let mut forged = ms;
+        forged.search.need = u64::MAX;
+        let got = forged.count_shard(&cfg, &part(0, 2), 0, None, &mut h, &mut ws);
+        assert_eq!(got, Err(Error::InvalidArgument));
+        assert_eq!(
+            forged.step(&count(&ms, &[(0, 4)]).unwrap()),
+            Err(Error::InvalidArgument)
+        );
+        assert_eq!(h, ShardHistogram::EMPTY);
+        // an honest round, then its counts again: last round's, refused everywhere
+        let h0 = count(&ms, &[(0, 2), (2, 2)]).unwrap();
+        assert_eq!(ms.step(&h0), Ok(false));
+        let after = ms;
+        assert_eq!(ms.step(&h0), Err(Error::InvalidArgument));
+        let mut again = h0;
+        let got = ms.count_shard(&cfg, &part(0, 2), 0, None, &mut again, &mut ws);
+        assert_eq!((got, again), (Err(Error::InvalidArgument), h0));
+        let mut h1 = count(&ms, &[(0, 4)]).unwrap();
+        assert_eq!(h1.merge(&h0), Err(Error::InvalidArgument));
+        assert_eq!(ms, after);
+        while !ms.step(&count(&ms, &[(0, 1), (1, 3)]).unwrap()).unwrap() {}
+        assert!(ms.threshold_score().unwrap().is_finite());
+        let m = part(0, layers);
+        let (no, ni) = crate::select_output_len(&cfg, layers, hkv, n, w).unwrap();
+        let (mut off, mut idx) = (vec![0u64; no], vec![0u32; ni]);
+        crate::select_model(&cfg, &m, &mut off, &mut idx, &mut ws).unwrap();
+        let (mut o2, mut i2) = (vec![0u64; no], vec![0u32; ni]);
+        ms.select_shard(&cfg, &m, 0, None, &mut o2, &mut i2, &mut ws)
+            .unwrap();
+        assert_eq!((o2, i2), (off, idx));
     }
 
     #[test]

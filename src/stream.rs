@@ -101,6 +101,7 @@ impl StreamScoreConfig {
 /// Where LaProx's value term comes from (ignored by the other statistics): cached value
 /// forms `[Hkv][g][N]` ([`gram::compute_value_forms`] with `cross = false`), or values
 /// `[Hkv, N, dv]` with the Gram blocks of [`gram::compute_gram`] (`cross = false`).
+/// Forms beside values or a Gram are `InvalidArgument` for LaProx (never one ignored).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StreamValues<'a> {
     pub value_forms: Option<&'a [f32]>,
@@ -160,10 +161,11 @@ struct Parts<'s> {
     sq: &'s mut [f32],
 }
 
-/// Split `state` for `shape` (length and alignment checked).
+/// Split `state` for `shape` (length and alignment checked). A buffer shorter than the
+/// shape's state is `InvalidArgument` for every call (init included): it is not a state.
 fn parts<'s>(state: &'s mut [u8], shape: &StreamShape) -> Result<Parts<'s>> {
     if state.len() < stream_state_size(shape)? {
-        return Err(Error::OutputTooSmall);
+        return Err(Error::InvalidArgument);
     }
     if state.as_ptr() as usize % 8 != 0 {
         return Err(Error::Misaligned);
@@ -727,6 +729,9 @@ pub fn stream_scores(
 /// LaProx's value inputs: present, of the `cross = false` layout, finite.
 fn check_values(v: &StreamValues, shape: &StreamShape) -> Result<()> {
     if let Some(f) = v.value_forms {
+        if v.values.is_some() || v.gram.is_some() {
+            return Err(Error::InvalidArgument); // one value term, never one ignored
+        }
         if f.len() != gram::value_forms_len(shape.hq, shape.hkv, shape.n, false)? {
             return Err(Error::ShapeMismatch);
         }

@@ -1073,10 +1073,14 @@ fn sharded_search_refuses_another_model() {
     let mut off = canary_u64(5);
     let mut idx = vec![CANARY; 4 * HKV * N];
     let mut ws = vec![0u8; 1 << 16];
+    // a finished search (a state forged to look finished is refused before its shards)
     let fin = {
         let mut s = s;
-        s.done = 1;
-        s.threshold_lo = 0;
+        while s.done == 0 {
+            let mut h = empty();
+            expect!(m.count(0, 4, &s, &mut h), KVE_OK);
+            expect!(m.step(&mut s, &h), KVE_OK);
+        }
         s
     };
     let ms = model(part, part.len() - HKV, 1, N - 1, W);

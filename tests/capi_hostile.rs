@@ -248,6 +248,15 @@ fn zero_and_huge_sizes() {
             kve_evicted_positions(null(), 0, u64::MAX, null_mut(), 0, &mut out),
             KVE_ERR_INVALID_ARGUMENT
         );
+        // value links: no tokens, no channels, past 2^31 tokens (issue 26: these were sized)
+        for (n, dv) in [(0, 8), (40, 0), ((1 << 31) + 1, 8), (u64::MAX, 8)] {
+            expect!(
+                kve_value_links_workspace_size(n, dv, &mut out),
+                KVE_ERR_INVALID_ARGUMENT
+            );
+        }
+        expect!(kve_value_links_workspace_size(1 << 31, 1, &mut out), KVE_OK);
+        out = CANARY as u64;
         assert_eq!(o2, CANARY as u64);
     }
     assert_eq!(out, CANARY as u64);
@@ -1115,8 +1124,9 @@ fn input_output_aliasing() {
     assert_eq!(kv, kvc);
 }
 
-#[test]
-fn search_state_from_garbage() {
+/// A search started for 2 layers (global allocator, head granularity, budget 5) and
+/// the scores of both.
+fn two_layer_search() -> (kve_select_params, kve_search, Vec<f32>) {
     let sel = select_params(4, 0, 5);
     let mut s = unsafe { std::mem::zeroed::<kve_search>() };
     unsafe {
@@ -1125,17 +1135,26 @@ fn search_state_from_garbage() {
             KVE_OK
         )
     };
-    let good = s;
-    // a histogram counted for this round over both layers, then saturated by hand
-    let scores = data(2 * HKV * P, 9);
-    let ms = kve_model_scores {
+    (sel, s, data(2 * HKV * P, 9))
+}
+
+fn two_layers(scores: &[f32]) -> kve_model_scores {
+    kve_model_scores {
         scores: scores.as_ptr(),
         len: scores.len() as u64,
         layers: 2,
         hkv: HKV as u64,
         n: N as u64,
         window: W as u64,
-    };
+    }
+}
+
+#[test]
+fn search_state_from_garbage() {
+    let (sel, good, scores) = two_layer_search();
+    let mut s = good;
+    // a histogram counted for this round over both layers, then saturated by hand
+    let ms = two_layers(&scores);
     let mut h = unsafe { std::mem::zeroed::<kve_histogram>() };
     let mut ws = vec![0u8; 1 << 16];
     unsafe {
@@ -1195,6 +1214,94 @@ fn search_state_from_garbage() {
     m.bins = [u64::MAX - 1; 256];
     unsafe { expect!(kve_histogram_merge(&mut m, &h), KVE_OK) };
     assert!(m.bins.iter().all(|&b| b == u64::MAX));
+}
+
+/// Issue 26: a state forged after `kve_search_init` (budget 5 over 2 layers: `need` 20 of
+/// 64 candidates) is refused by every call that takes it, nothing written; before the fix
+/// `need = UINT64_MAX` passed and the selection kept every position.
+#[test]
+fn forged_search_states_are_refused() {
+    let (sel, good, scores) = two_layer_search();
+    assert_eq!((good.need, good.done), (2 * HKV as u64 * 5, 0));
+    let ms = two_layers(&scores);
+    let mut ws = vec![0u8; 1 << 16];
+    let (wp, wl) = (ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+    let mut h = unsafe { std::mem::zeroed::<kve_histogram>() };
+    unsafe {
+        expect!(
+            kve_search_count_shard(&sel, &ms, 0, &good, &mut h, wp, wl),
+            KVE_OK
+        )
+    };
+    // one honest step: a state with a settled digit
+    let mut stepped = good;
+    let mut done = 0;
+    unsafe { expect!(kve_search_step(&mut stepped, &h, &mut done), KVE_OK) };
+    assert_eq!((done, stepped.bits), (0, 8));
+    let forged: [(kve_search, fn(&mut kve_search)); 7] = [
+        (good, |s| s.need = u64::MAX),
+        (good, |s| s.need = 2 * HKV as u64 * P as u64), // every candidate, still running
+        (good, |s| s.need -= 1),
+        (good, |s| s.done = 1), // done before any step: keeps all
+        (stepped, |s| s.need = u64::MAX),
+        (stepped, |s| s.threshold_hi = 1), // a threshold while running
+        (stepped, |s| {
+            s.done = 1;
+            s.threshold_lo = 12345; // not the settled digits'
+        }),
+    ];
+    for (i, (base, f)) in forged.into_iter().enumerate() {
+        let mut bad = base;
+        f(&mut bad);
+        let mut h2 = unsafe { std::mem::zeroed::<kve_histogram>() };
+        unsafe {
+            expect!(
+                kve_search_count_shard(&sel, &ms, 0, &bad, &mut h2, wp, wl),
+                KVE_ERR_INVALID_ARGUMENT
+            );
+        }
+        assert_eq!(
+            h2,
+            unsafe { std::mem::zeroed::<kve_histogram>() },
+            "case {i}"
+        );
+        let (copy, mut d) = (bad, -5);
+        unsafe {
+            expect!(
+                kve_search_step(&mut bad, &h, &mut d),
+                KVE_ERR_INVALID_ARGUMENT
+            )
+        };
+        assert_eq!((bad, d), (copy, -5), "case {i}");
+        let mut thr = 7f32;
+        unsafe {
+            expect!(
+                kve_search_threshold(&bad, &mut thr),
+                KVE_ERR_INVALID_ARGUMENT
+            )
+        };
+        assert_eq!(thr, 7.0, "case {i}");
+        let mut off = vec![CANARY as u64; 2 * HKV + 1];
+        let mut idx = vec![CANARY; 2 * HKV * N];
+        unsafe {
+            expect!(
+                kve_select_shard(
+                    &sel,
+                    &ms,
+                    0,
+                    &bad,
+                    off.as_mut_ptr(),
+                    off.len() as u64,
+                    idx.as_mut_ptr(),
+                    idx.len() as u64,
+                    wp,
+                    wl
+                ),
+                KVE_ERR_INVALID_ARGUMENT
+            );
+        }
+        assert!(off.iter().all(|&x| x == CANARY as u64) && idx.iter().all(|&x| x == CANARY));
+    }
 }
 
 #[test]
@@ -1493,7 +1600,7 @@ fn stream_entry_points() {
         let p = mem.as_mut_ptr() as *mut u8;
         let init = |s: *mut u8, b: u64| kve_stream_init(s as *mut c_void, b, hq, hkv, n, dk);
         expect!(init(null_mut(), bytes), KVE_ERR_NULL_POINTER);
-        expect!(init(p, bytes - 8), KVE_ERR_OUTPUT_TOO_SMALL);
+        expect!(init(p, bytes - 8), KVE_ERR_INVALID_ARGUMENT); // one rule for state_bytes
         expect!(init(p.add(4), bytes), KVE_ERR_MISALIGNED);
         expect!(init(p, huge), KVE_ERR_OVERFLOW);
         expect!(

@@ -177,6 +177,24 @@ fn device_links_mark_non_finite_values() {
     }
 }
 
+/// The size query refuses what the call refuses: no heads or tokens, more heads than a
+/// grid dimension, past 2^31 tokens (issue 26: these were sized), nothing written.
+#[test]
+fn device_links_workspace_size_refuses_bad_shapes() {
+    for (hkv, n) in [
+        (0, 40),
+        (2, 0),
+        (65536, 40),
+        (2, (1 << 31) + 1),
+        (2, u64::MAX),
+    ] {
+        let mut b = 7u64;
+        let st = unsafe { kve_cuda_value_links_workspace_size(hkv, n, &mut b) };
+        assert_eq!((st, b), (KVE_ERR_INVALID_ARGUMENT, 7), "hkv {hkv}, n {n}");
+    }
+    assert!(device_ws_bytes(65535, 1) > 0);
+}
+
 #[test]
 fn device_links_refuse_bad_input_and_write_nothing() {
     if !have_device() {

@@ -770,7 +770,7 @@ fn bad_input_leaves_the_state_unchanged() {
                     bytes: base.bytes - 8,
                     ..base
                 },
-                KVE_ERR_OUTPUT_TOO_SMALL,
+                KVE_ERR_INVALID_ARGUMENT, // as every stream call (issue 26)
                 "state shorter than its shape",
             ),
             (
@@ -825,6 +825,77 @@ fn bad_input_leaves_the_state_unchanged() {
     // and the good state still feeds
     assert_eq!(a.state.0, before);
     assert_eq!(a.feed(&q, &[30, 31, 32, 33], None), KVE_OK);
+}
+
+/// LaProx's value term is one of the two (cached forms, or values with their Gram), never
+/// one ignored: forms beside values or a Gram are `KVE_ERR_INVALID_ARGUMENT` (as
+/// `kve_layer_inputs`), also when the ignored one is garbage (a NaN Gram of 1 float),
+/// nothing written. Before issue 26 the Gram was ignored unchecked (`KVE_OK`).
+#[test]
+fn laprox_stream_refuses_a_value_term_it_would_ignore() {
+    let mut a = Abi::new(3);
+    let q = a.q.clone();
+    assert_eq!(a.feed(&q, &[2, 9, 25], None), KVE_OK);
+    let (hq, hkv, n, dv) = (a.hq, a.hkv, a.n, 4);
+    let mut p = std::mem::MaybeUninit::<kve_stream_score_params>::zeroed();
+    let size = std::mem::size_of::<kve_stream_score_params>() as u32;
+    unsafe { assert_eq!(kve_stream_score_params_init(p.as_mut_ptr(), size), KVE_OK) };
+    let p = kve_stream_score_params {
+        stat: 3,
+        ..unsafe { p.assume_init() }
+    };
+    let mut wsb = 0u64;
+    let sizes = unsafe { kve_stream_scores_workspace_size(6, 2, 20, 8, &mut wsb) };
+    assert_eq!(sizes, KVE_OK);
+    let mut ws = vec![0u8; wsb as usize];
+    let forms = vec![0.5f32; hq * n];
+    let vals = vec![0.25f32; hkv * n * dv];
+    let vt = tensor(&vals, 0, [hkv, n, dv], [n * dv, dv, 1]);
+    let nan_gram = [f32::NAN];
+    let canary = -7.25f32;
+    let mut out = vec![canary; hkv * n];
+    let bytes = a.state.bytes().len() as u64;
+    let mut call = |values: *const kve_tensor, gram: &[f32], out: &mut [f32]| unsafe {
+        let opt = |x: &[f32]| {
+            if x.is_empty() {
+                std::ptr::null()
+            } else {
+                x.as_ptr()
+            }
+        };
+        kve_stream_scores(
+            a.state.bytes().as_ptr() as *const _,
+            bytes,
+            &p,
+            values,
+            opt(gram),
+            gram.len() as u64,
+            forms.as_ptr(),
+            forms.len() as u64,
+            out.as_mut_ptr(),
+            out.len() as u64,
+            ws.as_mut_ptr() as *mut _,
+            wsb,
+        )
+    };
+    let none = std::ptr::null();
+    for (values, gram, what) in [
+        (
+            &vt as *const kve_tensor,
+            &nan_gram[..],
+            "values and a NaN gram",
+        ),
+        (none, &nan_gram[..], "a NaN gram"),
+        (&vt as *const kve_tensor, &[][..], "values"),
+    ] {
+        let r = call(values, gram, &mut out);
+        assert_eq!(r, KVE_ERR_INVALID_ARGUMENT, "forms and {what}");
+        assert!(
+            out.iter().all(|&v| v == canary),
+            "forms and {what}: out written"
+        );
+    }
+    assert_eq!(call(none, &[], &mut out), KVE_OK);
 }
 
 #[test]

@@ -7,8 +7,9 @@ use super::{
 use crate::links;
 use core::ffi::c_void;
 
-/// Workspace bytes of `kve_accumulate_value_links` for `n` tokens of dimension `dv`.
-/// Writes only `*out_bytes`.
+/// Workspace bytes of `kve_accumulate_value_links` for `n` tokens of dimension `dv`:
+/// `n` in 1 .. 2^31 and `dv >= 1` (else `KVE_ERR_INVALID_ARGUMENT`). Writes only
+/// `*out_bytes`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_value_links_workspace_size(
     n: u64,

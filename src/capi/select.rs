@@ -2,14 +2,13 @@
 //! cache cell is shared by every head, and the sharded (multi-device) threshold search.
 
 use super::params::{encode_select, kve_select_params, select_config};
-use super::{arg, check_alias, out_param, span_ptr, to_status, to_usize, tri, Buf, Span, KVE_OK};
+use super::{arg, check_alias, out_param, span_ptr, to_status, tri, Buf, Span, KVE_OK};
 use crate::budget::ModelScores;
 use crate::config::SelectConfig;
 use crate::error::{Error, Result};
-use crate::numerics::key_float;
 use crate::select::Histogram;
 use crate::shape::ModelShape;
-use crate::shard::{self, ShardSearch, KEEP_NOTHING};
+use crate::shard::{self, ModelSearch, ShardHistogram, ShardSearch};
 use core::ffi::c_void;
 
 /// Scores of a whole model, or of a shard of consecutive layers:
@@ -280,8 +279,13 @@ pub unsafe extern "C" fn kve_evicted_positions(
 
 /// State of a model-wide top-K search split over shards of layers (SPEC §4, "selection
 /// across devices"). Plain data: copy it to every shard, process or device. Written only
-/// by `kve_search_init` and `kve_search_step`; the fields are the library's business
-/// (a state that could not have come from them gives `KVE_ERR_INVALID_ARGUMENT`).
+/// by `kve_search_init` and `kve_search_step`; the fields are the library's business.
+/// What can be checked is (`KVE_ERR_INVALID_ARGUMENT`): the fields' consistency; before
+/// the first step the whole state, recomputed from the model and parameters (`need` is
+/// their candidate count, at most the model's prefix positions); after it `need` at most
+/// that count, no threshold while running, a final threshold made of the settled digits.
+/// What cannot be: settled digits, `need` and threshold forged together stay a search
+/// the library cannot tell from its own, and the shards keep what its threshold says.
 ///
 /// It records the model and the parameters it was started for: a shard whose `hkv`, `n`
 /// or window differ, or whose layers reach past the model's, gives
@@ -323,126 +327,75 @@ pub struct kve_histogram {
     pub layer_sum: u64,
 }
 
-const EMPTY_HISTOGRAM: kve_histogram = kve_histogram {
-    bins: [0; 256],
-    round: 0,
-    layers: 0,
-    layer_sum: 0,
-};
-
-/// The checksum term of layer `l` (splitmix64's finaliser: layers spread over all bits).
-fn layer_mix(l: u64) -> u64 {
-    let mut z = l.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-fn layer_sum(layers: core::ops::Range<u64>) -> u64 {
-    layers.fold(0u64, |a, l| a.wrapping_add(layer_mix(l)))
-}
-
-/// The fingerprint of a search state (never 0): FNV-1a over its fields.
-fn round_of(c: &kve_search) -> u64 {
-    let p = &c.params;
-    let words = [
-        c.need,
-        c.prefix_lo,
-        c.prefix_hi,
-        c.threshold_lo,
-        c.threshold_hi,
-        (c.bits as u64) << 32 | c.done as u64,
-        c.layers,
-        c.hkv,
-        c.n,
-        c.window,
-        (p.allocator as u64) << 32 | p.granularity as u64,
-        (p.normalize as u64) << 32 | p.alpha.to_bits() as u64,
-        p.budget,
-        (p.beta as u64) << 32 | p.post_pool_kind as u64,
-        (p.post_pool_kernel as u64) << 32 | p.post_pool_decay.to_bits() as u64,
-        p.post_pool_sinks as u64,
-    ];
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for w in words {
-        for b in w.to_le_bytes() {
-            h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+impl kve_histogram {
+    fn to_core(&self) -> ShardHistogram {
+        ShardHistogram {
+            bins: Histogram(self.bins),
+            round: self.round,
+            layers: self.layers,
+            layer_sum: self.layer_sum,
         }
     }
-    h | 1
-}
-
-fn to_c(s: &ShardSearch, model: &kve_search) -> kve_search {
-    kve_search {
-        need: s.need,
-        prefix_lo: s.prefix as u64,
-        prefix_hi: (s.prefix >> 64) as u64,
-        threshold_lo: s.threshold as u64,
-        threshold_hi: (s.threshold >> 64) as u64,
-        bits: s.bits,
-        done: s.done as u32,
-        ..*model
+    fn from_core(h: &ShardHistogram) -> kve_histogram {
+        kve_histogram {
+            bins: h.bins.0,
+            round: h.round,
+            layers: h.layers,
+            layer_sum: h.layer_sum,
+        }
     }
 }
 
-/// A validated state: the core's search, its configuration and model dimensions.
-struct State {
-    search: ShardSearch,
-    cfg: SelectConfig,
-    layers: usize,
-    hkv: usize,
-    n: usize,
-    window: usize,
+/// The C form of a search: its fields and the model as recorded, the parameters encoded.
+fn to_c(s: &ModelSearch) -> kve_search {
+    let (t, m) = (&s.search, &s.shape);
+    kve_search {
+        need: t.need,
+        prefix_lo: t.prefix as u64,
+        prefix_hi: (t.prefix >> 64) as u64,
+        threshold_lo: t.threshold as u64,
+        threshold_hi: (t.threshold >> 64) as u64,
+        bits: t.bits,
+        done: t.done as u32,
+        layers: m.layers as u64,
+        hkv: m.hkv as u64,
+        n: m.n as u64,
+        window: m.window as u64,
+        params: encode_select(&s.cfg),
+    }
 }
 
-fn from_c(c: &kve_search) -> Result<State> {
+/// The core's search from its C form, checked ([`ModelSearch::validate`]); anything that
+/// does not convert (a `done` other than 0/1, parameters not in their canonical encoding,
+/// dimensions out of range) is `InvalidArgument` as well.
+fn from_c(c: &kve_search) -> Result<ModelSearch> {
     let done = match c.done {
         0 => false,
         1 => true,
         _ => return Err(Error::InvalidArgument),
     };
-    let s = ShardSearch {
+    let search = ShardSearch {
         need: c.need,
         prefix: (c.prefix_hi as u128) << 64 | c.prefix_lo as u128,
         bits: c.bits,
         done,
         threshold: (c.threshold_hi as u128) << 64 | c.threshold_lo as u128,
     };
-    s.validate()?;
     // SAFETY: a reference to a local struct (non-NULL, aligned, `struct_size` read).
     let cfg = unsafe { select_config(&c.params) }.map_err(|_| Error::InvalidArgument)?;
-    let (layers, hkv, n, window) =
-        dims(c.layers, c.hkv, c.n, c.window).map_err(|_| Error::InvalidArgument)?;
-    if c.window != window as u64 || encode_select(&cfg) != c.params {
+    let shape =
+        ModelShape::new(c.layers, c.hkv, c.n, c.window).map_err(|_| Error::InvalidArgument)?;
+    if c.window != shape.window as u64 || encode_select(&cfg) != c.params {
         return Err(Error::InvalidArgument);
     }
-    Ok(State {
-        search: s,
-        cfg,
-        layers,
-        hkv,
-        n,
-        window,
-    })
+    let s = ModelSearch { search, cfg, shape };
+    s.validate()?;
+    Ok(s)
 }
 
-impl State {
-    /// `cfg` must be the search's parameters, and the shard of `m.layers` layers from
-    /// `first` part of its model.
-    fn check_shard(&self, cfg: &SelectConfig, m: &ModelScores, first: u64) -> Result<()> {
-        if *cfg != self.cfg {
-            return Err(Error::InvalidArgument);
-        }
-        let end = first.checked_add(m.layers as u64);
-        if m.hkv != self.hkv
-            || m.n != self.n
-            || m.window != self.window
-            || end.map_or(true, |e| e > self.layers as u64)
-        {
-            return Err(Error::ShapeMismatch);
-        }
-        Ok(())
-    }
+/// A C layer number as the core's (past `usize`: no model's, so refused as outside it).
+fn layer_of(first_layer: u64) -> usize {
+    usize::try_from(first_layer).unwrap_or(usize::MAX)
 }
 
 unsafe fn shard_config(params: *const kve_select_params) -> Result<SelectConfig> {
@@ -470,22 +423,8 @@ pub unsafe extern "C" fn kve_search_init(
     let cfg = tri!(unsafe { shard_config(params) });
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
-    let s = tri!(shard::search_new(&cfg, l, h, n, w));
-    let model = kve_search {
-        need: 0,
-        prefix_lo: 0,
-        prefix_hi: 0,
-        threshold_lo: 0,
-        threshold_hi: 0,
-        bits: 0,
-        done: 0,
-        layers: l as u64,
-        hkv: h as u64,
-        n: n as u64,
-        window: w as u64,
-        params: encode_select(&cfg),
-    };
-    write(&mut out, to_c(&s, &model));
+    let s = tri!(ModelSearch::new(&cfg, l, h, n, w));
+    write(&mut out, to_c(&s));
     KVE_OK
 }
 
@@ -493,7 +432,7 @@ pub unsafe extern "C" fn kve_search_init(
 #[no_mangle]
 pub unsafe extern "C" fn kve_histogram_clear(hist: *mut kve_histogram) -> i32 {
     let mut out = tri!(out_param(hist));
-    write(&mut out, EMPTY_HISTOGRAM);
+    write(&mut out, kve_histogram::from_core(&ShardHistogram::EMPTY));
     KVE_OK
 }
 
@@ -604,23 +543,19 @@ fn links_buf(links: Option<(*const f32, u64, f32)>, n: usize) -> Result<Option<B
     }
 }
 
-/// The core's shard links over a checked buffer, for a model of `model_layers` layers.
+/// The core's value links over a checked buffer.
 ///
 /// # Safety
 /// `b` was checked by [`links_buf`] and overlaps no output of the call.
-unsafe fn shard_links<'a>(
+unsafe fn value_links<'a>(
     b: &'a Option<Buf<f32>>,
     links: Option<(*const f32, u64, f32)>,
-    model_layers: usize,
-) -> Option<shard::ShardLinks<'a>> {
+) -> Option<crate::ValueLinks<'a>> {
     match (b, links) {
         (Some(b), Some((_, _, threshold))) => {
             // SAFETY: the caller's contract (checked buffer, no output overlaps it).
             let sums = unsafe { b.slice() };
-            Some(shard::ShardLinks {
-                links: crate::ValueLinks { sums, threshold },
-                model_layers,
-            })
+            Some(crate::ValueLinks { sums, threshold })
         }
         _ => None,
     }
@@ -661,29 +596,14 @@ unsafe fn count_shard(
             span_ptr(shard)
         ]
     ));
-    tri!(st.check_shard(&cfg, &ms, first_layer));
     // SAFETY: links_buf checked it; check_alias: no output overlaps it.
-    let sl = unsafe { shard_links(&lb, links, st.layers) };
-    let first = tri!(to_usize(first_layer));
+    let vl = unsafe { value_links(&lb, links) };
     // SAFETY: out_param checked `hist` non-NULL and aligned; check_alias: no input overlaps it.
-    let mut v = unsafe { h.slice() }[0];
-    let round = round_of(&c);
-    if v.round != 0 && v.round != round {
-        return super::KVE_ERR_INVALID_ARGUMENT;
-    }
-    let mut hh = Histogram(v.bins);
+    let mut v = unsafe { h.slice() }[0].to_core();
     // SAFETY: Buf::new checked the workspace; check_alias: it overlaps no input nor `hist`.
     let ws = unsafe { ws.slice_mut() };
-    tri!(shard::count_shard_linked(
-        &cfg, &ms, first, sl, &st.search, &mut hh, ws
-    ));
-    v.bins = hh.0;
-    v.round = round;
-    v.layers = v.layers.saturating_add(ms.layers as u64);
-    v.layer_sum = v
-        .layer_sum
-        .wrapping_add(layer_sum(first_layer..first_layer + ms.layers as u64));
-    write(&mut h, v);
+    tri!(st.count_shard(&cfg, &ms, layer_of(first_layer), vl, &mut v, ws));
+    write(&mut h, kve_histogram::from_core(&v));
     KVE_OK
 }
 
@@ -703,17 +623,9 @@ pub unsafe extern "C" fn kve_histogram_merge(
         return super::KVE_ERR_ALIASING;
     }
     // SAFETY: out_param checked `dst` non-NULL and aligned; the overlap test above: not `src`.
-    let mut v = unsafe { d.slice() }[0];
-    if v.round != 0 && s.round != 0 && v.round != s.round {
-        return super::KVE_ERR_INVALID_ARGUMENT;
-    }
-    for (a, b) in v.bins.iter_mut().zip(s.bins.iter()) {
-        *a = a.saturating_add(*b);
-    }
-    v.round = v.round.max(s.round);
-    v.layers = v.layers.saturating_add(s.layers);
-    v.layer_sum = v.layer_sum.wrapping_add(s.layer_sum);
-    write(&mut d, v);
+    let mut v = unsafe { d.slice() }[0].to_core();
+    tri!(v.merge(&s.to_core()));
+    write(&mut d, kve_histogram::from_core(&v));
     KVE_OK
 }
 
@@ -743,16 +655,8 @@ pub unsafe extern "C" fn kve_search_step(
     // SAFETY: out_param checked `search` non-NULL and aligned; check_alias: no input overlaps it.
     let c = unsafe { so.slice() }[0];
     let mut st = tri!(from_c(&c));
-    if !st.search.done {
-        if h.round != round_of(&c) {
-            return super::KVE_ERR_INVALID_ARGUMENT;
-        }
-        if h.layers != c.layers || h.layer_sum != layer_sum(0..c.layers) {
-            return super::KVE_ERR_SHAPE_MISMATCH;
-        }
-    }
-    let fin = st.search.step(&Histogram(h.bins));
-    write(&mut so, to_c(&st.search, &c));
+    let fin = tri!(st.step(&h.to_core()));
+    write(&mut so, to_c(&st));
     if let Some(mut d) = d {
         write(&mut d, fin as i32);
     }
@@ -769,17 +673,7 @@ pub unsafe extern "C" fn kve_search_threshold(search: *const kve_search, score: 
     // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
     let st = tri!(from_c(tri!(unsafe { arg(search) })));
     tri!(check_alias(&[out.span], &[span_ptr(search)]));
-    let s = st.search;
-    if !s.done {
-        return super::KVE_ERR_INVALID_ARGUMENT;
-    }
-    let v = if s.threshold == KEEP_NOTHING {
-        f32::INFINITY
-    } else if s.threshold == 0 {
-        f32::NEG_INFINITY
-    } else {
-        key_float((s.threshold >> 64) as u32)
-    };
+    let v = tri!(st.threshold_score());
     write(&mut out, v);
     KVE_OK
 }
@@ -910,13 +804,9 @@ unsafe fn select_shard(
             span_ptr(shard)
         ]
     ));
-    tri!(st.check_shard(&cfg, &ms, first_layer));
-    let first = tri!(to_usize(first_layer));
     // SAFETY: links_buf checked it; check_alias: no output overlaps it.
-    let sl = unsafe { shard_links(&lb, links, st.layers) };
+    let vl = unsafe { value_links(&lb, links) };
     // SAFETY: Buf::new checked the three; check_alias: they overlap no input nor each other.
     let (o, i, ws) = unsafe { (o.slice_mut(), i.slice_mut(), ws.slice_mut()) };
-    to_status(shard::select_shard_linked(
-        &cfg, &ms, first, sl, &st.search, o, i, ws,
-    ))
+    to_status(st.select_shard(&cfg, &ms, layer_of(first_layer), vl, o, i, ws))
 }

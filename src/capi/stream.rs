@@ -132,7 +132,9 @@ fn state_buf(p: *const c_void, bytes: u64) -> Result<Buf<u8>> {
 
 /// Bytes of a stream state for a layer of `hq` query heads, `hkv` KV heads, `n` cached
 /// tokens and key dim `dk` (`dk <= 1024`, `hq` a multiple of `hkv`). Writes only
-/// `*out_bytes`.
+/// `*out_bytes`. One rule for `state_bytes` in every stream call (init, feed, count,
+/// stats, scores): fewer than this size for the state's shape is
+/// `KVE_ERR_INVALID_ARGUMENT` (the buffer is not a state of that shape).
 #[no_mangle]
 pub unsafe extern "C" fn kve_stream_state_size(
     hq: u64,
@@ -148,7 +150,7 @@ pub unsafe extern "C" fn kve_stream_state_size(
 }
 
 /// Start an empty stream in `state` (8-byte aligned, `state_bytes` at least
-/// `kve_stream_state_size`). The state is plain bytes (no pointers): it may be copied,
+/// `kve_stream_state_size`, else `KVE_ERR_INVALID_ARGUMENT` as every stream call). The state is plain bytes (no pointers): it may be copied,
 /// saved and restored. Writes only `state`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_stream_init(
@@ -193,8 +195,9 @@ pub unsafe extern "C" fn kve_stream_feed_workspace_size(
 /// `row_lse` (NULL, 0 when absent): exactly `Hq*c` floats `[Hq][c]`, each row's natural-log
 /// log-sum-exp over its visible keys (flash attention's `softmax_lse`); K is then read
 /// once instead of twice. Errors, with the state unchanged: positions going backwards or
-/// negative → `KVE_ERR_INVALID_ARGUMENT`; a state not started, or started for another
-/// shape → `KVE_ERR_INVALID_ARGUMENT` / `KVE_ERR_SHAPE_MISMATCH`; NaN/Inf in the queries, the
+/// negative → `KVE_ERR_INVALID_ARGUMENT`; a state not started, or shorter than its shape's
+/// `kve_stream_state_size` → `KVE_ERR_INVALID_ARGUMENT`; queries or keys of another shape
+/// → `KVE_ERR_SHAPE_MISMATCH`; NaN/Inf in the queries, the
 /// visible keys or `row_lse` → `KVE_ERR_NON_FINITE`. Writes `state` and the workspace.
 #[no_mangle]
 pub unsafe extern "C" fn kve_stream_feed(
@@ -283,7 +286,8 @@ pub unsafe extern "C" fn kve_stream_scores_workspace_size(
 /// least `hkv*N`. LaProx's value term (`KVE_STREAM_STAT_LAPROX` only, ignored otherwise):
 /// `value_forms` `[Hkv][g][N]` from `kve_compute_value_forms` with `cross = 0`, or
 /// `values` `[Hkv, N, dv]` (NULL for absent) with `gram` from `kve_compute_gram` with
-/// `cross = 0`. `KVE_STREAM_STAT_MEAN`, `_MEAN_VISIBLE` and `_LAPROX` on a stream that has
+/// `cross = 0`; `value_forms` beside `values` or `gram` is `KVE_ERR_INVALID_ARGUMENT`
+/// (one value term, never one ignored, as `kve_layer_inputs`). `KVE_STREAM_STAT_MEAN`, `_MEAN_VISIBLE` and `_LAPROX` on a stream that has
 /// seen no query give `KVE_ERR_INVALID_ARGUMENT`. Reads `state`; writes `out` (only on
 /// success) and the workspace.
 #[no_mangle]

@@ -12,8 +12,13 @@ use crate::shape::ModelShape;
 use crate::span::check_alias;
 use core::ffi::c_void;
 
-/// Device workspace bytes of [`accumulate_value_links`] for `hkv` heads of `n` tokens.
+/// Device workspace bytes of [`accumulate_value_links`] for `hkv` heads of `n` tokens:
+/// `hkv` in `1 ..= MAX_GRID`, `n` in `1 ..= MAX_TOKENS` (else `InvalidArgument`, as the
+/// host's size query).
 pub fn value_links_workspace_size(hkv: u64, n: u64) -> Result<usize> {
+    if hkv == 0 || hkv > MAX_GRID || n == 0 || n > crate::error::MAX_TOKENS as u64 {
+        return Err(Error::InvalidArgument);
+    }
     let (h, n) = (super::i64_of(hkv)?, super::i64_of(n)?);
     // SAFETY: a pure host function.
     let b = unsafe { cu::kve_cuda_links_workspace_size(h, n) };

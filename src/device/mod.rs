@@ -28,8 +28,9 @@ use crate::workspace::DeviceCarve as Carve;
 use core::ffi::{c_int, c_void};
 
 pub use compact::{
-    compact_batch, compact_batch_workspace_size, compact_in_place, compact_varlen,
-    compact_workspace_size,
+    compact_batch, compact_batch_in_place, compact_batch_in_place_workspace_size,
+    compact_batch_workspace_size, compact_in_place, compact_varlen, compact_workspace_size,
+    BatchItem, BatchItems,
 };
 pub use gram_split::{gram_split, gram_split_size, GramSplit};
 pub use links::{accumulate_value_links, select_model_linked, value_links_workspace_size};
@@ -49,7 +50,7 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    fn span(&self) -> Span {
+    pub(crate) fn span(&self) -> Span {
         Span(self.bytes.0, self.bytes.1)
     }
 }

@@ -18,7 +18,8 @@ use {
 };
 
 /// Device workspace bytes of `kve_cuda_accumulate_value_links` for `hkv` heads of `n`
-/// tokens. Writes only `*out_bytes` (host memory).
+/// tokens: `hkv` in 1 .. 65535, `n` in 1 .. 2^31 (else `KVE_ERR_INVALID_ARGUMENT`).
+/// Writes only `*out_bytes` (host memory).
 #[no_mangle]
 pub unsafe extern "C" fn kve_cuda_value_links_workspace_size(
     hkv: u64,
