@@ -515,6 +515,12 @@ impl<'a> Evictor<'a> {
         Ok((marks, n))
     }
 
+    /// How many cells some unit keeps (what [`Evictor::kept_cells`] writes).
+    pub fn kept_cell_count(&mut self, seq: usize) -> Result<usize> {
+        let (marks, n) = self.kept_marks(seq)?;
+        Ok(marks[..n].iter().filter(|&&m| m == 1).count())
+    }
+
     /// The cells some unit keeps (all of a token-granular set), ascending, into `out`;
     /// returns their count (`OutputTooSmall` when `out` is shorter, nothing written).
     pub fn kept_cells(&mut self, seq: usize, out: &mut [u32]) -> Result<usize> {

@@ -7,19 +7,28 @@ use crate::config::{AllocatorKind, Granularity, Preset, ScoreConfig, ScorerKind,
 use crate::error::{Error, Result};
 use crate::score::requirements::{requirements, ValueInput};
 
-/// Every preset by its name, in `Preset` order (the C `kve_preset_name` indexes it).
-pub const PRESETS: [(&str, Preset); 10] = [
-    ("snapkv", Preset::SnapKv),
-    ("snapkv-kvpress", Preset::SnapKvKvpress),
-    ("lava", Preset::Lava),
-    ("laprox", Preset::LaProx),
-    ("laprox-span", Preset::LaProxSpan),
-    ("criticalkv", Preset::CriticalKv),
-    ("streamingllm", Preset::StreamingLlm),
-    ("knorm", Preset::KNorm),
-    ("tova", Preset::Tova),
-    ("uniqueness", Preset::Uniqueness),
-];
+/// The table, written once: the Rust names and the same names NUL-terminated for C.
+macro_rules! presets {
+    ($($name:literal => $p:ident),+ $(,)?) => {
+        /// Every preset by its name, in `Preset` order (the C `kve_preset_name` indexes it).
+        pub const PRESETS: [(&str, Preset); 10] = [$(($name, Preset::$p)),+];
+        /// [`PRESETS`]' names NUL-terminated, for C.
+        pub(crate) const C_NAMES: [&str; 10] = [$(concat!($name, "\0")),+];
+    };
+}
+
+presets! {
+    "snapkv" => SnapKv,
+    "snapkv-kvpress" => SnapKvKvpress,
+    "lava" => Lava,
+    "laprox" => LaProx,
+    "laprox-span" => LaProxSpan,
+    "criticalkv" => CriticalKv,
+    "streamingllm" => StreamingLlm,
+    "knorm" => KNorm,
+    "tova" => Tova,
+    "uniqueness" => Uniqueness,
+}
 const _: () = {
     let mut i = 0;
     while i < PRESETS.len() {
