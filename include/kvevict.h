@@ -138,6 +138,19 @@
 #define KVE_STREAM_STAT_LAPROX 3
 #define KVE_STREAM_SCORE_PARAMS_V1_SIZE 40
 
+/* The evictor (kve_evictor_*): kve_evictor_config.policy and .granularity, kve_evictor_requirements.wo, struct sizes */
+#define KVE_POLICY_EXPLICIT 0
+#define KVE_POLICY_KEEP_RATIO 1
+#define KVE_POLICY_CELLS 2
+#define KVE_GRANULARITY_DEFAULT 4294967295ULL
+#define KVE_WO_NONE 0
+#define KVE_WO_ONCE 1
+#define KVE_WO_EVERY_ROUND 2
+#define KVE_EVICTOR_CONFIG_V1_SIZE 136
+#define KVE_EVICTOR_LAYER_V1_SIZE 312
+#define KVE_EVICTOR_REQUIREMENTS_V1_SIZE 28
+#define KVE_EVICTOR_STATS_V1_SIZE 40
+
 /* Limits and the released sizes of the extensible structs (V1: first release) */
 #define KVE_MAX_HEADS 65536
 #define KVE_MAX_TOKENS 2147483648ULL
@@ -150,6 +163,11 @@
 #define KVE_LAYER_INPUTS_V1_SIZE 272
 #define KVE_LAYER_INPUTS_V2_SIZE 288
 
+
+/**
+ * An evictor's context: a pointer into the memory given to `kve_evictor_init`.
+ */
+typedef struct kve_evictor kve_evictor;
 
 /**
  * A strided 3-D view of memory the caller owns: element `(a, b, c)` is at
@@ -446,6 +464,158 @@ typedef struct kve_compact_item {
    */
   const int32_t *counts;
 } kve_compact_item;
+
+/**
+ * What an evictor runs (fill with `kve_evictor_config_init`, then set the shape,
+ * `max_cells` and the policy). Extensible: `struct_size` is `KVE_EVICTOR_CONFIG_V1_SIZE`.
+ */
+typedef struct kve_evictor_config {
+  uint32_t struct_size;
+  /**
+   * `KVE_PRESET_*` (`kve_preset_from_name` maps a name).
+   */
+  uint32_t preset;
+  /**
+   * The observation window; 0: the preset's (or `score`'s).
+   */
+  uint32_t window;
+  /**
+   * `KVE_GRANULARITY_*`, or `KVE_GRANULARITY_DEFAULT`. Engines whose cells are
+   * shared by every head (llama.cpp, paged caches) want `KVE_GRANULARITY_TOKEN`.
+   */
+  uint32_t granularity;
+  uint64_t layers;
+  uint64_t hq;
+  uint64_t hkv;
+  uint64_t dk;
+  uint64_t dv;
+  /**
+   * Columns of `Wo`, for the methods that read it (`kve_evictor_get_requirements`).
+   */
+  uint64_t d_model;
+  /**
+   * Most cells a sequence holds when it is scored.
+   */
+  uint64_t max_cells;
+  /**
+   * Sequence slots, each with its own state (`seq` arguments are `0..max_seqs`).
+   */
+  uint64_t max_seqs;
+  /**
+   * `KVE_POLICY_*`.
+   */
+  uint32_t policy;
+  /**
+   * Value links at this threshold (0: off; 0.5 is `kve_select_model_linked`'s); needs
+   * a flat forward post-pool (the laprox-span and uniqueness selections).
+   */
+  float link_threshold;
+  /**
+   * `KVE_POLICY_KEEP_RATIO`: in [0, 1].
+   */
+  double keep_ratio;
+  /**
+   * `KVE_POLICY_KEEP_RATIO`: the fewest new cells a compression keeps (default 64).
+   */
+  uint64_t min_keep;
+  /**
+   * `KVE_POLICY_CELLS`: `1 <= low <= high`; `low = 0` means `high - high/8`.
+   */
+  uint64_t high;
+  uint64_t low;
+  /**
+   * Optional (NULL: the preset's): scoring; `window` still overrides its window.
+   */
+  const struct kve_score_params *score;
+  /**
+   * Optional (NULL: the preset's): selection; its budget is replaced by the policy's.
+   */
+  const struct kve_select_params *select;
+} kve_evictor_config;
+
+/**
+ * What an engine captures for the configured method (flags are 0 or 1).
+ */
+typedef struct kve_evictor_requirements {
+  uint32_t struct_size;
+  /**
+   * Window queries (given per layer or observed into the context).
+   */
+  uint32_t queries;
+  uint32_t values;
+  /**
+   * `KVE_WO_*`.
+   */
+  uint32_t wo;
+  /**
+   * A window row log-sum-exp spares one pass over K.
+   */
+  uint32_t row_lse_helps;
+  /**
+   * The observation window: the last `window` cells are always kept.
+   */
+  uint32_t window;
+  /**
+   * `KVE_GRANULARITY_*` of the kept sets.
+   */
+  uint32_t granularity;
+} kve_evictor_requirements;
+
+/**
+ * One layer's tensors for the round's `n` cells (fill with `kve_evictor_layer_init`:
+ * every tensor absent). A tensor with `data == NULL` is absent.
+ */
+typedef struct kve_evictor_layer {
+  uint32_t struct_size;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+  /**
+   * `[Hkv, n, dk]`, required.
+   */
+  struct kve_tensor keys;
+  /**
+   * `[Hkv, n, dv]`, when the method reads values.
+   */
+  struct kve_tensor values;
+  /**
+   * `[Hq, wq, dk]`, the last `wq >= min(window, n)` positions; absent: the rows
+   * `kve_evictor_observe_queries` kept.
+   */
+  struct kve_tensor queries;
+  /**
+   * Optional `[Hq][min(window, n)]` window row log-sum-exp (`kve_layer_inputs.row_lse`).
+   */
+  const float *row_lse;
+  uint64_t row_lse_len;
+  /**
+   * `[Hq, dv, D]`, when `kve_evictor_get_requirements` says `KVE_WO_EVERY_ROUND`.
+   */
+  struct kve_tensor wo;
+} kve_evictor_layer;
+
+/**
+ * A sequence's counters.
+ */
+typedef struct kve_evictor_stats {
+  uint32_t struct_size;
+  /**
+   * 1 when the last commit left per-head sets of different lengths: the sequence takes
+   * no further round until `kve_evictor_seq_reset`.
+   */
+  uint32_t ragged;
+  /**
+   * Cells held after the last commit.
+   */
+  uint64_t cells;
+  /**
+   * Cells the keep ratio never compresses again.
+   */
+  uint64_t protected_cells;
+  uint64_t evictions;
+  uint64_t cells_evicted;
+} kve_evictor_stats;
 
 /**
  * State of a model-wide top-K search split over shards of layers (SPEC §4, "selection
@@ -873,6 +1043,180 @@ int32_t kve_cuda_score_layer_prepared(const struct kve_score_params *params,
                                       void *workspace,
                                       uint64_t workspace_bytes,
                                       void *stream);
+
+/**
+ * The number of presets; `kve_preset_name(0 .. count - 1)` lists them.
+ */
+uint32_t kve_preset_count(void);
+
+/**
+ * The name of preset `preset` (`KVE_PRESET_*`), e.g. `"laprox-span"`: a static string;
+ * NULL for an unknown preset.
+ */
+const char *kve_preset_name(uint32_t preset);
+
+/**
+ * The preset called `name` (NUL-terminated, exact: `kve_preset_name`'s spelling) into
+ * `*preset`. Unknown names give `KVE_ERR_BAD_ENUM`. Reads at most 32 bytes of `name`.
+ */
+int32_t kve_preset_from_name(const char *name, uint32_t *preset);
+
+/**
+ * Fill `config` for a preset: its window, granularity and selection, no links, one
+ * sequence, `KVE_POLICY_EXPLICIT`, `min_keep` 64; the model shape and `max_cells` are 0
+ * (to be set). Writes only `config` (`struct_size` bytes).
+ */
+int32_t kve_evictor_config_init(struct kve_evictor_config *config,
+                                uint32_t struct_size,
+                                uint32_t preset);
+
+/**
+ * Bytes of memory `kve_evictor_init` needs for `config` (any alignment; 63 bytes of
+ * slack included). Writes only `*bytes`.
+ */
+int32_t kve_evictor_size(const struct kve_evictor_config *config, uint64_t *bytes);
+
+/**
+ * Start an evictor in `memory` (`bytes` from `kve_evictor_size`, any alignment) and
+ * set `*evictor` to it: a pointer into `memory`, valid while the caller keeps the
+ * memory and does not write it. No teardown: the caller frees `memory`. Writes
+ * `memory` and `*evictor` only on success.
+ */
+int32_t kve_evictor_init(void *memory,
+                         uint64_t bytes,
+                         const struct kve_evictor_config *config,
+                         struct kve_evictor **evictor);
+
+/**
+ * Write what an engine captures for `evictor`'s method into `out` (`struct_size`
+ * bytes: `KVE_EVICTOR_REQUIREMENTS_V1_SIZE`).
+ */
+int32_t kve_evictor_get_requirements(const struct kve_evictor *evictor,
+                                     struct kve_evictor_requirements *out,
+                                     uint32_t struct_size);
+
+/**
+ * Set `layer`'s output projection `wo` (`[Hq, dv, D]`) for a method with
+ * `KVE_WO_ONCE`: its Gram blocks go into the context; `wo` may be freed after.
+ * Other methods: `KVE_ERR_INVALID_ARGUMENT`.
+ */
+int32_t kve_evictor_set_output_projection(struct kve_evictor *evictor,
+                                          uint64_t layer,
+                                          const struct kve_tensor *wo);
+
+/**
+ * Keep the last `window` of the query rows `queries` (`[Hq, c, dk]`: this ubatch's rows
+ * of sequence `seq` at `layer`, in position order, any dtype and strides) in the
+ * context, so the engine need not keep window queries. Methods without queries:
+ * `KVE_ERR_INVALID_ARGUMENT`.
+ */
+int32_t kve_evictor_observe_queries(struct kve_evictor *evictor,
+                                    uint64_t seq,
+                                    uint64_t layer,
+                                    const struct kve_tensor *queries);
+
+/**
+ * The policy: `*target` = the cells sequence `seq` should hold now that it holds
+ * `n_cells` (`n_cells`: nothing to do). Changes nothing; ask after every ubatch.
+ */
+int32_t kve_evictor_plan(struct kve_evictor *evictor,
+                         uint64_t seq,
+                         uint64_t n_cells,
+                         uint64_t *target);
+
+/**
+ * Start a round on sequence `seq`, whose cells are `0 .. n_cells - 1` in position
+ * order (`n_cells <= max_cells`), to end holding `target` cells (`kve_evictor_plan`'s
+ * or the engine's; raised to the window and, with the keep ratio, the protected
+ * cells). A round in progress on `seq` is abandoned.
+ */
+int32_t kve_evictor_begin(struct kve_evictor *evictor,
+                          uint64_t seq,
+                          uint64_t n_cells,
+                          uint64_t target);
+
+/**
+ * Set every tensor of `layer` absent and its `struct_size`
+ * (`KVE_EVICTOR_LAYER_V1_SIZE`). Writes only `layer`.
+ */
+int32_t kve_evictor_layer_init(struct kve_evictor_layer *layer, uint32_t struct_size);
+
+/**
+ * Score `layer` of sequence `seq`'s round (each layer once per round, any order) from
+ * `views`, for the round's `n_cells`. Reads the tensors, writes only the context.
+ */
+int32_t kve_evictor_score_layer(struct kve_evictor *evictor,
+                                uint64_t seq,
+                                uint64_t layer,
+                                const struct kve_evictor_layer *views);
+
+/**
+ * Select sequence `seq`'s kept set once every layer of its round is scored: over all its
+ * cells, or with the keep ratio over the cells since the protected ones (kept).
+ * `*kept_cells`: the cells some (layer, KV head) keeps (every one, token granularity).
+ */
+int32_t kve_evictor_select(struct kve_evictor *evictor, uint64_t seq, uint64_t *kept_cells);
+
+/**
+ * The cells some (layer, KV head) keeps in `seq`'s selected round, ascending, into
+ * `cells` (`len` at least `kve_evictor_select`'s count), and their count.
+ */
+int32_t kve_evictor_kept_cells(struct kve_evictor *evictor,
+                               uint64_t seq,
+                               uint32_t *cells_out,
+                               uint64_t len,
+                               uint64_t *count);
+
+/**
+ * The cells no (layer, KV head) keeps, ascending (`n_cells` minus the kept count):
+ * what an engine of shared cells removes (`llama_memory_seq_rm` per cell).
+ */
+int32_t kve_evictor_evicted_cells(struct kve_evictor *evictor,
+                                  uint64_t seq,
+                                  uint32_t *cells_out,
+                                  uint64_t len,
+                                  uint64_t *count);
+
+/**
+ * The per-(layer, KV head) kept lists of `seq`'s selected round, as `kve_select_model`
+ * writes them: `offsets` (`layers * hkv + 1`), `indices` (`offsets[layers * hkv]`
+ * cells; `layers * hkv * n_cells` always suffices).
+ */
+int32_t kve_evictor_kept_lists(struct kve_evictor *evictor,
+                               uint64_t seq,
+                               uint64_t *offsets,
+                               uint64_t offsets_len,
+                               uint32_t *indices,
+                               uint64_t indices_len);
+
+/**
+ * Move `layer`'s kept rows of `kv` (K or V of sequence `seq`, `[Hkv, n_cells, d]`, host
+ * memory, written through `kv->data`) to the front of each head, in place.
+ */
+int32_t kve_evictor_compact(struct kve_evictor *evictor,
+                            uint64_t seq,
+                            uint64_t layer,
+                            const struct kve_tensor *kv);
+
+/**
+ * Record that sequence `seq` now holds the kept cells of its selected round (the engine
+ * removed the others): they are all protected from the keep ratio.
+ */
+int32_t kve_evictor_commit(struct kve_evictor *evictor, uint64_t seq);
+
+/**
+ * Forget sequence `seq` (ended or cleared): counters, protection, round, query rows.
+ */
+int32_t kve_evictor_seq_reset(struct kve_evictor *evictor, uint64_t seq);
+
+/**
+ * Sequence `seq`'s counters into `out` (`struct_size` bytes:
+ * `KVE_EVICTOR_STATS_V1_SIZE`).
+ */
+int32_t kve_evictor_get_stats(struct kve_evictor *evictor,
+                              uint64_t seq,
+                              struct kve_evictor_stats *out,
+                              uint32_t struct_size);
 
 /**
  * Workspace bytes of `kve_accumulate_value_links` for `n` tokens of dimension `dv`:

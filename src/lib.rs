@@ -29,6 +29,7 @@ pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod evictor;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 mod gemm512;
 pub mod gram;
@@ -60,6 +61,7 @@ pub use budget::{
 };
 pub use config::*;
 pub use error::{Error, Result};
+pub use evictor::{Evictor, EvictorConfig};
 pub use gram::{
     compute_gram, compute_value_forms, compute_value_l1, gram_len, gram_workspace_size,
     value_forms_len,

@@ -330,3 +330,46 @@ fn install_and_cmake_consumer() {
     let _ = std::fs::remove_dir_all(&build);
     let _ = std::fs::remove_dir_all(&prefix);
 }
+
+/// Lines of `src` that integrate kvevict: those between `/* kvevict: begin */` and
+/// `/* kvevict: end */` markers (blank lines aside) and those marked `/* kvevict */`.
+fn integration_lines(src: &str) -> usize {
+    let mut inside = false;
+    let mut count = 0;
+    for l in src.lines() {
+        if l.contains("/* kvevict: begin */") {
+            inside = true;
+        } else if l.contains("/* kvevict: end */") {
+            inside = false;
+        } else if (inside && !l.trim().is_empty()) || l.contains("/* kvevict */") {
+            count += 1;
+        }
+    }
+    count
+}
+
+#[test]
+fn toy_engine() {
+    let src = std::fs::read_to_string(root().join("c_examples/toy_engine.c")).unwrap();
+    let n = integration_lines(&src);
+    assert!(
+        (30..=100).contains(&n),
+        "integration of the toy engine: {n} lines"
+    );
+    let out = example("toy_engine", &[]);
+    println!("{out}integration: {n} lines");
+    assert!(
+        line(&out, "stage calls by hand:").contains("same kept set (96 of 96 cells)"),
+        "{out}"
+    );
+    // the prompt of 200 is evicted down to LOW = 96 at once
+    assert_eq!(numbers(line(&out, "prefill:")), [200, 96], "{out}");
+    // decode: never above HIGH = 128 after a step; evicted to 96 every 33 tokens
+    let d = numbers(line(&out, "decoded"));
+    assert_eq!(d[0], 150, "{out}");
+    assert!(d[1] <= 128 && d[2] <= 128 && d[3] == 128, "{out}");
+    let e = numbers(line(&out, "evictions:"));
+    assert_eq!(e, [5, 104 + 4 * 33], "{out}");
+    // the newest position is the last decoded token: 200 + 150 - 1
+    assert_eq!(numbers(line(&out, "oldest and newest"))[1], 349, "{out}");
+}

@@ -7,6 +7,10 @@
 //! plain-Rust test double of the CUDA launchers (feature `cuda-mock`): "device pointers"
 //! are host pointers, so the same arena serves as device memory.
 //!
+//! The evictor (`kve_evictor_*`) runs a random sequence of calls on one context built
+//! from an arbitrary config: after every refused call the context (its workspace aside)
+//! and every output are as they were.
+//!
 //! The query stream (`kve_stream_*`) runs start to finish: size, start, one to three
 //! chunks, then scores, raw statistics or the count, with its descriptors, positions
 //! and outputs sometimes placed inside the state, the workspace or the output.
@@ -444,7 +448,7 @@ fn check_csr(off: &[u32], offsets_len: usize, idx: &[u32], units: usize, n: u64)
 
 fuzz_target!(|data: &[u8]| {
     let mut r = R { d: data, i: 0 };
-    let op = r.u8() % 12;
+    let op = r.u8() % 13;
     let mut a = Arena::new(&mut r);
     let before: Vec<u8> = a.bytes().to_vec();
     let st;
@@ -1127,6 +1131,7 @@ fuzz_target!(|data: &[u8]| {
                     }
                 }
             }
+            12 => st = evictor_calls(&mut r, &a, &mut outs),
             _ => unreachable!(),
         }
     }
@@ -1142,3 +1147,133 @@ fuzz_target!(|data: &[u8]| {
         assert!(!arena_changed || wrote_in_arena, "input arena modified (op {op})");
     }
 });
+
+/// The context bytes of `ev`, its workspace aside (what a refused call leaves as it was).
+fn context(ev: *mut kve_evictor) -> Vec<u8> {
+    unsafe { kvevict::Evictor::from_block(ev as *mut u8) }.unwrap().context_bytes().to_vec()
+}
+
+/// An evictor from an arbitrary config, then up to 12 arbitrary calls on it with views
+/// over the arena; returns the last status. A compaction works on a copy of the arena.
+unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
+    let mut c: kve_evictor_config = std::mem::zeroed();
+    if kve_evictor_config_init(&mut c, KVE_EVICTOR_CONFIG_V1_SIZE, r.enum_val(10)) != KVE_OK {
+        c.struct_size = KVE_EVICTOR_CONFIG_V1_SIZE;
+    }
+    c.preset = r.enum_val(10);
+    (c.layers, c.hq, c.hkv) = (r.size(4), r.size(8), r.size(4));
+    (c.dk, c.dv, c.d_model) = (r.size(16), r.size(16), r.size(16));
+    (c.max_cells, c.max_seqs) = (r.size(96), r.size(3));
+    c.window = if r.chance(2) { 0 } else { r.u8() as u32 % 40 };
+    c.granularity = if r.chance(2) { KVE_GRANULARITY_DEFAULT } else { r.enum_val(3) };
+    c.policy = r.enum_val(3);
+    c.keep_ratio = [0.5, 0.0, 1.0, 1.5, f64::NAN][r.u8() as usize % 5];
+    (c.min_keep, c.high, c.low) = (r.size(64), r.size(96), r.size(96));
+    c.link_threshold = [0.0, 0.5, f32::NAN][r.u8() as usize % 3];
+    let (sp, sl) = (score_params(r), select_params(r));
+    let (sp, sl) = (padded(r, sp), padded(r, sl));
+    if r.chance(6) {
+        c.score = &sp.p;
+    }
+    if r.chance(6) {
+        c.select = &sl.p;
+    }
+    let mut bytes = CANARY as u64;
+    let st = kve_evictor_size(&c, &mut bytes);
+    if st != KVE_OK || bytes > (16 << 20) {
+        assert!(st == KVE_OK || bytes == CANARY as u64, "size written on error");
+        return st;
+    }
+    let short = r.chance(16) as u64;
+    let mut mem = vec![0u64; bytes as usize / 8 + 1];
+    let mut ev = std::ptr::null_mut();
+    let st = kve_evictor_init(mem.as_mut_ptr() as *mut c_void, bytes - short, &c, &mut ev);
+    if st != KVE_OK {
+        assert!(ev.is_null() && mem.iter().all(|&w| w == 0), "init wrote on error");
+        return st;
+    }
+    let (l, hkv, n) = (c.layers, c.hkv, c.max_cells);
+    let mut st = KVE_OK;
+    for _ in 0..1 + r.u8() % 12 {
+        let seq = if r.chance(16) { r.size(8) } else { r.u8() as u64 % c.max_seqs };
+        let layer = if r.chance(16) { r.size(8) } else { r.u8() as u64 % l };
+        let cells = if r.chance(8) { r.size(128) } else { 1 + r.u8() as u64 % n };
+        let snap = context(ev);
+        let max = (l * hkv * n) as usize + 1;
+        let mut own = vec![CANARY; max];
+        let len = if r.chance(8) { r.u8() as usize % max } else { max } as u64;
+        let ptr = if r.chance(40) { std::ptr::null_mut() } else { own.as_mut_ptr() };
+        let out = Out { own, ptr, len, in_arena: false };
+        let mut count = CANARY as u64;
+        let tensor_of = |r: &mut R, e: [u64; 3]| {
+            let mut t = tensor(r, a, [8, 96, 16]);
+            fit(r, a, &mut t, e);
+            t
+        };
+        st = match r.u8() % 11 {
+            0 => {
+                let rows = 1 + r.u8() as u64 % 40;
+                let q = tensor_of(r, [c.hq, rows, c.dk]);
+                kve_evictor_observe_queries(ev, seq, layer, &q)
+            }
+            1 => kve_evictor_plan(ev, seq, cells, &mut count),
+            2 => kve_evictor_begin(ev, seq, cells, r.size(128)),
+            3 => {
+                let mut v: kve_evictor_layer = std::mem::zeroed();
+                kve_evictor_layer_init(&mut v, KVE_EVICTOR_LAYER_V1_SIZE);
+                v.keys = tensor_of(r, [hkv, cells, c.dk]);
+                v.values = tensor_of(r, [hkv, cells, c.dv]);
+                let rows = 1 + r.u8() as u64 % 40;
+                v.queries = tensor_of(r, [c.hq, rows, c.dk]);
+                v.wo = tensor_of(r, [c.hq, c.dv, c.d_model]);
+                v.reserved = r.chance(32) as u32;
+                kve_evictor_score_layer(ev, seq, layer, &v)
+            }
+            4 => kve_evictor_select(ev, seq, &mut count),
+            5 | 6 => {
+                let f = if r.chance(2) { kve_evictor_kept_cells } else { kve_evictor_evicted_cells };
+                let s = f(ev, seq, out.ptr, out.len, &mut count);
+                if s == KVE_OK && !out.in_arena {
+                    let cells = &out.own[..count as usize];
+                    assert!(cells.windows(2).all(|w| w[0] < w[1]), "cells ascending");
+                }
+                s
+            }
+            7 => {
+                let mut offsets = vec![CANARY as u64; (l * hkv + 1) as usize];
+                let o_len = if r.chance(8) { offsets.len() as u64 - 1 } else { offsets.len() as u64 };
+                let s = kve_evictor_kept_lists(ev, seq, offsets.as_mut_ptr(), o_len, out.ptr, out.len);
+                if s != KVE_OK {
+                    assert!(offsets.iter().all(|&x| x == CANARY as u64), "offsets written on error");
+                } else if !out.in_arena {
+                    check_csr(std::slice::from_raw_parts(offsets.as_ptr() as *const u32, offsets.len() * 2), offsets.len(), &out.own, (l * hkv) as usize, n);
+                }
+                s
+            }
+            8 => {
+                // the same view over a copy of the arena (compaction writes through it)
+                let mut copy = a.buf.clone();
+                let mut t = tensor_of(r, [hkv, cells, c.dk]);
+                if !t.data.is_null() {
+                    let at = t.data as usize - a.base() as usize;
+                    t.data = (copy.as_mut_ptr() as *const u8).add(at) as *const c_void;
+                }
+                kve_evictor_compact(ev, seq, layer, &t)
+            }
+            9 => kve_evictor_commit(ev, seq),
+            _ => {
+                let mut stats: kve_evictor_stats = std::mem::zeroed();
+                kve_evictor_get_stats(ev, seq, &mut stats, if r.chance(8) { 24 } else { KVE_EVICTOR_STATS_V1_SIZE })
+            }
+        };
+        if st != KVE_OK {
+            assert!(context(ev) == snap, "the context changed on error (status {st})");
+            assert!(out.untouched() && count == CANARY as u64, "output written on error");
+        }
+        if r.chance(4) {
+            kve_evictor_seq_reset(ev, seq);
+        }
+        outs.push(out);
+    }
+    st
+}

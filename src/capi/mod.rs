@@ -30,6 +30,7 @@
 
 pub mod compact;
 pub mod cuda;
+pub mod evictor;
 pub mod links;
 pub mod params;
 pub mod score;
@@ -42,6 +43,7 @@ use core::ffi::c_char;
 
 pub use compact::*;
 pub use cuda::*;
+pub use evictor::*;
 pub use links::*;
 pub use params::*;
 pub use score::*;
@@ -478,6 +480,41 @@ pub fn header_defines() -> std::string::String {
             (
                 "KVE_STREAM_SCORE_PARAMS_V1_SIZE",
                 stream::KVE_STREAM_SCORE_PARAMS_V1_SIZE as i64,
+            ),
+        ],
+    );
+    group(
+        "The evictor (kve_evictor_*): kve_evictor_config.policy and .granularity, \
+         kve_evictor_requirements.wo, struct sizes",
+        &[
+            ("KVE_POLICY_EXPLICIT", evictor::KVE_POLICY_EXPLICIT as i64),
+            (
+                "KVE_POLICY_KEEP_RATIO",
+                evictor::KVE_POLICY_KEEP_RATIO as i64,
+            ),
+            ("KVE_POLICY_CELLS", evictor::KVE_POLICY_CELLS as i64),
+            (
+                "KVE_GRANULARITY_DEFAULT",
+                evictor::KVE_GRANULARITY_DEFAULT as i64,
+            ),
+            ("KVE_WO_NONE", evictor::KVE_WO_NONE as i64),
+            ("KVE_WO_ONCE", evictor::KVE_WO_ONCE as i64),
+            ("KVE_WO_EVERY_ROUND", evictor::KVE_WO_EVERY_ROUND as i64),
+            (
+                "KVE_EVICTOR_CONFIG_V1_SIZE",
+                evictor::KVE_EVICTOR_CONFIG_V1_SIZE as i64,
+            ),
+            (
+                "KVE_EVICTOR_LAYER_V1_SIZE",
+                evictor::KVE_EVICTOR_LAYER_V1_SIZE as i64,
+            ),
+            (
+                "KVE_EVICTOR_REQUIREMENTS_V1_SIZE",
+                evictor::KVE_EVICTOR_REQUIREMENTS_V1_SIZE as i64,
+            ),
+            (
+                "KVE_EVICTOR_STATS_V1_SIZE",
+                evictor::KVE_EVICTOR_STATS_V1_SIZE as i64,
             ),
         ],
     );

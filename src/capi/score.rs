@@ -106,7 +106,7 @@ pub unsafe extern "C" fn kve_layer_inputs_init(
 }
 
 /// An optional `const float*` input: absent when NULL with length 0.
-fn opt_floats(ptr: *const f32, len: u64) -> Result<Option<Buf<f32>>> {
+pub(crate) fn opt_floats(ptr: *const f32, len: u64) -> Result<Option<Buf<f32>>> {
     if ptr.is_null() && len == 0 {
         return Ok(None);
     }

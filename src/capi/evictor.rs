@@ -1,0 +1,720 @@
+//! The evictor (`src/evictor/`) for C: one object runs a whole model's eviction for
+//! several sequences and holds the policy. Converts and checks, as the rest of the C layer.
+//!
+//! Flow: `kve_evictor_config_init` → set the model shape, `max_cells` and the policy →
+//! `kve_evictor_size` → `kve_evictor_init` in the caller's memory → `kve_evictor_get_requirements`
+//! (what to capture) → `kve_evictor_set_output_projection` per layer (LaProx) → per ubatch
+//! `kve_evictor_observe_queries` per layer, then `kve_evictor_plan`; when the target is
+//! below the cells held: `kve_evictor_begin` → `kve_evictor_score_layer` per layer →
+//! `kve_evictor_select` → `kve_evictor_evicted_cells` / `kve_evictor_kept_cells` /
+//! `kve_evictor_kept_lists` / `kve_evictor_compact` → `kve_evictor_commit`.
+//!
+//! The context (`kve_evictor*`) lives in the caller's memory and is only written by these
+//! calls; on any error it is as it was (the workspace inside it aside). One call at a time
+//! per context; contexts are independent. Device form: `kve_cuda_evictor_*` (not yet built)
+//! will take the same config and a stream.
+
+use super::params::{read_ext, score_config, select_config, write_ext, Extensible};
+use super::score::opt_floats;
+use super::{
+    check_alias, kve_score_params, kve_select_params, kve_tensor, out_param, span_ptr, to_status,
+    to_usize, tri, Buf, Span, Tensor, KVE_OK,
+};
+use crate::config::{Granularity, Preset};
+use crate::error::{Error, Result};
+use crate::evictor::presets::{preset_from_name, C_NAMES};
+use crate::evictor::{Budget, Evictor, EvictorConfig, LayerViews, ModelDims, WoUse};
+use core::ffi::{c_char, c_void};
+
+/// The first released size of an extensible struct (`KVE_*_V1_SIZE`, its `sizeof`) and
+/// its `Extensible` impl.
+macro_rules! v1_size {
+    ($t:ty, $name:ident = $size:literal) => {
+        #[doc = concat!("`sizeof(", stringify!($t), ")` of the first release.")]
+        pub const $name: u32 = $size;
+        const _: () = assert!(core::mem::size_of::<$t>() == $name as usize);
+        impl Extensible for $t {
+            const SIZES: &'static [u32] = &[$name];
+        }
+    };
+}
+
+/// An evictor's context: a pointer into the memory given to `kve_evictor_init`.
+pub struct kve_evictor {
+    _opaque: [u8; 0],
+}
+
+/// `kve_evictor_config.granularity`: the preset's (or `select`'s) granularity.
+pub const KVE_GRANULARITY_DEFAULT: u32 = u32::MAX;
+/// `kve_evictor_config.policy`: the engine passes its own targets to `kve_evictor_begin`.
+pub const KVE_POLICY_EXPLICIT: u32 = 0;
+/// Keep `max(floor(new * keep_ratio), min_keep)` of the cells new since the last
+/// compression (the window inside); earlier kept cells are never compressed again.
+pub const KVE_POLICY_KEEP_RATIO: u32 = 1;
+/// Past `high` cells, evict down to `low` (over all cells).
+pub const KVE_POLICY_CELLS: u32 = 2;
+
+/// What an evictor runs (fill with `kve_evictor_config_init`, then set the shape,
+/// `max_cells` and the policy). Extensible: `struct_size` is `KVE_EVICTOR_CONFIG_V1_SIZE`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kve_evictor_config {
+    pub struct_size: u32,
+    /// `KVE_PRESET_*` (`kve_preset_from_name` maps a name).
+    pub preset: u32,
+    /// The observation window; 0: the preset's (or `score`'s).
+    pub window: u32,
+    /// `KVE_GRANULARITY_*`, or `KVE_GRANULARITY_DEFAULT`. Engines whose cells are
+    /// shared by every head (llama.cpp, paged caches) want `KVE_GRANULARITY_TOKEN`.
+    pub granularity: u32,
+    pub layers: u64,
+    pub hq: u64,
+    pub hkv: u64,
+    pub dk: u64,
+    pub dv: u64,
+    /// Columns of `Wo`, for the methods that read it (`kve_evictor_get_requirements`).
+    pub d_model: u64,
+    /// Most cells a sequence holds when it is scored.
+    pub max_cells: u64,
+    /// Sequence slots, each with its own state (`seq` arguments are `0..max_seqs`).
+    pub max_seqs: u64,
+    /// `KVE_POLICY_*`.
+    pub policy: u32,
+    /// Value links at this threshold (0: off; 0.5 is `kve_select_model_linked`'s); needs
+    /// a flat forward post-pool (the laprox-span and uniqueness selections).
+    pub link_threshold: f32,
+    /// `KVE_POLICY_KEEP_RATIO`: in [0, 1].
+    pub keep_ratio: f64,
+    /// `KVE_POLICY_KEEP_RATIO`: the fewest new cells a compression keeps (default 64).
+    pub min_keep: u64,
+    /// `KVE_POLICY_CELLS`: `1 <= low <= high`; `low = 0` means `high - high/8`.
+    pub high: u64,
+    pub low: u64,
+    /// Optional (NULL: the preset's): scoring; `window` still overrides its window.
+    pub score: *const kve_score_params,
+    /// Optional (NULL: the preset's): selection; its budget is replaced by the policy's.
+    pub select: *const kve_select_params,
+}
+
+v1_size!(kve_evictor_config, KVE_EVICTOR_CONFIG_V1_SIZE = 136);
+
+/// One layer's tensors for the round's `n` cells (fill with `kve_evictor_layer_init`:
+/// every tensor absent). A tensor with `data == NULL` is absent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kve_evictor_layer {
+    pub struct_size: u32,
+    /// Must be 0.
+    pub reserved: u32,
+    /// `[Hkv, n, dk]`, required.
+    pub keys: kve_tensor,
+    /// `[Hkv, n, dv]`, when the method reads values.
+    pub values: kve_tensor,
+    /// `[Hq, wq, dk]`, the last `wq >= min(window, n)` positions; absent: the rows
+    /// `kve_evictor_observe_queries` kept.
+    pub queries: kve_tensor,
+    /// Optional `[Hq][min(window, n)]` window row log-sum-exp (`kve_layer_inputs.row_lse`).
+    pub row_lse: *const f32,
+    pub row_lse_len: u64,
+    /// `[Hq, dv, D]`, when `kve_evictor_get_requirements` says `KVE_WO_EVERY_ROUND`.
+    pub wo: kve_tensor,
+}
+
+v1_size!(kve_evictor_layer, KVE_EVICTOR_LAYER_V1_SIZE = 312);
+
+/// `kve_evictor_requirements.wo`: the method reads no `Wo`.
+pub const KVE_WO_NONE: u32 = 0;
+/// Once per layer, by `kve_evictor_set_output_projection` (LaProx's Gram blocks).
+pub const KVE_WO_ONCE: u32 = 1;
+/// With every `kve_evictor_score_layer` (`kve_evictor_layer.wo`, CriticalKV).
+pub const KVE_WO_EVERY_ROUND: u32 = 2;
+const _: () = assert!(
+    WoUse::None as u32 == KVE_WO_NONE
+        && WoUse::Once as u32 == KVE_WO_ONCE
+        && WoUse::EveryRound as u32 == KVE_WO_EVERY_ROUND
+);
+
+/// What an engine captures for the configured method (flags are 0 or 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct kve_evictor_requirements {
+    pub struct_size: u32,
+    /// Window queries (given per layer or observed into the context).
+    pub queries: u32,
+    pub values: u32,
+    /// `KVE_WO_*`.
+    pub wo: u32,
+    /// A window row log-sum-exp spares one pass over K.
+    pub row_lse_helps: u32,
+    /// The observation window: the last `window` cells are always kept.
+    pub window: u32,
+    /// `KVE_GRANULARITY_*` of the kept sets.
+    pub granularity: u32,
+}
+
+v1_size!(
+    kve_evictor_requirements,
+    KVE_EVICTOR_REQUIREMENTS_V1_SIZE = 28
+);
+
+/// A sequence's counters.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct kve_evictor_stats {
+    pub struct_size: u32,
+    /// 1 when the last commit left per-head sets of different lengths: the sequence takes
+    /// no further round until `kve_evictor_seq_reset`.
+    pub ragged: u32,
+    /// Cells held after the last commit.
+    pub cells: u64,
+    /// Cells the keep ratio never compresses again.
+    pub protected_cells: u64,
+    pub evictions: u64,
+    pub cells_evicted: u64,
+}
+
+v1_size!(kve_evictor_stats, KVE_EVICTOR_STATS_V1_SIZE = 40);
+
+/// The number of presets; `kve_preset_name(0 .. count - 1)` lists them.
+#[no_mangle]
+pub extern "C" fn kve_preset_count() -> u32 {
+    C_NAMES.len() as u32
+}
+
+/// The name of preset `preset` (`KVE_PRESET_*`), e.g. `"laprox-span"`: a static string;
+/// NULL for an unknown preset.
+#[no_mangle]
+pub extern "C" fn kve_preset_name(preset: u32) -> *const c_char {
+    match C_NAMES.get(preset as usize) {
+        Some(n) => n.as_ptr() as *const c_char,
+        None => core::ptr::null(),
+    }
+}
+
+/// The preset called `name` (NUL-terminated, exact: `kve_preset_name`'s spelling) into
+/// `*preset`. Unknown names give `KVE_ERR_BAD_ENUM`. Reads at most 32 bytes of `name`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_preset_from_name(name: *const c_char, preset: *mut u32) -> i32 {
+    let mut out = tri!(out_param(preset));
+    if name.is_null() {
+        return super::KVE_ERR_NULL_POINTER;
+    }
+    let mut len = 0;
+    // SAFETY: `name` is a NUL-terminated string (the caller's contract); reading stops at
+    // its NUL or after 32 bytes.
+    while len < 32 && unsafe { *name.add(len) } != 0 {
+        len += 1;
+    }
+    // SAFETY: the `len` bytes just read.
+    let bytes = unsafe { core::slice::from_raw_parts(name as *const u8, len) };
+    let p = tri!(preset_from_name(bytes));
+    tri!(check_alias(
+        &[out.span],
+        &[Span(name as usize, name as usize + len + 1)]
+    ));
+    // SAFETY: out_param checked it; one element.
+    unsafe { out.slice_mut()[0] = p as u32 };
+    KVE_OK
+}
+
+fn default_config(preset: Preset) -> kve_evictor_config {
+    kve_evictor_config {
+        struct_size: KVE_EVICTOR_CONFIG_V1_SIZE,
+        preset: preset as u32,
+        window: 0,
+        granularity: KVE_GRANULARITY_DEFAULT,
+        layers: 0,
+        hq: 0,
+        hkv: 0,
+        dk: 0,
+        dv: 0,
+        d_model: 0,
+        max_cells: 0,
+        max_seqs: 1,
+        policy: KVE_POLICY_EXPLICIT,
+        link_threshold: 0.0,
+        keep_ratio: 1.0,
+        min_keep: 64,
+        high: 0,
+        low: 0,
+        score: core::ptr::null(),
+        select: core::ptr::null(),
+    }
+}
+
+/// Fill `config` for a preset: its window, granularity and selection, no links, one
+/// sequence, `KVE_POLICY_EXPLICIT`, `min_keep` 64; the model shape and `max_cells` are 0
+/// (to be set). Writes only `config` (`struct_size` bytes).
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_config_init(
+    config: *mut kve_evictor_config,
+    struct_size: u32,
+    preset: u32,
+) -> i32 {
+    let p = tri!(Preset::from_u32(preset));
+    // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
+    to_status(unsafe {
+        write_ext(
+            config,
+            struct_size,
+            KVE_EVICTOR_CONFIG_V1_SIZE,
+            default_config(p),
+        )
+    })
+}
+
+/// The core's configuration from the C one, and the spans it was read from.
+unsafe fn evictor_config(p: *const kve_evictor_config) -> Result<(EvictorConfig, [Span; 3])> {
+    let d = default_config(Preset::SnapKv);
+    // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
+    let c = unsafe { read_ext(p, KVE_EVICTOR_CONFIG_V1_SIZE, d)? };
+    let size = |v: u64| to_usize(v);
+    let budget = match c.policy {
+        KVE_POLICY_EXPLICIT => Budget::Explicit,
+        KVE_POLICY_KEEP_RATIO => Budget::KeepRatio {
+            ratio: c.keep_ratio,
+            min_keep: c.min_keep,
+        },
+        KVE_POLICY_CELLS if c.low == 0 => Budget::cells(c.high),
+        KVE_POLICY_CELLS => Budget::Cells {
+            high: c.high,
+            low: c.low,
+        },
+        _ => return Err(Error::BadEnum),
+    };
+    let cfg = EvictorConfig {
+        preset: Preset::from_u32(c.preset)?,
+        // SAFETY: NULL or the caller's params; score_config checks the rest.
+        score: match c.score.is_null() {
+            true => None,
+            false => Some(unsafe { score_config(c.score)? }),
+        },
+        // SAFETY: NULL or the caller's params; select_config checks the rest.
+        select: match c.select.is_null() {
+            true => None,
+            false => Some(unsafe { select_config(c.select)? }),
+        },
+        window: c.window,
+        granularity: match c.granularity {
+            KVE_GRANULARITY_DEFAULT => None,
+            g => Some(Granularity::from_u32(g)?),
+        },
+        link_threshold: (c.link_threshold != 0.0).then_some(c.link_threshold),
+        model: ModelDims {
+            layers: size(c.layers)?,
+            hq: size(c.hq)?,
+            hkv: size(c.hkv)?,
+            dk: size(c.dk)?,
+            dv: size(c.dv)?,
+            d_model: size(c.d_model)?,
+        },
+        max_cells: size(c.max_cells)?,
+        max_seqs: size(c.max_seqs)?,
+        budget,
+    };
+    Ok((cfg, [span_ptr(p), span_ptr(c.score), span_ptr(c.select)]))
+}
+
+/// Bytes of memory `kve_evictor_init` needs for `config` (any alignment; 63 bytes of
+/// slack included). Writes only `*bytes`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_size(
+    config: *const kve_evictor_config,
+    bytes: *mut u64,
+) -> i32 {
+    let mut out = tri!(out_param(bytes));
+    // SAFETY: NULL or the caller's config; evictor_config checks it.
+    let (cfg, spans) = tri!(unsafe { evictor_config(config) });
+    tri!(check_alias(&[out.span], &spans));
+    let size = tri!(Evictor::memory_size(&cfg));
+    // SAFETY: out_param checked it; one element.
+    unsafe { out.slice_mut()[0] = size as u64 };
+    KVE_OK
+}
+
+/// Start an evictor in `memory` (`bytes` from `kve_evictor_size`, any alignment) and
+/// set `*evictor` to it: a pointer into `memory`, valid while the caller keeps the
+/// memory and does not write it. No teardown: the caller frees `memory`. Writes
+/// `memory` and `*evictor` only on success.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_init(
+    memory: *mut c_void,
+    bytes: u64,
+    config: *const kve_evictor_config,
+    evictor: *mut *mut kve_evictor,
+) -> i32 {
+    let mut out = tri!(out_param(evictor));
+    let mut mem = tri!(Buf::new(memory as *const u8, bytes));
+    // SAFETY: NULL or the caller's config; evictor_config checks it.
+    let (cfg, spans) = tri!(unsafe { evictor_config(config) });
+    tri!(check_alias(&[out.span, mem.span], &spans));
+    // SAFETY: Buf::new checked the memory; check_alias: it overlaps no input nor output.
+    let mut ev = tri!(Evictor::init(unsafe { mem.slice_mut() }, &cfg));
+    // SAFETY: out_param checked it; one element.
+    unsafe { out.slice_mut()[0] = ev.as_ptr() as *mut kve_evictor };
+    KVE_OK
+}
+
+/// The evictor at `ev`, and its context's span.
+unsafe fn attach<'a>(ev: *const kve_evictor) -> Result<(Evictor<'a>, Span)> {
+    // SAFETY: NULL, or a context kve_evictor_init returned (the caller's contract);
+    // from_block checks NULL, alignment and the magic.
+    let e = unsafe { Evictor::from_block(ev as *mut u8)? };
+    let (a, b) = e.byte_range();
+    Ok((e, Span(a, b)))
+}
+
+/// Write what an engine captures for `evictor`'s method into `out` (`struct_size`
+/// bytes: `KVE_EVICTOR_REQUIREMENTS_V1_SIZE`).
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_get_requirements(
+    evictor: *const kve_evictor,
+    out: *mut kve_evictor_requirements,
+    struct_size: u32,
+) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (ev, ctx) = tri!(unsafe { attach(evictor) });
+    let end = (out as usize).saturating_add(struct_size as usize);
+    tri!(check_alias(&[Span(out as usize, end)], &[ctx]));
+    let n = ev.needs();
+    let v = kve_evictor_requirements {
+        struct_size,
+        queries: n.capture.queries as u32,
+        values: n.capture.values as u32,
+        wo: n.capture.wo as u32,
+        row_lse_helps: n.capture.row_lse_helps as u32,
+        window: n.window,
+        granularity: n.granularity as u32,
+    };
+    // SAFETY: NULL or `struct_size` writable bytes; write_ext checks the rest.
+    to_status(unsafe { write_ext(out, struct_size, KVE_EVICTOR_REQUIREMENTS_V1_SIZE, v) })
+}
+
+/// `f`'s answer on the evictor at `evictor` into `*out` (not in the context), written
+/// only on success.
+unsafe fn answer(
+    evictor: *mut kve_evictor,
+    out: *mut u64,
+    f: impl FnOnce(&mut Evictor) -> Result<usize>,
+) -> i32 {
+    let mut o = tri!(out_param(out));
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
+    tri!(check_alias(&[o.span, ctx], &[]));
+    let v = tri!(f(&mut ev));
+    // SAFETY: out_param checked it; one element.
+    unsafe { o.slice_mut()[0] = v as u64 };
+    KVE_OK
+}
+
+/// A view of a required tensor argument; neither it nor its descriptor may overlap the
+/// context.
+unsafe fn input<'a>(p: *const kve_tensor, ctx: Span) -> Result<crate::View<'a>> {
+    check_alias(&[ctx], &[span_ptr(p)])?;
+    // SAFETY: NULL or the caller's descriptor; from_ptr checks it.
+    let t = unsafe { Tensor::from_ptr(p)? };
+    check_alias(&[ctx], &[t.span])?;
+    // SAFETY: checked by Tensor::new; the context (the only output) does not overlap it.
+    unsafe { t.view() }
+}
+
+/// Set `layer`'s output projection `wo` (`[Hq, dv, D]`) for a method with
+/// `KVE_WO_ONCE`: its Gram blocks go into the context; `wo` may be freed after.
+/// Other methods: `KVE_ERR_INVALID_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_set_output_projection(
+    evictor: *mut kve_evictor,
+    layer: u64,
+    wo: *const kve_tensor,
+) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
+    // SAFETY: the caller's descriptor; `input` checks it.
+    let wo = tri!(unsafe { input(wo, ctx) });
+    to_status(ev.set_output_projection(tri!(to_usize(layer)), &wo))
+}
+
+/// Keep the last `window` of the query rows `queries` (`[Hq, c, dk]`: this ubatch's rows
+/// of sequence `seq` at `layer`, in position order, any dtype and strides) in the
+/// context, so the engine need not keep window queries. Methods without queries:
+/// `KVE_ERR_INVALID_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_observe_queries(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    layer: u64,
+    queries: *const kve_tensor,
+) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
+    // SAFETY: the caller's descriptor; `input` checks it.
+    let q = tri!(unsafe { input(queries, ctx) });
+    to_status(ev.observe_queries(tri!(to_usize(seq)), tri!(to_usize(layer)), &q))
+}
+
+/// The policy: `*target` = the cells sequence `seq` should hold now that it holds
+/// `n_cells` (`n_cells`: nothing to do). Changes nothing; ask after every ubatch.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_plan(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    n_cells: u64,
+    target: *mut u64,
+) -> i32 {
+    // SAFETY: the caller's pointers; `answer` checks them.
+    unsafe {
+        answer(evictor, target, |ev| {
+            ev.plan(to_usize(seq)?, to_usize(n_cells)?)
+        })
+    }
+}
+
+/// Start a round on sequence `seq`, whose cells are `0 .. n_cells - 1` in position
+/// order (`n_cells <= max_cells`), to end holding `target` cells (`kve_evictor_plan`'s
+/// or the engine's; raised to the window and, with the keep ratio, the protected
+/// cells). A round in progress on `seq` is abandoned.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_begin(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    n_cells: u64,
+    target: u64,
+) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, _) = tri!(unsafe { attach(evictor) });
+    let s = tri!(to_usize(seq));
+    to_status(ev.begin(s, tri!(to_usize(n_cells)), tri!(to_usize(target))))
+}
+
+/// Set every tensor of `layer` absent and its `struct_size`
+/// (`KVE_EVICTOR_LAYER_V1_SIZE`). Writes only `layer`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_layer_init(
+    layer: *mut kve_evictor_layer,
+    struct_size: u32,
+) -> i32 {
+    // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
+    to_status(unsafe { write_ext(layer, struct_size, KVE_EVICTOR_LAYER_V1_SIZE, NO_LAYER) })
+}
+
+const NO_LAYER: kve_evictor_layer = kve_evictor_layer {
+    struct_size: KVE_EVICTOR_LAYER_V1_SIZE,
+    reserved: 0,
+    keys: kve_tensor::NONE,
+    values: kve_tensor::NONE,
+    queries: kve_tensor::NONE,
+    row_lse: core::ptr::null(),
+    row_lse_len: 0,
+    wo: kve_tensor::NONE,
+};
+
+/// Score `layer` of sequence `seq`'s round (each layer once per round, any order) from
+/// `views`, for the round's `n_cells`. Reads the tensors, writes only the context.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_score_layer(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    layer: u64,
+    views: *const kve_evictor_layer,
+) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
+    // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
+    let l = tri!(unsafe { read_ext(views, KVE_EVICTOR_LAYER_V1_SIZE, NO_LAYER) });
+    if l.reserved != 0 {
+        return super::KVE_ERR_INVALID_ARGUMENT;
+    }
+    let k = tri!(Tensor::new(&l.keys));
+    let [v, q, wo] = [&l.values, &l.queries, &l.wo].map(Tensor::optional);
+    let (v, q, wo) = (tri!(v), tri!(q), tri!(wo));
+    let lse = tri!(opt_floats(l.row_lse, l.row_lse_len));
+    let views_span = Span(
+        views as usize,
+        (views as usize).saturating_add(l.struct_size as usize),
+    );
+    let lse_span = lse.as_ref().map_or(Span::EMPTY, |b| b.span);
+    let spans = [
+        views_span,
+        k.span,
+        Tensor::span(&v),
+        Tensor::span(&q),
+        Tensor::span(&wo),
+        lse_span,
+    ];
+    tri!(check_alias(&[ctx], &spans));
+    // SAFETY (each view): checked by Tensor::new; the context (the only output) does not
+    // overlap it.
+    let view = |t: &Option<Tensor>| t.as_ref().map(|t| unsafe { t.view() }).transpose();
+    let lv = LayerViews {
+        // SAFETY: as above.
+        keys: tri!(unsafe { k.view() }),
+        values: tri!(view(&v)),
+        queries: tri!(view(&q)),
+        // SAFETY: Buf::new checked the buffer; the context does not overlap it.
+        row_lse: lse.as_ref().map(|b| unsafe { b.slice() }),
+        wo: tri!(view(&wo)),
+    };
+    to_status(ev.score_layer(tri!(to_usize(seq)), tri!(to_usize(layer)), &lv))
+}
+
+/// Select sequence `seq`'s kept set once every layer of its round is scored: over all its
+/// cells, or with the keep ratio over the cells since the protected ones (kept).
+/// `*kept_cells`: the cells some (layer, KV head) keeps (every one, token granularity).
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_select(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    kept_cells: *mut u64,
+) -> i32 {
+    let select = |ev: &mut Evictor| {
+        let s = to_usize(seq)?;
+        ev.select(s)?;
+        ev.kept_cell_count(s)
+    };
+    // SAFETY: the caller's pointers; `answer` checks them.
+    unsafe { answer(evictor, kept_cells, select) }
+}
+
+/// `kve_evictor_kept_cells` and `kve_evictor_evicted_cells`.
+unsafe fn cells(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    out: *mut u32,
+    len: u64,
+    count: *mut u64,
+    kept: bool,
+) -> i32 {
+    let mut n = tri!(out_param(count));
+    let mut o = tri!(Buf::new(out, len));
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
+    tri!(check_alias(&[n.span, o.span, ctx], &[]));
+    let s = tri!(to_usize(seq));
+    // SAFETY: Buf::new checked it; check_alias: it overlaps nothing else.
+    let o = unsafe { o.slice_mut() };
+    let c = tri!(match kept {
+        true => ev.kept_cells(s, o),
+        false => ev.evicted_cells(s, o),
+    });
+    // SAFETY: out_param checked it; one element.
+    unsafe { n.slice_mut()[0] = c as u64 };
+    KVE_OK
+}
+
+/// The cells some (layer, KV head) keeps in `seq`'s selected round, ascending, into
+/// `cells` (`len` at least `kve_evictor_select`'s count), and their count.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_kept_cells(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    cells_out: *mut u32,
+    len: u64,
+    count: *mut u64,
+) -> i32 {
+    // SAFETY: the caller's pointers; `cells` checks them.
+    unsafe { cells(evictor, seq, cells_out, len, count, true) }
+}
+
+/// The cells no (layer, KV head) keeps, ascending (`n_cells` minus the kept count):
+/// what an engine of shared cells removes (`llama_memory_seq_rm` per cell).
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_evicted_cells(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    cells_out: *mut u32,
+    len: u64,
+    count: *mut u64,
+) -> i32 {
+    // SAFETY: the caller's pointers; `cells` checks them.
+    unsafe { cells(evictor, seq, cells_out, len, count, false) }
+}
+
+/// The per-(layer, KV head) kept lists of `seq`'s selected round, as `kve_select_model`
+/// writes them: `offsets` (`layers * hkv + 1`), `indices` (`offsets[layers * hkv]`
+/// cells; `layers * hkv * n_cells` always suffices).
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_kept_lists(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    offsets: *mut u64,
+    offsets_len: u64,
+    indices: *mut u32,
+    indices_len: u64,
+) -> i32 {
+    let mut o = tri!(Buf::new(offsets, offsets_len));
+    let mut i = tri!(Buf::new(indices, indices_len));
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
+    tri!(check_alias(&[o.span, i.span, ctx], &[]));
+    let kept = tri!(ev.kept(tri!(to_usize(seq))));
+    if o.len() < kept.offsets.len() || i.len() < kept.indices.len() {
+        return super::KVE_ERR_OUTPUT_TOO_SMALL;
+    }
+    // SAFETY: Buf::new checked both; check_alias: they overlap nothing else.
+    let (o, i) = unsafe { (o.slice_mut(), i.slice_mut()) };
+    o[..kept.offsets.len()].copy_from_slice(kept.offsets);
+    i[..kept.indices.len()].copy_from_slice(kept.indices);
+    KVE_OK
+}
+
+/// Move `layer`'s kept rows of `kv` (K or V of sequence `seq`, `[Hkv, n_cells, d]`, host
+/// memory, written through `kv->data`) to the front of each head, in place.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_compact(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    layer: u64,
+    kv: *const kve_tensor,
+) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
+    // SAFETY: NULL or the caller's descriptor; from_ptr checks it.
+    let t = tri!(unsafe { Tensor::from_ptr(kv) });
+    tri!(check_alias(&[ctx, t.span], &[span_ptr(kv)]));
+    // SAFETY: checked by Tensor::new; writable by the function's contract; unaliased.
+    let mut view = tri!(unsafe { t.view_mut() });
+    to_status(ev.compact(tri!(to_usize(seq)), tri!(to_usize(layer)), &mut view))
+}
+
+/// Record that sequence `seq` now holds the kept cells of its selected round (the engine
+/// removed the others): they are all protected from the keep ratio.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_commit(evictor: *mut kve_evictor, seq: u64) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, _) = tri!(unsafe { attach(evictor) });
+    to_status(ev.commit(tri!(to_usize(seq))))
+}
+
+/// Forget sequence `seq` (ended or cleared): counters, protection, round, query rows.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_seq_reset(evictor: *mut kve_evictor, seq: u64) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, _) = tri!(unsafe { attach(evictor) });
+    to_status(ev.reset(tri!(to_usize(seq))))
+}
+
+/// Sequence `seq`'s counters into `out` (`struct_size` bytes:
+/// `KVE_EVICTOR_STATS_V1_SIZE`).
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_get_stats(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    out: *mut kve_evictor_stats,
+    struct_size: u32,
+) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
+    let end = (out as usize).saturating_add(struct_size as usize);
+    tri!(check_alias(&[Span(out as usize, end)], &[ctx]));
+    let s = tri!(ev.stats(tri!(to_usize(seq))));
+    let v = kve_evictor_stats {
+        struct_size,
+        ragged: s.ragged as u32,
+        cells: s.cells,
+        protected_cells: s.protected,
+        evictions: s.evictions,
+        cells_evicted: s.cells_evicted,
+    };
+    // SAFETY: NULL or `struct_size` writable bytes; write_ext checks the rest.
+    to_status(unsafe { write_ext(out, struct_size, KVE_EVICTOR_STATS_V1_SIZE, v) })
+}

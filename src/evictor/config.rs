@@ -1,0 +1,185 @@
+//! The evictor's configuration: what the caller gives ([`EvictorConfig`]) and what the
+//! context keeps once every default is applied and checked ([`Resolved`]), with the
+//! workspace the largest stage call needs.
+
+use super::policy::Budget;
+use super::presets::{capture, default_select, Capture, WoUse};
+use crate::config::{Granularity, Preset, ScoreConfig, ScorerKind, SelectConfig};
+use crate::error::{mul, Error, Result, MAX_LAYERS};
+use crate::score::LayerShape;
+use crate::shape::ModelShape;
+use crate::workspace::WorkspaceSize;
+use crate::ValueLinks;
+
+/// The model an evictor serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelDims {
+    pub layers: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub dk: usize,
+    pub dv: usize,
+    /// Columns of `Wo`; read only by methods that use it ([`Capture::wo`]).
+    pub d_model: usize,
+}
+
+/// What an evictor runs and for how much memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvictorConfig {
+    pub preset: Preset,
+    /// Overrides the preset's scoring (then `window` overrides its window).
+    pub score: Option<ScoreConfig>,
+    /// Overrides the preset's selection ([`default_select`]); its budget is the policy's.
+    pub select: Option<SelectConfig>,
+    /// The observation window; 0: the scoring's.
+    pub window: u32,
+    /// Overrides the selection's granularity (engines of shared cells want `Token`).
+    pub granularity: Option<Granularity>,
+    /// Value links at this threshold ([`crate::LINK_THRESHOLD`]); needs a flat forward
+    /// post-pool. Off by default for every preset.
+    pub link_threshold: Option<f32>,
+    pub model: ModelDims,
+    /// Most cells a sequence holds when it is scored.
+    pub max_cells: usize,
+    /// Sequence slots, each with its own state.
+    pub max_seqs: usize,
+    pub budget: Budget,
+}
+
+impl EvictorConfig {
+    /// A preset with its defaults, one sequence.
+    pub fn new(preset: Preset, model: ModelDims, max_cells: usize, budget: Budget) -> Self {
+        EvictorConfig {
+            preset,
+            score: None,
+            select: None,
+            window: 0,
+            granularity: None,
+            link_threshold: None,
+            model,
+            max_cells,
+            max_seqs: 1,
+            budget,
+        }
+    }
+}
+
+/// The configuration with every default applied and checked (kept in the context).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Resolved {
+    pub score: ScoreConfig,
+    pub select: SelectConfig,
+    pub critical_default: bool,
+    pub links: Option<f32>,
+    pub budget: Budget,
+    pub capture: Capture,
+    pub m: ModelDims,
+    pub max_cells: usize,
+    pub max_seqs: usize,
+    /// Floats of one layer's Gram blocks (0 unless LaProx).
+    pub gram_len: usize,
+}
+
+pub(crate) fn resolve(c: &EvictorConfig) -> Result<Resolved> {
+    let mut score = c.score.unwrap_or(ScoreConfig::preset(c.preset));
+    if c.window != 0 {
+        score.window = c.window;
+    }
+    score.validate()?;
+    let mut select = c.select.unwrap_or(default_select(c.preset, 0));
+    if let Some(g) = c.granularity {
+        select.granularity = g;
+    }
+    select.validate()?;
+    if let Some(t) = c.link_threshold {
+        ValueLinks {
+            sums: &[],
+            threshold: t,
+        }
+        .check(&select, 0)?;
+    }
+    c.budget.validate()?;
+    let m = &c.model;
+    LayerShape::from_dims(
+        m.hq as u64,
+        m.hkv as u64,
+        c.max_cells as u64,
+        m.dk as u64,
+        m.dv as u64,
+    )?;
+    ModelShape::new(
+        m.layers as u64,
+        m.hkv as u64,
+        c.max_cells as u64,
+        score.window as u64,
+    )?;
+    let mut capture = capture(&score);
+    capture.values |= c.link_threshold.is_some();
+    if c.max_seqs == 0 || m.layers > MAX_LAYERS || (capture.wo != WoUse::None && m.d_model == 0) {
+        return Err(Error::InvalidArgument);
+    }
+    let gram_len = match capture.wo {
+        WoUse::Once => crate::gram_len(m.hq, m.hkv, m.dv, score.needs_cross())?,
+        _ => 0,
+    };
+    Ok(Resolved {
+        score,
+        select,
+        critical_default: c.score.is_none() && score.scorer == ScorerKind::CriticalKv,
+        links: c.link_threshold,
+        budget: c.budget,
+        capture,
+        m: *m,
+        max_cells: c.max_cells,
+        max_seqs: c.max_seqs,
+        gram_len,
+    })
+}
+
+/// Bytes of the shared workspace: the largest stage call at `max_cells`.
+pub(crate) fn workspace_bytes(r: &Resolved) -> Result<usize> {
+    let n = r.max_cells;
+    let w = (r.score.window as usize).min(n);
+    let p = n - w;
+    let units = mul(r.m.layers, r.m.hkv)?;
+    let shape = LayerShape {
+        hq: r.m.hq,
+        hkv: r.m.hkv,
+        n,
+        dk: r.m.dk,
+        dv: r.m.dv,
+    };
+    let mut score = WorkspaceSize::new();
+    score.add::<f32>(mul(r.m.hkv, p)?)?; // staged scores
+    score.add::<f32>(if r.capture.queries {
+        mul(r.m.hq, mul(w, r.m.dk)?)?
+    } else {
+        0
+    })?;
+    score.add::<f32>(if r.capture.wo == WoUse::EveryRound {
+        mul(r.m.hkv, n)?
+    } else {
+        0
+    })?;
+    let mut rest = crate::score_workspace_size(&r.score, &shape)?;
+    if r.capture.wo == WoUse::EveryRound {
+        rest = rest.max(crate::gram::value_l1_workspace_size(r.m.dv, r.m.d_model)?);
+    }
+    if r.links.is_some() {
+        rest = rest.max(crate::value_links_workspace_size(n, r.m.dv)?);
+    }
+    let mut select = WorkspaceSize::new();
+    select.add::<f32>(mul(units, p)?)?; // the span's scores
+    select.add::<u64>(units + 1)?;
+    select.add::<u32>(mul(units, n)?)?;
+    let sel = crate::select_workspace_size(&r.select, r.m.layers, r.m.hkv, n, w)?;
+    let mut gram = 0;
+    if r.capture.wo == WoUse::Once {
+        gram = crate::gram_workspace_size(r.m.dv, r.m.d_model)?;
+    }
+    let mut cells = WorkspaceSize::new();
+    cells.add::<u8>(n)?;
+    let a = score.total().checked_add(rest).ok_or(Error::Overflow)?;
+    let b = select.total().checked_add(sel).ok_or(Error::Overflow)?;
+    Ok(a.max(b).max(gram).max(cells.total()))
+}

@@ -1,0 +1,629 @@
+//! The evictor: one object runs a whole model's eviction for several sequences and holds
+//! the policy (when, how much), over the stage functions (`score_layer`, `compute_gram`,
+//! `accumulate_value_links`, `select_model(_linked)`, `compact_in_place`), which it
+//! calls and never re-implements: its kept sets are bit-identical to those calls by hand.
+//!
+//! A round on one sequence: [`Evictor::plan`] (the policy's target) → [`Evictor::begin`]
+//! → [`Evictor::score_layer`] for every layer, any order → [`Evictor::select`] → the
+//! engine drops the evicted cells ([`Evictor::kept_cells`], [`Evictor::evicted_cells`]) or
+//! lets [`Evictor::compact`] move its K/V rows → [`Evictor::commit`].
+//!
+//! Decisions, each with its reason:
+//! - Caller memory sized by [`Evictor::memory_size`], no allocation: the crate is no_std
+//!   and engines own their memory (zstd's static context).
+//! - A sequence's cells are `0..n` in position order, the same `n` for every layer and
+//!   head: what llama.cpp's cells and paged engines hold. A commit whose units kept
+//!   different counts (per-head allocators) leaves the cache ragged: that sequence then
+//!   takes no further round until [`Evictor::reset`], since one `n` no longer describes it.
+//! - `begin` starts a round explicitly (the engine's own target or the plan's), so plan
+//!   stays a pure question an engine may ask after every ubatch.
+//! - `select` computes and `commit` records: between them the engine removes the cells,
+//!   and a round it abandons (a new `begin`) changes no bookkeeping.
+//! - The query ring keeps the last `w` query rows per layer as f32 (exact for f16/bf16),
+//!   so an engine need not keep window queries itself; the window is always kept, so the
+//!   ring stays valid across compressions.
+//! - Scores are staged in the workspace and copied into the sequence's slot only once a
+//!   layer passed: on any error the context is as it was (the workspace aside).
+//! - CriticalKV without explicit score parameters gets kvpress's first stage for the
+//!   round's budget, as `select_kept` in Python does.
+
+mod config;
+pub mod memory;
+pub mod policy;
+pub mod presets;
+mod state;
+
+use crate::config::{Granularity, ScoreConfig};
+use crate::error::{Error, Result};
+use crate::score::LayerInputs;
+use crate::view::{View, ViewMut};
+use crate::workspace::Workspace;
+use crate::{budget::ModelScores, ValueLinks};
+pub(crate) use config::Resolved;
+use config::{resolve, workspace_bytes};
+pub use config::{EvictorConfig, ModelDims};
+use memory::{Layout, Slot, ALIGN};
+pub use policy::Budget;
+pub use presets::{
+    capture, default_select, preset_from_name, preset_name, Capture, WoUse, PRESETS,
+};
+use state::{Phase, SeqState};
+
+/// A sequence's counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SeqStats {
+    /// Cells held after the last commit (0 before any).
+    pub cells: u64,
+    /// Cells the keep ratio never compresses again.
+    pub protected: u64,
+    pub evictions: u64,
+    pub cells_evicted: u64,
+    /// Whether the last commit left per-head sets of different lengths (no more rounds).
+    pub ragged: bool,
+}
+
+/// What an engine captures for the configured method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Needs {
+    pub capture: Capture,
+    /// The observation window: the last `window` cells are always kept.
+    pub window: u32,
+    pub granularity: Granularity,
+}
+
+/// One layer's tensors for the round's `n` cells.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerViews<'a> {
+    /// `[Hkv, n, dk]`.
+    pub keys: View<'a>,
+    /// `[Hkv, n, dv]` when [`Capture::values`].
+    pub values: Option<View<'a>>,
+    /// `[Hq, wq, dk]`, the last `wq >= min(w, n)` positions; `None`: the query ring.
+    pub queries: Option<View<'a>>,
+    /// Optional `[Hq][min(w, n)]` window row log-sum-exp (see [`LayerInputs::row_lse`]).
+    pub row_lse: Option<&'a [f32]>,
+    /// `[Hq, dv, D]` when [`Capture::wo`] is `EveryRound`.
+    pub wo: Option<View<'a>>,
+}
+
+/// The kept set of a selected round: per (layer, KV head) `indices[offsets[u]..offsets[u +
+/// 1]]`, ascending cells (the selection's CSR, protected cells included).
+#[derive(Clone, Copy, Debug)]
+pub struct Kept<'a> {
+    pub offsets: &'a [u64],
+    pub indices: &'a [u32],
+}
+
+const MAGIC: u64 = 0x6b76_6576_6963_7431; // "kvevict1"
+
+/// What the block's first bytes hold.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+struct Header {
+    magic: u64,
+    r: Resolved,
+    lay: Layout,
+}
+
+/// A whole model's eviction over caller memory.
+pub struct Evictor<'a> {
+    r: Resolved,
+    lay: Layout,
+    block: &'a mut [u8],
+}
+
+impl<'a> Evictor<'a> {
+    /// Bytes of memory [`Evictor::init`] needs (alignment slack included).
+    pub fn memory_size(cfg: &EvictorConfig) -> Result<usize> {
+        let r = resolve(cfg)?;
+        let lay = Layout::new(&r, core::mem::size_of::<Header>(), workspace_bytes(&r)?)?;
+        Ok(lay.total + ALIGN - 1)
+    }
+
+    /// An evictor in `mem` (any alignment: it starts at the first 64-byte boundary).
+    /// Nothing is written on error.
+    pub fn init(mem: &'a mut [u8], cfg: &EvictorConfig) -> Result<Evictor<'a>> {
+        let r = resolve(cfg)?;
+        let lay = Layout::new(&r, core::mem::size_of::<Header>(), workspace_bytes(&r)?)?;
+        if mem.len() < lay.total + ALIGN - 1 {
+            return Err(Error::WorkspaceTooSmall);
+        }
+        let off = mem.as_ptr().align_offset(ALIGN);
+        let block = &mut mem[off..off + lay.total];
+        let h = Header {
+            magic: MAGIC,
+            r,
+            lay,
+        };
+        // SAFETY: the block starts 64-byte aligned and is longer than a Header (its first
+        // region); a Header is plain data.
+        unsafe { core::ptr::write(block.as_mut_ptr() as *mut Header, h) };
+        let mut ev = Evictor { r, lay, block };
+        memory::carve_model(ev.model_bytes(), &r)?.gram_set.fill(0);
+        for s in 0..r.max_seqs {
+            let slot = ev.slot(s)?;
+            SeqState::default().store(slot.state);
+            slot.ring_rows.fill(0);
+        }
+        Ok(ev)
+    }
+
+    /// The evictor whose block starts at `ptr` (as `init` left it; C's `kve_evictor*`).
+    ///
+    /// # Safety
+    /// `ptr` is NULL, or 8-byte aligned and readable for 8 bytes; when those hold the
+    /// magic, `ptr` is the start of a block `init` wrote, owned by the caller for `'a`
+    /// and not otherwise borrowed.
+    pub unsafe fn from_block(ptr: *mut u8) -> Result<Evictor<'a>> {
+        if ptr.is_null() {
+            return Err(Error::NullPointer);
+        }
+        if ptr as usize % ALIGN != 0 {
+            return Err(Error::Misaligned);
+        }
+        // SAFETY: the caller's contract: 8 readable, aligned bytes.
+        if unsafe { *(ptr as *const u64) } != MAGIC {
+            return Err(Error::InvalidArgument);
+        }
+        // SAFETY: the magic says `init` wrote a Header here (the caller's contract).
+        let h = unsafe { core::ptr::read(ptr as *const Header) };
+        // SAFETY: `init` made the block `lay.total` bytes long; the caller owns it for 'a.
+        let block = unsafe { core::slice::from_raw_parts_mut(ptr, h.lay.total) };
+        Ok(Evictor {
+            r: h.r,
+            lay: h.lay,
+            block,
+        })
+    }
+
+    /// The block's start (C's `kve_evictor*`).
+    pub fn as_ptr(&mut self) -> *mut u8 {
+        self.block.as_mut_ptr()
+    }
+
+    /// The block's byte range, for the C layer's alias checks.
+    pub fn byte_range(&self) -> (usize, usize) {
+        let s = self.block.as_ptr() as usize;
+        (s, s + self.block.len())
+    }
+
+    /// The block without its workspace: everything an error leaves as it was (the
+    /// workspace's contents are unspecified after any call).
+    pub fn context_bytes(&self) -> &[u8] {
+        &self.block[..self.lay.workspace]
+    }
+
+    /// What the engine captures, the window and the granularity.
+    pub fn needs(&self) -> Needs {
+        Needs {
+            capture: self.r.capture,
+            window: self.r.score.window,
+            granularity: self.r.select.granularity,
+        }
+    }
+
+    pub fn layers(&self) -> usize {
+        self.r.m.layers
+    }
+    pub fn kv_heads(&self) -> usize {
+        self.r.m.hkv
+    }
+
+    fn model_bytes(&mut self) -> &mut [u8] {
+        memory::split(self.block, &self.lay, 0).0
+    }
+
+    fn slot(&mut self, seq: usize) -> Result<Slot<'_>> {
+        if seq >= self.r.max_seqs {
+            return Err(Error::InvalidArgument);
+        }
+        memory::carve_slot(memory::split(self.block, &self.lay, seq).1, &self.r)
+    }
+
+    fn state(&mut self, seq: usize) -> Result<SeqState> {
+        SeqState::load(self.slot(seq)?.state)
+    }
+
+    fn check_layer(&self, layer: usize) -> Result<()> {
+        if layer >= self.r.m.layers {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(())
+    }
+
+    /// Set `layer`'s output projection `wo` `[Hq, dv, D]` (methods with [`WoUse::Once`]):
+    /// its Gram blocks go into the context, the engine may drop `wo` after.
+    pub fn set_output_projection(&mut self, layer: usize, wo: &View) -> Result<()> {
+        self.check_layer(layer)?;
+        if self.r.capture.wo != WoUse::Once {
+            return Err(Error::InvalidArgument);
+        }
+        if wo.extent() != [self.r.m.hq, self.r.m.dv, self.r.m.d_model] {
+            return Err(Error::ShapeMismatch);
+        }
+        let (r, lay) = (self.r, self.lay);
+        let (model, _, ws) = memory::split(self.block, &lay, 0);
+        let model = memory::carve_model(model, &r)?;
+        let g = &mut model.gram[layer * r.gram_len..(layer + 1) * r.gram_len];
+        crate::compute_gram(wo, r.m.hkv, r.score.needs_cross(), g, ws)?;
+        model.gram_set[layer] = 1;
+        Ok(())
+    }
+
+    /// Keep the last `w` of the query rows `q` `[Hq, c, dk]` (the ubatch's rows of
+    /// sequence `seq`, in position order) in `layer`'s ring. Methods without queries:
+    /// `InvalidArgument`. NaN/Inf rows are taken as they are (scoring rejects them).
+    pub fn observe_queries(&mut self, seq: usize, layer: usize, q: &View) -> Result<()> {
+        self.check_layer(layer)?;
+        if !self.r.capture.queries {
+            return Err(Error::InvalidArgument);
+        }
+        let [hq, c, dk] = q.extent();
+        if hq != self.r.m.hq || dk != self.r.m.dk {
+            return Err(Error::ShapeMismatch);
+        }
+        let (w, r) = (self.r.score.window as usize, self.r);
+        let slot = self.slot(seq)?;
+        let ring = &mut slot.ring[layer * r.m.hq * w * dk..(layer + 1) * r.m.hq * w * dk];
+        let seen = slot.ring_rows[layer];
+        for j in c.saturating_sub(w)..c {
+            let at = ((seen + j as u64) % w as u64) as usize;
+            for h in 0..hq {
+                q.load_row(h, j, &mut ring[(h * w + at) * dk..(h * w + at + 1) * dk]);
+            }
+        }
+        slot.ring_rows[layer] = seen.saturating_add(c as u64);
+        Ok(())
+    }
+
+    /// The cells sequence `seq` should hold now that it holds `n_cells` (`n_cells`:
+    /// nothing to do). Changes nothing.
+    pub fn plan(&mut self, seq: usize, n_cells: usize) -> Result<usize> {
+        let st = self.state(seq)?;
+        if st.ragged {
+            return Err(Error::InvalidArgument);
+        }
+        let w = self.r.score.window as u64;
+        Ok(policy::plan(&self.r.budget, st.protected, n_cells as u64, w) as usize)
+    }
+
+    /// Start a round on `seq`'s `n_cells` cells (`1..=max_cells`) that ends holding
+    /// `target` cells (raised to what a selection keeps anyway: the cells the ratio
+    /// protects and the window). A round in progress is abandoned.
+    pub fn begin(&mut self, seq: usize, n_cells: usize, target: usize) -> Result<()> {
+        let mut st = self.state(seq)?;
+        if st.ragged || n_cells == 0 || n_cells > self.r.max_cells || target > n_cells {
+            return Err(Error::InvalidArgument);
+        }
+        let n = n_cells as u64;
+        let start = policy::span_start(&self.r.budget, st.protected, n);
+        if start == n {
+            return Err(Error::InvalidArgument); // nothing new to select over
+        }
+        let w = self.r.score.window as u64;
+        st.phase = Phase::Scoring;
+        st.n = n;
+        st.start = start;
+        st.target = (target as u64).max(policy::least_kept(start, n, w));
+        st.kept_total = 0;
+        let slot = self.slot(seq)?;
+        st.store(slot.state);
+        slot.scored.fill(0);
+        slot.links.iter_mut().take(n_cells).for_each(|x| *x = 0.0);
+        Ok(())
+    }
+
+    /// The scoring of the round: kvpress's CriticalKV first stage for its budget.
+    fn round_score(&self, st: &SeqState) -> ScoreConfig {
+        let mut cfg = self.r.score;
+        if self.r.critical_default {
+            let w = (cfg.window as u64).min(st.n);
+            let b = policy::span_budget(st.start, st.n, cfg.window as u64, st.target);
+            let total = b + w;
+            cfg.critical_first_stage = ((total / 2).max(1).saturating_sub(w)) as u32;
+        }
+        cfg
+    }
+
+    /// Score `layer` of `seq`'s round from `v` (each layer once per round).
+    pub fn score_layer(&mut self, seq: usize, layer: usize, v: &LayerViews) -> Result<()> {
+        self.check_layer(layer)?;
+        let st = self.state(seq)?;
+        let (r, lay) = (self.r, self.lay);
+        let cfg = self.round_score(&st);
+        let n = st.n as usize;
+        let w = (cfg.window as usize).min(n);
+        let p = n - w;
+        let (model, slot, ws) = memory::split(self.block, &lay, seq);
+        let model = memory::carve_model(model, &r)?;
+        let slot = memory::carve_slot(slot, &r)?;
+        if st.phase != Phase::Scoring || slot.scored[layer] != 0 {
+            return Err(Error::InvalidArgument);
+        }
+        if v.keys.extent() != [r.m.hkv, n, r.m.dk] {
+            return Err(Error::ShapeMismatch);
+        }
+        let values = match v.values {
+            Some(val) if val.extent() != [r.m.hkv, n, r.m.dv] => return Err(Error::ShapeMismatch),
+            Some(val) => Some(val),
+            None if r.capture.values => return Err(Error::NullPointer),
+            None => None,
+        };
+        let mut ws = Workspace::new(ws);
+        let stage = ws.take_dirty::<f32>(r.m.hkv * p)?;
+        let ring_q = ws.take_dirty::<f32>(if r.capture.queries {
+            r.m.hq * w * r.m.dk
+        } else {
+            0
+        })?;
+        let l1 = ws.take_dirty::<f32>(if r.capture.wo == WoUse::EveryRound {
+            r.m.hkv * n
+        } else {
+            0
+        })?;
+        let rest = ws.into_rest();
+        let mut inputs = LayerInputs {
+            keys: Some(v.keys),
+            values,
+            row_lse: v.row_lse,
+            ..LayerInputs::default()
+        };
+        let ring_view;
+        if r.capture.queries {
+            inputs.queries = match v.queries {
+                Some(q) => Some(q),
+                None => {
+                    ring_view =
+                        ring_window(&r, slot.ring, slot.ring_rows[layer], layer, w, ring_q)?;
+                    Some(ring_view)
+                }
+            };
+        }
+        if r.capture.wo == WoUse::Once {
+            if model.gram_set[layer] == 0 {
+                return Err(Error::InvalidArgument);
+            }
+            inputs.gram = Some(&model.gram[layer * r.gram_len..(layer + 1) * r.gram_len]);
+        }
+        if r.capture.wo == WoUse::EveryRound {
+            let wo = v.wo.as_ref().ok_or(Error::NullPointer)?;
+            let values = values.as_ref().ok_or(Error::NullPointer)?;
+            if wo.extent() != [r.m.hq, r.m.dv, r.m.d_model] {
+                return Err(Error::ShapeMismatch);
+            }
+            crate::compute_value_l1(values, wo, l1, rest)?;
+            inputs.value_l1 = Some(l1);
+        }
+        crate::score_layer(&cfg, &inputs, stage, rest)?;
+        if r.links.is_some() {
+            let values = values.as_ref().ok_or(Error::NullPointer)?;
+            crate::accumulate_value_links(values, &mut slot.links[..n], rest)?;
+        }
+        memory::floats(slot.words)[layer * r.m.hkv * p..(layer + 1) * r.m.hkv * p]
+            .copy_from_slice(stage);
+        slot.scored[layer] = 1;
+        Ok(())
+    }
+
+    /// Select the round's kept set once every layer is scored: over all cells, or (keep
+    /// ratio) over the cells since the protected ones, which are kept.
+    pub fn select(&mut self, seq: usize) -> Result<Kept<'_>> {
+        let mut st = self.state(seq)?;
+        let (r, lay) = (self.r, self.lay);
+        let (_, slot, ws) = memory::split(self.block, &lay, seq);
+        let slot = memory::carve_slot(slot, &r)?;
+        if st.phase != Phase::Scoring || slot.scored.contains(&0) {
+            return Err(Error::InvalidArgument);
+        }
+        let (n, start) = (st.n as usize, st.start as usize);
+        let window = r.score.window as usize;
+        let units = r.m.layers * r.m.hkv;
+        let p = n - window.min(n); // the scores' prefix
+        let m = n - start; // the cells selected over
+        let ps = m - window.min(m);
+        let mut cfg = r.select;
+        cfg.budget = policy::span_budget(st.start, st.n, window as u64, st.target);
+        let (no, ni) = crate::select_output_len(&cfg, r.m.layers, r.m.hkv, m, window)?;
+        let mut ws = Workspace::new(ws);
+        let span = ws.take_dirty::<f32>(if start > 0 { units * ps } else { 0 })?;
+        let offsets = ws.take_dirty::<u64>(no)?;
+        let indices = ws.take_dirty::<u32>(ni)?;
+        let rest = ws.into_rest();
+        let scores = memory::floats(slot.words);
+        // the span's scores, contiguous per unit as the selection reads them
+        let scores: &[f32] = if start > 0 {
+            for u in 0..units {
+                span[u * ps..(u + 1) * ps]
+                    .copy_from_slice(&scores[u * p + start..u * p + start + ps]);
+            }
+            span
+        } else {
+            &scores[..units * p]
+        };
+        let ms = ModelScores {
+            scores,
+            layers: r.m.layers,
+            hkv: r.m.hkv,
+            n: m,
+            window,
+        };
+        match r.links {
+            Some(threshold) => {
+                let links = ValueLinks {
+                    sums: &slot.links[start..n],
+                    threshold,
+                };
+                crate::select_model_linked(&cfg, &ms, links, offsets, indices, rest)?
+            }
+            None => crate::select_model(&cfg, &ms, offsets, indices, rest)?,
+        }
+        // every unit's list: the protected cells, then the span's, shifted back
+        let kept = memory::cells(slot.words);
+        let mut o = 0usize;
+        for u in 0..units {
+            slot.offsets[u] = o as u64;
+            for c in 0..start as u32 {
+                kept[o] = c;
+                o += 1;
+            }
+            for &i in &indices[offsets[u] as usize..offsets[u + 1] as usize] {
+                kept[o] = i + start as u32;
+                o += 1;
+            }
+        }
+        slot.offsets[units] = o as u64;
+        st.phase = Phase::Selected;
+        st.kept_total = o as u64;
+        st.store(slot.state);
+        self.kept(seq)
+    }
+
+    /// The kept set of `seq`'s selected round.
+    pub fn kept(&mut self, seq: usize) -> Result<Kept<'_>> {
+        let st = self.state(seq)?;
+        if st.phase != Phase::Selected {
+            return Err(Error::InvalidArgument);
+        }
+        let (r, lay) = (self.r, self.lay);
+        let slot = memory::carve_slot(memory::split(self.block, &lay, seq).1, &r)?;
+        let Slot { words, offsets, .. } = slot;
+        let total = st.kept_total as usize;
+        let indices = Workspace::new(words).take_dirty::<u32>(total)?;
+        Ok(Kept { offsets, indices })
+    }
+
+    /// Marks of the cells some unit keeps, in the workspace (`[n]`, 1 = kept); with the
+    /// round's cell count.
+    fn kept_marks(&mut self, seq: usize) -> Result<(&mut [u8], usize)> {
+        let st = self.state(seq)?;
+        if st.phase != Phase::Selected {
+            return Err(Error::InvalidArgument);
+        }
+        let n = st.n as usize;
+        let (r, lay) = (self.r, self.lay);
+        let (_, slot, ws) = memory::split(self.block, &lay, seq);
+        let slot = memory::carve_slot(slot, &r)?;
+        let marks = Workspace::new(ws).take::<u8>(n)?;
+        // a token-granular set is every unit's: its first unit says it all
+        let end = match r.select.granularity {
+            Granularity::Token => slot.offsets[1],
+            _ => st.kept_total,
+        };
+        for &c in &memory::cells(slot.words)[..end as usize] {
+            marks[c as usize] = 1;
+        }
+        Ok((marks, n))
+    }
+
+    /// How many cells some unit keeps (what [`Evictor::kept_cells`] writes).
+    pub fn kept_cell_count(&mut self, seq: usize) -> Result<usize> {
+        let (marks, n) = self.kept_marks(seq)?;
+        Ok(marks[..n].iter().filter(|&&m| m == 1).count())
+    }
+
+    /// The cells some unit keeps (all of a token-granular set), ascending, into `out`;
+    /// returns their count (`OutputTooSmall` when `out` is shorter, nothing written).
+    pub fn kept_cells(&mut self, seq: usize, out: &mut [u32]) -> Result<usize> {
+        let (marks, n) = self.kept_marks(seq)?;
+        write_cells(marks, n, 1, out)
+    }
+
+    /// The cells no unit keeps (what an engine of shared cells removes), ascending.
+    pub fn evicted_cells(&mut self, seq: usize, out: &mut [u32]) -> Result<usize> {
+        let (marks, n) = self.kept_marks(seq)?;
+        write_cells(marks, n, 0, out)
+    }
+
+    /// Move `layer`'s kept rows of `kv` (`[Hkv, n, d]`, K or V) to the front of each head,
+    /// in place (see [`crate::compact::compact_in_place`]).
+    pub fn compact(&mut self, seq: usize, layer: usize, kv: &mut ViewMut) -> Result<()> {
+        self.check_layer(layer)?;
+        let n = self.state(seq)?.n as usize;
+        let hkv = self.r.m.hkv;
+        let kept = self.kept(seq)?;
+        let [h, c, _] = kv.extent();
+        if h != hkv || c != n {
+            return Err(Error::ShapeMismatch);
+        }
+        let offsets = &kept.offsets[layer * hkv..=(layer + 1) * hkv];
+        crate::compact::compact_in_place(kv, offsets, kept.indices, None)
+    }
+
+    /// Record that `seq` now holds the kept cells of its selected round: they are all
+    /// protected from the keep ratio.
+    pub fn commit(&mut self, seq: usize) -> Result<()> {
+        let mut st = self.state(seq)?;
+        if st.phase != Phase::Selected {
+            return Err(Error::InvalidArgument);
+        }
+        let units = self.r.m.layers * self.r.m.hkv;
+        let slot = self.slot(seq)?;
+        let len = |u: usize| slot.offsets[u + 1] - slot.offsets[u];
+        let held = (0..units).map(len).max().unwrap_or(0);
+        st.ragged = (0..units).any(|u| len(u) != held);
+        st.phase = Phase::Idle;
+        st.held = held;
+        st.protected = held;
+        st.evictions += 1;
+        st.evicted += st.n - held;
+        st.store(slot.state);
+        Ok(())
+    }
+
+    /// Forget `seq` (ended or cleared): counters, protection, round and query ring.
+    pub fn reset(&mut self, seq: usize) -> Result<()> {
+        let slot = self.slot(seq)?;
+        SeqState::default().store(slot.state);
+        slot.ring_rows.fill(0);
+        Ok(())
+    }
+
+    pub fn stats(&mut self, seq: usize) -> Result<SeqStats> {
+        let st = self.state(seq)?;
+        Ok(SeqStats {
+            cells: st.held,
+            protected: st.protected,
+            evictions: st.evictions,
+            cells_evicted: st.evicted,
+            ragged: st.ragged,
+        })
+    }
+}
+
+/// The last `w` observed query rows of `layer`, oldest first, as a `[Hq, w, dk]` view of
+/// `dst`; fewer than `w` observed is `InvalidArgument`.
+fn ring_window<'d>(
+    r: &Resolved,
+    ring: &[f32],
+    rows: u64,
+    layer: usize,
+    w: usize,
+    dst: &'d mut [f32],
+) -> Result<View<'d>> {
+    let (cap, dk) = (r.score.window as usize, r.m.dk);
+    if rows < w as u64 {
+        return Err(Error::InvalidArgument);
+    }
+    let ring = &ring[layer * r.m.hq * cap * dk..(layer + 1) * r.m.hq * cap * dk];
+    for j in 0..w {
+        let at = ((rows - w as u64 + j as u64) % cap as u64) as usize;
+        for h in 0..r.m.hq {
+            let src = &ring[(h * cap + at) * dk..(h * cap + at + 1) * dk];
+            dst[(h * w + j) * dk..(h * w + j + 1) * dk].copy_from_slice(src);
+        }
+    }
+    View::f32_contiguous(dst, [r.m.hq, w, dk])
+}
+
+/// The cells `c < n` whose mark is `want`, ascending, into `out`; their count.
+fn write_cells(marks: &[u8], n: usize, want: u8, out: &mut [u32]) -> Result<usize> {
+    let count = marks[..n].iter().filter(|&&m| m == want).count();
+    if out.len() < count {
+        return Err(Error::OutputTooSmall);
+    }
+    let cells = (0..n as u32).filter(|&c| marks[c as usize] == want);
+    for (o, c) in out.iter_mut().zip(cells) {
+        *o = c;
+    }
+    Ok(count)
+}

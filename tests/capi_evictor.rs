@@ -1,0 +1,568 @@
+//! The evictor's C entry points (`src/capi/evictor.rs`): the preset name table, a whole
+//! round through C giving the Rust evictor's kept sets, and hostile input on every entry
+//! point: a clear status, the context (workspace aside) and every output unchanged.
+#![allow(unused_macros)] // capi_common's helpers serve several test files
+
+mod capi_common;
+
+use capi_common::{contiguous, data, D, HKV, HQ};
+use kvevict::capi::*;
+use kvevict::evictor::{Budget, EvictorConfig, LayerViews, ModelDims};
+use kvevict::{Evictor, Granularity, Preset, View};
+use std::ffi::{c_void, CStr};
+
+const L: usize = 2;
+const N: usize = 60;
+
+fn config(preset: u32) -> kve_evictor_config {
+    let mut c = std::mem::MaybeUninit::<kve_evictor_config>::uninit();
+    // SAFETY: a writable struct of the size passed.
+    let st = unsafe { kve_evictor_config_init(c.as_mut_ptr(), KVE_EVICTOR_CONFIG_V1_SIZE, preset) };
+    assert_eq!(st, KVE_OK);
+    // SAFETY: initialised by the call above.
+    let mut c = unsafe { c.assume_init() };
+    (c.layers, c.hq, c.hkv, c.dk, c.dv, c.d_model) =
+        (L as u64, HQ as u64, HKV as u64, D as u64, D as u64, 16);
+    c.max_cells = N as u64;
+    c.max_seqs = 2;
+    c.granularity = Granularity::Token as u32;
+    c
+}
+
+/// An evictor in a leaked buffer (one byte off alignment: the library aligns inside).
+fn evictor(c: &kve_evictor_config) -> *mut kve_evictor {
+    let mut bytes = 0u64;
+    // SAFETY: valid pointers.
+    assert_eq!(unsafe { kve_evictor_size(c, &mut bytes) }, KVE_OK);
+    let mem: &'static mut [u8] = Box::leak(vec![0x33u8; bytes as usize + 1].into_boxed_slice());
+    let mut ev = std::ptr::null_mut();
+    // SAFETY: `bytes` writable bytes at mem + 1.
+    let st = unsafe { kve_evictor_init(mem.as_mut_ptr().add(1) as *mut c_void, bytes, c, &mut ev) };
+    assert_eq!(st, KVE_OK);
+    ev
+}
+
+/// The context bytes (workspace aside), through the Rust view of the same block.
+fn context(ev: *mut kve_evictor) -> Vec<u8> {
+    // SAFETY: a live context from `evictor`.
+    unsafe { Evictor::from_block(ev as *mut u8) }
+        .unwrap()
+        .context_bytes()
+        .to_vec()
+}
+
+/// `f` returns `want` and leaves the context as it was.
+fn refused(ev: *mut kve_evictor, want: i32, f: impl FnOnce() -> i32) {
+    let before = context(ev);
+    let got = f();
+    assert_eq!(got, want, "{:?} != {:?}", name(got), name(want));
+    assert!(
+        context(ev) == before,
+        "the context changed on {:?}",
+        name(want)
+    );
+}
+
+fn name(s: i32) -> &'static str {
+    // SAFETY: a static NUL-terminated string.
+    unsafe { CStr::from_ptr(kve_status_name(s)) }
+        .to_str()
+        .unwrap()
+}
+
+struct Layer {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+fn layers(seed: u64) -> Vec<Layer> {
+    (0..L as u64)
+        .map(|l| Layer {
+            q: data(HQ * N * D, seed + 3 * l),
+            k: data(HKV * N * D, seed + 3 * l + 1),
+            v: data(HKV * N * D, seed + 3 * l + 2),
+        })
+        .collect()
+}
+
+fn views(x: &Layer) -> kve_evictor_layer {
+    let mut v = std::mem::MaybeUninit::<kve_evictor_layer>::uninit();
+    // SAFETY: a writable struct of the size passed.
+    assert_eq!(
+        unsafe { kve_evictor_layer_init(v.as_mut_ptr(), KVE_EVICTOR_LAYER_V1_SIZE) },
+        KVE_OK
+    );
+    // SAFETY: initialised above.
+    let mut v = unsafe { v.assume_init() };
+    v.keys = contiguous(&x.k, [HKV, N, D]);
+    v.values = contiguous(&x.v, [HKV, N, D]);
+    v.queries = contiguous(&x.q, [HQ, N, D]);
+    v
+}
+
+#[test]
+fn preset_names_come_from_the_library() {
+    assert_eq!(kve_preset_count(), 10);
+    for p in 0..kve_preset_count() {
+        // SAFETY: a static string for a known preset.
+        let n = unsafe { CStr::from_ptr(kve_preset_name(p)) };
+        let mut got = 99u32;
+        // SAFETY: a NUL-terminated name, a writable u32.
+        assert_eq!(
+            unsafe { kve_preset_from_name(n.as_ptr(), &mut got) },
+            KVE_OK
+        );
+        assert_eq!(got, p);
+        assert_eq!(
+            Preset::from_u32(p).map(kvevict::evictor::preset_name),
+            Ok(n.to_str().unwrap())
+        );
+    }
+    assert!(kve_preset_name(10).is_null());
+    let mut got = CANARY;
+    for bad in [
+        &b"SnapKV\0"[..],
+        b"\0",
+        b"laprox-spa\0",
+        b"laprox-span-but-much-longer-than-32-bytes\0",
+    ] {
+        // SAFETY: NUL-terminated.
+        assert_eq!(
+            unsafe { kve_preset_from_name(bad.as_ptr() as *const _, &mut got) },
+            KVE_ERR_BAD_ENUM
+        );
+    }
+    // SAFETY: NULL pointers are rejected before any read.
+    unsafe {
+        assert_eq!(
+            kve_preset_from_name(std::ptr::null(), &mut got),
+            KVE_ERR_NULL_POINTER
+        );
+        assert_eq!(
+            kve_preset_from_name(c"knorm".as_ptr(), std::ptr::null_mut()),
+            KVE_ERR_NULL_POINTER
+        );
+    }
+    assert_eq!(got, CANARY);
+}
+const CANARY: u32 = capi_common::CANARY;
+
+#[test]
+fn a_round_through_c_gives_the_rust_evictors_kept_set() {
+    let xs = layers(5);
+    for preset in [Preset::SnapKv, Preset::LaProxSpan, Preset::KNorm] {
+        let mut c = config(preset as u32);
+        c.policy = KVE_POLICY_KEEP_RATIO;
+        c.keep_ratio = 0.5;
+        c.min_keep = 4;
+        c.window = 8;
+        let ev = evictor(&c);
+        let mut req = kve_evictor_requirements {
+            struct_size: 0,
+            queries: 9,
+            values: 9,
+            wo: 9,
+            row_lse_helps: 9,
+            window: 0,
+            granularity: 9,
+        };
+        // SAFETY: valid pointers and sizes throughout.
+        unsafe {
+            assert_eq!(
+                kve_evictor_get_requirements(ev, &mut req, KVE_EVICTOR_REQUIREMENTS_V1_SIZE),
+                KVE_OK
+            );
+            if req.wo == KVE_WO_ONCE {
+                for l in 0..L {
+                    let wo = data(HQ * D * 16, 40 + l as u64);
+                    let t = contiguous(&wo, [HQ, D, 16]);
+                    assert_eq!(kve_evictor_set_output_projection(ev, l as u64, &t), KVE_OK);
+                }
+            }
+            let mut target = 0u64;
+            assert_eq!(kve_evictor_plan(ev, 1, N as u64, &mut target), KVE_OK);
+            assert_eq!(target, 30);
+            assert_eq!(kve_evictor_begin(ev, 1, N as u64, target), KVE_OK);
+            for (l, x) in xs.iter().enumerate() {
+                let mut v = views(x);
+                if req.queries == 0 {
+                    v.queries = kve_tensor::NONE;
+                }
+                assert_eq!(kve_evictor_score_layer(ev, 1, l as u64, &v), KVE_OK);
+            }
+            let mut kept = 0u64;
+            assert_eq!(kve_evictor_select(ev, 1, &mut kept), KVE_OK);
+            assert_eq!(kept, 30);
+            let (mut cells, mut gone) = (vec![0u32; N], vec![0u32; N]);
+            let (mut nk, mut ne) = (0u64, 0u64);
+            assert_eq!(
+                kve_evictor_kept_cells(ev, 1, cells.as_mut_ptr(), N as u64, &mut nk),
+                KVE_OK
+            );
+            assert_eq!(
+                kve_evictor_evicted_cells(ev, 1, gone.as_mut_ptr(), N as u64, &mut ne),
+                KVE_OK
+            );
+            assert_eq!((nk, ne), (30, 30));
+            let mut offsets = vec![0u64; L * HKV + 1];
+            let mut indices = vec![0u32; L * HKV * N];
+            let st = kve_evictor_kept_lists(
+                ev,
+                1,
+                offsets.as_mut_ptr(),
+                offsets.len() as u64,
+                indices.as_mut_ptr(),
+                indices.len() as u64,
+            );
+            assert_eq!(st, KVE_OK);
+            assert_eq!(offsets[L * HKV], (L * HKV * 30) as u64);
+            assert_eq!(&indices[..30], &cells[..30]);
+            // the same round in Rust
+            let want = rust_round(preset, &xs);
+            assert_eq!(&cells[..30], &want[..], "{preset:?}");
+            assert_eq!(kve_evictor_commit(ev, 1), KVE_OK);
+            let mut st = kve_evictor_stats {
+                struct_size: 0,
+                ragged: 9,
+                cells: 0,
+                protected_cells: 0,
+                evictions: 0,
+                cells_evicted: 0,
+            };
+            assert_eq!(
+                kve_evictor_get_stats(ev, 1, &mut st, KVE_EVICTOR_STATS_V1_SIZE),
+                KVE_OK
+            );
+            assert_eq!(
+                (
+                    st.ragged,
+                    st.cells,
+                    st.protected_cells,
+                    st.evictions,
+                    st.cells_evicted
+                ),
+                (0, 30, 30, 1, 30)
+            );
+            assert_eq!(kve_evictor_seq_reset(ev, 1), KVE_OK);
+        }
+    }
+}
+
+fn rust_round(preset: Preset, xs: &[Layer]) -> Vec<u32> {
+    let dims = ModelDims {
+        layers: L,
+        hq: HQ,
+        hkv: HKV,
+        dk: D,
+        dv: D,
+        d_model: 16,
+    };
+    let mut c = EvictorConfig::new(preset, dims, N, Budget::Explicit);
+    c.granularity = Some(Granularity::Token);
+    c.window = 8;
+    let mut mem = vec![0u8; Evictor::memory_size(&c).unwrap()];
+    let mut ev = Evictor::init(&mut mem, &c).unwrap();
+    let needs = ev.needs().capture;
+    for l in 0..L {
+        if needs.wo == kvevict::evictor::WoUse::Once {
+            let wo = data(HQ * D * 16, 40 + l as u64);
+            ev.set_output_projection(l, &View::f32_contiguous(&wo, [HQ, D, 16]).unwrap())
+                .unwrap();
+        }
+    }
+    ev.begin(0, N, 30).unwrap();
+    for (l, x) in xs.iter().enumerate() {
+        let v = LayerViews {
+            keys: View::f32_contiguous(&x.k, [HKV, N, D]).unwrap(),
+            values: Some(View::f32_contiguous(&x.v, [HKV, N, D]).unwrap()),
+            queries: needs
+                .queries
+                .then(|| View::f32_contiguous(&x.q, [HQ, N, D]).unwrap()),
+            row_lse: None,
+            wo: None,
+        };
+        ev.score_layer(0, l, &v).unwrap();
+    }
+    let k = ev.select(0).unwrap();
+    k.indices[..k.offsets[1] as usize].to_vec()
+}
+
+#[test]
+fn hostile_configs_and_memory() {
+    let good = config(Preset::LaProx as u32);
+    let mut bytes = CANARY as u64;
+    let size = |c: &kve_evictor_config, out: *mut u64| unsafe { kve_evictor_size(c, out) };
+    let cases: Vec<(Box<dyn Fn(&mut kve_evictor_config)>, i32)> = vec![
+        (Box::new(|c| c.struct_size = 100), KVE_ERR_INVALID_ARGUMENT),
+        (Box::new(|c| c.preset = 10), KVE_ERR_BAD_ENUM),
+        (Box::new(|c| c.policy = 3), KVE_ERR_BAD_ENUM),
+        (Box::new(|c| c.granularity = 3), KVE_ERR_BAD_ENUM),
+        (Box::new(|c| c.hq = 5), KVE_ERR_SHAPE_MISMATCH),
+        (Box::new(|c| c.d_model = 0), KVE_ERR_INVALID_ARGUMENT),
+        (Box::new(|c| c.max_seqs = 0), KVE_ERR_INVALID_ARGUMENT),
+        (
+            Box::new(|c| c.max_cells = u64::MAX),
+            KVE_ERR_INVALID_ARGUMENT,
+        ),
+        (
+            Box::new(|c| c.link_threshold = f32::NAN),
+            KVE_ERR_INVALID_ARGUMENT,
+        ),
+        (
+            Box::new(|c| (c.policy, c.keep_ratio) = (KVE_POLICY_KEEP_RATIO, 2.0)),
+            KVE_ERR_INVALID_ARGUMENT,
+        ),
+        (
+            Box::new(|c| (c.policy, c.high, c.low) = (KVE_POLICY_CELLS, 0, 0)),
+            KVE_ERR_INVALID_ARGUMENT,
+        ),
+    ];
+    for (edit, want) in cases {
+        let mut c = good;
+        edit(&mut c);
+        assert_eq!(size(&c, &mut bytes), want);
+        assert_eq!(bytes, CANARY as u64);
+    }
+    // a score params struct of a wrong size behind the pointer
+    let mut sp = capi_common::score_params(0);
+    sp.struct_size = 12;
+    let c = kve_evictor_config { score: &sp, ..good };
+    assert_eq!(size(&c, &mut bytes), KVE_ERR_INVALID_ARGUMENT);
+    // the output inside the config
+    let mut c = good;
+    let inside = std::ptr::addr_of_mut!(c.max_cells);
+    assert_eq!(size(&c, inside), KVE_ERR_ALIASING);
+    assert_eq!(size(&good, std::ptr::null_mut()), KVE_ERR_NULL_POINTER);
+    // SAFETY: NULL config.
+    assert_eq!(
+        unsafe { kve_evictor_size(std::ptr::null(), &mut bytes) },
+        KVE_ERR_NULL_POINTER
+    );
+    assert_eq!(size(&good, &mut bytes), KVE_OK);
+    // init: memory short, NULL, the handle inside the memory
+    let mut mem = vec![0x5Au8; bytes as usize];
+    let mut ev = 7usize as *mut kve_evictor;
+    // SAFETY: the lengths passed are those of `mem`.
+    unsafe {
+        let p = mem.as_mut_ptr() as *mut c_void;
+        assert_eq!(
+            kve_evictor_init(p, bytes - 1, &good, &mut ev),
+            KVE_ERR_WORKSPACE_TOO_SMALL
+        );
+        assert_eq!(
+            kve_evictor_init(std::ptr::null_mut(), bytes, &good, &mut ev),
+            KVE_ERR_NULL_POINTER
+        );
+        let handle = mem.as_mut_ptr().add(8) as *mut *mut kve_evictor;
+        assert_eq!(kve_evictor_init(p, bytes, &good, handle), KVE_ERR_ALIASING);
+    }
+    assert!(mem.iter().all(|&b| b == 0x5A));
+    assert_eq!(ev as usize, 7);
+}
+
+#[test]
+fn hostile_calls_change_nothing() {
+    let mut c = config(Preset::SnapKv as u32);
+    c.window = 8;
+    let ev = evictor(&c);
+    let xs = layers(9);
+    let mut out = CANARY as u64;
+    let mut junk = vec![0u64; 64];
+    let jp = junk.as_mut_ptr() as *mut u8;
+    // SAFETY (throughout): every pointer is valid for what it declares, or deliberately
+    // NULL, misaligned, or a block init did not write, which the library must refuse.
+    unsafe {
+        let aligned = jp.add(jp.align_offset(64)) as *mut kve_evictor;
+        assert_eq!(
+            kve_evictor_plan(std::ptr::null_mut(), 0, 10, &mut out),
+            KVE_ERR_NULL_POINTER
+        );
+        assert_eq!(
+            kve_evictor_plan(aligned, 0, 10, &mut out),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            kve_evictor_plan((aligned as *mut u8).add(8) as *mut _, 0, 10, &mut out),
+            KVE_ERR_MISALIGNED
+        );
+        assert_eq!(out, CANARY as u64);
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_plan(ev, 2, 10, &mut out)
+        });
+        refused(ev, KVE_ERR_NULL_POINTER, || {
+            kve_evictor_plan(ev, 0, 10, std::ptr::null_mut())
+        });
+        // an output inside the context
+        let inside = (ev as *mut u8).add(256) as *mut u64;
+        refused(ev, KVE_ERR_ALIASING, || kve_evictor_plan(ev, 0, 10, inside));
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_begin(ev, 0, N as u64 + 1, 10)
+        });
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_begin(ev, 5, 10, 5)
+        });
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || kve_evictor_commit(ev, 0));
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_seq_reset(ev, 2)
+        });
+        let mut n = 0u64;
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_select(ev, 0, &mut n)
+        });
+        let mut st = kve_evictor_stats {
+            struct_size: 0,
+            ragged: 0,
+            cells: 0,
+            protected_cells: 0,
+            evictions: 0,
+            cells_evicted: 0,
+        };
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_get_stats(ev, 0, &mut st, 24)
+        });
+        let mut req = kve_evictor_requirements {
+            struct_size: 0,
+            queries: 0,
+            values: 0,
+            wo: 0,
+            row_lse_helps: 0,
+            window: 0,
+            granularity: 0,
+        };
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_get_requirements(ev, &mut req, 32)
+        });
+        assert_eq!((st.struct_size, req.struct_size), (0, 0));
+        // Wo for a method that reads none; queries: shape, the context as a tensor
+        let wo = data(HQ * D * 16, 1);
+        let t = contiguous(&wo, [HQ, D, 16]);
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_set_output_projection(ev, 0, &t)
+        });
+        let q = contiguous(&xs[0].q, [HQ - 1, N, D]);
+        refused(ev, KVE_ERR_SHAPE_MISMATCH, || {
+            kve_evictor_observe_queries(ev, 0, 0, &q)
+        });
+        let ctx = std::slice::from_raw_parts(ev as *const f32, 1024);
+        let q = contiguous(ctx, [HQ, 8, D]);
+        refused(ev, KVE_ERR_ALIASING, || {
+            kve_evictor_observe_queries(ev, 0, 0, &q)
+        });
+        refused(ev, KVE_ERR_NULL_POINTER, || {
+            kve_evictor_observe_queries(ev, 0, 0, std::ptr::null())
+        });
+        // a round: views hostile
+        assert_eq!(kve_evictor_begin(ev, 0, N as u64, 20), KVE_OK);
+        let good = views(&xs[0]);
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_score_layer(ev, 0, L as u64, &good)
+        });
+        refused(ev, KVE_ERR_NULL_POINTER, || {
+            kve_evictor_score_layer(ev, 0, 0, std::ptr::null())
+        });
+        for (edit, want) in [
+            (
+                Box::new(|v: &mut kve_evictor_layer| v.struct_size = 300)
+                    as Box<dyn Fn(&mut kve_evictor_layer)>,
+                KVE_ERR_INVALID_ARGUMENT,
+            ),
+            (Box::new(|v| v.reserved = 1), KVE_ERR_INVALID_ARGUMENT),
+            (
+                Box::new(|v| v.keys = kve_tensor::NONE),
+                KVE_ERR_NULL_POINTER,
+            ),
+            (Box::new(|v| v.keys.dtype = 7), KVE_ERR_BAD_ENUM),
+            (
+                Box::new(|v| v.keys.extent[1] = N as u64 - 1),
+                KVE_ERR_SHAPE_MISMATCH,
+            ),
+            (Box::new(|v| v.keys.len -= 1), KVE_ERR_OUT_OF_BOUNDS),
+            (
+                Box::new(|v| v.queries = kve_tensor::NONE),
+                KVE_ERR_INVALID_ARGUMENT,
+            ), // ring empty
+            (
+                Box::new(|v| (v.row_lse, v.row_lse_len) = (std::ptr::null(), 3)),
+                KVE_ERR_NULL_POINTER,
+            ),
+            (
+                Box::new(|v| {
+                    v.queries = contiguous(
+                        std::slice::from_raw_parts(ev as *const f32, 4096),
+                        [HQ, 8, D],
+                    )
+                }),
+                KVE_ERR_ALIASING,
+            ),
+        ] {
+            let mut v = good;
+            edit(&mut v);
+            refused(ev, want, || kve_evictor_score_layer(ev, 0, 0, &v));
+        }
+        let mut nan = xs[0].k.clone();
+        nan[3] = f32::NAN;
+        let v = kve_evictor_layer {
+            keys: contiguous(&nan, [HKV, N, D]),
+            ..good
+        };
+        refused(ev, KVE_ERR_NON_FINITE, || {
+            kve_evictor_score_layer(ev, 0, 0, &v)
+        });
+        assert_eq!(kve_evictor_score_layer(ev, 0, 0, &good), KVE_OK);
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_score_layer(ev, 0, 0, &good)
+        });
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_select(ev, 0, &mut n)
+        });
+        assert_eq!(kve_evictor_score_layer(ev, 0, 1, &views(&xs[1])), KVE_OK);
+        assert_eq!(kve_evictor_select(ev, 0, &mut n), KVE_OK);
+        assert_eq!(n, 20);
+        // outputs too small or overlapping each other: canaries stay
+        let mut cells = vec![CANARY; N];
+        let mut count = CANARY as u64;
+        refused(ev, KVE_ERR_OUTPUT_TOO_SMALL, || {
+            kve_evictor_kept_cells(ev, 0, cells.as_mut_ptr(), 19, &mut count)
+        });
+        refused(ev, KVE_ERR_OUTPUT_TOO_SMALL, || {
+            kve_evictor_evicted_cells(ev, 0, cells.as_mut_ptr(), 39, &mut count)
+        });
+        let c2 = cells.as_mut_ptr() as *mut u64;
+        refused(ev, KVE_ERR_ALIASING, || {
+            kve_evictor_kept_cells(ev, 0, cells.as_mut_ptr(), N as u64, c2)
+        });
+        assert!(cells.iter().all(|&x| x == CANARY) && count == CANARY as u64);
+        let mut offsets = vec![CANARY as u64; L * HKV + 1];
+        let mut indices = vec![CANARY; L * HKV * 20 - 1];
+        refused(ev, KVE_ERR_OUTPUT_TOO_SMALL, || {
+            kve_evictor_kept_lists(
+                ev,
+                0,
+                offsets.as_mut_ptr(),
+                offsets.len() as u64,
+                indices.as_mut_ptr(),
+                indices.len() as u64,
+            )
+        });
+        assert!(
+            offsets.iter().all(|&x| x == CANARY as u64) && indices.iter().all(|&x| x == CANARY)
+        );
+        // compaction: wrong shape, the context as the destination
+        let mut k = xs[0].k.clone();
+        let t = contiguous(&k, [HKV, N - 1, D]);
+        refused(ev, KVE_ERR_SHAPE_MISMATCH, || {
+            kve_evictor_compact(ev, 0, 0, &t)
+        });
+        let t = contiguous(
+            std::slice::from_raw_parts(ev as *const f32, HKV * N * D),
+            [HKV, N, D],
+        );
+        refused(ev, KVE_ERR_ALIASING, || kve_evictor_compact(ev, 0, 0, &t));
+        assert_eq!(k, xs[0].k);
+        let t = contiguous(&k, [HKV, N, D]);
+        assert_eq!(kve_evictor_compact(ev, 0, 0, &t), KVE_OK);
+        k.truncate(1);
+        assert_eq!(kve_evictor_commit(ev, 0), KVE_OK);
+    }
+}
