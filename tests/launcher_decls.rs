@@ -540,7 +540,7 @@ fn struct_sizes_match_the_c_layout() {
             return (4, 4);
         }
         let (fields, _) = &h.structs[t];
-        let (mut off, mut align) = (0, 1);
+        let (mut off, mut align) = (0usize, 1usize);
         for (_, ft) in fields {
             let (s, a) = size_align(h, ft);
             off = off.next_multiple_of(a) + s;
