@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 tests=(--test cuda_emu --test device --test cuda_capi --test links_device)
 filter='^test |test result|panicked|cuda-emu:|error'
 echo "-- sm_90 limit (227 KiB), forward block and thread order"
-cargo test --release --features cuda-emu "${tests[@]}" --test c_examples -- --nocapture 2>&1 | grep -E "$filter"
+cargo test --release --features cuda-emu "${tests[@]}" --test c_examples --test launcher_decls -- --nocapture 2>&1 | grep -E "$filter"
 echo "-- sm_86/89 limit (99 KiB), reverse block and thread order"
 KVEVICT_EMU_SMEM_OPTIN=101376 KVEVICT_EMU_ORDER=reverse \
   cargo test --release --features cuda-emu "${tests[@]}" 2>&1 | grep -E "$filter"
