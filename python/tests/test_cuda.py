@@ -53,8 +53,13 @@ def register(arr):
     """Registers the memory of ``arr``'s outermost numpy base (whole, once) with the
     emulator, until that base is freed; ``arr`` itself may be any view into it."""
     root = arr
-    while isinstance(root.base, np.ndarray):
-        root = root.base
+    while True:  # (as_strided arrays hold their source behind a wrapper's .base)
+        b = root.base
+        if not isinstance(b, np.ndarray):
+            b = getattr(b, "base", None)
+        if not isinstance(b, np.ndarray):
+            break
+        root = b
     if root.size == 0:
         return
     lo = hi = root.ctypes.data
