@@ -10,8 +10,8 @@
 #   nvcc:  $NVCC; else nvcc on PATH or /usr/local/cuda/bin/nvcc (the CUDA image has
 #          13.0); else a carried .venv-nvcc ($KVEVICT_NVCC_VENV); else
 #          cuda/install_nvcc.sh (needs PyPI, or KVEVICT_NVCC_WHEELS=<dir of wheels>).
-#   tests: cargo if present (cargo test --release --features cuda --test launchers);
-#          else a prebuilt test binary build/gpu/launchers (made on a dev machine by
+#   tests: cargo if present (cargo test --release --features cuda --test device);
+#          else a prebuilt test binary build/gpu/device (made on a dev machine by
 #          cuda/prebuild.sh and carried: run(carry=["build/gpu"]); the binary links
 #          cudart statically and needs only glibc).
 #   bench: build/gpu/kvevict_bench if carried (KVEVICT_REBUILD_BENCH=1 rebuilds it),
@@ -99,16 +99,15 @@ TEST_BIN=""
 if ! skip tests; then
   say "GPU tests"
   if command -v cargo >/dev/null 2>&1 && [ -n "$NVCC" ]; then
-    if timeout "$(tmo 240)" cargo test --release --features cuda --test launchers --test cuda_capi --test stream_device --test links_device --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
-      TEST_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/launchers-* 2>/dev/null | grep -v '\.d$' | head -1)
+    if timeout "$(tmo 240)" cargo test --release --features cuda --test device --test cuda_capi --test links_device --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
+      TEST_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/device-* 2>/dev/null | grep -v '\.d$' | head -1)
       CAPI_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_capi-* 2>/dev/null | grep -v '\.d$' | head -1)
-      STREAM_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/stream_device-* 2>/dev/null | grep -v '\.d$' | head -1)
       LINKS_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/links_device-* 2>/dev/null | grep -v '\.d$' | head -1)
     fi
   fi
-  if [ -z "$TEST_BIN" ] && [ -x build/gpu/launchers ]; then
-    TEST_BIN=build/gpu/launchers
-    echo "using the prebuilt test binary build/gpu/launchers"
+  if [ -z "$TEST_BIN" ] && [ -x build/gpu/device ]; then
+    TEST_BIN=build/gpu/device
+    echo "using the prebuilt test binary build/gpu/device"
   fi
   if [ -z "${CAPI_BIN:-}" ] && [ -x build/gpu/cuda_capi ]; then CAPI_BIN=build/gpu/cuda_capi; fi
   # the public C API's device paths against the host C API (every scorer / allocator)
@@ -120,17 +119,6 @@ if ! skip tests; then
     fi
   else
     need "C API device tests: NOT RUN (no build/gpu/cuda_capi)"
-  fi
-  if [ -z "${STREAM_BIN:-}" ] && [ -x build/gpu/stream_device ]; then STREAM_BIN=build/gpu/stream_device; fi
-  # the query-stream launcher against the core's stream state
-  if [ -n "${STREAM_BIN:-}" ]; then
-    if timeout "$(tmo 60)" "$STREAM_BIN" --nocapture 2>&1 | tee "$LOG/stream.log" | grep -E "^test |skipped|panicked"; then
-      note "stream launcher tests: $(grep -E '^test result' "$LOG/stream.log" | tail -1)"
-    else
-      fail "stream launcher tests: FAILED (see stream.log): $(grep -E 'panicked' -A2 "$LOG/stream.log" | head -4 | tr '\n' ' ')"
-    fi
-  else
-    need "stream launcher tests: NOT RUN (no build/gpu/stream_device)"
   fi
   if [ -z "${LINKS_BIN:-}" ] && [ -x build/gpu/links_device ]; then LINKS_BIN=build/gpu/links_device; fi
   # value links and the linked selection against the host (links bit for bit)
@@ -151,7 +139,7 @@ if ! skip tests; then
     fi
     grep -E "max rel err" "$LOG/tests.log" | sort -t' ' -k1,1 | awk '{print}' > "$LOG/errors.txt" || true
   else
-    need "tests: NOT RUN (no cargo+nvcc, no build/gpu/launchers)"
+    need "tests: NOT RUN (no cargo+nvcc, no build/gpu/device)"
   fi
 fi
 

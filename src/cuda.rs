@@ -424,6 +424,41 @@ extern "C" {
     ) -> c_int;
 }
 
+// The emulated runtime's host registration (feature `cuda-emu`, cuda/emu/emu.cpp).
+#[cfg(feature = "cuda-emu")]
+extern "C" {
+    fn cudaHostRegister(p: *mut c_void, bytes: usize, flags: u32) -> c_int;
+    fn cudaHostUnregister(p: *mut c_void) -> c_int;
+}
+
+/// Feature `cuda-emu` only (the emulator, never shipped): makes host memory
+/// `[p, p + bytes)` device memory to the emulated kernels, as `cudaHostRegister` with
+/// `cudaHostRegisterMapped` does on a GPU with unified addressing (the device pointer is
+/// the host pointer). For test harnesses whose "device" buffers are host memory (the
+/// Python device tests, the fuzz target): the kernels then run with the emulator's pointer
+/// checks on (a pointer outside every allocation and registered range aborts). Returns
+/// the CUDA status (712: overlaps a registered range). Exported for ctypes; not part of
+/// the C API.
+///
+/// # Safety
+/// `[p, p + bytes)` must stay valid until [`kve_emu_host_unregister`]`(p)`.
+#[cfg(feature = "cuda-emu")]
+#[no_mangle]
+pub unsafe extern "C" fn kve_emu_host_register(p: *mut c_void, bytes: usize) -> c_int {
+    unsafe { cudaHostRegister(p, bytes, 2) }
+}
+
+/// Feature `cuda-emu` only: ends a registration of [`kve_emu_host_register`] (713: `p`
+/// starts none).
+///
+/// # Safety
+/// No kernel may still use the range.
+#[cfg(feature = "cuda-emu")]
+#[no_mangle]
+pub unsafe extern "C" fn kve_emu_host_unregister(p: *mut c_void) -> c_int {
+    unsafe { cudaHostUnregister(p) }
+}
+
 // Value links and the linked forward pool (`cuda/links.cu`).
 #[cfg(feature = "cuda")]
 extern "C" {

@@ -2,8 +2,8 @@
 //! WMMA, cp.async (landing only at the wait) and half conversions give the right results,
 //! its launch limits and stream-capture rules return the statuses a GPU returns, and what
 //! it promises to catch (a divergent barrier, a warp collective with an exited lane, a
-//! host pointer passed to a kernel, directly or as a view's `data`, a write past an
-//! allocation) is caught. Builds cuda/emu/selftest.cpp with the host C++ compiler and
+//! host pointer passed to a kernel, directly or as a view's `data`, unless inside a range
+//! given to `cudaHostRegister`, a write past an allocation) is caught. Builds cuda/emu/selftest.cpp with the host C++ compiler and
 //! runs one case per process.
 #![cfg(feature = "cuda-emu")]
 
@@ -55,6 +55,7 @@ fn results_are_right() {
         "limits",
         "capture",
         "pipeline",
+        "host_register",
     ] {
         for order in ["forward", "reverse", "shuffle"] {
             let (rc, out) = run(case, &[("KVEVICT_EMU_ORDER", order)]);
@@ -82,6 +83,8 @@ fn misuse_is_caught() {
         ("exited_lane", "lane that has exited"),
         ("host_pointer", "outside every cudaMalloc allocation"),
         ("host_view", "outside every cudaMalloc allocation"),
+        ("unregistered", "outside every cudaMalloc allocation"),
+        ("past_registered", "outside every cudaMalloc allocation"),
         ("overrun", "bytes past the end"),
         ("far_overrun", "invalid access"),
     ] {

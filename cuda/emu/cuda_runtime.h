@@ -5,7 +5,9 @@
 // proves: indexing, barriers, warp collectives, shared-memory sizes, launch limits, the
 // stream/graph-capture rules and the arithmetic, against the CPU core, in CI without a
 // GPU. What it cannot: timing, memory-model races between unsynchronised threads (threads
-// run one at a time), and device-vs-host pointer mix-ups (both are host memory here).
+// run one at a time), and device-vs-host pointer mix-ups (both are host memory here;
+// the emulator refuses a kernel pointer outside every cudaMalloc allocation and every
+// range given to cudaHostRegister, as a GPU faults on an unmapped host pointer).
 #pragma once
 
 #include <stddef.h>
@@ -68,6 +70,8 @@ enum cudaError {
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchOutOfResources = 701,
+    cudaErrorHostMemoryAlreadyRegistered = 712,
+    cudaErrorHostMemoryNotRegistered = 713,
     cudaErrorLaunchFailure = 719,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
@@ -113,6 +117,9 @@ enum cudaFuncAttribute {
     cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
     cudaFuncAttributePreferredSharedMemoryCarveout = 9,
 };
+#define cudaHostRegisterDefault 0x00
+#define cudaHostRegisterPortable 0x01
+#define cudaHostRegisterMapped 0x02
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
 
@@ -147,6 +154,13 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, int kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, int kind, cudaStream_t s);
 cudaError_t cudaMemset(void* p, int v, size_t bytes);
 cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t s);
+// Host memory made visible to kernels, as with unified addressing on a GPU (where the
+// device pointer of mapped, registered memory is its host pointer): kernels and copies
+// may then use [p, p + bytes) as device memory. Ranges may not overlap (712); a range
+// stays registered until cudaHostUnregister(p) (713 if p starts none).
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned flags);
+cudaError_t cudaHostUnregister(void* p);
+cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned flags);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaGetDeviceCount(int* n);
 cudaError_t cudaGetDevice(int* d);

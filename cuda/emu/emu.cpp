@@ -8,8 +8,9 @@
 //
 // Checked here as a GPU would fail (or worse): launch limits (grid, block, dynamic shared
 // memory against cudaFuncSetAttribute and the opt-in limit), kernel pointer arguments
-// outside every cudaMalloc allocation, writes past the end of an allocation (guard page
-// and canary), stream-capture rules (unsafe calls and legacy-stream use during a capture).
+// outside every cudaMalloc allocation and cudaHostRegister range, writes past the end of
+// an allocation (guard page and canary), stream-capture rules (unsafe calls and
+// legacy-stream use during a capture).
 // Memory from cudaMalloc and dynamic shared memory start as all-ones bytes (NaN in f32,
 // f16 and bf16), so a read before a write shows up in the results.
 //
@@ -105,14 +106,27 @@ bool canary_ok(uintptr_t p, const Alloc& a) {
     return true;
 }
 
-// Whether [p, p + n) lies in one allocation (n == 0: p within or one past its end).
+// Host ranges of cudaHostRegister: start -> bytes (mem_mu). No guard pages or canary:
+// the memory is the caller's.
+std::map<uintptr_t, size_t> hosts;
+
+// Whether [u, u + n) lies in the range of `m` (start -> bytes) that starts at or below u.
+template <typename M, typename F>
+bool in_range(const M& m, uintptr_t u, size_t n, F bytes_of) {
+    auto it = m.upper_bound(u);
+    if (it == m.begin()) return false;
+    --it;
+    const size_t b = bytes_of(it->second);
+    return u - it->first <= b && n <= b - (u - it->first);
+}
+
+// Whether [p, p + n) lies in one allocation or one registered host range (n == 0: p
+// within or one past its end).
 bool in_device(const void* p, size_t n) {
     const uintptr_t u = reinterpret_cast<uintptr_t>(p);
     std::lock_guard<std::mutex> lock(mem_mu);
-    auto it = allocs.upper_bound(u);
-    if (it == allocs.begin()) return false;
-    --it;
-    return u >= it->first && u + n <= it->first + it->second.bytes && u <= it->first + it->second.bytes;
+    return in_range(allocs, u, n, [](const Alloc& a) { return a.bytes; }) ||
+           in_range(hosts, u, n, [](size_t b) { return b; });
 }
 
 // -------------------------------------------------------- errors and modes --
@@ -417,7 +431,10 @@ void install_fault_handler() {
         stack_t ss;
         memset(&ss, 0, sizeof ss);
         ss.ss_size = 64 * 1024;
-        ss.ss_sp = malloc(ss.ss_size);
+        // mapped, not malloc'd: only the kernel holds the pointer (a leak checker, such as
+        // the fuzz target's LeakSanitizer, would report a heap block)
+        void* m = mmap(nullptr, ss.ss_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        ss.ss_sp = m == MAP_FAILED ? nullptr : m;
         if (ss.ss_sp && sigaltstack(&ss, nullptr) == 0) alt = true;
     }
 }
@@ -502,8 +519,8 @@ cudaError_t launch(const cudaLaunchConfig_t* cfg, const void* fn, std::function<
 
 void check_kernel_pointer(const void* p, int index) {
     if (p && !in_device(p, 0))
-        die("kernel argument %d is %p, outside every cudaMalloc allocation (a host pointer "
-            "or a stale one)", index, p);
+        die("kernel argument %d is %p, outside every cudaMalloc allocation and registered host "
+            "range (a host pointer or a stale one)", index, p);
 }
 
 void sync_block() {
@@ -598,6 +615,36 @@ cudaError_t cudaFree(void* p) {
     if (!canary_ok(reinterpret_cast<uintptr_t>(p), a))
         die("cudaFree(%p): bytes past the end of the %zu-byte allocation were written", p, a.bytes);
     munmap(a.base, a.map_bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned flags) {
+    if (!p || bytes == 0 || (flags & ~3u)) return fail(cudaErrorInvalidValue);
+    const uintptr_t u = reinterpret_cast<uintptr_t>(p);
+    if (u + bytes < u) return fail(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> lock(mem_mu);
+    // no overlap with a registered range nor with device memory
+    auto it = hosts.upper_bound(u + bytes - 1);
+    if (it != hosts.begin() && (--it)->first + it->second > u)
+        return fail(cudaErrorHostMemoryAlreadyRegistered);
+    auto a = allocs.upper_bound(u + bytes - 1);
+    if (a != allocs.begin() && (--a)->first + a->second.rounded > u) return fail(cudaErrorInvalidValue);
+    hosts[u] = bytes;
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void* p) {
+    std::lock_guard<std::mutex> lock(mem_mu);
+    if (!hosts.erase(reinterpret_cast<uintptr_t>(p))) return fail(cudaErrorHostMemoryNotRegistered);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned flags) {
+    if (!dev || flags != 0) return fail(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> lock(mem_mu);
+    if (!in_range(hosts, reinterpret_cast<uintptr_t>(host), 0, [](size_t b) { return b; }))
+        return fail(cudaErrorInvalidValue);
+    *dev = host;  // unified addressing: the same address
     return cudaSuccess;
 }
 
@@ -833,6 +880,8 @@ const char* cudaGetErrorName(cudaError_t e) {
         KVE_EMU_NAME(cudaErrorInvalidResourceHandle)
         KVE_EMU_NAME(cudaErrorIllegalAddress)
         KVE_EMU_NAME(cudaErrorLaunchOutOfResources)
+        KVE_EMU_NAME(cudaErrorHostMemoryAlreadyRegistered)
+        KVE_EMU_NAME(cudaErrorHostMemoryNotRegistered)
         KVE_EMU_NAME(cudaErrorLaunchFailure)
         KVE_EMU_NAME(cudaErrorStreamCaptureUnsupported)
         KVE_EMU_NAME(cudaErrorStreamCaptureInvalidated)

@@ -316,6 +316,39 @@ __global__ void view_kernel(ViewArg v) {
     if (threadIdx.x == 0 && v.n > 0) v.data[0] = 1.0f;
 }
 
+// Host memory given to cudaHostRegister is device memory to kernels and copies (its
+// device pointer is its address), until cudaHostUnregister; ranges do not overlap.
+static int host_register() {
+    static int host[64];
+    static float hf[4];
+    for (int i = 0; i < 64; ++i) host[i] = i;
+    CK(cudaHostRegister(host, sizeof host, cudaHostRegisterMapped));
+    CK(cudaHostRegister(hf, sizeof hf, cudaHostRegisterDefault));
+    void* dp = nullptr;
+    CK(cudaHostGetDevicePointer(&dp, host + 5, 0));
+    EXPECT(dp == host + 5);
+    CK(go(add_one, dim3(1), dim3(32), 0, nullptr, host + 32));  // inside the range
+    CK(go(view_kernel, dim3(1), dim3(32), 0, nullptr, ViewArg{hf, 4}));
+    EXPECT(host[0] == 0 && host[32] == 33 && host[63] == 64 && hf[0] == 1.0f);
+    int* d;
+    CK(cudaMalloc((void**)&d, sizeof host));
+    CK(cudaMemcpy(d, host, sizeof host, cudaMemcpyDeviceToDevice));
+    CK(cudaMemset(host, 0, 16));
+    EXPECT(host[3] == 0 && host[4] == 4);
+    EXPECT(cudaHostRegister(host + 8, 4, 0) == cudaErrorHostMemoryAlreadyRegistered);
+    EXPECT(cudaHostRegister(d, 16, 0) == cudaErrorInvalidValue);  // device memory
+    EXPECT(cudaHostRegister(host, 0, 0) == cudaErrorInvalidValue);
+    EXPECT(cudaFree(host) == cudaErrorInvalidValue);
+    EXPECT(cudaHostUnregister(host + 1) == cudaErrorHostMemoryNotRegistered);
+    CK(cudaHostUnregister(host));
+    CK(cudaHostUnregister(hf));
+    EXPECT(cudaHostUnregister(host) == cudaErrorHostMemoryNotRegistered);
+    EXPECT(cudaHostGetDevicePointer(&dp, host, 0) == cudaErrorInvalidValue);
+    EXPECT(cudaMemset(host, 0, 16) == cudaErrorInvalidValue);  // no longer visible
+    (void)cudaGetLastError();
+    return 0;
+}
+
 static int bad(const char* what) {
     int* d;
     CK(cudaMalloc((void**)&d, 64 * 4));
@@ -329,6 +362,18 @@ static int bad(const char* what) {
     } else if (!strcmp(what, "host_view")) {
         static float host[4];
         go(view_kernel, dim3(1), dim3(32), 0, nullptr, ViewArg{host, 4});
+    } else if (!strcmp(what, "unregistered")) {
+        // once unregistered, a host range is a host pointer again
+        static int host[64];
+        CK(cudaHostRegister(host, sizeof host, 0));
+        CK(go(add_one, dim3(1), dim3(32), 0, nullptr, host));
+        CK(cudaHostUnregister(host));
+        go(add_one, dim3(1), dim3(32), 0, nullptr, host);
+    } else if (!strcmp(what, "past_registered")) {
+        // one past a registered range is outside it
+        static int host[64];
+        CK(cudaHostRegister(host, 32 * sizeof(int), 0));
+        go(add_one, dim3(1), dim3(32), 0, nullptr, host + 33);
     } else if (!strcmp(what, "overrun")) {
         float* f;
         CK(cudaMalloc((void**)&f, 10 * sizeof(float)));
@@ -359,6 +404,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(c, "limits")) rc = limits();
     else if (!strcmp(c, "capture")) rc = capture();
     else if (!strcmp(c, "pipeline")) rc = pipeline();
+    else if (!strcmp(c, "host_register")) rc = host_register();
     else rc = bad(c);
     if (rc == 0) printf("ok\n");
     return rc;

@@ -3,9 +3,12 @@
 //! lengths (never more than the arena holds), arbitrary params and enum values, output
 //! buffers of arbitrary sizes, sometimes placed inside the inputs.
 //!
-//! The device entry points (`kve_cuda_score_layer`, `kve_cuda_select_model`) run on the
-//! plain-Rust test double of the CUDA launchers (feature `cuda-mock`): "device pointers"
-//! are host pointers, so the same arena serves as device memory.
+//! The device entry points (`kve_cuda_score_layer`, `kve_cuda_select_model`) run the real
+//! kernels of cuda/ on the CPU emulator (feature `cuda-emu`): the arena and every output
+//! and workspace buffer are registered with the emulated runtime as device memory (as
+//! `cudaHostRegister`'d mapped memory is on a GPU), so the same arena serves as device
+//! memory and the emulator still aborts on a kernel pointer outside every registered
+//! buffer.
 //!
 //! The evictor (`kve_evictor_*`) runs a random sequence of calls on one context built
 //! from an arbitrary config: after every refused call the context (its workspace aside)
@@ -19,8 +22,9 @@
 //! - on error, outputs still hold their canaries and the arena is unchanged;
 //! - on success, outputs are well formed (finite host scores, ascending kept lists, ...);
 //! - an output overlapping an input never succeeds;
-//! - a device call never answers `KVE_ERR_CUDA`: under the mock that means a launcher
-//!   refused arguments the C layer had accepted (its validation is incomplete).
+//! - a device call never answers `KVE_ERR_CUDA`: that means a launcher refused arguments
+//!   the C layer had accepted (its validation is incomplete; the emulator has sm_90's
+//!   shared-memory limit).
 //! The harness caps the work of one call (element counts of views with stride 0, which
 //! a small buffer can declare legally), not what the library accepts.
 #![no_main]
@@ -73,7 +77,31 @@ impl R<'_> {
     }
 }
 
+/// A host buffer registered with the emulator as device memory while it lives (declared
+/// first in its owner, so it is unregistered before the buffer is freed).
+struct Registered(*mut c_void);
+
+impl Registered {
+    fn new(p: *const u8, bytes: usize) -> Registered {
+        let p = p as *mut c_void;
+        // SAFETY: the owner keeps [p, p + bytes) alive until this is dropped.
+        let st = unsafe { kvevict::cuda::kve_emu_host_register(p, bytes) };
+        assert_eq!(st, 0, "kve_emu_host_register: CUDA status {st}");
+        Registered(p)
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        // SAFETY: registered by `new`; every device call has returned (and the emulator
+        // runs its launches before they return).
+        let st = unsafe { kvevict::cuda::kve_emu_host_unregister(self.0) };
+        assert_eq!(st, 0, "kve_emu_host_unregister: CUDA status {st}");
+    }
+}
+
 struct Arena {
+    _dev: Registered,
     buf: Vec<u64>,
 }
 
@@ -95,7 +123,7 @@ impl Arena {
                 (a.to_bits() as u64) << 32 | b.to_bits() as u64
             };
         }
-        Arena { buf }
+        Arena { _dev: Registered::new(buf.as_ptr() as *const u8, ARENA), buf }
     }
     fn base(&self) -> *const u8 {
         self.buf.as_ptr() as *const u8
@@ -171,6 +199,7 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 
 /// An output buffer: canary-filled, its own memory or (sometimes) inside the arena.
 struct Out {
+    _dev: Registered,
     own: Vec<u32>,
     ptr: *mut u32,
     len: u64,
@@ -185,10 +214,12 @@ impl Out {
             let off = (r.u8() as usize % 32) * 4;
             let n = ((ARENA - off) / 4).min(len);
             let p = unsafe { (a.buf.as_mut_ptr() as *mut u8).add(off) } as *mut u32;
-            return Out { own, ptr: p, len: n as u64, in_arena: true };
+            let _dev = Registered::new(own.as_ptr() as *const u8, own.len() * 4);
+            return Out { _dev, own, ptr: p, len: n as u64, in_arena: true };
         }
         let ptr = if r.chance(40) { std::ptr::null_mut() } else { own.as_mut_ptr() };
-        Out { ptr, len: len as u64, in_arena: false, own }
+        let _dev = Registered::new(own.as_ptr() as *const u8, own.len() * 4);
+        Out { _dev, ptr, len: len as u64, in_arena: false, own }
     }
     fn span(&self) -> (usize, usize) {
         (self.ptr as usize, self.ptr as usize + self.len as usize * 4)
@@ -215,6 +246,7 @@ fn workspace(r: &mut R, query: Option<u64>) -> Vec<u8> {
 /// A device workspace (`kve_cuda_*`): 256-byte aligned like cudaMalloc memory, its own
 /// buffer or (sometimes) inside the arena; sometimes short, misaligned or NULL on purpose.
 struct DevWs {
+    _dev: Option<Registered>,
     _own: Vec<u64>,
     ptr: *mut c_void,
     len: u64,
@@ -238,6 +270,7 @@ fn dev_workspace(r: &mut R, a: &mut Arena, query: Option<u64>) -> DevWs {
         let first = base.next_multiple_of(256) - base;
         let off = (first + (r.u8() as usize % 64) * 256 + skew).min(ARENA);
         return DevWs {
+            _dev: None,
             _own: Vec::new(),
             ptr: (base + off) as *mut c_void,
             len: n.min(ARENA - off) as u64,
@@ -247,7 +280,8 @@ fn dev_workspace(r: &mut R, a: &mut Arena, query: Option<u64>) -> DevWs {
     let mut own = vec![0u64; (n + skew) / 8 + 33];
     let p = (own.as_mut_ptr() as usize).next_multiple_of(256) + skew;
     let ptr = if r.chance(40) { std::ptr::null_mut() } else { p as *mut c_void };
-    DevWs { _own: own, ptr, len: n as u64, in_arena: false }
+    let _dev = Some(Registered::new(own.as_ptr() as *const u8, own.len() * 8));
+    DevWs { _dev, _own: own, ptr, len: n as u64, in_arena: false }
 }
 
 /// Sometimes a head count at a limit of the device path (group size, launch grids,
@@ -653,7 +687,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             9 => {
-                // kve_cuda_score_layer: op 0 on the device (the mock's launchers)
+                // kve_cuda_score_layer: op 0 on the device (the kernels on the emulator)
                 let sp0 = score_params(&mut r);
                 let spb = padded(&mut r, sp0);
                 let sp = &spb.p;
@@ -701,7 +735,7 @@ fuzz_target!(|data: &[u8]| {
                 if inp.struct_size >= 288 && r.chance(3) {
                     (inp.row_lse, inp.row_lse_len) = fl(&mut r, want[3]);
                 }
-                // work of the mock's launchers: window (x g for the cross pairs), vonorm
+                // work of the kernels: window (x g for the cross pairs), vonorm
                 let work = elems(&inp.queries).saturating_mul(n).saturating_mul(if cross { g.clamp(1, 16) } else { 1 });
                 let vo = if inp.gram.is_null() { 0 } else { n.saturating_mul(inp.gram_len) };
                 if elems(&inp.queries) > 1 << 18 || elems(&inp.keys) > 1 << 18 || elems(&inp.values) > 1 << 18 || work > 1 << 24 || vo > 1 << 24 {

@@ -33,7 +33,8 @@ alignment, aliasing, the kernels' limits) is the library's, raised as
 documented in ``include/kvevict.h``.
 
 Not run on a GPU by this package's tests: they run the entry points on the crate's
-``cuda-mock`` build, where device pointers are host pointers.
+``cuda-emu`` build (the real kernels on the CPU emulator of cuda/emu), with numpy memory
+registered with the emulated runtime as device memory.
 """
 import ctypes
 
@@ -77,8 +78,9 @@ def device_count():
 
 
 def built_with_cuda():
-    """Whether the loaded library has device entry points (feature ``cuda``, or the
-    ``cuda-mock`` test double); says nothing about a device being present."""
+    """Whether the loaded library has device entry points (feature ``cuda``, its
+    emulator build ``cuda-emu``, or the ``cuda-mock`` test double); says nothing about a
+    device being present."""
     if not _lib.has("kve_cuda_get_device_count"):
         return False
     c = ctypes.c_int32(0)

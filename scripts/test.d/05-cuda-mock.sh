@@ -3,10 +3,12 @@
 # plain-Rust test double of the launchers (feature cuda-mock, src/cuda/mock.rs) and are
 # compared with the host C API for every scorer, allocator, granularity, dtype and layout.
 # What this proves: the chains of launches, strides and buffers; not the kernels (those
-# are checked on a GPU by cuda/check.sh).
+# run on the emulator in 07-cuda-emu.sh, and on a GPU in cuda/check.sh). The double's one
+# remaining user is the llama.cpp fork's device-path test (45-llama-fork.sh); these suites
+# hold it to the launchers' contract.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo test --release --features cuda-mock --test cuda_capi --test launchers --test stream_device --test links_device -- --nocapture 2>&1 \
+cargo test --release --features cuda-mock --test cuda_capi --test device --test links_device -- --nocapture 2>&1 \
   | grep -E "^test |test result|panicked|worst|selections|error"
 # the CUDA C example end to end (host stand-ins for the six cudart calls it makes)
 cargo test --release --features cuda-mock --test c_examples cuda_device -- --nocapture 2>&1 \

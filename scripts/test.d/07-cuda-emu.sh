@@ -12,16 +12,16 @@
 # arrays; overflow).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-tests=(--test cuda_emu --test launchers --test cuda_capi --test stream_device --test links_device)
+tests=(--test cuda_emu --test device --test cuda_capi --test links_device)
 filter='^test |test result|panicked|cuda-emu:|error'
 echo "-- sm_90 limit (227 KiB), forward block and thread order"
-cargo test --release --features cuda-emu "${tests[@]}" --test c_examples -- --nocapture 2>&1 | grep -E "$filter"
+cargo test --release --features cuda-emu "${tests[@]}" --test c_examples --test launcher_decls -- --nocapture 2>&1 | grep -E "$filter"
 echo "-- sm_86/89 limit (99 KiB), reverse block and thread order"
 KVEVICT_EMU_SMEM_OPTIN=101376 KVEVICT_EMU_ORDER=reverse \
   cargo test --release --features cuda-emu "${tests[@]}" 2>&1 | grep -E "$filter"
 echo "-- sm_80 limit (163 KiB), shuffled block and thread order"
 KVEVICT_EMU_SMEM_OPTIN=166912 KVEVICT_EMU_ORDER=shuffle \
-  cargo test --release --features cuda-emu --test launchers 2>&1 | grep -E "$filter"
+  cargo test --release --features cuda-emu --test device 2>&1 | grep -E "$filter"
 echo "-- UBSan, shuffled block and thread order"
 KVEVICT_EMU_SANITIZE=undefined KVEVICT_EMU_ORDER=shuffle \
-  cargo test --release --features cuda-emu --test launchers 2>&1 | grep -E "$filter|runtime error"
+  cargo test --release --features cuda-emu --test device 2>&1 | grep -E "$filter|runtime error"

@@ -1,5 +1,4 @@
-#![cfg(any(feature = "cuda", feature = "cuda-mock"))]
-//! The launcher `kve_cuda_stream_feed` (cuda/stream.cu) against the core's stream state:
+//! `kve_cuda_stream_feed` (cuda/stream.cu) against the core's stream state:
 //! the same chunks fed to both, the accumulators compared with the state's statistics.
 //! With feature `cuda` the kernels run on the GPU (the test prints "skipped: no CUDA
 //! device" and passes without one) and agree to float tolerance; with `cuda-mock` the test
@@ -7,15 +6,11 @@
 //! argument checks are exercised.
 #![allow(clippy::needless_range_loop)] // tests/reference's loops
 
-mod reference;
-
+use crate::{conformance, reference};
 use kvevict::cuda::*;
 use kvevict::*;
 use reference::harness::*;
 use reference::{softmax_row, Rng, T3};
-
-#[macro_use]
-mod conformance;
 
 /// Memory the launcher reads and writes (cudaMalloc'd with the kernels, host memory with
 /// the mock).

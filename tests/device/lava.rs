@@ -1,0 +1,70 @@
+//! `kve_cuda_lava_factor` (cuda/lava.cu): LAVa's per-head value factor.
+
+use super::*;
+
+// ------------------------------------------------------------------- LAVa factor --
+
+/// `max_{i < prefix} ||V[h, i]||_1` per KV head, every dtype and layout (transposed V
+/// included); prefix 0 gives zeros; prefix > N and a NULL output are refused.
+#[test]
+fn lava_factor_matches_reference() {
+    need_device!();
+    let mut rng = Rng::new(2);
+    for dt in DTYPES {
+        for layout in LAYOUTS {
+            for (hkv, n, dv) in [(3, 1000, 72), (2, 30, 12)] {
+                let prefix = 1 + rng.below(n);
+                let v = Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal());
+                let out = poisoned(hkv);
+                // SAFETY: a device view and a device output of `hkv` floats.
+                ck(
+                    unsafe {
+                        kve_cuda_lava_factor(&v.view(), prefix as i64, out.ptr(), null_mut())
+                    },
+                    "lava",
+                );
+                let l1 = |h: usize, i: usize| (0..dv).map(|d| v.at(h, i, d).abs()).sum::<f64>();
+                let want: Vec<f64> = (0..hkv)
+                    .map(|h| (0..prefix).map(|i| l1(h, i)).fold(0.0, f64::max))
+                    .collect();
+                let got = out.download();
+                assert_close(
+                    &format!("lava factor {dt:?} {layout:?} n{n}"),
+                    &got,
+                    &want,
+                    1e-5,
+                );
+                if MOCK {
+                    // the core's sequential f32 sums
+                    for h in 0..hkv {
+                        let s = |i: usize| {
+                            let row = &v.vals[(h * n + i) * dv..(h * n + i + 1) * dv];
+                            row.iter().map(|x| x.abs()).sum::<f32>()
+                        };
+                        let exact = (0..prefix).map(s).fold(0f32, f32::max);
+                        assert_eq!(got[h], exact, "lava factor {dt:?} {layout:?} head {h}");
+                    }
+                }
+            }
+        }
+    }
+    let v = Tensor::new(Dt::F32, Layout::Transposed, [2, 30, 12], &mut || {
+        rng.normal()
+    });
+    let out = sentinel(2);
+    // SAFETY: as above; the refused calls launch nothing.
+    unsafe {
+        assert_eq!(kve_cuda_lava_factor(&v.view(), 0, out.ptr(), null_mut()), 0);
+        assert_eq!(out.download(), vec![0.0, 0.0], "prefix 0");
+        out.upload(&[SENTINEL; 2]);
+        assert_eq!(
+            kve_cuda_lava_factor(&v.view(), 31, out.ptr(), null_mut()),
+            INVALID
+        );
+        assert_eq!(
+            kve_cuda_lava_factor(&v.view(), 5, null_mut(), null_mut()),
+            INVALID
+        );
+    }
+    assert!(out.download().iter().all(|&v| v == SENTINEL));
+}

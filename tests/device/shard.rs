@@ -1,0 +1,279 @@
+//! cuda/shard.cu: one model-wide selection split over devices (shard count / select).
+
+use super::pipelines::{core_select, layer_sums};
+use super::*;
+
+/// CPU + GPU split of one model-wide selection (SPEC §4 "Selection across devices"):
+/// layers [0, split) on the GPU (kve_cuda_shard_count / _select), the rest on the CPU
+/// (the core's count_shard / select_shard), histograms added on the host, the core's
+/// ShardSearch stepping. Must equal select_model over the whole model exactly.
+#[test]
+fn gpu_and_cpu_shards_match_select_model() {
+    need_device!();
+    use kvevict::shard::{
+        count_shard, search_new, select_shard, shard_output_len, shard_workspace_size,
+    };
+    use kvevict::{AllocatorKind, Granularity, ModelScores, SelectConfig};
+    let mut rng = Rng::new(23);
+    for &(layers, hkv, p, split) in &[(5usize, 3usize, 700usize, 2usize), (2, 2, 40, 1)] {
+        for ties in [false, true] {
+            let (window, n) = (1usize, p + 1);
+            let s: Vec<f32> = (0..layers * hkv * p)
+                .map(|_| {
+                    if ties {
+                        rng.below(6) as f32 * 0.5
+                    } else {
+                        rng.unif()
+                    }
+                })
+                .collect();
+            let budget = 1 + rng.below(p) as u64;
+            let cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Head, budget);
+            let mut search = search_new(&cfg, layers, hkv, n, window).unwrap();
+            let gpu_rows = split * hkv;
+            let sd = DBuf::from(&s[..gpu_rows * p]);
+            let lsd = DBuf::from(&layer_sums(&s[..gpu_rows * p], split, hkv * p));
+            let hist = DBuf::<u64>::new(256);
+            let cpu = ModelScores {
+                scores: &s[gpu_rows * p..],
+                layers: layers - split,
+                hkv,
+                n,
+                window,
+            };
+            let mut ws =
+                vec![0u8; shard_workspace_size(&cfg, layers - split, hkv, n, window).unwrap()];
+            let mut rounds = 0;
+            while !search.done {
+                hist.upload(&[0u64; 256]);
+                ck(
+                    unsafe {
+                        kve_cuda_shard_count(
+                            sd.ptr(),
+                            p as i64,
+                            p as i64,
+                            gpu_rows as i64,
+                            0,
+                            lsd.ptr(),
+                            hkv as i64,
+                            (search.prefix >> 64) as u64,
+                            search.prefix as u64,
+                            search.bits,
+                            hist.ptr(),
+                            null_mut(),
+                        )
+                    },
+                    "shard_count",
+                );
+                let g = hist.download();
+                let mut h = kvevict::select::Histogram([0u64; 256]);
+                h.0.copy_from_slice(&g);
+                count_shard(&cfg, &cpu, split, &search, &mut h, &mut ws).unwrap();
+                search.step(&h);
+                rounds += 1;
+                assert!(rounds <= 13, "search does not end");
+            }
+            let counts = DBuf::from(&vec![-1i32; gpu_rows]);
+            let idx = DBuf::from(&vec![-1i32; gpu_rows * p]);
+            ck(
+                unsafe {
+                    kve_cuda_shard_select(
+                        sd.ptr(),
+                        p as i64,
+                        p as i64,
+                        gpu_rows as i64,
+                        0,
+                        lsd.ptr(),
+                        hkv as i64,
+                        (search.threshold >> 64) as u64,
+                        search.threshold as u64,
+                        counts.ptr(),
+                        idx.ptr(),
+                        p as i64,
+                        null_mut(),
+                    )
+                },
+                "shard_select",
+            );
+            let (no, ni) = shard_output_len(layers - split, hkv, n).unwrap();
+            let (mut off, mut cidx) = (vec![0u64; no], vec![0u32; ni]);
+            select_shard(&cfg, &cpu, split, &search, &mut off, &mut cidx, &mut ws).unwrap();
+            let want = core_select(&s, layers, hkv, p, true, budget);
+            let (gc, gi) = (counts.download(), idx.download());
+            for r in 0..layers * hkv {
+                let got: Vec<i32> = if r < gpu_rows {
+                    gi[r * p..r * p + gc[r] as usize].to_vec()
+                } else {
+                    let u = r - gpu_rows;
+                    cidx[off[u] as usize..off[u + 1] as usize]
+                        .iter()
+                        .filter(|&&i| (i as usize) < p)
+                        .map(|&i| i as i32)
+                        .collect()
+                };
+                assert_eq!(
+                    got, want[r],
+                    "unit {r} (layers {layers}, split {split}, ties {ties}, {rounds} rounds)"
+                );
+            }
+        }
+    }
+}
+
+/// Two device shards (layers [0, 2) and [2, 5), the second at a unit offset), fed the
+/// device's own layer sums, on coarse scores (ties) reproduce the core's global
+/// select_model; the threshold KEEP_NOTHING keeps none; bad search states are refused
+/// with the histogram untouched.
+#[test]
+fn two_device_shards_keep_nothing_and_rejections() {
+    use kvevict::select::Histogram;
+    use kvevict::{AllocatorKind, Granularity, SelectConfig};
+    need_device!();
+    let mut rng = Rng::new(48);
+    let (layers, hkv, p, budget) = (5usize, 2usize, 40usize, 7u64);
+    let s: Vec<f32> = (0..layers * hkv * p)
+        .map(|_| rng.below(40) as f32 / 7.0)
+        .collect();
+    let sd = DBuf::from(&s);
+    let count = (hkv * p) as i64;
+    // SAFETY: a pure host function.
+    let wsz = unsafe { kve_cuda_layer_stats_workspace_size(layers as i64, count) };
+    let ws = DBuf::<u8>::new(wsz);
+    let (sums, ent) = (DBuf::<f64>::new(layers), DBuf::<f64>::new(layers));
+    // SAFETY: device buffers of the declared sizes.
+    let rc = unsafe {
+        kve_cuda_layer_stats(
+            sd.ptr(),
+            count,
+            count,
+            layers as i64,
+            sums.ptr(),
+            ent.ptr(),
+            ws.vptr(),
+            wsz,
+            null_mut(),
+        )
+    };
+    ck(rc, "layer_stats");
+    let want = core_select(&s, layers, hkv, p, true, budget);
+    let cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Head, budget);
+    let mut search = kvevict::shard::search_new(&cfg, layers, hkv, p + 1, 1).unwrap();
+    let shards = [(0usize, 2usize), (2, 3)];
+    let hist = DBuf::<u64>::new(256);
+    let mut rounds = 0;
+    while !search.done {
+        let mut h = Histogram::default();
+        for &(l0, ln) in &shards {
+            hist.upload(&[0u64; 256]);
+            // SAFETY: the shard's rows and sums inside the device buffers.
+            let rc = unsafe {
+                kve_cuda_shard_count(
+                    sd.ptr().wrapping_add(l0 * hkv * p),
+                    p as i64,
+                    p as i64,
+                    (ln * hkv) as i64,
+                    (l0 * hkv) as i64,
+                    sums.ptr().wrapping_add(l0),
+                    hkv as i64,
+                    (search.prefix >> 64) as u64,
+                    search.prefix as u64,
+                    search.bits,
+                    hist.ptr(),
+                    null_mut(),
+                )
+            };
+            ck(rc, "shard_count");
+            let mut hs = [0u64; 256];
+            hs.copy_from_slice(&hist.download());
+            h.merge(&Histogram(hs));
+        }
+        search.step(&h);
+        rounds += 1;
+        assert!(rounds <= 13, "search does not end");
+    }
+    let mut got = Vec::new();
+    for &(l0, ln) in &shards {
+        let rows = ln * hkv;
+        let (counts, idx) = (
+            DBuf::from(&vec![-1i32; rows]),
+            DBuf::from(&vec![-1i32; rows * p]),
+        );
+        // SAFETY: as above; outputs of `rows` rows.
+        let rc = unsafe {
+            kve_cuda_shard_select(
+                sd.ptr().wrapping_add(l0 * hkv * p),
+                p as i64,
+                p as i64,
+                rows as i64,
+                (l0 * hkv) as i64,
+                sums.ptr().wrapping_add(l0),
+                hkv as i64,
+                (search.threshold >> 64) as u64,
+                search.threshold as u64,
+                counts.ptr(),
+                idx.ptr(),
+                p as i64,
+                null_mut(),
+            )
+        };
+        ck(rc, "shard_select");
+        let (gc, gi) = (counts.download(), idx.download());
+        for u in 0..rows {
+            got.push(gi[u * p..u * p + gc[u] as usize].to_vec());
+        }
+    }
+    assert_eq!(
+        got, want,
+        "two device shards vs select_model ({rounds} rounds)"
+    );
+    // KEEP_NOTHING keeps none
+    let (counts, idx) = (DBuf::from(&[9i32; 2]), DBuf::from(&vec![0i32; 2 * p]));
+    // SAFETY: 2 rows of the device scores.
+    let rc = unsafe {
+        kve_cuda_shard_select(
+            sd.ptr(),
+            p as i64,
+            p as i64,
+            2,
+            0,
+            null(),
+            0,
+            u64::MAX,
+            u64::MAX,
+            counts.ptr(),
+            idx.ptr(),
+            p as i64,
+            null_mut(),
+        )
+    };
+    ck(rc, "shard_select KEEP_NOTHING");
+    assert_eq!(counts.download(), vec![0, 0]);
+    // bad search states: a prefix without bits, bits not a whole byte or past the key,
+    // a prefix wider than its bits
+    let hist = DBuf::from(&[3u64; 256]);
+    for (hi, lo, bits) in [(0, 5, 0), (0, 0, 4), (0, 0, 104), (0, 256, 8)] {
+        // SAFETY: refused before any buffer is touched.
+        let rc = unsafe {
+            kve_cuda_shard_count(
+                sd.ptr(),
+                p as i64,
+                p as i64,
+                2,
+                0,
+                null(),
+                0,
+                hi,
+                lo,
+                bits,
+                hist.ptr(),
+                null_mut(),
+            )
+        };
+        assert_eq!(rc, INVALID, "shard_count prefix {lo} bits {bits}");
+    }
+    assert_eq!(
+        hist.download(),
+        vec![3u64; 256],
+        "shard_count refused: histogram written"
+    );
+}
