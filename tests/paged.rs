@@ -738,3 +738,98 @@ fn repeated_compaction_reports_positions_and_free_blocks() {
         }
     );
 }
+
+/// Random tables, many of them hostile, against a plain reference: the status the
+/// reference predicts (a short table first, then the first entry out of the pool or
+/// repeated), and for the
+/// valid ones a gather equal to the reference's reads, a compaction equal to a plain
+/// move; nothing written on error.
+#[test]
+fn random_tables_against_a_reference() {
+    let mut rng = Rng(0x5eed);
+    let (h, d) = (2usize, 3usize);
+    for case in 0..3000 {
+        let nb = 1 + rng.below(12);
+        let bs = 1 + rng.below(5);
+        let lay = PagedLayout::new(PagedKind::Hnd, DType::F32, nb, bs, h, d, 1, 0, 0).unwrap();
+        let len = lay.required_len().unwrap();
+        let mut pool: Vec<f32> = (0..len).map(|i| i as f32).collect();
+        let n = 1 + rng.below(nb * bs + 3);
+        let tl = rng.below(nb + 3);
+        let table: Vec<u32> = (0..tl)
+            .map(|_| match rng.below(10) {
+                0 => nb as u32 + rng.below(3) as u32,
+                1 => u32::MAX,
+                _ => rng.below(nb) as u32,
+            })
+            .collect();
+        let used = n.div_ceil(bs);
+        // entries in order: the first out of the pool or repeated decides
+        let want = if tl < used {
+            Some(Error::ShapeMismatch)
+        } else {
+            (0..used).find_map(|i| {
+                if table[i] as usize >= nb {
+                    Some(Error::OutOfBounds)
+                } else if table[..i].contains(&table[i]) {
+                    Some(Error::Aliasing)
+                } else {
+                    None
+                }
+            })
+        };
+        let at = |t: usize, hh: usize, c: usize| {
+            table[t / bs] as usize * lay.stride[0]
+                + (t % bs) * lay.stride[1]
+                + hh * lay.stride[2]
+                + c
+        };
+        let mut scratch = vec![0u8; table_check_size(&lay).unwrap()];
+        let before = pool.clone();
+        {
+            let v = PagedView::new(&pool, lay, &table, n, &mut scratch);
+            assert_eq!(v.as_ref().err().copied(), want, "case {case}");
+            if let Ok(v) = v {
+                let mut gw = vec![0u8; gather_workspace_size(&lay, n).unwrap()];
+                let g = gather(&v, &mut gw).unwrap();
+                for t in 0..n {
+                    for hh in 0..h {
+                        for c in 0..d {
+                            assert_eq!(g.get(hh, t, c), before[at(t, hh, c)], "case {case}");
+                        }
+                    }
+                }
+            }
+        }
+        // a random kept list, sometimes hostile
+        let mut kept: Vec<u32> = (0..n as u32).filter(|_| rng.below(3) == 0).collect();
+        let bad_list = rng.below(8) == 0 && !kept.is_empty();
+        if bad_list {
+            kept.push(kept[0]);
+        }
+        let offs = [0u64, kept.len() as u64];
+        let r = PagedViewMut::new(&mut pool, lay, &table, n, &mut scratch)
+            .and_then(|mut v| compact_paged(&mut v, &offs, &kept, None, None, None));
+        match (want, bad_list) {
+            (Some(e), _) => assert_eq!(r.err(), Some(e), "case {case}"),
+            (None, true) => assert_eq!(r.err(), Some(Error::InvalidArgument), "case {case}"),
+            (None, false) => {
+                let r = r.unwrap();
+                assert_eq!(r.blocks_kept, kept.len().div_ceil(bs));
+                for (i, &t) in kept.iter().enumerate() {
+                    for hh in 0..h {
+                        for c in 0..d {
+                            assert_eq!(
+                                pool[at(i, hh, c)],
+                                before[at(t as usize, hh, c)],
+                                "case {case}"
+                            );
+                        }
+                    }
+                }
+                continue;
+            }
+        }
+        assert_eq!(pool, before, "case {case}: written on error");
+    }
+}
