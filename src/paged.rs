@@ -472,23 +472,45 @@ pub fn gather<'w>(src: &PagedView, workspace: &'w mut [u8]) -> Result<View<'w>> 
         return Err(Error::WorkspaceTooSmall);
     }
     let dst = Workspace::new(workspace).take_dirty::<u8>(len * es)?;
-    for hh in 0..h {
-        for t in 0..n {
-            // SAFETY: Pool::new proved every (table entry, slot, head, dim) of the sequence
-            // inside the pool; the destination row is inside `dst` (len elements), a
-            // distinct buffer (an exclusive borrow).
-            unsafe {
-                Pool::copy_row(
-                    p.ptr,
-                    p.row(t, hh),
-                    l.stride[3],
-                    dst.as_mut_ptr(),
-                    (hh * n + t) * d,
-                    1,
-                    d,
-                    es,
-                );
+    let out = dst.as_mut_ptr();
+    let [_, ss, sh, sd] = l.stride;
+    let bs = l.block_size;
+    if sd == 1 && ss == d {
+        // a head's slots are contiguous in a block (HND), as a head's tokens are in the
+        // output: one copy per (block, head)
+        for b in 0..n.div_ceil(bs) {
+            let (t0, cnt) = (b * bs, bs.min(n - b * bs));
+            for hh in 0..h {
+                // SAFETY: Pool::new proved every (table entry, slot, head, dim) of the
+                // sequence inside the pool, so slots t0 .. t0+cnt of head hh (contiguous:
+                // slot stride d, dim stride 1) are; the destination run is inside `dst`
+                // (`len` elements), a distinct buffer (an exclusive borrow).
+                unsafe {
+                    Pool::copy_row(
+                        p.ptr,
+                        p.row(t0, hh),
+                        1,
+                        out,
+                        (hh * n + t0) * d,
+                        1,
+                        cnt * d,
+                        es,
+                    );
+                }
             }
+        }
+    } else {
+        // row by row, the pool read in its own order (heads inner when a token's heads are
+        // closer than its slots, NHD)
+        let heads_inner = sh < ss;
+        for i in 0..h * n {
+            let (hh, t) = if heads_inner {
+                (i % h, i / h)
+            } else {
+                (i / n, i % n)
+            };
+            // SAFETY: as above, for one row of `d` elements.
+            unsafe { Pool::copy_row(p.ptr, p.row(t, hh), sd, out, (hh * n + t) * d, 1, d, es) };
         }
     }
     // SAFETY: `dst` holds `len` elements of the dtype, 64-byte aligned, borrowed for 'w.
