@@ -8,5 +8,7 @@ secs=${1:?usage: fuzz/run.sh SECONDS}
 shift
 cd "$(dirname "$0")"
 mkdir -p corpus/capi
-exec cargo +nightly fuzz run capi corpus/capi -- \
+# seeds/capi: valid inputs the fuzzer mutates from (the paged op's need a layout, a table
+# and lists that agree, rarely found from scratch); new units go to corpus/capi
+exec cargo +nightly fuzz run capi corpus/capi seeds/capi -- \
     -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "$@"

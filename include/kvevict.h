@@ -151,6 +151,15 @@
 #define KVE_EVICTOR_REQUIREMENTS_V1_SIZE 28
 #define KVE_EVICTOR_STATS_V1_SIZE 40
 
+/* kve_paged_layout_init kind: the engines' paged pool layouts (H heads, d dim, bs tokens a block) */
+#define KVE_PAGED_NHD 0
+#define KVE_PAGED_NHD_KV_INNER 1
+#define KVE_PAGED_NHD_KV_OUTER 2
+#define KVE_PAGED_HND 3
+#define KVE_PAGED_HND_KV_INNER 4
+#define KVE_PAGED_TRTLLM 5
+#define KVE_MAX_BLOCK_SIZE 65536
+
 /* Limits and the released sizes of the extensible structs (V1: first release) */
 #define KVE_MAX_HEADS 65536
 #define KVE_MAX_TOKENS 2147483648ULL
@@ -616,6 +625,62 @@ typedef struct kve_evictor_stats {
   uint64_t evictions;
   uint64_t cells_evicted;
 } kve_evictor_stats;
+
+/**
+ * One K or V tensor of a paged pool: element (block `b`, slot `s`, head `h`, dim `c`) is
+ * at `data + (offset + b*stride[0] + s*stride[1] + h*stride[2] + c*stride[3]) *
+ * sizeof(dtype)`. A sequence's token `t` is in block `table[t / block_size]`, slot
+ * `t % block_size`. `kve_paged_layout_init` fills it for the engines' layouts
+ * (`KVE_PAGED_*`); any other layout may be described by hand.
+ *
+ * Checked on every use: `data` non-NULL and aligned, `pad == 0`, every extent >= 1,
+ * `block_size <= KVE_MAX_BLOCK_SIZE`, `heads <= KVE_MAX_HEADS`, the highest element the
+ * layout reaches below `len` (`KVE_ERR_OUT_OF_BOUNDS`), no two (block, slot, head, dim)
+ * sharing an element (`KVE_ERR_ALIASING`), no overflow (`KVE_ERR_OVERFLOW`). `data` is
+ * written through by `kve_paged_compact` only (writable memory there, although `const`).
+ */
+typedef struct kve_paged_layout {
+  /**
+   * The pool's first element (host memory).
+   */
+  const void *data;
+  /**
+   * Elements of `dtype` available from `data`.
+   */
+  uint64_t len;
+  /**
+   * `KVE_DTYPE_*`.
+   */
+  uint32_t dtype;
+  /**
+   * Must be 0.
+   */
+  uint32_t pad;
+  /**
+   * Element offset of (block 0, slot 0, head 0, dim 0): picks K or V, or a layer.
+   */
+  uint64_t offset;
+  /**
+   * Blocks in the pool (table entries must be below it).
+   */
+  uint64_t num_blocks;
+  /**
+   * Token slots per block.
+   */
+  uint64_t block_size;
+  /**
+   * KV heads per token.
+   */
+  uint64_t heads;
+  /**
+   * Head dimension.
+   */
+  uint64_t dim;
+  /**
+   * Element strides of (block, slot, head, dim).
+   */
+  uint64_t stride[4];
+} kve_paged_layout;
 
 /**
  * State of a model-wide top-K search split over shards of layers (SPEC §4, "selection
@@ -1239,6 +1304,95 @@ int32_t kve_accumulate_value_links(const struct kve_tensor *values,
                                    uint64_t links_len,
                                    void *workspace,
                                    uint64_t workspace_bytes);
+
+/**
+ * Fill `*out` with the layout of one K or V tensor of an engine's pool:
+ * `kind` a `KVE_PAGED_*` value, `data`/`len`/`dtype` the pool buffer (as `kve_tensor`),
+ * `num_blocks`, `block_size` (tokens per block), `heads` (KV heads), `dim`.
+ * `layers`/`layer` only for `KVE_PAGED_TRTLLM` (else 1 and 0); `kv` 0 (K) or 1 (V) only
+ * for the stacked kinds (else 0): `KVE_ERR_INVALID_ARGUMENT` otherwise. The layout is
+ * checked against the buffer as every paged call checks it; `*out` is written on success
+ * only.
+ */
+int32_t kve_paged_layout_init(struct kve_paged_layout *out,
+                              uint32_t kind,
+                              const void *data,
+                              uint64_t len,
+                              uint32_t dtype,
+                              uint64_t num_blocks,
+                              uint64_t block_size,
+                              uint64_t heads,
+                              uint64_t dim,
+                              uint64_t layers,
+                              uint64_t layer,
+                              uint32_t kv);
+
+/**
+ * Bytes of caller memory `kve_paged_gather` needs for a sequence of `n` tokens: the
+ * table check (a bitmap over the pool's blocks) and the gathered `[heads, n, dim]` tensor.
+ * Writes `*bytes` on success only.
+ */
+int32_t kve_paged_gather_size(const struct kve_paged_layout *layout, uint64_t n, uint64_t *bytes);
+
+/**
+ * Gather the first `n` tokens of a sequence (block table `table`, `table_len >=
+ * ceil(n / block_size)` entries; entries past the sequence are not read) into `dst`
+ * (`dst_bytes >= kve_paged_gather_size`), head-major `[heads, n, dim]` in the pool's
+ * dtype (raw bits), and describe it in `*out`: a `kve_tensor` (strides `{n*dim, dim,
+ * 1}`) to pass as `keys`/`values` to `kve_score_layer` and every other call that reads
+ * K or V. Scores are bit-identical to the same data in any strided layout.
+ * Table errors: an entry `>= num_blocks` `KVE_ERR_OUT_OF_BOUNDS`, a repeated entry
+ * `KVE_ERR_ALIASING`, a table shorter than the sequence `KVE_ERR_SHAPE_MISMATCH`; `n = 0`
+ * `KVE_ERR_INVALID_ARGUMENT`. `dst` and `out` must not overlap the pool, the table, the
+ * layout or each other. `*out` is written on success only (`dst` is scratch on error).
+ */
+int32_t kve_paged_gather(const struct kve_paged_layout *layout,
+                         const uint32_t *table,
+                         uint64_t table_len,
+                         uint64_t n,
+                         void *dst,
+                         uint64_t dst_bytes,
+                         struct kve_tensor *out);
+
+/**
+ * Workspace bytes of `kve_paged_compact` (the table check: a bitmap over the blocks).
+ */
+int32_t kve_paged_compact_workspace_size(const struct kve_paged_layout *layout, uint64_t *bytes);
+
+/**
+ * Block-aligned compaction in place: the sequence's kept tokens move to the front of its
+ * own blocks (tokens `0 .. count`, order kept), so its table entries
+ * `table[ceil(max count / block_size) .. ceil(n / block_size)]` hold nothing any more:
+ * `*blocks_freed` of them, for the engine's block manager to release.
+ *
+ * Kept lists as `kve_compact_in_place`'s (ascending, `< n`, offsets absolute into
+ * `indices`): `offsets_len = heads + 1` (one list per head: `kve_select_model`'s
+ * `offsets + l*hkv`), or `offsets_len = 2`: one list for every head (token granularity,
+ * the one that frees blocks where a block holds every head). `positions` (NULL with 0, or
+ * `n` entries: the tokens' original positions; NULL means token `i` is at position `i`)
+ * and `kept_positions` (NULL with 0, or as many entries as the lists hold: receives the
+ * kept tokens' positions in list order, for RoPE/position bookkeeping); `lengths` (NULL
+ * with 0, or `heads` entries: the new lengths). Call it for K and V of every layer with
+ * the same lists. Everything is checked before the first byte moves; on error nothing is
+ * written (pool, outputs, `*blocks_freed`).
+ */
+int32_t kve_paged_compact(const struct kve_paged_layout *layout,
+                          const uint32_t *table,
+                          uint64_t table_len,
+                          uint64_t n,
+                          const uint64_t *offsets,
+                          uint64_t offsets_len,
+                          const uint32_t *indices,
+                          uint64_t indices_len,
+                          const uint32_t *positions,
+                          uint64_t positions_len,
+                          uint32_t *kept_positions,
+                          uint64_t kept_positions_len,
+                          uint32_t *lengths,
+                          uint64_t lengths_len,
+                          uint64_t *blocks_freed,
+                          void *workspace,
+                          uint64_t workspace_bytes);
 
 /**
  * Fill `params` with the defaults of a scoring preset (`KVE_PRESET_*`).

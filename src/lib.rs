@@ -38,6 +38,7 @@ mod lanes;
 mod lanes512;
 pub mod links;
 pub mod numerics;
+pub mod paged;
 pub mod pool;
 pub mod score;
 pub mod select;
@@ -71,6 +72,7 @@ pub use score::{
     layer_shape, score_layer, score_len, score_workspace_size, window_row_lse,
     window_row_lse_workspace_size, LayerInputs, LayerShape,
 };
+pub use paged::{PagedKind, PagedLayout, PagedView, PagedViewMut};
 pub use shape::ModelShape;
 pub use stream::{
     stream_feed, stream_feed_workspace_size, stream_init, stream_query_count, stream_scores,

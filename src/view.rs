@@ -318,12 +318,16 @@ impl<'a> ViewMut<'a> {
     }
 }
 
-/// Whether two different index triples of a layout map to the same element.
+/// Whether two different index tuples of a layout (3 axes for views, 4 for paged pools)
+/// map to the same element.
 /// Exact for the layouts engines use: sort axes by stride and require each stride to exceed
 /// the span of all smaller axes (a sufficient condition; rejecting a few exotic
 /// non-overlapping layouts is acceptable).
-pub fn layout_overlaps(extent: [usize; 3], stride: [usize; 3]) -> bool {
-    let mut axes = [0usize, 1, 2];
+pub fn layout_overlaps<const N: usize>(extent: [usize; N], stride: [usize; N]) -> bool {
+    let mut axes = [0usize; N];
+    for (a, x) in axes.iter_mut().enumerate() {
+        *x = a;
+    }
     axes.sort_unstable_by_key(|&a| stride[a]);
     let mut span = 0usize; // highest offset reachable with the smaller axes
     for &a in &axes {

@@ -180,6 +180,24 @@ fn varlen_heads() {
 }
 
 #[test]
+fn paged_blocks() {
+    let out = example("paged_blocks", &[]);
+    assert!(out.contains("compaction check: ok"), "{out}");
+    let k = numbers(line(&out, "kept "));
+    assert_eq!(&k[1..], &[150, 8, 142], "{out}");
+    // a quarter of the prefix (35 of 142) and the window
+    assert_eq!(k[0], 35 + 8, "{out}");
+    let f = numbers(line(&out, "blocks freed:"));
+    assert_eq!(f[1], 10, "{out}");
+    assert_eq!(f[0], 10 - k[0].div_ceil(16), "{out}");
+    // "table0[3..10]": the digits of "table0" come first
+    assert_eq!(&f[2..], &[0, 10 - f[0], 10], "{out}");
+    let pos = numbers(line(&out, "first kept positions:"));
+    assert!(pos[0] < pos[1] && pos[1] < pos[2], "{out}");
+    assert_eq!(pos[3], 149, "the window is kept: {out}");
+}
+
+#[test]
 fn cuda_device() {
     let out = if cfg!(feature = "cuda") {
         // the CUDA runtime (cudart_static) is bundled into libkvevict.a: no -lcudart

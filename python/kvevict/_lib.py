@@ -88,6 +88,22 @@ class kve_tensor(ctypes.Structure):
     ]
 
 
+class kve_paged_layout(ctypes.Structure):
+    """One K or V tensor of a paged pool (``src/capi/paged.rs``)."""
+    _fields_ = [
+        ("data", c_void_p),
+        ("len", c_uint64),
+        ("dtype", c_uint32),
+        ("pad", c_uint32),
+        ("offset", c_uint64),
+        ("num_blocks", c_uint64),
+        ("block_size", c_uint64),
+        ("heads", c_uint64),
+        ("dim", c_uint64),
+        ("stride", c_uint64 * 4),
+    ]
+
+
 class kve_score_params(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -314,6 +330,20 @@ _PROTOS = {
     "kve_compact_varlen": (
         c_int32,
         [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64, P(kve_tensor), c_void_p, c_uint64]),
+    # paged caches
+    "kve_paged_layout_init": (
+        c_int32,
+        [P(kve_paged_layout), c_uint32, c_void_p, c_uint64, c_uint32, c_uint64, c_uint64, c_uint64,
+         c_uint64, c_uint64, c_uint64, c_uint32]),
+    "kve_paged_gather_size": (c_int32, [P(kve_paged_layout), c_uint64, _u64p]),
+    "kve_paged_gather": (
+        c_int32,
+        [P(kve_paged_layout), c_void_p, c_uint64, c_uint64, c_void_p, c_uint64, P(kve_tensor)]),
+    "kve_paged_compact_workspace_size": (c_int32, [P(kve_paged_layout), _u64p]),
+    "kve_paged_compact": (
+        c_int32,
+        [P(kve_paged_layout), c_void_p, c_uint64, c_uint64, c_void_p, c_uint64, c_void_p, c_uint64,
+         c_void_p, c_uint64, c_void_p, c_uint64, c_void_p, c_uint64, _u64p, c_void_p, c_uint64]),
 }
 
 # The device entry points (``src/capi/cuda.rs``; every pointer but the descriptor structs is

@@ -32,6 +32,7 @@ pub mod compact;
 pub mod cuda;
 pub mod evictor;
 pub mod links;
+pub mod paged;
 pub mod params;
 pub mod score;
 pub mod select;
@@ -45,6 +46,7 @@ pub use compact::*;
 pub use cuda::*;
 pub use evictor::*;
 pub use links::*;
+pub use paged::*;
 pub use params::*;
 pub use score::*;
 pub use select::*;
@@ -516,6 +518,18 @@ pub fn header_defines() -> std::string::String {
                 "KVE_EVICTOR_STATS_V1_SIZE",
                 evictor::KVE_EVICTOR_STATS_V1_SIZE as i64,
             ),
+        ],
+    );
+    group(
+        "kve_paged_layout_init kind: the engines' paged pool layouts (H heads, d dim, bs tokens a block)",
+        &[
+            ("KVE_PAGED_NHD", crate::paged::PagedKind::Nhd as i64),
+            ("KVE_PAGED_NHD_KV_INNER", crate::paged::PagedKind::NhdKvInner as i64),
+            ("KVE_PAGED_NHD_KV_OUTER", crate::paged::PagedKind::NhdKvOuter as i64),
+            ("KVE_PAGED_HND", crate::paged::PagedKind::Hnd as i64),
+            ("KVE_PAGED_HND_KV_INNER", crate::paged::PagedKind::HndKvInner as i64),
+            ("KVE_PAGED_TRTLLM", crate::paged::PagedKind::TrtLlm as i64),
+            ("KVE_MAX_BLOCK_SIZE", crate::paged::MAX_BLOCK_SIZE as i64),
         ],
     );
     group(
