@@ -1424,7 +1424,8 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
         let mut own = vec![CANARY; max];
         let len = if r.chance(8) { r.u8() as usize % max } else { max } as u64;
         let ptr = if r.chance(40) { std::ptr::null_mut() } else { own.as_mut_ptr() };
-        let out = Out { own, ptr, len, in_arena: false };
+        let _dev = Registered::new(own.as_ptr() as *const u8, own.len() * 4);
+        let out = Out { _dev, own, ptr, len, in_arena: false };
         let mut count = CANARY as u64;
         let tensor_of = |r: &mut R, e: [u64; 3]| {
             let mut t = tensor(r, a, [8, 96, 16]);
