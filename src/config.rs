@@ -2,7 +2,6 @@
 //! integer with `from_u32`, so values from C are checked, never transmuted.
 
 use crate::error::{Error, Result};
-use crate::score::requirements::{requirements, ValueInput};
 
 macro_rules! c_enum {
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $n:expr),+ $(,)? }) => {
@@ -265,20 +264,6 @@ impl ScoreConfig {
             return Err(Error::InvalidArgument);
         }
         Ok(())
-    }
-
-    /// Whether this scorer reads the window queries.
-    pub fn needs_queries(&self) -> bool {
-        requirements(self.scorer).queries
-    }
-    /// Whether this scorer reads V (directly, or through CriticalKV's value norms).
-    pub fn needs_values(&self) -> bool {
-        let r = requirements(self.scorer);
-        r.values != ValueInput::None || r.value_l1
-    }
-    /// Whether the LaProx path needs the g×g cross-head attention products.
-    pub(crate) fn needs_cross(&self) -> bool {
-        requirements(self.scorer).attn_cross && self.laprox_gqa != LaproxGqa::Sum
     }
 }
 
