@@ -2,76 +2,86 @@
 //! integer with `from_u32`, so values from C are checked, never transmuted.
 
 use crate::error::{Error, Result};
-use crate::score::requirements::{requirements, ValueInput};
 
+/// An enum of the C API: its values, `from_u32` (unknown values are `BadEnum`, never
+/// transmuted) and `C_DEFINES`, the `#define`s of `include/kvevict.h` (prefix + name =
+/// value), so the header's tables come from here. `Name => "KVE_PREFIX_" { Variant = 0
+/// => "NAME", .. }`.
 macro_rules! c_enum {
-    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $n:expr),+ $(,)? }) => {
+    ($(#[$m:meta])* $name:ident => $prefix:literal {
+        $($(#[$vm:meta])* $v:ident = $n:literal => $c:literal),+ $(,)?
+    }) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         #[repr(u32)]
         pub enum $name { $($(#[$vm])* $v = $n),+ }
         impl $name {
-            pub const fn from_u32(v: u32) -> Result<Self> {
-                match v { $($n => Ok($name::$v),)+ _ => Err(Error::BadEnum) }
+            /// Decode an integer from C; unknown values are an error.
+            pub const fn from_u32(v: u32) -> $crate::error::Result<Self> {
+                match v { $($n => Ok($name::$v),)+ _ => Err($crate::error::Error::BadEnum) }
             }
+            /// The C API's name and value of every variant (`include/kvevict.h`).
+            pub const C_DEFINES: &'static [(&'static str, i64)] =
+                &[$((concat!($prefix, $c), $n)),+];
         }
     };
 }
+pub(crate) use c_enum;
 
 c_enum! {
     /// Which scorer (SPEC §3).
-    ScorerKind {
-        SnapKv = 0,
-        Lava = 1,
-        LaProx = 2,
-        CriticalKv = 3,
-        StreamingLlm = 4,
-        KNorm = 5,
-        Tova = 6,
+    ScorerKind => "KVE_SCORER_" {
+        SnapKv = 0 => "SNAPKV",
+        Lava = 1 => "LAVA",
+        LaProx = 2 => "LAPROX",
+        CriticalKv = 3 => "CRITICALKV",
+        StreamingLlm = 4 => "STREAMINGLLM",
+        KNorm = 5 => "KNORM",
+        Tova = 6 => "TOVA",
         /// Question-agnostic: `(1 - r)^24`, r the 4th largest twin similarity of (k, v), 0 from
         /// r >= 0.5 on (SPEC §3b; `score/uniqueness.rs`).
-        Uniqueness = 7,
+        Uniqueness = 7 => "UNIQUENESS",
     }
 }
 
 c_enum! {
     /// 1-D pooling along tokens (SPEC §3).
-    PoolKind {
+    PoolKind => "KVE_POOL_" {
         /// No pooling (same as kernel 1).
-        None = 0,
+        None = 0 => "NONE",
         /// Average, pads count as zeros (count_include_pad).
-        Avg = 1,
+        Avg = 1 => "AVG",
         /// Maximum, pads are -inf.
-        Max = 2,
+        Max = 2 => "MAX",
         /// Continuation pooling: `s'[i] = max_{0<=j<k} decay^j · s[i-j]`.
-        Forward = 3,
+        Forward = 3 => "FORWARD",
     }
 }
 
 c_enum! {
     /// How the `g` query heads of a KV group combine.
-    GqaReduce { Mean = 0, Max = 1, Sum = 2 }
+    GqaReduce => "KVE_GQA_" { Mean = 0 => "MEAN", Max = 1 => "MAX", Sum = 2 => "SUM" }
 }
 
 c_enum! {
     /// LaProx GQA modes (SPEC §3).
-    LaproxGqa {
+    LaproxGqa => "KVE_LAPROX_GQA_" {
         /// `Σ_h p[h,i]` (default).
-        Sum = 0,
+        Sum = 0 => "SUM",
         /// True Frobenius norm of the group's rank-g term, with cross-Gram blocks.
-        Exact = 1,
+        Exact = 1 => "EXACT",
         /// `||Σ_h A[h,:,i]||_2 · mean_h ||v Wo_h||`.
-        MeanAttn = 2,
+        MeanAttn = 2 => "MEAN_ATTN",
     }
 }
 
 c_enum! {
     /// Where LaProx pools.
-    PoolPlacement {
+    PoolPlacement => "KVE_PLACEMENT_" {
         /// `pool(||A||) · ||v Wo||` (default).
-        Attention = 0,
+        Attention = 0 => "ATTENTION",
         /// `pool(||A|| · ||v Wo||)`.
-        Product = 1,
+        Product = 1 => "PRODUCT",
     }
 }
 
@@ -164,19 +174,19 @@ pub const MAX_SCORE_POWER: u32 = 16;
 
 c_enum! {
     /// Named defaults (SPEC §3).
-    Preset {
-        SnapKv = 0,
-        SnapKvKvpress = 1,
-        Lava = 2,
-        LaProx = 3,
-        LaProxSpan = 4,
-        CriticalKv = 5,
-        StreamingLlm = 6,
-        KNorm = 7,
-        Tova = 8,
+    Preset => "KVE_PRESET_" {
+        SnapKv = 0 => "SNAPKV",
+        SnapKvKvpress = 1 => "SNAPKV_KVPRESS",
+        Lava = 2 => "LAVA",
+        LaProx = 3 => "LAPROX",
+        LaProxSpan = 4 => "LAPROX_SPAN",
+        CriticalKv = 5 => "CRITICALKV",
+        StreamingLlm = 6 => "STREAMINGLLM",
+        KNorm = 7 => "KNORM",
+        Tova = 8 => "TOVA",
         /// Question-agnostic (SPEC §3b): uniqueness, w = 8; select with
         /// `SelectConfig::laprox_span` (token granularity, forward post-pool).
-        Uniqueness = 9,
+        Uniqueness = 9 => "UNIQUENESS",
     }
 }
 
@@ -266,52 +276,38 @@ impl ScoreConfig {
         }
         Ok(())
     }
-
-    /// Whether this scorer reads the window queries.
-    pub fn needs_queries(&self) -> bool {
-        requirements(self.scorer).queries
-    }
-    /// Whether this scorer reads V (directly, or through CriticalKV's value norms).
-    pub fn needs_values(&self) -> bool {
-        let r = requirements(self.scorer);
-        r.values != ValueInput::None || r.value_l1
-    }
-    /// Whether the LaProx path needs the g×g cross-head attention products.
-    pub(crate) fn needs_cross(&self) -> bool {
-        requirements(self.scorer).attn_cross && self.laprox_gqa != LaproxGqa::Sum
-    }
 }
 
 c_enum! {
     /// Budget allocators (SPEC §4).
-    AllocatorKind {
-        Uniform = 0,
-        Ada = 1,
-        Pyramid = 2,
-        Lava = 3,
-        Global = 4,
+    AllocatorKind => "KVE_ALLOCATOR_" {
+        Uniform = 0 => "UNIFORM",
+        Ada = 1 => "ADA",
+        Pyramid = 2 => "PYRAMID",
+        Lava = 3 => "LAVA",
+        Global = 4 => "GLOBAL",
     }
 }
 
 c_enum! {
     /// Unit that keeps one token set (SPEC §4, shared granularities).
-    Granularity {
+    Granularity => "KVE_GRANULARITY_" {
         /// Every (layer, KV head) keeps its own set (ragged).
-        Head = 0,
+        Head = 0 => "HEAD",
         /// Heads of a layer share one set.
-        Layer = 1,
+        Layer = 1 => "LAYER",
         /// One set for the whole model (llama.cpp cells).
-        Token = 2,
+        Token = 2 => "TOKEN",
     }
 }
 
 c_enum! {
     /// How layer scores are normalised before model-wide comparison.
-    Normalize {
+    Normalize => "KVE_NORMALIZE_" {
         /// Divide by the layer's sum of |score| (LaProx Alg. 2).
-        LayerSum = 0,
+        LayerSum = 0 => "LAYER_SUM",
         /// Raw scores (ablation).
-        None = 1,
+        None = 1 => "NONE",
     }
 }
 

@@ -1,16 +1,11 @@
 //! Element types of the caller's tensors and their conversion to f32 (f16 8 at a time,
 //! with F16C where the CPU has it).
 
-use crate::error::{Error, Result};
 use crate::numerics::dispatch;
 
-/// Element type of a view.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum DType {
-    F32 = 0,
-    F16 = 1,
-    BF16 = 2,
+crate::config::c_enum! {
+    /// Element type of a view.
+    DType => "KVE_DTYPE_" { F32 = 0 => "F32", F16 = 1 => "F16", BF16 = 2 => "BF16" }
 }
 
 impl DType {
@@ -19,15 +14,6 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
-        }
-    }
-    /// Decode an integer from C; unknown values are an error, never transmuted.
-    pub const fn from_u32(v: u32) -> Result<DType> {
-        match v {
-            0 => Ok(DType::F32),
-            1 => Ok(DType::F16),
-            2 => Ok(DType::BF16),
-            _ => Err(Error::BadEnum),
         }
     }
 }

@@ -37,6 +37,7 @@ mod lanes;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 mod lanes512;
 pub mod links;
+mod needs;
 pub mod numerics;
 pub mod paged;
 pub mod pool;

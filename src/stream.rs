@@ -47,26 +47,13 @@ use crate::view::View;
 use crate::window::{self, Scratch, CHUNK, KT};
 use crate::workspace::{Workspace, WorkspaceSize};
 
-/// The statistic a stream finishes into (module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u32)]
-pub enum StreamStat {
-    Max = 0,
-    Mean = 1,
-    MeanVisible = 2,
-    LaProx = 3,
-}
-
-impl StreamStat {
-    /// Decode an integer from C; unknown values are an error.
-    pub const fn from_u32(v: u32) -> Result<StreamStat> {
-        match v {
-            0 => Ok(StreamStat::Max),
-            1 => Ok(StreamStat::Mean),
-            2 => Ok(StreamStat::MeanVisible),
-            3 => Ok(StreamStat::LaProx),
-            _ => Err(Error::BadEnum),
-        }
+crate::config::c_enum! {
+    /// The statistic a stream finishes into (module docs).
+    StreamStat => "KVE_STREAM_STAT_" {
+        Max = 0 => "MAX",
+        Mean = 1 => "MEAN",
+        MeanVisible = 2 => "MEAN_VISIBLE",
+        LaProx = 3 => "LAPROX",
     }
 }
 

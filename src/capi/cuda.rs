@@ -19,8 +19,20 @@ use super::score::kve_layer_inputs;
 use super::select::kve_model_scores;
 use core::ffi::c_void;
 
-#[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-use super::KVE_ERR_NOT_BUILT_WITH_CUDA as STUB;
+/// The body of a `kve_cuda_*` entry point: `$body` with feature `cuda` (or `cuda-mock`);
+/// without, the arguments `$arg` unused and `KVE_ERR_NOT_BUILT_WITH_CUDA`.
+macro_rules! cuda_only {
+    ([$($arg:ident),* $(,)?], $body:block) => {{
+        #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+        $body
+        #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
+        {
+            let _ = ($($arg,)*);
+            $crate::capi::KVE_ERR_NOT_BUILT_WITH_CUDA
+        }
+    }};
+}
+
 #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 use {
     super::params::{read_ext, score_config, select_config},
@@ -51,7 +63,7 @@ pub unsafe extern "C" fn kve_cuda_get_device_count(count: *mut i32) -> i32 {
             // SAFETY: out_param checked non-NULL and aligned; one element.
             unsafe { out.slice_mut()[0] = 0 };
         }
-        STUB
+        super::KVE_ERR_NOT_BUILT_WITH_CUDA
     }
 }
 
@@ -68,8 +80,7 @@ pub unsafe extern "C" fn kve_cuda_score_workspace_size(
     dv: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
+    cuda_only!([params, hq, hkv, n, dk, dv, out_bytes], {
         // SAFETY: `params` is NULL or the caller's struct of `struct_size` bytes (checked).
         let bytes = unsafe { score_config(params) }.and_then(|cfg| {
             let shape = LayerShape::from_dims(hq, hkv, n, dk, dv)?;
@@ -77,12 +88,7 @@ pub unsafe extern "C" fn kve_cuda_score_workspace_size(
         });
         // SAFETY: a host out-parameter, checked before it is written.
         unsafe { write(out_bytes, bytes.map(|b| b as u64)) }
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (params, hq, hkv, n, dk, dv, out_bytes);
-        STUB
-    }
+    })
 }
 
 /// `kve_score_layer` on the device, enqueued on `stream` (a `cudaStream_t`, NULL = the
@@ -119,29 +125,26 @@ pub unsafe extern "C" fn kve_cuda_score_layer(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
-        // SAFETY: host structs the caller passes, read within their checked `struct_size`.
-        let (cfg, li) = tri!(unsafe { layer_args(params, inputs) });
-        // SAFETY: the tensors, `out` and the workspace are device memory of the declared
-        // sizes (this function's contract); the pipeline checks them before any launch.
-        to_status(unsafe {
-            device::score_layer(&cfg, &li, out, out_len, workspace, workspace_bytes, stream)
-        })
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (
+    cuda_only!(
+        [
             params,
             inputs,
             out,
             out_len,
             workspace,
             workspace_bytes,
-            stream,
-        );
-        STUB
-    }
+            stream
+        ],
+        {
+            // SAFETY: host structs the caller passes, read within their checked `struct_size`.
+            let (cfg, li) = tri!(unsafe { layer_args(params, inputs) });
+            // SAFETY: the tensors, `out` and the workspace are device memory of the declared
+            // sizes (this function's contract); the pipeline checks them before any launch.
+            to_status(unsafe {
+                device::score_layer(&cfg, &li, out, out_len, workspace, workspace_bytes, stream)
+            })
+        }
+    )
 }
 
 /// Device workspace bytes of `kve_cuda_select_model`. Writes only `*out_bytes`.
@@ -154,8 +157,7 @@ pub unsafe extern "C" fn kve_cuda_select_model_workspace_size(
     window: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
+    cuda_only!([params, layers, hkv, n, window, out_bytes], {
         // SAFETY: `params` is NULL or the caller's struct of `struct_size` bytes (checked).
         let bytes = unsafe { select_config(params) }.and_then(|cfg| {
             let shape = ModelShape::new(layers, hkv, n, window)?;
@@ -163,12 +165,7 @@ pub unsafe extern "C" fn kve_cuda_select_model_workspace_size(
         });
         // SAFETY: a host out-parameter, checked before it is written.
         unsafe { write(out_bytes, bytes.map(|b| b as u64)) }
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (params, layers, hkv, n, window, out_bytes);
-        STUB
-    }
+    })
 }
 
 /// `kve_select_model` on the device from device scores (`scores->scores` is a device
@@ -197,38 +194,8 @@ pub unsafe extern "C" fn kve_cuda_select_model(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
-        // SAFETY: host structs the caller passes (NULL and alignment checked).
-        let cfg = tri!(unsafe { select_config(params) });
-        // SAFETY: a host struct the caller passes (arg checks NULL and alignment).
-        let m = tri!(unsafe { arg(scores) });
-        let shape = tri!(ModelShape::new(m.layers, m.hkv, m.n, m.window));
-        let lists = KeptLists {
-            counts,
-            counts_len,
-            idx,
-            idx_ld,
-            idx_len,
-        };
-        // SAFETY: scores, lists and workspace are device memory of the declared sizes (this
-        // function's contract); the pipeline checks them before any launch.
-        to_status(unsafe {
-            device::select_model(
-                &cfg,
-                &shape,
-                m.scores,
-                m.len,
-                &lists,
-                workspace,
-                workspace_bytes,
-                stream,
-            )
-        })
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (
+    cuda_only!(
+        [
             params,
             scores,
             counts,
@@ -238,10 +205,37 @@ pub unsafe extern "C" fn kve_cuda_select_model(
             idx_len,
             workspace,
             workspace_bytes,
-            stream,
-        );
-        STUB
-    }
+            stream
+        ],
+        {
+            // SAFETY: host structs the caller passes (NULL and alignment checked).
+            let cfg = tri!(unsafe { select_config(params) });
+            // SAFETY: a host struct the caller passes (arg checks NULL and alignment).
+            let m = tri!(unsafe { arg(scores) });
+            let shape = tri!(ModelShape::new(m.layers, m.hkv, m.n, m.window));
+            let lists = KeptLists {
+                counts,
+                counts_len,
+                idx,
+                idx_ld,
+                idx_len,
+            };
+            // SAFETY: scores, lists and workspace are device memory of the declared sizes (this
+            // function's contract); the pipeline checks them before any launch.
+            to_status(unsafe {
+                device::select_model(
+                    &cfg,
+                    &shape,
+                    m.scores,
+                    m.len,
+                    &lists,
+                    workspace,
+                    workspace_bytes,
+                    stream,
+                )
+            })
+        }
+    )
 }
 
 /// Device workspace bytes of `kve_cuda_compact_in_place` for a view and the largest
@@ -252,19 +246,13 @@ pub unsafe extern "C" fn kve_cuda_compact_in_place_workspace_size(
     max_keep: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
+    cuda_only!([kv, max_keep, out_bytes], {
         // SAFETY: a host descriptor (NULL and alignment checked).
         let v = tri!(tensor(tri!(unsafe { arg(kv) })));
         let b = tri!(device::compact_workspace_size(&v.view, max_keep));
         // SAFETY: a host out-parameter, checked before it is written.
         unsafe { write(out_bytes, Ok(b as u64)) }
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (kv, max_keep, out_bytes);
-        STUB
-    }
+    })
 }
 
 /// In-place compaction on the device: for each head `h` of `kv`, rows
@@ -282,27 +270,8 @@ pub unsafe extern "C" fn kve_cuda_compact_in_place(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
-        // SAFETY: a host descriptor (NULL and alignment checked).
-        let v = tri!(tensor(tri!(unsafe { arg(kv) })));
-        // SAFETY: the view, lists and workspace are device memory (this function's contract).
-        to_status(unsafe {
-            device::compact_in_place(
-                &v.view,
-                kept,
-                kept_ld,
-                counts,
-                max_keep,
-                workspace,
-                workspace_bytes,
-                stream,
-            )
-        })
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (
+    cuda_only!(
+        [
             kv,
             kept,
             kept_ld,
@@ -310,10 +279,26 @@ pub unsafe extern "C" fn kve_cuda_compact_in_place(
             max_keep,
             workspace,
             workspace_bytes,
-            stream,
-        );
-        STUB
-    }
+            stream
+        ],
+        {
+            // SAFETY: a host descriptor (NULL and alignment checked).
+            let v = tri!(tensor(tri!(unsafe { arg(kv) })));
+            // SAFETY: the view, lists and workspace are device memory (this function's contract).
+            to_status(unsafe {
+                device::compact_in_place(
+                    &v.view,
+                    kept,
+                    kept_ld,
+                    counts,
+                    max_keep,
+                    workspace,
+                    workspace_bytes,
+                    stream,
+                )
+            })
+        }
+    )
 }
 
 /// Varlen compaction on the device: kept rows of every head of `src`, head after head,
@@ -329,20 +314,14 @@ pub unsafe extern "C" fn kve_cuda_compact_to_varlen(
     cu_seqlens: *mut i32,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
+    cuda_only!([src, kept, kept_ld, counts, dst, cu_seqlens, stream], {
         // SAFETY: a host descriptor (NULL and alignment checked).
         let v = tri!(tensor(tri!(unsafe { arg(src) })));
         // SAFETY: the view, lists and outputs are device memory (this function's contract).
         to_status(unsafe {
             device::compact_varlen(&v.view, kept, kept_ld, counts, dst, cu_seqlens, stream)
         })
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (src, kept, kept_ld, counts, dst, cu_seqlens, stream);
-        STUB
-    }
+    })
 }
 
 /// The score parameters and the device pipeline's inputs of a layer: every given tensor

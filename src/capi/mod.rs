@@ -376,115 +376,50 @@ pub fn header_defines() -> std::string::String {
         "Status codes (int32_t). kve_status_name / kve_status_message describe them.",
         &statuses,
     );
-    group(
-        "kve_tensor.dtype",
-        &[
-            ("KVE_DTYPE_F32", DType::F32 as i64),
-            ("KVE_DTYPE_F16", DType::F16 as i64),
-            ("KVE_DTYPE_BF16", DType::BF16 as i64),
-        ],
-    );
-    group(
-        "Scoring presets for kve_score_params_init (SPEC §3 defaults).",
-        &[
-            ("KVE_PRESET_SNAPKV", Preset::SnapKv as i64),
-            ("KVE_PRESET_SNAPKV_KVPRESS", Preset::SnapKvKvpress as i64),
-            ("KVE_PRESET_LAVA", Preset::Lava as i64),
-            ("KVE_PRESET_LAPROX", Preset::LaProx as i64),
-            ("KVE_PRESET_LAPROX_SPAN", Preset::LaProxSpan as i64),
-            ("KVE_PRESET_CRITICALKV", Preset::CriticalKv as i64),
-            ("KVE_PRESET_STREAMINGLLM", Preset::StreamingLlm as i64),
-            ("KVE_PRESET_KNORM", Preset::KNorm as i64),
-            ("KVE_PRESET_TOVA", Preset::Tova as i64),
-            ("KVE_PRESET_UNIQUENESS", Preset::Uniqueness as i64),
-        ],
-    );
-    group(
-        "kve_score_params.scorer",
-        &[
-            ("KVE_SCORER_SNAPKV", ScorerKind::SnapKv as i64),
-            ("KVE_SCORER_LAVA", ScorerKind::Lava as i64),
-            ("KVE_SCORER_LAPROX", ScorerKind::LaProx as i64),
-            ("KVE_SCORER_CRITICALKV", ScorerKind::CriticalKv as i64),
-            ("KVE_SCORER_STREAMINGLLM", ScorerKind::StreamingLlm as i64),
-            ("KVE_SCORER_KNORM", ScorerKind::KNorm as i64),
-            ("KVE_SCORER_TOVA", ScorerKind::Tova as i64),
-            ("KVE_SCORER_UNIQUENESS", ScorerKind::Uniqueness as i64),
-        ],
-    );
-    group(
-        "Pooling kinds (kve_score_params.pool_kind, kve_select_params.post_pool_kind)",
-        &[
-            ("KVE_POOL_NONE", PoolKind::None as i64),
-            ("KVE_POOL_AVG", PoolKind::Avg as i64),
-            ("KVE_POOL_MAX", PoolKind::Max as i64),
-            ("KVE_POOL_FORWARD", PoolKind::Forward as i64),
-        ],
-    );
-    group(
-        "kve_score_params.gqa: how the query heads of a KV group combine",
-        &[
-            ("KVE_GQA_MEAN", GqaReduce::Mean as i64),
-            ("KVE_GQA_MAX", GqaReduce::Max as i64),
-            ("KVE_GQA_SUM", GqaReduce::Sum as i64),
-        ],
-    );
-    group(
-        "kve_score_params.laprox_gqa",
-        &[
-            ("KVE_LAPROX_GQA_SUM", LaproxGqa::Sum as i64),
-            ("KVE_LAPROX_GQA_EXACT", LaproxGqa::Exact as i64),
-            ("KVE_LAPROX_GQA_MEAN_ATTN", LaproxGqa::MeanAttn as i64),
-        ],
-    );
-    group(
-        "kve_score_params.placement: where LaProx pools",
-        &[
-            ("KVE_PLACEMENT_ATTENTION", PoolPlacement::Attention as i64),
-            ("KVE_PLACEMENT_PRODUCT", PoolPlacement::Product as i64),
-        ],
-    );
-    group(
-        "kve_select_params.allocator (SPEC §4)",
-        &[
-            ("KVE_ALLOCATOR_UNIFORM", AllocatorKind::Uniform as i64),
-            ("KVE_ALLOCATOR_ADA", AllocatorKind::Ada as i64),
-            ("KVE_ALLOCATOR_PYRAMID", AllocatorKind::Pyramid as i64),
-            ("KVE_ALLOCATOR_LAVA", AllocatorKind::Lava as i64),
-            ("KVE_ALLOCATOR_GLOBAL", AllocatorKind::Global as i64),
-        ],
-    );
-    group(
-        "kve_select_params.granularity: the unit that keeps one token set",
-        &[
-            ("KVE_GRANULARITY_HEAD", Granularity::Head as i64),
-            ("KVE_GRANULARITY_LAYER", Granularity::Layer as i64),
-            ("KVE_GRANULARITY_TOKEN", Granularity::Token as i64),
-        ],
-    );
-    group(
-        "kve_select_params.normalize",
-        &[
-            ("KVE_NORMALIZE_LAYER_SUM", Normalize::LayerSum as i64),
-            ("KVE_NORMALIZE_NONE", Normalize::None as i64),
-        ],
-    );
-    group(
-        "kve_stream_score_params.stat: the statistic a query stream finishes into",
-        &[
-            ("KVE_STREAM_STAT_MAX", crate::StreamStat::Max as i64),
-            ("KVE_STREAM_STAT_MEAN", crate::StreamStat::Mean as i64),
-            (
-                "KVE_STREAM_STAT_MEAN_VISIBLE",
-                crate::StreamStat::MeanVisible as i64,
-            ),
-            ("KVE_STREAM_STAT_LAPROX", crate::StreamStat::LaProx as i64),
-            (
-                "KVE_STREAM_SCORE_PARAMS_V1_SIZE",
-                stream::KVE_STREAM_SCORE_PARAMS_V1_SIZE as i64,
-            ),
-        ],
-    );
+    // (the stream params' size has always been listed with the statistics)
+    let v1 = stream::KVE_STREAM_SCORE_PARAMS_V1_SIZE as i64;
+    let stream_stat = [
+        crate::StreamStat::C_DEFINES,
+        &[("KVE_STREAM_SCORE_PARAMS_V1_SIZE", v1)],
+    ]
+    .concat();
+    let enums: [(&str, &[(&str, i64)]); 11] = [
+        ("kve_tensor.dtype", DType::C_DEFINES),
+        (
+            "Scoring presets for kve_score_params_init (SPEC §3 defaults).",
+            Preset::C_DEFINES,
+        ),
+        ("kve_score_params.scorer", ScorerKind::C_DEFINES),
+        (
+            "Pooling kinds (kve_score_params.pool_kind, kve_select_params.post_pool_kind)",
+            PoolKind::C_DEFINES,
+        ),
+        (
+            "kve_score_params.gqa: how the query heads of a KV group combine",
+            GqaReduce::C_DEFINES,
+        ),
+        ("kve_score_params.laprox_gqa", LaproxGqa::C_DEFINES),
+        (
+            "kve_score_params.placement: where LaProx pools",
+            PoolPlacement::C_DEFINES,
+        ),
+        (
+            "kve_select_params.allocator (SPEC §4)",
+            AllocatorKind::C_DEFINES,
+        ),
+        (
+            "kve_select_params.granularity: the unit that keeps one token set",
+            Granularity::C_DEFINES,
+        ),
+        ("kve_select_params.normalize", Normalize::C_DEFINES),
+        (
+            "kve_stream_score_params.stat: the statistic a query stream finishes into",
+            &stream_stat,
+        ),
+    ];
+    for (title, items) in enums {
+        group(title, items);
+    }
     group(
         "The evictor (kve_evictor_*): kve_evictor_config.policy and .granularity, \
          kve_evictor_requirements.wo, struct sizes",

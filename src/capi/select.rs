@@ -328,7 +328,7 @@ pub struct kve_histogram {
 }
 
 impl kve_histogram {
-    fn to_core(&self) -> ShardHistogram {
+    fn to_core(self) -> ShardHistogram {
         ShardHistogram {
             bins: Histogram(self.bins),
             round: self.round,

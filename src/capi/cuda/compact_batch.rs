@@ -4,8 +4,6 @@
 use super::super::kve_tensor;
 use core::ffi::c_void;
 
-#[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-use super::super::KVE_ERR_NOT_BUILT_WITH_CUDA as STUB;
 #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 use {
     super::super::{span_ptr, to_status, tri, Buf},
@@ -79,19 +77,13 @@ pub unsafe extern "C" fn kve_cuda_compact_batch_in_place_workspace_size(
     max_keep: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
+    cuda_only!([items, n_items, max_keep, out_bytes], {
         // SAFETY: NULL or the caller's host array; c_items checks it.
         let all = tri!(unsafe { c_items(items, n_items) });
         let b = device::compact_batch_in_place_workspace_size(&all, max_keep);
         // SAFETY: a host out-parameter, checked before it is written.
         unsafe { write(out_bytes, b.map(|b| b as u64)) }
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (items, n_items, max_keep, out_bytes);
-        STUB
-    }
+    })
 }
 
 /// `kve_cuda_compact_in_place` of every item (K and V of every layer) on `stream`, two
@@ -112,19 +104,16 @@ pub unsafe extern "C" fn kve_cuda_compact_batch_in_place(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
-        // SAFETY: NULL or the caller's host array; c_items checks it.
-        let all = tri!(unsafe { c_items(items, n_items) });
-        // SAFETY: the tensors, lists and workspace are device memory of the declared sizes
-        // (this function's contract); the pipeline checks everything else.
-        to_status(unsafe {
-            device::compact_batch_in_place(&all, max_keep, workspace, workspace_bytes, stream)
-        })
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (items, n_items, max_keep, workspace, workspace_bytes, stream);
-        STUB
-    }
+    cuda_only!(
+        [items, n_items, max_keep, workspace, workspace_bytes, stream],
+        {
+            // SAFETY: NULL or the caller's host array; c_items checks it.
+            let all = tri!(unsafe { c_items(items, n_items) });
+            // SAFETY: the tensors, lists and workspace are device memory of the declared sizes
+            // (this function's contract); the pipeline checks everything else.
+            to_status(unsafe {
+                device::compact_batch_in_place(&all, max_keep, workspace, workspace_bytes, stream)
+            })
+        }
+    )
 }

@@ -6,8 +6,6 @@ use super::super::kve_layer_inputs;
 use super::super::params::kve_score_params;
 use core::ffi::c_void;
 
-#[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-use super::super::KVE_ERR_NOT_BUILT_WITH_CUDA as STUB;
 #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 use {
     super::super::{to_status, tri},
@@ -40,20 +38,14 @@ pub unsafe extern "C" fn kve_cuda_prepare_gram_size(
     with_lo: u32,
     out_bytes: *mut u64,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
+    cuda_only!([gram_len, dtype, with_lo, out_bytes], {
         let b = DType::from_u32(dtype).and_then(|dt| {
             let n = usize::try_from(gram_len).map_err(|_| Error::Overflow)?;
             device::gram_split_size(n, dt, flag(with_lo)?)
         });
         // SAFETY: a host out-parameter, checked before it is written.
         unsafe { write(out_bytes, b.map(|b| b as u64)) }
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (gram_len, dtype, with_lo, out_bytes);
-        STUB
-    }
+    })
 }
 
 /// Split LaProx's f32 Gram (`gram`, `gram_len` floats from `kve_compute_gram`, device
@@ -72,23 +64,20 @@ pub unsafe extern "C" fn kve_cuda_prepare_gram(
     split_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
-        let dt = tri!(DType::from_u32(dtype));
-        let lo = tri!(flag(with_lo));
-        let g = Floats {
-            ptr: gram,
-            len: gram_len,
-        };
-        // SAFETY: gram and split are device memory of the declared sizes (this function's
-        // contract); everything is checked before the launch.
-        to_status(unsafe { device::gram_split(g, dt, lo, split, split_bytes, stream) })
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (gram, gram_len, dtype, with_lo, split, split_bytes, stream);
-        STUB
-    }
+    cuda_only!(
+        [gram, gram_len, dtype, with_lo, split, split_bytes, stream],
+        {
+            let dt = tri!(DType::from_u32(dtype));
+            let lo = tri!(flag(with_lo));
+            let g = Floats {
+                ptr: gram,
+                len: gram_len,
+            };
+            // SAFETY: gram and split are device memory of the declared sizes (this function's
+            // contract); everything is checked before the launch.
+            to_status(unsafe { device::gram_split(g, dt, lo, split, split_bytes, stream) })
+        }
+    )
 }
 
 /// `kve_cuda_score_layer` with LaProx's Gram given split (`kve_cuda_prepare_gram`: `split`,
@@ -113,33 +102,8 @@ pub unsafe extern "C" fn kve_cuda_score_layer_prepared(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
-        // SAFETY: host structs the caller passes, read within their checked `struct_size`.
-        let (cfg, li) = tri!(unsafe { super::layer_args(params, inputs) });
-        let sp = GramSplit {
-            ptr: split,
-            bytes: split_bytes,
-            with_lo: tri!(flag(with_lo)),
-        };
-        // SAFETY: the tensors, split, `out` and the workspace are device memory of the
-        // declared sizes (this function's contract); the pipeline checks them first.
-        to_status(unsafe {
-            device::score_layer_split(
-                &cfg,
-                &li,
-                Some(&sp),
-                out,
-                out_len,
-                workspace,
-                workspace_bytes,
-                stream,
-            )
-        })
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (
+    cuda_only!(
+        [
             params,
             inputs,
             split,
@@ -149,8 +113,30 @@ pub unsafe extern "C" fn kve_cuda_score_layer_prepared(
             out_len,
             workspace,
             workspace_bytes,
-            stream,
-        );
-        STUB
-    }
+            stream
+        ],
+        {
+            // SAFETY: host structs the caller passes, read within their checked `struct_size`.
+            let (cfg, li) = tri!(unsafe { super::layer_args(params, inputs) });
+            let sp = GramSplit {
+                ptr: split,
+                bytes: split_bytes,
+                with_lo: tri!(flag(with_lo)),
+            };
+            // SAFETY: the tensors, split, `out` and the workspace are device memory of the
+            // declared sizes (this function's contract); the pipeline checks them first.
+            to_status(unsafe {
+                device::score_layer_split(
+                    &cfg,
+                    &li,
+                    Some(&sp),
+                    out,
+                    out_len,
+                    workspace,
+                    workspace_bytes,
+                    stream,
+                )
+            })
+        }
+    )
 }

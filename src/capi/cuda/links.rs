@@ -6,8 +6,6 @@ use super::super::params::kve_select_params;
 use super::super::select::kve_model_scores;
 use core::ffi::c_void;
 
-#[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-use super::super::KVE_ERR_NOT_BUILT_WITH_CUDA as STUB;
 #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
 use {
     super::super::params::select_config,
@@ -26,17 +24,11 @@ pub unsafe extern "C" fn kve_cuda_value_links_workspace_size(
     n: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
+    cuda_only!([hkv, n, out_bytes], {
         let b = device::value_links_workspace_size(hkv, n).map(|b| b as u64);
         // SAFETY: a host out-parameter, checked before it is written.
         unsafe { write(out_bytes, b) }
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (hkv, n, out_bytes);
-        STUB
-    }
+    })
 }
 
 /// `kve_accumulate_value_links` on the device, enqueued on `stream`: adds `sum over the
@@ -58,21 +50,25 @@ pub unsafe extern "C" fn kve_cuda_accumulate_value_links(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
-        // SAFETY: a host descriptor (NULL and alignment checked).
-        let v = tri!(tensor(tri!(unsafe { arg(values) })));
-        // SAFETY: the tensor's data, `links` and the workspace are device memory of the
-        // declared sizes (this function's contract); checked before the launch.
-        to_status(unsafe {
-            device::accumulate_value_links(&v, links, links_len, workspace, workspace_bytes, stream)
-        })
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (values, links, links_len, workspace, workspace_bytes, stream);
-        STUB
-    }
+    cuda_only!(
+        [values, links, links_len, workspace, workspace_bytes, stream],
+        {
+            // SAFETY: a host descriptor (NULL and alignment checked).
+            let v = tri!(tensor(tri!(unsafe { arg(values) })));
+            // SAFETY: the tensor's data, `links` and the workspace are device memory of the
+            // declared sizes (this function's contract); checked before the launch.
+            to_status(unsafe {
+                device::accumulate_value_links(
+                    &v,
+                    links,
+                    links_len,
+                    workspace,
+                    workspace_bytes,
+                    stream,
+                )
+            })
+        }
+    )
 }
 
 /// `kve_cuda_select_model` whose forward post-pool carries each continuation on through
@@ -100,41 +96,8 @@ pub unsafe extern "C" fn kve_cuda_select_model_linked(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
-    {
-        // SAFETY: host structs the caller passes (NULL and alignment checked).
-        let cfg = tri!(unsafe { select_config(params) });
-        // SAFETY: a host struct the caller passes (arg checks NULL and alignment).
-        let m = tri!(unsafe { arg(scores) });
-        let shape = tri!(ModelShape::new(m.layers, m.hkv, m.n, m.window));
-        let lists = KeptLists {
-            counts,
-            counts_len,
-            idx,
-            idx_ld,
-            idx_len,
-        };
-        // SAFETY: scores, links, lists and workspace are device memory of the declared
-        // sizes (this function's contract); the pipeline checks them before any launch.
-        to_status(unsafe {
-            device::select_model_linked(
-                &cfg,
-                &shape,
-                m.scores,
-                m.len,
-                links,
-                links_len,
-                link_threshold,
-                &lists,
-                workspace,
-                workspace_bytes,
-                stream,
-            )
-        })
-    }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
-    {
-        let _ = (
+    cuda_only!(
+        [
             params,
             scores,
             links,
@@ -147,8 +110,38 @@ pub unsafe extern "C" fn kve_cuda_select_model_linked(
             idx_len,
             workspace,
             workspace_bytes,
-            stream,
-        );
-        STUB
-    }
+            stream
+        ],
+        {
+            // SAFETY: host structs the caller passes (NULL and alignment checked).
+            let cfg = tri!(unsafe { select_config(params) });
+            // SAFETY: a host struct the caller passes (arg checks NULL and alignment).
+            let m = tri!(unsafe { arg(scores) });
+            let shape = tri!(ModelShape::new(m.layers, m.hkv, m.n, m.window));
+            let lists = KeptLists {
+                counts,
+                counts_len,
+                idx,
+                idx_ld,
+                idx_len,
+            };
+            // SAFETY: scores, links, lists and workspace are device memory of the declared
+            // sizes (this function's contract); the pipeline checks them before any launch.
+            to_status(unsafe {
+                device::select_model_linked(
+                    &cfg,
+                    &shape,
+                    m.scores,
+                    m.len,
+                    links,
+                    links_len,
+                    link_threshold,
+                    &lists,
+                    workspace,
+                    workspace_bytes,
+                    stream,
+                )
+            })
+        }
+    )
 }
