@@ -18,6 +18,7 @@ from ._api import (LINK_THRESHOLD, ShardedSearch, accumulate_value_links, compac
                    score_workspace_size, select_model, select_output_len, select_sharded,
                    select_workspace_size, value_forms_len, window_row_lse)
 from ._stream import STREAM_STATS, StreamScorer
+from ._evictor import Evictor
 from ._pipeline import (DEFAULT_ALLOCATOR, GramCache, gram_cache, make_score_params,
                         score_model, select_kept)
 
@@ -36,5 +37,5 @@ __all__ = [
     "select_output_len", "select_workspace_size",
     "kept_lists", "evicted_positions", "ShardedSearch", "select_sharded",
     "compact_in_place", "compact_varlen", "score_model", "select_kept", "make_score_params",
-    "GramCache", "gram_cache", "DEFAULT_ALLOCATOR", "StreamScorer", "STREAM_STATS",
+    "GramCache", "gram_cache", "DEFAULT_ALLOCATOR", "StreamScorer", "STREAM_STATS", "Evictor",
 ]
