@@ -284,14 +284,14 @@ unsafe fn evictor_config(p: *const kve_evictor_config) -> Result<(EvictorConfig,
     };
     let cfg = EvictorConfig {
         preset: Preset::from_u32(c.preset)?,
-        // SAFETY: NULL or the caller's params; score_config checks the rest.
         score: match c.score.is_null() {
             true => None,
+            // SAFETY: the caller's params; score_config checks alignment and struct_size.
             false => Some(unsafe { score_config(c.score)? }),
         },
-        // SAFETY: NULL or the caller's params; select_config checks the rest.
         select: match c.select.is_null() {
             true => None,
+            // SAFETY: the caller's params; select_config checks alignment and struct_size.
             false => Some(unsafe { select_config(c.select)? }),
         },
         window: c.window,
@@ -542,11 +542,12 @@ pub unsafe extern "C" fn kve_evictor_score_layer(
         lse_span,
     ];
     tri!(check_alias(&[ctx], &spans));
-    // SAFETY (each view): checked by Tensor::new; the context (the only output) does not
-    // overlap it.
-    let view = |t: &Option<Tensor>| t.as_ref().map(|t| unsafe { t.view() }).transpose();
+    let view = |t: &Option<Tensor>| {
+        // SAFETY: checked by Tensor::new; the context (the only output) does not overlap it.
+        t.as_ref().map(|t| unsafe { t.view() }).transpose()
+    };
     let lv = LayerViews {
-        // SAFETY: as above.
+        // SAFETY: checked by Tensor::new; the context does not overlap it.
         keys: tri!(unsafe { k.view() }),
         values: tri!(view(&v)),
         queries: tri!(view(&q)),
