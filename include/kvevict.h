@@ -142,7 +142,7 @@
 #define KVE_POLICY_EXPLICIT 0
 #define KVE_POLICY_KEEP_RATIO 1
 #define KVE_POLICY_CELLS 2
-#define KVE_GRANULARITY_DEFAULT 4294967295ULL
+#define KVE_EVICTOR_PRESET_GRANULARITY 4294967295ULL
 #define KVE_WO_NONE 0
 #define KVE_WO_ONCE 1
 #define KVE_WO_EVERY_ROUND 2
@@ -489,7 +489,7 @@ typedef struct kve_evictor_config {
    */
   uint32_t window;
   /**
-   * `KVE_GRANULARITY_*`, or `KVE_GRANULARITY_DEFAULT`. Engines whose cells are
+   * `KVE_GRANULARITY_*`, or `KVE_EVICTOR_PRESET_GRANULARITY`. Engines whose cells are
    * shared by every head (llama.cpp, paged caches) want `KVE_GRANULARITY_TOKEN`.
    */
   uint32_t granularity;
@@ -1427,6 +1427,17 @@ int32_t kve_select_params_init(struct kve_select_params *params,
 int32_t kve_select_params_init_laprox_span(struct kve_select_params *params,
                                            uint32_t struct_size,
                                            uint64_t budget);
+
+/**
+ * Fill `params` with the selection preset `preset` (`KVE_PRESET_*`) gets by default
+ * (the library's one preset table): LAVa's allocator for lava, the global one for laprox,
+ * LaProx-span's selection for laprox-span and uniqueness, uniform per head otherwise.
+ * `budget`: average prefix tokens per (layer, KV head). Writes only `params`.
+ */
+int32_t kve_select_params_init_preset(struct kve_select_params *params,
+                                      uint32_t struct_size,
+                                      uint32_t preset,
+                                      uint64_t budget);
 
 /**
  * Budget for a capacity `C` per KV head with the window inside it (SnapKV / AdaKV /

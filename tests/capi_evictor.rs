@@ -293,28 +293,23 @@ fn hostile_configs_and_memory() {
     let good = config(Preset::LaProx as u32);
     let mut bytes = CANARY as u64;
     let size = |c: &kve_evictor_config, out: *mut u64| unsafe { kve_evictor_size(c, out) };
-    let cases: Vec<(Box<dyn Fn(&mut kve_evictor_config)>, i32)> = vec![
-        (Box::new(|c| c.struct_size = 100), KVE_ERR_INVALID_ARGUMENT),
-        (Box::new(|c| c.preset = 10), KVE_ERR_BAD_ENUM),
-        (Box::new(|c| c.policy = 3), KVE_ERR_BAD_ENUM),
-        (Box::new(|c| c.granularity = 3), KVE_ERR_BAD_ENUM),
-        (Box::new(|c| c.hq = 5), KVE_ERR_SHAPE_MISMATCH),
-        (Box::new(|c| c.d_model = 0), KVE_ERR_INVALID_ARGUMENT),
-        (Box::new(|c| c.max_seqs = 0), KVE_ERR_INVALID_ARGUMENT),
+    type Edit = fn(&mut kve_evictor_config);
+    let cases: [(Edit, i32); 11] = [
+        (|c| c.struct_size = 100, KVE_ERR_INVALID_ARGUMENT),
+        (|c| c.preset = 10, KVE_ERR_BAD_ENUM),
+        (|c| c.policy = 3, KVE_ERR_BAD_ENUM),
+        (|c| c.granularity = 3, KVE_ERR_BAD_ENUM),
+        (|c| c.hq = 5, KVE_ERR_SHAPE_MISMATCH),
+        (|c| c.d_model = 0, KVE_ERR_INVALID_ARGUMENT),
+        (|c| c.max_seqs = 0, KVE_ERR_INVALID_ARGUMENT),
+        (|c| c.max_cells = u64::MAX, KVE_ERR_INVALID_ARGUMENT),
+        (|c| c.link_threshold = f32::NAN, KVE_ERR_INVALID_ARGUMENT),
         (
-            Box::new(|c| c.max_cells = u64::MAX),
+            |c| (c.policy, c.keep_ratio) = (KVE_POLICY_KEEP_RATIO, 2.0),
             KVE_ERR_INVALID_ARGUMENT,
         ),
         (
-            Box::new(|c| c.link_threshold = f32::NAN),
-            KVE_ERR_INVALID_ARGUMENT,
-        ),
-        (
-            Box::new(|c| (c.policy, c.keep_ratio) = (KVE_POLICY_KEEP_RATIO, 2.0)),
-            KVE_ERR_INVALID_ARGUMENT,
-        ),
-        (
-            Box::new(|c| (c.policy, c.high, c.low) = (KVE_POLICY_CELLS, 0, 0)),
+            |c| (c.policy, c.high, c.low) = (KVE_POLICY_CELLS, 0, 0),
             KVE_ERR_INVALID_ARGUMENT,
         ),
     ];

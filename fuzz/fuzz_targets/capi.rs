@@ -1386,7 +1386,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
     (c.dk, c.dv, c.d_model) = (r.size(16), r.size(16), r.size(16));
     (c.max_cells, c.max_seqs) = (r.size(96), r.size(3));
     c.window = if r.chance(2) { 0 } else { r.u8() as u32 % 40 };
-    c.granularity = if r.chance(2) { KVE_GRANULARITY_DEFAULT } else { r.enum_val(3) };
+    c.granularity = if r.chance(2) { KVE_EVICTOR_PRESET_GRANULARITY } else { r.enum_val(3) };
     c.policy = r.enum_val(3);
     c.keep_ratio = [0.5, 0.0, 1.0, 1.5, f64::NAN][r.u8() as usize % 5];
     (c.min_keep, c.high, c.low) = (r.size(64), r.size(96), r.size(96));

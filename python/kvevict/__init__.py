@@ -19,6 +19,7 @@ from ._api import (LINK_THRESHOLD, ShardedSearch, accumulate_value_links, compac
                    select_workspace_size, value_forms_len, window_row_lse)
 from ._stream import STREAM_STATS, StreamScorer
 from ._paged import POOL_KINDS, paged_compact, paged_gather, pool_tensor
+from ._evictor import Evictor
 from ._pipeline import (DEFAULT_ALLOCATOR, GramCache, gram_cache, make_score_params,
                         score_model, select_kept)
 
@@ -37,6 +38,6 @@ __all__ = [
     "select_output_len", "select_workspace_size",
     "kept_lists", "evicted_positions", "ShardedSearch", "select_sharded",
     "compact_in_place", "compact_varlen", "score_model", "select_kept", "make_score_params",
-    "GramCache", "gram_cache", "DEFAULT_ALLOCATOR", "StreamScorer", "STREAM_STATS",
+    "GramCache", "gram_cache", "DEFAULT_ALLOCATOR", "StreamScorer", "STREAM_STATS", "Evictor",
     "POOL_KINDS", "pool_tensor", "paged_gather", "paged_compact",
 ]

@@ -105,10 +105,8 @@ class _Enum:
 
 
 DTYPES = _Enum("dtype", {"f32": 0, "float32": 0, "f16": 1, "float16": 1, "bf16": 2, "bfloat16": 2})
-PRESETS = _Enum("preset", {
-    "snapkv": 0, "snapkv-kvpress": 1, "lava": 2, "laprox": 3, "laprox-span": 4,
-    "criticalkv": 5, "streamingllm": 6, "knorm": 7, "tova": 8, "uniqueness": 9,
-})
+# the library's one preset table (kve_preset_name), not a copy
+PRESETS = _Enum("preset", {lib.kve_preset_name(i).decode(): i for i in range(lib.kve_preset_count())})
 SCORERS = _Enum("scorer", {
     "snapkv": 0, "lava": 1, "laprox": 2, "criticalkv": 3, "streamingllm": 4, "knorm": 5, "tova": 6, "uniqueness": 7,
 })
@@ -255,6 +253,19 @@ class SelectParams(_Params):
         self = cls.__new__(cls)
         _Params.__init__(self)
         call("kve_select_params_init_laprox_span", self._ref, ctypes.sizeof(self._c), int(budget))
+        for k, v in fields.items():
+            setattr(self, k, v)
+        return self
+
+    @classmethod
+    def preset(cls, name, budget=0, **fields):
+        """The selection the library gives preset ``name`` by default
+        (``kve_select_params_init_preset``): lava → LAVa's allocator, laprox → global,
+        laprox-span and uniqueness → :meth:`laprox_span`, uniform per head otherwise."""
+        self = cls.__new__(cls)
+        _Params.__init__(self)
+        call("kve_select_params_init_preset", self._ref, ctypes.sizeof(self._c),
+             PRESETS.encode(name), int(budget))
         for k, v in fields.items():
             setattr(self, k, v)
         return self

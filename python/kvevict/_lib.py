@@ -223,6 +223,60 @@ assert ctypes.sizeof(kve_stream_score_params) == 40
 assert ctypes.sizeof(kve_search) == 128
 assert ctypes.sizeof(kve_histogram) == 2072
 
+
+class kve_evictor_config(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("preset", c_uint32),
+        ("window", c_uint32),
+        ("granularity", c_uint32),
+        ("layers", c_uint64),
+        ("hq", c_uint64),
+        ("hkv", c_uint64),
+        ("dk", c_uint64),
+        ("dv", c_uint64),
+        ("d_model", c_uint64),
+        ("max_cells", c_uint64),
+        ("max_seqs", c_uint64),
+        ("policy", c_uint32),
+        ("link_threshold", c_float),
+        ("keep_ratio", c_double),
+        ("min_keep", c_uint64),
+        ("high", c_uint64),
+        ("low", c_uint64),
+        ("score", c_void_p),
+        ("select", c_void_p),
+    ]
+
+
+class kve_evictor_layer(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("reserved", c_uint32),
+        ("keys", kve_tensor),
+        ("values", kve_tensor),
+        ("queries", kve_tensor),
+        ("row_lse", c_void_p),
+        ("row_lse_len", c_uint64),
+        ("wo", kve_tensor),
+    ]
+
+
+class kve_evictor_requirements(ctypes.Structure):
+    _fields_ = [(f, c_uint32) for f in ("struct_size", "queries", "values", "wo", "row_lse_helps",
+                                        "window", "granularity")]
+
+
+class kve_evictor_stats(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("ragged", c_uint32)] + [
+        (f, c_uint64) for f in ("cells", "protected_cells", "evictions", "cells_evicted")]
+
+
+assert ctypes.sizeof(kve_evictor_config) == 136
+assert ctypes.sizeof(kve_evictor_layer) == 312
+assert ctypes.sizeof(kve_evictor_requirements) == 28
+assert ctypes.sizeof(kve_evictor_stats) == 40
+
 # ------------------------------------------------------------------------- prototypes
 P = POINTER
 _u64p = P(c_uint64)
@@ -238,6 +292,8 @@ _PROTOS = {
     "kve_score_params_init": (c_int32, [P(kve_score_params), c_uint32, c_uint32]),
     "kve_select_params_init": (c_int32, [P(kve_select_params), c_uint32, c_uint32, c_uint32, c_uint64]),
     "kve_select_params_init_laprox_span": (c_int32, [P(kve_select_params), c_uint32, c_uint64]),
+    "kve_select_params_init_preset": (
+        c_int32, [P(kve_select_params), c_uint32, c_uint32, c_uint64]),
     "kve_budget_from_capacity": (c_uint64, [c_uint64, c_uint64]),
     "kve_budget_keep_ratio_total": (c_uint64, [c_uint64, c_uint64, c_double]),
     "kve_budget_keep_ratio_prefix": (c_uint64, [c_uint64, c_uint64, c_double]),
@@ -298,6 +354,29 @@ _PROTOS = {
     "kve_value_links_workspace_size": (c_int32, [c_uint64, c_uint64, _u64p]),
     "kve_accumulate_value_links": (c_int32, [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64]),
     "kve_evicted_positions": (c_int32, [c_void_p, c_uint64, c_uint64, c_void_p, c_uint64, _u64p]),
+    # the evictor
+    "kve_preset_count": (c_uint32, []),
+    "kve_preset_name": (c_char_p, [c_uint32]),
+    "kve_preset_from_name": (c_int32, [c_char_p, _u32p]),
+    "kve_evictor_config_init": (c_int32, [P(kve_evictor_config), c_uint32, c_uint32]),
+    "kve_evictor_size": (c_int32, [P(kve_evictor_config), _u64p]),
+    "kve_evictor_init": (c_int32, [c_void_p, c_uint64, P(kve_evictor_config), P(c_void_p)]),
+    "kve_evictor_get_requirements": (c_int32, [c_void_p, P(kve_evictor_requirements), c_uint32]),
+    "kve_evictor_set_output_projection": (c_int32, [c_void_p, c_uint64, P(kve_tensor)]),
+    "kve_evictor_observe_queries": (c_int32, [c_void_p, c_uint64, c_uint64, P(kve_tensor)]),
+    "kve_evictor_plan": (c_int32, [c_void_p, c_uint64, c_uint64, _u64p]),
+    "kve_evictor_begin": (c_int32, [c_void_p, c_uint64, c_uint64, c_uint64]),
+    "kve_evictor_layer_init": (c_int32, [P(kve_evictor_layer), c_uint32]),
+    "kve_evictor_score_layer": (c_int32, [c_void_p, c_uint64, c_uint64, P(kve_evictor_layer)]),
+    "kve_evictor_select": (c_int32, [c_void_p, c_uint64, _u64p]),
+    "kve_evictor_kept_cells": (c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, _u64p]),
+    "kve_evictor_evicted_cells": (c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, _u64p]),
+    "kve_evictor_kept_lists": (
+        c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, c_void_p, c_uint64]),
+    "kve_evictor_compact": (c_int32, [c_void_p, c_uint64, c_uint64, P(kve_tensor)]),
+    "kve_evictor_commit": (c_int32, [c_void_p, c_uint64]),
+    "kve_evictor_seq_reset": (c_int32, [c_void_p, c_uint64]),
+    "kve_evictor_get_stats": (c_int32, [c_void_p, c_uint64, P(kve_evictor_stats), c_uint32]),
     # sharded search
     "kve_search_init": (
         c_int32, [P(kve_search), P(kve_select_params), c_uint64, c_uint64, c_uint64, c_uint64]),

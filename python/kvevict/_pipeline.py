@@ -7,15 +7,12 @@ import numpy as np
 
 from ._api import (accumulate_value_links, compute_gram, compute_value_l1, kept_lists,
                    prefix_len, score_layer, select_model)
-from ._core import (ScoreParams, SelectParams, budget_from_capacity, budget_keep_ratio_prefix,
-                    budget_keep_ratio_total)
+from ._core import (PRESETS, ScoreParams, SelectParams, budget_from_capacity,
+                    budget_keep_ratio_prefix, budget_keep_ratio_total)
 
-# Selection a preset gets when select_kept is not told an allocator (see select_kept).
-DEFAULT_ALLOCATOR = {
-    "snapkv": "uniform", "snapkv-kvpress": "uniform", "criticalkv": "uniform",
-    "streamingllm": "uniform", "knorm": "uniform", "tova": "uniform",
-    "lava": "lava", "laprox": "global", "laprox-span": "global", "uniqueness": "global",
-}
+# The allocator each preset's default selection uses, read from the library's preset table
+# (SelectParams.preset); kept for callers that read it.
+DEFAULT_ALLOCATOR = {name: SelectParams.preset(name).allocator for name in PRESETS.names()}
 
 
 class GramCache:
@@ -195,11 +192,10 @@ def select_kept(preset, queries, keys, values=None, wo=None, *, keep_ratio=None,
     name = preset if isinstance(preset, str) else None
     if select_params is not None:
         sp = select_params.replace(budget=b)
-    elif allocator is None and name in ("laprox-span", "uniqueness"):
-        sp = SelectParams.laprox_span(b)
+    elif allocator is None and name is not None:
+        sp = SelectParams.preset(name, b)  # the library's default selection of the preset
     else:
-        alloc = allocator or DEFAULT_ALLOCATOR.get(name, "uniform")
-        sp = SelectParams(alloc, granularity or "head", b)
+        sp = SelectParams(allocator or "uniform", granularity or "head", b)
     if granularity is not None:
         sp.granularity = granularity
     for k, v in (("normalize", normalize), ("alpha", alpha), ("beta", beta)):

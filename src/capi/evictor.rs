@@ -45,7 +45,7 @@ pub struct kve_evictor {
 }
 
 /// `kve_evictor_config.granularity`: the preset's (or `select`'s) granularity.
-pub const KVE_GRANULARITY_DEFAULT: u32 = u32::MAX;
+pub const KVE_EVICTOR_PRESET_GRANULARITY: u32 = u32::MAX;
 /// `kve_evictor_config.policy`: the engine passes its own targets to `kve_evictor_begin`.
 pub const KVE_POLICY_EXPLICIT: u32 = 0;
 /// Keep `max(floor(new * keep_ratio), min_keep)` of the cells new since the last
@@ -64,7 +64,7 @@ pub struct kve_evictor_config {
     pub preset: u32,
     /// The observation window; 0: the preset's (or `score`'s).
     pub window: u32,
-    /// `KVE_GRANULARITY_*`, or `KVE_GRANULARITY_DEFAULT`. Engines whose cells are
+    /// `KVE_GRANULARITY_*`, or `KVE_EVICTOR_PRESET_GRANULARITY`. Engines whose cells are
     /// shared by every head (llama.cpp, paged caches) want `KVE_GRANULARITY_TOKEN`.
     pub granularity: u32,
     pub layers: u64,
@@ -222,7 +222,7 @@ fn default_config(preset: Preset) -> kve_evictor_config {
         struct_size: KVE_EVICTOR_CONFIG_V1_SIZE,
         preset: preset as u32,
         window: 0,
-        granularity: KVE_GRANULARITY_DEFAULT,
+        granularity: KVE_EVICTOR_PRESET_GRANULARITY,
         layers: 0,
         hq: 0,
         hkv: 0,
@@ -284,19 +284,19 @@ unsafe fn evictor_config(p: *const kve_evictor_config) -> Result<(EvictorConfig,
     };
     let cfg = EvictorConfig {
         preset: Preset::from_u32(c.preset)?,
-        // SAFETY: NULL or the caller's params; score_config checks the rest.
         score: match c.score.is_null() {
             true => None,
+            // SAFETY: the caller's params; score_config checks alignment and struct_size.
             false => Some(unsafe { score_config(c.score)? }),
         },
-        // SAFETY: NULL or the caller's params; select_config checks the rest.
         select: match c.select.is_null() {
             true => None,
+            // SAFETY: the caller's params; select_config checks alignment and struct_size.
             false => Some(unsafe { select_config(c.select)? }),
         },
         window: c.window,
         granularity: match c.granularity {
-            KVE_GRANULARITY_DEFAULT => None,
+            KVE_EVICTOR_PRESET_GRANULARITY => None,
             g => Some(Granularity::from_u32(g)?),
         },
         link_threshold: (c.link_threshold != 0.0).then_some(c.link_threshold),
@@ -542,11 +542,12 @@ pub unsafe extern "C" fn kve_evictor_score_layer(
         lse_span,
     ];
     tri!(check_alias(&[ctx], &spans));
-    // SAFETY (each view): checked by Tensor::new; the context (the only output) does not
-    // overlap it.
-    let view = |t: &Option<Tensor>| t.as_ref().map(|t| unsafe { t.view() }).transpose();
+    let view = |t: &Option<Tensor>| {
+        // SAFETY: checked by Tensor::new; the context (the only output) does not overlap it.
+        t.as_ref().map(|t| unsafe { t.view() }).transpose()
+    };
     let lv = LayerViews {
-        // SAFETY: as above.
+        // SAFETY: checked by Tensor::new; the context does not overlap it.
         keys: tri!(unsafe { k.view() }),
         values: tri!(view(&v)),
         queries: tri!(view(&q)),

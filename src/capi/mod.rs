@@ -431,8 +431,8 @@ pub fn header_defines() -> std::string::String {
             ),
             ("KVE_POLICY_CELLS", evictor::KVE_POLICY_CELLS as i64),
             (
-                "KVE_GRANULARITY_DEFAULT",
-                evictor::KVE_GRANULARITY_DEFAULT as i64,
+                "KVE_EVICTOR_PRESET_GRANULARITY",
+                evictor::KVE_EVICTOR_PRESET_GRANULARITY as i64,
             ),
             ("KVE_WO_NONE", evictor::KVE_WO_NONE as i64),
             ("KVE_WO_ONCE", evictor::KVE_WO_ONCE as i64),

@@ -302,6 +302,23 @@ pub unsafe extern "C" fn kve_select_params_init_laprox_span(
     to_status(unsafe { write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v) })
 }
 
+/// Fill `params` with the selection preset `preset` (`KVE_PRESET_*`) gets by default
+/// (the library's one preset table): LAVa's allocator for lava, the global one for laprox,
+/// LaProx-span's selection for laprox-span and uniqueness, uniform per head otherwise.
+/// `budget`: average prefix tokens per (layer, KV head). Writes only `params`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_select_params_init_preset(
+    params: *mut kve_select_params,
+    struct_size: u32,
+    preset: u32,
+    budget: u64,
+) -> i32 {
+    let p = tri!(Preset::from_u32(preset));
+    let v = encode_select(&crate::evictor::default_select(p, budget));
+    // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
+    to_status(unsafe { write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v) })
+}
+
 /// Budget for a capacity `C` per KV head with the window inside it (SnapKV / AdaKV /
 /// PyramidKV convention): `max(C - window, 0)`.
 #[no_mangle]

@@ -28,7 +28,7 @@
 //!   round's budget, as `select_kept` in Python does.
 
 mod config;
-pub mod memory;
+mod memory;
 pub mod policy;
 pub mod presets;
 mod state;
@@ -200,13 +200,6 @@ impl<'a> Evictor<'a> {
             window: self.r.score.window,
             granularity: self.r.select.granularity,
         }
-    }
-
-    pub fn layers(&self) -> usize {
-        self.r.m.layers
-    }
-    pub fn kv_heads(&self) -> usize {
-        self.r.m.hkv
     }
 
     fn model_bytes(&mut self) -> &mut [u8] {

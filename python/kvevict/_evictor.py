@@ -1,0 +1,199 @@
+"""``kvevict.Evictor``: one object runs a whole model's eviction (``kve_evictor_*``).
+
+It holds the policy (a keep ratio of what is new since the last compression, or a cell
+budget "past ``high``, evict down to ``low``"), per sequence state and, for LaProx, the
+Gram blocks of every layer's ``Wo``; its memory is one numpy buffer it owns.
+"""
+import ctypes
+
+import numpy as np
+
+from ._api import _wo, kept_lists
+from ._core import GRANULARITIES, PRESETS, call, floats, make_tensor, ptr
+from ._lib import (kve_evictor_config, kve_evictor_layer, kve_evictor_requirements,
+                   kve_evictor_stats)
+
+_POLICY_EXPLICIT, _POLICY_KEEP_RATIO, _POLICY_CELLS = 0, 1, 2
+_WO = {0: None, 1: "once", 2: "every-round"}
+
+
+class Evictor:
+    """A whole model's eviction for ``max_seqs`` sequences of at most ``max_cells`` cells.
+
+    - ``preset``: a preset name (``kvevict.PRESET_NAMES``); ``score_params`` /
+      ``select_params`` (:class:`ScoreParams`, :class:`SelectParams`) override its scoring
+      and selection (the selection's budget is the policy's), ``window`` and
+      ``granularity`` ("head", "layer", "token") override those.
+    - model: ``layers, hq, hkv, dk``, ``dv`` (default ``dk``), ``d_model`` (for methods
+      that read ``Wo``: see :attr:`requirements`).
+    - policy, at most one: ``keep_ratio`` (keep ``max(floor(new*ratio), min_keep)`` of the
+      cells new since the last compression, the window inside), ``cells`` (``high`` or
+      ``(high, low)``: past ``high`` cells evict down to ``low``, default ``high - high//8``);
+      neither: the engine's own targets (:meth:`begin`).
+    - ``link_threshold``: value links (``kvevict.LINK_THRESHOLD``) for the selections with
+      a flat forward post-pool (laprox-span, uniqueness).
+
+    A round: :meth:`plan` → :meth:`begin` → :meth:`score_layer` per layer → :meth:`select`
+    → :meth:`kept` / :meth:`kept_cells` / :meth:`evicted_cells` / :meth:`compact` →
+    :meth:`commit`; :meth:`evict` runs one on whole-model tensors.
+    """
+
+    def __init__(self, preset, *, layers, hq, hkv, dk, dv=None, d_model=0, max_cells,
+                 max_seqs=1, keep_ratio=None, min_keep=64, cells=None, window=None,
+                 granularity=None, link_threshold=None, score_params=None, select_params=None):
+        if keep_ratio is not None and cells is not None:
+            raise ValueError("Evictor: give keep_ratio or cells, not both")
+        c = kve_evictor_config()
+        call("kve_evictor_config_init", ctypes.byref(c), ctypes.sizeof(c), PRESETS.encode(preset))
+        c.layers, c.hq, c.hkv, c.dk = layers, hq, hkv, dk
+        c.dv, c.d_model = dk if dv is None else dv, d_model
+        c.max_cells, c.max_seqs = max_cells, max_seqs
+        if keep_ratio is not None:
+            c.policy, c.keep_ratio, c.min_keep = _POLICY_KEEP_RATIO, keep_ratio, min_keep
+        elif cells is not None:
+            high, low = (cells, 0) if np.ndim(cells) == 0 else cells
+            c.policy, c.high, c.low = _POLICY_CELLS, high, low
+        if window is not None:
+            c.window = window
+        if granularity is not None:
+            c.granularity = GRANULARITIES.encode(granularity)
+        if link_threshold is not None:
+            c.link_threshold = link_threshold
+        # the library decodes both structs in kve_evictor_init and keeps no pointer
+        if score_params is not None:
+            c.score = ctypes.addressof(score_params._c)
+        if select_params is not None:
+            c.select = ctypes.addressof(select_params._c)
+        size = ctypes.c_uint64()
+        call("kve_evictor_size", ctypes.byref(c), ctypes.byref(size))
+        self._mem = np.empty(size.value, np.uint8)
+        self._ev = ctypes.c_void_p()
+        call("kve_evictor_init", ptr(self._mem), self._mem.size, ctypes.byref(c),
+             ctypes.byref(self._ev))
+        self.layers, self.hq, self.hkv, self.max_cells = layers, hq, hkv, max_cells
+        r = kve_evictor_requirements()
+        call("kve_evictor_get_requirements", self._ev, ctypes.byref(r), ctypes.sizeof(r))
+        self.requirements = {
+            "queries": bool(r.queries), "values": bool(r.values), "wo": _WO[r.wo],
+            "row_lse_helps": bool(r.row_lse_helps), "window": r.window,
+            "granularity": GRANULARITIES.decode(r.granularity),
+        }
+        """What to capture: ``queries``, ``values``, ``wo`` (None, "once": give it to
+        :meth:`set_output_projection`, "every-round": to :meth:`score_layer`),
+        ``row_lse_helps``, ``window``, ``granularity``."""
+
+    def set_output_projection(self, layer, wo):
+        """``wo`` ``[Hq, dv, D]`` or ``[Hq*dv, D]`` of ``layer`` (methods with ``wo ==
+        "once"``): its Gram blocks are kept, ``wo`` may be dropped."""
+        t = _wo(wo, self.hq, None, "Evictor.set_output_projection")
+        call("kve_evictor_set_output_projection", self._ev, layer, ctypes.byref(t.c))
+
+    def observe_queries(self, seq, layer, queries):
+        """Keep the last ``window`` rows of ``queries`` ``[Hq, c, dk]`` (this ubatch's rows of
+        ``seq`` at ``layer``, in position order), for scoring without queries."""
+        t = make_tensor(queries, "queries")
+        call("kve_evictor_observe_queries", self._ev, seq, layer, ctypes.byref(t.c))
+
+    def plan(self, seq, n_cells):
+        """The cells ``seq`` should hold now that it holds ``n_cells`` (``n_cells``: nothing
+        to do)."""
+        target = ctypes.c_uint64()
+        call("kve_evictor_plan", self._ev, seq, n_cells, ctypes.byref(target))
+        return int(target.value)
+
+    def begin(self, seq, n_cells, target):
+        """Start a round on ``seq``'s ``n_cells`` cells ending at ``target`` cells."""
+        call("kve_evictor_begin", self._ev, seq, n_cells, target)
+
+    def score_layer(self, seq, layer, keys, values=None, queries=None, row_lse=None, wo=None):
+        """Score ``layer`` of the round: ``keys`` / ``values`` ``[Hkv, n, d]``, ``queries``
+        ``[Hq, wq, dk]`` (None: the observed ones), ``row_lse`` ``[Hq, w]``, ``wo`` (methods
+        with ``wo == "every-round"``)."""
+        v = kve_evictor_layer()
+        call("kve_evictor_layer_init", ctypes.byref(v), ctypes.sizeof(v))
+        keep = [make_tensor(keys, "keys")]
+        v.keys = keep[0].c
+        for name, x in (("values", values), ("queries", queries)):
+            if x is not None:
+                keep.append(make_tensor(x, name))
+                setattr(v, name, keep[-1].c)
+        if wo is not None:
+            keep.append(_wo(wo, self.hq, None, "Evictor.score_layer"))
+            v.wo = keep[-1].c
+        if row_lse is not None:
+            keep.append(floats(row_lse, "row_lse"))
+            v.row_lse, v.row_lse_len = ptr(keep[-1]), keep[-1].size
+        call("kve_evictor_score_layer", self._ev, seq, layer, ctypes.byref(v))
+
+    def select(self, seq):
+        """Select the round's kept set once every layer is scored; returns the number of
+        cells some (layer, KV head) keeps."""
+        n = ctypes.c_uint64()
+        call("kve_evictor_select", self._ev, seq, ctypes.byref(n))
+        return int(n.value)
+
+    def _cells(self, fn, seq):
+        out = np.empty(self.max_cells, np.uint32)
+        n = ctypes.c_uint64()
+        call(fn, self._ev, seq, ptr(out), out.size, ctypes.byref(n))
+        return out[: n.value].copy()
+
+    def kept_cells(self, seq):
+        """The cells some (layer, KV head) keeps, ascending uint32."""
+        return self._cells("kve_evictor_kept_cells", seq)
+
+    def evicted_cells(self, seq):
+        """The cells no (layer, KV head) keeps, ascending uint32 (what a shared-cell engine
+        removes)."""
+        return self._cells("kve_evictor_evicted_cells", seq)
+
+    def kept_lists(self, seq):
+        """The selection as ``(offsets, indices)``, as :func:`kvevict.select_model` returns it."""
+        offsets = np.empty(self.layers * self.hkv + 1, np.uint64)
+        indices = np.empty(self.layers * self.hkv * self.max_cells, np.uint32)
+        call("kve_evictor_kept_lists", self._ev, seq, ptr(offsets), offsets.size, ptr(indices),
+             indices.size)
+        return offsets, indices[: offsets[-1]].copy()
+
+    def kept(self, seq):
+        """``kept[l][kh]``: ascending int64 cells per layer and KV head."""
+        return kept_lists(*self.kept_lists(seq), self.layers, self.hkv)
+
+    def compact(self, seq, layer, kv):
+        """Move ``layer``'s kept rows of ``kv`` (``[Hkv, n, d]``, writable) to the front of
+        each head, in place."""
+        t = make_tensor(kv, "kv", writable=True)
+        call("kve_evictor_compact", self._ev, seq, layer, ctypes.byref(t.c))
+
+    def commit(self, seq):
+        """``seq`` now holds the kept cells of its selected round."""
+        call("kve_evictor_commit", self._ev, seq)
+
+    def reset(self, seq):
+        """Forget ``seq``: counters, protection, round, observed queries."""
+        call("kve_evictor_seq_reset", self._ev, seq)
+
+    def stats(self, seq):
+        """``seq``'s counters: cells, protected_cells, evictions, cells_evicted, ragged."""
+        s = kve_evictor_stats()
+        call("kve_evictor_get_stats", self._ev, seq, ctypes.byref(s), ctypes.sizeof(s))
+        return {"cells": s.cells, "protected_cells": s.protected_cells, "evictions": s.evictions,
+                "cells_evicted": s.cells_evicted, "ragged": bool(s.ragged)}
+
+    def evict(self, seq, keys, values=None, queries=None, *, wo=None, target=None):
+        """One round on whole-model tensors (``keys[l]`` ``[Hkv, n, dk]``, ``values[l]``,
+        ``queries[l]`` ``[Hq, wq, dk]``, ``wo[l]`` for "every-round" methods) to ``target``
+        cells (default: :meth:`plan`'s). Returns ``kept[l][kh]``, or None when there is
+        nothing to evict. The caller removes the cells, then calls :meth:`commit`."""
+        n = keys[0].shape[1]
+        target = self.plan(seq, n) if target is None else target
+        if target >= n:
+            return None
+        self.begin(seq, n, target)
+        need = self.requirements
+        for l in range(self.layers):
+            self.score_layer(seq, l, keys[l], values[l] if need["values"] else None,
+                             queries[l] if need["queries"] and queries is not None else None,
+                             wo=wo[l] if need["wo"] == "every-round" else None)
+        self.select(seq)
+        return self.kept(seq)

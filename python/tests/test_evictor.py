@@ -1,0 +1,123 @@
+"""kvevict.Evictor: its kept sets equal select_kept's for every preset (the policy's budget
+being select_kept's keep ratio), with links and overrides; the policies, the query ring,
+compaction and errors."""
+import unittest
+
+import numpy as np
+
+import kvevict as kve
+
+L, HQ, HKV, N, D, DM = 3, 4, 2, 120, 16, 32
+
+
+def model(seed=0, n=N):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((L, HQ, n, D)).astype(np.float32)
+    k = rng.standard_normal((L, HKV, n, D)).astype(np.float32)
+    v = rng.standard_normal((L, HKV, n, D)).astype(np.float32)
+    wo = (rng.standard_normal((L, HQ, D, DM)) / np.sqrt(DM)).astype(np.float32)
+    return q, k, v, wo
+
+
+def evictor(preset, **kw):
+    ev = kve.Evictor(preset, layers=L, hq=HQ, hkv=HKV, dk=D, d_model=DM, max_cells=N, **kw)
+    return ev
+
+
+class EvictorTests(unittest.TestCase):
+    def setUp(self):
+        self.q, self.k, self.v, self.wo = model()
+
+    def assert_same(self, a, b, what):
+        self.assertEqual(len(a), len(b), what)
+        for l in range(L):
+            for h in range(HKV):
+                np.testing.assert_array_equal(a[l][h], b[l][h], f"{what} layer {l} head {h}")
+
+    def run_evictor(self, ev):
+        if ev.requirements["wo"] == "once":
+            for l in range(L):
+                ev.set_output_projection(l, self.wo[l])
+        return ev.evict(0, self.k, self.v, self.q, wo=self.wo)
+
+    def test_every_preset_equals_select_kept(self):
+        self.assertEqual(kve.PRESET_NAMES, ("snapkv", "snapkv-kvpress", "lava", "laprox",
+                                            "laprox-span", "criticalkv", "streamingllm", "knorm",
+                                            "tova", "uniqueness"))
+        for name in kve.PRESET_NAMES:
+            for ratio in (0.3, 0.7):
+                ev = evictor(name, keep_ratio=ratio, min_keep=0)
+                kept = self.run_evictor(ev)
+                want = kve.select_kept(name, self.q, self.k, self.v, self.wo, keep_ratio=ratio)
+                self.assert_same(kept, want, f"{name} {ratio}")
+                ev.commit(0)
+                st = ev.stats(0)
+                self.assertEqual(st["evictions"], 1)
+                self.assertEqual(st["cells"], max(len(a) for row in kept for a in row), name)
+
+    def test_links_granularity_and_params_equal_select_kept(self):
+        ev = evictor("laprox-span", keep_ratio=0.2, min_keep=0, link_threshold=kve.LINK_THRESHOLD)
+        want = kve.select_kept("laprox-span", self.q, self.k, self.v, self.wo, keep_ratio=0.2,
+                               value_links=kve.LINK_THRESHOLD)
+        self.assert_same(self.run_evictor(ev), want, "links")
+        ev = evictor("snapkv", keep_ratio=0.4, min_keep=0, granularity="layer", window=8)
+        want = kve.select_kept("snapkv", self.q, self.k, keep_ratio=0.4, granularity="layer", window=8)
+        self.assert_same(self.run_evictor(ev), want, "granularity")
+        sp = kve.ScoreParams.preset("lava", pool_kernel=3, window=16)
+        sel = kve.SelectParams("ada", "head")
+        ev = evictor("snapkv", keep_ratio=0.5, min_keep=0, score_params=sp, select_params=sel)
+        want = kve.select_kept(sp, self.q, self.k, self.v, keep_ratio=0.5, select_params=sel)
+        self.assert_same(self.run_evictor(ev), want, "params")
+
+    def test_default_selection_comes_from_the_library(self):
+        self.assertEqual(kve.DEFAULT_ALLOCATOR["lava"], "lava")
+        self.assertEqual(kve.DEFAULT_ALLOCATOR["laprox"], "global")
+        self.assertEqual(kve.DEFAULT_ALLOCATOR["snapkv"], "uniform")
+        self.assertEqual(kve.SelectParams.preset("uniqueness", 7), kve.SelectParams.laprox_span(7))
+        self.assertEqual(evictor("laprox-span").requirements,
+                         {"queries": True, "values": True, "wo": "once", "row_lse_helps": True,
+                          "window": 8, "granularity": "token"})
+        self.assertEqual(evictor("criticalkv").requirements["wo"], "every-round")
+
+    def test_ring_policies_and_compaction(self):
+        ev = evictor("snapkv", keep_ratio=0.5, min_keep=8, window=8, granularity="token")
+        for l in range(L):  # a prefill observed in two chunks; scoring then reads the ring
+            ev.observe_queries(0, l, self.q[l][:, :100])
+            ev.observe_queries(0, l, self.q[l][:, 100:])
+        kept = ev.evict(0, self.k, self.v)
+        want = kve.select_kept("snapkv", self.q, self.k, keep_ratio=0.5, window=8,
+                               granularity="token")
+        self.assert_same(kept, want, "ring")
+        cells = ev.kept_cells(0)
+        np.testing.assert_array_equal(cells, want[0][0])
+        gone = ev.evicted_cells(0)
+        self.assertEqual(len(cells) + len(gone), N)
+        k = self.k[1].copy()
+        ev.compact(0, 1, k)
+        np.testing.assert_array_equal(k[:, :len(cells)], self.k[1][:, cells])
+        ev.commit(0)
+        # the 60 kept are protected: 20 new cells keep max(10, 8)
+        self.assertEqual(ev.plan(0, 80), 70)
+        self.assertEqual(ev.stats(0)["protected_cells"], 60)
+        cells_ev = evictor("knorm", cells=(100, 90))
+        self.assertEqual((cells_ev.plan(0, 100), cells_ev.plan(0, 101)), (100, 90))
+
+    def test_errors(self):
+        ev = evictor("snapkv")
+        with self.assertRaises(kve.KvevictError) as e:
+            ev.select(0)  # no round
+        self.assertEqual(e.exception.name, "KVE_ERR_INVALID_ARGUMENT")
+        with self.assertRaises(kve.KvevictError) as e:
+            ev.begin(0, N + 1, 10)
+        self.assertEqual(e.exception.name, "KVE_ERR_INVALID_ARGUMENT")
+        with self.assertRaises(ValueError):
+            kve.Evictor("snapkv", layers=1, hq=1, hkv=1, dk=4, max_cells=8, keep_ratio=0.5, cells=4)
+        with self.assertRaises(kve.KvevictError) as e:
+            kve.Evictor("knorm", layers=1, hq=3, hkv=2, dk=4, max_cells=8)
+        self.assertEqual(e.exception.name, "KVE_ERR_SHAPE_MISMATCH")
+        with self.assertRaises(ValueError):
+            kve.Evictor("no-such-method", layers=1, hq=1, hkv=1, dk=4, max_cells=8)
+
+
+if __name__ == "__main__":
+    unittest.main()
