@@ -94,7 +94,8 @@ def run(cmd, **kw):
 
 def check_quickstarts():
     bad, tmp = [], tempfile.mkdtemp(prefix="kvevict-docs-")
-    lib = os.path.join(ROOT, "target", "release")
+    tdir = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    lib = os.path.join(tdir, "release")
     c = os.path.join(tmp, "qs.c")
     open(c, "w").write(block("c"))
     exe = os.path.join(tmp, "qs_c")
@@ -109,7 +110,7 @@ def check_quickstarts():
         f'[dependencies]\nkvevict = {{ path = "{ROOT}" }}\n'
         '[profile.release]\npanic = "abort"\ndebug = 1\ncodegen-units = 4\n')
     open(os.path.join(crate, "src", "main.rs"), "w").write(block("rust"))
-    env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(ROOT, "target"))
+    env = dict(os.environ, CARGO_TARGET_DIR=tdir)
     bad += run(["cargo", "run", "--quiet", "--release", "--manifest-path",
                 os.path.join(crate, "Cargo.toml")], env=env)
     py = os.path.join(tmp, "qs.py")
