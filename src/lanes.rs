@@ -45,7 +45,7 @@ pub(crate) fn fma1(a: f32, b: f32, c: f32) -> f32 {
 pub(crate) unsafe fn fused<S: Simd>(a: S::V, b: S::V, c: S::V) -> S::V {
     // SAFETY: the caller's contract; the lanes go through local arrays
     unsafe {
-        if S::AVX2 {
+        if S::FUSED {
             return S::fma(a, b, c);
         }
         let (mut x, mut y, mut z) = ([0f32; 8], [0f32; 8], [0f32; 8]);
@@ -345,6 +345,10 @@ pub(crate) mod tests {
             }
         }
         run::<Portable>(false);
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if crate::numerics::has_neon() {
+            run::<crate::numerics::Neon>(true)
+        }
         #[cfg(target_arch = "x86_64")]
         if crate::numerics::has_avx2() {
             #[target_feature(enable = "avx2,fma,f16c")]

@@ -33,7 +33,9 @@
 //! exactly; every variant keeps the same operations in the same order (same bits).
 
 use crate::error::{Error, Result};
-use crate::numerics::{all_finite, dot_v, exp_neg, hsum8, sum_v, Simd};
+use crate::numerics::{
+    all_finite, dot_v, exp_neg, hsum8, prefetch_line, prefetch_rows, sum_v, Simd,
+};
 // the window pass takes the AVX-512 build of its kernels where there is one
 #[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
 use crate::numerics::dispatch as dispatch_wide;
@@ -192,39 +194,27 @@ pub(crate) fn load_keys<S: Simd>(
 /// (Llama-3-8B at 32k: ~13 % of the window pass). A hint only.
 #[inline(always)]
 pub(crate) fn prefetch_keys(keys: &View, kh: usize, c0: usize, nt: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let [_, n, dk] = keys.extent();
-        let st = keys.stride();
-        let es = keys.dtype().size();
-        // f32 rows are read in place by the kernel, which the hardware prefetcher follows
-        // (a software prefetch measured slower there)
-        if keys.dtype() == DType::F32 || st[2] != 1 || c0 >= n {
-            return;
-        }
-        let t1 = (c0 + nt).min(n);
-        // dense rows: one span; else row by row (first and last byte of each row included)
-        let (rows, span) = if st[1] == dk {
-            (1, (t1 - c0) * dk * es)
-        } else {
-            (t1 - c0, dk * es)
-        };
-        let base = keys.byte_range().0 + (kh * st[0] + c0 * st[1]) * es;
-        for r in 0..rows {
-            let p = base + r * st[1] * es;
-            let mut o = 0;
-            while o < span {
-                // SAFETY: a prefetch never faults; the address is only a hint.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>((p + o) as *const i8) };
-                o += 64;
-            }
-            // SAFETY: a prefetch never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>((p + span - 1) as *const i8) };
-        }
+    let [_, n, dk] = keys.extent();
+    let st = keys.stride();
+    let es = keys.dtype().size();
+    // f32 rows are read in place by the kernel, which the hardware prefetcher follows
+    // (a software prefetch measured slower there)
+    if keys.dtype() == DType::F32 || st[2] != 1 || c0 >= n {
+        return;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (keys, kh, c0, nt);
+    let t1 = (c0 + nt).min(n);
+    // dense rows: one span; else row by row (first and last byte of each row included)
+    let (rows, span) = if st[1] == dk {
+        (1, (t1 - c0) * dk * es)
+    } else {
+        (t1 - c0, dk * es)
+    };
+    let base = (keys.byte_range().0 as *const u8).wrapping_add((kh * st[0] + c0 * st[1]) * es);
+    for r in 0..rows {
+        let p = base.wrapping_add(r * st[1] * es);
+        prefetch_rows(p, 0, span, 1);
+        prefetch_line(p.wrapping_add(span - 1));
+    }
 }
 
 /// `c[t][r0..r0+16] = Σ_d k[t][d]·q[d][0..16]` for `KT` keys; `bad` gains a NaN lane when
