@@ -51,20 +51,9 @@ const PF_AHEAD: usize = 48;
 /// Keys per chunk (a multiple of [`KT`]).
 pub(crate) const CHUNK: usize = 96;
 
-/// Which statistics a scorer needs.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Needs {
-    pub sum: bool,
-    pub sq: bool,
-    pub cross: bool,
-}
-
-/// Per-group outputs, each `[rows][P]` row-major; `cross` rows are pairs `a < b` in order.
-pub(crate) struct Stats<'s> {
-    pub sum: &'s mut [f32],
-    pub sq: &'s mut [f32],
-    pub cross: &'s mut [f32],
-}
+// what the pass computes and where it goes, in their own module: the AVX-512 pass 2
+// (`softmax512`) takes them too, without importing this module back
+pub(crate) use crate::colstats::{Needs, Stats};
 
 pub(crate) fn pairs(g: usize) -> usize {
     g * (g - 1) / 2
