@@ -684,6 +684,27 @@ pub(crate) fn has_avx2() -> bool {
     }
 }
 
+/// Which kernel build the scorers take on this machine (in this process): `"AVX-512"` (the
+/// window pass, TOVA and KNorm on 16 lanes, the rest AVX2), `"AVX2"` (AVX2 + FMA + F16C,
+/// detected at run time; `KVEVICT_NO_AVX512` set, or no AVX-512), `"NEON"` (AArch64), or
+/// `"portable"` (no vector build for the CPU, or `KVEVICT_PORTABLE` set). Benchmarks print it
+/// beside their numbers.
+pub fn kernel_name() -> &'static str {
+    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    if has_avx2() {
+        #[cfg(kvevict_avx512)]
+        if crate::gemm512::available() {
+            return "AVX-512";
+        }
+        return "AVX2";
+    }
+    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+    if has_neon() {
+        return "NEON";
+    }
+    "portable"
+}
+
 /// Run `$body` with `$S` bound to the best [`Simd`] the CPU has: `Avx2` inside a function
 /// compiled with those target features when detected (x86_64 with `std`), `Neon` on AArch64
 /// (compile time), else [`Portable`].
