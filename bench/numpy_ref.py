@@ -371,8 +371,10 @@ def run_rust(binary, case_dir, reps, scorers):
     res, read = {}, None
     for line in out.splitlines():
         if line.startswith("RESULT\t"):
-            _, case, name, w, tmin, _tmed, cmin = line.split("\t")
-            res[name] = (int(w), float(tmin), float(cmin))
+            f = line.split("\t")
+            _, case, name, w, tmin, _tmed, cmin = f[:7]
+            # the kernel build that ran (AVX-512, AVX2, NEON, portable); older binaries: "?"
+            res[name] = (int(w), float(tmin), float(cmin), f[7] if len(f) > 7 else "?")
         elif line.startswith("READ\t"):
             _, case, nbytes, cmin, kind = line.split("\t")
             read = (int(nbytes) / float(cmin), kind)
@@ -416,18 +418,19 @@ def main():
                 print(f"  {case:<12} bounds: read of the keys {rd / 1e9:.1f} GB/s (numpy "
                       f"{nrd / 1e9:.1f}, bench_cpu's loops {ours}), sgemv {gv / 1e9:.1f} GFLOP/s",
                       flush=True)
-            for name, (w, tmin, cmin) in rust.items():
+            for name, (w, tmin, cmin, kern) in rust.items():
                 # `+lse` rows: numpy gets the rows' LSE too, made here, outside the timing
                 cc = dict(c, lse={w: row_lse(c, w)}) if name.endswith("+lse") else c
                 t_np, c_np, ref = timed(lambda: score(cc, name), args.np_reps)
                 if r == 0:
                     ours = np.fromfile(os.path.join(cdir, f"scores_{name}.bin"), dtype=F32)
                     errs[(case, name)] = rel_diff(ours.reshape(c["hkv"], -1), ref)
-                b = best.setdefault((case, name), dict(w=w, c=c, rw=1e9, rc=1e9, nw=1e9, nc=1e9))
+                b = best.setdefault((case, name), dict(w=w, c=c, rw=1e9, rc=1e9, nw=1e9, nc=1e9,
+                                                       k=kern))
                 b.update(rw=min(b["rw"], tmin), rc=min(b["rc"], cmin),
                          nw=min(b["nw"], t_np), nc=min(b["nc"], c_np), c=c)
                 print(
-                    f"  {case:<12} {name:<15} w={w:<3} rust cpu {cmin * 1e3:9.2f} ms (wall {tmin * 1e3:9.2f})"
+                    f"  {case:<12} {name:<15} w={w:<3} [{kern}] rust cpu {cmin * 1e3:9.2f} ms (wall {tmin * 1e3:9.2f})"
                     f"  numpy cpu {c_np * 1e3:9.2f} ms (wall {t_np * 1e3:9.2f})"
                     f"  x{c_np / cmin:6.2f}  max rel diff {errs[(case, name)]:.1e}",
                     flush=True,
@@ -444,9 +447,9 @@ def main():
         print(f"Bounds, {case} (best round): read of the key buffer {rd / 1e9:.1f} GB/s, "
               f"TOVA-shaped sgemv {gv / 1e9:.1f} GFLOP/s.")
     print()
-    print("| model shape | N | scorer | w | time (ms) | wall (ms) | Mtok/s | GFLOP/s | % of sgemm "
-          "| % of bound | Gexp/s | numpy (ms) | vs numpy | max rel diff |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model shape | N | scorer | kernel | w | time (ms) | wall (ms) | Mtok/s | GFLOP/s "
+          "| % of sgemm | % of bound | Gexp/s | numpy (ms) | vs numpy | max rel diff |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for (case, name), b in sorted(best.items(), key=lambda kv: (case_order(kv[0][0]),)):
         c, t = b["c"], b["rc"]
         f, nexp = flops(c, name)
@@ -456,11 +459,13 @@ def main():
         pct = f"{100 * gf / gemm:.0f}%" if f else "–"
         gexp = f"{nexp / t / 1e9:.2f}" if nexp else "–"
         bnd = bound_shares(c, name, t, bounds[case]) if case in bounds else "–"
-        print(f"| {shape} | {c['n'] // 1024}k | {name} | {b['w']} | {t * 1e3:.2f} | {b['rw'] * 1e3:.2f} "
+        print(f"| {shape} | {c['n'] // 1024}k | {name} | {b['k']} | {b['w']} | {t * 1e3:.2f} | {b['rw'] * 1e3:.2f} "
               f"| {c['n'] / t / 1e6:.2f} | {gfs} | {pct} | {bnd} | {gexp} | {b['nc'] * 1e3:.2f} "
               f"| {b['nc'] / t:.2f}× | {errs[(case, name)]:.0e} |")
     print()
-    print("time: thread CPU time of one `score_layer` call (one layer, one thread); numpy: the "
+    print("kernel: the kernel build the scorer ran on (AVX-512, AVX2, NEON or portable; "
+          "`KVEVICT_NO_AVX512=1` / `KVEVICT_PORTABLE=1` choose the others). "
+          "time: thread CPU time of one `score_layer` call (one layer, one thread); numpy: the "
           "same for the numpy version. Mtok/s: N / time. GFLOP/s counts useful work only: "
           "2·Hq·w·N·dk for one Q·Kᵀ (the core computes it once when a KV group's g·w·N·4 bytes "
           "of logits fit 16 MiB, else twice: row max/denominator, then column statistics), plus 2·dv²+2·dv per query head and prefix token for LaProx's "

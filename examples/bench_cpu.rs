@@ -6,6 +6,7 @@
 //!
 //!   cargo run --release --example bench_cpu -- [--reps 5] [--n 4096,32768]
 //!       [--shapes smol,llama] [--scorers snapkv,laprox,...] [--dump DIR] [--load CASEDIR]
+//!   cargo run --release --example bench_cpu -- --arm    # what to run on an ARM machine
 //!
 //! With `--dump DIR` the inputs (and our scores) go to `DIR/<shape>-<N>/` (raw little-endian
 //! arrays, described by `meta.txt`); `--reps 0` only makes and dumps them. `--load CASEDIR`
@@ -228,7 +229,7 @@ fn config(full: &str, p: usize) -> ScoreConfig {
 
 /// CPU time of the calling thread (Linux), seconds; wall time elsewhere. Under a shared
 /// machine it leaves out the time the thread waited for a core.
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", target_os = "macos"))]
 fn thread_cpu_s() -> f64 {
     #[repr(C)]
     struct Timespec {
@@ -238,12 +239,14 @@ fn thread_cpu_s() -> f64 {
     extern "C" {
         fn clock_gettime(clk: i32, ts: *mut Timespec) -> i32;
     }
+    // CLOCK_THREAD_CPUTIME_ID: 3 on Linux, 16 on macOS
+    const CLK: i32 = if cfg!(target_os = "macos") { 16 } else { 3 };
     let mut ts = Timespec { sec: 0, nsec: 0 };
-    // SAFETY: plain libc call; 3 = CLOCK_THREAD_CPUTIME_ID on Linux.
-    unsafe { clock_gettime(3, &mut ts) };
+    // SAFETY: plain libc call with a valid clock id and a timespec to fill.
+    unsafe { clock_gettime(CLK, &mut ts) };
     ts.sec as f64 + ts.nsec as f64 * 1e-9
 }
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
 fn thread_cpu_s() -> f64 {
     use std::sync::OnceLock;
     static T0: OnceLock<Instant> = OnceLock::new();
@@ -560,7 +563,8 @@ fn run_read(case: &str, c: &Case, reps: usize) {
 }
 
 /// Time every scorer on one case; print a human line and a `RESULT` line per scorer
-/// (tab-separated: case, scorer, window, min wall s, median wall s, min thread-CPU s), and
+/// (tab-separated: case, scorer, window, min wall s, median wall s, min thread-CPU s, the
+/// kernel build that ran: AVX-512, AVX2, NEON or portable), and
 /// with `out_dir` write the scores to `out_dir/scores_<scorer>.bin`.
 fn bench_case(case: &str, c: &Case, scorers: &[String], reps: usize, out_dir: Option<&Path>) {
     for name in scorers {
@@ -577,23 +581,54 @@ fn bench_case(case: &str, c: &Case, scorers: &[String], reps: usize, out_dir: Op
         sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let (tmin, tmed) = (sorted[0], sorted[sorted.len() / 2]);
         let cmin = times.cpu.iter().cloned().fold(f64::INFINITY, f64::min);
+        let kernel = kvevict::numerics::kernel_name();
         println!(
-            "{case:<12} {name:<15} w={:<3} min {:>9.3} ms  median {:>9.3} ms  cpu {:>9.3} ms  {:>8.3} Mtok/s",
+            "{case:<12} {name:<15} w={:<3} min {:>9.3} ms  median {:>9.3} ms  cpu {:>9.3} ms  {:>8.3} Mtok/s  [{kernel}]",
             window,
             tmin * 1e3,
             tmed * 1e3,
             cmin * 1e3,
             c.n as f64 / cmin / 1e6
         );
-        println!("RESULT\t{case}\t{name}\t{window}\t{tmin:.6}\t{tmed:.6}\t{cmin:.6}");
+        println!("RESULT\t{case}\t{name}\t{window}\t{tmin:.6}\t{tmed:.6}\t{cmin:.6}\t{kernel}");
         if let Some(d) = out_dir {
             fs::write(d.join(format!("scores_{name}.bin")), f32_bytes(&out)).unwrap();
         }
     }
 }
 
+/// `--arm`: what to run on an ARM machine (this benchmark cannot measure NEON speed on x86:
+/// qemu emulates it).
+const ARM_HOWTO: &str = "\
+On AArch64 (Apple Silicon, Graviton, Ampere, Raspberry Pi 5) the scorers take the NEON
+kernels, chosen at compile time (NEON is part of the AArch64 base architecture; the same
+operations per lane as AVX2, so the same scores bit for bit). Speed on ARM is not measured by
+this project's CI (x86 only: it runs the NEON tests under qemu-user, which emulates). To
+measure it, on the ARM machine, from a checkout of the repository:
+
+  rustup default stable                       # Rust >= 1.75 (cargo build needs no other setup)
+  python3 -m venv .venv-bench                 # the script makes it itself when missing
+  scripts/bench_cpu.sh --rounds 3 --n 4096    # ~5 min; add 32768 to --n for long caches
+  KVEVICT_PORTABLE=1 scripts/bench_cpu.sh --rounds 2 --n 4096 --scorers snapkv,tova,knorm
+                                              # the portable kernels, for comparison
+
+Every row of the table names the kernel that ran (its `kernel` column): NEON there, portable
+with KVEVICT_PORTABLE=1. The `% of sgemm` column is against numpy's single-thread sgemm
+measured in the same run (OpenBLAS, or Accelerate on macOS), so rows compare across machines.
+On macOS use `scripts/bench_cpu.sh` the same way (thread CPU time on Linux and macOS).
+Please send the table with the machine's name (`lscpu` or `sysctl -n machdep.cpu.brand_string`).";
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--arm") {
+        println!("{ARM_HOWTO}");
+        println!(
+            "\nThis machine: {} ({} kernels).",
+            std::env::consts::ARCH,
+            kvevict::numerics::kernel_name()
+        );
+        return;
+    }
     let reps: usize = arg_list(&args, "--reps", &["5"])[0].parse().unwrap();
     let ns: Vec<usize> = arg_list(&args, "--n", &["4096", "32768"])
         .iter()

@@ -12,6 +12,10 @@
 #
 #   scripts/bench_cpu.sh [--rounds 3] [--reps 5] [--np-reps 3] [--n 4096,32768]
 #                        [--shapes smol,llama] [--scorers snapkv,laprox,...]
+#   scripts/bench_cpu.sh --arm     # what to run on an ARM machine (prints it, runs nothing)
+#
+# Every row names the kernel build that ran (AVX-512, AVX2, NEON, portable);
+# KVEVICT_NO_AVX512=1 measures AVX2 on an AVX-512 machine, KVEVICT_PORTABLE=1 the portable one.
 #
 # The machine may be shared: times are thread CPU time, minimum over --rounds rounds of
 # --reps (Rust) / --np-reps (numpy) runs, the two alternating case by case.
@@ -32,6 +36,7 @@ while [ $# -gt 0 ]; do
     --np-reps) NP_REPS=$2; shift 2 ;;
     --scorers) SCORERS=$2; shift 2 ;;
     --n|--shapes) RUST_ARGS+=("$1" "$2"); shift 2 ;;
+    --arm) cargo run -q --release --example bench_cpu -- --arm; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -951,6 +951,10 @@ mod tests {
             for sym in [false, true] {
                 for f16 in [false, true] {
                     check::<crate::numerics::Portable>(dv, sym, f16);
+                    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+                    if crate::numerics::has_neon() {
+                        check::<crate::numerics::Neon>(dv, sym, f16);
+                    }
                     #[cfg(target_arch = "x86_64")]
                     if crate::numerics::has_avx2() {
                         check::<crate::numerics::Avx2>(dv, sym, f16);
@@ -1118,6 +1122,11 @@ mod tests {
                 load_rows::<crate::numerics::Portable>(&vr, kh, 1, mt, &mut a);
                 load_value_rows::<crate::numerics::Portable>(&vt, kh, 1, mt, &mut b);
                 assert_eq!(a[..mt * dv], b[..mt * dv]);
+                #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+                if crate::numerics::has_neon() {
+                    load_value_rows::<crate::numerics::Neon>(&vt, kh, 1, mt, &mut b);
+                    assert_eq!(a[..mt * dv], b[..mt * dv]);
+                }
                 #[cfg(all(feature = "std", target_arch = "x86_64"))]
                 if crate::numerics::has_avx2() {
                     // SAFETY: the CPU has AVX2, FMA and F16C (checked above).

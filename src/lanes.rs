@@ -45,7 +45,7 @@ pub(crate) fn fma1(a: f32, b: f32, c: f32) -> f32 {
 pub(crate) unsafe fn fused<S: Simd>(a: S::V, b: S::V, c: S::V) -> S::V {
     // SAFETY: the caller's contract; the lanes go through local arrays
     unsafe {
-        if S::AVX2 {
+        if S::FUSED {
             return S::fma(a, b, c);
         }
         let (mut x, mut y, mut z) = ([0f32; 8], [0f32; 8], [0f32; 8]);
@@ -90,9 +90,24 @@ pub(crate) unsafe fn row_squares<S: Simd>(x: &[f32]) -> f32 {
 /// `S`'s CPU features are present and elements `d .. min(d + 16, dk)` of `k` are readable.
 #[inline(always)]
 unsafe fn halves<S: Simd, const F16: bool>(k: *const u8, d: usize, dk: usize) -> [S::V; 2] {
+    // SAFETY: the caller's contract is `halves_of`'s
+    unsafe { halves_of::<S, F16, false>(k, d, dk) }
+}
+
+/// [`halves`]; `FULL`: the caller knows `dk` is a multiple of 16 (no tail to test for: the
+/// hot loops of 64- and 128-dim heads then keep their pointers in registers).
+///
+/// # Safety
+/// As [`halves`].
+#[inline(always)]
+unsafe fn halves_of<S: Simd, const F16: bool, const FULL: bool>(
+    k: *const u8,
+    d: usize,
+    dk: usize,
+) -> [S::V; 2] {
     // SAFETY: the caller's contract; a whole chunk is read in place, a partial one through a copy
     unsafe {
-        if d + 16 <= dk {
+        if FULL || d + 16 <= dk {
             return [load_key::<S, F16>(k, d), load_key::<S, F16>(k, d + 8)];
         }
         let mut t = [0f32; 16];
@@ -115,6 +130,27 @@ pub(crate) unsafe fn squares8<S: Simd, const F16: bool>(
     dk: usize,
     out: &mut [f32; 8],
 ) {
+    // SAFETY: the caller's contract is `squares8_of`'s
+    unsafe {
+        if dk % 16 == 0 {
+            squares8_of::<S, F16, true>(k, ld, dk, out)
+        } else {
+            squares8_of::<S, F16, false>(k, ld, dk, out)
+        }
+    }
+}
+
+/// [`squares8`] (`FULL`: `dk` is a multiple of 16).
+///
+/// # Safety
+/// As [`squares8`].
+#[inline(always)]
+unsafe fn squares8_of<S: Simd, const F16: bool, const FULL: bool>(
+    k: *const u8,
+    ld: usize,
+    dk: usize,
+    out: &mut [f32; 8],
+) {
     let es = if F16 { 2 } else { 4 };
     // SAFETY: every row read is one of the 8 of this fn's contract
     unsafe {
@@ -124,7 +160,7 @@ pub(crate) unsafe fn squares8<S: Simd, const F16: bool>(
             let mut h = [S::zero(); 2];
             let mut d = 0;
             while d < dk {
-                let x = halves::<S, F16>(row, d, dk);
+                let x = halves_of::<S, F16, FULL>(row, d, dk);
                 for (h, x) in h.iter_mut().zip(x) {
                     *h = fused::<S>(x, x, *h);
                 }
@@ -152,6 +188,29 @@ pub(crate) unsafe fn dots8<S: Simd, const RA: usize, const F16: bool>(
     z: *mut f32,
     zld: usize,
 ) -> [S::V; RA] {
+    // SAFETY: the caller's contract is `dots8_of`'s
+    unsafe {
+        if dk % 16 == 0 {
+            dots8_of::<S, RA, F16, true>(k, ld, dk, q, z, zld)
+        } else {
+            dots8_of::<S, RA, F16, false>(k, ld, dk, q, z, zld)
+        }
+    }
+}
+
+/// [`dots8`] (`FULL`: `dk` is a multiple of 16).
+///
+/// # Safety
+/// As [`dots8`].
+#[inline(always)]
+unsafe fn dots8_of<S: Simd, const RA: usize, const F16: bool, const FULL: bool>(
+    k: *const u8,
+    ld: usize,
+    dk: usize,
+    q: *const f32,
+    z: *mut f32,
+    zld: usize,
+) -> [S::V; RA] {
     let es = if F16 { 2 } else { 4 };
     // SAFETY: every row read is one of this fn's contract, every store inside `z`'s rows
     unsafe {
@@ -161,9 +220,9 @@ pub(crate) unsafe fn dots8<S: Simd, const RA: usize, const F16: bool>(
             let mut h = [[S::zero(); 2]; RA];
             let mut d = 0;
             while d < dk {
-                let x = halves::<S, F16>(row, d, dk);
+                let x = halves_of::<S, F16, FULL>(row, d, dk);
                 for (a, h) in h.iter_mut().enumerate() {
-                    let qa = halves::<S, false>(q.add(a * dk) as *const u8, d, dk);
+                    let qa = halves_of::<S, false, FULL>(q.add(a * dk) as *const u8, d, dk);
                     for i in 0..2 {
                         h[i] = S::fma(x[i], qa[i], h[i]);
                     }
@@ -345,6 +404,10 @@ pub(crate) mod tests {
             }
         }
         run::<Portable>(false);
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if crate::numerics::has_neon() {
+            run::<crate::numerics::Neon>(true)
+        }
         #[cfg(target_arch = "x86_64")]
         if crate::numerics::has_avx2() {
             #[target_feature(enable = "avx2,fma,f16c")]

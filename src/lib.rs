@@ -17,6 +17,7 @@ extern crate std;
 
 pub mod budget;
 pub mod capi;
+mod colstats;
 pub mod compact;
 pub mod config;
 /// Raw launchers of cuda/ (kvevict_cuda.h); the public header declares the kve_cuda_*

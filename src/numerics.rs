@@ -3,7 +3,8 @@
 //! carver in `workspace`. Kernels (here, in
 //! `window` and `gram`) are written once as `#[inline(always)]` generics over `Simd` and
 //! instantiated twice by `dispatch!`: a portable build, and an AVX2+FMA+F16C build chosen
-//! at run time when `std` can detect it (`KVEVICT_PORTABLE=1` forces the portable one).
+//! at run time when `std` can detect it, or on AArch64 a NEON build (NEON is part of the
+//! base architecture; the same bits as AVX2). `KVEVICT_PORTABLE=1` forces the portable one.
 
 /// exp(x) for finite x <= 0 (softmax after max subtraction); 0 below -87.3.
 /// Cody–Waite range reduction and a degree-6 polynomial: about 2 ulp. Branch-free and
@@ -36,9 +37,11 @@ pub fn exp_neg(x: f32) -> f32 {
 }
 
 /// 8-lane vector operations the hot loops are written with, once, as `#[inline(always)]`
-/// generics: [`Portable`] (plain arrays, whatever the target vectorises them to) and, on
-/// x86_64 with `std` (run-time detection), `Avx2` (AVX2 + FMA + F16C intrinsics). Both are
-/// deterministic; they differ from each other in rounding (FMA contracts `a·b + c`).
+/// generics: [`Portable`] (plain arrays, whatever the target vectorises them to), on
+/// x86_64 with `std` (run-time detection) `Avx2` (AVX2 + FMA + F16C intrinsics), and on
+/// AArch64 `Neon` (two 4-lane registers, the same operations per lane as `Avx2`: the same
+/// bits). All are deterministic; the portable one differs from the others in rounding (FMA
+/// contracts `a·b + c`).
 ///
 /// # Safety
 /// Every method, and every `unsafe fn` generic over `S: Simd`, may only run where `S`'s
@@ -54,6 +57,9 @@ pub(crate) trait Simd: Copy {
         allow(dead_code)
     )]
     const AVX2: bool = false;
+    /// True where [`Simd::fma`] rounds once (AVX2's FMA, NEON's FMLA); the portable
+    /// kernels round the product and the sum separately.
+    const FUSED: bool = Self::AVX2;
     unsafe fn zero() -> Self::V;
     unsafe fn splat(x: f32) -> Self::V;
     /// Unaligned load / store of 8 floats.
@@ -440,6 +446,223 @@ mod avx2 {
     }
 }
 
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+pub(crate) use neon::Neon;
+
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+mod neon {
+    use super::Simd;
+    use core::arch::aarch64::*;
+
+    /// AArch64 Advanced SIMD (NEON): an 8-lane vector as two 4-lane registers (lanes 0-3,
+    /// 4-7), every operation [`super::Avx2`]'s per lane (fused multiply-adds, the same exp
+    /// steps, `hsum`'s tree), so the same bits. NEON is part of the AArch64 base
+    /// architecture: chosen at compile time ([`super::has_neon`]).
+    #[derive(Clone, Copy)]
+    pub(crate) struct Neon;
+
+    /// `Simd` methods applying a 4-lane function to both halves of their vectors.
+    macro_rules! lanewise {
+        ($($name:ident($($a:ident),+) => $f:ident;)*) => {$(
+            #[inline(always)]
+            unsafe fn $name($($a: [float32x4_t; 2]),+) -> [float32x4_t; 2] {
+                // SAFETY: NEON is present (the `Simd` contract); registers only
+                unsafe { [$f($($a[0]),+), $f($($a[1]),+)] }
+            }
+        )*};
+    }
+
+    /// `if b > a { b } else { a }` (Avx2's `vmaxps(b, a)`: NaN in `b` ignored, ±0 keep `a`).
+    #[inline(always)]
+    unsafe fn max4(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON is present (the `Simd` contract); registers only
+        unsafe { vbslq_f32(vcgtq_f32(b, a), b, a) }
+    }
+
+    /// `if b < a { b } else { a }`.
+    #[inline(always)]
+    unsafe fn min4(a: float32x4_t, b: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON is present (the `Simd` contract); registers only
+        unsafe { vbslq_f32(vcltq_f32(b, a), b, a) }
+    }
+
+    /// `numerics::exp_neg` on 4 lanes, the steps of `Avx2::exp_neg`.
+    #[inline(always)]
+    unsafe fn exp4(x: float32x4_t) -> float32x4_t {
+        // SAFETY: NEON is present (the `Simd` contract); registers only
+        unsafe {
+            let lo = vdupq_n_f32(-87.0);
+            // x < -87 ? -87 : x (NaN kept)
+            let xc = vbslq_f32(vcltq_f32(x, lo), lo, x);
+            let t = vfmaq_f32(vdupq_n_f32(0.5), xc, vdupq_n_f32(core::f32::consts::LOG2_E));
+            let n = vrndmq_f32(t);
+            let r = vfmsq_f32(xc, n, vdupq_n_f32(0.693_359_4));
+            let r = vfmsq_f32(r, n, vdupq_n_f32(-2.121_944_4e-4));
+            let mut p = vdupq_n_f32(1.987_569_1e-4);
+            for c in [
+                1.398_199_9e-3,
+                8.333_452e-3,
+                4.166_579_6e-2,
+                1.666_666_5e-1,
+                5.000_000_1e-1,
+            ] {
+                p = vfmaq_f32(vdupq_n_f32(c), p, r);
+            }
+            let p = vfmaq_f32(r, vmulq_f32(p, r), r);
+            let p = vaddq_f32(p, vdupq_n_f32(1.0));
+            let e = vshlq_n_s32::<23>(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)));
+            let y = vmulq_f32(p, vreinterpretq_f32_s32(e));
+            let under = vcltq_f32(x, vdupq_n_f32(-87.3));
+            vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), under))
+        }
+    }
+
+    /// The 4×4 transpose: lane `j` of output `i` is lane `i` of input `j`.
+    #[inline(always)]
+    unsafe fn transpose4(v: [float32x4_t; 4]) -> [float32x4_t; 4] {
+        // SAFETY: NEON is present (the `Simd` contract); registers only
+        unsafe {
+            let t0 = vtrn1q_f32(v[0], v[1]);
+            let t1 = vtrn2q_f32(v[0], v[1]);
+            let t2 = vtrn1q_f32(v[2], v[3]);
+            let t3 = vtrn2q_f32(v[2], v[3]);
+            let d = |x: float32x4_t| vreinterpretq_f64_f32(x);
+            let f = |x: float64x2_t| vreinterpretq_f32_f64(x);
+            [
+                f(vtrn1q_f64(d(t0), d(t2))),
+                f(vtrn1q_f64(d(t1), d(t3))),
+                f(vtrn2q_f64(d(t0), d(t2))),
+                f(vtrn2q_f64(d(t1), d(t3))),
+            ]
+        }
+    }
+
+    impl Simd for Neon {
+        type V = [float32x4_t; 2];
+        const FUSED: bool = true;
+        #[inline(always)]
+        unsafe fn zero() -> Self::V {
+            // SAFETY: NEON is present (the `Simd` contract); no memory is touched.
+            unsafe { [vdupq_n_f32(0.0); 2] }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self::V {
+            // SAFETY: NEON is present (the `Simd` contract); no memory is touched.
+            unsafe { [vdupq_n_f32(x); 2] }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self::V {
+            // SAFETY: NEON is present and `p` holds 8 floats (the caller's).
+            unsafe { [vld1q_f32(p), vld1q_f32(p.add(4))] }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: Self::V) {
+            // SAFETY: NEON is present and `p` holds 8 writable floats (the caller's).
+            unsafe {
+                vst1q_f32(p, v[0]);
+                vst1q_f32(p.add(4), v[1]);
+            }
+        }
+        #[inline(always)]
+        unsafe fn load_f16(p: *const u16) -> Self::V {
+            // SAFETY: NEON is present and `p` holds 8 u16 (the caller's). FCVTL/FCVTL2
+            // (half to single, AArch64 base Advanced SIMD: no `fp16` feature needed) are
+            // exact, NaNs quieted with their payload kept, as F16C and `half`.
+            unsafe {
+                let h = vld1q_u16(p);
+                let (lo, hi): (float32x4_t, float32x4_t);
+                core::arch::asm!(
+                    "fcvtl {lo:v}.4s, {h:v}.4h",
+                    "fcvtl2 {hi:v}.4s, {h:v}.8h",
+                    h = in(vreg) h,
+                    lo = out(vreg) lo,
+                    hi = out(vreg) hi,
+                    options(pure, nomem, nostack, preserves_flags)
+                );
+                [lo, hi]
+            }
+        }
+        lanewise! {
+            add(a, b) => vaddq_f32;
+            sub(a, b) => vsubq_f32;
+            mul(a, b) => vmulq_f32;
+            max(a, b) => max4;
+            min(a, b) => min4;
+            exp_neg(x) => exp4;
+            sqrt(x) => vsqrtq_f32; // FSQRT: IEEE, correctly rounded
+        }
+        #[inline(always)]
+        unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+            // SAFETY: NEON is present (the `Simd` contract); no memory is touched.
+            unsafe { [vfmaq_f32(c[0], a[0], b[0]), vfmaq_f32(c[1], a[1], b[1])] }
+        }
+        #[inline(always)]
+        unsafe fn gt_mask(a: Self::V, b: Self::V) -> u32 {
+            // SAFETY: NEON is present (the `Simd` contract); no memory is touched.
+            unsafe {
+                let bit = vld1q_u32([1u32, 2, 4, 8].as_ptr());
+                let lo = vaddvq_u32(vandq_u32(vcgtq_f32(a[0], b[0]), bit));
+                let hi = vaddvq_u32(vandq_u32(vcgtq_f32(a[1], b[1]), bit));
+                lo | hi << 4
+            }
+        }
+        #[inline(always)]
+        unsafe fn hsum(v: Self::V) -> f32 {
+            // SAFETY: NEON is present (the `Simd` contract); no memory is touched.
+            unsafe {
+                // (0+4, 1+5, 2+6, 3+7), then ((0+4)+(2+6)) and ((1+5)+(3+7)), then their sum
+                let s = vaddq_f32(v[0], v[1]);
+                let s = vadd_f32(vget_low_f32(s), vget_high_f32(s));
+                vget_lane_f32::<0>(s) + vget_lane_f32::<1>(s)
+            }
+        }
+        #[inline(always)]
+        unsafe fn transpose8(v: [Self::V; 8]) -> [Self::V; 8] {
+            // SAFETY: NEON is present (the `Simd` contract); no memory is touched.
+            unsafe {
+                // four 4×4 blocks: (rows 0-3 | 4-7) × (lanes 0-3 | 4-7)
+                let b = |r: usize, h: usize| {
+                    transpose4([v[r][h], v[r + 1][h], v[r + 2][h], v[r + 3][h]])
+                };
+                let (a0, a1, b0, b1) = (b(0, 0), b(4, 0), b(0, 1), b(4, 1));
+                [
+                    [a0[0], a1[0]],
+                    [a0[1], a1[1]],
+                    [a0[2], a1[2]],
+                    [a0[3], a1[3]],
+                    [b0[0], b1[0]],
+                    [b0[1], b1[1]],
+                    [b0[2], b1[2]],
+                    [b0[3], b1[3]],
+                ]
+            }
+        }
+    }
+}
+
+/// Whether the NEON kernels run: always on AArch64 (NEON is part of the base
+/// architecture), unless, with `std`, the environment variable `KVEVICT_PORTABLE` is set
+/// (it forces the portable kernels, for tests). Decided once per process.
+#[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+pub(crate) fn has_neon() -> bool {
+    #[cfg(feature = "std")]
+    {
+        use core::sync::atomic::{AtomicU8, Ordering};
+        static STATE: AtomicU8 = AtomicU8::new(0);
+        match STATE.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                let yes = std::env::var_os("KVEVICT_PORTABLE").is_none();
+                STATE.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+                yes
+            }
+        }
+    }
+    #[cfg(not(feature = "std"))]
+    true
+}
+
 /// Whether the AVX2 kernels run: the CPU has AVX2, FMA and F16C, and the environment
 /// variable `KVEVICT_PORTABLE` is not set (it forces the portable kernels, for tests).
 /// Decided once per process.
@@ -461,8 +684,30 @@ pub(crate) fn has_avx2() -> bool {
     }
 }
 
+/// Which kernel build the scorers take on this machine (in this process): `"AVX-512"` (the
+/// window pass, TOVA and KNorm on 16 lanes, the rest AVX2), `"AVX2"` (AVX2 + FMA + F16C,
+/// detected at run time; `KVEVICT_NO_AVX512` set, or no AVX-512), `"NEON"` (AArch64), or
+/// `"portable"` (no vector build for the CPU, or `KVEVICT_PORTABLE` set). Benchmarks print it
+/// beside their numbers.
+pub fn kernel_name() -> &'static str {
+    #[cfg(all(feature = "std", target_arch = "x86_64"))]
+    if has_avx2() {
+        #[cfg(kvevict_avx512)]
+        if crate::gemm512::available() {
+            return "AVX-512";
+        }
+        return "AVX2";
+    }
+    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+    if has_neon() {
+        return "NEON";
+    }
+    "portable"
+}
+
 /// Run `$body` with `$S` bound to the best [`Simd`] the CPU has: `Avx2` inside a function
-/// compiled with those target features when detected, else [`Portable`].
+/// compiled with those target features when detected (x86_64 with `std`), `Neon` on AArch64
+/// (compile time), else [`Portable`].
 macro_rules! dispatch {
     (fn($($arg:ident : $ty:ty),* $(,)?) -> $ret:ty, $S:ident => $body:block) => {{
         #[inline(always)]
@@ -479,7 +724,16 @@ macro_rules! dispatch {
         } else {
             body::<$crate::numerics::Portable>($($arg),*)
         }
-        #[cfg(not(all(feature = "std", target_arch = "x86_64")))]
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if $crate::numerics::has_neon() {
+            body::<$crate::numerics::Neon>($($arg),*)
+        } else {
+            body::<$crate::numerics::Portable>($($arg),*)
+        }
+        #[cfg(not(any(
+            all(feature = "std", target_arch = "x86_64"),
+            all(target_arch = "aarch64", target_feature = "neon")
+        )))]
         {
             body::<$crate::numerics::Portable>($($arg),*)
         }
@@ -491,22 +745,36 @@ pub(crate) use dispatch;
 /// faults, whatever the address).
 #[inline(always)]
 pub(crate) fn prefetch_rows(p: *const u8, ld: usize, bytes: usize, rows: usize) {
-    #[cfg(target_arch = "x86_64")]
     for r in 0..rows {
         let row = p.wrapping_add(r * ld);
         let mut o = 0;
         while o < bytes {
-            // SAFETY: a prefetch never faults; the address is only a hint.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                    row.wrapping_add(o) as *const i8,
-                )
-            };
+            prefetch_line(row.wrapping_add(o));
             o += 64;
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, ld, bytes, rows);
+}
+
+/// A prefetch of the cache line holding `p` into L1 (x86 `PREFETCHT0`, AArch64
+/// `PRFM PLDL1KEEP`, nothing elsewhere; a hint: never faults, whatever the address).
+#[inline(always)]
+pub(crate) fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults; the address is only a hint.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: PRFM never faults and writes nothing; the address is only a hint.
+    unsafe {
+        core::arch::asm!(
+            "prfm pldl1keep, [{0}]",
+            in(reg) p,
+            options(nostack, preserves_flags, readonly)
+        )
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = p;
 }
 
 /// 8 consecutive key elements at element `i` of `k`, f16 (`F16`) or f32, as f32 lanes.
@@ -691,10 +959,125 @@ mod tests {
         }
     }
 
+    /// `Avx2::exp_neg`'s steps in scalar code (each FMA one `mul_add`): the bits every
+    /// FMA build (AVX2, AVX-512, NEON) gives.
+    fn exp_neg_fused(x: f32) -> f32 {
+        let xc = if x < -87.0 { -87.0 } else { x };
+        let n = xc.mul_add(core::f32::consts::LOG2_E, 0.5).floor();
+        let r = (-n).mul_add(0.693_359_4, xc);
+        let r = (-n).mul_add(-2.121_944_4e-4, r);
+        let mut p = 1.987_569_1e-4f32;
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            5.000_000_1e-1,
+        ] {
+            p = p.mul_add(r, c);
+        }
+        let p = (p * r).mul_add(r, r) + 1.0;
+        let y = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
+        if x < -87.3 {
+            0.0
+        } else {
+            y
+        }
+    }
+
+    /// An FMA build's vector operations against their scalar definitions, bit for bit:
+    /// exp (fused steps), max / min (NaN in `b` ignored, signed zeros), the comparison
+    /// mask, `hsum`'s tree, the f16 load (every f16 bit pattern) and the square root.
+    fn fused_ops_match_scalar<S: Simd>() {
+        let mut xs: std::vec::Vec<f32> = (0..40_000).map(|i| -(i as f32) * 2.5e-3).collect();
+        xs.extend([
+            -0.0,
+            0.0,
+            -87.0,
+            -87.3,
+            -87.29,
+            -87.31,
+            -1e30,
+            f32::NEG_INFINITY,
+            -1e-40,
+        ]);
+        while xs.len() % 8 != 0 {
+            xs.push(-1.0);
+        }
+        let out = |v: S::V| {
+            let mut o = [0f32; 8];
+            // SAFETY: `o` holds 8 floats; our caller keeps the `Simd` contract.
+            unsafe { S::store(o.as_mut_ptr(), v) };
+            o
+        };
+        for c in xs.chunks_exact(8) {
+            // SAFETY: each chunk holds 8 floats; our caller keeps the `Simd` contract.
+            let e = out(unsafe { S::exp_neg(S::load(c.as_ptr())) });
+            for l in 0..8 {
+                assert_eq!(
+                    e[l].to_bits(),
+                    exp_neg_fused(c[l]).to_bits(),
+                    "x = {}",
+                    c[l]
+                );
+            }
+        }
+        let a = [1.0, -0.0, 0.0, f32::NAN, 2.0, -3.0, f32::INFINITY, 5.0];
+        let b = [0.0, 0.0, -0.0, 1.0, f32::NAN, -3.5, 7.0, 5.0];
+        // SAFETY: 8 floats each; our caller keeps the `Simd` contract.
+        unsafe {
+            let (va, vb) = (S::load(a.as_ptr()), S::load(b.as_ptr()));
+            let (pa, pb) = (Portable::load(a.as_ptr()), Portable::load(b.as_ptr()));
+            let bits = |v: [f32; 8]| v.map(f32::to_bits);
+            assert_eq!(bits(out(S::max(va, vb))), bits(Portable::max(pa, pb)));
+            assert_eq!(bits(out(S::min(va, vb))), bits(Portable::min(pa, pb)));
+            assert_eq!(S::gt_mask(va, vb), Portable::gt_mask(pa, pb));
+            assert_eq!(S::gt_mask(vb, va), Portable::gt_mask(pb, pa));
+            let s = [1e8f32, 3.0, -1e8, 0.25, 7.0, -2.0, 1e-3, 5.5];
+            assert_eq!(
+                S::hsum(S::load(s.as_ptr())).to_bits(),
+                Portable::hsum(s).to_bits()
+            );
+            let q = [2.0f32, 3.0, 0.5, 1e-40, 0.0, 7.0, 1e30, 123.456];
+            assert_eq!(
+                bits(out(S::sqrt(S::load(q.as_ptr())))),
+                bits(Portable::sqrt(q))
+            );
+            let h: std::vec::Vec<u16> = (0..=u16::MAX).collect();
+            for c in h.chunks_exact(8) {
+                let v = out(S::load_f16(c.as_ptr()));
+                for l in 0..8 {
+                    let want = half::f16::from_bits(c[l]).to_f32();
+                    assert_eq!(v[l].to_bits(), want.to_bits(), "f16 {:#06x}", c[l]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fma_builds_match_scalar_definitions() {
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        fused_ops_match_scalar::<Neon>();
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx() {
+                fused_ops_match_scalar::<Avx2>();
+            }
+            // SAFETY: the CPU has avx2, fma and f16c.
+            unsafe { avx() };
+        }
+    }
+
     #[test]
     fn exp_neg4_is_exp_neg() {
         transpose_ok::<Portable>();
         exp4_matches::<Portable>();
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        {
+            transpose_ok::<Neon>();
+            exp4_matches::<Neon>();
+        }
         #[cfg(target_arch = "x86_64")]
         if has_avx2() {
             #[target_feature(enable = "avx2,fma,f16c")]

@@ -10,9 +10,9 @@
 //! only (`kvevict_avx512`), taken where [`crate::gemm512::available`].
 #![allow(clippy::incompatible_msrv)]
 
+use crate::colstats::{Needs, Stats};
 use crate::numerics::{Avx2, Simd};
 use crate::simd512::{exp_neg2, join, split};
-use crate::window::{Needs, Stats};
 use core::arch::x86_64::*;
 
 /// `Simd::max(a, b)` on 16 lanes: `b > a ? b : a`.

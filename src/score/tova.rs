@@ -511,6 +511,10 @@ mod tests {
             }
         }
         run::<crate::numerics::Portable>(false, false);
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if crate::numerics::has_neon() {
+            run::<crate::numerics::Neon>(true, false)
+        }
         #[cfg(target_arch = "x86_64")]
         if crate::numerics::has_avx2() {
             #[target_feature(enable = "avx2,fma,f16c")]
