@@ -64,7 +64,7 @@ def load_case(d):
 
 
 # ---------------------------------------------------------------------------------------
-# the math (SPEC §2–§3), numpy style
+# the math (design §2–§3), numpy style
 
 
 def window_attention(c, kh, w):
@@ -203,7 +203,7 @@ def score(c, name):
     elif name == "streamingllm":
         out[:, :4] = 1.0
     elif name == "uniqueness":
-        # SPEC §3b: per KV head, the 4th largest over j != i of min(cos k, cos v) over all N
+        # design §3b: per KV head, the 4th largest over j != i of min(cos k, cos v) over all N
         # tokens (-1 where fewer), (1 - r)^24 clipped at 0 and 0 from r >= 0.5 on, then each prefix token lends
         # its whole score to the 6 before it and 0.729^(j-6) of it to the j-th before, j <= 10
         for kh in range(hkv):

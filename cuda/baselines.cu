@@ -1,4 +1,4 @@
-// Scores of the baseline scorers (SPEC §3) that need no attention: KNorm
+// Scores of the baseline scorers (design §3) that need no attention: KNorm
 // (-||K[h,i]||_2, in the core's f32 lane order), StreamingLLM's sink scores, and
 // CriticalKV's second stage ((base + 1e-4) · value L1 norm, the first stage's kept
 // tokens forced to FLT_MAX); and the power any scorer's output may be raised to

@@ -7,7 +7,7 @@ global top-K over the model, compaction of K and V (kept rows first, order kept)
 Also measures torch's bf16 matmul rate (8192³) and prints it as `MM_TFLOPS x`, which
 cuda/check.sh passes to the CUDA benchmark as a second ceiling. Each stage the CUDA
 benchmark times is timed here too (`TORCH_STAGE n= name= ms=` lines, the bench's stage
-names): cuda/check.sh prints the ratio of the two. The uniqueness scorer (SPEC §3b: 4th
+names): cuda/check.sh prints the ratio of the two. The uniqueness scorer (design §3b: 4th
 largest min(cos k, cos v) over the other tokens, cutoff 0.5, power 8, backward lending) runs
 on layer 0 only and at N <= 32k, as in the bench.
 Prints "torch not available" and exits 0 when torch or a GPU is missing.

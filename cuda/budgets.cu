@@ -1,4 +1,4 @@
-// Budget allocation on the device (SPEC §4), so a whole selection can run without
+// Budget allocation on the device (design §4), so a whole selection can run without
 // a host round trip: the per-layer and per-unit budgets of the allocators
 // (uniform, PyramidKV, AdaKV's safeguard floor, LAVa's entropy split), computed by
 // one thread exactly as the core's select_model (src/budget: pyramid.rs,

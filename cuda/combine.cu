@@ -1,4 +1,4 @@
-// Score combination per KV group (SPEC §3): products with the value term, head
+// Score combination per KV group (design §3): products with the value term, head
 // factors, the GQA reduction (mean / max / sum), and LaProx's exact-GQA norm (or its
 // mean-attn attention and value terms, alone or multiplied). Row strides everywhere.
 #include "common.cuh"

@@ -1,4 +1,4 @@
-// Compaction (SPEC §5). Kept lists are ascending int32 positions per head
+// Compaction (design §5). Kept lists are ascending int32 positions per head
 // (kept_ld = 0: one list shared by all heads, counts[0]).
 //
 // In place: moving row kept[t] -> t in parallel would race (a later row's source

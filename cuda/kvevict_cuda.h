@@ -71,7 +71,7 @@ int kve_cuda_device_count(int* out);
 
 /* ------------------------------------------------------------------ window --
  * Window attention with split-N online softmax, and the column aggregates over
- * the window for prefix tokens i < P = N - w (SPEC §2):
+ * the window for prefix tokens i < P = N - w (design §2):
  *   z[h,j,i] = Qw[h,j]·K[h/g,i] / sqrt(dk), causal inside the window,
  *   A = softmax_i(z) in f32 with max subtraction over all visible keys.
  * q: [Hq, w, dk] view; k: [Hkv, N, dk] view; q and k must have the same dtype;
@@ -200,7 +200,7 @@ int kve_cuda_head_reduce_all(const float* a, int64_t ld_a, float* out, int64_t l
  *   (may be NULL).
  * mode 3 (mean-attn value term): out = mean_h sqrt(max(0, Q_hh)); cross unused
  *   (may be NULL).
- * (Modes 2 and 3 let the caller pool the attention term alone, SPEC §3 placement.)
+ * (Modes 2 and 3 let the caller pool the attention term alone, design §3 placement.)
  * Row strides: cross[(hk*np + p)*ld_cross + i], qv[(hk*np + p)*ld_qv + i],
  * out[hk*ld_out + i]; each ld >= n. */
 #define KVE_CUDA_LAPROX_EXACT 0
@@ -212,7 +212,7 @@ int kve_cuda_laprox_exact(const float* cross, int64_t ld_cross, const float* qv,
                           int64_t g, int64_t n, int mode, void* stream);
 
 /* ------------------------------------------------------------- layer_stats --
- * Per-layer sum and entropy (SPEC §4 lava): for layer l the scores
+ * Per-layer sum and entropy (design §4 lava): for layer l the scores
  * s = scores[l*layer_stride + e], e < count (all heads and prefix tokens):
  *   sums[l] = Σ |s|,   entropy[l] = -Σ p ln p with p = |s| / Σ |s| (entropy 0 when
  *   the sum is 0), as the core (src/budget: layer sums of |s|, layer_entropy).
@@ -262,7 +262,7 @@ int kve_cuda_select(const float* scores, int64_t ld, int64_t n, int64_t n_groups
                     void* stream);
 
 /* ------------------------------------------------------------------- shard --
- * The GPU side of the core's sharded selection (src/shard.rs ShardSearch, SPEC §4
+ * The GPU side of the core's sharded selection (src/shard.rs ShardSearch, design §4
  * "Selection across devices"): rows r < rows of scores (row stride ld, n entries)
  * at the selection granularity are units unit0 + r of the model (layer·Hkv + head
  * for head granularity). Keys are the core's 128-bit keys
@@ -287,11 +287,11 @@ int kve_cuda_shard_select(const float* scores, int64_t ld, int64_t n, int64_t ro
 
 /* --------------------------------------------------------------- baselines --
  * knorm: out[h*ld_out + i] = -sqrt(sum_d K[h,i,d]^2) (f32 accumulation) for
- *   h < k->heads, i < prefix (KNorm, SPEC §3). ld_out >= prefix.
+ *   h < k->heads, i < prefix (KNorm, design §3). ld_out >= prefix.
  * sink_scores: out[r*ld + i] = (i < sinks) ? 1 : 0 for r < rows, i < n
  *   (StreamingLLM: with the later-position-first tie rule the selection keeps
  *   the sinks and the most recent tokens).
- * critical_combine (CriticalKV second stage, SPEC §3): for r < rows, i < n
+ * critical_combine (CriticalKV second stage, design §3): for r < rows, i < n
  *   out[r*ld_out + i] = (base[r*ld_base + i] + 1e-4f) * value_l1[r*ld_l1 + i],
  *   then out[r*ld_out + idx[r*idx_ld + t]] = FLT_MAX for t < counts[r] (the
  *   first-stage kept list, e.g. from kve_cuda_select with k = first_stage).
@@ -312,7 +312,7 @@ int kve_cuda_critical_combine(const float* base, int64_t ld_base, const float* v
                               int64_t ld_out, void* stream);
 
 /* -------------------------------------------------------------- uniqueness --
- * uniqueness (question-agnostic, SPEC §3b): per head h < k->heads, over every token
+ * uniqueness (question-agnostic, design §3b): per head h < k->heads, over every token
  *   of the views (N = k->tokens), r_i = the 4th largest min(cos(k_i, k_j), cos(v_i, v_j))
  *   over j != i (-1 where fewer), u_i = max(0, 1 - r_i)^8 (0 where r_i >= 0.5), and for
  *   i < prefix out[h*ld_out + i] = max_{0<=j<=4, i+j<prefix} 0.9^j * u_{i+j}.
@@ -332,7 +332,7 @@ int kve_cuda_uniqueness(const kve_cuda_view* k, const kve_cuda_view* v, int64_t 
 
 /* ----------------------------------------------------------------- budgets --
  * layer_budgets (one thread; layers is small): the per-layer and per-unit
- * budgets of the allocators (SPEC §4), exactly as the core's select_model
+ * budgets of the allocators (design §4), exactly as the core's select_model
  * (src/budget: pyramid_budget, lava_budgets, ada's safeguard floor), in f64
  * without contraction. Layer l owns units l*per_layer .. (l+1)*per_layer - 1;
  * p = prefix tokens per unit; B = min(budget, p).
@@ -419,7 +419,7 @@ int kve_cuda_compact_varlen(const kve_cuda_view* src, const int32_t* kept,
                             int32_t* cu_seqlens, void* stream);
 
 /* ------------------------------------------------------------------- stream --
- * One chunk of a query stream (src/stream.rs; SPEC §2's attention for queries at any
+ * One chunk of a query stream (src/stream.rs; design §2's attention for queries at any
  * positions): q [Hq, c, dk] post-RoPE queries at positions[c] (device int64, >= 0),
  * k [Hkv, N, dk] (same dtype, dk <= 256). Query j sees keys i <= min(positions[j], N-1);
  * A = softmax over them in f32 with max subtraction (row denominators summed in f64).
@@ -440,7 +440,7 @@ int kve_cuda_stream_feed(const kve_cuda_view* q, const int64_t* positions,
                          void* stream);
 
 /* -------------------------------------------------------------- value links --
- * value_links (SPEC §4, continuation through value runs; the core's
+ * value_links (design §4, continuation through value runs; the core's
  * accumulate_value_links): links[t] += Σ_h cos(v[h,t], v[h,t-1]) over the v->heads heads
  * of one layer's values v [Hkv, N, dv] (any dtype and strides, llama.cpp's transposed V
  * included), for 1 <= t < N; links[0] untouched, a zero vector links nothing. links: N

@@ -1,4 +1,4 @@
-// LAVa head factor (SPEC §3): c[hk] = max over prefix tokens of ||V[hk,i,:]||_1.
+// LAVa head factor (design §3): c[hk] = max over prefix tokens of ||V[hk,i,:]||_1.
 // Each block reduces a token range to its max and publishes it with an integer
 // atomicMax on the float bits (valid because every value is >= 0); the launcher
 // zeroes the output first with cudaMemsetAsync (a stream operation).

@@ -1,4 +1,4 @@
-// Value links (SPEC §4, continuation through value runs; the core's src/links.rs) and the
+// Value links (design §4, continuation through value runs; the core's src/links.rs) and the
 // linked forward pool of the selection (the core's pool_forward_linked, src/pool.rs).
 //
 // value_links: one thread per (head, token) computes cos(v[h,t], v[h,t-1]) in the core's

@@ -1,4 +1,4 @@
-// 1-D pooling along tokens (SPEC §3): avg (count_include_pad zeros), max (-inf
+// 1-D pooling along tokens (design §3): avg (count_include_pad zeros), max (-inf
 // padding), forward ("continuation pooling": out[i] = max_{0<=j<k} decay^j in[i-j]).
 // One thread per output element; the k inputs come through L1.
 #include "common.cuh"

@@ -1,4 +1,4 @@
-// Histogram-threshold top-K (SPEC §4 "Selection across devices"): a radix
+// Histogram-threshold top-K (design §4 "Selection across devices"): a radix
 // select over a 64-bit composite key, entirely on the device (no host sync):
 //   c = (order-preserving bits of the score) << pbits | position,
 // so that a larger score wins and, among equal scores, the later position wins.

@@ -1,4 +1,4 @@
-// The GPU side of the core's sharded model-wide selection (src/shard.rs, SPEC §4
+// The GPU side of the core's sharded model-wide selection (src/shard.rs, design §4
 // "Selection across devices"): a device holding some layers' scores counts its
 // candidates' keys into the round's 256-bin histogram; the host adds every
 // shard's histogram and steps the core's ShardSearch; once done, each shard

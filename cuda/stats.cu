@@ -1,5 +1,5 @@
-// Per-layer sums and entropies (SPEC §4 lava) and the token-granularity
-// reduction (SPEC §4 shared granularities). Deterministic: fixed partitions,
+// Per-layer sums and entropies (design §4 lava) and the token-granularity
+// reduction (design §4 shared granularities). Deterministic: fixed partitions,
 // fixed-order tree reductions, a fixed-order final pass.
 #include "common.cuh"
 

@@ -1,4 +1,4 @@
-// Uniqueness (SPEC §3b, the question-agnostic scorer) on the device: per KV head,
+// Uniqueness (design §3b, the question-agnostic scorer) on the device: per KV head,
 // r_i = the 4th largest min(cos(k_i, k_j), cos(v_i, v_j)) over every other cached token
 // (-1 where fewer), u_i = max(0, 1 - r_i)^24, s_i = max_{0<=j<=10} c_j·u_{i+j} over the
 // prefix, c_j = 1 for j <= 6 and 0.729^(j-6) beyond (src/score/uniqueness.rs says why).

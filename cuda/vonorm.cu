@@ -1,4 +1,4 @@
-// Value-output norms through Gram matrices (SPEC §3 LaProx):
+// Value-output norms through Gram matrices (design §3 LaProx):
 //   ||v Wo_h||² = v G_h vᵀ,  G_h = Wo_h Wo_hᵀ  ([dv, dv], computed once per model).
 // The compute-bound stage: per block, one KV head and a tile of TV tokens; the
 // V tile stays in shared memory while every Gram of the group is applied in

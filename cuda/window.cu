@@ -1,5 +1,5 @@
-// Window attention (SPEC §2) with split-N online softmax and the column
-// aggregates over the window (SPEC §3: SnapKV mean, LaProx L2 norm, GQA
+// Window attention (design §2) with split-N online softmax and the column
+// aggregates over the window (design §3: SnapKV mean, LaProx L2 norm, GQA
 // reductions, LaProx exact-GQA cross terms). The [w, N] attention matrix is
 // never written to global memory.
 //

@@ -1,4 +1,4 @@
-"""Question-agnostic signals (issue 11, SPEC §3b): score the context's keys with queries that
+"""Question-agnostic signals (issue 11, design §3b): score the context's keys with queries that
 do not contain the question, then select with the library.
 
 Each *signal* is a stream of queries run after (or over) the context with the full cache, and

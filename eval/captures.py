@@ -35,7 +35,7 @@ class Captures:
     n            prefill length N (cache length before compression, window included)
     keys         [L, Hkv, N, hd]  post-RoPE keys of the prefill
     values       [L, Hkv, N, hd]
-    wo           [L, Hq*hd, D]    output projection, SPEC x·Wo layout
+    wo           [L, Hq*hd, D]    output projection, design x·Wo layout
     window_queries(w) -> [L, Hq, w, hd]  post-RoPE queries of positions N-w .. N-1
     """
 

@@ -1,4 +1,4 @@
-"""Engine conformance against NVIDIA kvpress's own tensors (SPEC §7 model, transformers fp32):
+"""Engine conformance against NVIDIA kvpress's own tensors (design §7 model, transformers fp32):
 the post-RoPE keys, values and window queries of layers 0, 10 and 29 for the stored prompt
 must match ours, and our Wo must be the transpose of o_proj.weight. Also checks that the
 tokenizer re-encodes the decoded prompt to the same ids.

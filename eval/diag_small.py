@@ -39,7 +39,7 @@ def needle_positions(tok, ids, key):
 
 
 def forward_pool(s, k, decay, sinks=0):
-    """SPEC §3 forward pooling, the first `sinks` positions lending nothing."""
+    """design §3 forward pooling, the first `sinks` positions lending nothing."""
     src = s.copy()
     src[:sinks] = 0.0
     out = s.copy()

@@ -196,13 +196,13 @@ class Model:
             wv = raw[p + "attn_v.weight"]
             save(f"{l}.attn_norm", raw[p + "attn_norm.weight"])
             save(f"{l}.wqkv", np.concatenate([wq, wk, wv], axis=0).T)  # [D, (Hq+2Hkv)*hd]
-            save(f"{l}.wo", raw[p + "attn_output.weight"].T)  # SPEC Wo: [Hq*hd, D]
+            save(f"{l}.wo", raw[p + "attn_output.weight"].T)  # design Wo: [Hq*hd, D]
             save(f"{l}.ffn_norm", raw[p + "ffn_norm.weight"])
             save(f"{l}.w_gate_up", np.concatenate([raw[p + "ffn_gate.weight"], raw[p + "ffn_up.weight"]], axis=0).T)
             save(f"{l}.w_down", raw[p + "ffn_down.weight"].T)
 
     def wo(self, l):
-        """Layer l's output projection in SPEC's x·Wo layout `[Hq*hd, D]`."""
+        """Layer l's output projection in the design's x·Wo layout `[Hq*hd, D]`."""
         return self.layers[l]["wo"]
 
     def wo_stack(self):

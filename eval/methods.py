@@ -12,7 +12,7 @@ window)` = floor(n * keep_ratio) positions per (layer, KV head) in all; non-unif
 allocators keep that many on average (`total_budget`).
 
 Adding a method is one entry in METHODS. Every method but `full` goes through the kvevict
-binding (`library_method`: score with a SPEC §3 preset, allocate and select with the
+binding (`library_method`: score with a design §3 preset, allocate and select with the
 library; scores are computed once per capture and scorer and reused by every ratio).
 Method names ending in `@token` use the library's token granularity (one kept set for the
 whole model, the llama.cpp mode); the others keep a set per (layer, KV head).
@@ -40,7 +40,7 @@ def total_budget(cap, keep_ratio, window):
 
 def top_k(scores, k):
     """Positions of the k largest scores, ascending. Ties: the later position is kept first
-    (SPEC §4), so the result is deterministic."""
+    (design §4), so the result is deterministic."""
     k = int(min(max(k, 0), len(scores)))
     pos = np.arange(len(scores))
     order = np.lexsort((-pos, -np.asarray(scores, dtype=np.float64)))  # score desc, then pos desc
@@ -118,7 +118,7 @@ _SCORES = weakref.WeakKeyDictionary()
 
 
 def library_scores(cap, preset, window, **score_fields):
-    """[L, Hkv, n - window] float32 scores of `preset` (a SPEC §3 preset name, fields
+    """[L, Hkv, n - window] float32 scores of `preset` (a design §3 preset name, fields
     overridden) from the library; `random`: uniform random scores (seeded per capture)."""
     memo = _SCORES.setdefault(cap, {})
     if preset == "random":
@@ -202,7 +202,7 @@ def _union(kept, extra):
 def library_method(preset, allocator=None, granularity=None, normalize=None, alpha=None, beta=None,
                    post_pool=None, sinks=0, recent=0, layer_floor=0.0, first_stage_ratio=0.5,
                    links=None, **score_fields):
-    """A select() backed by the kvevict binding: score (`preset`, SPEC §3, any ScoreParams
+    """A select() backed by the kvevict binding: score (`preset`, design §3, any ScoreParams
     field overridden: kernel=1, pool="forward", laprox_gqa="exact", ...) -> allocate ->
     select (allocator, granularity, normalize, alpha, beta, post_pool=(kind, kernel, decay[, sinks]);
     defaults as kvevict.select_kept: uniform, lava -> lava, laprox -> global, laprox-span
@@ -310,7 +310,7 @@ METHODS: Dict[str, Method] = {
                                   note="laprox-span-w8 whose continuation is carried on through runs of similar "
                                        "values (mean adjacent value cosine > 0.5): kve_select_model_linked"),
     "snapkv-w8": Method(L("snapkv"), window=8, library=True, note="snapkv with an 8-token window (control for laprox-span-w8)"),
-    # question-agnostic (SPEC §3b)
+    # question-agnostic (design §3b)
     "uniqueness": Method(L("uniqueness"), window=8, library=True,
                          note="question-agnostic: (1 - r)^24, r the 4th largest min(cos k, cos v) over the other tokens, 0 "
                               "where r >= 0.5, the whole score lent to the 6 tokens before, 0.729^(j-6) to the "

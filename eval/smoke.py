@@ -6,7 +6,7 @@ Fails (exit 1) unless:
 - the engine matches kvpress's tensors (when the vectors are present);
 - the full cache answers both prompts, with KL 0 and layer error 0;
 - conformance: the library's scores on the captured tensors equal a plain numpy float64
-  recomputation of the SPEC §3 formulas (snapkv, snapkv-kvpress, laprox k=7 and k=1, lava;
+  recomputation of the design §3 formulas (snapkv, snapkv-kvpress, laprox k=7 and k=1, lava;
   relative 1e-4 elementwise, plus 1e-7 of the layer's largest score), the uniform
   selection equals a numpy top-K of the library's scores (ties: later position first), and
   the library's streamingllm equals the numpy one;
@@ -40,9 +40,9 @@ SEQUENTIAL = ("laprox-span", "streamingllm")  # also decoded one by one: batched
 RTOL = 1e-4
 
 
-# ---------------------------------------------------------------- numpy references (SPEC §2, §3)
+# ---------------------------------------------------------------- numpy references (design §2, §3)
 def window_attention(q_window, keys):
-    """SPEC §2 in float64. q_window [Hq, w, hd], keys [Hkv, n, hd] -> A [Hq, w, n], causal
+    """design §2 in float64. q_window [Hq, w, hd], keys [Hkv, n, hd] -> A [Hq, w, n], causal
     inside the window, softmax over all visible keys."""
     q = q_window.astype(np.float64)
     k = keys.astype(np.float64)

@@ -73,7 +73,7 @@
 #define KVE_DTYPE_F16 1
 #define KVE_DTYPE_BF16 2
 
-/* Scoring presets for kve_score_params_init (SPEC §3 defaults). */
+/* Scoring presets for kve_score_params_init (design §3 defaults). */
 #define KVE_PRESET_SNAPKV 0
 #define KVE_PRESET_SNAPKV_KVPRESS 1
 #define KVE_PRESET_LAVA 2
@@ -115,7 +115,7 @@
 #define KVE_PLACEMENT_ATTENTION 0
 #define KVE_PLACEMENT_PRODUCT 1
 
-/* kve_select_params.allocator (SPEC §4) */
+/* kve_select_params.allocator (design §4) */
 #define KVE_ALLOCATOR_UNIFORM 0
 #define KVE_ALLOCATOR_ADA 1
 #define KVE_ALLOCATOR_PYRAMID 2
@@ -227,7 +227,7 @@ typedef struct kve_tensor {
 } kve_tensor;
 
 /**
- * How to score one layer (SPEC §3). Fill with `kve_score_params_init`, then adjust.
+ * How to score one layer (design §3). Fill with `kve_score_params_init`, then adjust.
  */
 typedef struct kve_score_params {
   /**
@@ -367,7 +367,7 @@ typedef struct kve_layer_inputs {
 } kve_layer_inputs;
 
 /**
- * How to allocate budgets and select (SPEC §4). Fill with `kve_select_params_init`.
+ * How to allocate budgets and select (design §4). Fill with `kve_select_params_init`.
  */
 typedef struct kve_select_params {
   /**
@@ -683,7 +683,7 @@ typedef struct kve_paged_layout {
 } kve_paged_layout;
 
 /**
- * State of a model-wide top-K search split over shards of layers (SPEC §4, "selection
+ * State of a model-wide top-K search split over shards of layers (design §4, "selection
  * across devices"). Plain data: copy it to every shard, process or device. Written only
  * by `kve_search_init` and `kve_search_step`; the fields are the library's business.
  * What can be checked is (`KVE_ERR_INVALID_ARGUMENT`): the fields' consistency; before
@@ -1408,7 +1408,7 @@ int32_t kve_score_params_init(struct kve_score_params *params,
 
 /**
  * Fill `params` for an allocator (`KVE_ALLOCATOR_*`) at a granularity
- * (`KVE_GRANULARITY_*`) with the SPEC §4 defaults: alpha 0.2, beta 20, layer-sum
+ * (`KVE_GRANULARITY_*`) with the design §4 defaults: alpha 0.2, beta 20, layer-sum
  * normalisation, no post pooling. `budget`: average prefix tokens per (layer, KV head).
  * Writes only `params` (`struct_size` bytes).
  */
@@ -1419,7 +1419,7 @@ int32_t kve_select_params_init(struct kve_select_params *params,
                                uint64_t budget);
 
 /**
- * Fill `params` with LaProx-span's selection (SPEC §3): global allocator, token
+ * Fill `params` with LaProx-span's selection (design §3): global allocator, token
  * granularity (one token set for the whole model), forward post pooling (k = 9,
  * decay 1.0) with position 0 left out of it (`post_pool_sinks` = 1). Use with the
  * `KVE_PRESET_LAPROX_SPAN` scorer. Writes only `params`.
@@ -1892,7 +1892,7 @@ int32_t kve_stream_feed_workspace_size(uint64_t hq,
  * Feed `c` queries into the stream: `queries` `[Hq, c, dk]` (post-RoPE), `positions[c]`
  * (`>= 0`, non-decreasing within the chunk and after every position fed before),
  * `keys` `[Hkv, N, dk]` with the shape the state was started for. A query at position
- * `p` sees keys `i <= min(p, N-1)`, softmax over them in f32 (SPEC §2, scale 1/sqrt(dk)).
+ * `p` sees keys `i <= min(p, N-1)`, softmax over them in f32 (design §2, scale 1/sqrt(dk)).
  * `row_lse` (NULL, 0 when absent): exactly `Hq*c` floats `[Hq][c]`, each row's natural-log
  * log-sum-exp over its visible keys (flash attention's `softmax_lse`); K is then read
  * once instead of twice. Errors, with the state unchanged: positions going backwards or

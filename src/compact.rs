@@ -1,4 +1,4 @@
-//! Compaction (SPEC §5): move the kept K/V rows, order kept, positions untouched.
+//! Compaction (design §5): move the kept K/V rows, order kept, positions untouched.
 //! A layer's selection is `offsets[Hkv + 1]` (absolute, into `indices`) with ascending
 //! positions per head — the slice of [`crate::select_model`]'s output for that layer.
 //! Every list is validated before the first byte moves.

@@ -29,7 +29,7 @@ macro_rules! c_enum {
 pub(crate) use c_enum;
 
 c_enum! {
-    /// Which scorer (SPEC §3).
+    /// Which scorer (design §3).
     ScorerKind => "KVE_SCORER_" {
         SnapKv = 0 => "SNAPKV",
         Lava = 1 => "LAVA",
@@ -39,13 +39,13 @@ c_enum! {
         KNorm = 5 => "KNORM",
         Tova = 6 => "TOVA",
         /// Question-agnostic: `(1 - r)^24`, r the 4th largest twin similarity of (k, v), 0 from
-        /// r >= 0.5 on (SPEC §3b; `score/uniqueness.rs`).
+        /// r >= 0.5 on (design §3b; `score/uniqueness.rs`).
         Uniqueness = 7 => "UNIQUENESS",
     }
 }
 
 c_enum! {
-    /// 1-D pooling along tokens (SPEC §3).
+    /// 1-D pooling along tokens (design §3).
     PoolKind => "KVE_POOL_" {
         /// No pooling (same as kernel 1).
         None = 0 => "NONE",
@@ -64,7 +64,7 @@ c_enum! {
 }
 
 c_enum! {
-    /// LaProx GQA modes (SPEC §3).
+    /// LaProx GQA modes (design §3).
     LaproxGqa => "KVE_LAPROX_GQA_" {
         /// `Σ_h p[h,i]` (default).
         Sum = 0 => "SUM",
@@ -143,7 +143,7 @@ impl Pool {
     }
 }
 
-/// Everything a scorer needs to know (SPEC §3). Build one from a [`Preset`] and adjust.
+/// Everything a scorer needs to know (design §3). Build one from a [`Preset`] and adjust.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScoreConfig {
     pub scorer: ScorerKind,
@@ -173,7 +173,7 @@ pub struct ScoreConfig {
 pub const MAX_SCORE_POWER: u32 = 16;
 
 c_enum! {
-    /// Named defaults (SPEC §3).
+    /// Named defaults (design §3).
     Preset => "KVE_PRESET_" {
         SnapKv = 0 => "SNAPKV",
         SnapKvKvpress = 1 => "SNAPKV_KVPRESS",
@@ -184,7 +184,7 @@ c_enum! {
         StreamingLlm = 6 => "STREAMINGLLM",
         KNorm = 7 => "KNORM",
         Tova = 8 => "TOVA",
-        /// Question-agnostic (SPEC §3b): uniqueness, w = 8; select with
+        /// Question-agnostic (design §3b): uniqueness, w = 8; select with
         /// `SelectConfig::laprox_span` (token granularity, forward post-pool).
         Uniqueness = 9 => "UNIQUENESS",
     }
@@ -221,7 +221,7 @@ impl ScoreConfig {
                 pool: Pool::avg(7),
                 ..base
             },
-            // SPEC §3 decision: w = 8 (a 32-token window eats a third of a 10 % budget);
+            // design §3 decision: w = 8 (a 32-token window eats a third of a 10 % budget);
             // cubed (eval/README "Prose at 2.5 %"): at 2.5 % the layer-sum
             // normalisation let heads of many middling scores outweigh one head's peak
             // on the needle
@@ -279,7 +279,7 @@ impl ScoreConfig {
 }
 
 c_enum! {
-    /// Budget allocators (SPEC §4).
+    /// Budget allocators (design §4).
     AllocatorKind => "KVE_ALLOCATOR_" {
         Uniform = 0 => "UNIFORM",
         Ada = 1 => "ADA",
@@ -290,7 +290,7 @@ c_enum! {
 }
 
 c_enum! {
-    /// Unit that keeps one token set (SPEC §4, shared granularities).
+    /// Unit that keeps one token set (design §4, shared granularities).
     Granularity => "KVE_GRANULARITY_" {
         /// Every (layer, KV head) keeps its own set (ragged).
         Head = 0 => "HEAD",
@@ -311,7 +311,7 @@ c_enum! {
     }
 }
 
-/// Budget allocation and selection (SPEC §4).
+/// Budget allocation and selection (design §4).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SelectConfig {
     pub allocator: AllocatorKind,

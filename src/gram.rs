@@ -1,4 +1,4 @@
-//! LaProx's value-output norms without forming `V·Wo` (SPEC §3): per-head Gram matrices
+//! LaProx's value-output norms without forming `V·Wo` (design §3): per-head Gram matrices
 //! `G_ab = Wo_a Wo_bᵀ` (`[dv, dv]`, once per model) and per-token quadratic forms
 //! `v G_ab vᵀ = (v Wo_a)·(v Wo_b)`, which an engine may cache when a token enters the cache.
 //! CriticalKV's L1 norms `||v Wo_h||_1` cannot come from a Gram matrix and use `Wo` itself.

@@ -1,4 +1,4 @@
-//! Value links (SPEC §4, continuation through value runs): how much each cached token's
+//! Value links (design §4, continuation through value runs): how much each cached token's
 //! value continues its predecessor's, `cos(v_i, v_{i-1})`, summed over heads and layers.
 //!
 //! A continuation pool that lends a read token's score to a fixed number of followers

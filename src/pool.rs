@@ -1,4 +1,4 @@
-//! 1-D pooling along tokens (SPEC §3): avg (pads count as zeros), max (pads are -inf),
+//! 1-D pooling along tokens (design §3): avg (pads count as zeros), max (pads are -inf),
 //! forward continuation pooling. `src` and `dst` are distinct slices of equal length.
 
 use crate::config::{Pool, PoolKind};

@@ -1,4 +1,4 @@
-//! Exact top-K by threshold, mergeable across shards (SPEC §4 "Selection across devices").
+//! Exact top-K by threshold, mergeable across shards (design §4 "Selection across devices").
 //!
 //! Every candidate gets a unique 128-bit key, larger = kept first:
 //! `flag (1 bit) | order-preserving score bits (32) | position (32) | !unit (32)`,

@@ -1,4 +1,4 @@
-//! Model-wide selection split over shards of consecutive layers (SPEC §4 "Selection across
+//! Model-wide selection split over shards of consecutive layers (design §4 "Selection across
 //! devices"), for the `global` allocator at head or layer granularity.
 //!
 //! Every shard holds the scores of some layers. Each round, every shard counts its

@@ -12,7 +12,7 @@
 //!   the next), keys `[Hkv, N, dk]` (the same `N` as the state). A query at position `p`
 //!   sees keys `i <= min(p, N-1)`: queries after the cache (reconstruction, decode-time
 //!   rescoring) see every key; queries at positions `< N` (whole-prefill accumulation) are
-//!   causal. Attention is SPEC §2's: `z = q·k / sqrt(dk)`, softmax over the visible keys in
+//!   causal. Attention is design §2's: `z = q·k / sqrt(dk)`, softmax over the visible keys in
 //!   f32 with max subtraction, the denominator summed in f64. Two passes over the visible
 //!   keys (row max and denominator, then columns); with `row_lse` (the rows' natural-log
 //!   log-sum-exp over their visible keys, flash attention's `softmax_lse`) one.
@@ -32,7 +32,7 @@
 //!     queries are the window; H2O's accumulated attention up to the constant `Q`);
 //!   - `MeanVisible`: `Σ_j A[h,j,i] / Q_i`, `Q_i` the queries that could see key `i`
 //!     (0 when none): accumulated attention without the causal bias toward early keys;
-//!   - `LaProx`: `pool(||A[h,:,i]||_2) · ||v_i Wo_h||_2` (SPEC §3, placement "attention"),
+//!   - `LaProx`: `pool(||A[h,:,i]||_2) · ||v_i Wo_h||_2` (design §3, placement "attention"),
 //!     the value term from cached value forms (`cross = false`) or values + Gram.
 //!
 //!   Finishing reads the state only; it may be called at any time, as often as wanted.

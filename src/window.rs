@@ -1,4 +1,4 @@
-//! The one window-attention pass every query-aware scorer shares (SPEC §2).
+//! The one window-attention pass every query-aware scorer shares (design §2).
 //!
 //! For one KV group (`g` query heads reading KV head `kh`) it computes, for each prefix
 //! token `i < P = N - w`, column statistics of the softmax attention of the `w` window

@@ -111,7 +111,7 @@ fn kept_sets(cfg: &ScoreConfig, scores: &[f32], t: usize, r: f64, window: usize)
 
 /// Kept sets must agree. When kvpress keeps fewer than the window (n < 64 at r = 0.9) it
 /// picks among the window's equal scores by torch's tie order; we always keep the whole
-/// window (SPEC §1), so there both must keep no prefix token.
+/// window (design §1), so there both must keep no prefix token.
 fn assert_same_kept(ours: &[Vec<u32>], theirs: &[Vec<u32>], t: usize, what: &str) {
     let p = (t - W) as u32;
     if theirs[0].len() < W {

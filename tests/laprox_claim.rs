@@ -13,7 +13,7 @@
 //!
 //! asserted lower for LaProx on at least 18 of 20 seeds. Printed beside it (not asserted):
 //! the output error when the softmax is renormalised over the kept keys only — the score
-//! ignores that renormalisation (SPEC §3 discusses its tails).
+//! ignores that renormalisation (design §3 discusses its tails).
 
 mod reference;
 

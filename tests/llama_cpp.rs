@@ -212,7 +212,7 @@ fn needle_at_ten_percent() {
                 "full" => r.num("correct") == 1.0,
                 "laprox-span" => r.num("recovered") == 1.0,
                 "streamingllm" => r.num("recovered") == 0.0,
-                _ => true, // plain LaProx is reported, not asserted (SPEC §3: 0 of 6)
+                _ => true, // plain LaProx is reported, not asserted (design §3: 0 of 6)
             };
             if !ok {
                 failures.push(format!(

@@ -1,4 +1,4 @@
-//! Properties of the machinery under the allocators (SPEC §4 "Selection across devices",
+//! Properties of the machinery under the allocators (design §4 "Selection across devices",
 //! §5, §6): histogram-threshold top-K equals a full sort, sharded selection equals
 //! unsharded, compaction equals a gather and writes nothing else, rejected inputs leave
 //! every output untouched.
@@ -26,7 +26,7 @@ fn nasty_score(rng: &mut Rng) -> f32 {
     }
 }
 
-/// Full-sort order of SPEC §4: flag, score (as a number: -0 == +0), later position,
+/// Full-sort order of design §4: flag, score (as a number: -0 == +0), later position,
 /// lower unit. Larger first.
 fn sort_order(a: &(bool, f32, u32, u32), b: &(bool, f32, u32, u32)) -> std::cmp::Ordering {
     b.0.cmp(&a.0)
@@ -35,7 +35,7 @@ fn sort_order(a: &(bool, f32, u32, u32), b: &(bool, f32, u32, u32)) -> std::cmp:
         .then(a.3.cmp(&b.3))
 }
 
-/// The key encodes exactly the SPEC order (including -0 == +0: a tie in score).
+/// The key encodes exactly the design order (including -0 == +0: a tie in score).
 #[test]
 fn key_order_is_spec_order() {
     let mut rng = Rng::new(21);

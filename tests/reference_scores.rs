@@ -1,4 +1,4 @@
-//! Every scorer of SPEC §3 against the plain f64 reference (tests/reference), over random
+//! Every scorer of design §3 against the plain f64 reference (tests/reference), over random
 //! shapes: GQA group sizes 1, 3, 4, 8, odd and chunk-boundary N, windows covering the whole
 //! cache, pooling kernel 1, every dtype (f32, f16, bf16 — the reference reads the same
 //! dtype-rounded values) and every layout (head-major `[Hkv,N,d]`, llama.cpp token rows
@@ -330,7 +330,7 @@ fn baselines() {
     });
 }
 
-/// The question-agnostic uniqueness scorer (SPEC §3b) over dtypes, layouts, windows; and
+/// The question-agnostic uniqueness scorer (design §3b) over dtypes, layouts, windows; and
 /// with planted twins (rows of the first quarter copied, with a little noise, to other
 /// positions) so that the 4th similarity is near 1 for some tokens and the sharpened score
 /// spans decades.

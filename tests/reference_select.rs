@@ -1,4 +1,4 @@
-//! Every allocator × granularity of SPEC §4 against the reference's kept sets, compared
+//! Every allocator × granularity of design §4 against the reference's kept sets, compared
 //! exactly (scores are random f32, so ties are rare; the tie tests make them the rule).
 //! Besides the reference: budgets are met as documented, the window is always kept, lists
 //! are ascending, and two runs give the same bytes.
@@ -89,7 +89,7 @@ fn any_post_pool(rng: &mut Rng) -> Pool {
     }
 }
 
-/// Properties every selection has, whatever the allocator (SPEC §4).
+/// Properties every selection has, whatever the allocator (design §4).
 fn structure(label: &str, cfg: &SelectConfig, m: &Model, kept: &[Vec<u32>]) {
     let (p, n, hkv, layers) = (m.p(), m.n, m.hkv, m.layers);
     let b = (cfg.budget as usize).min(p);
@@ -309,7 +309,7 @@ fn laprox_span_smallest_budget_keeps_the_continuation() {
 }
 
 /// Exact ties everywhere: all-equal scores, then scores from {0, 1, 2}. The later
-/// position wins, then the lower unit (SPEC §4).
+/// position wins, then the lower unit (design §4).
 #[test]
 fn ties() {
     let mut rng = Rng::new(13);

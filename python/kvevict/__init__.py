@@ -1,7 +1,7 @@
 """kvevict: KV-cache eviction (LaProx, LAVa, SnapKV, AdaKV, PyramidKV, CriticalKV, ...).
 
 A ctypes binding to ``libkvevict`` (the crate's C ABI, ``src/capi/``): numpy arrays in and
-out, the C API's nouns. See ``python/README.md`` and the repository's SPEC for the math.
+out, the C API's nouns. See ``python/README.md`` and docs/design.md for the math.
 
 The library is looked up, first match wins: ``$KVEVICT_LIB``; the copy bundled in the
 package at build time; ``<repo>/target/release/libkvevict.so``.

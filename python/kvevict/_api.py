@@ -185,7 +185,7 @@ def compute_gram(wo, hkv, cross=False, *, hq=None, dtype=None):
     """LaProx's Gram matrices of one layer (``kve_compute_gram``), float32
     ``[Hkv, blocks, dv, dv]`` (blocks = :func:`gram_blocks`).
 
-    ``wo``: ``[Hq, dv, D]``, or ``[Hq*dv, D]`` (SPEC's ``x·Wo`` layout) with ``hq``. For
+    ``wo``: ``[Hq, dv, D]``, or ``[Hq*dv, D]`` (the design's ``x·Wo`` layout) with ``hq``. For
     PyTorch's ``o_proj.weight`` (``[D, Hq*dv]``) pass its transpose ``w.T`` (a view).
     ``cross``: True for the exact / mean-attn LaProx GQA modes.
     """
@@ -358,7 +358,7 @@ def evicted_positions(kept, prefix):
 
 # ----------------------------------------------------------------------- sharded search
 class ShardedSearch:
-    """Model-wide top-K split over shards of consecutive layers (SPEC §4, "selection
+    """Model-wide top-K split over shards of consecutive layers (design §4, "selection
     across devices"): the ``kve_search_*`` protocol. Global allocator, head or layer
     granularity. Usage::
 

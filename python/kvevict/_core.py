@@ -184,7 +184,7 @@ class _Params:
 
 
 class ScoreParams(_Params):
-    """How to score one layer (``kve_score_params``, SPEC §3).
+    """How to score one layer (``kve_score_params``, design §3).
 
     Fields: ``scorer`` (snapkv, lava, laprox, criticalkv, streamingllm, knorm, tova, uniqueness),
     ``window``, ``pool_kind`` (none, avg, max, forward), ``pool_kernel``, ``pool_decay``,
@@ -214,7 +214,7 @@ class ScoreParams(_Params):
 
     @classmethod
     def preset(cls, name, **fields):
-        """The defaults of a named preset (SPEC §3), some fields overridden."""
+        """The defaults of a named preset (design §3), some fields overridden."""
         return cls(name, **fields)
 
     @property
@@ -224,7 +224,7 @@ class ScoreParams(_Params):
 
 
 class SelectParams(_Params):
-    """How to allocate budgets and select (``kve_select_params``, SPEC §4).
+    """How to allocate budgets and select (``kve_select_params``, design §4).
 
     Fields: ``allocator`` (uniform, ada, pyramid, lava, global), ``granularity`` (head,
     layer, token), ``normalize`` (layer-sum, none), ``budget`` (average prefix tokens kept

@@ -156,7 +156,7 @@ def select_kept(preset, queries, keys, values=None, wo=None, *, keep_ratio=None,
     """Score → allocate → select for a whole model in one call; returns ``kept[l][kh]``,
     ascending int64 positions (window included) per layer and KV head.
 
-    - ``preset``: a SPEC §3 preset name (snapkv, snapkv-kvpress, lava, laprox, laprox-span,
+    - ``preset``: a design §3 preset name (snapkv, snapkv-kvpress, lava, laprox, laprox-span,
       criticalkv, streamingllm, knorm, tova, uniqueness) or a :class:`ScoreParams`; ``window`` and any
       ``ScoreParams`` field (``pool_kernel=1`` / ``kernel=1``, ``laprox_gqa="exact"``,
       ``placement="product"``, ``gqa``, ...) override it.

@@ -1,11 +1,11 @@
-"""Plain numpy (float64) recomputation of SPEC §2–§4 formulas, for the binding's tests."""
+"""Plain numpy (float64) recomputation of design §2–§4 formulas, for the binding's tests."""
 import math
 
 import numpy as np
 
 
 def window_attention(q, k, w):
-    """SPEC §2: q [Hq, >=w, d] (last w rows used), k [Hkv, N, d] -> A [Hq, w, N] (f64)."""
+    """design §2: q [Hq, >=w, d] (last w rows used), k [Hkv, N, d] -> A [Hq, w, N] (f64)."""
     q = np.asarray(q, np.float64)[:, -w:]
     k = np.asarray(k, np.float64)
     hq, _, d = q.shape
@@ -21,7 +21,7 @@ def window_attention(q, k, w):
 
 
 def pool(s, kind, k, decay=0.9):
-    """Pool along the last axis (SPEC §3)."""
+    """Pool along the last axis (design §3)."""
     if kind == "none" or k <= 1:
         return s
     if kind == "forward":
@@ -137,7 +137,7 @@ def value_l1(v, wo, hkv):
 
 
 def top_k(scores, k):
-    """Positions of the k largest, ascending; ties keep the later position (SPEC §4)."""
+    """Positions of the k largest, ascending; ties keep the later position (design §4)."""
     k = int(min(max(k, 0), len(scores)))
     pos = np.arange(len(scores))
     order = np.lexsort((-pos, -np.asarray(scores, np.float64)))

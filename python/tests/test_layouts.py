@@ -47,7 +47,7 @@ class LayoutTests(unittest.TestCase):
             np.testing.assert_array_equal(a, b, err_msg=name)
 
     def test_wo_layouts(self):
-        """[Hq, dv, D], SPEC's [Hq*dv, D] with hq, and PyTorch's o_proj.weight.T (a view)."""
+        """[Hq, dv, D], the design's [Hq*dv, D] with hq, and PyTorch's o_proj.weight.T (a view)."""
         hq, dv, D = self.wo.shape
         g3 = kve.compute_gram(self.wo, self.hkv)
         flat = self.wo.reshape(hq * dv, D)

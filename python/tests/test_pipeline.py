@@ -17,7 +17,7 @@ def model(seed=0):
     q = rng.standard_normal((L, HQ, 16, D)).astype(np.float32)  # 16 captured window rows
     k = rng.standard_normal((L, HKV, N, D)).astype(np.float32)
     v = rng.standard_normal((L, HKV, N, D)).astype(np.float32)
-    wo = (rng.standard_normal((L, HQ * D, DM)) / np.sqrt(DM)).astype(np.float32)  # SPEC x·Wo
+    wo = (rng.standard_normal((L, HQ * D, DM)) / np.sqrt(DM)).astype(np.float32)  # design x·Wo
     return q, k, v, wo
 
 

@@ -1,4 +1,4 @@
-"""Every scorer against a plain numpy recomputation of its SPEC §3 formula."""
+"""Every scorer against a plain numpy recomputation of its design §3 formula."""
 import unittest
 
 import numpy as np

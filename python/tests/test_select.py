@@ -53,7 +53,7 @@ class SelectTests(unittest.TestCase):
         c = self.counts(kve.select_model(kve.SelectParams("ada", "head", 10), s, N, W)[0])
         self.assertTrue(np.all(c.sum(axis=1) == H * 10))  # ada: budget moves between heads only
         self.assertTrue(np.all(c >= int(0.2 * 10)))  # alpha safeguard
-        # pyramid (SPEC §4): min = B//beta, max = 2B - min, B_l = max - l*(max-min)//(L-1)
+        # pyramid (design §4): min = B//beta, max = 2B - min, B_l = max - l*(max-min)//(L-1)
         c = self.counts(kve.select_model(kve.SelectParams("pyramid", "head", 10), s, N, W)[0])
         lo, hi = 10 // 20, 20 - 10 // 20
         np.testing.assert_array_equal(c[:, 0], [hi - l * (hi - lo) // (L - 1) for l in range(L)])
@@ -70,7 +70,7 @@ class SelectTests(unittest.TestCase):
             for l in range(L):
                 for h in range(H):
                     np.testing.assert_array_equal(kept[l][h], kept[0][0], alloc)
-        # token granularity: top-B of the sum of layer-normalised scores (SPEC §4)
+        # token granularity: top-B of the sum of layer-normalised scores (design §4)
         norm = s / np.abs(s).sum(axis=(1, 2), keepdims=True)
         want = np.concatenate([ref.top_k(norm.astype(np.float64).sum(axis=(0, 1)), 10), window()])
         off, idx = kve.select_model(kve.SelectParams("uniform", "token", 10), s, N, W)

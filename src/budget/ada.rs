@@ -1,4 +1,4 @@
-//! AdaKV within a layer (SPEC §4), also LAVa's head budgets: every head first keeps its own
+//! AdaKV within a layer (design §4), also LAVa's head budgets: every head first keeps its own
 //! top `floor(alpha·B)` (the safeguard), then one top over the layer's remaining scores
 //! fills the layer total. Ragged per-head counts.
 

@@ -1,4 +1,4 @@
-//! LAVa's layer budgets (SPEC §4): proportional to the normalised entropy of each layer's
+//! LAVa's layer budgets (design §4): proportional to the normalised entropy of each layer's
 //! scores, rounded by largest remainder, clamped to what a layer has, the excess handed to
 //! layers below their cap. Cascade mode calls [`lava_budgets`] again over the layers seen
 //! so far with their stored entropies.

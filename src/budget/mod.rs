@@ -1,4 +1,4 @@
-//! Budget allocation and selection for a whole model (SPEC §4).
+//! Budget allocation and selection for a whole model (design §4).
 //!
 //! Input: scores `[L][Hkv][P]` from [`crate::score_layer`] (or any non-negative-ish f32
 //! scores: random, external). Output: for every (layer, KV head) the kept positions in
@@ -229,7 +229,7 @@ pub(crate) fn link_min(threshold: f32, heads: usize) -> f32 {
     (threshold as f64 * heads as f64) as f32
 }
 
-/// The LaProx-span selection's link threshold (SPEC §4, continuation through value runs).
+/// The LaProx-span selection's link threshold (design §4, continuation through value runs).
 pub const LINK_THRESHOLD: f32 = 0.5;
 
 /// Select kept positions for the whole model in one call.

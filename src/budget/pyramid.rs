@@ -1,4 +1,4 @@
-//! PyramidKV (SPEC §4): per-layer budgets fall linearly with depth, `beta = 20`.
+//! PyramidKV (design §4): per-layer budgets fall linearly with depth, `beta = 20`.
 
 /// Prefix budget of layer `l` of `layers` for an average of `b` per head.
 pub fn pyramid_budget(b: u64, beta: u32, l: usize, layers: usize) -> u64 {

@@ -1,4 +1,4 @@
-//! Compaction (SPEC §5): move the kept K/V rows of one layer, order kept, positions
+//! Compaction (design §5): move the kept K/V rows of one layer, order kept, positions
 //! untouched.
 //!
 //! A layer's selection is the slice of `kve_select_model`'s output for that layer:

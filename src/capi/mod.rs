@@ -386,7 +386,7 @@ pub fn header_defines() -> std::string::String {
     let enums: [(&str, &[(&str, i64)]); 11] = [
         ("kve_tensor.dtype", DType::C_DEFINES),
         (
-            "Scoring presets for kve_score_params_init (SPEC §3 defaults).",
+            "Scoring presets for kve_score_params_init (design §3 defaults).",
             Preset::C_DEFINES,
         ),
         ("kve_score_params.scorer", ScorerKind::C_DEFINES),
@@ -404,7 +404,7 @@ pub fn header_defines() -> std::string::String {
             PoolPlacement::C_DEFINES,
         ),
         (
-            "kve_select_params.allocator (SPEC §4)",
+            "kve_select_params.allocator (design §4)",
             AllocatorKind::C_DEFINES,
         ),
         (

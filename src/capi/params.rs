@@ -20,7 +20,7 @@ pub const MAX_STRUCT_SIZE: u32 = 4096;
 /// every prefix token; `2^31` is the most tokens a cache may hold).
 pub const MAX_BUDGET: u64 = crate::error::MAX_TOKENS as u64;
 
-/// How to score one layer (SPEC §3). Fill with `kve_score_params_init`, then adjust.
+/// How to score one layer (design §3). Fill with `kve_score_params_init`, then adjust.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct kve_score_params {
@@ -58,7 +58,7 @@ pub struct kve_score_params {
     pub power: u32,
 }
 
-/// How to allocate budgets and select (SPEC §4). Fill with `kve_select_params_init`.
+/// How to allocate budgets and select (design §4). Fill with `kve_select_params_init`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct kve_select_params {
@@ -269,7 +269,7 @@ pub unsafe extern "C" fn kve_score_params_init(
 }
 
 /// Fill `params` for an allocator (`KVE_ALLOCATOR_*`) at a granularity
-/// (`KVE_GRANULARITY_*`) with the SPEC §4 defaults: alpha 0.2, beta 20, layer-sum
+/// (`KVE_GRANULARITY_*`) with the design §4 defaults: alpha 0.2, beta 20, layer-sum
 /// normalisation, no post pooling. `budget`: average prefix tokens per (layer, KV head).
 /// Writes only `params` (`struct_size` bytes).
 #[no_mangle]
@@ -287,7 +287,7 @@ pub unsafe extern "C" fn kve_select_params_init(
     to_status(unsafe { write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v) })
 }
 
-/// Fill `params` with LaProx-span's selection (SPEC §3): global allocator, token
+/// Fill `params` with LaProx-span's selection (design §3): global allocator, token
 /// granularity (one token set for the whole model), forward post pooling (k = 9,
 /// decay 1.0) with position 0 left out of it (`post_pool_sinks` = 1). Use with the
 /// `KVE_PRESET_LAPROX_SPAN` scorer. Writes only `params`.

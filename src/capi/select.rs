@@ -277,7 +277,7 @@ pub unsafe extern "C" fn kve_evicted_positions(
 
 // ------------------------------------------------------------------ sharded selection
 
-/// State of a model-wide top-K search split over shards of layers (SPEC §4, "selection
+/// State of a model-wide top-K search split over shards of layers (design §4, "selection
 /// across devices"). Plain data: copy it to every shard, process or device. Written only
 /// by `kve_search_init` and `kve_search_step`; the fields are the library's business.
 /// What can be checked is (`KVE_ERR_INVALID_ARGUMENT`): the fields' consistency; before

@@ -191,7 +191,7 @@ pub unsafe extern "C" fn kve_stream_feed_workspace_size(
 /// Feed `c` queries into the stream: `queries` `[Hq, c, dk]` (post-RoPE), `positions[c]`
 /// (`>= 0`, non-decreasing within the chunk and after every position fed before),
 /// `keys` `[Hkv, N, dk]` with the shape the state was started for. A query at position
-/// `p` sees keys `i <= min(p, N-1)`, softmax over them in f32 (SPEC §2, scale 1/sqrt(dk)).
+/// `p` sees keys `i <= min(p, N-1)`, softmax over them in f32 (design §2, scale 1/sqrt(dk)).
 /// `row_lse` (NULL, 0 when absent): exactly `Hq*c` floats `[Hq][c]`, each row's natural-log
 /// log-sum-exp over its visible keys (flash attention's `softmax_lse`); K is then read
 /// once instead of twice. Errors, with the state unchanged: positions going backwards or

@@ -2,9 +2,9 @@
 //! [`ScoreConfig`](crate::ScoreConfig), [`LayerShape`](crate::LayerShape),
 //! [`SelectConfig`](crate::SelectConfig) and [`ModelShape`](crate::ModelShape).
 //!
-//! - [`score`]: one layer's scores as a chain of launches per scorer (SPEC §3), the same
+//! - [`score`]: one layer's scores as a chain of launches per scorer (design §3), the same
 //!   formulas in the same order as the host scorers in `src/score`.
-//! - [`select`]: every allocator and granularity (SPEC §4) as the host's `select_model`
+//! - [`select`]: every allocator and granularity (design §4) as the host's `select_model`
 //!   decides them, per-layer budgets computed on the device.
 //! - [`compact`]: compaction of the kept rows.
 //!

@@ -1,4 +1,4 @@
-//! One layer's scores on the device: every scorer of SPEC §3 as a chain of launches on
+//! One layer's scores on the device: every scorer of design §3 as a chain of launches on
 //! the caller's stream, the same formulas in the same order as the core (src/score), so
 //! the device scores match the host's to float tolerance.
 

@@ -1,4 +1,4 @@
-//! CriticalKV (SPEC §3, kvpress `CriticalKVPress`): the base SnapKV score forces its top
+//! CriticalKV (design §3, kvpress `CriticalKVPress`): the base SnapKV score forces its top
 //! `critical_first_stage` prefix tokens (score = f32::MAX); the rest are ranked by
 //! `(s + 1e-4) · mean_{h in group} ||v Wo_h||_1`.
 use super::{pooled_mean_attention, Bufs};

@@ -1,4 +1,4 @@
-//! KNorm (SPEC §3): `-||K[kh,i]||_2`, no queries needed.
+//! KNorm (design §3): `-||K[kh,i]||_2`, no queries needed.
 //!
 //! Each norm is `Σ_d x_d·x_d` in the lane order of [`crate::lanes`] (each square an FMA into
 //! its lane), the same on every path, so scores are bit-identical across them.

@@ -1,4 +1,4 @@
-//! LaProx (SPEC §3): per query head `pool(||A[h,:,i]||_2) · ||v_i Wo_h||_2`, the value-output
+//! LaProx (design §3): per query head `pool(||A[h,:,i]||_2) · ||v_i Wo_h||_2`, the value-output
 //! norm read from the Gram quadratic form `v G_h vᵀ`. GQA modes: `sum` over the group,
 //! `exact` (Frobenius norm of the group's rank-g term, cross-Gram blocks) and `mean-attn`.
 //! In `exact` mode attention and value terms do not factor, so the pool applies to the

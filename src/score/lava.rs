@@ -1,4 +1,4 @@
-//! LAVa (SPEC §3): `max_{h in group} maxpool(mean_j A[h,j,i]) · max_{k<P} ||V[kh,k]||_1`.
+//! LAVa (design §3): `max_{h in group} maxpool(mean_j A[h,j,i]) · max_{k<P} ||V[kh,k]||_1`.
 use super::knorm::row_sums;
 use super::{pooled_mean_attention, Bufs};
 use crate::config::{GqaReduce, ScoreConfig};

@@ -1,4 +1,4 @@
-//! Scoring one layer (SPEC §3): one score per (KV head, prefix token), `[Hkv][P]`, where
+//! Scoring one layer (design §3): one score per (KV head, prefix token), `[Hkv][P]`, where
 //! `P = N - min(w, N)`; window tokens are always kept and never scored.
 //!
 //! Data flow: validate everything → per group: the window attention (one pass when the
@@ -478,7 +478,7 @@ pub fn window_row_lse_workspace_size(shape: &LayerShape, window: u32) -> Result<
         .ok_or(Error::Overflow)
 }
 
-/// The per-row log-sum-exp of the window attention (SPEC §2), the `row_lse` input of
+/// The per-row log-sum-exp of the window attention (design §2), the `row_lse` input of
 /// [`LayerInputs`]: `out[h*w + j] = ln Σ_{i visible} exp(Qw[h,j]·K[h/g,i] / sqrt(dk))` for
 /// query heads `h < Hq` and the last `w = min(window, N)` rows `j` of `queries`
 /// (`[Hq, wq, dk]`, `wq >= w`); `keys` `[Hkv, N, dk]`. It is the first of the two passes

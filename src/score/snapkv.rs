@@ -1,4 +1,4 @@
-//! SnapKV (SPEC §3): pooled mean window attention, reduced over the query group.
+//! SnapKV (design §3): pooled mean window attention, reduced over the query group.
 use super::{pooled_mean_attention, Bufs};
 use crate::config::ScoreConfig;
 

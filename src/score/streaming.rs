@@ -1,4 +1,4 @@
-//! StreamingLLM (SPEC §3): sinks score 1, everything else 0; the tie rule (later position
+//! StreamingLLM (design §3): sinks score 1, everything else 0; the tie rule (later position
 //! first) then keeps the most recent tokens, exactly, at any N.
 use crate::config::ScoreConfig;
 

@@ -1,4 +1,4 @@
-//! TOVA (SPEC §3): the last query's attention (w = 1), mean over every query head of the
+//! TOVA (design §3): the last query's attention (w = 1), mean over every query head of the
 //! layer; the same score for every KV head.
 //!
 //! With one window row per query head, the shared window pass ([`crate::window`]) fills

@@ -1,4 +1,4 @@
-//! Uniqueness (SPEC §3b; ours, question-agnostic, no queries, no extra forward pass):
+//! Uniqueness (design §3b; ours, question-agnostic, no queries, no extra forward pass):
 //! `u[kh,i] = max(0, 1 - r_i)^24` with `r_i` the [`TWIN_RANK`]-th largest of
 //! `min(cos(k_i, k_j), cos(v_i, v_j))` over every other cached token `j` (−1 where fewer
 //! exist), 0 where `r_i >= ` [`TWIN_CUTOFF`] (0.5), then `s[kh,i] = max_{0 <= j <= 10} c_j·u[i+j]` over the prefix, `c_j = 1` for
@@ -21,7 +21,7 @@
 //! 10 % / 5 %: 7 / 1 of 19 → 16 / 7, held out 6 / 1 of 17 → 16 / 8; the grammar's needle
 //! 18/17/12 of 19 → 18/18/16; multi-key 10 / 8 of 18 → 10 / 5, held out 13 / 9 → 12 / 6).
 //! The power sharpens the per-head
-//! scores so that the layer-sum normalisation of the token granularity (SPEC §4) does not
+//! scores so that the layer-sum normalisation of the token granularity (design §4) does not
 //! flatten the few unique tokens into the many. Why 24, not 8: in prose many tokens of a
 //! head are nearly as unique as a fact, and with 8 their summed mass outweighed the fact's
 //! (the cube of every score, lends included, so the same kept sets as `0.9` cubed: needle in
@@ -56,7 +56,7 @@ use crate::error::{Error, Result};
 use crate::numerics::{dispatch, dot_v, Simd};
 use crate::view::{load_rows, View};
 
-/// Sharpening exponent (decision, SPEC §3b).
+/// Sharpening exponent (decision, design §3b).
 pub const POWER: i32 = 24;
 /// How many tokens before a unique token receive its whole score (the words that introduce
 /// it: "The pass key is" before a key's digits).

@@ -41,7 +41,7 @@ fn core_scores_with(
     out
 }
 
-/// f64 reference of the three scorer presets (SPEC §3) on one layer:
+/// f64 reference of the three scorer presets (design §3) on one layer:
 /// LaProx (avg 7 on ||A||, times sqrt(v G vᵀ), group sum), SnapKV (max 7 on the
 /// mean, group mean), LAVa (max 7 on the mean, times max_k ||V_k||_1, group max).
 fn ref_scores(which: &str, q: &Tensor, k: &Tensor, v: &Tensor, gram: &[f32], w: usize) -> Vec<f64> {

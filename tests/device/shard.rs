@@ -3,7 +3,7 @@
 use super::pipelines::{core_select, layer_sums};
 use super::*;
 
-/// CPU + GPU split of one model-wide selection (SPEC §4 "Selection across devices"):
+/// CPU + GPU split of one model-wide selection (design §4 "Selection across devices"):
 /// layers [0, split) on the GPU (kve_cuda_shard_count / _select), the rest on the CPU
 /// (the core's count_shard / select_shard), histograms added on the host, the core's
 /// ShardSearch stepping. Must equal select_model over the whole model exactly.

@@ -6,7 +6,7 @@ use super::{Rng, T3};
 use half::{bf16, f16};
 use kvevict::*;
 
-/// How a logical `[a, b, c]` tensor sits in memory (SPEC §6).
+/// How a logical `[a, b, c]` tensor sits in memory (design §6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
     /// `[a, b, c]` row-major: strides `(b·c, c, 1)`.

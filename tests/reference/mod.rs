@@ -1,9 +1,9 @@
-//! A deliberately plain f64 reference of SPEC §2–§4, written from the SPEC and **not** by
+//! A deliberately plain f64 reference of design §2–§4, written from the design and **not** by
 //! calling the core: no chunking, no Gram matrices, no histograms, no 128-bit keys — full
 //! softmax rows, `v·Wo_h` formed explicitly, selections by a full sort.
 //!
 //! It reads the core's configuration structs (`ScoreConfig`, `SelectConfig`, `Pool`) only
-//! as plain data, so the tests describe a case once. Where the SPEC is silent the reference
+//! as plain data, so the tests describe a case once. Where the design is silent the reference
 //! follows the decision the core documents; every such place is marked `CORE DECISION`.
 //!
 //! `harness` (a sibling file) is the glue that stores tensors in a dtype and layout and
@@ -111,7 +111,7 @@ impl T3 {
 
 // ------------------------------------------------------------------------- pooling --
 
-/// SPEC §3 pooling along tokens, straight from the definitions:
+/// design §3 pooling along tokens, straight from the definitions:
 /// avg counts pads (k/2 each side) as zeros and divides by k; max pads with -inf;
 /// forward `s'[i] = max_{0<=j<k, j<=i} decay^j s[i-j]`. `PoolKind::None` is the identity.
 pub fn pool(p: &Pool, s: &[f64]) -> Vec<f64> {
@@ -293,7 +293,7 @@ fn snapkv_group(
     }
 }
 
-/// Indices of the top `k` of `s` by (score desc, position desc) — SPEC §4's tie rule.
+/// Indices of the top `k` of `s` by (score desc, position desc) — design §4's tie rule.
 pub fn top_positions(s: &[f64], k: usize) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..s.len()).collect();
     idx.sort_by(|&x, &y| s[y].partial_cmp(&s[x]).unwrap().then(y.cmp(&x)));
@@ -301,7 +301,7 @@ pub fn top_positions(s: &[f64], k: usize) -> Vec<usize> {
     idx
 }
 
-/// Score one layer (SPEC §3). `cfg.window` is clamped to `N`; `P = N - min(w, N)`.
+/// Score one layer (design §3). `cfg.window` is clamped to `N`; `P = N - min(w, N)`.
 pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
     let (hkv, n) = (x.k.a, x.k.b);
     let w = (cfg.window as usize).min(n);
@@ -325,7 +325,7 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
             }
             ScorerKind::Lava => {
                 // CORE DECISION: LAVa always reduces the group by max after pooling
-                // (SPEC: LAVa's gqa_support path); cfg.gqa / reduce_before_pool are ignored.
+                // (design: LAVa's gqa_support path); cfg.gqa / reduce_before_pool are ignored.
                 let a = att.as_ref().unwrap();
                 let v = x.v.as_ref().unwrap();
                 let c = (0..p).map(|t| norm1(v.row(kh, t))).fold(0.0, f64::max);
@@ -367,7 +367,7 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
             ScorerKind::KNorm => (0..p).map(|i| -norm2(x.k.row(kh, i))).collect(),
             ScorerKind::Uniqueness => {
                 // (1 - r_i)^8, r_i the 4th largest min(cos k, cos v) over every other cached
-                // token (−1 where fewer exist), SPEC §3b
+                // token (−1 where fewer exist), design §3b
                 let v = x.v.as_ref().unwrap();
                 let cos = |a: &[f64], b: &[f64]| {
                     let (na, nb) = (norm2(a), norm2(b));
@@ -424,7 +424,7 @@ pub fn score_layer(cfg: &ScoreConfig, x: &Layer) -> Scores {
     out
 }
 
-/// LaProx for KV group `kh` (SPEC §3), every quantity formed directly:
+/// LaProx for KV group `kh` (design §3), every quantity formed directly:
 /// `||A[h,:,i]||_2`, `||v_i Wo_h||_2`, and for `exact` the Frobenius norm of the g-term
 /// outer-product sum `Σ_h A[h,:,i] ⊗ (v_i Wo_h)` (`[w, D]`).
 fn laprox_group(cfg: &ScoreConfig, a: &T3, x: &Layer, kh: usize, g: usize, p: usize) -> Vec<f64> {
@@ -517,7 +517,7 @@ pub fn pyramid(b: u64, beta: u64, l: u64, layers: u64) -> u64 {
 }
 
 /// LAVa's layer entropy: `p = |s| / Σ|s|` over the layer (all heads, prefix), `-Σ p ln p`.
-/// CORE DECISION: |s| (the SPEC writes s; scores are non-negative except KNorm's).
+/// CORE DECISION: |s| (the design writes s; scores are non-negative except KNorm's).
 pub fn entropy(s: &[f64]) -> f64 {
     let t: f64 = s.iter().map(|x| x.abs()).sum();
     if t <= 0.0 {
@@ -589,7 +589,7 @@ struct Cand {
     forced: bool,
 }
 
-/// SPEC §4 order: forced (safeguard) first, then score, ties to the later position, then
+/// design §4 order: forced (safeguard) first, then score, ties to the later position, then
 /// to the lower unit (unit = layer·Hkv + head, or layer, or 0).
 fn cmp(a: &Cand, b: &Cand) -> Ordering {
     b.forced
@@ -772,7 +772,7 @@ pub fn select_model_linked(
             let e: Vec<f64> = (0..layers).map(|l| entropy(layer_slice(l))).collect();
             let caps = vec![(per_layer * p) as u64; layers];
             let bl = lava_budgets(&e, (nu * b) as u64, &caps);
-            // SPEC decision: the ada floor follows this layer's own budget
+            // design decision: the ada floor follows this layer's own budget
             for l in 0..layers {
                 ada(l, bl[l] as usize, &mut kept);
             }
