@@ -23,6 +23,12 @@
 //!   `cuda-mock` (`KVEVICT_FORK_MOCK_LIB`, llama_fork/cuda_mock.sh): the same kept cells and K/V
 //!   rows (byte-identical state files) and answers as the host path; refused cleanly without it.
 //!
+//! - the configurations users run (issue 27): llama-server's default `-np` (4 slots, a unified
+//!   cache) with a cell budget (a stream per sequence) and with a keep ratio (each sequence
+//!   compressed inside the shared stream), two chats at once; `q8_0`/`q4_0` caches (scored on
+//!   dequantized, un-rotated rows, compacted as bytes) through the needle tool and the server;
+//!   every library method in `--help` and the unknown-method message, one info line per eviction.
+//!
 //! Needs `KVEVICT_FORK_BIN` (llama_fork/build.sh prints it) and `KVEVICT_LLAMA_MODEL`;
 //! skips with a message without them, unless `KVEVICT_FORK_REQUIRED=1`
 //! (scripts/test.d/45-llama-fork.sh sets it, so there a missing build fails).
@@ -1311,6 +1317,19 @@ impl Drop for Server {
 /// logged (`-lv 4`: each eviction logs one) to a temporary file; returns once `/health`
 /// answers 200 (the server is killed when the handle drops).
 fn start_server(s: &Setup, name: &str, args: &[&str]) -> (Server, u16, PathBuf) {
+    start_server_with(s, name, args, Some("1"), true)
+}
+
+/// `start_server` with `-np` given (`None`: llama-server's default, 4 slots in a unified cache)
+/// and libllama's info lines logged or not (`trace`: `-lv 4`; else llama-server's default
+/// verbosity, what a user sees).
+fn start_server_with(
+    s: &Setup,
+    name: &str,
+    args: &[&str],
+    np: Option<&str>,
+    trace: bool,
+) -> (Server, u16, PathBuf) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -1325,16 +1344,10 @@ fn start_server(s: &Setup, name: &str, args: &[&str]) -> (Server, u16, PathBuf) 
         Command::new(s.bin.join("llama-server"))
             .arg("-m")
             .arg(&s.model)
-            .args([
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "-np",
-                "1",
-            ])
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(np.map(|n| ["-np", n]).iter().flatten())
             .args(args)
-            .args(["-lv", "4"])
+            .args(if trace { &["-lv", "4"][..] } else { &[][..] })
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -1547,13 +1560,20 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     );
     // memory really freed: with the default -b 2048 -ub 512 the cache is allocated for the budget
     // alone, not -c, not the budget plus a batch
-    assert_eq!(alloc_cells, BUDGET, "KV cells allocated");
-    let bound_mib = (BUDGET * kv_bytes_per_cell) as f64 / 1048576.0;
+    assert_allocated(&log_text, BUDGET, BUDGET * kv_bytes_per_cell);
+    let _ = std::fs::remove_file(&log_path);
+}
+
+/// The KV allocation llama.cpp logged (`kv_allocation`) is `cells` cells (per stream) of `bytes`
+/// bytes in all.
+fn assert_allocated(log: &str, cells: u32, bytes: u32) {
+    let (alloc_mib, alloc_cells) = kv_allocation(log);
+    assert_eq!(alloc_cells, cells, "KV cells allocated (per stream)");
+    let bound_mib = bytes as f64 / 1048576.0;
     assert!(
         (alloc_mib - bound_mib).abs() < 0.01,
         "KV allocation {alloc_mib} MiB, expected {bound_mib:.2} MiB"
     );
-    let _ = std::fs::remove_file(&log_path);
 }
 
 #[test]
@@ -1854,4 +1874,437 @@ fn server_restores_a_saved_slot_into_its_budget() {
     }
     let _ = std::fs::remove_file(&log_path);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One turn of a chat over `/v1/chat/completions` (temperature 0): the answer and the request's
+/// `prompt_tokens` (the whole conversation so far), or what went wrong.
+fn chat_turn(
+    port: u16,
+    messages: &[(String, String)],
+    max_tokens: u32,
+) -> Result<(String, f64), String> {
+    let body = format!(
+        "{{\"messages\":[{}],\"max_tokens\":{max_tokens},\"temperature\":0}}",
+        messages
+            .iter()
+            .map(|(r, c)| format!("{{\"role\":\"{r}\",\"content\":\"{}\"}}", json_escape(c)))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    match http(port, "POST", "/v1/chat/completions", &body) {
+        Ok((200, b)) => {
+            let answer = json_string(&b[b.find("\"message\"").unwrap_or(0)..], "content")
+                .unwrap_or_default();
+            let prompt = json_number(&b, "prompt_tokens").unwrap_or(0.0);
+            if answer.is_empty() {
+                Err(format!("empty answer: {b}"))
+            } else {
+                Ok((answer, prompt))
+            }
+        }
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// A conversation (an opener, then "two facts about" each topic in turn) until its history
+/// reaches `min_history` tokens or the topics run out: (turns, history tokens, errors).
+fn converse(
+    port: u16,
+    opener: &str,
+    topics: &[&str],
+    min_history: f64,
+) -> (usize, f64, Vec<String>) {
+    let mut messages = vec![("user".to_string(), opener.to_string())];
+    let (mut history, mut errors, mut turns) = (0.0, Vec::new(), 0);
+    for t in std::iter::once(None).chain(topics.iter().map(Some)) {
+        if let Some(t) = t {
+            if history >= min_history {
+                break;
+            }
+            messages.push((
+                "user".into(),
+                format!("Tell me two facts about {t}, in two sentences."),
+            ));
+        }
+        turns += 1;
+        match chat_turn(port, &messages, 48) {
+            Ok((a, h)) => {
+                history = h;
+                messages.push(("assistant".into(), a));
+            }
+            Err(e) => {
+                errors.push(format!("turn {turns}: {e}"));
+                messages.push(("assistant".into(), "I see.".into()));
+            }
+        }
+    }
+    (turns, history, errors)
+}
+
+/// Per sequence, the most cells it held, from libllama's lines (`-lv 4`): each eviction
+/// (`evict: seq S: A -> B cells`: A held before it) and each new high after placing a ubatch
+/// (`place: seq S: X cells with this ubatch`).
+fn cells_held_per_seq(log: &str) -> std::collections::BTreeMap<u32, u32> {
+    let mut held = std::collections::BTreeMap::new();
+    for l in log.lines() {
+        for label in ["evict: seq ", "place: seq "] {
+            let Some(at) = l.find(label) else { continue };
+            let rest = &l[at + label.len()..];
+            let seq: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+            let cells: String = rest[seq.len() + 2..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit())
+                .collect();
+            let (Ok(seq), Ok(cells)) = (seq.parse::<u32>(), cells.parse::<u32>()) else {
+                panic!("cannot read {l:?}")
+            };
+            let e = held.entry(seq).or_insert(0);
+            *e = (*e).max(cells);
+        }
+    }
+    held
+}
+
+/// The eviction lines a user sees at llama-server's default verbosity (common's info level):
+/// `kv eviction: seq S: A -> B cells in T ms (reason)` as (S, A, B).
+fn info_evictions(log: &str) -> Vec<(u32, u32, u32)> {
+    log.lines()
+        .filter_map(|l| {
+            let rest = &l[l.find("kv eviction: seq ")? + 17..];
+            let (seq, rest) = rest.split_once(": ")?;
+            let (a, rest) = rest.split_once(" -> ")?;
+            let b = rest.split_whitespace().next()?;
+            Some((seq.parse().ok()?, a.parse().ok()?, b.parse().ok()?))
+        })
+        .collect()
+}
+
+/// What a failed or refused eviction logs (never expected in a supported configuration).
+fn eviction_failures(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| {
+            l.contains("eviction of seq")
+                || l.contains("KV eviction needs")
+                || l.contains("KV eviction cannot")
+                || l.contains("under the KV cell budget")
+                || l.contains("no window queries captured")
+        })
+        .collect()
+}
+
+const TOPICS_A: [&str; 12] = [
+    "the moon",
+    "rivers",
+    "bread",
+    "owls",
+    "glaciers",
+    "violins",
+    "deserts",
+    "bees",
+    "lighthouses",
+    "tea",
+    "volcanoes",
+    "chess",
+];
+const TOPICS_B: [&str; 12] = [
+    "maps", "whales", "clocks", "forests", "bridges", "salt", "comets", "gardens", "harbours",
+    "kites", "canyons", "pianos",
+];
+
+/// Issue 27, finding 1: llama-server's defaults (`-np` auto: 4 slots, a unified cache) with a cell
+/// budget, two conversations at once. The budget is per sequence, so each gets a stream of its own
+/// (`kv_unified off`, logged): every eviction succeeds, no sequence holds more than the budget, and
+/// the cache is allocated for 4 x the budget, not `-c`.
+#[test]
+fn server_default_slots_hold_a_budget_per_sequence() {
+    let Some(s) = setup() else {
+        return;
+    };
+    const BUDGET: u32 = 256;
+    let budget = BUDGET.to_string();
+    let (_server, port, log_path) = start_server_with(
+        &s,
+        "default-slots-budget",
+        &["-c", "4096", "-t", "2", "--kv-max-cells", &budget],
+        None,
+        true,
+    );
+    let t0 = std::time::Instant::now();
+    let min_history = 1.5 * BUDGET as f64;
+    let (a, b) = std::thread::scope(|sc| {
+        let a = sc.spawn(|| converse(port, "My name is Alice. Hello!", &TOPICS_A, min_history));
+        let b = sc.spawn(|| {
+            converse(
+                port,
+                "My name is Bob. Good morning!",
+                &TOPICS_B,
+                min_history,
+            )
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let held = cells_held_per_seq(&log);
+    let evicted: std::collections::BTreeSet<u32> =
+        info_evictions(&log).iter().map(|e| e.0).collect();
+    let (alloc_mib, alloc_cells) = kv_allocation(&log);
+    let kv_bytes_per_cell = 30 * 2 * 192 * 2; // SmolLM2, f16 K and V
+    println!(
+        "llama-server, default -np (4 slots), --kv-max-cells {BUDGET}, two chats at once in {:.1} s: \
+         {} turns / {} history tokens and {} turns / {} history tokens; sequences evicted {evicted:?}, \
+         most cells held per sequence {held:?}; KV allocated {alloc_cells} cells per stream, {alloc_mib:.2} MiB",
+        t0.elapsed().as_secs_f64(),
+        a.0,
+        a.1,
+        b.0,
+        b.1
+    );
+    assert!(a.2.is_empty() && b.2.is_empty(), "{:#?} {:#?}", a.2, b.2);
+    assert!(
+        a.1 >= min_history && b.1 >= min_history,
+        "the conversations must pass 1.5x the budget"
+    );
+    assert!(
+        log.contains("one KV stream per sequence (kv_unified off)"),
+        "{log}"
+    );
+    assert_eq!(eviction_failures(&log), Vec::<&str>::new());
+    assert!(evicted.len() >= 2, "both conversations evict: {evicted:?}");
+    assert!(
+        held.values().all(|&h| h <= BUDGET),
+        "a sequence held more than {BUDGET} cells: {held:?}"
+    );
+    // 4 streams of BUDGET cells
+    assert_allocated(&log, BUDGET, 4 * BUDGET * kv_bytes_per_cell);
+    let _ = std::fs::remove_file(&log_path);
+}
+
+/// Issue 27, findings 1 and 6: llama-server's defaults (4 slots sharing one unified stream) with a
+/// keep ratio, two conversations at once, at the default verbosity (what a user sees): each
+/// sequence is compressed within the shared stream (its rows scored on a copy, its evicted cells
+/// freed, the stream compacted; the other sequences' cells kept), one info line per eviction.
+#[test]
+fn server_default_slots_compress_each_sequence_in_the_unified_cache() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let (_server, port, log_path) = start_server_with(
+        &s,
+        "default-slots-keep",
+        &["-c", "4096", "-t", "2", "--kv-keep", "0.5"],
+        None,
+        false,
+    );
+    let opener = |name: &str| {
+        format!(
+            "My name is {name}. I am planning a long walk along the coast next week, with two friends \
+             and a dog, and I would like some advice on what to pack, how far to walk each day and \
+             where to stop for lunch. Please answer briefly."
+        )
+    };
+    let (a, b) = std::thread::scope(|sc| {
+        let a = sc.spawn(|| converse(port, &opener("Alice"), &TOPICS_A[..2], f64::MAX));
+        let b = sc.spawn(|| converse(port, &opener("Bob"), &TOPICS_B[..2], f64::MAX));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let ev = info_evictions(&log);
+    let seqs: std::collections::BTreeSet<u32> = ev.iter().map(|e| e.0).collect();
+    println!(
+        "llama-server, default -np (unified), --kv-keep 0.5, two chats of {} and {} turns: {} evictions \
+         (seq, before, after) {ev:?}",
+        a.0,
+        b.0,
+        ev.len()
+    );
+    assert!(a.2.is_empty() && b.2.is_empty(), "{:#?} {:#?}", a.2, b.2);
+    assert_eq!(eviction_failures(&log), Vec::<&str>::new());
+    assert!(
+        seqs.len() >= 2,
+        "both conversations compressed: {ev:?}\n{log}"
+    );
+    for &(seq, before, after) in &ev {
+        assert!(
+            after < before && after as f64 >= 0.5 * before as f64 - 1.0,
+            "seq {seq}: {before} -> {after} cells at keep 0.5"
+        );
+    }
+    let _ = std::fs::remove_file(&log_path);
+}
+
+/// Issue 27, finding 2: quantized KV caches. The needle prompt at 10 % keep with q8_0 and q4_0 K
+/// and V (flash attention on: ggml quantizes V only with it) and with a q8_0 K beside a transposed
+/// f16 V (flash attention off): scored on the dequantized rows, rows moved as bytes; every
+/// eviction succeeds, and the q8_0 cache answers as its full cache does.
+#[test]
+fn quantized_caches_are_scored_dequantized_and_compacted_as_bytes() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let common = ["--needle", "0.5", "--seed", "5", "--kv-keep", "0.1"];
+    let mut table = String::new();
+    for (ctk, ctv, flash) in [
+        ("q8_0", "q8_0", "on"),
+        ("q4_0", "q4_0", "on"),
+        ("q8_0", "f16", "off"),
+    ] {
+        let types = ["-ctk", ctk, "-ctv", ctv, "--flash-attn", flash];
+        let full = needle_with(&s, &common, &[&types[..], &["--kv-evict", "full"]].concat());
+        let r = needle_with(&s, &common, &types);
+        table += &format!(
+            "{ctk}/{ctv} flash {flash}: {} -> {} cells (n_kv {} -> {}), log problems {}, answer {:?} (full cache {:?})\n",
+            r.num("cells_before"),
+            r.num("cells_after"),
+            r.num("n_kv_before"),
+            r.num("n_kv_after"),
+            r.num("log_problems"),
+            r.get("answer"),
+            full.get("answer")
+        );
+        assert_eq!(r.num("log_problems"), 0.0, "{ctk}/{ctv}: {table}");
+        let (before, after) = (r.num("cells_before"), r.num("cells_after"));
+        assert!(
+            after < 0.11 * before + 8.0 && after > 0.05 * before,
+            "{ctk}/{ctv}: {before} -> {after}"
+        );
+        assert!(
+            r.num("n_kv_after") <= padded(after, PAD_EVICTING),
+            "{ctk}/{ctv}: the compacted span: {table}"
+        );
+        if ctk == "q8_0" && full.num("recovered") == 1.0 {
+            assert_eq!(r.num("recovered"), 1.0, "{ctk}/{ctv}: {table}");
+        }
+    }
+    print!("{table}");
+}
+
+/// Issue 27, finding 2, through llama-server: `-ctk q8_0 -ctv q8_0` with a cell budget over a
+/// conversation 1.5x the budget: every eviction succeeds, no sequence holds more than the budget and
+/// the cache is allocated for the budget (q8_0 rows: 34 bytes per 32 values).
+#[test]
+fn server_holds_a_budget_with_a_q8_0_cache() {
+    let Some(s) = setup() else {
+        return;
+    };
+    const BUDGET: u32 = 256;
+    let budget = BUDGET.to_string();
+    let (_server, port, log_path) = start_server(
+        &s,
+        "q8_0-budget",
+        &[
+            "-c",
+            "4096",
+            "-t",
+            "2",
+            "-ctk",
+            "q8_0",
+            "-ctv",
+            "q8_0",
+            "--kv-max-cells",
+            &budget,
+        ],
+    );
+    let (turns, history, errors) = converse(
+        port,
+        "My name is Alice. Hello!",
+        &[TOPICS_A, TOPICS_B].concat(),
+        1.5 * BUDGET as f64,
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let held = cells_held_per_seq(&log);
+    let ev = info_evictions(&log);
+    let (alloc_mib, alloc_cells) = kv_allocation(&log);
+    println!(
+        "llama-server -np 1 -ctk q8_0 -ctv q8_0 --kv-max-cells {BUDGET}: {turns} turns, {history} history tokens, \
+         {} evictions, most cells held {held:?}, KV allocated {alloc_cells} cells, {alloc_mib:.2} MiB",
+        ev.len()
+    );
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert!(history >= 1.5 * BUDGET as f64);
+    assert_eq!(eviction_failures(&log), Vec::<&str>::new());
+    assert!(!ev.is_empty(), "no eviction:\n{log}");
+    assert!(held.values().all(|&h| h <= BUDGET), "{held:?}");
+    // q8_0: 34 bytes per 32 values; 30 layers, K and V of 192 values a cell
+    assert_allocated(&log, BUDGET, BUDGET * 30 * 2 * (192 / 32 * 34));
+    let _ = std::fs::remove_file(&log_path);
+}
+
+/// Issue 27, finding 6: `--help` and the unknown-method message list every scoring preset the
+/// library's header defines (`KVE_PRESET_*`, read here from include/kvevict.h: criticalkv named as
+/// not offered), and `llama-kvevict-needle --help` prints its usage and methods.
+#[test]
+fn every_library_method_is_listed_and_the_needle_tool_has_help() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let header =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/kvevict.h"))
+            .unwrap();
+    let names: Vec<String> = header
+        .lines()
+        .filter_map(|l| l.strip_prefix("#define KVE_PRESET_"))
+        .map(|l| {
+            l.split_whitespace()
+                .next()
+                .unwrap()
+                .to_lowercase()
+                .replace('_', "-")
+        })
+        .collect();
+    assert!(
+        names.len() >= 10 && names.iter().any(|n| n == "uniqueness"),
+        "{names:?}"
+    );
+    let out = |exe: &str, args: &[&str]| {
+        let o = Command::new(s.bin.join(exe)).args(args).output().unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr),
+        )
+    };
+    for exe in ["llama-server", "llama-cli"] {
+        let (_, help) = out(exe, &["--help"]);
+        let at = help
+            .find("--kv-evict METHOD")
+            .expect("--kv-evict in --help");
+        let entry = &help[at..help[at..]
+            .find("\n--kv-keep")
+            .map_or(help.len(), |e| at + e)];
+        let (ok, unknown) = out(
+            exe,
+            &["-m", s.model.to_str().unwrap(), "--kv-evict", "bogus"],
+        );
+        assert!(
+            !ok && unknown.contains("unknown --kv-evict method 'bogus'"),
+            "{unknown}"
+        );
+        for n in &names {
+            assert!(
+                entry.contains(n.as_str()),
+                "{exe} --help omits {n}:\n{entry}"
+            );
+            if n != "criticalkv" {
+                assert!(
+                    unknown.contains(n.as_str()),
+                    "{exe}: the unknown-method message omits {n}:\n{unknown}"
+                );
+            }
+        }
+    }
+    let (ok, help) = out("llama-kvevict-needle", &["--help"]);
+    assert!(ok && help.contains("usage: llama-kvevict-needle"), "{help}");
+    for n in names.iter().filter(|n| *n != "criticalkv") {
+        assert!(
+            help.contains(n.as_str()),
+            "llama-kvevict-needle --help omits {n}:\n{help}"
+        );
+    }
+    let (ok, crit) = out(
+        "llama-server",
+        &["-m", s.model.to_str().unwrap(), "--kv-evict", "criticalkv"],
+    );
+    assert!(
+        !ok && crit.contains("unknown --kv-evict method 'criticalkv'"),
+        "{crit}"
+    );
 }
