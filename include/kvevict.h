@@ -493,7 +493,15 @@ typedef struct kve_evictor_config {
    * shared by every head (llama.cpp, paged caches) want `KVE_GRANULARITY_TOKEN`.
    */
   uint32_t granularity;
+  /**
+   * Optional (NULL: the preset's): scoring; `window` still overrides its window.
+   */
+  const struct kve_score_params *score;
   uint64_t layers;
+  /**
+   * Optional (NULL: the preset's): selection; its budget is replaced by the policy's.
+   */
+  const struct kve_select_params *select;
   uint64_t hq;
   uint64_t hkv;
   uint64_t dk;
@@ -532,14 +540,6 @@ typedef struct kve_evictor_config {
    */
   uint64_t high;
   uint64_t low;
-  /**
-   * Optional (NULL: the preset's): scoring; `window` still overrides its window.
-   */
-  const struct kve_score_params *score;
-  /**
-   * Optional (NULL: the preset's): selection; its budget is replaced by the policy's.
-   */
-  const struct kve_select_params *select;
 } kve_evictor_config;
 
 /**

@@ -230,7 +230,9 @@ class kve_evictor_config(ctypes.Structure):
         ("preset", c_uint32),
         ("window", c_uint32),
         ("granularity", c_uint32),
+        ("score", c_void_p),
         ("layers", c_uint64),
+        ("select", c_void_p),
         ("hq", c_uint64),
         ("hkv", c_uint64),
         ("dk", c_uint64),
@@ -244,8 +246,6 @@ class kve_evictor_config(ctypes.Structure):
         ("min_keep", c_uint64),
         ("high", c_uint64),
         ("low", c_uint64),
-        ("score", c_void_p),
-        ("select", c_void_p),
     ]
 
 

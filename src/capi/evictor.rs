@@ -67,7 +67,13 @@ pub struct kve_evictor_config {
     /// `KVE_GRANULARITY_*`, or `KVE_EVICTOR_PRESET_GRANULARITY`. Engines whose cells are
     /// shared by every head (llama.cpp, paged caches) want `KVE_GRANULARITY_TOKEN`.
     pub granularity: u32,
+    // each pointer sits before a u64, so it takes 8 bytes on 32-bit targets too and the
+    // layout (and KVE_EVICTOR_CONFIG_V1_SIZE) is the same on every target
+    /// Optional (NULL: the preset's): scoring; `window` still overrides its window.
+    pub score: *const kve_score_params,
     pub layers: u64,
+    /// Optional (NULL: the preset's): selection; its budget is replaced by the policy's.
+    pub select: *const kve_select_params,
     pub hq: u64,
     pub hkv: u64,
     pub dk: u64,
@@ -90,10 +96,6 @@ pub struct kve_evictor_config {
     /// `KVE_POLICY_CELLS`: `1 <= low <= high`; `low = 0` means `high - high/8`.
     pub high: u64,
     pub low: u64,
-    /// Optional (NULL: the preset's): scoring; `window` still overrides its window.
-    pub score: *const kve_score_params,
-    /// Optional (NULL: the preset's): selection; its budget is replaced by the policy's.
-    pub select: *const kve_select_params,
 }
 
 v1_size!(kve_evictor_config, KVE_EVICTOR_CONFIG_V1_SIZE = 136);
