@@ -70,11 +70,11 @@ pub use gram::{
     value_forms_len,
 };
 pub use links::{accumulate_value_links, value_links_workspace_size};
+pub use paged::{PagedKind, PagedLayout, PagedView, PagedViewMut};
 pub use score::{
     layer_shape, score_layer, score_len, score_workspace_size, window_row_lse,
     window_row_lse_workspace_size, LayerInputs, LayerShape,
 };
-pub use paged::{PagedKind, PagedLayout, PagedView, PagedViewMut};
 pub use shape::ModelShape;
 pub use stream::{
     stream_feed, stream_feed_workspace_size, stream_init, stream_query_count, stream_scores,

@@ -128,7 +128,10 @@ impl Arena {
                 (a.to_bits() as u64) << 32 | b.to_bits() as u64
             };
         }
-        Arena { _dev: Registered::new(buf.as_ptr() as *const u8, ARENA), buf }
+        Arena {
+            _dev: Registered::new(buf.as_ptr() as *const u8, ARENA),
+            buf,
+        }
     }
     fn base(&self) -> *const u8 {
         self.buf.as_ptr() as *const u8
@@ -143,7 +146,11 @@ fn tensor(r: &mut R, a: &Arena, small: [u64; 3]) -> kve_tensor {
     if r.chance(40) {
         return kve_tensor::NONE;
     }
-    let off = if r.chance(6) { r.u8() as usize % 64 } else { (r.u8() as usize % 64) * 8 };
+    let off = if r.chance(6) {
+        r.u8() as usize % 64
+    } else {
+        (r.u8() as usize % 64) * 8
+    };
     let dtype = r.enum_val(3);
     let es = if dtype == 0 { 4 } else { 2 };
     let max_len = (ARENA - off) / es;
@@ -213,18 +220,38 @@ struct Out {
 
 impl Out {
     fn new(r: &mut R, a: &mut Arena, max: usize) -> Out {
-        let len = if r.chance(8) { r.size(1 << 20) as usize % (max + 1) } else { max };
+        let len = if r.chance(8) {
+            r.size(1 << 20) as usize % (max + 1)
+        } else {
+            max
+        };
         let mut own = vec![CANARY; max.max(1)];
         if r.chance(16) {
             let off = (r.u8() as usize % 32) * 4;
             let n = ((ARENA - off) / 4).min(len);
             let p = unsafe { (a.buf.as_mut_ptr() as *mut u8).add(off) } as *mut u32;
             let _dev = Registered::new(own.as_ptr() as *const u8, own.len() * 4);
-            return Out { _dev, own, ptr: p, len: n as u64, in_arena: true };
+            return Out {
+                _dev,
+                own,
+                ptr: p,
+                len: n as u64,
+                in_arena: true,
+            };
         }
-        let ptr = if r.chance(40) { std::ptr::null_mut() } else { own.as_mut_ptr() };
+        let ptr = if r.chance(40) {
+            std::ptr::null_mut()
+        } else {
+            own.as_mut_ptr()
+        };
         let _dev = Registered::new(own.as_ptr() as *const u8, own.len() * 4);
-        Out { _dev, ptr, len: len as u64, in_arena: false, own }
+        Out {
+            _dev,
+            ptr,
+            len: len as u64,
+            in_arena: false,
+            own,
+        }
     }
     fn span(&self) -> (usize, usize) {
         (self.ptr as usize, self.ptr as usize + self.len as usize * 4)
@@ -269,7 +296,11 @@ fn dev_workspace(r: &mut R, a: &mut Arena, query: Option<u64>) -> DevWs {
         }
         _ => r.u8() as u64 * 16,
     } as usize;
-    let skew = if r.chance(16) { 4 * (1 + r.u8() as usize % 63) } else { 0 };
+    let skew = if r.chance(16) {
+        4 * (1 + r.u8() as usize % 63)
+    } else {
+        0
+    };
     if r.chance(12) {
         let base = a.buf.as_mut_ptr() as usize;
         let first = base.next_multiple_of(256) - base;
@@ -284,9 +315,19 @@ fn dev_workspace(r: &mut R, a: &mut Arena, query: Option<u64>) -> DevWs {
     }
     let mut own = vec![0u64; (n + skew) / 8 + 33];
     let p = (own.as_mut_ptr() as usize).next_multiple_of(256) + skew;
-    let ptr = if r.chance(40) { std::ptr::null_mut() } else { p as *mut c_void };
+    let ptr = if r.chance(40) {
+        std::ptr::null_mut()
+    } else {
+        p as *mut c_void
+    };
     let _dev = Some(Registered::new(own.as_ptr() as *const u8, own.len() * 8));
-    DevWs { _dev, _own: own, ptr, len: n as u64, in_arena: false }
+    DevWs {
+        _dev,
+        _own: own,
+        ptr,
+        len: n as u64,
+        in_arena: false,
+    }
 }
 
 /// Sometimes a head count at a limit of the device path (group size, launch grids,
@@ -350,17 +391,31 @@ fn padded<T>(r: &mut R, p: T) -> Box<Padded<T>> {
 fn score_params(r: &mut R) -> kve_score_params {
     let mut p: kve_score_params = unsafe { std::mem::zeroed() };
     // V1 (48 bytes, no power) or V2 (52)
-    let size = if r.chance(4) { KVE_SCORE_PARAMS_V1_SIZE } else { KVE_SCORE_PARAMS_V2_SIZE };
+    let size = if r.chance(4) {
+        KVE_SCORE_PARAMS_V1_SIZE
+    } else {
+        KVE_SCORE_PARAMS_V2_SIZE
+    };
     let st = unsafe { kve_score_params_init(&mut p, size, r.u8() as u32 % 10) };
     if st != KVE_OK {
         p.struct_size = size;
     }
     // (sometimes the preset's own window: TOVA's is 1)
-    p.window = if r.chance(4) { r.u32() % 300 } else if r.chance(5) { p.window } else { 1 + r.u8() as u32 % 40 };
+    p.window = if r.chance(4) {
+        r.u32() % 300
+    } else if r.chance(5) {
+        p.window
+    } else {
+        1 + r.u8() as u32 % 40
+    };
     if r.chance(3) {
         p.scorer = r.enum_val(8);
         p.pool_kind = r.enum_val(4);
-        p.pool_kernel = if r.chance(8) { r.u32() } else { r.u8() as u32 % 12 };
+        p.pool_kernel = if r.chance(8) {
+            r.u32()
+        } else {
+            r.u8() as u32 % 12
+        };
         p.pool_decay = [0.9, 1.0, 0.0, -1.0, f32::NAN, 0.5][r.u8() as usize % 6];
         p.gqa = r.enum_val(3);
         p.reduce_before_pool = r.enum_val(2);
@@ -377,7 +432,11 @@ fn select_params(r: &mut R) -> kve_select_params {
     let mut p: kve_select_params = unsafe { std::mem::zeroed() };
     let alloc = r.enum_val(5);
     let gran = r.enum_val(3);
-    let budget = if r.chance(6) { r.u64() } else { r.u8() as u64 % 64 };
+    let budget = if r.chance(6) {
+        r.u64()
+    } else {
+        r.u8() as u64 % 64
+    };
     let st = unsafe {
         if r.chance(5) {
             kve_select_params_init_laprox_span(&mut p, 48, budget)
@@ -410,7 +469,11 @@ fn stream_params(r: &mut R) -> kve_stream_score_params {
     if r.chance(3) {
         p.gqa = r.enum_val(3);
         p.pool_kind = r.enum_val(4);
-        p.pool_kernel = if r.chance(8) { r.u32() } else { r.u8() as u32 % 12 };
+        p.pool_kernel = if r.chance(8) {
+            r.u32()
+        } else {
+            r.u8() as u32 % 12
+        };
         p.pool_decay = [0.9, 1.0, 0.0, -1.0, f32::NAN, 0.5][r.u8() as usize % 6];
         p.post_pool_kind = r.enum_val(4);
         p.post_pool_kernel = r.u8() as u32 % 12;
@@ -434,8 +497,16 @@ fn fit(r: &mut R, a: &Arena, t: &mut kve_tensor, e: [u64; 3]) {
     }
     t.extent = e;
     let plane = e[1].saturating_mul(e[2]);
-    t.stride = if r.chance(4) { [plane, 1, e[1]] } else { [plane, e[2], 1] };
-    t.len = if r.chance(16) { need.saturating_sub(1) } else { need };
+    t.stride = if r.chance(4) {
+        [plane, 1, e[1]]
+    } else {
+        [plane, e[2], 1]
+    };
+    t.len = if r.chance(16) {
+        need.saturating_sub(1)
+    } else {
+        need
+    };
 }
 
 /// Bytes of a tensor descriptor.
@@ -468,7 +539,11 @@ impl State {
     /// span (so it overlaps it) and ends inside its buffer.
     fn inside(&mut self, r: &mut R, size: usize) -> *mut u8 {
         let first = (self.ptr as usize - self.own.as_ptr() as usize) / 8;
-        let last = self.own.len().saturating_sub(size.div_ceil(8)).min((self.len as usize / 8).saturating_sub(1));
+        let last = self
+            .own
+            .len()
+            .saturating_sub(size.div_ceil(8))
+            .min((self.len as usize / 8).saturating_sub(1));
         let w = first + r.u8() as usize % (last.saturating_sub(first) + 1);
         unsafe { (self.own.as_mut_ptr() as *mut u8).add(w * 8) }
     }
@@ -480,7 +555,9 @@ fn scratch_back(a: &mut Arena, before: &[u8], s: (usize, usize)) {
     let base = a.buf.as_mut_ptr() as usize;
     let (lo, hi) = (s.0.max(base), s.1.min(base + ARENA));
     if lo < hi {
-        unsafe { std::ptr::copy_nonoverlapping(before[lo - base..].as_ptr(), lo as *mut u8, hi - lo) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(before[lo - base..].as_ptr(), lo as *mut u8, hi - lo)
+        };
     }
 }
 
@@ -488,7 +565,10 @@ fn check_csr(off: &[u32], offsets_len: usize, idx: &[u32], units: usize, n: u64)
     let o = unsafe { std::slice::from_raw_parts(off.as_ptr() as *const u64, offsets_len) };
     assert_eq!(o[0], 0);
     for u in 0..units {
-        assert!(o[u] <= o[u + 1] && o[u + 1] as usize <= idx.len(), "offsets");
+        assert!(
+            o[u] <= o[u + 1] && o[u + 1] as usize <= idx.len(),
+            "offsets"
+        );
         let list = &idx[o[u] as usize..o[u + 1] as usize];
         assert!(list.windows(2).all(|w| w[0] < w[1]), "ascending");
         assert!(list.iter().all(|&x| (x as u64) < n), "in range");
@@ -532,23 +612,59 @@ fuzz_target!(|data: &[u8]| {
                 if r.chance(3) {
                     (inp.value_l1, inp.value_l1_len) = fl(&mut r);
                 }
-                let work = inp.queries.extent.iter().fold(1u64, |x, &e| x.saturating_mul(e))
+                let work = inp
+                    .queries
+                    .extent
+                    .iter()
+                    .fold(1u64, |x, &e| x.saturating_mul(e))
                     .saturating_mul(inp.keys.extent[1]);
-                if elems(&inp.queries) > 1 << 16 || elems(&inp.keys) > 1 << 16 || elems(&inp.values) > 1 << 16 || work > 1 << 24 {
+                if elems(&inp.queries) > 1 << 16
+                    || elems(&inp.keys) > 1 << 16
+                    || elems(&inp.values) > 1 << 16
+                    || work > 1 << 24
+                {
                     return;
                 }
-                let (hq, hkv, n, dk) = (inp.queries.extent[0], inp.keys.extent[0], inp.keys.extent[1], inp.keys.extent[2]);
+                let (hq, hkv, n, dk) = (
+                    inp.queries.extent[0],
+                    inp.keys.extent[0],
+                    inp.keys.extent[1],
+                    inp.keys.extent[2],
+                );
                 let mut ws_q = 0u64;
-                let q = (kve_score_workspace_size(sp, hq, hkv, n, dk, inp.values.extent[2].max(1), &mut ws_q) == KVE_OK).then_some(ws_q);
+                let q = (kve_score_workspace_size(
+                    sp,
+                    hq,
+                    hkv,
+                    n,
+                    dk,
+                    inp.values.extent[2].max(1),
+                    &mut ws_q,
+                ) == KVE_OK)
+                    .then_some(ws_q);
                 let mut olen = 0u64;
                 let ol = kve_score_output_len(sp, hkv, n, &mut olen);
-                let max = if ol == KVE_OK && olen < 1 << 16 { olen as usize } else { 64 };
+                let max = if ol == KVE_OK && olen < 1 << 16 {
+                    olen as usize
+                } else {
+                    64
+                };
                 let o = Out::new(&mut r, &mut a, max);
                 let mut ws = workspace(&mut r, q);
-                st = kve_score_layer(sp, &inp, o.ptr as *mut f32, o.len, ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+                st = kve_score_layer(
+                    sp,
+                    &inp,
+                    o.ptr as *mut f32,
+                    o.len,
+                    ws.as_mut_ptr() as *mut c_void,
+                    ws.len() as u64,
+                );
                 for t in [&inp.queries, &inp.keys, &inp.values] {
                     if st == KVE_OK {
-                        assert!(!overlaps(o.span(), span(t)), "output overlapping an input accepted");
+                        assert!(
+                            !overlaps(o.span(), span(t)),
+                            "output overlapping an input accepted"
+                        );
                     }
                 }
                 if st == KVE_OK && ol == KVE_OK && !o.in_arena && olen > 0 && !o.ptr.is_null() {
@@ -570,17 +686,43 @@ fuzz_target!(|data: &[u8]| {
                     let mut q = 0u64;
                     let ok = kve_gram_workspace_size(wo.extent[1], wo.extent[2], &mut q) == KVE_OK;
                     let mut ws = workspace(&mut r, ok.then_some(q));
-                    st = kve_compute_gram(&wo, hkv, cross, o.ptr as *mut f32, o.len, ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+                    st = kve_compute_gram(
+                        &wo,
+                        hkv,
+                        cross,
+                        o.ptr as *mut f32,
+                        o.len,
+                        ws.as_mut_ptr() as *mut c_void,
+                        ws.len() as u64,
+                    );
                 } else if op == 2 {
                     let off = (r.u8() as usize % 64) * 4;
                     let glen = r.u32() as u64 % ((ARENA - off) / 4) as u64;
                     let (t0, t1) = (r.size(100), r.size(100));
-                    st = kve_compute_value_forms(&v, a.base().add(off) as *const f32, glen, r.size(16), cross, t0, t1, o.ptr as *mut f32, o.len);
+                    st = kve_compute_value_forms(
+                        &v,
+                        a.base().add(off) as *const f32,
+                        glen,
+                        r.size(16),
+                        cross,
+                        t0,
+                        t1,
+                        o.ptr as *mut f32,
+                        o.len,
+                    );
                 } else {
                     let mut q = 0u64;
-                    let ok = kve_value_l1_workspace_size(wo.extent[1], wo.extent[2], &mut q) == KVE_OK;
+                    let ok =
+                        kve_value_l1_workspace_size(wo.extent[1], wo.extent[2], &mut q) == KVE_OK;
                     let mut ws = workspace(&mut r, ok.then_some(q));
-                    st = kve_compute_value_l1(&v, &wo, o.ptr as *mut f32, o.len, ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+                    st = kve_compute_value_l1(
+                        &v,
+                        &wo,
+                        o.ptr as *mut f32,
+                        o.len,
+                        ws.as_mut_ptr() as *mut c_void,
+                        ws.len() as u64,
+                    );
                 }
                 if st == KVE_OK {
                     // inputs of each call: gram reads wo; value forms read v (and the gram);
@@ -600,23 +742,55 @@ fuzz_target!(|data: &[u8]| {
                 let sp = &spb.p;
                 let (layers, hkv, n, w) = (r.size(6), r.size(4), r.size(120), r.u8() as u64 % 40);
                 let off = (r.u8() as usize % 64) * 4;
-                let len = if r.chance(4) { r.u32() as u64 % ((ARENA - off) / 4) as u64 } else {
-                    layers.saturating_mul(hkv).saturating_mul(n.saturating_sub(w)).min(((ARENA - off) / 4) as u64)
+                let len = if r.chance(4) {
+                    r.u32() as u64 % ((ARENA - off) / 4) as u64
+                } else {
+                    layers
+                        .saturating_mul(hkv)
+                        .saturating_mul(n.saturating_sub(w))
+                        .min(((ARENA - off) / 4) as u64)
                 };
-                let ms = kve_model_scores { scores: a.base().add(off) as *const f32, len, layers, hkv, n, window: w };
+                let ms = kve_model_scores {
+                    scores: a.base().add(off) as *const f32,
+                    len,
+                    layers,
+                    hkv,
+                    n,
+                    window: w,
+                };
                 let (mut ol, mut il, mut wl) = (0u64, 0u64, 0u64);
                 let ok = kve_select_output_len(sp, layers, hkv, n, w, &mut ol, &mut il) == KVE_OK
                     && kve_select_workspace_size(sp, layers, hkv, n, w, &mut wl) == KVE_OK
-                    && ol < 1 << 14 && il < 1 << 18;
-                let (ol, il) = if ok { (ol as usize, il as usize) } else { (16, 256) };
+                    && ol < 1 << 14
+                    && il < 1 << 18;
+                let (ol, il) = if ok {
+                    (ol as usize, il as usize)
+                } else {
+                    (16, 256)
+                };
                 let o = Out::new(&mut r, &mut a, ol * 2);
-                let o = Out { len: o.len / 2, ..o };
+                let o = Out {
+                    len: o.len / 2,
+                    ..o
+                };
                 let i = Out::new(&mut r, &mut a, il);
                 let mut ws = workspace(&mut r, ok.then_some(wl));
-                st = kve_select_model(sp, &ms, o.ptr as *mut u64, o.len, i.ptr, i.len, ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+                st = kve_select_model(
+                    sp,
+                    &ms,
+                    o.ptr as *mut u64,
+                    o.len,
+                    i.ptr,
+                    i.len,
+                    ws.as_mut_ptr() as *mut c_void,
+                    ws.len() as u64,
+                );
                 if st == KVE_OK {
                     let sc = (ms.scores as usize, ms.scores as usize + ms.len as usize * 4);
-                    assert!(!overlaps(o.span(), sc) && !overlaps(i.span(), sc), "selection output over the scores");
+                    assert!(
+                        !overlaps(o.span(), sc) && !overlaps(i.span(), sc),
+                        "selection output over the scores"
+                    );
                 }
                 if st == KVE_OK && !o.in_arena && !i.in_arena {
                     let units = (layers * hkv) as usize;
@@ -628,9 +802,19 @@ fuzz_target!(|data: &[u8]| {
                         let p = n - w.min(n);
                         let mut ev = vec![CANARY; p as usize + 1];
                         let mut cnt = 0u64;
-                        let e = kve_evicted_positions(kept.as_ptr(), kept.len() as u64, p, ev.as_mut_ptr(), ev.len() as u64, &mut cnt);
+                        let e = kve_evicted_positions(
+                            kept.as_ptr(),
+                            kept.len() as u64,
+                            p,
+                            ev.as_mut_ptr(),
+                            ev.len() as u64,
+                            &mut cnt,
+                        );
                         assert_eq!(e, KVE_OK);
-                        assert_eq!(cnt + kept.iter().filter(|&&x| (x as u64) < p).count() as u64, p);
+                        assert_eq!(
+                            cnt + kept.iter().filter(|&&x| (x as u64) < p).count() as u64,
+                            p
+                        );
                     }
                 }
                 outs.push(o);
@@ -670,7 +854,15 @@ fuzz_target!(|data: &[u8]| {
                     }
                     let snapshot = copy.clone();
                     let o = Out::new(&mut r, &mut a, heads as usize);
-                    st = kve_compact_in_place(&kv, lists.as_ptr(), lists.len() as u64, idx.as_ptr(), idx.len() as u64, o.ptr, o.len);
+                    st = kve_compact_in_place(
+                        &kv,
+                        lists.as_ptr(),
+                        lists.len() as u64,
+                        idx.as_ptr(),
+                        idx.len() as u64,
+                        o.ptr,
+                        o.len,
+                    );
                     if st != KVE_OK {
                         assert!(copy == snapshot, "cache written on error");
                     } else if !o.in_arena && o.len >= heads && kv.extent[0] == heads {
@@ -684,7 +876,9 @@ fuzz_target!(|data: &[u8]| {
                     let mut d = tensor(&mut r, &a, [1, 600, 16]);
                     if !d.data.is_null() && !r.chance(10) {
                         d.data = dst_buf.as_mut_ptr() as *const c_void;
-                        d.len = d.len.min((dst_buf.len() * 4 / if d.dtype == 0 { 4 } else { 2 }) as u64);
+                        d.len = d
+                            .len
+                            .min((dst_buf.len() * 4 / if d.dtype == 0 { 4 } else { 2 }) as u64);
                     } else {
                         dst_in_arena = !d.data.is_null();
                     }
@@ -692,9 +886,21 @@ fuzz_target!(|data: &[u8]| {
                         return;
                     }
                     let o = Out::new(&mut r, &mut a, heads as usize + 1);
-                    st = kve_compact_varlen(&kv, lists.as_ptr(), lists.len() as u64, idx.as_ptr(), idx.len() as u64, &d, o.ptr as *mut i32, o.len);
+                    st = kve_compact_varlen(
+                        &kv,
+                        lists.as_ptr(),
+                        lists.len() as u64,
+                        idx.as_ptr(),
+                        idx.len() as u64,
+                        &d,
+                        o.ptr as *mut i32,
+                        o.len,
+                    );
                     if st != KVE_OK {
-                        assert!(dst_buf.iter().all(|&x| x == CANARY), "varlen dst written on error");
+                        assert!(
+                            dst_buf.iter().all(|&x| x == CANARY),
+                            "varlen dst written on error"
+                        );
                     } else {
                         assert!(!overlaps(span(&d), span(&kv)));
                     }
@@ -719,15 +925,33 @@ fuzz_target!(|data: &[u8]| {
                         (inp.values.extent[0], inp.values.stride[0]) = (h, 0);
                     }
                 }
-                let (hq, hkv, n, dk) = (inp.queries.extent[0], inp.keys.extent[0], inp.keys.extent[1], inp.keys.extent[2]);
-                let dv = if inp.values.data.is_null() { dk } else { inp.values.extent[2] };
+                let (hq, hkv, n, dk) = (
+                    inp.queries.extent[0],
+                    inp.keys.extent[0],
+                    inp.keys.extent[1],
+                    inp.keys.extent[2],
+                );
+                let dv = if inp.values.data.is_null() {
+                    dk
+                } else {
+                    inp.values.extent[2]
+                };
                 // the lengths the call wants (sometimes given exactly, to get past them)
                 let cross = sp.scorer == 2 && sp.laprox_gqa != 0;
-                let g = if hkv > 0 && hq % hkv == 0 { hq / hkv } else { 1 };
-                let blocks = if cross { g.saturating_mul(g.saturating_add(1)) / 2 } else { g };
+                let g = if hkv > 0 && hq % hkv == 0 {
+                    hq / hkv
+                } else {
+                    1
+                };
+                let blocks = if cross {
+                    g.saturating_mul(g.saturating_add(1)) / 2
+                } else {
+                    g
+                };
                 let w = (sp.window as u64).min(n);
                 let want = [
-                    hkv.saturating_mul(blocks).saturating_mul(dv.saturating_mul(dv)),
+                    hkv.saturating_mul(blocks)
+                        .saturating_mul(dv.saturating_mul(dv)),
                     hkv.saturating_mul(blocks).saturating_mul(n),
                     hkv.saturating_mul(n),
                     hq.saturating_mul(w),
@@ -735,7 +959,11 @@ fuzz_target!(|data: &[u8]| {
                 let fl = |r: &mut R, want: u64| {
                     let off = (r.u8() as usize % 64) * 4 + if r.chance(24) { 2 } else { 0 };
                     let room = ((ARENA - off) / 4) as u64;
-                    let len = if want < room && r.chance(2) { want } else { r.u32() as u64 % room };
+                    let len = if want < room && r.chance(2) {
+                        want
+                    } else {
+                        r.u32() as u64 % room
+                    };
                     (a.base().add(off) as *const f32, len)
                 };
                 if r.chance(3) {
@@ -751,31 +979,93 @@ fuzz_target!(|data: &[u8]| {
                     (inp.row_lse, inp.row_lse_len) = fl(&mut r, want[3]);
                 }
                 // work of the kernels: window (x g for the cross pairs), vonorm
-                let work = elems(&inp.queries).saturating_mul(n).saturating_mul(if cross { g.clamp(1, 16) } else { 1 });
-                let vo = if inp.gram.is_null() { 0 } else { n.saturating_mul(inp.gram_len) };
-                if elems(&inp.queries) > 1 << 18 || elems(&inp.keys) > 1 << 18 || elems(&inp.values) > 1 << 18 || work > 1 << 24 || vo > 1 << 24 {
+                let work = elems(&inp.queries)
+                    .saturating_mul(n)
+                    .saturating_mul(if cross { g.clamp(1, 16) } else { 1 });
+                let vo = if inp.gram.is_null() {
+                    0
+                } else {
+                    n.saturating_mul(inp.gram_len)
+                };
+                if elems(&inp.queries) > 1 << 18
+                    || elems(&inp.keys) > 1 << 18
+                    || elems(&inp.values) > 1 << 18
+                    || work > 1 << 24
+                    || vo > 1 << 24
+                {
                     return;
                 }
                 let mut ws_q = 0u64;
-                let q = (kve_cuda_score_workspace_size(sp, hq, hkv, n, dk, dv.max(1), &mut ws_q) == KVE_OK).then_some(ws_q);
+                let q = (kve_cuda_score_workspace_size(sp, hq, hkv, n, dk, dv.max(1), &mut ws_q)
+                    == KVE_OK)
+                    .then_some(ws_q);
                 let mut olen = 0u64;
                 let ol = kve_score_output_len(sp, hkv, n, &mut olen);
-                let max = if ol == KVE_OK && olen <= 1 << 18 { olen as usize } else { 64 };
+                let max = if ol == KVE_OK && olen <= 1 << 18 {
+                    olen as usize
+                } else {
+                    64
+                };
                 let o = Out::new(&mut r, &mut a, max);
                 let ws = dev_workspace(&mut r, &mut a, q);
                 dst_in_arena = ws.in_arena;
-                st = kve_cuda_score_layer(sp, &inp, o.ptr as *mut f32, o.len, ws.ptr, ws.len, std::ptr::null_mut());
+                st = kve_cuda_score_layer(
+                    sp,
+                    &inp,
+                    o.ptr as *mut f32,
+                    o.len,
+                    ws.ptr,
+                    ws.len,
+                    std::ptr::null_mut(),
+                );
                 if debug() {
                     let b = a.base() as usize;
-                    let rel = |p: *const c_void| if p.is_null() { -1 } else { p as isize - b as isize };
-                    eprintln!("status {st}\nparams {:?}\nq {:?} @{}\nk {:?} @{}\nv {:?} @{}", std::slice::from_raw_parts(sp as *const _ as *const u32, 12), inp.queries, rel(inp.queries.data), inp.keys, rel(inp.keys.data), inp.values, rel(inp.values.data));
-                    eprintln!("gram @{} {} forms @{} {} l1 @{} {} lse @{} {}", rel(inp.gram as _), inp.gram_len, rel(inp.value_forms as _), inp.value_forms_len, rel(inp.value_l1 as _), inp.value_l1_len, rel(inp.row_lse as _), inp.row_lse_len);
-                    eprintln!("out @{} len {} (olen {olen}); ws query {q:?} @{} len {}", rel(o.ptr as _), o.len, rel(ws.ptr), ws.len);
+                    let rel = |p: *const c_void| {
+                        if p.is_null() {
+                            -1
+                        } else {
+                            p as isize - b as isize
+                        }
+                    };
+                    eprintln!(
+                        "status {st}\nparams {:?}\nq {:?} @{}\nk {:?} @{}\nv {:?} @{}",
+                        std::slice::from_raw_parts(sp as *const _ as *const u32, 12),
+                        inp.queries,
+                        rel(inp.queries.data),
+                        inp.keys,
+                        rel(inp.keys.data),
+                        inp.values,
+                        rel(inp.values.data)
+                    );
+                    eprintln!(
+                        "gram @{} {} forms @{} {} l1 @{} {} lse @{} {}",
+                        rel(inp.gram as _),
+                        inp.gram_len,
+                        rel(inp.value_forms as _),
+                        inp.value_forms_len,
+                        rel(inp.value_l1 as _),
+                        inp.value_l1_len,
+                        rel(inp.row_lse as _),
+                        inp.row_lse_len
+                    );
+                    eprintln!(
+                        "out @{} len {} (olen {olen}); ws query {q:?} @{} len {}",
+                        rel(o.ptr as _),
+                        o.len,
+                        rel(ws.ptr),
+                        ws.len
+                    );
                 }
-                assert_ne!(st, KVE_ERR_CUDA, "a launcher refused what the C layer accepted");
+                assert_ne!(
+                    st, KVE_ERR_CUDA,
+                    "a launcher refused what the C layer accepted"
+                );
                 if let Some(need) = q {
                     if ws.len >= need {
-                        assert_ne!(st, KVE_ERR_WORKSPACE_TOO_SMALL, "workspace of the queried size refused");
+                        assert_ne!(
+                            st, KVE_ERR_WORKSPACE_TOO_SMALL,
+                            "workspace of the queried size refused"
+                        );
                     }
                 }
                 if st == KVE_OK {
@@ -806,17 +1096,30 @@ fuzz_target!(|data: &[u8]| {
                         reads.push(span_n(inp.value_l1 as _, inp.value_l1_len, 4));
                     }
                     // (LaProx given value forms uses less workspace than the query sized)
-                    let ws_used = if sp.scorer == 2 && !inp.value_forms.is_null() { 0 } else { q.unwrap_or(0).min(ws.len) };
+                    let ws_used = if sp.scorer == 2 && !inp.value_forms.is_null() {
+                        0
+                    } else {
+                        q.unwrap_or(0).min(ws.len)
+                    };
                     let writes = [span_n(o.ptr as _, olen, 4), span_n(ws.ptr, ws_used, 1)];
                     for wr in writes {
                         for rd in &reads {
-                            assert!(!overlaps(wr, *rd), "device output or workspace over an input accepted");
+                            assert!(
+                                !overlaps(wr, *rd),
+                                "device output or workspace over an input accepted"
+                            );
                         }
                     }
                     for rd in &reads {
-                        assert!(unchanged(&a, &before, *rd), "an input of the device call modified");
+                        assert!(
+                            unchanged(&a, &before, *rd),
+                            "an input of the device call modified"
+                        );
                     }
-                    assert!(!overlaps(writes[0], writes[1]), "device output over its workspace accepted");
+                    assert!(
+                        !overlaps(writes[0], writes[1]),
+                        "device output over its workspace accepted"
+                    );
                 }
                 outs.push(o);
             }
@@ -828,36 +1131,97 @@ fuzz_target!(|data: &[u8]| {
                 let (layers, hkv, n, w) = (r.size(6), r.size(4), r.size(120), r.u8() as u64 % 40);
                 let off = (r.u8() as usize % 64) * 4 + if r.chance(32) { 2 } else { 0 };
                 let room = ((ARENA - off) / 4) as u64;
-                let len = if r.chance(4) { r.u32() as u64 % room } else {
-                    layers.saturating_mul(hkv).saturating_mul(n.saturating_sub(w)).min(room)
+                let len = if r.chance(4) {
+                    r.u32() as u64 % room
+                } else {
+                    layers
+                        .saturating_mul(hkv)
+                        .saturating_mul(n.saturating_sub(w))
+                        .min(room)
                 };
-                let ms = kve_model_scores { scores: a.base().add(off) as *const f32, len, layers, hkv, n, window: w };
+                let ms = kve_model_scores {
+                    scores: a.base().add(off) as *const f32,
+                    len,
+                    layers,
+                    hkv,
+                    n,
+                    window: w,
+                };
                 let units = layers.saturating_mul(hkv);
                 let p = n - w.min(n);
                 let mut wl = 0u64;
-                let q = (kve_cuda_select_model_workspace_size(sp, layers, hkv, n, w, &mut wl) == KVE_OK).then_some(wl);
+                let q = (kve_cuda_select_model_workspace_size(sp, layers, hkv, n, w, &mut wl)
+                    == KVE_OK)
+                    .then_some(wl);
                 let ld = if r.chance(8) {
-                    [0, p, n.wrapping_sub(1), n.wrapping_add(1), 1 << 31, (1 << 31) - 1, u64::MAX, r.u64()][r.u8() as usize % 8]
+                    [
+                        0,
+                        p,
+                        n.wrapping_sub(1),
+                        n.wrapping_add(1),
+                        1 << 31,
+                        (1 << 31) - 1,
+                        u64::MAX,
+                        r.u64(),
+                    ][r.u8() as usize % 8]
                 } else {
                     n.saturating_add(r.u8() as u64 % 4)
                 };
-                let sane = q.is_some() && units <= 1 << 14 && ld <= 1 << 16 && units.saturating_mul(ld) <= 1 << 18;
-                let (cmax, imax) = if sane { (units as usize, (units * ld) as usize) } else { (16, 256) };
+                let sane = q.is_some()
+                    && units <= 1 << 14
+                    && ld <= 1 << 16
+                    && units.saturating_mul(ld) <= 1 << 18;
+                let (cmax, imax) = if sane {
+                    (units as usize, (units * ld) as usize)
+                } else {
+                    (16, 256)
+                };
                 let c = Out::new(&mut r, &mut a, cmax);
                 let i = Out::new(&mut r, &mut a, imax);
                 let ws = dev_workspace(&mut r, &mut a, q);
                 dst_in_arena = ws.in_arena;
-                st = kve_cuda_select_model(sp, &ms, c.ptr as *mut i32, c.len, i.ptr as *mut i32, ld, i.len, ws.ptr, ws.len, std::ptr::null_mut());
+                st = kve_cuda_select_model(
+                    sp,
+                    &ms,
+                    c.ptr as *mut i32,
+                    c.len,
+                    i.ptr as *mut i32,
+                    ld,
+                    i.len,
+                    ws.ptr,
+                    ws.len,
+                    std::ptr::null_mut(),
+                );
                 if debug() {
                     let b = a.base() as usize;
-                    let rel = |p: *const c_void| if p.is_null() { -1 } else { p as isize - b as isize };
+                    let rel = |p: *const c_void| {
+                        if p.is_null() {
+                            -1
+                        } else {
+                            p as isize - b as isize
+                        }
+                    };
                     eprintln!("status {st}\nparams {:?}\nscores @{} len {len} layers {layers} hkv {hkv} n {n} w {w}", std::slice::from_raw_parts(sp as *const _ as *const u32, 12), rel(ms.scores as _));
-                    eprintln!("counts @{} len {}; idx @{} ld {ld} len {}; ws query {q:?} @{} len {}", rel(c.ptr as _), c.len, rel(i.ptr as _), i.len, rel(ws.ptr), ws.len);
+                    eprintln!(
+                        "counts @{} len {}; idx @{} ld {ld} len {}; ws query {q:?} @{} len {}",
+                        rel(c.ptr as _),
+                        c.len,
+                        rel(i.ptr as _),
+                        i.len,
+                        rel(ws.ptr),
+                        ws.len
+                    );
                 }
-                assert_ne!(st, KVE_ERR_CUDA, "a launcher refused what the C layer accepted");
+                assert_ne!(
+                    st, KVE_ERR_CUDA,
+                    "a launcher refused what the C layer accepted"
+                );
                 if let Some(need) = q {
                     if ws.len >= need {
-                        assert_ne!(st, KVE_ERR_WORKSPACE_TOO_SMALL, "workspace of the queried size refused");
+                        assert_ne!(
+                            st, KVE_ERR_WORKSPACE_TOO_SMALL,
+                            "workspace of the queried size refused"
+                        );
                     }
                 }
                 if st == KVE_OK {
@@ -868,39 +1232,80 @@ fuzz_target!(|data: &[u8]| {
                         span_n(ws.ptr, q.unwrap_or(0).min(ws.len), 1),
                     ];
                     for (k, wr) in writes.iter().enumerate() {
-                        assert!(!overlaps(*wr, sc), "device selection output over the scores");
+                        assert!(
+                            !overlaps(*wr, sc),
+                            "device selection output over the scores"
+                        );
                         for other in &writes[k + 1..] {
-                            assert!(!overlaps(*wr, *other), "device selection outputs overlapping");
+                            assert!(
+                                !overlaps(*wr, *other),
+                                "device selection outputs overlapping"
+                            );
                         }
                     }
-                    assert!(unchanged(&a, &before, sc), "device selection modified its scores");
+                    assert!(
+                        unchanged(&a, &before, sc),
+                        "device selection modified its scores"
+                    );
                     if !c.in_arena && !i.in_arena {
                         for u in 0..units as usize {
                             let cnt = c.own[u] as i32;
-                            assert!(cnt >= 0 && cnt as u64 <= n, "count {cnt} of unit {u} (N = {n})");
+                            assert!(
+                                cnt >= 0 && cnt as u64 <= n,
+                                "count {cnt} of unit {u} (N = {n})"
+                            );
                             let row = &i.own[u * ld as usize..u * ld as usize + cnt as usize];
-                            assert!(row.windows(2).all(|x| (x[0] as i32) < x[1] as i32), "ascending");
-                            assert!(row.iter().all(|&x| (x as i32) >= 0 && (x as u64) < n), "in range");
+                            assert!(
+                                row.windows(2).all(|x| (x[0] as i32) < x[1] as i32),
+                                "ascending"
+                            );
+                            assert!(
+                                row.iter().all(|&x| (x as i32) >= 0 && (x as u64) < n),
+                                "in range"
+                            );
                             // the whole window closes every list
                             let wn = (n - p) as usize;
-                            assert!(row.len() >= wn && row[row.len() - wn..].iter().zip(p as u32..).all(|(&x, y)| x == y), "window listed");
+                            assert!(
+                                row.len() >= wn
+                                    && row[row.len() - wn..]
+                                        .iter()
+                                        .zip(p as u32..)
+                                        .all(|(&x, y)| x == y),
+                                "window listed"
+                            );
                         }
                         // the kept sets are the host's (where the host accepts the scores)
                         let (mut hol, mut hil, mut hwl) = (0u64, 0u64, 0u64);
-                        if p > 0 && layers <= 1 << 12
-                            && kve_select_output_len(sp, layers, hkv, n, w, &mut hol, &mut hil) == KVE_OK
+                        if p > 0
+                            && layers <= 1 << 12
+                            && kve_select_output_len(sp, layers, hkv, n, w, &mut hol, &mut hil)
+                                == KVE_OK
                             && kve_select_workspace_size(sp, layers, hkv, n, w, &mut hwl) == KVE_OK
-                            && hil <= 1 << 20 && hwl <= 64 << 20
+                            && hil <= 1 << 20
+                            && hwl <= 64 << 20
                         {
                             let mut ho = vec![0u64; hol as usize];
                             let mut hi = vec![0u32; hil as usize];
                             let mut hw = vec![0u8; hwl as usize];
-                            let hs = kve_select_model(sp, &ms, ho.as_mut_ptr(), hol, hi.as_mut_ptr(), hil, hw.as_mut_ptr() as *mut c_void, hwl);
+                            let hs = kve_select_model(
+                                sp,
+                                &ms,
+                                ho.as_mut_ptr(),
+                                hol,
+                                hi.as_mut_ptr(),
+                                hil,
+                                hw.as_mut_ptr() as *mut c_void,
+                                hwl,
+                            );
                             if hs == KVE_OK {
                                 for u in 0..units as usize {
                                     let host = &hi[ho[u] as usize..ho[u + 1] as usize];
-                                    let dev = &i.own[u * ld as usize..u * ld as usize + c.own[u] as usize];
-                                    assert_eq!(dev, host, "unit {u}: device kept list differs from the host's");
+                                    let dev = &i.own
+                                        [u * ld as usize..u * ld as usize + c.own[u] as usize];
+                                    assert_eq!(
+                                        dev, host,
+                                        "unit {u}: device kept list differs from the host's"
+                                    );
                                 }
                             }
                         }
@@ -912,10 +1317,16 @@ fuzz_target!(|data: &[u8]| {
             8 => {
                 // sharded search end to end over two shards
                 let sp = select_params(&mut r);
-                let (layers, hkv, n, w) = (1 + r.u8() as u64 % 6, 1 + r.u8() as u64 % 4, 1 + r.u8() as u64 % 100, r.u8() as u64 % 40);
+                let (layers, hkv, n, w) = (
+                    1 + r.u8() as u64 % 6,
+                    1 + r.u8() as u64 % 4,
+                    1 + r.u8() as u64 % 100,
+                    r.u8() as u64 % 40,
+                );
                 let split = r.u8() as u64 % (layers + 1);
                 let p = n - w.min(n);
-                let scores = std::slice::from_raw_parts(a.base() as *const f32, (layers * hkv * p) as usize);
+                let scores =
+                    std::slice::from_raw_parts(a.base() as *const f32, (layers * hkv * p) as usize);
                 let mut s: kve_search = std::mem::zeroed();
                 st = kve_search_init(&mut s, &sp, layers, hkv, n, w);
                 if st == KVE_OK {
@@ -928,15 +1339,37 @@ fuzz_target!(|data: &[u8]| {
                             if ln == 0 {
                                 continue;
                             }
-                            let part = &scores[(l0 * hkv * p) as usize..((l0 + ln) * hkv * p) as usize];
-                            let ms = kve_model_scores { scores: part.as_ptr(), len: part.len() as u64, layers: ln, hkv, n, window: w };
+                            let part =
+                                &scores[(l0 * hkv * p) as usize..((l0 + ln) * hkv * p) as usize];
+                            let ms = kve_model_scores {
+                                scores: part.as_ptr(),
+                                len: part.len() as u64,
+                                layers: ln,
+                                hkv,
+                                n,
+                                window: w,
+                            };
                             let mut wl = 0u64;
-                            assert_eq!(kve_select_shard_workspace_size(&sp, ln, hkv, n, w, &mut wl), KVE_OK);
+                            assert_eq!(
+                                kve_select_shard_workspace_size(&sp, ln, hkv, n, w, &mut wl),
+                                KVE_OK
+                            );
                             let mut ws = vec![0u8; wl as usize];
                             let mut h: kve_histogram = std::mem::zeroed();
-                            let c = kve_search_count_shard(&sp, &ms, l0, &s, &mut h, ws.as_mut_ptr() as *mut c_void, wl);
+                            let c = kve_search_count_shard(
+                                &sp,
+                                &ms,
+                                l0,
+                                &s,
+                                &mut h,
+                                ws.as_mut_ptr() as *mut c_void,
+                                wl,
+                            );
                             if c != KVE_OK {
-                                assert!(h.bins.iter().all(|&b| b == 0), "histogram written on error");
+                                assert!(
+                                    h.bins.iter().all(|&b| b == 0),
+                                    "histogram written on error"
+                                );
                                 failed = true;
                                 break;
                             }
@@ -951,15 +1384,48 @@ fuzz_target!(|data: &[u8]| {
                     if !failed {
                         let mut thr = 0f32;
                         assert_eq!(kve_search_threshold(&s, &mut thr), KVE_OK);
-                        let ms = kve_model_scores { scores: scores.as_ptr(), len: scores.len() as u64, layers, hkv, n, window: w };
+                        let ms = kve_model_scores {
+                            scores: scores.as_ptr(),
+                            len: scores.len() as u64,
+                            layers,
+                            hkv,
+                            n,
+                            window: w,
+                        };
                         let (mut ol, mut il, mut wl) = (0u64, 0u64, 0u64);
-                        assert_eq!(kve_select_shard_output_len(layers, hkv, n, &mut ol, &mut il), KVE_OK);
-                        assert_eq!(kve_select_shard_workspace_size(&sp, layers, hkv, n, w, &mut wl), KVE_OK);
+                        assert_eq!(
+                            kve_select_shard_output_len(layers, hkv, n, &mut ol, &mut il),
+                            KVE_OK
+                        );
+                        assert_eq!(
+                            kve_select_shard_workspace_size(&sp, layers, hkv, n, w, &mut wl),
+                            KVE_OK
+                        );
                         let mut o = vec![0u32; ol as usize * 2];
                         let mut i = vec![0u32; il as usize];
                         let mut ws = vec![0u8; wl as usize];
-                        assert_eq!(kve_select_shard(&sp, &ms, 0, &s, o.as_mut_ptr() as *mut u64, ol, i.as_mut_ptr(), il, ws.as_mut_ptr() as *mut c_void, wl), KVE_OK);
-                        check_csr(&o, (layers * hkv) as usize + 1, &i, (layers * hkv) as usize, n);
+                        assert_eq!(
+                            kve_select_shard(
+                                &sp,
+                                &ms,
+                                0,
+                                &s,
+                                o.as_mut_ptr() as *mut u64,
+                                ol,
+                                i.as_mut_ptr(),
+                                il,
+                                ws.as_mut_ptr() as *mut c_void,
+                                wl
+                            ),
+                            KVE_OK
+                        );
+                        check_csr(
+                            &o,
+                            (layers * hkv) as usize + 1,
+                            &i,
+                            (layers * hkv) as usize,
+                            n,
+                        );
                     }
                 }
             }
@@ -968,11 +1434,18 @@ fuzz_target!(|data: &[u8]| {
                 // statistics or the count); arguments sometimes placed inside the state or
                 // the workspace
                 let hq = r.size(8);
-                let hkv = if r.chance(8) { r.size(4) } else { [1, 2, hq.max(1)][r.u8() as usize % 3] };
+                let hkv = if r.chance(8) {
+                    r.size(4)
+                } else {
+                    [1, 2, hq.max(1)][r.u8() as usize % 3]
+                };
                 let (n, dk) = (r.size(96), r.size(32));
                 let mut bytes = 0u64;
                 if kve_stream_state_size(hq, hkv, n, dk, &mut bytes) != KVE_OK || bytes > 1 << 20 {
-                    assert_ne!(kve_stream_state_size(hq, hkv, n, dk, std::ptr::null_mut()), KVE_OK);
+                    assert_ne!(
+                        kve_stream_state_size(hq, hkv, n, dk, std::ptr::null_mut()),
+                        KVE_OK
+                    );
                     return;
                 }
                 let mut state = State::new(&mut r, bytes);
@@ -985,7 +1458,11 @@ fuzz_target!(|data: &[u8]| {
                 let mut fed = 0u64;
                 let mut last = 0i64;
                 for _ in 0..1 + r.u8() % 3 {
-                    let c = if r.chance(16) { r.size(8) } else { 1 + r.u8() as u64 % 8 };
+                    let c = if r.chance(16) {
+                        r.size(8)
+                    } else {
+                        1 + r.u8() as u64 % 8
+                    };
                     let mut q = tensor(&mut r, &a, [8, 8, 32]);
                     fit(&mut r, &a, &mut q, [hq, c, dk]);
                     let mut k = tensor(&mut r, &a, [4, 96, 32]);
@@ -996,7 +1473,11 @@ fuzz_target!(|data: &[u8]| {
                     let npos = if r.chance(16) { c.wrapping_add(1) } else { c };
                     let mut pos: Vec<i64> = Vec::new();
                     for _ in 0..npos.min(64) {
-                        last = if r.chance(24) { r.u64() as i64 } else { last.saturating_add((r.u8() % 4) as i64) };
+                        last = if r.chance(24) {
+                            r.u64() as i64
+                        } else {
+                            last.saturating_add((r.u8() % 4) as i64)
+                        };
                         pos.push(last);
                     }
                     let npos = npos.min(pos.len() as u64);
@@ -1005,16 +1486,26 @@ fuzz_target!(|data: &[u8]| {
                         let off = (r.u8() as usize % 64) * 4 + if r.chance(24) { 2 } else { 0 };
                         let room = ((ARENA - off) / 4) as u64;
                         let want = hq.saturating_mul(c);
-                        lse_len = if want < room && !r.chance(8) { want } else { r.u32() as u64 % room };
+                        lse_len = if want < room && !r.chance(8) {
+                            want
+                        } else {
+                            r.u32() as u64 % room
+                        };
                         lse = a.base().add(off) as *const f32;
                     }
                     let mut wq = 0u64;
-                    let qsz = (kve_stream_feed_workspace_size(hq, hkv, n, dk, c, &mut wq) == KVE_OK).then_some(wq);
+                    let qsz = (kve_stream_feed_workspace_size(hq, hkv, n, dk, c, &mut wq)
+                        == KVE_OK)
+                        .then_some(wq);
                     let mut ws = workspace(&mut r, qsz);
                     let (mut wsp, mut wsl) = (ws.as_mut_ptr(), ws.len() as u64);
                     // arguments placed over the state or the workspace: never accepted
                     let mut placed = false;
-                    let (mut qd, mut kd, mut pp): (*const kve_tensor, *const kve_tensor, *const i64) = (&q, &k, pos.as_ptr());
+                    let (mut qd, mut kd, mut pp): (
+                        *const kve_tensor,
+                        *const kve_tensor,
+                        *const i64,
+                    ) = (&q, &k, pos.as_ptr());
                     match r.u8() % 24 {
                         0 => {
                             let p = state.inside(&mut r, TD) as *mut kve_tensor;
@@ -1042,15 +1533,32 @@ fuzz_target!(|data: &[u8]| {
                         _ => {}
                     }
                     let snap = state.bytes();
-                    let fst = kve_stream_feed(state.ptr as *mut c_void, state.len, qd, pp, npos, kd, lse, lse_len, wsp as *mut c_void, wsl);
+                    let fst = kve_stream_feed(
+                        state.ptr as *mut c_void,
+                        state.len,
+                        qd,
+                        pp,
+                        npos,
+                        kd,
+                        lse,
+                        lse_len,
+                        wsp as *mut c_void,
+                        wsl,
+                    );
                     if debug() {
                         eprintln!("stream feed {fst}: shape {hq} {hkv} {n} {dk}, c {c}, q {:?}, k {:?}, positions {pos:?} ({npos}), lse len {lse_len}, ws {wsl}, placed {placed}", q.extent, k.extent);
                     }
                     if placed {
-                        assert_ne!(fst, KVE_OK, "an argument over the state or the workspace accepted");
+                        assert_ne!(
+                            fst, KVE_OK,
+                            "an argument over the state or the workspace accepted"
+                        );
                     }
                     if fst != KVE_OK {
-                        assert!(state.bytes() == snap, "state written by a refused feed (status {fst})");
+                        assert!(
+                            state.bytes() == snap,
+                            "state written by a refused feed (status {fst})"
+                        );
                         assert!(a.bytes() == &before[..], "arena written by a refused feed");
                         if placed || r.chance(2) {
                             return;
@@ -1061,7 +1569,10 @@ fuzz_target!(|data: &[u8]| {
                     assert!(a.bytes() == &before[..], "feed wrote into its inputs");
                     fed += npos;
                     let mut cnt = 0u64;
-                    assert_eq!(kve_stream_query_count(state.ptr as *const c_void, state.len, &mut cnt), KVE_OK);
+                    assert_eq!(
+                        kve_stream_query_count(state.ptr as *const c_void, state.len, &mut cnt),
+                        KVE_OK
+                    );
                     assert_eq!(cnt, fed, "query count");
                 }
                 let sp = state.ptr as *const c_void;
@@ -1081,14 +1592,21 @@ fuzz_target!(|data: &[u8]| {
                         }
                         let g = if hkv > 0 { hq / hkv } else { 1 };
                         let dv = v.extent[2];
-                        let want = [hkv.saturating_mul(g).saturating_mul(dv.saturating_mul(dv)), hkv.saturating_mul(g).saturating_mul(n)];
+                        let want = [
+                            hkv.saturating_mul(g).saturating_mul(dv.saturating_mul(dv)),
+                            hkv.saturating_mul(g).saturating_mul(n),
+                        ];
                         let fl = |r: &mut R, want: u64| {
                             if !r.chance(3) {
                                 return (std::ptr::null::<f32>(), 0u64);
                             }
                             let off = (r.u8() as usize % 64) * 4;
                             let room = ((ARENA - off) / 4) as u64;
-                            let len = if want < room && r.chance(2) { want } else { r.u32() as u64 % room };
+                            let len = if want < room && r.chance(2) {
+                                want
+                            } else {
+                                r.u32() as u64 % room
+                            };
                             (a.base().add(off) as *const f32, len)
                         };
                         let (gram, gl) = fl(&mut r, want[0]);
@@ -1096,14 +1614,23 @@ fuzz_target!(|data: &[u8]| {
                         if gl.saturating_mul(n) > 1 << 22 {
                             return;
                         }
-                        let vd: *const kve_tensor = if v.data.is_null() && r.chance(2) { std::ptr::null() } else { &v };
+                        let vd: *const kve_tensor = if v.data.is_null() && r.chance(2) {
+                            std::ptr::null()
+                        } else {
+                            &v
+                        };
                         let olen = hkv.saturating_mul(n);
                         let o = Out::new(&mut r, &mut a, olen.min(1 << 14) as usize);
                         let mut wq = 0u64;
-                        let qsz = (kve_stream_scores_workspace_size(hq, hkv, n, dk, &mut wq) == KVE_OK).then_some(wq);
+                        let qsz = (kve_stream_scores_workspace_size(hq, hkv, n, dk, &mut wq)
+                            == KVE_OK)
+                            .then_some(wq);
                         let mut ws = workspace(&mut r, qsz);
                         // the params or the values descriptor inside the output: refused
-                        let over = !o.in_arena && !o.ptr.is_null() && o.len as usize >= 2 + TD / 4 && r.chance(16);
+                        let over = !o.in_arena
+                            && !o.ptr.is_null()
+                            && o.len as usize >= 2 + TD / 4
+                            && r.chance(16);
                         let (mut pd, mut vdd) = (p as *const kve_stream_score_params, vd);
                         if over {
                             if r.chance(2) {
@@ -1115,24 +1642,49 @@ fuzz_target!(|data: &[u8]| {
                             }
                         }
                         let snap = state.bytes();
-                        st = kve_stream_scores(sp, state.len, pd, vdd, gram, gl, forms, fl_, o.ptr as *mut f32, o.len, ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+                        st = kve_stream_scores(
+                            sp,
+                            state.len,
+                            pd,
+                            vdd,
+                            gram,
+                            gl,
+                            forms,
+                            fl_,
+                            o.ptr as *mut f32,
+                            o.len,
+                            ws.as_mut_ptr() as *mut c_void,
+                            ws.len() as u64,
+                        );
                         assert!(state.bytes() == snap, "scores wrote into the state");
                         if debug() {
                             eprintln!("stream scores {st}: stat {}, fed {fed}, values {:?}, gram {gl}, forms {fl_}, out {}", p.stat, v.extent, o.len);
                         }
                         if over {
-                            assert_ne!(st, KVE_OK, "scores over the params or the values descriptor accepted");
+                            assert_ne!(
+                                st, KVE_OK,
+                                "scores over the params or the values descriptor accepted"
+                            );
                             // (the harness wrote into that output itself: checked here)
                             assert!(a.bytes() == &before[..], "arena written by a refused call");
                             return;
                         }
                         if st == KVE_OK {
-                            let reads = [span(&v), span_n(gram as _, gl, 4), span_n(forms as _, fl_, 4), span_n(sp, state.len, 1)];
+                            let reads = [
+                                span(&v),
+                                span_n(gram as _, gl, 4),
+                                span_n(forms as _, fl_, 4),
+                                span_n(sp, state.len, 1),
+                            ];
                             for rd in reads {
-                                assert!(!overlaps(span_n(o.ptr as _, olen, 4), rd), "stream scores over an input accepted");
+                                assert!(
+                                    !overlaps(span_n(o.ptr as _, olen, 4), rd),
+                                    "stream scores over an input accepted"
+                                );
                             }
                             if !o.in_arena {
-                                let s = std::slice::from_raw_parts(o.ptr as *const f32, olen as usize);
+                                let s =
+                                    std::slice::from_raw_parts(o.ptr as *const f32, olen as usize);
                                 assert!(s.iter().all(|x| x.is_finite()), "non-finite stream score");
                             }
                         }
@@ -1145,20 +1697,40 @@ fuzz_target!(|data: &[u8]| {
                         let s_ = Out::new(&mut r, &mut a, cap);
                         let q2 = Out::new(&mut r, &mut a, cap);
                         let sn = Out::new(&mut r, &mut a, 2 * n.min(1 << 13) as usize);
-                        let sn = Out { len: sn.len / 2, ..sn };
+                        let sn = Out {
+                            len: sn.len / 2,
+                            ..sn
+                        };
                         let len = [m.len, s_.len, q2.len][r.u8() as usize % 3];
                         let snap = state.bytes();
-                        st = kve_stream_stats(sp, state.len, m.ptr as *mut f32, s_.ptr as *mut f32, q2.ptr as *mut f32, len, sn.ptr as *mut u64, sn.len);
+                        st = kve_stream_stats(
+                            sp,
+                            state.len,
+                            m.ptr as *mut f32,
+                            s_.ptr as *mut f32,
+                            q2.ptr as *mut f32,
+                            len,
+                            sn.ptr as *mut u64,
+                            sn.len,
+                        );
                         assert!(state.bytes() == snap, "stats wrote into the state");
                         if debug() {
                             eprintln!("stream stats {st}: fed {fed}, len {len}, seen {}", sn.len);
                         }
                         if st == KVE_OK && ![&m, &s_, &q2, &sn].iter().any(|o| o.in_arena) {
                             let seen = std::slice::from_raw_parts(sn.ptr as *const u64, n as usize);
-                            assert_eq!(seen.iter().sum::<u64>(), fed, "seen does not add up to the queries fed");
+                            assert_eq!(
+                                seen.iter().sum::<u64>(),
+                                fed,
+                                "seen does not add up to the queries fed"
+                            );
                             for o in [&m, &s_, &q2] {
-                                let x = std::slice::from_raw_parts(o.ptr as *const f32, hn as usize);
-                                assert!(x.iter().all(|v| v.is_finite() && *v >= 0.0), "statistic negative or non-finite");
+                                let x =
+                                    std::slice::from_raw_parts(o.ptr as *const f32, hn as usize);
+                                assert!(
+                                    x.iter().all(|v| v.is_finite() && *v >= 0.0),
+                                    "statistic negative or non-finite"
+                                );
                             }
                         }
                         outs.extend([m, s_, q2, sn]);
@@ -1166,7 +1738,11 @@ fuzz_target!(|data: &[u8]| {
                     _ => {
                         let mut cnt = CANARY as u64;
                         let inside = r.chance(8);
-                        let cp = if inside { state.inside(&mut r, 8) as *mut u64 } else { &mut cnt };
+                        let cp = if inside {
+                            state.inside(&mut r, 8) as *mut u64
+                        } else {
+                            &mut cnt
+                        };
                         let snap = state.bytes();
                         st = kve_stream_query_count(sp, state.len, cp);
                         if inside {
@@ -1188,9 +1764,17 @@ fuzz_target!(|data: &[u8]| {
                 // positions and outputs sometimes placed inside the pool
                 let dtype = r.enum_val(3);
                 let es = if dtype == 0 { 4u64 } else { 2 };
-                let off = if r.chance(6) { r.u8() as usize % 64 } else { (r.u8() as usize % 64) * 8 };
+                let off = if r.chance(6) {
+                    r.u8() as usize % 64
+                } else {
+                    (r.u8() as usize % 64) * 8
+                };
                 let max_len = (ARENA - off) as u64 / es;
-                let len = if r.chance(3) { r.u32() as u64 % (max_len + 1) } else { max_len };
+                let len = if r.chance(3) {
+                    r.u32() as u64 % (max_len + 1)
+                } else {
+                    max_len
+                };
                 let data = a.base().add(off) as *const c_void;
                 let (nb, bs, h, d) = (r.size(16), r.size(8), r.size(4), r.size(16));
                 let mut kl: kve_paged_layout = std::mem::zeroed();
@@ -1205,21 +1789,42 @@ fuzz_target!(|data: &[u8]| {
                         block_size: bs,
                         heads: h,
                         dim: d,
-                        stride: [r.size(2048) / 2, r.size(64) / 2, r.size(64) / 2, r.size(4) / 2],
+                        stride: [
+                            r.size(2048) / 2,
+                            r.size(64) / 2,
+                            r.size(64) / 2,
+                            r.size(4) / 2,
+                        ],
                     };
                     KVE_OK
                 } else {
-                    let (kind, layers, layer, kv) = (r.enum_val(6), 1 + r.u8() as u64 % 3, r.u8() as u64 % 3, r.u8() as u32 % 3);
-                    let s0 = kve_paged_layout_init(&mut kl, kind, data, len, dtype, nb, bs, h, d, layers, layer, kv);
+                    let (kind, layers, layer, kv) = (
+                        r.enum_val(6),
+                        1 + r.u8() as u64 % 3,
+                        r.u8() as u64 % 3,
+                        r.u8() as u32 % 3,
+                    );
+                    let s0 = kve_paged_layout_init(
+                        &mut kl, kind, data, len, dtype, nb, bs, h, d, layers, layer, kv,
+                    );
                     if s0 != KVE_OK {
-                        assert!(kl.data.is_null() && kl.len == 0 && kl.stride == [0; 4], "layout written on error");
+                        assert!(
+                            kl.data.is_null() && kl.len == 0 && kl.stride == [0; 4],
+                            "layout written on error"
+                        );
                     }
                     s0
                 };
                 // the table: its own memory or words of the arena
                 let tl = r.u8() as usize % 12;
                 let own_table: Vec<u32> = (0..tl)
-                    .map(|_| if r.chance(8) { r.u32() } else { r.u8() as u32 % (nb.min(64) as u32 + 1) })
+                    .map(|_| {
+                        if r.chance(8) {
+                            r.u32()
+                        } else {
+                            r.u8() as u32 % (nb.min(64) as u32 + 1)
+                        }
+                    })
                     .collect();
                 let table: *const u32 = if r.chance(10) {
                     a.base().add((r.u8() as usize % 64) * 4) as *const u32
@@ -1228,9 +1833,17 @@ fuzz_target!(|data: &[u8]| {
                 } else {
                     own_table.as_ptr()
                 };
-                let n = if r.chance(4) { r.size(1 << 20) } else { r.u8() as u64 % 100 };
+                let n = if r.chance(4) {
+                    r.size(1 << 20)
+                } else {
+                    r.u8() as u64 % 100
+                };
                 let tspan = span_n(table as *const c_void, tl as u64, 4);
-                let pool_span = if kl.data.is_null() { (0, 0) } else { span_n(kl.data, kl.len, es) };
+                let pool_span = if kl.data.is_null() {
+                    (0, 0)
+                } else {
+                    span_n(kl.data, kl.len, es)
+                };
                 if init != KVE_OK {
                     st = init;
                 } else if r.chance(2) {
@@ -1239,33 +1852,64 @@ fuzz_target!(|data: &[u8]| {
                     let mut dst = workspace(&mut r, if q == KVE_OK { Some(bytes) } else { None });
                     let (dptr, dlen) = if r.chance(16) {
                         let o = (r.u8() as usize % 64) * 8;
-                        (a.base().add(o) as *mut u8, (ARENA - o).min(dst.len()) as u64)
+                        (
+                            a.base().add(o) as *mut u8,
+                            (ARENA - o).min(dst.len()) as u64,
+                        )
                     } else {
                         (dst.as_mut_ptr(), dst.len() as u64)
                     };
                     let dspan = span_n(dptr as *const c_void, dlen, 1);
-                    let mut out = kve_tensor { data: 0x40 as *const c_void, len: 77, dtype: 9, pad: 9, extent: [9; 3], stride: [9; 3] };
-                    st = kve_paged_gather(&kl, table, tl as u64, n, dptr as *mut c_void, dlen, &mut out);
+                    let mut out = kve_tensor {
+                        data: 0x40 as *const c_void,
+                        len: 77,
+                        dtype: 9,
+                        pad: 9,
+                        extent: [9; 3],
+                        stride: [9; 3],
+                    };
+                    st = kve_paged_gather(
+                        &kl,
+                        table,
+                        tl as u64,
+                        n,
+                        dptr as *mut c_void,
+                        dlen,
+                        &mut out,
+                    );
                     if debug() {
                         eprintln!("paged gather n={n} bs={} st={st}", kl.block_size);
                     }
                     if st == KVE_OK {
                         assert_eq!(q, KVE_OK, "gather accepted a layout its size query refused");
-                        assert!(!overlaps(dspan, pool_span) && !overlaps(dspan, tspan), "gather into its inputs accepted");
-                        dst_in_arena = dspan.0 >= a.base() as usize && dspan.0 < a.base() as usize + ARENA;
+                        assert!(
+                            !overlaps(dspan, pool_span) && !overlaps(dspan, tspan),
+                            "gather into its inputs accepted"
+                        );
+                        dst_in_arena =
+                            dspan.0 >= a.base() as usize && dspan.0 < a.base() as usize + ARENA;
                         assert_eq!(out.extent, [kl.heads, n, kl.dim]);
                         assert_eq!(out.len, kl.heads * n * kl.dim);
                         let o = out.data as usize;
-                        assert!(o >= dspan.0 && o + (out.len * es) as usize <= dspan.1, "gathered tensor outside dst");
+                        assert!(
+                            o >= dspan.0 && o + (out.len * es) as usize <= dspan.1,
+                            "gathered tensor outside dst"
+                        );
                         // every element is the pool's element through the table
                         let t = std::slice::from_raw_parts(table, tl);
                         for hh in 0..kl.heads {
                             for tok in 0..n {
                                 for c in 0..kl.dim {
-                                    let src = kl.offset + t[(tok / kl.block_size) as usize] as u64 * kl.stride[0]
-                                        + (tok % kl.block_size) * kl.stride[1] + hh * kl.stride[2] + c * kl.stride[3];
+                                    let src = kl.offset
+                                        + t[(tok / kl.block_size) as usize] as u64 * kl.stride[0]
+                                        + (tok % kl.block_size) * kl.stride[1]
+                                        + hh * kl.stride[2]
+                                        + c * kl.stride[3];
                                     let dsti = (hh * n + tok) * kl.dim + c;
-                                    let (sp, dp) = ((kl.data as usize) + (src * es) as usize, o + (dsti * es) as usize);
+                                    let (sp, dp) = (
+                                        (kl.data as usize) + (src * es) as usize,
+                                        o + (dsti * es) as usize,
+                                    );
                                     let eq = if es == 4 {
                                         *(sp as *const u32) == *(dp as *const u32)
                                     } else {
@@ -1276,7 +1920,10 @@ fuzz_target!(|data: &[u8]| {
                             }
                         }
                     } else {
-                        assert!(out.data as usize == 0x40 && out.len == 77 && out.extent == [9; 3], "out written on error");
+                        assert!(
+                            out.data as usize == 0x40 && out.len == 77 && out.extent == [9; 3],
+                            "out written on error"
+                        );
                         // dst is scratch on error (the table check's bitmap), as a workspace
                         scratch_back(&mut a, &before, dspan);
                     }
@@ -1305,17 +1952,28 @@ fuzz_target!(|data: &[u8]| {
                     }
                     let total = (offs[offs.len() - 1].saturating_sub(offs[0])).min(4096) as usize;
                     let pos_own: Vec<u32> = (0..n.min(4096) as u32).map(|i| i * 3 + 1).collect();
-                    let (pos, pos_len) = if r.chance(2) { (std::ptr::null(), 0) } else { (pos_own.as_ptr(), pos_own.len() as u64) };
+                    let (pos, pos_len) = if r.chance(2) {
+                        (std::ptr::null(), 0)
+                    } else {
+                        (pos_own.as_ptr(), pos_own.len() as u64)
+                    };
                     let kept = Out::new(&mut r, &mut a, total);
                     let lens = Out::new(&mut r, &mut a, h.min(64) as usize);
                     let mut freed = CANARY as u64;
-                    let fp: *mut u64 = if r.chance(40) { std::ptr::null_mut() } else { &mut freed };
+                    let fp: *mut u64 = if r.chance(40) {
+                        std::ptr::null_mut()
+                    } else {
+                        &mut freed
+                    };
                     let mut q = 0u64;
                     let qs = kve_paged_compact_workspace_size(&kl, &mut q);
                     let mut ws = workspace(&mut r, if qs == KVE_OK { Some(q) } else { None });
                     let (wp, wl) = if r.chance(16) {
                         let o = (r.u8() as usize % 64) * 8;
-                        (a.base().add(o) as *mut u8, (ARENA - o).min(ws.len().max(64)) as u64)
+                        (
+                            a.base().add(o) as *mut u8,
+                            (ARENA - o).min(ws.len().max(64)) as u64,
+                        )
                     } else {
                         (ws.as_mut_ptr(), ws.len() as u64)
                     };
@@ -1323,26 +1981,58 @@ fuzz_target!(|data: &[u8]| {
                     let ospan = span_n(offs.as_ptr() as *const c_void, offs.len() as u64, 8);
                     let ispan = span_n(idx.as_ptr() as *const c_void, idx.len() as u64, 4);
                     st = kve_paged_compact(
-                        &kl, table, tl as u64, n, offs.as_ptr(), offs.len() as u64, idx.as_ptr(), idx.len() as u64,
-                        pos, pos_len, kept.ptr, kept.len, lens.ptr, lens.len, fp, wp as *mut c_void, wl,
+                        &kl,
+                        table,
+                        tl as u64,
+                        n,
+                        offs.as_ptr(),
+                        offs.len() as u64,
+                        idx.as_ptr(),
+                        idx.len() as u64,
+                        pos,
+                        pos_len,
+                        kept.ptr,
+                        kept.len,
+                        lens.ptr,
+                        lens.len,
+                        fp,
+                        wp as *mut c_void,
+                        wl,
                     );
                     if debug() {
-                        eprintln!("paged compact n={n} bs={} lists={} st={st}", kl.block_size, offs.len() - 1);
+                        eprintln!(
+                            "paged compact n={n} bs={} lists={} st={st}",
+                            kl.block_size,
+                            offs.len() - 1
+                        );
                     }
                     if st == KVE_OK {
                         for o in [kept.span(), lens.span(), wspan] {
-                            assert!(!overlaps(o, pool_span) && !overlaps(o, tspan) && !overlaps(o, ospan) && !overlaps(o, ispan), "compaction output over an input accepted");
+                            assert!(
+                                !overlaps(o, pool_span)
+                                    && !overlaps(o, tspan)
+                                    && !overlaps(o, ospan)
+                                    && !overlaps(o, ispan),
+                                "compaction output over an input accepted"
+                            );
                         }
                         dst_in_arena = true; // the pool lives in the arena
                         let before_blocks = n.div_ceil(kl.block_size);
                         assert!(freed <= before_blocks, "more blocks freed than held");
-                        let most = (0..offs.len() - 1).map(|u| offs[u + 1] - offs[u]).max().unwrap_or(0);
+                        let most = (0..offs.len() - 1)
+                            .map(|u| offs[u + 1] - offs[u])
+                            .max()
+                            .unwrap_or(0);
                         assert_eq!(freed, before_blocks - most.div_ceil(kl.block_size));
                         if !kept.ptr.is_null() && !kept.in_arena {
                             let k = std::slice::from_raw_parts(kept.ptr, total);
                             let list = &idx[offs[0] as usize..offs[offs.len() - 1] as usize];
                             for (j, &t) in list.iter().enumerate() {
-                                let want = if pos.is_null() { t } else { pos_own[t as usize] };
+                                let want = if pos.is_null() {
+                                    t
+                                } else {
+                                    pos_own[t as usize]
+                                };
                                 assert_eq!(k[j], want, "kept position");
                             }
                         }
@@ -1361,17 +2051,26 @@ fuzz_target!(|data: &[u8]| {
         for o in &outs {
             assert!(o.untouched(), "output written on error (status {st})");
         }
-        assert!(a.bytes() == &before[..], "arena written on error (status {st})");
+        assert!(
+            a.bytes() == &before[..],
+            "arena written on error (status {st})"
+        );
     } else {
         let arena_changed = a.bytes() != &before[..];
         let wrote_in_arena = dst_in_arena || outs.iter().any(|o| o.in_arena);
-        assert!(!arena_changed || wrote_in_arena, "input arena modified (op {op})");
+        assert!(
+            !arena_changed || wrote_in_arena,
+            "input arena modified (op {op})"
+        );
     }
 });
 
 /// The context bytes of `ev`, its workspace aside (what a refused call leaves as it was).
 fn context(ev: *mut kve_evictor) -> Vec<u8> {
-    unsafe { kvevict::Evictor::from_block(ev as *mut u8) }.unwrap().context_bytes().to_vec()
+    unsafe { kvevict::Evictor::from_block(ev as *mut u8) }
+        .unwrap()
+        .context_bytes()
+        .to_vec()
 }
 
 /// An evictor from an arbitrary config, then up to 12 arbitrary calls on it with views
@@ -1386,7 +2085,11 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
     (c.dk, c.dv, c.d_model) = (r.size(16), r.size(16), r.size(16));
     (c.max_cells, c.max_seqs) = (r.size(96), r.size(3));
     c.window = if r.chance(2) { 0 } else { r.u8() as u32 % 40 };
-    c.granularity = if r.chance(2) { KVE_EVICTOR_PRESET_GRANULARITY } else { r.enum_val(3) };
+    c.granularity = if r.chance(2) {
+        KVE_EVICTOR_PRESET_GRANULARITY
+    } else {
+        r.enum_val(3)
+    };
     c.policy = r.enum_val(3);
     c.keep_ratio = [0.5, 0.0, 1.0, 1.5, f64::NAN][r.u8() as usize % 5];
     (c.min_keep, c.high, c.low) = (r.size(64), r.size(96), r.size(96));
@@ -1402,7 +2105,10 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
     let mut bytes = CANARY as u64;
     let st = kve_evictor_size(&c, &mut bytes);
     if st != KVE_OK || bytes > (16 << 20) {
-        assert!(st == KVE_OK || bytes == CANARY as u64, "size written on error");
+        assert!(
+            st == KVE_OK || bytes == CANARY as u64,
+            "size written on error"
+        );
         return st;
     }
     let short = r.chance(16) as u64;
@@ -1410,22 +2116,51 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
     let mut ev = std::ptr::null_mut();
     let st = kve_evictor_init(mem.as_mut_ptr() as *mut c_void, bytes - short, &c, &mut ev);
     if st != KVE_OK {
-        assert!(ev.is_null() && mem.iter().all(|&w| w == 0), "init wrote on error");
+        assert!(
+            ev.is_null() && mem.iter().all(|&w| w == 0),
+            "init wrote on error"
+        );
         return st;
     }
     let (l, hkv, n) = (c.layers, c.hkv, c.max_cells);
     let mut st = KVE_OK;
     for _ in 0..1 + r.u8() % 12 {
-        let seq = if r.chance(16) { r.size(8) } else { r.u8() as u64 % c.max_seqs };
-        let layer = if r.chance(16) { r.size(8) } else { r.u8() as u64 % l };
-        let cells = if r.chance(8) { r.size(128) } else { 1 + r.u8() as u64 % n };
+        let seq = if r.chance(16) {
+            r.size(8)
+        } else {
+            r.u8() as u64 % c.max_seqs
+        };
+        let layer = if r.chance(16) {
+            r.size(8)
+        } else {
+            r.u8() as u64 % l
+        };
+        let cells = if r.chance(8) {
+            r.size(128)
+        } else {
+            1 + r.u8() as u64 % n
+        };
         let snap = context(ev);
         let max = (l * hkv * n) as usize + 1;
         let mut own = vec![CANARY; max];
-        let len = if r.chance(8) { r.u8() as usize % max } else { max } as u64;
-        let ptr = if r.chance(40) { std::ptr::null_mut() } else { own.as_mut_ptr() };
+        let len = if r.chance(8) {
+            r.u8() as usize % max
+        } else {
+            max
+        } as u64;
+        let ptr = if r.chance(40) {
+            std::ptr::null_mut()
+        } else {
+            own.as_mut_ptr()
+        };
         let _dev = Registered::new(own.as_ptr() as *const u8, own.len() * 4);
-        let out = Out { _dev, own, ptr, len, in_arena: false };
+        let out = Out {
+            _dev,
+            own,
+            ptr,
+            len,
+            in_arena: false,
+        };
         let mut count = CANARY as u64;
         let tensor_of = |r: &mut R, e: [u64; 3]| {
             let mut t = tensor(r, a, [8, 96, 16]);
@@ -1453,7 +2188,11 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
             }
             4 => kve_evictor_select(ev, seq, &mut count),
             5 | 6 => {
-                let f = if r.chance(2) { kve_evictor_kept_cells } else { kve_evictor_evicted_cells };
+                let f = if r.chance(2) {
+                    kve_evictor_kept_cells
+                } else {
+                    kve_evictor_evicted_cells
+                };
                 let s = f(ev, seq, out.ptr, out.len, &mut count);
                 if s == KVE_OK && !out.in_arena {
                     let cells = &out.own[..count as usize];
@@ -1463,12 +2202,29 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
             }
             7 => {
                 let mut offsets = vec![CANARY as u64; (l * hkv + 1) as usize];
-                let o_len = if r.chance(8) { offsets.len() as u64 - 1 } else { offsets.len() as u64 };
-                let s = kve_evictor_kept_lists(ev, seq, offsets.as_mut_ptr(), o_len, out.ptr, out.len);
+                let o_len = if r.chance(8) {
+                    offsets.len() as u64 - 1
+                } else {
+                    offsets.len() as u64
+                };
+                let s =
+                    kve_evictor_kept_lists(ev, seq, offsets.as_mut_ptr(), o_len, out.ptr, out.len);
                 if s != KVE_OK {
-                    assert!(offsets.iter().all(|&x| x == CANARY as u64), "offsets written on error");
+                    assert!(
+                        offsets.iter().all(|&x| x == CANARY as u64),
+                        "offsets written on error"
+                    );
                 } else if !out.in_arena {
-                    check_csr(std::slice::from_raw_parts(offsets.as_ptr() as *const u32, offsets.len() * 2), offsets.len(), &out.own, (l * hkv) as usize, n);
+                    check_csr(
+                        std::slice::from_raw_parts(
+                            offsets.as_ptr() as *const u32,
+                            offsets.len() * 2,
+                        ),
+                        offsets.len(),
+                        &out.own,
+                        (l * hkv) as usize,
+                        n,
+                    );
                 }
                 s
             }
@@ -1485,12 +2241,27 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
             9 => kve_evictor_commit(ev, seq),
             _ => {
                 let mut stats: kve_evictor_stats = std::mem::zeroed();
-                kve_evictor_get_stats(ev, seq, &mut stats, if r.chance(8) { 24 } else { KVE_EVICTOR_STATS_V1_SIZE })
+                kve_evictor_get_stats(
+                    ev,
+                    seq,
+                    &mut stats,
+                    if r.chance(8) {
+                        24
+                    } else {
+                        KVE_EVICTOR_STATS_V1_SIZE
+                    },
+                )
             }
         };
         if st != KVE_OK {
-            assert!(context(ev) == snap, "the context changed on error (status {st})");
-            assert!(out.untouched() && count == CANARY as u64, "output written on error");
+            assert!(
+                context(ev) == snap,
+                "the context changed on error (status {st})"
+            );
+            assert!(
+                out.untouched() && count == CANARY as u64,
+                "output written on error"
+            );
         }
         if r.chance(4) {
             kve_evictor_seq_reset(ev, seq);
