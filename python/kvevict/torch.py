@@ -450,6 +450,25 @@ class GramCache(_pipeline.GramCache):
     get = _wrap(_pipeline.GramCache.get, name="get")
 
 
-gram_cache = _pipeline.gram_cache  # torch wo reach it as stable views (see GramCache)
-score_model = _wrap(_pipeline.score_model)
-select_kept = _wrap(_pipeline.select_kept)
+class GramCache(_pipeline.GramCache):
+    """kvevict.GramCache that also takes torch ``wo`` (read as a stable view of the same
+    memory: hits across calls; an in-place edit of the tensor bumps its version: a miss)."""
+
+    get = _wrap(_pipeline.GramCache.get, name="get")
+
+
+gram_cache = GramCache()
+
+
+def _cached(fn):
+    inner = _wrap(fn)
+
+    @functools.wraps(fn)
+    def call(*args, gram_cache=gram_cache, **kwargs):
+        return inner(*args, gram_cache=gram_cache, **kwargs)
+
+    return call
+
+
+score_model = _cached(_pipeline.score_model)
+select_kept = _cached(_pipeline.select_kept)
