@@ -151,8 +151,12 @@ _STABLE_MAX = 4096
 
 
 def _stable_view(t, what):
+    try:
+        version = t._version
+    except RuntimeError:  # an inference tensor: no version counter (and no in-place edits)
+        version = -1
     key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
-           t.dtype, t._version)
+           t.dtype, version)
     a = _STABLE.get(key)
     if a is None:
         a = to_numpy(t, what, "data")

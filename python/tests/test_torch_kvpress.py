@@ -16,6 +16,7 @@ import unittest
 
 import numpy as np
 
+os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF conversion's progress bar
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 EVAL = os.path.join(REPO, "eval")
