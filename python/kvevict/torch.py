@@ -292,8 +292,44 @@ class _Dev:
             "strides": tuple(s * item for s in t.stride()), "typestr": ts, "version": 2}
 
 
+# Test hook: the loaded library's device entry points read HOST memory (the cuda-mock
+# build), so CPU tensors may stand in for CUDA ones in kvevict.torch.cuda
+# (python/tests/test_cuda_torch.py). Never set it with a real CUDA build.
+_HOST_DEVICE = False
+
+
+def _device(function, **tensors):
+    """The one CUDA device of ``tensors`` (None entries skipped); ``ValueError`` naming
+    the first tensor elsewhere; ``KvevictError`` for a library without CUDA."""
+    dev, first = None, None
+    for what, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.device.type != "cuda" and not _HOST_DEVICE:
+            raise ValueError(f"kvevict.torch.{function}: {what} is on {t.device}; the device forms "
+                             "take CUDA tensors (host tensors: the functions of kvevict.torch)")
+        if dev is None:
+            dev, first = t.device, what
+        elif t.device != dev:
+            raise ValueError(f"kvevict.torch.{function}: {what} is on {t.device} but {first} on {dev}")
+    _no_cuda_build(function, first, dev)
+    return dev
+
+
 def _cur_stream(dev):
+    if dev.type != "cuda":  # _HOST_DEVICE: the double ignores streams
+        return 0
     return int(torch.cuda.current_stream(dev).cuda_stream)
+
+
+def _workspace_on(dev, nbytes, align=256):
+    """A device workspace of ``nbytes``, ``align``-byte aligned as the kernels require
+    (None when no bytes are needed)."""
+    if not nbytes:
+        return None
+    buf = torch.empty(nbytes + align, dtype=torch.uint8, device=dev)
+    off = (-buf.data_ptr()) % align
+    return buf[off: off + nbytes]
 
 
 def _on(x, dev, what, dtype=torch.float32):
@@ -314,7 +350,8 @@ def _cuda_score_layer(params, queries=None, keys=None, values=None, gram=None, v
     params = _api._as_score_params(params)
     if keys is None:
         raise ValueError("score_layer: keys missing")
-    dev = keys.device
+    dev = _device("cuda.score_layer", keys=keys, queries=queries, values=values, out=out,
+                  workspace=workspace)
     hkv, n, dk = keys.shape
     hq = queries.shape[0] if queries is not None else hkv
     dv = values.shape[2] if values is not None else dk
@@ -323,7 +360,7 @@ def _cuda_score_layer(params, queries=None, keys=None, values=None, gram=None, v
         out = torch.empty((hkv, p), dtype=torch.float32, device=dev)
     if workspace is None:
         nbytes = _kc.score_workspace_size(params, hq, hkv, n, dk, dv)
-        workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev) if nbytes else None
+        workspace = _workspace_on(dev, nbytes)
     _kc.score_layer(
         params, None if queries is None else _Dev(queries, "queries", "data"),
         _Dev(keys, "keys", "data"), None if values is None else _Dev(values, "values", "data"),
@@ -337,9 +374,9 @@ def _cuda_score_layer(params, queries=None, keys=None, values=None, gram=None, v
 
 
 def _cuda_accumulate_value_links(values, links, *, dtype=None):
-    dev = values.device
+    dev = _device("cuda.accumulate_value_links", values=values, links=links)
     nbytes = _kc.value_links_workspace_size(values.shape[0], values.shape[1])
-    ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev) if nbytes else None
+    ws = _workspace_on(dev, nbytes)
     _kc.accumulate_value_links(_Dev(values, "values", "data"), _Dev(links, "links", "f32", True),
                                workspace=None if ws is None else _Dev(ws, "workspace", "bytes", True),
                                stream=_cur_stream(dev), dtype=dtype)
@@ -351,13 +388,12 @@ def _cuda_select_model(params, scores, n, window, *, links=None, link_threshold=
     CUDA device: returns ``(counts, idx)``, int32 tensors on that device (``counts[u]``
     kept positions of unit ``u = l*Hkv + kh`` in ``idx[u, :counts[u]]``, window included),
     the lists :func:`cuda.compact_in_place` takes."""
-    dev = scores.device
-    _no_cuda_build("cuda.select_model", "scores", dev)
+    dev = _device("cuda.select_model", scores=scores)
     L, H, _ = scores.shape
     counts = torch.empty(L * H, dtype=torch.int32, device=dev)
     idx = torch.empty((L * H, max(int(n), 1)), dtype=torch.int32, device=dev)
     nbytes = _kc.select_workspace_size(params, L, H, n, window)
-    ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev) if nbytes else None
+    ws = _workspace_on(dev, nbytes)
     _kc.select_model(params, _Dev(scores, "scores", "f32"), n, window,
                      counts=_Dev(counts, "counts", "index", True), idx=_Dev(idx, "idx", "index", True),
                      workspace=None if ws is None else _Dev(ws, "workspace", "bytes", True),
@@ -370,11 +406,10 @@ def _cuda_select_model(params, scores, n, window, *, links=None, link_threshold=
 def _cuda_compact_in_place(kv, kept, counts, max_keep, *, kept_ld=None, dtype=None):
     """Device compaction in place (``kvevict.cuda.compact_in_place``) of ``kv`` ``[H, N, d]``
     with int32 device lists ``kept`` (``[H, ld]``, or 1-D shared) and ``counts``."""
-    dev = kv.device
-    _no_cuda_build("cuda.compact_in_place", "kv", dev)
+    dev = _device("cuda.compact_in_place", kv=kv)
     kvd = _Dev(kv, "kv", "data", True)
     nbytes = _kc.compact_workspace_size(kvd, max_keep, dtype=dtype)
-    ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=dev) if nbytes else None
+    ws = _workspace_on(dev, nbytes)
     _kc.compact_in_place(kvd, _Dev(_on(kept, dev, "kept", torch.int32), "kept", "index"),
                          _Dev(_on(counts, dev, "counts", torch.int32), "counts", "index"), max_keep,
                          kept_ld=kept_ld, workspace=None if ws is None else _Dev(ws, "workspace", "bytes", True),
@@ -386,8 +421,7 @@ def _cuda_compact_varlen(src, kept, counts, *, kept_ld=None, dtype=None):
     """Device varlen compaction (``kvevict.cuda.compact_varlen``): ``(dst, cu_seqlens)`` on
     ``src``'s device, ``dst`` ``[H*N, d]`` (rows ``cu_seqlens[h] .. cu_seqlens[h+1]`` are
     head ``h``'s; no host synchronisation to size it)."""
-    dev = src.device
-    _no_cuda_build("cuda.compact_varlen", "src", dev)
+    dev = _device("cuda.compact_varlen", src=src)
     h, n, d = src.shape
     dst = torch.empty((max(h * n, 1), d), dtype=src.dtype, device=dev)
     cu = torch.empty(h + 1, dtype=torch.int32, device=dev)

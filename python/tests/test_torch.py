@@ -250,14 +250,24 @@ class TorchTests(unittest.TestCase):
             kt.paged_gather(pool, torch.tensor([0, 0], dtype=torch.int32), 10)
         self.assertEqual(e.exception.name, "KVE_ERR_ALIASING")
 
-    def test_cuda_entry_points_without_a_cuda_library(self):
+    def test_device_forms_refuse_host_tensors_and_missing_cuda(self):
+        sp, scores = kve.SelectParams(budget=4), torch.zeros(1, HKV, N - 32)
+        self.assert_refused(ValueError, "scores", kt.cuda.select_model, sp, scores, N, 32)
+        kv = self.k[0].clone()
+        self.assert_refused(ValueError, "kv", kt.cuda.compact_in_place, kv,
+                            torch.zeros(HKV, N, dtype=torch.int32), torch.full((HKV,), 3, dtype=torch.int32),
+                            3, watch=kv)
         if kve.cuda.built_with_cuda():
-            self.skipTest("the loaded library has CUDA entry points")
-        with self.assertRaises(kve.KvevictError) as e:
-            kt.cuda.select_model(kve.SelectParams(budget=4), torch.zeros(1, HKV, N - 32), N, 32)
-        self.assertEqual(e.exception.name, "KVE_ERR_NOT_BUILT_WITH_CUDA")
-        self.assertIn("scores", str(e.exception))
-
+            return
+        kt._HOST_DEVICE = True  # past the device check: the library's lack of CUDA is named
+        try:
+            e = self.assert_refused(kve.KvevictError, "scores", kt.cuda.select_model, sp, scores, N, 32)
+            self.assertEqual(e.name, "KVE_ERR_NOT_BUILT_WITH_CUDA")
+            e = self.assert_refused(kve.KvevictError, "keys", kt.cuda.score_layer, "lava",
+                                    self.q[0], self.k[0], self.v[0])
+            self.assertEqual(e.name, "KVE_ERR_NOT_BUILT_WITH_CUDA")
+        finally:
+            kt._HOST_DEVICE = False
 
 if __name__ == "__main__":
     unittest.main()
