@@ -43,17 +43,15 @@ fn python_out(py: &Path, code: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
-/// The staticlib cargo built beside this test binary (target/<profile>/libkvevict.a).
+/// The staticlib cargo built beside this test binary: the newest of
+/// target/<profile>/libkvevict.a and its hashed copies in deps/ (`cargo test` rebuilds the
+/// one in deps/ and does not uplift it, so the other can be stale: an older C ABI).
 fn staticlib() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let profile_dir = exe.parent()?.parent()?;
-    let direct = profile_dir.join("libkvevict.a");
-    if direct.is_file() {
-        return Some(direct);
-    }
-    // cargo leaves hashed copies in deps/ when it does not uplift
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-    for e in std::fs::read_dir(profile_dir.join("deps")).ok()?.flatten() {
+    let direct = std::fs::read_dir(profile_dir).ok()?.flatten();
+    for e in direct.chain(std::fs::read_dir(profile_dir.join("deps")).ok()?.flatten()) {
         let p = e.path();
         let name = p.file_name()?.to_string_lossy().to_string();
         if name.starts_with("libkvevict") && name.ends_with(".a") {
