@@ -405,10 +405,19 @@ fn llama_cpp_integration_lines() {
         "eviction part of the llama.cpp example: {n} lines"
     );
     println!("c_examples/llama_cpp/kvevict_llama.c: eviction part {n} lines");
-    for stage in ["kve_score_layer(", "kve_select_model", "kve_compute_gram(", "KVE_PRESET_"] {
+    for stage in [
+        "kve_score_layer(",
+        "kve_select_model",
+        "kve_compute_gram(",
+        "KVE_PRESET_",
+    ] {
         assert!(!src.contains(stage), "the example calls {stage} itself");
     }
-    for call in ["kve_evictor_plan(", "kve_evictor_score_layer(", "kve_evictor_compact("] {
+    for call in [
+        "kve_evictor_plan(",
+        "kve_evictor_score_layer(",
+        "kve_evictor_compact(",
+    ] {
         assert!(src.contains(call), "the example does not call {call}");
     }
 }
