@@ -59,6 +59,7 @@ mod cuda_build {
         "stream.cu",
         "uniqueness.cu",
         "links.cu",
+        "evictor.cu",
     ];
     const HEADERS: &[&str] = &[
         "kvevict_cuda.h",

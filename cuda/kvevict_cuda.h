@@ -466,6 +466,33 @@ int kve_cuda_pool_linked(const float* in, int64_t ld_in, float* out, int64_t ld_
                          int64_t rows, int64_t n, int k, int64_t sinks, const float* links,
                          float link_min, void* stream);
 
+/* ------------------------------------------------------------------ evictor --
+ * The evictor's device form (src/evictor/device.rs, cuda/evictor.cu): pure moves.
+ *
+ * ring_put: rows first .. first+rows-1 of q (any dtype and strides, heads <= 65535,
+ * rows <= cap) into the mirrored ring [heads][2*cap][dim] of q's dtype (contiguous): row j lands at slots
+ * s = (seen + j) % cap and s + cap of its head, so the last w <= cap rows observed are
+ * the contiguous slots (seen' - w) % cap .. + w - 1 (seen' = seen + rows).
+ *
+ * span_rows: dst[r*count + i] = src[r*ld + start + i] for r < rows (<= 65535), i < count;
+ * start + count <= ld; src and dst distinct.
+ *
+ * shift_lists: for r < rows, idx[r*idx_ld + t] = t for t < start, then
+ * src_idx[r*src_ld + u] + start for u < c, counts[r] = start + c, where c is
+ * src_counts[r] clamped to [0, src_ld] and to idx_ld - start. start <= idx_ld < 2^31;
+ * outputs distinct from the sources.
+ *
+ * upload: bytes of host memory src to device memory dst on stream, then waits for the
+ * stream (setup only: src may be freed on return; not capturable). */
+int kve_cuda_ring_put(const kve_cuda_view* q, int64_t first, int64_t rows, void* ring,
+                      int64_t cap, int64_t seen, void* stream);
+int kve_cuda_span_rows(const float* src, int64_t rows, int64_t ld, int64_t start, int64_t count,
+                       float* dst, void* stream);
+int kve_cuda_shift_lists(const int32_t* src_counts, const int32_t* src_idx, int64_t src_ld,
+                         int64_t rows, int64_t start, int32_t* counts, int32_t* idx,
+                         int64_t idx_ld, void* stream);
+int kve_cuda_upload(void* dst, const void* src, size_t bytes, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -174,6 +174,12 @@
 
 
 /**
+ * An evictor's device form: a pointer into the host memory given to
+ * `kve_cuda_evictor_init` (its tensors live in the device block given there).
+ */
+typedef struct kve_cuda_evictor kve_cuda_evictor;
+
+/**
  * An evictor's context: a pointer into the memory given to `kve_evictor_init`.
  */
 typedef struct kve_evictor kve_evictor;
@@ -1108,6 +1114,137 @@ int32_t kve_cuda_score_layer_prepared(const struct kve_score_params *params,
                                       void *workspace,
                                       uint64_t workspace_bytes,
                                       void *stream);
+
+/**
+ * Host bytes of the context (`*host_bytes`, any alignment, 64 bytes of slack included)
+ * and device bytes of the block (`*device_bytes`, 256-byte aligned) for `config`. Value
+ * links (`link_threshold`) and methods that read `Wo` every round (CriticalKV) are not on
+ * the device: `KVE_ERR_INVALID_ARGUMENT`. Writes only the two sizes.
+ */
+int32_t kve_cuda_evictor_size(const struct kve_evictor_config *config,
+                              uint64_t *host_bytes,
+                              uint64_t *device_bytes);
+
+/**
+ * Start an evictor's device form: its context in `memory` (host, `bytes` from
+ * `kve_cuda_evictor_size`), its tensors in `device_memory` (`device_bytes`, 256-byte
+ * aligned, e.g. from cudaMalloc; not touched here), and set `*evictor`. No teardown:
+ * the caller frees both. Writes `memory` and `*evictor` only on success.
+ */
+int32_t kve_cuda_evictor_init(void *memory,
+                              uint64_t bytes,
+                              void *device_memory,
+                              uint64_t device_bytes,
+                              const struct kve_evictor_config *config,
+                              struct kve_cuda_evictor **evictor);
+
+/**
+ * As `kve_evictor_get_requirements`.
+ */
+int32_t kve_cuda_evictor_get_requirements(const struct kve_cuda_evictor *evictor,
+                                          struct kve_evictor_requirements *out,
+                                          uint32_t struct_size);
+
+/**
+ * Set `layer`'s output projection `wo` (`[Hq, dv, D]`, HOST memory) for a method with
+ * `KVE_WO_ONCE`: its Gram blocks are computed on the host and uploaded to the device
+ * block on `stream`, which is synchronised (a setup call, not capturable).
+ */
+int32_t kve_cuda_evictor_set_output_projection(struct kve_cuda_evictor *evictor,
+                                               uint64_t layer,
+                                               const struct kve_tensor *wo,
+                                               void *stream);
+
+/**
+ * As `kve_evictor_observe_queries`, `queries` in DEVICE memory, enqueued on `stream`
+ * (the last `window` rows go to the sequence's ring in the device block, in the
+ * queries' dtype: every observation of a (sequence, layer) takes one dtype).
+ */
+int32_t kve_cuda_evictor_observe_queries(struct kve_cuda_evictor *evictor,
+                                         uint64_t seq,
+                                         uint64_t layer,
+                                         const struct kve_tensor *queries,
+                                         void *stream);
+
+/**
+ * As `kve_evictor_plan` (host only).
+ */
+int32_t kve_cuda_evictor_plan(struct kve_cuda_evictor *evictor,
+                              uint64_t seq,
+                              uint64_t n_cells,
+                              uint64_t *target);
+
+/**
+ * As `kve_evictor_begin` (host bookkeeping: nothing enqueued).
+ */
+int32_t kve_cuda_evictor_begin(struct kve_cuda_evictor *evictor,
+                               uint64_t seq,
+                               uint64_t n_cells,
+                               uint64_t target);
+
+/**
+ * As `kve_evictor_score_layer`, on `stream`: `views` (host struct, from
+ * `kve_evictor_layer_init`) holds DEVICE tensors; its `wo` must be absent and its
+ * `row_lse` is device floats. Checked on the host before anything is enqueued.
+ */
+int32_t kve_cuda_evictor_score_layer(struct kve_cuda_evictor *evictor,
+                                     uint64_t seq,
+                                     uint64_t layer,
+                                     const struct kve_evictor_layer *views,
+                                     void *stream);
+
+/**
+ * As `kve_evictor_select`, on `stream`. `*kept_cells`: the cells every (layer, KV head)
+ * keeps when the selection is rectangular (token granularity, or the uniform
+ * allocator: the round's target); `UINT64_MAX` for the other allocators, whose counts
+ * stay on the device (`kve_cuda_evictor_kept_lists`): nothing is read back.
+ */
+int32_t kve_cuda_evictor_select(struct kve_cuda_evictor *evictor,
+                                uint64_t seq,
+                                uint64_t *kept_cells,
+                                void *stream);
+
+/**
+ * The kept lists of `seq`'s selected round, in the device block (valid until the
+ * sequence's next `begin`): unit `u = layer * hkv + h` keeps `(*idx)[u * *idx_ld ..]`,
+ * `(*counts)[u]` cells ascending (int32, DEVICE memory; one list for every unit with
+ * token granularity) — `kve_cuda_compact_in_place`'s lists. Writes the three only on
+ * success.
+ */
+int32_t kve_cuda_evictor_kept_lists(struct kve_cuda_evictor *evictor,
+                                    uint64_t seq,
+                                    const int32_t **counts,
+                                    const int32_t **idx,
+                                    uint64_t *idx_ld);
+
+/**
+ * As `kve_evictor_compact`: `kv` is DEVICE memory (written through `kv->data`),
+ * compacted in place on `stream`.
+ */
+int32_t kve_cuda_evictor_compact(struct kve_cuda_evictor *evictor,
+                                 uint64_t seq,
+                                 uint64_t layer,
+                                 const struct kve_tensor *kv,
+                                 void *stream);
+
+/**
+ * As `kve_evictor_commit` (host bookkeeping). A selection that is not rectangular
+ * leaves the sequence ragged: no further round until `kve_cuda_evictor_seq_reset`.
+ */
+int32_t kve_cuda_evictor_commit(struct kve_cuda_evictor *evictor, uint64_t seq);
+
+/**
+ * As `kve_evictor_seq_reset`.
+ */
+int32_t kve_cuda_evictor_seq_reset(struct kve_cuda_evictor *evictor, uint64_t seq);
+
+/**
+ * As `kve_evictor_get_stats`.
+ */
+int32_t kve_cuda_evictor_get_stats(struct kve_cuda_evictor *evictor,
+                                   uint64_t seq,
+                                   struct kve_evictor_stats *out,
+                                   uint32_t struct_size);
 
 /**
  * The number of presets; `kve_preset_name(0 .. count - 1)` lists them.

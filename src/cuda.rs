@@ -76,6 +76,10 @@ mod mock;
 #[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
 pub use mock::*;
 #[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
+mod mock_evictor;
+#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
+pub use mock_evictor::*;
+#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
 mod mock_uniqueness;
 #[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
 pub use mock_uniqueness::*;
@@ -482,6 +486,49 @@ extern "C" {
         sinks: i64,
         links: *const f32,
         link_min: f32,
+        stream: *mut c_void,
+    ) -> c_int;
+}
+
+// The evictor's device form's moves (`cuda/evictor.cu`).
+#[cfg(feature = "cuda")]
+extern "C" {
+    pub fn kve_cuda_ring_put(
+        q: *const KveCudaView,
+        first: i64,
+        rows: i64,
+        ring: *mut c_void,
+        cap: i64,
+        seen: i64,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_span_rows(
+        src: *const f32,
+        rows: i64,
+        ld: i64,
+        start: i64,
+        count: i64,
+        dst: *mut f32,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_shift_lists(
+        src_counts: *const i32,
+        src_idx: *const i32,
+        src_ld: i64,
+        rows: i64,
+        start: i64,
+        counts: *mut i32,
+        idx: *mut i32,
+        idx_ld: i64,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_upload(
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
         stream: *mut c_void,
     ) -> c_int;
 }

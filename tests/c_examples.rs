@@ -391,3 +391,33 @@ fn toy_engine() {
     // the newest position is the last decoded token: 200 + 150 - 1
     assert_eq!(numbers(line(&out, "oldest and newest"))[1], 349, "{out}");
 }
+
+/// Issue 26: c_examples/llama_cpp/kvevict_llama.c runs on the evictor, its eviction part
+/// counted as the toy engine's (at most 150 lines), with no preset table of its own: its
+/// method names, selections and what to capture all come from the library.
+#[test]
+fn llama_cpp_integration_lines() {
+    let path = root().join("c_examples/llama_cpp/kvevict_llama.c");
+    let src = std::fs::read_to_string(path).unwrap();
+    let n = integration_lines(&src);
+    assert!(
+        (60..=150).contains(&n),
+        "eviction part of the llama.cpp example: {n} lines"
+    );
+    println!("c_examples/llama_cpp/kvevict_llama.c: eviction part {n} lines");
+    for stage in [
+        "kve_score_layer(",
+        "kve_select_model",
+        "kve_compute_gram(",
+        "KVE_PRESET_",
+    ] {
+        assert!(!src.contains(stage), "the example calls {stage} itself");
+    }
+    for call in [
+        "kve_evictor_plan(",
+        "kve_evictor_score_layer(",
+        "kve_evictor_compact(",
+    ] {
+        assert!(src.contains(call), "the example does not call {call}");
+    }
+}

@@ -561,3 +561,47 @@ fn hostile_calls_change_nothing() {
         assert_eq!(kve_evictor_commit(ev, 0), KVE_OK);
     }
 }
+
+/// Without CUDA the device form's entry points answer KVE_ERR_NOT_BUILT_WITH_CUDA, before
+/// any other check, and write nothing.
+#[test]
+fn device_form_without_cuda_is_not_built() {
+    if cfg!(any(feature = "cuda", feature = "cuda-mock")) {
+        return;
+    }
+    let cfg = config(Preset::SnapKv as u32);
+    let (mut h, mut d, mut t) = (7u64, 7u64, 7u64);
+    let mut ev: *mut kve_cuda_evictor = std::ptr::null_mut();
+    let mut mem = vec![7u8; 4096];
+    let s = std::ptr::null_mut();
+    let e = std::ptr::null_mut::<kve_cuda_evictor>();
+    let mut layer = std::mem::MaybeUninit::<kve_evictor_layer>::zeroed();
+    let mut req = std::mem::MaybeUninit::<kve_evictor_requirements>::zeroed();
+    let mut stats = std::mem::MaybeUninit::<kve_evictor_stats>::zeroed();
+    let (mut c, mut i) = (std::ptr::null::<i32>(), std::ptr::null::<i32>());
+    // SAFETY: each call returns before reading or writing anything.
+    let all = unsafe {
+        [
+            kve_cuda_evictor_size(&cfg, &mut h, &mut d),
+            kve_cuda_evictor_init(mem.as_mut_ptr() as *mut c_void, 4096, s, 0, &cfg, &mut ev),
+            kve_cuda_evictor_get_requirements(e, req.as_mut_ptr(), 28),
+            kve_cuda_evictor_set_output_projection(e, 0, std::ptr::null(), s),
+            kve_cuda_evictor_observe_queries(e, 0, 0, std::ptr::null(), s),
+            kve_cuda_evictor_plan(e, 0, 10, &mut t),
+            kve_cuda_evictor_begin(e, 0, 10, 5),
+            kve_cuda_evictor_score_layer(e, 0, 0, layer.as_mut_ptr(), s),
+            kve_cuda_evictor_select(e, 0, &mut t, s),
+            kve_cuda_evictor_kept_lists(e, 0, &mut c, &mut i, &mut t),
+            kve_cuda_evictor_compact(e, 0, 0, std::ptr::null(), s),
+            kve_cuda_evictor_commit(e, 0),
+            kve_cuda_evictor_seq_reset(e, 0),
+            kve_cuda_evictor_get_stats(e, 0, stats.as_mut_ptr(), 40),
+        ]
+    };
+    assert!(
+        all.iter().all(|&st| st == KVE_ERR_NOT_BUILT_WITH_CUDA),
+        "{all:?}"
+    );
+    assert_eq!((h, d, t), (7, 7, 7));
+    assert!(ev.is_null() && c.is_null() && mem.iter().all(|&b| b == 7));
+}

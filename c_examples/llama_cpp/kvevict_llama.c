@@ -1,6 +1,6 @@
 /*
- * kvevict + llama.cpp: score the KV cache of a GGUF model with kvevict and evict the
- * lowest-value tokens with llama_memory_seq_rm, then generate.
+ * kvevict + llama.cpp: score the KV cache of a GGUF model with kvevict's evictor and evict
+ * the lowest-value tokens with llama_memory_seq_rm, then generate.
  *
  * Two modes:
  *  - one-shot (default): prefill the prompt, compress the cache once to a keep ratio,
@@ -12,23 +12,27 @@
  *    token by token; whenever the next batch would not fit in C cells, the cache is
  *    scored and shrunk to --evict-to of C (instead of llama.cpp's context shift).
  *
+ * The eviction is kvevict's evictor (kve_evictor_*): it holds the method (a preset name,
+ * the library's one table), tells what to capture (kve_evictor_get_requirements), keeps
+ * the window's queries, LaProx's Gram blocks and the budget policy (keep ratio or cell
+ * budget), scores, selects and compacts. This file only feeds it: every line between
+ * "kvevict: begin" and "kvevict: end" (tests/c_examples.rs counts them: at most 150).
+ *
  * What is read, and where from:
  *  - post-RoPE queries Qcur-L, keys Kcur-L (op GGML_OP_ROPE) and values Vcur-L (the
  *    reshape), through llama_context_params.cb_eval, for every micro-batch. Queries go
- *    to a ring of the last `window` positions per layer; keys to a per-layer store of
- *    f16 token rows in position order (exactly the bytes llama.cpp writes to its f16
- *    cache); values are reduced at once to LaProx's value forms v·G·vᵀ (9 floats per
- *    token and layer for SmolLM2) and not kept — only LAVa keeps them (f16 rows).
+ *    to the evictor (kve_evictor_observe_queries: it keeps the last `window` rows per
+ *    layer); keys, and values when the method reads them, to a per-layer store of f16
+ *    token rows in position order (exactly the bytes llama.cpp writes to its f16 cache).
  *    Why a store and not the engine's cache_k_lL tensor: after the first eviction
  *    llama.cpp reuses freed cells for new tokens, so cell order stops being position
  *    order and the observation window is no longer "the last w rows"; a position-ordered
- *    store, compacted with kve_compact_in_place after each eviction, keeps every view a
- *    plain strided tensor. It also works unchanged when the cache lives on a GPU (the
- *    callback copies with ggml_backend_tensor_get). See README.md for reading
- *    cache_k_lL in place instead.
+ *    store, compacted by the evictor after each eviction, keeps every view a plain
+ *    strided tensor. It also works unchanged when the cache lives on a GPU (the callback
+ *    copies with ggml_backend_tensor_get). See README.md for reading cache_k_lL in place.
  *  - Wo = blk.L.attn_output.weight, read from the GGUF file with the gguf C API and
- *    dequantized with ggml's type traits, only to build LaProx's Gram matrices
- *    (kve_compute_gram, once per model).
+ *    dequantized with ggml's type traits, for the methods that read it (LaProx: once, its
+ *    Gram blocks stay in the evictor; CriticalKV: every round).
  *
  * Flash attention does not matter for any of this (everything is captured before the
  * attention op); --flash-attn on|off|auto sets it (default off).
@@ -97,13 +101,9 @@ static double cpu_s(void) {
 
 /* ------------------------------------------------------------------------- options */
 
-enum method { M_FULL, M_LAPROX, M_LAPROX_SPAN, M_LAVA, M_SNAPKV, M_STREAMING, M_KNORM, M_UNIQUENESS };
-static const char *METHOD_NAMES[] = {"full", "laprox", "laprox-span", "lava", "snapkv", "streamingllm", "knorm",
-                                     "uniqueness"};
-
 struct opts {
     const char *model;
-    enum method methods[16];  /* one prefill serves them all (one-shot mode) */
+    const char *methods[16]; /* "full" or a kvevict preset; one prefill serves them all (one-shot) */
     int n_methods;
     double keep;            /* one-shot: fraction of the cache kept, window inside (kvpress) */
     int window;             /* observation window (0 = the preset's) */
@@ -125,16 +125,16 @@ struct opts {
     int verbose;
     int show_kept;          /* print the text of the kept cells */
     int repack;             /* one-shot: re-pack the kept cells to the front of the cache */
-    int post_k;             /* laprox-span's forward post pool: kernel (0 = preset's 8) */
-    double post_decay;      /* ... and decay (preset's 0.9) */
+    int post_k;             /* the selection's forward post pool: kernel (0 = the preset's) */
+    double post_decay;      /* ... and decay */
     const char *score_layers; /* "all" or a list; NULL = the full-attention layers */
 };
 
 static void usage(void) {
+    fprintf(stderr, "usage: kvevict_llama -m MODEL.gguf [options]\n  --method M[,M..]  full |");
+    for (uint32_t i = 0; i < kve_preset_count(); i++) fprintf(stderr, " %s", kve_preset_name(i));
     fprintf(stderr,
-            "usage: kvevict_llama -m MODEL.gguf [options]\n"
-            "  --method M[,M..]  full | laprox | laprox-span | lava | snapkv | streamingllm | knorm |\n"
-            "                    uniqueness (question-agnostic: no queries)  (laprox-span);\n"
+            "  (laprox-span);\n"
             "                    one-shot mode runs every listed method on one prefill (state snapshot)\n"
             "  --keep R          one-shot: keep ratio of the cache, window inside it (kvpress) (0.1)\n"
             "  --window W        observation window (the preset's: 8 for laprox-span and uniqueness, 32 for the others)\n"
@@ -149,7 +149,7 @@ static void usage(void) {
             "  --needle DEPTH    built-in needle prompt, needle at DEPTH in [0,1]\n"
             "      --seed S      filler seed (0)   --ctx-tokens N  prompt length (1000)   --key K  pass key\n"
             "  -f FILE -q TEXT   context from FILE, question TEXT\n"
-            "  --span-pool K:D   laprox-span's forward post pool (preset 8:0.9)\n"
+            "  --span-pool K:D   the selection's forward post pool (laprox-span's preset: 9:1.0)\n"
             "  --show-kept       print the text of the cells kept (one-shot mode)\n"
             "  --repack          one-shot: after evicting, move the kept cells to the front of the cache\n"
             "                    (state save, clear, restore) so attention spans fewer cells\n"
@@ -160,24 +160,23 @@ static void usage(void) {
     exit(2);
 }
 
+/* Method names: "full" or a preset name of the library (kve_preset_from_name). */
 static void parse_methods(const char *list, struct opts *o) {
-    char buf[256];
+    static char buf[256];
     snprintf(buf, sizeof buf, "%s", list);
     o->n_methods = 0;
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        int found = -1;
-        for (int i = 0; i < (int)(sizeof METHOD_NAMES / sizeof *METHOD_NAMES); i++)
-            if (!strcmp(tok, METHOD_NAMES[i])) found = i;
-        if (found < 0) die("unknown method '%s'", tok);
+        uint32_t preset;
+        if (strcmp(tok, "full") && kve_preset_from_name(tok, &preset) != KVE_OK) die("unknown method '%s'", tok);
         if (o->n_methods == 16) die("too many methods");
-        o->methods[o->n_methods++] = (enum method)found;
+        o->methods[o->n_methods++] = tok;
     }
     if (!o->n_methods) die("--method needs at least one method");
 }
 
 static void parse_args(int argc, char **argv, struct opts *o) {
     memset(o, 0, sizeof *o);
-    o->methods[0] = M_LAPROX_SPAN;
+    o->methods[0] = "laprox-span";
     o->n_methods = 1;
     o->keep = 0.1;
     o->n_predict = 8;
@@ -223,7 +222,7 @@ static void parse_args(int argc, char **argv, struct opts *o) {
     if (!o->needle && !o->context_file) usage();
     if (o->keep <= 0 || o->keep > 1) die("--keep must be in (0, 1]");
     if (o->max_cells && (o->evict_to <= 0 || o->evict_to >= 1)) die("--evict-to must be in (0, 1)");
-    if (o->max_cells && (o->n_methods != 1 || o->methods[0] == M_FULL))
+    if (o->max_cells && (o->n_methods != 1 || !strcmp(o->methods[0], "full")))
         die("--max-cells takes exactly one method, not full");
     if (o->chunk < 1) die("--chunk must be >= 1");
 }
@@ -340,415 +339,237 @@ static llama_token *tokenize(const struct llama_vocab *vocab, const char *text, 
     return t;
 }
 
-/* --------------------------------------------------------------- capture (cb_eval) */
+/* --------------------------------------------------------------- the engine's weights */
+
+struct gguf_file { struct gguf_context *g; struct ggml_context *meta; FILE *f; };
+
+static void gguf_open(struct gguf_file *w, const char *path) {
+    struct gguf_init_params gp = {.no_alloc = true, .ctx = &w->meta};
+    w->g = gguf_init_from_file(path, gp);
+    w->f = fopen(path, "rb");
+    if (!w->g || !w->f) die("cannot read %s", path);
+}
+
+static void gguf_close(struct gguf_file *w) {
+    fclose(w->f);
+    gguf_free(w->g);
+    ggml_free(w->meta);
+}
+
+/* Tensor `name` of ggml shape [ne0, ne1] as f32 (dequantized with ggml's type traits). */
+static float *gguf_read_f32(const struct gguf_file *w, const char *name, int64_t ne0, int64_t ne1) {
+    int64_t id = gguf_find_tensor(w->g, name);
+    struct ggml_tensor *t = ggml_get_tensor(w->meta, name);
+    if (id < 0 || !t || t->ne[0] != ne0 || t->ne[1] != ne1)
+        die("%s: missing, or not [%lld, %lld]", name, (long long)ne0, (long long)ne1);
+    size_t sz = gguf_get_tensor_size(w->g, id), len = (size_t)ne0 * (size_t)ne1;
+    void *raw = xmalloc(sz);
+    float *out = xmalloc(len * sizeof(float));
+    if (fseek(w->f, (long)(gguf_get_data_offset(w->g) + gguf_get_tensor_offset(w->g, id)), SEEK_SET) ||
+        fread(raw, 1, sz, w->f) != sz)
+        die("cannot read %s", name);
+    enum ggml_type ty = gguf_get_tensor_type(w->g, id);
+    if (ty == GGML_TYPE_F32) memcpy(out, raw, len * sizeof(float));
+    else if (ggml_get_type_traits(ty)->to_float) ggml_get_type_traits(ty)->to_float(raw, out, (int64_t)len);
+    else die("%s: cannot dequantize type %s", name, ggml_type_name(ty));
+    free(raw);
+    return out;
+}
+
+/* A cb_eval tensor [hd, heads, T] (f32, any strides, any backend) as host rows
+ * [T][heads*hd] in `*buf` (grown as needed). Returns T. */
+static int host_rows(const struct ggml_tensor *t, int heads, int hd, float **buf, size_t *len) {
+    const int T = (int)t->ne[2];
+    const size_t row = (size_t)heads * hd;
+    if (t->type != GGML_TYPE_F32 || t->ne[0] != hd || t->ne[1] != heads || t->ne[3] != 1)
+        die("unexpected shape/type for %s: [%lld,%lld,%lld] type %d", t->name, (long long)t->ne[0],
+            (long long)t->ne[1], (long long)t->ne[2], (int)t->type);
+    if (*len < row * T) { free(*buf); *buf = xmalloc(row * T * sizeof(float)); *len = row * T; }
+    for (int i = 0; i < T; i++)
+        for (int h = 0; h < heads; h++)
+            ggml_backend_tensor_get(t, *buf + i * row + (size_t)h * hd, i * t->nb[2] + h * t->nb[1], hd * sizeof(float));
+    return T;
+}
+
+/* Whether t is called fmt's name ("Kcur-%d%n": any layer, into *l). */
+static int named(const struct ggml_tensor *t, const char *fmt, int *l) {
+    int end = 0;
+    return sscanf(t->name, fmt, l, &end) == 1 && end > 0 && !t->name[end];
+}
+
+/* ------------------------------------------------------------------------- eviction */
+
+/* kvevict: begin */
+struct method { const char *name; kve_evictor *ev; kve_evictor_requirements req; double t_kve, c_kve; }; /* "full": no ev */
 
 struct capture {
-    int n_layer, hq, hkv, hd, g; /* n_layer: the scored layers, stored in model order */
-    int n_model_layer;
-    int *slot;       /* [n_model_layer] -> store index of a model layer, -1 = not scored */
-    int *layer_of;   /* [n_layer] -> its model layer */
-    int w;           /* query ring length = observation window */
-    int cap;         /* store capacity in tokens */
-    int n;           /* tokens in the stores (all layers agree between decode calls) */
-    int on;          /* capture enabled */
-    int keep_v;      /* LAVa: keep V rows */
-    int forms;       /* LaProx: reduce V to value forms */
-    int32_t *pos;    /* [cap] position of store row i */
-    float **qring;   /* [L] -> [w][hq*hd], slot = pos % w */
-    ggml_fp16_t **k; /* [L] -> [cap][hkv*hd] */
-    ggml_fp16_t **v; /* [L] -> [cap][hkv*hd] (keep_v) */
-    float **vf;      /* [L] -> [cap][hkv*g] (forms) */
-    int *q_pos, *k_row, *v_row; /* [L] where the next micro-batch lands */
-    float *tmp;      /* staging for ggml_backend_tensor_get */
+    int n_layer, n_model_layer, hq, hkv, hd, d_model; /* n_layer: the scored layers, in model order */
+    int cap, n, on, keep_v, read_wo, n_kv; /* store rows, rows held, capture on, V stored, Wo read, cells attention spans */
+    const int *slot, *layer_of; /* model layer -> scored layer (-1: not scored), and back */
+    int nt, seen;          /* the batch being decoded: its tokens, the K/V tensors captured */
+    int32_t *pos;          /* [cap] position of store row i */
+    uint32_t *cells;       /* [cap] an eviction's kept cells, then its evicted ones */
+    ggml_fp16_t *k, *v;    /* [L][cap][hkv*hd] rows, as llama.cpp's f16 cache holds them */
+    float **wo, *tmp;      /* [L] -> Wo (when a method reads it); the callback's rows */
     size_t tmp_len;
-    float *ftmp;     /* [hkv][g][T] value forms of one micro-batch */
-    size_t ftmp_len;
-    float **gram;    /* [L] Gram blocks */
-    uint64_t gram_len;
-    double t_copy, t_forms; /* seconds in the callback: copies, value forms */
-    double c_forms;  /* CPU seconds of the value forms */
-    int n_kv;        /* cells the last graph's attention spans (cache_k_l0 view) */
+    struct method *m; int n_m;
+    double t_copy;         /* seconds in the callback */
 };
 
-static int match_layer(const char *name, const char *prefix) {
-    size_t n = strlen(prefix);
-    if (strncmp(name, prefix, n)) return -1;
-    const char *p = name + n;
-    if (!*p) return -1;
-    int l = 0;
-    for (; *p; p++) {
-        if (*p < '0' || *p > '9') return -1;
-        l = l * 10 + (*p - '0');
-    }
-    return l;
+static kve_tensor view3(const void *p, uint32_t dt, uint64_t a, uint64_t b, uint64_t c, uint64_t sa, uint64_t sb, uint64_t sc) {
+    kve_tensor t = {p, 1 + (a - 1) * sa + (b - 1) * sb + (c - 1) * sc, dt, 0, {a, b, c}, {sa, sb, sc}};
+    return t;
+}
+static kve_tensor rows(const struct capture *c, const ggml_fp16_t *store, int l, int n) { /* layer l as [Hkv, n, hd] */
+    return view3(store + (size_t)l * c->cap * c->hkv * c->hd, KVE_DTYPE_F16, c->hkv, n, c->hd, c->hd, (uint64_t)c->hkv * c->hd, 1);
+}
+static kve_tensor wo_view(const struct capture *c, const float *w) { /* ggml row r: Wo[h][j][r] = w[r*Hq*hd + h*hd + j] */
+    return view3(w, KVE_DTYPE_F32, c->hq, c->hd, c->d_model, c->hd, 1, (uint64_t)c->hq * c->hd);
 }
 
-/* kind: 0 = Q, 1 = K, 2 = V; layer in *layer; -1 when not wanted */
-static int wanted(const struct capture *c, const struct ggml_tensor *t, int *layer) {
-    int l;
-    int kind = -1;
-    if (t->op == GGML_OP_ROPE) {
-        if ((l = match_layer(t->name, "Qcur-")) >= 0) kind = 0;
-        else if ((l = match_layer(t->name, "Kcur-")) >= 0) kind = 1;
-    } else if (t->op == GGML_OP_RESHAPE && (c->keep_v || c->forms)) {
-        if ((l = match_layer(t->name, "Vcur-")) >= 0) kind = 2;
+/* One evictor for `name` over the scored layers, with the run's policy. */
+static void method_init(struct method *m, const char *name, const struct opts *o, const struct capture *c) {
+    kve_evictor_config cfg; kve_select_params sel;
+    uint32_t preset; uint64_t bytes;
+    KVE(kve_preset_from_name(name, &preset));
+    KVE(kve_evictor_config_init(&cfg, sizeof cfg, preset));
+    cfg.layers = c->n_layer; cfg.hq = c->hq; cfg.hkv = c->hkv; cfg.dk = cfg.dv = c->hd; cfg.d_model = c->d_model;
+    cfg.max_cells = c->cap; cfg.window = o->window;
+    cfg.granularity = KVE_GRANULARITY_TOKEN; /* a llama.cpp cell holds one token for every layer and head */
+    if (o->post_k > 0) {
+        KVE(kve_select_params_init_preset(&sel, sizeof sel, preset, 0));
+        sel.post_pool_kernel = (uint32_t)o->post_k; sel.post_pool_decay = (float)o->post_decay;
+        cfg.select = &sel;
     }
-    if (kind < 0 || l >= c->n_model_layer || c->slot[l] < 0) return -1; /* a layer not scored */
-    *layer = c->slot[l];
-    return kind;
+    if (o->max_cells) { cfg.policy = KVE_POLICY_CELLS; cfg.high = o->max_cells; cfg.low = (uint64_t)(o->max_cells * o->evict_to); }
+    else { cfg.policy = KVE_POLICY_KEEP_RATIO; cfg.keep_ratio = o->keep; }
+    KVE(kve_evictor_size(&cfg, &bytes));
+    KVE(kve_evictor_init(xmalloc(bytes), bytes, &cfg, &m->ev));
+    KVE(kve_evictor_get_requirements(m->ev, &m->req, sizeof m->req));
 }
 
-static void ensure_tmp(float **buf, size_t *len, size_t need) {
-    if (*len < need) {
-        free(*buf);
-        *buf = xmalloc(need * sizeof(float));
-        *len = need;
+/* The evictors of the methods (names in m[i].name) and the stores of the scored layers. */
+static void capture_init(struct capture *c, struct method *m, int n_m, const struct opts *o) {
+    const size_t store = (size_t)c->n_layer * c->cap * c->hkv * c->hd * sizeof(ggml_fp16_t);
+    c->m = m; c->n_m = n_m;
+    for (int i = 0; i < n_m; i++) {
+        if (strcmp(m[i].name, "full")) method_init(&m[i], m[i].name, o, c);
+        c->keep_v |= m[i].ev && m[i].req.values; c->read_wo |= m[i].ev && m[i].req.wo != KVE_WO_NONE;
     }
+    c->pos = xmalloc((size_t)c->cap * sizeof(int32_t)); c->cells = xmalloc((size_t)c->cap * sizeof(uint32_t));
+    c->k = xmalloc(store); c->v = c->keep_v ? xmalloc(store) : NULL;
+    c->wo = xcalloc((size_t)c->n_layer, sizeof *c->wo);
+}
+
+/* Wo of every scored layer (the engine's weights), for the methods that read it. */
+static void load_wo(struct capture *c, const char *path) {
+    if (!c->read_wo) return;
+    struct gguf_file w;
+    gguf_open(&w, path);
+    for (int l = 0; l < c->n_layer; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_output.weight", c->layer_of[l]);
+        c->wo[l] = gguf_read_f32(&w, name, (int64_t)c->hq * c->hd, c->d_model);
+        kve_tensor wo = wo_view(c, c->wo[l]);
+        for (int i = 0; i < c->n_m; i++)
+            if (c->m[i].ev && c->m[i].req.wo == KVE_WO_ONCE) KVE(kve_evictor_set_output_projection(c->m[i].ev, l, &wo));
+    }
+    gguf_close(&w);
 }
 
 static bool capture_cb(struct ggml_tensor *t, bool ask, void *ud) {
     struct capture *c = ud;
+    int l = -1, kind = -1; /* 0 = Q, 1 = K, 2 = V */
     if (ask && t->op == GGML_OP_VIEW && !strcmp(t->name, "cache_k_l0 (view)")) c->n_kv = (int)t->ne[2];
-    if (!c->on) return ask ? false : true;
-    int l = -1;
-    int kind = wanted(c, t, &l);
-    if (ask) return kind >= 0 && l < c->n_layer;
-    if (kind < 0 || l >= c->n_layer) return true;
+    if (!c->on) return !ask;
+    if (t->op == GGML_OP_ROPE) kind = named(t, "Qcur-%d%n", &l) ? 0 : named(t, "Kcur-%d%n", &l) ? 1 : -1;
+    else if (t->op == GGML_OP_RESHAPE && c->keep_v && named(t, "Vcur-%d%n", &l)) kind = 2;
+    if (kind < 0 || l < 0 || l >= c->n_model_layer || (l = c->slot[l]) < 0) return !ask; /* not scored */
+    if (ask) return true;
     double t0 = now_s();
-    const int heads = kind == 0 ? c->hq : c->hkv;
-    if (t->type != GGML_TYPE_F32 || t->ne[0] != c->hd || t->ne[1] != heads || t->ne[3] != 1)
-        die("unexpected shape/type for %s: [%lld,%lld,%lld,%lld] type %d", t->name, (long long)t->ne[0],
-            (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3], (int)t->type);
-    const int T = (int)t->ne[2];
+    const int heads = kind == 0 ? c->hq : c->hkv, T = host_rows(t, heads, c->hd, &c->tmp, &c->tmp_len);
     const size_t row = (size_t)heads * c->hd;
-    ensure_tmp(&c->tmp, &c->tmp_len, row * T);
-    if (ggml_is_contiguous(t)) {
-        ggml_backend_tensor_get(t, c->tmp, 0, row * T * sizeof(float));
-    } else {
-        for (int i = 0; i < T; i++) /* rows of heads*hd floats, nb[2] apart */
-            for (int h = 0; h < heads; h++)
-                ggml_backend_tensor_get(t, c->tmp + (size_t)i * row + (size_t)h * c->hd, i * t->nb[2] + h * t->nb[1],
-                                        c->hd * sizeof(float));
-    }
+    if (T != c->nt) die("%s: %d tokens in a batch of %d (a split micro-batch)", t->name, T, c->nt);
     if (kind == 0) {
-        for (int i = 0; i < T; i++) {
-            int p = c->q_pos[l] + i;
-            memcpy(c->qring[l] + (size_t)(p % c->w) * row, c->tmp + (size_t)i * row, row * sizeof(float));
-        }
-        c->q_pos[l] += T;
-    } else if (kind == 1) {
-        if (c->k_row[l] + T > c->cap) die("key store full (%d + %d > %d)", c->k_row[l], T, c->cap);
-        ggml_fp32_to_fp16_row(c->tmp, c->k[l] + (size_t)c->k_row[l] * row, (int64_t)row * T);
-        c->k_row[l] += T;
+        kve_tensor q = view3(c->tmp, KVE_DTYPE_F32, c->hq, T, c->hd, c->hd, row, 1);
+        for (int i = 0; i < c->n_m; i++)
+            if (c->m[i].ev && c->m[i].req.queries) KVE(kve_evictor_observe_queries(c->m[i].ev, 0, l, &q));
     } else {
-        int r0 = c->v_row[l];
-        if (r0 + T > c->cap) die("value store full");
-        if (c->keep_v) ggml_fp32_to_fp16_row(c->tmp, c->v[l] + (size_t)r0 * row, (int64_t)row * T);
-        if (c->forms) {
-            double t1 = now_s(), c1 = cpu_s();
-            /* v·G·vᵀ for the T new tokens: values [Hkv, T, hd] token-major rows */
-            kve_tensor vt = {.data = c->tmp, .len = row * T, .dtype = KVE_DTYPE_F32,
-                             .extent = {(uint64_t)c->hkv, (uint64_t)T, (uint64_t)c->hd},
-                             .stride = {(uint64_t)c->hd, row, 1}};
-            size_t fl = (size_t)c->hkv * c->g * T;
-            ensure_tmp(&c->ftmp, &c->ftmp_len, fl);
-            KVE(kve_compute_value_forms(&vt, c->gram[l], c->gram_len, (uint64_t)c->hq, 0, 0, (uint64_t)T, c->ftmp, fl));
-            const int nf = c->hkv * c->g; /* [Hkv][g][T] -> rows [T][Hkv*g] */
-            for (int i = 0; i < T; i++)
-                for (int b = 0; b < nf; b++) c->vf[l][(size_t)(r0 + i) * nf + b] = c->ftmp[(size_t)b * T + i];
-            c->t_forms += now_s() - t1;
-            c->c_forms += cpu_s() - c1;
-        }
-        c->v_row[l] += T;
+        ggml_fp16_t *store = (kind == 1 ? c->k : c->v) + (size_t)l * c->cap * row;
+        ggml_fp32_to_fp16_row(c->tmp, store + (size_t)c->n * row, (int64_t)row * T);
+        c->seen++;
     }
     c->t_copy += now_s() - t0;
     return true;
 }
 
-/* `layers`: the L model layers scored (ascending), of `n_model_layer`. */
-static void capture_init(struct capture *c, const int *layers, int L, int n_model_layer, int hq, int hkv, int hd, int w,
-                         int cap, int keep_v, int forms) {
-    memset(c, 0, sizeof *c);
-    c->n_layer = L; c->hq = hq; c->hkv = hkv; c->hd = hd; c->g = hq / hkv;
-    c->n_model_layer = n_model_layer;
-    c->slot = xmalloc((size_t)n_model_layer * sizeof(int));
-    for (int l = 0; l < n_model_layer; l++) c->slot[l] = -1;
-    c->layer_of = xmalloc((size_t)L * sizeof(int));
-    for (int i = 0; i < L; i++) { c->layer_of[i] = layers[i]; c->slot[layers[i]] = i; }
-    c->w = w; c->cap = cap; c->keep_v = keep_v; c->forms = forms;
-    c->pos = xcalloc((size_t)cap, sizeof(int32_t));
-    c->qring = xcalloc((size_t)L, sizeof(float *));
-    c->k = xcalloc((size_t)L, sizeof(ggml_fp16_t *));
-    c->v = xcalloc((size_t)L, sizeof(ggml_fp16_t *));
-    c->vf = xcalloc((size_t)L, sizeof(float *));
-    c->q_pos = xcalloc((size_t)L, sizeof(int));
-    c->k_row = xcalloc((size_t)L, sizeof(int));
-    c->v_row = xcalloc((size_t)L, sizeof(int));
-    for (int l = 0; l < L; l++) {
-        c->qring[l] = xcalloc((size_t)w * hq * hd, sizeof(float));
-        c->k[l] = xmalloc((size_t)cap * hkv * hd * sizeof(ggml_fp16_t));
-        if (keep_v) c->v[l] = xmalloc((size_t)cap * hkv * hd * sizeof(ggml_fp16_t));
-        if (forms) c->vf[l] = xmalloc((size_t)cap * hkv * c->g * sizeof(float));
-    }
-}
-
-/* Before llama_decode of `nt` tokens at positions p0..p0+nt-1. */
+/* Around llama_decode of `nt` tokens at positions p0..: every scored layer's K (and V) seen. */
 static void capture_begin(struct capture *c, int p0, int nt) {
-    if (c->n + nt > c->cap) die("capture stores full (%d + %d > %d)", c->n, nt, c->cap);
-    for (int l = 0; l < c->n_layer; l++) {
-        c->q_pos[l] = p0;
-        c->k_row[l] = c->v_row[l] = c->n;
-    }
+    if (c->n + nt > c->cap) die("store full (%d + %d > %d)", c->n, nt, c->cap);
     for (int i = 0; i < nt; i++) c->pos[c->n + i] = p0 + i;
+    c->nt = nt; c->seen = 0;
+}
+static void capture_end(struct capture *c) {
+    if (c->seen != c->n_layer * (1 + c->keep_v)) die("%d of %d K/V tensors captured", c->seen, c->n_layer * (1 + c->keep_v));
+    c->n += c->nt;
 }
 
-/* After llama_decode: every layer must have seen exactly nt tokens. */
-static void capture_end(struct capture *c, int nt) {
-    for (int l = 0; l < c->n_layer; l++) {
-        if (c->k_row[l] != c->n + nt)
-            die("layer %d: captured %d keys, expected %d", c->layer_of[l], c->k_row[l] - c->n, nt);
-        if ((c->keep_v || c->forms) && c->v_row[l] != c->n + nt) die("layer %d: values not captured", c->layer_of[l]);
-    }
-    c->n += nt;
-}
-
-/* ----------------------------------------------------------------- Wo and the Gram */
-
-/* Gram blocks of every layer from blk.L.attn_output.weight (read from the file, only
- * those tensors, dequantized with ggml's type traits). Returns seconds spent. */
-static double load_gram(struct capture *c, const char *path, int d_model) {
-    double t0 = now_s();
-    struct ggml_context *meta = NULL;
-    struct gguf_init_params gp = {.no_alloc = true, .ctx = &meta};
-    struct gguf_context *g = gguf_init_from_file(path, gp);
-    if (!g) die("gguf_init_from_file(%s) failed", path);
-    FILE *f = fopen(path, "rb");
-    if (!f) die("cannot open %s", path);
-    const int dv = c->hd, in = c->hq * dv;
-    KVE(kve_gram_len((uint64_t)c->hq, (uint64_t)c->hkv, (uint64_t)dv, 0, &c->gram_len));
-    uint64_t wsb;
-    KVE(kve_gram_workspace_size((uint64_t)dv, (uint64_t)d_model, &wsb));
-    void *ws = xmalloc(wsb);
-    float *w = xmalloc((size_t)in * d_model * sizeof(float));
-    c->gram = xcalloc((size_t)c->n_layer, sizeof(float *));
-    for (int l = 0; l < c->n_layer; l++) {
-        char name[64];
-        snprintf(name, sizeof name, "blk.%d.attn_output.weight", c->layer_of[l]);
-        int64_t id = gguf_find_tensor(g, name);
-        if (id < 0) die("%s not in %s", name, path);
-        struct ggml_tensor *t = ggml_get_tensor(meta, name);
-        if (!t || t->ne[0] != in || t->ne[1] != d_model)
-            die("%s: unexpected shape (want [%d, %d])", name, in, d_model);
-        size_t sz = gguf_get_tensor_size(g, id);
-        void *raw = xmalloc(sz);
-        if (fseek(f, (long)(gguf_get_data_offset(g) + gguf_get_tensor_offset(g, id)), SEEK_SET) ||
-            fread(raw, 1, sz, f) != sz)
-            die("cannot read %s", name);
-        enum ggml_type ty = gguf_get_tensor_type(g, id);
-        if (ty == GGML_TYPE_F32) memcpy(w, raw, (size_t)in * d_model * sizeof(float));
-        else {
-            const struct ggml_type_traits *tr = ggml_get_type_traits(ty);
-            if (!tr->to_float) die("%s: cannot dequantize type %s", name, ggml_type_name(ty));
-            tr->to_float(raw, w, (int64_t)in * d_model);
-        }
-        free(raw);
-        /* ggml row r = output feature r holds the inputs h*dv + j: Wo[h][j][r] = w[r*in + h*dv + j] */
-        kve_tensor wo = {.data = w, .len = (uint64_t)in * d_model, .dtype = KVE_DTYPE_F32,
-                         .extent = {(uint64_t)c->hq, (uint64_t)dv, (uint64_t)d_model},
-                         .stride = {(uint64_t)dv, 1, (uint64_t)in}};
-        c->gram[l] = xmalloc(c->gram_len * sizeof(float));
-        KVE(kve_compute_gram(&wo, (uint64_t)c->hkv, 0, c->gram[l], c->gram_len, ws, wsb));
-    }
-    free(w);
-    free(ws);
-    fclose(f);
-    gguf_free(g);
-    ggml_free(meta);
-    return now_s() - t0;
-}
-
-/* ------------------------------------------------------------------ scoring, eviction */
-
-struct scorer {
-    enum method method;
-    kve_score_params sp;
-    kve_select_params sel;
-    int window;
-    float *scores; size_t scores_len;
-    float *q; size_t q_len;     /* [w][hq*hd] linearised ring */
-    float *f; size_t f_len;     /* [Hkv][g][n] value forms */
-    void *ws; size_t ws_len;
-    uint64_t *offsets; size_t offsets_len;
-    uint32_t *indices; size_t indices_len;
-    uint32_t *evicted; size_t evicted_len;
-    /* totals */
-    int evictions;
-    long long cells_evicted;
-    double t_score, t_select, t_rm, t_compact;
-    double c_total; /* CPU seconds of all of the above */
-};
-
-static void scorer_init(struct scorer *s, enum method m, int window, int post_k, double post_decay) {
-    memset(s, 0, sizeof *s);
-    s->method = m;
-    uint32_t preset = m == M_LAPROX ? KVE_PRESET_LAPROX : m == M_LAPROX_SPAN ? KVE_PRESET_LAPROX_SPAN
-                    : m == M_LAVA ? KVE_PRESET_LAVA : m == M_SNAPKV ? KVE_PRESET_SNAPKV
-                    : m == M_STREAMING ? KVE_PRESET_STREAMINGLLM : m == M_UNIQUENESS ? KVE_PRESET_UNIQUENESS
-                    : KVE_PRESET_KNORM;
-    KVE(kve_score_params_init(&s->sp, sizeof s->sp, preset));
-    if (window > 0) s->sp.window = (uint32_t)window;
-    s->window = (int)s->sp.window;
-    /* llama.cpp's cell holds one token for every layer and head: token granularity,
-     * one global top-K over the layer-normalised sum of scores. */
-    if (m == M_LAPROX_SPAN || m == M_UNIQUENESS) {
-        KVE(kve_select_params_init_laprox_span(&s->sel, sizeof s->sel, 0));
-        if (post_k > 0) {
-            s->sel.post_pool_kernel = (uint32_t)post_k;
-            s->sel.post_pool_decay = (float)post_decay;
-        }
-    }
-    else KVE(kve_select_params_init(&s->sel, sizeof s->sel, KVE_ALLOCATOR_GLOBAL, KVE_GRANULARITY_TOKEN, 0));
-}
-
-#define GROW(ptr, len, need)                                        \
-    do {                                                            \
-        if ((len) < (size_t)(need)) {                               \
-            free(ptr);                                              \
-            (len) = (size_t)(need);                                 \
-            (ptr) = xmalloc((len) * sizeof *(ptr));                 \
-        }                                                           \
-    } while (0)
-
-/* Merge evicted store rows into position runs and remove them from llama.cpp's cache. */
-static void remove_rows(struct llama_context *ctx, const struct capture *c, const uint32_t *rows, size_t n) {
-    llama_memory_t mem = llama_get_memory(ctx);
-    size_t i = 0;
-    while (i < n) {
-        int p0 = c->pos[rows[i]], p1 = p0 + 1;
-        size_t j = i + 1;
-        while (j < n && c->pos[rows[j]] == p1) { p1++; j++; }
-        if (!llama_memory_seq_rm(mem, 0, p0, p1)) die("llama_memory_seq_rm(%d, %d) failed", p0, p1);
-        i = j;
-    }
-}
-
-/* Score the stored tokens, keep `budget` prefix tokens plus the window, evict the rest
- * from llama.cpp and compact the stores. Returns the number of cells evicted. */
-static int compress(struct scorer *s, struct capture *c, struct llama_context *ctx, uint64_t budget) {
-    const int n = c->n, L = c->n_layer, hkv = c->hkv, hq = c->hq, hd = c->hd, g = c->g;
-    const int w = s->window < n ? s->window : n;
-    const int P = n - w;
-    if (P <= 0 || budget >= (uint64_t)P) return 0;
+/* Before a batch of `nt` tokens (0: now): when the evictor's policy says so, score the
+ * stored rows, remove the cells it evicts from llama.cpp and compact the stores. */
+static void maybe_evict(struct method *m, struct capture *c, struct llama_context *ctx, int nt) {
+    uint64_t target, kept, ne, n = (uint64_t)c->n;
+    KVE(kve_evictor_plan(m->ev, 0, n + nt, &target));
+    if (target >= n) return;
     double t0 = now_s(), c0 = cpu_s();
-    const size_t krow = (size_t)hkv * hd;
-    uint64_t per_layer, wsb = 0;
-    KVE(kve_score_output_len(&s->sp, (uint64_t)hkv, (uint64_t)n, &per_layer));
-    KVE(kve_score_workspace_size(&s->sp, (uint64_t)hq, (uint64_t)hkv, (uint64_t)n, (uint64_t)hd, (uint64_t)hd, &wsb));
-    GROW(s->scores, s->scores_len, per_layer * L);
-    GROW(s->q, s->q_len, (size_t)s->window * hq * hd);
-    GROW(s->f, s->f_len, (size_t)hkv * g * n);
-    if (s->ws_len < wsb) { free(s->ws); s->ws = xmalloc(wsb); s->ws_len = wsb; }
-    const int needs_q = s->method != M_STREAMING && s->method != M_KNORM && s->method != M_UNIQUENESS;
-    for (int l = 0; l < L; l++) {
-        kve_layer_inputs in;
-        KVE(kve_layer_inputs_init(&in, sizeof in));
-        in.keys = (kve_tensor){.data = c->k[l], .len = (uint64_t)n * krow, .dtype = KVE_DTYPE_F16,
-                               .extent = {(uint64_t)hkv, (uint64_t)n, (uint64_t)hd},
-                               .stride = {(uint64_t)hd, krow, 1}};
-        if (needs_q) {
-            /* the window's queries, oldest first: positions pos[n-w] .. pos[n-1] */
-            const size_t qrow = (size_t)hq * hd;
-            for (int j = 0; j < w; j++)
-                memcpy(s->q + (size_t)j * qrow, c->qring[l] + (size_t)(c->pos[n - w + j] % c->w) * qrow,
-                       qrow * sizeof(float));
-            in.queries = (kve_tensor){.data = s->q, .len = (uint64_t)w * qrow, .dtype = KVE_DTYPE_F32,
-                                      .extent = {(uint64_t)hq, (uint64_t)w, (uint64_t)hd},
-                                      .stride = {(uint64_t)hd, qrow, 1}};
-        }
-        if (c->keep_v)
-            in.values = (kve_tensor){.data = c->v[l], .len = (uint64_t)n * krow, .dtype = KVE_DTYPE_F16,
-                                     .extent = {(uint64_t)hkv, (uint64_t)n, (uint64_t)hd},
-                                     .stride = {(uint64_t)hd, krow, 1}};
-        if (c->forms) {
-            const int nf = hkv * g; /* rows [n][Hkv*g] -> [Hkv][g][n] */
-            for (int b = 0; b < nf; b++)
-                for (int i = 0; i < n; i++) s->f[(size_t)b * n + i] = c->vf[l][(size_t)i * nf + b];
-            in.value_forms = s->f;
-            in.value_forms_len = (uint64_t)nf * n;
-        }
-        KVE(kve_score_layer(&s->sp, &in, s->scores + (size_t)l * per_layer, per_layer, s->ws, wsb));
+    KVE(kve_evictor_begin(m->ev, 0, n, target));
+    for (int l = 0; l < c->n_layer; l++) {
+        kve_evictor_layer in; /* queries: the ones observed */
+        KVE(kve_evictor_layer_init(&in, sizeof in));
+        in.keys = rows(c, c->k, l, c->n);
+        if (m->req.values) in.values = rows(c, c->v, l, c->n);
+        if (m->req.wo == KVE_WO_EVERY_ROUND) in.wo = wo_view(c, c->wo[l]);
+        KVE(kve_evictor_score_layer(m->ev, 0, l, &in));
     }
-    double t1 = now_s();
-    s->t_score += t1 - t0;
-
-    s->sel.budget = budget;
-    uint64_t no, ni, swsb;
-    KVE(kve_select_output_len(&s->sel, (uint64_t)L, (uint64_t)hkv, (uint64_t)n, (uint64_t)w, &no, &ni));
-    KVE(kve_select_workspace_size(&s->sel, (uint64_t)L, (uint64_t)hkv, (uint64_t)n, (uint64_t)w, &swsb));
-    GROW(s->offsets, s->offsets_len, no);
-    GROW(s->indices, s->indices_len, ni);
-    GROW(s->evicted, s->evicted_len, (size_t)P);
-    if (s->ws_len < swsb) { free(s->ws); s->ws = xmalloc(swsb); s->ws_len = swsb; }
-    kve_model_scores ms = {.scores = s->scores, .len = per_layer * L, .layers = (uint64_t)L,
-                           .hkv = (uint64_t)hkv, .n = (uint64_t)n, .window = (uint64_t)w};
-    KVE(kve_select_model(&s->sel, &ms, s->offsets, no, s->indices, ni, s->ws, swsb));
-    /* token granularity: every (layer, head) holds the same list; take unit 0 */
-    const uint32_t *kept = s->indices + s->offsets[0];
-    const uint64_t nkept = s->offsets[1] - s->offsets[0];
-    uint64_t ne = 0;
-    KVE(kve_evicted_positions(kept, nkept, (uint64_t)P, s->evicted, (uint64_t)P, &ne));
-    double t2 = now_s();
-    s->t_select += t2 - t1;
-
-    remove_rows(ctx, c, s->evicted, (size_t)ne);
-    double t3 = now_s();
-    s->t_rm += t3 - t2;
-
-    /* compact the stores: token rows viewed as one head, kept rows to the front */
-    uint64_t off2[2] = {0, nkept};
-    uint32_t len1;
-    for (int l = 0; l < L; l++) {
-        kve_tensor kt = {.data = c->k[l], .len = (uint64_t)n * krow, .dtype = KVE_DTYPE_F16,
-                         .extent = {1, (uint64_t)n, krow}, .stride = {(uint64_t)n * krow, krow, 1}};
-        KVE(kve_compact_in_place(&kt, off2, 2, kept, nkept, &len1, 1));
-        if (c->keep_v) {
-            kt.data = c->v[l];
-            KVE(kve_compact_in_place(&kt, off2, 2, kept, nkept, &len1, 1));
-        }
-        if (c->forms) {
-            const uint64_t nf = (uint64_t)hkv * g;
-            kve_tensor ft = {.data = c->vf[l], .len = (uint64_t)n * nf, .dtype = KVE_DTYPE_F32,
-                             .extent = {1, (uint64_t)n, nf}, .stride = {(uint64_t)n * nf, nf, 1}};
-            KVE(kve_compact_in_place(&ft, off2, 2, kept, nkept, &len1, 1));
-        }
+    uint32_t *cells = c->cells;
+    KVE(kve_evictor_select(m->ev, 0, &kept));
+    KVE(kve_evictor_kept_cells(m->ev, 0, cells, n, &kept));
+    KVE(kve_evictor_evicted_cells(m->ev, 0, cells + kept, n - kept, &ne));
+    for (uint64_t i = kept; i < n; i++)
+        if (!llama_memory_seq_rm(llama_get_memory(ctx), 0, c->pos[cells[i]], c->pos[cells[i]] + 1)) die("seq_rm failed");
+    for (int l = 0; l < c->n_layer; l++) {
+        kve_tensor k = rows(c, c->k, l, c->n);
+        KVE(kve_evictor_compact(m->ev, 0, l, &k));
+        if (c->keep_v) { kve_tensor v = rows(c, c->v, l, c->n); KVE(kve_evictor_compact(m->ev, 0, l, &v)); }
     }
-    for (uint64_t i = 0; i < nkept; i++) c->pos[i] = c->pos[kept[i]];
-    c->n = (int)nkept;
-    s->t_compact += now_s() - t3;
-    s->c_total += cpu_s() - c0;
-    s->evictions++;
-    s->cells_evicted += (long long)ne;
-    return (int)ne;
+    for (uint64_t i = 0; i < kept; i++) c->pos[i] = c->pos[cells[i]];
+    c->n = (int)kept;
+    KVE(kve_evictor_commit(m->ev, 0));
+    m->t_kve += now_s() - t0; m->c_kve += cpu_s() - c0;
 }
+/* kvevict: end */
 
 /* ------------------------------------------------------------------------ decoding */
 
 struct run {
     struct llama_context *ctx;
-    struct capture *cap;   /* NULL for the full cache */
+    struct capture *cap;   /* NULL: nothing captured */
+    struct method *evict;  /* decode-time mode: asked before every batch */
     double t_decode, c_decode; /* wall and CPU seconds in llama_decode */
     int pos;               /* next position */
+    int max_used;          /* most cells held after a batch */
 };
 
 static void decode(struct run *r, llama_token *toks, int nt) {
-    if (r->cap) capture_begin(r->cap, r->pos, nt);
+    if (r->evict) maybe_evict(r->evict, r->cap, r->ctx, nt); /* kvevict */
+    if (r->cap) capture_begin(r->cap, r->pos, nt); /* kvevict */
     struct llama_batch b = llama_batch_get_one(toks, nt);
     double t0 = now_s(), c0 = cpu_s();
     int rc = llama_decode(r->ctx, b);
     r->t_decode += now_s() - t0;
     r->c_decode += cpu_s() - c0;
     if (rc) die("llama_decode failed (%d) at position %d with %d tokens", rc, r->pos, nt);
-    if (r->cap) capture_end(r->cap, nt);
+    if (r->cap) capture_end(r->cap); /* kvevict */
+    if (r->cap && r->cap->n > r->max_used) r->max_used = r->cap->n;
     r->pos += nt;
 }
 
@@ -768,35 +589,26 @@ static int piece(const struct llama_vocab *vocab, llama_token t, char *buf, int 
 
 struct snapshot {
     uint8_t *state;   /* llama_state_seq_get_data of sequence 0 */
-    size_t state_len;
+    size_t state_len, store;
     int n;
     int32_t *pos;
-    ggml_fp16_t **k, **v;
-    float **vf;
+    ggml_fp16_t *k, *v;
 };
 
+/* The sequence and the stores after the prefill (each method has its own evictor). */
 static void snapshot_take(struct snapshot *s, struct llama_context *ctx, const struct capture *c) {
     s->state_len = llama_state_seq_get_size(ctx, 0);
     s->state = xmalloc(s->state_len);
     if (llama_state_seq_get_data(ctx, s->state, s->state_len, 0) != s->state_len) die("state snapshot failed");
     s->n = c->n;
-    s->pos = xmalloc(sizeof(int32_t) * (size_t)c->n);
-    memcpy(s->pos, c->pos, sizeof(int32_t) * (size_t)c->n);
-    const size_t row = (size_t)c->hkv * c->hd, nf = (size_t)c->hkv * c->g;
-    s->k = xcalloc((size_t)c->n_layer, sizeof *s->k);
-    s->v = xcalloc((size_t)c->n_layer, sizeof *s->v);
-    s->vf = xcalloc((size_t)c->n_layer, sizeof *s->vf);
-    for (int l = 0; l < c->n_layer; l++) {
-        s->k[l] = xmalloc(row * c->n * sizeof(ggml_fp16_t));
-        memcpy(s->k[l], c->k[l], row * c->n * sizeof(ggml_fp16_t));
-        if (c->keep_v) {
-            s->v[l] = xmalloc(row * c->n * sizeof(ggml_fp16_t));
-            memcpy(s->v[l], c->v[l], row * c->n * sizeof(ggml_fp16_t));
-        }
-        if (c->forms) {
-            s->vf[l] = xmalloc(nf * c->n * sizeof(float));
-            memcpy(s->vf[l], c->vf[l], nf * c->n * sizeof(float));
-        }
+    s->pos = xmalloc(sizeof(int32_t) * (size_t)c->cap);
+    memcpy(s->pos, c->pos, sizeof(int32_t) * (size_t)c->cap);
+    s->store = (size_t)c->n_layer * c->cap * c->hkv * c->hd * sizeof(ggml_fp16_t);
+    s->k = xmalloc(s->store);
+    memcpy(s->k, c->k, s->store);
+    if (c->keep_v) {
+        s->v = xmalloc(s->store);
+        memcpy(s->v, c->v, s->store);
     }
 }
 
@@ -804,13 +616,9 @@ static void snapshot_restore(const struct snapshot *s, struct llama_context *ctx
     llama_memory_seq_rm(llama_get_memory(ctx), 0, -1, -1);
     if (llama_state_seq_set_data(ctx, s->state, s->state_len, 0) != s->state_len) die("state restore failed");
     c->n = s->n;
-    memcpy(c->pos, s->pos, sizeof(int32_t) * (size_t)s->n);
-    const size_t row = (size_t)c->hkv * c->hd, nf = (size_t)c->hkv * c->g;
-    for (int l = 0; l < c->n_layer; l++) {
-        memcpy(c->k[l], s->k[l], row * s->n * sizeof(ggml_fp16_t));
-        if (c->keep_v) memcpy(c->v[l], s->v[l], row * s->n * sizeof(ggml_fp16_t));
-        if (c->forms) memcpy(c->vf[l], s->vf[l], nf * s->n * sizeof(float));
-    }
+    memcpy(c->pos, s->pos, sizeof(int32_t) * (size_t)c->cap);
+    memcpy(c->k, s->k, s->store);
+    if (c->keep_v) memcpy(c->v, s->v, s->store);
 }
 
 /* ---------------------------------------------------------------------------- main */
@@ -854,18 +662,17 @@ static void json_escape(FILE *f, const char *s) {
 }
 
 struct outcome {
-    enum method method;
+    const char *method;
     int window, scored, cells_kept, evictions, max_used, correct, recovered;
     long long evicted;
-    double t_kve, t_score, t_select, t_rm, t_compact, t_repack, ms_per_token, c_kve;
+    double t_kve, t_repack, ms_per_token, c_kve;
     int n_kv, generated;
     char answer[512];
 };
 
-/* Greedy decoding from the logits of the last decoded token. `budget_cb` (decode-time
- * mode) runs before each token is decoded. */
+/* Greedy decoding from the logits of the last decoded token. */
 static int generate(struct run *r, struct llama_sampler *smpl, const struct llama_vocab *vocab, int n_predict,
-                    char *answer, size_t cap, struct scorer *sc, int max_cells, uint64_t budget, int *max_used) {
+                    char *answer, size_t cap) {
     size_t alen = 0;
     answer[0] = 0;
     int n = 0;
@@ -877,12 +684,11 @@ static int generate(struct run *r, struct llama_sampler *smpl, const struct llam
         if (alen + (size_t)k < cap - 1) { memcpy(answer + alen, buf, (size_t)k); alen += (size_t)k; answer[alen] = 0; }
         n++;
         if (i + 1 == n_predict) break;
-        if (max_cells && r->cap->n + 1 > max_cells) compress(sc, r->cap, r->ctx, budget);
         decode(r, &t, 1);
-        if (r->cap && r->cap->n > *max_used) *max_used = r->cap->n;
     }
     return n;
 }
+
 
 /* The layers whose scores choose the kept cells. A sliding-window layer never attends
  * past its window, so its scores of older tokens describe attention that does not happen
@@ -948,8 +754,10 @@ int main(int argc, char **argv) {
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     const int L = llama_model_n_layer(model), hq = llama_model_n_head(model), hkv = llama_model_n_head_kv(model);
     const int D = llama_model_n_embd(model), hd = model_head_dim(model, D / hq);
-    int *score_l = xmalloc((size_t)L * sizeof(int)), swa = 0;
+    int *score_l = xmalloc((size_t)L * sizeof(int)), *slot = xmalloc((size_t)L * sizeof(int)), swa = 0;
     const int n_score_l = scored_layers(model, L, o.score_layers, score_l, &swa);
+    for (int l = 0; l < L; l++) slot[l] = -1;
+    for (int i = 0; i < n_score_l; i++) slot[score_l[i]] = i;
 
     /* prompt */
     char key[16] = "";
@@ -967,19 +775,6 @@ int main(int argc, char **argv) {
     const int n_cells = decode_time ? o.max_cells : n_prompt + o.n_predict + 1;
     if (decode_time && o.max_cells < 2 * o.chunk) die("--max-cells must be at least twice --chunk");
 
-    /* what the listed methods need captured */
-    int any = 0, keep_v = 0, forms = 0, ring = 1;
-    struct scorer *sc = xcalloc((size_t)o.n_methods, sizeof *sc);
-    for (int i = 0; i < o.n_methods; i++) {
-        enum method m = o.methods[i];
-        if (m == M_FULL) continue;
-        any = 1;
-        scorer_init(&sc[i], m, o.window, o.post_k, o.post_decay);
-        if (sc[i].window > ring) ring = sc[i].window;
-        keep_v |= m == M_LAVA || m == M_UNIQUENESS;
-        forms |= m == M_LAPROX || m == M_LAPROX_SPAN;
-    }
-
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)n_cells;
     cp.n_batch = cp.n_ubatch = 512;
@@ -988,19 +783,24 @@ int main(int argc, char **argv) {
                        : o.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.no_perf = true;
 
-    struct capture cap;
-    memset(&cap, 0, sizeof cap);
+    /* one evictor per method ("full": none), fed by the capture callback */
+    struct method *ms = xcalloc((size_t)o.n_methods, sizeof *ms);
+    int any = 0;
+    for (int i = 0; i < o.n_methods; i++) any |= strcmp(ms[i].name = o.methods[i], "full") != 0;
+    struct capture cap = {.n_layer = n_score_l, .n_model_layer = L, .hq = hq, .hkv = hkv, .hd = hd, .d_model = D,
+                          .cap = n_cells, .slot = slot, .layer_of = score_l}; /* kvevict */
     double t_gram = 0;
     if (any) {
-        capture_init(&cap, score_l, n_score_l, L, hq, hkv, hd, ring, n_cells, keep_v, forms);
-        if (forms) t_gram = load_gram(&cap, o.model, D);
-        cp.cb_eval = capture_cb;
-        cp.cb_eval_user_data = &cap;
+        capture_init(&cap, ms, o.n_methods, &o); /* kvevict */
+        t_gram = now_s();
+        load_wo(&cap, o.model); /* kvevict */
+        t_gram = now_s() - t_gram;
+        cp.cb_eval = capture_cb; cp.cb_eval_user_data = &cap; /* kvevict */
     }
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) die("cannot create a llama.cpp context");
-    struct run r = {.ctx = ctx, .cap = any ? &cap : NULL, .t_decode = 0, .pos = 0};
-    cap.on = any;
+    struct run r = {.ctx = ctx, .cap = any ? &cap : NULL};
+    cap.on = any; /* kvevict */
 
     /* cache bytes per cell: K and V rows of every layer */
     const size_t kv_bytes_per_cell = (size_t)L * hkv * hd * (ggml_type_size(cp.type_k) + ggml_type_size(cp.type_v));
@@ -1017,7 +817,7 @@ int main(int argc, char **argv) {
         feed(&r, prompt, n_pre, 512);
         t_prefill = r.t_decode;
         c_prefill = r.c_decode;
-        cap.on = 0;
+        cap.on = 0; /* kvevict */
         r.cap = NULL;
         struct snapshot snap = {0};
         if (o.n_methods > 1) {
@@ -1026,23 +826,17 @@ int main(int argc, char **argv) {
         }
         for (int i = 0; i < o.n_methods; i++) {
             struct outcome *oc = &out[i];
-            oc->method = o.methods[i];
+            oc->method = ms[i].name;
             if (i > 0) snapshot_restore(&snap, ctx, &cap);
             r.pos = n_pre;
             oc->scored = n_pre;
-            oc->cells_kept = n_pre;
-            if (oc->method != M_FULL) {
-                const int w = sc[i].window < cap.n ? sc[i].window : cap.n;
-                const uint64_t budget = kve_budget_keep_ratio_total((uint64_t)cap.n, (uint64_t)w, o.keep);
-                compress(&sc[i], &cap, ctx, budget);
-                oc->cells_kept = cap.n;
-                oc->window = sc[i].window;
-                if (o.show_kept) {
-                    printf("%s:\n", METHOD_NAMES[oc->method]);
-                    print_kept(vocab, prompt, &cap);
-                }
+            if (ms[i].ev) maybe_evict(&ms[i], &cap, ctx, 0); /* kvevict */
+            oc->cells_kept = ms[i].ev ? cap.n : n_pre;
+            if (o.show_kept && ms[i].ev) {
+                printf("%s:\n", ms[i].name);
+                print_kept(vocab, prompt, &cap);
             }
-            if (o.repack && oc->method != M_FULL) {
+            if (o.repack && ms[i].ev) {
                 /* llama.cpp leaves evicted cells as holes: attention still spans up to the
                  * highest used cell. A sequence's saved state holds only its cells, so
                  * save + clear + restore packs them at the front (positions kept). */
@@ -1058,32 +852,23 @@ int main(int argc, char **argv) {
             feed(&r, prompt + n_pre, n_prompt - n_pre, 512);
             oc->max_used = oc->cells_kept + (n_prompt - n_pre) + o.n_predict - 1;
             double t0 = r.t_decode;
-            oc->generated = generate(&r, smpl, vocab, o.n_predict, oc->answer, sizeof oc->answer, NULL, 0, 0, NULL);
+            oc->generated = generate(&r, smpl, vocab, o.n_predict, oc->answer, sizeof oc->answer);
             oc->n_kv = cap.n_kv;
             const int decodes = oc->generated == o.n_predict ? oc->generated - 1 : oc->generated;
             if (decodes > 0) oc->ms_per_token = 1e3 * (r.t_decode - t0) / decodes;
         }
     } else {
-        /* decode-time: evict whenever the next batch would not fit in max_cells */
+        /* decode-time: before every batch the evictor's cell budget decides (maybe_evict) */
         struct outcome *oc = &out[0];
-        struct scorer *s = &sc[0];
-        oc->method = o.methods[0];
-        oc->window = s->window;
-        const int target = (int)(o.max_cells * o.evict_to);
-        if (target <= s->window + 1) die("--max-cells * --evict-to must exceed the window");
-        const uint64_t budget = (uint64_t)(target - s->window);
-        for (int i = 0; i < n_prompt;) {
-            int nt = n_prompt - i < o.chunk ? n_prompt - i : o.chunk;
-            if (cap.n + nt > o.max_cells) compress(s, &cap, ctx, budget);
-            decode(&r, prompt + i, nt);
-            if (cap.n > oc->max_used) oc->max_used = cap.n;
-            i += nt;
-        }
+        oc->method = ms[0].name;
+        r.evict = &ms[0]; /* kvevict */
+        for (int i = 0; i < n_prompt; i += o.chunk) decode(&r, prompt + i, n_prompt - i < o.chunk ? n_prompt - i : o.chunk);
         t_prefill = r.t_decode;
         c_prefill = r.c_decode;
-        generate(&r, smpl, vocab, o.n_predict, oc->answer, sizeof oc->answer, s, o.max_cells, budget, &oc->max_used);
+        generate(&r, smpl, vocab, o.n_predict, oc->answer, sizeof oc->answer);
         oc->scored = r.pos;
         oc->cells_kept = cap.n;
+        oc->max_used = r.max_used;
     }
 
     const char *fa = cp.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_ENABLED ? "on"
@@ -1102,25 +887,25 @@ int main(int argc, char **argv) {
     else
         printf("mode       one-shot, question-%s, keep %.3f of the cache (window inside), flash-attn %s\n",
                o.agnostic ? "agnostic" : "aware", o.keep, fa);
-    printf("prefill    %.1f ms, %.1f ms CPU (of it in the capture callback: %.1f ms, LaProx value forms %.1f ms, "
-           "%.1f ms CPU); Gram %.1f ms once per model\n",
-           1e3 * t_prefill, 1e3 * c_prefill, 1e3 * cap.t_copy, 1e3 * cap.t_forms, 1e3 * cap.c_forms, 1e3 * t_gram);
+    printf("prefill    %.1f ms, %.1f ms CPU (of it in the capture callback: %.1f ms); Wo %.1f ms once per model\n",
+           1e3 * t_prefill, 1e3 * c_prefill, 1e3 * cap.t_copy, 1e3 * t_gram);
     for (int i = 0; i < o.n_methods; i++) {
         struct outcome *oc = &out[i];
-        struct scorer *s = &sc[i];
-        oc->evictions = s->evictions;
-        oc->evicted = s->cells_evicted;
-        oc->t_score = s->t_score; oc->t_select = s->t_select; oc->t_rm = s->t_rm; oc->t_compact = s->t_compact;
-        oc->t_kve = oc->t_score + oc->t_select + oc->t_rm + oc->t_compact;
-        oc->c_kve = s->c_total;
+        kve_evictor_stats st = {0};
+        if (ms[i].ev) KVE(kve_evictor_get_stats(ms[i].ev, 0, &st, sizeof st)); /* kvevict */
+        oc->window = ms[i].ev ? (int)ms[i].req.window : 0;
+        oc->evictions = (int)st.evictions;
+        oc->evicted = (long long)st.cells_evicted;
+        oc->t_kve = ms[i].t_kve;
+        oc->c_kve = ms[i].c_kve;
         oc->correct = key[0] ? first_digits_match(oc->answer, key, 0) : -1;
         oc->recovered = key[0] ? first_digits_match(oc->answer, key, 1) : -1;
         printf("%-13s kept %4d of %4d cells, %lld evicted (%.2f MiB of KV freed) in %d eviction(s); "
-               "kvevict %.1f ms, %.1f ms CPU (score %.1f, select %.1f, seq_rm %.1f, compact %.1f)",
-               METHOD_NAMES[oc->method], oc->cells_kept, oc->scored, oc->evicted,
+               "kvevict %.1f ms, %.1f ms CPU",
+               oc->method, oc->cells_kept, oc->scored, oc->evicted,
                (double)oc->evicted * (double)kv_bytes_per_cell / (1024.0 * 1024.0), oc->evictions, 1e3 * oc->t_kve,
-               1e3 * oc->c_kve, 1e3 * oc->t_score, 1e3 * oc->t_select, 1e3 * oc->t_rm, 1e3 * oc->t_compact);
-        if (o.repack && oc->method != M_FULL) printf(", repack %.1f ms", 1e3 * oc->t_repack);
+               1e3 * oc->c_kve);
+        if (o.repack && ms[i].ev) printf(", repack %.1f ms", 1e3 * oc->t_repack);
         if (oc->n_kv) printf("; attention spans %d cells, %.1f ms/token", oc->n_kv, oc->ms_per_token);
         printf("; answer \"");
         json_escape(stdout, oc->answer);
@@ -1131,15 +916,12 @@ int main(int argc, char **argv) {
         printf("RESULT {\"method\":\"%s\",\"keep\":%.4f,\"agnostic\":%d,\"max_cells\":%d,\"window\":%d,"
                "\"layers_scored\":%d,\"prompt\":%d,\"scored\":%d,\"cells_kept\":%d,\"evicted\":%lld,\"kv_bytes_freed\":%lld,"
                "\"evictions\":%d,\"max_used\":%d,\"key\":\"%s\",\"correct\":%d,\"recovered\":%d,\"prefill_ms\":%.2f,"
-               "\"capture_ms\":%.2f,\"forms_ms\":%.2f,\"gram_ms\":%.2f,\"kvevict_ms\":%.2f,\"score_ms\":%.2f,"
-               "\"select_ms\":%.2f,\"seq_rm_ms\":%.2f,\"compact_ms\":%.2f,\"repack_ms\":%.2f,\"n_kv\":%d,"
-               "\"ms_per_token\":%.2f,\"prefill_cpu_ms\":%.2f,\"forms_cpu_ms\":%.2f,\"kvevict_cpu_ms\":%.2f,"
-               "\"answer\":\"",
-               METHOD_NAMES[oc->method], o.keep, o.agnostic, o.max_cells, oc->window, n_score_l, n_prompt, oc->scored,
+               "\"capture_ms\":%.2f,\"wo_ms\":%.2f,\"kvevict_ms\":%.2f,\"repack_ms\":%.2f,\"n_kv\":%d,"
+               "\"ms_per_token\":%.2f,\"prefill_cpu_ms\":%.2f,\"kvevict_cpu_ms\":%.2f,\"answer\":\"",
+               oc->method, o.keep, o.agnostic, o.max_cells, oc->window, n_score_l, n_prompt, oc->scored,
                oc->cells_kept, oc->evicted, oc->evicted * (long long)kv_bytes_per_cell, oc->evictions, oc->max_used,
-               key, oc->correct, oc->recovered, 1e3 * t_prefill, 1e3 * cap.t_copy, 1e3 * cap.t_forms, 1e3 * t_gram,
-               1e3 * oc->t_kve, 1e3 * oc->t_score, 1e3 * oc->t_select, 1e3 * oc->t_rm, 1e3 * oc->t_compact,
-               1e3 * oc->t_repack, oc->n_kv, oc->ms_per_token, 1e3 * c_prefill, 1e3 * cap.c_forms, 1e3 * oc->c_kve);
+               key, oc->correct, oc->recovered, 1e3 * t_prefill, 1e3 * cap.t_copy, 1e3 * t_gram, 1e3 * oc->t_kve,
+               1e3 * oc->t_repack, oc->n_kv, oc->ms_per_token, 1e3 * c_prefill, 1e3 * oc->c_kve);
         json_escape(stdout, oc->answer);
         printf("\"}\n");
     }
@@ -1148,6 +930,6 @@ int main(int argc, char **argv) {
     llama_free(ctx);
     llama_model_free(model);
     llama_backend_free();
-    free(context); free(ctx_tok); free(q_tok); free(prompt); free(score_l);
+    free(context); free(ctx_tok); free(q_tok); free(prompt); free(score_l); free(slot);
     return 0;
 }

@@ -371,3 +371,6 @@ pub use compact_batch::*;
 
 mod gram;
 pub use gram::*;
+
+mod evictor;
+pub use evictor::*;

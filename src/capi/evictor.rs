@@ -11,8 +11,8 @@
 //!
 //! The context (`kve_evictor*`) lives in the caller's memory and is only written by these
 //! calls; on any error it is as it was (the workspace inside it aside). One call at a time
-//! per context; contexts are independent. Device form: `kve_cuda_evictor_*` (not yet built)
-//! will take the same config and a stream.
+//! per context; contexts are independent. Device form: `kve_cuda_evictor_*`
+//! (`src/capi/cuda/evictor.rs`): the same config, layer and stats structs, a stream.
 
 use super::params::{read_ext, score_config, select_config, write_ext, Extensible};
 use super::score::opt_floats;
@@ -266,7 +266,9 @@ pub unsafe extern "C" fn kve_evictor_config_init(
 }
 
 /// The core's configuration from the C one, and the spans it was read from.
-unsafe fn evictor_config(p: *const kve_evictor_config) -> Result<(EvictorConfig, [Span; 3])> {
+pub(crate) unsafe fn evictor_config(
+    p: *const kve_evictor_config,
+) -> Result<(EvictorConfig, [Span; 3])> {
     let d = default_config(Preset::SnapKv);
     // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
     let c = unsafe { read_ext(p, KVE_EVICTOR_CONFIG_V1_SIZE, d)? };
@@ -378,7 +380,16 @@ pub unsafe extern "C" fn kve_evictor_get_requirements(
     let (ev, ctx) = tri!(unsafe { attach(evictor) });
     let end = (out as usize).saturating_add(struct_size as usize);
     tri!(check_alias(&[Span(out as usize, end)], &[ctx]));
-    let n = ev.needs();
+    // SAFETY: NULL or `struct_size` writable bytes (the caller's contract).
+    unsafe { write_requirements(ev.needs(), out, struct_size) }
+}
+
+/// `needs` into the caller's `out` (`struct_size` bytes), as a status.
+pub(crate) unsafe fn write_requirements(
+    n: crate::evictor::Needs,
+    out: *mut kve_evictor_requirements,
+    struct_size: u32,
+) -> i32 {
     let v = kve_evictor_requirements {
         struct_size,
         queries: n.capture.queries as u32,
@@ -499,7 +510,7 @@ pub unsafe extern "C" fn kve_evictor_layer_init(
     to_status(unsafe { write_ext(layer, struct_size, KVE_EVICTOR_LAYER_V1_SIZE, NO_LAYER) })
 }
 
-const NO_LAYER: kve_evictor_layer = kve_evictor_layer {
+pub(crate) const NO_LAYER: kve_evictor_layer = kve_evictor_layer {
     struct_size: KVE_EVICTOR_LAYER_V1_SIZE,
     reserved: 0,
     keys: kve_tensor::NONE,
@@ -710,6 +721,16 @@ pub unsafe extern "C" fn kve_evictor_get_stats(
     let end = (out as usize).saturating_add(struct_size as usize);
     tri!(check_alias(&[Span(out as usize, end)], &[ctx]));
     let s = tri!(ev.stats(tri!(to_usize(seq))));
+    // SAFETY: NULL or `struct_size` writable bytes (the caller's contract).
+    unsafe { write_stats(s, out, struct_size) }
+}
+
+/// `s` into the caller's `out` (`struct_size` bytes), as a status.
+pub(crate) unsafe fn write_stats(
+    s: crate::evictor::SeqStats,
+    out: *mut kve_evictor_stats,
+    struct_size: u32,
+) -> i32 {
     let v = kve_evictor_stats {
         struct_size,
         ragged: s.ragged as u32,

@@ -28,6 +28,8 @@
 //!   round's budget, as `select_kept` in Python does.
 
 mod config;
+#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+pub mod device;
 mod memory;
 pub mod policy;
 pub mod presets;
@@ -272,12 +274,8 @@ impl<'a> Evictor<'a> {
     /// The cells sequence `seq` should hold now that it holds `n_cells` (`n_cells`:
     /// nothing to do). Changes nothing.
     pub fn plan(&mut self, seq: usize, n_cells: usize) -> Result<usize> {
-        let st = self.state(seq)?;
-        if st.ragged {
-            return Err(Error::InvalidArgument);
-        }
         let w = self.r.score.window as u64;
-        Ok(policy::plan(&self.r.budget, st.protected, n_cells as u64, w) as usize)
+        Ok(self.state(seq)?.plan(&self.r.budget, n_cells as u64, w)? as usize)
     }
 
     /// Start a round on `seq`'s `n_cells` cells (`1..=max_cells`) that ends holding
@@ -285,20 +283,12 @@ impl<'a> Evictor<'a> {
     /// protects and the window). A round in progress is abandoned.
     pub fn begin(&mut self, seq: usize, n_cells: usize, target: usize) -> Result<()> {
         let mut st = self.state(seq)?;
-        if st.ragged || n_cells == 0 || n_cells > self.r.max_cells || target > n_cells {
-            return Err(Error::InvalidArgument);
-        }
-        let n = n_cells as u64;
-        let start = policy::span_start(&self.r.budget, st.protected, n);
-        if start == n {
-            return Err(Error::InvalidArgument); // nothing new to select over
-        }
-        let w = self.r.score.window as u64;
-        st.phase = Phase::Scoring;
-        st.n = n;
-        st.start = start;
-        st.target = (target as u64).max(policy::least_kept(start, n, w));
-        st.kept_total = 0;
+        let (b, w, max) = (
+            self.r.budget,
+            self.r.score.window as u64,
+            self.r.max_cells as u64,
+        );
+        st.begin(&b, max, w, n_cells as u64, target as u64)?;
         let slot = self.slot(seq)?;
         st.store(slot.state);
         slot.scored.fill(0);
@@ -553,12 +543,7 @@ impl<'a> Evictor<'a> {
         let slot = self.slot(seq)?;
         let len = |u: usize| slot.offsets[u + 1] - slot.offsets[u];
         let held = (0..units).map(len).max().unwrap_or(0);
-        st.ragged = (0..units).any(|u| len(u) != held);
-        st.phase = Phase::Idle;
-        st.held = held;
-        st.protected = held;
-        st.evictions += 1;
-        st.evicted += st.n - held;
+        st.commit(held, (0..units).any(|u| len(u) != held))?;
         st.store(slot.state);
         Ok(())
     }
@@ -572,14 +557,7 @@ impl<'a> Evictor<'a> {
     }
 
     pub fn stats(&mut self, seq: usize) -> Result<SeqStats> {
-        let st = self.state(seq)?;
-        Ok(SeqStats {
-            cells: st.held,
-            protected: st.protected,
-            evictions: st.evictions,
-            cells_evicted: st.evicted,
-            ragged: st.ragged,
-        })
+        Ok(self.state(seq)?.stats())
     }
 }
 

@@ -2,6 +2,8 @@
 //! context in caller memory holds no Rust value a corrupted word could make invalid.
 
 use super::memory::STATE_WORDS;
+use super::policy::{self, Budget};
+use super::SeqStats;
 use crate::error::{Error, Result};
 
 /// Where a sequence is in its round.
@@ -66,5 +68,64 @@ impl SeqState {
             self.kept_total,
         ];
         w.copy_from_slice(&v);
+    }
+}
+
+impl SeqState {
+    /// The policy's target for `n` cells (a ragged sequence takes no round).
+    pub fn plan(&self, b: &Budget, n: u64, window: u64) -> Result<u64> {
+        if self.ragged {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(policy::plan(b, self.protected, n, window))
+    }
+
+    /// Start a round on `n` cells (`1..=max_cells`) that ends holding `target` cells,
+    /// raised to what a selection keeps anyway; a round in progress is abandoned.
+    pub fn begin(
+        &mut self,
+        b: &Budget,
+        max_cells: u64,
+        window: u64,
+        n: u64,
+        target: u64,
+    ) -> Result<()> {
+        if self.ragged || n == 0 || n > max_cells || target > n {
+            return Err(Error::InvalidArgument);
+        }
+        let start = policy::span_start(b, self.protected, n);
+        if start == n {
+            return Err(Error::InvalidArgument); // nothing new to select over
+        }
+        self.phase = Phase::Scoring;
+        self.n = n;
+        self.start = start;
+        self.target = target.max(policy::least_kept(start, n, window));
+        self.kept_total = 0;
+        Ok(())
+    }
+
+    /// Record a selected round's commit: the sequence holds `held` cells (all protected).
+    pub fn commit(&mut self, held: u64, ragged: bool) -> Result<()> {
+        if self.phase != Phase::Selected {
+            return Err(Error::InvalidArgument);
+        }
+        self.ragged = ragged;
+        self.phase = Phase::Idle;
+        self.held = held;
+        self.protected = held;
+        self.evictions += 1;
+        self.evicted += self.n - held;
+        Ok(())
+    }
+
+    pub fn stats(&self) -> SeqStats {
+        SeqStats {
+            cells: self.held,
+            protected: self.protected,
+            evictions: self.evictions,
+            cells_evicted: self.evicted,
+            ragged: self.ragged,
+        }
     }
 }

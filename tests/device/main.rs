@@ -33,6 +33,7 @@ mod baselines;
 mod budgets;
 mod combine;
 mod compact;
+mod evictor;
 mod graphs;
 mod lava;
 mod pipelines;

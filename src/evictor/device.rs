@@ -1,0 +1,828 @@
+//! The evictor's device form: the same object as [`super::Evictor`] (configuration,
+//! policy, rounds, per-sequence state), its tensors and its working memory on the device,
+//! every stage enqueued on the engine's stream through the device pipeline
+//! (`crate::device`, `cuda/`).
+//!
+//! Decisions, each with its reason:
+//! - Two blocks: the context (configuration, per-sequence bookkeeping: what the policy
+//!   reads) in caller HOST memory, and a caller DEVICE block (`DeviceEvictor::memory_size`)
+//!   for what the kernels read and write: Gram blocks per layer, per sequence its scores
+//!   `[L][Hkv][max_cells]`, its kept lists (`counts [L·Hkv]`, `idx [L·Hkv][max_cells]`,
+//!   int32) and its query ring, then one workspace for the largest stage call. The
+//!   policy never needs a number from the device, so a round reads nothing back.
+//! - A round (`begin`, `score_layer` × L, `select`, `compact`, `commit`) allocates
+//!   nothing, synchronises nothing and reads no device memory from the host: it is
+//!   capturable in a CUDA graph (the round's `n`, target and span are kernel arguments,
+//!   so a graph holds one round shape). Setup calls may synchronise
+//!   (`set_output_projection` uploads the Gram blocks).
+//! - The keep ratio's rounds after the first select over the cells new since the last
+//!   compression: `kve_cuda_span_rows` packs those columns of the scores, the selection
+//!   runs on them, `kve_cuda_shift_lists` prepends the protected cells and shifts the
+//!   rest, as the host form does on the host.
+//! - The query ring is mirrored (`kve_cuda_ring_put`): the last `w` rows are always one
+//!   strided view, in the queries' dtype (the device scorers take one dtype for Q, K, V).
+//! - The kept count of a round is known on the host only for a rectangular selection
+//!   (token granularity, or the uniform allocator): every unit keeps the round's target.
+//!   Other allocators leave per-unit counts on the device; `commit` then marks the
+//!   sequence ragged (no further round until `reset`), as the host form does when it
+//!   sees different counts.
+//! - Not on the device (yet): value links (`link_threshold`) and methods that read `Wo`
+//!   every round (CriticalKV): `memory_size` and `init` refuse them (`InvalidArgument`).
+
+use super::config::{resolve, Resolved};
+use super::memory::STATE_WORDS;
+use super::policy;
+use super::state::{Phase, SeqState};
+use super::{EvictorConfig, Needs, SeqStats, WoUse};
+use crate::config::{AllocatorKind, Granularity};
+use crate::cuda as cu;
+use crate::device::{self, select::KeptLists, Floats, Tensor};
+use crate::error::{mul, Error, Result};
+use crate::score::LayerShape;
+use crate::shape::ModelShape;
+use crate::span::{check_alias, Span};
+use crate::view::View;
+use crate::workspace::{DeviceCarve, Workspace, WorkspaceSize};
+use core::ffi::c_void;
+
+const MAGIC: u64 = 0x6b76_6465_7669_6331; // "kvdevic1"
+
+/// Bytes of the two blocks an evictor's device form lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceSizes {
+    /// Host memory (any alignment: the context starts at its first 64-byte boundary).
+    pub host: usize,
+    /// Device memory, 256-byte aligned (cudaMalloc's).
+    pub device: usize,
+}
+
+/// One layer's device tensors for the round's `n` cells (every pointer a device one).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceLayerViews {
+    /// `[Hkv, n, dk]`.
+    pub keys: Tensor,
+    /// `[Hkv, n, dv]` when the method reads values.
+    pub values: Option<Tensor>,
+    /// `[Hq, wq, dk]`, the last `wq >= min(w, n)` positions; `None`: the query ring.
+    pub queries: Option<Tensor>,
+    /// Optional `[Hq][min(w, n)]` window row log-sum-exp (device floats).
+    pub row_lse: Floats,
+}
+
+/// The kept lists of a selected round, in the device block: unit `u = l·Hkv + h` keeps
+/// `idx[u·idx_ld .. + counts[u]]`, ascending (int32, device memory).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceKept {
+    pub counts: *const i32,
+    pub idx: *const i32,
+    pub idx_ld: usize,
+}
+
+/// Byte sizes of the device block's parts.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+struct DevLayout {
+    model: usize,
+    slot: usize,
+    ws: usize,
+    total: usize,
+}
+
+/// What the context's first bytes hold.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+struct Header {
+    magic: u64,
+    r: Resolved,
+    dl: DevLayout,
+    dev: usize,
+    host_total: usize,
+}
+
+/// A sequence's device parts.
+struct DevSlot {
+    scores: *mut f32,
+    counts: *mut i32,
+    idx: *mut i32,
+    ring: *mut u8,
+}
+
+/// A sequence's host parts.
+struct HostSlot<'a> {
+    state: &'a mut [u64],
+    scored: &'a mut [u8],
+    ring_rows: &'a mut [u64],
+    /// The ring's dtype + 1 (0: nothing observed).
+    ring_dtype: &'a mut [u8],
+}
+
+fn units(r: &Resolved) -> Result<usize> {
+    mul(r.m.layers, r.m.hkv)
+}
+
+fn ring_bytes(r: &Resolved) -> Result<usize> {
+    if !r.capture.queries {
+        return Ok(0);
+    }
+    let w2 = 2 * r.score.window as usize;
+    mul(mul(mul(r.m.layers, r.m.hq)?, mul(w2, r.m.dk)?)?, 4)
+}
+
+fn carve_slot(c: &mut DeviceCarve, r: &Resolved) -> Result<DevSlot> {
+    let u = units(r)?;
+    Ok(DevSlot {
+        scores: c.take::<f32>(mul(u, r.max_cells)?)?,
+        counts: c.take::<i32>(u)?,
+        idx: c.take::<i32>(mul(u, r.max_cells)?)?,
+        ring: c.take::<u8>(ring_bytes(r)?)?,
+    })
+}
+
+/// The device block's parts for `r`: model, one slot, the workspace.
+fn dev_layout(r: &Resolved) -> Result<DevLayout> {
+    let mut m = DeviceCarve::new(core::ptr::null_mut());
+    m.take::<f32>(mul(r.m.layers, r.gram_len)?)?;
+    let mut s = DeviceCarve::new(core::ptr::null_mut());
+    carve_slot(&mut s, r)?;
+    let mut w = DeviceCarve::new(core::ptr::null_mut());
+    w.take::<u8>(dev_workspace(r)?)?;
+    let (model, slot, ws) = (m.bytes(), s.bytes(), w.bytes());
+    let total = mul(slot, r.max_seqs)?
+        .checked_add(model)
+        .and_then(|t| t.checked_add(ws))
+        .ok_or(Error::Overflow)?;
+    Ok(DevLayout {
+        model,
+        slot,
+        ws,
+        total,
+    })
+}
+
+/// Device workspace: the largest stage call at `max_cells`.
+fn dev_workspace(r: &Resolved) -> Result<usize> {
+    let n = r.max_cells;
+    let w = (r.score.window as usize).min(n);
+    let u = units(r)?;
+    let shape = LayerShape {
+        hq: r.m.hq,
+        hkv: r.m.hkv,
+        n,
+        dk: r.m.dk,
+        dv: r.m.dv,
+    };
+    let score = device::score_workspace_size(&r.score, &shape)?;
+    let m = ModelShape::new(r.m.layers as u64, r.m.hkv as u64, n as u64, w as u64)?;
+    let mut sel = DeviceCarve::new(core::ptr::null_mut());
+    sel.take::<f32>(mul(u, n - w)?)?; // the span's scores
+    sel.take::<i32>(u)?; // its lists
+    sel.take::<i32>(mul(u, n)?)?;
+    sel.take::<u8>(device::select_workspace_size(&r.select, &m)?)?;
+    let view = cu::KveCudaView {
+        data: core::ptr::null_mut(),
+        dtype: cu::KVE_CUDA_F32,
+        reserved: 0,
+        stride_head: 0,
+        stride_token: 0,
+        stride_dim: 1,
+        heads: r.m.hkv as i64,
+        tokens: n as i64,
+        dim: r.m.dk.max(r.m.dv) as i64,
+    };
+    let compact = device::compact_workspace_size(&view, n as u64)?;
+    Ok(score.max(sel.bytes()).max(compact))
+}
+
+/// Host bytes after the header: gram flags, slots, the Gram scratch.
+fn host_parts(r: &Resolved) -> Result<WorkspaceSize> {
+    let mut s = WorkspaceSize::new();
+    s.add::<u8>(r.m.layers)?;
+    for _ in 0..r.max_seqs {
+        s.add::<u64>(STATE_WORDS)?;
+        s.add::<u8>(r.m.layers)?;
+        s.add::<u64>(r.m.layers)?;
+        s.add::<u8>(r.m.layers)?;
+    }
+    s.add::<f32>(r.gram_len)?;
+    s.add::<u8>(gram_ws(r)?)?;
+    Ok(s)
+}
+
+fn gram_ws(r: &Resolved) -> Result<usize> {
+    match r.capture.wo {
+        WoUse::Once => crate::gram_workspace_size(r.m.dv, r.m.d_model),
+        _ => Ok(0),
+    }
+}
+
+fn resolve_device(cfg: &EvictorConfig) -> Result<Resolved> {
+    let r = resolve(cfg)?;
+    if r.links.is_some() || r.capture.wo == WoUse::EveryRound {
+        return Err(Error::InvalidArgument);
+    }
+    Ok(r)
+}
+
+/// Whether every unit of a selection keeps the same count (the round's target).
+fn rectangular(r: &Resolved) -> bool {
+    r.select.granularity == Granularity::Token || r.select.allocator == AllocatorKind::Uniform
+}
+
+/// An evictor whose tensors live on the device: a context in host memory over a device
+/// block. See the module's documentation.
+pub struct DeviceEvictor<'a> {
+    r: Resolved,
+    dl: DevLayout,
+    dev: *mut u8,
+    block: &'a mut [u8],
+}
+
+impl<'a> DeviceEvictor<'a> {
+    /// Bytes of the context (host) and of the device block for `cfg`.
+    pub fn memory_size(cfg: &EvictorConfig) -> Result<DeviceSizes> {
+        let r = resolve_device(cfg)?;
+        let dl = dev_layout(&r)?;
+        let host = host_parts(&r)?.total() + core::mem::size_of::<Header>() + 64;
+        Ok(DeviceSizes {
+            host,
+            device: dl.total,
+        })
+    }
+
+    /// An evictor with its context in `mem` (host, any alignment) over the device block
+    /// `dev` (`dev_bytes`, 256-byte aligned, not read or written here). Nothing is
+    /// written on error.
+    ///
+    /// # Safety
+    /// `dev` is device memory of `dev_bytes` bytes the caller keeps for the evictor's life.
+    pub unsafe fn init(
+        mem: &'a mut [u8],
+        dev: *mut c_void,
+        dev_bytes: u64,
+        cfg: &EvictorConfig,
+    ) -> Result<DeviceEvictor<'a>> {
+        let sizes = Self::memory_size(cfg)?;
+        let r = resolve_device(cfg)?;
+        let dl = dev_layout(&r)?;
+        if dev.is_null() {
+            return Err(Error::NullPointer);
+        }
+        if dev as usize % DeviceCarve::ALIGN != 0 {
+            return Err(Error::Misaligned);
+        }
+        if (dev_bytes as u128) < sizes.device as u128 || mem.len() < sizes.host {
+            return Err(Error::WorkspaceTooSmall);
+        }
+        let dev_span = crate::span::span_of(dev as usize, sizes.device, 1)?;
+        let host = Span(mem.as_ptr() as usize, mem.as_ptr() as usize + mem.len());
+        check_alias(&[host], &[dev_span])?;
+        let off = mem.as_ptr().align_offset(64);
+        let total = sizes.host - 64;
+        let block = &mut mem[off..off + total];
+        let h = Header {
+            magic: MAGIC,
+            r,
+            dl,
+            dev: dev as usize,
+            host_total: total,
+        };
+        // SAFETY: the block starts 64-byte aligned and is longer than a Header; plain data.
+        unsafe { core::ptr::write(block.as_mut_ptr() as *mut Header, h) };
+        let mut ev = DeviceEvictor {
+            r,
+            dl,
+            dev: dev as *mut u8,
+            block,
+        };
+        ev.gram_set()?.fill(0);
+        for s in 0..r.max_seqs {
+            ev.reset(s)?;
+        }
+        Ok(ev)
+    }
+
+    /// The evictor whose context starts at `ptr` (as `init` left it).
+    ///
+    /// # Safety
+    /// As [`super::Evictor::from_block`].
+    pub unsafe fn from_block(ptr: *mut u8) -> Result<DeviceEvictor<'a>> {
+        if ptr.is_null() {
+            return Err(Error::NullPointer);
+        }
+        if ptr as usize % 64 != 0 {
+            return Err(Error::Misaligned);
+        }
+        // SAFETY: the caller's contract: 8 readable, aligned bytes.
+        if unsafe { *(ptr as *const u64) } != MAGIC {
+            return Err(Error::InvalidArgument);
+        }
+        // SAFETY: the magic says `init` wrote a Header here.
+        let h = unsafe { core::ptr::read(ptr as *const Header) };
+        // SAFETY: `init` made the block `host_total` bytes long; the caller owns it.
+        let block = unsafe { core::slice::from_raw_parts_mut(ptr, h.host_total) };
+        Ok(DeviceEvictor {
+            r: h.r,
+            dl: h.dl,
+            dev: h.dev as *mut u8,
+            block,
+        })
+    }
+
+    /// The context's start (C's `kve_cuda_evictor*`).
+    pub fn as_ptr(&mut self) -> *mut u8 {
+        self.block.as_mut_ptr()
+    }
+
+    /// The context's byte range (host) and the device block's.
+    pub(crate) fn spans(&self) -> (Span, Span) {
+        let s = self.block.as_ptr() as usize;
+        let d = self.dev as usize;
+        (Span(s, s + self.block.len()), Span(d, d + self.dl.total))
+    }
+
+    pub fn needs(&self) -> Needs {
+        Needs {
+            capture: self.r.capture,
+            window: self.r.score.window,
+            granularity: self.r.select.granularity,
+        }
+    }
+
+    fn host(&mut self) -> Workspace<'_> {
+        let hs = core::mem::size_of::<Header>();
+        Workspace::new(&mut self.block[hs..])
+    }
+
+    fn gram_set(&mut self) -> Result<&mut [u8]> {
+        let l = self.r.m.layers;
+        self.host().take_dirty::<u8>(l)
+    }
+
+    /// The host parts: sequence `seq`'s slot (`max_seqs`: none), then the Gram scratch.
+    fn parts(&mut self, seq: usize) -> Result<(Option<HostSlot<'_>>, &mut [f32], &mut [u8])> {
+        let (l, seqs, gl, gw) = (
+            self.r.m.layers,
+            self.r.max_seqs,
+            self.r.gram_len,
+            gram_ws(&self.r)?,
+        );
+        let mut ws = self.host();
+        ws.take_dirty::<u8>(l)?;
+        let mut found = None;
+        for s in 0..seqs {
+            let slot = HostSlot {
+                state: ws.take_dirty::<u64>(STATE_WORDS)?,
+                scored: ws.take_dirty::<u8>(l)?,
+                ring_rows: ws.take_dirty::<u64>(l)?,
+                ring_dtype: ws.take_dirty::<u8>(l)?,
+            };
+            if s == seq {
+                found = Some(slot);
+            }
+        }
+        Ok((found, ws.take_dirty::<f32>(gl)?, ws.take_dirty::<u8>(gw)?))
+    }
+
+    fn slot(&mut self, seq: usize) -> Result<HostSlot<'_>> {
+        self.parts(seq)?.0.ok_or(Error::InvalidArgument)
+    }
+
+    /// The Gram scratch (host): `gram_len` floats and the Gram's workspace.
+    fn gram_scratch(&mut self) -> Result<(&mut [f32], &mut [u8])> {
+        let seqs = self.r.max_seqs;
+        let (_, g, ws) = self.parts(seqs)?;
+        Ok((g, ws))
+    }
+
+    fn state(&mut self, seq: usize) -> Result<SeqState> {
+        SeqState::load(self.slot(seq)?.state)
+    }
+
+    fn dev_gram(&self, layer: usize) -> *mut f32 {
+        (self.dev as *mut f32).wrapping_add(layer * self.r.gram_len)
+    }
+
+    fn dev_slot(&self, seq: usize) -> Result<DevSlot> {
+        let base = self.dev.wrapping_add(self.dl.model + seq * self.dl.slot);
+        carve_slot(&mut DeviceCarve::new(base as *mut c_void), &self.r)
+    }
+
+    /// The device workspace and its size.
+    fn dev_ws(&self) -> (*mut c_void, u64) {
+        let at = self.dl.model + self.r.max_seqs * self.dl.slot;
+        (self.dev.wrapping_add(at) as *mut c_void, self.dl.ws as u64)
+    }
+
+    fn check_layer(&self, layer: usize) -> Result<()> {
+        if layer >= self.r.m.layers {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(())
+    }
+
+    /// Inputs must not overlap the device block.
+    fn unaliased(&self, spans: &[Span]) -> Result<()> {
+        check_alias(&[self.spans().1], spans)
+    }
+
+    /// Set `layer`'s output projection `wo` `[Hq, dv, D]` (host memory; methods with
+    /// [`WoUse::Once`]): its Gram blocks are computed on the host and uploaded to the
+    /// device block on `stream`, which is then synchronised (a setup call).
+    ///
+    /// # Safety
+    /// `stream` is NULL or a valid CUDA stream.
+    pub unsafe fn set_output_projection(
+        &mut self,
+        layer: usize,
+        wo: &View,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        if self.r.capture.wo != WoUse::Once {
+            return Err(Error::InvalidArgument);
+        }
+        if wo.extent() != [self.r.m.hq, self.r.m.dv, self.r.m.d_model] {
+            return Err(Error::ShapeMismatch);
+        }
+        let (hkv, cross, gl) = (self.r.m.hkv, self.r.score.needs_cross(), self.r.gram_len);
+        let dst = self.dev_gram(layer);
+        let (g, ws) = self.gram_scratch()?;
+        crate::compute_gram(wo, hkv, cross, g, ws)?;
+        // SAFETY: dst is the layer's gram_len floats in the device block; g is host memory.
+        let st =
+            unsafe { cu::kve_cuda_upload(dst as *mut c_void, g.as_ptr() as _, gl * 4, stream) };
+        if st != 0 {
+            return Err(Error::Cuda);
+        }
+        self.gram_set()?[layer] = 1;
+        Ok(())
+    }
+
+    /// Keep the last `w` of the query rows `q` (device, `[Hq, c, dk]`, this ubatch's rows
+    /// of `seq` at `layer` in position order) in the sequence's ring, on `stream`. Every
+    /// observation of a (sequence, layer) takes one dtype (another: `ShapeMismatch`,
+    /// until `reset`).
+    ///
+    /// # Safety
+    /// `q` describes device memory; `stream` is NULL or a valid CUDA stream.
+    pub unsafe fn observe_queries(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        q: &Tensor,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        if !self.r.capture.queries {
+            return Err(Error::InvalidArgument);
+        }
+        let v = &q.view;
+        if v.heads as usize != self.r.m.hq || v.dim as usize != self.r.m.dk {
+            return Err(Error::ShapeMismatch);
+        }
+        self.unaliased(&[q.span()])?;
+        let (w, hq, dk) = (self.r.score.window as usize, self.r.m.hq, self.r.m.dk);
+        let ring = self.dev_slot(seq)?.ring;
+        let slot = self.slot(seq)?;
+        let dt = v.dtype as u8 + 1;
+        if slot.ring_dtype[layer] != 0 && slot.ring_dtype[layer] != dt {
+            return Err(Error::ShapeMismatch);
+        }
+        let c = v.tokens as usize;
+        let k = c.min(w);
+        let seen = slot.ring_rows[layer];
+        let at = ring.wrapping_add(layer * hq * 2 * w * dk * 4);
+        let first_seen = seen.saturating_add((c - k) as u64);
+        if first_seen > i64::MAX as u64 {
+            return Err(Error::Overflow);
+        }
+        // SAFETY: the view was checked on the host; `at` is this layer's ring in the
+        // device block (Hq·2w·dk elements of at most 4 bytes).
+        let st = unsafe {
+            cu::kve_cuda_ring_put(
+                v,
+                (c - k) as i64,
+                k as i64,
+                at as *mut c_void,
+                w as i64,
+                first_seen as i64,
+                stream,
+            )
+        };
+        if st != 0 {
+            return Err(Error::Cuda);
+        }
+        slot.ring_dtype[layer] = dt;
+        slot.ring_rows[layer] = seen.saturating_add(c as u64);
+        Ok(())
+    }
+
+    /// As [`super::Evictor::plan`].
+    pub fn plan(&mut self, seq: usize, n_cells: usize) -> Result<usize> {
+        let w = self.r.score.window as u64;
+        Ok(self.state(seq)?.plan(&self.r.budget, n_cells as u64, w)? as usize)
+    }
+
+    /// As [`super::Evictor::begin`] (host bookkeeping only: nothing enqueued).
+    pub fn begin(&mut self, seq: usize, n_cells: usize, target: usize) -> Result<()> {
+        let mut st = self.state(seq)?;
+        let (b, w, max) = (
+            self.r.budget,
+            self.r.score.window as u64,
+            self.r.max_cells as u64,
+        );
+        st.begin(&b, max, w, n_cells as u64, target as u64)?;
+        let slot = self.slot(seq)?;
+        st.store(slot.state);
+        slot.scored.fill(0);
+        Ok(())
+    }
+
+    /// Score `layer` of `seq`'s round from `v` (device tensors), on `stream`.
+    ///
+    /// # Safety
+    /// The tensors describe device memory; `stream` is NULL or a valid CUDA stream.
+    pub unsafe fn score_layer(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        v: &DeviceLayerViews,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let st = self.state(seq)?;
+        let r = self.r;
+        let n = st.n as usize;
+        let w = (r.score.window as usize).min(n);
+        let p = n - w;
+        let dslot = self.dev_slot(seq)?;
+        let gram_ok = r.capture.wo != WoUse::Once || self.gram_set()?[layer] != 0;
+        let slot = self.slot(seq)?;
+        if st.phase != Phase::Scoring || slot.scored[layer] != 0 || !gram_ok {
+            return Err(Error::InvalidArgument);
+        }
+        let ext = |t: &Tensor| [t.view.heads, t.view.tokens, t.view.dim].map(|x| x as usize);
+        if ext(&v.keys) != [r.m.hkv, n, r.m.dk] {
+            return Err(Error::ShapeMismatch);
+        }
+        match v.values {
+            Some(val) if ext(&val) != [r.m.hkv, n, r.m.dv] => return Err(Error::ShapeMismatch),
+            None if r.capture.values => return Err(Error::NullPointer),
+            _ => {}
+        }
+        let mut queries = None;
+        if r.capture.queries {
+            queries = match v.queries {
+                Some(q) => Some(q),
+                None => {
+                    let (rows, dt) = (slot.ring_rows[layer], slot.ring_dtype[layer]);
+                    if rows < w as u64 || dt == 0 {
+                        return Err(Error::InvalidArgument);
+                    }
+                    let cap = r.score.window as usize;
+                    let (hq, dk) = (r.m.hq, r.m.dk);
+                    let es = if dt == 1 { 4 } else { 2 };
+                    let s0 = ((rows - w as u64) % cap as u64) as usize;
+                    let at = dslot
+                        .ring
+                        .wrapping_add(layer * hq * 2 * cap * dk * 4 + s0 * dk * es);
+                    let bytes = ((hq - 1) * 2 * cap * dk + w * dk) * es;
+                    Some(Tensor {
+                        view: cu::KveCudaView {
+                            data: at as *mut c_void,
+                            dtype: dt as i32 - 1,
+                            reserved: 0,
+                            stride_head: (2 * cap * dk) as i64,
+                            stride_token: dk as i64,
+                            stride_dim: 1,
+                            heads: hq as i64,
+                            tokens: w as i64,
+                            dim: dk as i64,
+                        },
+                        bytes: (at as usize, at as usize + bytes),
+                    })
+                }
+            };
+        }
+        let mut spans = [Span::EMPTY; 4];
+        spans[0] = v.keys.span();
+        if let Some(val) = v.values {
+            spans[1] = val.span();
+        }
+        if let Some(q) = v.queries {
+            spans[2] = q.span();
+        }
+        spans[3] = device::span_of(v.row_lse.ptr, v.row_lse.len as usize)?;
+        check_alias(
+            &[Span(self.dev as usize, self.dev as usize + self.dl.total)],
+            &spans,
+        )?;
+        let gram = match r.capture.wo {
+            WoUse::Once => Floats {
+                ptr: self.dev_gram(layer),
+                len: r.gram_len as u64,
+            },
+            _ => Floats::NONE,
+        };
+        let inputs = device::LayerInputs {
+            queries,
+            keys: Some(v.keys),
+            values: if r.capture.values { v.values } else { None },
+            gram,
+            value_forms: Floats::NONE,
+            value_l1: Floats::NONE,
+            row_lse: v.row_lse,
+        };
+        let out = dslot.scores.wrapping_add(layer * r.m.hkv * p);
+        let (ws, wsb) = self.dev_ws();
+        // SAFETY: the caller's tensors; `out` is this layer's Hkv·P floats of the sequence's
+        // scores and `ws` the device workspace, both in the caller's device block.
+        unsafe {
+            device::score_layer(
+                &r.score,
+                &inputs,
+                out,
+                (r.m.hkv * p) as u64,
+                ws,
+                wsb,
+                stream,
+            )?
+        };
+        self.slot(seq)?.scored[layer] = 1;
+        Ok(())
+    }
+
+    /// Select `seq`'s kept set once every layer is scored, on `stream`. Returns the cells
+    /// every unit keeps for a rectangular selection (token granularity or the uniform
+    /// allocator), `None` for the others (their counts are on the device).
+    ///
+    /// # Safety
+    /// `stream` is NULL or a valid CUDA stream.
+    pub unsafe fn select(&mut self, seq: usize, stream: *mut c_void) -> Result<Option<usize>> {
+        let mut st = self.state(seq)?;
+        let r = self.r;
+        let slot = self.slot(seq)?;
+        if st.phase != Phase::Scoring || slot.scored.contains(&0) {
+            return Err(Error::InvalidArgument);
+        }
+        let (n, start) = (st.n as usize, st.start as usize);
+        let window = r.score.window as usize;
+        let u = units(&r)?;
+        let p = n - window.min(n);
+        let m = n - start;
+        let ps = m - window.min(m);
+        let mut cfg = r.select;
+        cfg.budget = policy::span_budget(st.start, st.n, window as u64, st.target);
+        let shape = ModelShape::new(r.m.layers as u64, r.m.hkv as u64, m as u64, window as u64)?;
+        let d = self.dev_slot(seq)?;
+        let (ws, wsb) = self.dev_ws();
+        let ld = r.max_cells;
+        let ck = |s: i32| if s == 0 { Ok(()) } else { Err(Error::Cuda) };
+        if start == 0 {
+            let lists = KeptLists {
+                counts: d.counts,
+                counts_len: u as u64,
+                idx: d.idx,
+                idx_ld: ld as u64,
+                idx_len: (u * ld) as u64,
+            };
+            // SAFETY: the sequence's scores and lists and the workspace, in the device block.
+            unsafe {
+                device::select_model(
+                    &cfg,
+                    &shape,
+                    d.scores,
+                    (u * p) as u64,
+                    &lists,
+                    ws,
+                    wsb,
+                    stream,
+                )?
+            };
+        } else {
+            let mut c = DeviceCarve::new(ws);
+            let span = c.take::<f32>(u * (n - window.min(n)))?;
+            let counts = c.take::<i32>(u)?;
+            let idx = c.take::<i32>(u * n)?;
+            let rest = c.bytes();
+            let sel_ws = (ws as *mut u8).wrapping_add(rest) as *mut c_void;
+            let lists = KeptLists {
+                counts,
+                counts_len: u as u64,
+                idx,
+                idx_ld: n as u64,
+                idx_len: (u * n) as u64,
+            };
+            // SAFETY: device pointers into the caller's block: the scores [u][p], the span
+            // [u][ps] and lists carved from the workspace, the sequence's lists.
+            unsafe {
+                ck(cu::kve_cuda_span_rows(
+                    d.scores,
+                    u as i64,
+                    p as i64,
+                    start as i64,
+                    ps as i64,
+                    span,
+                    stream,
+                ))?;
+                device::select_model(
+                    &cfg,
+                    &shape,
+                    span,
+                    (u * ps) as u64,
+                    &lists,
+                    sel_ws,
+                    wsb - rest as u64,
+                    stream,
+                )?;
+                ck(cu::kve_cuda_shift_lists(
+                    counts,
+                    idx,
+                    n as i64,
+                    u as i64,
+                    start as i64,
+                    d.counts,
+                    d.idx,
+                    ld as i64,
+                    stream,
+                ))?;
+            }
+        }
+        st.phase = Phase::Selected;
+        st.store(self.slot(seq)?.state);
+        Ok(rectangular(&r).then_some(st.target as usize))
+    }
+
+    /// The kept lists of `seq`'s selected round (device pointers into the block).
+    pub fn kept(&mut self, seq: usize) -> Result<DeviceKept> {
+        if self.state(seq)?.phase != Phase::Selected {
+            return Err(Error::InvalidArgument);
+        }
+        let d = self.dev_slot(seq)?;
+        Ok(DeviceKept {
+            counts: d.counts,
+            idx: d.idx,
+            idx_ld: self.r.max_cells,
+        })
+    }
+
+    /// Move `layer`'s kept rows of `kv` (device, `[Hkv, n, d]`, K or V) to the front of
+    /// each head, in place, on `stream`.
+    ///
+    /// # Safety
+    /// `kv` describes device memory the caller lets us write; `stream` as above.
+    pub unsafe fn compact(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        kv: &Tensor,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let n = self.state(seq)?.n as usize;
+        let kept = self.kept(seq)?;
+        let v = &kv.view;
+        if v.heads as usize != self.r.m.hkv || v.tokens as usize != n {
+            return Err(Error::ShapeMismatch);
+        }
+        self.unaliased(&[kv.span()])?;
+        let u0 = layer * self.r.m.hkv;
+        let (ws, wsb) = self.dev_ws();
+        // SAFETY: the layer's lists in the device block, the caller's tensor, the workspace.
+        unsafe {
+            device::compact_in_place(
+                v,
+                kept.idx.wrapping_add(u0 * kept.idx_ld),
+                kept.idx_ld as u64,
+                kept.counts.wrapping_add(u0),
+                n as u64,
+                ws,
+                wsb,
+                stream,
+            )
+        }
+    }
+
+    /// Record that `seq` holds the kept cells of its selected round (host bookkeeping):
+    /// the round's target for a rectangular selection; any other leaves it ragged.
+    pub fn commit(&mut self, seq: usize) -> Result<()> {
+        let mut st = self.state(seq)?;
+        st.commit(st.target, !rectangular(&self.r))?;
+        st.store(self.slot(seq)?.state);
+        Ok(())
+    }
+
+    /// Forget `seq`: counters, protection, round and query ring.
+    pub fn reset(&mut self, seq: usize) -> Result<()> {
+        let slot = self.slot(seq)?;
+        SeqState::default().store(slot.state);
+        slot.scored.fill(0);
+        slot.ring_rows.fill(0);
+        slot.ring_dtype.fill(0);
+        Ok(())
+    }
+
+    pub fn stats(&mut self, seq: usize) -> Result<SeqStats> {
+        Ok(self.state(seq)?.stats())
+    }
+}

@@ -1,0 +1,529 @@
+//! The evictor's device form (`kvevict::evictor::device`, `cuda/evictor.cu`) against the
+//! host evictor: the same configuration and inputs give the same kept lists (bit for
+//! bit) round after round, for several presets × granularities × both policies, with
+//! queries through the ring or given per layer; compaction moves the same rows; a round
+//! replays in a CUDA graph; hostile inputs get a status and write nothing.
+
+use super::*;
+use kvevict::device::{Floats, Tensor as DTensor};
+use kvevict::evictor::device::{DeviceEvictor, DeviceLayerViews};
+use kvevict::evictor::{Budget, Evictor, EvictorConfig, LayerViews, ModelDims};
+use kvevict::{Error, Granularity, Preset};
+use std::ptr::null;
+
+/// Waits for the device (nothing to wait for under the mock).
+fn sync() {
+    #[cfg(feature = "cuda")]
+    // SAFETY: no arguments.
+    ck(unsafe { rt::cudaDeviceSynchronize() }, "sync");
+}
+
+/// `n` int32 of device memory at `p`, after a sync.
+fn read_i32(p: *const i32, n: usize) -> Vec<i32> {
+    sync();
+    let mut v = vec![0i32; n];
+    #[cfg(feature = "cuda")]
+    // SAFETY: `n` int32 of device memory (the caller's), into a host vector of `n`.
+    ck(
+        unsafe { rt::cudaMemcpy(v.as_mut_ptr() as _, p as _, n * 4, rt::D2H) },
+        "cudaMemcpy",
+    );
+    #[cfg(not(feature = "cuda"))]
+    // SAFETY: under the mock, device memory is host memory: `n` int32 at `p`.
+    v.copy_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
+    v
+}
+
+const L: usize = 2;
+const HQ: usize = 4;
+const HKV: usize = 2;
+const D: usize = 16;
+const DM: usize = 24;
+const CAP: usize = 96;
+const W: u32 = 8;
+
+fn dims() -> ModelDims {
+    ModelDims {
+        layers: L,
+        hq: HQ,
+        hkv: HKV,
+        dk: D,
+        dv: D,
+        d_model: DM,
+    }
+}
+
+fn config(preset: Preset, gran: Option<Granularity>, budget: Budget) -> EvictorConfig {
+    let mut c = EvictorConfig::new(preset, dims(), CAP, budget);
+    c.window = if preset == Preset::Tova { 0 } else { W }; // TOVA: its one-row window
+    c.granularity = gran;
+    c
+}
+
+/// A `[heads, n, d]` f32 view of device memory laid out `[heads][cap][d]`.
+fn dview(b: &DBuf<f32>, heads: usize, n: usize, cap: usize) -> DTensor {
+    let start = b.vptr() as usize;
+    DTensor {
+        view: KveCudaView {
+            data: b.vptr(),
+            dtype: KVE_CUDA_F32,
+            reserved: 0,
+            stride_head: (cap * D) as i64,
+            stride_token: D as i64,
+            stride_dim: 1,
+            heads: heads as i64,
+            tokens: n as i64,
+            dim: D as i64,
+        },
+        bytes: (start, start + heads * cap * D * 4),
+    }
+}
+
+fn hview(h: &[f32], heads: usize, n: usize, cap: usize) -> kvevict::View<'_> {
+    kvevict::View::f32(h, [heads, n, D], [cap * D, D, 1]).expect("host view")
+}
+
+/// One engine: K, V per layer `[Hkv][CAP][D]` (host and device copies), the queries of
+/// the last ubatch per layer `[Hq][c][D]`.
+struct Engine {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    n: usize,
+}
+
+/// Host evictor and device evictor side by side over the same engine.
+struct Pair {
+    host_mem: Vec<u8>,
+    dev_ctx: Vec<u8>,
+    dev_block: DBuf<u8>,
+    kd: Vec<DBuf<f32>>,
+    vd: Vec<DBuf<f32>>,
+}
+
+impl Pair {
+    fn new(cfg: &EvictorConfig, wo: &[Vec<f32>]) -> Pair {
+        let hb = Evictor::memory_size(cfg).expect("host size");
+        let ds = DeviceEvictor::memory_size(cfg).expect("device sizes");
+        let mut p = Pair {
+            host_mem: vec![0u8; hb],
+            dev_ctx: vec![0u8; ds.host],
+            dev_block: DBuf::<u8>::new(ds.device),
+            kd: (0..L).map(|_| DBuf::<f32>::new(HKV * CAP * D)).collect(),
+            vd: (0..L).map(|_| DBuf::<f32>::new(HKV * CAP * D)).collect(),
+        };
+        let mut h = Evictor::init(&mut p.host_mem, cfg).expect("host init");
+        // SAFETY: the device block is ds.device bytes of device memory, kept by `p`.
+        let mut d = unsafe {
+            DeviceEvictor::init(&mut p.dev_ctx, p.dev_block.vptr(), ds.device as u64, cfg)
+        }
+        .expect("device init");
+        if h.needs().capture.wo == kvevict::evictor::WoUse::Once {
+            for (l, w) in wo.iter().enumerate() {
+                let view = kvevict::View::f32_contiguous(w, [HQ, D, DM]).unwrap();
+                h.set_output_projection(l, &view).expect("host wo");
+                // SAFETY: the null stream.
+                unsafe { d.set_output_projection(l, &view, null_stream()) }.expect("device wo");
+            }
+        }
+        p
+    }
+    fn host(&mut self) -> Evictor<'_> {
+        // SAFETY: the block init wrote, owned by self.
+        unsafe {
+            Evictor::from_block(
+                self.host_mem
+                    .as_mut_ptr()
+                    .add(self.host_mem.as_ptr().align_offset(64)),
+            )
+        }
+        .expect("host evictor")
+    }
+    fn dev(&mut self) -> DeviceEvictor<'_> {
+        let off = self.dev_ctx.as_ptr().align_offset(64);
+        // SAFETY: the context init wrote, owned by self.
+        unsafe { DeviceEvictor::from_block(self.dev_ctx.as_mut_ptr().add(off)) }
+            .expect("device evictor")
+    }
+}
+
+/// Append `c` new cells (random K, V) and their queries to the engine and both evictors.
+fn feed(e: &mut Engine, p: &mut Pair, rng: &mut Rng, c: usize, queries: bool) {
+    for l in 0..L {
+        for h in 0..HKV {
+            for t in e.n..e.n + c {
+                for d in 0..D {
+                    e.k[l][(h * CAP + t) * D + d] = rng.normal();
+                    e.v[l][(h * CAP + t) * D + d] = rng.normal();
+                }
+            }
+        }
+        p.kd[l].upload(&e.k[l]);
+        p.vd[l].upload(&e.v[l]);
+        if queries {
+            let q: Vec<f32> = (0..HQ * c * D).map(|_| rng.normal()).collect();
+            let qv = kvevict::View::f32_contiguous(&q, [HQ, c, D]).unwrap();
+            p.host().observe_queries(0, l, &qv).expect("host observe");
+            let qd = DBuf::from(&q);
+            let start = qd.vptr() as usize;
+            let t = DTensor {
+                view: KveCudaView {
+                    data: qd.vptr(),
+                    dtype: KVE_CUDA_F32,
+                    reserved: 0,
+                    stride_head: (c * D) as i64,
+                    stride_token: D as i64,
+                    stride_dim: 1,
+                    heads: HQ as i64,
+                    tokens: c as i64,
+                    dim: D as i64,
+                },
+                bytes: (start, start + q.len() * 4),
+            };
+            // SAFETY: a device tensor; the null stream (the ring is written before qd goes).
+            unsafe { p.dev().observe_queries(0, l, &t, null_stream()) }.expect("device observe");
+            sync();
+        }
+    }
+    e.n += c;
+}
+
+/// One round on both (when the policy asks): the kept lists compared, then both caches
+/// compacted and compared. Returns whether a round ran.
+fn round(e: &mut Engine, p: &mut Pair, tag: &str) -> bool {
+    let target = p.host().plan(0, e.n).expect("host plan");
+    assert_eq!(
+        p.dev().plan(0, e.n).expect("device plan"),
+        target,
+        "{tag}: plan"
+    );
+    if target >= e.n {
+        return false;
+    }
+    let needs = p.host().needs();
+    p.host().begin(0, e.n, target).expect("host begin");
+    p.dev().begin(0, e.n, target).expect("device begin");
+    for l in 0..L {
+        let lv = LayerViews {
+            keys: hview(&e.k[l], HKV, e.n, CAP),
+            values: Some(hview(&e.v[l], HKV, e.n, CAP)),
+            queries: None,
+            row_lse: None,
+            wo: None,
+        };
+        p.host().score_layer(0, l, &lv).expect("host score");
+        let dv = DeviceLayerViews {
+            keys: dview(&p.kd[l], HKV, e.n, CAP),
+            values: Some(dview(&p.vd[l], HKV, e.n, CAP)),
+            queries: None,
+            row_lse: Floats::NONE,
+        };
+        // SAFETY: device tensors; the null stream.
+        unsafe { p.dev().score_layer(0, l, &dv, null_stream()) }.expect("device score");
+    }
+    let (off, ind) = {
+        let mut h = p.host();
+        let k = h.select(0).expect("host select");
+        (k.offsets.to_vec(), k.indices.to_vec())
+    };
+    // SAFETY: the null stream.
+    let held = unsafe { p.dev().select(0, null_stream()) }.expect("device select");
+    let kept = p.dev().kept(0).expect("device kept");
+    let units = L * HKV;
+    let counts = read_i32(kept.counts, units);
+    let idx = read_i32(kept.idx, units * kept.idx_ld);
+    for u in 0..units {
+        let want = &ind[off[u] as usize..off[u + 1] as usize];
+        let got: Vec<u32> = idx[u * kept.idx_ld..u * kept.idx_ld + counts[u] as usize]
+            .iter()
+            .map(|&x| x as u32)
+            .collect();
+        assert_eq!(
+            got, want,
+            "{tag}: unit {u}'s kept list (n {}, target {target})",
+            e.n
+        );
+    }
+    if let Some(h) = held {
+        assert!(
+            (0..units).all(|u| off[u + 1] - off[u] == h as u64),
+            "{tag}: rectangular"
+        );
+    }
+    let _ = needs;
+    // compact both caches, compare
+    let mut n_after = 0;
+    for l in 0..L {
+        for which in 0..2 {
+            let t = dview(if which == 0 { &p.kd[l] } else { &p.vd[l] }, HKV, e.n, CAP);
+            let host = if which == 0 { &mut e.k[l] } else { &mut e.v[l] };
+            let mut hv = kvevict::ViewMut::f32(host, [HKV, e.n, D], [CAP * D, D, 1]).unwrap();
+            p.host().compact(0, l, &mut hv).expect("host compact");
+            // SAFETY: a device tensor we own; the null stream.
+            unsafe { p.dev().compact(0, l, &t, null_stream()) }.expect("device compact");
+            sync();
+            let got = if which == 0 {
+                p.kd[l].download()
+            } else {
+                p.vd[l].download()
+            };
+            for h in 0..HKV {
+                let c = (off[l * HKV + h + 1] - off[l * HKV + h]) as usize;
+                n_after = n_after.max(c);
+                assert_eq!(
+                    &got[h * CAP * D..(h * CAP + c) * D],
+                    &host[h * CAP * D..(h * CAP + c) * D],
+                    "{tag}: compacted rows, layer {l} head {h}"
+                );
+            }
+        }
+    }
+    p.host().commit(0).expect("host commit");
+    p.dev().commit(0).expect("device commit");
+    let (hs, ds) = (p.host().stats(0).unwrap(), p.dev().stats(0).unwrap());
+    if !hs.ragged {
+        assert_eq!(hs, ds, "{tag}: stats");
+        e.n = n_after;
+    }
+    true
+}
+
+/// Kept lists bit for bit against the host evictor: presets × granularities × policies,
+/// several rounds each (rectangular selections), one round for the per-head allocators
+/// (their sequences turn ragged).
+#[test]
+fn device_evictor_keeps_the_host_evictors_cells() {
+    need_device!();
+    let mut rng = Rng::new(26);
+    let wo: Vec<Vec<f32>> = (0..L)
+        .map(|_| (0..HQ * D * DM).map(|_| 0.2 * rng.normal()).collect())
+        .collect();
+    let presets = [
+        Preset::LaProxSpan,
+        Preset::LaProx,
+        Preset::SnapKv,
+        Preset::Lava,
+        Preset::Tova,
+        Preset::KNorm,
+        Preset::StreamingLlm,
+        Preset::Uniqueness,
+    ];
+    let policies = [
+        Budget::KeepRatio {
+            ratio: 0.4,
+            min_keep: 4,
+        },
+        Budget::Cells { high: 60, low: 40 },
+    ];
+    let mut rounds = 0;
+    for preset in presets {
+        for gran in [Some(Granularity::Token), Some(Granularity::Head), None] {
+            for budget in policies {
+                let cfg = config(preset, gran, budget);
+                let tag = format!("{preset:?} {gran:?} {budget:?}");
+                if let Err(e) = Evictor::memory_size(&cfg) {
+                    // a combination the host refuses: the device form refuses it alike
+                    assert_eq!(DeviceEvictor::memory_size(&cfg).err(), Some(e), "{tag}");
+                    println!("{tag}: refused ({e:?}) by both");
+                    continue;
+                }
+                let mut p = Pair::new(&cfg, &wo);
+                let queries = p.host().needs().capture.queries;
+                let mut e = Engine {
+                    k: vec![vec![0f32; HKV * CAP * D]; L],
+                    v: vec![vec![0f32; HKV * CAP * D]; L],
+                    n: 0,
+                };
+                // a prompt, then turns: each round over what the policy asks
+                for (turn, c) in [50usize, 24, 20, 16].into_iter().enumerate() {
+                    if e.n + c > CAP {
+                        break;
+                    }
+                    feed(&mut e, &mut p, &mut rng, c, queries);
+                    if round(&mut e, &mut p, &format!("{tag} turn {turn}")) {
+                        rounds += 1;
+                    }
+                    if p.host().stats(0).unwrap().ragged {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    println!("device evictor: {rounds} rounds, kept lists identical to the host evictor's");
+    assert!(rounds >= 60, "{rounds} rounds");
+}
+
+/// A round (scores of every layer and the selection) captured in a CUDA graph and
+/// replayed gives the eager round's lists.
+#[test]
+fn device_evictor_round_replays_in_a_graph() {
+    need_device!();
+    let mut rng = Rng::new(27);
+    let cfg = config(Preset::SnapKv, Some(Granularity::Token), Budget::Explicit);
+    let mut p = Pair::new(&cfg, &[]);
+    let mut e = Engine {
+        k: vec![vec![0f32; HKV * CAP * D]; L],
+        v: vec![vec![0f32; HKV * CAP * D]; L],
+        n: 0,
+    };
+    feed(&mut e, &mut p, &mut rng, 70, true);
+    let p = std::cell::RefCell::new(p);
+    let run = |s: *mut c_void| {
+        let mut p = p.borrow_mut();
+        p.dev().begin(0, 70, 30).expect("begin");
+        for l in 0..L {
+            let dv = DeviceLayerViews {
+                keys: dview(&p.kd[l], HKV, 70, CAP),
+                values: None,
+                queries: None,
+                row_lse: Floats::NONE,
+            };
+            // SAFETY: device tensors; the capturing stream.
+            unsafe { p.dev().score_layer(0, l, &dv, s) }.expect("score");
+        }
+        // SAFETY: the capturing stream.
+        unsafe { p.dev().select(0, s) }.expect("select");
+    };
+    let lists = |p: &mut Pair| {
+        let k = p.dev().kept(0).unwrap();
+        (
+            read_i32(k.counts, L * HKV),
+            read_i32(k.idx, L * HKV * k.idx_ld),
+        )
+    };
+    run(null_stream());
+    let eager = lists(&mut p.borrow_mut());
+    assert!(eager.0.iter().all(|&c| c == 30), "{:?}", eager.0);
+    in_graph(&run);
+    assert_eq!(lists(&mut p.borrow_mut()), eager, "graph replay");
+}
+
+/// Hostile inputs: a clear status, and neither the context nor the device block written.
+#[test]
+fn device_evictor_refuses_bad_input_and_writes_nothing() {
+    need_device!();
+    let mut rng = Rng::new(28);
+    let cfg = config(Preset::SnapKv, Some(Granularity::Token), Budget::cells(60));
+    let ds = DeviceEvictor::memory_size(&cfg).unwrap();
+    // unsupported on the device, bad blocks
+    let mut links = cfg;
+    links.link_threshold = Some(0.5);
+    links.preset = Preset::LaProxSpan;
+    links.granularity = None;
+    assert_eq!(
+        DeviceEvictor::memory_size(&links),
+        Err(Error::InvalidArgument)
+    );
+    let crit = config(Preset::CriticalKv, None, Budget::Explicit);
+    assert_eq!(
+        DeviceEvictor::memory_size(&crit),
+        Err(Error::InvalidArgument)
+    );
+    let block = DBuf::<u8>::new(ds.device + 256);
+    let mut ctx = vec![7u8; ds.host];
+    for (ptr, bytes, want) in [
+        (null_mut(), ds.device as u64, Error::NullPointer),
+        (
+            block.ptr().wrapping_add(1) as *mut c_void,
+            ds.device as u64,
+            Error::Misaligned,
+        ),
+        (block.vptr(), ds.device as u64 - 1, Error::WorkspaceTooSmall),
+    ] {
+        // SAFETY: refused before any use.
+        let r = unsafe { DeviceEvictor::init(&mut ctx, ptr, bytes, &cfg) };
+        assert_eq!(r.err(), Some(want));
+        assert!(ctx.iter().all(|&b| b == 7), "context written on error");
+    }
+    let mut small = vec![7u8; ds.host - 1];
+    // SAFETY: refused before any use.
+    let r = unsafe { DeviceEvictor::init(&mut small, block.vptr(), ds.device as u64, &cfg) };
+    assert_eq!(r.err(), Some(Error::WorkspaceTooSmall));
+    // a started evictor: bad rounds
+    let mut p = Pair::new(&cfg, &[]);
+    let mut e = Engine {
+        k: vec![vec![0f32; HKV * CAP * D]; L],
+        v: vec![vec![0f32; HKV * CAP * D]; L],
+        n: 0,
+    };
+    feed(&mut e, &mut p, &mut rng, 70, true);
+    let before = (p.dev_ctx.clone(), p.dev_block.download());
+    let same = |p: &Pair, what: &str| {
+        assert!(p.dev_ctx == before.0, "{what}: context written");
+        assert!(
+            p.dev_block.download() == before.1,
+            "{what}: device block written"
+        );
+    };
+    let kv = dview(&p.kd[0], HKV, 70, CAP);
+    let mut d = p.dev();
+    assert_eq!(d.begin(0, 0, 0), Err(Error::InvalidArgument));
+    assert_eq!(d.begin(0, CAP + 1, 10), Err(Error::InvalidArgument));
+    assert_eq!(d.begin(0, 70, 71), Err(Error::InvalidArgument));
+    assert_eq!(d.begin(1, 70, 30), Err(Error::InvalidArgument));
+    // SAFETY: refused before any launch.
+    unsafe {
+        assert_eq!(d.select(0, null_stream()), Err(Error::InvalidArgument));
+        assert_eq!(
+            d.compact(0, 0, &kv, null_stream()),
+            Err(Error::InvalidArgument)
+        );
+    }
+    assert_eq!(d.commit(0), Err(Error::InvalidArgument));
+    drop(d);
+    same(&p, "no round");
+    p.dev().begin(0, 70, 30).unwrap();
+    let before = (p.dev_ctx.clone(), p.dev_block.download());
+    let same = |p: &Pair, what: &str| {
+        assert!(p.dev_ctx == before.0, "{what}: context written");
+        assert!(
+            p.dev_block.download() == before.1,
+            "{what}: device block written"
+        );
+    };
+    let good = DeviceLayerViews {
+        keys: dview(&p.kd[0], HKV, 70, CAP),
+        values: None,
+        queries: None,
+        row_lse: Floats::NONE,
+    };
+    let mut short = good;
+    short.keys = dview(&p.kd[0], HKV, 69, CAP);
+    let mut heads = good;
+    heads.keys = dview(&p.kd[0], 1, 70, CAP);
+    let mut into_block = good;
+    into_block.keys.view.data = p.dev_block.vptr();
+    into_block.keys.bytes = (
+        p.dev_block.vptr() as usize,
+        p.dev_block.vptr() as usize + 64,
+    );
+    let mut lse = good;
+    lse.row_lse = Floats {
+        ptr: null(),
+        len: 3,
+    };
+    let mut d = p.dev();
+    // SAFETY: refused before any launch.
+    unsafe {
+        assert_eq!(
+            d.score_layer(0, 0, &short, null_stream()),
+            Err(Error::ShapeMismatch)
+        );
+        assert_eq!(
+            d.score_layer(0, 0, &heads, null_stream()),
+            Err(Error::ShapeMismatch)
+        );
+        assert_eq!(
+            d.score_layer(0, L, &good, null_stream()),
+            Err(Error::InvalidArgument)
+        );
+        assert_eq!(
+            d.score_layer(0, 0, &into_block, null_stream()),
+            Err(Error::Aliasing)
+        );
+        assert!(d.score_layer(0, 0, &lse, null_stream()).is_err());
+        assert_eq!(d.select(0, null_stream()), Err(Error::InvalidArgument));
+    }
+    drop(d);
+    same(&p, "bad layers");
+}
