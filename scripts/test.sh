@@ -29,6 +29,12 @@ summary() {
 }
 trap summary EXIT
 
+# a fresh clone's target folders: kept between runs under ~/.cache/kvevict (dependencies only;
+# kvevict is rebuilt whenever its sources differ)
+. scripts/lib/cargo_cache.sh
+cargo_cache target Cargo.toml Cargo.lock
+cargo_cache fuzz/target fuzz/Cargo.toml fuzz/Cargo.lock
+
 step "core + C ABI + reference + conformance tests (cargo test)"
 cargo_test() { cargo test --release 2>&1 | tail -n 400; }
 run "cargo test" cargo_test
