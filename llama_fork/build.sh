@@ -28,7 +28,7 @@
 # CMake arguments, for a GPU build in its own KVEVICT_FORK_DIR (the device path: "cuda" and
 # "-DGGML_CUDA=ON"); kvevict is then built in <dir>/cargo-target (unless CARGO_TARGET_DIR is
 # set), so <repo>/target keeps the default build. (The CPU test of the device path relinks this
-# build instead: llama_fork/cuda_mock.sh.)
+# build instead: llama_fork/cuda_emu.sh.)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${KVEVICT_FORK_DIR:-$root/build/llama-fork}
