@@ -2,7 +2,7 @@
 # The whole test suite, on a fresh machine (no GPU needed). Installs what it needs:
 # the thumbv7em target, the pinned PyPI nvcc 13.0 (CUDA compile + link proof), Python
 # venvs for the binding and the evaluation smoke test, llama.cpp from PyPI.
-# Steps can be skipped with KVEVICT_SKIP="cuda-mock cuda-emu cuda python docs python-cuda-emu llama llama-fork eval fuzz" (for quick local runs).
+# Steps can be skipped with KVEVICT_SKIP="cuda-emu cuda python docs python-cuda-emu llama llama-fork eval fuzz" (for quick local runs).
 # Each step's wall time is printed after it, and a table of all of them at the end (also
 # when a step fails), so a CI log says where the time goes.
 set -euo pipefail
@@ -30,10 +30,11 @@ summary() {
 trap summary EXIT
 
 # a fresh clone's target folders: kept between runs under ~/.cache/kvevict (dependencies only;
-# kvevict is rebuilt whenever its sources differ)
+# kvevict is rebuilt whenever its sources differ), and the compiled kernels by their content
 . scripts/lib/cargo_cache.sh
 cargo_cache target Cargo.toml Cargo.lock
 cargo_cache fuzz/target fuzz/Cargo.toml fuzz/Cargo.lock
+kernel_cache
 
 step "core + C ABI + reference + conformance tests (cargo test)"
 cargo_test() { cargo test --release 2>&1 | tail -n 400; }

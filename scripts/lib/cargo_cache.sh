@@ -18,13 +18,18 @@
 # fingerprints (.fingerprint/kvevict*, every profile and target) are removed first, so cargo
 # rebuilds every unit of kvevict (and of kvevict-fuzz) and reuses only the dependencies.
 # Folders unused for 30 days are removed.
+# The cache folder (llama_fork/build.sh's), or "none".
+kve_cache_dir() {
+    if [ -n "${KVEVICT_CACHE_DIR:-}" ]; then echo "$KVEVICT_CACHE_DIR"
+    elif [ -n "${XDG_CACHE_HOME:-}" ]; then echo "$XDG_CACHE_HOME/kvevict"
+    elif [ -n "${HOME:-}" ]; then echo "$HOME/.cache/kvevict"
+    else echo none; fi
+}
+
 cargo_cache() {
     local target=$1 cache key dir fd old d
     shift
-    if [ -n "${KVEVICT_CACHE_DIR:-}" ]; then cache=$KVEVICT_CACHE_DIR
-    elif [ -n "${XDG_CACHE_HOME:-}" ]; then cache=$XDG_CACHE_HOME/kvevict
-    elif [ -n "${HOME:-}" ]; then cache=$HOME/.cache/kvevict
-    else cache=none; fi
+    cache=$(kve_cache_dir)
     [ "$cache" != none ] && command -v flock >/dev/null && git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1 \
         || return 0
     if [ -L "$ROOT/$target" ]; then
@@ -63,4 +68,17 @@ cargo_cache() {
             ( flock -n 8 || exit 0; echo "cargo cache: removing $d (unused for 30 days)"; rm -rf "$d" ) 8> "$d.lock"
         fi
     done
+}
+
+# kernel_cache: exports KVEVICT_KERNEL_CACHE=$cache/kernels (build.rs: compiled kernel archives
+# keyed by their inputs' content, the compiler's command line and version, so the kernels of
+# cuda/ are compiled once per content of cuda/ and compiler setup, not once per clone, profile
+# and feature set); entries unused for 30 days are removed. Off with KVEVICT_CACHE_DIR=none.
+kernel_cache() {
+    local cache
+    cache=$(kve_cache_dir)
+    [ "$cache" != none ] && mkdir -p "$cache/kernels" 2>/dev/null && [ -w "$cache/kernels" ] || return 0
+    find "$cache/kernels" -mindepth 1 -maxdepth 1 -mtime +30 -exec rm -rf {} + 2>/dev/null || true
+    export KVEVICT_KERNEL_CACHE=$cache/kernels
+    echo "kernel cache: $KVEVICT_KERNEL_CACHE"
 }
