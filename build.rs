@@ -354,9 +354,9 @@ mod cuda_build {
         let lib = format!("lib{name}.a");
         let entry = cache.join(format!("{name}-{h:016x}"));
         if std::fs::copy(entry.join(&lib), out.join(&lib)).is_ok() {
-            // (the entry's mtime marks its last use, for clean-ups)
-            let _ = std::fs::File::open(&entry)
-                .and_then(|d| d.set_modified(std::time::SystemTime::now()));
+            // (the entry's mtime marks its last use, for clean-ups: a file removed and made anew)
+            let _ = std::fs::remove_file(entry.join(".used"));
+            let _ = std::fs::write(entry.join(".used"), b"");
             println!("cargo:rustc-link-lib=static={name}");
             println!("cargo:rustc-link-search=native={}", out.display());
             println!("cargo:rustc-link-lib=stdc++");
