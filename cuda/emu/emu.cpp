@@ -282,8 +282,16 @@ kve_emu_switch:
 #define KVE_EMU_FAST_SWITCH 0
 #endif
 void* main_sp;  // the scheduler's stack pointer while a thread runs (fast switch)
+}  // namespace
+}  // namespace kve_emu
+// Present when AddressSanitizer's runtime is linked (the fuzz target): it intercepts
+// swapcontext to follow stack switches, so ucontext is kept there.
+extern "C" void __asan_init(void) __attribute__((weak));
+namespace kve_emu {
+namespace {
 bool fast_switch() {
-    static const bool fast = KVE_EMU_FAST_SWITCH && !env_long("KVEVICT_EMU_UCONTEXT", 0);
+    static const bool fast =
+        KVE_EMU_FAST_SWITCH && !env_long("KVEVICT_EMU_UCONTEXT", 0) && &__asan_init == nullptr;
     return fast;
 }
 
