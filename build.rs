@@ -7,6 +7,11 @@
 //   KVEVICT_CUDA_ARCHS   comma/space list of SM numbers, e.g. "90" or "80,86,89,90";
 //                        default 80,86,89,90 plus PTX for compute_90
 //   KVEVICT_CUDA_LIB_DIR directory holding libcudart_static.a (else found next to nvcc)
+//   KVEVICT_KERNEL_CACHE a folder of compiled kernel archives kept between builds (set by
+//                        scripts/test.sh): one per content of cuda/ (and cuda/emu), build.rs,
+//                        the compiler's command line and version, so a fresh clone or another
+//                        profile with the same kernels links the archive instead of compiling
+//                        them again
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     avx512_cfg();
@@ -203,7 +208,17 @@ mod cuda_build {
         for f in SOURCES {
             b.file(cuda_dir.join(f));
         }
-        b.compile("kvevict_cuda");
+        let inputs: Vec<PathBuf> = SOURCES
+            .iter()
+            .chain(HEADERS)
+            .map(|f| cuda_dir.join(f))
+            .collect();
+        compile_cached(
+            &b,
+            "kvevict_cuda",
+            &inputs,
+            &format!("nvcc {list:?} {ptx:?}"),
+        );
 
         println!("cargo:rustc-link-search=native={}", lib_dir.display());
         println!("cargo:rustc-link-lib=static=cudart_static");
@@ -270,7 +285,13 @@ mod cuda_build {
                 "KVEVICT_EMU_SANITIZE={other}: only \"undefined\" is supported"
             )),
         }
-        b.compile("kvevict_cuda");
+        let inputs: Vec<PathBuf> = SOURCES
+            .iter()
+            .chain(HEADERS)
+            .map(|f| cuda_dir.join(f))
+            .chain(EMU_FILES.iter().map(|f| emu_dir.join(f)))
+            .collect();
+        compile_cached(&b, "kvevict_cuda", &inputs, &format!("emu {san}"));
         if san == "undefined" {
             let cxx = b.get_compiler();
             let out = std::process::Command::new(cxx.path())
@@ -285,6 +306,70 @@ mod cuda_build {
                 _ => fail("libubsan not found (KVEVICT_EMU_SANITIZE=undefined)"),
             }
             println!("cargo:rustc-link-lib=dylib=ubsan");
+        }
+    }
+
+    /// `b.compile(name)`, or with `KVEVICT_KERNEL_CACHE` set, the archive a build with the same
+    /// inputs left there: the key hashes `what` (mode and flags), build.rs, every input file's
+    /// name and content, and the compiler's path, full argument list (flags from the
+    /// environment included) and `--version`. A miss compiles, then stores the archive (written
+    /// to a temporary name, then renamed: a concurrent build never reads half of one).
+    fn compile_cached(b: &cc::Build, name: &str, inputs: &[PathBuf], what: &str) {
+        println!("cargo:rerun-if-env-changed=KVEVICT_KERNEL_CACHE");
+        let cache = match env::var_os("KVEVICT_KERNEL_CACHE") {
+            Some(c) if !c.is_empty() => PathBuf::from(c),
+            _ => return b.compile(name),
+        };
+        let tool = b.get_compiler();
+        let version = std::process::Command::new(tool.path())
+            .arg("--version")
+            .output()
+            .map(|o| o.stdout)
+            .unwrap_or_default();
+        let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into()));
+        // FNV-1a, 64 bits, over length-prefixed parts
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut add = |bytes: &[u8]| {
+            for &x in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+                h = (h ^ x as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        add(what.as_bytes());
+        add(&std::fs::read(root.join("build.rs")).unwrap_or_default());
+        add(tool.path().as_os_str().as_encoded_bytes());
+        // (the clone's and OUT_DIR's paths left out: a fresh clone elsewhere hits the same entry)
+        let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
+        let (root_s, out_s) = (root.to_string_lossy(), out.to_string_lossy());
+        for a in tool.args() {
+            let a = a
+                .to_string_lossy()
+                .replace(&*out_s, "<out>")
+                .replace(&*root_s, "<root>");
+            add(a.as_bytes());
+        }
+        add(&version);
+        for f in inputs {
+            add(f.file_name().unwrap_or_default().as_encoded_bytes());
+            add(&std::fs::read(f).unwrap_or_else(|e| fail(&format!("{}: {e}", f.display()))));
+        }
+        let lib = format!("lib{name}.a");
+        let entry = cache.join(format!("{name}-{h:016x}"));
+        if std::fs::copy(entry.join(&lib), out.join(&lib)).is_ok() {
+            // (the entry's mtime marks its last use, for clean-ups: a file removed and made anew)
+            let _ = std::fs::remove_file(entry.join(".used"));
+            let _ = std::fs::write(entry.join(".used"), b"");
+            println!("cargo:rustc-link-lib=static={name}");
+            println!("cargo:rustc-link-search=native={}", out.display());
+            println!("cargo:rustc-link-lib=stdc++");
+            return;
+        }
+        b.compile(name);
+        let tmp = cache.join(format!(".{name}-{h:016x}.{}", std::process::id()));
+        let stored = std::fs::create_dir_all(&tmp)
+            .and_then(|_| std::fs::copy(out.join(&lib), tmp.join(&lib)))
+            .and_then(|_| std::fs::rename(&tmp, &entry));
+        if stored.is_err() {
+            let _ = std::fs::remove_dir_all(&tmp); // (another build stored it first, or no room)
         }
     }
 

@@ -96,9 +96,27 @@ export -f compile_one
 export NVCC OUT_DIR cuobjdump
 t0=$(date +%s)
 jobs=${KVEVICT_PTX_JOBS:-$(nproc)}
-for a in $archs; do for s in $sources; do echo "$a $s"; done; done |
-  xargs -P "$jobs" -n 2 bash -c 'compile_one "$0" "$1"'
-echo "ptx_check: compiled $(echo $sources | wc -w) sources x $(echo $archs | wc -w) archs in $(( $(date +%s) - t0 )) s"
+# KVEVICT_KERNEL_CACHE (scripts/test.sh): the compiled tree is kept there, keyed by the sources,
+# the archs, this compile step and the tools' versions; the checks below run on it either way
+key=""
+if [ -n "${KVEVICT_KERNEL_CACHE:-}" ]; then
+  key=$( { cat cuda/*.cu cuda/*.cuh cuda/*.h; echo "$archs"; declare -f compile_one
+           "$NVCC" --version; "$cuobjdump" --version; } | sha256sum | cut -c1-16)
+  hit="$KVEVICT_KERNEL_CACHE/ptx-$key"
+fi
+if [ -n "$key" ] && [ -d "$hit" ]; then
+  cp -a "$hit/." "$OUT_DIR/"
+  touch "$hit"
+  echo "ptx_check: compiled tree from $hit"
+else
+  for a in $archs; do for s in $sources; do echo "$a $s"; done; done |
+    xargs -P "$jobs" -n 2 bash -c 'compile_one "$0" "$1"'
+  echo "ptx_check: compiled $(echo $sources | wc -w) sources x $(echo $archs | wc -w) archs in $(( $(date +%s) - t0 )) s"
+  if [ -n "$key" ]; then
+    tmp="$KVEVICT_KERNEL_CACHE/.ptx-$key.$$"
+    cp -a "$OUT_DIR" "$tmp" && mv -T "$tmp" "$hit" 2>/dev/null || rm -rf "$tmp"
+  fi
+fi
 
 # kernels.tsv: arch, source, mangled kernel, registers, static smem, stack, spill
 # stores, spill loads, SASS LDG.E.128, PTX ld.global(.nc).v4 (all in bytes / counts).

@@ -2,27 +2,57 @@
 # The whole test suite, on a fresh machine (no GPU needed). Installs what it needs:
 # the thumbv7em target, the pinned PyPI nvcc 13.0 (CUDA compile + link proof), Python
 # venvs for the binding and the evaluation smoke test, llama.cpp from PyPI.
-# Steps can be skipped with KVEVICT_SKIP="cuda-mock cuda-emu cuda python torch docs python-cuda-emu llama llama-fork eval fuzz" (for quick local runs).
+# Steps can be skipped with KVEVICT_SKIP="cuda-emu cuda python torch docs python-cuda-emu llama llama-fork eval fuzz" (for quick local runs).
+# Each step's wall time is printed after it, and a table of all of them at the end (also
+# when a step fails), so a CI log says where the time goes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 skip() { [[ " ${KVEVICT_SKIP:-} " == *" $1 "* ]]; }
 step() { printf '\n==== %s ====\n' "$*"; }
 t0=$(date +%s)
+names=() secs=()
+# run NAME CMD...: one timed step
+run() {
+  local name=$1 s rc=0; shift
+  s=$(date +%s)
+  "$@" || rc=$?
+  names+=("$name"); secs+=($(( $(date +%s) - s )))
+  printf -- '---- %s: %d s%s\n' "$name" "${secs[-1]}" "$([ $rc = 0 ] || echo " (FAILED, exit $rc)")"
+  return $rc
+}
+summary() {
+  local i
+  printf '\n==== step times ====\n'
+  for i in "${!names[@]}"; do printf '%6d s  %s\n' "${secs[$i]}" "${names[$i]}"; done
+  printf '%6d s  total\n' $(( $(date +%s) - t0 ))
+}
+trap summary EXIT
+
+# a fresh clone's target folders: kept between runs under ~/.cache/kvevict (dependencies only;
+# kvevict is rebuilt whenever its sources differ), and the compiled kernels by their content
+. scripts/lib/cargo_cache.sh
+cargo_cache target Cargo.toml Cargo.lock
+cargo_cache fuzz/target fuzz/Cargo.toml fuzz/Cargo.lock
+kernel_cache
 
 step "core + C ABI + reference + conformance tests (cargo test)"
-cargo test --release 2>&1 | tail -n 400
+cargo_test() { cargo test --release 2>&1 | tail -n 400; }
+run "cargo test" cargo_test
 
 step "no_std proof: core for thumbv7em-none-eabihf"
-rustup target add thumbv7em-none-eabihf >/dev/null 2>&1 || true
-cargo rustc --release --lib --no-default-features --target thumbv7em-none-eabihf --crate-type rlib
+no_std() {
+  rustup target add thumbv7em-none-eabihf >/dev/null 2>&1 || true
+  cargo rustc --release --lib --no-default-features --target thumbv7em-none-eabihf --crate-type rlib
+}
+run "no_std (thumbv7em)" no_std
 
 for s in scripts/test.d/*.sh; do
   [ -e "$s" ] || continue
   name=$(basename "$s" .sh); name=${name#*-}
   if skip "$name"; then step "$name: skipped (KVEVICT_SKIP)"; continue; fi
   step "$name"
-  bash "$s"
+  run "$name" bash "$s"
 done
 
 step "all passed in $(( $(date +%s) - t0 )) s"

@@ -71,23 +71,6 @@ pub struct KveCudaCompactItem {
     pub counts: *const i32,
 }
 
-#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
-mod mock;
-#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
-pub use mock::*;
-#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
-mod mock_evictor;
-#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
-pub use mock_evictor::*;
-#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
-mod mock_uniqueness;
-#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
-pub use mock_uniqueness::*;
-#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
-mod mock_links;
-#[cfg(all(feature = "cuda-mock", not(feature = "cuda")))]
-pub use mock_links::*;
-
 #[cfg(feature = "cuda")]
 extern "C" {
     pub fn kve_cuda_device_count(out: *mut c_int) -> c_int;
@@ -433,6 +416,7 @@ extern "C" {
 extern "C" {
     fn cudaHostRegister(p: *mut c_void, bytes: usize, flags: u32) -> c_int;
     fn cudaHostUnregister(p: *mut c_void) -> c_int;
+    fn kveEmuHostMemoryAsDevice(on: c_int);
 }
 
 /// Feature `cuda-emu` only (the emulator, never shipped): makes host memory
@@ -461,6 +445,18 @@ pub unsafe extern "C" fn kve_emu_host_register(p: *mut c_void, bytes: usize) -> 
 #[no_mangle]
 pub unsafe extern "C" fn kve_emu_host_unregister(p: *mut c_void) -> c_int {
     unsafe { cudaHostUnregister(p) }
+}
+
+/// Feature `cuda-emu` only (the emulator, never shipped): with `on != 0` every host
+/// address is device memory to the emulated kernels and copies, with no registration (the
+/// pointer checks then pass any non-null pointer; `0` restores them). For a harness that
+/// cannot register its buffers: the llama.cpp fork's device path on its CPU cache
+/// (`llama_fork/cuda_emu.sh` links a call of it into the relinked libllama). Exported; not
+/// part of the C API.
+#[cfg(feature = "cuda-emu")]
+#[no_mangle]
+pub extern "C" fn kve_emu_host_memory_as_device(on: c_int) {
+    unsafe { kveEmuHostMemoryAsDevice(on) }
 }
 
 // Value links and the linked forward pool (`cuda/links.cu`).

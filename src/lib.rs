@@ -23,10 +23,10 @@ pub mod config;
 /// Raw launchers of cuda/ (kvevict_cuda.h); the public header declares the kve_cuda_*
 /// wrappers of src/capi instead.
 /// cbindgen:ignore
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 pub mod cuda;
 /// The device pipeline: planning, workspace layout and launch chains of the CUDA paths.
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 pub mod device;
 pub mod dtype;
 pub mod error;

@@ -1,7 +1,7 @@
 //! The one workspace carver: typed parts cut off a caller's workspace in a fixed order,
 //! so a size query and the call that uses the workspace share one layout. Host parts are
 //! 64-byte aligned slices ([`Workspace`], sized by [`WorkspaceSize`]); device parts are
-//! 256-byte aligned pointers into device memory (`DeviceCarve`, features `cuda`/`cuda-mock`).
+//! 256-byte aligned pointers into device memory (`DeviceCarve`, features `cuda`/`cuda-emu`).
 
 use crate::error::{Error, Result};
 
@@ -93,13 +93,13 @@ impl<'a> Workspace<'a> {
 
 /// Carves 256-aligned parts off a device workspace (cudaMalloc gives 256). With a null
 /// base it only adds up sizes, so the size query and the call share one layout.
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 pub(crate) struct DeviceCarve {
     base: *mut u8,
     off: usize,
 }
 
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 impl DeviceCarve {
     /// Alignment of every device part.
     pub const ALIGN: usize = 256;

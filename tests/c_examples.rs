@@ -15,8 +15,6 @@ fn features() -> Vec<&'static str> {
         vec!["--features", "cuda-emu"]
     } else if cfg!(feature = "cuda") {
         vec!["--features", "cuda"]
-    } else if cfg!(feature = "cuda-mock") {
-        vec!["--features", "cuda-mock"]
     } else {
         vec![]
     }
@@ -80,11 +78,6 @@ const NATIVE: &[&str] = &["-lpthread", "-ldl", "-lm", "-lrt", "-lutil"];
 
 /// Compile `c_examples/NAME.c` against the static library and run it.
 fn example(name: &str, defines: &[&str]) -> String {
-    example_with(name, defines, &[])
-}
-
-/// `example` with more C sources of `c_examples/` linked in.
-fn example_with(name: &str, defines: &[&str], extra: &[&str]) -> String {
     let dir = tmp(name);
     let exe = dir.join(name);
     let mut cc = Command::new("gcc");
@@ -93,11 +86,6 @@ fn example_with(name: &str, defines: &[&str], extra: &[&str]) -> String {
         .arg("-I")
         .arg(root().join("include"))
         .arg(root().join(format!("c_examples/{name}.c")))
-        .args(
-            extra
-                .iter()
-                .map(|e| root().join(format!("c_examples/{e}.c"))),
-        )
         .arg(lib_dir().join("libkvevict.a"))
         .args(NATIVE)
         .arg("-o")
@@ -202,29 +190,19 @@ fn cuda_device() {
     let out = if cfg!(feature = "cuda") {
         // the CUDA runtime (cudart_static) is bundled into libkvevict.a: no -lcudart
         example("cuda_device", &["-DKVE_EXAMPLE_WITH_CUDA"])
-    } else if cfg!(feature = "cuda-mock") {
-        // the launchers' test double on host memory, with host stand-ins for cudart
-        example_with(
-            "cuda_device",
-            &["-DKVE_EXAMPLE_WITH_CUDA"],
-            &["mock_cudart"],
-        )
     } else {
         example("cuda_device", &[])
     };
     if cfg!(feature = "cuda") && out.contains("skipped: no CUDA device") {
         return;
     }
-    if cfg!(any(feature = "cuda", feature = "cuda-mock")) {
+    if cfg!(feature = "cuda") {
         let l = line(&out, "LaProx-span on the device:");
         println!("{l}");
         let v = numbers(l);
         // kept, of P, host kept, in common
         assert_eq!(v[0], v[2], "{out}");
         assert!(v[3] + 2 >= v[2], "{out}");
-        if cfg!(feature = "cuda-mock") {
-            assert_eq!(v[3], v[2], "the mock reproduces the host exactly: {out}");
-        }
         assert!(l.ends_with("compacted K rows correct"), "{out}");
     } else {
         assert!(out.contains("skipped: library built without CUDA"), "{out}");

@@ -566,7 +566,7 @@ fn hostile_calls_change_nothing() {
 /// any other check, and write nothing.
 #[test]
 fn device_form_without_cuda_is_not_built() {
-    if cfg!(any(feature = "cuda", feature = "cuda-mock")) {
+    if cfg!(feature = "cuda") {
         return;
     }
     let cfg = config(Preset::SnapKv as u32);

@@ -3,7 +3,8 @@
 //! its launch limits and stream-capture rules return the statuses a GPU returns, and what
 //! it promises to catch (a divergent barrier, a warp collective with an exited lane, a
 //! host pointer passed to a kernel, directly or as a view's `data`, unless inside a range
-//! given to `cudaHostRegister`, a write past an allocation) is caught. Builds cuda/emu/selftest.cpp with the host C++ compiler and
+//! given to `cudaHostRegister` or while `kveEmuHostMemoryAsDevice(1)` holds, a write past an
+//! allocation) is caught. Builds cuda/emu/selftest.cpp with the host C++ compiler and
 //! runs one case per process.
 #![cfg(feature = "cuda-emu")]
 
@@ -56,6 +57,7 @@ fn results_are_right() {
         "capture",
         "pipeline",
         "host_register",
+        "host_as_device",
     ] {
         for order in ["forward", "reverse", "shuffle"] {
             let (rc, out) = run(case, &[("KVEVICT_EMU_ORDER", order)]);
@@ -84,6 +86,7 @@ fn misuse_is_caught() {
         ("host_pointer", "outside every cudaMalloc allocation"),
         ("host_view", "outside every cudaMalloc allocation"),
         ("unregistered", "outside every cudaMalloc allocation"),
+        ("host_as_device_off", "outside every cudaMalloc allocation"),
         ("past_registered", "outside every cudaMalloc allocation"),
         ("overrun", "bytes past the end"),
         ("far_overrun", "invalid access"),

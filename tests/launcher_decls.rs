@@ -1,6 +1,7 @@
 //! One source for the CUDA launcher contract: `cuda/kvevict_cuda.h` (what the kernels'
 //! launchers are) against the Rust declarations of them, `src/cuda.rs`'s `extern "C"`
-//! blocks, and the plain-Rust double of them in `src/cuda/mock*.rs` while it exists. Fails
+//! blocks (the only Rust side: the kernels' plain-Rust double is gone, the emulator runs
+//! the kernels themselves). Fails
 //! on a launcher missing on either side, a different argument count, argument or return
 //! type, a struct whose fields (names, types, order) differ or that is not `#[repr(C)]`,
 //! and a `KVE_CUDA_*` constant with another value. Text only: runs in every build (no
@@ -252,8 +253,7 @@ fn bracketed(s: &str, open: usize) -> (&str, usize) {
     panic!("unbalanced {}", o as char);
 }
 
-/// Every `fn kve_cuda_*(...) -> T` in `src` (an extern block's declarations or the mock's
-/// definitions).
+/// Every `fn kve_cuda_*(...) -> T` in `src` (an extern block's declarations).
 fn rust_fns(src: &str, d: &mut Decls) {
     let mut at = 0;
     while let Some(i) = src[at..].find("fn kve_cuda_") {
@@ -326,15 +326,6 @@ fn parse_rust(src: &str) -> Decls {
     d
 }
 
-/// The launchers' mock (`src/cuda/mock*.rs`): its `pub unsafe fn kve_cuda_*` definitions.
-fn parse_mock(files: &[String]) -> Decls {
-    let mut d = Decls::default();
-    for f in files {
-        rust_fns(&strip_rust_comments(f), &mut d);
-    }
-    d
-}
-
 /// Every difference between the header and a Rust side, as lines.
 fn diff(h: &Decls, r: &Decls, what: &str, structs_and_consts: bool) -> Vec<String> {
     let mut out = Vec::new();
@@ -399,23 +390,6 @@ fn header() -> Decls {
     parse_header(&read("cuda/kvevict_cuda.h"))
 }
 
-/// The mock's files, while they exist.
-fn mock_files() -> Vec<String> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/cuda");
-    let mut v: Vec<_> = std::fs::read_dir(&dir)
-        .map(|rd| rd.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    v.retain(|p: &PathBuf| {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("mock") && n.ends_with(".rs"))
-    });
-    v.sort();
-    v.iter()
-        .map(|p| std::fs::read_to_string(p).unwrap())
-        .collect()
-}
-
 #[test]
 fn rust_declarations_match_the_header() {
     let h = header();
@@ -438,22 +412,6 @@ fn rust_declarations_match_the_header() {
         h.fns.len(),
         h.structs.len(),
         h.consts.len()
-    );
-}
-
-#[test]
-fn the_mock_matches_the_header() {
-    let files = mock_files();
-    if files.is_empty() {
-        println!("no src/cuda/mock*.rs");
-        return;
-    }
-    let h = header();
-    let d = diff(&h, &parse_mock(&files), "src/cuda/mock*.rs", false);
-    assert!(
-        d.is_empty(),
-        "src/cuda/mock*.rs against cuda/kvevict_cuda.h:\n{}",
-        d.join("\n")
     );
 }
 
@@ -527,7 +485,7 @@ fn a_mismatch_is_caught() {
 
 /// With a CUDA feature the Rust structs exist: their sizes are the header's C layout
 /// (natural alignment, as x86-64 and aarch64 lay out these fields).
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 #[test]
 fn struct_sizes_match_the_c_layout() {
     use kvevict::cuda::{KveCudaCompactItem, KveCudaView};

@@ -4,7 +4,7 @@
 //! `pool_forward_linked`, and the C contract of both entry points.
 //!
 //! How exact: the links are compared BIT FOR BIT where the host runs its AVX2 + FMA path
-//! (x86-64 with avx2 and fma): the kernel (and its twin, src/cuda/mock_links.rs) follows
+//! (x86-64 with avx2 and fma): the kernel follows
 //! that path's operation order — 8 fused lanes and their fixed tree for token rows, the
 //! per-channel fused chains (unfused for the last tokens) for V transposed, the cosine in
 //! f64 — so every rounding is the same. The host's portable path (no AVX2) sums its lanes
@@ -12,9 +12,9 @@
 //! kept lists, exactly (the linked pool picks one of the same scores; only a zero's sign
 //! can differ, and the keys treat -0 and +0 alike).
 //!
-//! Runs with `--features cuda-mock` (the launchers' plain-Rust twins) and on a GPU with
+//! Runs with `--features cuda-emu` (the kernels on the CPU emulator) and on a GPU with
 //! `--features cuda` (skips without a device; cuda/check.sh runs it).
-#![cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#![cfg(feature = "cuda")]
 #![allow(clippy::needless_range_loop)] // tests/reference's and tests/conformance's loops
 
 use kvevict::capi::*;
@@ -292,7 +292,7 @@ fn device_links_refuse_bad_input_and_write_nothing() {
     );
 }
 
-/// The linked launcher (with the mock: the kernel's scan algorithm, step by step) against
+/// The linked launcher against
 /// the core's pool over rows that cross its 256-entry tiles, kernels past the runs, sinks,
 /// every link density; ties (a zero's sign aside).
 #[test]

@@ -20,7 +20,7 @@
 //!   loaded into a fresh context, where it answers the same;
 //! - the device path (`kve_cuda_*` on the cache's tensors, what a CUDA build runs) forced on the
 //!   CPU cache with `KVEVICT_FORK_DEVICE_PATH=1`, against libllama relinked with kvevict's
-//!   `cuda-mock` (`KVEVICT_FORK_MOCK_LIB`, llama_fork/cuda_mock.sh): the same kept cells and K/V
+//!   `cuda-emu` (the real kernels on the CPU emulator; `KVEVICT_FORK_EMU_LIB`, llama_fork/cuda_emu.sh): the same kept cells and K/V
 //!   rows (byte-identical state files) and answers as the host path; refused cleanly without it.
 //!
 //! - the configurations users run (issue 27): llama-server's default `-np` (4 slots, a unified
@@ -571,18 +571,18 @@ fn needle_path(
 }
 
 /// The device path (`kve_cuda_*` scoring into device workspaces, device selection, device
-/// compaction of the K/V rows) against the host path, on the cuda-mock relink of libllama:
+/// compaction of the K/V rows) against the host path, on the cuda-emu relink of libllama:
 /// byte-identical compacted state files (same kept cells, same rows moved, same cell metadata)
 /// and the same answers, flash attention off (V transposed) and on.
-/// The cuda-mock relink of libllama (`KVEVICT_FORK_MOCK_LIB`, llama_fork/cuda_mock.sh), or None
+/// The cuda-emu relink of libllama (`KVEVICT_FORK_EMU_LIB`, llama_fork/cuda_emu.sh), or None
 /// with a printed line (a failure under `KVEVICT_FORK_REQUIRED=1`).
-fn mock_lib(test: &str) -> Option<PathBuf> {
-    let Some(lib) = std::env::var_os("KVEVICT_FORK_MOCK_LIB").map(PathBuf::from) else {
+fn emu_lib(test: &str) -> Option<PathBuf> {
+    let Some(lib) = std::env::var_os("KVEVICT_FORK_EMU_LIB").map(PathBuf::from) else {
         assert!(
             std::env::var("KVEVICT_FORK_REQUIRED").map_or(true, |v| v != "1"),
-            "KVEVICT_FORK_MOCK_LIB is not set (llama_fork/cuda_mock.sh prints it)"
+            "KVEVICT_FORK_EMU_LIB is not set (llama_fork/cuda_emu.sh prints it)"
         );
-        eprintln!("SKIPPED {test}: set KVEVICT_FORK_MOCK_LIB (llama_fork/cuda_mock.sh)");
+        eprintln!("SKIPPED {test}: set KVEVICT_FORK_EMU_LIB (llama_fork/cuda_emu.sh)");
         return None;
     };
     assert!(
@@ -592,16 +592,15 @@ fn mock_lib(test: &str) -> Option<PathBuf> {
     Some(lib)
 }
 
-/// The fork's build and the cuda-mock relink, or None (skipped, see `setup` and `mock_lib`).
-fn setup_with_mock(test: &str) -> Option<(Setup, PathBuf)> {
+/// The fork's build and the cuda-emu relink, or None (skipped, see `setup` and `emu_lib`).
+fn setup_with_emu(test: &str) -> Option<(Setup, PathBuf)> {
     let s = setup()?;
-    Some((s, mock_lib(test)?))
+    Some((s, emu_lib(test)?))
 }
 
 #[test]
-fn device_path_on_the_cuda_mock_matches_the_host_path() {
-    let Some((s, lib)) = setup_with_mock("device_path_on_the_cuda_mock_matches_the_host_path")
-    else {
+fn device_path_on_the_emulator_matches_the_host_path() {
+    let Some((s, lib)) = setup_with_emu("device_path_on_the_emulator_matches_the_host_path") else {
         return;
     };
     let mut table = String::from(
@@ -648,7 +647,7 @@ fn device_path_on_the_cuda_mock_matches_the_host_path() {
     println!("{table}");
 }
 
-/// One needle prompt on the host path and on the device path of the cuda-mock relink, each
+/// One needle prompt on the host path and on the device path of the cuda-emu relink, each
 /// saving its compacted state: asserts that both ran on the path asked for (the log line of
 /// `llama_kv_evictor::evict` names it), gave the same cells, n_kv and answers, and wrote
 /// byte-identical state files (same kept cells, same rows moved, same cell metadata); returns
@@ -730,7 +729,7 @@ fn host_and_device(
 /// budget (`llama-kvevict-needle --kv-max-cells`): libllama places it ubatch by ubatch, evicting
 /// between them, so the cache is allocated for the budget alone (not budget + batch) and never
 /// holds more than the budget; n_ubatch is capped to what an eviction to 0.75 frees (64), also
-/// from the default 512. Host and device path (cuda-mock), flash attention off and on, evict
+/// from the default 512. Host and device path (cuda-emu), flash attention off and on, evict
 /// the same cells and answer the same; with a budget above the prompt (no eviction) the
 /// ubatch-by-ubatch placement answers the needle like the full cache.
 #[test]
@@ -739,7 +738,7 @@ fn a_prompt_longer_than_the_budget_streams_through_one_decode() {
         return;
     };
     const BUDGET: f64 = 256.0;
-    let lib = mock_lib("a_prompt_longer_than_the_budget_streams_through_one_decode");
+    let lib = emu_lib("a_prompt_longer_than_the_budget_streams_through_one_decode");
     let common = ["--needle", "0.5", "--seed", "5", "-n", "8", "-t", "2"];
     let mut rows = Vec::new();
     for (flash, ub) in [("off", Some("64")), ("on", None)] {
@@ -1025,14 +1024,14 @@ fn value_links_keep_a_seven_digit_key() {
 
 /// Value links on the device path (`kve_cuda_accumulate_value_links` per layer into device
 /// sums, `kve_cuda_select_model_linked`) against the host path (`kve_accumulate_value_links`,
-/// `kve_select_model_linked`) on the cuda-mock relink, on a prompt where the links change the
+/// `kve_select_model_linked`) on the cuda-emu relink, on a prompt where the links change the
 /// kept cells (a 7-digit key at 2.5 %, as `value_links_keep_a_seven_digit_key`): LaProx-span with
 /// V transposed (flash off) and V rows (flash on), uniqueness question-agnostic; byte-identical
 /// compacted states (the same kept cells), same cells and answers, the key kept whole; and the
 /// state without links differs (so a path ignoring the links would fail here).
 #[test]
 fn value_links_on_the_device_path_match_the_host_path() {
-    let Some((s, lib)) = setup_with_mock("value_links_on_the_device_path_match_the_host_path")
+    let Some((s, lib)) = setup_with_emu("value_links_on_the_device_path_match_the_host_path")
     else {
         return;
     };

@@ -161,6 +161,11 @@ cudaError_t cudaMemsetAsync(void* p, int v, size_t bytes, cudaStream_t s);
 cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned flags);
 cudaError_t cudaHostUnregister(void* p);
 cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned flags);
+// Not CUDA: on != 0 makes every host address device memory (no registration needed; the
+// pointer checks of kernels and copies then pass any non-null pointer), for a harness that
+// cannot register its buffers (the llama.cpp fork's device path on its CPU cache,
+// llama_fork/cuda_emu.sh); 0 restores the checks.
+void kveEmuHostMemoryAsDevice(int on);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaGetDeviceCount(int* n);
 cudaError_t cudaGetDevice(int* d);

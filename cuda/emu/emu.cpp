@@ -8,7 +8,8 @@
 //
 // Checked here as a GPU would fail (or worse): launch limits (grid, block, dynamic shared
 // memory against cudaFuncSetAttribute and the opt-in limit), kernel pointer arguments
-// outside every cudaMalloc allocation and cudaHostRegister range, writes past the end of
+// outside every cudaMalloc allocation and cudaHostRegister range (unless
+// kveEmuHostMemoryAsDevice(1) made every host address device memory), writes past the end of
 // an allocation (guard page and canary), stream-capture rules (unsafe calls and
 // legacy-stream use during a capture).
 // Memory from cudaMalloc and dynamic shared memory start as all-ones bytes (NaN in f32,
@@ -109,6 +110,8 @@ bool canary_ok(uintptr_t p, const Alloc& a) {
 // Host ranges of cudaHostRegister: start -> bytes (mem_mu). No guard pages or canary:
 // the memory is the caller's.
 std::map<uintptr_t, size_t> hosts;
+// kveEmuHostMemoryAsDevice: every address is device memory (mem_mu)
+bool host_as_device = false;
 
 // Whether [u, u + n) lies in the range of `m` (start -> bytes) that starts at or below u.
 template <typename M, typename F>
@@ -125,6 +128,7 @@ bool in_range(const M& m, uintptr_t u, size_t n, F bytes_of) {
 bool in_device(const void* p, size_t n) {
     const uintptr_t u = reinterpret_cast<uintptr_t>(p);
     std::lock_guard<std::mutex> lock(mem_mu);
+    if (host_as_device) return p != nullptr;
     return in_range(allocs, u, n, [](const Alloc& a) { return a.bytes; }) ||
            in_range(hosts, u, n, [](size_t b) { return b; });
 }
@@ -213,6 +217,7 @@ struct AsyncCopy {
 };
 struct Thr {
     ucontext_t ctx;
+    void* sp;  // the saved stack pointer (fast switch)
     std::vector<AsyncCopy> pend;  // cp.async not landed yet
     int committed;
     State st;
@@ -239,6 +244,57 @@ Sched S;
 std::mutex launch_mu;
 const size_t STACK_BYTES = 256 * 1024;
 
+// Switching between the scheduler and a block's threads. On x86-64 a minimal switch of the
+// callee-saved registers and the stack pointer (kve_emu_switch below): glibc's swapcontext
+// also saves the signal mask (a system call each way) and the FP environment, and was most
+// of the emulator's time on the llama.cpp fork's device path. Elsewhere, or with
+// KVEVICT_EMU_UCONTEXT=1, ucontext as before.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KVE_EMU_FAST_SWITCH 1
+// Saves rbp, rbx, r12-r15 on the current stack and its stack pointer in *from, then takes
+// the stack `to` and pops what the switch that saved it pushed (or a new thread's frame).
+extern "C" void kve_emu_switch(void** from, void* to);
+asm(R"(
+    .pushsection .text
+    .p2align 4
+    .hidden kve_emu_switch
+    .type kve_emu_switch, @function
+kve_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size kve_emu_switch, .-kve_emu_switch
+    .popsection
+)");
+#else
+#define KVE_EMU_FAST_SWITCH 0
+#endif
+void* main_sp;  // the scheduler's stack pointer while a thread runs (fast switch)
+}  // namespace
+}  // namespace kve_emu
+// Present when AddressSanitizer's runtime is linked (the fuzz target): it intercepts
+// swapcontext to follow stack switches, so ucontext is kept there.
+extern "C" void __asan_init(void) __attribute__((weak));
+namespace kve_emu {
+namespace {
+bool fast_switch() {
+    static const bool fast =
+        KVE_EMU_FAST_SWITCH && !env_long("KVEVICT_EMU_UCONTEXT", 0) && &__asan_init == nullptr;
+    return fast;
+}
+
 void land(Thr& t, int below) {
     size_t k = 0;
     for (size_t i = 0; i < t.pend.size(); ++i) {
@@ -257,7 +313,13 @@ void thread_entry() {
     (*S.body)();
     land(S.thr[S.cur], 1 << 30);  // what an exiting thread left in flight lands anyway
     S.thr[S.cur].st = DONE;
-    // returning resumes S.main (uc_link)
+    // returning resumes S.main (uc_link); with the fast switch, switch back for good
+#if KVE_EMU_FAST_SWITCH
+    if (fast_switch()) {
+        kve_emu_switch(&S.thr[S.cur].sp, main_sp);
+        abort();  // a finished thread is never resumed
+    }
+#endif
 }
 
 [[noreturn]] void die_in_block(const char* what) {
@@ -270,6 +332,9 @@ void thread_entry() {
 void yield(State st) {
     Thr& t = S.thr[S.cur];
     t.st = st;
+#if KVE_EMU_FAST_SWITCH
+    if (fast_switch()) return kve_emu_switch(&t.sp, main_sp);
+#endif
     swapcontext(&t.ctx, &S.main);
 }
 
@@ -328,11 +393,21 @@ bool try_warp(int n, int l) {
 void run_block(int n, const std::vector<int>& order) {
     for (int i = 0; i < n; ++i) {
         Thr& t = S.thr[i];
-        getcontext(&t.ctx);
-        t.ctx.uc_stack.ss_sp = S.stacks[i] + PAGE;
-        t.ctx.uc_stack.ss_size = STACK_BYTES;
-        t.ctx.uc_link = &S.main;
-        makecontext(&t.ctx, thread_entry, 0);
+        if (fast_switch()) {
+            // a frame kve_emu_switch pops: six zero registers, then "returns" into
+            // thread_entry with the stack aligned as after a call
+            void** top = reinterpret_cast<void**>(S.stacks[i] + PAGE + STACK_BYTES);
+            top[-1] = nullptr;  // thread_entry's return address (it never returns)
+            top[-2] = reinterpret_cast<void*>(&thread_entry);
+            for (int r = 3; r <= 8; ++r) top[-r] = nullptr;
+            t.sp = top - 8;
+        } else {
+            getcontext(&t.ctx);
+            t.ctx.uc_stack.ss_sp = S.stacks[i] + PAGE;
+            t.ctx.uc_stack.ss_size = STACK_BYTES;
+            t.ctx.uc_link = &S.main;
+            makecontext(&t.ctx, thread_entry, 0);
+        }
         t.st = RUN;
         t.pend.clear();
         t.committed = 0;
@@ -344,6 +419,12 @@ void run_block(int n, const std::vector<int>& order) {
             if (S.thr[i].st != RUN) continue;
             S.cur = i;
             threadIdx = S.thr[i].tid;
+#if KVE_EMU_FAST_SWITCH
+            if (fast_switch()) {
+                kve_emu_switch(&main_sp, S.thr[i].sp);
+                continue;
+            }
+#endif
             swapcontext(&S.main, &S.thr[i].ctx);
         }
         int live = 0, at_block = 0;
@@ -631,6 +712,11 @@ cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned flags) {
     if (a != allocs.begin() && (--a)->first + a->second.rounded > u) return fail(cudaErrorInvalidValue);
     hosts[u] = bytes;
     return cudaSuccess;
+}
+
+void kveEmuHostMemoryAsDevice(int on) {
+    std::lock_guard<std::mutex> lock(mem_mu);
+    host_as_device = on != 0;
 }
 
 cudaError_t cudaHostUnregister(void* p) {

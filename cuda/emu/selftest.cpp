@@ -349,6 +349,25 @@ static int host_register() {
     return 0;
 }
 
+// kveEmuHostMemoryAsDevice(1): any host address is device memory to kernels and copies,
+// with no registration (the fork's device path on its CPU cache); 0 restores the checks.
+static int host_as_device() {
+    static int host[64];
+    static float hf[4];
+    for (int i = 0; i < 64; ++i) host[i] = i;
+    kveEmuHostMemoryAsDevice(1);
+    CK(go(add_one, dim3(1), dim3(32), 0, nullptr, host + 32));
+    CK(go(view_kernel, dim3(1), dim3(32), 0, nullptr, ViewArg{hf, 4}));
+    CK(cudaMemsetAsync(host, 0, 16, nullptr));
+    CK(cudaMemcpy(host + 8, host + 32, 4 * sizeof(int), cudaMemcpyDeviceToDevice));
+    EXPECT(host[3] == 0 && host[4] == 4 && host[8] == 33 && host[63] == 64 && hf[0] == 1.0f);
+    EXPECT(cudaMemset(nullptr, 0, 16) == cudaErrorInvalidValue);  // null is still no memory
+    kveEmuHostMemoryAsDevice(0);
+    EXPECT(cudaMemset(host, 0, 16) == cudaErrorInvalidValue);  // checked again
+    (void)cudaGetLastError();
+    return 0;
+}
+
 static int bad(const char* what) {
     int* d;
     CK(cudaMalloc((void**)&d, 64 * 4));
@@ -368,6 +387,13 @@ static int bad(const char* what) {
         CK(cudaHostRegister(host, sizeof host, 0));
         CK(go(add_one, dim3(1), dim3(32), 0, nullptr, host));
         CK(cudaHostUnregister(host));
+        go(add_one, dim3(1), dim3(32), 0, nullptr, host);
+    } else if (!strcmp(what, "host_as_device_off")) {
+        // the mode switched off again: a host pointer is caught as before
+        static int host[64];
+        kveEmuHostMemoryAsDevice(1);
+        CK(go(add_one, dim3(1), dim3(32), 0, nullptr, host));
+        kveEmuHostMemoryAsDevice(0);
         go(add_one, dim3(1), dim3(32), 0, nullptr, host);
     } else if (!strcmp(what, "past_registered")) {
         // one past a registered range is outside it
@@ -405,6 +431,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(c, "capture")) rc = capture();
     else if (!strcmp(c, "pipeline")) rc = pipeline();
     else if (!strcmp(c, "host_register")) rc = host_register();
+    else if (!strcmp(c, "host_as_device")) rc = host_as_device();
     else rc = bad(c);
     if (rc == 0) printf("ok\n");
     return rc;

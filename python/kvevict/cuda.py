@@ -79,7 +79,7 @@ def device_count():
 
 def built_with_cuda():
     """Whether the loaded library has device entry points (feature ``cuda``, its
-    emulator build ``cuda-emu``, or the ``cuda-mock`` test double); says nothing about a
+    emulator build ``cuda-emu``); says nothing about a
     device being present."""
     if not _lib.has("kve_cuda_get_device_count"):
         return False

@@ -292,8 +292,8 @@ class _Dev:
             "strides": tuple(s * item for s in t.stride()), "typestr": ts, "version": 2}
 
 
-# Test hook: the loaded library's device entry points read HOST memory (the cuda-mock
-# build), so CPU tensors may stand in for CUDA ones in kvevict.torch.cuda
+# Test hook: the loaded library's device entry points read HOST memory (the cuda-emu
+# build after kve_emu_host_memory_as_device(1)), so CPU tensors may stand in for CUDA ones in kvevict.torch.cuda
 # (python/tests/test_cuda_torch.py). Never set it with a real CUDA build.
 _HOST_DEVICE = False
 

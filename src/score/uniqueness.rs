@@ -486,7 +486,7 @@ fn twin_floors<S: Simd>(
 }
 
 /// `max(0, 1 - r)^POWER`, 0 at or past the cutoff, as one fixed product sequence (the CUDA
-/// kernel and the mock repeat it bit for bit): `u2 = x·x`, `u8 = (u2·u2)·(u2·u2)`, `(u8·u8)·u8`.
+/// kernel repeats it bit for bit): `u2 = x·x`, `u8 = (u2·u2)·(u2·u2)`, `(u8·u8)·u8`.
 #[inline(always)]
 fn sharpen(r: f32) -> f32 {
     let x = (1.0 - r).max(0.0);

@@ -1,6 +1,6 @@
-//! Shared helpers of the launcher conformance suite (`tests/launchers.rs`): one
-//! device buffer for both backends (cudaMalloc'd with feature `cuda`, 256-aligned host
-//! memory with the test double of feature `cuda-mock`), the device check, the test data
+//! Shared helpers of the launcher conformance suite (`tests/device/`, `tests/cuda_capi.rs`,
+//! `tests/links_device.rs`; features `cuda` and `cuda-emu`): a device buffer (cudaMalloc'd),
+//! the device check, the test data
 //! generator (tests/reference's SplitMix), dtypes, memory layouts, tensors stored in them,
 //! and the tolerance check. The including file declares `mod reference;`.
 #![allow(dead_code)]
@@ -11,11 +11,7 @@ use kvevict::{GqaReduce, Pool};
 use std::ffi::c_void;
 use std::ptr::null_mut;
 
-/// Whether the launchers are the test double (host memory, the core's arithmetic).
-pub const MOCK: bool = cfg!(not(feature = "cuda"));
-
 // ------------------------------------------------------------- CUDA runtime --
-#[cfg(feature = "cuda")]
 #[allow(non_snake_case)]
 pub mod rt {
     use std::ffi::{c_char, c_void};
@@ -49,7 +45,6 @@ pub mod rt {
 
 /// A launcher's (or the runtime's) status as text.
 pub fn err_str(e: i32) -> String {
-    #[cfg(feature = "cuda")]
     // SAFETY: cudaGetErrorString returns NULL or a static C string.
     unsafe {
         let p = rt::cudaGetErrorString(e);
@@ -69,28 +64,19 @@ pub fn ck(e: i32, what: &str) {
 pub struct DBuf<T: Copy> {
     p: *mut c_void,
     n: usize,
-    bytes: usize,
     _t: std::marker::PhantomData<T>,
 }
 
 impl<T: Copy> DBuf<T> {
     pub fn new(n: usize) -> Self {
         let bytes = (n * std::mem::size_of::<T>()).max(16);
-        #[cfg(feature = "cuda")]
-        let p = {
-            let mut p = null_mut();
-            // SAFETY: an out-pointer to a local.
-            ck(unsafe { rt::cudaMalloc(&mut p, bytes) }, "cudaMalloc");
-            p
-        };
-        #[cfg(not(feature = "cuda"))]
-        // SAFETY: a non-zero size and a power-of-two alignment (cudaMalloc's 256).
-        let p = unsafe { std::alloc::alloc(Self::host_layout(bytes)) as *mut c_void };
+        let mut p = null_mut();
+        // SAFETY: an out-pointer to a local.
+        ck(unsafe { rt::cudaMalloc(&mut p, bytes) }, "cudaMalloc");
         assert!(!p.is_null(), "allocation of {bytes} bytes");
         let b = DBuf {
             p,
             n,
-            bytes,
             _t: std::marker::PhantomData,
         };
         // garbage of a known pattern (0xA5 bytes): no launcher may read before it writes
@@ -104,10 +90,6 @@ impl<T: Copy> DBuf<T> {
             )
         };
         b
-    }
-    #[cfg(not(feature = "cuda"))]
-    fn host_layout(bytes: usize) -> std::alloc::Layout {
-        std::alloc::Layout::from_size_align(bytes, 256).unwrap()
     }
     pub fn from(h: &[T]) -> Self {
         let b = Self::new(h.len());
@@ -175,32 +157,18 @@ impl DBuf<u8> {
 
 impl<T: Copy> Drop for DBuf<T> {
     fn drop(&mut self) {
-        #[cfg(feature = "cuda")]
         // SAFETY: allocated by cudaMalloc in `new`, freed once.
         unsafe {
             rt::cudaFree(self.p);
-        }
-        #[cfg(not(feature = "cuda"))]
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe {
-            std::alloc::dealloc(self.p as *mut u8, Self::host_layout(self.bytes));
         }
     }
 }
 
 /// Copy `n` bytes host → device (`up`) or device → host, synchronising first.
 unsafe fn copy(dst: *mut c_void, src: *const c_void, n: usize, up: bool) {
-    #[cfg(feature = "cuda")]
-    {
-        ck(rt::cudaDeviceSynchronize(), "sync before copy");
-        let kind = if up { rt::H2D } else { rt::D2H };
-        ck(rt::cudaMemcpy(dst, src, n, kind), "cudaMemcpy");
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = up;
-        std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n);
-    }
+    ck(rt::cudaDeviceSynchronize(), "sync before copy");
+    let kind = if up { rt::H2D } else { rt::D2H };
+    ck(rt::cudaMemcpy(dst, src, n, kind), "cudaMemcpy");
 }
 
 /// `n` NaNs: an element the launcher does not write stays NaN.
@@ -228,7 +196,7 @@ pub const INVALID: i32 = 1;
 
 // ------------------------------------------------------------------- device --
 
-/// A device to run on: always with the mock; with CUDA, when the runtime sees one
+/// A device to run on: when the runtime sees one
 /// (otherwise prints the skip line) — unless `KVEVICT_REQUIRE_GPU` is set (cuda/check.sh
 /// sets it where nvidia-smi lists a GPU): then no device is a failure, so a machine whose
 /// driver is too old for the static cudart cannot pass by skipping every test.
@@ -243,20 +211,15 @@ pub fn have_device() -> bool {
     true
 }
 
-/// The device's opt-in shared memory per block (bytes); usize::MAX for the mock.
+/// The device's opt-in shared memory per block (bytes).
 pub fn smem_optin() -> usize {
-    #[cfg(feature = "cuda")]
-    {
-        let mut v = 0i32;
-        // SAFETY: an out-pointer to a local.
-        ck(
-            unsafe { rt::cudaDeviceGetAttribute(&mut v, rt::ATTR_SMEM_OPTIN, 0) },
-            "cudaDeviceGetAttribute",
-        );
-        v as usize
-    }
-    #[cfg(not(feature = "cuda"))]
-    usize::MAX
+    let mut v = 0i32;
+    // SAFETY: an out-pointer to a local.
+    ck(
+        unsafe { rt::cudaDeviceGetAttribute(&mut v, rt::ATTR_SMEM_OPTIN, 0) },
+        "cudaDeviceGetAttribute",
+    );
+    v as usize
 }
 
 /// The skip line, or a panic when a GPU is required (`KVEVICT_REQUIRE_GPU` set, not "0").
@@ -546,8 +509,7 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     );
 }
 
-/// Every element within `rel·|want| + abs` (the mock runs the core's f32 arithmetic, so it
-/// is held to this elementwise bound as well).
+/// Every element within `rel·|want| + abs`.
 #[track_caller]
 pub fn assert_each_close(what: &str, got: &[f32], want: &[f64], rel: f64, abs: f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");
@@ -866,9 +828,7 @@ pub fn core_budgets(
 /// strict as global mode for this thread's own calls, while the other test threads'
 /// cudaMalloc / cudaMemcpy (legacy stream) neither fail nor invalidate the capture, as
 /// they would under global mode on a blocking stream (the emulator of feature
-/// `cuda-emu` enforces these rules). The mock has no graphs: `f` runs twice on the NULL
-/// stream.
-#[cfg(feature = "cuda")]
+/// `cuda-emu` enforces these rules).
 pub fn in_graph(f: &dyn Fn(*mut c_void)) {
     let mut s = null_mut();
     let mut graph = null_mut();
@@ -892,10 +852,4 @@ pub fn in_graph(f: &dyn Fn(*mut c_void)) {
         rt::cudaGraphDestroy(graph);
         rt::cudaStreamDestroy(s);
     }
-}
-
-#[cfg(not(feature = "cuda"))]
-pub fn in_graph(f: &dyn Fn(*mut c_void)) {
-    f(null_mut());
-    f(null_mut());
 }

@@ -1,12 +1,10 @@
-#![cfg(any(feature = "cuda-mock", feature = "cuda"))]
+#![cfg(feature = "cuda")]
 //! The CUDA launchers layer (`cuda/kvevict_cuda.h`, `kvevict::cuda`): one conformance suite,
 //! one module per kernel family (cuda/<family>.cu). The same cases run on the kernels
 //! (feature `cuda`: on a GPU, or on the CPU emulator with `cuda-emu`; without a device each
-//! test prints "skipped: no CUDA device" and passes) and on the test double (feature
-//! `cuda-mock`, `src/cuda/mock*.rs`). Each launcher is checked against one f64 reference
-//! (tests/reference, or a few lines built from its primitives) within the kernels'
-//! tolerance; the mock, which runs the core's f32 arithmetic, is in addition held to the
-//! core bit for bit and to an elementwise bound. Outputs start poisoned (NaN) or
+//! test prints "skipped: no CUDA device" and passes). Each launcher is checked against one
+//! f64 reference (tests/reference, or a few lines built from its primitives) within the
+//! kernels' tolerance. Outputs start poisoned (NaN) or
 //! canary-filled, so an element not written shows; refused arguments return 1 and leave
 //! every output as it was. Each launcher's edges (ties, NaN, empty and in-place calls,
 //! refusals) are here too. The C API's device entry points (`kve_cuda_*` of
@@ -25,7 +23,7 @@ mod conformance;
 use conformance::*;
 use half::{bf16, f16};
 use kvevict::cuda::*;
-use kvevict::{GqaReduce, Pool, View};
+use kvevict::Pool;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 

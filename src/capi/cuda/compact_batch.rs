@@ -4,7 +4,7 @@
 use super::super::kve_tensor;
 use core::ffi::c_void;
 
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 use {
     super::super::{span_ptr, to_status, tri, Buf},
     super::imp::{tensor, write},
@@ -30,10 +30,10 @@ pub struct kve_compact_item {
 }
 
 /// The caller's host array, each item converted when the device pipeline asks for it.
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 struct CItems<'a>(&'a [kve_compact_item]);
 
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 impl BatchItems for CItems<'_> {
     fn count(&self) -> usize {
         self.0.len()
@@ -60,7 +60,7 @@ impl BatchItems for CItems<'_> {
 ///
 /// # Safety
 /// `items` is NULL or the caller's host array of `n_items` items.
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 unsafe fn c_items<'a>(items: *const kve_compact_item, n_items: u64) -> Result<CItems<'a>> {
     let all = Buf::new(items, n_items)?;
     // SAFETY: Buf::new checked the host array; the caller's contract: it lives for the call.

@@ -9,7 +9,7 @@ use super::super::evictor::{kve_evictor_config, kve_evictor_layer, kve_evictor_r
 use super::super::kve_tensor;
 use core::ffi::c_void;
 
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 use {
     super::super::evictor::{
         evictor_config, write_requirements, write_stats, KVE_EVICTOR_LAYER_V1_SIZE, NO_LAYER,
@@ -30,7 +30,7 @@ pub struct kve_cuda_evictor {
 }
 
 /// The evictor at `ev` and its two spans (context, device block).
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 unsafe fn attach<'a>(ev: *const kve_cuda_evictor) -> Result<(DeviceEvictor<'a>, Span, Span)> {
     // SAFETY: NULL or a context kve_cuda_evictor_init returned (the caller's contract);
     // from_block checks NULL, alignment and the magic.

@@ -6,7 +6,7 @@ use super::super::kve_layer_inputs;
 use super::super::params::kve_score_params;
 use core::ffi::c_void;
 
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 use {
     super::super::{to_status, tri},
     super::imp::write,
@@ -16,7 +16,7 @@ use {
 };
 
 /// `with_lo` as a flag: 0 or 1.
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 fn flag(with_lo: u32) -> Result<bool> {
     match with_lo {
         0 => Ok(false),

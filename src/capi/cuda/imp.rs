@@ -1,4 +1,4 @@
-//! Conversions of the device entry points (features `cuda`, `cuda-mock`): C tensor
+//! Conversions of the device entry points (features `cuda`, `cuda-emu`): C tensor
 //! descriptors to the device pipeline's, out-parameters; the device count.
 
 use super::super::{kve_tensor, out_param, tri, Tensor, KVE_OK};

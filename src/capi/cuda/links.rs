@@ -1,12 +1,12 @@
 //! Value links on the device (`crate::device::links`): the C entry points. Always declared;
-//! without feature `cuda` (or `cuda-mock`) each answers `KVE_ERR_NOT_BUILT_WITH_CUDA`.
+//! without feature `cuda` (or `cuda-emu`) each answers `KVE_ERR_NOT_BUILT_WITH_CUDA`.
 
 use super::super::kve_tensor;
 use super::super::params::kve_select_params;
 use super::super::select::kve_model_scores;
 use core::ffi::c_void;
 
-#[cfg(any(feature = "cuda", feature = "cuda-mock"))]
+#[cfg(feature = "cuda")]
 use {
     super::super::params::select_config,
     super::super::{arg, to_status, tri},
