@@ -2465,7 +2465,10 @@ fn server_chat_context_then_question_keeps_the_needle() {
     // 2026-12-05: seeds 21 and 23 answered, 22 not (uniqueness keeps 69 of 690 cells here; the
     // 10-seed rate at 1.5k tokens is in docs/results/llama-chat.md)
     let found = rows.iter().filter(|r| r.2.contains(&r.1)).count();
-    assert!(found + 1 >= rows.len(), "the pass key in the answers: {rows:#?}");
+    assert!(
+        found + 1 >= rows.len(),
+        "the pass key in the answers: {rows:#?}"
+    );
     let _ = std::fs::remove_file(&log_path);
 }
 
@@ -2547,7 +2550,7 @@ fn slots_kv(port: u16) -> Vec<(u32, u32, u32)> {
 }
 
 /// Issue 27's bounded soak: 4 clients at once, 30 chat turns each, `-np 4 --kv-max-cells 256`
-/// (loopback only; 120 requests, each answer at most 16 tokens; the whole run under 30 minutes).
+/// (loopback only; 120 requests, each answer at most 16 tokens; the whole run under an hour).
 /// Zero HTTP errors, zero failed evictions, no slot ever over 256 cells (libllama's log of every
 /// eviction and placed ubatch, and `/slots`' `kv_evict.cells` after every round), every slot
 /// evicting, and the server's RSS flat after warm-up (the first 10 rounds).
@@ -2564,7 +2567,18 @@ fn server_soak_four_clients_thirty_turns_under_a_budget() {
     let (server, port, log_path) = start_server_with(
         &s,
         "soak",
-        &["-c", "8192", "-t", "2", "--kv-max-cells", &budget],
+        // (--cache-ram 0: no host-memory prompt cache of idle slots, which grows by design up to its
+        // own limit; the RSS measured is the contexts' and the evictor's)
+        &[
+            "-c",
+            "8192",
+            "-t",
+            "2",
+            "--cache-ram",
+            "0",
+            "--kv-max-cells",
+            &budget,
+        ],
         Some("4"),
         true,
     );
@@ -2582,8 +2596,8 @@ fn server_soak_four_clients_thirty_turns_under_a_budget() {
     let (mut errors, mut rss, mut slot_cells) = (Vec::new(), Vec::new(), Vec::new());
     for turn in 0..TURNS {
         assert!(
-            t0.elapsed().as_secs() < 1800,
-            "the soak is bounded: 30 minutes, at turn {turn}"
+            t0.elapsed().as_secs() < 3600,
+            "the soak is bounded: an hour (a few minutes on an idle machine), at turn {turn}"
         );
         for h in histories.iter_mut() {
             let t = topics[(turn + h.len()) % topics.len()];
