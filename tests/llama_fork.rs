@@ -7,7 +7,7 @@
 //!   the front), then the answer; with flash attention off (V transposed) and on;
 //! - the attention span (`n_kv`) on the compacted cache: the kept cells rounded up to the fork's
 //!   pad (decode timings printed, measured by llama_fork/bench_decode.py, never asserted);
-//! - LaProx's Gram blocks built once per model (a second context reuses them);
+//! - LaProx's Gram blocks built once per context by its kvevict evictor (`kve_evictor_set_output_projection`);
 //! - the window queries captured inside the graph (`ggml_set_rows`), only for methods that read them;
 //! - bad input refused by `llama-cli` / `llama-server` at startup, and bad calls of the C
 //!   API returning their error without touching the cache;
@@ -405,11 +405,11 @@ fn decode_on_the_compacted_cache_spans_the_kept_cells() {
     }
 }
 
-/// LaProx's Gram blocks depend on the weights alone: the model's first evicting context builds
-/// them (`llama_kv_evict_model_cache`, owned by the model), a second context of the same model
-/// evicts the same prompt to as many cells without building them again.
+/// LaProx's Gram blocks: each evicting context's kvevict evictor takes every layer's `Wo` once
+/// (`kve_evictor_set_output_projection`, at its first eviction) and keeps the blocks; a second
+/// context of the same model builds its own once and evicts the same prompt to as many cells.
 #[test]
-fn laprox_gram_blocks_are_built_once_per_model() {
+fn laprox_gram_blocks_are_built_once_per_context() {
     let Some(s) = setup() else {
         return;
     };
@@ -441,8 +441,8 @@ fn laprox_gram_blocks_are_built_once_per_model() {
     assert_eq!(r.num("grams"), 1.0, "the first eviction builds the blocks");
     assert_eq!(
         r.num("again_grams"),
-        0.0,
-        "a second context must reuse them"
+        1.0,
+        "a second context builds its own, once"
     );
     assert_eq!(r.num("again_cells_after"), r.num("cells_after"));
     assert_eq!(r.num("correct"), 1.0, "answer {:?}", r.get("answer"));
@@ -1882,26 +1882,9 @@ fn chat_turn(
     messages: &[(String, String)],
     max_tokens: u32,
 ) -> Result<(String, f64), String> {
-    let body = format!(
-        "{{\"messages\":[{}],\"max_tokens\":{max_tokens},\"temperature\":0}}",
-        messages
-            .iter()
-            .map(|(r, c)| format!("{{\"role\":\"{r}\",\"content\":\"{}\"}}", json_escape(c)))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    match http(port, "POST", "/v1/chat/completions", &body) {
-        Ok((200, b)) => {
-            let answer = json_string(&b[b.find("\"message\"").unwrap_or(0)..], "content")
-                .unwrap_or_default();
-            let prompt = json_number(&b, "prompt_tokens").unwrap_or(0.0);
-            if answer.is_empty() {
-                Err(format!("empty answer: {b}"))
-            } else {
-                Ok((answer, prompt))
-            }
-        }
-        other => Err(format!("{other:?}")),
+    match chat_turn_cached(port, messages, max_tokens, true) {
+        Ok((answer, _)) if answer.is_empty() => Err("empty answer".into()),
+        r => r,
     }
 }
 
@@ -2306,4 +2289,372 @@ fn every_library_method_is_listed_and_the_needle_tool_has_help() {
         !ok && crit.contains("unknown --kv-evict method 'criticalkv'"),
         "{crit}"
     );
+}
+
+/// `chat_turn` with `cache_prompt` set (false: the slot's cells are not reused, the whole prompt
+/// is processed again).
+fn chat_turn_cached(
+    port: u16,
+    messages: &[(String, String)],
+    max_tokens: u32,
+    cache_prompt: bool,
+) -> Result<(String, f64), String> {
+    let body = format!(
+        "{{\"messages\":[{}],\"max_tokens\":{max_tokens},\"temperature\":0,\"cache_prompt\":{cache_prompt}}}",
+        messages
+            .iter()
+            .map(|(r, c)| format!("{{\"role\":\"{r}\",\"content\":\"{}\"}}", json_escape(c)))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    match http(port, "POST", "/v1/chat/completions", &body) {
+        Ok((200, b)) => Ok((
+            json_string(&b[b.find("\"message\"").unwrap_or(0)..], "content").unwrap_or_default(),
+            json_number(&b, "prompt_tokens").unwrap_or(0.0),
+        )),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// The evictor's keep-ratio policy (kvevict's `kve_evictor_plan`, `KVE_POLICY_KEEP_RATIO`,
+/// `min_keep` 64): a compression keeps `max(floor(new * ratio), 64)` of the cells new since the
+/// last one, the cells it kept before stay.
+const MIN_KEEP: u32 = 64;
+
+/// Issue 27, finding 3: `--kv-keep 0.1` in a multi-turn chat through `/v1/chat/completions`. The
+/// keep ratio is the library's evictor's: a compression keeps a tenth of what is new since the
+/// last one, never fewer than 64 of those cells, and the cells kept before are never compressed
+/// again. So the short first turn (under 64 tokens with its template) is not cut to the window,
+/// each eviction keeps everything the previous one kept plus `max(floor(new / 10), 64)`, and the
+/// answers stay on topic.
+#[test]
+fn server_chat_keep_ratio_compresses_only_what_is_new() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let (_server, port, log_path) = start_server_with(
+        &s,
+        "chat-keep",
+        &["-c", "4096", "-t", "2", "--kv-keep", "0.1"],
+        Some("1"),
+        false,
+    );
+    let topics = ["the moon", "rivers", "bread", "owls", "volcanoes"];
+    let mut messages = vec![(
+        "user".to_string(),
+        "Hello! My name is Alice. How are you today?".to_string(),
+    )];
+    let mut answers = Vec::new();
+    let mut after_first = None;
+    for t in std::iter::once(None).chain(topics.iter().map(Some)) {
+        if let Some(t) = t {
+            messages.push((
+                "user".into(),
+                format!("Tell me two facts about {t}, in two sentences."),
+            ));
+        }
+        let (a, prompt) = chat_turn(port, &messages, 48).unwrap_or_else(|e| panic!("{e}"));
+        if after_first.is_none() {
+            after_first = Some((
+                prompt,
+                info_evictions(&std::fs::read_to_string(&log_path).unwrap()),
+            ));
+        }
+        answers.push((t.copied(), a.clone()));
+        messages.push(("assistant".into(), a));
+    }
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let ev = info_evictions(&log);
+    println!(
+        "llama-server --kv-keep 0.1, {} turns: evictions (seq, before, after) {ev:?}; answers {answers:#?}",
+        answers.len()
+    );
+    let (first_prompt, first_ev) = after_first.unwrap();
+    assert!(first_prompt < MIN_KEEP as f64, "the first turn is short");
+    assert_eq!(
+        first_ev,
+        Vec::<(u32, u32, u32)>::new(),
+        "the short first turn is not cut"
+    );
+    assert_eq!(eviction_failures(&log), Vec::<&str>::new());
+    assert!(ev.len() >= 2, "the chat passes 64 new cells twice: {ev:?}");
+    let mut kept = 0;
+    for &(_, before, after) in &ev {
+        let new = before - kept;
+        assert_eq!(
+            after,
+            kept + (new / 10).max(MIN_KEEP),
+            "{before} -> {after} cells with {kept} kept before: {ev:?}"
+        );
+        kept = after;
+    }
+    // sane answers: on the topic asked about
+    let on_topic = answers
+        .iter()
+        .filter_map(|(t, a)| t.map(|t| (t, a)))
+        .filter(|(t, a)| {
+            let word = t.trim_start_matches("the ");
+            a.to_lowercase().contains(&word[..word.len() - 1])
+        })
+        .count();
+    assert!(
+        on_topic + 1 >= topics.len(),
+        "answers off topic: {answers:#?}"
+    );
+    let _ = std::fs::remove_file(&log_path);
+}
+
+/// One slot, `--kv-evict METHOD --kv-keep 0.1`, the server's default window.
+fn keep_ratio_server(s: &Setup, name: &str, method: &str, trace: bool) -> (Server, u16, PathBuf) {
+    let args = [
+        "-c",
+        "4096",
+        "-t",
+        "2",
+        "--kv-evict",
+        method,
+        "--kv-keep",
+        "0.1",
+    ];
+    start_server_with(s, name, &args, Some("1"), trace)
+}
+
+/// Issue 27, finding 4: the context in turn 1, the question in turn 2, `uniqueness --kv-keep 0.1`,
+/// through `/v1/chat/completions`, on needle contexts of several seeds. Turn 1 is compressed to a
+/// tenth once; turn 2 adds fewer than 64 new cells, so the compressed cache is not compressed
+/// again (it was: `200 -> 20 cells` before the answer), and the answer holds the pass key.
+#[test]
+fn server_chat_context_then_question_keeps_the_needle() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let (_server, port, log_path) = keep_ratio_server(&s, "chat-two-turns", "uniqueness", false);
+    let mut rows = Vec::new();
+    for seed in [21, 22, 23] {
+        let (context, key) = needle_context(seed);
+        // a new conversation: the slot's cells of the previous one are not reused
+        chat_turn_cached(port, &[("user".into(), "Hello.".into())], 4, false).unwrap();
+        let n_before = info_evictions(&std::fs::read_to_string(&log_path).unwrap()).len();
+        let mut m = vec![("user".to_string(), context)];
+        let (reply, _) = chat_turn(port, &m, 16).unwrap_or_else(|e| panic!("{e}"));
+        m.push(("assistant".into(), reply));
+        m.push((
+            "user".into(),
+            "What is the pass key? Answer with the number only.".into(),
+        ));
+        let (answer, prompt) = chat_turn(port, &m, 12).unwrap_or_else(|e| panic!("{e}"));
+        let ev = info_evictions(&std::fs::read_to_string(&log_path).unwrap())[n_before..].to_vec();
+        rows.push((seed, key.clone(), answer.clone(), prompt, ev.clone()));
+        assert_eq!(
+            ev.len(),
+            1,
+            "seed {seed}: one compression, of turn 1: {ev:?}"
+        );
+        let (_, before, after) = ev[0];
+        assert!(
+            before as f64 > 0.9 * prompt - 40.0,
+            "seed {seed}: turn 1 compressed: {ev:?}"
+        );
+        assert_eq!(after, before / 10, "seed {seed}: a tenth kept: {ev:?}");
+    }
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    println!("llama-server uniqueness --kv-keep 0.1, context then question (seed, key, answer, prompt tokens, evictions): {rows:#?}");
+    assert_eq!(eviction_failures(&log), Vec::<&str>::new());
+    // before the evictor's policy: 0 of 3 (turn 2 compressed the compressed cache again); measured
+    // 2026-12-05: seeds 21 and 23 answered, 22 not (uniqueness keeps 69 of 690 cells here; the
+    // 10-seed rate at 1.5k tokens is in docs/results/llama-chat.md)
+    let found = rows.iter().filter(|r| r.2.contains(&r.1)).count();
+    assert!(
+        found + 1 >= rows.len(),
+        "the pass key in the answers: {rows:#?}"
+    );
+    let _ = std::fs::remove_file(&log_path);
+}
+
+/// Issue 27, finding 5: one chat message, the needle context then the question, `laprox-span
+/// --kv-keep 0.1` through `/v1/chat/completions`. Through the chat template the window's last
+/// tokens are template tokens (`<|im_end|>\n<|im_start|>assistant\n`), so llama-server's default
+/// window is 32 (with 8 the key was lost on every seed, llama_fork/chat_needle.py); the question
+/// is inside it and the pass key is kept and answered.
+#[test]
+fn server_chat_one_message_question_last_keeps_the_needle() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let (_server, port, log_path) = keep_ratio_server(&s, "chat-one-message", "laprox-span", true);
+    let mut rows = Vec::new();
+    for seed in [31, 32, 33] {
+        let (context, key) = needle_context(seed);
+        let m = vec![(
+            "user".to_string(),
+            format!("{context}\n\nWhat is the pass key? Answer with the number only."),
+        )];
+        let (answer, prompt) =
+            chat_turn_cached(port, &m, 12, false).unwrap_or_else(|e| panic!("{e}"));
+        rows.push((seed, key, answer, prompt));
+    }
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let ev = info_evictions(&log);
+    println!("llama-server laprox-span --kv-keep 0.1, one message (seed, key, answer, prompt tokens): {rows:#?}; evictions {ev:?}");
+    assert!(
+        log.contains("window 32"),
+        "llama-server's default window for a question-aware method in the chat path"
+    );
+    assert_eq!(eviction_failures(&log), Vec::<&str>::new());
+    assert_eq!(ev.len(), rows.len(), "one compression per request: {ev:?}");
+    for (&(_, before, after), r) in ev.iter().zip(&rows) {
+        assert!(
+            before as f64 >= r.3 - 1.0 && after == before / 10,
+            "{ev:?} {rows:?}"
+        );
+    }
+    let found = rows.iter().filter(|r| r.2.contains(&r.1)).count();
+    assert_eq!(found, rows.len(), "the pass key in every answer: {rows:#?}");
+    let _ = std::fs::remove_file(&log_path);
+}
+
+/// Resident memory of a process in KiB (`VmRSS` of /proc/PID/status).
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Every slot's `kv_evict` object from `/slots`: (id, cells, evictions).
+fn slots_kv(port: u16) -> Vec<(u32, u32, u32)> {
+    let (status, body) = http(port, "GET", "/slots", "").expect("/slots");
+    assert_eq!(status, 200, "/slots: {body}");
+    body.split("{\"id\":")
+        .skip(1)
+        .filter_map(|slot| {
+            let id = slot
+                .chars()
+                .take_while(|c| c.is_ascii_digit())
+                .collect::<String>()
+                .parse()
+                .ok()?;
+            let kv = &slot[slot.find("\"kv_evict\":")?..];
+            Some((
+                id,
+                json_number(kv, "cells")? as u32,
+                json_number(kv, "evictions")? as u32,
+            ))
+        })
+        .collect()
+}
+
+/// Issue 27's bounded soak: 4 clients at once, 30 chat turns each, `-np 4 --kv-max-cells 256`
+/// (loopback only; 120 requests, each answer at most 16 tokens; the whole run under an hour).
+/// Zero HTTP errors, zero failed evictions, no slot ever over 256 cells (libllama's log of every
+/// eviction and placed ubatch, and `/slots`' `kv_evict.cells` after every round), every slot
+/// evicting, and the server's RSS flat after warm-up (the first 10 rounds).
+#[test]
+fn server_soak_four_clients_thirty_turns_under_a_budget() {
+    let Some(s) = setup() else {
+        return;
+    };
+    const BUDGET: u32 = 256;
+    const CLIENTS: usize = 4;
+    const TURNS: usize = 30;
+    const WARM_UP: usize = 10;
+    let budget = BUDGET.to_string();
+    let (server, port, log_path) = start_server_with(
+        &s,
+        "soak",
+        // (--cache-ram 0: no host-memory prompt cache of idle slots, which grows by design up to its
+        // own limit; the RSS measured is the contexts' and the evictor's)
+        &[
+            "-c",
+            "8192",
+            "-t",
+            "2",
+            "--cache-ram",
+            "0",
+            "--kv-max-cells",
+            &budget,
+        ],
+        Some("4"),
+        true,
+    );
+    let pid = server.0.id();
+    let t0 = std::time::Instant::now();
+    let topics: Vec<&str> = TOPICS_A.iter().chain(TOPICS_B.iter()).copied().collect();
+    let mut histories: Vec<Vec<(String, String)>> = (0..CLIENTS)
+        .map(|c| {
+            vec![(
+                "system".to_string(),
+                format!("You are talking with client {c}. Be brief."),
+            )]
+        })
+        .collect();
+    let (mut errors, mut rss, mut slot_cells) = (Vec::new(), Vec::new(), Vec::new());
+    for turn in 0..TURNS {
+        assert!(
+            t0.elapsed().as_secs() < 3600,
+            "the soak is bounded: an hour (a few minutes on an idle machine), at turn {turn}"
+        );
+        for h in histories.iter_mut() {
+            let t = topics[(turn + h.len()) % topics.len()];
+            h.push(("user".into(), format!("One fact about {t}, please.")));
+        }
+        // the clients' turns at once
+        let answers: Vec<Result<(String, f64), String>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = histories
+                .iter()
+                .map(|h| sc.spawn(move || chat_turn(port, h, 16)))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (c, (h, a)) in histories.iter_mut().zip(answers).enumerate() {
+            match a {
+                Ok((a, _)) => h.push(("assistant".into(), a)),
+                Err(e) => {
+                    errors.push(format!("client {c} turn {turn}: {e}"));
+                    h.push(("assistant".into(), "I see.".into()));
+                }
+            }
+        }
+        let slots = slots_kv(port);
+        slot_cells.push(slots.iter().map(|s| s.1).max().unwrap_or(0));
+        assert!(
+            slots.iter().all(|s| s.1 <= BUDGET),
+            "turn {turn}: a slot over {BUDGET} cells: {slots:?}"
+        );
+        rss.push(rss_kib(pid));
+    }
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let held = cells_held_per_seq(&log);
+    let slots = slots_kv(port);
+    let warm = rss[WARM_UP - 1];
+    let after = *rss[WARM_UP..].iter().max().unwrap();
+    println!(
+        "soak: {CLIENTS} clients x {TURNS} turns, -np 4 --kv-max-cells {BUDGET}, in {:.0} s: {} HTTP errors; most cells \
+         held per sequence (log) {held:?}; /slots (id, cells, evictions) at the end {slots:?}; most cells of any slot \
+         per turn {slot_cells:?}; RSS (MiB) per turn {:?}",
+        t0.elapsed().as_secs_f64(),
+        errors.len(),
+        rss.iter().map(|r| r / 1024).collect::<Vec<_>>()
+    );
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert_eq!(eviction_failures(&log), Vec::<&str>::new());
+    assert!(
+        held.values().all(|&h| h <= BUDGET),
+        "a sequence held more than {BUDGET} cells: {held:?}"
+    );
+    assert_eq!(slots.len(), CLIENTS, "{slots:?}");
+    assert!(
+        slots.iter().all(|s| s.2 > 0),
+        "every slot evicts over 30 turns: {slots:?}"
+    );
+    // flat after warm-up: within 5 % (+ 8 MiB) of the RSS after the warm-up rounds
+    assert!(
+        after <= warm + warm / 20 + 8 * 1024,
+        "RSS grew after warm-up: {warm} KiB -> {after} KiB ({rss:?})"
+    );
+    let _ = std::fs::remove_file(&log_path);
 }
