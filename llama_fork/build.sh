@@ -16,10 +16,12 @@
 # interrupted build is never reused.
 #
 # Outside the clone: when KVEVICT_FORK_DIR is unset and <repo>/build/llama-fork does not exist (a
-# fresh clone, as in CI), the build goes to, or is found in, a folder keyed by the llama.cpp inputs
-# only (the patches, this script and fetch.sh, KVEVICT_FORK_FEATURES and KVEVICT_FORK_CMAKE_ARGS)
-# under ${KVEVICT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvevict}/llama-fork-<key>, so a machine
-# that keeps $HOME builds each version of the fork once and relinks it when kvevict changes. Such a
+# fresh clone, as in CI), the build goes to, or is found in, a folder keyed by the pristine source
+# and the kind of build (fetch.sh, KVEVICT_FORK_FEATURES and KVEVICT_FORK_CMAKE_ARGS) under
+# ${KVEVICT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvevict}/llama-fork-<key>, so a machine that
+# keeps $HOME builds llama.cpp once and then, like the folder in the clone, recompiles only the files
+# a new patch series changes and relinks when kvevict changes (the folder's real path is used, so a
+# key may be a symlink to an older folder whose CMake build it then reuses). Such a
 # folder is used under its lock (flock on <folder>.lock; a second run waits, then reuses or updates
 # it); keyed folders unused for 30 days are removed. KVEVICT_CACHE_DIR=none keeps everything in the
 # clone.
@@ -58,11 +60,17 @@ else cache_dir=none; fi
 # (a cache folder that cannot be made or written, or no flock: build in the clone as before)
 if [ -z "${KVEVICT_FORK_DIR:-}" ] && [ ! -e "$dir" ] && [ "$cache_dir" != none ] \
     && mkdir -p "$cache_dir" 2>/dev/null && [ -w "$cache_dir" ] && command -v flock >/dev/null; then
-    dir=$cache_dir/llama-fork-$(echo "$llama_key" | sha256sum | cut -c1-16)
+    # the folder's key: the pristine source and the kind of build, not the patches (a new series is
+    # applied in place, recompiling only what it changed: SRC_STAMP below)
+    folder_key="$(sha256sum < "$root/llama_fork/fetch.sh" | cut -c1-16)${features:+-$features}${cmake_args[*]:+-$(echo "${cmake_args[*]}" | sha256sum | cut -c1-8)}"
+    dir=$cache_dir/llama-fork-$(echo "$folder_key" | sha256sum | cut -c1-16)
     # one build per keyed folder at a time; a run that waited finds the STAMP below (or updates
     # the folder's kvevict)
     exec 9> "$dir.lock"
     flock 9
+    # CMake and ninja know a build folder by its real path (the key may be a symlink to it)
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd -P)
     # keyed folders unused for 30 days (their STAMP is touched on every use), unless in use now
     for old in "$cache_dir"/llama-fork-*/STAMP; do
         d=${old%/STAMP}
