@@ -422,6 +422,8 @@ int run_chat(const options & o) {
     // a question's text: the history + the question as a user turn, with the assistant's start, then the prefix
     std::vector<std::vector<llama_token>> qtoks;
     std::vector<std::vector<std::vector<llama_token>>> ctoks;
+    std::vector<std::vector<bool>> cclean;   // the candidate's tokens follow the prefix's unchanged
+    std::vector<std::vector<size_t>> cdrop;  // else: prefix tokens replaced by the merged ones
     size_t q_max = 0;
     for (const auto & q : qs) {
         std::vector<std::string> rs = roles, cs = contents;
@@ -431,6 +433,8 @@ int run_chat(const options & o) {
         std::string qtext = all.substr(prev.size()) + q.prefix;
         qtoks.push_back(tokenize(vv, qtext, false, true));
         std::vector<std::vector<llama_token>> cc;
+        std::vector<bool> clean;
+        std::vector<size_t> drop;
         for (const auto & c : q.cands) {
             // the candidate's tokens in context: tokenize prefix+candidate and drop the prefix's tokens
             auto full = tokenize(vv, qtext + c, false, true);
@@ -439,9 +443,13 @@ int run_chat(const options & o) {
             while (k < base.size() && k < full.size() && base[k] == full[k]) k++;
             // a token merged across the boundary: restart the candidate there
             cc.push_back(std::vector<llama_token>(full.begin() + k, full.end()));
+            clean.push_back(k == base.size() && !cc.back().empty());
+            drop.push_back(base.size() - k);
             q_max = std::max(q_max, full.size());
         }
         ctoks.push_back(cc);
+        cclean.push_back(clean);
+        cdrop.push_back(drop);
         q_max = std::max(q_max, qtoks.back().size() + (size_t) o.gen);
     }
     if (!r.init((int) (hist_tokens + q_max + 64))) return 1;
@@ -469,17 +477,27 @@ int run_chat(const options & o) {
         }
     }
     const int room_needed = (int) std::min<size_t>(q_max, (size_t) r.chunk);
-    std::vector<uint8_t> snap;
-    llama_pos past_snap = 0;
-    int cells_snap = 0, shifts_snap = 0;
-    auto restore = [&]() {
+    struct snapshot {
+        std::vector<uint8_t> bytes;
+        llama_pos past = 0;
+        int cells = 0, shifts = 0;
+    };
+    auto save = [&](snapshot & sn) {
+        sn.past = r.n_past;
+        sn.cells = r.cells;
+        sn.shifts = r.shifts;
+        sn.bytes.resize(llama_state_seq_get_size(r.ctx, 0));
+        sn.bytes.resize(llama_state_seq_get_data(r.ctx, sn.bytes.data(), sn.bytes.size(), 0));
+    };
+    auto restore = [&](const snapshot & sn) {
         llama_memory_seq_rm(r.mem, 0, -1, -1);
-        if (llama_state_seq_set_data(r.ctx, snap.data(), snap.size(), 0) == 0) return false;
-        r.n_past = past_snap;
-        r.cells = cells_snap;
-        r.shifts = shifts_snap;
+        if (llama_state_seq_set_data(r.ctx, sn.bytes.data(), sn.bytes.size(), 0) == 0) return false;
+        r.n_past = sn.past;
+        r.cells = sn.cells;
+        r.shifts = sn.shifts;
         return true;
     };
+    snapshot snap, snap_q;
     int n_ok = 0, n_asked = 0;
     double q_cpu = 0;
     // every question from a snapshot of the history, restored each time; then the history goes on from it
@@ -494,34 +512,46 @@ int run_chat(const options & o) {
             r.update_cells();
         }
         if (r.shift) r.maybe_shift(room_needed);
-        past_snap = r.n_past;
-        cells_snap = r.cells;
-        shifts_snap = r.shifts;
-        snap.resize(llama_state_seq_get_size(r.ctx, 0));
-        snap.resize(llama_state_seq_get_data(r.ctx, snap.data(), snap.size(), 0));
+        save(snap);
         const int evictions = r.ev.count, shifts = r.shifts;
         for (size_t qi = 0; qi < qs.size(); qi++) {
             const auto & q = qs[qi];
             std::vector<double> lp;
-            bool failed = false;
-            for (const auto & ct : ctoks[qi]) {
-                if (!restore()) { failed = true; break; }
-                std::vector<llama_token> all = qtoks[qi];
-                all.insert(all.end(), ct.begin(), ct.end());
-                const size_t base = qtoks[qi].size();
+            bool failed = !restore(snap);
+            // the question and the answer prefix once; its last logits and a snapshot after it serve
+            // every candidate and the greedy answer
+            std::vector<float> last(r.n_vocab);
+            if (!failed && !r.feed(qtoks[qi], false, 512, [&](size_t, const float * row) {
+                    std::copy(row, row + r.n_vocab, last.begin());
+                })) failed = true;
+            if (!failed) save(snap_q);
+            for (size_t ci = 0; !failed && ci < ctoks[qi].size(); ci++) {
+                const auto & ct = ctoks[qi][ci];
                 double s = 0.0;
-                // the candidate's log-likelihood: logits of every token (chunked like ppl)
-                if (!r.feed(all, true, r.chunk, [&](size_t i, const float * row) {
-                        if (i + 1 >= base && i + 1 < all.size()) s += logprob(row, r.n_vocab, all[i + 1]);
-                    })) { failed = true; break; }
+                if (cclean[qi][ci]) {
+                    // the candidate's log-likelihood after the prefix
+                    s = logprob(last.data(), r.n_vocab, ct[0]);
+                    if (ct.size() > 1) {
+                        if (!restore(snap_q)) { failed = true; break; }
+                        if (!r.feed(ct, true, r.chunk, [&](size_t i, const float * row) {
+                                if (i + 1 < ct.size()) s += logprob(row, r.n_vocab, ct[i + 1]);
+                            })) { failed = true; break; }
+                    }
+                } else {
+                    // a token merged across the prefix's end: from the history's snapshot, the whole text
+                    if (!restore(snap)) { failed = true; break; }
+                    std::vector<llama_token> all(qtoks[qi].begin(), qtoks[qi].begin() + (qtoks[qi].size() - cdrop[qi][ci]));
+                    all.insert(all.end(), ct.begin(), ct.end());
+                    const size_t base = all.size() - ct.size();
+                    if (!r.feed(all, true, r.chunk, [&](size_t i, const float * row) {
+                            if (i + 1 >= base && i + 1 < all.size()) s += logprob(row, r.n_vocab, all[i + 1]);
+                        })) { failed = true; break; }
+                }
                 lp.push_back(s);
             }
             std::string answer;
-            if (!failed && restore()) {
-                llama_token next = -1;
-                if (!r.feed(qtoks[qi], false, 512, [&](size_t, const float * row) {
-                        next = (llama_token) (std::max_element(row, row + r.n_vocab) - row);
-                    })) failed = true;
+            if (!failed && restore(snap_q)) {
+                llama_token next = (llama_token) (std::max_element(last.begin(), last.end()) - last.begin());
                 for (int g = 0; !failed && g < o.gen && next >= 0 && !llama_vocab_is_eog(r.vocab, next); g++) {
                     std::string p = piece(r.vocab, next);
                     if (p.find('\n') != std::string::npos) break;
@@ -545,13 +575,13 @@ int run_chat(const options & o) {
             n_asked++;
             printf("{\"at\":%d,\"history\":%zu,\"cells\":%d,\"evictions\":%d,\"shifts\":%d,\"question\":%s,\"value\":%s,"
                    "\"answer\":%s,\"recalled\":%s,\"choice_ok\":%s,\"lp_value\":%.4f,\"status\":\"%s\"}\n",
-                   label, fed, cells_snap, evictions, shifts, json_str(q.id).c_str(), json_str(q.cands[0]).c_str(),
+                   label, fed, snap.cells, evictions, shifts, json_str(q.id).c_str(), json_str(q.cands[0]).c_str(),
                    json_str(answer).c_str(), hit ? "true" : "false", (!failed && rank == 0) ? "true" : "false",
                    lp.empty() ? NAN : lp[0], failed ? "error" : "ok");
             fflush(stdout);
         }
         // back to the history's state to go on
-        if (!restore()) return false;
+        if (!restore(snap)) return false;
         r.ev.count = evictions;
         q_cpu += r.decode_cpu - c0;
         return true;

@@ -83,6 +83,26 @@ def run_tool(args, cmd):
     return recs, notes, shlex.join(full)
 
 
+def method_args(spec, budget):
+    """A method spec "NAME[:w=W][:links=T][:to=F]" -> (tool arguments). W may be a fraction of the
+    budget ("w=0.25C"); the label is the spec itself."""
+    parts = spec.split(":")
+    out = ["--method", parts[0]]
+    for p in parts[1:]:
+        k, _, v = p.partition("=")
+        if k == "w":
+            out += ["--window", str(int(float(v[:-1]) * budget) if v.endswith("C") else int(v))]
+        elif k == "links":
+            out += ["--links", v]
+        elif k == "to":
+            out += ["--evict-to", v]
+        elif k == "keep":
+            out += ["--n-keep", v]
+        else:
+            raise SystemExit(f"unknown method option {p} in {spec}")
+    return out
+
+
 def seeds_of(s):
     out = []
     for part in s.split(","):
@@ -114,14 +134,14 @@ def cmd_ppl(args):
         for m in args.methods.split(","):
             if (m, c) in done or m == "full":
                 continue
-            jobs.append((m, c, base + ["--method", m, "--budget", str(c), "--max-tokens", str(args.ratio * c),
+            jobs.append((m, c, base + method_args(m, c) + ["--budget", str(c), "--max-tokens", str(args.ratio * c),
                                        "--nll-out", os.path.join(nll_dir, f"{name}-{args.split}-{m}-{c}.f32")]))
 
     def one(job):
         m, c, cmd = job
         recs, notes, line = run_tool(args, cmd)
         for r in recs:
-            r.update(kind="run", split=args.split, model=name, ratio=args.ratio, notes=notes,
+            r.update(kind="run", split=args.split, model=name, ratio=args.ratio, notes=notes, method=m,
                      command=line.replace(tfile, f"<corpus.prose('{args.split}')>"),
                      date=datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"))
         append(path, recs)
@@ -149,7 +169,7 @@ def cmd_chat(args):
         for m in ["full"] + args.methods.split(","):
             if (m, s) in done:
                 continue
-            cmd = ["-m", model, "--mode", "chat", "--input", f, "--method", m, "--budget", str(c),
+            cmd = ["-m", model, "--mode", "chat", "--input", f] + method_args(m, c) + ["--budget", str(c),
                    "--at", ",".join(str(r * c) for r in ratios), "--gen", str(args.gen), "-t", str(args.threads),
                    "--evict-to", str(args.evict_to)]
             jobs.append((m, s, cmd, f))
@@ -178,6 +198,11 @@ def _nll(path):
     return np.fromfile(path, dtype=np.float32)
 
 
+def _order(labels):
+    base = ["ctxshift"] + FORK_METHODS
+    return sorted(labels, key=lambda m: (base.index(m.split(":")[0]) if m.split(":")[0] in base else 99, m))
+
+
 def report_ppl(out, name, split, lines, plots):
     import numpy as np
     recs = [r for r in load(os.path.join(out, f"ppl-{name}-{split}.jsonl")) if r.get("kind") == "run"]
@@ -188,7 +213,7 @@ def report_ppl(out, name, split, lines, plots):
     fpath = os.path.join(nll_dir, f"{name}-{split}-full.f32")
     fn = _nll(fpath) if full and os.path.exists(fpath) else None
     budgets = sorted({r["budget"] for r in recs if r["budget"] > 0})
-    methods = [m for m in ["ctxshift"] + FORK_METHODS if any(r["method"] == m for r in recs)]
+    methods = _order({r["method"] for r in recs if r["method"] != "full"})
     by = {(r["method"], r["budget"]): r for r in recs}
     lines.append(f"### Streaming perplexity, {name}, {split} text\n")
     ratio = recs[0].get("ratio", 8)
@@ -197,8 +222,8 @@ def report_ppl(out, name, split, lines, plots):
                  f"against the full cache on the same tokens (one full-cache run of "
                  f"{full['tokens'] if full else '?'} tokens, within the model's trained context). "
                  f"`ctxshift`: llama.cpp's context shift at C cells (n_keep 0, the oldest half of the rest dropped). "
-                 f"Eviction's share: the fork's scoring + selection + compaction time over the whole run's "
-                 f"decode CPU time (`-t 1`).\n")
+                 f"Method labels `name:w=W:links=T`: the fork's method with `kv_evict_window` W (a fraction of C "
+                 f"with `C`) and `kv_evict_links` T.\n")
     hdr = "| method | " + " | ".join(f"C={c} ppl (× full)" for c in budgets) + " |"
     lines.append(hdr)
     lines.append("|---|" + "---:|" * len(budgets))
@@ -224,7 +249,10 @@ def report_ppl(out, name, split, lines, plots):
                 cells.append(f"{ppl:.3f} ({rel:.3f}×)")
         lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Cost: eviction's share of decode CPU time (evictions; decode CPU seconds, whole run).\n")
+    lines.append("Cost: eviction's share of decode time, the fork's eviction wall time (scoring, selection, "
+                 "compaction: `llama_kv_evict_get_stats`) over the decode calls' wall time, one thread, so both are "
+                 "inflated alike by the shared machine's load (evictions; ms an eviction, wall; decode CPU "
+                 "seconds of the whole run).\n")
     lines.append("| method | " + " | ".join(f"C={c}" for c in budgets) + " |")
     lines.append("|---|" + "---:|" * len(budgets))
     full_cpu = full["decode_cpu_ms"] / full["tokens"] if full else None
@@ -233,7 +261,8 @@ def report_ppl(out, name, split, lines, plots):
         for c in budgets:
             r = by.get((m, c))
             cells.append("–" if not r or r["status"] != "ok" else
-                         f"{100 * r['evict_share_cpu']:.1f} % ({r['evictions']}; {r['decode_cpu_ms'] / 1e3:.1f} s)")
+                         f"{100 * r['evict_ms'] / r['decode_wall_ms']:.1f} % ({r['evictions']}; "
+                         f"{r['evict_ms'] / max(r['evictions'], 1):.0f} ms each; {r['decode_cpu_ms'] / 1e3:.1f} s)")
         lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
     cells = []
     for c in budgets:
@@ -259,7 +288,7 @@ def report_chat(out, name, split, c, lines, plots):
         return
     seeds = sorted({r["seed"] for r in sums})
     ats = sorted({r["at"] for r in qs})
-    methods = ["full"] + [m for m in ["ctxshift"] + FORK_METHODS if any(r["method"] == m for r in qs)]
+    methods = ["full"] + _order({r["method"] for r in qs if r["method"] != "full"})
     key = {(r["method"], r["seed"], r["at"], r["question"]): r for r in qs}
     lines.append(f"### Conversation recall, {name}, {split} split, budget C = {c} cells\n")
     lines.append(f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)} conversations, `chat.conversation('{split}', seed)`), "
