@@ -68,6 +68,7 @@ def append(path, recs):
 
 def run_tool(args, cmd):
     full = ["nice", "-n", str(args.nice), args.bin] + cmd
+    shown = [x.replace(ROOT + "/", "") for x in full]
     p = subprocess.run(full, capture_output=True, text=True)
     recs = []
     for line in p.stdout.splitlines():
@@ -80,7 +81,7 @@ def run_tool(args, cmd):
     if p.returncode != 0 or not recs:
         sys.stderr.write(f"FAILED ({p.returncode}): {shlex.join(full)}\n{p.stderr[-2000:]}\n")
     notes = [x for x in p.stderr.splitlines() if x.startswith("kvevict_decode_bench:")]
-    return recs, notes, shlex.join(full)
+    return recs, notes, shlex.join(shown)
 
 
 def method_args(spec, budget):
@@ -134,8 +135,7 @@ def cmd_ppl(args):
         for m in args.methods.split(","):
             if (m, c) in done or m == "full":
                 continue
-            jobs.append((m, c, base + method_args(m, c) + ["--budget", str(c), "--max-tokens", str(args.ratio * c),
-                                       "--nll-out", os.path.join(nll_dir, f"{name}-{args.split}-{m}-{c}.f32")]))
+            jobs.append((m, c, base + method_args(m, c) + ["--budget", str(c), "--max-tokens", str(args.ratio * c)]))
 
     def one(job):
         m, c, cmd = job
