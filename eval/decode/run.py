@@ -169,9 +169,10 @@ def cmd_chat(args):
         for m in ["full"] + args.methods.split(","):
             if (m, s) in done:
                 continue
-            cmd = ["-m", model, "--mode", "chat", "--input", f] + method_args(m, c) + ["--budget", str(c),
+            # the method's own options last: they override the defaults (--evict-to)
+            cmd = ["-m", model, "--mode", "chat", "--input", f, "--budget", str(c),
                    "--at", ",".join(str(r * c) for r in ratios), "--gen", str(args.gen), "-t", str(args.threads),
-                   "--evict-to", str(args.evict_to)]
+                   "--evict-to", str(args.evict_to)] + method_args(m, c)
             jobs.append((m, s, cmd, f))
 
     def one(job):
