@@ -336,7 +336,9 @@ def cmd_report(args):
              f"(each with its command and date). Tool: `eval/decode/kvevict_decode_bench.cpp` against the "
              f"kvevict fork of llama.cpp (`llama_fork/`): the fork's own decode path, `kv_max_cells` = C, "
              f"`kv_evict_to` = 0.75, ubatches of C − ⌊0.75·C⌋ tokens; one thread; measured on the shared "
-             f"2-core machine, loaded by other jobs (load average 10–20 during these runs).\n"]
+             f"2-core machine, loaded by other jobs (load average 10–20 during these runs). What it shows and "
+             f"what was decided: [design §3c](../design.md#3c-decode-time-budgets-issue-28-measured-not-yet-won); "
+             f"how the tool works: [eval/decode/README.md](../../eval/decode/README.md).\n"]
     plots = []
     files = glob.glob(os.path.join(args.out, "*.jsonl"))
     for name in sorted({os.path.basename(f).split("-")[1] for f in files}):
