@@ -1,0 +1,656 @@
+// kvevict_decode_bench: decode-time eviction measured through the kvevict fork of llama.cpp
+// (issue 28): streaming perplexity and conversation recall under a KV cell budget, through the
+// fork's real decode path (llama_decode; under kv_max_cells the fork places each batch one
+// ubatch at a time and evicts a sequence to floor(F*C) cells before a ubatch would take it past
+// C), against the full cache and llama.cpp's own context shift (n_keep first tokens kept, the
+// oldest half of the rest dropped: llama_memory_seq_rm + llama_memory_seq_add, as the unpatched
+// tools/completion does it), implemented here at the same cell count.
+//
+// Public llama.h API only, plus the fork's llama_context_params fields (kv_evict_method,
+// kv_max_cells, kv_evict_to, kv_evict_window, kv_evict_links) and llama_kv_evict_* calls.
+//
+//   kvevict_decode_bench -m MODEL --mode ppl  --input TEXT.txt --method M --budget C [options]
+//   kvevict_decode_bench -m MODEL --mode chat --input CHAT.tsv --method M --budget C [options]
+//
+// M: "full" (no eviction, the whole text in the cache), "ctxshift" (llama.cpp's context shift),
+// or a method of the fork (llama_kv_evict_method_names()). One JSON object on stdout per run
+// (ppl) or per question (chat), then a summary object; diagnostics on stderr.
+//
+// Chat input (UTF-8, one record a line, fields separated by TAB; "\n", "\t", "\\" escaped):
+//   M <role> <content>                       a message of the history (system, user, assistant)
+//   Q <id> <question> <answer prefix> <value> [<distractor> ...]
+// After the history, for each question (from a snapshot of the sequence's state, restored each
+// time): the candidates' log-likelihoods after "<question turn><prefix>" and a greedy answer.
+#include "llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct options {
+    std::string model, mode = "ppl", input, method = "full";
+    int budget = 0;            // C: cells (0 = none; "full" ignores it)
+    float evict_to = 0.75f;    // F: the fork's kv_evict_to
+    int window = 0;            // the fork's kv_evict_window (0 = its default)
+    float links = 0.0f;        // the fork's kv_evict_links
+    int n_keep = -1;           // ctxshift: tokens kept at the front (-1: llama.cpp's default, 0 + BOS)
+    int chunk = 0;             // tokens per llama_decode call (0: C - floor(F*C), or 64 without a budget)
+    int max_tokens = 0;        // ppl: tokens read from the text (0: the model's trained context)
+    int skip = -1;             // ppl: NLL averaged over tokens at index >= skip (-1: the budget)
+    int gen = 12;              // chat: greedy answer tokens
+    int threads = 1;
+    int flash = -1;            // -1 auto, 0 off, 1 on
+    std::vector<int> at;       // chat: ask every question when the history reaches these token counts
+    std::string nll_out;       // ppl: per-token NLL written here (f32, one per token, token 0 = NaN)
+};
+
+double cpu_ms() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+double wall_ms() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+std::string json_str(const std::string & s) {
+    std::string r = "\"";
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\') { r += '\\'; r += (char) c; }
+        else if (c == '\n') r += "\\n";
+        else if (c == '\t') r += "\\t";
+        else if (c < 0x20) { char b[8]; snprintf(b, sizeof b, "\\u%04x", c); r += b; }
+        else r += (char) c;
+    }
+    return r + "\"";
+}
+
+std::string unescape(const std::string & s) {
+    std::string r;
+    for (size_t i = 0; i < s.size(); i++) {
+        if (s[i] == '\\' && i + 1 < s.size()) {
+            char c = s[++i];
+            r += c == 'n' ? '\n' : c == 't' ? '\t' : c;
+        } else {
+            r += s[i];
+        }
+    }
+    return r;
+}
+
+std::vector<std::string> split_tab(const std::string & line) {
+    std::vector<std::string> f;
+    size_t a = 0;
+    while (true) {
+        size_t b = line.find('\t', a);
+        f.push_back(unescape(line.substr(a, b == std::string::npos ? std::string::npos : b - a)));
+        if (b == std::string::npos) break;
+        a = b + 1;
+    }
+    return f;
+}
+
+// log-softmax of one logits row at token t
+double logprob(const float * logits, int n_vocab, llama_token t) {
+    float mx = logits[0];
+    for (int i = 1; i < n_vocab; i++) mx = std::max(mx, logits[i]);
+    double s = 0.0;
+    for (int i = 0; i < n_vocab; i++) s += std::exp((double) logits[i] - mx);
+    return (double) logits[t] - mx - std::log(s);
+}
+
+std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text, bool add_special, bool special) {
+    int n = -llama_tokenize(vocab, text.data(), (int32_t) text.size(), nullptr, 0, add_special, special);
+    std::vector<llama_token> t(std::max(n, 0));
+    if (n > 0 && llama_tokenize(vocab, text.data(), (int32_t) text.size(), t.data(), n, add_special, special) != n) {
+        t.clear();
+    }
+    return t;
+}
+
+std::string piece(const llama_vocab * vocab, llama_token t) {
+    char buf[256];
+    int n = llama_token_to_piece(vocab, t, buf, sizeof buf, 0, false);
+    return n > 0 ? std::string(buf, n) : std::string();
+}
+
+struct evict_log {
+    int count = 0;
+    double ms = 0.0;
+    uint32_t most_after = 0;
+};
+
+void on_evict(const llama_kv_evict_event * e, void * user) {
+    auto * l = (evict_log *) user;
+    l->count++;
+    l->ms += e->ms;
+    l->most_after = std::max(l->most_after, e->cells_after);
+}
+
+void quiet_log(ggml_log_level level, const char * text, void *) {
+    if (level >= GGML_LOG_LEVEL_WARN && level != GGML_LOG_LEVEL_CONT) {
+        fputs(text, stderr);
+    }
+}
+
+// One sequence (seq 0) fed through llama_decode, with the budget policy of the method.
+struct runner {
+    const options & o;
+    llama_model * model = nullptr;
+    const llama_vocab * vocab = nullptr;
+    llama_context * ctx = nullptr;
+    llama_memory_t mem = nullptr;
+    int n_vocab = 0;
+    bool fork = false, shift = false; // eviction by the fork's budget / llama.cpp's context shift
+    int budget = 0, chunk = 64, n_keep = 0;
+    llama_pos n_past = 0;             // next position
+    int cells = 0;                    // cells the sequence holds (ctxshift and full: n_past)
+    int most_cells = 0, shifts = 0;
+    double decode_cpu = 0, decode_wall = 0;
+    evict_log ev;
+    llama_batch batch{};
+    std::string refused;              // why the configuration cannot run (reported, not fatal)
+
+    explicit runner(const options & op) : o(op) {}
+
+    bool load() {
+        auto mp = llama_model_default_params();
+        model = llama_model_load_from_file(o.model.c_str(), mp);
+        if (!model) { fprintf(stderr, "cannot load %s\n", o.model.c_str()); return false; }
+        vocab = llama_model_get_vocab(model);
+        n_vocab = llama_vocab_n_tokens(vocab);
+        return true;
+    }
+
+    bool init(int n_ctx_full) {
+        fork = o.method != "full" && o.method != "ctxshift";
+        shift = o.method == "ctxshift";
+        budget = o.method == "full" ? 0 : o.budget;
+        if (fork || shift) {
+            if (budget <= 0) { refused = "a budget (--budget C > 0) is needed for method " + o.method; return true; }
+        }
+        if (o.chunk > 0) chunk = o.chunk;
+        else if (budget > 0) chunk = std::max(1, budget - (int) std::floor(o.evict_to * budget));
+        n_keep = o.n_keep >= 0 ? o.n_keep : 0;
+        if (shift && llama_vocab_get_add_bos(vocab) && o.n_keep < 0) n_keep += 1; // llama.cpp keeps the BOS
+        if (fork) {
+            if (const char * err = llama_kv_evict_check_params(o.method.c_str(), (uint32_t) o.window, 0.0f,
+                                                               (uint32_t) budget, o.evict_to, o.links)) {
+                refused = std::string("the fork refuses these parameters: ") + err;
+                return true;
+            }
+        }
+        if (shift && n_keep + chunk >= budget) {
+            refused = "context shift needs n_keep + chunk < budget (n_keep " + std::to_string(n_keep) + ", chunk " +
+                      std::to_string(chunk) + ", budget " + std::to_string(budget) + ")";
+            return true;
+        }
+        auto cp = llama_context_default_params();
+        cp.n_ctx = shift ? (uint32_t) budget : (uint32_t) n_ctx_full;
+        cp.n_batch = std::max(chunk, 512);
+        cp.n_ubatch = std::min(cp.n_batch, (uint32_t) 512);
+        cp.n_seq_max = 1;
+        cp.n_threads = o.threads;
+        cp.n_threads_batch = o.threads;
+        cp.flash_attn_type = (llama_flash_attn_type) o.flash;
+        cp.no_perf = true;
+        if (fork) {
+            cp.kv_evict_method = o.method.c_str();
+            cp.kv_evict_window = (uint32_t) o.window;
+            cp.kv_max_cells = (uint32_t) budget;
+            cp.kv_evict_to = o.evict_to;
+            cp.kv_evict_links = o.links;
+            cp.kv_evict_cb = on_evict;
+            cp.kv_evict_cb_data = &ev;
+        }
+        ctx = llama_init_from_model(model, cp);
+        if (!ctx) { fprintf(stderr, "llama_init_from_model failed\n"); return false; }
+        mem = llama_get_memory(ctx);
+        if (shift && !llama_memory_can_shift(mem)) {
+            refused = "this model's memory cannot shift (llama_memory_can_shift)";
+        }
+        batch = llama_batch_init(std::max(chunk, 512), 0, 1);
+        return true;
+    }
+
+    ~runner() {
+        if (batch.token) llama_batch_free(batch);
+        if (ctx) llama_free(ctx);
+        if (model) llama_model_free(model);
+    }
+
+    // llama.cpp's context shift (tools/completion): before n tokens that would fill the context
+    void maybe_shift(int n) {
+        if (!shift || n_past + n < budget) return;
+        const int n_left = (int) n_past - n_keep;
+        const int n_discard = n_left / 2;
+        llama_memory_seq_rm(mem, 0, n_keep, n_keep + n_discard);
+        llama_memory_seq_add(mem, 0, n_keep + n_discard, n_past, -n_discard);
+        n_past -= n_discard;
+        cells = (int) n_past;
+        shifts++;
+    }
+
+    // feeds toks in calls of at most `chunk` tokens (ctxshift, ppl) or `max_call`; logits of every
+    // token when all_logits, else of the last; on_logits(index in toks, logits row) for each
+    bool feed(const std::vector<llama_token> & toks, bool all_logits, int max_call,
+              const std::function<void(size_t, const float *)> & on_logits) {
+        size_t i = 0;
+        while (i < toks.size()) {
+            int n = (int) std::min<size_t>(toks.size() - i, (size_t) (shift || all_logits ? chunk : max_call));
+            maybe_shift(n);
+            batch.n_tokens = 0;
+            for (int j = 0; j < n; j++) {
+                batch.token[j] = toks[i + j];
+                batch.pos[j] = n_past + j;
+                batch.n_seq_id[j] = 1;
+                batch.seq_id[j][0] = 0;
+                batch.logits[j] = all_logits || (i + j + 1 == toks.size());
+            }
+            batch.n_tokens = n;
+            const double c0 = cpu_ms(), w0 = wall_ms();
+            const int rc = llama_decode(ctx, batch);
+            decode_cpu += cpu_ms() - c0;
+            decode_wall += wall_ms() - w0;
+            if (rc != 0) { fprintf(stderr, "llama_decode returned %d\n", rc); return false; }
+            n_past += n;
+            update_cells();
+            for (int j = 0; j < n; j++) {
+                if (batch.logits[j]) on_logits(i + j, llama_get_logits_ith(ctx, j));
+            }
+            i += n;
+        }
+        return true;
+    }
+
+    void update_cells() {
+        if (fork) {
+            llama_kv_evict_stats st{};
+            if (llama_kv_evict_get_stats(ctx, 0, &st) == 0) cells = (int) st.cells;
+        } else {
+            cells = (int) n_past;
+            if (shift) cells = (int) n_past; // positions [0, n_past) after a shift are all held
+        }
+        most_cells = std::max(most_cells, cells);
+    }
+
+    double evict_ms() const {
+        if (!fork) return 0.0;
+        llama_kv_evict_stats st{};
+        if (llama_kv_evict_get_stats(ctx, 0, &st) != 0) return 0.0;
+        return st.t_score_ms + st.t_select_ms + st.t_compact_ms;
+    }
+
+    std::string cost_json() const {
+        char b[512];
+        const double e = evict_ms();
+        snprintf(b, sizeof b,
+                 "\"decode_cpu_ms\":%.1f,\"decode_wall_ms\":%.1f,\"evict_ms\":%.1f,\"evict_share_cpu\":%.4f,"
+                 "\"evictions\":%d,\"shifts\":%d,\"most_cells\":%d,\"chunk\":%d,\"n_keep\":%d",
+                 decode_cpu, decode_wall, e, decode_cpu > 0 ? e / decode_cpu : 0.0, ev.count, shifts, most_cells,
+                 chunk, shift ? n_keep : 0);
+        return b;
+    }
+};
+
+// a configuration the tool cannot run (a budget the fork refuses, ...): said, recorded, exit 0
+template <class Head> int report_refused(const runner & r, Head head) {
+    fprintf(stderr, "kvevict_decode_bench: %s\n", r.refused.c_str());
+    head("refused", r.refused);
+    printf("}\n");
+    return 0;
+}
+
+std::string read_file(const std::string & p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+}
+
+int run_ppl(const options & o) {
+    runner r(o);
+    const std::string text = read_file(o.input);
+    // the full cache needs the whole text: n_ctx from the text (capped at the trained context)
+    if (!r.load()) return 1;
+    std::vector<llama_token> toks = tokenize(r.vocab, text, true, false);
+    const int n_train = llama_model_n_ctx_train(r.model);
+    const int cap = o.max_tokens > 0 ? std::min(o.max_tokens, n_train) : n_train;
+    if ((int) toks.size() > cap) toks.resize(cap);
+    const int n = (int) toks.size();
+    if (!r.init(n + 64)) return 1;
+    const int skip = o.skip >= 0 ? o.skip : r.budget;
+    auto head = [&](const char * status, const std::string & note) {
+        printf("{\"mode\":\"ppl\",\"method\":%s,\"budget\":%d,\"evict_to\":%.3f,\"tokens\":%d,\"skip\":%d,"
+               "\"status\":\"%s\",\"note\":%s", json_str(o.method).c_str(), r.budget, o.evict_to, n, skip, status,
+               json_str(note).c_str());
+    };
+    if (!r.refused.empty()) return report_refused(r, head);
+    std::string note;
+    if (r.budget > 0 && n <= r.budget) {
+        note = "the text (" + std::to_string(n) + " tokens) does not exceed the budget (" + std::to_string(r.budget) +
+               " cells): nothing is evicted and no token lies beyond the budget";
+        fprintf(stderr, "kvevict_decode_bench: %s\n", note.c_str());
+    }
+    std::vector<float> nll(n, NAN);
+    const bool ok = r.feed(toks, true, r.chunk, [&](size_t i, const float * row) {
+        if (i + 1 < (size_t) n) nll[i + 1] = (float) -logprob(row, r.n_vocab, toks[i + 1]);
+    });
+    if (!ok) {
+        head("error", "llama_decode failed");
+        printf(",%s}\n", r.cost_json().c_str());
+        return 1;
+    }
+    double s = 0.0;
+    int m = 0;
+    for (int i = std::max(skip, 1); i < n; i++) { s += nll[i]; m++; }
+    if (!o.nll_out.empty()) {
+        FILE * f = fopen(o.nll_out.c_str(), "wb");
+        if (f) { fwrite(nll.data(), sizeof(float), nll.size(), f); fclose(f); }
+    }
+    head(m > 0 ? "ok" : "no-tokens-scored", note);
+    printf(",\"scored\":%d,\"nll\":%.6f,\"ppl\":%.4f,%s}\n", m, m ? s / m : NAN, m ? std::exp(s / m) : NAN,
+           r.cost_json().c_str());
+    return 0;
+}
+
+struct question {
+    std::string id, text, prefix;
+    std::vector<std::string> cands; // [0] = the value
+};
+
+int run_chat(const options & o) {
+    runner r(o);
+    std::vector<llama_chat_message> msgs;
+    std::vector<std::string> roles, contents;
+    std::vector<question> qs;
+    {
+        std::ifstream f(o.input);
+        std::string line;
+        while (std::getline(f, line)) {
+            if (line.empty()) continue;
+            auto fl = split_tab(line);
+            if (fl[0] == "M" && fl.size() >= 3) { roles.push_back(fl[1]); contents.push_back(fl[2]); }
+            else if (fl[0] == "Q" && fl.size() >= 5) {
+                question q{fl[1], fl[2], fl[3], {}};
+                for (size_t i = 4; i < fl.size(); i++) q.cands.push_back(fl[i]);
+                qs.push_back(q);
+            } else { fprintf(stderr, "bad record: %s\n", line.c_str()); return 1; }
+        }
+    }
+    if (roles.empty() || qs.empty()) { fprintf(stderr, "no history or no question in %s\n", o.input.c_str()); return 1; }
+    // the model's template: incremental formatting (each turn's text = formatted(0..i) minus formatted(0..i-1))
+    if (!r.load()) return 1;
+    llama_model * vm = r.model;
+    const char * tmpl = llama_model_chat_template(vm, nullptr);
+    std::string tmpl_s = tmpl ? tmpl : "";
+    auto format = [&](const std::vector<std::string> & rs, const std::vector<std::string> & cs, bool add_ass) {
+        std::vector<llama_chat_message> m;
+        for (size_t i = 0; i < rs.size(); i++) m.push_back({rs[i].c_str(), cs[i].c_str()});
+        std::vector<char> buf(4096);
+        int n = llama_chat_apply_template(tmpl_s.empty() ? nullptr : tmpl_s.c_str(), m.data(), m.size(), add_ass, buf.data(), (int) buf.size());
+        if (n > (int) buf.size()) {
+            buf.resize(n);
+            n = llama_chat_apply_template(tmpl_s.empty() ? nullptr : tmpl_s.c_str(), m.data(), m.size(), add_ass, buf.data(), (int) buf.size());
+        }
+        return n < 0 ? std::string() : std::string(buf.data(), n);
+    };
+    const llama_vocab * vv = llama_model_get_vocab(vm);
+    std::vector<std::vector<llama_token>> turns;
+    std::string prev;
+    size_t hist_tokens = 0;
+    for (size_t i = 0; i < roles.size(); i++) {
+        std::vector<std::string> rs(roles.begin(), roles.begin() + i + 1), cs(contents.begin(), contents.begin() + i + 1);
+        std::string all = format(rs, cs, false);
+        if (all.empty() || all.compare(0, prev.size(), prev) != 0) { fprintf(stderr, "chat template failed\n"); return 1; }
+        turns.push_back(tokenize(vv, all.substr(prev.size()), i == 0, true));
+        hist_tokens += turns.back().size();
+        prev = all;
+    }
+    // a question's text: the history + the question as a user turn, with the assistant's start, then the prefix
+    std::vector<std::vector<llama_token>> qtoks;
+    std::vector<std::vector<std::vector<llama_token>>> ctoks;
+    std::vector<std::vector<bool>> cclean;   // the candidate's tokens follow the prefix's unchanged
+    std::vector<std::vector<size_t>> cdrop;  // else: prefix tokens replaced by the merged ones
+    size_t q_max = 0;
+    for (const auto & q : qs) {
+        std::vector<std::string> rs = roles, cs = contents;
+        rs.push_back("user");
+        cs.push_back(q.text);
+        std::string all = format(rs, cs, true);
+        std::string qtext = all.substr(prev.size()) + q.prefix;
+        qtoks.push_back(tokenize(vv, qtext, false, true));
+        std::vector<std::vector<llama_token>> cc;
+        std::vector<bool> clean;
+        std::vector<size_t> drop;
+        for (const auto & c : q.cands) {
+            // the candidate's tokens in context: tokenize prefix+candidate and drop the prefix's tokens
+            auto full = tokenize(vv, qtext + c, false, true);
+            auto base = qtoks.back();
+            size_t k = 0;
+            while (k < base.size() && k < full.size() && base[k] == full[k]) k++;
+            // a token merged across the boundary: restart the candidate there
+            cc.push_back(std::vector<llama_token>(full.begin() + k, full.end()));
+            clean.push_back(k == base.size() && !cc.back().empty());
+            drop.push_back(base.size() - k);
+            q_max = std::max(q_max, full.size());
+        }
+        ctoks.push_back(cc);
+        cclean.push_back(clean);
+        cdrop.push_back(drop);
+        q_max = std::max(q_max, qtoks.back().size() + (size_t) o.gen);
+    }
+    if (!r.init((int) (hist_tokens + q_max + 64))) return 1;
+    auto head = [&](const char * status, const std::string & note) {
+        printf("{\"mode\":\"chat\",\"method\":%s,\"budget\":%d,\"evict_to\":%.3f,\"history\":%zu,\"status\":\"%s\",\"note\":%s",
+               json_str(o.method).c_str(), r.budget, o.evict_to, hist_tokens, status, json_str(note).c_str());
+    };
+    if (!r.refused.empty()) return report_refused(r, head);
+    std::string note;
+    if (r.budget > 0 && hist_tokens + q_max <= (size_t) r.budget) {
+        note = "the conversation (" + std::to_string(hist_tokens) + " tokens, questions included) never exceeds the budget (" +
+               std::to_string(r.budget) + " cells): nothing is evicted";
+        fprintf(stderr, "kvevict_decode_bench: %s\n", note.c_str());
+    }
+    // checkpoints: after the first turn at which the history reaches each --at count (default: the end)
+    std::vector<int> at = o.at;
+    if (at.empty()) at.push_back((int) hist_tokens);
+    std::sort(at.begin(), at.end());
+    for (int a : at) {
+        if ((size_t) a > hist_tokens) {
+            std::string m = "the conversation (" + std::to_string(hist_tokens) + " tokens) never reaches " + std::to_string(a) +
+                            " tokens: that checkpoint is asked at its end";
+            fprintf(stderr, "kvevict_decode_bench: %s\n", m.c_str());
+            note += (note.empty() ? "" : "; ") + m;
+        }
+    }
+    const int room_needed = (int) std::min<size_t>(q_max, (size_t) r.chunk);
+    struct snapshot {
+        std::vector<uint8_t> bytes;
+        llama_pos past = 0;
+        int cells = 0, shifts = 0;
+    };
+    auto save = [&](snapshot & sn) {
+        sn.past = r.n_past;
+        sn.cells = r.cells;
+        sn.shifts = r.shifts;
+        sn.bytes.resize(llama_state_seq_get_size(r.ctx, 0));
+        sn.bytes.resize(llama_state_seq_get_data(r.ctx, sn.bytes.data(), sn.bytes.size(), 0));
+    };
+    auto restore = [&](const snapshot & sn) {
+        llama_memory_seq_rm(r.mem, 0, -1, -1);
+        if (llama_state_seq_set_data(r.ctx, sn.bytes.data(), sn.bytes.size(), 0) == 0) return false;
+        r.n_past = sn.past;
+        r.cells = sn.cells;
+        r.shifts = sn.shifts;
+        return true;
+    };
+    snapshot snap, snap_q;
+    int n_ok = 0, n_asked = 0;
+    double q_cpu = 0;
+    // every question from a snapshot of the history, restored each time; then the history goes on from it
+    auto checkpoint = [&](int label, size_t fed) -> bool {
+        const double c0 = r.decode_cpu;
+        // room for the longest question, so that no question starts by evicting right after a restore
+        // (the fork resets a restored sequence's query ring): evict now, as the fork would before that
+        // ubatch, with the history's last queries; context shift the same way
+        if (r.fork && r.cells + room_needed > r.budget) {
+            const int32_t rc = llama_kv_evict_to(r.ctx, 0, (uint32_t) std::floor(o.evict_to * r.budget));
+            if (rc < 0) { fprintf(stderr, "llama_kv_evict_to: %d\n", rc); return false; }
+            r.update_cells();
+        }
+        if (r.shift) r.maybe_shift(room_needed);
+        save(snap);
+        const int evictions = r.ev.count, shifts = r.shifts;
+        for (size_t qi = 0; qi < qs.size(); qi++) {
+            const auto & q = qs[qi];
+            std::vector<double> lp;
+            bool failed = !restore(snap);
+            // the question and the answer prefix once; its last logits and a snapshot after it serve
+            // every candidate and the greedy answer
+            std::vector<float> last(r.n_vocab);
+            if (!failed && !r.feed(qtoks[qi], false, 512, [&](size_t, const float * row) {
+                    std::copy(row, row + r.n_vocab, last.begin());
+                })) failed = true;
+            if (!failed) save(snap_q);
+            for (size_t ci = 0; !failed && ci < ctoks[qi].size(); ci++) {
+                const auto & ct = ctoks[qi][ci];
+                double s = 0.0;
+                if (cclean[qi][ci]) {
+                    // the candidate's log-likelihood after the prefix
+                    s = logprob(last.data(), r.n_vocab, ct[0]);
+                    if (ct.size() > 1) {
+                        if (!restore(snap_q)) { failed = true; break; }
+                        if (!r.feed(ct, true, r.chunk, [&](size_t i, const float * row) {
+                                if (i + 1 < ct.size()) s += logprob(row, r.n_vocab, ct[i + 1]);
+                            })) { failed = true; break; }
+                    }
+                } else {
+                    // a token merged across the prefix's end: from the history's snapshot, the whole text
+                    if (!restore(snap)) { failed = true; break; }
+                    std::vector<llama_token> all(qtoks[qi].begin(), qtoks[qi].begin() + (qtoks[qi].size() - cdrop[qi][ci]));
+                    all.insert(all.end(), ct.begin(), ct.end());
+                    const size_t base = all.size() - ct.size();
+                    if (!r.feed(all, true, r.chunk, [&](size_t i, const float * row) {
+                            if (i + 1 >= base && i + 1 < all.size()) s += logprob(row, r.n_vocab, all[i + 1]);
+                        })) { failed = true; break; }
+                }
+                lp.push_back(s);
+            }
+            std::string answer;
+            if (!failed && restore(snap_q)) {
+                llama_token next = (llama_token) (std::max_element(last.begin(), last.end()) - last.begin());
+                for (int g = 0; !failed && g < o.gen && next >= 0 && !llama_vocab_is_eog(r.vocab, next); g++) {
+                    std::string p = piece(r.vocab, next);
+                    if (p.find('\n') != std::string::npos) break;
+                    answer += p;
+                    std::vector<llama_token> one{next};
+                    next = -1;
+                    if (!r.feed(one, false, 1, [&](size_t, const float * row) {
+                            next = (llama_token) (std::max_element(row, row + r.n_vocab) - row);
+                        })) failed = true;
+                }
+            } else {
+                failed = true;
+            }
+            int rank = 0;
+            for (size_t c = 1; c < lp.size(); c++) rank += lp[c] >= lp[0];
+            std::string lo = answer, v = q.cands[0];
+            std::transform(lo.begin(), lo.end(), lo.begin(), ::tolower);
+            std::transform(v.begin(), v.end(), v.begin(), ::tolower);
+            const bool hit = !failed && lo.find(v) != std::string::npos;
+            n_ok += hit;
+            n_asked++;
+            printf("{\"at\":%d,\"history\":%zu,\"cells\":%d,\"evictions\":%d,\"shifts\":%d,\"question\":%s,\"value\":%s,"
+                   "\"answer\":%s,\"recalled\":%s,\"choice_ok\":%s,\"lp_value\":%.4f,\"status\":\"%s\"}\n",
+                   label, fed, snap.cells, evictions, shifts, json_str(q.id).c_str(), json_str(q.cands[0]).c_str(),
+                   json_str(answer).c_str(), hit ? "true" : "false", (!failed && rank == 0) ? "true" : "false",
+                   lp.empty() ? NAN : lp[0], failed ? "error" : "ok");
+            fflush(stdout);
+        }
+        // back to the history's state to go on
+        if (!restore(snap)) return false;
+        r.ev.count = evictions;
+        q_cpu += r.decode_cpu - c0;
+        return true;
+    };
+    size_t fed = 0, next_at = 0;
+    for (size_t ti = 0; ti < turns.size(); ti++) {
+        // a turn per llama_decode call (the fork splits it into ubatches and evicts between them)
+        if (!r.feed(turns[ti], false, 512, [](size_t, const float *) {})) {
+            head("error", "llama_decode failed"); printf("}\n"); return 1;
+        }
+        fed += turns[ti].size();
+        while (next_at < at.size() && (fed >= (size_t) at[next_at] || ti + 1 == turns.size())) {
+            if (!checkpoint(at[next_at], fed)) { head("error", "a checkpoint failed"); printf("}\n"); return 1; }
+            next_at++;
+        }
+        if (next_at == at.size()) break; // the turns after the last checkpoint are not needed
+    }
+    head("ok", note);
+    char b[256];
+    snprintf(b, sizeof b, ",\"asked\":%d,\"recalled\":%d,\"question_cpu_ms\":%.1f,", n_asked, n_ok, q_cpu);
+    // the cost line: decode CPU time of the history alone (questions excluded)
+    r.decode_cpu -= q_cpu;
+    printf("%s%s}\n", b, r.cost_json().c_str());
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char ** argv) {
+    options o;
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        auto next = [&]() -> std::string {
+            if (i + 1 >= argc) { fprintf(stderr, "%s needs a value\n", a.c_str()); exit(2); }
+            return argv[++i];
+        };
+        if (a == "-m" || a == "--model") o.model = next();
+        else if (a == "--mode") o.mode = next();
+        else if (a == "--input") o.input = next();
+        else if (a == "--method") o.method = next();
+        else if (a == "--budget") o.budget = atoi(next().c_str());
+        else if (a == "--evict-to") o.evict_to = (float) atof(next().c_str());
+        else if (a == "--window") o.window = atoi(next().c_str());
+        else if (a == "--links") o.links = (float) atof(next().c_str());
+        else if (a == "--n-keep") o.n_keep = atoi(next().c_str());
+        else if (a == "--chunk") o.chunk = atoi(next().c_str());
+        else if (a == "--max-tokens") o.max_tokens = atoi(next().c_str());
+        else if (a == "--skip") o.skip = atoi(next().c_str());
+        else if (a == "--gen") o.gen = atoi(next().c_str());
+        else if (a == "-t" || a == "--threads") o.threads = atoi(next().c_str());
+        else if (a == "--flash") o.flash = atoi(next().c_str());
+        else if (a == "--nll-out") o.nll_out = next();
+        else if (a == "--at") {
+            std::stringstream ss(next());
+            std::string x;
+            while (std::getline(ss, x, ',')) o.at.push_back(atoi(x.c_str()));
+        }
+        else if (a == "--methods") { printf("full, ctxshift, %s\n", llama_kv_evict_method_names()); return 0; }
+        else { fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
+    }
+    if (o.model.empty() || o.input.empty() || (o.mode != "ppl" && o.mode != "chat")) {
+        fprintf(stderr, "usage: %s -m MODEL --mode ppl|chat --input FILE --method M --budget C [--evict-to F] "
+                        "[--window W] [--links T] [--n-keep K] [--chunk U] [--max-tokens N] [--skip S] [--gen G] "
+                        "[-t N] [--flash -1|0|1] [--nll-out F]\n", argv[0]);
+        return 2;
+    }
+    llama_log_set(quiet_log, nullptr);
+    llama_backend_init();
+    const int rc = o.mode == "ppl" ? run_ppl(o) : run_chat(o);
+    llama_backend_free();
+    return rc;
+}

@@ -1,0 +1,225 @@
+//! Smoke test of `eval/decode/kvevict_decode_bench` (issue 28), the decode-time benchmark tool
+//! against the llama.cpp fork: built here with `eval/decode/build.sh` against the fork's build,
+//! run on a tiny text and a tiny conversation with a 64-cell budget (seconds, not a benchmark):
+//!
+//! - streaming perplexity through the fork's budget: evictions happen, never more than the
+//!   budget held, every token past the budget scored; llama.cpp's context shift at the same
+//!   cell count shifts and holds less than the budget;
+//! - conversation recall: every question answered at each checkpoint, from the same cells;
+//! - bad input said and finished (exit 0): a budget not above the window (refused, with the
+//!   fork's reason), a text shorter than the budget, a conversation that never exceeds it.
+//!
+//! Needs `KVEVICT_FORK_BIN` (the fork's build/bin, llama_fork/build.sh prints it) and
+//! `KVEVICT_LLAMA_MODEL` (SmolLM2-135M-Instruct Q4_1); skips with a message without them.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn setup() -> Option<(PathBuf, PathBuf)> {
+    let bin = std::env::var_os("KVEVICT_FORK_BIN").map(PathBuf::from);
+    let model = std::env::var_os("KVEVICT_LLAMA_MODEL").map(PathBuf::from);
+    match (bin, model) {
+        (Some(bin), Some(model)) if bin.join("libllama.so").is_file() && model.is_file() => {
+            // the fork's folder: <dir>/build/bin
+            let fork = bin.parent()?.parent()?.to_path_buf();
+            if !fork.join("src/include/llama.h").is_file() {
+                eprintln!(
+                    "SKIPPED tests/decode_bench.rs: no llama.h under {}",
+                    fork.display()
+                );
+                return None;
+            }
+            let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kvevict_decode_bench");
+            let st = Command::new("bash")
+                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("eval/decode/build.sh"))
+                .env("KVEVICT_FORK_DIR", &fork)
+                .env("KVEVICT_DECODE_OUT", &out)
+                .status()
+                .expect("bash");
+            assert!(st.success(), "eval/decode/build.sh failed");
+            Some((out, model))
+        }
+        _ => {
+            eprintln!(
+                "SKIPPED tests/decode_bench.rs: set KVEVICT_FORK_BIN (llama_fork/build.sh) and KVEVICT_LLAMA_MODEL"
+            );
+            None
+        }
+    }
+}
+
+/// The tool's JSON lines (flat objects), as (key, raw value) lists.
+fn run(tool: &Path, args: &[&str]) -> Vec<Vec<(String, String)>> {
+    let o = Command::new(tool)
+        .args(args)
+        .output()
+        .expect("run the tool");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{args:?} failed: {err}");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| parse(l))
+        .collect()
+}
+
+fn parse(line: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let b = line.trim().trim_start_matches('{').trim_end_matches('}');
+    let (mut key, mut cur, mut in_str, mut esc, mut is_key) =
+        (String::new(), String::new(), false, false, true);
+    for c in b.chars() {
+        if in_str {
+            if esc {
+                esc = false;
+                cur.push(c);
+            } else if c == '\\' {
+                esc = true;
+            } else if c == '"' {
+                in_str = false;
+            } else {
+                cur.push(c);
+            }
+            continue;
+        }
+        match c {
+            '"' => in_str = true,
+            ':' if is_key => {
+                key = std::mem::take(&mut cur);
+                is_key = false;
+            }
+            ',' => {
+                out.push((std::mem::take(&mut key), std::mem::take(&mut cur)));
+                is_key = true;
+            }
+            _ => cur.push(c),
+        }
+    }
+    out.push((key, cur));
+    out
+}
+
+fn get<'a>(r: &'a [(String, String)], k: &str) -> &'a str {
+    r.iter()
+        .find(|(a, _)| a == k)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no {k} in {r:?}"))
+}
+fn num(r: &[(String, String)], k: &str) -> f64 {
+    get(r, k)
+        .parse()
+        .unwrap_or_else(|_| panic!("{k} not a number in {r:?}"))
+}
+
+const TEXT: &str = "The river rose slowly through the night, and by morning the lower fields were under water. \
+The farmers moved their animals to the hill behind the church, where the old stone wall kept the wind away. \
+Children carried bread and blankets up the path, and the baker kept his oven burning until noon. \
+When the rain stopped, the water went down as quietly as it had come, leaving mud, broken fences and a smell of wet hay. \
+Nobody in the village could remember a flood like it, although the oldest woman said her mother had told of one. \
+In the weeks that followed, everyone helped to rebuild the fences, and the council paid for a new bridge over the stream. ";
+
+#[test]
+fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
+    let Some((tool, model)) = setup() else { return };
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("decode_bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("text.txt");
+    std::fs::write(&text, TEXT.repeat(2)).unwrap();
+    let (m, t) = (model.to_str().unwrap(), text.to_str().unwrap());
+    let ppl = |method: &str, budget: &str| {
+        let mut v = run(
+            &tool,
+            &[
+                "-m", m, "--mode", "ppl", "--input", t, "--method", method, "--budget", budget,
+            ],
+        );
+        assert_eq!(v.len(), 1);
+        v.remove(0)
+    };
+    let full = ppl("full", "0");
+    let n = num(&full, "tokens");
+    assert!(n > 200.0, "{full:?}");
+    for method in ["uniqueness", "tova"] {
+        let r = ppl(method, "64");
+        assert_eq!(get(&r, "status"), "ok", "{r:?}");
+        assert!(num(&r, "evictions") >= 2.0, "{method}: {r:?}");
+        assert!(num(&r, "most_cells") <= 64.0, "{method}: {r:?}");
+        assert_eq!(num(&r, "scored"), n - 64.0, "{method}: {r:?}");
+        assert!(num(&r, "nll").is_finite() && num(&r, "nll") > 0.0, "{r:?}");
+        // the fork's eviction time is inside the decode time it is a share of
+        assert!(num(&r, "evict_ms") <= num(&r, "decode_wall_ms"), "{r:?}");
+    }
+    let cs = ppl("ctxshift", "64");
+    assert_eq!(get(&cs, "status"), "ok", "{cs:?}");
+    assert!(
+        num(&cs, "shifts") >= 2.0 && num(&cs, "most_cells") < 64.0,
+        "{cs:?}"
+    );
+    // bad input: said, recorded, exit 0
+    let small = ppl("tova", "4");
+    assert_eq!(get(&small, "status"), "refused", "{small:?}");
+    assert!(get(&small, "note").contains("window"), "{small:?}");
+    let long = ppl("uniqueness", "4096");
+    assert_eq!(get(&long, "status"), "no-tokens-scored", "{long:?}");
+    assert!(
+        get(&long, "note").contains("does not exceed the budget"),
+        "{long:?}"
+    );
+    assert_eq!(num(&long, "evictions"), 0.0);
+
+    // a conversation: a fact, filler turns, two checkpoints
+    let chat = dir.join("chat.tsv");
+    let mut s = String::from("M\tsystem\tYou are a helpful assistant.\nM\tuser\tMy dog is called Biscuit.\nM\tassistant\tNoted.\n");
+    for i in 0..6 {
+        s += &format!(
+            "M\tuser\tTell me about the flood, part {i}.\nM\tassistant\t{}\n",
+            &TEXT[..300]
+        );
+    }
+    s += "Q\tdog\tWhat is my dog called?\tYour dog is called\t Biscuit\t Pepper\t Rocky\n";
+    std::fs::write(&chat, s).unwrap();
+    let c = chat.to_str().unwrap();
+    for (method, budget) in [("uniqueness", "64"), ("ctxshift", "64")] {
+        let v = run(
+            &tool,
+            &[
+                "-m", m, "--mode", "chat", "--input", c, "--method", method, "--budget", budget,
+                "--at", "150,300", "--gen", "4",
+            ],
+        );
+        assert_eq!(
+            v.len(),
+            3,
+            "two checkpoints of one question, then the summary: {v:?}"
+        );
+        for q in &v[..2] {
+            assert_eq!(get(q, "status"), "ok", "{q:?}");
+            assert!(num(q, "lp_value") < 0.0, "{q:?}");
+            assert!(num(q, "cells") <= 64.0, "{q:?}");
+        }
+        assert!(
+            num(&v[0], "history") >= 150.0 && num(&v[1], "history") >= 300.0,
+            "{v:?}"
+        );
+        assert_eq!(num(&v[2], "asked"), 2.0);
+    }
+    let v = run(
+        &tool,
+        &[
+            "-m",
+            m,
+            "--mode",
+            "chat",
+            "--input",
+            c,
+            "--method",
+            "uniqueness",
+            "--budget",
+            "2048",
+        ],
+    );
+    assert!(
+        get(v.last().unwrap(), "note").contains("never exceeds the budget"),
+        "{v:?}"
+    );
+}
