@@ -47,12 +47,24 @@ no_std() {
 }
 run "no_std (thumbv7em)" no_std
 
+# CI stops a run at 90 minutes and then lands nothing: under CI, a step that would start after
+# KVEVICT_CI_BUDGET_S (default 4,800 s) is not started; it is named in the table as NOT RUN, so
+# the log says which tests this run did not do (make the suite faster rather than raise this)
+budget=${KVEVICT_CI_BUDGET_S:-4800}
+not_run=()
 for s in scripts/test.d/*.sh; do
   [ -e "$s" ] || continue
   name=$(basename "$s" .sh); name=${name#*-}
   if skip "$name"; then step "$name: skipped (KVEVICT_SKIP)"; continue; fi
+  if [ "${CI:-}" = true ] && [ $(( $(date +%s) - t0 )) -ge "$budget" ]; then
+    step "$name: NOT RUN (CI time budget: ${budget} s spent)"
+    not_run+=("$name"); names+=("$name (NOT RUN: CI time budget)"); secs+=(0)
+    continue
+  fi
   step "$name"
   run "$name" bash "$s"
 done
+[ ${#not_run[@]} = 0 ] || printf '\nNOT RUN for CI time (%d s budget): %s\n' "$budget" "${not_run[*]}"
 
-step "all passed in $(( $(date +%s) - t0 )) s"
+if [ ${#not_run[@]} = 0 ]; then step "all passed in $(( $(date +%s) - t0 )) s"
+else step "the steps run passed in $(( $(date +%s) - t0 )) s; NOT RUN for CI time: ${not_run[*]}"; fi
