@@ -239,9 +239,18 @@ fn find_cmake() -> Option<PathBuf> {
     }
     let venv = lib_dir().join("cmake-venv");
     let bin = venv.join("bin/cmake");
-    if bin.exists() {
+    // a venv's scripts name its python by the path it was made at: one made through another
+    // clone's target/ (a symlink to the shared cargo cache) breaks when that clone is gone
+    let runs = |b: &PathBuf| {
+        Command::new(b)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if bin.exists() && runs(&bin) {
         return Some(bin);
     }
+    let _ = std::fs::remove_dir_all(&venv);
     let ok = Command::new("python3")
         .args(["-m", "venv"])
         .arg(&venv)
@@ -251,7 +260,7 @@ fn find_cmake() -> Option<PathBuf> {
             .args(["install", "--quiet", "cmake"])
             .status()
             .is_ok_and(|s| s.success());
-    if ok && bin.exists() {
+    if ok && runs(&bin) {
         Some(bin)
     } else {
         None
