@@ -14,7 +14,7 @@
 # Stale builds: cargo decides whether kvevict is fresh by the mtimes of its files, and a clone
 # older than the cache's last build (a run that waited for another) would look fresh. So each
 # folder records the content of the sources it last built (git's blob hashes of the tracked
-# files and the uncommitted diff, .kvevict-sources); when that differs, kvevict's own
+# files, the uncommitted diff and the clone's path, .kvevict-sources); when that differs, kvevict's own
 # fingerprints (.fingerprint/kvevict*, every profile and target) are removed first, so cargo
 # rebuilds every unit of kvevict (and of kvevict-fuzz) and reuses only the dependencies.
 # Folders unused for 30 days are removed.
@@ -54,7 +54,8 @@ cargo_cache() {
         echo "cargo cache: $target -> $dir"
     fi
     local sources
-    sources=$(cd "$ROOT" && { git ls-files -s; git diff HEAD; } | sha256sum | cut -c1-32)
+    # (the clone's path too: test binaries and build scripts bake it in, env!("CARGO_MANIFEST_DIR"))
+    sources=$(cd "$ROOT" && { pwd -P; git ls-files -s; git diff HEAD; } | sha256sum | cut -c1-32)
     if [ "$(cat "$dir/.kvevict-sources" 2>/dev/null)" != "$sources" ]; then
         echo "cargo cache: sources differ from the last build in $dir: kvevict's fingerprints removed"
         find "$dir" -maxdepth 4 -type d -path '*/.fingerprint/kvevict*' -prune -exec rm -rf {} +
