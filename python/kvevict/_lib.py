@@ -466,6 +466,27 @@ _CUDA_PROTOS = {
         c_int32,
         [P(kve_select_params), P(kve_model_scores), c_void_p, c_uint64, c_float, c_void_p,
          c_uint64, c_void_p, c_uint64, c_uint64, c_void_p, c_uint64, c_void_p]),
+    # the evictor's device form (``kve_cuda_evictor``: a host context over a device block)
+    "kve_cuda_evictor_size": (c_int32, [P(kve_evictor_config), _u64p, _u64p]),
+    "kve_cuda_evictor_init": (
+        c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, P(kve_evictor_config), P(c_void_p)]),
+    "kve_cuda_evictor_get_requirements": (
+        c_int32, [c_void_p, P(kve_evictor_requirements), c_uint32]),
+    "kve_cuda_evictor_set_output_projection": (
+        c_int32, [c_void_p, c_uint64, P(kve_tensor), c_void_p]),
+    "kve_cuda_evictor_observe_queries": (
+        c_int32, [c_void_p, c_uint64, c_uint64, P(kve_tensor), c_void_p]),
+    "kve_cuda_evictor_plan": (c_int32, [c_void_p, c_uint64, c_uint64, _u64p]),
+    "kve_cuda_evictor_begin": (c_int32, [c_void_p, c_uint64, c_uint64, c_uint64]),
+    "kve_cuda_evictor_score_layer": (
+        c_int32, [c_void_p, c_uint64, c_uint64, P(kve_evictor_layer), c_void_p]),
+    "kve_cuda_evictor_select": (c_int32, [c_void_p, c_uint64, _u64p, c_void_p]),
+    "kve_cuda_evictor_kept_lists": (
+        c_int32, [c_void_p, c_uint64, P(c_void_p), P(c_void_p), _u64p]),
+    "kve_cuda_evictor_compact": (c_int32, [c_void_p, c_uint64, c_uint64, P(kve_tensor), c_void_p]),
+    "kve_cuda_evictor_commit": (c_int32, [c_void_p, c_uint64]),
+    "kve_cuda_evictor_seq_reset": (c_int32, [c_void_p, c_uint64]),
+    "kve_cuda_evictor_get_stats": (c_int32, [c_void_p, c_uint64, P(kve_evictor_stats), c_uint32]),
 }
 
 
