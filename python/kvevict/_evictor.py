@@ -41,29 +41,11 @@ class Evictor:
     def __init__(self, preset, *, layers, hq, hkv, dk, dv=None, d_model=0, max_cells,
                  max_seqs=1, keep_ratio=None, min_keep=64, cells=None, window=None,
                  granularity=None, link_threshold=None, score_params=None, select_params=None):
-        if keep_ratio is not None and cells is not None:
-            raise ValueError("Evictor: give keep_ratio or cells, not both")
-        c = kve_evictor_config()
-        call("kve_evictor_config_init", ctypes.byref(c), ctypes.sizeof(c), PRESETS.encode(preset))
-        c.layers, c.hq, c.hkv, c.dk = layers, hq, hkv, dk
-        c.dv, c.d_model = dk if dv is None else dv, d_model
-        c.max_cells, c.max_seqs = max_cells, max_seqs
-        if keep_ratio is not None:
-            c.policy, c.keep_ratio, c.min_keep = _POLICY_KEEP_RATIO, keep_ratio, min_keep
-        elif cells is not None:
-            high, low = (cells, 0) if np.ndim(cells) == 0 else cells
-            c.policy, c.high, c.low = _POLICY_CELLS, high, low
-        if window is not None:
-            c.window = window
-        if granularity is not None:
-            c.granularity = GRANULARITIES.encode(granularity)
-        if link_threshold is not None:
-            c.link_threshold = link_threshold
-        # the library decodes both structs in kve_evictor_init and keeps no pointer
-        if score_params is not None:
-            c.score = ctypes.addressof(score_params._c)
-        if select_params is not None:
-            c.select = ctypes.addressof(select_params._c)
+        c = evictor_config(preset, layers=layers, hq=hq, hkv=hkv, dk=dk, dv=dv, d_model=d_model,
+                           max_cells=max_cells, max_seqs=max_seqs, keep_ratio=keep_ratio,
+                           min_keep=min_keep, cells=cells, window=window,
+                           granularity=granularity, link_threshold=link_threshold,
+                           score_params=score_params, select_params=select_params)
         size = ctypes.c_uint64()
         call("kve_evictor_size", ctypes.byref(c), ctypes.byref(size))
         self._mem = np.empty(size.value, np.uint8)
@@ -71,13 +53,7 @@ class Evictor:
         call("kve_evictor_init", ptr(self._mem), self._mem.size, ctypes.byref(c),
              ctypes.byref(self._ev))
         self.layers, self.hq, self.hkv, self.max_cells = layers, hq, hkv, max_cells
-        r = kve_evictor_requirements()
-        call("kve_evictor_get_requirements", self._ev, ctypes.byref(r), ctypes.sizeof(r))
-        self.requirements = {
-            "queries": bool(r.queries), "values": bool(r.values), "wo": _WO[r.wo],
-            "row_lse_helps": bool(r.row_lse_helps), "window": r.window,
-            "granularity": GRANULARITIES.decode(r.granularity),
-        }
+        self.requirements = requirements("kve_evictor_get_requirements", self._ev)
         """What to capture: ``queries``, ``values``, ``wo`` (None, "once": give it to
         :meth:`set_output_projection`, "every-round": to :meth:`score_layer`),
         ``row_lse_helps``, ``window``, ``granularity``."""
@@ -175,10 +151,7 @@ class Evictor:
 
     def stats(self, seq):
         """``seq``'s counters: cells, protected_cells, evictions, cells_evicted, ragged."""
-        s = kve_evictor_stats()
-        call("kve_evictor_get_stats", self._ev, seq, ctypes.byref(s), ctypes.sizeof(s))
-        return {"cells": s.cells, "protected_cells": s.protected_cells, "evictions": s.evictions,
-                "cells_evicted": s.cells_evicted, "ragged": bool(s.ragged)}
+        return stats("kve_evictor_get_stats", self._ev, seq)
 
     def evict(self, seq, keys, values=None, queries=None, *, wo=None, target=None):
         """One round on whole-model tensors (``keys[l]`` ``[Hkv, n, dk]``, ``values[l]``,
@@ -197,3 +170,54 @@ class Evictor:
                              wo=wo[l] if need["wo"] == "every-round" else None)
         self.select(seq)
         return self.kept(seq)
+
+
+def evictor_config(preset, *, layers, hq, hkv, dk, dv=None, d_model=0, max_cells, max_seqs=1,
+                   keep_ratio=None, min_keep=64, cells=None, window=None, granularity=None,
+                   link_threshold=None, score_params=None, select_params=None):
+    """The ``kve_evictor_config`` of :class:`Evictor`'s arguments (the host and device forms
+    take the same ones). ``score_params`` / ``select_params`` are referenced by address:
+    keep them alive until the evictor is initialised."""
+    if keep_ratio is not None and cells is not None:
+        raise ValueError("Evictor: give keep_ratio or cells, not both")
+    c = kve_evictor_config()
+    call("kve_evictor_config_init", ctypes.byref(c), ctypes.sizeof(c), PRESETS.encode(preset))
+    c.layers, c.hq, c.hkv, c.dk = layers, hq, hkv, dk
+    c.dv, c.d_model = dk if dv is None else dv, d_model
+    c.max_cells, c.max_seqs = max_cells, max_seqs
+    if keep_ratio is not None:
+        c.policy, c.keep_ratio, c.min_keep = _POLICY_KEEP_RATIO, keep_ratio, min_keep
+    elif cells is not None:
+        high, low = (cells, 0) if np.ndim(cells) == 0 else cells
+        c.policy, c.high, c.low = _POLICY_CELLS, high, low
+    if window is not None:
+        c.window = window
+    if granularity is not None:
+        c.granularity = GRANULARITIES.encode(granularity)
+    if link_threshold is not None:
+        c.link_threshold = link_threshold
+    # the library decodes both structs in kve_evictor_init and keeps no pointer
+    if score_params is not None:
+        c.score = ctypes.addressof(score_params._c)
+    if select_params is not None:
+        c.select = ctypes.addressof(select_params._c)
+    return c
+
+
+def requirements(fn, ev):
+    """What an evictor needs captured (``fn``: the host or device ``get_requirements``)."""
+    r = kve_evictor_requirements()
+    call(fn, ev, ctypes.byref(r), ctypes.sizeof(r))
+    return {
+        "queries": bool(r.queries), "values": bool(r.values), "wo": _WO[r.wo],
+        "row_lse_helps": bool(r.row_lse_helps), "window": r.window,
+        "granularity": GRANULARITIES.decode(r.granularity),
+    }
+
+
+def stats(fn, ev, seq):
+    """A sequence's counters (``fn``: the host or device ``get_stats``)."""
+    s = kve_evictor_stats()
+    call(fn, ev, seq, ctypes.byref(s), ctypes.sizeof(s))
+    return {"cells": s.cells, "protected_cells": s.protected_cells, "evictions": s.evictions,
+            "cells_evicted": s.cells_evicted, "ragged": bool(s.ragged)}

@@ -38,16 +38,19 @@ registered with the emulated runtime as device memory.
 """
 import ctypes
 
+import numpy as np
+
 from . import _lib
-from ._api import LINK_THRESHOLD, _as_score_params, _as_select_params, prefix_len
-from ._core import DTYPES, STATUS_CODES, KvevictError
+from ._api import LINK_THRESHOLD, _as_score_params, _as_select_params, _wo, prefix_len
+from ._evictor import evictor_config, requirements, stats
+from ._core import DTYPES, STATUS_CODES, KvevictError, check
 from ._lib import kve_layer_inputs, kve_model_scores, kve_tensor, lib
 
 __all__ = [
     "available", "device_count", "built_with_cuda", "score_workspace_size", "score_layer",
     "select_workspace_size", "select_model", "value_links_workspace_size",
     "accumulate_value_links", "compact_workspace_size", "compact_in_place",
-    "compact_varlen", "DeviceArray", "as_device_array", "stream_handle",
+    "compact_varlen", "DeviceArray", "as_device_array", "stream_handle", "Evictor",
 ]
 
 def _status(name):
@@ -630,3 +633,123 @@ def compact_varlen(src, kept, counts, *, kept_ld=None, dst, cu_seqlens, stream=N
     _call("kve_cuda_compact_to_varlen", ctypes.byref(s.c), kptr, ld, cptr,
           (dsta.ptr or None) if dsta.size else None, cuptr, st)
     return dst, cu_seqlens
+
+
+# ----------------------------------------------------------------------- the evictor
+class Evictor:
+    """The evictor's device form (``kve_cuda_evictor_*``): :class:`kvevict.Evictor`'s
+    rounds with the K/V, queries and kept lists in device memory, enqueued on a stream
+    (nothing read back but what :meth:`select` returns; a round can be captured in a CUDA
+    graph). Same arguments as :class:`kvevict.Evictor`, plus ``device_memory``: a writable
+    device array of at least ``Evictor.sizes(...)[1]`` bytes, 256-byte aligned (e.g.
+    ``torch.empty(n, dtype=torch.uint8, device="cuda")``), kept alive by this object;
+    the host context is a numpy buffer it owns. Value links and methods that read ``Wo``
+    every round (CriticalKV) are refused (``KVE_ERR_INVALID_ARGUMENT``): use the host form.
+    """
+
+    @staticmethod
+    def sizes(preset, **config):
+        """``(host_bytes, device_bytes)`` of an evictor of ``preset`` and ``config`` (the
+        constructor's keywords but ``device_memory``)."""
+        c = evictor_config(preset, **config)
+        host, dev = ctypes.c_uint64(), ctypes.c_uint64()
+        _call("kve_cuda_evictor_size", ctypes.byref(c), ctypes.byref(host), ctypes.byref(dev))
+        return int(host.value), int(dev.value)
+
+    def __init__(self, preset, *, device_memory, **config):
+        c = evictor_config(preset, **config)
+        host, need = ctypes.c_uint64(), ctypes.c_uint64()
+        _call("kve_cuda_evictor_size", ctypes.byref(c), ctypes.byref(host), ctypes.byref(need))
+        self._dev, dptr, dbytes = _flat(device_memory, "device_memory", None, writable=True)
+        self._mem = np.empty(host.value, np.uint8)
+        self._ev = ctypes.c_void_p()
+        _call("kve_cuda_evictor_init", self._mem.ctypes.data, self._mem.size, dptr, dbytes,
+              ctypes.byref(c), ctypes.byref(self._ev))
+        self.layers, self.hkv = config["layers"], config["hkv"]
+        self.hq, self.max_cells = config["hq"], config["max_cells"]
+        self.requirements = requirements("kve_cuda_evictor_get_requirements", self._ev)
+        """As :attr:`kvevict.Evictor.requirements`."""
+
+    def set_output_projection(self, layer, wo, stream=None):
+        """``wo`` of ``layer`` as a HOST numpy array (``[Hq, dv, D]`` or ``[Hq*dv, D]``): its
+        Gram blocks are computed on the host and uploaded on ``stream``, which is
+        synchronised (setup, not capturable)."""
+        t = _wo(wo, self.hq, None, "cuda.Evictor.set_output_projection")
+        _call("kve_cuda_evictor_set_output_projection", self._ev, layer, ctypes.byref(t.c),
+              stream_handle(stream) or None)
+
+    def observe_queries(self, seq, layer, queries, stream=None, dtype=None):
+        """Keep the last ``window`` rows of ``queries`` (device ``[Hq, c, dk]``) in the
+        sequence's ring, on ``stream``."""
+        q = _tensor(queries, "queries", dtype)
+        _call("kve_cuda_evictor_observe_queries", self._ev, seq, layer, ctypes.byref(q.c),
+              _stream(stream, [q.arr], "Evictor.observe_queries"))
+
+    def plan(self, seq, n_cells):
+        """As :meth:`kvevict.Evictor.plan` (host)."""
+        t = ctypes.c_uint64()
+        _call("kve_cuda_evictor_plan", self._ev, seq, n_cells, ctypes.byref(t))
+        return int(t.value)
+
+    def begin(self, seq, n_cells, target):
+        """As :meth:`kvevict.Evictor.begin` (host bookkeeping, nothing enqueued)."""
+        _call("kve_cuda_evictor_begin", self._ev, seq, n_cells, target)
+
+    def score_layer(self, seq, layer, keys, values=None, queries=None, row_lse=None,
+                    stream=None, dtype=None):
+        """As :meth:`kvevict.Evictor.score_layer` with device arrays (``row_lse``: float32
+        ``[Hq, w]``, C-contiguous), enqueued on ``stream``."""
+        v = _lib.kve_evictor_layer()
+        check(lib.kve_evictor_layer_init(ctypes.byref(v), ctypes.sizeof(v)), "kve_evictor_layer_init")
+        refs = [_tensor(keys, "keys", dtype)]
+        v.keys = refs[0].c
+        for name, x in (("values", values), ("queries", queries)):
+            if x is not None:
+                refs.append(_tensor(x, name, dtype))
+                setattr(v, name, refs[-1].c)
+        arrays = [r.arr for r in refs]
+        if row_lse is not None:
+            a, p, n = _flat(row_lse, "row_lse", "<f4")
+            arrays.append(a)
+            v.row_lse, v.row_lse_len = p, n
+        _call("kve_cuda_evictor_score_layer", self._ev, seq, layer, ctypes.byref(v),
+              _stream(stream, arrays, "Evictor.score_layer"))
+
+    def select(self, seq, stream=None):
+        """Select the round on ``stream``. Returns the cells every (layer, KV head) keeps
+        when the selection is rectangular (token granularity, the uniform allocator), else
+        None (the counts stay on the device: :meth:`kept_lists`)."""
+        n = ctypes.c_uint64()
+        _call("kve_cuda_evictor_select", self._ev, seq, ctypes.byref(n),
+              stream_handle(stream) or None)
+        return None if n.value == 2**64 - 1 else int(n.value)
+
+    def kept_lists(self, seq):
+        """``(counts, idx, idx_ld)``: DEVICE pointers (ints) to int32 ``counts[L*Hkv]`` and
+        ``idx[L*Hkv, idx_ld]`` (unit ``l*Hkv + kh`` keeps ``idx[u, :counts[u]]``, ascending),
+        in the evictor's device block, valid until the sequence's next :meth:`begin`."""
+        counts, idx, ld = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint64()
+        _call("kve_cuda_evictor_kept_lists", self._ev, seq, ctypes.byref(counts),
+              ctypes.byref(idx), ctypes.byref(ld))
+        return counts.value or 0, idx.value or 0, int(ld.value)
+
+    def compact(self, seq, layer, kv, stream=None, dtype=None):
+        """Move ``layer``'s kept rows of ``kv`` (device ``[Hkv, n, d]``, writable) to the
+        front of each head, in place, on ``stream``."""
+        t = _tensor(kv, "kv", dtype, writable=True)
+        _call("kve_cuda_evictor_compact", self._ev, seq, layer, ctypes.byref(t.c),
+              _stream(stream, [t.arr], "Evictor.compact"))
+
+    def commit(self, seq):
+        """As :meth:`kvevict.Evictor.commit`; a selection that is not rectangular leaves
+        the sequence ragged until :meth:`reset`."""
+        _call("kve_cuda_evictor_commit", self._ev, seq)
+
+    def reset(self, seq):
+        """As :meth:`kvevict.Evictor.reset`."""
+        _call("kve_cuda_evictor_seq_reset", self._ev, seq)
+
+    def stats(self, seq):
+        """As :meth:`kvevict.Evictor.stats`, but after a ragged commit ``cells`` is the
+        round's target (the kept counts stay on the device; the host form books the largest)."""
+        return stats("kve_cuda_evictor_get_stats", self._ev, seq)

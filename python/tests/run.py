@@ -1,6 +1,6 @@
 """Run the binding's tests (unittest) and print a closing '<label>: N passed, N failed' line.
 
-Options: ``-v`` (verbose), ``--pattern GLOB`` (test files, default ``test*.py``),
+Options: ``-v`` (verbose), ``--pattern GLOB`` (test files, default ``test*.py``; repeatable),
 ``--label NAME`` (of the closing line, default ``python``), ``--no-skips`` (a skipped test
 fails the run: for steps that must exercise every selected test). Exits non-zero on any
 failure or error, or when no test passed.
@@ -13,13 +13,14 @@ import unittest
 here = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("-v", "--verbose", action="store_true")
-ap.add_argument("--pattern", default="test*.py")
+ap.add_argument("--pattern", action="append")
 ap.add_argument("--label", default="python")
 ap.add_argument("--no-skips", action="store_true")
 args = ap.parse_args()
 
 verbosity = 2 if args.verbose else 1
-suite = unittest.defaultTestLoader.discover(here, pattern=args.pattern, top_level_dir=here)
+suite = unittest.TestSuite(unittest.defaultTestLoader.discover(here, pattern=p, top_level_dir=here)
+                           for p in args.pattern or ["test*.py"])
 result = unittest.TextTestRunner(verbosity=verbosity).run(suite)
 failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
 skipped = len(result.skipped)
