@@ -332,14 +332,7 @@ fn outputs_over_struct_arguments_are_aliasing() {
         let params = base as *mut kve_select_params;
         *params = usel;
         let ms = base.add(8) as *mut kve_model_scores;
-        *ms = kve_model_scores {
-            scores: scores.as_ptr(),
-            len: scores.len() as u64,
-            layers: 1,
-            hkv: HKV as u64,
-            n: N as u64,
-            window: W as u64,
-        };
+        *ms = kve_model_scores::of(&scores, 1, HKV as u64, N as u64, W as u64);
         let before = m.0;
         for off in [base.add(1), base.add(10)] {
             expect!(

@@ -31,6 +31,21 @@ pub struct kve_model_scores {
     pub window: u64,
 }
 
+impl kve_model_scores {
+    /// The descriptor of all of `scores` for a model of `layers` layers of `hkv` KV heads,
+    /// `n` tokens and a window of `window` (for Rust callers; nothing is checked here).
+    pub fn of(scores: &[f32], layers: u64, hkv: u64, n: u64, window: u64) -> kve_model_scores {
+        kve_model_scores {
+            scores: scores.as_ptr(),
+            len: scores.len() as u64,
+            layers,
+            hkv,
+            n,
+            window,
+        }
+    }
+}
+
 /// Dimensions checked before the core loops over them ([`ModelShape::new`], the check
 /// the device path makes too).
 fn dims(layers: u64, hkv: u64, n: u64, window: u64) -> Result<(usize, usize, usize, usize)> {

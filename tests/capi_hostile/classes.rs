@@ -342,14 +342,7 @@ fn misaligned_pointers() {
             KVE_ERR_MISALIGNED
         );
         let scores = data(HKV * P, 4);
-        let ms = kve_model_scores {
-            scores: scores.as_ptr(),
-            len: scores.len() as u64,
-            layers: 1,
-            hkv: HKV as u64,
-            n: N as u64,
-            window: W as u64,
-        };
+        let ms = kve_model_scores::of(&scores, 1, HKV as u64, N as u64, W as u64);
         let sel = select_params(0, 0, 4);
         let mut off = [CANARY as u64; 4];
         let mut idx = [CANARY; 64];
@@ -431,14 +424,7 @@ fn enums_out_of_range() {
         );
         assert_eq!(s.struct_size, 0);
         let scores = data(HKV * P, 4);
-        let ms = kve_model_scores {
-            scores: scores.as_ptr(),
-            len: scores.len() as u64,
-            layers: 1,
-            hkv: HKV as u64,
-            n: N as u64,
-            window: W as u64,
-        };
+        let ms = kve_model_scores::of(&scores, 1, HKV as u64, N as u64, W as u64);
         let mut off = [CANARY as u64; 3];
         let mut idx = [CANARY; 80];
         let mut ws = vec![0u8; 8192];
@@ -703,14 +689,7 @@ fn outputs_too_small() {
         kve_select_output_len(&sel, 2, HKV as u64, N as u64, W as u64, &mut ol, &mut il);
         kve_select_workspace_size(&sel, 2, HKV as u64, N as u64, W as u64, &mut wl);
     }
-    let ms = kve_model_scores {
-        scores: scores.as_ptr(),
-        len: scores.len() as u64,
-        layers: 2,
-        hkv: HKV as u64,
-        n: N as u64,
-        window: W as u64,
-    };
+    let ms = kve_model_scores::of(&scores, 2, HKV as u64, N as u64, W as u64);
     let mut off = vec![CANARY as u64; ol as usize];
     let mut idx = vec![CANARY; il as usize];
     let mut ws = vec![0u8; wl as usize];
@@ -718,7 +697,11 @@ fn outputs_too_small() {
         len: scores.len() as u64 - 1,
         ..ms
     };
-    let (o, i, w) = (off.as_mut_ptr(), idx.as_mut_ptr(), ws.as_mut_ptr() as *mut c_void);
+    let (o, i, w) = (
+        off.as_mut_ptr(),
+        idx.as_mut_ptr(),
+        ws.as_mut_ptr() as *mut c_void,
+    );
     let cases = [
         ((&ms, ol - 1, il, wl), KVE_ERR_OUTPUT_TOO_SMALL),
         ((&ms, ol, il - 1, wl), KVE_ERR_OUTPUT_TOO_SMALL),
