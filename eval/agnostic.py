@@ -120,6 +120,13 @@ def signal_stats(model, cap, signal):
     return out
 
 
+def unit_keys_values(cap):
+    """The captured keys and values as f32 unit vectors, [L, Hkv, N, d] each."""
+    K = cap.keys.astype(np.float32)
+    V = cap.values.astype(np.float32)
+    return K / np.linalg.norm(K, axis=3, keepdims=True), V / np.linalg.norm(V, axis=3, keepdims=True)
+
+
 def redundancy(cap, mode="min", stride=1, kth=1, horizon=0):
     """[L, Hkv, N]: for each key, the largest similarity to another cached token, where the
     similarity of i and j is min(cos(k_i, k_j), cos(v_i, v_j)) ("min") or the key cosine
@@ -130,11 +137,8 @@ def redundancy(cap, mode="min", stride=1, kth=1, horizon=0):
     memo = methods._SCORES.setdefault(cap, {})
     key = ("redundancy", mode, stride, kth, horizon)
     if key not in memo:
-        K = cap.keys.astype(np.float32)
-        V = cap.values.astype(np.float32)
-        kn = K / np.linalg.norm(K, axis=3, keepdims=True)
-        vn = V / np.linalg.norm(V, axis=3, keepdims=True)
-        L, H, n, _ = K.shape
+        kn, vn = unit_keys_values(cap)
+        L, H, n, _ = kn.shape
         cand = np.arange(0, n, stride)
         out = np.empty((L, H, n), np.float32)
         for l in range(L):
@@ -241,11 +245,8 @@ def twin_count(cap, beta):
     memo = methods._SCORES.setdefault(cap, {})
     key = ("twin_count", beta)
     if key not in memo:
-        K = cap.keys.astype(np.float32)
-        V = cap.values.astype(np.float32)
-        kn = K / np.linalg.norm(K, axis=3, keepdims=True)
-        vn = V / np.linalg.norm(V, axis=3, keepdims=True)
-        L, H, n, _ = K.shape
+        kn, vn = unit_keys_values(cap)
+        L, H, n, _ = kn.shape
         out = np.empty((L, H, n), np.float32)
         for l in range(L):
             for h in range(H):
