@@ -99,17 +99,17 @@ TEST_BIN=""
 if ! skip tests; then
   say "GPU tests"
   if command -v cargo >/dev/null 2>&1 && [ -n "$NVCC" ]; then
-    if timeout "$(tmo 240)" cargo test --release --features cuda --test device --test cuda_capi --test links_device --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
+    if timeout "$(tmo 240)" cargo test --release --features cuda --test device --test capi_cuda --test capi_cuda_links --no-run 2>&1 | tee "$LOG/cargo_build.log" | tail -3; then
       TEST_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/device-* 2>/dev/null | grep -v '\.d$' | head -1)
-      CAPI_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/cuda_capi-* 2>/dev/null | grep -v '\.d$' | head -1)
-      LINKS_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/links_device-* 2>/dev/null | grep -v '\.d$' | head -1)
+      CAPI_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/capi_cuda-* 2>/dev/null | grep -v '\.d$' | head -1)
+      LINKS_BIN=$(ls -t "${CARGO_TARGET_DIR:-target}"/release/deps/capi_cuda_links-* 2>/dev/null | grep -v '\.d$' | head -1)
     fi
   fi
   if [ -z "$TEST_BIN" ] && [ -x build/gpu/device ]; then
     TEST_BIN=build/gpu/device
     echo "using the prebuilt test binary build/gpu/device"
   fi
-  if [ -z "${CAPI_BIN:-}" ] && [ -x build/gpu/cuda_capi ]; then CAPI_BIN=build/gpu/cuda_capi; fi
+  if [ -z "${CAPI_BIN:-}" ] && [ -x build/gpu/capi_cuda ]; then CAPI_BIN=build/gpu/capi_cuda; fi
   # the public C API's device paths against the host C API (every scorer / allocator)
   if [ -n "${CAPI_BIN:-}" ]; then
     if timeout "$(tmo 120)" "$CAPI_BIN" --test-threads=4 --nocapture 2>&1 | tee "$LOG/capi.log" | grep -E "^test |worst|selections|panicked" ; then
@@ -118,9 +118,9 @@ if ! skip tests; then
       fail "C API device tests: FAILED (see capi.log): $(grep -E 'panicked' -A2 "$LOG/capi.log" | head -4 | tr '\n' ' ')"
     fi
   else
-    need "C API device tests: NOT RUN (no build/gpu/cuda_capi)"
+    need "C API device tests: NOT RUN (no build/gpu/capi_cuda)"
   fi
-  if [ -z "${LINKS_BIN:-}" ] && [ -x build/gpu/links_device ]; then LINKS_BIN=build/gpu/links_device; fi
+  if [ -z "${LINKS_BIN:-}" ] && [ -x build/gpu/capi_cuda_links ]; then LINKS_BIN=build/gpu/capi_cuda_links; fi
   # value links and the linked selection against the host (links bit for bit)
   if [ -n "${LINKS_BIN:-}" ]; then
     if timeout "$(tmo 60)" "$LINKS_BIN" --nocapture 2>&1 | tee "$LOG/links.log" | grep -E "^test |skipped|equal|panicked"; then
@@ -129,7 +129,7 @@ if ! skip tests; then
       note "value-link tests: FAILED (see links.log): $(grep -E 'panicked' -A2 "$LOG/links.log" | head -4 | tr '\n' ' ')"
     fi
   else
-    note "value-link tests: NOT RUN (no build/gpu/links_device)"
+    note "value-link tests: NOT RUN (no build/gpu/capi_cuda_links)"
   fi
   if [ -n "$TEST_BIN" ]; then
     if timeout "$(tmo 150)" "$TEST_BIN" --test-threads=4 2>&1 | tee "$LOG/tests.log" | tail -25; then

@@ -120,6 +120,13 @@ def signal_stats(model, cap, signal):
     return out
 
 
+def unit_keys_values(cap):
+    """The captured keys and values as f32 unit vectors, [L, Hkv, N, d] each."""
+    K = cap.keys.astype(np.float32)
+    V = cap.values.astype(np.float32)
+    return K / np.linalg.norm(K, axis=3, keepdims=True), V / np.linalg.norm(V, axis=3, keepdims=True)
+
+
 def redundancy(cap, mode="min", stride=1, kth=1, horizon=0):
     """[L, Hkv, N]: for each key, the largest similarity to another cached token, where the
     similarity of i and j is min(cos(k_i, k_j), cos(v_i, v_j)) ("min") or the key cosine
@@ -130,11 +137,8 @@ def redundancy(cap, mode="min", stride=1, kth=1, horizon=0):
     memo = methods._SCORES.setdefault(cap, {})
     key = ("redundancy", mode, stride, kth, horizon)
     if key not in memo:
-        K = cap.keys.astype(np.float32)
-        V = cap.values.astype(np.float32)
-        kn = K / np.linalg.norm(K, axis=3, keepdims=True)
-        vn = V / np.linalg.norm(V, axis=3, keepdims=True)
-        L, H, n, _ = K.shape
+        kn, vn = unit_keys_values(cap)
+        L, H, n, _ = kn.shape
         cand = np.arange(0, n, stride)
         out = np.empty((L, H, n), np.float32)
         for l in range(L):
@@ -199,6 +203,18 @@ def surprisal(model, cap):
     return np.load(path)
 
 
+def lend_back_and_select(cap, s, keep_ratio, window, back, decay, granularity, post_pool):
+    """Token scores `s` [L, Hkv, N] (changed in place), each lending decay^j of itself to the
+    j <= `back` tokens before, selected globally over the prefix by the library."""
+    s0 = s.copy()
+    for j in range(1, back + 1):
+        s[:, :, :-j] = np.maximum(s[:, :, :-j], decay ** j * s0[:, :, j:])
+    s = s[:, :, : cap.n - window]
+    b = methods.head_budget(cap.n, keep_ratio, window) - window
+    return methods.library_select(cap, np.ascontiguousarray(s, np.float32), b, window, "laprox",
+                                  allocator="global", granularity=granularity, post_pool=post_pool)
+
+
 def make_surprisal(power=1.0, post_pool=("forward", 8, 0.9), mix=None, back=0, decay=0.9):
     """Prefill surprisal as every (layer, head)'s score, ** power; `mix` = w: times the
     uniqueness score (1 - redundancy)^8 ** w."""
@@ -207,13 +223,7 @@ def make_surprisal(power=1.0, post_pool=("forward", 8, 0.9), mix=None, back=0, d
                             (cap.n_layers, cap.n_kv_heads, cap.n)).copy()
         if mix is not None:
             s = s * (np.maximum(1.0 - redundancy(cap, "min", 1), 0).astype(np.float64) ** 8) ** mix
-        s0 = s.copy()
-        for j in range(1, back + 1):
-            s[:, :, :-j] = np.maximum(s[:, :, :-j], decay ** j * s0[:, :, j:])
-        s = s[:, :, : cap.n - window]
-        b = methods.head_budget(cap.n, keep_ratio, window) - window
-        return methods.library_select(cap, np.ascontiguousarray(s, np.float32), b, window, "laprox",
-                                      allocator="global", granularity="token", post_pool=post_pool)
+        return lend_back_and_select(cap, s, keep_ratio, window, back, decay, "token", post_pool)
     return select
 
 
@@ -241,11 +251,8 @@ def twin_count(cap, beta):
     memo = methods._SCORES.setdefault(cap, {})
     key = ("twin_count", beta)
     if key not in memo:
-        K = cap.keys.astype(np.float32)
-        V = cap.values.astype(np.float32)
-        kn = K / np.linalg.norm(K, axis=3, keepdims=True)
-        vn = V / np.linalg.norm(V, axis=3, keepdims=True)
-        L, H, n, _ = K.shape
+        kn, vn = unit_keys_values(cap)
+        L, H, n, _ = kn.shape
         out = np.empty((L, H, n), np.float32)
         for l in range(L):
             for h in range(H):
@@ -261,13 +268,7 @@ def make_soft(beta=20.0, power=1.0, back=1, decay=0.9, post_pool=("forward", 8, 
     1/2, with five 1/6 (KVzip's reconstruction attention splits over twins the same way)."""
     def select(cap, keep_ratio, window):
         s = (1.0 + twin_count(cap, beta)) ** -power
-        s0 = s.copy()
-        for j in range(1, back + 1):
-            s[:, :, :-j] = np.maximum(s[:, :, :-j], decay ** j * s0[:, :, j:])
-        s = s[:, :, : cap.n - window]
-        b = methods.head_budget(cap.n, keep_ratio, window) - window
-        return methods.library_select(cap, np.ascontiguousarray(s, np.float32), b, window, "laprox",
-                                      allocator="global", granularity=granularity, post_pool=post_pool)
+        return lend_back_and_select(cap, s, keep_ratio, window, back, decay, granularity, post_pool)
     return select
 
 

@@ -17,9 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 import captures  # noqa: E402
 import methods  # noqa: E402
-import tasks  # noqa: E402
 from engine import Model  # noqa: E402
-from needle import answer_correct  # noqa: E402
+from needle import CONTEXT_TOKENS, answer_correct  # noqa: E402
 
 def build(cap, S, M):
     """K2, V2, bias [L, Hkv, N] for kept S plus M merged segments of the evicted tokens."""
@@ -45,23 +44,19 @@ def main():
     tok = model.tokenizer
     m = methods.METHODS["uniqueness"]
     tot = {}; full = 0; t0 = time.time()
-    for group in tasks.make_task(task, tok, n, seed_base=seed_base):
-        for p in group:
-            cap, _ = captures.load_or_compute(model, p, "agnostic")
-            if not answer_correct(tok.decode(cap.answer_ids), p.key):
-                continue
-            full += 1
-            marks = []
-            for r in ratios:
-                for M in Ms:
-                    budget = int(round(r * cap.n))
-                    S = np.asarray(m.select(cap, (budget - M) / cap.n, m.window)[0][0])
-                    K2, V2, bias = build(cap, S, M)
-                    ans, _ = model.generate_masked(cap.suffix_ids, K2, V2, bias[None], len(cap.answer_ids))
-                    a = tok.decode(ans[0]); c = answer_correct(a, p.key)
-                    tot[(r, M)] = tot.get((r, M), 0) + c
-                    marks.append(f"{r}/M{M}:{'ok' if c else a.strip()[:6]}")
-            print(p.index, p.key, f"{time.time()-t0:.0f}s", " ".join(marks), flush=True)
+    for p, cap in captures.answered(model, task, n, CONTEXT_TOKENS, seed_base, "agnostic"):
+        full += 1
+        marks = []
+        for r in ratios:
+            for M in Ms:
+                budget = int(round(r * cap.n))
+                S = np.asarray(m.select(cap, (budget - M) / cap.n, m.window)[0][0])
+                K2, V2, bias = build(cap, S, M)
+                ans, _ = model.generate_masked(cap.suffix_ids, K2, V2, bias[None], len(cap.answer_ids))
+                a = tok.decode(ans[0]); c = answer_correct(a, p.key)
+                tot[(r, M)] = tot.get((r, M), 0) + c
+                marks.append(f"{r}/M{M}:{'ok' if c else a.strip()[:6]}")
+        print(p.index, p.key, f"{time.time()-t0:.0f}s", " ".join(marks), flush=True)
     for k, v in tot.items():
         print("ratio %g merged %d: %d/%d" % (k[0], k[1], v, full))
 if __name__ == "__main__":

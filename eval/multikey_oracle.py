@@ -23,7 +23,7 @@ import captures  # noqa: E402
 import tasks  # noqa: E402
 from engine import Model  # noqa: E402
 from metrics import evaluate_selections  # noqa: E402
-from needle import answer_correct  # noqa: E402
+from needle import CONTEXT_TOKENS  # noqa: E402
 
 WINDOW = 8
 
@@ -66,17 +66,13 @@ def main():
     for b, a in [(int(x.split(":")[0]), int(x.split(":")[1])) for x in args.margins.split(",") if x]:
         selects.append((f"code-{b}+{a}+sink4+fill", oracle(tok, False, b, a)))
     tot, full = {}, 0
-    for group in tasks.make_task("multikey", tok, args.prompts, seed_base=args.seed_base):
-        for p in group:
-            cap, _ = captures.load_or_compute(model, p, "agnostic")
-            if not answer_correct(tok.decode(cap.answer_ids), p.key):
-                continue
-            full += 1
-            for name, r, e, kept in evaluate_selections(model, cap, selects, ratios, p.key):
-                frac = len(kept[0][0]) / cap.n
-                t = tot.setdefault((name, r), [0, 0.0])
-                t[0] += e["correct"]
-                t[1] += frac
+    for p, cap in captures.answered(model, "multikey", args.prompts, CONTEXT_TOKENS, args.seed_base, "agnostic"):
+        full += 1
+        for name, r, e, kept in evaluate_selections(model, cap, selects, ratios, p.key):
+            frac = len(kept[0][0]) / cap.n
+            t = tot.setdefault((name, r), [0, 0.0])
+            t[0] += e["correct"]
+            t[1] += frac
     print(f"| oracle | ratio | correct of the {full} the full cache answers | kept (mean) |\n|---|---:|---:|---:|")
     for (name, r), (c, f) in tot.items():
         if name.endswith("dots") and r != ratios[0]:

@@ -67,6 +67,20 @@ class Prompt:
         return self.context_ids + self.question_ids
 
 
+def filler_within(tokenizer, rng, budget):
+    """Filler sentences drawn from `rng` while their tokens fit in `budget` (each sentence
+    starts with a space-prefixed word, so token counts add up)."""
+    sentences = []
+    used = 0
+    while True:
+        s = filler_sentences(rng, 1)[0]
+        n = len(tokenizer.encode(" " + s))
+        if used + n > budget:
+            return sentences
+        sentences.append(s)
+        used += n
+
+
 def make_prompt(tokenizer, index, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=0, key_digits=5, template=NEEDLE):
     """seed_base > 0 draws filler and key from other seeds (a held-out split); key_digits and
     template (with {key}) change the needle's format (the question stays the same)."""
@@ -75,15 +89,7 @@ def make_prompt(tokenizer, index, n_prompts, n_tokens=CONTEXT_TOKENS, seed_base=
     rng = np.random.default_rng([1234, index + seed_base])
     q_ids = tokenizer.encode(QUESTION)
     budget = n_tokens - len(q_ids) - len(tokenizer.encode(" " + needle_sentence(key, template)))
-    sentences = []
-    used = 0
-    while True:  # each sentence starts with a space-prefixed word, so token counts add up
-        s = filler_sentences(rng, 1)[0]
-        n = len(tokenizer.encode(" " + s))
-        if used + n > budget:
-            break
-        sentences.append(s)
-        used += n
+    sentences = filler_within(tokenizer, rng, budget)
     at = int(round(depth * len(sentences)))
     parts = sentences[:at] + [needle_sentence(key, template)] + sentences[at:]
     context = " ".join(parts)

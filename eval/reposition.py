@@ -18,7 +18,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 import captures  # noqa: E402
 import methods  # noqa: E402
-import tasks  # noqa: E402
 from engine import KVCache, Model  # noqa: E402
 from needle import answer_correct  # noqa: E402
 
@@ -50,21 +49,17 @@ def main():
     tok = model.tokenizer
     m = methods.METHODS[meth]
     tot = {}; full = 0; t0 = time.time()
-    for group in tasks.make_task(task, tok, n, ntok, seed_base=seed_base):
-        for p in group:
-            cap, _ = captures.load_or_compute(model, p, "agnostic")
-            if not answer_correct(tok.decode(cap.answer_ids), p.key):
-                continue
-            full += 1
-            marks = []
-            for r in ratios:
-                S = m.select(cap, r, m.window)[0][0]
-                for G in Gs:
-                    a = decode(model, cap, S, G)
-                    c = answer_correct(a, p.key)
-                    tot[(r, G)] = tot.get((r, G), 0) + c
-                    marks.append(f"{r}/G{G}:{'ok' if c else a.strip()[:6]}")
-            print(p.index, p.key, f"{time.time()-t0:.0f}s", " ".join(marks), flush=True)
+    for p, cap in captures.answered(model, task, n, ntok, seed_base, "agnostic"):
+        full += 1
+        marks = []
+        for r in ratios:
+            S = m.select(cap, r, m.window)[0][0]
+            for G in Gs:
+                a = decode(model, cap, S, G)
+                c = answer_correct(a, p.key)
+                tot[(r, G)] = tot.get((r, G), 0) + c
+                marks.append(f"{r}/G{G}:{'ok' if c else a.strip()[:6]}")
+        print(p.index, p.key, f"{time.time()-t0:.0f}s", " ".join(marks), flush=True)
     for k, v in sorted(tot.items()):
         print("%s %s ratio %g gap<=%d: %d/%d" % (task, meth, k[0], k[1], v, full))
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ Filler, key draws and depths follow needle.py; `seed_base` > 0 is a held-out spl
 """
 import numpy as np
 
-from needle import CONTEXT_TOKENS, Prompt, filler_sentences
+from needle import CONTEXT_TOKENS, Prompt, filler_within
 
 LABELS = ["amber", "cobalt", "crimson", "ivory", "jade", "scarlet", "silver", "violet"]
 NAMES = ["Bram", "Cleo", "Dara", "Egon", "Fenn", "Gwen", "Hale", "Ines", "Juno", "Kit"]
@@ -25,14 +25,7 @@ def _fill(tokenizer, rng, n_tokens, inserts, reserve):
     """Filler of about `n_tokens - reserve` tokens with `inserts` [(depth, sentence)] placed
     at their depths, in order."""
     budget = n_tokens - reserve - sum(len(tokenizer.encode(" " + s)) for _, s in inserts)
-    sentences, used = [], 0
-    while True:
-        s = filler_sentences(rng, 1)[0]
-        n = len(tokenizer.encode(" " + s))
-        if used + n > budget:
-            break
-        sentences.append(s)
-        used += n
+    sentences = filler_within(tokenizer, rng, budget)
     parts = list(sentences)
     for depth, s in sorted(inserts, key=lambda x: x[0], reverse=True):
         parts.insert(int(round(depth * len(sentences))), s)

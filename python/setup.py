@@ -8,8 +8,8 @@ repository's ``target/release``, whose path is recorded in ``kvevict/_build_info
 A package with a bundled library is built as a platform wheel.
 """
 import os
+import runpy
 import shutil
-import sys
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -17,12 +17,7 @@ from setuptools.dist import Distribution
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-if sys.platform == "darwin":
-    LIB_NAME = "libkvevict.dylib"
-elif sys.platform.startswith("win"):
-    LIB_NAME = "kvevict.dll"
-else:
-    LIB_NAME = "libkvevict.so"
+LIB_NAME = runpy.run_path(os.path.join(HERE, "kvevict", "_libname.py"))["LIB_NAME"]
 
 
 def library_to_bundle():

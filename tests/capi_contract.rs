@@ -1,5 +1,9 @@
-//! The C contract in the cases issue 10 found deviating (its "Why", items 1-12): each
-//! test states what the header promises and checks it through the C entry points.
+//! The C ABI's contract (include/kvevict.h) at its edges, through the host entry points,
+//! one section per entry point: what the header promises where an implementation most
+//! easily deviates (overflowing sizes, non-finite results, struct arguments an output
+//! overlaps, `struct_size` values, scores of another layout, a search fed another model).
+//! Each test states the promise and checks it. Hostile input in general:
+//! tests/capi_hostile/; the device entry points (`kve_cuda_*`): tests/capi_cuda/.
 
 use kvevict::capi::*;
 use std::ffi::c_void;
@@ -20,7 +24,47 @@ fn canary_u64(len: usize) -> Vec<u64> {
     vec![CANARY as u64; len]
 }
 
-// ------------------------------------------------ 1. finite inputs, non-finite results
+// ------------------------------ size queries (`kve_*_len`, `kve_budget_*`): overflow, ±inf
+
+#[test]
+fn lengths_whose_byte_size_overflows() {
+    let mut len = CANARY as u64;
+    unsafe {
+        // 65536 heads in one group with cross pairs: ~2^31 blocks of 2^31 tokens
+        expect!(
+            kve_value_forms_len(65536, 1, 1 << 31, 1, &mut len),
+            KVE_ERR_OVERFLOW
+        );
+        assert_eq!(len, CANARY as u64);
+        expect!(
+            kve_gram_len(65536, 1, 1 << 16, 1, &mut len),
+            KVE_ERR_OVERFLOW
+        );
+        let sp = score_params(0);
+        expect!(
+            kve_score_output_len(&sp, 2, 1 << 62, &mut len),
+            KVE_ERR_OVERFLOW
+        );
+        assert_eq!(len, CANARY as u64);
+        // the largest lengths a buffer can hold are still answered
+        expect!(kve_value_forms_len(65536, 1, 1 << 20, 0, &mut len), KVE_OK);
+        assert_eq!(len, 1 << 36);
+    }
+}
+
+#[test]
+fn keep_ratios_at_infinity() {
+    assert_eq!(kve_budget_keep_ratio_total(100, 10, 2.0), 90);
+    assert_eq!(kve_budget_keep_ratio_total(100, 10, f64::INFINITY), 90);
+    assert_eq!(kve_budget_keep_ratio_total(100, 10, f64::NEG_INFINITY), 0);
+    assert_eq!(kve_budget_keep_ratio_total(100, 10, f64::NAN), 0);
+    assert_eq!(kve_budget_keep_ratio_prefix(100, 10, f64::INFINITY), 90);
+    assert_eq!(kve_budget_keep_ratio_prefix(100, 10, f64::NEG_INFINITY), 0);
+    assert_eq!(kve_budget_keep_ratio_prefix(100, 10, f64::NAN), 0);
+    assert_eq!(kve_budget_keep_ratio_total(u64::MAX, 0, 1.0), u64::MAX);
+}
+
+// ---- `kve_compute_gram`, `kve_compute_value_forms`, `kve_compute_value_l1`: non-finite results
 
 fn gram(wo: &[f32], hq: usize, dv: usize, dm: usize, out: &mut [f32]) -> i32 {
     let t = contiguous(wo, [hq, dv, dm]);
@@ -155,101 +199,7 @@ fn value_l1_that_overflows_is_non_finite() {
     assert_eq!(out, [1.5e38, 1e10 + 0.5]);
 }
 
-// ------------------------------------------------------ 2. lengths whose bytes overflow
-
-#[test]
-fn lengths_whose_byte_size_overflows() {
-    let mut len = CANARY as u64;
-    unsafe {
-        // 65536 heads in one group with cross pairs: ~2^31 blocks of 2^31 tokens
-        expect!(
-            kve_value_forms_len(65536, 1, 1 << 31, 1, &mut len),
-            KVE_ERR_OVERFLOW
-        );
-        assert_eq!(len, CANARY as u64);
-        expect!(
-            kve_gram_len(65536, 1, 1 << 16, 1, &mut len),
-            KVE_ERR_OVERFLOW
-        );
-        let sp = score_params(0);
-        expect!(
-            kve_score_output_len(&sp, 2, 1 << 62, &mut len),
-            KVE_ERR_OVERFLOW
-        );
-        assert_eq!(len, CANARY as u64);
-        // the largest lengths a buffer can hold are still answered
-        expect!(kve_value_forms_len(65536, 1, 1 << 20, 0, &mut len), KVE_OK);
-        assert_eq!(len, 1 << 36);
-    }
-}
-
-// ------------------------------------------------------------- 3. keep ratios at ±inf
-
-#[test]
-fn keep_ratios_at_infinity() {
-    assert_eq!(kve_budget_keep_ratio_total(100, 10, 2.0), 90);
-    assert_eq!(kve_budget_keep_ratio_total(100, 10, f64::INFINITY), 90);
-    assert_eq!(kve_budget_keep_ratio_total(100, 10, f64::NEG_INFINITY), 0);
-    assert_eq!(kve_budget_keep_ratio_total(100, 10, f64::NAN), 0);
-    assert_eq!(kve_budget_keep_ratio_prefix(100, 10, f64::INFINITY), 90);
-    assert_eq!(kve_budget_keep_ratio_prefix(100, 10, f64::NEG_INFINITY), 0);
-    assert_eq!(kve_budget_keep_ratio_prefix(100, 10, f64::NAN), 0);
-    assert_eq!(kve_budget_keep_ratio_total(u64::MAX, 0, 1.0), u64::MAX);
-}
-
-// ------------------------------------------------------ 4. layers * hkv == 2^31 allowed
-
-#[test]
-fn two_to_the_31_units_are_accepted() {
-    let sel = select_params(UNIFORM, HEAD, 4);
-    let (mut ol, mut il) = (0u64, 0u64);
-    unsafe {
-        expect!(
-            kve_select_output_len(&sel, 1 << 20, 1 << 11, 1, 0, &mut ol, &mut il),
-            KVE_OK
-        );
-        assert_eq!((ol, il), ((1 << 31) + 1, 1 << 31));
-        expect!(
-            kve_select_output_len(&sel, 1 << 20, (1 << 11) + 1, 1, 0, &mut ol, &mut il),
-            KVE_ERR_OVERFLOW
-        );
-        let glob = select_params(GLOBAL, HEAD, 4);
-        let mut s = std::mem::zeroed::<kve_search>();
-        expect!(
-            kve_search_init(&mut s, &glob, 1 << 20, 1 << 11, 1, 0),
-            KVE_OK
-        );
-        assert_eq!(s.need, 1 << 31); // every candidate: done at once
-        let mut wl = 0u64;
-        expect!(
-            kve_select_shard_workspace_size(&glob, 1 << 20, 1 << 11, 1, 0, &mut wl),
-            KVE_OK
-        );
-    }
-}
-
-// ------------------------------------------------------- 5. device count without CUDA
-
-#[test]
-fn device_count_without_cuda_is_zero() {
-    if cfg!(feature = "cuda") {
-        return;
-    }
-    let mut c = CANARY as i32;
-    unsafe {
-        expect!(
-            kve_cuda_get_device_count(&mut c),
-            KVE_ERR_NOT_BUILT_WITH_CUDA
-        );
-        assert_eq!(c, 0);
-        expect!(
-            kve_cuda_get_device_count(null_mut()),
-            KVE_ERR_NOT_BUILT_WITH_CUDA
-        );
-    }
-}
-
-// ------------------------------------------------------ 6. row_lse with an empty prefix
+// ----------------------------------------------------------- `kve_score_layer`: its inputs
 
 #[test]
 fn row_lse_is_checked_without_a_prefix() {
@@ -288,7 +238,511 @@ fn row_lse_is_checked_without_a_prefix() {
     expect!(run(&inp), KVE_OK);
 }
 
-// ---------------------------------------------------- 7. outputs over struct arguments
+#[test]
+fn gram_and_value_forms_together_are_refused() {
+    let mut l = Layer::new();
+    let sp = score_params(PRESET_LAPROX);
+    let wo = data(HQ * D * 16, 7);
+    let mut glen = 0u64;
+    let mut flen = 0u64;
+    unsafe {
+        assert_eq!(
+            kve_gram_len(HQ as u64, HKV as u64, D as u64, 0, &mut glen),
+            KVE_OK
+        );
+        assert_eq!(
+            kve_value_forms_len(HQ as u64, HKV as u64, N as u64, 0, &mut flen),
+            KVE_OK
+        );
+    }
+    let mut g = vec![0f32; glen as usize];
+    expect!(gram(&wo, HQ, D, 16, &mut g[..0]), KVE_ERR_OUTPUT_TOO_SMALL);
+    let t = contiguous(&wo, [HQ, D, 16]);
+    let mut ws = vec![0u8; 1 << 12];
+    let mut forms = vec![0f32; flen as usize];
+    unsafe {
+        assert_eq!(
+            kve_compute_gram(
+                &t,
+                HKV as u64,
+                0,
+                g.as_mut_ptr(),
+                glen,
+                ws.as_mut_ptr() as *mut c_void,
+                ws.len() as u64
+            ),
+            KVE_OK
+        );
+        let v = contiguous(&l.v, [HKV, N, D]);
+        assert_eq!(
+            kve_compute_value_forms(
+                &v,
+                g.as_ptr(),
+                glen,
+                HQ as u64,
+                0,
+                0,
+                N as u64,
+                forms.as_mut_ptr(),
+                flen
+            ),
+            KVE_OK
+        );
+    }
+    let mut inp = l.inputs();
+    inp.gram = g.as_ptr();
+    inp.gram_len = glen;
+    expect!(l.score(&sp, &inp), KVE_OK);
+    let with_gram = l.out.clone();
+    inp.value_forms = forms.as_ptr();
+    inp.value_forms_len = flen;
+    expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
+    // even a Gram that would be refused alone is not ignored silently
+    let bad = vec![f32::NAN; glen as usize];
+    inp.gram = bad.as_ptr();
+    expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
+    inp.gram = null();
+    inp.gram_len = 0;
+    expect!(l.score(&sp, &inp), KVE_OK);
+    for (a, b) in l.out.iter().zip(&with_gram) {
+        assert!((a - b).abs() <= 1e-4 * b.abs().max(1e-6), "{a} vs {b}");
+    }
+}
+
+#[test]
+fn criticalkv_forced_tokens_score_flt_max_and_rank_first() {
+    let mut l = Layer::new();
+    let mut sp = score_params(PRESET_CRITICALKV);
+    sp.window = W as u32;
+    sp.critical_first_stage = 3;
+    let wo = data(HQ * D * 16, 9);
+    let mut l1 = vec![0f32; HKV * N];
+    expect!(value_l1_of(&l.v, &wo, &mut l1), KVE_OK);
+    let mut inp = l.inputs();
+    inp.value_l1 = l1.as_ptr();
+    inp.value_l1_len = l1.len() as u64;
+    expect!(l.score(&sp, &inp), KVE_OK);
+    for kh in 0..HKV {
+        let head = &l.out[kh * P..(kh + 1) * P];
+        assert_eq!(head.iter().filter(|&&x| x == f32::MAX).count(), 3);
+        assert!(head.iter().all(|&x| x.is_finite()));
+    }
+    // summed over heads (layer granularity) forced tokens saturate to +inf: still first
+    let mut scores = vec![0.5f32; HKV * P];
+    for (kh, i) in [(0, 3), (0, 7), (1, 3), (1, 9)] {
+        scores[kh * P + i] = f32::MAX;
+    }
+    scores[20] = 0.9; // the best unforced token of head 0
+    for alloc in [UNIFORM, GLOBAL] {
+        let sel = select_params(alloc, LAYER, 3);
+        let (st, off, idx) = select(&sel, &scores, 1, N, W);
+        expect!(st, KVE_OK);
+        let kept = &idx[off[0] as usize..off[1] as usize];
+        assert_eq!(&kept[..3], &[3, 7, 9]);
+    }
+}
+
+fn value_l1_of(values: &[f32], wo: &[f32], out: &mut [f32]) -> i32 {
+    let v = contiguous(values, [HKV, N, D]);
+    let w = contiguous(wo, [HQ, D, 16]);
+    let mut ws = vec![0u8; 1 << 12];
+    unsafe {
+        kve_compute_value_l1(
+            &v,
+            &w,
+            out.as_mut_ptr(),
+            out.len() as u64,
+            ws.as_mut_ptr() as *mut c_void,
+            ws.len() as u64,
+        )
+    }
+}
+
+// -------------------------------------------------- `kve_select_model`: the scores' layout
+
+#[test]
+fn two_to_the_31_units_are_accepted() {
+    let sel = select_params(UNIFORM, HEAD, 4);
+    let (mut ol, mut il) = (0u64, 0u64);
+    unsafe {
+        expect!(
+            kve_select_output_len(&sel, 1 << 20, 1 << 11, 1, 0, &mut ol, &mut il),
+            KVE_OK
+        );
+        assert_eq!((ol, il), ((1 << 31) + 1, 1 << 31));
+        expect!(
+            kve_select_output_len(&sel, 1 << 20, (1 << 11) + 1, 1, 0, &mut ol, &mut il),
+            KVE_ERR_OVERFLOW
+        );
+        let glob = select_params(GLOBAL, HEAD, 4);
+        let mut s = std::mem::zeroed::<kve_search>();
+        expect!(
+            kve_search_init(&mut s, &glob, 1 << 20, 1 << 11, 1, 0),
+            KVE_OK
+        );
+        assert_eq!(s.need, 1 << 31); // every candidate: done at once
+        let mut wl = 0u64;
+        expect!(
+            kve_select_shard_workspace_size(&glob, 1 << 20, 1 << 11, 1, 0, &mut wl),
+            KVE_OK
+        );
+    }
+}
+
+fn model(scores: &[f32], len: usize, layers: usize, n: usize, w: usize) -> kve_model_scores {
+    kve_model_scores {
+        scores: scores.as_ptr(),
+        len: len as u64,
+        layers: layers as u64,
+        hkv: HKV as u64,
+        n: n as u64,
+        window: w as u64,
+    }
+}
+
+fn select_with(sel: &kve_select_params, ms: &kve_model_scores) -> i32 {
+    let mut off = canary_u64(ms.layers as usize * HKV + 1);
+    let mut idx = vec![CANARY; ms.layers as usize * HKV * N];
+    let mut ws = vec![0u8; 1 << 16];
+    let st = unsafe {
+        kve_select_model(
+            sel,
+            ms,
+            off.as_mut_ptr(),
+            off.len() as u64,
+            idx.as_mut_ptr(),
+            idx.len() as u64,
+            ws.as_mut_ptr() as *mut c_void,
+            ws.len() as u64,
+        )
+    };
+    if st != KVE_OK {
+        assert!(off.iter().all(|&x| x == CANARY as u64));
+        assert!(idx.iter().all(|&x| x == CANARY));
+    }
+    st
+}
+
+#[test]
+fn scores_length_must_equal_the_layout() {
+    let sel = select_params(UNIFORM, HEAD, 4);
+    // made with window 4 (P = 36), selected as window 5 (P = 35): a shifted layout
+    let scores: Vec<f32> = data(2 * HKV * (N - 4), 8).iter().map(|x| x.abs()).collect();
+    let len = scores.len();
+    expect!(select_with(&sel, &model(&scores, len, 2, N, 4)), KVE_OK);
+    expect!(
+        select_with(&sel, &model(&scores, len, 2, N, 5)),
+        KVE_ERR_SHAPE_MISMATCH
+    );
+    expect!(
+        select_with(&sel, &model(&scores, len - 1, 2, N, 4)),
+        KVE_ERR_SHAPE_MISMATCH
+    );
+    expect!(
+        select_with(&sel, &model(&scores, len, 1, N, 4)),
+        KVE_ERR_SHAPE_MISMATCH
+    );
+    // no prefix: no scores, NULL allowed
+    expect!(select_with(&sel, &model(&[], 0, 2, N, N)), KVE_OK);
+    let null_scores = kve_model_scores {
+        scores: null(),
+        ..model(&[], 0, 2, N, N + 3)
+    };
+    expect!(select_with(&sel, &null_scores), KVE_OK);
+}
+
+// --------------------------- `kve_search_*`, `kve_histogram_*`: a search records its model
+
+struct Sharded {
+    sel: kve_select_params,
+    scores: Vec<f32>,
+    layers: usize,
+}
+
+impl Sharded {
+    fn new(layers: usize) -> Sharded {
+        let scores = data(layers * HKV * P, 12).iter().map(|x| x.abs()).collect();
+        Sharded {
+            sel: select_params(GLOBAL, HEAD, 6),
+            scores,
+            layers,
+        }
+    }
+    fn init(&self) -> kve_search {
+        let mut s = unsafe { std::mem::zeroed::<kve_search>() };
+        let st = unsafe {
+            kve_search_init(
+                &mut s,
+                &self.sel,
+                self.layers as u64,
+                HKV as u64,
+                N as u64,
+                W as u64,
+            )
+        };
+        assert_eq!(st, KVE_OK);
+        s
+    }
+    fn shard(&self, first: usize, layers: usize) -> kve_model_scores {
+        let part = &self.scores[first * HKV * P..(first + layers) * HKV * P];
+        model(part, part.len(), layers, N, W)
+    }
+    fn count_with(
+        &self,
+        sel: &kve_select_params,
+        ms: &kve_model_scores,
+        first: u64,
+        s: &kve_search,
+        h: &mut kve_histogram,
+    ) -> i32 {
+        let mut ws = vec![0u8; 1 << 16];
+        let before = *h;
+        let st = unsafe {
+            kve_search_count_shard(
+                sel,
+                ms,
+                first,
+                s,
+                h,
+                ws.as_mut_ptr() as *mut c_void,
+                ws.len() as u64,
+            )
+        };
+        if st != KVE_OK {
+            assert_eq!(*h, before, "histogram written on error");
+        }
+        st
+    }
+    fn count(&self, first: usize, layers: usize, s: &kve_search, h: &mut kve_histogram) -> i32 {
+        self.count_with(&self.sel, &self.shard(first, layers), first as u64, s, h)
+    }
+    fn step(&self, s: &mut kve_search, h: &kve_histogram) -> i32 {
+        let before = *s;
+        let mut done = -1;
+        let st = unsafe { kve_search_step(s, h, &mut done) };
+        if st != KVE_OK {
+            assert_eq!((*s, done), (before, -1), "search written on error");
+        }
+        st
+    }
+}
+
+fn empty() -> kve_histogram {
+    let mut h = unsafe { std::mem::zeroed::<kve_histogram>() };
+    unsafe { assert_eq!(kve_histogram_clear(&mut h), KVE_OK) };
+    h
+}
+
+#[test]
+fn sharded_search_refuses_another_model() {
+    let m = Sharded::new(4);
+    let s = m.init();
+    assert_eq!(s.done, 0);
+    let mut h = empty();
+    // shards of another hkv, n or window
+    let part = &m.scores[..HKV * P];
+    let other_hkv = kve_model_scores {
+        hkv: 1,
+        ..model(part, part.len() / 2, 1, N, W)
+    };
+    expect!(
+        m.count_with(&m.sel, &other_hkv, 0, &s, &mut h),
+        KVE_ERR_SHAPE_MISMATCH
+    );
+    let other_n = model(&part[..HKV * (P - 1)], HKV * (P - 1), 1, N - 1, W);
+    expect!(
+        m.count_with(&m.sel, &other_n, 0, &s, &mut h),
+        KVE_ERR_SHAPE_MISMATCH
+    );
+    let other_w = model(&part[..HKV * (P - 1)], HKV * (P - 1), 1, N, W + 1);
+    expect!(
+        m.count_with(&m.sel, &other_w, 0, &s, &mut h),
+        KVE_ERR_SHAPE_MISMATCH
+    );
+    // layers past the model's
+    expect!(
+        m.count_with(&m.sel, &m.shard(2, 2), 3, &s, &mut h),
+        KVE_ERR_SHAPE_MISMATCH
+    );
+    expect!(
+        m.count_with(&m.sel, &m.shard(0, 1), u64::MAX, &s, &mut h),
+        KVE_ERR_SHAPE_MISMATCH
+    );
+    // other parameters
+    let mut other = m.sel;
+    other.budget = 7;
+    expect!(
+        m.count_with(&other, &m.shard(0, 2), 0, &s, &mut h),
+        KVE_ERR_INVALID_ARGUMENT
+    );
+    let mut other = m.sel;
+    other.normalize = 1;
+    expect!(
+        m.count_with(&other, &m.shard(0, 2), 0, &s, &mut h),
+        KVE_ERR_INVALID_ARGUMENT
+    );
+    // a missing layer, an overlap, a layer twice in place of another
+    for shards in [
+        &[(0, 3)][..],
+        &[(0, 2), (1, 3)],
+        &[(0, 2), (1, 2), (3, 1)],
+        &[(0, 1), (0, 1), (2, 2)],
+    ] {
+        let mut h = empty();
+        for &(f, n) in shards {
+            expect!(m.count(f, n, &s, &mut h), KVE_OK);
+        }
+        let mut s2 = s;
+        expect!(m.step(&mut s2, &h), KVE_ERR_SHAPE_MISMATCH);
+    }
+    // an uncounted histogram
+    let mut s2 = s;
+    expect!(m.step(&mut s2, &empty()), KVE_ERR_INVALID_ARGUMENT);
+    // select_shard checks the same
+    let mut off = canary_u64(5);
+    let mut idx = vec![CANARY; 4 * HKV * N];
+    let mut ws = vec![0u8; 1 << 16];
+    // a finished search (a state forged to look finished is refused before its shards)
+    let fin = {
+        let mut s = s;
+        while s.done == 0 {
+            let mut h = empty();
+            expect!(m.count(0, 4, &s, &mut h), KVE_OK);
+            expect!(m.step(&mut s, &h), KVE_OK);
+        }
+        s
+    };
+    let ms = model(part, part.len() - HKV, 1, N - 1, W);
+    unsafe {
+        expect!(
+            kve_select_shard(
+                &m.sel,
+                &ms,
+                0,
+                &fin,
+                off.as_mut_ptr(),
+                off.len() as u64,
+                idx.as_mut_ptr(),
+                idx.len() as u64,
+                ws.as_mut_ptr() as *mut c_void,
+                ws.len() as u64
+            ),
+            KVE_ERR_SHAPE_MISMATCH
+        );
+    }
+    assert!(off.iter().all(|&x| x == CANARY as u64));
+}
+
+#[test]
+fn histograms_of_another_round_are_refused() {
+    let m = Sharded::new(4);
+    let s0 = m.init();
+    let mut h0 = empty();
+    expect!(m.count(0, 2, &s0, &mut h0), KVE_OK);
+    let mut rest = empty();
+    expect!(m.count(2, 2, &s0, &mut rest), KVE_OK);
+    let mut total = empty();
+    unsafe {
+        expect!(kve_histogram_merge(&mut total, &h0), KVE_OK);
+        expect!(kve_histogram_merge(&mut total, &rest), KVE_OK);
+    }
+    let mut s1 = s0;
+    expect!(m.step(&mut s1, &total), KVE_OK);
+    assert_ne!(s1, s0);
+    if s1.done == 1 {
+        return; // (not with these scores: the search needs rounds)
+    }
+    // last round's histogram: refused by step, count and merge
+    let mut s2 = s1;
+    expect!(m.step(&mut s2, &total), KVE_ERR_INVALID_ARGUMENT);
+    let mut h = h0;
+    expect!(m.count(2, 2, &s1, &mut h), KVE_ERR_INVALID_ARGUMENT);
+    let mut h1 = empty();
+    expect!(m.count(0, 2, &s1, &mut h1), KVE_OK);
+    let keep = h1;
+    unsafe { expect!(kve_histogram_merge(&mut h1, &h0), KVE_ERR_INVALID_ARGUMENT) };
+    assert_eq!(h1, keep);
+    // a search of another model in the same round: its histograms do not mix either
+    let other = Sharded::new(5);
+    let o0 = other.init();
+    let mut ho = empty();
+    expect!(other.count(0, 2, &o0, &mut ho), KVE_OK);
+    unsafe { expect!(kve_histogram_merge(&mut ho, &h0), KVE_ERR_INVALID_ARGUMENT) };
+    // the search ends within 13 rounds when every shard counts each round
+    let mut s = s0;
+    for _ in 0..13 {
+        if s.done == 1 {
+            break;
+        }
+        let mut t = empty();
+        expect!(m.count(0, 3, &s, &mut t), KVE_OK);
+        expect!(m.count(3, 1, &s, &mut t), KVE_OK);
+        expect!(m.step(&mut s, &t), KVE_OK);
+    }
+    assert_eq!(s.done, 1);
+}
+
+#[test]
+fn search_state_fields_are_checked() {
+    let m = Sharded::new(2);
+    let s = m.init();
+    let mut h = empty();
+    expect!(m.count(0, 2, &s, &mut h), KVE_OK);
+    for f in [
+        (|s: &mut kve_search| s.layers = 0) as fn(&mut kve_search),
+        |s| s.n = 0,
+        |s| s.window = s.n + 1,
+        |s| s.hkv = 1 << 40,
+        |s| s.params.allocator = 0,
+        |s| s.params.struct_size = 52,
+        |s| s.params.budget = u64::MAX,
+    ] {
+        let mut bad = s;
+        f(&mut bad);
+        expect!(m.step(&mut bad, &h), KVE_ERR_INVALID_ARGUMENT);
+    }
+    let mut ok = s;
+    expect!(m.step(&mut ok, &h), KVE_OK);
+}
+
+// ------------------------------------------------------------------------- `kve_compact_*`
+
+#[test]
+fn compaction_offsets_are_absolute_into_the_whole_indices() {
+    // two layers selected at once; compact layer 1 with its slice of the offsets
+    let scores: Vec<f32> = data(2 * HKV * P, 10).iter().map(|x| x.abs()).collect();
+    let sel = select_params(UNIFORM, HEAD, 5);
+    let (st, off, idx) = select(&sel, &scores, 2, N, W);
+    expect!(st, KVE_OK);
+    let mut kv = data(HKV * N * D, 11);
+    let orig = kv.clone();
+    let t = tensor(kv.as_mut_ptr(), kv.len(), [HKV, N, D], [N * D, D, 1]);
+    let mut lengths = [CANARY; HKV];
+    unsafe {
+        expect!(
+            kve_compact_in_place(
+                &t,
+                off[HKV..].as_ptr(),
+                (HKV + 1) as u64,
+                idx.as_ptr(),
+                idx.len() as u64,
+                lengths.as_mut_ptr(),
+                HKV as u64
+            ),
+            KVE_OK
+        );
+    }
+    for h in 0..HKV {
+        let list = &idx[off[HKV + h] as usize..off[HKV + h + 1] as usize];
+        assert_eq!(lengths[h] as usize, list.len());
+        for (j, &i) in list.iter().enumerate() {
+            let src = &orig[(h * N + i as usize) * D..(h * N + i as usize + 1) * D];
+            assert_eq!(&kv[(h * N + j) * D..(h * N + j + 1) * D], src);
+        }
+    }
+}
+
+// --------- every entry point: outputs over struct arguments, released `struct_size` values
 
 /// 8-aligned scratch where structs and outputs can be placed over each other.
 #[repr(C, align(16))]
@@ -332,14 +786,7 @@ fn outputs_over_struct_arguments_are_aliasing() {
         let params = base as *mut kve_select_params;
         *params = usel;
         let ms = base.add(8) as *mut kve_model_scores;
-        *ms = kve_model_scores {
-            scores: scores.as_ptr(),
-            len: scores.len() as u64,
-            layers: 1,
-            hkv: HKV as u64,
-            n: N as u64,
-            window: W as u64,
-        };
+        *ms = kve_model_scores::of(&scores, 1, HKV as u64, N as u64, W as u64);
         let before = m.0;
         for off in [base.add(1), base.add(10)] {
             expect!(
@@ -654,81 +1101,6 @@ fn stream_outputs_over_struct_arguments_are_aliasing() {
     }
 }
 
-// ------------------------------------------------------ 8. a Gram and value forms both
-
-#[test]
-fn gram_and_value_forms_together_are_refused() {
-    let mut l = Layer::new();
-    let sp = score_params(PRESET_LAPROX);
-    let wo = data(HQ * D * 16, 7);
-    let mut glen = 0u64;
-    let mut flen = 0u64;
-    unsafe {
-        assert_eq!(
-            kve_gram_len(HQ as u64, HKV as u64, D as u64, 0, &mut glen),
-            KVE_OK
-        );
-        assert_eq!(
-            kve_value_forms_len(HQ as u64, HKV as u64, N as u64, 0, &mut flen),
-            KVE_OK
-        );
-    }
-    let mut g = vec![0f32; glen as usize];
-    expect!(gram(&wo, HQ, D, 16, &mut g[..0]), KVE_ERR_OUTPUT_TOO_SMALL);
-    let t = contiguous(&wo, [HQ, D, 16]);
-    let mut ws = vec![0u8; 1 << 12];
-    let mut forms = vec![0f32; flen as usize];
-    unsafe {
-        assert_eq!(
-            kve_compute_gram(
-                &t,
-                HKV as u64,
-                0,
-                g.as_mut_ptr(),
-                glen,
-                ws.as_mut_ptr() as *mut c_void,
-                ws.len() as u64
-            ),
-            KVE_OK
-        );
-        let v = contiguous(&l.v, [HKV, N, D]);
-        assert_eq!(
-            kve_compute_value_forms(
-                &v,
-                g.as_ptr(),
-                glen,
-                HQ as u64,
-                0,
-                0,
-                N as u64,
-                forms.as_mut_ptr(),
-                flen
-            ),
-            KVE_OK
-        );
-    }
-    let mut inp = l.inputs();
-    inp.gram = g.as_ptr();
-    inp.gram_len = glen;
-    expect!(l.score(&sp, &inp), KVE_OK);
-    let with_gram = l.out.clone();
-    inp.value_forms = forms.as_ptr();
-    inp.value_forms_len = flen;
-    expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
-    // even a Gram that would be refused alone is not ignored silently
-    let bad = vec![f32::NAN; glen as usize];
-    inp.gram = bad.as_ptr();
-    expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
-    inp.gram = null();
-    inp.gram_len = 0;
-    expect!(l.score(&sp, &inp), KVE_OK);
-    for (a, b) in l.out.iter().zip(&with_gram) {
-        assert!((a - b).abs() <= 1e-4 * b.abs().max(1e-6), "{a} vs {b}");
-    }
-}
-
-// ------------------------------------------------------ 9. exact struct_size values only
-
 /// A struct followed by readable zero bytes, so any `struct_size` is honest memory.
 #[repr(C)]
 struct Padded<T> {
@@ -858,406 +1230,23 @@ fn struct_sizes_are_released_versions_only() {
     expect!(l.score(&score_params(0), &i.p), KVE_OK);
 }
 
-// ----------------------------------------------------- 10. scores of exactly the layout
-
-fn model(scores: &[f32], len: usize, layers: usize, n: usize, w: usize) -> kve_model_scores {
-    kve_model_scores {
-        scores: scores.as_ptr(),
-        len: len as u64,
-        layers: layers as u64,
-        hkv: HKV as u64,
-        n: n as u64,
-        window: w as u64,
-    }
-}
-
-fn select_with(sel: &kve_select_params, ms: &kve_model_scores) -> i32 {
-    let mut off = canary_u64(ms.layers as usize * HKV + 1);
-    let mut idx = vec![CANARY; ms.layers as usize * HKV * N];
-    let mut ws = vec![0u8; 1 << 16];
-    let st = unsafe {
-        kve_select_model(
-            sel,
-            ms,
-            off.as_mut_ptr(),
-            off.len() as u64,
-            idx.as_mut_ptr(),
-            idx.len() as u64,
-            ws.as_mut_ptr() as *mut c_void,
-            ws.len() as u64,
-        )
-    };
-    if st != KVE_OK {
-        assert!(off.iter().all(|&x| x == CANARY as u64));
-        assert!(idx.iter().all(|&x| x == CANARY));
-    }
-    st
-}
+// ---------------------------------------------------- `kve_cuda_device_count` without CUDA
 
 #[test]
-fn scores_length_must_equal_the_layout() {
-    let sel = select_params(UNIFORM, HEAD, 4);
-    // made with window 4 (P = 36), selected as window 5 (P = 35): a shifted layout
-    let scores: Vec<f32> = data(2 * HKV * (N - 4), 8).iter().map(|x| x.abs()).collect();
-    let len = scores.len();
-    expect!(select_with(&sel, &model(&scores, len, 2, N, 4)), KVE_OK);
-    expect!(
-        select_with(&sel, &model(&scores, len, 2, N, 5)),
-        KVE_ERR_SHAPE_MISMATCH
-    );
-    expect!(
-        select_with(&sel, &model(&scores, len - 1, 2, N, 4)),
-        KVE_ERR_SHAPE_MISMATCH
-    );
-    expect!(
-        select_with(&sel, &model(&scores, len, 1, N, 4)),
-        KVE_ERR_SHAPE_MISMATCH
-    );
-    // no prefix: no scores, NULL allowed
-    expect!(select_with(&sel, &model(&[], 0, 2, N, N)), KVE_OK);
-    let null_scores = kve_model_scores {
-        scores: null(),
-        ..model(&[], 0, 2, N, N + 3)
-    };
-    expect!(select_with(&sel, &null_scores), KVE_OK);
-}
-
-// ------------------------------------------------- 11. the search records its model
-
-struct Sharded {
-    sel: kve_select_params,
-    scores: Vec<f32>,
-    layers: usize,
-}
-
-impl Sharded {
-    fn new(layers: usize) -> Sharded {
-        let scores = data(layers * HKV * P, 12).iter().map(|x| x.abs()).collect();
-        Sharded {
-            sel: select_params(GLOBAL, HEAD, 6),
-            scores,
-            layers,
-        }
+fn device_count_without_cuda_is_zero() {
+    if cfg!(feature = "cuda") {
+        return;
     }
-    fn init(&self) -> kve_search {
-        let mut s = unsafe { std::mem::zeroed::<kve_search>() };
-        let st = unsafe {
-            kve_search_init(
-                &mut s,
-                &self.sel,
-                self.layers as u64,
-                HKV as u64,
-                N as u64,
-                W as u64,
-            )
-        };
-        assert_eq!(st, KVE_OK);
-        s
-    }
-    fn shard(&self, first: usize, layers: usize) -> kve_model_scores {
-        let part = &self.scores[first * HKV * P..(first + layers) * HKV * P];
-        model(part, part.len(), layers, N, W)
-    }
-    fn count_with(
-        &self,
-        sel: &kve_select_params,
-        ms: &kve_model_scores,
-        first: u64,
-        s: &kve_search,
-        h: &mut kve_histogram,
-    ) -> i32 {
-        let mut ws = vec![0u8; 1 << 16];
-        let before = *h;
-        let st = unsafe {
-            kve_search_count_shard(
-                sel,
-                ms,
-                first,
-                s,
-                h,
-                ws.as_mut_ptr() as *mut c_void,
-                ws.len() as u64,
-            )
-        };
-        if st != KVE_OK {
-            assert_eq!(*h, before, "histogram written on error");
-        }
-        st
-    }
-    fn count(&self, first: usize, layers: usize, s: &kve_search, h: &mut kve_histogram) -> i32 {
-        self.count_with(&self.sel, &self.shard(first, layers), first as u64, s, h)
-    }
-    fn step(&self, s: &mut kve_search, h: &kve_histogram) -> i32 {
-        let before = *s;
-        let mut done = -1;
-        let st = unsafe { kve_search_step(s, h, &mut done) };
-        if st != KVE_OK {
-            assert_eq!((*s, done), (before, -1), "search written on error");
-        }
-        st
-    }
-}
-
-fn empty() -> kve_histogram {
-    let mut h = unsafe { std::mem::zeroed::<kve_histogram>() };
-    unsafe { assert_eq!(kve_histogram_clear(&mut h), KVE_OK) };
-    h
-}
-
-#[test]
-fn sharded_search_refuses_another_model() {
-    let m = Sharded::new(4);
-    let s = m.init();
-    assert_eq!(s.done, 0);
-    let mut h = empty();
-    // shards of another hkv, n or window
-    let part = &m.scores[..HKV * P];
-    let other_hkv = kve_model_scores {
-        hkv: 1,
-        ..model(part, part.len() / 2, 1, N, W)
-    };
-    expect!(
-        m.count_with(&m.sel, &other_hkv, 0, &s, &mut h),
-        KVE_ERR_SHAPE_MISMATCH
-    );
-    let other_n = model(&part[..HKV * (P - 1)], HKV * (P - 1), 1, N - 1, W);
-    expect!(
-        m.count_with(&m.sel, &other_n, 0, &s, &mut h),
-        KVE_ERR_SHAPE_MISMATCH
-    );
-    let other_w = model(&part[..HKV * (P - 1)], HKV * (P - 1), 1, N, W + 1);
-    expect!(
-        m.count_with(&m.sel, &other_w, 0, &s, &mut h),
-        KVE_ERR_SHAPE_MISMATCH
-    );
-    // layers past the model's
-    expect!(
-        m.count_with(&m.sel, &m.shard(2, 2), 3, &s, &mut h),
-        KVE_ERR_SHAPE_MISMATCH
-    );
-    expect!(
-        m.count_with(&m.sel, &m.shard(0, 1), u64::MAX, &s, &mut h),
-        KVE_ERR_SHAPE_MISMATCH
-    );
-    // other parameters
-    let mut other = m.sel;
-    other.budget = 7;
-    expect!(
-        m.count_with(&other, &m.shard(0, 2), 0, &s, &mut h),
-        KVE_ERR_INVALID_ARGUMENT
-    );
-    let mut other = m.sel;
-    other.normalize = 1;
-    expect!(
-        m.count_with(&other, &m.shard(0, 2), 0, &s, &mut h),
-        KVE_ERR_INVALID_ARGUMENT
-    );
-    // a missing layer, an overlap, a layer twice in place of another
-    for shards in [
-        &[(0, 3)][..],
-        &[(0, 2), (1, 3)],
-        &[(0, 2), (1, 2), (3, 1)],
-        &[(0, 1), (0, 1), (2, 2)],
-    ] {
-        let mut h = empty();
-        for &(f, n) in shards {
-            expect!(m.count(f, n, &s, &mut h), KVE_OK);
-        }
-        let mut s2 = s;
-        expect!(m.step(&mut s2, &h), KVE_ERR_SHAPE_MISMATCH);
-    }
-    // an uncounted histogram
-    let mut s2 = s;
-    expect!(m.step(&mut s2, &empty()), KVE_ERR_INVALID_ARGUMENT);
-    // select_shard checks the same
-    let mut off = canary_u64(5);
-    let mut idx = vec![CANARY; 4 * HKV * N];
-    let mut ws = vec![0u8; 1 << 16];
-    // a finished search (a state forged to look finished is refused before its shards)
-    let fin = {
-        let mut s = s;
-        while s.done == 0 {
-            let mut h = empty();
-            expect!(m.count(0, 4, &s, &mut h), KVE_OK);
-            expect!(m.step(&mut s, &h), KVE_OK);
-        }
-        s
-    };
-    let ms = model(part, part.len() - HKV, 1, N - 1, W);
+    let mut c = CANARY as i32;
     unsafe {
         expect!(
-            kve_select_shard(
-                &m.sel,
-                &ms,
-                0,
-                &fin,
-                off.as_mut_ptr(),
-                off.len() as u64,
-                idx.as_mut_ptr(),
-                idx.len() as u64,
-                ws.as_mut_ptr() as *mut c_void,
-                ws.len() as u64
-            ),
-            KVE_ERR_SHAPE_MISMATCH
+            kve_cuda_get_device_count(&mut c),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
         );
-    }
-    assert!(off.iter().all(|&x| x == CANARY as u64));
-}
-
-#[test]
-fn histograms_of_another_round_are_refused() {
-    let m = Sharded::new(4);
-    let s0 = m.init();
-    let mut h0 = empty();
-    expect!(m.count(0, 2, &s0, &mut h0), KVE_OK);
-    let mut rest = empty();
-    expect!(m.count(2, 2, &s0, &mut rest), KVE_OK);
-    let mut total = empty();
-    unsafe {
-        expect!(kve_histogram_merge(&mut total, &h0), KVE_OK);
-        expect!(kve_histogram_merge(&mut total, &rest), KVE_OK);
-    }
-    let mut s1 = s0;
-    expect!(m.step(&mut s1, &total), KVE_OK);
-    assert_ne!(s1, s0);
-    if s1.done == 1 {
-        return; // (not with these scores: the search needs rounds)
-    }
-    // last round's histogram: refused by step, count and merge
-    let mut s2 = s1;
-    expect!(m.step(&mut s2, &total), KVE_ERR_INVALID_ARGUMENT);
-    let mut h = h0;
-    expect!(m.count(2, 2, &s1, &mut h), KVE_ERR_INVALID_ARGUMENT);
-    let mut h1 = empty();
-    expect!(m.count(0, 2, &s1, &mut h1), KVE_OK);
-    let keep = h1;
-    unsafe { expect!(kve_histogram_merge(&mut h1, &h0), KVE_ERR_INVALID_ARGUMENT) };
-    assert_eq!(h1, keep);
-    // a search of another model in the same round: its histograms do not mix either
-    let other = Sharded::new(5);
-    let o0 = other.init();
-    let mut ho = empty();
-    expect!(other.count(0, 2, &o0, &mut ho), KVE_OK);
-    unsafe { expect!(kve_histogram_merge(&mut ho, &h0), KVE_ERR_INVALID_ARGUMENT) };
-    // the search ends within 13 rounds when every shard counts each round
-    let mut s = s0;
-    for _ in 0..13 {
-        if s.done == 1 {
-            break;
-        }
-        let mut t = empty();
-        expect!(m.count(0, 3, &s, &mut t), KVE_OK);
-        expect!(m.count(3, 1, &s, &mut t), KVE_OK);
-        expect!(m.step(&mut s, &t), KVE_OK);
-    }
-    assert_eq!(s.done, 1);
-}
-
-#[test]
-fn search_state_fields_are_checked() {
-    let m = Sharded::new(2);
-    let s = m.init();
-    let mut h = empty();
-    expect!(m.count(0, 2, &s, &mut h), KVE_OK);
-    for f in [
-        (|s: &mut kve_search| s.layers = 0) as fn(&mut kve_search),
-        |s| s.n = 0,
-        |s| s.window = s.n + 1,
-        |s| s.hkv = 1 << 40,
-        |s| s.params.allocator = 0,
-        |s| s.params.struct_size = 52,
-        |s| s.params.budget = u64::MAX,
-    ] {
-        let mut bad = s;
-        f(&mut bad);
-        expect!(m.step(&mut bad, &h), KVE_ERR_INVALID_ARGUMENT);
-    }
-    let mut ok = s;
-    expect!(m.step(&mut ok, &h), KVE_OK);
-}
-
-// ----------------------------------------- 12. CriticalKV's FLT_MAX and compaction
-
-#[test]
-fn criticalkv_forced_tokens_score_flt_max_and_rank_first() {
-    let mut l = Layer::new();
-    let mut sp = score_params(PRESET_CRITICALKV);
-    sp.window = W as u32;
-    sp.critical_first_stage = 3;
-    let wo = data(HQ * D * 16, 9);
-    let mut l1 = vec![0f32; HKV * N];
-    expect!(value_l1_of(&l.v, &wo, &mut l1), KVE_OK);
-    let mut inp = l.inputs();
-    inp.value_l1 = l1.as_ptr();
-    inp.value_l1_len = l1.len() as u64;
-    expect!(l.score(&sp, &inp), KVE_OK);
-    for kh in 0..HKV {
-        let head = &l.out[kh * P..(kh + 1) * P];
-        assert_eq!(head.iter().filter(|&&x| x == f32::MAX).count(), 3);
-        assert!(head.iter().all(|&x| x.is_finite()));
-    }
-    // summed over heads (layer granularity) forced tokens saturate to +inf: still first
-    let mut scores = vec![0.5f32; HKV * P];
-    for (kh, i) in [(0, 3), (0, 7), (1, 3), (1, 9)] {
-        scores[kh * P + i] = f32::MAX;
-    }
-    scores[20] = 0.9; // the best unforced token of head 0
-    for alloc in [UNIFORM, GLOBAL] {
-        let sel = select_params(alloc, LAYER, 3);
-        let (st, off, idx) = select(&sel, &scores, 1, N, W);
-        expect!(st, KVE_OK);
-        let kept = &idx[off[0] as usize..off[1] as usize];
-        assert_eq!(&kept[..3], &[3, 7, 9]);
-    }
-}
-
-fn value_l1_of(values: &[f32], wo: &[f32], out: &mut [f32]) -> i32 {
-    let v = contiguous(values, [HKV, N, D]);
-    let w = contiguous(wo, [HQ, D, 16]);
-    let mut ws = vec![0u8; 1 << 12];
-    unsafe {
-        kve_compute_value_l1(
-            &v,
-            &w,
-            out.as_mut_ptr(),
-            out.len() as u64,
-            ws.as_mut_ptr() as *mut c_void,
-            ws.len() as u64,
-        )
-    }
-}
-
-#[test]
-fn compaction_offsets_are_absolute_into_the_whole_indices() {
-    // two layers selected at once; compact layer 1 with its slice of the offsets
-    let scores: Vec<f32> = data(2 * HKV * P, 10).iter().map(|x| x.abs()).collect();
-    let sel = select_params(UNIFORM, HEAD, 5);
-    let (st, off, idx) = select(&sel, &scores, 2, N, W);
-    expect!(st, KVE_OK);
-    let mut kv = data(HKV * N * D, 11);
-    let orig = kv.clone();
-    let t = tensor(kv.as_mut_ptr(), kv.len(), [HKV, N, D], [N * D, D, 1]);
-    let mut lengths = [CANARY; HKV];
-    unsafe {
+        assert_eq!(c, 0);
         expect!(
-            kve_compact_in_place(
-                &t,
-                off[HKV..].as_ptr(),
-                (HKV + 1) as u64,
-                idx.as_ptr(),
-                idx.len() as u64,
-                lengths.as_mut_ptr(),
-                HKV as u64
-            ),
-            KVE_OK
+            kve_cuda_get_device_count(null_mut()),
+            KVE_ERR_NOT_BUILT_WITH_CUDA
         );
-    }
-    for h in 0..HKV {
-        let list = &idx[off[HKV + h] as usize..off[HKV + h + 1] as usize];
-        assert_eq!(lengths[h] as usize, list.len());
-        for (j, &i) in list.iter().enumerate() {
-            let src = &orig[(h * N + i as usize) * D..(h * N + i as usize + 1) * D];
-            assert_eq!(&kv[(h * N + j) * D..(h * N + j + 1) * D], src);
-        }
     }
 }

@@ -274,6 +274,23 @@ fn bad_lse_is_rejected_before_writing() {
     }
 }
 
+/// `score_layer` with `row_lse` refuses `q`, `k` (one holds a NaN/Inf) with `NonFinite`,
+/// its output untouched.
+fn refused_non_finite(cfg: &ScoreConfig, q: View, k: View, lse: &[f32], which: &str) {
+    let inp = LayerInputs {
+        queries: Some(q),
+        keys: Some(k),
+        row_lse: Some(lse),
+        ..Default::default()
+    };
+    let shape = layer_shape(cfg, &inp).unwrap();
+    let mut ws = vec![0u8; score_workspace_size(cfg, &shape).unwrap()];
+    let mut out = vec![f32::from_bits(CANARY); score_len(cfg, &shape).unwrap()];
+    let got = score_layer(cfg, &inp, &mut out, &mut ws);
+    assert_eq!(got, Err(Error::NonFinite), "{which}");
+    assert!(out.iter().all(|x| x.to_bits() == CANARY), "{which}");
+}
+
 #[test]
 fn nonfinite_keys_and_queries_still_rejected_with_lse() {
     // pass 1 is skipped: the finiteness checks it made must still run, window keys included
@@ -296,39 +313,12 @@ fn nonfinite_keys_and_queries_still_rejected_with_lse() {
         } else {
             View::f32_contiguous(&kk, [2, 200, 32]).unwrap()
         };
-        let inp = LayerInputs {
-            queries: Some(q),
-            keys: Some(kv),
-            row_lse: Some(&lse),
-            ..Default::default()
-        };
-        let shape = layer_shape(&cfg, &inp).unwrap();
-        let mut ws = vec![0u8; score_workspace_size(&cfg, &shape).unwrap()];
-        let mut out = vec![f32::from_bits(CANARY); score_len(&cfg, &shape).unwrap()];
-        assert_eq!(
-            score_layer(&cfg, &inp, &mut out, &mut ws),
-            Err(Error::NonFinite),
-            "{which}"
-        );
-        assert!(out.iter().all(|x| x.to_bits() == CANARY), "{which}");
+        refused_non_finite(&cfg, q, kv, &lse, which);
     }
     let mut qq = c.q.clone();
     qq[7 * 40 * 32 + 39 * 32] = f32::INFINITY; // last head, last window row
     let qv = View::f32_contiguous(&qq, [8, 40, 32]).unwrap();
-    let inp = LayerInputs {
-        queries: Some(qv),
-        keys: Some(k),
-        row_lse: Some(&lse),
-        ..Default::default()
-    };
-    let shape = layer_shape(&cfg, &inp).unwrap();
-    let mut ws = vec![0u8; score_workspace_size(&cfg, &shape).unwrap()];
-    let mut out = vec![f32::from_bits(CANARY); score_len(&cfg, &shape).unwrap()];
-    assert_eq!(
-        score_layer(&cfg, &inp, &mut out, &mut ws),
-        Err(Error::NonFinite)
-    );
-    assert!(out.iter().all(|x| x.to_bits() == CANARY));
+    refused_non_finite(&cfg, qv, k, &lse, "query");
     // and window_row_lse rejects them too, without writing
     let shape = LayerShape {
         hq: 8,

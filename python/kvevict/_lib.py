@@ -14,17 +14,11 @@ released sizes only), so an older binding keeps working with a newer library.
 """
 import ctypes
 import os
-import sys
 from ctypes import POINTER, c_char_p, c_double, c_float, c_int32, c_uint32, c_uint64, c_void_p
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+from ._libname import LIB_NAME
 
-if sys.platform == "darwin":
-    LIB_NAME = "libkvevict.dylib"
-elif sys.platform.startswith("win"):
-    LIB_NAME = "kvevict.dll"
-else:
-    LIB_NAME = "libkvevict.so"
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _repo_roots():

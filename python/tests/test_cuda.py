@@ -205,7 +205,7 @@ def dev_view(arr, layout, typestr):
     return Dev(v, typestr), v
 
 
-# the kernels against the host (tests/cuda_capi.rs's tolerances): f32 up to summation
+# the kernels against the host (tests/capi_cuda/'s tolerances): f32 up to summation
 # order, f16 / bf16 inputs through tensor-core products
 TOL = {"f32": 5e-5, "f16": 5e-4, "bf16": 5e-4}
 
@@ -457,7 +457,7 @@ class ScoreTests(_DeviceCase):
     def test_refused_launch(self):
         """A launch the device refuses comes back as KVE_ERR_CUDA with nothing written: f32
         keys with dk 256 and g 128 need 152,832 B of shared memory even split over chunks
-        (tests/launchers.rs), more than sm_86/89's 99 KiB, the opt-in limit the emulator
+        (tests/device/), more than sm_86/89's 99 KiB, the opt-in limit the emulator
         is given here."""
         rng = np.random.default_rng(2)
         hq, n, d = 128, 24, 256
@@ -596,7 +596,7 @@ class LinkTests(_DeviceCase):
                 vt = np.ascontiguousarray(v.transpose(0, 2, 1)).transpose(0, 2, 1)  # V transposed
                 kve.accumulate_value_links(vt, host)
                 kc.accumulate_value_links(Dev(vt), Dev(dev), workspace=workspace(ws))
-            # the kernel's operation order is the host's AVX2 path (bits there; tests/links_device.rs)
+            # the kernel's operation order is the host's AVX2 path (bits there; tests/capi_cuda_links.rs)
             np.testing.assert_allclose(dev, host, rtol=1e-5, atol=1e-6)
             self.assertGreater(np.abs(host).sum(), 0)
         with self.assertRaises(kve.KvevictError) as cm:  # links shorter than N

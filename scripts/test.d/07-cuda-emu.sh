@@ -12,7 +12,7 @@
 # arrays; overflow).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-tests=(--test cuda_emu --test device --test cuda_capi --test links_device)
+tests=(--test cuda_emu --test device --test capi_cuda --test capi_cuda_links)
 filter='^test |test result|panicked|cuda-emu:|error'
 echo "-- sm_90 limit (227 KiB), forward block and thread order"
 cargo test --release --features cuda-emu "${tests[@]}" --test c_examples --test launcher_decls -- --nocapture 2>&1 | grep -E "$filter"

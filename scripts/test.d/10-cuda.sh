@@ -12,5 +12,5 @@ CUDA_ROOT=$(bash cuda/install_nvcc.sh)
 export NVCC="$CUDA_ROOT/bin/nvcc"
 echo "nvcc: $("$NVCC" --version | tail -n 1)"
 cargo build --release --features cuda 2>&1 | tail -n 3
-cargo test --release --features cuda --test device --test cuda_capi --test c_examples --test links_device -- --nocapture 2>&1 | grep -E "skipped|^test |test result|panicked|error" 
+cargo test --release --features cuda --test device --test capi_cuda --test c_examples --test capi_cuda_links -- --nocapture 2>&1 | grep -E "skipped|^test |test result|panicked|error" 
 bash cuda/ptx_check.sh

@@ -38,11 +38,11 @@ use {
     super::params::{read_ext, score_config, select_config},
     super::score::{KVE_LAYER_INPUTS_V1_SIZE, NO_INPUTS},
     super::{arg, to_status, tri},
-    crate::device::{self, select::KeptLists, Floats},
+    crate::device::{self, Floats},
     crate::error::Error,
     crate::score::LayerShape,
     crate::shape::ModelShape,
-    imp::{tensor, write},
+    imp::{select_args, tensor, write},
 };
 
 /// Number of CUDA devices the library can use; 0 (and `KVE_OK`) when there is no device
@@ -208,18 +208,10 @@ pub unsafe extern "C" fn kve_cuda_select_model(
             stream
         ],
         {
-            // SAFETY: host structs the caller passes (NULL and alignment checked).
-            let cfg = tri!(unsafe { select_config(params) });
-            // SAFETY: a host struct the caller passes (arg checks NULL and alignment).
-            let m = tri!(unsafe { arg(scores) });
-            let shape = tri!(ModelShape::new(m.layers, m.hkv, m.n, m.window));
-            let lists = KeptLists {
-                counts,
-                counts_len,
-                idx,
-                idx_ld,
-                idx_len,
-            };
+            // SAFETY: NULL or the caller's host structs (checked there).
+            let (cfg, m, shape, lists) = tri!(unsafe {
+                select_args(params, scores, counts, counts_len, idx, idx_ld, idx_len)
+            });
             // SAFETY: scores, lists and workspace are device memory of the declared sizes (this
             // function's contract); the pipeline checks them before any launch.
             to_status(unsafe {

@@ -31,6 +31,21 @@ pub struct kve_model_scores {
     pub window: u64,
 }
 
+impl kve_model_scores {
+    /// The descriptor of all of `scores` for a model of `layers` layers of `hkv` KV heads,
+    /// `n` tokens and a window of `window` (for Rust callers; nothing is checked here).
+    pub fn of(scores: &[f32], layers: u64, hkv: u64, n: u64, window: u64) -> kve_model_scores {
+        kve_model_scores {
+            scores: scores.as_ptr(),
+            len: scores.len() as u64,
+            layers,
+            hkv,
+            n,
+            window,
+        }
+    }
+}
+
 /// Dimensions checked before the core loops over them ([`ModelShape::new`], the check
 /// the device path makes too).
 fn dims(layers: u64, hkv: u64, n: u64, window: u64) -> Result<(usize, usize, usize, usize)> {
@@ -104,12 +119,31 @@ pub unsafe extern "C" fn kve_select_workspace_size(
     window: u64,
     out_bytes: *mut u64,
 ) -> i32 {
+    // SAFETY: the caller's pointers, passed on; `model_size_query` checks them.
+    unsafe {
+        let dims = [layers, hkv, n, window];
+        model_size_query(params, dims, out_bytes, crate::select_workspace_size)
+    }
+}
+
+/// A model-wide size query (`kve_select_workspace_size`, the shards'): `*out_bytes =
+/// f(params, layers, hkv, n, window)` once the output, the parameters (not overlapped by
+/// the output) and the dimensions are checked. Writes only `*out_bytes`.
+///
+/// # Safety
+/// `params` is NULL or the caller's struct; `out_bytes` NULL or the caller's `uint64_t`.
+unsafe fn model_size_query(
+    params: *const kve_select_params,
+    [layers, hkv, n, window]: [u64; 4],
+    out_bytes: *mut u64,
+    f: impl FnOnce(&SelectConfig, usize, usize, usize, usize) -> Result<usize>,
+) -> i32 {
     let mut out = tri!(out_param(out_bytes));
     // SAFETY: NULL or the caller's params; select_config checks NULL, alignment, struct_size.
     let cfg = tri!(unsafe { select_config(params) });
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
-    let b = tri!(crate::select_workspace_size(&cfg, l, h, n, w));
+    let b = tri!(f(&cfg, l, h, n, w));
     write(&mut out, b as u64);
     KVE_OK
 }
@@ -398,11 +432,6 @@ fn layer_of(first_layer: u64) -> usize {
     usize::try_from(first_layer).unwrap_or(usize::MAX)
 }
 
-unsafe fn shard_config(params: *const kve_select_params) -> Result<SelectConfig> {
-    // SAFETY: the caller passes NULL or its params; select_config checks NULL, alignment, size.
-    unsafe { select_config(params) }
-}
-
 /// Start a search for the model of `layers` layers (all shards together). Sharded
 /// selection supports the `KVE_ALLOCATOR_GLOBAL` allocator at head or layer granularity
 /// (others: `KVE_ERR_INVALID_ARGUMENT`; they either need no cross-layer search or need
@@ -419,8 +448,8 @@ pub unsafe extern "C" fn kve_search_init(
     window: u64,
 ) -> i32 {
     let mut out = tri!(out_param(search));
-    // SAFETY: NULL or the caller's params; shard_config checks NULL, alignment, struct_size.
-    let cfg = tri!(unsafe { shard_config(params) });
+    // SAFETY: NULL or the caller's params; select_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { select_config(params) });
     tri!(check_alias(&[out.span], &[span_ptr(params)]));
     let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
     let s = tri!(ModelSearch::new(&cfg, l, h, n, w));
@@ -447,14 +476,11 @@ pub unsafe extern "C" fn kve_select_shard_workspace_size(
     window: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let mut out = tri!(out_param(out_bytes));
-    // SAFETY: NULL or the caller's params; shard_config checks NULL, alignment, struct_size.
-    let cfg = tri!(unsafe { shard_config(params) });
-    tri!(check_alias(&[out.span], &[span_ptr(params)]));
-    let (l, h, n, w) = tri!(dims(layers, hkv, n, window));
-    let b = tri!(shard::shard_workspace_size(&cfg, l, h, n, w));
-    write(&mut out, b as u64);
-    KVE_OK
+    // SAFETY: the caller's pointers, passed on; `model_size_query` checks them.
+    unsafe {
+        let dims = [layers, hkv, n, window];
+        model_size_query(params, dims, out_bytes, shard::shard_workspace_size)
+    }
 }
 
 /// Add a shard's candidates to `hist` for the search's next digit. `shard` holds layers
@@ -576,8 +602,8 @@ unsafe fn count_shard(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    // SAFETY: NULL or the caller's params; shard_config checks NULL, alignment, struct_size.
-    let cfg = tri!(unsafe { shard_config(params) });
+    // SAFETY: NULL or the caller's params; select_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { select_config(params) });
     // SAFETY: NULL or the caller's `kve_model_scores`; model checks it and its scores.
     let (sb, ms) = tri!(unsafe { model(shard) });
     // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
@@ -784,8 +810,8 @@ unsafe fn select_shard(
     links: Option<(*const f32, u64, f32)>,
     out: &ShardOut,
 ) -> i32 {
-    // SAFETY: NULL or the caller's params; shard_config checks NULL, alignment, struct_size.
-    let cfg = tri!(unsafe { shard_config(params) });
+    // SAFETY: NULL or the caller's params; select_config checks NULL, alignment, struct_size.
+    let cfg = tri!(unsafe { select_config(params) });
     // SAFETY: NULL or the caller's `kve_model_scores`; model checks it and its scores.
     let (sb, ms) = tri!(unsafe { model(shard) });
     // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.

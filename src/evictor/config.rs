@@ -4,6 +4,7 @@
 
 use super::policy::Budget;
 use super::presets::{capture, default_select, Capture, WoUse};
+use super::Needs;
 use crate::config::{Granularity, Preset, ScoreConfig, ScorerKind, SelectConfig};
 use crate::error::{mul, Error, Result, MAX_LAYERS};
 use crate::score::LayerShape;
@@ -78,6 +79,38 @@ pub(crate) struct Resolved {
     pub max_seqs: usize,
     /// Floats of one layer's Gram blocks (0 unless LaProx).
     pub gram_len: usize,
+}
+
+impl Resolved {
+    /// What the engine captures, the window and the granularity.
+    pub fn needs(&self) -> Needs {
+        Needs {
+            capture: self.capture,
+            window: self.score.window,
+            granularity: self.select.granularity,
+        }
+    }
+
+    /// `layer` names a layer of the model (`InvalidArgument` otherwise).
+    pub fn check_layer(&self, layer: usize) -> Result<()> {
+        if layer >= self.m.layers {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(())
+    }
+
+    /// The checks of `observe_queries` (host and device): a layer, a method that keeps
+    /// a query ring (`InvalidArgument`), queries of `hq` heads of `dk` (`ShapeMismatch`).
+    pub fn check_observe(&self, layer: usize, hq: usize, dk: usize) -> Result<()> {
+        self.check_layer(layer)?;
+        if !self.capture.queries {
+            return Err(Error::InvalidArgument);
+        }
+        if hq != self.m.hq || dk != self.m.dk {
+            return Err(Error::ShapeMismatch);
+        }
+        Ok(())
+    }
 }
 
 pub(crate) fn resolve(c: &EvictorConfig) -> Result<Resolved> {

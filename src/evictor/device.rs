@@ -341,11 +341,7 @@ impl<'a> DeviceEvictor<'a> {
     }
 
     pub fn needs(&self) -> Needs {
-        Needs {
-            capture: self.r.capture,
-            window: self.r.score.window,
-            granularity: self.r.select.granularity,
-        }
+        self.r.needs()
     }
 
     fn host(&mut self) -> Workspace<'_> {
@@ -413,13 +409,6 @@ impl<'a> DeviceEvictor<'a> {
         (self.dev.wrapping_add(at) as *mut c_void, self.dl.ws as u64)
     }
 
-    fn check_layer(&self, layer: usize) -> Result<()> {
-        if layer >= self.r.m.layers {
-            return Err(Error::InvalidArgument);
-        }
-        Ok(())
-    }
-
     /// Inputs must not overlap the device block.
     fn unaliased(&self, spans: &[Span]) -> Result<()> {
         check_alias(&[self.spans().1], spans)
@@ -437,7 +426,7 @@ impl<'a> DeviceEvictor<'a> {
         wo: &View,
         stream: *mut c_void,
     ) -> Result<()> {
-        self.check_layer(layer)?;
+        self.r.check_layer(layer)?;
         if self.r.capture.wo != WoUse::Once {
             return Err(Error::InvalidArgument);
         }
@@ -472,14 +461,9 @@ impl<'a> DeviceEvictor<'a> {
         q: &Tensor,
         stream: *mut c_void,
     ) -> Result<()> {
-        self.check_layer(layer)?;
-        if !self.r.capture.queries {
-            return Err(Error::InvalidArgument);
-        }
         let v = &q.view;
-        if v.heads as usize != self.r.m.hq || v.dim as usize != self.r.m.dk {
-            return Err(Error::ShapeMismatch);
-        }
+        self.r
+            .check_observe(layer, v.heads as usize, v.dim as usize)?;
         self.unaliased(&[q.span()])?;
         let (w, hq, dk) = (self.r.score.window as usize, self.r.m.hq, self.r.m.dk);
         let ring = self.dev_slot(seq)?.ring;
@@ -519,23 +503,14 @@ impl<'a> DeviceEvictor<'a> {
 
     /// As [`super::Evictor::plan`].
     pub fn plan(&mut self, seq: usize, n_cells: usize) -> Result<usize> {
-        let w = self.r.score.window as u64;
-        Ok(self.state(seq)?.plan(&self.r.budget, n_cells as u64, w)? as usize)
+        self.state(seq)?.plan(&self.r, n_cells)
     }
 
     /// As [`super::Evictor::begin`] (host bookkeeping only: nothing enqueued).
     pub fn begin(&mut self, seq: usize, n_cells: usize, target: usize) -> Result<()> {
-        let mut st = self.state(seq)?;
-        let (b, w, max) = (
-            self.r.budget,
-            self.r.score.window as u64,
-            self.r.max_cells as u64,
-        );
-        st.begin(&b, max, w, n_cells as u64, target as u64)?;
+        let r = self.r;
         let slot = self.slot(seq)?;
-        st.store(slot.state);
-        slot.scored.fill(0);
-        Ok(())
+        SeqState::begin_slot(&r, slot.state, slot.scored, n_cells, target)
     }
 
     /// Score `layer` of `seq`'s round from `v` (device tensors), on `stream`.
@@ -549,7 +524,7 @@ impl<'a> DeviceEvictor<'a> {
         v: &DeviceLayerViews,
         stream: *mut c_void,
     ) -> Result<()> {
-        self.check_layer(layer)?;
+        self.r.check_layer(layer)?;
         let st = self.state(seq)?;
         let r = self.r;
         let n = st.n as usize;
@@ -778,7 +753,7 @@ impl<'a> DeviceEvictor<'a> {
         kv: &Tensor,
         stream: *mut c_void,
     ) -> Result<()> {
-        self.check_layer(layer)?;
+        self.r.check_layer(layer)?;
         let n = self.state(seq)?.n as usize;
         let kept = self.kept(seq)?;
         let v = &kv.view;

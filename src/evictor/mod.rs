@@ -197,11 +197,7 @@ impl<'a> Evictor<'a> {
 
     /// What the engine captures, the window and the granularity.
     pub fn needs(&self) -> Needs {
-        Needs {
-            capture: self.r.capture,
-            window: self.r.score.window,
-            granularity: self.r.select.granularity,
-        }
+        self.r.needs()
     }
 
     fn model_bytes(&mut self) -> &mut [u8] {
@@ -219,17 +215,10 @@ impl<'a> Evictor<'a> {
         SeqState::load(self.slot(seq)?.state)
     }
 
-    fn check_layer(&self, layer: usize) -> Result<()> {
-        if layer >= self.r.m.layers {
-            return Err(Error::InvalidArgument);
-        }
-        Ok(())
-    }
-
     /// Set `layer`'s output projection `wo` `[Hq, dv, D]` (methods with [`WoUse::Once`]):
     /// its Gram blocks go into the context, the engine may drop `wo` after.
     pub fn set_output_projection(&mut self, layer: usize, wo: &View) -> Result<()> {
-        self.check_layer(layer)?;
+        self.r.check_layer(layer)?;
         if self.r.capture.wo != WoUse::Once {
             return Err(Error::InvalidArgument);
         }
@@ -249,14 +238,8 @@ impl<'a> Evictor<'a> {
     /// sequence `seq`, in position order) in `layer`'s ring. Methods without queries:
     /// `InvalidArgument`. NaN/Inf rows are taken as they are (scoring rejects them).
     pub fn observe_queries(&mut self, seq: usize, layer: usize, q: &View) -> Result<()> {
-        self.check_layer(layer)?;
-        if !self.r.capture.queries {
-            return Err(Error::InvalidArgument);
-        }
         let [hq, c, dk] = q.extent();
-        if hq != self.r.m.hq || dk != self.r.m.dk {
-            return Err(Error::ShapeMismatch);
-        }
+        self.r.check_observe(layer, hq, dk)?;
         let (w, r) = (self.r.score.window as usize, self.r);
         let slot = self.slot(seq)?;
         let ring = &mut slot.ring[layer * r.m.hq * w * dk..(layer + 1) * r.m.hq * w * dk];
@@ -274,24 +257,16 @@ impl<'a> Evictor<'a> {
     /// The cells sequence `seq` should hold now that it holds `n_cells` (`n_cells`:
     /// nothing to do). Changes nothing.
     pub fn plan(&mut self, seq: usize, n_cells: usize) -> Result<usize> {
-        let w = self.r.score.window as u64;
-        Ok(self.state(seq)?.plan(&self.r.budget, n_cells as u64, w)? as usize)
+        self.state(seq)?.plan(&self.r, n_cells)
     }
 
     /// Start a round on `seq`'s `n_cells` cells (`1..=max_cells`) that ends holding
     /// `target` cells (raised to what a selection keeps anyway: the cells the ratio
     /// protects and the window). A round in progress is abandoned.
     pub fn begin(&mut self, seq: usize, n_cells: usize, target: usize) -> Result<()> {
-        let mut st = self.state(seq)?;
-        let (b, w, max) = (
-            self.r.budget,
-            self.r.score.window as u64,
-            self.r.max_cells as u64,
-        );
-        st.begin(&b, max, w, n_cells as u64, target as u64)?;
+        let r = self.r;
         let slot = self.slot(seq)?;
-        st.store(slot.state);
-        slot.scored.fill(0);
+        SeqState::begin_slot(&r, slot.state, slot.scored, n_cells, target)?;
         slot.links.iter_mut().take(n_cells).for_each(|x| *x = 0.0);
         Ok(())
     }
@@ -310,7 +285,7 @@ impl<'a> Evictor<'a> {
 
     /// Score `layer` of `seq`'s round from `v` (each layer once per round).
     pub fn score_layer(&mut self, seq: usize, layer: usize, v: &LayerViews) -> Result<()> {
-        self.check_layer(layer)?;
+        self.r.check_layer(layer)?;
         let st = self.state(seq)?;
         let (r, lay) = (self.r, self.lay);
         let cfg = self.round_score(&st);
@@ -520,7 +495,7 @@ impl<'a> Evictor<'a> {
     /// Move `layer`'s kept rows of `kv` (`[Hkv, n, d]`, K or V) to the front of each head,
     /// in place (see [`crate::compact::compact_in_place`]).
     pub fn compact(&mut self, seq: usize, layer: usize, kv: &mut ViewMut) -> Result<()> {
-        self.check_layer(layer)?;
+        self.r.check_layer(layer)?;
         let n = self.state(seq)?.n as usize;
         let hkv = self.r.m.hkv;
         let kept = self.kept(seq)?;

@@ -2,7 +2,8 @@
 //! context in caller memory holds no Rust value a corrupted word could make invalid.
 
 use super::memory::STATE_WORDS;
-use super::policy::{self, Budget};
+use super::policy;
+use super::Resolved;
 use super::SeqStats;
 use crate::error::{Error, Result};
 
@@ -72,27 +73,25 @@ impl SeqState {
 }
 
 impl SeqState {
-    /// The policy's target for `n` cells (a ragged sequence takes no round).
-    pub fn plan(&self, b: &Budget, n: u64, window: u64) -> Result<u64> {
+    /// The policy of `r` for `n_cells` cells: the cells to hold (a ragged sequence takes
+    /// no round). The host and device forms' `plan`.
+    pub fn plan(&self, r: &Resolved, n_cells: usize) -> Result<usize> {
         if self.ragged {
             return Err(Error::InvalidArgument);
         }
-        Ok(policy::plan(b, self.protected, n, window))
+        let (n, window) = (n_cells as u64, r.score.window as u64);
+        Ok(policy::plan(&r.budget, self.protected, n, window) as usize)
     }
 
-    /// Start a round on `n` cells (`1..=max_cells`) that ends holding `target` cells,
-    /// raised to what a selection keeps anyway; a round in progress is abandoned.
-    pub fn begin(
-        &mut self,
-        b: &Budget,
-        max_cells: u64,
-        window: u64,
-        n: u64,
-        target: u64,
-    ) -> Result<()> {
-        if self.ragged || n == 0 || n > max_cells || target > n {
+    /// Start a round on `n_cells` cells (`1..=max_cells`) that ends holding `target`
+    /// cells, raised to what a selection keeps anyway; a round in progress is abandoned.
+    /// The host and device forms' `begin` (their slots' scratch aside).
+    pub fn begin(&mut self, r: &Resolved, n_cells: usize, target: usize) -> Result<()> {
+        let (n, target, window) = (n_cells as u64, target as u64, r.score.window as u64);
+        if self.ragged || n == 0 || n > r.max_cells as u64 || target > n {
             return Err(Error::InvalidArgument);
         }
+        let b = &r.budget;
         let start = policy::span_start(b, self.protected, n);
         if start == n {
             return Err(Error::InvalidArgument); // nothing new to select over
@@ -102,6 +101,22 @@ impl SeqState {
         self.start = start;
         self.target = target.max(policy::least_kept(start, n, window));
         self.kept_total = 0;
+        Ok(())
+    }
+
+    /// [`SeqState::begin`] on a slot's state words, the layers' scored marks cleared
+    /// (nothing changed on error): the host and device forms' `begin`.
+    pub fn begin_slot(
+        r: &Resolved,
+        words: &mut [u64],
+        scored: &mut [u8],
+        n_cells: usize,
+        target: usize,
+    ) -> Result<()> {
+        let mut st = SeqState::load(words)?;
+        st.begin(r, n_cells, target)?;
+        st.store(words);
+        scored.fill(0);
         Ok(())
     }
 

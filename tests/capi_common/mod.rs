@@ -200,14 +200,7 @@ pub fn select_linked(
     let mut off = vec![CANARY as u64; ol as usize];
     let mut idx = vec![CANARY; il as usize];
     let mut ws = vec![0u8; wl as usize];
-    let ms = kve_model_scores {
-        scores: scores.as_ptr(),
-        len: scores.len() as u64,
-        layers: layers as u64,
-        hkv: HKV as u64,
-        n: n as u64,
-        window: w as u64,
-    };
+    let ms = kve_model_scores::of(&scores, layers as u64, HKV as u64, n as u64, w as u64);
     let (o, i, wsp) = (off.as_mut_ptr(), idx.as_mut_ptr(), ws.as_mut_ptr() as _);
     let st = unsafe {
         match links {

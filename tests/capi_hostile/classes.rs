@@ -5,74 +5,24 @@ fn null_pointers() {
     let mut l = Layer::new();
     let sp = score_params(0);
     let mut inp = l.inputs();
+    // each pointer NULL in turn; NULL with length 0 is an empty buffer: then it is too small
+    let (p, i): (*const kve_score_params, *const kve_layer_inputs) = (&sp, &inp);
+    let (o, on) = (l.out.as_mut_ptr(), l.out.len() as u64);
+    let (w, wn) = (l.ws.as_mut_ptr() as *mut c_void, l.ws.len() as u64);
+    let (nc, nm) = (null(), null_mut());
+    let cases = [
+        ((null(), i, o, on, w, wn), KVE_ERR_NULL_POINTER),
+        ((p, nc, o, on, w, wn), KVE_ERR_NULL_POINTER),
+        ((p, i, null_mut(), on, w, wn), KVE_ERR_NULL_POINTER),
+        ((p, i, o, on, nm, wn), KVE_ERR_NULL_POINTER),
+        ((p, i, null_mut(), 0, w, wn), KVE_ERR_OUTPUT_TOO_SMALL),
+        ((p, i, o, on, nm, 0), KVE_ERR_WORKSPACE_TOO_SMALL),
+    ];
+    for (k, ((p, i, o, on, w, wn), want)) in cases.into_iter().enumerate() {
+        let st = unsafe { kve_score_layer(p, i, o, on, w, wn) };
+        assert_eq!(name(st), name(want), "case {k}");
+    }
     unsafe {
-        expect!(
-            kve_score_layer(
-                null(),
-                &inp,
-                l.out.as_mut_ptr(),
-                l.out.len() as u64,
-                l.ws.as_mut_ptr() as _,
-                l.ws.len() as u64
-            ),
-            KVE_ERR_NULL_POINTER
-        );
-        expect!(
-            kve_score_layer(
-                &sp,
-                null(),
-                l.out.as_mut_ptr(),
-                l.out.len() as u64,
-                l.ws.as_mut_ptr() as _,
-                l.ws.len() as u64
-            ),
-            KVE_ERR_NULL_POINTER
-        );
-        expect!(
-            kve_score_layer(
-                &sp,
-                &inp,
-                null_mut(),
-                l.out.len() as u64,
-                l.ws.as_mut_ptr() as _,
-                l.ws.len() as u64
-            ),
-            KVE_ERR_NULL_POINTER
-        );
-        expect!(
-            kve_score_layer(
-                &sp,
-                &inp,
-                l.out.as_mut_ptr(),
-                l.out.len() as u64,
-                null_mut(),
-                l.ws.len() as u64
-            ),
-            KVE_ERR_NULL_POINTER
-        );
-        // NULL with length 0 is an empty buffer: then it is too small
-        expect!(
-            kve_score_layer(
-                &sp,
-                &inp,
-                null_mut(),
-                0,
-                l.ws.as_mut_ptr() as _,
-                l.ws.len() as u64
-            ),
-            KVE_ERR_OUTPUT_TOO_SMALL
-        );
-        expect!(
-            kve_score_layer(
-                &sp,
-                &inp,
-                l.out.as_mut_ptr(),
-                l.out.len() as u64,
-                null_mut(),
-                0
-            ),
-            KVE_ERR_WORKSPACE_TOO_SMALL
-        );
         expect!(
             kve_score_params_init(null_mut(), 48, 0),
             KVE_ERR_NULL_POINTER
@@ -392,14 +342,7 @@ fn misaligned_pointers() {
             KVE_ERR_MISALIGNED
         );
         let scores = data(HKV * P, 4);
-        let ms = kve_model_scores {
-            scores: scores.as_ptr(),
-            len: scores.len() as u64,
-            layers: 1,
-            hkv: HKV as u64,
-            n: N as u64,
-            window: W as u64,
-        };
+        let ms = kve_model_scores::of(&scores, 1, HKV as u64, N as u64, W as u64);
         let sel = select_params(0, 0, 4);
         let mut off = [CANARY as u64; 4];
         let mut idx = [CANARY; 64];
@@ -481,69 +424,25 @@ fn enums_out_of_range() {
         );
         assert_eq!(s.struct_size, 0);
         let scores = data(HKV * P, 4);
-        let ms = kve_model_scores {
-            scores: scores.as_ptr(),
-            len: scores.len() as u64,
-            layers: 1,
-            hkv: HKV as u64,
-            n: N as u64,
-            window: W as u64,
-        };
+        let ms = kve_model_scores::of(&scores, 1, HKV as u64, N as u64, W as u64);
         let mut off = [CANARY as u64; 3];
         let mut idx = [CANARY; 80];
         let mut ws = vec![0u8; 8192];
-        for f in [
-            (|s: &mut kve_select_params| s.allocator = 5) as fn(&mut kve_select_params),
-            |s| s.granularity = 3,
-            |s| s.normalize = 2,
-            |s| s.post_pool_kind = 9,
-        ] {
+        let cases: [(fn(&mut kve_select_params), i32); 6] = [
+            (|s| s.allocator = 5, KVE_ERR_BAD_ENUM),
+            (|s| s.granularity = 3, KVE_ERR_BAD_ENUM),
+            (|s| s.normalize = 2, KVE_ERR_BAD_ENUM),
+            (|s| s.post_pool_kind = 9, KVE_ERR_BAD_ENUM),
+            (|s| s.alpha = f32::NAN, KVE_ERR_INVALID_ARGUMENT),
+            // (the V1 `reserved` slot is now post_pool_sinks, any value valid)
+            (|s| s.beta = 0, KVE_ERR_INVALID_ARGUMENT),
+        ];
+        for (f, want) in cases {
             let mut sel = select_params(0, 0, 4);
             f(&mut sel);
-            expect!(
-                kve_select_model(
-                    &sel,
-                    &ms,
-                    off.as_mut_ptr(),
-                    3,
-                    idx.as_mut_ptr(),
-                    80,
-                    ws.as_mut_ptr() as _,
-                    8192
-                ),
-                KVE_ERR_BAD_ENUM
-            );
+            let (o, i, w) = (off.as_mut_ptr(), idx.as_mut_ptr(), ws.as_mut_ptr());
+            expect!(kve_select_model(&sel, &ms, o, 3, i, 80, w as _, 8192), want);
         }
-        let mut sel = select_params(0, 0, 4);
-        sel.alpha = f32::NAN;
-        expect!(
-            kve_select_model(
-                &sel,
-                &ms,
-                off.as_mut_ptr(),
-                3,
-                idx.as_mut_ptr(),
-                80,
-                ws.as_mut_ptr() as _,
-                8192
-            ),
-            KVE_ERR_INVALID_ARGUMENT
-        );
-        let mut sel = select_params(0, 0, 4);
-        sel.beta = 0; // (the V1 `reserved` slot is now post_pool_sinks, any value valid)
-        expect!(
-            kve_select_model(
-                &sel,
-                &ms,
-                off.as_mut_ptr(),
-                3,
-                idx.as_mut_ptr(),
-                80,
-                ws.as_mut_ptr() as _,
-                8192
-            ),
-            KVE_ERR_INVALID_ARGUMENT
-        );
         assert_eq!(off, [CANARY as u64; 3]);
         assert_eq!(idx, [CANARY; 80]);
         let mut out = CANARY as u64;
@@ -790,74 +689,28 @@ fn outputs_too_small() {
         kve_select_output_len(&sel, 2, HKV as u64, N as u64, W as u64, &mut ol, &mut il);
         kve_select_workspace_size(&sel, 2, HKV as u64, N as u64, W as u64, &mut wl);
     }
-    let ms = kve_model_scores {
-        scores: scores.as_ptr(),
-        len: scores.len() as u64,
-        layers: 2,
-        hkv: HKV as u64,
-        n: N as u64,
-        window: W as u64,
-    };
+    let ms = kve_model_scores::of(&scores, 2, HKV as u64, N as u64, W as u64);
     let mut off = vec![CANARY as u64; ol as usize];
     let mut idx = vec![CANARY; il as usize];
     let mut ws = vec![0u8; wl as usize];
-    unsafe {
-        expect!(
-            kve_select_model(
-                &sel,
-                &ms,
-                off.as_mut_ptr(),
-                ol - 1,
-                idx.as_mut_ptr(),
-                il,
-                ws.as_mut_ptr() as _,
-                wl
-            ),
-            KVE_ERR_OUTPUT_TOO_SMALL
-        );
-        expect!(
-            kve_select_model(
-                &sel,
-                &ms,
-                off.as_mut_ptr(),
-                ol,
-                idx.as_mut_ptr(),
-                il - 1,
-                ws.as_mut_ptr() as _,
-                wl
-            ),
-            KVE_ERR_OUTPUT_TOO_SMALL
-        );
-        expect!(
-            kve_select_model(
-                &sel,
-                &ms,
-                off.as_mut_ptr(),
-                ol,
-                idx.as_mut_ptr(),
-                il,
-                ws.as_mut_ptr() as _,
-                wl - 1
-            ),
-            KVE_ERR_WORKSPACE_TOO_SMALL
-        );
-        let short = kve_model_scores {
-            len: scores.len() as u64 - 1,
-            ..ms
-        };
-        expect!(
-            kve_select_model(
-                &sel,
-                &short,
-                off.as_mut_ptr(),
-                ol,
-                idx.as_mut_ptr(),
-                il,
-                ws.as_mut_ptr() as _,
-                wl
-            ),
-            KVE_ERR_SHAPE_MISMATCH
-        );
+    let short = kve_model_scores {
+        len: scores.len() as u64 - 1,
+        ..ms
+    };
+    let (o, i, w) = (
+        off.as_mut_ptr(),
+        idx.as_mut_ptr(),
+        ws.as_mut_ptr() as *mut c_void,
+    );
+    let cases = [
+        ((&ms, ol - 1, il, wl), KVE_ERR_OUTPUT_TOO_SMALL),
+        ((&ms, ol, il - 1, wl), KVE_ERR_OUTPUT_TOO_SMALL),
+        ((&ms, ol, il, wl - 1), KVE_ERR_WORKSPACE_TOO_SMALL),
+        ((&short, ol, il, wl), KVE_ERR_SHAPE_MISMATCH),
+    ];
+    for (k, ((m, ol, il, wl), want)) in cases.into_iter().enumerate() {
+        let st = unsafe { kve_select_model(&sel, m, o, ol, i, il, w, wl) };
+        assert_eq!(name(st), name(want), "case {k}");
     }
     assert!(off.iter().all(|&x| x == CANARY as u64) && idx.iter().all(|&x| x == CANARY));
     // eviction list
@@ -891,47 +744,16 @@ fn outputs_too_small() {
     let mut cu = [CANARY as i32; 3];
     let ts = contiguous(&src, [HKV, N, D]);
     let td = contiguous(&dst, [1, 4, D]);
-    unsafe {
-        expect!(
-            kve_compact_varlen(
-                &ts,
-                offsets.as_ptr(),
-                3,
-                indices.as_ptr(),
-                5,
-                &td,
-                cu.as_mut_ptr(),
-                3
-            ),
-            KVE_ERR_OUTPUT_TOO_SMALL
-        );
-        let td5 = tensor(dst.as_mut_ptr(), 4 * D, [1, 5, D], [5 * D, D, 1]);
-        expect!(
-            kve_compact_varlen(
-                &ts,
-                offsets.as_ptr(),
-                3,
-                indices.as_ptr(),
-                5,
-                &td5,
-                cu.as_mut_ptr(),
-                3
-            ),
-            KVE_ERR_OUT_OF_BOUNDS
-        );
-        expect!(
-            kve_compact_varlen(
-                &ts,
-                offsets.as_ptr(),
-                3,
-                indices.as_ptr(),
-                5,
-                &td,
-                cu.as_mut_ptr(),
-                2
-            ),
-            KVE_ERR_OUTPUT_TOO_SMALL
-        );
+    let td5 = tensor(dst.as_mut_ptr(), 4 * D, [1, 5, D], [5 * D, D, 1]);
+    let (o, i, c) = (offsets.as_ptr(), indices.as_ptr(), cu.as_mut_ptr());
+    let cases = [
+        ((&td, 3), KVE_ERR_OUTPUT_TOO_SMALL),
+        ((&td5, 3), KVE_ERR_OUT_OF_BOUNDS),
+        ((&td, 2), KVE_ERR_OUTPUT_TOO_SMALL),
+    ];
+    for (k, ((t, cu_len), want)) in cases.into_iter().enumerate() {
+        let st = unsafe { kve_compact_varlen(&ts, o, 3, i, 5, t, c, cu_len) };
+        assert_eq!(name(st), name(want), "case {k}");
     }
     assert!(untouched_f32(&dst));
     assert_eq!(cu, [CANARY as i32; 3]);

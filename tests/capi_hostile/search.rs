@@ -15,14 +15,7 @@ fn two_layer_search() -> (kve_select_params, kve_search, Vec<f32>) {
 }
 
 fn two_layers(scores: &[f32]) -> kve_model_scores {
-    kve_model_scores {
-        scores: scores.as_ptr(),
-        len: scores.len() as u64,
-        layers: 2,
-        hkv: HKV as u64,
-        n: N as u64,
-        window: W as u64,
-    }
+    kve_model_scores::of(scores, 2, HKV as u64, N as u64, W as u64)
 }
 
 #[test]
@@ -207,14 +200,7 @@ fn sharded_search_through_the_c_api_matches_select_model() {
         let mut total = unsafe { std::mem::zeroed::<kve_histogram>() };
         for &(l0, ln) in &shards {
             let part = &scores[l0 * HKV * P..(l0 + ln) * HKV * P];
-            let ms = kve_model_scores {
-                scores: part.as_ptr(),
-                len: part.len() as u64,
-                layers: ln as u64,
-                hkv: HKV as u64,
-                n: N as u64,
-                window: W as u64,
-            };
+            let ms = kve_model_scores::of(&part, ln as u64, HKV as u64, N as u64, W as u64);
             let mut wsb = 0u64;
             let mut h = unsafe { std::mem::zeroed::<kve_histogram>() };
             unsafe {
@@ -250,14 +236,7 @@ fn sharded_search_through_the_c_api_matches_select_model() {
     assert!(thr.is_finite());
     for &(l0, ln) in &shards {
         let part = &scores[l0 * HKV * P..(l0 + ln) * HKV * P];
-        let ms = kve_model_scores {
-            scores: part.as_ptr(),
-            len: part.len() as u64,
-            layers: ln as u64,
-            hkv: HKV as u64,
-            n: N as u64,
-            window: W as u64,
-        };
+        let ms = kve_model_scores::of(&part, ln as u64, HKV as u64, N as u64, W as u64);
         let (mut ol, mut il, mut wsb) = (0u64, 0u64, 0u64);
         unsafe {
             assert_eq!(

@@ -1,5 +1,5 @@
-//! Shared helpers of the launcher conformance suite (`tests/device/`, `tests/cuda_capi.rs`,
-//! `tests/links_device.rs`; features `cuda` and `cuda-emu`): a device buffer (cudaMalloc'd),
+//! Shared helpers of the launcher conformance suite (`tests/device/`, `tests/capi_cuda/`,
+//! `tests/capi_cuda_links.rs`; features `cuda` and `cuda-emu`): a device buffer (cudaMalloc'd),
 //! the device check, the test data
 //! generator (tests/reference's SplitMix), dtypes, memory layouts, tensors stored in them,
 //! and the tolerance check. The including file declares `mod reference;`.
@@ -852,4 +852,18 @@ pub fn in_graph(f: &dyn Fn(*mut c_void)) {
         rt::cudaGraphDestroy(graph);
         rt::cudaStreamDestroy(s);
     }
+}
+
+/// Selection parameters from `kve_select_params_init` (the C API suites on the device).
+pub fn select_params(
+    alloc: kvevict::config::AllocatorKind,
+    gran: kvevict::config::Granularity,
+    budget: u64,
+) -> kvevict::capi::kve_select_params {
+    use kvevict::capi::{kve_select_params, kve_select_params_init, KVE_OK};
+    let mut p = unsafe { std::mem::zeroed::<kve_select_params>() };
+    let size = std::mem::size_of::<kve_select_params>() as u32;
+    let st = unsafe { kve_select_params_init(&mut p, size, alloc as u32, gran as u32, budget) };
+    assert_eq!(st, KVE_OK);
+    p
 }

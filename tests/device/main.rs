@@ -8,7 +8,7 @@
 //! canary-filled, so an element not written shows; refused arguments return 1 and leave
 //! every output as it was. Each launcher's edges (ties, NaN, empty and in-place calls,
 //! refusals) are here too. The C API's device entry points (`kve_cuda_*` of
-//! include/kvevict.h) are tests/cuda_capi.rs's.
+//! include/kvevict.h) are tests/capi_cuda/'s.
 //!
 //! Helpers (device buffers, data, dtypes, layouts, tolerances): `tests/conformance`.
 //! Seeds: `KVEVICT_TEST_SEED` (default 1). One test binary (modules, not targets: one link).

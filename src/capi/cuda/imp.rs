@@ -1,10 +1,15 @@
 //! Conversions of the device entry points (features `cuda`, `cuda-emu`): C tensor
 //! descriptors to the device pipeline's, out-parameters; the device count.
 
-use super::super::{kve_tensor, out_param, tri, Tensor, KVE_OK};
+use super::super::params::{kve_select_params, select_config};
+use super::super::select::kve_model_scores;
+use super::super::{arg, kve_tensor, out_param, tri, Tensor, KVE_OK};
+use crate::config::SelectConfig;
 use crate::cuda as cu;
 use crate::device;
+use crate::device::select::KeptLists;
 use crate::error::{Error, Result};
+use crate::shape::ModelShape;
 use core::ffi::{c_int, c_void};
 
 fn i64_of(v: u64) -> Result<i64> {
@@ -52,4 +57,33 @@ pub unsafe fn device_count(count: *mut i32) -> i32 {
     // SAFETY: out_param checked non-NULL and aligned; one element.
     unsafe { out.slice_mut()[0] = if st == 0 { c } else { 0 } };
     KVE_OK
+}
+
+/// The selection's host arguments of `kve_cuda_select_model(_linked)`: the parameters,
+/// the scores' descriptor, its shape, and the kept lists (device pointers).
+///
+/// # Safety
+/// `params` and `scores` are NULL or the caller's host structs.
+pub(super) unsafe fn select_args(
+    params: *const kve_select_params,
+    scores: *const kve_model_scores,
+    counts: *mut i32,
+    counts_len: u64,
+    idx: *mut i32,
+    idx_ld: u64,
+    idx_len: u64,
+) -> Result<(SelectConfig, kve_model_scores, ModelShape, KeptLists)> {
+    // SAFETY: host structs the caller passes (NULL and alignment checked).
+    let cfg = unsafe { select_config(params)? };
+    // SAFETY: a host struct the caller passes (arg checks NULL and alignment).
+    let m = unsafe { arg(scores)? };
+    let shape = ModelShape::new(m.layers, m.hkv, m.n, m.window)?;
+    let lists = KeptLists {
+        counts,
+        counts_len,
+        idx,
+        idx_ld,
+        idx_len,
+    };
+    Ok((cfg, *m, shape, lists))
 }

@@ -8,11 +8,9 @@ use core::ffi::c_void;
 
 #[cfg(feature = "cuda")]
 use {
-    super::super::params::select_config,
     super::super::{arg, to_status, tri},
-    super::imp::{tensor, write},
-    crate::device::{self, select::KeptLists},
-    crate::shape::ModelShape,
+    super::imp::{select_args, tensor, write},
+    crate::device,
 };
 
 /// Device workspace bytes of `kve_cuda_accumulate_value_links` for `hkv` heads of `n`
@@ -113,18 +111,10 @@ pub unsafe extern "C" fn kve_cuda_select_model_linked(
             stream
         ],
         {
-            // SAFETY: host structs the caller passes (NULL and alignment checked).
-            let cfg = tri!(unsafe { select_config(params) });
-            // SAFETY: a host struct the caller passes (arg checks NULL and alignment).
-            let m = tri!(unsafe { arg(scores) });
-            let shape = tri!(ModelShape::new(m.layers, m.hkv, m.n, m.window));
-            let lists = KeptLists {
-                counts,
-                counts_len,
-                idx,
-                idx_ld,
-                idx_len,
-            };
+            // SAFETY: NULL or the caller's host structs (checked there).
+            let (cfg, m, shape, lists) = tri!(unsafe {
+                select_args(params, scores, counts, counts_len, idx, idx_ld, idx_len)
+            });
             // SAFETY: scores, links, lists and workspace are device memory of the declared
             // sizes (this function's contract); the pipeline checks them before any launch.
             to_status(unsafe {

@@ -27,7 +27,7 @@ mod conformance;
 
 /// Device memory (cudaMalloc'd).
 type Buf = conformance::DBuf<u8>;
-use conformance::{have_device, Dt, Rng};
+use conformance::{have_device, select_params, Dt, Rng};
 
 /// How a [heads, tokens, dim] tensor lies in memory.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -500,24 +500,6 @@ const SCORE_CASES: [(Dt, Layout, Layout, usize, usize, usize, usize); 4] = [
         128,
     ),
 ];
-
-/// Selection parameters (`kve_select_params_init`).
-fn select_params(alloc: AllocatorKind, gran: Granularity, budget: u64) -> kve_select_params {
-    unsafe {
-        let mut p = std::mem::zeroed::<kve_select_params>();
-        assert_eq!(
-            kve_select_params_init(
-                &mut p,
-                std::mem::size_of::<kve_select_params>() as u32,
-                alloc as u32,
-                gran as u32,
-                budget
-            ),
-            KVE_OK
-        );
-        p
-    }
-}
 
 /// `kve_select_model` with outputs and workspace sized by its size queries for `m`'s
 /// shape (empty when a query refuses it): the status, the offsets and the indices.

@@ -11,14 +11,7 @@ fn host_select(
     n: usize,
     w: usize,
 ) -> Vec<Vec<u32>> {
-    let m = kve_model_scores {
-        scores: scores.as_ptr(),
-        len: scores.len() as u64,
-        layers: layers as u64,
-        hkv: hkv as u64,
-        n: n as u64,
-        window: w as u64,
-    };
+    let m = kve_model_scores::of(&scores, layers as u64, hkv as u64, n as u64, w as u64);
     let (st, off, idx) = host_select_call(p, &m);
     assert_eq!(st, KVE_OK);
     (0..layers * hkv)

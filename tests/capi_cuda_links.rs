@@ -26,7 +26,7 @@ use std::ptr::{null, null_mut};
 mod reference;
 #[macro_use]
 mod conformance;
-use conformance::{have_device, DBuf, Dt, Layout, Rng, Tensor, DTYPES, LAYOUTS};
+use conformance::{have_device, select_params, DBuf, Dt, Layout, Rng, Tensor, DTYPES, LAYOUTS};
 
 type Buf = DBuf<u8>;
 
@@ -371,23 +371,6 @@ fn linked_pool_launcher_matches_the_core() {
     assert_eq!(st, conformance::INVALID);
     conformance::assert_sentinel("pool_linked refused", &dout);
     let _ = KVE_CUDA_F32;
-}
-
-fn select_params(alloc: AllocatorKind, gran: Granularity, budget: u64) -> kve_select_params {
-    unsafe {
-        let mut p = std::mem::zeroed::<kve_select_params>();
-        assert_eq!(
-            kve_select_params_init(
-                &mut p,
-                std::mem::size_of::<kve_select_params>() as u32,
-                alloc as u32,
-                gran as u32,
-                budget
-            ),
-            KVE_OK
-        );
-        p
-    }
 }
 
 struct Model {
