@@ -84,6 +84,7 @@
 #define KVE_PRESET_KNORM 7
 #define KVE_PRESET_TOVA 8
 #define KVE_PRESET_UNIQUENESS 9
+#define KVE_PRESET_TOVA_DECAY 10
 
 /* kve_score_params.scorer */
 #define KVE_SCORER_SNAPKV 0

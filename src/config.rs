@@ -187,6 +187,9 @@ c_enum! {
         /// Question-agnostic (design §3b): uniqueness, w = 8; select with
         /// `SelectConfig::laprox_span` (token granularity, forward post-pool).
         Uniqueness = 9 => "UNIQUENESS",
+        /// Decode-time (design §3c): TOVA's scoring; under a cell budget the evictor
+        /// carries each kept cell's score into the next round at decay 0.3.
+        TovaDecay = 10 => "TOVA_DECAY",
     }
 }
 
@@ -254,7 +257,7 @@ impl ScoreConfig {
                 pool: Pool::NONE,
                 ..base
             },
-            Preset::Tova => ScoreConfig {
+            Preset::Tova | Preset::TovaDecay => ScoreConfig {
                 scorer: ScorerKind::Tova,
                 window: 1,
                 pool: Pool::NONE,

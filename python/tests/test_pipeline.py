@@ -51,7 +51,7 @@ class PipelineTests(unittest.TestCase):
 
     def test_every_preset_runs(self):
         for name in kve.PRESET_NAMES:
-            w = 1 if name == "tova" else W
+            w = 1 if name in ("tova", "tova-decay") else W
             kept = kve.select_kept(name, self.q, self.k, self.v, self.wo, capacity=20 + w, window=w)
             self.assertEqual(len(kept), L)
             total = sum(len(a) for row in kept for a in row)

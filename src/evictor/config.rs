@@ -3,7 +3,7 @@
 //! workspace the largest stage call needs.
 
 use super::policy::Budget;
-use super::presets::{capture, default_select, Capture, WoUse};
+use super::presets::{capture, decode_decay, default_select, Capture, WoUse};
 use super::Needs;
 use crate::config::{Granularity, Preset, ScoreConfig, ScorerKind, SelectConfig};
 use crate::error::{mul, Error, Result, MAX_LAYERS};
@@ -79,6 +79,8 @@ pub(crate) struct Resolved {
     pub max_seqs: usize,
     /// Floats of one layer's Gram blocks (0 unless LaProx).
     pub gram_len: usize,
+    /// Decode-time score memory (`carry.rs`): 0 = off.
+    pub decay: f32,
 }
 
 impl Resolved {
@@ -166,6 +168,11 @@ pub(crate) fn resolve(c: &EvictorConfig) -> Result<Resolved> {
         max_cells: c.max_cells,
         max_seqs: c.max_seqs,
         gram_len,
+        // a keep ratio or the engine's own rounds are one-shot: nothing to carry
+        decay: match c.budget {
+            Budget::Cells { .. } => decode_decay(c.preset),
+            _ => 0.0,
+        },
     })
 }
 

@@ -216,7 +216,8 @@ fn gram_ws(r: &Resolved) -> Result<usize> {
 }
 
 fn resolve_device(cfg: &EvictorConfig) -> Result<Resolved> {
-    let r = resolve(cfg)?;
+    let mut r = resolve(cfg)?;
+    r.decay = 0.0; // the device path carries no decode-time scores (design §3c)
     if r.links.is_some() || r.capture.wo == WoUse::EveryRound {
         return Err(Error::InvalidArgument);
     }

@@ -6,7 +6,8 @@
 //! and per sequence slot `state [STATE_WORDS] u64, scored [L] u8, ring_rows [L] u64,
 //! words [L·Hkv·max_cells] (scores f32 while scoring, kept cells u32 once selected: a
 //! round needs one or the other), offsets [L·Hkv + 1] u64, links [max_cells] f32,
-//! ring [L][Hq][w][dk] f32`. Parts are cut by the crate's one carver (`workspace.rs`),
+//! ring [L][Hq][w][dk] f32, carry [L·Hkv·max_cells] f32` (the decode-time score memory,
+//! `carry.rs`). Parts are cut by the crate's one carver (`workspace.rs`),
 //! each 64-byte aligned, the optional ones empty when the method does not read them.
 
 use super::Resolved;
@@ -14,7 +15,7 @@ use crate::error::{add, mul, Error, Result};
 use crate::workspace::{Workspace, WorkspaceSize};
 
 /// Words of a sequence's bookkeeping ([`super::SeqState`]).
-pub(crate) const STATE_WORDS: usize = 10;
+pub(crate) const STATE_WORDS: usize = 11;
 
 /// Alignment of the block's start (the library aligns inside the caller's memory).
 pub const ALIGN: usize = 64;
@@ -91,6 +92,8 @@ pub(crate) struct Slot<'a> {
     pub offsets: &'a mut [u64],
     pub links: &'a mut [f32],
     pub ring: &'a mut [f32],
+    /// Decode-time score memory `[L·Hkv][max_cells]` (`carry.rs`), empty when off.
+    pub carry: &'a mut [f32],
 }
 
 /// A slot's `words` as the round's scores.
@@ -123,7 +126,16 @@ fn slot_bytes(r: &Resolved) -> Result<usize> {
     s.add::<u64>(add(mul(r.m.layers, r.m.hkv)?, 1)?)?;
     s.add::<f32>(if r.links.is_some() { r.max_cells } else { 0 })?;
     s.add::<f32>(ring_len(r)?)?;
+    s.add::<f32>(carry_len(r)?)?;
     Ok(s.0)
+}
+
+/// Floats of the decode-time score memory: `[L·Hkv][max_cells]` when on.
+fn carry_len(r: &Resolved) -> Result<usize> {
+    if r.decay == 0.0 {
+        return Ok(0);
+    }
+    words(r)
 }
 
 /// Floats of the query ring: `[L][Hq][w][dk]` when the scorer reads queries.
@@ -147,6 +159,7 @@ pub(crate) fn carve_slot<'a>(buf: &'a mut [u8], r: &Resolved) -> Result<Slot<'a>
         offsets: ws.take_dirty::<u64>(r.m.layers * r.m.hkv + 1)?,
         links: ws.take_dirty::<f32>(if r.links.is_some() { r.max_cells } else { 0 })?,
         ring: ws.take_dirty::<f32>(ring_len(r)?)?,
+        carry: ws.take_dirty::<f32>(carry_len(r)?)?,
     })
 }
 

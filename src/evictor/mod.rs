@@ -26,7 +26,11 @@
 //!   layer passed: on any error the context is as it was (the workspace aside).
 //! - CriticalKV without explicit score parameters gets kvpress's first stage for the
 //!   round's budget, as `select_kept` in Python does.
+//! - Under a cell budget a preset with a decode-time decay (`tova-decay`) ranks each cell by
+//!   its round score plus the decayed score it had when last kept (`carry.rs`, design §3c);
+//!   a round abandoned after `select` forgets the memory (its cells are renumbered there).
 
+mod carry;
 mod config;
 #[cfg(feature = "cuda")]
 pub mod device;
@@ -47,7 +51,7 @@ pub use config::{EvictorConfig, ModelDims};
 use memory::{Layout, Slot, ALIGN};
 pub use policy::Budget;
 pub use presets::{
-    capture, default_select, preset_from_name, preset_name, Capture, WoUse, PRESETS,
+    capture, decode_decay, default_select, preset_from_name, preset_name, Capture, WoUse, PRESETS,
 };
 use state::{Phase, SeqState};
 
@@ -353,6 +357,19 @@ impl<'a> Evictor<'a> {
             inputs.value_l1 = Some(l1);
         }
         crate::score_layer(&cfg, &inputs, stage, rest)?;
+        if r.decay > 0.0 {
+            let (carried, hkv) = (st.carried as usize, r.m.hkv);
+            carry::add_carried(
+                stage,
+                slot.carry,
+                layer,
+                hkv,
+                r.max_cells,
+                p,
+                carried,
+                r.decay,
+            );
+        }
         if r.links.is_some() {
             let values = values.as_ref().ok_or(Error::NullPointer)?;
             crate::accumulate_value_links(values, &mut slot.links[..n], rest)?;
@@ -414,6 +431,11 @@ impl<'a> Evictor<'a> {
                 crate::select_model_linked(&cfg, &ms, links, offsets, indices, rest)?
             }
             None => crate::select_model(&cfg, &ms, offsets, indices, rest)?,
+        }
+        if r.decay > 0.0 && start == 0 {
+            // the kept cells' scores, for the next round (the old carry is spent)
+            carry::keep_carried(slot.carry, scores, offsets, indices, units, r.max_cells, p);
+            st.carried = 0;
         }
         // every unit's list: the protected cells, then the span's, shifted back
         let kept = memory::cells(slot.words);
@@ -515,10 +537,12 @@ impl<'a> Evictor<'a> {
             return Err(Error::InvalidArgument);
         }
         let units = self.r.m.layers * self.r.m.hkv;
+        let decay = self.r.decay;
         let slot = self.slot(seq)?;
         let len = |u: usize| slot.offsets[u + 1] - slot.offsets[u];
         let held = (0..units).map(len).max().unwrap_or(0);
         st.commit(held, (0..units).any(|u| len(u) != held))?;
+        st.carried = if decay > 0.0 && !st.ragged { held } else { 0 };
         st.store(slot.state);
         Ok(())
     }

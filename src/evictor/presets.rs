@@ -11,9 +11,9 @@ use crate::score::requirements::{requirements, ValueInput};
 macro_rules! presets {
     ($($name:literal => $p:ident),+ $(,)?) => {
         /// Every preset by its name, in `Preset` order (the C `kve_preset_name` indexes it).
-        pub const PRESETS: [(&str, Preset); 10] = [$(($name, Preset::$p)),+];
+        pub const PRESETS: [(&str, Preset); 11] = [$(($name, Preset::$p)),+];
         /// [`PRESETS`]' names NUL-terminated, for C.
-        pub(crate) const C_NAMES: [&str; 10] = [$(concat!($name, "\0")),+];
+        pub(crate) const C_NAMES: [&str; 11] = [$(concat!($name, "\0")),+];
     };
 }
 
@@ -28,6 +28,7 @@ presets! {
     "knorm" => KNorm,
     "tova" => Tova,
     "uniqueness" => Uniqueness,
+    "tova-decay" => TovaDecay,
 }
 const _: () = {
     let mut i = 0;
@@ -60,6 +61,19 @@ pub const fn default_select(p: Preset, budget: u64) -> SelectConfig {
         Preset::LaProx => SelectConfig::new(AllocatorKind::Global, Granularity::Head, budget),
         Preset::LaProxSpan | Preset::Uniqueness => SelectConfig::laprox_span(budget),
         _ => SelectConfig::new(AllocatorKind::Uniform, Granularity::Head, budget),
+    }
+}
+
+/// The decay of a preset's decode-time score memory (design §3c, `evictor/carry.rs`): under
+/// a cell budget ([`super::Budget::Cells`]) a round ranks each cell by its score plus this
+/// times the score it had when last kept; 0 = none (every other preset: a round reads only
+/// its own window). Tuned on the dev split (eval/decode, 2026-12-05): TOVA's scoring with
+/// 0.3 beat TOVA, StreamingLLM and `laprox-span` at 128 and 256 cells; 0.5 and more keep
+/// too many old cells.
+pub const fn decode_decay(p: Preset) -> f32 {
+    match p {
+        Preset::TovaDecay => 0.3,
+        _ => 0.0,
     }
 }
 

@@ -32,6 +32,8 @@ pub(crate) struct SeqState {
     pub evicted: u64,
     /// Kept cells over all units of the selected round.
     pub kept_total: u64,
+    /// Held cells whose decode-time scores are carried (`carry.rs`; 0: none).
+    pub carried: u64,
 }
 
 impl SeqState {
@@ -53,6 +55,7 @@ impl SeqState {
             evictions: w[7],
             evicted: w[8],
             kept_total: w[9],
+            carried: w[10],
         })
     }
     pub fn store(&self, w: &mut [u64]) {
@@ -67,6 +70,7 @@ impl SeqState {
             self.evictions,
             self.evicted,
             self.kept_total,
+            self.carried,
         ];
         w.copy_from_slice(&v);
     }
