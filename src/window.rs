@@ -1258,7 +1258,7 @@ pub(crate) mod tests {
     fn tiles_match_scalar<S: Simd>() {
         for rp in (8..=136).step_by(8) {
             for (dk, ldk) in [(5, 5), (24, 30), (64, 64), (128, 131)] {
-                for ntp in [6, 12, 96] {
+                for ntp in [6, 18] {
                     // queries row-major [rp][dk], then packed as `Scratch::q`
                     let qr = vals(rp * dk, (rp * 7 + dk) as u64, 1.0);
                     let full = rp / 16 * 16;
