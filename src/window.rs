@@ -1253,7 +1253,7 @@ pub(crate) mod tests {
     /// The Q·Kᵀ tiles give every logit as one chain over `d` from 0 (fused on FMA builds,
     /// `a·b` then `+` on the portable one), bit for bit, for every row count to 136 (16-
     /// and 8-row panels, groups of 3 and 2 vectors), dims that are not whole vectors,
-    /// padded key strides and chunk lengths that are not whole tiles, and the finiteness
+    /// padded key strides, one tile of keys and several, and the finiteness
     /// verdict on NaN/Inf keys.
     fn tiles_match_scalar<S: Simd>() {
         for rp in (8..=136).step_by(8) {
