@@ -16,6 +16,8 @@
 #
 # Every row names the kernel build that ran (AVX-512, AVX2, NEON, portable);
 # KVEVICT_NO_AVX512=1 measures AVX2 on an AVX-512 machine, KVEVICT_PORTABLE=1 the portable one.
+# To compare two builds on a loaded machine, `bench/ab_cpu.py` runs their `bench_cpu` binaries
+# alternately on dumped cases against each round's sgemm (ratios only, no numpy math).
 #
 # The machine may be shared: times are thread CPU time, minimum over --rounds rounds of
 # --reps (Rust) / --np-reps (numpy) runs, the two alternating case by case.

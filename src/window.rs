@@ -208,71 +208,104 @@ pub(crate) fn prefetch_keys(keys: &View, kh: usize, c0: usize, nt: usize) {
     }
 }
 
-/// `c[t][r0..r0+16] = Σ_d k[t][d]·q[d][0..16]` for `KT` keys; `bad` gains a NaN lane when
-/// a logit is not finite (`z·0` is 0 for finite `z`, NaN for NaN/Inf).
+/// `c[t][0 .. 8V] = Σ_d k[t][d]·q[d][..]` for `KN` keys and `V` vectors of 8 window rows:
+/// with `P16` the two halves of the 16-row panel `q16` (`[d][16]`), with `H` the 8-row panel
+/// `q8` (`[d][8]`) after them. Each logit is one FMA chain over `d` from 0, whatever the
+/// tile; `bad` gains a NaN lane when a logit is not finite (`z·0` is 0 for finite `z`, NaN
+/// for NaN/Inf). With 16 vector registers (AVX2) the accumulators, the `V` query loads and
+/// a broadcast must fit: 2 × 6 keys, or 3 × 3 (24 rows: one sweep over the keys instead of a
+/// 16-row and an 8-row one).
 #[inline(always)]
-unsafe fn tile16<S: Simd>(
+unsafe fn tile<S: Simd, const P16: bool, const H: bool, const KN: usize>(
     k: *const f32,
     ldk: usize,
     dk: usize,
-    q: *const f32,
+    q16: *const f32,
+    q8: *const f32,
     c: *mut f32,
     ldc: usize,
     bad: &mut S::V,
 ) {
     // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
-    // KT rows of `dk` floats `ldk` apart, `q` `dk` rows of 16 and `c` KT rows of 16 `ldc` apart
-    // (the callers in `gemm`).
+    // KN rows of `dk` floats `ldk` apart, `q16` `dk` rows of 16 (with `P16`), `q8` `dk` rows of 8
+    // (with `H`) and `c` KN rows of the tile's rows `ldc` apart (the callers in `tiles_pf`).
     unsafe {
-        let mut acc = [[S::zero(); 2]; KT];
+        debug_assert!(P16 || H);
+        let mut a16 = [[S::zero(); 2]; KN];
+        let mut a8 = [S::zero(); KN];
         // one pointer per key row: each broadcast is base + d, no per-element index arithmetic
-        let mut kr = [k; KT];
+        let mut kr = [k; KN];
         for (i, r) in kr.iter_mut().enumerate() {
             *r = k.add(i * ldk);
         }
         for d in 0..dk {
-            let q0 = S::load(q.add(d * 16));
-            let q1 = S::load(q.add(d * 16 + 8));
-            for i in 0..KT {
+            let (q0, q1, qh) = (
+                if P16 {
+                    S::load(q16.add(d * 16))
+                } else {
+                    S::zero()
+                },
+                if P16 {
+                    S::load(q16.add(d * 16 + 8))
+                } else {
+                    S::zero()
+                },
+                if H { S::load(q8.add(d * 8)) } else { S::zero() },
+            );
+            for i in 0..KN {
                 let b = S::splat(*kr[i].add(d));
-                acc[i][0] = S::fma(b, q0, acc[i][0]);
-                acc[i][1] = S::fma(b, q1, acc[i][1]);
+                if P16 {
+                    a16[i][0] = S::fma(b, q0, a16[i][0]);
+                    a16[i][1] = S::fma(b, q1, a16[i][1]);
+                }
+                if H {
+                    a8[i] = S::fma(b, qh, a8[i]);
+                }
             }
         }
-        for i in 0..KT {
-            S::store(c.add(i * ldc), acc[i][0]);
-            S::store(c.add(i * ldc + 8), acc[i][1]);
-            *bad = S::fma(acc[i][0], S::zero(), *bad);
-            *bad = S::fma(acc[i][1], S::zero(), *bad);
+        let o8 = if P16 { 16 } else { 0 };
+        for i in 0..KN {
+            if P16 {
+                S::store(c.add(i * ldc), a16[i][0]);
+                S::store(c.add(i * ldc + 8), a16[i][1]);
+                *bad = S::fma(a16[i][0], S::zero(), *bad);
+                *bad = S::fma(a16[i][1], S::zero(), *bad);
+            }
+            if H {
+                S::store(c.add(i * ldc + o8), a8[i]);
+                *bad = S::fma(a8[i], S::zero(), *bad);
+            }
         }
     }
 }
 
-/// The 8-row panel of [`tile16`] (the same arithmetic per logit).
+/// [`tile`] over keys `0 .. ntp` (a multiple of [`KT`], so of `KN`); with `pf > 0` the rows
+/// `pf` keys ahead asked for as each tile starts (a hint, which never faults).
 #[inline(always)]
-unsafe fn tile8<S: Simd>(
+unsafe fn tile_run<S: Simd, const P16: bool, const H: bool, const KN: usize>(
     k: *const f32,
     ldk: usize,
     dk: usize,
-    q: *const f32,
+    q16: *const f32,
+    q8: *const f32,
     c: *mut f32,
     ldc: usize,
+    ntp: usize,
+    pf: usize,
     bad: &mut S::V,
 ) {
-    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
-    // KT rows of `dk` floats `ldk` apart, `q` `dk` rows of 8 and `c` KT rows of 8 `ldc` apart (the
-    // callers in `gemm`).
+    // SAFETY: as `tile` (our callers'): every tile starts at a key `t0` with `t0 + KN <= ntp`.
     unsafe {
-        let mut acc = [S::zero(); KT];
-        for d in 0..dk {
-            let q0 = S::load(q.add(d * 8));
-            for i in 0..KT {
-                acc[i] = S::fma(S::splat(*k.add(i * ldk + d)), q0, acc[i]);
+        debug_assert!(KT % KN == 0 && ntp % KN == 0);
+        let mut t0 = 0;
+        while t0 < ntp {
+            if pf > 0 {
+                let p = k.wrapping_add((t0 + pf) * ldk) as *const u8;
+                prefetch_rows(p, ldk * 4, dk * 4, KN);
             }
-        }
-        for i in 0..KT {
-            S::store(c.add(i * ldc), acc[i]);
-            *bad = S::fma(acc[i], S::zero(), *bad);
+            let kt = k.add(t0 * ldk);
+            tile::<S, P16, H, KN>(kt, ldk, dk, q16, q8, c.add(t0 * ldc), ldc, bad);
+            t0 += KN;
         }
     }
 }
@@ -322,15 +355,12 @@ pub(crate) unsafe fn gemm<S: Simd>(
     }
 }
 
-/// [`gemm`] with `S`'s own tiles (16 and 8 rows × [`KT`] keys), no prefetch (what the
-/// AVX-512 kernel's tests compare with).
+/// [`gemm`] with `S`'s own tiles (groups of 8-row vectors × keys), no prefetch (what the
+/// tests compare with a scalar chain and with the AVX-512 kernel).
 ///
 /// # Safety
 /// As [`gemm`].
-#[cfg_attr(
-    not(all(test, feature = "std", target_arch = "x86_64", kvevict_avx512)),
-    allow(dead_code)
-)]
+#[cfg_attr(not(all(test, feature = "std")), allow(dead_code))]
 #[inline(always)]
 pub(crate) unsafe fn gemm_tiles<S: Simd>(
     q: &[f32],
@@ -372,45 +402,22 @@ unsafe fn tiles_pf<S: Simd>(
         assert!(q.len() >= rp * dk && rp % 8 == 0);
         let full = rp / 16 * 16;
         let (q, c) = (q.as_ptr(), c.as_mut_ptr());
+        let q8 = q.add(full * dk);
         let mut bad = S::zero();
-        // every q and c access is inside the slices checked above
+        // 16-row panels; the last one with the 8-row panel when there is one (one sweep of
+        // 24 rows over the keys)
         let mut r0 = 0;
         while r0 < full {
-            let qp = q.add(r0 * dk);
-            let mut t0 = 0;
-            while t0 < ntp {
-                if pf > 0 && r0 == 0 {
-                    let p = k.wrapping_add((t0 + pf) * ldk) as *const u8;
-                    prefetch_rows(p, ldk * 4, dk * 4, KT);
-                }
-                tile16::<S>(
-                    k.add(t0 * ldk),
-                    ldk,
-                    dk,
-                    qp,
-                    c.add(t0 * rp + r0),
-                    rp,
-                    &mut bad,
-                );
-                t0 += KT;
+            let (q16, cr, pfr) = (q.add(r0 * dk), c.add(r0), if r0 == 0 { pf } else { 0 });
+            if r0 + 16 == full && full < rp {
+                tile_run::<S, true, true, 3>(k, ldk, dk, q16, q8, cr, rp, ntp, pfr, &mut bad);
+            } else {
+                tile_run::<S, true, false, 6>(k, ldk, dk, q16, q8, cr, rp, ntp, pfr, &mut bad);
             }
             r0 += 16;
         }
-        if full < rp {
-            let qp = q.add(full * dk);
-            let mut t0 = 0;
-            while t0 < ntp {
-                tile8::<S>(
-                    k.add(t0 * ldk),
-                    ldk,
-                    dk,
-                    qp,
-                    c.add(t0 * rp + full),
-                    rp,
-                    &mut bad,
-                );
-                t0 += KT;
-            }
+        if full == 0 {
+            tile_run::<S, false, true, 6>(k, ldk, dk, q, q8, c, rp, ntp, pf, &mut bad);
         }
         S::hsum(bad) == 0.0
     }
@@ -1240,6 +1247,78 @@ pub(crate) mod tests {
             assert_eq!(a.rsum, b.rsum, "rsum g {g} w {w} n {n}");
             assert_eq!(bits(&a.stats), bits(&b.stats), "stats g {g} w {w} n {n}");
             assert!(n == w || a.stats.iter().any(|&x| x > 0.0));
+        }
+    }
+
+    /// The Q·Kᵀ tiles give every logit as one chain over `d` from 0 (fused on FMA builds,
+    /// `a·b` then `+` on the portable one), bit for bit, for every row count to 136 (16-
+    /// and 8-row panels, groups of 3 and 2 vectors), dims that are not whole vectors,
+    /// padded key strides, one tile of keys and several, and the finiteness
+    /// verdict on NaN/Inf keys.
+    fn tiles_match_scalar<S: Simd>() {
+        for rp in (8..=136).step_by(8) {
+            for (dk, ldk) in [(5, 5), (24, 30), (64, 64), (128, 131)] {
+                for ntp in [6, 18] {
+                    // queries row-major [rp][dk], then packed as `Scratch::q`
+                    let qr = vals(rp * dk, (rp * 7 + dk) as u64, 1.0);
+                    let full = rp / 16 * 16;
+                    let mut q = vec![0f32; rp * dk];
+                    for r in 0..rp {
+                        let (base, width, lane) = if r < full {
+                            (r / 16 * 16 * dk, 16, r % 16)
+                        } else {
+                            (full * dk, 8, r - full)
+                        };
+                        for d in 0..dk {
+                            q[base + d * width + lane] = qr[r * dk + d];
+                        }
+                    }
+                    let mut k = vals(ntp * ldk, (ntp + ldk) as u64, 1.5);
+                    for bad in [None, Some(f32::NAN), Some(f32::INFINITY)] {
+                        if let Some(b) = bad {
+                            k[(ntp / 2) * ldk + dk - 1] = b;
+                        }
+                        let mut c = vec![7f32; ntp * rp];
+                        // SAFETY: k holds ntp rows of ldk >= dk floats; the caller checked the CPU.
+                        let ok =
+                            unsafe { gemm_tiles::<S>(&q, dk, rp, k.as_ptr(), ldk, ntp, &mut c) };
+                        assert_eq!(ok, bad.is_none(), "rp {rp} dk {dk} ntp {ntp} {bad:?}");
+                        if bad.is_some() {
+                            continue;
+                        }
+                        for t in 0..ntp {
+                            for r in 0..rp {
+                                let mut z = 0f32;
+                                for d in 0..dk {
+                                    let (a, b) = (k[t * ldk + d], qr[r * dk + d]);
+                                    z = if S::FUSED { a.mul_add(b, z) } else { a * b + z };
+                                }
+                                assert_eq!(
+                                    c[t * rp + r].to_bits(),
+                                    z.to_bits(),
+                                    "rp {rp} dk {dk} ntp {ntp} t {t} r {r}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tiles_are_one_chain_per_logit() {
+        tiles_match_scalar::<crate::numerics::Portable>();
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        tiles_match_scalar::<crate::numerics::Neon>();
+        #[cfg(target_arch = "x86_64")]
+        if crate::numerics::has_avx2() {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx() {
+                tiles_match_scalar::<crate::numerics::Avx2>();
+            }
+            // SAFETY: the CPU has avx2, fma and f16c.
+            unsafe { avx() };
         }
     }
 
