@@ -11,9 +11,8 @@ use kvevict::evictor::{Budget, Evictor, EvictorConfig, LayerViews, ModelDims};
 use kvevict::{Error, Granularity, Preset};
 use std::ptr::null;
 
-/// Waits for the device (nothing to wait for under the mock).
+/// Waits for the device.
 fn sync() {
-    #[cfg(feature = "cuda")]
     // SAFETY: no arguments.
     ck(unsafe { rt::cudaDeviceSynchronize() }, "sync");
 }
@@ -22,15 +21,11 @@ fn sync() {
 fn read_i32(p: *const i32, n: usize) -> Vec<i32> {
     sync();
     let mut v = vec![0i32; n];
-    #[cfg(feature = "cuda")]
     // SAFETY: `n` int32 of device memory (the caller's), into a host vector of `n`.
     ck(
         unsafe { rt::cudaMemcpy(v.as_mut_ptr() as _, p as _, n * 4, rt::D2H) },
         "cudaMemcpy",
     );
-    #[cfg(not(feature = "cuda"))]
-    // SAFETY: under the mock, device memory is host memory: `n` int32 at `p`.
-    v.copy_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
     v
 }
 
