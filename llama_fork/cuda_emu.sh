@@ -8,7 +8,7 @@
 # so this costs one kvevict build and one link, not a second llama.cpp build.
 #
 # Run the fork's binaries with LD_LIBRARY_PATH=<dir>/cuda-emu (ahead of their RUNPATH) and
-# KVEVICT_FORK_DEVICE_PATH=1 to take the device path on the CPU cache (tests/llama_fork.rs).
+# KVEVICT_FORK_DEVICE_PATH=1 to take the device path on the CPU cache (tests/llama_fork/).
 # Layout: <dir>/cuda-emu/{libllama.so.0, kvevict/ (install prefix), STAMP (the build's STAMP)};
 # kvevict is built in <dir>/cargo-target-cuda-emu (CARGO_TARGET_DIR overrides), kept between runs
 # (its dependencies are built once; kvevict's fingerprints are dropped when the STAMP changed, so

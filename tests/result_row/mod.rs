@@ -1,5 +1,5 @@
 //! One `RESULT {json}` line of the llama.cpp example (tests/llama_cpp.rs) and of the fork's
-//! llama-kvevict-needle (tests/llama_fork.rs), parsed into (key, raw value) pairs.
+//! llama-kvevict-needle (tests/llama_fork/), parsed into (key, raw value) pairs.
 
 /// Needle depth and filler seed: every other prompt of the sweep in
 /// c_examples/llama_cpp/README.md (depth i/10, seed i), where the full cache answers
