@@ -66,6 +66,8 @@ run "no_std (thumbv7em)" no_std || failed+=("no_std")
 # CI stops a run at 90 minutes and then lands nothing: under CI, a step that would start after
 # KVEVICT_CI_BUDGET_S (default 4,800 s) is not started; it is named in the table as NOT RUN, so
 # the log says which tests this run did not do (make the suite faster rather than raise this)
+# The steps run in file-name order; the llama.cpp fork's (~30 min on 2 idle cores) is last, so
+# when time runs short it is the one cut, not the cheap steps after it.
 budget=${KVEVICT_CI_BUDGET_S:-4800}
 for s in scripts/test.d/*.sh; do
   [ -e "$s" ] || continue

@@ -31,7 +31,7 @@
 //!
 //! Needs `KVEVICT_FORK_BIN` (llama_fork/build.sh prints it) and `KVEVICT_LLAMA_MODEL`;
 //! skips with a message without them, unless `KVEVICT_FORK_REQUIRED=1`
-//! (scripts/test.d/45-llama-fork.sh sets it, so there a missing build fails).
+//! (scripts/test.d/60-llama-fork.sh sets it, so there a missing build fails).
 
 #[path = "../result_row/mod.rs"]
 mod result_row;
@@ -70,7 +70,7 @@ fn setup() -> Option<Setup> {
         _ => {
             eprintln!(
                 "SKIPPED tests/llama_fork/: set KVEVICT_FORK_BIN (llama_fork/build.sh) and KVEVICT_LLAMA_MODEL, \
-                 or run scripts/test.d/45-llama-fork.sh"
+                 or run scripts/test.d/60-llama-fork.sh"
             );
             None
         }
