@@ -27,6 +27,40 @@ use kvevict::Pool;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 
+/// A device workspace for `kvevict::device::score_layer` of `cfg` on `[hq, hkv, n, dk, dv]`:
+/// the buffer and its size in bytes.
+fn score_workspace(
+    cfg: &kvevict::ScoreConfig,
+    [hq, hkv, n, dk, dv]: [usize; 5],
+) -> (DBuf<u8>, usize) {
+    let shape =
+        kvevict::LayerShape::from_dims(hq as u64, hkv as u64, n as u64, dk as u64, dv as u64)
+            .expect("shape");
+    let wsb = kvevict::device::score_workspace_size(cfg, &shape).expect("workspace");
+    (DBuf::new(wsb), wsb)
+}
+
+/// A layer's device tensors with its Gram (device floats), nothing cached.
+fn gram_inputs(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    gram: &DBuf<f32>,
+) -> kvevict::device::score::LayerInputs {
+    kvevict::device::score::LayerInputs {
+        queries: Some(q.device()),
+        keys: Some(k.device()),
+        values: Some(v.device()),
+        gram: kvevict::device::Floats {
+            ptr: gram.ptr(),
+            len: gram.len() as u64,
+        },
+        value_forms: kvevict::device::Floats::NONE,
+        value_l1: kvevict::device::Floats::NONE,
+        row_lse: kvevict::device::Floats::NONE,
+    }
+}
+
 mod baselines;
 mod budgets;
 mod combine;
