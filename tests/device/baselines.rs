@@ -134,32 +134,7 @@ fn sink_scores_match_reference() {
         // the selection keeps the sinks and the most recent tokens (later position first)
         if n >= sinks + 10 {
             let keep = sinks + 10;
-            let wsb = unsafe { kve_cuda_select_workspace_size(rows as i64) };
-            let ws = DBuf::<u8>::new(wsb);
-            let counts = DBuf::from(&vec![-1i32; rows]);
-            let idx = DBuf::from(&vec![-1i32; rows * n]);
-            ck(
-                unsafe {
-                    kve_cuda_select(
-                        out.ptr(),
-                        ld as i64,
-                        n as i64,
-                        rows as i64,
-                        1,
-                        null(),
-                        keep as i64,
-                        null(),
-                        1,
-                        counts.ptr(),
-                        idx.ptr(),
-                        n as i64,
-                        ws.vptr(),
-                        wsb,
-                        null_mut(),
-                    )
-                },
-                "select sinks",
-            );
+            let (counts, idx) = select_rows(&out, (ld, n, rows), None, keep, "select sinks");
             let (gc, gi) = (counts.download(), idx.download());
             let want: Vec<i32> = (0..sinks).chain(n - 10..n).map(|i| i as i32).collect();
             for r in 0..rows {
@@ -243,34 +218,7 @@ fn critical_combine_matches_reference() {
     // 2. in place, first stage from kve_cuda_select (top `first` of each row), as the core
     let first = 1 + rng.below(n / 4);
     let inplace = DBuf::from(&strided(&base, rows, n, ld_b));
-    let wsb = unsafe { kve_cuda_select_workspace_size(rows as i64) };
-    let ws = DBuf::<u8>::new(wsb);
-    let (kc, ki) = (
-        DBuf::from(&vec![-1i32; rows]),
-        DBuf::from(&vec![-1i32; rows * n]),
-    );
-    unsafe {
-        ck(
-            kve_cuda_select(
-                inplace.ptr(),
-                ld_b as i64,
-                n as i64,
-                rows as i64,
-                1,
-                null(),
-                first as i64,
-                null(),
-                1,
-                kc.ptr(),
-                ki.ptr(),
-                n as i64,
-                ws.vptr(),
-                wsb,
-                null_mut(),
-            ),
-            "select first stage",
-        );
-    }
+    let (kc, ki) = select_rows(&inplace, (ld_b, n, rows), None, first, "select first stage");
     critical_combine(
         &inplace,
         ld_b,

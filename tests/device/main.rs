@@ -61,6 +61,49 @@ fn gram_inputs(
     }
 }
 
+/// `kve_cuda_select` of one row a group, no layer sums, over the device scores `sd` (`rows`
+/// rows of `n`, row stride `ld`): `k[r]` (device) or `k_all` of each row. The kept counts and
+/// lists (row stride `n`), on the device.
+fn select_rows(
+    sd: &DBuf<f32>,
+    (ld, n, rows): (usize, usize, usize),
+    k: Option<&DBuf<i64>>,
+    k_all: usize,
+    what: &str,
+) -> (DBuf<i32>, DBuf<i32>) {
+    // SAFETY: a pure host function.
+    let wsb = unsafe { kve_cuda_select_workspace_size(rows as i64) };
+    let ws = DBuf::<u8>::new(wsb);
+    let (counts, idx) = (
+        DBuf::from(&vec![-1i32; rows]),
+        DBuf::from(&vec![-1i32; rows * n]),
+    );
+    ck(
+        // SAFETY: device buffers of the declared sizes.
+        unsafe {
+            kve_cuda_select(
+                sd.ptr(),
+                ld as i64,
+                n as i64,
+                rows as i64,
+                1,
+                k.map_or(null(), |b| b.ptr()),
+                k_all as i64,
+                null(),
+                1,
+                counts.ptr(),
+                idx.ptr(),
+                n as i64,
+                ws.vptr(),
+                wsb,
+                null_mut(),
+            )
+        },
+        what,
+    );
+    (counts, idx)
+}
+
 mod baselines;
 mod budgets;
 mod combine;
