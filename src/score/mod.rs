@@ -338,8 +338,9 @@ pub fn score_layer(
             for kh in 0..hkv {
                 one_pass &= window::one_pass_ready(q, keys, kh, g, w, scratch)?;
             }
-            if !one_pass {
-                heads_row_stats(q, keys, hkv, g, w, scratch, rmax, rsum)?;
+            for kh in (0..hkv).filter(|_| !one_pass) {
+                let r = kh * g * w;
+                window::row_stats(q, keys, kh, g, w, scratch, &mut rmax[r..], &mut rsum[r..])?;
             }
         }
     }
@@ -514,7 +515,19 @@ pub fn window_row_lse(
     let rmax = ws.take::<f32>(rows)?;
     let rsum = ws.take::<f64>(rows)?;
     let scratch = ws.into_rest();
-    heads_row_stats(queries, keys, hkv, g, w, scratch, rmax, rsum)?;
+    for kh in 0..hkv {
+        let r = kh * g * w;
+        window::row_stats(
+            queries,
+            keys,
+            kh,
+            g,
+            w,
+            scratch,
+            &mut rmax[r..],
+            &mut rsum[r..],
+        )?;
+    }
     for ((o, &m), &s) in out[..rows].iter_mut().zip(rmax.iter()).zip(rsum.iter()) {
         *o = (m as f64 + libm::log(s)) as f32;
     }
@@ -546,25 +559,6 @@ pub(crate) fn reduce_rows(
             *d *= inv;
         }
     }
-}
-
-/// `window::row_stats` of every KV head, each into its `g·w` rows of `rmax` and `rsum`.
-#[allow(clippy::too_many_arguments)]
-fn heads_row_stats(
-    queries: &View,
-    keys: &View,
-    hkv: usize,
-    g: usize,
-    w: usize,
-    scratch: &mut [u8],
-    rmax: &mut [f32],
-    rsum: &mut [f64],
-) -> Result<()> {
-    for kh in 0..hkv {
-        let r = kh * g * w;
-        window::row_stats(queries, keys, kh, g, w, scratch, &mut rmax[r..], &mut rsum[r..])?;
-    }
-    Ok(())
 }
 
 /// `mean_j A` per query head, pooled, then reduced over the group (or reduced, then pooled),
