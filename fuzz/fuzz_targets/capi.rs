@@ -1076,7 +1076,7 @@ fuzz_target!(|data: &[u8]| {
                 check_device_status(st, q, ws.len);
                 if st == KVE_OK {
                     // what the call reads, and what it writes
-                    // (queries read, values read) per scorer, as src/score/requirements.rs
+                    // (queries read, values read) per scorer, as src/math/score/requirements.rs
                     let (qr, vr) = match sp.scorer {
                         4 | 5 => (false, false),
                         1 => (true, true),
