@@ -79,7 +79,7 @@ __global__ void sink_kernel(float* __restrict__ out, int64_t rows, int64_t n, in
             out[r * ld + i] = i < sinks ? 1.0f : 0.0f;
 }
 
-// kve_score_params.power: the core's src/score/power.rs bit for bit (products rounded one
+// kve_score_params.power: the core's src/math/score/power.rs bit for bit (products rounded one
 // by one: __fmul_rn is never contracted into an FMA).
 __global__ void power_kernel(float* __restrict__ s, int64_t rows, int64_t n, int64_t ld,
                              int power) {

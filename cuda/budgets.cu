@@ -1,7 +1,7 @@
 // Budget allocation on the device (design §4), so a whole selection can run without
 // a host round trip: the per-layer and per-unit budgets of the allocators
 // (uniform, PyramidKV, AdaKV's safeguard floor, LAVa's entropy split), computed by
-// one thread exactly as the core's select_model (src/budget: pyramid.rs,
+// one thread exactly as the core's select_model (src/math/budget: pyramid.rs,
 // lava.rs, ada.rs): u128 integer arithmetic, f64 with explicit round-to-nearest
 // intrinsics (no FMA contraction), Rust's saturating float-to-int casts; then the
 // AdaKV/LAVa safeguard marks (forced entries to +inf before kve_cuda_select) and
@@ -20,7 +20,7 @@ __device__ __forceinline__ uint64_t sat_u64(double x) {
     return (uint64_t)x;
 }
 
-// src/budget/pyramid.rs pyramid_budget
+// src/math/budget/pyramid.rs pyramid_budget
 __device__ uint64_t pyramid_budget_dev(uint64_t b64, uint32_t beta, uint64_t l64,
                                        uint64_t layers64) {
     if (layers64 <= 1) return b64;
@@ -31,13 +31,13 @@ __device__ uint64_t pyramid_budget_dev(uint64_t b64, uint32_t beta, uint64_t l64
     return r > (u128)(~0ull) ? ~0ull : (uint64_t)r;
 }
 
-// src/budget/ada.rs: floor((alpha as f64) * (total as f64 / per_layer as f64)) as u64
+// src/math/budget/ada.rs: floor((alpha as f64) * (total as f64 / per_layer as f64)) as u64
 __device__ __forceinline__ uint64_t ada_floor(float alpha, uint64_t total, uint64_t per_layer) {
     const double q = __ddiv_rn(__ull2double_rn(total), __ull2double_rn(per_layer));
     return sat_u64(floor(__dmul_rn((double)alpha, q)));
 }
 
-// src/budget/lava.rs lava_budgets with caps[l] = cap for every layer. The core's
+// src/math/budget/lava.rs lava_budgets with caps[l] = cap for every layer. The core's
 // `mark` scratch is bit 63 of out[l] (every value stays below 2^63: the launcher
 // checks layers·per_layer·p < 2^62). Returns what could not be placed.
 constexpr uint64_t MARK = 1ull << 63;

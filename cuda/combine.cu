@@ -6,7 +6,7 @@
 namespace kve {
 namespace {
 
-// op over hh < g of term(hh) in the core's order (src/score reduce_rows): the first head,
+// op over hh < g of term(hh) in the core's order (src/math/score reduce_rows): the first head,
 // then max / sum, unfused; the mean as a product with 1/g.
 template <typename F>
 __device__ __forceinline__ float gqa_reduce(int g, int op, F term) {
@@ -20,7 +20,7 @@ __device__ __forceinline__ float gqa_reduce(int g, int op, F term) {
 
 // a and out may be the same array (Hkv == Hq, ld_out == ld_a): no __restrict__ on
 // them; every element is read before it is written, by the same thread.
-// Arithmetic in the core's order, unfused (src/score: products, then reduce_rows), so
+// Arithmetic in the core's order, unfused (src/math/score: products, then reduce_rows), so
 // equal inputs give the core's bits.
 __global__ void head_reduce_kernel(const float* a, int64_t ld_a, const float* __restrict__ b,
                                    int64_t ld_b, int b_mode, const float* __restrict__ scale,
@@ -54,7 +54,7 @@ __global__ void head_reduce_all_kernel(const float* a, int64_t ld_a, float* out,
 // mode 0: sqrt(max(0, Σ_ab C_ab Q_ab)); 1: sqrt(max(0, Σ C)) · mean_h sqrt(max(0, Q_hh));
 // 2: the attention term alone (qv unread); 3: the value term alone (cross unread).
 // Blocks: the diagonal (a, a) for p < g, then the pairs a < b (counted twice).
-// Sums in the core's order, unfused (src/score/laprox.rs Exact / MeanAttn).
+// Sums in the core's order, unfused (src/math/score/laprox.rs Exact / MeanAttn).
 __global__ void laprox_exact_kernel(const float* __restrict__ cross, int64_t ld_cross,
                                     const float* __restrict__ qv, int64_t ld_qv,
                                     float* __restrict__ out, int64_t ld_out, int g, int64_t n,

@@ -92,7 +92,7 @@ int kve_cuda_device_count(int* out);
  *   out_mean  [Hq, P]  mean_j A[h,j,i]                       (SnapKV, LAVa)
  *   out_l2    [Hq, P]  ||A[h,:,i]||_2                         (LaProx)
  *   out_cross [Hkv, g(g+1)/2, P]  sum_j A[a,j,i]·A[b,j,i] for the group's query
- *             heads a <= b; block order as the core's Gram (src/gram.rs): the
+ *             heads a <= b; block order as the core's Gram (src/math/gram.rs): the
  *             diagonal (0,0)..(g-1,g-1) first, then (0,1),(0,2)..(0,g-1),(1,2),..;
  *             needs g <= 16  (LaProx exact GQA)
  *   out_group [Hkv, P]  gqa_op over the group of mean_j A[h,j,i]   (SnapKV
@@ -215,7 +215,7 @@ int kve_cuda_laprox_exact(const float* cross, int64_t ld_cross, const float* qv,
  * Per-layer sum and entropy (design §4 lava): for layer l the scores
  * s = scores[l*layer_stride + e], e < count (all heads and prefix tokens):
  *   sums[l] = Σ |s|,   entropy[l] = -Σ p ln p with p = |s| / Σ |s| (entropy 0 when
- *   the sum is 0), as the core (src/budget: layer sums of |s|, layer_entropy).
+ *   the sum is 0), as the core (src/math/budget: layer sums of |s|, layer_entropy).
  * f64 outputs, deterministic (fixed reduction order).
  * Workspace: kve_cuda_layer_stats_workspace_size(L, count). */
 size_t kve_cuda_layer_stats_workspace_size(int64_t layers, int64_t count);
@@ -262,7 +262,7 @@ int kve_cuda_select(const float* scores, int64_t ld, int64_t n, int64_t n_groups
                     void* stream);
 
 /* ------------------------------------------------------------------- shard --
- * The GPU side of the core's sharded selection (src/shard.rs ShardSearch, design §4
+ * The GPU side of the core's sharded selection (src/math/shard.rs ShardSearch, design §4
  * "Selection across devices"): rows r < rows of scores (row stride ld, n entries)
  * at the selection granularity are units unit0 + r of the model (layer·Hkv + head
  * for head granularity). Keys are the core's 128-bit keys
@@ -298,7 +298,7 @@ int kve_cuda_shard_select(const float* scores, int64_t ld, int64_t n, int64_t ro
  *   out may be base itself (same ld); no other overlap. */
 int kve_cuda_knorm(const kve_cuda_view* k, int64_t prefix, float* out, int64_t ld_out,
                    void* stream);
-/* score_power (kve_score_params.power, src/score/power.rs): in place, for r < rows,
+/* score_power (kve_score_params.power, src/math/score/power.rs): in place, for r < rows,
  *   i < n, s = scores[r*ld + i]: a = |s|, t = a, then power-1 times t = t*a (f32,
  *   rounded each time, no FMA), t = min(t, FLT_MAX) (NaN stays NaN), s's sign put
  *   back: the core's bits. power in [1, 16] (1: nothing to do), ld >= n. */
@@ -317,7 +317,7 @@ int kve_cuda_critical_combine(const float* base, int64_t ld_base, const float* v
  *   over j != i (-1 where fewer), u_i = max(0, 1 - r_i)^8 (0 where r_i >= 0.5), and for
  *   i < prefix out[h*ld_out + i] = max_{0<=j<=4, i+j<prefix} 0.9^j * u_{i+j}.
  *   k and v: same dtype, heads and tokens (dims may differ), any strides. The
- *   arithmetic is the core's AVX2 path (src/score/uniqueness.rs), so the scores are
+ *   arithmetic is the core's AVX2 path (src/math/score/uniqueness.rs), so the scores are
  *   its bits. Two scans as the core's: pairs within 128 tokens first, then only the
  *   tokens still below the cutoff against the whole cache, stopping once settled;
  *   O(N^2 (dk + dv)) per head at worst, on FP32 cores.
@@ -333,7 +333,7 @@ int kve_cuda_uniqueness(const kve_cuda_view* k, const kve_cuda_view* v, int64_t 
 /* ----------------------------------------------------------------- budgets --
  * layer_budgets (one thread; layers is small): the per-layer and per-unit
  * budgets of the allocators (design §4), exactly as the core's select_model
- * (src/budget: pyramid_budget, lava_budgets, ada's safeguard floor), in f64
+ * (src/math/budget: pyramid_budget, lava_budgets, ada's safeguard floor), in f64
  * without contraction. Layer l owns units l*per_layer .. (l+1)*per_layer - 1;
  * p = prefix tokens per unit; B = min(budget, p).
  *   mode 0 uniform: k_unit[u] = B,  k_layer[l] = per_layer * B
@@ -419,7 +419,7 @@ int kve_cuda_compact_varlen(const kve_cuda_view* src, const int32_t* kept,
                             int32_t* cu_seqlens, void* stream);
 
 /* ------------------------------------------------------------------- stream --
- * One chunk of a query stream (src/stream.rs; design §2's attention for queries at any
+ * One chunk of a query stream (src/math/stream.rs; design §2's attention for queries at any
  * positions): q [Hq, c, dk] post-RoPE queries at positions[c] (device int64, >= 0),
  * k [Hkv, N, dk] (same dtype, dk <= 256). Query j sees keys i <= min(positions[j], N-1);
  * A = softmax over them in f32 with max subtraction (row denominators summed in f64).

@@ -1,5 +1,5 @@
-// Value links (design §4, continuation through value runs; the core's src/links.rs) and the
-// linked forward pool of the selection (the core's pool_forward_linked, src/pool.rs).
+// Value links (design §4, continuation through value runs; the core's src/math/links.rs) and the
+// linked forward pool of the selection (the core's pool_forward_linked, src/math/pool.rs).
 //
 // value_links: one thread per (head, token) computes cos(v[h,t], v[h,t-1]) in the core's
 // operation order, so the links are the host's bits on an AVX2 + FMA host:

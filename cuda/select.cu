@@ -46,7 +46,7 @@ struct SelArgs {
 };
 
 // Key value: score · (f32)(1 / layer sum), as the core's select_model rounds it
-// (src/budget/mod.rs: scale = (1.0 / lsum) as f32, then an f32 product).
+// (src/math/budget/mod.rs: scale = (1.0 / lsum) as f32, then an f32 product).
 __device__ __forceinline__ float sel_value(const SelArgs& a, int64_t r, int64_t i, double sum) {
     const float x = a.s[r * a.ld + i];
     return a.ls ? x * (sum > 0.0 ? (float)(1.0 / sum) : 1.0f) : x;

@@ -1,8 +1,8 @@
-// The GPU side of the core's sharded model-wide selection (src/shard.rs, design §4
+// The GPU side of the core's sharded model-wide selection (src/math/shard.rs, design §4
 // "Selection across devices"): a device holding some layers' scores counts its
 // candidates' keys into the round's 256-bin histogram; the host adds every
 // shard's histogram and steps the core's ShardSearch; once done, each shard
-// keeps the keys that reach the threshold. Keys are the core's (src/select.rs):
+// keeps the keys that reach the threshold. Keys are the core's (src/math/select.rs):
 //   key = fkey(score · scale) << 64 | position << 32 | ~unit   (128 bits; the
 //   forced bit 96 is never set here), digits of 8 bits over a 104-bit space.
 // scale = (float)(1 / layer_sum[row / rows_per_layer]) as the core's prepare()

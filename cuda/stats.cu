@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(LS_NT) layer_stats_partial(const float* __rest
     const int64_t hi = min(count, lo + per);
     double a = 0.0, e = 0.0;
     for (int64_t i = lo + threadIdx.x; i < hi; i += LS_NT) {
-        const double v = fabs((double)x[i]);  // the core's |s| (src/budget/lava.rs)
+        const double v = fabs((double)x[i]);  // the core's |s| (src/math/budget/lava.rs)
         a += v;
         if (v > 0.0) e += v * log(v);
     }
@@ -69,7 +69,7 @@ __global__ void token_reduce_kernel(const float* __restrict__ s, const double* _
                                     float* __restrict__ out) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        // the core's token granularity (src/budget/mod.rs): f32, (layer, row) order,
+        // the core's token granularity (src/math/budget/mod.rs): f32, (layer, row) order,
         // s · (float)(1 / sum), unfused, so equal scores give the core's bits
         float acc = 0.0f;
         for (int64_t l = 0; l < layers; ++l) {

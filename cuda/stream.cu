@@ -1,4 +1,4 @@
-// One chunk of a query stream (src/stream.rs): per query head and key, the max, sum and
+// One chunk of a query stream (src/math/stream.rs): per query head and key, the max, sum and
 // sum of squares of the attention of c queries at arbitrary positions, added into
 // accumulators [Hq][N] that live on the device between chunks.
 //

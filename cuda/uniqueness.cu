@@ -1,7 +1,7 @@
 // Uniqueness (design §3b, the question-agnostic scorer) on the device: per KV head,
 // r_i = the 4th largest min(cos(k_i, k_j), cos(v_i, v_j)) over every other cached token
 // (-1 where fewer), u_i = max(0, 1 - r_i)^24, s_i = max_{0<=j<=10} c_j·u_{i+j} over the
-// prefix, c_j = 1 for j <= 6 and 0.729^(j-6) beyond (src/score/uniqueness.rs says why).
+// prefix, c_j = 1 for j <= 6 and 0.729^(j-6) beyond (src/math/score/uniqueness.rs says why).
 //
 // The same arithmetic as the core's AVX2 path, so the scores match it bit for bit: each
 // row's squared norm in 8 fused lanes summed by the core's tree ((0+4)+(2+6)) +
@@ -9,7 +9,7 @@
 // pair's cosine one fmaf chain over d in order; the 0.729^(j-6) as repeated f32 products. A top
 // list is the largest values of a multiset, exact whatever the order of insertion.
 //
-// Two scans, as the core's (src/score/uniqueness.rs): r_i only grows as more pairs are
+// Two scans, as the core's (src/math/score/uniqueness.rs): r_i only grows as more pairs are
 // seen, and a token whose r_i reaches the cutoff (0.5) scores 0 whatever the rest. So
 // (1) every row tile compares its 64 rows with the column tiles within UQ_NEAR tokens
 // (a band: 5 tiles instead of N/64), (2) the tokens the band left below the cutoff are

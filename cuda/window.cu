@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(WIN_NT)
     const int hk = blockIdx.y;
     if (threadIdx.x == 0) {
         // the diagonal (a, a) first, then the pairs a < b in row order (the
-        // core's Gram block order, src/gram.rs)
+        // core's Gram block order, src/math/gram.rs)
         int p = 0;
         for (int x = 0; x < g; ++x, ++p) {
             pa[p] = (unsigned char)x;

@@ -15,11 +15,19 @@
 #[cfg(feature = "std")]
 extern crate std;
 
-pub mod budget;
+// The layers, each a folder: `base/` (configuration, views, statuses: no math), `math/`
+// (the core math on the host), `evictor/` (the simple API), `capi/` (the C ABI), `device/`
+// and `cuda.rs` (the device pipeline and its launchers); the CPU kernels below them
+// (`numerics`, `lanes`, the AVX-512 files) and paged caches (`paged`) beside them.
+mod base;
+mod math;
+
+pub(crate) use base::span;
+pub use base::{config, dtype, error, shape, view, workspace};
+pub use math::{budget, compact, gram, links, pool, score, select, shard, stream};
+pub(crate) use math::{colstats, window};
+
 pub mod capi;
-mod colstats;
-pub mod compact;
-pub mod config;
 /// Raw launchers of cuda/ (kvevict_cuda.h); the public header declares the kve_cuda_*
 /// wrappers of src/capi instead.
 /// cbindgen:ignore
@@ -28,35 +36,20 @@ pub mod cuda;
 /// The device pipeline: planning, workspace layout and launch chains of the CUDA paths.
 #[cfg(feature = "cuda")]
 pub mod device;
-pub mod dtype;
-pub mod error;
 pub mod evictor;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 mod gemm512;
-pub mod gram;
 mod lanes;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 mod lanes512;
-pub mod links;
-mod needs;
 pub mod numerics;
 pub mod paged;
-pub mod pool;
-pub mod score;
-pub mod select;
-pub mod shape;
-pub mod shard;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 mod simd512;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 mod softmax512;
-mod span;
-pub mod stream;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 mod tova512;
-pub mod view;
-mod window;
-pub mod workspace;
 
 pub use budget::{
     evicted_positions, select_model, select_model_linked, select_output_len, select_workspace_size,

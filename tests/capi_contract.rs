@@ -68,23 +68,11 @@ fn keep_ratios_at_infinity() {
 
 fn gram(wo: &[f32], hq: usize, dv: usize, dm: usize, out: &mut [f32]) -> i32 {
     let t = contiguous(wo, [hq, dv, dm]);
-    let mut wl = 0u64;
-    unsafe {
-        assert_eq!(
-            kve_gram_workspace_size(dv as u64, dm as u64, &mut wl),
-            KVE_OK
-        );
-        let mut ws = vec![0u8; wl as usize];
-        kve_compute_gram(
-            &t,
-            1,
-            1,
-            out.as_mut_ptr(),
-            out.len() as u64,
-            ws.as_mut_ptr() as *mut c_void,
-            wl,
-        )
-    }
+    // SAFETY: a host out-parameter.
+    let mut ws = workspace(|b| unsafe { kve_gram_workspace_size(dv as u64, dm as u64, b) });
+    let (wp, wl) = (ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+    // SAFETY: host buffers of the lengths passed.
+    unsafe { kve_compute_gram(&t, 1, 1, out.as_mut_ptr(), out.len() as u64, wp, wl) }
 }
 
 #[test]
@@ -164,22 +152,11 @@ fn value_forms_that_overflow_are_non_finite() {
 fn value_l1(values: &[f32], n: usize, dv: usize, wo: &[f32], dm: usize, out: &mut [f32]) -> i32 {
     let v = contiguous(values, [1, n, dv]);
     let w = contiguous(wo, [1, dv, dm]);
-    let mut wl = 0u64;
-    unsafe {
-        assert_eq!(
-            kve_value_l1_workspace_size(dv as u64, dm as u64, &mut wl),
-            KVE_OK
-        );
-        let mut ws = vec![0u8; wl as usize];
-        kve_compute_value_l1(
-            &v,
-            &w,
-            out.as_mut_ptr(),
-            out.len() as u64,
-            ws.as_mut_ptr() as *mut c_void,
-            wl,
-        )
-    }
+    // SAFETY: a host out-parameter.
+    let mut ws = workspace(|b| unsafe { kve_value_l1_workspace_size(dv as u64, dm as u64, b) });
+    let (wp, wl) = (ws.as_mut_ptr() as *mut c_void, ws.len() as u64);
+    // SAFETY: host buffers of the lengths passed.
+    unsafe { kve_compute_value_l1(&v, &w, out.as_mut_ptr(), out.len() as u64, wp, wl) }
 }
 
 #[test]
@@ -210,16 +187,10 @@ fn row_lse_is_checked_without_a_prefix() {
     let mut inp = l.inputs();
     inp.keys = tensor(l.k.as_ptr(), l.k.len(), [HKV, W, D], [N * D, D, 1]);
     inp.values = tensor(l.v.as_ptr(), l.v.len(), [HKV, W, D], [N * D, D, 1]);
-    let mut wl = 0u64;
-    unsafe {
-        assert_eq!(
-            kve_score_workspace_size(
-                &sp, HQ as u64, HKV as u64, W as u64, D as u64, D as u64, &mut wl
-            ),
-            KVE_OK
-        );
-    }
-    let mut ws = vec![0u8; wl as usize];
+    let (hq, hkv, w, d) = (HQ as u64, HKV as u64, W as u64, D as u64);
+    // SAFETY: a host out-parameter.
+    let mut ws = workspace(|b| unsafe { kve_score_workspace_size(&sp, hq, hkv, w, d, d, b) });
+    let wl = ws.len() as u64;
     let mut run = |inp: &kve_layer_inputs| unsafe {
         kve_score_layer(&sp, inp, null_mut(), 0, ws.as_mut_ptr() as *mut c_void, wl)
     };
@@ -985,17 +956,9 @@ fn stream_outputs_over_struct_arguments_are_aliasing() {
 
     // kve_stream_scores: the scores or the workspace over the params or the values
     // descriptor (max attention ignores the values, so the call succeeds without the check)
-    let mut sp = std::mem::MaybeUninit::<kve_stream_score_params>::uninit();
-    unsafe {
-        expect!(
-            kve_stream_score_params_init(
-                sp.as_mut_ptr(),
-                std::mem::size_of::<kve_stream_score_params>() as u32
-            ),
-            KVE_OK
-        );
-    }
-    let sp = unsafe { sp.assume_init() };
+    // SAFETY: a writable struct of the size passed.
+    let sp: kve_stream_score_params =
+        init_struct(|p, size| unsafe { kve_stream_score_params_init(p, size) });
     let v = data(HKV * N * D, 23);
     let vt = contiguous(&v, [HKV, N, D]);
     let ol = HKV * N;

@@ -168,16 +168,8 @@ fn linked(
 }
 
 fn laprox_span(budget: u64) -> kve_select_params {
-    let mut p = std::mem::MaybeUninit::<kve_select_params>::uninit();
-    let st = unsafe {
-        kve_select_params_init_laprox_span(
-            p.as_mut_ptr(),
-            std::mem::size_of::<kve_select_params>() as u32,
-            budget,
-        )
-    };
-    assert_eq!(st, KVE_OK);
-    unsafe { p.assume_init() }
+    // SAFETY: a writable struct of the size passed.
+    init_struct(|p, size| unsafe { kve_select_params_init_laprox_span(p, size, budget) })
 }
 
 /// A cue whose 12 unread followers are linked: the flat 9-token continuation stops 3 short,
@@ -278,12 +270,9 @@ fn sharded_linked(
         window: W as u64,
     };
     let ws_for = |ln: usize| {
-        let mut b = 0u64;
-        let st = unsafe {
-            kve_select_shard_workspace_size(sel, ln as u64, HKV as u64, N as u64, W as u64, &mut b)
-        };
-        assert_eq!(st, KVE_OK);
-        vec![0u8; b as usize]
+        let (l, h, n, w) = (ln as u64, HKV as u64, N as u64, W as u64);
+        // SAFETY: a host out-parameter.
+        workspace(|b| unsafe { kve_select_shard_workspace_size(sel, l, h, n, w, b) })
     };
     let mut s = unsafe { std::mem::zeroed::<kve_search>() };
     let st = unsafe { kve_search_init(&mut s, sel, layers as u64, HKV as u64, N as u64, W as u64) };

@@ -578,95 +578,43 @@ fn hostile_inputs_change_nothing() {
 fn hostile_configs_and_memory() {
     use Error::*;
     let base = config(Preset::LaProx, None, Budget::Explicit);
+    // `base` with one field changed
+    let with = |change: fn(&mut EvictorConfig)| {
+        let mut c = base;
+        change(&mut c);
+        c
+    };
     let bad: Vec<(EvictorConfig, Error)> = vec![
+        (with(|c| c.max_seqs = 0), InvalidArgument),
+        (with(|c| c.max_cells = 0), InvalidArgument),
+        (with(|c| c.model.hq = 5), ShapeMismatch),
+        (with(|c| c.model.layers = 0), InvalidArgument),
+        (with(|c| c.model.d_model = 0), InvalidArgument),
+        (with(|c| c.model.dk = 2000), InvalidArgument),
         (
-            EvictorConfig {
-                max_seqs: 0,
-                ..base
-            },
-            InvalidArgument,
-        ),
-        (
-            EvictorConfig {
-                max_cells: 0,
-                ..base
-            },
-            InvalidArgument,
-        ),
-        (
-            EvictorConfig {
-                model: ModelDims { hq: 5, ..DIMS },
-                ..base
-            },
-            ShapeMismatch,
-        ),
-        (
-            EvictorConfig {
-                model: ModelDims { layers: 0, ..DIMS },
-                ..base
-            },
-            InvalidArgument,
-        ),
-        (
-            EvictorConfig {
-                model: ModelDims { d_model: 0, ..DIMS },
-                ..base
-            },
-            InvalidArgument,
-        ),
-        (
-            EvictorConfig {
-                model: ModelDims { dk: 2000, ..DIMS },
-                ..base
-            },
-            InvalidArgument,
-        ),
-        (
-            EvictorConfig {
-                budget: Budget::KeepRatio {
+            with(|c| {
+                c.budget = Budget::KeepRatio {
                     ratio: f64::NAN,
                     min_keep: 0,
-                },
-                ..base
-            },
+                }
+            }),
             InvalidArgument,
         ),
         (
-            EvictorConfig {
-                budget: Budget::Cells { high: 10, low: 20 },
-                ..base
-            },
+            with(|c| c.budget = Budget::Cells { high: 10, low: 20 }),
             InvalidArgument,
         ),
+        // no forward post-pool
+        (with(|c| c.link_threshold = Some(0.5)), InvalidArgument),
         (
-            EvictorConfig {
-                link_threshold: Some(0.5),
-                ..base
-            },
-            InvalidArgument,
-        ), // no forward post-pool
-        (
-            EvictorConfig {
-                window: 2,
-                preset: Preset::Tova,
-                ..base
-            },
+            with(|c| {
+                c.window = 2;
+                c.preset = Preset::Tova;
+            }),
             InvalidArgument,
         ),
-        (
-            EvictorConfig {
-                max_cells: usize::MAX / 2,
-                ..base
-            },
-            InvalidArgument,
-        ),
-        (
-            EvictorConfig {
-                max_seqs: usize::MAX / 2,
-                ..base
-            },
-            Overflow,
-        ),
+        (with(|c| c.max_cells = usize::MAX / 2), InvalidArgument),
+        (with(|c| c.max_seqs = usize::MAX / 2), Overflow),
     ];
     for (c, e) in bad {
         assert_eq!(Evictor::memory_size(&c).err(), Some(e), "{c:?}");

@@ -512,26 +512,17 @@ fn bad_selections_leave_kv_untouched() {
             && cu.iter().all(|&x| x == -7);
         (r, same)
     };
-    assert_eq!(
-        run(4, d, DType::F32, 3),
-        (Err(Error::OutputTooSmall), true),
-        "dst too small"
-    );
-    assert_eq!(
-        run(5, d, DType::F32, 2),
-        (Err(Error::OutputTooSmall), true),
-        "cu_seqlens too small"
-    );
-    assert_eq!(
-        run(5, d + 1, DType::F32, 3),
-        (Err(Error::ShapeMismatch), true),
-        "row length"
-    );
-    assert_eq!(
-        run(5, d, DType::F16, 3),
-        (Err(Error::ShapeMismatch), true),
-        "dtype"
-    );
+    // refused, nothing written
+    use DType::{F16, F32};
+    use Error::{OutputTooSmall, ShapeMismatch};
+    for (what, cap, dd, dt, cu_len, err) in [
+        ("dst too small", 4, d, F32, 3, OutputTooSmall),
+        ("cu_seqlens too small", 5, d, F32, 2, OutputTooSmall),
+        ("row length", 5, d + 1, F32, 3, ShapeMismatch),
+        ("dtype", 5, d, F16, 3, ShapeMismatch),
+    ] {
+        assert_eq!(run(cap, dd, dt, cu_len), (Err(err), true), "{what}");
+    }
     assert_eq!(run(5, d, DType::F32, 3).0, Ok(()));
     // overlapping rows: a view whose token stride is smaller than a row
     let mut buf = vec![1.0f32; 64];

@@ -361,6 +361,30 @@ fn unchanged(a: &Arena, before: &[u8], s: (usize, usize)) -> bool {
     lo >= hi || a.bytes()[lo - base..hi - base] == before[lo - base..hi - base]
 }
 
+/// `p`'s offset in the arena, -1 for NULL (debug output).
+fn offset_in(a: &Arena, p: *const c_void) -> isize {
+    if p.is_null() {
+        -1
+    } else {
+        p as isize - a.base() as isize
+    }
+}
+
+/// A device entry point's status: the C layer refuses what the launchers would (never
+/// `KVE_ERR_CUDA`), and accepts a workspace of the queried size `q`.
+fn check_device_status(st: i32, q: Option<u64>, ws_len: u64) {
+    assert_ne!(
+        st, KVE_ERR_CUDA,
+        "a launcher refused what the C layer accepted"
+    );
+    if q.is_some_and(|need| ws_len >= need) {
+        assert_ne!(
+            st, KVE_ERR_WORKSPACE_TOO_SMALL,
+            "workspace of the queried size refused"
+        );
+    }
+}
+
 /// `KVE_FUZZ_DEBUG=1`: the device ops print their arguments (to read a reproducer).
 fn debug() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -1041,14 +1065,7 @@ fuzz_target!(|data: &[u8]| {
                     std::ptr::null_mut(),
                 );
                 if debug() {
-                    let b = a.base() as usize;
-                    let rel = |p: *const c_void| {
-                        if p.is_null() {
-                            -1
-                        } else {
-                            p as isize - b as isize
-                        }
-                    };
+                    let rel = |p: *const c_void| offset_in(&a, p);
                     eprintln!(
                         "status {st}\nparams {:?}\nq {:?} @{}\nk {:?} @{}\nv {:?} @{}",
                         std::slice::from_raw_parts(sp as *const _ as *const u32, 12),
@@ -1078,21 +1095,10 @@ fuzz_target!(|data: &[u8]| {
                         ws.len
                     );
                 }
-                assert_ne!(
-                    st, KVE_ERR_CUDA,
-                    "a launcher refused what the C layer accepted"
-                );
-                if let Some(need) = q {
-                    if ws.len >= need {
-                        assert_ne!(
-                            st, KVE_ERR_WORKSPACE_TOO_SMALL,
-                            "workspace of the queried size refused"
-                        );
-                    }
-                }
+                check_device_status(st, q, ws.len);
                 if st == KVE_OK {
                     // what the call reads, and what it writes
-                    // (queries read, values read) per scorer, as src/score/requirements.rs
+                    // (queries read, values read) per scorer, as src/math/score/requirements.rs
                     let (qr, vr) = match sp.scorer {
                         4 | 5 => (false, false),
                         1 => (true, true),
@@ -1215,14 +1221,7 @@ fuzz_target!(|data: &[u8]| {
                     std::ptr::null_mut(),
                 );
                 if debug() {
-                    let b = a.base() as usize;
-                    let rel = |p: *const c_void| {
-                        if p.is_null() {
-                            -1
-                        } else {
-                            p as isize - b as isize
-                        }
-                    };
+                    let rel = |p: *const c_void| offset_in(&a, p);
                     eprintln!("status {st}\nparams {:?}\nscores @{} len {len} layers {layers} hkv {hkv} n {n} w {w}", std::slice::from_raw_parts(sp as *const _ as *const u32, 12), rel(ms.scores as _));
                     eprintln!(
                         "counts @{} len {}; idx @{} ld {ld} len {}; ws query {q:?} @{} len {}",
@@ -1234,18 +1233,7 @@ fuzz_target!(|data: &[u8]| {
                         ws.len
                     );
                 }
-                assert_ne!(
-                    st, KVE_ERR_CUDA,
-                    "a launcher refused what the C layer accepted"
-                );
-                if let Some(need) = q {
-                    if ws.len >= need {
-                        assert_ne!(
-                            st, KVE_ERR_WORKSPACE_TOO_SMALL,
-                            "workspace of the queried size refused"
-                        );
-                    }
-                }
+                check_device_status(st, q, ws.len);
                 if st == KVE_OK {
                     let sc = span_n(ms.scores as _, units * p, 4);
                     let writes = [

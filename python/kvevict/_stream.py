@@ -1,4 +1,4 @@
-"""Scoring a layer's keys from any stream of queries (``kve_stream_*``, ``src/stream.rs``).
+"""Scoring a layer's keys from any stream of queries (``kve_stream_*``, ``src/math/stream.rs``).
 
 A :class:`StreamScorer` owns the accumulator state of one layer: feed it query chunks with
 their positions (reconstruction queries after the context, the prefill's own queries, or

@@ -1,4 +1,4 @@
-"""StreamScorer (kve_stream_*) against a numpy float64 recomputation of src/stream.rs's
+"""StreamScorer (kve_stream_*) against a numpy float64 recomputation of src/math/stream.rs's
 contract: every query's full softmax over the keys it sees, statistics accumulated."""
 import math
 import unittest

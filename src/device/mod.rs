@@ -3,7 +3,7 @@
 //! [`SelectConfig`](crate::SelectConfig) and [`ModelShape`](crate::ModelShape).
 //!
 //! - [`score`]: one layer's scores as a chain of launches per scorer (design §3), the same
-//!   formulas in the same order as the host scorers in `src/score`.
+//!   formulas in the same order as the host scorers in `src/math/score`.
 //! - [`select`]: every allocator and granularity (design §4) as the host's `select_model`
 //!   decides them, per-layer budgets computed on the device.
 //! - [`compact`]: compaction of the kept rows.

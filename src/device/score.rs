@@ -1,5 +1,5 @@
 //! One layer's scores on the device: every scorer of design §3 as a chain of launches on
-//! the caller's stream, the same formulas in the same order as the core (src/score), so
+//! the caller's stream, the same formulas in the same order as the core (src/math/score), so
 //! the device scores match the host's to float tolerance.
 
 use super::gram_split::GramSplit;

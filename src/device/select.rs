@@ -1,5 +1,5 @@
 //! A whole model's selection on the device: every allocator and granularity of design §4
-//! as the core's `select_model` (src/budget) decides them: scores at the selection
+//! as the core's `select_model` (src/math/budget) decides them: scores at the selection
 //! granularity (reduced, post-pooled), per-layer budgets computed on the device (no host
 //! round trip), the AdaKV/LAVa safeguard as forced entries, then radix top-K selects.
 //! The kept sets are the host's.

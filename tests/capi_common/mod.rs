@@ -48,34 +48,35 @@ pub fn contiguous(v: &[f32], e: [usize; 3]) -> kve_tensor {
     tensor(v.as_ptr(), v.len(), e, [e[1] * e[2], e[2], 1])
 }
 
+/// A struct from its `*_init` entry point, called as `init(ptr, sizeof)`; it must succeed.
+pub fn init_struct<T>(init: impl FnOnce(*mut T, u32) -> i32) -> T {
+    let mut p = std::mem::MaybeUninit::<T>::uninit();
+    assert_eq!(
+        init(p.as_mut_ptr(), std::mem::size_of::<T>() as u32),
+        KVE_OK
+    );
+    // SAFETY: the init entry point succeeded: it wrote the whole struct.
+    unsafe { p.assume_init() }
+}
+
+/// A workspace of the bytes a `*_workspace_size` entry point reports (`size(&mut bytes)`, which
+/// must succeed).
+pub fn workspace(size: impl FnOnce(&mut u64) -> i32) -> Vec<u8> {
+    let mut bytes = 0u64;
+    assert_eq!(size(&mut bytes), KVE_OK);
+    vec![0u8; bytes as usize]
+}
+
 pub fn score_params(preset: u32) -> kve_score_params {
-    let mut p = std::mem::MaybeUninit::<kve_score_params>::uninit();
-    let st = unsafe {
-        kve_score_params_init(
-            p.as_mut_ptr(),
-            std::mem::size_of::<kve_score_params>() as u32,
-            preset,
-        )
-    };
-    assert_eq!(st, KVE_OK);
-    let mut p = unsafe { p.assume_init() };
+    // SAFETY: a writable struct of the size passed.
+    let mut p = init_struct(|p, size| unsafe { kve_score_params_init(p, size, preset) });
     p.window = W as u32;
     p
 }
 
 pub fn select_params(alloc: u32, gran: u32, budget: u64) -> kve_select_params {
-    let mut p = std::mem::MaybeUninit::<kve_select_params>::uninit();
-    let st = unsafe {
-        kve_select_params_init(
-            p.as_mut_ptr(),
-            std::mem::size_of::<kve_select_params>() as u32,
-            alloc,
-            gran,
-            budget,
-        )
-    };
-    assert_eq!(st, KVE_OK);
-    unsafe { p.assume_init() }
+    // SAFETY: a writable struct of the size passed.
+    init_struct(|p, size| unsafe { kve_select_params_init(p, size, alloc, gran, budget) })
 }
 
 /// A valid SnapKV layer: queries, keys, values and buffers.
@@ -106,17 +107,9 @@ impl Layer {
         }
     }
     pub fn inputs(&self) -> kve_layer_inputs {
-        let mut i = std::mem::MaybeUninit::<kve_layer_inputs>::uninit();
-        assert_eq!(
-            unsafe {
-                kve_layer_inputs_init(
-                    i.as_mut_ptr(),
-                    std::mem::size_of::<kve_layer_inputs>() as u32,
-                )
-            },
-            KVE_OK
-        );
-        let mut i = unsafe { i.assume_init() };
+        // SAFETY: a writable struct of the size passed.
+        let mut i: kve_layer_inputs =
+            init_struct(|i, size| unsafe { kve_layer_inputs_init(i, size) });
         i.queries = contiguous(&self.q, [HQ, W, D]);
         i.keys = contiguous(&self.k, [HKV, N, D]);
         i.values = contiguous(&self.v, [HKV, N, D]);

@@ -107,21 +107,17 @@ fn device_scores_with_row_lse_match_host() {
     }
 }
 
+/// An f16 head-major layer of 8 query heads, 2 KV heads, 120 tokens, d 32.
+fn small_f16_layer(seed: u64) -> Layer {
+    layer(Dt::F16, Layout::HeadMajor, Layout::HeadMajor, 8, 2, 120, 32, seed)
+}
+
 #[test]
 fn device_score_rejects_bad_input_before_launching() {
     if !have_device() {
         return;
     }
-    let l = layer(
-        Dt::F16,
-        Layout::HeadMajor,
-        Layout::HeadMajor,
-        8,
-        2,
-        120,
-        32,
-        3,
-    );
+    let l = small_f16_layer(3);
     let p = score_params(|_| {}, Preset::LaProx);
     let d = 32u64;
     let mut bytes = 0u64;
@@ -243,16 +239,7 @@ fn device_score_with_value_forms_fits_the_queried_workspace() {
     if !have_device() {
         return;
     }
-    let l = layer(
-        Dt::F16,
-        Layout::HeadMajor,
-        Layout::HeadMajor,
-        8,
-        2,
-        120,
-        32,
-        5,
-    );
+    let l = small_f16_layer(5);
     for gqa in [LaproxGqa::Sum, LaproxGqa::Exact, LaproxGqa::MeanAttn] {
         let p = score_params(|p| p.laprox_gqa = gqa as u32, Preset::LaProx);
         let host = host_scores(&l, &p, Vals::Forms, None);

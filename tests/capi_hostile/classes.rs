@@ -219,88 +219,33 @@ fn strides_past_the_buffer_and_overlapping_outputs() {
     let offsets = [0u64, 2, 4];
     let indices = [1u32, 3, 0, 5];
     let mut lengths = [CANARY; 2];
-    let mut t = tensor(kv.as_mut_ptr(), kv.len(), [HKV, N, D], [N * D, 4, 1]); // token stride < d
-    unsafe {
-        expect!(
-            kve_compact_in_place(
-                &t,
-                offsets.as_ptr(),
-                3,
-                indices.as_ptr(),
-                4,
-                lengths.as_mut_ptr(),
-                2
-            ),
-            KVE_ERR_ALIASING
-        );
-        t.stride = [0, D as u64, 1]; // heads on top of each other
-        expect!(
-            kve_compact_in_place(
-                &t,
-                offsets.as_ptr(),
-                3,
-                indices.as_ptr(),
-                4,
-                lengths.as_mut_ptr(),
-                2
-            ),
-            KVE_ERR_ALIASING
-        );
-        // lists that are not ascending, or reach past N
-        t.stride = [(N * D) as u64, D as u64, 1];
-        let bad = [3u32, 1, 0, 5];
-        expect!(
-            kve_compact_in_place(
-                &t,
-                offsets.as_ptr(),
-                3,
-                bad.as_ptr(),
-                4,
-                lengths.as_mut_ptr(),
-                2
-            ),
-            KVE_ERR_INVALID_ARGUMENT
-        );
-        let bad = [1u32, 3, 0, N as u32];
-        expect!(
-            kve_compact_in_place(
-                &t,
-                offsets.as_ptr(),
-                3,
-                bad.as_ptr(),
-                4,
-                lengths.as_mut_ptr(),
-                2
-            ),
-            KVE_ERR_INVALID_ARGUMENT
-        );
-        let bad_off = [0u64, 5, 4];
-        expect!(
-            kve_compact_in_place(
-                &t,
-                bad_off.as_ptr(),
-                3,
-                indices.as_ptr(),
-                4,
-                lengths.as_mut_ptr(),
-                2
-            ),
-            KVE_ERR_INVALID_ARGUMENT
-        );
-        let bad_off = [0u64, 2, 40];
-        expect!(
-            kve_compact_in_place(
-                &t,
-                bad_off.as_ptr(),
-                3,
-                indices.as_ptr(),
-                4,
-                lengths.as_mut_ptr(),
-                2
-            ),
-            KVE_ERR_INVALID_ARGUMENT
-        );
-    }
+    // token stride < d
+    let mut t = tensor(kv.as_mut_ptr(), kv.len(), [HKV, N, D], [N * D, 4, 1]);
+    // the lists `offsets` (3) and `indices` (4) applied to `t`, their lengths out
+    let mut compact = |t: &kve_tensor, offsets: &[u64; 3], indices: &[u32; 4]| unsafe {
+        kve_compact_in_place(
+            t,
+            offsets.as_ptr(),
+            3,
+            indices.as_ptr(),
+            4,
+            lengths.as_mut_ptr(),
+            2,
+        )
+    };
+    expect!(compact(&t, &offsets, &indices), KVE_ERR_ALIASING);
+    t.stride = [0, D as u64, 1]; // heads on top of each other
+    expect!(compact(&t, &offsets, &indices), KVE_ERR_ALIASING);
+    // lists that are not ascending, or reach past N
+    t.stride = [(N * D) as u64, D as u64, 1];
+    let bad = [3u32, 1, 0, 5];
+    expect!(compact(&t, &offsets, &bad), KVE_ERR_INVALID_ARGUMENT);
+    let bad = [1u32, 3, 0, N as u32];
+    expect!(compact(&t, &offsets, &bad), KVE_ERR_INVALID_ARGUMENT);
+    let bad_off = [0u64, 5, 4];
+    expect!(compact(&t, &bad_off, &indices), KVE_ERR_INVALID_ARGUMENT);
+    let bad_off = [0u64, 2, 40];
+    expect!(compact(&t, &bad_off, &indices), KVE_ERR_INVALID_ARGUMENT);
     assert_eq!(kv, before);
     assert_eq!(lengths, [CANARY; 2]);
 }

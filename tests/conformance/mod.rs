@@ -536,7 +536,7 @@ pub fn gqa_of(op: i32) -> GqaReduce {
     }
 }
 
-/// Block (a, b) of a group of g: the layout of the Gram blocks (src/gram.rs).
+/// Block (a, b) of a group of g: the layout of the Gram blocks (src/math/gram.rs).
 pub use kvevict::gram::block_pair;
 
 /// The f64 window aggregates of kve_cuda_window over the prefix, from `A`: [mean `[Hq][P]`, l2
@@ -775,7 +775,7 @@ pub fn core_gram_of(
     g
 }
 
-/// The core's budgets (src/budget, as select_model uses them): (k_layer, k_unit).
+/// The core's budgets (src/math/budget, as select_model uses them): (k_layer, k_unit).
 #[allow(clippy::too_many_arguments)]
 pub fn core_budgets(
     mode: i32,

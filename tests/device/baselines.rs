@@ -134,32 +134,7 @@ fn sink_scores_match_reference() {
         // the selection keeps the sinks and the most recent tokens (later position first)
         if n >= sinks + 10 {
             let keep = sinks + 10;
-            let wsb = unsafe { kve_cuda_select_workspace_size(rows as i64) };
-            let ws = DBuf::<u8>::new(wsb);
-            let counts = DBuf::from(&vec![-1i32; rows]);
-            let idx = DBuf::from(&vec![-1i32; rows * n]);
-            ck(
-                unsafe {
-                    kve_cuda_select(
-                        out.ptr(),
-                        ld as i64,
-                        n as i64,
-                        rows as i64,
-                        1,
-                        null(),
-                        keep as i64,
-                        null(),
-                        1,
-                        counts.ptr(),
-                        idx.ptr(),
-                        n as i64,
-                        ws.vptr(),
-                        wsb,
-                        null_mut(),
-                    )
-                },
-                "select sinks",
-            );
+            let (counts, idx) = select_rows(&out, (ld, n, rows), None, keep, "select sinks");
             let (gc, gi) = (counts.download(), idx.download());
             let want: Vec<i32> = (0..sinks).chain(n - 10..n).map(|i| i as i32).collect();
             for r in 0..rows {
@@ -195,27 +170,45 @@ fn critical_combine_matches_reference() {
         DBuf::from(&strided(&base, rows, n, ld_b)),
         DBuf::from(&strided(&l1, rows, n, ld_l)),
     );
+    // the first-stage lists `cd`, `id` (row stride `idx_ld`) over `base` (row stride `ld_base`)
+    // and the l1 factors into `out` (row stride `ld_out`)
+    let critical_combine = |base: &DBuf<f32>,
+                            ld_base: usize,
+                            (cd, id, idx_ld): (&DBuf<i32>, &DBuf<i32>, usize),
+                            out: &DBuf<f32>,
+                            ld_out: usize,
+                            what: &str| {
+        ck(
+            // SAFETY: device buffers of the documented sizes.
+            unsafe {
+                kve_cuda_critical_combine(
+                    base.ptr(),
+                    ld_base as i64,
+                    ld.ptr(),
+                    ld_l as i64,
+                    cd.ptr(),
+                    id.ptr(),
+                    idx_ld as i64,
+                    rows as i64,
+                    n as i64,
+                    out.ptr(),
+                    ld_out as i64,
+                    null_mut(),
+                )
+            },
+            what,
+        )
+    };
     // 1. random first-stage lists, every array strided
     let (idx, counts) = random_lists(&mut rng, rows, n, idx_ld);
     let (id, cd) = (DBuf::from(&idx), DBuf::from(&counts));
     let out = poisoned(rows * ld_o);
-    ck(
-        unsafe {
-            kve_cuda_critical_combine(
-                bd.ptr(),
-                ld_b as i64,
-                ld.ptr(),
-                ld_l as i64,
-                cd.ptr(),
-                id.ptr(),
-                idx_ld as i64,
-                rows as i64,
-                n as i64,
-                out.ptr(),
-                ld_o as i64,
-                null_mut(),
-            )
-        },
+    critical_combine(
+        &bd,
+        ld_b,
+        (&cd, &id, idx_ld),
+        &out,
+        ld_o,
         "critical_combine",
     );
     let got = unstride("critical_combine", &out.download(), rows, n, ld_o);
@@ -225,51 +218,15 @@ fn critical_combine_matches_reference() {
     // 2. in place, first stage from kve_cuda_select (top `first` of each row), as the core
     let first = 1 + rng.below(n / 4);
     let inplace = DBuf::from(&strided(&base, rows, n, ld_b));
-    let wsb = unsafe { kve_cuda_select_workspace_size(rows as i64) };
-    let ws = DBuf::<u8>::new(wsb);
-    let (kc, ki) = (
-        DBuf::from(&vec![-1i32; rows]),
-        DBuf::from(&vec![-1i32; rows * n]),
+    let (kc, ki) = select_rows(&inplace, (ld_b, n, rows), None, first, "select first stage");
+    critical_combine(
+        &inplace,
+        ld_b,
+        (&kc, &ki, n),
+        &inplace,
+        ld_b,
+        "critical_combine in place",
     );
-    unsafe {
-        ck(
-            kve_cuda_select(
-                inplace.ptr(),
-                ld_b as i64,
-                n as i64,
-                rows as i64,
-                1,
-                null(),
-                first as i64,
-                null(),
-                1,
-                kc.ptr(),
-                ki.ptr(),
-                n as i64,
-                ws.vptr(),
-                wsb,
-                null_mut(),
-            ),
-            "select first stage",
-        );
-        ck(
-            kve_cuda_critical_combine(
-                inplace.ptr(),
-                ld_b as i64,
-                ld.ptr(),
-                ld_l as i64,
-                kc.ptr(),
-                ki.ptr(),
-                n as i64,
-                rows as i64,
-                n as i64,
-                inplace.ptr(),
-                ld_b as i64,
-                null_mut(),
-            ),
-            "critical_combine in place",
-        );
-    }
     let first_stage = ref_select(&base, n, rows, 1, &vec![first as i64; rows], None);
     let got = unstride(
         "critical_combine in place",
@@ -292,26 +249,8 @@ fn critical_combine_matches_reference() {
     counts[..2].copy_from_slice(&[3, 1000]);
     let (id, cd) = (DBuf::from(&idx), DBuf::from(&counts));
     let out = poisoned(rows * n);
-    ck(
-        // SAFETY: device buffers of the documented sizes.
-        unsafe {
-            kve_cuda_critical_combine(
-                bd.ptr(),
-                ld_b as i64,
-                ld.ptr(),
-                ld_l as i64,
-                cd.ptr(),
-                id.ptr(),
-                n as i64,
-                rows as i64,
-                n as i64,
-                out.ptr(),
-                n as i64,
-                null_mut(),
-            )
-        },
-        "critical_combine, lists out of range",
-    );
+    let what = "critical_combine, lists out of range";
+    critical_combine(&bd, ld_b, (&cd, &id, n), &out, n, what);
     let want = combine(&|r, i| (r, i) == (0, 2) || (r, i) == (1, 7));
     assert_eq!(out.download(), want, "critical_combine, lists out of range");
 }

@@ -36,34 +36,7 @@ fn mark_forced_matches_reference() {
     assert_eq!(sd.download(), want, "mark_forced");
     // a select of exactly counts[r] per row then keeps the forced lists
     let kd = DBuf::from(&counts.iter().map(|&c| c as i64).collect::<Vec<i64>>());
-    let wsb = unsafe { kve_cuda_select_workspace_size(rows as i64) };
-    let ws = DBuf::<u8>::new(wsb);
-    let (kc, ki) = (
-        DBuf::from(&vec![-1i32; rows]),
-        DBuf::from(&vec![-1i32; rows * n]),
-    );
-    ck(
-        unsafe {
-            kve_cuda_select(
-                sd.ptr(),
-                ld as i64,
-                n as i64,
-                rows as i64,
-                1,
-                kd.ptr(),
-                0,
-                null(),
-                1,
-                kc.ptr(),
-                ki.ptr(),
-                n as i64,
-                ws.vptr(),
-                wsb,
-                null_mut(),
-            )
-        },
-        "select forced",
-    );
+    let (kc, ki) = select_rows(&sd, (ld, n, rows), Some(&kd), 0, "select forced");
     let (gc, gi) = (kc.download(), ki.download());
     for r in 0..rows {
         let c = counts[r] as usize;

@@ -86,6 +86,17 @@ struct Engine {
     n: usize,
 }
 
+impl Engine {
+    /// Every layer's K and V cache of `CAP` cells, none used.
+    fn empty() -> Engine {
+        Engine {
+            k: vec![vec![0f32; HKV * CAP * D]; L],
+            v: vec![vec![0f32; HKV * CAP * D]; L],
+            n: 0,
+        }
+    }
+}
+
 /// Host evictor and device evictor side by side over the same engine.
 struct Pair {
     host_mem: Vec<u8>,
@@ -323,11 +334,7 @@ fn device_evictor_keeps_the_host_evictors_cells() {
                 }
                 let mut p = Pair::new(&cfg, &wo);
                 let queries = p.host().needs().capture.queries;
-                let mut e = Engine {
-                    k: vec![vec![0f32; HKV * CAP * D]; L],
-                    v: vec![vec![0f32; HKV * CAP * D]; L],
-                    n: 0,
-                };
+                let mut e = Engine::empty();
                 // a prompt, then turns: each round over what the policy asks
                 for (turn, c) in [50usize, 24, 20, 16].into_iter().enumerate() {
                     if e.n + c > CAP {
@@ -356,11 +363,7 @@ fn device_evictor_round_replays_in_a_graph() {
     let mut rng = Rng::new(27);
     let cfg = config(Preset::SnapKv, Some(Granularity::Token), Budget::Explicit);
     let mut p = Pair::new(&cfg, &[]);
-    let mut e = Engine {
-        k: vec![vec![0f32; HKV * CAP * D]; L],
-        v: vec![vec![0f32; HKV * CAP * D]; L],
-        n: 0,
-    };
+    let mut e = Engine::empty();
     feed(&mut e, &mut p, &mut rng, 70, true);
     let p = std::cell::RefCell::new(p);
     let run = |s: *mut c_void| {
@@ -436,11 +439,7 @@ fn device_evictor_refuses_bad_input_and_writes_nothing() {
     assert_eq!(r.err(), Some(Error::WorkspaceTooSmall));
     // a started evictor: bad rounds
     let mut p = Pair::new(&cfg, &[]);
-    let mut e = Engine {
-        k: vec![vec![0f32; HKV * CAP * D]; L],
-        v: vec![vec![0f32; HKV * CAP * D]; L],
-        n: 0,
-    };
+    let mut e = Engine::empty();
     feed(&mut e, &mut p, &mut rng, 70, true);
     let before = (p.dev_ctx.clone(), p.dev_block.download());
     let same = |p: &Pair, what: &str| {

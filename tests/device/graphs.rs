@@ -161,22 +161,8 @@ fn laprox_pipeline_graph_capture_matches_eager() {
     let gd = DBuf::from(&gram);
     let mut cfg = kvevict::ScoreConfig::preset(kvevict::Preset::LaProx);
     cfg.window = w as u32;
-    let shape = kvevict::LayerShape::from_dims(hq as u64, hkv as u64, n as u64, d as u64, d as u64)
-        .expect("shape");
-    let wsb = kvevict::device::score_workspace_size(&cfg, &shape).expect("workspace");
-    let ws = DBuf::<u8>::new(wsb);
-    let inputs = kvevict::device::score::LayerInputs {
-        queries: Some(q.device()),
-        keys: Some(k.device()),
-        values: Some(v.device()),
-        gram: kvevict::device::Floats {
-            ptr: gd.ptr(),
-            len: gram.len() as u64,
-        },
-        value_forms: kvevict::device::Floats::NONE,
-        value_l1: kvevict::device::Floats::NONE,
-        row_lse: kvevict::device::Floats::NONE,
-    };
+    let (ws, wsb) = score_workspace(&cfg, [hq, hkv, n, d, d]);
+    let inputs = gram_inputs(&q, &k, &v, &gd);
     // SAFETY: a pure host function of the group count.
     let swsb = unsafe { kve_cuda_select_workspace_size(1) };
     let sws = DBuf::<u8>::new(swsb);

@@ -27,6 +27,83 @@ use kvevict::Pool;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 
+/// A device workspace for `kvevict::device::score_layer` of `cfg` on `[hq, hkv, n, dk, dv]`:
+/// the buffer and its size in bytes.
+fn score_workspace(
+    cfg: &kvevict::ScoreConfig,
+    [hq, hkv, n, dk, dv]: [usize; 5],
+) -> (DBuf<u8>, usize) {
+    let shape =
+        kvevict::LayerShape::from_dims(hq as u64, hkv as u64, n as u64, dk as u64, dv as u64)
+            .expect("shape");
+    let wsb = kvevict::device::score_workspace_size(cfg, &shape).expect("workspace");
+    (DBuf::new(wsb), wsb)
+}
+
+/// A layer's device tensors with its Gram (device floats), nothing cached.
+fn gram_inputs(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    gram: &DBuf<f32>,
+) -> kvevict::device::score::LayerInputs {
+    kvevict::device::score::LayerInputs {
+        queries: Some(q.device()),
+        keys: Some(k.device()),
+        values: Some(v.device()),
+        gram: kvevict::device::Floats {
+            ptr: gram.ptr(),
+            len: gram.len() as u64,
+        },
+        value_forms: kvevict::device::Floats::NONE,
+        value_l1: kvevict::device::Floats::NONE,
+        row_lse: kvevict::device::Floats::NONE,
+    }
+}
+
+/// `kve_cuda_select` of one row a group, no layer sums, over the device scores `sd` (`rows`
+/// rows of `n`, row stride `ld`): `k[r]` (device) or `k_all` of each row. The kept counts and
+/// lists (row stride `n`), on the device.
+fn select_rows(
+    sd: &DBuf<f32>,
+    (ld, n, rows): (usize, usize, usize),
+    k: Option<&DBuf<i64>>,
+    k_all: usize,
+    what: &str,
+) -> (DBuf<i32>, DBuf<i32>) {
+    // SAFETY: a pure host function.
+    let wsb = unsafe { kve_cuda_select_workspace_size(rows as i64) };
+    let ws = DBuf::<u8>::new(wsb);
+    let (counts, idx) = (
+        DBuf::from(&vec![-1i32; rows]),
+        DBuf::from(&vec![-1i32; rows * n]),
+    );
+    ck(
+        // SAFETY: device buffers of the declared sizes.
+        unsafe {
+            kve_cuda_select(
+                sd.ptr(),
+                ld as i64,
+                n as i64,
+                rows as i64,
+                1,
+                k.map_or(null(), |b| b.ptr()),
+                k_all as i64,
+                null(),
+                1,
+                counts.ptr(),
+                idx.ptr(),
+                n as i64,
+                ws.vptr(),
+                wsb,
+                null_mut(),
+            )
+        },
+        what,
+    );
+    (counts, idx)
+}
+
 mod baselines;
 mod budgets;
 mod combine;

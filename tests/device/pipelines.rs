@@ -363,23 +363,8 @@ fn device_scores_match_core() {
             };
             let cross = cfg.laprox_gqa != LaproxGqa::Sum;
             let (gram, gd) = (&grams[cross as usize], &gds[cross as usize]);
-            let shape =
-                kvevict::LayerShape::from_dims(hq as u64, hkv as u64, n as u64, d as u64, d as u64)
-                    .expect("shape");
-            let wsb = kvevict::device::score_workspace_size(&cfg, &shape).expect("workspace");
-            let ws = DBuf::<u8>::new(wsb);
-            let inputs = kvevict::device::score::LayerInputs {
-                queries: Some(q.device()),
-                keys: Some(k.device()),
-                values: Some(v.device()),
-                gram: kvevict::device::Floats {
-                    ptr: gd.ptr(),
-                    len: gram.len() as u64,
-                },
-                value_forms: kvevict::device::Floats::NONE,
-                value_l1: kvevict::device::Floats::NONE,
-                row_lse: kvevict::device::Floats::NONE,
-            };
+            let (ws, wsb) = score_workspace(&cfg, [hq, hkv, n, d, d]);
+            let inputs = gram_inputs(&q, &k, &v, gd);
             let out = poisoned(hkv * p);
             let tag = format!("device vs core: {name} {dt:?} hq{hq} hkv{hkv} n{n} w{w} d{d}");
             // SAFETY: device tensors and buffers of the declared sizes.
@@ -424,56 +409,18 @@ fn device_select_matches_core() {
             kvevict::AllocatorKind::Uniform
         };
         let cfg = kvevict::SelectConfig::new(alloc, kvevict::Granularity::Head, budget);
-        let m = kvevict::ModelShape::new(layers as u64, hkv as u64, n as u64, 1).expect("shape");
-        let sd = DBuf::from(&s);
-        let wsb = kvevict::device::select_workspace_size(&cfg, &m).expect("workspace");
-        let ws = DBuf::<u8>::new(wsb);
-        let counts = DBuf::from(&vec![-1i32; rows]);
-        let idx = DBuf::from(&vec![-1i32; rows * n]);
-        let lists = kvevict::device::select::KeptLists {
-            counts: counts.ptr(),
-            counts_len: rows as u64,
-            idx: idx.ptr(),
-            idx_ld: n as u64,
-            idx_len: (rows * n) as u64,
-        };
-        // SAFETY: device buffers of the declared sizes.
-        unsafe {
-            kvevict::device::select_model(
-                &cfg,
-                &m,
-                sd.ptr(),
-                s.len() as u64,
-                &lists,
-                ws.vptr(),
-                wsb as u64,
-                null_mut(),
-            )
-        }
-        .expect("device select_model");
-        let (gc, gi) = (counts.download(), idx.download());
         // the prefix part of each list
-        let gc: Vec<i32> = (0..rows)
-            .map(|r| {
-                gi[r * n..r * n + gc[r] as usize]
-                    .iter()
-                    .filter(|&&i| (i as usize) < p)
-                    .count() as i32
-            })
-            .collect();
-        let gi: Vec<i32> = (0..rows)
-            .flat_map(|r| {
-                let mut row = gi[r * n..r * n + p].to_vec();
-                row.truncate(gc[r] as usize);
-                row.resize(p, -1);
-                row
-            })
-            .collect();
-        let (mut both, mut total) = (0usize, 0usize);
+        let lists = device_lists(&cfg, &s, layers, hkv, n, 1);
+        let (mut both, mut total, mut kept) = (0usize, 0usize, 0usize);
         let mut exact = true;
         for r in 0..rows {
-            let got: std::collections::BTreeSet<i32> =
-                gi[r * p..r * p + gc[r] as usize].iter().cloned().collect();
+            let prefix: Vec<i32> = lists[r]
+                .iter()
+                .cloned()
+                .filter(|&i| (i as usize) < p)
+                .collect();
+            kept += prefix.len();
+            let got: std::collections::BTreeSet<i32> = prefix.into_iter().collect();
             let want: std::collections::BTreeSet<i32> = core[r].iter().cloned().collect();
             both += got.intersection(&want).count();
             total += want.len();
@@ -481,11 +428,7 @@ fn device_select_matches_core() {
         }
         let overlap = both as f64 / total.max(1) as f64;
         println!("device vs core select (global {global}, budget {budget}): overlap {overlap:.6}, exact {exact}");
-        assert_eq!(
-            gc.iter().map(|&c| c as usize).sum::<usize>(),
-            total,
-            "kept count"
-        );
+        assert_eq!(kept, total, "kept count");
         assert!(overlap >= 0.999, "overlap {overlap}");
     }
 }

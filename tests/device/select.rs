@@ -47,51 +47,13 @@ fn select_matches_reference_exactly() {
                             .max(1e-3)
                     })
                     .collect();
-                let sd = DBuf::from(&s);
-                let kd = DBuf::from(&ks);
-                let lsd = DBuf::from(&sums);
-                let counts = DBuf::from(&vec![-1i32; rows]);
-                let idx = DBuf::from(&vec![-1i32; rows * n]);
-                let wsb = unsafe { kve_cuda_select_workspace_size(groups as i64) };
-                let ws = DBuf::<u8>::new(wsb);
-                ck(
-                    unsafe {
-                        kve_cuda_select(
-                            sd.ptr(),
-                            n as i64,
-                            n as i64,
-                            groups as i64,
-                            rpg as i64,
-                            kd.ptr(),
-                            0,
-                            if norm { lsd.ptr() } else { null() },
-                            hkv as i64,
-                            counts.ptr(),
-                            idx.ptr(),
-                            n as i64,
-                            ws.vptr(),
-                            wsb,
-                            null_mut(),
-                        )
-                    },
-                    "select",
-                );
-                let want = ref_select(
-                    &s,
-                    n,
-                    groups,
-                    rpg,
-                    &ks,
-                    if norm { Some((&sums, hkv)) } else { None },
-                );
-                let (gc, gi) = (counts.download(), idx.download());
+                let sums = norm.then_some(&sums[..]);
+                let got = select_lists(&s, n, groups, rpg, Some(&ks), 0, sums, hkv);
+                let want = ref_select(&s, n, groups, rpg, &ks, sums.map(|s| (s, hkv)));
                 for r in 0..rows {
-                    let got = &gi[r * n..r * n + gc[r].max(0) as usize];
-                    assert_eq!(gc[r] as usize, want[r].len(), "select count row {r} (layers {layers} hkv {hkv} n {n} mode {mode} ties {ties} norm {norm})");
                     assert_eq!(
-                        got,
-                        &want[r][..],
-                        "select row {r} mode {mode} ties {ties} norm {norm}"
+                        got[r], want[r],
+                        "select row {r} (layers {layers} hkv {hkv} n {n} mode {mode} ties {ties} norm {norm})"
                     );
                 }
             }

@@ -106,6 +106,31 @@ fn device_uniqueness(
     }
 }
 
+/// The device's uniqueness scores of `k`, `v` (`len` floats), the element past them
+/// checked unwritten.
+fn device_scores(k: &Tensor, v: &Tensor, w: usize, len: usize, what: &str) -> Vec<f32> {
+    let [hkv, n, dk] = k.ext;
+    let (ws, _) = score_workspace(&uniqueness_cfg(w), [hkv, hkv, n, dk, v.ext[2]]);
+    let out = poisoned(len + 1);
+    device_uniqueness(&k.device(), &v.device(), w, &out, len as u64, &ws)
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+    let mut got = out.download();
+    assert!(got[len].is_nan(), "{what}: written past the output");
+    got.truncate(len);
+    got
+}
+
+/// Device scores `a` within 1e-5 of the largest host score of `b`.
+fn assert_near_host(what: &str, a: &[f32], b: &[f32]) {
+    let m = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-5 * m,
+            "{what} token {i}: device {x} host {y}"
+        );
+    }
+}
+
 /// Over dtypes, layouts (K and V apart), windows, `dk != dv`, planted twins and N from 1
 /// to a few tiles of 64: the device's scores are the host scorer's (bits or 1e-5, above),
 /// and the element past the output stays unwritten.
@@ -135,16 +160,7 @@ fn uniqueness_matches_host_scorer() {
         let want = host_uniqueness(&k, &v, w);
         let len = hkv * (n - w.min(n));
         assert_eq!(want.len(), len, "{what}");
-        let shape =
-            kvevict::LayerShape::from_dims(hkv as u64, hkv as u64, n as u64, dk as u64, dv as u64)
-                .expect("shape");
-        let wsb = kvevict::device::score_workspace_size(&uniqueness_cfg(w), &shape);
-        let ws = DBuf::<u8>::new(wsb.expect("workspace"));
-        let out = poisoned(len + 1);
-        device_uniqueness(&k.device(), &v.device(), w, &out, len as u64, &ws)
-            .unwrap_or_else(|e| panic!("{what}: {e:?}"));
-        let got = out.download();
-        assert!(got[len].is_nan(), "{what}: written past the output");
+        let got = device_scores(&k, &v, w, len, &what);
         let p = len / hkv;
         for h in 0..hkv {
             let (a, b) = (&got[h * p..(h + 1) * p], &want[h * p..(h + 1) * p]);
@@ -152,13 +168,7 @@ fn uniqueness_matches_host_scorer() {
                 let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(same, "{what} head {h}: device {a:?}\nhost {b:?}");
             } else {
-                let m = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-                for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                    assert!(
-                        (x - y).abs() <= 1e-5 * m,
-                        "{what} head {h} token {i}: device {x} host {y}"
-                    );
-                }
+                assert_near_host(&format!("{what} head {h}"), a, b);
             }
         }
     }
@@ -216,16 +226,7 @@ fn uniqueness_two_scans_match_host_scorer() {
         let what = format!("{dt:?} hkv {hkv} n {n} dk {dk} dv {dv} w {w}");
         let want = host_uniqueness(&k, &v, w);
         let len = hkv * (n - w);
-        let shape =
-            kvevict::LayerShape::from_dims(hkv as u64, hkv as u64, n as u64, dk as u64, dv as u64)
-                .expect("shape");
-        let wsb = kvevict::device::score_workspace_size(&uniqueness_cfg(w), &shape);
-        let ws = DBuf::<u8>::new(wsb.expect("workspace"));
-        let out = poisoned(len + 1);
-        device_uniqueness(&k.device(), &v.device(), w, &out, len as u64, &ws)
-            .unwrap_or_else(|e| panic!("{what}: {e:?}"));
-        let got = out.download();
-        assert!(got[len].is_nan(), "{what}: written past the output");
+        let got = device_scores(&k, &v, w, len, &what);
         let p = n - w;
         for h in 0..hkv {
             let (a, b) = (&got[h * p..(h + 1) * p], &want[h * p..(h + 1) * p]);
@@ -240,13 +241,7 @@ fn uniqueness_two_scans_match_host_scorer() {
                 .filter(|(x, y)| x.to_bits() == y.to_bits())
                 .count();
             println!("uniqueness two scans {what} head {h}: {same} of {p} scores equal in bits");
-            let m = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-            for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                assert!(
-                    (x - y).abs() <= 1e-5 * m,
-                    "{what} head {h} token {i}: device {x} host {y}"
-                );
-            }
+            assert_near_host(&format!("{what} head {h}"), a, b);
         }
     }
 }

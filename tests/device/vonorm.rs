@@ -5,226 +5,201 @@ use super::*;
 
 // --------------------------------------------------------------------- value norms --
 
-#[test]
-fn vonorm_matches_reference() {
-    need_device!();
-    let mut rng = Rng::new(3);
+/// Every case of the value-norm tests: each dtype and shape `(hkv, gpk, n, dv)`, the Gram
+/// rounded to the values' dtype (hi) or split exactly (hi + lo, 16-bit dtypes only), values `v`
+/// in a random layout.
+fn vonorm_cases(
+    rng: &mut Rng,
+    shapes: &[(usize, usize, usize, usize)],
+    mut case: impl FnMut(&mut Rng, Dt, Layout, (usize, usize, usize, usize), bool, Tensor),
+) {
     for dt in DTYPES {
-        for &(hkv, gpk, n, dv) in &[
-            (2usize, 3usize, 300usize, 64usize),
-            (1, 2, 130, 128),
-            (2, 1, 70, 200),
-            (1, 1, 33, 40),
-        ] {
+        for &shape in shapes {
             for split in [false, true] {
                 if dt == Dt::F32 && split {
                     continue;
                 }
                 let layout = LAYOUTS[rng.below(4)];
+                let (hkv, _, n, dv) = shape;
                 let v = Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal());
-                let ngram = hkv * gpk;
-                // PSD Grams like Wo_h Wo_hᵀ / D
-                let dm = 96;
-                let mut gram = vec![0f32; ngram * dv * dv];
-                for m in 0..ngram {
-                    let wo: Vec<f32> = (0..dv * dm).map(|_| rng.normal()).collect();
-                    for r in 0..dv {
-                        for c in 0..dv {
-                            let s: f64 = (0..dm)
-                                .map(|x| wo[r * dm + x] as f64 * wo[c * dm + x] as f64)
-                                .sum();
-                            gram[(m * dv + r) * dv + c] = (s / dm as f64) as f32;
-                        }
-                    }
-                }
-                let gd = DBuf::from(&gram);
-                let hi = DBuf::<u8>::new(gram.len() * dt.size());
-                let lo = DBuf::<u8>::new(gram.len() * dt.size());
-                ck(
-                    unsafe {
-                        kve_cuda_gram_split(
-                            gd.ptr(),
-                            gram.len() as i64,
-                            dt.code(),
-                            hi.vptr(),
-                            if split { lo.vptr() } else { null_mut() },
-                            null_mut(),
-                        )
-                    },
-                    "gram_split",
-                );
-                let out = poisoned(ngram * n);
-                let ntok = n - rng.below(3);
-                let out = if ntok < n {
-                    poisoned(ngram * ntok)
-                } else {
-                    out
-                };
-                ck(
-                    unsafe {
-                        kve_cuda_vonorm(
-                            &v.view(),
-                            ntok as i64,
-                            hi.vptr(),
-                            if split { lo.vptr() } else { null() },
-                            ngram as i64,
-                            0,
-                            out.ptr(),
-                            null_mut(),
-                        )
-                    },
-                    "vonorm",
-                );
-                // reference with the Gram the kernel sees: rounded (hi) or exact (hi+lo)
-                let geff: Vec<f64> = gram
-                    .iter()
-                    .map(|&x| {
-                        if split || dt == Dt::F32 {
-                            x as f64
-                        } else {
-                            dt.round(x) as f64
-                        }
-                    })
-                    .collect();
-                let mut want = vec![0f64; ngram * ntok];
-                for m in 0..ngram {
-                    let hk = m / gpk;
-                    for i in 0..ntok {
-                        let mut s = 0f64;
-                        for r in 0..dv {
-                            let vr = v.at(hk, i, r);
-                            for c in 0..dv {
-                                s += vr * geff[(m * dv + r) * dv + c] * v.at(hk, i, c);
-                            }
-                        }
-                        want[m * ntok + i] = s;
-                    }
-                }
-                let tol = if split || dt == Dt::F32 { 1e-4 } else { 1e-3 };
-                assert_close(
-                    &format!(
-                        "vonorm {dt:?} {layout:?} hkv{hkv} gpk{gpk} n{ntok} dv{dv} split{split}"
-                    ),
-                    &out.download(),
-                    &want,
-                    tol,
-                );
-                // sqrt variant
-                let out2 = poisoned(ngram * ntok);
-                ck(
-                    unsafe {
-                        kve_cuda_vonorm(
-                            &v.view(),
-                            ntok as i64,
-                            hi.vptr(),
-                            if split { lo.vptr() } else { null() },
-                            ngram as i64,
-                            1,
-                            out2.ptr(),
-                            null_mut(),
-                        )
-                    },
-                    "vonorm sqrt",
-                );
-                let want2: Vec<f64> = want.iter().map(|x| x.max(0.0).sqrt()).collect();
-                assert_close("vonorm sqrt", &out2.download(), &want2, tol);
+                case(rng, dt, layout, shape, split, v);
             }
         }
     }
 }
 
+/// `kve_cuda_gram_split` of `g` into `dt`: the hi part, and the lo part when `split`.
+fn split_on_device(g: &[f32], dt: Dt, split: bool) -> (DBuf<u8>, Option<DBuf<u8>>) {
+    let gd = DBuf::from(g);
+    let hi = DBuf::<u8>::new(g.len() * dt.size());
+    let lo = split.then(|| DBuf::<u8>::new(g.len() * dt.size()));
+    ck(
+        unsafe {
+            kve_cuda_gram_split(
+                gd.ptr(),
+                g.len() as i64,
+                dt.code(),
+                hi.vptr(),
+                lo.as_ref().map_or(null_mut(), |b| b.vptr()),
+                null_mut(),
+            )
+        },
+        "gram_split",
+    );
+    (hi, lo)
+}
+
+/// `kve_cuda_vonorm` (or `_factor`) of the first `ntok` tokens of `v` with the split Gram
+/// (`sqrt`: the norm, not its square) into `ngram * ntok` floats.
+fn vonorm_on_device(
+    factor: bool,
+    v: &Tensor,
+    ntok: usize,
+    (hi, lo): &(DBuf<u8>, Option<DBuf<u8>>),
+    ngram: usize,
+    sqrt: bool,
+) -> Vec<f32> {
+    let out = poisoned(ngram * ntok);
+    let launch = if factor {
+        kve_cuda_vonorm_factor
+    } else {
+        kve_cuda_vonorm
+    };
+    ck(
+        unsafe {
+            launch(
+                &v.view(),
+                ntok as i64,
+                hi.vptr(),
+                lo.as_ref().map_or(null(), |b| b.vptr()),
+                ngram as i64,
+                sqrt as i32,
+                out.ptr(),
+                null_mut(),
+            )
+        },
+        "vonorm",
+    );
+    out.download()
+}
+
+/// The f64 reference: `v_i G_m v_iᵀ` for Gram `m` (`g(m, r, c)`, KV head `m / gpk`) and
+/// token `i < ntok`, `[m][i]`.
+fn vonorm_reference(
+    v: &Tensor,
+    g: impl Fn(usize, usize, usize) -> f64,
+    ngram: usize,
+    gpk: usize,
+    ntok: usize,
+    dv: usize,
+) -> Vec<f64> {
+    let mut want = vec![0f64; ngram * ntok];
+    for m in 0..ngram {
+        let hk = m / gpk;
+        for i in 0..ntok {
+            let mut s = 0f64;
+            for r in 0..dv {
+                let vr = v.at(hk, i, r);
+                for c in 0..dv {
+                    s += vr * g(m, r, c) * v.at(hk, i, c);
+                }
+            }
+            want[m * ntok + i] = s;
+        }
+    }
+    want
+}
+
+#[test]
+fn vonorm_matches_reference() {
+    need_device!();
+    let shapes = [
+        (2, 3, 300, 64),
+        (1, 2, 130, 128),
+        (2, 1, 70, 200),
+        (1, 1, 33, 40),
+    ];
+    vonorm_cases(
+        &mut Rng::new(3),
+        &shapes,
+        |rng, dt, layout, (hkv, gpk, n, dv), split, v| {
+            let ngram = hkv * gpk;
+            // PSD Grams like Wo_h Wo_hᵀ / D
+            let dm = 96;
+            let mut gram = vec![0f32; ngram * dv * dv];
+            for m in 0..ngram {
+                let wo: Vec<f32> = (0..dv * dm).map(|_| rng.normal()).collect();
+                for r in 0..dv {
+                    for c in 0..dv {
+                        let s: f64 = (0..dm)
+                            .map(|x| wo[r * dm + x] as f64 * wo[c * dm + x] as f64)
+                            .sum();
+                        gram[(m * dv + r) * dv + c] = (s / dm as f64) as f32;
+                    }
+                }
+            }
+            let parts = split_on_device(&gram, dt, split);
+            let ntok = n - rng.below(3);
+            let got = vonorm_on_device(false, &v, ntok, &parts, ngram, false);
+            // reference with the Gram the kernel sees: rounded (hi) or exact (hi+lo)
+            let exact = split || dt == Dt::F32;
+            let geff = |m: usize, r: usize, c: usize| {
+                let x = gram[(m * dv + r) * dv + c];
+                (if exact { x } else { dt.round(x) }) as f64
+            };
+            let want = vonorm_reference(&v, geff, ngram, gpk, ntok, dv);
+            let tol = if exact { 1e-4 } else { 1e-3 };
+            let what =
+                format!("vonorm {dt:?} {layout:?} hkv{hkv} gpk{gpk} n{ntok} dv{dv} split{split}");
+            assert_close(&what, &got, &want, tol);
+            // sqrt variant
+            let got2 = vonorm_on_device(false, &v, ntok, &parts, ngram, true);
+            let want2: Vec<f64> = want.iter().map(|x| x.max(0.0).sqrt()).collect();
+            assert_close(&format!("{what} sqrt"), &got2, &want2, tol);
+        },
+    );
+}
+
 #[test]
 fn vonorm_factor_matches_reference() {
     need_device!();
-    let mut rng = Rng::new(31);
-    for dt in DTYPES {
-        for &(hkv, gpk, n, dv) in &[
-            (2usize, 2usize, 300usize, 128usize),
-            (1, 3, 77, 64),
-            (1, 1, 50, 200),
-        ] {
-            for split in [false, true] {
-                if dt == Dt::F32 && split {
-                    continue;
-                }
-                let layout = LAYOUTS[rng.below(4)];
-                let v = Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal());
-                let ngram = hkv * gpk;
-                let gram = core_gram(&mut rng, ngram, ngram, dv, 2 * dv);
-                let mut l = vec![0f32; gram.len()];
-                assert_eq!(
-                    unsafe {
-                        kve_cuda_gram_factor(gram.as_ptr(), ngram as i64, dv as i64, l.as_mut_ptr())
-                    },
-                    0
-                );
-                // garbage above the diagonal must be ignored
-                for m in 0..ngram {
-                    for r in 0..dv {
-                        for c in r + 1..dv {
-                            l[(m * dv + r) * dv + c] = 1e3;
-                        }
+    let shapes = [(2, 2, 300, 128), (1, 3, 77, 64), (1, 1, 50, 200)];
+    vonorm_cases(
+        &mut Rng::new(31),
+        &shapes,
+        |rng, dt, layout, (hkv, gpk, n, dv), split, v| {
+            let ngram = hkv * gpk;
+            let gram = core_gram(rng, ngram, ngram, dv, 2 * dv);
+            let mut l = vec![0f32; gram.len()];
+            assert_eq!(
+                unsafe {
+                    kve_cuda_gram_factor(gram.as_ptr(), ngram as i64, dv as i64, l.as_mut_ptr())
+                },
+                0
+            );
+            // garbage above the diagonal must be ignored
+            for m in 0..ngram {
+                for r in 0..dv {
+                    for c in r + 1..dv {
+                        l[(m * dv + r) * dv + c] = 1e3;
                     }
                 }
-                let ld = DBuf::from(&l);
-                let (hi, lo) = (
-                    DBuf::<u8>::new(l.len() * dt.size()),
-                    DBuf::<u8>::new(l.len() * dt.size()),
-                );
-                ck(
-                    unsafe {
-                        kve_cuda_gram_split(
-                            ld.ptr(),
-                            l.len() as i64,
-                            dt.code(),
-                            hi.vptr(),
-                            if split { lo.vptr() } else { null_mut() },
-                            null_mut(),
-                        )
-                    },
-                    "split",
-                );
-                let out = poisoned(ngram * n);
-                ck(
-                    unsafe {
-                        kve_cuda_vonorm_factor(
-                            &v.view(),
-                            n as i64,
-                            hi.vptr(),
-                            if split { lo.vptr() } else { null() },
-                            ngram as i64,
-                            0,
-                            out.ptr(),
-                            null_mut(),
-                        )
-                    },
-                    "vonorm_factor",
-                );
-                let mut want = vec![0f64; ngram * n];
-                for m in 0..ngram {
-                    let hk = m / gpk;
-                    for i in 0..n {
-                        let mut s = 0f64;
-                        for r in 0..dv {
-                            for c in 0..dv {
-                                s += v.at(hk, i, r)
-                                    * gram[(m * dv + r) * dv + c] as f64
-                                    * v.at(hk, i, c);
-                            }
-                        }
-                        want[m * n + i] = s;
-                    }
-                }
-                let tol = if split || dt == Dt::F32 { 1e-4 } else { 5e-3 };
-                assert_close(
-                    &format!("vonorm_factor {dt:?} {layout:?} dv{dv} split{split}"),
-                    &out.download(),
-                    &want,
-                    tol,
-                );
             }
-        }
-    }
+            let parts = split_on_device(&l, dt, split);
+            let got = vonorm_on_device(true, &v, n, &parts, ngram, false);
+            let want = vonorm_reference(
+                &v,
+                |m, r, c| gram[(m * dv + r) * dv + c] as f64,
+                ngram,
+                gpk,
+                n,
+                dv,
+            );
+            let tol = if split || dt == Dt::F32 { 1e-4 } else { 5e-3 };
+            let what = format!("vonorm_factor {dt:?} {layout:?} dv{dv} split{split}");
+            assert_close(&what, &got, &want, tol);
+        },
+    );
 }
 
 /// CPU only: the host Cholesky factor reproduces the Gram matrices (L Lᵀ = G, L lower).

@@ -1,7 +1,7 @@
 //! CriticalKV (design §3, kvpress `CriticalKVPress`): the base SnapKV score forces its top
 //! `critical_first_stage` prefix tokens (score = f32::MAX); the rest are ranked by
 //! `(s + 1e-4) · mean_{h in group} ||v Wo_h||_1`.
-use super::{pooled_mean_attention, Bufs};
+use super::{snapkv, Bufs};
 use crate::config::ScoreConfig;
 use crate::select::{kept, make_key, top_k_threshold};
 
@@ -16,17 +16,7 @@ pub(super) fn score(
     bufs: &mut Bufs,
     dst: &mut [f32],
 ) {
-    pooled_mean_attention(
-        &cfg.pool,
-        cfg.gqa,
-        cfg.reduce_before_pool,
-        sum,
-        g,
-        w,
-        p,
-        bufs,
-        dst,
-    );
+    snapkv::score(cfg, sum, g, w, p, bufs, dst);
     let thr = top_k_threshold(&dst[..p], 0, cfg.critical_first_stage as usize);
     for (i, s) in dst[..p].iter_mut().enumerate() {
         *s = if kept(make_key(*s, i as u32, 0, false), thr) {

@@ -79,6 +79,26 @@ macro_rules! typed_constructors {
     };
 }
 
+/// The accessors `View` and `ViewMut` share (the same fields).
+macro_rules! accessors {
+    () => {
+        pub fn dtype(&self) -> DType {
+            self.dtype
+        }
+        pub fn extent(&self) -> [usize; 3] {
+            self.extent
+        }
+        pub fn stride(&self) -> [usize; 3] {
+            self.stride
+        }
+        /// Start and end (exclusive) address of the declared buffer, for alias checks.
+        pub fn byte_range(&self) -> (usize, usize) {
+            let s = self.ptr as usize;
+            (s, s + self.len * self.dtype.size())
+        }
+    };
+}
+
 /// A read-only strided view. Construction validates pointer, alignment and bounds, so every
 /// access through it stays inside the declared buffer.
 #[derive(Clone, Copy, Debug)]
@@ -133,20 +153,7 @@ impl<'a> View<'a> {
         }
     }
 
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-    pub fn extent(&self) -> [usize; 3] {
-        self.extent
-    }
-    pub fn stride(&self) -> [usize; 3] {
-        self.stride
-    }
-    /// Start and end (exclusive) address of the declared buffer, for alias checks.
-    pub fn byte_range(&self) -> (usize, usize) {
-        let s = self.ptr as usize;
-        (s, s + self.len * self.dtype.size())
-    }
+    accessors!();
 
     #[inline(always)]
     pub fn get(&self, a: usize, b: usize, c: usize) -> f32 {
@@ -231,19 +238,7 @@ impl<'a> ViewMut<'a> {
         as_mut_ptr,
         *mut u8
     );
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-    pub fn extent(&self) -> [usize; 3] {
-        self.extent
-    }
-    pub fn stride(&self) -> [usize; 3] {
-        self.stride
-    }
-    pub fn byte_range(&self) -> (usize, usize) {
-        let s = self.ptr as usize;
-        (s, s + self.len * self.dtype.size())
-    }
+    accessors!();
     /// A read-only view of the same memory.
     pub fn as_view(&self) -> View<'_> {
         View {

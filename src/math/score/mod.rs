@@ -339,16 +339,8 @@ pub fn score_layer(
                 one_pass &= window::one_pass_ready(q, keys, kh, g, w, scratch)?;
             }
             for kh in (0..hkv).filter(|_| !one_pass) {
-                window::row_stats(
-                    q,
-                    keys,
-                    kh,
-                    g,
-                    w,
-                    scratch,
-                    &mut rmax[kh * g * w..],
-                    &mut rsum[kh * g * w..],
-                )?;
+                let r = kh * g * w;
+                window::row_stats(q, keys, kh, g, w, scratch, &mut rmax[r..], &mut rsum[r..])?;
             }
         }
     }
@@ -524,6 +516,7 @@ pub fn window_row_lse(
     let rsum = ws.take::<f64>(rows)?;
     let scratch = ws.into_rest();
     for kh in 0..hkv {
+        let r = kh * g * w;
         window::row_stats(
             queries,
             keys,
@@ -531,8 +524,8 @@ pub fn window_row_lse(
             g,
             w,
             scratch,
-            &mut rmax[kh * g * w..],
-            &mut rsum[kh * g * w..],
+            &mut rmax[r..],
+            &mut rsum[r..],
         )?;
     }
     for ((o, &m), &s) in out[..rows].iter_mut().zip(rmax.iter()).zip(rsum.iter()) {

@@ -668,15 +668,11 @@ mod tests {
         let mut ws = vec![0u8; crate::select_workspace_size(cfg, layers, hkv, n, w).unwrap()];
         crate::select_model(cfg, &m, &mut off, &mut idx, &mut ws).unwrap();
 
-        let shards = [(0, split), (split, layers - split)];
-        let mut search = search_new(cfg, layers, hkv, n, w).unwrap();
-        let mut rounds = 0;
-        while !search.done {
-            let mut h = Histogram::default();
-            for &(l0, ln) in &shards {
-                if ln == 0 {
-                    continue;
-                }
+        // the two shards (first layer, layers; an empty one left out) and their scores
+        let shards: Vec<(usize, usize, ModelScores)> = [(0, split), (split, layers - split)]
+            .into_iter()
+            .filter(|&(_, ln)| ln > 0)
+            .map(|(l0, ln)| {
                 let sm = ModelScores {
                     scores: &s[l0 * hkv * p..(l0 + ln) * hkv * p],
                     layers: ln,
@@ -684,9 +680,18 @@ mod tests {
                     n,
                     window: w,
                 };
+                (l0, ln, sm)
+            })
+            .collect();
+        let mut search = search_new(cfg, layers, hkv, n, w).unwrap();
+        let mut rounds = 0;
+        while !search.done {
+            let mut h = Histogram::default();
+            for (l0, ln, sm) in &shards {
+                let (l0, ln) = (*l0, *ln);
                 let mut hs = Histogram::default();
                 let mut ws = vec![0u8; shard_workspace_size(cfg, ln, hkv, n, w).unwrap()];
-                count_shard(cfg, &sm, l0, &search, &mut hs, &mut ws).unwrap();
+                count_shard(cfg, sm, l0, &search, &mut hs, &mut ws).unwrap();
                 h.merge(&hs);
             }
             search.step(&h);
@@ -694,22 +699,13 @@ mod tests {
             assert!(rounds <= 13);
         }
         let mut got: Vec<u32> = Vec::new();
-        for &(l0, ln) in &shards {
-            if ln == 0 {
-                continue;
-            }
-            let sm = ModelScores {
-                scores: &s[l0 * hkv * p..(l0 + ln) * hkv * p],
-                layers: ln,
-                hkv,
-                n,
-                window: w,
-            };
+        for (l0, ln, sm) in &shards {
+            let (l0, ln) = (*l0, *ln);
             let (so, si) = shard_output_len(ln, hkv, n).unwrap();
             let mut o2 = vec![0u64; so];
             let mut i2 = vec![0u32; si];
             let mut ws = vec![0u8; shard_workspace_size(cfg, ln, hkv, n, w).unwrap()];
-            select_shard(cfg, &sm, l0, &search, &mut o2, &mut i2, &mut ws).unwrap();
+            select_shard(cfg, sm, l0, &search, &mut o2, &mut i2, &mut ws).unwrap();
             got.extend_from_slice(&i2[..o2[ln * hkv] as usize]);
             for u in 0..ln * hkv {
                 let g = l0 * hkv + u;
