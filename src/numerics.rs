@@ -99,6 +99,20 @@ pub(crate) trait Simd: Copy {
         // SAFETY: our caller keeps the `Simd` contract; no memory is touched.
         unsafe { x.map(|v| Self::exp_neg(v)) }
     }
+    /// Lane `k` of the result is [`Simd::hsum`] of `v[k]`, by the same tree (and the same
+    /// operands in each addition): the transpose, then the tree on whole vectors; the
+    /// vector builds reduce with fewer shuffles.
+    #[inline(always)]
+    unsafe fn hsum8(v: [Self::V; 8]) -> Self::V {
+        // SAFETY: our caller keeps the `Simd` contract; no memory is touched.
+        unsafe {
+            let t = Self::transpose8(v);
+            Self::add(
+                Self::add(Self::add(t[0], t[4]), Self::add(t[2], t[6])),
+                Self::add(Self::add(t[1], t[5]), Self::add(t[3], t[7])),
+            )
+        }
+    }
     /// The 8×8 transpose: lane `j` of output `i` is lane `i` of input `j`.
     #[inline(always)]
     unsafe fn transpose8(v: [Self::V; 8]) -> [Self::V; 8] {
@@ -350,6 +364,27 @@ mod avx2 {
                     _mm256_permute2f128_ps::<0x31>(u2, u6),
                     _mm256_permute2f128_ps::<0x31>(u3, u7),
                 ]
+            }
+        }
+        #[inline(always)]
+        unsafe fn hsum8(v: [__m256; 8]) -> __m256 {
+            // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
+            unsafe {
+                // x = (0+4, 1+5, 2+6, 3+7) of keys k and k + 4 side by side: [x_k | x_k+4]
+                let x = |a: __m256, b: __m256| {
+                    let lo = _mm256_permute2f128_ps::<0x20>(a, b);
+                    _mm256_add_ps(lo, _mm256_permute2f128_ps::<0x31>(a, b))
+                };
+                let x = [x(v[0], v[4]), x(v[1], v[5]), x(v[2], v[6]), x(v[3], v[7])];
+                // y = (x0 + x2, x1 + x3) of two keys: [y_k y_k+1 | y_k+4 y_k+5]
+                let y = |a: __m256, b: __m256| {
+                    let l = _mm256_shuffle_ps::<0x44>(a, b);
+                    _mm256_add_ps(l, _mm256_shuffle_ps::<0xEE>(a, b))
+                };
+                let (c, d) = (y(x[0], x[1]), y(x[2], x[3]));
+                // y0 + y1, keys 0..4 | 4..8
+                let l = _mm256_shuffle_ps::<0x88>(c, d);
+                _mm256_add_ps(l, _mm256_shuffle_ps::<0xDD>(c, d))
             }
         }
         #[inline(always)]
@@ -699,6 +734,25 @@ mod neon {
             }
         }
         #[inline(always)]
+        unsafe fn hsum8(v: [Self::V; 8]) -> Self::V {
+            // SAFETY: NEON is present (the `Simd` contract); no memory is touched.
+            unsafe {
+                // x = (0+4, 1+5, 2+6, 3+7) per key
+                let x: [float32x4_t; 8] = core::array::from_fn(|k| vaddq_f32(v[k][0], v[k][1]));
+                // (x0 + x2, x1 + x3) of two keys side by side
+                let y = |a: float32x4_t, b: float32x4_t| {
+                    let (a, b) = (vreinterpretq_f64_f32(a), vreinterpretq_f64_f32(b));
+                    let l = vreinterpretq_f32_f64(vtrn1q_f64(a, b));
+                    vaddq_f32(l, vreinterpretq_f32_f64(vtrn2q_f64(a, b)))
+                };
+                // FADDP: y0 + y1, pairwise
+                [
+                    vpaddq_f32(y(x[0], x[1]), y(x[2], x[3])),
+                    vpaddq_f32(y(x[4], x[5]), y(x[6], x[7])),
+                ]
+            }
+        }
+        #[inline(always)]
         unsafe fn transpose8(v: [Self::V; 8]) -> [Self::V; 8] {
             // SAFETY: NEON is present (the `Simd` contract); no memory is touched.
             unsafe {
@@ -938,14 +992,8 @@ pub(crate) unsafe fn sum_v<S: Simd>(x: &[f32]) -> f32 {
 /// Lane `k` of the result is [`Simd::hsum`] of `v[k]`, by the same tree.
 #[inline(always)]
 pub(crate) unsafe fn hsum8<S: Simd>(v: [S::V; 8]) -> S::V {
-    // SAFETY: the CPU has avx2 (the `Simd` contract); no memory is touched.
-    unsafe {
-        let t = S::transpose8(v);
-        S::add(
-            S::add(S::add(t[0], t[4]), S::add(t[2], t[6])),
-            S::add(S::add(t[1], t[5]), S::add(t[3], t[7])),
-        )
-    }
+    // SAFETY: the caller's contract is `Simd::hsum8`'s
+    unsafe { S::hsum8(v) }
 }
 
 /// `Σ x[i]·y[i]` with 8 lanes of partial sums (deterministic order); `y.len() >= x.len()`.
@@ -1021,6 +1069,23 @@ mod tests {
                     for l in 0..8 {
                         assert_eq!(a[l].to_bits(), b[l].to_bits(), "x = {}", c[8 * j + l]);
                     }
+                }
+            }
+        }
+    }
+
+    /// `hsum8` gives `hsum`'s bits for each of the 8 vectors, on values whose sums round
+    /// differently in other orders.
+    fn hsum8_ok<S: Simd>() {
+        let x = crate::lanes::tests::spread(64 * 20, 5);
+        for m in x.chunks(64) {
+            // SAFETY: every row holds 8 floats (our caller has S's features)
+            unsafe {
+                let v: [S::V; 8] = core::array::from_fn(|r| S::load(m[8 * r..].as_ptr()));
+                let mut o = [0f32; 8];
+                S::store(o.as_mut_ptr(), S::hsum8(v));
+                for (r, o) in o.iter().enumerate() {
+                    assert_eq!(o.to_bits(), S::hsum(v[r]).to_bits(), "row {r}");
                 }
             }
         }
@@ -1148,10 +1213,12 @@ mod tests {
     #[test]
     fn exp_neg4_is_exp_neg() {
         transpose_ok::<Portable>();
+        hsum8_ok::<Portable>();
         exp4_matches::<Portable>();
         #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
         {
             transpose_ok::<Neon>();
+            hsum8_ok::<Neon>();
             exp4_matches::<Neon>();
         }
         #[cfg(target_arch = "x86_64")]
@@ -1159,6 +1226,7 @@ mod tests {
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn avx() {
                 transpose_ok::<Avx2>();
+                hsum8_ok::<Avx2>();
                 exp4_matches::<Avx2>();
             }
             // SAFETY: the CPU has avx2, fma and f16c.

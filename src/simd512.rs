@@ -113,6 +113,7 @@ impl Simd for Avx512 {
         gt_mask(a: __m256, b: __m256) -> u32;
         hsum(v: __m256) -> f32;
         transpose8(v: [__m256; 8]) -> [__m256; 8];
+        hsum8(v: [__m256; 8]) -> __m256;
     }
     #[inline(always)]
     unsafe fn exp_neg4(x: [__m256; 4]) -> [__m256; 4] {

@@ -347,6 +347,20 @@ pub fn layout_overlaps<const N: usize>(extent: [usize; N], stride: [usize; N]) -
 /// (`d = extent[2]`). Rows of f16 with unit element stride convert 8 at a time.
 #[inline(always)]
 pub(crate) fn load_rows<S: Simd>(view: &View, a: usize, b0: usize, nt: usize, dst: &mut [f32]) {
+    load_rows_of::<S, false>(view, a, b0, nt, dst);
+}
+
+/// [`load_rows`]; with `CHECK`, returns whether every element loaded is finite (else
+/// `true`): f16 rows checked as they convert (one pass over the chunk, not a second one
+/// over the f32 rows).
+#[inline(always)]
+pub(crate) fn load_rows_of<S: Simd, const CHECK: bool>(
+    view: &View,
+    a: usize,
+    b0: usize,
+    nt: usize,
+    dst: &mut [f32],
+) -> bool {
     let d = view.extent()[2];
     let st = view.stride();
     let dst = &mut dst[..nt * d];
@@ -356,24 +370,101 @@ pub(crate) fn load_rows<S: Simd>(view: &View, a: usize, b0: usize, nt: usize, ds
         // address comes back from `byte_range` (the pointer it was built from).
         let base = view.byte_range().0 as *const u16;
         let d8 = d / 8 * 8;
+        // SAFETY: no memory is touched (S's features: our caller's)
+        let mut acc = unsafe { S::zero() };
+        let mut tail_ok = true;
         for t in 0..nt {
             let row = &mut dst[t * d..(t + 1) * d];
             // SAFETY: (a, b0 + t, 0..d) is inside the view's extent (asserted above).
             unsafe {
                 let src = base.add(a * st[0] + (b0 + t) * st[1]);
+                // the row 4 on (a hint: past the view it reads nothing): the loop otherwise
+                // waits on each row's lines in turn
+                let ahead = (src as *const u8).wrapping_add(4 * st[1] * 2);
+                crate::numerics::prefetch_rows(ahead, 0, d * 2, 1);
                 let mut c = 0;
                 while c < d8 {
-                    S::store(row.as_mut_ptr().add(c), S::load_f16(src.add(c)));
+                    let v = S::load_f16(src.add(c));
+                    S::store(row.as_mut_ptr().add(c), v);
+                    if CHECK {
+                        // v - v: +0 for finite v, NaN for NaN/Inf (as `all_finite`)
+                        acc = S::add(acc, S::sub(v, v));
+                    }
                     c += 8;
                 }
                 for c in d8..d {
                     row[c] = half::f16::from_bits(*src.add(c)).to_f32();
+                    tail_ok &= !CHECK || row[c].is_finite();
                 }
             }
         }
-        return;
+        // SAFETY: no memory is touched
+        return !CHECK || (tail_ok && unsafe { S::hsum(acc) } == 0.0);
     }
     for t in 0..nt {
         view.load_row(a, b0 + t, &mut dst[t * d..(t + 1) * d]);
+    }
+    !CHECK || crate::numerics::all_finite::<S>(dst)
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use super::*;
+    use crate::numerics::{all_finite, Portable};
+    use std::vec::Vec;
+
+    /// `load_rows_of` (`CHECK`) converts as `load_rows` and finds a NaN or an infinity wherever it
+    /// is (whole vectors, the part of a row past them, f16 or f32 rows), on every kernel
+    /// build of this machine.
+    #[test]
+    fn load_rows_finite_finds_non_finite() {
+        fn run<S: Simd>() {
+            for d in [8, 13, 16] {
+                let (hkv, n) = (2, 5);
+                let vals: Vec<f32> = (0..hkv * n * d).map(|i| i as f32 * 0.25 - 3.0).collect();
+                for bad in [None, Some(f32::NAN), Some(f32::INFINITY)] {
+                    for at in [0, d - 1, 2 * d + 3] {
+                        let mut v = vals.clone();
+                        // head 1, rows 1.., in token-row layout [n][hkv][d]
+                        if let Some(x) = bad {
+                            v[(1 + at / d) * hkv * d + d + at % d] = x;
+                        }
+                        let h: Vec<f16> = v.iter().map(|&x| f16::from_f32(x)).collect();
+                        let st = [d, hkv * d, 1];
+                        let views = [
+                            View::f16(&h, [hkv, n, d], st).unwrap(),
+                            View::f32(&v, [hkv, n, d], st).unwrap(),
+                        ];
+                        for view in &views {
+                            let (mut a, mut b) = (std::vec![0f32; 4 * d], std::vec![0f32; 4 * d]);
+                            load_rows::<S>(view, 1, 1, 4, &mut a);
+                            let ok = load_rows_of::<S, true>(view, 1, 1, 4, &mut b);
+                            let what = std::format!("d {d} bad {bad:?} at {at}");
+                            assert_eq!(
+                                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                "{what}"
+                            );
+                            assert_eq!(ok, bad.is_none(), "{what}");
+                            assert_eq!(ok, all_finite::<Portable>(&a), "{what}");
+                        }
+                    }
+                }
+            }
+        }
+        run::<Portable>();
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        if crate::numerics::has_neon() {
+            run::<crate::numerics::Neon>()
+        }
+        #[cfg(target_arch = "x86_64")]
+        if crate::numerics::has_avx2() {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx() {
+                run::<crate::numerics::Avx2>()
+            }
+            // SAFETY: the CPU has avx2, fma and f16c (checked just above)
+            unsafe { avx() }
+        }
     }
 }

@@ -41,7 +41,7 @@ use crate::numerics::{
 use crate::numerics::dispatch as dispatch_wide;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 use crate::simd512::dispatch_wide;
-use crate::view::{load_rows, DType, View};
+use crate::view::{load_rows, load_rows_of, DType, View};
 use crate::workspace::{Workspace, WorkspaceSize};
 
 /// Keys per micro-tile of the Q·Kᵀ kernel.
@@ -175,9 +175,14 @@ pub(crate) fn load_keys<S: Simd>(
         return (base, st[1], finite);
     }
     let k = &mut k[..ntp * dk];
-    load_rows::<S>(keys, kh, c0, nt, k);
+    let finite = if check {
+        load_rows_of::<S, true>(keys, kh, c0, nt, k)
+    } else {
+        load_rows::<S>(keys, kh, c0, nt, k);
+        true
+    };
     k[nt * dk..].fill(0.0);
-    (k.as_ptr(), dk, !check || all_finite::<S>(&k[..nt * dk]))
+    (k.as_ptr(), dk, finite)
 }
 
 /// Start keys `c0 .. c0+nt` of KV head `kh` on their way into the cache (the next chunk,

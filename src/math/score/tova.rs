@@ -38,13 +38,15 @@ pub(super) fn finish(bufs: &Bufs, hkv: usize, p: usize, out: &mut [f32]) {
     }
 }
 
-/// Scratch of [`layer`]: one group's scaled queries `[g][dk]`, its logits `[g][zld]`, and a
-/// chunk of keys converted to f32 `[CHUNK][dk]` (layouts
-/// not read in place, and the last keys when they are not a whole block of 8).
+/// Scratch of [`layer`]: one group's scaled queries `[g][dk]`, its logits `[g][zld]`, a
+/// chunk of keys converted to f32 `[CHUNK][dk]` (layouts not read in place, and the last
+/// keys when they are not a whole block of 8), and where the workspace has room (`g <= 4`
+/// in `score_layer`'s) pass 1's exps `[g][zld]`, which pass 2 reuses.
 struct Carve<'s> {
     q: &'s mut [f32],
     z: &'s mut [f32],
     k: &'s mut [f32],
+    e: Option<&'s mut [f32]>,
     zld: usize,
 }
 
@@ -73,7 +75,8 @@ pub(super) fn layer(
     ) else {
         return Ok(false);
     };
-    let c = &mut Carve { q, z, k, zld };
+    let e = ws.take_dirty::<f32>(g * zld).ok();
+    let c = &mut Carve { q, z, k, e, zld };
     let wq = queries.extent()[1];
     let scale = 1.0 / libm::sqrtf(dk as f32);
     let inv_hq = 1.0 / (hkv * g) as f32;
@@ -88,36 +91,45 @@ pub(super) fn layer(
                 *v *= scale;
             }
         }
-        let (rm, rs) = (
-            &mut rmax[kh * g..(kh + 1) * g],
-            &mut rsum[kh * g..(kh + 1) * g],
-        );
-        dispatch_wide!(fn(keys: &View, kh: usize, g: usize, c: &mut Carve, rm: &mut [f32],
-                          rs: &mut [f64], inv_hq: f32, acc: &mut [f32]) -> Result<()>, S => {
-            group::<S>(keys, kh, g, c, rm, rs, inv_hq, acc)
+        // three passes, each its own function (register allocation and inlining see one
+        // loop nest at a time): the logits, pass 1 (row statistics), pass 2 (probabilities)
+        dispatch_wide!(fn(keys: &View, kh: usize, g: usize, c: &mut Carve) -> Result<()>, S => {
+            group_logits::<S>(keys, kh, g, c)
         })?;
+        let mut since = [0usize; 8];
+        let since = &mut since[..];
+        // rows 8 at a time (the `since` marks)
+        let mut a0 = 0;
+        while a0 < g {
+            let r = (g - a0).min(8);
+            let zr = &c.z[a0 * zld..];
+            let er = c.e.as_deref_mut().map(|e| &mut e[a0 * zld..]);
+            let h0 = kh * g + a0;
+            let (rm1, rs1) = (&mut rmax[h0..h0 + r], &mut rsum[h0..h0 + r]);
+            dispatch_wide!(fn(zr: &[f32], zld: usize, n: usize, r: usize, rm1: &mut [f32],
+                              rs1: &mut [f64], er: Option<&mut [f32]>, since: &mut [usize])
+                              -> Result<()>, S => {
+                pass1::<S>(zr, zld, n, r, rm1, rs1, er, since)
+            })?;
+            let er = c.e.as_deref().map(|e| &e[a0 * zld..]);
+            dispatch_wide!(fn(zr: &[f32], zld: usize, n: usize, r: usize, rm1: &[f32],
+                              rs1: &[f64], er: Option<&[f32]>, since: &[usize], inv_hq: f32,
+                              acc: &mut [f32]) -> (), S => {
+                pass2::<S>(zr, zld, n, r, rm1, rs1, er, since, inv_hq, acc)
+            });
+            a0 += r;
+        }
     }
     Ok(true)
 }
 
-/// [`layer`] for KV group `kh` (its queries in `c.q`).
+/// The logits of KV group `kh` (its queries in `c.q`) into `c.z`, chunk by chunk;
+/// `NonFinite` when one is not finite (NaN/Inf keys, or an overflow).
 #[inline(always)]
-fn group<S: Simd>(
-    keys: &View,
-    kh: usize,
-    g: usize,
-    c: &mut Carve,
-    rmax: &mut [f32],
-    rsum: &mut [f64],
-    inv_hq: f32,
-    acc: &mut [f32],
-) -> Result<()> {
+fn group_logits<S: Simd>(keys: &View, kh: usize, g: usize, c: &mut Carve) -> Result<()> {
     let [_, n, dk] = keys.extent();
-    let p = n - 1;
     let st = keys.stride();
     let zld = c.zld;
-    rmax.fill(f32::NEG_INFINITY);
-    rsum.fill(0.0);
     // rows read in place: f32 or f16 with unit element stride
     let dt = keys.dtype();
     let direct = st[2] == 1 && (dt == DType::F32 || dt == DType::F16);
@@ -170,10 +182,52 @@ fn group<S: Simd>(
                 let len = kb.len() / dk;
                 logits::<S, false>(kp, dk, dk, q, g, z.add(t0), zld, len, &mut bad);
             }
-            // pass 1 on the chunk, row by row: the running max, then the sum of the exps in 8
-            // lanes (lane t mod 8 in key order from +0, then `S::hsum`'s tree)
-            for a in 0..g {
-                let zr = z.add(a * zld);
+            c0 += nt;
+        }
+        if !ok || S::hsum(bad) != 0.0 {
+            // a NaN/Inf key (or an overflowing logit), found through its logits
+            return Err(Error::NonFinite);
+        }
+    }
+    Ok(())
+}
+
+/// Pass 1 over the `r` (<= 8) logit rows at `z` (`zld` apart, `n` keys, all finite), chunk
+/// by chunk as the window pass: the running max, then the sum of the chunk's exps in 8
+/// lanes (lane t mod 8 in key order from +0, then `S::hsum`'s tree), folded into
+/// `rmax`/`rsum` ([`window::fold_row`]). With `e`, the exps go there too, and `since[a]` is
+/// the first key of the chunk where row `a`'s running max last rose: from there on each
+/// exp is `exp(z − final max)`, pass 2's own value.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn pass1<S: Simd>(
+    z: &[f32],
+    zld: usize,
+    n: usize,
+    r: usize,
+    rmax: &mut [f32],
+    rsum: &mut [f64],
+    mut e: Option<&mut [f32]>,
+    since: &mut [usize],
+) -> Result<()> {
+    assert!(r <= 8 && r <= rmax.len() && r <= rsum.len() && r <= since.len());
+    assert!(z.len() >= (r - 1) * zld + n.div_ceil(8) * 8);
+    if let Some(e) = &e {
+        assert!(e.len() >= (r - 1) * zld + n.div_ceil(8) * 8);
+    }
+    rmax[..r].fill(f32::NEG_INFINITY);
+    rsum[..r].fill(0.0);
+    since[..r].fill(0);
+    let mut c0 = 0;
+    // SAFETY: `S`'s CPU features are present (our dispatch); row a's vectors read (written)
+    // at c0 + t < n rounded up to 8, inside `z` (`e`) (asserted above)
+    unsafe {
+        while c0 < n {
+            let nt = CHUNK.min(n - c0);
+            let nt8 = nt / 8 * 8;
+            for a in 0..r {
+                let zr = z.as_ptr().add(a * zld + c0);
+                let er = e.as_deref_mut().map(|e| e.as_mut_ptr().add(a * zld + c0));
                 let mut mv = S::splat(f32::NEG_INFINITY);
                 let mut t = 0;
                 while t < nt8 {
@@ -189,6 +243,9 @@ fn group<S: Simd>(
                         m = x;
                     }
                 }
+                if m > rmax[a] {
+                    since[a] = c0;
+                }
                 let (mv, mut sv) = (S::splat(m), S::zero());
                 let mut t = 0;
                 while t < nt {
@@ -201,6 +258,11 @@ fn group<S: Simd>(
                     }
                     for (i, v) in S::exp_neg4(x).into_iter().enumerate() {
                         let t8 = t + 8 * i;
+                        if let Some(er) = er {
+                            if t8 < nt {
+                                S::store(er.add(t8), v);
+                            }
+                        }
                         if t8 + 8 <= nt {
                             sv = S::add(sv, v);
                         } else if t8 < nt {
@@ -216,26 +278,67 @@ fn group<S: Simd>(
             }
             c0 += nt;
         }
-        if !ok || S::hsum(bad) != 0.0 {
-            // a NaN/Inf key (or an overflowing logit), found through its logits
-            return Err(Error::NonFinite);
-        }
-        if rsum.iter().any(|s| !s.is_finite() || *s <= 0.0) {
-            return Err(Error::NonFinite);
-        }
-        // pass 2: probabilities of the prefix keys, added head by head into `acc`
-        let p32 = p / 32 * 32;
+    }
+    if rsum[..r].iter().any(|s| !s.is_finite() || *s <= 0.0) {
+        return Err(Error::NonFinite);
+    }
+    if e.is_none() {
+        // nothing to reuse: pass 2 recomputes every exp
+        since[..r].fill(n);
+    }
+    Ok(())
+}
+
+/// Pass 2: the probabilities of the prefix keys `t < n − 1` of the `r` rows at `z`, added
+/// row by row into `acc` (`exp(z − rmax)·(1/rsum)·inv_hq`); from key `since[a]` on, the exp
+/// is pass 1's, read from `e` (the same bits), before it recomputed.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn pass2<S: Simd>(
+    z: &[f32],
+    zld: usize,
+    n: usize,
+    r: usize,
+    rmax: &[f32],
+    rsum: &[f64],
+    e: Option<&[f32]>,
+    since: &[usize],
+    inv_hq: f32,
+    acc: &mut [f32],
+) {
+    let p = n - 1;
+    assert!(r <= rmax.len() && r <= rsum.len() && r <= since.len() && acc.len() >= p);
+    assert!(z.len() >= (r - 1) * zld + n.div_ceil(8) * 8);
+    if let Some(e) = e {
+        assert!(e.len() >= (r - 1) * zld + n.div_ceil(8) * 8);
+    }
+    let p32 = p / 32 * 32;
+    // SAFETY: `S`'s CPU features are present (our dispatch); reads of row a at t < p rounded
+    // up to 8 (inside `z`, and `e` from `since[a]` on, which is `n` without `e`), writes of
+    // `acc` below p32 (whole vectors) or through `tail`
+    unsafe {
         let ih = S::splat(inv_hq);
-        for a in 0..g {
+        for a in 0..r {
             let (mv, iv) = (S::splat(rmax[a]), S::splat((1.0 / rsum[a]) as f32));
-            let zr = c.z.as_ptr().add(a * zld);
+            let zr = z.as_ptr().add(a * zld);
+            let er = e.map_or(zr, |e| e.as_ptr().add(a * zld));
+            // keys from `from` on: pass 1's exps (`since` is a multiple of 32, or n)
+            let from = since[a].min(p32);
             let mut t = 0;
-            while t < p32 {
+            while t < from {
                 let mut x = [S::zero(); 4];
                 for (j, x) in x.iter_mut().enumerate() {
                     *x = S::min(S::sub(S::load(zr.add(t + 8 * j)), mv), S::zero());
                 }
                 for (j, e) in S::exp_neg4(x).into_iter().enumerate() {
+                    let o = acc.as_mut_ptr().add(t + 8 * j);
+                    S::store(o, S::add(S::load(o), S::mul(S::mul(e, iv), ih)));
+                }
+                t += 32;
+            }
+            while t < p32 {
+                for j in 0..4 {
+                    let e = S::load(er.add(t + 8 * j));
                     let o = acc.as_mut_ptr().add(t + 8 * j);
                     S::store(o, S::add(S::load(o), S::mul(S::mul(e, iv), ih)));
                 }
@@ -254,7 +357,6 @@ fn group<S: Simd>(
             }
         }
     }
-    Ok(())
 }
 
 /// Logits `z[a][t] = Σ_d k[t][d]·q[a][d]` (FMAs in the lane order of [`crate::lanes`]) for
