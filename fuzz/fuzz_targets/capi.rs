@@ -10,9 +10,10 @@
 //! memory and the emulator still aborts on a kernel pointer outside every registered
 //! buffer.
 //!
-//! The evictor (`kve_evictor_*`) runs a random sequence of calls on one context built
-//! from an arbitrary config: after every refused call the context (its workspace aside)
-//! and every output are as they were.
+//! The evictor (`kve_evictor_*`, or its device form `kve_cuda_evictor_*` on the
+//! emulator) runs a random sequence of calls on one context built from an arbitrary
+//! config: after every refused call the context (its workspace aside; for the device form
+//! the host context and the device block) and every output are as they were.
 //!
 //! The query stream (`kve_stream_*`) runs start to finish: size, start, one to three
 //! chunks, then scores, raw statistics or the count, with its descriptors, positions
@@ -40,6 +41,8 @@ use std::ffi::c_void;
 
 const ARENA: usize = 1 << 15; // bytes
 const CANARY: u32 = 0xA5A5_A5A5;
+/// The CUDA stream of device calls: the legacy default stream.
+const NULL: *mut c_void = std::ptr::null_mut();
 
 struct R<'a> {
     d: &'a [u8],
@@ -507,6 +510,25 @@ fn fit(r: &mut R, a: &Arena, t: &mut kve_tensor, e: [u64; 3]) {
     } else {
         need
     };
+}
+
+/// A well-formed view of extents `e` over the arena (f32, f16 or bf16, contiguous, at a
+/// 64-byte offset), or None when the arena is too small for it.
+fn exact(r: &mut R, a: &Arena, e: [u64; 3]) -> Option<kve_tensor> {
+    let (off, dtype) = ((r.u8() as usize % 16) * 64, r.u8() as u32 % 3);
+    let es = if dtype == 0 { 4 } else { 2 };
+    let need = e[0].checked_mul(e[1])?.checked_mul(e[2])?;
+    if need == 0 || off as u64 + need * es as u64 > ARENA as u64 {
+        return None;
+    }
+    Some(kve_tensor {
+        data: unsafe { a.base().add(off) } as *const c_void,
+        len: need,
+        dtype,
+        pad: 0,
+        extent: e,
+        stride: [e[1] * e[2], e[2], 1],
+    })
 }
 
 /// Bytes of a tensor descriptor.
@@ -1756,7 +1778,10 @@ fuzz_target!(|data: &[u8]| {
                     }
                 }
             }
-            12 => st = evictor_calls(&mut r, &a, &mut outs),
+            12 => {
+                let device = r.chance(2);
+                st = evictor_calls(&mut r, &a, &mut outs, device)
+            }
             13 => {
                 // paged caches: a pool layout over the arena (an engine's kind, or four
                 // arbitrary strides and an offset), a block table (sometimes read from the
@@ -2065,17 +2090,42 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-/// The context bytes of `ev`, its workspace aside (what a refused call leaves as it was).
-fn context(ev: *mut kve_evictor) -> Vec<u8> {
-    unsafe { kvevict::Evictor::from_block(ev as *mut u8) }
-        .unwrap()
-        .context_bytes()
-        .to_vec()
+/// An evictor's host form or device form (its host context and device block, the
+/// device block registered with the emulator).
+enum Ev {
+    Host(*mut kve_evictor),
+    // (the registration is held while the device block lives)
+    Device(
+        *mut kve_cuda_evictor,
+        Vec<u64>,
+        Vec<u64>,
+        #[allow(dead_code)] Registered,
+    ),
 }
 
-/// An evictor from an arbitrary config, then up to 12 arbitrary calls on it with views
-/// over the arena; returns the last status. A compaction works on a copy of the arena.
-unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
+impl Ev {
+    /// What a refused call leaves as it was: the host form's context bytes (its
+    /// workspace aside); the device form's host context and device block.
+    fn snapshot(&self) -> Vec<u8> {
+        match self {
+            Ev::Host(ev) => unsafe { kvevict::Evictor::from_block(*ev as *mut u8) }
+                .unwrap()
+                .context_bytes()
+                .to_vec(),
+            Ev::Device(_, host, dev, _) => {
+                let b = |v: &Vec<u64>| unsafe {
+                    std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 8).to_vec()
+                };
+                [b(host), b(dev)].concat()
+            }
+        }
+    }
+}
+
+/// An evictor (host form, or the device form when `device`) from an arbitrary config,
+/// then up to 12 arbitrary calls on it with views over the arena (device memory for the
+/// device form); returns the last status. A compaction works on a copy of the arena.
+unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool) -> i32 {
     let mut c: kve_evictor_config = std::mem::zeroed();
     let size = if r.chance(2) {
         KVE_EVICTOR_CONFIG_V1_SIZE
@@ -2110,26 +2160,74 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
     if r.chance(6) {
         c.select = &sl.p;
     }
-    let mut bytes = CANARY as u64;
-    let st = kve_evictor_size(&c, &mut bytes);
-    if st != KVE_OK || bytes > (16 << 20) {
+    let sane = r.chance(2);
+    if sane {
+        // a small valid model and budget (arbitrary ones are almost always refused at
+        // init, and the calls after it are the point)
+        c.preset = r.u8() as u32 % 10;
+        c.hkv = 1 + r.u8() as u64 % 2;
+        c.hq = c.hkv * (1 + r.u8() as u64 % 2);
+        (c.layers, c.dk) = (1 + r.u8() as u64 % 2, 4 << (r.u8() % 2));
+        (c.dv, c.d_model) = (c.dk, 8);
+        (c.max_cells, c.max_seqs) = (8 + r.u8() as u64 % 56, 1 + r.u8() as u64 % 2);
+        c.window = r.u8() as u32 % 8;
+        c.keep_ratio = 0.5;
+        (c.min_keep, c.high, c.low) = (0, c.max_cells, c.max_cells / 2);
+        c.link_threshold = 0.0;
+        (c.policy, c.granularity) = (r.u8() as u32 % 3, KVE_EVICTOR_PRESET_GRANULARITY);
+        (c.score, c.select) = (std::ptr::null(), std::ptr::null());
+        (c.paged, c.paged_dtype) = (c.paged % 2, r.u8() as u32 % 3);
+    }
+    let (mut bytes, mut dev_bytes) = (CANARY as u64, CANARY as u64);
+    let st = if device {
+        kve_cuda_evictor_size(&c, &mut bytes, &mut dev_bytes)
+    } else {
+        kve_evictor_size(&c, &mut bytes)
+    };
+    if st != KVE_OK || bytes > (16 << 20) || (device && dev_bytes > (16 << 20)) {
         assert!(
-            st == KVE_OK || bytes == CANARY as u64,
+            st == KVE_OK || (bytes == CANARY as u64 && dev_bytes == CANARY as u64),
             "size written on error"
         );
         return st;
     }
-    let short = r.chance(16) as u64;
+    let short = (!sane && r.chance(16)) as u64;
     let mut mem = vec![0u64; bytes as usize / 8 + 1];
-    let mut ev = std::ptr::null_mut();
-    let st = kve_evictor_init(mem.as_mut_ptr() as *mut c_void, bytes - short, &c, &mut ev);
-    if st != KVE_OK {
-        assert!(
-            ev.is_null() && mem.iter().all(|&w| w == 0),
-            "init wrote on error"
+    let ev = if device {
+        // the device block: 256-byte aligned (cudaMalloc's), registered as device memory
+        let mut dmem = vec![0u64; dev_bytes as usize / 8 + 33];
+        let dptr = (dmem.as_mut_ptr() as usize).next_multiple_of(256) as *mut c_void;
+        let reg = Registered::new(dmem.as_ptr() as *const u8, dmem.len() * 8);
+        let dshort = (!sane && r.chance(16)) as u64 * 256;
+        let mut ev = std::ptr::null_mut();
+        let st = kve_cuda_evictor_init(
+            mem.as_mut_ptr() as *mut c_void,
+            bytes - short,
+            dptr,
+            dev_bytes - dshort.min(dev_bytes),
+            &c,
+            &mut ev,
         );
-        return st;
-    }
+        if st != KVE_OK {
+            assert!(
+                ev.is_null() && mem.iter().all(|&w| w == 0) && dmem.iter().all(|&w| w == 0),
+                "init wrote on error"
+            );
+            return st;
+        }
+        Ev::Device(ev, mem, dmem, reg)
+    } else {
+        let mut ev = std::ptr::null_mut();
+        let st = kve_evictor_init(mem.as_mut_ptr() as *mut c_void, bytes - short, &c, &mut ev);
+        if st != KVE_OK {
+            assert!(
+                ev.is_null() && mem.iter().all(|&w| w == 0),
+                "init wrote on error"
+            );
+            return st;
+        }
+        Ev::Host(ev)
+    };
     let (l, hkv, n) = (c.layers, c.hkv, c.max_cells);
     let mut st = KVE_OK;
     for _ in 0..1 + r.u8() % 12 {
@@ -2143,12 +2241,12 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
         } else {
             r.u8() as u64 % l
         };
-        let cells = if r.chance(8) {
+        let cells = if !sane && r.chance(8) {
             r.size(128)
         } else {
             1 + r.u8() as u64 % n
         };
-        let snap = context(ev);
+        let snap = ev.snapshot();
         let max = (l * hkv * n) as usize + 1;
         let mut own = vec![CANARY; max];
         let len = if r.chance(8) {
@@ -2171,6 +2269,11 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
         };
         let mut count = CANARY as u64;
         let tensor_of = |r: &mut R, e: [u64; 3]| {
+            if sane && r.u8() < 224 {
+                if let Some(t) = exact(r, a, e) {
+                    return t;
+                }
+            }
             let mut t = tensor(r, a, [8, 96, 16]);
             fit(r, a, &mut t, e);
             t
@@ -2208,19 +2311,33 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
             t.resize(tl, 0);
             for e in t.iter_mut() {
                 if r.chance(16) {
-                    *e = if r.chance(2) { r.u32() } else { r.u8() as u32 % (nb + 1) };
+                    *e = if r.chance(2) {
+                        r.u32()
+                    } else {
+                        r.u8() as u32 % (nb + 1)
+                    };
                 }
             }
             t
         };
-        st = match r.u8() % 13 {
+        let call = r.u8() % 13;
+        st = match call {
             0 => {
                 let rows = 1 + r.u8() as u64 % 40;
                 let q = tensor_of(r, [c.hq, rows, c.dk]);
-                kve_evictor_observe_queries(ev, seq, layer, &q)
+                match &ev {
+                    Ev::Host(e) => kve_evictor_observe_queries(*e, seq, layer, &q),
+                    Ev::Device(e, ..) => kve_cuda_evictor_observe_queries(*e, seq, layer, &q, NULL),
+                }
             }
-            1 => kve_evictor_plan(ev, seq, cells, &mut count),
-            2 => kve_evictor_begin(ev, seq, cells, r.size(128)),
+            1 => match &ev {
+                Ev::Host(e) => kve_evictor_plan(*e, seq, cells, &mut count),
+                Ev::Device(e, ..) => kve_cuda_evictor_plan(*e, seq, cells, &mut count),
+            },
+            2 => match &ev {
+                Ev::Host(e) => kve_evictor_begin(*e, seq, cells, r.size(128)),
+                Ev::Device(e, ..) => kve_cuda_evictor_begin(*e, seq, cells, r.size(128)),
+            },
             3 => {
                 let mut v: kve_evictor_layer = std::mem::zeroed();
                 kve_evictor_layer_init(&mut v, KVE_EVICTOR_LAYER_V1_SIZE);
@@ -2229,11 +2346,51 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
                 let rows = 1 + r.u8() as u64 % 40;
                 v.queries = tensor_of(r, [c.hq, rows, c.dk]);
                 v.wo = tensor_of(r, [c.hq, c.dv, c.d_model]);
-                v.reserved = r.chance(32) as u32;
-                kve_evictor_score_layer(ev, seq, layer, &v)
+                v.reserved = (!sane && r.chance(32)) as u32;
+                if sane && matches!(ev, Ev::Device(..)) {
+                    v.wo = kve_tensor::NONE; // the device form takes Wo once, on the host
+                }
+                match &ev {
+                    Ev::Host(e) => kve_evictor_score_layer(*e, seq, layer, &v),
+                    Ev::Device(e, ..) => kve_cuda_evictor_score_layer(*e, seq, layer, &v, NULL),
+                }
             }
-            4 => kve_evictor_select(ev, seq, &mut count),
+            4 => match &ev {
+                Ev::Host(e) => kve_evictor_select(*e, seq, &mut count),
+                Ev::Device(e, ..) => kve_cuda_evictor_select(*e, seq, &mut count, NULL),
+            },
+            5..=7 if matches!(ev, Ev::Device(..)) => {
+                // the device form's kept lists: pointers into its device block
+                let Ev::Device(e, _, dmem, _) = &ev else {
+                    unreachable!()
+                };
+                let (mut counts, mut idx, mut ld) =
+                    (std::ptr::null(), std::ptr::null(), CANARY as u64);
+                let s = kve_cuda_evictor_kept_lists(*e, seq, &mut counts, &mut idx, &mut ld);
+                if s != KVE_OK {
+                    assert!(
+                        counts.is_null() && idx.is_null() && ld == CANARY as u64,
+                        "kept lists written on error"
+                    );
+                } else {
+                    let span = dmem.as_ptr() as usize..dmem.as_ptr() as usize + dmem.len() * 8;
+                    let units = (l * hkv) as usize;
+                    assert!(span.contains(&(counts as usize)) && span.contains(&(idx as usize)));
+                    for u in 0..units {
+                        let k = *counts.add(u);
+                        assert!(k >= 0 && k as u64 <= n && k as u64 <= ld, "kept count {k}");
+                        let list = std::slice::from_raw_parts(idx.add(u * ld as usize), k as usize);
+                        assert!(
+                            list.windows(2).all(|w| w[0] < w[1])
+                                && list.iter().all(|&c| c >= 0 && (c as u64) < n),
+                            "device kept list ascending, in range"
+                        );
+                    }
+                }
+                s
+            }
             5 | 6 => {
+                let &Ev::Host(ev) = &ev else { unreachable!() };
                 let f = if r.chance(2) {
                     kve_evictor_kept_cells
                 } else {
@@ -2247,6 +2404,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
                 s
             }
             7 => {
+                let &Ev::Host(ev) = &ev else { unreachable!() };
                 let mut offsets = vec![CANARY as u64; (l * hkv + 1) as usize];
                 let o_len = if r.chance(8) {
                     offsets.len() as u64 - 1
@@ -2277,15 +2435,26 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
             8 => {
                 // the same view over a copy of the arena (compaction writes through it)
                 let mut copy = a.buf.clone();
+                let _dev = Registered::new(copy.as_ptr() as *const u8, copy.len() * 8);
                 let mut t = tensor_of(r, [hkv, cells, c.dk]);
                 if !t.data.is_null() {
                     let at = t.data as usize - a.base() as usize;
                     t.data = (copy.as_mut_ptr() as *const u8).add(at) as *const c_void;
                 }
-                kve_evictor_compact(ev, seq, layer, &t)
+                match &ev {
+                    Ev::Host(e) => kve_evictor_compact(*e, seq, layer, &t),
+                    Ev::Device(e, ..) => kve_cuda_evictor_compact(*e, seq, layer, &t, NULL),
+                }
             }
-            9 => kve_evictor_commit(ev, seq),
+            9 => match &ev {
+                Ev::Host(e) => kve_evictor_commit(*e, seq),
+                Ev::Device(e, ..) => kve_cuda_evictor_commit(*e, seq),
+            },
+            // paged views: the host form only (the device form's size refuses `paged`)
+            11 if !matches!(ev, Ev::Host(_)) => KVE_OK,
+            12 if !matches!(ev, Ev::Host(_)) => KVE_OK,
             11 => {
+                let &Ev::Host(e) = &ev else { unreachable!() };
                 let mut pl: kve_evictor_paged_layer = std::mem::zeroed();
                 kve_evictor_paged_layer_init(&mut pl, KVE_EVICTOR_PAGED_LAYER_V1_SIZE);
                 pl.keys = paged_of(r, a.base(), c.dk);
@@ -2302,17 +2471,18 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
                 let rows = 1 + r.u8() as u64 % 40;
                 pl.queries = tensor_of(r, [c.hq, rows, c.dk]);
                 pl.reserved = r.chance(32) as u32;
-                kve_evictor_score_layer_paged(ev, seq, layer, &pl)
+                kve_evictor_score_layer_paged(e, seq, layer, &pl)
             }
             12 => {
+                let &Ev::Host(e) = &ev else { unreachable!() };
                 // compaction writes through the pool: a copy of the arena
                 let mut copy = a.buf.clone();
-                let kl = paged_of(r, copy.as_ptr() as *const u8, c.dk);
+                let kl = paged_of(r, copy.as_mut_ptr() as *const u8, c.dk);
                 let t = table_of(r, &kl);
                 let before = copy.clone();
                 let mut freed = CANARY as u64;
                 let s = kve_evictor_compact_paged(
-                    ev,
+                    e,
                     seq,
                     layer,
                     &kl,
@@ -2330,21 +2500,20 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
             }
             _ => {
                 let mut stats: kve_evictor_stats = std::mem::zeroed();
-                kve_evictor_get_stats(
-                    ev,
-                    seq,
-                    &mut stats,
-                    if r.chance(8) {
-                        24
-                    } else {
-                        KVE_EVICTOR_STATS_V1_SIZE
-                    },
-                )
+                let size = if r.chance(8) {
+                    24
+                } else {
+                    KVE_EVICTOR_STATS_V1_SIZE
+                };
+                match &ev {
+                    Ev::Host(e) => kve_evictor_get_stats(*e, seq, &mut stats, size),
+                    Ev::Device(e, ..) => kve_cuda_evictor_get_stats(*e, seq, &mut stats, size),
+                }
             }
         };
         if st != KVE_OK {
             assert!(
-                context(ev) == snap,
+                ev.snapshot() == snap,
                 "the context changed on error (status {st})"
             );
             assert!(
@@ -2353,7 +2522,10 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>) -> i32 {
             );
         }
         if r.chance(4) {
-            kve_evictor_seq_reset(ev, seq);
+            match &ev {
+                Ev::Host(e) => kve_evictor_seq_reset(*e, seq),
+                Ev::Device(e, ..) => kve_cuda_evictor_seq_reset(*e, seq),
+            };
         }
         outs.push(out);
     }

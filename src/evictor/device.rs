@@ -401,6 +401,10 @@ impl<'a> DeviceEvictor<'a> {
     }
 
     fn dev_slot(&self, seq: usize) -> Result<DevSlot> {
+        // before the offset is computed: a hostile seq would overflow it
+        if seq >= self.r.max_seqs {
+            return Err(Error::InvalidArgument);
+        }
         let base = self.dev.wrapping_add(self.dl.model + seq * self.dl.slot);
         carve_slot(&mut DeviceCarve::new(base as *mut c_void), &self.r)
     }

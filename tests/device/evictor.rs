@@ -462,6 +462,43 @@ fn device_evictor_refuses_bad_input_and_writes_nothing() {
     assert_eq!(d.begin(0, CAP + 1, 10), Err(Error::InvalidArgument));
     assert_eq!(d.begin(0, 70, 71), Err(Error::InvalidArgument));
     assert_eq!(d.begin(1, 70, 30), Err(Error::InvalidArgument));
+    // a sequence past max_seqs, however large, on every per-sequence call (the fuzzer found
+    // its device slot's offset computed, and overflowing, before the check)
+    let q = vec![0f32; HQ * 4 * D];
+    let qd = DBuf::from(&q);
+    let qt = DTensor {
+        view: KveCudaView {
+            data: qd.vptr(),
+            dtype: KVE_CUDA_F32,
+            reserved: 0,
+            stride_head: (4 * D) as i64,
+            stride_token: D as i64,
+            stride_dim: 1,
+            heads: HQ as i64,
+            tokens: 4,
+            dim: D as i64,
+        },
+        bytes: (qd.vptr() as usize, qd.vptr() as usize + q.len() * 4),
+    };
+    for seq in [1, usize::MAX / 2 + 1, usize::MAX] {
+        assert_eq!(d.plan(seq, 70), Err(Error::InvalidArgument));
+        assert_eq!(d.begin(seq, 70, 30), Err(Error::InvalidArgument));
+        assert_eq!(d.commit(seq), Err(Error::InvalidArgument));
+        assert_eq!(d.reset(seq), Err(Error::InvalidArgument));
+        assert!(d.stats(seq).is_err() && d.kept(seq).is_err());
+        // SAFETY: refused before any launch.
+        unsafe {
+            assert_eq!(
+                d.observe_queries(seq, 0, &qt, null_stream()),
+                Err(Error::InvalidArgument)
+            );
+            assert_eq!(d.select(seq, null_stream()), Err(Error::InvalidArgument));
+            assert_eq!(
+                d.compact(seq, 0, &kv, null_stream()),
+                Err(Error::InvalidArgument)
+            );
+        }
+    }
     // SAFETY: refused before any launch.
     unsafe {
         assert_eq!(d.select(0, null_stream()), Err(Error::InvalidArgument));

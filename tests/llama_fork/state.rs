@@ -259,3 +259,82 @@ fn server_restores_a_saved_slot_into_its_budget() {
     let _ = std::fs::remove_file(&log_path);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A restored state that fits the budget but whose answer does not (494 cells under
+/// `--kv-max-cells 497`, then the question's last token and 8 generated ones): the sequence
+/// must evict before it has decoded a window of its own, so the method's window queries do
+/// not exist. Its cells are scored as a restored state's are (question-agnostic
+/// `uniqueness`, on a dequantized host copy) instead of the eviction being deferred, which
+/// left the ubatch no cell and failed the decode (llama-server's prompt cache restoring a
+/// conversation into another slot: "Context size has been exceeded"). Host and device paths.
+#[test]
+fn a_restored_sequence_without_window_queries_still_evicts() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let lib = emu_lib("a_restored_sequence_without_window_queries_still_evicts");
+    let path =
+        std::env::temp_dir().join(format!("kvevict-restore-edge-{}.bin", std::process::id()));
+    let path_str = path.to_str().unwrap().to_string();
+    let args = [
+        "--needle",
+        "0.5",
+        "--seed",
+        "5",
+        "--ctx-tokens",
+        "500",
+        "--kv-keep",
+        "0.1",
+        "--state-file",
+        &path_str,
+        "--restore-max-cells",
+        "497",
+    ];
+    let paths: &[bool] = if lib.is_some() {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    for &device in paths {
+        let (row, err, ok) = needle_path(&s, lib.as_deref().filter(|_| device), device, &args);
+        remove_state_files(&path_str);
+        let r = row
+            .filter(|_| ok)
+            .unwrap_or_else(|| panic!("device {device} failed:\n{err}"));
+        let cells = r.num("cells_before");
+        assert!(
+            cells <= 497.0 && cells + 1.0 + 8.0 > 497.0,
+            "the budget must fit the state ({cells} cells) and not its answer"
+        );
+        assert_eq!(r.num("restore_cells"), cells, "restored whole");
+        let fallback: Vec<&str> = err
+            .lines()
+            .filter(|l| {
+                l.contains(
+                    "window queries captured (cells copied or restored): scored with 'uniqueness'",
+                )
+            })
+            .collect();
+        let evicted: Vec<&str> = err
+            .lines()
+            .filter(|l| {
+                l.contains("evict: seq 0: 497 -> 372 cells")
+                    && l.contains("host path, dequantized copy")
+            })
+            .collect();
+        println!(
+            "{} path: state of {cells} cells restored whole under --kv-max-cells 497; {fallback:?}; {evicted:?}; answer {:?} (key {})",
+            if device { "device" } else { "host" },
+            r.get("restore_answer"),
+            r.get("key")
+        );
+        assert_eq!(fallback.len(), 1, "{err}");
+        assert_eq!(evicted.len(), 1, "{err}");
+        assert_eq!(
+            r.num("restore_correct"),
+            1.0,
+            "answer {:?}",
+            r.get("restore_answer")
+        );
+    }
+}
