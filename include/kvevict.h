@@ -148,6 +148,8 @@
 #define KVE_WO_ONCE 1
 #define KVE_WO_EVERY_ROUND 2
 #define KVE_EVICTOR_CONFIG_V1_SIZE 136
+#define KVE_EVICTOR_CONFIG_V2_SIZE 144
+#define KVE_EVICTOR_PAGED_LAYER_V1_SIZE 376
 #define KVE_EVICTOR_LAYER_V1_SIZE 312
 #define KVE_EVICTOR_REQUIREMENTS_V1_SIZE 28
 #define KVE_EVICTOR_STATS_V1_SIZE 40
@@ -483,7 +485,8 @@ typedef struct kve_compact_item {
 
 /**
  * What an evictor runs (fill with `kve_evictor_config_init`, then set the shape,
- * `max_cells` and the policy). Extensible: `struct_size` is `KVE_EVICTOR_CONFIG_V1_SIZE`.
+ * `max_cells` and the policy). Extensible: `struct_size` is `KVE_EVICTOR_CONFIG_V1_SIZE`
+ * or `KVE_EVICTOR_CONFIG_V2_SIZE` (`paged`, `paged_dtype`).
  */
 typedef struct kve_evictor_config {
   uint32_t struct_size;
@@ -547,6 +550,17 @@ typedef struct kve_evictor_config {
    */
   uint64_t high;
   uint64_t low;
+  /**
+   * Since `KVE_EVICTOR_CONFIG_V2_SIZE`: 1 when K/V come through paged views
+   * (`kve_evictor_score_layer_paged`, `kve_evictor_compact_paged`); the context then
+   * also holds one layer's K (and V) gathered from the pool (`kve_evictor_size` grows
+   * by `Hkv * max_cells * (dk + dv) * sizeof(paged_dtype)`). 0: strided views only.
+   */
+  uint32_t paged;
+  /**
+   * With `paged`: the largest `KVE_DTYPE_*` of the pools (default `KVE_DTYPE_F32`).
+   */
+  uint32_t paged_dtype;
 } kve_evictor_config;
 
 /**
@@ -688,6 +702,42 @@ typedef struct kve_paged_layout {
    */
   uint64_t stride[4];
 } kve_paged_layout;
+
+/**
+ * One layer's tensors for the round's `n` cells with K and V in a paged pool (fill with
+ * `kve_evictor_paged_layer_init`: everything absent): as `kve_evictor_layer`, K and V
+ * through the sequence's block table.
+ */
+typedef struct kve_evictor_paged_layer {
+  uint32_t struct_size;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+  /**
+   * K: `heads == Hkv`, `dim == dk` (`kve_paged_layout_init`), required.
+   */
+  struct kve_paged_layout keys;
+  /**
+   * V (`dim == dv`), when the method reads values (`data == NULL`: absent; not read
+   * otherwise).
+   */
+  struct kve_paged_layout values;
+  /**
+   * The sequence's block table (K and V share it): at least `ceil(n / block_size)`
+   * entries, each below `num_blocks`, none repeated; entries past the sequence are
+   * not read.
+   */
+  const uint32_t *table;
+  uint64_t table_len;
+  /**
+   * As `kve_evictor_layer`'s.
+   */
+  struct kve_tensor queries;
+  const float *row_lse;
+  uint64_t row_lse_len;
+  struct kve_tensor wo;
+} kve_evictor_paged_layer;
 
 /**
  * State of a model-wide top-K search split over shards of layers (design §4, "selection
@@ -1345,6 +1395,27 @@ int32_t kve_evictor_begin(struct kve_evictor *evictor,
 int32_t kve_evictor_layer_init(struct kve_evictor_layer *layer, uint32_t struct_size);
 
 /**
+ * Set everything in `layer` absent and its `struct_size`
+ * (`KVE_EVICTOR_PAGED_LAYER_V1_SIZE`). Writes only `layer`.
+ */
+int32_t kve_evictor_paged_layer_init(struct kve_evictor_paged_layer *layer, uint32_t struct_size);
+
+/**
+ * Score `layer` of sequence `seq`'s round from K (and V) in a paged pool: as
+ * `kve_evictor_score_layer`, for a context configured with `paged = 1`
+ * (`KVE_ERR_INVALID_ARGUMENT` otherwise, or for a pool dtype larger than
+ * `paged_dtype`). The sequence's first `n_cells` tokens (the round's) are gathered into
+ * the context and scored: kept sets bit-identical to the same K/V given strided. Table
+ * errors as `kve_paged_gather`'s (`KVE_ERR_OUT_OF_BOUNDS`, `KVE_ERR_ALIASING`,
+ * `KVE_ERR_SHAPE_MISMATCH` for a short table); a pool of other heads or dim
+ * `KVE_ERR_SHAPE_MISMATCH`. Reads the pools, writes only the context.
+ */
+int32_t kve_evictor_score_layer_paged(struct kve_evictor *evictor,
+                                      uint64_t seq,
+                                      uint64_t layer,
+                                      const struct kve_evictor_paged_layer *views);
+
+/**
  * Score `layer` of sequence `seq`'s round (each layer once per round, any order) from
  * `views`, for the round's `n_cells`. Reads the tensors, writes only the context.
  */
@@ -1400,6 +1471,25 @@ int32_t kve_evictor_compact(struct kve_evictor *evictor,
                             uint64_t seq,
                             uint64_t layer,
                             const struct kve_tensor *kv);
+
+/**
+ * `kve_evictor_compact` for K or V in a paged pool (`kv`, the sequence's block table
+ * `table`, the round's `n_cells` tokens): each head's kept tokens of `layer` move to the
+ * front of the sequence's own blocks, in place, order kept (`kve_paged_compact`).
+ * `*blocks_freed`: the trailing table entries of the sequence's `ceil(n_cells /
+ * block_size)` that now hold nothing, for the engine's block manager to release (at
+ * token granularity the same for every layer, K and V). Table errors as
+ * `kve_evictor_score_layer_paged`'s; a context without `paged` works too (the table
+ * check needs `max_cells` ids of the context's workspace). Everything is checked before
+ * the first byte moves: on error the pool and `*blocks_freed` are as they were.
+ */
+int32_t kve_evictor_compact_paged(struct kve_evictor *evictor,
+                                  uint64_t seq,
+                                  uint64_t layer,
+                                  const struct kve_paged_layout *kv,
+                                  const uint32_t *table,
+                                  uint64_t table_len,
+                                  uint64_t *blocks_freed);
 
 /**
  * Record that sequence `seq` now holds the kept cells of its selected round (the engine

@@ -191,8 +191,22 @@ pub fn table_check_size(layout: &PagedLayout) -> Result<usize> {
     Ok(ws.total())
 }
 
+/// Workspace bytes the table check of a sequence of `n` tokens needs at least: the
+/// bitmap ([`table_check_size`]) or, when smaller, a sorted copy of the sequence's
+/// `ceil(n / block_size)` table entries (8 bytes each). Any scratch of this size (or
+/// more) checks the table; a larger pool does not grow it (what a context sized once per
+/// model, the evictor's, relies on).
+pub fn table_check_size_for(layout: &PagedLayout, n: usize) -> Result<usize> {
+    let bitmap = table_check_size(layout)?;
+    let mut ws = WorkspaceSize::new();
+    ws.add::<u64>(layout.blocks_for(n))?;
+    Ok(bitmap.min(ws.total()))
+}
+
 /// Check the table entries a sequence of `n` tokens uses: enough of them, each inside the
-/// pool, none repeated. `scratch` holds the bitmap.
+/// pool, none repeated; the first entry in table order that is out of the pool
+/// (`OutOfBounds`) or repeats an earlier one (`Aliasing`) decides. `scratch` holds the
+/// bitmap, or (when it is too short for one) a sorted copy of the entries.
 fn check_table(layout: &PagedLayout, table: &[u32], n: usize, scratch: &mut [u8]) -> Result<()> {
     if n == 0 {
         return Err(Error::InvalidArgument);
@@ -204,13 +218,36 @@ fn check_table(layout: &PagedLayout, table: &[u32], n: usize, scratch: &mut [u8]
     if table.len() < used {
         return Err(Error::ShapeMismatch);
     }
-    if scratch.len() < table_check_size(layout)? {
+    if scratch.len() < table_check_size_for(layout, n)? {
         return Err(Error::WorkspaceTooSmall);
     }
-    let seen = Workspace::new(scratch).take::<u8>(bitmap_bytes(layout.num_blocks))?;
-    for &b in &table[..used] {
+    let table = &table[..used];
+    let nb = layout.num_blocks;
+    let first_out = table.iter().position(|&b| b as usize >= nb);
+    if scratch.len() < table_check_size(layout)? {
+        // (entry, index) sorted: a repeat is a neighbour; the first repeat in table
+        // order is the smallest second index of an equal run
+        let sorted = Workspace::new(scratch).take_dirty::<u64>(used)?;
+        for (i, (s, &b)) in sorted.iter_mut().zip(table).enumerate() {
+            *s = (b as u64) << 32 | i as u64;
+        }
+        sorted.sort_unstable();
+        let first_repeat = sorted
+            .windows(2)
+            .filter(|w| w[0] >> 32 == w[1] >> 32 && ((w[0] >> 32) as usize) < nb)
+            .map(|w| (w[1] & 0xffff_ffff) as usize)
+            .min();
+        return match (first_out, first_repeat) {
+            (Some(o), Some(r)) if r < o => Err(Error::Aliasing),
+            (Some(_), _) => Err(Error::OutOfBounds),
+            (None, Some(_)) => Err(Error::Aliasing),
+            (None, None) => Ok(()),
+        };
+    }
+    let seen = Workspace::new(scratch).take::<u8>(bitmap_bytes(nb))?;
+    for &b in table {
         let b = b as usize;
-        if b >= layout.num_blocks {
+        if b >= nb {
             return Err(Error::OutOfBounds);
         }
         let (byte, bit) = (b / 8, 1u8 << (b % 8));
@@ -335,7 +372,7 @@ fn typed<T: PoolElement>(layout: &PagedLayout) -> Result<()> {
 
 /// A sequence's K or V in a paged pool, read-only. Construction checks the layout against
 /// the buffer and the table entries the sequence uses (`scratch`: [`table_check_size`]
-/// bytes), so every access stays inside the pool.
+/// bytes, or [`table_check_size_for`] the sequence), so every access stays inside the pool.
 #[derive(Clone, Copy, Debug)]
 pub struct PagedView<'a> {
     pool: Pool<'a>,

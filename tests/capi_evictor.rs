@@ -605,3 +605,230 @@ fn device_form_without_cuda_is_not_built() {
     assert_eq!((h, d, t), (7, 7, 7));
     assert!(ev.is_null() && c.is_null() && mem.iter().all(|&b| b == 7));
 }
+
+/// A `KVE_PAGED_NHD_KV_OUTER` pool (vLLM's FlashAttention layout, one per layer) holding
+/// `xs`' K and V through a scattered block table, noise elsewhere.
+struct PagedModel {
+    pools: Vec<Vec<f32>>,
+    table: Vec<u32>,
+    nb: usize,
+    bs: usize,
+}
+
+impl PagedModel {
+    fn new(xs: &[Layer], bs: usize) -> PagedModel {
+        let used = N.div_ceil(bs);
+        let nb = 2 * used + 1;
+        // block b of the sequence is pool block (5 b + 3) mod nb (nb odd, 5 coprime)
+        let table: Vec<u32> = (0..used).map(|b| ((5 * b + 3) % nb) as u32).collect();
+        let mut m = PagedModel {
+            pools: vec![],
+            table,
+            nb,
+            bs,
+        };
+        for (l, x) in xs.iter().enumerate() {
+            let mut pool = data(2 * nb * bs * HKV * D, 900 + l as u64);
+            for (kv, src) in [&x.k, &x.v].into_iter().enumerate() {
+                for h in 0..HKV {
+                    for t in 0..N {
+                        let at = m.at(kv, t, h);
+                        pool[at..at + D].copy_from_slice(&src[(h * N + t) * D..][..D]);
+                    }
+                }
+            }
+            m.pools.push(pool);
+        }
+        m
+    }
+    /// Element of (K or V, token, head, dim 0).
+    fn at(&self, kv: usize, t: usize, h: usize) -> usize {
+        let block = self.table[t / self.bs] as usize;
+        ((kv * self.nb + block) * self.bs + t % self.bs) * HKV * D + h * D
+    }
+    fn layout(&self, l: usize, kv: u32) -> kve_paged_layout {
+        let mut out = std::mem::MaybeUninit::<kve_paged_layout>::uninit();
+        let p = &self.pools[l];
+        // SAFETY: a writable struct, the pool's pointer and length.
+        let st = unsafe {
+            kve_paged_layout_init(
+                out.as_mut_ptr(),
+                kvevict::PagedKind::NhdKvOuter as u32,
+                p.as_ptr() as *const c_void,
+                p.len() as u64,
+                kvevict::DType::F32 as u32,
+                self.nb as u64,
+                self.bs as u64,
+                HKV as u64,
+                D as u64,
+                1,
+                0,
+                kv,
+            )
+        };
+        assert_eq!(st, KVE_OK);
+        // SAFETY: initialised by the call above.
+        unsafe { out.assume_init() }
+    }
+    fn views(&self, l: usize, x: &Layer) -> kve_evictor_paged_layer {
+        let mut v = std::mem::MaybeUninit::<kve_evictor_paged_layer>::uninit();
+        // SAFETY: a writable struct of the size passed.
+        let st = unsafe {
+            kve_evictor_paged_layer_init(v.as_mut_ptr(), KVE_EVICTOR_PAGED_LAYER_V1_SIZE)
+        };
+        assert_eq!(st, KVE_OK);
+        // SAFETY: initialised above.
+        let mut v = unsafe { v.assume_init() };
+        v.keys = self.layout(l, 0);
+        v.values = self.layout(l, 1);
+        (v.table, v.table_len) = (self.table.as_ptr(), self.table.len() as u64);
+        v.queries = contiguous(&x.q, [HQ, N, D]);
+        v
+    }
+}
+
+/// A paged round through C: the same kept cells as the strided round, compaction in the
+/// pool bit-identical to `kve_evictor_compact` with the trailing blocks reported free;
+/// bad tables and layouts refused with the context and the pool unchanged.
+#[test]
+fn paged_rounds_through_c_match_the_strided_ones() {
+    let xs = layers(11);
+    for (preset, bs) in [
+        (Preset::LaProxSpan, 16),
+        (Preset::SnapKv, 7),
+        (Preset::KNorm, 1),
+    ] {
+        let mut cp = std::mem::MaybeUninit::<kve_evictor_config>::uninit();
+        // SAFETY: a writable struct of the size passed.
+        let st = unsafe {
+            kve_evictor_config_init(cp.as_mut_ptr(), KVE_EVICTOR_CONFIG_V2_SIZE, preset as u32)
+        };
+        assert_eq!(st, KVE_OK);
+        // SAFETY: initialised above.
+        let mut cp = unsafe { cp.assume_init() };
+        let c = config(preset as u32);
+        (cp.layers, cp.hq, cp.hkv, cp.dk, cp.dv, cp.d_model) =
+            (c.layers, c.hq, c.hkv, c.dk, c.dv, c.d_model);
+        (cp.max_cells, cp.max_seqs, cp.granularity) = (c.max_cells, c.max_seqs, c.granularity);
+        assert_eq!(cp.paged, 0);
+        cp.paged = 1;
+        let (a, b) = (evictor(&c), evictor(&cp));
+        let mut m = PagedModel::new(&xs, bs);
+        let target = 25u64;
+        // SAFETY: valid pointers and sizes throughout.
+        unsafe {
+            for ev in [a, b] {
+                for l in 0..L {
+                    let wo = data(HQ * D * 16, 40 + l as u64);
+                    let t = contiguous(&wo, [HQ, D, 16]);
+                    let st = kve_evictor_set_output_projection(ev, l as u64, &t);
+                    assert!(st == KVE_OK || st == KVE_ERR_INVALID_ARGUMENT);
+                }
+                assert_eq!(kve_evictor_begin(ev, 0, N as u64, target), KVE_OK);
+            }
+            // a strided context refuses paged layers
+            let v0 = m.views(0, &xs[0]);
+            refused(a, KVE_ERR_INVALID_ARGUMENT, || {
+                kve_evictor_score_layer_paged(a, 0, 0, &v0)
+            });
+            // bad tables: out of the pool, -1 padding, a repeat, too short
+            let used = m.table.len();
+            let mut bad: Vec<(Vec<u32>, i32)> = vec![];
+            let mut t = m.table.clone();
+            t[1] = m.nb as u32;
+            bad.push((t, KVE_ERR_OUT_OF_BOUNDS));
+            let mut t = m.table.clone();
+            t[used - 1] = u32::MAX;
+            bad.push((t, KVE_ERR_OUT_OF_BOUNDS));
+            if used > 1 {
+                let mut t = m.table.clone();
+                t[used - 1] = t[0];
+                bad.push((t, KVE_ERR_ALIASING));
+            }
+            bad.push((m.table[..used - 1].to_vec(), KVE_ERR_SHAPE_MISMATCH));
+            for (t, want) in &bad {
+                let mut v = m.views(0, &xs[0]);
+                (v.table, v.table_len) = (t.as_ptr(), t.len() as u64);
+                refused(b, *want, || kve_evictor_score_layer_paged(b, 0, 0, &v));
+            }
+            let mut v = m.views(0, &xs[0]);
+            v.keys.heads = 1; // not the model's Hkv
+            refused(b, KVE_ERR_SHAPE_MISMATCH, || {
+                kve_evictor_score_layer_paged(b, 0, 0, &v)
+            });
+            refused(b, KVE_ERR_NULL_POINTER, || {
+                kve_evictor_score_layer_paged(b, 0, 0, std::ptr::null())
+            });
+            for (l, x) in xs.iter().enumerate() {
+                assert_eq!(kve_evictor_score_layer(a, 0, l as u64, &views(x)), KVE_OK);
+                let v = m.views(l, x);
+                assert_eq!(kve_evictor_score_layer_paged(b, 0, l as u64, &v), KVE_OK);
+            }
+            let (mut ka, mut kb) = (0u64, 0u64);
+            assert_eq!(kve_evictor_select(a, 0, &mut ka), KVE_OK);
+            assert_eq!(kve_evictor_select(b, 0, &mut kb), KVE_OK);
+            assert_eq!(ka, kb);
+            let (mut ca, mut cb) = (vec![0u32; N], vec![0u32; N]);
+            let (mut na, mut nb) = (0u64, 0u64);
+            assert_eq!(
+                kve_evictor_kept_cells(a, 0, ca.as_mut_ptr(), N as u64, &mut na),
+                KVE_OK
+            );
+            assert_eq!(
+                kve_evictor_kept_cells(b, 0, cb.as_mut_ptr(), N as u64, &mut nb),
+                KVE_OK
+            );
+            assert_eq!(
+                (&ca[..na as usize], na),
+                (&cb[..nb as usize], nb),
+                "{preset:?}"
+            );
+            assert!(na < N as u64);
+            // compaction: strided K/V through `a`, the pool through `b`
+            let mut freed = 77u64;
+            let lay = m.layout(0, 0);
+            let mut t = m.table.clone();
+            t[0] = m.nb as u32;
+            let before = m.pools[0].clone();
+            let st =
+                kve_evictor_compact_paged(b, 0, 0, &lay, t.as_ptr(), t.len() as u64, &mut freed);
+            assert_eq!((st, freed), (KVE_ERR_OUT_OF_BOUNDS, 77));
+            assert!(m.pools[0] == before, "written on error");
+            for (l, x) in xs.iter().enumerate() {
+                for (kv, src) in [&x.k, &x.v].into_iter().enumerate() {
+                    let mut strided = src.clone();
+                    let tv = contiguous(&strided, [HKV, N, D]);
+                    assert_eq!(kve_evictor_compact(a, 0, l as u64, &tv), KVE_OK);
+                    strided =
+                        std::slice::from_raw_parts(tv.data as *const f32, strided.len()).to_vec();
+                    let lay = m.layout(l, kv as u32);
+                    let (tp, tl) = (m.table.as_ptr(), m.table.len() as u64);
+                    let st = kve_evictor_compact_paged(b, 0, l as u64, &lay, tp, tl, &mut freed);
+                    assert_eq!(st, KVE_OK);
+                    assert_eq!(freed as usize, N.div_ceil(bs) - (na as usize).div_ceil(bs));
+                    for h in 0..HKV {
+                        for r in 0..na as usize {
+                            let at = m.at(kv, r, h);
+                            let want = &strided[(h * N + r) * D..][..D];
+                            assert!(
+                                m.pools[l][at..at + D]
+                                    .iter()
+                                    .zip(want)
+                                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                                "{preset:?} layer {l} kv {kv} head {h} row {r}"
+                            );
+                        }
+                    }
+                }
+            }
+            assert_eq!(kve_evictor_commit(b, 0), KVE_OK);
+            // no round: nothing to compact
+            let lay = m.layout(0, 0);
+            let (tp, tl) = (m.table.as_ptr(), m.table.len() as u64);
+            refused(b, KVE_ERR_INVALID_ARGUMENT, || {
+                kve_evictor_compact_paged(b, 0, 0, &lay, tp, tl, &mut freed)
+            });
+            m.pools.clear();
+        }
+    }
+}

@@ -8,38 +8,8 @@ use kvevict::compact::compact_in_place;
 use kvevict::paged::*;
 use kvevict::*;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    /// A random permutation of 0..n.
-    fn perm(&mut self, n: usize) -> Vec<u32> {
-        let mut v: Vec<u32> = (0..n as u32).collect();
-        for i in (1..n).rev() {
-            v.swap(i, self.below(i + 1));
-        }
-        v
-    }
-}
-
-const KINDS: [PagedKind; 6] = [
-    PagedKind::Nhd,
-    PagedKind::NhdKvInner,
-    PagedKind::NhdKvOuter,
-    PagedKind::Hnd,
-    PagedKind::HndKvInner,
-    PagedKind::TrtLlm,
-];
+mod paged_common;
+use paged_common::{Rng, KINDS};
 
 /// A model's K and V for `layers` layers in an engine's pool(s): raw bits in `u32`
 /// storage (two f16 per word), whatever the kind keeps in one buffer kept in one.
@@ -78,12 +48,7 @@ impl Pools {
         let nbuf = p.buffers();
         for b in 0..nbuf {
             // the longest of the tensors this buffer holds
-            let len = (0..layers)
-                .flat_map(|l| [(l, 0), (l, 1)])
-                .filter(|&(l, kv)| p.buf_of(l, kv) == b)
-                .map(|(l, kv)| p.layout(l, kv).required_len().unwrap())
-                .max()
-                .unwrap();
+            let len = paged_common::buffer_len(kind, layers, b, |l, kv| p.layout(l, kv));
             let words = (len * dtype.size()).div_ceil(4);
             // noise everywhere: a read of a wrong block shows
             let mut buf = vec![0u32; words];
@@ -96,25 +61,13 @@ impl Pools {
         p
     }
     fn buffers(&self) -> usize {
-        match self.kind {
-            PagedKind::Nhd | PagedKind::Hnd => 2 * self.layers,
-            PagedKind::TrtLlm => 1,
-            _ => self.layers,
-        }
+        paged_common::buffers(self.kind, self.layers)
     }
     fn buf_of(&self, l: usize, kv: usize) -> usize {
-        match self.kind {
-            PagedKind::Nhd | PagedKind::Hnd => 2 * l + kv,
-            PagedKind::TrtLlm => 0,
-            _ => l,
-        }
+        paged_common::buf_of(self.kind, l, kv)
     }
     fn layout(&self, l: usize, kv: usize) -> PagedLayout {
-        let (layers, layer, kv) = match self.kind {
-            PagedKind::TrtLlm => (self.layers, l, kv),
-            PagedKind::Nhd | PagedKind::Hnd => (1, 0, 0),
-            _ => (1, 0, kv),
-        };
+        let (layers, layer, kv) = paged_common::tensor_args(self.kind, self.layers, l, kv);
         PagedLayout::new(
             self.kind,
             self.dtype,

@@ -2115,8 +2115,16 @@ impl Ev {
 /// device form); returns the last status. A compaction works on a copy of the arena.
 unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool) -> i32 {
     let mut c: kve_evictor_config = std::mem::zeroed();
-    if kve_evictor_config_init(&mut c, KVE_EVICTOR_CONFIG_V1_SIZE, r.enum_val(10)) != KVE_OK {
-        c.struct_size = KVE_EVICTOR_CONFIG_V1_SIZE;
+    let size = if r.chance(2) {
+        KVE_EVICTOR_CONFIG_V1_SIZE
+    } else {
+        KVE_EVICTOR_CONFIG_V2_SIZE
+    };
+    if kve_evictor_config_init(&mut c, size, r.enum_val(10)) != KVE_OK {
+        c.struct_size = size;
+    }
+    if size == KVE_EVICTOR_CONFIG_V2_SIZE {
+        (c.paged, c.paged_dtype) = (r.u8() as u32 % 3, r.enum_val(3));
     }
     c.preset = r.enum_val(10);
     (c.layers, c.hq, c.hkv) = (r.size(4), r.size(8), r.size(4));
@@ -2156,6 +2164,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
         c.link_threshold = 0.0;
         (c.policy, c.granularity) = (r.u8() as u32 % 3, KVE_EVICTOR_PRESET_GRANULARITY);
         (c.score, c.select) = (std::ptr::null(), std::ptr::null());
+        (c.paged, c.paged_dtype) = (c.paged % 2, r.u8() as u32 % 3);
     }
     let (mut bytes, mut dev_bytes) = (CANARY as u64, CANARY as u64);
     let st = if device {
@@ -2257,7 +2266,49 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
             fit(r, a, &mut t, e);
             t
         };
-        let call = r.u8() % 11;
+        // a K or V tensor of `d` dims in a pool over `base` (the arena or a copy), and a
+        // sequence's table: mostly distinct entries of the pool, sometimes hostile
+        let paged_of = |r: &mut R, base: *const u8, d: u64| {
+            let dtype = r.enum_val(3);
+            let es = if dtype == 0 { 4 } else { 2 };
+            let off = (r.u8() as usize % 64) * 8;
+            let len = (ARENA - off) as u64 / es;
+            let (nb, bs) = (r.size(16), r.size(8));
+            let h = if r.chance(8) { r.size(4) } else { hkv };
+            let d = if r.chance(8) { r.size(16) } else { d };
+            let (kind, kv) = (r.enum_val(6), r.u8() as u32 % 2);
+            let stacked = matches!(kind, 1 | 2 | 4 | 5);
+            let layers = if kind == 5 { 1 + r.u8() as u64 % 3 } else { 1 };
+            let mut kl: kve_paged_layout = std::mem::zeroed();
+            let data = base.add(off) as *const c_void;
+            let kv = if stacked { kv } else { 0 };
+            kve_paged_layout_init(&mut kl, kind, data, len, dtype, nb, bs, h, d, layers, 0, kv);
+            kl.pad = r.chance(50) as u32;
+            kl
+        };
+        let table_of = |r: &mut R, kl: &kve_paged_layout| -> Vec<u32> {
+            let nb = kl.num_blocks.min(64) as u32;
+            let bs = kl.block_size.max(1);
+            let tl = (cells.min(1 << 12).div_ceil(bs) as usize + r.u8() as usize % 3)
+                .saturating_sub(1)
+                .min(64);
+            let mut t: Vec<u32> = (0..nb.max(1)).collect();
+            for i in (1..t.len()).rev() {
+                t.swap(i, r.u8() as usize % (i + 1));
+            }
+            t.resize(tl, 0);
+            for e in t.iter_mut() {
+                if r.chance(16) {
+                    *e = if r.chance(2) {
+                        r.u32()
+                    } else {
+                        r.u8() as u32 % (nb + 1)
+                    };
+                }
+            }
+            t
+        };
+        let call = r.u8() % 13;
         st = match call {
             0 => {
                 let rows = 1 + r.u8() as u64 % 40;
@@ -2387,6 +2438,54 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 Ev::Host(e) => kve_evictor_commit(*e, seq),
                 Ev::Device(e, ..) => kve_cuda_evictor_commit(*e, seq),
             },
+            // paged views: the host form only (the device form's size refuses `paged`)
+            11 if !matches!(ev, Ev::Host(_)) => KVE_OK,
+            12 if !matches!(ev, Ev::Host(_)) => KVE_OK,
+            11 => {
+                let &Ev::Host(e) = &ev else { unreachable!() };
+                let mut pl: kve_evictor_paged_layer = std::mem::zeroed();
+                kve_evictor_paged_layer_init(&mut pl, KVE_EVICTOR_PAGED_LAYER_V1_SIZE);
+                pl.keys = paged_of(r, a.base(), c.dk);
+                if r.chance(3) {
+                    pl.values = paged_of(r, a.base(), c.dv);
+                }
+                let t = table_of(r, &pl.keys);
+                pl.table = if t.is_empty() && r.chance(2) {
+                    std::ptr::null()
+                } else {
+                    t.as_ptr()
+                };
+                pl.table_len = t.len() as u64;
+                let rows = 1 + r.u8() as u64 % 40;
+                pl.queries = tensor_of(r, [c.hq, rows, c.dk]);
+                pl.reserved = r.chance(32) as u32;
+                kve_evictor_score_layer_paged(e, seq, layer, &pl)
+            }
+            12 => {
+                let &Ev::Host(e) = &ev else { unreachable!() };
+                // compaction writes through the pool: a copy of the arena
+                let mut copy = a.buf.clone();
+                let kl = paged_of(r, copy.as_mut_ptr() as *const u8, c.dk);
+                let t = table_of(r, &kl);
+                let before = copy.clone();
+                let mut freed = CANARY as u64;
+                let s = kve_evictor_compact_paged(
+                    e,
+                    seq,
+                    layer,
+                    &kl,
+                    t.as_ptr(),
+                    t.len() as u64,
+                    &mut freed,
+                );
+                if s != KVE_OK {
+                    assert!(
+                        copy == before && freed == CANARY as u64,
+                        "paged compaction wrote on error (status {s})"
+                    );
+                }
+                s
+            }
             _ => {
                 let mut stats: kve_evictor_stats = std::mem::zeroed();
                 let size = if r.chance(8) {

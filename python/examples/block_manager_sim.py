@@ -6,12 +6,16 @@ has room for a prompt, one decode token per running sequence per step (a new blo
 the last one is full; preemption by recomputation, the youngest first, when none is
 free), blocks released when a sequence finishes. With eviction (keep ratio r < 1), at
 the end of each prefill, one-shot (kvpress / TensorRT-LLM ``on_context_step_end``
-style), kvevict's stage API scores the prompt through the paged views (``paged_gather``
-of every layer's K and V from the pool, ``score_layer`` with LaProx-span, one token
-set for the model: ``select_model`` at token granularity), compacts every layer's K and V
-in place in the sequence's own blocks (``paged_compact``) and the trailing blocks go
-back to the pool. Decode tokens continue at the original positions
-(``kept_positions``).
+style), the evictor (``kvevict.Evictor``, the simple API, over paged views: ``paged=``)
+runs a round on the sequence's slot: the prefill's last window queries observed per
+layer (``observe_queries``), ``plan`` (keep ratio r of the prompt, the window inside),
+``begin``, ``score_layer_paged`` every layer straight from the pool through the
+sequence's block table (LaProx-span, token granularity), ``select``,
+``compact_paged`` every layer's K and V in place in the sequence's own blocks, whose
+answer (``blocks_freed``) the block manager releases to the pool, ``commit``. Decode
+tokens continue at the original positions (the kept cells' positions). A sequence holds
+an evictor slot while it runs (the evictor's per-sequence state: its counters are
+checked against the table), returned when it finishes or is preempted.
 
 Checked all along: the pool's free list and the sequences' tables partition the blocks
 (no block leaked, none owned twice, a release of a block the sequence does not own is a
@@ -21,8 +25,7 @@ every block is free again.
 
 Reported per keep ratio: admissions, preemptions, the mean number of running sequences
 (over the steps where the queue was not empty: the pool is the limit) and that mean
-relative to no eviction. The evictor (the simple API, issue 26) was not on a branch with
-a C API / Python binding when this was written: the stage API drives it.
+relative to no eviction.
 
     PYTHONPATH=python python3 python/examples/block_manager_sim.py --admissions 10000
 """
@@ -83,7 +86,7 @@ class Seq:
         self.reset()
 
     def reset(self):
-        self.blocks, self.n, self.generated = [], 0, 0
+        self.blocks, self.n, self.generated, self.slot = [], 0, 0, None
         self.positions = np.zeros(0, np.uint32)
         self.next_pos = 0
 
@@ -98,9 +101,9 @@ class Sim:
         self.kv = [np.zeros((blocks, 2, block_size, HKV, D), np.float16) for _ in range(L)]
         self.phase = rng.standard_normal((L, 2, HKV, D)).astype(np.float32)
         self.freq = rng.uniform(0.01, 0.5, (L, 2, HKV, D)).astype(np.float32)
-        self.params = kve.ScoreParams("laprox-span")
-        wo = [(rng.standard_normal((HQ, D, DM)) / np.sqrt(DM)).astype(np.float32) for _ in range(L)]
-        self.gram = [kve.compute_gram(w, HKV) for w in wo]
+        self.wo = [(rng.standard_normal((HQ, D, DM)) / np.sqrt(DM)).astype(np.float32)
+                   for _ in range(L)]
+        self.ev, self.slots = None, []
         self.stats = collections.Counter({k: 0 for k in (
             "admissions", "finished", "preemptions", "blocks_freed_by_eviction", "tokens_evicted",
             "verified")})
@@ -121,6 +124,25 @@ class Sim:
     def cache(self, l, kv):
         return kve.pool_tensor(self.kv[l], "nhd-kv-inner", kv=kv)[0]
 
+    def start_evictor(self, max_cells, max_seqs):
+        """The evictor: LaProx-span at token granularity, keep ratio ``keep`` of what is
+        new since the last compression, one slot per running sequence, K/V from f16 pools."""
+        self.ev = kve.Evictor("laprox-span", layers=L, hq=HQ, hkv=HKV, dk=D, d_model=DM,
+                              max_cells=max_cells, max_seqs=max_seqs, keep_ratio=self.keep,
+                              min_keep=0, window=W, granularity="token", paged="float16")
+        for l in range(L):
+            self.ev.set_output_projection(l, self.wo[l])
+        self.slots = list(range(max_seqs))
+
+    def release(self, s):
+        """The sequence's blocks and its evictor slot go back."""
+        self.pool.release(s.id, s.blocks)
+        s.blocks = []
+        if s.slot is not None:
+            self.ev.reset(s.slot)
+            self.slots.append(s.slot)
+            s.slot = None
+
     def admit(self, s):
         need = -(-s.prompt // self.bs)
         blocks = self.pool.alloc(s.id, need)
@@ -139,37 +161,47 @@ class Sim:
                     self.kv[l][b, kv, :len(chunk)] = chunk
         self.stats["admissions"] += 1
         if self.keep < 1.0:
+            s.slot = self.slots.pop()
+            # the prefill's queries: the evictor keeps the last window of them per layer
+            for l in range(L):
+                q = self.rng.standard_normal((HQ, W, D)).astype(np.float32)
+                self.ev.observe_queries(s.slot, l, q)
             self.evict(s)
         return True
 
     def evict(self, s):
-        n = s.n
+        """One evictor round on the sequence, straight from the pool; its trailing blocks
+        go back to the block pool."""
+        n, ev, slot = s.n, self.ev, s.slot
         table = np.asarray(s.blocks, np.int32)
-        budget = kve.budget_keep_ratio_total(n, W, self.keep)
-        scores = np.empty((L, HKV, n - W), np.float32)
+        target = ev.plan(slot, n)
+        if target >= n:
+            return
+        ev.begin(slot, n, target)
         for l in range(L):
-            k = kve.paged_gather(self.cache(l, 0), table, n)
-            v = kve.paged_gather(self.cache(l, 1), table, n)
-            q = self.rng.standard_normal((HQ, W, D)).astype(np.float32)
-            scores[l] = kve.score_layer(self.params, q, k, v, gram=self.gram[l])
-        offsets, indices = kve.select_model(kve.SelectParams.laprox_span(budget=budget), scores, n, W)
+            ev.score_layer_paged(slot, l, self.cache(l, 0), table, self.cache(l, 1))
+        ev.select(slot)
+        kept = ev.kept_cells(slot)
         freed = None
         for l in range(L):
             for kv in range(2):
-                f, kept_pos, lengths = kve.paged_compact(
-                    self.cache(l, kv), table, n, offsets, indices, first_unit=l * HKV, shared=True,
-                    positions=s.positions)
+                f = ev.compact_paged(slot, l, self.cache(l, kv), table)
                 if freed is not None and f != freed:
                     raise AssertionError("layers disagree on the blocks freed")
                 freed = f
-        kept = int(lengths[0])
+        ev.commit(slot)
+        if freed != len(s.blocks) - -(-len(kept) // self.bs):
+            raise AssertionError(f"{freed} blocks freed for {len(kept)} kept cells")
         if freed:
             gone = s.blocks[len(s.blocks) - freed:]
             s.blocks = s.blocks[:len(s.blocks) - freed]
             self.pool.release(s.id, gone)
+        st = ev.stats(slot)
+        if (st["cells"], st["evictions"]) != (len(kept), 1):
+            raise AssertionError(f"the evictor books {st} for {len(kept)} kept cells")
         self.stats["blocks_freed_by_eviction"] += freed
-        self.stats["tokens_evicted"] += n - kept
-        s.positions, s.n = kept_pos.copy(), kept
+        self.stats["tokens_evicted"] += n - len(kept)
+        s.positions, s.n = s.positions[kept], len(kept)
         if self.verify_every and self.stats["admissions"] % self.verify_every == 0:
             self.verify(s)
 
@@ -186,6 +218,9 @@ class Sim:
 
     def run(self, admissions, prompt_range, out_range):
         rng = np.random.default_rng(12345)  # the same workload for every keep ratio
+        if self.keep < 1.0:
+            # a running sequence holds at least one block: at most `blocks` of them
+            self.start_evictor(prompt_range[1], self.pool.n)
         waiting = collections.deque()
         running, next_id, steps, busy_steps, busy_running = [], 0, 0, 0, 0
         while True:
@@ -211,7 +246,7 @@ class Sim:
                     got = self.pool.alloc(s.id, 1)
                     while got is None:
                         victim = running.pop()  # the youngest
-                        self.pool.release(victim.id, victim.blocks)
+                        self.release(victim)
                         victim.reset()
                         waiting.appendleft(victim)
                         self.stats["preemptions"] += 1
@@ -228,14 +263,15 @@ class Sim:
                 s.generated += 1
                 if s.generated == s.out:
                     running.remove(s)
-                    self.pool.release(s.id, s.blocks)
-                    s.blocks = []
+                    self.release(s)
                     self.stats["finished"] += 1
             if steps % 64 == 0:
                 self.pool.check(running)
         self.pool.check([])
         if len(self.pool.free) != self.pool.n:
             raise AssertionError("blocks still held after the run drained")
+        if self.ev is not None and len(self.slots) != self.pool.n:
+            raise AssertionError("evictor slots still held after the run drained")
         return {"steps": steps, "mean_running": busy_running / max(busy_steps, 1), **self.stats}
 
 
@@ -252,7 +288,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     print(f"pool {a.blocks} blocks x {a.block_size} tokens, L={L} Hkv={HKV} d={D} f16, prompts "
           f"{a.prompt[0]}..{a.prompt[1] - 1}, outputs {a.out[0]}..{a.out[1] - 1}, laprox-span "
-          f"(window {W}), token granularity, one-shot after prefill; library {kve.library_path()}")
+          f"(window {W}), token granularity, one-shot after prefill through kvevict.Evictor "
+          f"(paged); library {kve.library_path()}")
     print(f"{'keep':>5} {'admissions':>10} {'finished':>8} {'preempt':>7} {'steps':>6} "
           f"{'mean running':>12} {'vs no eviction':>14} {'blocks freed':>12} {'verified':>8} {'s':>6}")
     base, rows = None, []

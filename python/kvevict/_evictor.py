@@ -9,9 +9,10 @@ import ctypes
 import numpy as np
 
 from ._api import _wo, kept_lists
-from ._core import GRANULARITIES, PRESETS, call, floats, make_tensor, ptr
-from ._lib import (kve_evictor_config, kve_evictor_layer, kve_evictor_requirements,
-                   kve_evictor_stats)
+from ._core import DTYPES, GRANULARITIES, PRESETS, call, floats, make_tensor, ptr
+from ._lib import (kve_evictor_config, kve_evictor_layer, kve_evictor_paged_layer,
+                   kve_evictor_requirements, kve_evictor_stats)
+from ._paged import _layout, _table
 
 _POLICY_EXPLICIT, _POLICY_KEEP_RATIO, _POLICY_CELLS = 0, 1, 2
 _WO = {0: None, 1: "once", 2: "every-round"}
@@ -32,6 +33,10 @@ class Evictor:
       neither: the engine's own targets (:meth:`begin`).
     - ``link_threshold``: value links (``kvevict.LINK_THRESHOLD``) for the selections with
       a flat forward post-pool (laprox-span, uniqueness).
+    - ``paged``: K/V come from paged pools (:meth:`score_layer_paged`,
+      :meth:`compact_paged`): ``True`` or the pools' largest dtype (``"float32"``,
+      ``"float16"``, ``"bfloat16"``; ``True`` is float32); the context then holds one
+      layer's K and V gathered from the pool.
 
     A round: :meth:`plan` → :meth:`begin` → :meth:`score_layer` per layer → :meth:`select`
     → :meth:`kept` / :meth:`kept_cells` / :meth:`evicted_cells` / :meth:`compact` →
@@ -40,12 +45,13 @@ class Evictor:
 
     def __init__(self, preset, *, layers, hq, hkv, dk, dv=None, d_model=0, max_cells,
                  max_seqs=1, keep_ratio=None, min_keep=64, cells=None, window=None,
-                 granularity=None, link_threshold=None, score_params=None, select_params=None):
+                 granularity=None, link_threshold=None, score_params=None, select_params=None,
+                 paged=None):
         c = evictor_config(preset, layers=layers, hq=hq, hkv=hkv, dk=dk, dv=dv, d_model=d_model,
                            max_cells=max_cells, max_seqs=max_seqs, keep_ratio=keep_ratio,
                            min_keep=min_keep, cells=cells, window=window,
                            granularity=granularity, link_threshold=link_threshold,
-                           score_params=score_params, select_params=select_params)
+                           score_params=score_params, select_params=select_params, paged=paged)
         size = ctypes.c_uint64()
         call("kve_evictor_size", ctypes.byref(c), ctypes.byref(size))
         self._mem = np.empty(size.value, np.uint8)
@@ -89,17 +95,45 @@ class Evictor:
         call("kve_evictor_layer_init", ctypes.byref(v), ctypes.sizeof(v))
         keep = [make_tensor(keys, "keys")]
         v.keys = keep[0].c
-        for name, x in (("values", values), ("queries", queries)):
-            if x is not None:
-                keep.append(make_tensor(x, name))
-                setattr(v, name, keep[-1].c)
+        if values is not None:
+            keep.append(make_tensor(values, "values"))
+            v.values = keep[-1].c
+        self._side_inputs(v, keep, queries, row_lse, wo, "Evictor.score_layer")
+        call("kve_evictor_score_layer", self._ev, seq, layer, ctypes.byref(v))
+
+    def _side_inputs(self, v, keep, queries, row_lse, wo, what):
+        """``queries``, ``row_lse`` and ``wo`` into a layer struct ``v`` (arrays kept alive
+        in ``keep``)."""
+        if queries is not None:
+            keep.append(make_tensor(queries, "queries"))
+            v.queries = keep[-1].c
         if wo is not None:
-            keep.append(_wo(wo, self.hq, None, "Evictor.score_layer"))
+            keep.append(_wo(wo, self.hq, None, what))
             v.wo = keep[-1].c
         if row_lse is not None:
             keep.append(floats(row_lse, "row_lse"))
             v.row_lse, v.row_lse_len = ptr(keep[-1]), keep[-1].size
-        call("kve_evictor_score_layer", self._ev, seq, layer, ctypes.byref(v))
+
+    def score_layer_paged(self, seq, layer, keys, table, values=None, queries=None, row_lse=None,
+                          wo=None, *, layout="nhd", dtype=None):
+        """:meth:`score_layer` with K and V in paged pools (an evictor made with ``paged``):
+        ``keys`` / ``values`` 4-D caches as :func:`kvevict.paged_gather` reads them
+        (``layout`` "nhd" ``[blocks, slots, Hkv, d]`` or "hnd" ``[blocks, Hkv, slots, d]``,
+        any strides: :func:`kvevict.pool_tensor` slices an engine's pool), ``table`` the
+        sequence's block ids (K and V share it; the round's ``n_cells`` tokens are read).
+        Kept sets are bit-identical to :meth:`score_layer` on the same K/V."""
+        v = kve_evictor_paged_layer()
+        call("kve_evictor_paged_layer_init", ctypes.byref(v), ctypes.sizeof(v))
+        v.keys, ka = _layout(keys, layout, dtype, False)
+        keep = [ka]
+        if values is not None:
+            v.values, va = _layout(values, layout, dtype, False)
+            keep.append(va)
+        t = _table(table)
+        keep.append(t)
+        v.table, v.table_len = t.ctypes.data, t.size
+        self._side_inputs(v, keep, queries, row_lse, wo, "Evictor.score_layer_paged")
+        call("kve_evictor_score_layer_paged", self._ev, seq, layer, ctypes.byref(v))
 
     def select(self, seq):
         """Select the round's kept set once every layer is scored; returns the number of
@@ -141,6 +175,19 @@ class Evictor:
         t = make_tensor(kv, "kv", writable=True)
         call("kve_evictor_compact", self._ev, seq, layer, ctypes.byref(t.c))
 
+    def compact_paged(self, seq, layer, cache, table, *, layout="nhd", dtype=None):
+        """Move ``layer``'s kept tokens of ``cache`` (K or V in a paged pool, writable; as
+        :meth:`score_layer_paged` reads it) to the front of the sequence's own blocks, in
+        place, order kept. Returns ``blocks_freed``: the sequence's trailing table entries
+        (of its first ``ceil(n_cells / block_size)``) that hold nothing now, for the
+        engine's block manager. Nothing is written on error."""
+        c, _ = _layout(cache, layout, dtype, True)
+        t = _table(table)
+        freed = ctypes.c_uint64()
+        call("kve_evictor_compact_paged", self._ev, seq, layer, ctypes.byref(c), ptr(t), t.size,
+             ctypes.byref(freed))
+        return int(freed.value)
+
     def commit(self, seq):
         """``seq`` now holds the kept cells of its selected round."""
         call("kve_evictor_commit", self._ev, seq)
@@ -174,7 +221,7 @@ class Evictor:
 
 def evictor_config(preset, *, layers, hq, hkv, dk, dv=None, d_model=0, max_cells, max_seqs=1,
                    keep_ratio=None, min_keep=64, cells=None, window=None, granularity=None,
-                   link_threshold=None, score_params=None, select_params=None):
+                   link_threshold=None, score_params=None, select_params=None, paged=None):
     """The ``kve_evictor_config`` of :class:`Evictor`'s arguments (the host and device forms
     take the same ones). ``score_params`` / ``select_params`` are referenced by address:
     keep them alive until the evictor is initialised."""
@@ -196,6 +243,8 @@ def evictor_config(preset, *, layers, hq, hkv, dk, dv=None, d_model=0, max_cells
         c.granularity = GRANULARITIES.encode(granularity)
     if link_threshold is not None:
         c.link_threshold = link_threshold
+    if paged is not None and paged is not False:
+        c.paged, c.paged_dtype = 1, DTYPES.encode("float32" if paged is True else paged)
     # the library decodes both structs in kve_evictor_init and keeps no pointer
     if score_params is not None:
         c.score = ctypes.addressof(score_params._c)

@@ -240,6 +240,8 @@ class kve_evictor_config(ctypes.Structure):
         ("min_keep", c_uint64),
         ("high", c_uint64),
         ("low", c_uint64),
+        ("paged", c_uint32),
+        ("paged_dtype", c_uint32),
     ]
 
 
@@ -249,6 +251,21 @@ class kve_evictor_layer(ctypes.Structure):
         ("reserved", c_uint32),
         ("keys", kve_tensor),
         ("values", kve_tensor),
+        ("queries", kve_tensor),
+        ("row_lse", c_void_p),
+        ("row_lse_len", c_uint64),
+        ("wo", kve_tensor),
+    ]
+
+
+class kve_evictor_paged_layer(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("reserved", c_uint32),
+        ("keys", kve_paged_layout),
+        ("values", kve_paged_layout),
+        ("table", c_void_p),
+        ("table_len", c_uint64),
         ("queries", kve_tensor),
         ("row_lse", c_void_p),
         ("row_lse_len", c_uint64),
@@ -266,8 +283,9 @@ class kve_evictor_stats(ctypes.Structure):
         (f, c_uint64) for f in ("cells", "protected_cells", "evictions", "cells_evicted")]
 
 
-assert ctypes.sizeof(kve_evictor_config) == 136
+assert ctypes.sizeof(kve_evictor_config) == 144
 assert ctypes.sizeof(kve_evictor_layer) == 312
+assert ctypes.sizeof(kve_evictor_paged_layer) == 376
 assert ctypes.sizeof(kve_evictor_requirements) == 28
 assert ctypes.sizeof(kve_evictor_stats) == 40
 
@@ -362,12 +380,17 @@ _PROTOS = {
     "kve_evictor_begin": (c_int32, [c_void_p, c_uint64, c_uint64, c_uint64]),
     "kve_evictor_layer_init": (c_int32, [P(kve_evictor_layer), c_uint32]),
     "kve_evictor_score_layer": (c_int32, [c_void_p, c_uint64, c_uint64, P(kve_evictor_layer)]),
+    "kve_evictor_paged_layer_init": (c_int32, [P(kve_evictor_paged_layer), c_uint32]),
+    "kve_evictor_score_layer_paged": (
+        c_int32, [c_void_p, c_uint64, c_uint64, P(kve_evictor_paged_layer)]),
     "kve_evictor_select": (c_int32, [c_void_p, c_uint64, _u64p]),
     "kve_evictor_kept_cells": (c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, _u64p]),
     "kve_evictor_evicted_cells": (c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, _u64p]),
     "kve_evictor_kept_lists": (
         c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, c_void_p, c_uint64]),
     "kve_evictor_compact": (c_int32, [c_void_p, c_uint64, c_uint64, P(kve_tensor)]),
+    "kve_evictor_compact_paged": (
+        c_int32, [c_void_p, c_uint64, c_uint64, P(kve_paged_layout), c_void_p, c_uint64, _u64p]),
     "kve_evictor_commit": (c_int32, [c_void_p, c_uint64]),
     "kve_evictor_seq_reset": (c_int32, [c_void_p, c_uint64]),
     "kve_evictor_get_stats": (c_int32, [c_void_p, c_uint64, P(kve_evictor_stats), c_uint32]),

@@ -21,6 +21,11 @@ Two ways in, both usable wherever kvpress takes a press (``KVPressTextGeneration
   (``score()``: ``[B, Hkv, N]``, the window given the top score as SnapKV does), for
   kvpress's own per-layer top-k and wrappers (``AdaKVPress(KvevictScorerPress(...))``).
 
+Question-aware (the question's queries in the observation window, eval/'s ``aware``
+setting and the papers'): :func:`question_aware` runs kvpress's pipeline with the question
+prefilled with the context but for its last ``tail`` tokens, so every press sees the
+question's rows as its window (and keeps them: the window is always kept).
+
 After a compression ``press.kept`` holds the kept positions (``kept[layer][kv_head]``,
 ascending int64 tensors) and ``press.scores`` the ``[L, Hkv, P]`` scores. Batch size 1
 (the pipeline's); the scores run on the host (``kvevict.torch``): a CUDA model needs a
@@ -43,7 +48,8 @@ from ._core import ScoreParams, SelectParams
 from ._pipeline import make_score_params
 
 __all__ = ["KvevictPress", "KvevictScorerPress", "LaProxPress", "LAVaPress", "LaProxSpanPress",
-           "UniquenessPress", "PRESS_REGISTRY", "head_budget", "window_queries", "layer_scores"]
+           "UniquenessPress", "PRESS_REGISTRY", "head_budget", "window_queries", "layer_scores",
+           "question_aware"]
 
 _NO_QUERIES = ("knorm", "streamingllm", "uniqueness")
 
@@ -237,6 +243,31 @@ class KvevictScorerPress(ScorerPress):
         w = keys.shape[2] - s.shape[1]
         top = s.max().item() + 1 if s.numel() else 1.0
         return torch.nn.functional.pad(s, (0, w), value=top)[None]
+
+
+def question_aware(pipe, context, question, press, *, tail=1, max_new_tokens=50,
+                   answer_prefix="", max_context_length=None):
+    """The answer of kvpress's ``KVPressTextGenerationPipeline`` ``pipe`` with ``press``
+    applied question-aware: the pipeline's own tokens of ``context`` and ``question``
+    (its chat template and tokenizer, as ``pipe(context, question=...)`` makes them) are
+    prefilled and compressed together but for the question's last ``tail`` tokens, which
+    are fed afterwards through the compressed cache (``tail >= 1``: the first answer token
+    must see the compression). The press's observation window then holds the question's
+    queries; its budget (``compression_ratio``) counts the whole prefill. Returns the
+    answer string; ``press.kept`` etc. as after ``pipe(...)``."""
+    if tail < 1:
+        raise ValueError(f"tail: at least 1 question token is fed after the compression, got {tail}")
+    limit = max_context_length if max_context_length is not None else 10 ** 9
+    t = pipe.preprocess(context, [question], answer_prefix, limit)
+    q = t["questions_ids"][0]
+    if q.shape[1] <= tail:
+        raise ValueError(f"tail: the question has {q.shape[1]} tokens, tail {tail} leaves none "
+                         "for the window")
+    ids = torch.cat([t["context_ids"], q], dim=1)
+    prefill, suffix = ids[:, : ids.shape[1] - tail], ids[:, ids.shape[1] - tail:]
+    answers = pipe._forward({"context_ids": prefill, "questions_ids": [suffix]},
+                            max_new_tokens=max_new_tokens, press=press)
+    return answers[0]
 
 
 PRESS_REGISTRY = {

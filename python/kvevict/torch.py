@@ -69,7 +69,8 @@ _F32 = {"gram", "value_forms", "value_l1", "row_lse", "scores", "shards", "links
 _INDEX = {"offsets", "indices", "table", "positions", "kept", "counts", "idx", "cu_seqlens"}
 _BYTES = {"workspace", "value"}
 # written by the library, per function: an output must not overlap itself
-_WRITTEN = {"compact_in_place": {"kv"}, "paged_compact": {"cache"}, "compact_varlen": {"dst"},
+_WRITTEN = {"compact_in_place": {"kv"}, "paged_compact": {"cache"}, "compact_paged": {"cache"},
+            "compact_varlen": {"dst"},
             "accumulate_value_links": {"links"}, "score_layer": {"out"},
             "compute_value_forms": {"out"}, "scores": {"out"}, "compact": {"kv"}}
 
@@ -461,8 +462,8 @@ ShardedSearch = _wrap_class(_api.ShardedSearch, ("__init__", "count", "select"),
                             "kvevict.ShardedSearch over torch score shards.")
 Evictor = _wrap_class(
     _evictor.Evictor,
-    ("set_output_projection", "observe_queries", "score_layer", "kept_cells", "evicted_cells",
-     "kept_lists", "kept", "compact", "evict"),
+    ("set_output_projection", "observe_queries", "score_layer", "score_layer_paged", "kept_cells",
+     "evicted_cells", "kept_lists", "kept", "compact", "compact_paged", "evict"),
     "kvevict.Evictor over torch tensors (CPU): keys / values / queries / wo in, kept lists out.")
 
 

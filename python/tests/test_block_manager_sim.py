@@ -1,5 +1,6 @@
 """The block-manager simulation (python/examples/block_manager_sim.py) on a small pool:
-eviction through the paged views really returns blocks (more sequences run at once),
+eviction by kvevict.Evictor over the paged views really returns blocks (more sequences
+run at once), every evictor slot is back after the run,
 the kept cells hold their positions' K/V after every compaction, no block is leaked or
 released twice, and the pool's own checks catch a double free and a leak."""
 import importlib.util
@@ -21,6 +22,9 @@ class BlockManagerSimTests(unittest.TestCase):
             r = s.run(400, (256, 768), (8, 32))  # raises on a leak or a double free
             self.assertEqual(r["finished"], 400)
             self.assertEqual(len(s.pool.free), 384)
+            self.assertEqual(s.ev is None, keep == 1.0)
+            if s.ev is not None:
+                self.assertEqual(sorted(s.slots), list(range(384)))
             runs[keep] = r
         self.assertEqual(runs[1.0]["blocks_freed_by_eviction"], 0)
         self.assertGreater(runs[0.1]["blocks_freed_by_eviction"], 0)

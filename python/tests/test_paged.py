@@ -149,6 +149,96 @@ class PagedTests(unittest.TestCase):
             kve.paged_gather(cache, m.table, N, layout="thd")
 
 
+class PagedEvictorTests(unittest.TestCase):
+    """kvevict.Evictor(paged=...): score_layer_paged / compact_paged against the same
+    evictor on contiguous K/V."""
+
+    def evictors(self, preset, dtype, **kw):
+        args = dict(layers=L, hq=HQ, hkv=HKV, dk=D, d_model=DM, max_cells=N, **kw)
+        return kve.Evictor(preset, **args), kve.Evictor(preset, paged=dtype, **args)
+
+    def test_rounds_and_compaction_equal_contiguous(self):
+        cases = [("laprox-span", "nhd-kv-outer", np.float16, "token"),
+                 ("snapkv", "trtllm", np.float32, None),
+                 ("lava", "hnd", np.float32, "head"),
+                 ("knorm", "nhd-kv-inner", np.float16, "token")]
+        for preset, kind, dtype, gran in cases:
+            m = Model(kind, dtype, seed=4)
+            a, b = self.evictors(preset, np.dtype(dtype).name, keep_ratio=0.25, min_keep=0,
+                                 granularity=gran)
+            for ev in (a, b):
+                if ev.requirements["wo"] == "once":
+                    for l in range(L):
+                        ev.set_output_projection(l, m.wo[l])
+            want = a.evict(0, m.k, m.v, m.q[:, :, -a.requirements["window"]:])
+            target = b.plan(0, N)
+            self.assertLess(target, N)
+            b.begin(0, N, target)
+            w = b.requirements["window"]
+            for l in range(L):
+                (kc, layout), (vc, _) = m.cache(l, 0), m.cache(l, 1)
+                b.score_layer_paged(0, l, kc, m.table, vc, m.q[l][:, -w:], layout=layout)
+            b.select(0)
+            got = b.kept(0)
+            for l in range(L):
+                for h in range(HKV):
+                    np.testing.assert_array_equal(got[l][h], want[l][h], f"{preset} {kind}")
+            for l in range(L):
+                most = max(len(got[l][h]) for h in range(HKV))
+                for kv, x in ((0, m.k[l]), (1, m.v[l])):
+                    ref = np.ascontiguousarray(x)
+                    a.compact(0, l, ref)
+                    cache, layout = m.cache(l, kv)
+                    freed = b.compact_paged(0, l, cache, m.table, layout=layout)
+                    self.assertEqual(freed, -(-N // BS) - (-(-most // BS)), preset)
+                    g = kve.paged_gather(cache, m.table, most, layout=layout)
+                    for h in range(HKV):
+                        k = len(got[l][h])
+                        np.testing.assert_array_equal(g[h, :k].view(np.uint8),
+                                                      ref[h, :k].view(np.uint8))
+            a.commit(0)
+            b.commit(0)
+            self.assertEqual(a.stats(0), b.stats(0))
+
+    def test_bad_tables_raise_and_write_nothing(self):
+        m = Model("nhd-kv-outer", np.float32, seed=5)
+        a, b = self.evictors("snapkv", True, granularity="token")
+        b.begin(0, N, 30)
+        (kc, layout), (vc, _) = m.cache(0, 0), m.cache(0, 1)
+        q = m.q[0][:, -b.requirements["window"]:]
+        with self.assertRaises(kve.KvevictError) as e:  # a strided evictor
+            a.begin(0, N, 30)
+            a.score_layer_paged(0, 0, kc, m.table, vc, q)
+        self.assertEqual(e.exception.status, kve.STATUS_CODES["KVE_ERR_INVALID_ARGUMENT"])
+        for fault, status in (("oob", "KVE_ERR_OUT_OF_BOUNDS"), ("pad", "KVE_ERR_OUT_OF_BOUNDS"),
+                              ("repeat", "KVE_ERR_ALIASING"), ("short", "KVE_ERR_SHAPE_MISMATCH")):
+            t = m.table.copy()
+            if fault == "oob":
+                t[2] = NB
+            elif fault == "pad":
+                t[1] = -1
+            elif fault == "repeat":
+                t[4] = t[0]
+            else:
+                t = t[:2]
+            with self.assertRaises(kve.KvevictError) as e:
+                b.score_layer_paged(0, 0, kc, t, vc, q)
+            self.assertEqual(e.exception.status, kve.STATUS_CODES[status], fault)
+        for l in range(L):
+            b.score_layer_paged(0, l, m.cache(l, 0)[0], m.table, m.cache(l, 1)[0],
+                                m.q[l][:, -b.requirements["window"]:])
+        b.select(0)
+        before = kc.copy()
+        t = m.table.copy()
+        t[4] = t[0]
+        with self.assertRaises(kve.KvevictError) as e:
+            b.compact_paged(0, 0, kc, t)
+        self.assertEqual(e.exception.status, kve.STATUS_CODES["KVE_ERR_ALIASING"])
+        np.testing.assert_array_equal(kc, before)
+        with self.assertRaisesRegex(ValueError, "table"):
+            b.compact_paged(0, 0, kc, m.table.astype(np.float32))
+
+
 def _gather(m, l, kv):
     cache, layout = m.cache(l, kv)
     return kve.paged_gather(cache, m.table, N, layout=layout)

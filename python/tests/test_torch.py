@@ -209,6 +209,36 @@ class TorchTests(unittest.TestCase):
         self.eq(kv, ref, "Evictor.compact")
         self.eq(a.evicted_cells(0), b.evicted_cells(0))
 
+    def test_paged_evictor(self):
+        """Evictor(paged=...) over a torch vLLM pool: the numpy evictor's kept lists and
+        compacted pool (the torch pool written in place)."""
+        bs, nb = 8, 2 * (-(-N // 8)) + 1
+        pool = torch.randn(2, nb, bs, HKV, D)  # [2, nb, bs, H, d]
+        table = torch.randperm(nb, dtype=torch.int32)
+        kw = dict(layers=L, hq=HQ, hkv=HKV, dk=D, d_model=DM, max_cells=N, granularity="token",
+                  paged=True)
+        a, b = kt.Evictor("laprox-span", **kw), kve.Evictor("laprox-span", **kw)
+        ref = np_(pool).copy()
+        w = a.requirements["window"]
+        for ev in (a, b):
+            ev.begin(0, N, 40)
+        for l in range(L):
+            a.set_output_projection(l, self.wo[l])
+            b.set_output_projection(l, np_(self.wo[l]))
+            q = self.q[l][:, -w:]
+            kc, layout = kt.pool_tensor(pool, "nhd-kv-outer", kv=0)
+            vc, _ = kt.pool_tensor(pool, "nhd-kv-outer", kv=1)
+            a.score_layer_paged(0, l, kc, table, vc, q, layout=layout)
+            b.score_layer_paged(0, l, ref[0], table.numpy(), ref[1], np_(q), layout=layout)
+        a.select(0)
+        b.select(0)
+        self.eq(a.kept_cells(0), b.kept_cells(0))
+        kc, layout = kt.pool_tensor(pool, "nhd-kv-outer", kv=0)
+        freed = a.compact_paged(0, 0, kc, table, layout=layout)
+        self.assertEqual(freed, b.compact_paged(0, 0, ref[0], table.numpy(), layout=layout))
+        self.assertGreater(freed, 0)
+        self.eq(pool, ref, "pool compacted in place")
+
     # ------------------------------------------------------------------- bad input
     def assert_refused(self, exc, name, fn, *args, watch=None, **kwargs):
         before = None if watch is None else watch.clone()

@@ -82,14 +82,15 @@ class KvpressPipelineTests(unittest.TestCase):
         cls.model = engine.Model(verbose=False)
         cls.prompts = needle.make_prompts(cls.model.tokenizer, N_PROMPTS, N_TOKENS, seed_base=SEED_BASE)
 
-    def capture(self, prompt):
-        """eval/'s capture of the prefill (the context: kvpress compresses it alone)."""
+    def capture(self, prompt, setting="agnostic"):
+        """eval/'s capture of the prefill: the context (kvpress compresses it alone), or
+        question-aware the whole prompt but its last token (eval's split_prompt)."""
         from engine import KVCache
+        prefill, suffix = self.captures.split_prompt(prompt, setting)
         cache = KVCache(self.model.n_layers)
-        _, q = self.model.forward(prompt.context_ids, cache, capture_q=self.captures.WINDOW_CAPTURE)
-        arrays = {"prefill_ids": np.asarray(prompt.context_ids), "keys": np.stack(cache.k),
-                  "values": np.stack(cache.v), "q_window": q,
-                  "suffix_ids": np.asarray(prompt.question_ids)}
+        _, q = self.model.forward(list(prefill), cache, capture_q=self.captures.WINDOW_CAPTURE)
+        arrays = {"prefill_ids": np.asarray(prefill), "keys": np.stack(cache.k),
+                  "values": np.stack(cache.v), "q_window": q, "suffix_ids": np.asarray(suffix)}
         return self.captures.Captures(arrays, self.model.wo_stack(), {"key": prompt.key})
 
     def eval_answer(self, cap, kept):
@@ -130,6 +131,36 @@ class KvpressPipelineTests(unittest.TestCase):
                 self.assertEqual(differ, 0, report[-1])
                 # eval keeps special tokens in its text, the pipeline skips them
                 self.assertEqual(got.strip(), ev.replace("<|im_end|>", "").strip(), report[-1])
+        print("\n" + "\n".join(report))
+
+    def test_question_aware_presses_keep_evals_sets_and_answers(self):
+        """kvevict.kvpress.question_aware: the question (but its last token) in the window,
+        as eval/'s `aware` setting: the same kept positions and answers as eval/."""
+        import kvevict.kvpress as kp
+        report = []
+        for p in self.prompts:
+            cap = self.capture(p, "aware")
+            self.assertEqual(cap.n, len(p.ids) - 1)
+            for name, cls_name, keep in CASES[:3:2]:  # laprox, laprox-span
+                m = self.methods.METHODS[name]
+                want = m.select(cap, keep, m.window)
+                press = getattr(kp, cls_name)(compression_ratio=1 - keep, window_size=m.window)
+                with self.torch.no_grad():
+                    got = kp.question_aware(self.pipe, p.context, p.question, press,
+                                            max_new_tokens=self.captures.N_ANSWER)
+                differ = sum(len(np.setxor1d(press.kept[l][h].numpy(), np.asarray(want[l][h])))
+                             for l in range(cap.n_layers) for h in range(cap.n_kv_heads))
+                ev = self.eval_answer(cap, want)
+                report.append(f"aware prompt {p.index} (key {p.key}) {name} keep {keep}: {differ} "
+                              f"positions differ; pipeline {got!r}, eval {ev!r}")
+                self.assertEqual(differ, 0, report[-1])
+                # the question's last window positions are kept (the window)
+                self.assertTrue(all(int(press.kept[l][h][-1]) == cap.n - 1
+                                    for l in range(cap.n_layers) for h in range(cap.n_kv_heads)))
+                self.assertEqual(got.strip(), ev.replace("<|im_end|>", "").strip(), report[-1])
+        with self.assertRaisesRegex(ValueError, "tail"):
+            kp.question_aware(self.pipe, self.prompts[0].context, self.prompts[0].question,
+                              kp.LaProxSpanPress(compression_ratio=0.5), tail=0)
         print("\n" + "\n".join(report))
 
     def test_scorer_press_scores_like_snapkv(self):

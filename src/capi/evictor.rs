@@ -14,6 +14,7 @@
 //! per context; contexts are independent. Device form: `kve_cuda_evictor_*`
 //! (`src/capi/cuda/evictor.rs`): the same config, layer and stats structs, a stream.
 
+use super::paged::{kve_paged_layout, PagedPool};
 use super::params::{read_ext, score_config, select_config, write_ext, Extensible};
 use super::score::opt_floats;
 use super::{
@@ -23,7 +24,10 @@ use super::{
 use crate::config::{Granularity, Preset};
 use crate::error::{Error, Result};
 use crate::evictor::presets::{preset_from_name, C_NAMES};
-use crate::evictor::{Budget, Evictor, EvictorConfig, LayerViews, ModelDims, WoUse};
+use crate::evictor::{
+    Budget, Evictor, EvictorConfig, LayerViews, ModelDims, PagedLayerViews, WoUse,
+};
+use crate::view::DType;
 use core::ffi::{c_char, c_void};
 
 /// The first released size of an extensible struct (`KVE_*_V1_SIZE`, its `sizeof`) and
@@ -55,7 +59,8 @@ pub const KVE_POLICY_KEEP_RATIO: u32 = 1;
 pub const KVE_POLICY_CELLS: u32 = 2;
 
 /// What an evictor runs (fill with `kve_evictor_config_init`, then set the shape,
-/// `max_cells` and the policy). Extensible: `struct_size` is `KVE_EVICTOR_CONFIG_V1_SIZE`.
+/// `max_cells` and the policy). Extensible: `struct_size` is `KVE_EVICTOR_CONFIG_V1_SIZE`
+/// or `KVE_EVICTOR_CONFIG_V2_SIZE` (`paged`, `paged_dtype`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kve_evictor_config {
@@ -96,9 +101,24 @@ pub struct kve_evictor_config {
     /// `KVE_POLICY_CELLS`: `1 <= low <= high`; `low = 0` means `high - high/8`.
     pub high: u64,
     pub low: u64,
+    /// Since `KVE_EVICTOR_CONFIG_V2_SIZE`: 1 when K/V come through paged views
+    /// (`kve_evictor_score_layer_paged`, `kve_evictor_compact_paged`); the context then
+    /// also holds one layer's K (and V) gathered from the pool (`kve_evictor_size` grows
+    /// by `Hkv * max_cells * (dk + dv) * sizeof(paged_dtype)`). 0: strided views only.
+    pub paged: u32,
+    /// With `paged`: the largest `KVE_DTYPE_*` of the pools (default `KVE_DTYPE_F32`).
+    pub paged_dtype: u32,
 }
 
-v1_size!(kve_evictor_config, KVE_EVICTOR_CONFIG_V1_SIZE = 136);
+/// `sizeof(kve_evictor_config)` of the first release (no `paged`).
+pub const KVE_EVICTOR_CONFIG_V1_SIZE: u32 = 136;
+/// `sizeof(kve_evictor_config)` with `paged` and `paged_dtype`.
+pub const KVE_EVICTOR_CONFIG_V2_SIZE: u32 = 144;
+const _: () =
+    assert!(core::mem::size_of::<kve_evictor_config>() == KVE_EVICTOR_CONFIG_V2_SIZE as usize);
+impl Extensible for kve_evictor_config {
+    const SIZES: &'static [u32] = &[KVE_EVICTOR_CONFIG_V1_SIZE, KVE_EVICTOR_CONFIG_V2_SIZE];
+}
 
 /// One layer's tensors for the round's `n` cells (fill with `kve_evictor_layer_init`:
 /// every tensor absent). A tensor with `data == NULL` is absent.
@@ -221,7 +241,7 @@ pub unsafe extern "C" fn kve_preset_from_name(name: *const c_char, preset: *mut 
 
 fn default_config(preset: Preset) -> kve_evictor_config {
     kve_evictor_config {
-        struct_size: KVE_EVICTOR_CONFIG_V1_SIZE,
+        struct_size: KVE_EVICTOR_CONFIG_V2_SIZE,
         preset: preset as u32,
         window: 0,
         granularity: KVE_EVICTOR_PRESET_GRANULARITY,
@@ -241,6 +261,8 @@ fn default_config(preset: Preset) -> kve_evictor_config {
         low: 0,
         score: core::ptr::null(),
         select: core::ptr::null(),
+        paged: 0,
+        paged_dtype: DType::F32 as u32,
     }
 }
 
@@ -315,6 +337,11 @@ pub(crate) unsafe fn evictor_config(
         max_cells: size(c.max_cells)?,
         max_seqs: size(c.max_seqs)?,
         budget,
+        paged: match c.paged {
+            0 => None,
+            1 => Some(DType::from_u32(c.paged_dtype)?),
+            _ => return Err(Error::InvalidArgument),
+        },
     };
     Ok((cfg, [span_ptr(p), span_ptr(c.score), span_ptr(c.select)]))
 }
@@ -521,6 +548,160 @@ pub(crate) const NO_LAYER: kve_evictor_layer = kve_evictor_layer {
     wo: kve_tensor::NONE,
 };
 
+/// One layer's tensors for the round's `n` cells with K and V in a paged pool (fill with
+/// `kve_evictor_paged_layer_init`: everything absent): as `kve_evictor_layer`, K and V
+/// through the sequence's block table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kve_evictor_paged_layer {
+    pub struct_size: u32,
+    /// Must be 0.
+    pub reserved: u32,
+    /// K: `heads == Hkv`, `dim == dk` (`kve_paged_layout_init`), required.
+    pub keys: kve_paged_layout,
+    /// V (`dim == dv`), when the method reads values (`data == NULL`: absent; not read
+    /// otherwise).
+    pub values: kve_paged_layout,
+    /// The sequence's block table (K and V share it): at least `ceil(n / block_size)`
+    /// entries, each below `num_blocks`, none repeated; entries past the sequence are
+    /// not read.
+    pub table: *const u32,
+    pub table_len: u64,
+    /// As `kve_evictor_layer`'s.
+    pub queries: kve_tensor,
+    pub row_lse: *const f32,
+    pub row_lse_len: u64,
+    pub wo: kve_tensor,
+}
+
+/// `sizeof(kve_evictor_paged_layer)` of the first release.
+pub const KVE_EVICTOR_PAGED_LAYER_V1_SIZE: u32 = 376;
+const _: () = assert!(
+    core::mem::size_of::<kve_evictor_paged_layer>() == KVE_EVICTOR_PAGED_LAYER_V1_SIZE as usize
+);
+impl Extensible for kve_evictor_paged_layer {
+    const SIZES: &'static [u32] = &[KVE_EVICTOR_PAGED_LAYER_V1_SIZE];
+}
+
+const NO_POOL: kve_paged_layout = kve_paged_layout {
+    data: core::ptr::null(),
+    len: 0,
+    dtype: 0,
+    pad: 0,
+    offset: 0,
+    num_blocks: 0,
+    block_size: 0,
+    heads: 0,
+    dim: 0,
+    stride: [0; 4],
+};
+
+const NO_PAGED_LAYER: kve_evictor_paged_layer = kve_evictor_paged_layer {
+    struct_size: KVE_EVICTOR_PAGED_LAYER_V1_SIZE,
+    reserved: 0,
+    keys: NO_POOL,
+    values: NO_POOL,
+    table: core::ptr::null(),
+    table_len: 0,
+    queries: kve_tensor::NONE,
+    row_lse: core::ptr::null(),
+    row_lse_len: 0,
+    wo: kve_tensor::NONE,
+};
+
+/// Set everything in `layer` absent and its `struct_size`
+/// (`KVE_EVICTOR_PAGED_LAYER_V1_SIZE`). Writes only `layer`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_paged_layer_init(
+    layer: *mut kve_evictor_paged_layer,
+    struct_size: u32,
+) -> i32 {
+    // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
+    to_status(unsafe {
+        write_ext(
+            layer,
+            struct_size,
+            KVE_EVICTOR_PAGED_LAYER_V1_SIZE,
+            NO_PAGED_LAYER,
+        )
+    })
+}
+
+/// Score `layer` of sequence `seq`'s round from K (and V) in a paged pool: as
+/// `kve_evictor_score_layer`, for a context configured with `paged = 1`
+/// (`KVE_ERR_INVALID_ARGUMENT` otherwise, or for a pool dtype larger than
+/// `paged_dtype`). The sequence's first `n_cells` tokens (the round's) are gathered into
+/// the context and scored: kept sets bit-identical to the same K/V given strided. Table
+/// errors as `kve_paged_gather`'s (`KVE_ERR_OUT_OF_BOUNDS`, `KVE_ERR_ALIASING`,
+/// `KVE_ERR_SHAPE_MISMATCH` for a short table); a pool of other heads or dim
+/// `KVE_ERR_SHAPE_MISMATCH`. Reads the pools, writes only the context.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_score_layer_paged(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    layer: u64,
+    views: *const kve_evictor_paged_layer,
+) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
+    // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
+    let l = tri!(unsafe { read_ext(views, KVE_EVICTOR_PAGED_LAYER_V1_SIZE, NO_PAGED_LAYER) });
+    if l.reserved != 0 {
+        return super::KVE_ERR_INVALID_ARGUMENT;
+    }
+    let seq = tri!(to_usize(seq));
+    let layer = tri!(to_usize(layer));
+    // SAFETY: a struct on the stack, read from the caller's.
+    let k = tri!(unsafe { PagedPool::from_ptr(&l.keys) });
+    let v = match l.values.data.is_null() {
+        true => None,
+        // SAFETY: as above.
+        false => Some(tri!(unsafe { PagedPool::from_ptr(&l.values) })),
+    };
+    let t = tri!(Buf::new(l.table, l.table_len));
+    let [q, wo] = [&l.queries, &l.wo].map(Tensor::optional);
+    let (q, wo) = (tri!(q), tri!(wo));
+    let lse = tri!(opt_floats(l.row_lse, l.row_lse_len));
+    let views_span = Span(
+        views as usize,
+        (views as usize).saturating_add(l.struct_size as usize),
+    );
+    let spans = [
+        views_span,
+        k.span,
+        v.as_ref().map_or(Span::EMPTY, |p| p.span),
+        t.span,
+        Tensor::span(&q),
+        Tensor::span(&wo),
+        lse.as_ref().map_or(Span::EMPTY, |b| b.span),
+    ];
+    tri!(check_alias(&[ctx], &spans));
+    let n = tri!(ev.round_cells(seq));
+    // SAFETY: Buf::new checked the table; the context (the only output) does not overlap it.
+    let table = unsafe { t.slice() };
+    // SAFETY: PagedPool::from_ptr checked the pool's pointer, alignment and span; the
+    // caller vouches for `len` readable elements; the context does not overlap it.
+    let kv = tri!(unsafe { k.view(table, n, ev.scratch()) });
+    let vv = match &v {
+        // SAFETY: as above.
+        Some(p) => Some(tri!(unsafe { p.view(table, n, ev.scratch()) })),
+        None => None,
+    };
+    let view = |t: &Option<Tensor>| {
+        // SAFETY: checked by Tensor::new; the context (the only output) does not overlap it.
+        t.as_ref().map(|t| unsafe { t.view() }).transpose()
+    };
+    let lv = PagedLayerViews {
+        keys: kv,
+        values: vv,
+        queries: tri!(view(&q)),
+        // SAFETY: Buf::new checked the buffer; the context does not overlap it.
+        row_lse: lse.as_ref().map(|b| unsafe { b.slice() }),
+        wo: tri!(view(&wo)),
+    };
+    to_status(ev.score_layer_paged(seq, layer, &lv))
+}
+
 /// Score `layer` of sequence `seq`'s round (each layer once per round, any order) from
 /// `views`, for the round's `n_cells`. Reads the tensors, writes only the context.
 #[no_mangle]
@@ -688,6 +869,48 @@ pub unsafe extern "C" fn kve_evictor_compact(
     // SAFETY: checked by Tensor::new; writable by the function's contract; unaliased.
     let mut view = tri!(unsafe { t.view_mut() });
     to_status(ev.compact(tri!(to_usize(seq)), tri!(to_usize(layer)), &mut view))
+}
+
+/// `kve_evictor_compact` for K or V in a paged pool (`kv`, the sequence's block table
+/// `table`, the round's `n_cells` tokens): each head's kept tokens of `layer` move to the
+/// front of the sequence's own blocks, in place, order kept (`kve_paged_compact`).
+/// `*blocks_freed`: the trailing table entries of the sequence's `ceil(n_cells /
+/// block_size)` that now hold nothing, for the engine's block manager to release (at
+/// token granularity the same for every layer, K and V). Table errors as
+/// `kve_evictor_score_layer_paged`'s; a context without `paged` works too (the table
+/// check needs `max_cells` ids of the context's workspace). Everything is checked before
+/// the first byte moves: on error the pool and `*blocks_freed` are as they were.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_compact_paged(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    layer: u64,
+    kv: *const kve_paged_layout,
+    table: *const u32,
+    table_len: u64,
+    blocks_freed: *mut u64,
+) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
+    // SAFETY: NULL or the caller's layout; from_ptr checks it.
+    let p = tri!(unsafe { PagedPool::from_ptr(kv) });
+    let t = tri!(Buf::new(table, table_len));
+    let mut bf = tri!(out_param(blocks_freed));
+    tri!(check_alias(
+        &[ctx, p.span, bf.span],
+        &[span_ptr(kv), t.span]
+    ));
+    let seq = tri!(to_usize(seq));
+    let n = tri!(ev.round_cells(seq));
+    // SAFETY: Buf::new checked the table; no output overlaps it.
+    let table = unsafe { t.slice() };
+    // SAFETY: PagedPool::from_ptr checked the pool; the caller vouches for `len` writable
+    // elements; check_alias: no other argument overlaps it.
+    let mut v = tri!(unsafe { p.view_mut(table, n, ev.scratch()) });
+    let r = tri!(ev.compact_paged(seq, tri!(to_usize(layer)), &mut v));
+    // SAFETY: out_param checked it; check_alias: it overlaps no other argument.
+    unsafe { bf.slice_mut()[0] = r.blocks_freed as u64 };
+    KVE_OK
 }
 
 /// Record that sequence `seq` now holds the kept cells of its selected round (the engine

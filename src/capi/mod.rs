@@ -442,6 +442,14 @@ pub fn header_defines() -> std::string::String {
                 evictor::KVE_EVICTOR_CONFIG_V1_SIZE as i64,
             ),
             (
+                "KVE_EVICTOR_CONFIG_V2_SIZE",
+                evictor::KVE_EVICTOR_CONFIG_V2_SIZE as i64,
+            ),
+            (
+                "KVE_EVICTOR_PAGED_LAYER_V1_SIZE",
+                evictor::KVE_EVICTOR_PAGED_LAYER_V1_SIZE as i64,
+            ),
+            (
                 "KVE_EVICTOR_LAYER_V1_SIZE",
                 evictor::KVE_EVICTOR_LAYER_V1_SIZE as i64,
             ),

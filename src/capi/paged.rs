@@ -53,16 +53,18 @@ pub struct kve_paged_layout {
     pub stride: [u64; 4],
 }
 
-/// The checked pool of a `kve_paged_layout`.
-struct Pool {
+/// The checked pool of a `kve_paged_layout` (its table not yet: [`Pool::view`]).
+pub(crate) struct Pool {
     ptr: *mut u8,
     len: usize,
     layout: PagedLayout,
-    span: Span,
+    pub span: Span,
 }
 
 impl Pool {
-    unsafe fn from_ptr(p: *const kve_paged_layout) -> Result<Pool> {
+    /// # Safety
+    /// `p` is NULL or points to a `kve_paged_layout`.
+    pub unsafe fn from_ptr(p: *const kve_paged_layout) -> Result<Pool> {
         // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
         let c = unsafe { super::arg(p)? };
         if c.data.is_null() {
@@ -100,7 +102,37 @@ impl Pool {
             span,
         })
     }
+
+    /// The sequence of `n` tokens through `table`, read-only (`scratch`: the table check).
+    ///
+    /// # Safety
+    /// The pool's `len` elements are readable and unmodified for `'a`.
+    pub unsafe fn view<'a>(
+        &self,
+        table: &'a [u32],
+        n: usize,
+        scratch: &mut [u8],
+    ) -> Result<PagedView<'a>> {
+        // SAFETY: the caller's contract; from_raw checks the rest.
+        unsafe { PagedView::from_raw(self.ptr, self.len, self.layout, table, n, scratch) }
+    }
+
+    /// The same, writable.
+    ///
+    /// # Safety
+    /// The pool's `len` elements are writable and not otherwise borrowed for `'a`.
+    pub unsafe fn view_mut<'a>(
+        &self,
+        table: &'a [u32],
+        n: usize,
+        scratch: &mut [u8],
+    ) -> Result<PagedViewMut<'a>> {
+        // SAFETY: the caller's contract; from_raw checks the rest.
+        unsafe { PagedViewMut::from_raw(self.ptr, self.len, self.layout, table, n, scratch) }
+    }
 }
+
+pub(crate) use Pool as PagedPool;
 
 /// Fill `*out` with the layout of one K or V tensor of an engine's pool:
 /// `kind` a `KVE_PAGED_*` value, `data`/`len`/`dtype` the pool buffer (as `kve_tensor`),

@@ -9,6 +9,7 @@ use crate::config::{Granularity, Preset, ScoreConfig, ScorerKind, SelectConfig};
 use crate::error::{mul, Error, Result, MAX_LAYERS};
 use crate::score::LayerShape;
 use crate::shape::ModelShape;
+use crate::view::DType;
 use crate::workspace::WorkspaceSize;
 use crate::ValueLinks;
 
@@ -45,6 +46,10 @@ pub struct EvictorConfig {
     /// Sequence slots, each with its own state.
     pub max_seqs: usize,
     pub budget: Budget,
+    /// K/V given through paged views ([`super::Evictor::score_layer_paged`]) of this
+    /// element type at most (its size bounds the gathered layer's): the workspace then
+    /// also holds one layer's K (and V) gathered from the pool. `None`: strided views only.
+    pub paged: Option<DType>,
 }
 
 impl EvictorConfig {
@@ -61,6 +66,7 @@ impl EvictorConfig {
             max_cells,
             max_seqs: 1,
             budget,
+            paged: None,
         }
     }
 }
@@ -81,6 +87,8 @@ pub(crate) struct Resolved {
     pub gram_len: usize,
     /// Decode-time score memory (`carry.rs`): 0 = off.
     pub decay: f32,
+    /// The largest element type of paged K/V (`None`: no paged views).
+    pub paged: Option<DType>,
 }
 
 impl Resolved {
@@ -173,7 +181,30 @@ pub(crate) fn resolve(c: &EvictorConfig) -> Result<Resolved> {
             Budget::Cells { .. } => decode_decay(c.preset),
             _ => 0.0,
         },
+        paged: c.paged,
     })
+}
+
+/// Bytes of the workspace's front part that a paged layer is gathered into: K `[Hkv,
+/// max_cells, dk]` and, when the method reads values, V, at the paged element size.
+pub(crate) fn gather_bytes(r: &Resolved) -> Result<usize> {
+    let v = if r.capture.values {
+        gather_part(r, r.m.dv)?
+    } else {
+        0
+    };
+    gather_part(r, r.m.dk)?
+        .checked_add(v)
+        .ok_or(Error::Overflow)
+}
+
+/// Bytes [`crate::paged::gather`] needs for one `[Hkv, max_cells, d]` tensor at the paged
+/// element size (0 without paged views).
+pub(crate) fn gather_part(r: &Resolved, d: usize) -> Result<usize> {
+    let Some(dt) = r.paged else { return Ok(0) };
+    let mut g = WorkspaceSize::new();
+    g.add::<u8>(mul(mul(r.m.hkv, r.max_cells)?, mul(d, dt.size())?)?)?;
+    Ok(g.total())
 }
 
 /// Bytes of the shared workspace: the largest stage call at `max_cells`.
@@ -220,6 +251,10 @@ pub(crate) fn workspace_bytes(r: &Resolved) -> Result<usize> {
     let mut cells = WorkspaceSize::new();
     cells.add::<u8>(n)?;
     let a = score.total().checked_add(rest).ok_or(Error::Overflow)?;
+    let a = a.checked_add(gather_bytes(r)?).ok_or(Error::Overflow)?;
     let b = select.total().checked_add(sel).ok_or(Error::Overflow)?;
-    Ok(a.max(b).max(gram).max(cells.total()))
+    // a paged table's check: a sorted copy of up to `max_cells` (block id, index) pairs
+    let mut table = WorkspaceSize::new();
+    table.add::<u64>(n)?;
+    Ok(a.max(b).max(gram).max(cells.total()).max(table.total()))
 }

@@ -26,8 +26,9 @@
 //!   Other allocators leave per-unit counts on the device; `commit` then marks the
 //!   sequence ragged (no further round until `reset`), as the host form does when it
 //!   sees different counts.
-//! - Not on the device (yet): value links (`link_threshold`) and methods that read `Wo`
-//!   every round (CriticalKV): `memory_size` and `init` refuse them (`InvalidArgument`).
+//! - Not on the device (yet): value links (`link_threshold`), methods that read `Wo`
+//!   every round (CriticalKV) and paged views (`EvictorConfig::paged`): `memory_size` and
+//!   `init` refuse them (`InvalidArgument`).
 
 use super::config::{resolve, Resolved};
 use super::memory::STATE_WORDS;
@@ -218,7 +219,7 @@ fn gram_ws(r: &Resolved) -> Result<usize> {
 fn resolve_device(cfg: &EvictorConfig) -> Result<Resolved> {
     let mut r = resolve(cfg)?;
     r.decay = 0.0; // the device path carries no decode-time scores (design §3c)
-    if r.links.is_some() || r.capture.wo == WoUse::EveryRound {
+    if r.links.is_some() || r.capture.wo == WoUse::EveryRound || r.paged.is_some() {
         return Err(Error::InvalidArgument);
     }
     Ok(r)

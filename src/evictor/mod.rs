@@ -41,6 +41,7 @@ mod state;
 
 use crate::config::{Granularity, ScoreConfig};
 use crate::error::{Error, Result};
+use crate::paged::{self, PagedCompaction, PagedView, PagedViewMut};
 use crate::score::LayerInputs;
 use crate::view::{View, ViewMut};
 use crate::workspace::Workspace;
@@ -89,6 +90,19 @@ pub struct LayerViews<'a> {
     /// Optional `[Hq][min(w, n)]` window row log-sum-exp (see [`LayerInputs::row_lse`]).
     pub row_lse: Option<&'a [f32]>,
     /// `[Hq, dv, D]` when [`Capture::wo`] is `EveryRound`.
+    pub wo: Option<View<'a>>,
+}
+
+/// One layer's tensors with K and V in a paged pool ([`Evictor::score_layer_paged`]):
+/// as [`LayerViews`], K and V through the sequence's block table.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedLayerViews<'a> {
+    /// `Hkv` heads of `dk`, the round's `n` tokens.
+    pub keys: PagedView<'a>,
+    /// `Hkv` heads of `dv`, when [`Capture::values`] (else not read).
+    pub values: Option<PagedView<'a>>,
+    pub queries: Option<View<'a>>,
+    pub row_lse: Option<&'a [f32]>,
     pub wo: Option<View<'a>>,
 }
 
@@ -275,16 +289,14 @@ impl<'a> Evictor<'a> {
         Ok(())
     }
 
-    /// The scoring of the round: kvpress's CriticalKV first stage for its budget.
-    fn round_score(&self, st: &SeqState) -> ScoreConfig {
-        let mut cfg = self.r.score;
-        if self.r.critical_default {
-            let w = (cfg.window as u64).min(st.n);
-            let b = policy::span_budget(st.start, st.n, cfg.window as u64, st.target);
-            let total = b + w;
-            cfg.critical_first_stage = ((total / 2).max(1).saturating_sub(w)) as u32;
+    /// The cells of `seq`'s round in progress (begun or selected; `InvalidArgument`
+    /// without one).
+    pub fn round_cells(&mut self, seq: usize) -> Result<usize> {
+        let st = self.state(seq)?;
+        match st.phase {
+            Phase::Scoring | Phase::Selected => Ok(st.n as usize),
+            _ => Err(Error::InvalidArgument),
         }
-        cfg
     }
 
     /// Score `layer` of `seq`'s round from `v` (each layer once per round).
@@ -292,92 +304,60 @@ impl<'a> Evictor<'a> {
         self.r.check_layer(layer)?;
         let st = self.state(seq)?;
         let (r, lay) = (self.r, self.lay);
-        let cfg = self.round_score(&st);
-        let n = st.n as usize;
-        let w = (cfg.window as usize).min(n);
-        let p = n - w;
         let (model, slot, ws) = memory::split(self.block, &lay, seq);
-        let model = memory::carve_model(model, &r)?;
-        let slot = memory::carve_slot(slot, &r)?;
-        if st.phase != Phase::Scoring || slot.scored[layer] != 0 {
+        score_into(&r, &st, layer, v, model, slot, ws)
+    }
+
+    /// [`Evictor::score_layer`] from K (and V) in a paged pool (the sequence's block table
+    /// inside each view; `keys.len()` the round's cells): each is gathered into the
+    /// workspace (config [`EvictorConfig::paged`]: its element type at most, else
+    /// `InvalidArgument`) and scored as a strided view, so kept sets are bit-identical to
+    /// the same K/V given contiguous.
+    pub fn score_layer_paged(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        v: &PagedLayerViews,
+    ) -> Result<()> {
+        self.r.check_layer(layer)?;
+        let st = self.state(seq)?;
+        let (r, lay) = (self.r, self.lay);
+        let Some(dt) = r.paged else {
+            return Err(Error::InvalidArgument);
+        };
+        let fits = |p: &PagedView| p.layout().dtype.size() <= dt.size();
+        if !fits(&v.keys) || !v.values.as_ref().map_or(true, fits) {
             return Err(Error::InvalidArgument);
         }
-        if v.keys.extent() != [r.m.hkv, n, r.m.dk] {
+        if st.phase != Phase::Scoring {
+            return Err(Error::InvalidArgument);
+        }
+        let n = st.n as usize;
+        let same = |p: &PagedView, d: usize| {
+            let l = p.layout();
+            p.len() == n && l.heads == r.m.hkv && l.dim == d
+        };
+        if !same(&v.keys, r.m.dk) || !v.values.as_ref().map_or(true, |p| same(p, r.m.dv)) {
             return Err(Error::ShapeMismatch);
         }
-        let values = match v.values {
-            Some(val) if val.extent() != [r.m.hkv, n, r.m.dv] => return Err(Error::ShapeMismatch),
-            Some(val) => Some(val),
-            None if r.capture.values => return Err(Error::NullPointer),
+        let (model, slot, ws) = memory::split(self.block, &lay, seq);
+        let (gathered, ws) = ws.split_at_mut(config::gather_bytes(&r)?.min(ws.len()));
+        let kpart = config::gather_part(&r, r.m.dk)?.min(gathered.len());
+        let (kg, vg) = gathered.split_at_mut(kpart);
+        let keys = paged::gather(&v.keys, kg)?;
+        // values the method does not read are not gathered (nor read)
+        let values = match v.values.as_ref().filter(|_| r.capture.values) {
+            Some(p) => Some(paged::gather(p, vg)?),
             None => None,
         };
-        let mut ws = Workspace::new(ws);
-        let stage = ws.take_dirty::<f32>(r.m.hkv * p)?;
-        let ring_q = ws.take_dirty::<f32>(if r.capture.queries {
-            r.m.hq * w * r.m.dk
-        } else {
-            0
-        })?;
-        let l1 = ws.take_dirty::<f32>(if r.capture.wo == WoUse::EveryRound {
-            r.m.hkv * n
-        } else {
-            0
-        })?;
-        let rest = ws.into_rest();
-        let mut inputs = LayerInputs {
-            keys: Some(v.keys),
+        let lv = LayerViews {
+            keys,
             values,
+            queries: v.queries,
             row_lse: v.row_lse,
-            ..LayerInputs::default()
+            wo: v.wo,
         };
-        let ring_view;
-        if r.capture.queries {
-            inputs.queries = match v.queries {
-                Some(q) => Some(q),
-                None => {
-                    ring_view =
-                        ring_window(&r, slot.ring, slot.ring_rows[layer], layer, w, ring_q)?;
-                    Some(ring_view)
-                }
-            };
-        }
-        if r.capture.wo == WoUse::Once {
-            if model.gram_set[layer] == 0 {
-                return Err(Error::InvalidArgument);
-            }
-            inputs.gram = Some(&model.gram[layer * r.gram_len..(layer + 1) * r.gram_len]);
-        }
-        if r.capture.wo == WoUse::EveryRound {
-            let wo = v.wo.as_ref().ok_or(Error::NullPointer)?;
-            let values = values.as_ref().ok_or(Error::NullPointer)?;
-            if wo.extent() != [r.m.hq, r.m.dv, r.m.d_model] {
-                return Err(Error::ShapeMismatch);
-            }
-            crate::compute_value_l1(values, wo, l1, rest)?;
-            inputs.value_l1 = Some(l1);
-        }
-        crate::score_layer(&cfg, &inputs, stage, rest)?;
-        if r.decay > 0.0 {
-            let (carried, hkv) = (st.carried as usize, r.m.hkv);
-            carry::add_carried(
-                stage,
-                slot.carry,
-                layer,
-                hkv,
-                r.max_cells,
-                p,
-                carried,
-                r.decay,
-            );
-        }
-        if r.links.is_some() {
-            let values = values.as_ref().ok_or(Error::NullPointer)?;
-            crate::accumulate_value_links(values, &mut slot.links[..n], rest)?;
-        }
-        memory::floats(slot.words)[layer * r.m.hkv * p..(layer + 1) * r.m.hkv * p]
-            .copy_from_slice(stage);
-        slot.scored[layer] = 1;
-        Ok(())
+        score_into(&r, &st, layer, &lv, model, slot, ws)
     }
 
     /// Select the round's kept set once every layer is scored: over all cells, or (keep
@@ -529,6 +509,38 @@ impl<'a> Evictor<'a> {
         crate::compact::compact_in_place(kv, offsets, kept.indices, None)
     }
 
+    /// Compact `layer`'s K or V of `seq` in its paged pool, in place: each head's kept
+    /// tokens move to the front of the sequence's own blocks (order kept; see
+    /// [`crate::paged::compact_paged`]). Returns how many of the sequence's trailing
+    /// blocks now hold nothing (the same for every layer, K and V, at token granularity;
+    /// the most any head needs otherwise): the engine releases `table[blocks_kept ..]`.
+    pub fn compact_paged(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        kv: &mut PagedViewMut,
+    ) -> Result<PagedCompaction> {
+        self.r.check_layer(layer)?;
+        let n = self.state(seq)?.n as usize;
+        let hkv = self.r.m.hkv;
+        let kept = self.kept(seq)?;
+        let v = kv.as_view();
+        if v.layout().heads != hkv || v.len() != n {
+            return Err(Error::ShapeMismatch);
+        }
+        let offsets = &kept.offsets[layer * hkv..=(layer + 1) * hkv];
+        paged::compact_paged(kv, offsets, kept.indices, None, None, None)
+    }
+
+    /// The workspace as scratch for the table check of a paged view of a round
+    /// ([`PagedView::new`], [`PagedViewMut::new`]): at least
+    /// [`crate::paged::table_check_size_for`] `max_cells` tokens, whatever the pool's
+    /// size. Its contents are unspecified after any call.
+    pub fn scratch(&mut self) -> &mut [u8] {
+        let lay = self.lay;
+        memory::split(self.block, &lay, 0).2
+    }
+
     /// Record that `seq` now holds the kept cells of its selected round: they are all
     /// protected from the keep ratio.
     pub fn commit(&mut self, seq: usize) -> Result<()> {
@@ -558,6 +570,115 @@ impl<'a> Evictor<'a> {
     pub fn stats(&mut self, seq: usize) -> Result<SeqStats> {
         Ok(self.state(seq)?.stats())
     }
+}
+
+/// The scoring of the round: kvpress's CriticalKV first stage for its budget.
+fn round_score(r: &Resolved, st: &SeqState) -> ScoreConfig {
+    let mut cfg = r.score;
+    if r.critical_default {
+        let w = (cfg.window as u64).min(st.n);
+        let b = policy::span_budget(st.start, st.n, cfg.window as u64, st.target);
+        let total = b + w;
+        cfg.critical_first_stage = ((total / 2).max(1).saturating_sub(w)) as u32;
+    }
+    cfg
+}
+
+/// Score `layer` of the round `st` from `v` into the sequence's slot (`model`, `slot`:
+/// the block's parts; `ws`: the workspace), staged so that an error writes nothing.
+fn score_into(
+    r: &Resolved,
+    st: &SeqState,
+    layer: usize,
+    v: &LayerViews,
+    model: &mut [u8],
+    slot: &mut [u8],
+    ws: &mut [u8],
+) -> Result<()> {
+    let cfg = round_score(r, st);
+    let n = st.n as usize;
+    let w = (cfg.window as usize).min(n);
+    let p = n - w;
+    let model = memory::carve_model(model, r)?;
+    let slot = memory::carve_slot(slot, r)?;
+    if st.phase != Phase::Scoring || slot.scored[layer] != 0 {
+        return Err(Error::InvalidArgument);
+    }
+    if v.keys.extent() != [r.m.hkv, n, r.m.dk] {
+        return Err(Error::ShapeMismatch);
+    }
+    let values = match v.values {
+        Some(val) if val.extent() != [r.m.hkv, n, r.m.dv] => return Err(Error::ShapeMismatch),
+        Some(val) => Some(val),
+        None if r.capture.values => return Err(Error::NullPointer),
+        None => None,
+    };
+    let mut ws = Workspace::new(ws);
+    let stage = ws.take_dirty::<f32>(r.m.hkv * p)?;
+    let ring_q = ws.take_dirty::<f32>(if r.capture.queries {
+        r.m.hq * w * r.m.dk
+    } else {
+        0
+    })?;
+    let l1 = ws.take_dirty::<f32>(if r.capture.wo == WoUse::EveryRound {
+        r.m.hkv * n
+    } else {
+        0
+    })?;
+    let rest = ws.into_rest();
+    let mut inputs = LayerInputs {
+        keys: Some(v.keys),
+        values,
+        row_lse: v.row_lse,
+        ..LayerInputs::default()
+    };
+    let ring_view;
+    if r.capture.queries {
+        inputs.queries = match v.queries {
+            Some(q) => Some(q),
+            None => {
+                ring_view = ring_window(r, slot.ring, slot.ring_rows[layer], layer, w, ring_q)?;
+                Some(ring_view)
+            }
+        };
+    }
+    if r.capture.wo == WoUse::Once {
+        if model.gram_set[layer] == 0 {
+            return Err(Error::InvalidArgument);
+        }
+        inputs.gram = Some(&model.gram[layer * r.gram_len..(layer + 1) * r.gram_len]);
+    }
+    if r.capture.wo == WoUse::EveryRound {
+        let wo = v.wo.as_ref().ok_or(Error::NullPointer)?;
+        let values = values.as_ref().ok_or(Error::NullPointer)?;
+        if wo.extent() != [r.m.hq, r.m.dv, r.m.d_model] {
+            return Err(Error::ShapeMismatch);
+        }
+        crate::compute_value_l1(values, wo, l1, rest)?;
+        inputs.value_l1 = Some(l1);
+    }
+    crate::score_layer(&cfg, &inputs, stage, rest)?;
+    if r.decay > 0.0 {
+        let (carried, hkv) = (st.carried as usize, r.m.hkv);
+        carry::add_carried(
+            stage,
+            slot.carry,
+            layer,
+            hkv,
+            r.max_cells,
+            p,
+            carried,
+            r.decay,
+        );
+    }
+    if r.links.is_some() {
+        let values = values.as_ref().ok_or(Error::NullPointer)?;
+        crate::accumulate_value_links(values, &mut slot.links[..n], rest)?;
+    }
+    memory::floats(slot.words)[layer * r.m.hkv * p..(layer + 1) * r.m.hkv * p]
+        .copy_from_slice(stage);
+    slot.scored[layer] = 1;
+    Ok(())
 }
 
 /// The last `w` observed query rows of `layer`, oldest first, as a `[Hq, w, dk]` view of

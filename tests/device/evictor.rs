@@ -417,6 +417,12 @@ fn device_evictor_refuses_bad_input_and_writes_nothing() {
         DeviceEvictor::memory_size(&crit),
         Err(Error::InvalidArgument)
     );
+    let mut paged = cfg;
+    paged.paged = Some(kvevict::DType::F16); // paged views: host form only (yet)
+    assert_eq!(
+        DeviceEvictor::memory_size(&paged),
+        Err(Error::InvalidArgument)
+    );
     let block = DBuf::<u8>::new(ds.device + 256);
     let mut ctx = vec![7u8; ds.host];
     for (ptr, bytes, want) in [

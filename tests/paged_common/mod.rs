@@ -1,0 +1,93 @@
+//! How the engines' pool kinds keep a model's K and V in buffers, shared by the paged
+//! tests (`tests/paged.rs`, `tests/evictor_paged.rs`): separate K and V tensors per layer
+//! (NHD, HND), K and V stacked per layer (the `*_KV_*` kinds), or every layer in one
+//! buffer (TensorRT-LLM).
+
+use kvevict::paged::{PagedKind, PagedLayout};
+
+/// Deterministic data (xorshift).
+pub struct Rng(pub u64);
+#[allow(dead_code)] // each test file uses its own subset
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in (-1, 1).
+    pub fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    /// As `f`, one value in 29 four times larger (peaked attention).
+    pub fn spiky(&mut self) -> f32 {
+        let u = self.f();
+        if self.0 % 29 == 0 {
+            u * 4.0
+        } else {
+            u
+        }
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    /// A random permutation of 0..n.
+    pub fn perm(&mut self, n: usize) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..n as u32).collect();
+        for i in (1..n).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+        v
+    }
+}
+
+pub const KINDS: [PagedKind; 6] = [
+    PagedKind::Nhd,
+    PagedKind::NhdKvInner,
+    PagedKind::NhdKvOuter,
+    PagedKind::Hnd,
+    PagedKind::HndKvInner,
+    PagedKind::TrtLlm,
+];
+
+/// Buffers a model of `layers` layers takes in pools of `kind`.
+pub fn buffers(kind: PagedKind, layers: usize) -> usize {
+    match kind {
+        PagedKind::Nhd | PagedKind::Hnd => 2 * layers,
+        PagedKind::TrtLlm => 1,
+        _ => layers,
+    }
+}
+
+/// The buffer holding layer `l`'s K (`kv` 0) or V (1).
+pub fn buf_of(kind: PagedKind, l: usize, kv: usize) -> usize {
+    match kind {
+        PagedKind::Nhd | PagedKind::Hnd => 2 * l + kv,
+        PagedKind::TrtLlm => 0,
+        _ => l,
+    }
+}
+
+/// `PagedLayout::new`'s `(layers, layer, kv)` for layer `l`'s K or V.
+pub fn tensor_args(kind: PagedKind, layers: usize, l: usize, kv: usize) -> (usize, usize, usize) {
+    match kind {
+        PagedKind::TrtLlm => (layers, l, kv),
+        PagedKind::Nhd | PagedKind::Hnd => (1, 0, 0),
+        _ => (1, 0, kv),
+    }
+}
+
+/// Elements buffer `b` needs: the longest of the tensors it holds (`layout(l, kv)`).
+pub fn buffer_len(
+    kind: PagedKind,
+    layers: usize,
+    b: usize,
+    layout: impl Fn(usize, usize) -> PagedLayout,
+) -> usize {
+    (0..layers)
+        .flat_map(|l| [(l, 0), (l, 1)])
+        .filter(|&(l, kv)| buf_of(kind, l, kv) == b)
+        .map(|(l, kv)| layout(l, kv).required_len().unwrap())
+        .max()
+        .unwrap()
+}
