@@ -264,7 +264,7 @@ fn server_restores_a_saved_slot_into_its_budget() {
 /// `--kv-max-cells 497`, then the question's last token and 8 generated ones): the sequence
 /// must evict before it has decoded a window of its own, so the method's window queries do
 /// not exist. Its cells are scored as a restored state's are (question-agnostic
-/// `uniqueness`, on a dequantized host copy) instead of the eviction being deferred, which
+/// `uniqueness`, a host evictor, in place on the host cache) instead of the eviction being deferred, which
 /// left the ubatch no cell and failed the decode (llama-server's prompt cache restoring a
 /// conversation into another slot: "Context size has been exceeded"). Host and device paths.
 #[test]
@@ -319,7 +319,7 @@ fn a_restored_sequence_without_window_queries_still_evicts() {
             .lines()
             .filter(|l| {
                 l.contains("evict: seq 0: 497 -> 372 cells")
-                    && l.contains("host path, dequantized copy")
+                    && l.contains("host path, kve_*")
             })
             .collect();
         println!(
