@@ -6,7 +6,7 @@ use super::*;
 
 /// llama.cpp pads the attention span to a multiple of 256 cells (llama_kv_cache::get_n_kv); the fork
 /// pads an evicting context's span to a multiple of 32 when its cache is in CPU memory
-/// (`llama_kv_evictor::set_pad`, `LLAMA_KV_EVICT_N_PAD_CPU`), so a compacted cache spans about
+/// (`llama_kv_evictor::alloc_rings` → `llama_kv_cache::set_n_pad_min`), so a compacted cache spans about
 /// its kept cells.
 const PAD_UPSTREAM: f64 = 256.0;
 

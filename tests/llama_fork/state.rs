@@ -5,8 +5,8 @@ use super::*;
 /// A sequence state with more cells than `--kv-max-cells` (the uncompressed prompt's state file,
 /// ~990 cells) loaded into a context with a 256-cell budget: evicted to 0.75 x 256 = 192 cells as
 /// it is read, scored question-agnostically on the state's own K/V bytes (V transposed with
-/// flash attention off, token rows with it on), then the question answered on what was kept. A
-/// state within the budget is restored whole.
+/// flash attention off, token rows with it on; a q8_0 cache scored on its dequantized rows), then the
+/// question answered on what was kept. A state within the budget is restored whole.
 #[test]
 fn a_state_larger_than_the_budget_is_evicted_on_restore() {
     let Some(s) = setup() else {
@@ -14,9 +14,14 @@ fn a_state_larger_than_the_budget_is_evicted_on_restore() {
     };
     let dir = std::env::temp_dir();
     let mut lines = Vec::new();
-    for (flash, budget) in [("off", "256"), ("on", "256"), ("off", "2048")] {
+    for (flash, budget, cache) in [
+        ("off", "256", "f16"),
+        ("on", "256", "f16"),
+        ("on", "256", "q8_0"),
+        ("off", "2048", "f16"),
+    ] {
         let path = dir.join(format!(
-            "kvevict-restore-{}-{flash}-{budget}.bin",
+            "kvevict-restore-{}-{flash}-{budget}-{cache}.bin",
             std::process::id()
         ));
         let path_str = path.to_str().unwrap().to_string();
@@ -35,12 +40,16 @@ fn a_state_larger_than_the_budget_is_evicted_on_restore() {
                 &path_str,
                 "--restore-max-cells",
                 budget,
+                "-ctk",
+                cache,
+                "-ctv",
+                cache,
             ],
         );
         remove_state_files(&path_str);
         let (cells, restored) = (r.num("cells_before"), r.num("restore_cells"));
         lines.push(format!(
-            "flash {flash}, --kv-max-cells {budget}: state of {cells} cells restored as {restored} ({} evicted); answer {:?} (full cache before compression: key {})",
+            "{cache} cache, flash {flash}, --kv-max-cells {budget}: state of {cells} cells restored as {restored} ({} evicted); answer {:?} (full cache before compression: key {})",
             r.num("restore_evicted"),
             r.get("restore_answer"),
             r.get("key"),
@@ -264,7 +273,7 @@ fn server_restores_a_saved_slot_into_its_budget() {
 /// `--kv-max-cells 497`, then the question's last token and 8 generated ones): the sequence
 /// must evict before it has decoded a window of its own, so the method's window queries do
 /// not exist. Its cells are scored as a restored state's are (question-agnostic
-/// `uniqueness`, on a dequantized host copy) instead of the eviction being deferred, which
+/// `uniqueness`, a host evictor, in place on the host cache) instead of the eviction being deferred, which
 /// left the ubatch no cell and failed the decode (llama-server's prompt cache restoring a
 /// conversation into another slot: "Context size has been exceeded"). Host and device paths.
 #[test]
@@ -319,7 +328,7 @@ fn a_restored_sequence_without_window_queries_still_evicts() {
             .lines()
             .filter(|l| {
                 l.contains("evict: seq 0: 497 -> 372 cells")
-                    && l.contains("host path, dequantized copy")
+                    && l.contains("host path, kve_*")
             })
             .collect();
         println!(
