@@ -109,7 +109,16 @@ fn device_scores_with_row_lse_match_host() {
 
 /// An f16 head-major layer of 8 query heads, 2 KV heads, 120 tokens, d 32.
 fn small_f16_layer(seed: u64) -> Layer {
-    layer(Dt::F16, Layout::HeadMajor, Layout::HeadMajor, 8, 2, 120, 32, seed)
+    layer(
+        Dt::F16,
+        Layout::HeadMajor,
+        Layout::HeadMajor,
+        8,
+        2,
+        120,
+        32,
+        seed,
+    )
 }
 
 #[test]

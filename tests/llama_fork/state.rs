@@ -327,8 +327,7 @@ fn a_restored_sequence_without_window_queries_still_evicts() {
         let evicted: Vec<&str> = err
             .lines()
             .filter(|l| {
-                l.contains("evict: seq 0: 497 -> 372 cells")
-                    && l.contains("host path, kve_*")
+                l.contains("evict: seq 0: 497 -> 372 cells") && l.contains("host path, kve_*")
             })
             .collect();
         println!(
