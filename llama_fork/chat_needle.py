@@ -113,13 +113,13 @@ def run_config(args, name, flags, seeds):
             ctx, key = needle(seed, args.sentences)
             t0 = time.time()
             if args.shape == "one":
-                msgs = [{"role": "user", "content": ctx + "\n\n" + QUESTION}]
+                msgs = [{"role": "user", "content": ctx + "\n\n" + args.question}]
                 answer, prompt = chat(port, msgs, args.max_tokens, cache_prompt=False)
             else:
                 chat(port, [{"role": "user", "content": "Hello."}], 4, cache_prompt=False)
-                msgs = [{"role": "user", "content": ctx}]
+                msgs = [{"role": "user", "content": args.intro + ctx}]
                 reply, _ = chat(port, msgs, args.reply_tokens)
-                msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": QUESTION}]
+                msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": args.question}]
                 answer, prompt = chat(port, msgs, args.max_tokens)
             rows.append({"config": name, "seed": seed, "key": key, "ok": key in answer,
                          "answer": answer.strip()[:80], "prompt_tokens": prompt,
@@ -157,6 +157,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--reply-tokens", type=int, default=16)
+    ap.add_argument("--question", default=QUESTION)
+    ap.add_argument("--intro", default="", help="shape two: text before the context in turn 1 (it must not "
+                    "name what will be asked: the eviction stays question-agnostic)")
     args = ap.parse_args()
     seeds = parse_seeds(args.seeds)
     results = {}
@@ -165,7 +168,8 @@ def main():
         rows, failures, evictions = run_config(args, name, flags.split(), seeds)
         results[name] = (rows, failures, evictions)
     full = {r["seed"] for r in results["full"][0] if r["ok"]} if "full" in results else None
-    print(f"\nshape {args.shape}, seeds {args.seeds}, {args.sentences} filler sentences")
+    print(f"\nshape {args.shape}, seeds {args.seeds}, {args.sentences} filler sentences, "
+          f"intro {args.intro!r}, question {args.question!r}")
     print("| config | keys recovered | of the full cache's | failed evictions | evictions (first: cells before -> after) |")
     print("|---|---:|---:|---:|---|")
     for name, (rows, failures, ev) in results.items():
