@@ -18,14 +18,14 @@ extern crate std;
 // The layers, each a folder: `base/` (configuration, views, statuses: no math), `math/`
 // (the core math on the host), `evictor/` (the simple API), `capi/` (the C ABI), `device/`
 // and `cuda.rs` (the device pipeline and its launchers); the CPU kernels below them
-// (`numerics`, `lanes`, the AVX-512 files) and paged caches (`paged`) beside them.
+// (`kernels/cpu/`: `portable/`, `x86/`, `arm/`) and paged caches (`paged`) beside them.
 mod base;
 mod math;
 
 pub(crate) use base::span;
 pub use base::{config, dtype, error, shape, view, workspace};
+pub(crate) use math::window;
 pub use math::{budget, compact, gram, links, pool, score, select, shard, stream};
-pub(crate) use math::{colstats, window};
 
 pub mod capi;
 /// Raw launchers of cuda/ (kvevict_cuda.h); the public header declares the kve_cuda_*
@@ -37,19 +37,14 @@ pub mod cuda;
 #[cfg(feature = "cuda")]
 pub mod device;
 pub mod evictor;
-#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
-mod gemm512;
-mod lanes;
-#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
-mod lanes512;
-pub mod numerics;
 pub mod paged;
+
+// The CPU kernels (`src/kernels/cpu/`), re-exported under the names the layers above use.
+mod kernels;
+pub use kernels::cpu::portable::numerics;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
-mod simd512;
-#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
-mod softmax512;
-#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
-mod tova512;
+use kernels::cpu::x86::{gemm512, lanes512, simd512, softmax512, tova512};
+pub(crate) use kernels::cpu::{colstats, portable::lanes};
 
 pub use budget::{
     evicted_positions, select_model, select_model_linked, select_output_len, select_workspace_size,

@@ -59,7 +59,7 @@ pub(crate) unsafe fn exp_neg2(x: [__m512; 2]) -> [__m512; 2] {
             _mm512_fnmadd_ps(n[1], lo2, r[1]),
         ];
         let mut p = [_mm512_set1_ps(1.987_569_1e-4); 2];
-        for c in crate::numerics::EXP_POLY {
+        for c in crate::kernels::cpu::portable::simd::EXP_POLY {
             let cv = _mm512_set1_ps(c);
             p = [
                 _mm512_fmadd_ps(p[0], r[0], cv),

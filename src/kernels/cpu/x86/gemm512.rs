@@ -1,4 +1,4 @@
-//! The window pass's Q·Kᵀ ([`crate::window::gemm`]) on AVX-512 (F + VL), taken instead of
+//! The window pass's Q·Kᵀ (`window::gemm` in `math/window.rs`) on AVX-512 (F + VL), taken instead of
 //! the AVX2 kernel when the CPU has it: 16 window rows per vector, up to 4 vectors (64 rows)
 //! per key tile, so small windows (w = 8: 24 or 32 rows) need 2 FMAs per key element
 //! instead of 3-4. Every logit is the same chain of fused multiply-adds over `d` from 0, in
@@ -35,7 +35,7 @@ struct Slot {
     mask: __mmask16,
 }
 
-/// [`crate::window::gemm`] (same contract, same packing, same bits; `in_place`: prefetch
+/// `window::gemm` (same contract, same packing, same bits; `in_place`: prefetch
 /// the keys ahead).
 ///
 /// # Safety
@@ -154,7 +154,7 @@ pub(crate) unsafe fn gemm(
 fn prefetch_ahead(pf: bool, k: *const f32, t0: usize, kn: usize, ldk: usize, dk: usize) {
     if pf {
         let p = k.wrapping_add((t0 + 48) * ldk) as *const u8;
-        crate::numerics::prefetch_rows(p, ldk * 4, dk * 4, kn);
+        crate::kernels::cpu::portable::prefetch::prefetch_rows(p, ldk * 4, dk * 4, kn);
     }
 }
 
@@ -323,60 +323,6 @@ unsafe fn tile<const V: usize, const KN: usize>(
             for v in 0..V {
                 _mm512_mask_storeu_ps(c.add(i * ldc + 16 * v), sl[v].mask, acc[i][v]);
                 *bad = _mm512_fmadd_ps(acc[i][v], _mm512_setzero_ps(), *bad);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::numerics::{has_avx2, Avx2};
-    use crate::window::gemm_tiles;
-    use std::vec;
-    use std::vec::Vec;
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn avx2(q: &[f32], dk: usize, rp: usize, k: &[f32], ldk: usize, c: &mut [f32]) -> bool {
-        // SAFETY: `k` holds `k.len() / ldk` rows of `ldk` floats; the caller checked the CPU.
-        unsafe { gemm_tiles::<Avx2>(q, dk, rp, k.as_ptr(), ldk, k.len() / ldk, c) }
-    }
-
-    /// The AVX-512 kernel gives the AVX2 kernel's bits and finiteness verdict for every row
-    /// count up to 2 slot groups (with and without an 8-row panel), odd dims, padded key
-    /// strides, and NaN/Inf keys.
-    #[test]
-    fn avx512_matches_avx2_bits() {
-        if !(super::available() && has_avx2()) {
-            return; // nothing to compare on this CPU
-        }
-        let mut x = 11u64;
-        let mut val = || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
-        for rp in (8..=136).step_by(8) {
-            for (dk, ldk) in [(5, 5), (32, 36), (64, 70), (128, 128)] {
-                for ntp in [6, 12, 18, 24, 30, 96] {
-                    let q: Vec<f32> = (0..rp * dk).map(|_| val()).collect();
-                    let mut k: Vec<f32> = (0..ntp * ldk).map(|_| val()).collect();
-                    for bad in [None, Some(f32::NAN), Some(f32::NEG_INFINITY)] {
-                        if let Some(b) = bad {
-                            k[(ntp - 1) * ldk + dk - 1] = b;
-                        }
-                        let (mut c1, mut c2) = (vec![0f32; ntp * rp], vec![1f32; ntp * rp]);
-                        // SAFETY: k holds ntp rows of ldk >= dk floats; both CPUs checked.
-                        let f1 =
-                            unsafe { super::gemm(&q, dk, rp, k.as_ptr(), ldk, ntp, &mut c1, true) };
-                        // SAFETY: k holds ntp rows of ldk >= dk floats; has_avx2 checked the CPU.
-                        let f2 = unsafe { avx2(&q, dk, rp, &k, ldk, &mut c2) };
-                        assert_eq!(f1, f2, "rp {rp} dk {dk} ntp {ntp} {bad:?}");
-                        assert_eq!(f1, bad.is_none());
-                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(bits(&c1), bits(&c2), "rp {rp} dk {dk} ntp {ntp} {bad:?}");
-                    }
-                }
             }
         }
     }

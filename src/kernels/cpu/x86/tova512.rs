@@ -1,4 +1,4 @@
-//! TOVA's logits ([`crate::score`]'s `tova::logits`) on AVX-512 (F + VL): 16 keys per block,
+//! TOVA's logits (`logits` in `math/score/tova.rs`) on AVX-512 (F + VL): 16 keys per block,
 //! each key's row read in place 16 elements per FMA (f16 converted as loaded), its 16 lane
 //! sums per query row reduced with the block's other keys ([`crate::lanes512`]). Every logit
 //! is summed in the lane order of [`crate::lanes`], as in the 8-lane kernel: the same bits.

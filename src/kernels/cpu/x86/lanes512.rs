@@ -4,7 +4,7 @@
 //! (`kvevict_avx512`), taken where [`crate::gemm512::available`].
 #![allow(clippy::incompatible_msrv)]
 
-use crate::numerics::prefetch_rows;
+use crate::kernels::cpu::portable::prefetch::prefetch_rows;
 use core::arch::x86_64::*;
 
 /// The first step of the tree for two rows: lanes `0..8` of the result are `a[l] + a[l + 8]`,

@@ -1,5 +1,5 @@
-//! What the window pass ([`crate::window`]) computes for one KV group: which column
-//! statistics a scorer needs ([`Needs`]) and where they go ([`Stats`]). A module of its own so
+//! What the window pass (`math/window.rs`) computes for one KV group: which column
+//! statistics a scorer needs ([`Needs`]) and where they go ([`Stats`]). Among the kernels, so
 //! that the window pass and its AVX-512 part (`softmax512`) both take them from below,
 //! without importing each other.
 

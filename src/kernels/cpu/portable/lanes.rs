@@ -316,6 +316,7 @@ unsafe fn dots8_split<S: Simd, const RA: usize, const KB: usize, const F16: bool
 #[cfg(all(test, feature = "std"))]
 pub(crate) mod tests {
     use super::*;
+    pub(crate) use crate::numerics::tests::spread;
     use crate::numerics::Portable;
     use std::vec::Vec;
 
@@ -404,20 +405,6 @@ pub(crate) mod tests {
                 View::bf16(&self.kb16, self.extent, tr).unwrap(),
             ]
         }
-    }
-
-    /// Values whose sums round differently in different orders (spread exponents, both signs).
-    pub(crate) fn spread(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let m = (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                m * [0.01f32, 1.0, 37.0][(x % 3) as usize]
-            })
-            .collect()
     }
 
     #[test]
