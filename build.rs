@@ -65,6 +65,7 @@ mod cuda_build {
         "uniqueness.cu",
         "links.cu",
         "evictor.cu",
+        "paged.cu",
     ];
     const HEADERS: &[&str] = &[
         "kvevict_cuda.h",

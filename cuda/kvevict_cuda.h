@@ -493,6 +493,53 @@ int kve_cuda_shift_lists(const int32_t* src_counts, const int32_t* src_idx, int6
                          int64_t idx_ld, void* stream);
 int kve_cuda_upload(void* dst, const void* src, size_t bytes, void* stream);
 
+/* -------------------------------------------------------------------- paged --
+ * Paged KV caches (cuda/paged.cu; the host form is src/paged.rs): one K or V tensor of a
+ * block pool. Element (block b, slot s, head h, dim c) is at element offset + b*stride_block
+ * + s*stride_slot + h*stride_head + c*stride_dim of data (dtype KVE_CUDA_*); a sequence's
+ * token t is in block table[t / block_size], slot t % block_size. Launchers refuse (1) a
+ * NULL data, reserved != 0, an unknown dtype, an extent < 1, heads > 65535, a negative
+ * offset or stride.
+ *
+ * The table (uint32, DEVICE memory, ceil(n / block_size) entries read) is not checked
+ * beyond a guard: an entry >= num_blocks is skipped (nothing read or written through it).
+ * Callers refuse repeated entries and short tables before the launch (the evictor checks
+ * the host table with the core's check and uploads it).
+ *
+ * gather: the first n tokens into dst, a contiguous [heads][n][dim] tensor of the pool's
+ * dtype (raw bits), distinct from the pool.
+ *
+ * compact: in place, each head's kept tokens (ascending int32 lists < n: head h's at
+ * kept + h*kept_ld, counts[h] entries; kept_ld = 0 shares kept/counts[0]) moved to tokens
+ * 0 .. count-1 of the sequence, order kept, the rest left as it was; counts clamped to
+ * [0, min(max_keep, n)]. ws: kve_cuda_paged_compact_workspace_size bytes (0 for a
+ * refused descriptor). Two launches (staged gather, scatter). The trailing blocks
+ * table[ceil(max count / block_size) ..] then hold nothing the sequence keeps.
+ *
+ * upload_async: bytes of host memory src to device memory dst on stream, not waited for
+ * (as cudaMemcpyAsync: from pageable memory, src may be reused on return). */
+typedef struct kve_cuda_paged {
+    void* data;
+    int32_t dtype;      /* KVE_CUDA_F32 / F16 / BF16 */
+    int32_t reserved;   /* must be 0 */
+    int64_t offset;
+    int64_t num_blocks;
+    int64_t block_size;
+    int64_t heads;
+    int64_t dim;
+    int64_t stride_block;
+    int64_t stride_slot;
+    int64_t stride_head;
+    int64_t stride_dim;
+} kve_cuda_paged;
+int kve_cuda_paged_gather(const kve_cuda_paged* src, const uint32_t* table, int64_t n, void* dst,
+                          void* stream);
+size_t kve_cuda_paged_compact_workspace_size(const kve_cuda_paged* kv, int64_t max_keep);
+int kve_cuda_paged_compact(const kve_cuda_paged* kv, const uint32_t* table, int64_t n,
+                           const int32_t* kept, int64_t kept_ld, const int32_t* counts,
+                           int64_t max_keep, void* ws, size_t ws_bytes, void* stream);
+int kve_cuda_upload_async(void* dst, const void* src, size_t bytes, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

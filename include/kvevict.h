@@ -626,28 +626,6 @@ typedef struct kve_evictor_layer {
 } kve_evictor_layer;
 
 /**
- * A sequence's counters.
- */
-typedef struct kve_evictor_stats {
-  uint32_t struct_size;
-  /**
-   * 1 when the last commit left per-head sets of different lengths: the sequence takes
-   * no further round until `kve_evictor_seq_reset`.
-   */
-  uint32_t ragged;
-  /**
-   * Cells held after the last commit.
-   */
-  uint64_t cells;
-  /**
-   * Cells the keep ratio never compresses again.
-   */
-  uint64_t protected_cells;
-  uint64_t evictions;
-  uint64_t cells_evicted;
-} kve_evictor_stats;
-
-/**
  * One K or V tensor of a paged pool: element (block `b`, slot `s`, head `h`, dim `c`) is
  * at `data + (offset + b*stride[0] + s*stride[1] + h*stride[2] + c*stride[3]) *
  * sizeof(dtype)`. A sequence's token `t` is in block `table[t / block_size]`, slot
@@ -662,7 +640,8 @@ typedef struct kve_evictor_stats {
  */
 typedef struct kve_paged_layout {
   /**
-   * The pool's first element (host memory).
+   * The pool's first element (host memory; device memory for the
+   * `kve_cuda_evictor_*_paged` calls).
    */
   const void *data;
   /**
@@ -738,6 +717,28 @@ typedef struct kve_evictor_paged_layer {
   uint64_t row_lse_len;
   struct kve_tensor wo;
 } kve_evictor_paged_layer;
+
+/**
+ * A sequence's counters.
+ */
+typedef struct kve_evictor_stats {
+  uint32_t struct_size;
+  /**
+   * 1 when the last commit left per-head sets of different lengths: the sequence takes
+   * no further round until `kve_evictor_seq_reset`.
+   */
+  uint32_t ragged;
+  /**
+   * Cells held after the last commit.
+   */
+  uint64_t cells;
+  /**
+   * Cells the keep ratio never compresses again.
+   */
+  uint64_t protected_cells;
+  uint64_t evictions;
+  uint64_t cells_evicted;
+} kve_evictor_stats;
 
 /**
  * State of a model-wide top-K search split over shards of layers (design §4, "selection
@@ -1243,6 +1244,42 @@ int32_t kve_cuda_evictor_score_layer(struct kve_cuda_evictor *evictor,
                                      uint64_t layer,
                                      const struct kve_evictor_layer *views,
                                      void *stream);
+
+/**
+ * As `kve_evictor_score_layer_paged`, on `stream`, for a context configured with
+ * `paged = 1`: `views` (host struct, from `kve_evictor_paged_layer_init`) holds pools
+ * in DEVICE memory (`keys.data`, `values.data`), the block table in HOST memory, and as
+ * `kve_cuda_evictor_score_layer` a device `queries` tensor (or none: the ring), device
+ * `row_lse` floats and no `wo`. The table is checked on the host with the host form's
+ * check (the same statuses: `KVE_ERR_SHAPE_MISMATCH` short, `KVE_ERR_OUT_OF_BOUNDS` an
+ * entry past the pool, `KVE_ERR_ALIASING` a repeat; nothing enqueued on error), then its
+ * used entries are copied to the device block on `stream` (keep them unchanged until the
+ * stream passes the call; from pageable memory the copy is not graph-capturable), K (and
+ * V) gathered there and scored: kept lists bit-identical to the contiguous call's.
+ */
+int32_t kve_cuda_evictor_score_layer_paged(struct kve_cuda_evictor *evictor,
+                                           uint64_t seq,
+                                           uint64_t layer,
+                                           const struct kve_evictor_paged_layer *views,
+                                           void *stream);
+
+/**
+ * As `kve_evictor_compact_paged`, on `stream`, for a context configured with `paged =
+ * 1`: `kv` is a pool in DEVICE memory (written through `kv->data`; `heads == Hkv`, `dim`
+ * dk or dv), `table` HOST memory checked as in `kve_cuda_evictor_score_layer_paged` and
+ * copied to the device block. `*blocks_freed`: as the host call's when the selection is
+ * rectangular (token granularity or the uniform allocator); `UINT64_MAX` for the other
+ * allocators, whose counts stay on the device (nothing is read back). On error nothing
+ * is enqueued and `*blocks_freed` is as it was.
+ */
+int32_t kve_cuda_evictor_compact_paged(struct kve_cuda_evictor *evictor,
+                                       uint64_t seq,
+                                       uint64_t layer,
+                                       const struct kve_paged_layout *kv,
+                                       const uint32_t *table,
+                                       uint64_t table_len,
+                                       uint64_t *blocks_freed,
+                                       void *stream);
 
 /**
  * As `kve_evictor_select`, on `stream`. `*kept_cells`: the cells every (layer, KV head)

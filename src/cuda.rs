@@ -61,6 +61,25 @@ pub struct KveCudaView {
     pub dim: i64,
 }
 
+/// One K or V tensor of a paged pool (`kve_cuda_paged`): element (block, slot, head, dim)
+/// at `offset + b·stride_block + s·stride_slot + h·stride_head + c·stride_dim`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KveCudaPaged {
+    pub data: *mut c_void,
+    pub dtype: i32,
+    pub reserved: i32,
+    pub offset: i64,
+    pub num_blocks: i64,
+    pub block_size: i64,
+    pub heads: i64,
+    pub dim: i64,
+    pub stride_block: i64,
+    pub stride_slot: i64,
+    pub stride_head: i64,
+    pub stride_dim: i64,
+}
+
 /// One tensor of `kve_cuda_compact_batch`: its view and kept lists (as `kve_cuda_compact`'s).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -522,6 +541,36 @@ extern "C" {
     ) -> c_int;
 
     pub fn kve_cuda_upload(
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_paged_gather(
+        src: *const KveCudaPaged,
+        table: *const u32,
+        n: i64,
+        dst: *mut c_void,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_paged_compact_workspace_size(kv: *const KveCudaPaged, max_keep: i64) -> usize;
+
+    pub fn kve_cuda_paged_compact(
+        kv: *const KveCudaPaged,
+        table: *const u32,
+        n: i64,
+        kept: *const i32,
+        kept_ld: i64,
+        counts: *const i32,
+        max_keep: i64,
+        ws: *mut c_void,
+        ws_bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
+
+    pub fn kve_cuda_upload_async(
         dst: *mut c_void,
         src: *const c_void,
         bytes: usize,

@@ -206,8 +206,14 @@ pub fn table_check_size_for(layout: &PagedLayout, n: usize) -> Result<usize> {
 /// Check the table entries a sequence of `n` tokens uses: enough of them, each inside the
 /// pool, none repeated; the first entry in table order that is out of the pool
 /// (`OutOfBounds`) or repeats an earlier one (`Aliasing`) decides. `scratch` holds the
-/// bitmap, or (when it is too short for one) a sorted copy of the entries.
-fn check_table(layout: &PagedLayout, table: &[u32], n: usize, scratch: &mut [u8]) -> Result<()> {
+/// bitmap, or (when it is too short for one) a sorted copy of the entries. (Public for the
+/// device forms, which check a host table before uploading it.)
+pub fn check_table(
+    layout: &PagedLayout,
+    table: &[u32],
+    n: usize,
+    scratch: &mut [u8],
+) -> Result<()> {
     if n == 0 {
         return Err(Error::InvalidArgument);
     }

@@ -501,6 +501,11 @@ _CUDA_PROTOS = {
     "kve_cuda_evictor_kept_lists": (
         c_int32, [c_void_p, c_uint64, P(c_void_p), P(c_void_p), _u64p]),
     "kve_cuda_evictor_compact": (c_int32, [c_void_p, c_uint64, c_uint64, P(kve_tensor), c_void_p]),
+    "kve_cuda_evictor_score_layer_paged": (
+        c_int32, [c_void_p, c_uint64, c_uint64, P(kve_evictor_paged_layer), c_void_p]),
+    "kve_cuda_evictor_compact_paged": (
+        c_int32, [c_void_p, c_uint64, c_uint64, P(kve_paged_layout), c_void_p, c_uint64, _u64p,
+                  c_void_p]),
     "kve_cuda_evictor_commit": (c_int32, [c_void_p, c_uint64]),
     "kve_cuda_evictor_seq_reset": (c_int32, [c_void_p, c_uint64]),
     "kve_cuda_evictor_get_stats": (c_int32, [c_void_p, c_uint64, P(kve_evictor_stats), c_uint32]),

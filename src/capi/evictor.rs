@@ -596,7 +596,7 @@ const NO_POOL: kve_paged_layout = kve_paged_layout {
     stride: [0; 4],
 };
 
-const NO_PAGED_LAYER: kve_evictor_paged_layer = kve_evictor_paged_layer {
+pub(crate) const NO_PAGED_LAYER: kve_evictor_paged_layer = kve_evictor_paged_layer {
     struct_size: KVE_EVICTOR_PAGED_LAYER_V1_SIZE,
     reserved: 0,
     keys: NO_POOL,

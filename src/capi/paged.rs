@@ -31,7 +31,8 @@ use core::ffi::c_void;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct kve_paged_layout {
-    /// The pool's first element (host memory).
+    /// The pool's first element (host memory; device memory for the
+    /// `kve_cuda_evictor_*_paged` calls).
     pub data: *const c_void,
     /// Elements of `dtype` available from `data`.
     pub len: u64,
@@ -101,6 +102,13 @@ impl Pool {
             layout,
             span,
         })
+    }
+
+    /// The checked pointer, length (elements) and layout (the device evictor's pools,
+    /// whose memory is not the host's).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn parts(&self) -> (*mut u8, usize, PagedLayout) {
+        (self.ptr, self.len, self.layout)
     }
 
     /// The sequence of `n` tokens through `table`, read-only (`scratch`: the table check).

@@ -26,9 +26,19 @@
 //!   Other allocators leave per-unit counts on the device; `commit` then marks the
 //!   sequence ragged (no further round until `reset`), as the host form does when it
 //!   sees different counts.
-//! - Not on the device (yet): value links (`link_threshold`), methods that read `Wo`
-//!   every round (CriticalKV) and paged views (`EvictorConfig::paged`): `memory_size` and
-//!   `init` refuse them (`InvalidArgument`).
+//! - Paged views (`EvictorConfig::paged`, issue 30): `score_layer_paged` gathers K (and
+//!   V) through the sequence's block table into the front of the device workspace
+//!   (`cuda/paged.cu`) and scores them as strided views, so scores and kept lists are
+//!   the contiguous path's bit for bit; `compact_paged` compacts in the pool through the
+//!   table. The table is HOST memory (where the engines' block managers keep it): it is
+//!   checked on the host with the core's check (`crate::paged::check_table`: the host
+//!   form's statuses, by construction, and nothing enqueued on error; a device-side check
+//!   could only report through device memory, after the call returned OK) and its used
+//!   entries are copied to the workspace on the stream (`cudaMemcpyAsync`: a paged round
+//!   is not graph-capturable from pageable memory). The kernels skip any entry past the
+//!   pool, so a table changed after the check cannot move an access out of the pool.
+//! - Not on the device (yet): value links (`link_threshold`) and methods that read `Wo`
+//!   every round (CriticalKV): `memory_size` and `init` refuse them (`InvalidArgument`).
 
 use super::config::{resolve, Resolved};
 use super::memory::STATE_WORDS;
@@ -39,6 +49,7 @@ use crate::config::{AllocatorKind, Granularity};
 use crate::cuda as cu;
 use crate::device::{self, select::KeptLists, Floats, Tensor};
 use crate::error::{mul, Error, Result};
+use crate::paged::{self, PagedCompaction, PagedLayout};
 use crate::score::LayerShape;
 use crate::shape::ModelShape;
 use crate::span::{check_alias, Span};
@@ -67,6 +78,68 @@ pub struct DeviceLayerViews {
     /// `[Hq, wq, dk]`, the last `wq >= min(w, n)` positions; `None`: the query ring.
     pub queries: Option<Tensor>,
     /// Optional `[Hq][min(w, n)]` window row log-sum-exp (device floats).
+    pub row_lse: Floats,
+}
+
+/// One K or V tensor of a paged pool in DEVICE memory: `len` elements of `layout.dtype`
+/// from `data` (checked as the host form's pools: non-NULL, aligned, the layout inside).
+#[derive(Clone, Copy, Debug)]
+pub struct DevicePool {
+    pub data: *mut c_void,
+    pub len: usize,
+    pub layout: PagedLayout,
+}
+
+impl DevicePool {
+    /// The checks of the host form's pool (`NullPointer`, `Misaligned`, the layout's, the
+    /// layout past `len`: `OutOfBounds`); the pool's byte span.
+    fn check(&self) -> Result<Span> {
+        if self.data.is_null() {
+            return Err(Error::NullPointer);
+        }
+        let es = self.layout.dtype.size();
+        if self.data as usize % es != 0 {
+            return Err(Error::Misaligned);
+        }
+        let span = crate::span::span_of(self.data as usize, self.len, es)?;
+        if self.layout.required_len()? > self.len {
+            return Err(Error::OutOfBounds);
+        }
+        Ok(span)
+    }
+
+    /// The launchers' descriptor (`kve_cuda_paged`) of the pool.
+    pub fn cuda(&self) -> cu::KveCudaPaged {
+        let l = &self.layout;
+        cu::KveCudaPaged {
+            data: self.data,
+            dtype: l.dtype as i32,
+            reserved: 0,
+            offset: l.offset as i64,
+            num_blocks: l.num_blocks as i64,
+            block_size: l.block_size as i64,
+            heads: l.heads as i64,
+            dim: l.dim as i64,
+            stride_block: l.stride[0] as i64,
+            stride_slot: l.stride[1] as i64,
+            stride_head: l.stride[2] as i64,
+            stride_dim: l.stride[3] as i64,
+        }
+    }
+}
+
+/// One layer's tensors for the round's `n` cells with K and V in a paged pool (device)
+/// reached through the sequence's block table (HOST memory, K and V share it).
+#[derive(Clone, Copy, Debug)]
+pub struct DevicePagedLayerViews<'t> {
+    /// `heads == Hkv`, `dim == dk`.
+    pub keys: DevicePool,
+    /// `dim == dv`, when the method reads values (not read otherwise).
+    pub values: Option<DevicePool>,
+    /// At least `ceil(n / block_size)` entries below `num_blocks`, none repeated.
+    pub table: &'t [u32],
+    /// As [`DeviceLayerViews`]'s.
+    pub queries: Option<Tensor>,
     pub row_lse: Floats,
 }
 
@@ -191,7 +264,56 @@ fn dev_workspace(r: &Resolved) -> Result<usize> {
         dim: r.m.dk.max(r.m.dv) as i64,
     };
     let compact = device::compact_workspace_size(&view, n as u64)?;
-    Ok(score.max(sel.bytes()).max(compact))
+    let score = score
+        .checked_add(paged_front(r)?.bytes())
+        .ok_or(Error::Overflow)?;
+    Ok(score
+        .max(sel.bytes())
+        .max(compact)
+        .max(paged_compact_carve(r)?.bytes()))
+}
+
+/// The paged element size (0 without paged views).
+fn paged_es(r: &Resolved) -> usize {
+    r.paged.map_or(0, |d| d.size())
+}
+
+/// The workspace's front while a paged layer is scored: the table (`u32 × max_cells`:
+/// a block holds at least one cell), K `[Hkv, max_cells, dk]` and V (when read) gathered,
+/// at the paged element size. Empty without paged views.
+fn paged_front(r: &Resolved) -> Result<DeviceCarve> {
+    let mut c = DeviceCarve::new(core::ptr::null_mut());
+    let es = paged_es(r);
+    if es > 0 {
+        c.take::<u32>(r.max_cells)?;
+        c.take::<u8>(mul(mul(r.m.hkv, r.max_cells)?, mul(r.m.dk, es)?)?)?;
+        if r.capture.values {
+            c.take::<u8>(mul(mul(r.m.hkv, r.max_cells)?, mul(r.m.dv, es)?)?)?;
+        }
+    }
+    Ok(c)
+}
+
+/// The workspace of a paged compaction: the table, then the staged rows.
+fn paged_compact_carve(r: &Resolved) -> Result<DeviceCarve> {
+    let mut c = DeviceCarve::new(core::ptr::null_mut());
+    let es = paged_es(r);
+    if es > 0 {
+        c.take::<u32>(r.max_cells)?;
+        c.take::<u8>(mul(
+            mul(r.m.hkv, r.max_cells)?,
+            mul(r.m.dk.max(r.m.dv), es)?,
+        )?)?;
+    }
+    Ok(c)
+}
+
+/// Host bytes of the table check's scratch (a sorted copy of up to `max_cells` entries).
+fn table_scratch_bytes(r: &Resolved) -> Result<usize> {
+    match r.paged {
+        Some(_) => mul(r.max_cells, 8),
+        None => Ok(0),
+    }
 }
 
 /// Host bytes after the header: gram flags, slots, the Gram scratch.
@@ -206,6 +328,7 @@ fn host_parts(r: &Resolved) -> Result<WorkspaceSize> {
     }
     s.add::<f32>(r.gram_len)?;
     s.add::<u8>(gram_ws(r)?)?;
+    s.add::<u8>(table_scratch_bytes(r)?)?;
     Ok(s)
 }
 
@@ -219,7 +342,7 @@ fn gram_ws(r: &Resolved) -> Result<usize> {
 fn resolve_device(cfg: &EvictorConfig) -> Result<Resolved> {
     let mut r = resolve(cfg)?;
     r.decay = 0.0; // the device path carries no decode-time scores (design §3c)
-    if r.links.is_some() || r.capture.wo == WoUse::EveryRound || r.paged.is_some() {
+    if r.links.is_some() || r.capture.wo == WoUse::EveryRound {
         return Err(Error::InvalidArgument);
     }
     Ok(r)
@@ -356,13 +479,19 @@ impl<'a> DeviceEvictor<'a> {
         self.host().take_dirty::<u8>(l)
     }
 
-    /// The host parts: sequence `seq`'s slot (`max_seqs`: none), then the Gram scratch.
-    fn parts(&mut self, seq: usize) -> Result<(Option<HostSlot<'_>>, &mut [f32], &mut [u8])> {
-        let (l, seqs, gl, gw) = (
+    /// The host parts: sequence `seq`'s slot (`max_seqs`: none), then the Gram scratch,
+    /// then the table check's scratch.
+    #[allow(clippy::type_complexity)]
+    fn parts(
+        &mut self,
+        seq: usize,
+    ) -> Result<(Option<HostSlot<'_>>, &mut [f32], &mut [u8], &mut [u8])> {
+        let (l, seqs, gl, gw, tb) = (
             self.r.m.layers,
             self.r.max_seqs,
             self.r.gram_len,
             gram_ws(&self.r)?,
+            table_scratch_bytes(&self.r)?,
         );
         let mut ws = self.host();
         ws.take_dirty::<u8>(l)?;
@@ -378,7 +507,9 @@ impl<'a> DeviceEvictor<'a> {
                 found = Some(slot);
             }
         }
-        Ok((found, ws.take_dirty::<f32>(gl)?, ws.take_dirty::<u8>(gw)?))
+        let g = ws.take_dirty::<f32>(gl)?;
+        let gws = ws.take_dirty::<u8>(gw)?;
+        Ok((found, g, gws, ws.take_dirty::<u8>(tb)?))
     }
 
     fn slot(&mut self, seq: usize) -> Result<HostSlot<'_>> {
@@ -388,8 +519,14 @@ impl<'a> DeviceEvictor<'a> {
     /// The Gram scratch (host): `gram_len` floats and the Gram's workspace.
     fn gram_scratch(&mut self) -> Result<(&mut [f32], &mut [u8])> {
         let seqs = self.r.max_seqs;
-        let (_, g, ws) = self.parts(seqs)?;
+        let (_, g, ws, _) = self.parts(seqs)?;
         Ok((g, ws))
+    }
+
+    /// The table check's scratch (host).
+    fn table_scratch(&mut self) -> Result<&mut [u8]> {
+        let seqs = self.r.max_seqs;
+        Ok(self.parts(seqs)?.3)
     }
 
     fn state(&mut self, seq: usize) -> Result<SeqState> {
@@ -530,6 +667,130 @@ impl<'a> DeviceEvictor<'a> {
         v: &DeviceLayerViews,
         stream: *mut c_void,
     ) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.score_inner(seq, layer, v, 0, stream) }
+    }
+
+    /// [`DeviceEvictor::score_layer`] from K (and V) in a paged pool through the
+    /// sequence's block table (config [`EvictorConfig::paged`]: its element type at most,
+    /// else `InvalidArgument`): the table is checked on the host (the host form's
+    /// statuses: `ShapeMismatch` short, `OutOfBounds` an entry past the pool, `Aliasing` a
+    /// repeat; nothing enqueued on error), its used entries copied to the device
+    /// workspace, K (and V) gathered there and scored as strided views: kept lists
+    /// bit-identical to the same K/V given contiguous. The table check's scratch, the
+    /// context's last part, is unspecified after the call (as the host form's workspace);
+    /// the rest of the context and the device block are not written on error.
+    ///
+    /// # Safety
+    /// The pools describe device memory; the table's used entries stay unchanged until
+    /// `stream` has passed the call (an asynchronous copy's source); `stream` is NULL or a
+    /// valid CUDA stream.
+    pub unsafe fn score_layer_paged(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        v: &DevicePagedLayerViews,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        self.r.check_layer(layer)?;
+        let st = self.state(seq)?;
+        let r = self.r;
+        let Some(dt) = r.paged else {
+            return Err(Error::InvalidArgument);
+        };
+        let fits = |p: &DevicePool| p.layout.dtype.size() <= dt.size();
+        if !fits(&v.keys) || !v.values.as_ref().map_or(true, fits) {
+            return Err(Error::InvalidArgument);
+        }
+        let kspan = v.keys.check()?;
+        let vspan = match v.values.as_ref() {
+            Some(p) => p.check()?,
+            None => Span::EMPTY,
+        };
+        let gram_ok = r.capture.wo != WoUse::Once || self.gram_set()?[layer] != 0;
+        if st.phase != Phase::Scoring || self.slot(seq)?.scored[layer] != 0 || !gram_ok {
+            return Err(Error::InvalidArgument);
+        }
+        let n = st.n as usize;
+        let same = |p: &DevicePool, d: usize| p.layout.heads == r.m.hkv && p.layout.dim == d;
+        if !same(&v.keys, r.m.dk) || !v.values.as_ref().map_or(true, |p| same(p, r.m.dv)) {
+            return Err(Error::ShapeMismatch);
+        }
+        let values = v.values.filter(|_| r.capture.values);
+        if r.capture.values && values.is_none() {
+            return Err(Error::NullPointer);
+        }
+        self.unaliased(&[kspan, vspan])?;
+        paged::check_table(&v.keys.layout, v.table, n, self.table_scratch()?)?;
+        if let Some(p) = values {
+            paged::check_table(&p.layout, v.table, n, self.table_scratch()?)?;
+        }
+        let (ws, _) = self.dev_ws();
+        let mut c = DeviceCarve::new(ws);
+        let table = c.take::<u32>(r.max_cells)?;
+        let gather = |c: &mut DeviceCarve, p: &DevicePool, d: usize| -> Result<Tensor> {
+            let es = p.layout.dtype.size();
+            let dst = c.take::<u8>(mul(mul(r.m.hkv, r.max_cells)?, mul(d, es)?)?)?;
+            let pool = p.cuda();
+            // SAFETY: the pool was checked (device memory by the caller's contract), the
+            // table's used entries are in the workspace (stream-ordered), `dst` holds
+            // Hkv·max_cells·d elements in the workspace.
+            let s = unsafe { cu::kve_cuda_paged_gather(&pool, table, n as i64, dst as _, stream) };
+            if s != 0 {
+                return Err(Error::Cuda);
+            }
+            let at = dst as usize;
+            Ok(Tensor {
+                view: cu::KveCudaView {
+                    data: dst as *mut c_void,
+                    dtype: p.layout.dtype as i32,
+                    reserved: 0,
+                    stride_head: (n * d) as i64,
+                    stride_token: d as i64,
+                    stride_dim: 1,
+                    heads: r.m.hkv as i64,
+                    tokens: n as i64,
+                    dim: d as i64,
+                },
+                bytes: (at, at + r.m.hkv * n * d * es),
+            })
+        };
+        let used = v.keys.layout.blocks_for(n);
+        // SAFETY: `table` has max_cells >= used entries of device memory; the host table
+        // holds `used` checked entries.
+        let s = unsafe {
+            cu::kve_cuda_upload_async(table as _, v.table.as_ptr() as _, used * 4, stream)
+        };
+        if s != 0 {
+            return Err(Error::Cuda);
+        }
+        let keys = gather(&mut c, &v.keys, r.m.dk)?;
+        let values = match values {
+            Some(p) => Some(gather(&mut c, &p, r.m.dv)?),
+            None => None,
+        };
+        let front = paged_front(&r)?.bytes();
+        let lv = DeviceLayerViews {
+            keys,
+            values,
+            queries: v.queries,
+            row_lse: v.row_lse,
+        };
+        // SAFETY: the gathered tensors are in the workspace's front, which the scoring
+        // stages skip; the caller's queries and row_lse.
+        unsafe { self.score_inner(seq, layer, &lv, front, stream) }
+    }
+
+    /// Scoring with the workspace's first `front` bytes kept (a paged layer's gathered
+    /// K/V, which then lie inside the device block: not alias-checked against it).
+    unsafe fn score_inner(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        v: &DeviceLayerViews,
+        front: usize,
+        stream: *mut c_void,
+    ) -> Result<()> {
         self.r.check_layer(layer)?;
         let st = self.state(seq)?;
         let r = self.r;
@@ -586,9 +847,11 @@ impl<'a> DeviceEvictor<'a> {
             };
         }
         let mut spans = [Span::EMPTY; 4];
-        spans[0] = v.keys.span();
-        if let Some(val) = v.values {
-            spans[1] = val.span();
+        if front == 0 {
+            spans[0] = v.keys.span();
+            if let Some(val) = v.values {
+                spans[1] = val.span();
+            }
         }
         if let Some(q) = v.queries {
             spans[2] = q.span();
@@ -616,6 +879,10 @@ impl<'a> DeviceEvictor<'a> {
         };
         let out = dslot.scores.wrapping_add(layer * r.m.hkv * p);
         let (ws, wsb) = self.dev_ws();
+        let (ws, wsb) = (
+            (ws as *mut u8).wrapping_add(front) as *mut c_void,
+            wsb - front as u64,
+        );
         // SAFETY: the caller's tensors; `out` is this layer's Hkv·P floats of the sequence's
         // scores and `ws` the device workspace, both in the caller's device block.
         unsafe {
@@ -782,6 +1049,81 @@ impl<'a> DeviceEvictor<'a> {
                 stream,
             )
         }
+    }
+
+    /// Compact `layer`'s K or V of `seq` in its paged pool (device) in place through the
+    /// sequence's block table (HOST memory, checked as in
+    /// [`DeviceEvictor::score_layer_paged`], then copied to the workspace): each head's
+    /// kept cells move to the front of the sequence's logical order, order kept, the rest
+    /// left as it was (`cuda/paged.cu`), on `stream`. Returns what the host form's
+    /// `compact_paged` returns when the selection is rectangular (token granularity or the
+    /// uniform allocator: every head keeps the round's target); `None` for the others,
+    /// whose counts stay on the device (the blocks then still held: `ceil(max count /
+    /// block_size)`).
+    ///
+    /// # Safety
+    /// `kv` describes device memory the caller lets us write; the table as in
+    /// [`DeviceEvictor::score_layer_paged`]; `stream` is NULL or a valid CUDA stream.
+    pub unsafe fn compact_paged(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        kv: &DevicePool,
+        table: &[u32],
+        stream: *mut c_void,
+    ) -> Result<Option<PagedCompaction>> {
+        self.r.check_layer(layer)?;
+        let st = self.state(seq)?;
+        let n = st.n as usize;
+        let kept = self.kept(seq)?;
+        let r = self.r;
+        let span = kv.check()?;
+        if r.paged.is_none_or(|dt| kv.layout.dtype.size() > dt.size()) {
+            return Err(Error::InvalidArgument);
+        }
+        if kv.layout.heads != r.m.hkv || (kv.layout.dim != r.m.dk && kv.layout.dim != r.m.dv) {
+            return Err(Error::ShapeMismatch);
+        }
+        self.unaliased(&[span])?;
+        paged::check_table(&kv.layout, table, n, self.table_scratch()?)?;
+        let (ws, wsb) = self.dev_ws();
+        let mut c = DeviceCarve::new(ws);
+        let dtable = c.take::<u32>(r.max_cells)?;
+        let stage = (ws as *mut u8).wrapping_add(c.bytes()) as *mut c_void;
+        let used = kv.layout.blocks_for(n);
+        let pool = kv.cuda();
+        let u0 = layer * r.m.hkv;
+        let ck = |s: i32| if s == 0 { Ok(()) } else { Err(Error::Cuda) };
+        // SAFETY: the table's `used` checked entries into the workspace's front; the
+        // layer's lists in the device block; the caller's pool (checked, device memory by
+        // the contract); the staging area is the rest of the workspace.
+        unsafe {
+            ck(cu::kve_cuda_upload_async(
+                dtable as _,
+                table.as_ptr() as _,
+                used * 4,
+                stream,
+            ))?;
+            ck(cu::kve_cuda_paged_compact(
+                &pool,
+                dtable,
+                n as i64,
+                kept.idx.wrapping_add(u0 * kept.idx_ld),
+                kept.idx_ld as i64,
+                kept.counts.wrapping_add(u0),
+                n as i64,
+                stage,
+                wsb as usize - c.bytes(),
+                stream,
+            ))?;
+        }
+        Ok(rectangular(&r).then(|| {
+            let blocks_kept = kv.layout.blocks_for(st.target as usize);
+            PagedCompaction {
+                blocks_kept,
+                blocks_freed: used - blocks_kept,
+            }
+        }))
     }
 
     /// Record that `seq` holds the kept cells of its selected round (host bookkeeping):

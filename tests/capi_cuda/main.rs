@@ -530,6 +530,7 @@ fn host_select_call(p: &kve_select_params, m: &kve_model_scores) -> (i32, Vec<u6
 }
 
 mod compact;
+mod evictor_paged;
 mod gram;
 mod requirements;
 mod score;

@@ -6,8 +6,11 @@
 
 use super::*;
 use kvevict::device::{Floats, Tensor as DTensor};
-use kvevict::evictor::device::{DeviceEvictor, DeviceLayerViews};
+use kvevict::evictor::device::{
+    DeviceEvictor, DeviceLayerViews, DevicePagedLayerViews, DevicePool,
+};
 use kvevict::evictor::{Budget, Evictor, EvictorConfig, LayerViews, ModelDims};
+use kvevict::paged::{PagedKind, PagedLayout};
 use kvevict::{Error, Granularity, Preset};
 use std::ptr::null;
 
@@ -193,9 +196,81 @@ fn feed(e: &mut Engine, p: &mut Pair, rng: &mut Rng, c: usize, queries: bool) {
     e.n += c;
 }
 
+/// Every layer's K and V also in paged pools (the device side reads them through the
+/// table): one layout, a random table of distinct blocks covering `CAP` cells.
+struct Paged {
+    layout: PagedLayout,
+    table: Vec<u32>,
+    /// `[layer][K, V]`: host words and the device copy.
+    host: Vec<[Vec<f32>; 2]>,
+    dev: Vec<[DBuf<f32>; 2]>,
+}
+
+impl Paged {
+    fn new(kind: PagedKind, bs: usize, rng: &mut Rng) -> Paged {
+        let used = CAP.div_ceil(bs);
+        let nb = used + 5;
+        let layout =
+            PagedLayout::new(kind, kvevict::DType::F32, nb, bs, HKV, D, 1, 0, 0).expect("layout");
+        let mut all: Vec<u32> = (0..nb as u32).collect();
+        for i in 0..used {
+            let j = i + rng.below(nb - i);
+            all.swap(i, j);
+        }
+        all.truncate(used);
+        let len = layout.required_len().unwrap();
+        let host: Vec<[Vec<f32>; 2]> = (0..L)
+            .map(|_| [rng.normals(len, 1.0), rng.normals(len, 1.0)])
+            .collect();
+        let dev = host
+            .iter()
+            .map(|[k, v]| [DBuf::from(k), DBuf::from(v)])
+            .collect();
+        Paged {
+            layout,
+            table: all,
+            host,
+            dev,
+        }
+    }
+    /// Element of (token t, head h, dim 0).
+    fn row(&self, t: usize, h: usize) -> usize {
+        let l = &self.layout;
+        let b = self.table[t / l.block_size] as usize;
+        l.offset + b * l.stride[0] + (t % l.block_size) * l.stride[1] + h * l.stride[2]
+    }
+    /// The engine's first `n` cells into both pools (the rest of the pools as they were).
+    fn fill(&mut self, e: &Engine) {
+        for l in 0..L {
+            for which in 0..2 {
+                let src = if which == 0 { &e.k[l] } else { &e.v[l] };
+                for h in 0..HKV {
+                    for t in 0..e.n {
+                        let at = self.row(t, h);
+                        for c in 0..D {
+                            self.host[l][which][at + c * self.layout.stride[3]] =
+                                src[(h * CAP + t) * D + c];
+                        }
+                    }
+                }
+                self.dev[l][which].upload(&self.host[l][which]);
+            }
+        }
+    }
+    fn pool(&self, l: usize, which: usize) -> DevicePool {
+        DevicePool {
+            data: self.dev[l][which].vptr(),
+            len: self.host[l][which].len(),
+            layout: self.layout,
+        }
+    }
+}
+
 /// One round on both (when the policy asks): the kept lists compared, then both caches
-/// compacted and compared. Returns whether a round ran.
-fn round(e: &mut Engine, p: &mut Pair, tag: &str) -> bool {
+/// compacted and compared. With `paged`, the device evictor reads K/V through the pools'
+/// table and compacts the pools, compared byte for byte with the host's `compact_paged`
+/// of the same pools under the host evictor's lists. Returns whether a round ran.
+fn round(e: &mut Engine, p: &mut Pair, mut paged: Option<&mut Paged>, tag: &str) -> bool {
     let target = p.host().plan(0, e.n).expect("host plan");
     assert_eq!(
         p.dev().plan(0, e.n).expect("device plan"),
@@ -217,6 +292,22 @@ fn round(e: &mut Engine, p: &mut Pair, tag: &str) -> bool {
             wo: None,
         };
         p.host().score_layer(0, l, &lv).expect("host score");
+        if let Some(pg) = paged.as_deref_mut() {
+            if l == 0 {
+                pg.fill(e);
+            }
+            let pv = DevicePagedLayerViews {
+                keys: pg.pool(l, 0),
+                values: Some(pg.pool(l, 1)),
+                table: &pg.table,
+                queries: None,
+                row_lse: Floats::NONE,
+            };
+            // SAFETY: device pools, a host table; the null stream.
+            unsafe { p.dev().score_layer_paged(0, l, &pv, null_stream()) }
+                .expect("device score (paged)");
+            continue;
+        }
         let dv = DeviceLayerViews {
             keys: dview(&p.kd[l], HKV, e.n, CAP),
             values: Some(dview(&p.vd[l], HKV, e.n, CAP)),
@@ -264,6 +355,53 @@ fn round(e: &mut Engine, p: &mut Pair, tag: &str) -> bool {
             let host = if which == 0 { &mut e.k[l] } else { &mut e.v[l] };
             let mut hv = kvevict::ViewMut::f32(host, [HKV, e.n, D], [CAP * D, D, 1]).unwrap();
             p.host().compact(0, l, &mut hv).expect("host compact");
+            if let Some(pg) = paged.as_deref_mut() {
+                let pool = pg.pool(l, which);
+                // SAFETY: a device pool we own, a host table; the null stream.
+                let blocks = unsafe {
+                    p.dev()
+                        .compact_paged(0, l, &pool, &pg.table, null_stream())
+                        .expect("device compact (paged)")
+                };
+                let got = pg.dev[l][which].download();
+                let mut scratch = vec![0u8; kvevict::paged::table_check_size(&pg.layout).unwrap()];
+                let (layout, table) = (pg.layout, pg.table.clone());
+                let words = &mut pg.host[l][which];
+                let mut hv =
+                    kvevict::paged::PagedViewMut::new(words, layout, &table, e.n, &mut scratch)
+                        .expect("host paged view");
+                let want = kvevict::paged::compact_paged(
+                    &mut hv,
+                    &off[l * HKV..=(l + 1) * HKV],
+                    &ind,
+                    None,
+                    None,
+                    None,
+                )
+                .expect("host compact_paged");
+                assert!(got == *words, "{tag}: paged pool, layer {l} tensor {which}");
+                if held.is_some() {
+                    assert_eq!(blocks, Some(want), "{tag}: blocks freed");
+                } else {
+                    assert_eq!(blocks, None, "{tag}: ragged");
+                }
+                // the pool's kept rows are the contiguous compaction's
+                for h in 0..HKV {
+                    let c = (off[l * HKV + h + 1] - off[l * HKV + h]) as usize;
+                    n_after = n_after.max(c);
+                    for r in 0..c {
+                        let at = pg.row(r, h);
+                        let row: Vec<f32> =
+                            (0..D).map(|d| got[at + d * layout.stride[3]]).collect();
+                        assert_eq!(
+                            row,
+                            host[(h * CAP + r) * D..(h * CAP + r + 1) * D],
+                            "{tag}: paged row {r}, layer {l} head {h}"
+                        );
+                    }
+                }
+                continue;
+            }
             // SAFETY: a device tensor we own; the null stream.
             unsafe { p.dev().compact(0, l, &t, null_stream()) }.expect("device compact");
             sync();
@@ -293,13 +431,8 @@ fn round(e: &mut Engine, p: &mut Pair, tag: &str) -> bool {
     true
 }
 
-/// Kept lists bit for bit against the host evictor: presets × granularities × policies,
-/// several rounds each (rectangular selections), one round for the per-head allocators
-/// (their sequences turn ragged).
-#[test]
-fn device_evictor_keeps_the_host_evictors_cells() {
-    need_device!();
-    let mut rng = Rng::new(26);
+/// The output projections, presets and policies the host/device comparisons run.
+fn matrix(rng: &mut Rng) -> (Vec<Vec<f32>>, [Preset; 8], [Budget; 2]) {
     let wo: Vec<Vec<f32>> = (0..L)
         .map(|_| (0..HQ * D * DM).map(|_| 0.2 * rng.normal()).collect())
         .collect();
@@ -320,6 +453,17 @@ fn device_evictor_keeps_the_host_evictors_cells() {
         },
         Budget::Cells { high: 60, low: 40 },
     ];
+    (wo, presets, policies)
+}
+
+/// Kept lists bit for bit against the host evictor: presets × granularities × policies,
+/// several rounds each (rectangular selections), one round for the per-head allocators
+/// (their sequences turn ragged).
+#[test]
+fn device_evictor_keeps_the_host_evictors_cells() {
+    need_device!();
+    let mut rng = Rng::new(26);
+    let (wo, presets, policies) = matrix(&mut rng);
     let mut rounds = 0;
     for preset in presets {
         for gran in [Some(Granularity::Token), Some(Granularity::Head), None] {
@@ -341,7 +485,7 @@ fn device_evictor_keeps_the_host_evictors_cells() {
                         break;
                     }
                     feed(&mut e, &mut p, &mut rng, c, queries);
-                    if round(&mut e, &mut p, &format!("{tag} turn {turn}")) {
+                    if round(&mut e, &mut p, None, &format!("{tag} turn {turn}")) {
                         rounds += 1;
                     }
                     if p.host().stats(0).unwrap().ragged {
@@ -418,10 +562,10 @@ fn device_evictor_refuses_bad_input_and_writes_nothing() {
         Err(Error::InvalidArgument)
     );
     let mut paged = cfg;
-    paged.paged = Some(kvevict::DType::F16); // paged views: host form only (yet)
-    assert_eq!(
-        DeviceEvictor::memory_size(&paged),
-        Err(Error::InvalidArgument)
+    paged.paged = Some(kvevict::DType::F16); // paged views: the table check's scratch
+    assert!(
+        DeviceEvictor::memory_size(&paged).unwrap().host
+            > DeviceEvictor::memory_size(&cfg).unwrap().host
     );
     let block = DBuf::<u8>::new(ds.device + 256);
     let mut ctx = vec![7u8; ds.host];
@@ -563,4 +707,175 @@ fn device_evictor_refuses_bad_input_and_writes_nothing() {
     }
     drop(d);
     same(&p, "bad layers");
+}
+
+/// Paged pools on the device (issue 30): the device evictor reading K/V through a block
+/// table keeps the host evictor's cells bit for bit (the contiguous path's, which the test
+/// above ties to the device's), round after round, and its compaction of the pools is the
+/// host's `compact_paged` byte for byte with the same blocks freed: presets ×
+/// granularities × both policies × NHD / HND pools × block sizes 1, 4, 16.
+#[test]
+fn device_evictor_paged_matches_the_host_evictor() {
+    need_device!();
+    let mut rng = Rng::new(30);
+    let (wo, presets, policies) = matrix(&mut rng);
+    let (mut rounds, mut case) = (0, 0usize);
+    for preset in presets {
+        for gran in [Some(Granularity::Token), Some(Granularity::Head), None] {
+            for budget in policies {
+                let mut cfg = config(preset, gran, budget);
+                cfg.paged = Some(kvevict::DType::F32);
+                if Evictor::memory_size(&cfg).is_err() {
+                    continue;
+                }
+                let kind = [PagedKind::Nhd, PagedKind::Hnd][case % 2];
+                let bs = [1, 4, 16][case % 3];
+                case += 1;
+                let tag = format!("{preset:?} {gran:?} {budget:?} paged {kind:?} bs {bs}");
+                let mut pg = Paged::new(kind, bs, &mut rng);
+                let mut p = Pair::new(&cfg, &wo);
+                let queries = p.host().needs().capture.queries;
+                let mut e = Engine::empty();
+                for (turn, c) in [50usize, 24, 20].into_iter().enumerate() {
+                    if e.n + c > CAP {
+                        break;
+                    }
+                    feed(&mut e, &mut p, &mut rng, c, queries);
+                    if round(&mut e, &mut p, Some(&mut pg), &format!("{tag} turn {turn}")) {
+                        rounds += 1;
+                    }
+                    if p.host().stats(0).unwrap().ragged {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "device evictor, paged: {rounds} rounds, kept lists and pools identical to the host's"
+    );
+    assert!(rounds >= 50, "{rounds} rounds");
+}
+
+/// Hostile block tables and pools on the device evictor's paged calls: the host form's
+/// statuses (the same check), and neither the context, the device block nor the pool
+/// written.
+#[test]
+fn device_evictor_paged_refuses_bad_tables_and_writes_nothing() {
+    need_device!();
+    let mut rng = Rng::new(33);
+    let mut cfg = config(Preset::SnapKv, Some(Granularity::Token), Budget::Explicit);
+    cfg.paged = Some(kvevict::DType::F32);
+    let mut p = Pair::new(&cfg, &[]);
+    let mut e = Engine::empty();
+    feed(&mut e, &mut p, &mut rng, 70, true);
+    let mut pg = Paged::new(PagedKind::Nhd, 4, &mut rng);
+    pg.fill(&e);
+    p.dev().begin(0, 70, 30).unwrap();
+    let used = 70usize.div_ceil(4);
+    let nb = pg.layout.num_blocks as u32;
+    let mut tables: Vec<(&str, Vec<u32>)> = vec![];
+    let t = pg.table[..used].to_vec();
+    tables.push(("short", t[..used - 1].to_vec()));
+    let mut x = t.clone();
+    x[3] = nb;
+    tables.push(("out of the pool", x));
+    let mut x = t.clone();
+    x[5] = u32::MAX; // an int32 -1 padding entry
+    tables.push(("-1 entry", x));
+    let mut x = t.clone();
+    x[7] = x[2];
+    tables.push(("repeated", x));
+    let mut x = t.clone();
+    x[9] = x[4];
+    x[12] = nb + 1;
+    tables.push(("repeat before out of the pool", x));
+    let before = (
+        p.dev_ctx.clone(),
+        p.dev_block.download(),
+        pg.dev[0][0].download(),
+    );
+    let mut host_status = vec![];
+    for (what, tb) in &tables {
+        // the host form's status: its view's check of the same pool and table
+        let hs = {
+            let words = &pg.host[0][0];
+            let mut scratch = vec![0u8; 8 * CAP];
+            kvevict::paged::PagedView::new(words, pg.layout, tb, 70, &mut scratch)
+                .err()
+                .expect("host refuses")
+        };
+        let pv = DevicePagedLayerViews {
+            keys: pg.pool(0, 0),
+            values: None,
+            table: tb,
+            queries: None,
+            row_lse: Floats::NONE,
+        };
+        // SAFETY: refused before any launch.
+        let ds = unsafe { p.dev().score_layer_paged(0, 0, &pv, null_stream()) };
+        assert_eq!(ds, Err(hs), "{what}: score_layer_paged");
+        println!("{what}: {hs:?} on both");
+        host_status.push(hs);
+    }
+    // a pool past its buffer, a misaligned one, one larger than the config's dtype
+    let mut bad = pg.pool(0, 0);
+    bad.len -= 1;
+    let mut mis = pg.pool(0, 0);
+    mis.data = (mis.data as usize + 2) as *mut c_void;
+    for (what, pool, want) in [
+        ("short pool", bad, Error::OutOfBounds),
+        ("misaligned", mis, Error::Misaligned),
+    ] {
+        let pv = DevicePagedLayerViews {
+            keys: pool,
+            values: None,
+            table: &pg.table,
+            queries: None,
+            row_lse: Floats::NONE,
+        };
+        // SAFETY: refused before any launch.
+        let ds = unsafe { p.dev().score_layer_paged(0, 0, &pv, null_stream()) };
+        assert_eq!(ds, Err(want), "{what}");
+    }
+    // the context's last part is the table check's scratch (unspecified after a call)
+    let kept = p.dev_ctx.len() - 8 * CAP - 128;
+    assert!(p.dev_ctx[..kept] == before.0[..kept], "context written");
+    assert!(p.dev_block.download() == before.1, "device block written");
+    // a real round, then hostile compactions: nothing moves
+    for l in 0..L {
+        let pv = DevicePagedLayerViews {
+            keys: pg.pool(l, 0),
+            values: None,
+            table: &pg.table,
+            queries: None,
+            row_lse: Floats::NONE,
+        };
+        // SAFETY: device pools, a host table; the null stream.
+        unsafe { p.dev().score_layer_paged(0, l, &pv, null_stream()) }.expect("score");
+    }
+    // SAFETY: the null stream.
+    unsafe { p.dev().select(0, null_stream()) }.expect("select");
+    let block = p.dev_block.download();
+    for ((what, tb), hs) in tables.iter().zip(host_status) {
+        // SAFETY: refused before any launch.
+        let ds = unsafe {
+            p.dev()
+                .compact_paged(0, 0, &pg.pool(0, 0), tb, null_stream())
+        };
+        assert_eq!(ds, Err(hs), "{what}: compact_paged");
+    }
+    assert!(pg.dev[0][0].download() == before.2, "pool written");
+    assert!(p.dev_block.download() == block, "device block written");
+    // the good table still compacts (the refusals left the round as it was)
+    // SAFETY: a device pool we own, a host table; the null stream.
+    let r = unsafe {
+        p.dev()
+            .compact_paged(0, 0, &pg.pool(0, 0), &pg.table, null_stream())
+    };
+    let r = r.expect("compact").expect("rectangular");
+    assert_eq!(
+        (r.blocks_kept, r.blocks_freed),
+        (30usize.div_ceil(4), used - 30usize.div_ceil(4))
+    );
 }

@@ -111,6 +111,7 @@ mod compact;
 mod evictor;
 mod graphs;
 mod lava;
+mod paged;
 mod pipelines;
 mod pool;
 mod refusals;

@@ -5,22 +5,27 @@
 //! `cuda` every entry point answers `KVE_ERR_NOT_BUILT_WITH_CUDA`.
 
 use super::super::evictor::kve_evictor_stats;
-use super::super::evictor::{kve_evictor_config, kve_evictor_layer, kve_evictor_requirements};
+use super::super::evictor::{
+    kve_evictor_config, kve_evictor_layer, kve_evictor_paged_layer, kve_evictor_requirements,
+};
 use super::super::kve_tensor;
+use super::super::paged::kve_paged_layout;
 use core::ffi::c_void;
 
 #[cfg(feature = "cuda")]
 use {
     super::super::evictor::{
-        evictor_config, write_requirements, write_stats, KVE_EVICTOR_LAYER_V1_SIZE, NO_LAYER,
+        evictor_config, write_requirements, write_stats, KVE_EVICTOR_LAYER_V1_SIZE,
+        KVE_EVICTOR_PAGED_LAYER_V1_SIZE, NO_LAYER, NO_PAGED_LAYER,
     },
+    super::super::paged::PagedPool,
     super::super::params::read_ext,
     super::super::{check_alias, out_param, span_ptr, to_status, to_usize, tri, Buf, Span},
     super::super::{Tensor as HostTensor, KVE_ERR_INVALID_ARGUMENT, KVE_OK},
     super::imp::tensor,
     crate::device::{self, Floats},
     crate::error::Result,
-    crate::evictor::device::{DeviceEvictor, DeviceLayerViews},
+    crate::evictor::device::{DeviceEvictor, DeviceLayerViews, DevicePagedLayerViews, DevicePool},
 };
 
 /// An evictor's device form: a pointer into the host memory given to
@@ -239,6 +244,124 @@ pub unsafe extern "C" fn kve_cuda_evictor_score_layer(
         // SAFETY: device tensors by this function's contract; the caller's stream.
         to_status(unsafe { ev.score_layer(s, ly, &v, stream) })
     })
+}
+
+/// A `kve_paged_layout` whose `data` is DEVICE memory, checked as the host's pools.
+#[cfg(feature = "cuda")]
+unsafe fn device_pool(p: *const kve_paged_layout) -> Result<DevicePool> {
+    // SAFETY: NULL or the caller's layout; from_ptr checks it (no access through `data`).
+    let (ptr, len, layout) = unsafe { PagedPool::from_ptr(p)? }.parts();
+    Ok(DevicePool {
+        data: ptr as *mut c_void,
+        len,
+        layout,
+    })
+}
+
+/// As `kve_evictor_score_layer_paged`, on `stream`, for a context configured with
+/// `paged = 1`: `views` (host struct, from `kve_evictor_paged_layer_init`) holds pools
+/// in DEVICE memory (`keys.data`, `values.data`), the block table in HOST memory, and as
+/// `kve_cuda_evictor_score_layer` a device `queries` tensor (or none: the ring), device
+/// `row_lse` floats and no `wo`. The table is checked on the host with the host form's
+/// check (the same statuses: `KVE_ERR_SHAPE_MISMATCH` short, `KVE_ERR_OUT_OF_BOUNDS` an
+/// entry past the pool, `KVE_ERR_ALIASING` a repeat; nothing enqueued on error), then its
+/// used entries are copied to the device block on `stream` (keep them unchanged until the
+/// stream passes the call; from pageable memory the copy is not graph-capturable), K (and
+/// V) gathered there and scored: kept lists bit-identical to the contiguous call's.
+#[no_mangle]
+pub unsafe extern "C" fn kve_cuda_evictor_score_layer_paged(
+    evictor: *mut kve_cuda_evictor,
+    seq: u64,
+    layer: u64,
+    views: *const kve_evictor_paged_layer,
+    stream: *mut c_void,
+) -> i32 {
+    cuda_only!([evictor, seq, layer, views, stream], {
+        // SAFETY: the caller's context; attach checks it.
+        let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
+        // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
+        let l = tri!(unsafe { read_ext(views, KVE_EVICTOR_PAGED_LAYER_V1_SIZE, NO_PAGED_LAYER) });
+        if l.reserved != 0 || !l.wo.data.is_null() {
+            return KVE_ERR_INVALID_ARGUMENT;
+        }
+        // SAFETY: a struct on the stack, read from the caller's.
+        let k = tri!(unsafe { device_pool(&l.keys) });
+        let v = match l.values.data.is_null() {
+            true => None,
+            // SAFETY: as above.
+            false => Some(tri!(unsafe { device_pool(&l.values) })),
+        };
+        let t = tri!(Buf::new(l.table, l.table_len));
+        let end = (views as usize).saturating_add(l.struct_size as usize);
+        tri!(check_alias(&[ctx], &[Span(views as usize, end), t.span]));
+        let q = match l.queries.data.is_null() {
+            true => None,
+            false => Some(tri!(tensor(&l.queries))),
+        };
+        let pv = DevicePagedLayerViews {
+            keys: k,
+            values: v,
+            // SAFETY: Buf::new checked the table; the context does not overlap it.
+            table: unsafe { t.slice() },
+            queries: q,
+            row_lse: Floats {
+                ptr: l.row_lse,
+                len: l.row_lse_len,
+            },
+        };
+        let (s, ly) = (tri!(to_usize(seq)), tri!(to_usize(layer)));
+        // SAFETY: device pools and tensors by this function's contract; the caller's stream.
+        to_status(unsafe { ev.score_layer_paged(s, ly, &pv, stream) })
+    })
+}
+
+/// As `kve_evictor_compact_paged`, on `stream`, for a context configured with `paged =
+/// 1`: `kv` is a pool in DEVICE memory (written through `kv->data`; `heads == Hkv`, `dim`
+/// dk or dv), `table` HOST memory checked as in `kve_cuda_evictor_score_layer_paged` and
+/// copied to the device block. `*blocks_freed`: as the host call's when the selection is
+/// rectangular (token granularity or the uniform allocator); `UINT64_MAX` for the other
+/// allocators, whose counts stay on the device (nothing is read back). On error nothing
+/// is enqueued and `*blocks_freed` is as it was.
+#[no_mangle]
+pub unsafe extern "C" fn kve_cuda_evictor_compact_paged(
+    evictor: *mut kve_cuda_evictor,
+    seq: u64,
+    layer: u64,
+    kv: *const kve_paged_layout,
+    table: *const u32,
+    table_len: u64,
+    blocks_freed: *mut u64,
+    stream: *mut c_void,
+) -> i32 {
+    cuda_only!(
+        [
+            evictor,
+            seq,
+            layer,
+            kv,
+            table,
+            table_len,
+            blocks_freed,
+            stream
+        ],
+        {
+            // SAFETY: the caller's context; attach checks it.
+            let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
+            // SAFETY: NULL or the caller's layout; device_pool checks it.
+            let p = tri!(unsafe { device_pool(kv) });
+            let t = tri!(Buf::new(table, table_len));
+            let mut bf = tri!(out_param(blocks_freed));
+            tri!(check_alias(&[ctx, bf.span], &[span_ptr(kv), t.span]));
+            let (s, l) = (tri!(to_usize(seq)), tri!(to_usize(layer)));
+            // SAFETY: Buf::new checked the table; no output overlaps it.
+            let table = unsafe { t.slice() };
+            // SAFETY: device memory the caller lets us write (this function's contract).
+            let r = tri!(unsafe { ev.compact_paged(s, l, &p, table, stream) });
+            // SAFETY: out_param checked it; check_alias: it overlaps no other argument.
+            unsafe { bf.slice_mut()[0] = r.map_or(u64::MAX, |r| r.blocks_freed as u64) };
+            KVE_OK
+        }
+    )
 }
 
 /// As `kve_evictor_select`, on `stream`. `*kept_cells`: the cells every (layer, KV head)
