@@ -1330,6 +1330,20 @@ int32_t kve_evictor_config_init(struct kve_evictor_config *config,
 int32_t kve_evictor_size(const struct kve_evictor_config *config, uint64_t *bytes);
 
 /**
+ * Check `config` as `kve_evictor_size` and `kve_evictor_init` do, without memory, and
+ * say why it is refused: returns the status they return. On `KVE_OK` writes what the
+ * method reads into `requirements` (when not NULL: `requirements_size` bytes, as
+ * `kve_evictor_get_requirements`; a bad size is its status, nothing else written) and
+ * NULL into `*message` (when not NULL). On a refusal writes only `*message` (when not
+ * NULL): a static NUL-terminated sentence naming what to change, for an engine's startup
+ * error.
+ */
+int32_t kve_evictor_config_check(const struct kve_evictor_config *config,
+                                 struct kve_evictor_requirements *requirements,
+                                 uint32_t requirements_size,
+                                 const char **message);
+
+/**
  * Start an evictor in `memory` (`bytes` from `kve_evictor_size`, any alignment) and
  * set `*evictor` to it: a pointer into `memory`, valid while the caller keeps the
  * memory and does not write it. No teardown: the caller frees `memory`. Writes

@@ -372,6 +372,8 @@ _PROTOS = {
     "kve_preset_from_name": (c_int32, [c_char_p, _u32p]),
     "kve_evictor_config_init": (c_int32, [P(kve_evictor_config), c_uint32, c_uint32]),
     "kve_evictor_size": (c_int32, [P(kve_evictor_config), _u64p]),
+    "kve_evictor_config_check": (
+        c_int32, [P(kve_evictor_config), P(kve_evictor_requirements), c_uint32, P(c_char_p)]),
     "kve_evictor_init": (c_int32, [c_void_p, c_uint64, P(kve_evictor_config), P(c_void_p)]),
     "kve_evictor_get_requirements": (c_int32, [c_void_p, P(kve_evictor_requirements), c_uint32]),
     "kve_evictor_set_output_projection": (c_int32, [c_void_p, c_uint64, P(kve_tensor)]),
