@@ -1290,6 +1290,11 @@ int32_t kve_cuda_evictor_commit(struct kve_cuda_evictor *evictor, uint64_t seq);
 int32_t kve_cuda_evictor_seq_reset(struct kve_cuda_evictor *evictor, uint64_t seq);
 
 /**
+ * As `kve_evictor_seq_unprotect` (host bookkeeping).
+ */
+int32_t kve_cuda_evictor_seq_unprotect(struct kve_cuda_evictor *evictor, uint64_t seq);
+
+/**
  * As `kve_evictor_get_stats`.
  */
 int32_t kve_cuda_evictor_get_stats(struct kve_cuda_evictor *evictor,
@@ -1515,6 +1520,14 @@ int32_t kve_evictor_commit(struct kve_evictor *evictor, uint64_t seq);
  * Forget sequence `seq` (ended or cleared): counters, protection, round, query rows.
  */
 int32_t kve_evictor_seq_reset(struct kve_evictor *evictor, uint64_t seq);
+
+/**
+ * The engine changed sequence `seq`'s cells itself (removed or rewound some, or copied
+ * others in): forget its protection (the keep ratio takes every cell as new again), its
+ * round, raggedness and held cells; keep its query rows (`kve_evictor_observe_queries`)
+ * and its eviction counters. `kve_evictor_seq_reset` forgets everything.
+ */
+int32_t kve_evictor_seq_unprotect(struct kve_evictor *evictor, uint64_t seq);
 
 /**
  * Sequence `seq`'s counters into `out` (`struct_size` bytes:

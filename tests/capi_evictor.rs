@@ -485,6 +485,12 @@ fn hostile_calls_change_nothing() {
         refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
             kve_evictor_seq_reset(ev, 2)
         });
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_seq_unprotect(ev, 2)
+        });
+        refused(ev, KVE_ERR_NULL_POINTER, || {
+            kve_evictor_seq_unprotect(std::ptr::null_mut(), 0)
+        });
         let mut n = 0u64;
         refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
             kve_evictor_select(ev, 0, &mut n)
@@ -679,6 +685,7 @@ fn device_form_without_cuda_is_not_built() {
             kve_cuda_evictor_compact(e, 0, 0, std::ptr::null(), s),
             kve_cuda_evictor_commit(e, 0),
             kve_cuda_evictor_seq_reset(e, 0),
+            kve_cuda_evictor_seq_unprotect(e, 0),
             kve_cuda_evictor_get_stats(e, 0, stats.as_mut_ptr(), 40),
         ]
     };

@@ -395,6 +395,7 @@ _PROTOS = {
         c_int32, [c_void_p, c_uint64, c_uint64, P(kve_paged_layout), c_void_p, c_uint64, _u64p]),
     "kve_evictor_commit": (c_int32, [c_void_p, c_uint64]),
     "kve_evictor_seq_reset": (c_int32, [c_void_p, c_uint64]),
+    "kve_evictor_seq_unprotect": (c_int32, [c_void_p, c_uint64]),
     "kve_evictor_get_stats": (c_int32, [c_void_p, c_uint64, P(kve_evictor_stats), c_uint32]),
     # sharded search
     "kve_search_init": (
@@ -505,6 +506,7 @@ _CUDA_PROTOS = {
     "kve_cuda_evictor_compact": (c_int32, [c_void_p, c_uint64, c_uint64, P(kve_tensor), c_void_p]),
     "kve_cuda_evictor_commit": (c_int32, [c_void_p, c_uint64]),
     "kve_cuda_evictor_seq_reset": (c_int32, [c_void_p, c_uint64]),
+    "kve_cuda_evictor_seq_unprotect": (c_int32, [c_void_p, c_uint64]),
     "kve_cuda_evictor_get_stats": (c_int32, [c_void_p, c_uint64, P(kve_evictor_stats), c_uint32]),
 }
 

@@ -990,6 +990,17 @@ pub unsafe extern "C" fn kve_evictor_seq_reset(evictor: *mut kve_evictor, seq: u
     to_status(ev.reset(tri!(to_usize(seq))))
 }
 
+/// The engine changed sequence `seq`'s cells itself (removed or rewound some, or copied
+/// others in): forget its protection (the keep ratio takes every cell as new again), its
+/// round, raggedness and held cells; keep its query rows (`kve_evictor_observe_queries`)
+/// and its eviction counters. `kve_evictor_seq_reset` forgets everything.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_seq_unprotect(evictor: *mut kve_evictor, seq: u64) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, _) = tri!(unsafe { attach(evictor) });
+    to_status(ev.unprotect(tri!(to_usize(seq))))
+}
+
 /// Sequence `seq`'s counters into `out` (`struct_size` bytes:
 /// `KVE_EVICTOR_STATS_V1_SIZE`).
 #[no_mangle]

@@ -583,6 +583,16 @@ impl<'a> Evictor<'a> {
         Ok(())
     }
 
+    /// The engine changed `seq`'s cells itself (removed or rewound some, or copied others
+    /// in): forget its protection (the keep ratio takes every cell as new), its round and
+    /// raggedness; keep its query ring (the window's queries still precede what comes
+    /// next) and its counters. [`Evictor::reset`] forgets everything.
+    pub fn unprotect(&mut self, seq: usize) -> Result<()> {
+        let st = self.state(seq)?;
+        st.unprotect().store(self.slot(seq)?.state);
+        Ok(())
+    }
+
     pub fn stats(&mut self, seq: usize) -> Result<SeqStats> {
         Ok(self.state(seq)?.stats())
     }
