@@ -1327,6 +1327,11 @@ int32_t kve_cuda_evictor_commit(struct kve_cuda_evictor *evictor, uint64_t seq);
 int32_t kve_cuda_evictor_seq_reset(struct kve_cuda_evictor *evictor, uint64_t seq);
 
 /**
+ * As `kve_evictor_seq_unprotect` (host bookkeeping).
+ */
+int32_t kve_cuda_evictor_seq_unprotect(struct kve_cuda_evictor *evictor, uint64_t seq);
+
+/**
  * As `kve_evictor_get_stats`.
  */
 int32_t kve_cuda_evictor_get_stats(struct kve_cuda_evictor *evictor,
@@ -1365,6 +1370,20 @@ int32_t kve_evictor_config_init(struct kve_evictor_config *config,
  * slack included). Writes only `*bytes`.
  */
 int32_t kve_evictor_size(const struct kve_evictor_config *config, uint64_t *bytes);
+
+/**
+ * Check `config` as `kve_evictor_size` and `kve_evictor_init` do, without memory, and
+ * say why it is refused: returns the status they return. On `KVE_OK` writes what the
+ * method reads into `requirements` (when not NULL: `requirements_size` bytes, as
+ * `kve_evictor_get_requirements`; a bad size is its status, nothing else written) and
+ * NULL into `*message` (when not NULL). On a refusal writes only `*message` (when not
+ * NULL): a static NUL-terminated sentence naming what to change, for an engine's startup
+ * error.
+ */
+int32_t kve_evictor_config_check(const struct kve_evictor_config *config,
+                                 struct kve_evictor_requirements *requirements,
+                                 uint32_t requirements_size,
+                                 const char **message);
 
 /**
  * Start an evictor in `memory` (`bytes` from `kve_evictor_size`, any alignment) and
@@ -1538,6 +1557,14 @@ int32_t kve_evictor_commit(struct kve_evictor *evictor, uint64_t seq);
  * Forget sequence `seq` (ended or cleared): counters, protection, round, query rows.
  */
 int32_t kve_evictor_seq_reset(struct kve_evictor *evictor, uint64_t seq);
+
+/**
+ * The engine changed sequence `seq`'s cells itself (removed or rewound some, or copied
+ * others in): forget its protection (the keep ratio takes every cell as new again), its
+ * round, raggedness and held cells; keep its query rows (`kve_evictor_observe_queries`)
+ * and its eviction counters. `kve_evictor_seq_reset` forgets everything.
+ */
+int32_t kve_evictor_seq_unprotect(struct kve_evictor *evictor, uint64_t seq);
 
 /**
  * Sequence `seq`'s counters into `out` (`struct_size` bytes:

@@ -288,6 +288,85 @@ fn rust_round(preset: Preset, xs: &[Layer]) -> Vec<u32> {
     k.indices[..k.offsets[1] as usize].to_vec()
 }
 
+/// `kve_evictor_config_check` of `c`: its status, message and requirements (`CANARY`
+/// where not written).
+fn check(c: &kve_evictor_config) -> (i32, Option<String>, kve_evictor_requirements) {
+    // SAFETY: plain integers, any bit pattern.
+    let mut req: kve_evictor_requirements = unsafe { std::mem::zeroed() };
+    req.struct_size = CANARY;
+    let mut msg = 7usize as *const std::ffi::c_char;
+    let size = KVE_EVICTOR_REQUIREMENTS_V1_SIZE;
+    // SAFETY: valid pointers, `req` of the size passed.
+    let st = unsafe { kve_evictor_config_check(c, &mut req, size, &mut msg) };
+    if st == KVE_OK {
+        assert!(msg.is_null());
+        return (st, None, req);
+    }
+    assert_ne!(msg as usize, 7);
+    // SAFETY: a static NUL-terminated string (the call's contract).
+    let why = unsafe { CStr::from_ptr(msg) }.to_str().unwrap().to_owned();
+    (st, Some(why), req)
+}
+
+#[test]
+fn config_check_says_why_and_gives_the_requirements() {
+    for p in 0..kve_preset_count() {
+        let c = config(p);
+        let (st, why, req) = check(&c);
+        assert_eq!((st, why), (KVE_OK, None), "preset {p}");
+        // the requirements of the evictor of that config
+        let mut want = req;
+        // SAFETY: a live evictor, `want` of the size passed.
+        let g = unsafe { kve_evictor_get_requirements(evictor(&c), &mut want, req.struct_size) };
+        assert_eq!(g, KVE_OK);
+        assert_eq!(req, want);
+        assert_eq!(req.struct_size, KVE_EVICTOR_REQUIREMENTS_V1_SIZE);
+    }
+    // what an engine's startup refuses, each with the status kve_evictor_size returns
+    let tova = |c: &mut kve_evictor_config| (c.preset, c.window) = (Preset::Tova as u32, 4);
+    let links =
+        |c: &mut kve_evictor_config| (c.preset, c.link_threshold) = (Preset::SnapKv as u32, 0.5);
+    for (edit, word) in [(tova as fn(&mut _), "window"), (links, "post-pool")] {
+        let mut c = config(0);
+        edit(&mut c);
+        let mut bytes = 0u64;
+        // SAFETY: valid pointers.
+        let want = unsafe { kve_evictor_size(&c, &mut bytes) };
+        let (st, why, _) = check(&c);
+        assert_eq!(st, want);
+        assert_ne!(st, KVE_OK);
+        assert!(why.as_deref().unwrap().contains(word), "{why:?}");
+    }
+    // NULL outputs are allowed; NULL config, a bad requirements size, an output in the config
+    let good = config(Preset::LaProxSpan as u32);
+    let nul = std::ptr::null_mut();
+    // SAFETY: valid or NULL pointers.
+    unsafe {
+        assert_eq!(
+            kve_evictor_config_check(&good, nul, 0, std::ptr::null_mut()),
+            KVE_OK
+        );
+        let mut msg = std::ptr::null();
+        let st = kve_evictor_config_check(std::ptr::null(), nul, 0, &mut msg);
+        assert_eq!(st, KVE_ERR_NULL_POINTER);
+        assert!(!msg.is_null());
+        let mut req: kve_evictor_requirements = std::mem::zeroed();
+        let mut msg = 7usize as *const std::ffi::c_char;
+        assert_eq!(
+            kve_evictor_config_check(&good, &mut req, 3, &mut msg),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!((req.struct_size, msg as usize), (0, 7));
+        let mut c = good;
+        let inside = std::ptr::addr_of_mut!(c.max_cells) as *mut *const std::ffi::c_char;
+        assert_eq!(
+            kve_evictor_config_check(&c, nul, 0, inside),
+            KVE_ERR_ALIASING
+        );
+        assert_eq!(c.max_cells, good.max_cells);
+    }
+}
+
 #[test]
 fn hostile_configs_and_memory() {
     let good = config(Preset::LaProx as u32);
@@ -318,6 +397,11 @@ fn hostile_configs_and_memory() {
         edit(&mut c);
         assert_eq!(size(&c, &mut bytes), want);
         assert_eq!(bytes, CANARY as u64);
+        // the check without memory: the same status, a sentence, no requirements written
+        let (st, why, req) = check(&c);
+        assert_eq!(st, want);
+        assert!(why.as_ref().is_some_and(|w| w.len() > 10), "{why:?}");
+        assert_eq!(req.struct_size, CANARY);
     }
     // a score params struct of a wrong size behind the pointer
     let mut sp = capi_common::score_params(0);
@@ -400,6 +484,12 @@ fn hostile_calls_change_nothing() {
         refused(ev, KVE_ERR_INVALID_ARGUMENT, || kve_evictor_commit(ev, 0));
         refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
             kve_evictor_seq_reset(ev, 2)
+        });
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_seq_unprotect(ev, 2)
+        });
+        refused(ev, KVE_ERR_NULL_POINTER, || {
+            kve_evictor_seq_unprotect(std::ptr::null_mut(), 0)
         });
         let mut n = 0u64;
         refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
@@ -606,6 +696,7 @@ fn device_form_without_cuda_is_not_built() {
             ),
             kve_cuda_evictor_commit(e, 0),
             kve_cuda_evictor_seq_reset(e, 0),
+            kve_cuda_evictor_seq_unprotect(e, 0),
             kve_cuda_evictor_get_stats(e, 0, stats.as_mut_ptr(), 40),
         ]
     };

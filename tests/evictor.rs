@@ -316,6 +316,19 @@ fn the_query_ring_gives_the_same_kept_set() {
         let w = ev.needs().window as usize;
         let from_ring = round(&mut ev, 0, &s, 70, true);
         assert_eq!(from_ring, by_hand(&c, &s, 0, (70 - w) as u64), "{preset:?}");
+        // unprotect keeps the ring (the same round again); reset forgets it
+        ev.unprotect(0).unwrap();
+        assert_eq!(round(&mut ev, 0, &s, 70, true), from_ring, "{preset:?}");
+        ev.reset(0).unwrap();
+        ev.begin(0, s.n, 70).unwrap();
+        let keys_only = LayerViews {
+            keys: s.keys(0),
+            values: Some(s.values(0)),
+            queries: None,
+            row_lse: None,
+            wo: None,
+        };
+        assert!(ev.score_layer(0, 0, &keys_only).is_err(), "{preset:?}");
     }
 }
 
@@ -354,6 +367,11 @@ fn keep_ratio_compresses_only_what_is_new() {
     assert_eq!(ev.plan(0, 120).unwrap(), 120);
     assert_eq!(ev.plan(0, 180).unwrap(), 150);
     assert_eq!(ev.plan(0, 210).unwrap(), 160);
+    // unprotect (the engine rewound the sequence): nothing protected, counters kept
+    ev.unprotect(0).unwrap();
+    let st = ev.stats(0).unwrap();
+    assert_eq!((st.cells, st.protected, st.evictions), (0, 0, 2));
+    assert_eq!(ev.plan(0, 160).unwrap(), 80);
     // reset: nothing protected, counters cleared
     ev.reset(0).unwrap();
     assert_eq!(ev.stats(0).unwrap(), Default::default());

@@ -37,7 +37,7 @@
 
 use kvevict::capi::*;
 use libfuzzer_sys::fuzz_target;
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 
 const ARENA: usize = 1 << 15; // bytes
 const CANARY: u32 = 0xA5A5_A5A5;
@@ -2172,6 +2172,13 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
     } else {
         kve_evictor_size(&c, &mut bytes)
     };
+    if !device {
+        // the check without memory: the size's status, a message exactly on a refusal
+        let mut msg = 7usize as *const c_char;
+        let ck = kve_evictor_config_check(&c, std::ptr::null_mut(), 0, &mut msg);
+        assert_eq!(ck, st, "config_check disagrees with evictor_size");
+        assert_eq!(msg.is_null(), st == KVE_OK, "config_check message");
+    }
     if st != KVE_OK || bytes > (16 << 20) || (device && dev_bytes > (16 << 20)) {
         assert!(
             st == KVE_OK || (bytes == CANARY as u64 && dev_bytes == CANARY as u64),

@@ -196,6 +196,11 @@ class Evictor:
         """Forget ``seq``: counters, protection, round, observed queries."""
         call("kve_evictor_seq_reset", self._ev, seq)
 
+    def unprotect(self, seq):
+        """The engine changed ``seq``'s cells itself: forget its protection and round,
+        keep its observed queries and counters."""
+        call("kve_evictor_seq_unprotect", self._ev, seq)
+
     def stats(self, seq):
         """``seq``'s counters: cells, protected_cells, evictions, cells_evicted, ragged."""
         return stats("kve_evictor_get_stats", self._ev, seq)

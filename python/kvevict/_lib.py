@@ -372,6 +372,8 @@ _PROTOS = {
     "kve_preset_from_name": (c_int32, [c_char_p, _u32p]),
     "kve_evictor_config_init": (c_int32, [P(kve_evictor_config), c_uint32, c_uint32]),
     "kve_evictor_size": (c_int32, [P(kve_evictor_config), _u64p]),
+    "kve_evictor_config_check": (
+        c_int32, [P(kve_evictor_config), P(kve_evictor_requirements), c_uint32, P(c_char_p)]),
     "kve_evictor_init": (c_int32, [c_void_p, c_uint64, P(kve_evictor_config), P(c_void_p)]),
     "kve_evictor_get_requirements": (c_int32, [c_void_p, P(kve_evictor_requirements), c_uint32]),
     "kve_evictor_set_output_projection": (c_int32, [c_void_p, c_uint64, P(kve_tensor)]),
@@ -393,6 +395,7 @@ _PROTOS = {
         c_int32, [c_void_p, c_uint64, c_uint64, P(kve_paged_layout), c_void_p, c_uint64, _u64p]),
     "kve_evictor_commit": (c_int32, [c_void_p, c_uint64]),
     "kve_evictor_seq_reset": (c_int32, [c_void_p, c_uint64]),
+    "kve_evictor_seq_unprotect": (c_int32, [c_void_p, c_uint64]),
     "kve_evictor_get_stats": (c_int32, [c_void_p, c_uint64, P(kve_evictor_stats), c_uint32]),
     # sharded search
     "kve_search_init": (
@@ -508,6 +511,7 @@ _CUDA_PROTOS = {
                   c_void_p]),
     "kve_cuda_evictor_commit": (c_int32, [c_void_p, c_uint64]),
     "kve_cuda_evictor_seq_reset": (c_int32, [c_void_p, c_uint64]),
+    "kve_cuda_evictor_seq_unprotect": (c_int32, [c_void_p, c_uint64]),
     "kve_cuda_evictor_get_stats": (c_int32, [c_void_p, c_uint64, P(kve_evictor_stats), c_uint32]),
 }
 

@@ -749,6 +749,10 @@ class Evictor:
         """As :meth:`kvevict.Evictor.reset`."""
         _call("kve_cuda_evictor_seq_reset", self._ev, seq)
 
+    def unprotect(self, seq):
+        """As :meth:`kvevict.Evictor.unprotect`."""
+        _call("kve_cuda_evictor_seq_unprotect", self._ev, seq)
+
     def stats(self, seq):
         """As :meth:`kvevict.Evictor.stats`, but after a ragged commit ``cells`` is the
         round's target (the kept counts stay on the device; the host form books the largest)."""

@@ -25,7 +25,7 @@ use crate::config::{Granularity, Preset};
 use crate::error::{Error, Result};
 use crate::evictor::presets::{preset_from_name, C_NAMES};
 use crate::evictor::{
-    Budget, Evictor, EvictorConfig, LayerViews, ModelDims, PagedLayerViews, WoUse,
+    cstr, Budget, Evictor, EvictorConfig, LayerViews, ModelDims, PagedLayerViews, Refusal, WoUse,
 };
 use crate::view::DType;
 use core::ffi::{c_char, c_void};
@@ -361,6 +361,66 @@ pub unsafe extern "C" fn kve_evictor_size(
     // SAFETY: out_param checked it; one element.
     unsafe { out.slice_mut()[0] = size as u64 };
     KVE_OK
+}
+
+/// Check `config` as `kve_evictor_size` and `kve_evictor_init` do, without memory, and
+/// say why it is refused: returns the status they return. On `KVE_OK` writes what the
+/// method reads into `requirements` (when not NULL: `requirements_size` bytes, as
+/// `kve_evictor_get_requirements`; a bad size is its status, nothing else written) and
+/// NULL into `*message` (when not NULL). On a refusal writes only `*message` (when not
+/// NULL): a static NUL-terminated sentence naming what to change, for an engine's startup
+/// error.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_config_check(
+    config: *const kve_evictor_config,
+    requirements: *mut kve_evictor_requirements,
+    requirements_size: u32,
+    message: *mut *const c_char,
+) -> i32 {
+    let mut msg = match message.is_null() {
+        true => None,
+        false => Some(tri!(out_param(message))),
+    };
+    let req_span = match requirements.is_null() {
+        true => Span(0, 0),
+        false => Span(
+            requirements as usize,
+            (requirements as usize).saturating_add(requirements_size as usize),
+        ),
+    };
+    let outs = [msg.as_ref().map_or(Span(0, 0), |m| m.span), req_span];
+    // SAFETY: NULL or the caller's config; evictor_config checks it.
+    let checked = match unsafe { evictor_config(config) } {
+        Ok((cfg, spans)) => {
+            tri!(check_alias(&outs, &spans));
+            Evictor::check(&cfg)
+        }
+        Err(error) => Err(Refusal {
+            error,
+            why: match error {
+                Error::NullPointer => cstr!("config is NULL"),
+                Error::BadEnum => cstr!("an enum field (preset, policy, granularity, paged_dtype) is unknown"),
+                _ => cstr!("the config cannot be read (struct_size, alignment, score or select parameters, paged)"),
+            },
+        }),
+    };
+    let (status, why) = match checked {
+        Ok(needs) if !requirements.is_null() => {
+            // SAFETY: `requirements_size` writable bytes (the caller's contract); checked there.
+            let st = unsafe { write_requirements(needs, requirements, requirements_size) };
+            if st != KVE_OK {
+                return st;
+            }
+            (KVE_OK, core::ptr::null())
+        }
+        Ok(_) => (KVE_OK, core::ptr::null()),
+        Err(r) => (to_status(Err(r.error)), r.why.as_ptr()),
+    };
+    if let Some(m) = msg.as_mut() {
+        // SAFETY: out_param checked it; one element.
+        unsafe { m.slice_mut()[0] = why };
+    }
+    status
 }
 
 /// Start an evictor in `memory` (`bytes` from `kve_evictor_size`, any alignment) and
@@ -928,6 +988,17 @@ pub unsafe extern "C" fn kve_evictor_seq_reset(evictor: *mut kve_evictor, seq: u
     // SAFETY: the caller's context; attach checks it.
     let (mut ev, _) = tri!(unsafe { attach(evictor) });
     to_status(ev.reset(tri!(to_usize(seq))))
+}
+
+/// The engine changed sequence `seq`'s cells itself (removed or rewound some, or copied
+/// others in): forget its protection (the keep ratio takes every cell as new again), its
+/// round, raggedness and held cells; keep its query rows (`kve_evictor_observe_queries`)
+/// and its eviction counters. `kve_evictor_seq_reset` forgets everything.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_seq_unprotect(evictor: *mut kve_evictor, seq: u64) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, _) = tri!(unsafe { attach(evictor) });
+    to_status(ev.unprotect(tri!(to_usize(seq))))
 }
 
 /// Sequence `seq`'s counters into `out` (`struct_size` bytes:

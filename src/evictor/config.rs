@@ -12,6 +12,7 @@ use crate::shape::ModelShape;
 use crate::view::DType;
 use crate::workspace::WorkspaceSize;
 use crate::ValueLinks;
+use core::ffi::CStr;
 
 /// The model an evictor serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,46 +124,106 @@ impl Resolved {
     }
 }
 
+/// Why a configuration is refused: the status the evictor's calls return and a sentence
+/// naming what to change (for an engine's startup message).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub error: Error,
+    /// NUL-terminated, for C callers (`kve_evictor_config_check`).
+    pub why: &'static CStr,
+}
+
+/// A `&'static CStr` of a string literal.
+macro_rules! cstr {
+    ($s:expr) => {{
+        const S: &str = concat!($s, "\0");
+        // SAFETY: a literal with no NUL inside, one appended.
+        unsafe { core::ffi::CStr::from_bytes_with_nul_unchecked(S.as_bytes()) }
+    }};
+}
+pub(crate) use cstr;
+
+/// `r`, its error refused for `why`.
+pub(crate) fn because<T>(r: Result<T>, why: &'static CStr) -> core::result::Result<T, Refusal> {
+    r.map_err(|error| Refusal { error, why })
+}
+
 pub(crate) fn resolve(c: &EvictorConfig) -> Result<Resolved> {
+    resolve_why(c).map_err(|r| r.error)
+}
+
+/// [`resolve`], saying which check refused the configuration.
+pub(crate) fn resolve_why(c: &EvictorConfig) -> core::result::Result<Resolved, Refusal> {
     let mut score = c.score.unwrap_or(ScoreConfig::preset(c.preset));
     if c.window != 0 {
         score.window = c.window;
     }
-    score.validate()?;
+    because(
+        score.validate(),
+        cstr!("the scoring parameters or window are not accepted (tova reads the last query only: window 1)"),
+    )?;
     let mut select = c.select.unwrap_or(default_select(c.preset, 0));
     if let Some(g) = c.granularity {
         select.granularity = g;
     }
-    select.validate()?;
+    because(
+        select.validate(),
+        cstr!("the selection parameters are not accepted"),
+    )?;
     if let Some(t) = c.link_threshold {
-        ValueLinks {
+        let links = ValueLinks {
             sums: &[],
             threshold: t,
-        }
-        .check(&select, 0)?;
+        };
+        because(
+            links.check(&select, 0),
+            cstr!("value links need a finite threshold and a selection with a flat forward post-pool (laprox-span, uniqueness)"),
+        )?;
     }
-    c.budget.validate()?;
-    let m = &c.model;
-    LayerShape::from_dims(
-        m.hq as u64,
-        m.hkv as u64,
-        c.max_cells as u64,
-        m.dk as u64,
-        m.dv as u64,
+    because(
+        c.budget.validate(),
+        cstr!("the budget is not accepted: a keep ratio in [0, 1], or a cell budget with 1 <= low <= high"),
     )?;
-    ModelShape::new(
-        m.layers as u64,
-        m.hkv as u64,
-        c.max_cells as u64,
-        score.window as u64,
+    let m = &c.model;
+    let shape = cstr!("the model shape is not accepted (layers, heads, head dims and max_cells >= 1, hq a multiple of hkv, within the crate's limits)");
+    because(
+        LayerShape::from_dims(
+            m.hq as u64,
+            m.hkv as u64,
+            c.max_cells as u64,
+            m.dk as u64,
+            m.dv as u64,
+        ),
+        shape,
+    )?;
+    because(
+        ModelShape::new(
+            m.layers as u64,
+            m.hkv as u64,
+            c.max_cells as u64,
+            score.window as u64,
+        ),
+        shape,
     )?;
     let mut capture = capture(&score);
     capture.values |= c.link_threshold.is_some();
-    if c.max_seqs == 0 || m.layers > MAX_LAYERS || (capture.wo != WoUse::None && m.d_model == 0) {
-        return Err(Error::InvalidArgument);
+    if c.max_seqs == 0 || m.layers > MAX_LAYERS {
+        return because(
+            Err(Error::InvalidArgument),
+            cstr!("max_seqs must be >= 1 and layers within the crate's limit"),
+        );
+    }
+    if capture.wo != WoUse::None && m.d_model == 0 {
+        return because(
+            Err(Error::InvalidArgument),
+            cstr!("the method reads Wo: d_model must be >= 1"),
+        );
     }
     let gram_len = match capture.wo {
-        WoUse::Once => crate::gram_len(m.hq, m.hkv, m.dv, score.needs_cross())?,
+        WoUse::Once => because(
+            crate::gram_len(m.hq, m.hkv, m.dv, score.needs_cross()),
+            cstr!("the Gram blocks of this shape overflow"),
+        )?,
         _ => 0,
     };
     Ok(Resolved {

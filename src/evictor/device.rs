@@ -1135,6 +1135,16 @@ impl<'a> DeviceEvictor<'a> {
         Ok(())
     }
 
+    /// As [`super::Evictor::unprotect`]: protection, round and raggedness forgotten, the
+    /// query ring and counters kept.
+    pub fn unprotect(&mut self, seq: usize) -> Result<()> {
+        let st = self.state(seq)?;
+        let slot = self.slot(seq)?;
+        st.unprotect().store(slot.state);
+        slot.scored.fill(0);
+        Ok(())
+    }
+
     /// Forget `seq`: counters, protection, round and query ring.
     pub fn reset(&mut self, seq: usize) -> Result<()> {
         let slot = self.slot(seq)?;

@@ -46,9 +46,9 @@ use crate::score::LayerInputs;
 use crate::view::{View, ViewMut};
 use crate::workspace::Workspace;
 use crate::{budget::ModelScores, ValueLinks};
-pub(crate) use config::Resolved;
-use config::{resolve, workspace_bytes};
-pub use config::{EvictorConfig, ModelDims};
+use config::{because, resolve, resolve_why, workspace_bytes};
+pub(crate) use config::{cstr, Resolved};
+pub use config::{EvictorConfig, ModelDims, Refusal};
 use memory::{Layout, Slot, ALIGN};
 pub use policy::Budget;
 pub use presets::{
@@ -125,6 +125,11 @@ struct Header {
     lay: Layout,
 }
 
+/// The context's layout for a resolved configuration.
+fn layout(r: &Resolved) -> Result<Layout> {
+    Layout::new(r, core::mem::size_of::<Header>(), workspace_bytes(r)?)
+}
+
 /// A whole model's eviction over caller memory.
 pub struct Evictor<'a> {
     r: Resolved,
@@ -136,15 +141,26 @@ impl<'a> Evictor<'a> {
     /// Bytes of memory [`Evictor::init`] needs (alignment slack included).
     pub fn memory_size(cfg: &EvictorConfig) -> Result<usize> {
         let r = resolve(cfg)?;
-        let lay = Layout::new(&r, core::mem::size_of::<Header>(), workspace_bytes(&r)?)?;
-        Ok(lay.total + ALIGN - 1)
+        Ok(layout(&r)?.total + ALIGN - 1)
+    }
+
+    /// What [`Evictor::memory_size`] and [`Evictor::init`] check, without memory: the
+    /// method's requirements ([`Evictor::needs`]) for an accepted configuration, else why
+    /// it is refused (the status those calls return and a sentence naming what to change).
+    pub fn check(cfg: &EvictorConfig) -> core::result::Result<Needs, Refusal> {
+        let r = resolve_why(cfg)?;
+        because(
+            layout(&r),
+            cstr!("the context's memory for this shape and max_cells overflows"),
+        )?;
+        Ok(r.needs())
     }
 
     /// An evictor in `mem` (any alignment: it starts at the first 64-byte boundary).
     /// Nothing is written on error.
     pub fn init(mem: &'a mut [u8], cfg: &EvictorConfig) -> Result<Evictor<'a>> {
         let r = resolve(cfg)?;
-        let lay = Layout::new(&r, core::mem::size_of::<Header>(), workspace_bytes(&r)?)?;
+        let lay = layout(&r)?;
         if mem.len() < lay.total + ALIGN - 1 {
             return Err(Error::WorkspaceTooSmall);
         }
@@ -564,6 +580,16 @@ impl<'a> Evictor<'a> {
         let slot = self.slot(seq)?;
         SeqState::default().store(slot.state);
         slot.ring_rows.fill(0);
+        Ok(())
+    }
+
+    /// The engine changed `seq`'s cells itself (removed or rewound some, or copied others
+    /// in): forget its protection (the keep ratio takes every cell as new), its round and
+    /// raggedness; keep its query ring (the window's queries still precede what comes
+    /// next) and its counters. [`Evictor::reset`] forgets everything.
+    pub fn unprotect(&mut self, seq: usize) -> Result<()> {
+        let st = self.state(seq)?;
+        st.unprotect().store(self.slot(seq)?.state);
         Ok(())
     }
 

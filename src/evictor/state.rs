@@ -138,6 +138,16 @@ impl SeqState {
         Ok(())
     }
 
+    /// The engine changed the sequence's cells itself (removed or rewound some): its
+    /// round, protection, raggedness and carried scores are forgotten, its counters kept.
+    pub fn unprotect(&self) -> SeqState {
+        SeqState {
+            evictions: self.evictions,
+            evicted: self.evicted,
+            ..SeqState::default()
+        }
+    }
+
     pub fn stats(&self) -> SeqStats {
         SeqStats {
             cells: self.held,

@@ -485,6 +485,13 @@ fn device_evictor_keeps_the_host_evictors_cells() {
                         break;
                     }
                     feed(&mut e, &mut p, &mut rng, c, queries);
+                    if turn == 2 {
+                        // the engine changed the cells: both forget the protection, keep the ring
+                        p.host().unprotect(0).unwrap();
+                        p.dev().unprotect(0).unwrap();
+                        let (h, d) = (p.host().stats(0).unwrap(), p.dev().stats(0).unwrap());
+                        assert_eq!((h, h.protected), (d, 0), "{tag}");
+                    }
                     if round(&mut e, &mut p, None, &format!("{tag} turn {turn}")) {
                         rounds += 1;
                     }

@@ -73,7 +73,7 @@ fn bad_eviction_settings_are_refused_at_startup() {
                     "--kv-evict-links",
                     "0.5",
                 ],
-                "value links need a method whose selection has a forward post-pool",
+                "a selection with a flat forward post-pool",
             );
         }
         refused(
@@ -88,7 +88,7 @@ fn bad_eviction_settings_are_refused_at_startup() {
         &s,
         "llama-kvevict-needle",
         &["--kv-evict", "knorm", "--kv-evict-links", "0.5"],
-        "value links need a method whose selection has a forward post-pool",
+        "a selection with a flat forward post-pool",
     );
     refused(
         &s,

@@ -466,6 +466,19 @@ pub unsafe extern "C" fn kve_cuda_evictor_seq_reset(
     })
 }
 
+/// As `kve_evictor_seq_unprotect` (host bookkeeping).
+#[no_mangle]
+pub unsafe extern "C" fn kve_cuda_evictor_seq_unprotect(
+    evictor: *mut kve_cuda_evictor,
+    seq: u64,
+) -> i32 {
+    cuda_only!([evictor, seq], {
+        // SAFETY: the caller's context; attach checks it.
+        let (mut ev, _, _) = tri!(unsafe { attach(evictor) });
+        to_status(ev.unprotect(tri!(to_usize(seq))))
+    })
+}
+
 /// As `kve_evictor_get_stats`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_cuda_evictor_get_stats(
