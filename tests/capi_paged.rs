@@ -590,12 +590,18 @@ fn hostile_compactions_write_nothing() {
         ),
         KVE_ERR_NULL_POINTER
     );
-    // an output over an input: kept positions over the indices
+    // an output over an input, or a workspace too small: the same call but for the kept
+    // positions and the workspace
     let l = f.layout(0);
     let mut idx = ok_idx.to_vec();
+    let idx_ptr = idx.as_mut_ptr();
     let mut freed = CANARY as u64;
     let mut ws = vec![0u8; 256];
-    let st = unsafe {
+    let (ws_ptr, pool_ptr) = (
+        ws.as_mut_ptr() as *mut c_void,
+        f.pool.as_ptr() as *mut c_void,
+    );
+    let mut call = |kept: *mut u32, kept_len: u64, ws: *mut c_void, ws_bytes: u64| unsafe {
         kve_paged_compact(
             &l,
             f.table.as_ptr(),
@@ -603,66 +609,25 @@ fn hostile_compactions_write_nothing() {
             N as u64,
             ok_offs.as_ptr(),
             2,
-            idx.as_ptr(),
+            idx_ptr,
             3,
             null(),
             0,
-            idx.as_mut_ptr(),
-            3,
+            kept,
+            kept_len,
             null_mut(),
             0,
             &mut freed,
-            ws.as_mut_ptr() as *mut c_void,
-            256,
+            ws,
+            ws_bytes,
         )
     };
-    expect!(st, KVE_ERR_ALIASING);
+    // kept positions over the indices
+    expect!(call(idx_ptr, 3, ws_ptr, 256), KVE_ERR_ALIASING);
     // the workspace over the pool
-    let st = unsafe {
-        kve_paged_compact(
-            &l,
-            f.table.as_ptr(),
-            9,
-            N as u64,
-            ok_offs.as_ptr(),
-            2,
-            idx.as_ptr(),
-            3,
-            null(),
-            0,
-            null_mut(),
-            0,
-            null_mut(),
-            0,
-            &mut freed,
-            f.pool.as_ptr() as *mut c_void,
-            256,
-        )
-    };
-    expect!(st, KVE_ERR_ALIASING);
+    expect!(call(null_mut(), 0, pool_ptr, 256), KVE_ERR_ALIASING);
     // workspace too small
-    let st = unsafe {
-        kve_paged_compact(
-            &l,
-            f.table.as_ptr(),
-            9,
-            N as u64,
-            ok_offs.as_ptr(),
-            2,
-            idx.as_ptr(),
-            3,
-            null(),
-            0,
-            null_mut(),
-            0,
-            null_mut(),
-            0,
-            &mut freed,
-            ws.as_mut_ptr() as *mut c_void,
-            1,
-        )
-    };
-    expect!(st, KVE_ERR_WORKSPACE_TOO_SMALL);
+    expect!(call(null_mut(), 0, ws_ptr, 1), KVE_ERR_WORKSPACE_TOO_SMALL);
     assert_eq!(freed, CANARY as u64);
     assert_eq!(idx, ok_idx);
     assert_eq!(f.pool, before);
