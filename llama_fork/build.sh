@@ -3,6 +3,10 @@
 # series llama_fork/patches/*.patch applied in order, kvevict installed to a prefix
 # (scripts/install.sh) and linked statically into libllama; CMake, CPU backend,
 # GGML_NATIVE=OFF, Release, targets llama, llama-cli, llama-server, llama-kvevict-needle.
+# ggml is not compiled here: LLAMA_USE_SYSTEM_GGML=ON links the shared ggml of the pristine build
+# (scripts/llama_pristine.sh: the same source, built once, cached by its inputs, also the llama.cpp
+# of c_examples/llama_cpp); its prefix is part of the keys below. A build with
+# KVEVICT_FORK_CMAKE_ARGS (CUDA) compiles its own ggml.
 #
 # Layout (all under $KVEVICT_FORK_DIR, default <repo>/build/llama-fork, gitignored):
 #   src/     patched source     build/   CMake build (binaries in build/bin)
@@ -42,13 +46,21 @@ log() { printf 'llama_fork/build: %s\n' "$*" >&2; }
 
 eval "$("$root/llama_fork/fetch.sh")"   # KVEVICT_LLAMA_SRC: the pristine source
 cmake=$venv/bin/cmake
+# the CPU build links the ggml of the pristine build (scripts/llama_pristine.sh, built once and cached:
+# the patches never touch ggml/); a build with CMake arguments (CUDA) builds its own ggml
+ggml_args=() ggml_key=
+if [ ${#cmake_args[@]} = 0 ]; then
+    eval "$("$root/scripts/llama_pristine.sh")"   # KVEVICT_LLAMA_PREFIX
+    ggml_args=(-DLLAMA_USE_SYSTEM_GGML=ON)
+    ggml_key=-ggml-$(echo "$KVEVICT_LLAMA_PREFIX" | sha256sum | cut -c1-8)
+fi
 
 patches=("$root"/llama_fork/patches/*.patch)
 kve_version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)
 # the llama.cpp key: the patches, the build's own flags (this script and the pinned source), the
 # features and CMake arguments; it names the cache folder
-script_hash=$(cat "$root/llama_fork/build.sh" "$root/llama_fork/fetch.sh" | sha256sum | cut -c1-8)
-llama_key="$(cat "${patches[@]}" | sha256sum | cut -c1-16)-$script_hash${features:+-$features}${cmake_args[*]:+-$(echo "${cmake_args[*]}" | sha256sum | cut -c1-8)}"
+script_hash=$(cat "$root/llama_fork/build.sh" "$root/llama_fork/fetch.sh" "$root/scripts/llama_pristine.sh" | sha256sum | cut -c1-8)
+llama_key="$(cat "${patches[@]}" | sha256sum | cut -c1-16)-$script_hash${features:+-$features}${cmake_args[*]:+-$(echo "${cmake_args[*]}" | sha256sum | cut -c1-8)}$ggml_key"
 # the STAMP of a finished build: the llama.cpp key and kvevict's sources (the fork links them)
 kve_hash=$(cd "$root" && cat Cargo.toml Cargo.lock build.rs include/kvevict.h $(git ls-files src) | sha256sum | cut -c1-16)
 stamp="$llama_key-kvevict-$kve_version-$kve_hash"
@@ -62,7 +74,7 @@ if [ -z "${KVEVICT_FORK_DIR:-}" ] && [ ! -e "$dir" ] && [ "$cache_dir" != none ]
     && mkdir -p "$cache_dir" 2>/dev/null && [ -w "$cache_dir" ] && command -v flock >/dev/null; then
     # the folder's key: the pristine source and the kind of build, not the patches (a new series is
     # applied in place, recompiling only what it changed: SRC_STAMP below)
-    folder_key="$(sha256sum < "$root/llama_fork/fetch.sh" | cut -c1-16)${features:+-$features}${cmake_args[*]:+-$(echo "${cmake_args[*]}" | sha256sum | cut -c1-8)}"
+    folder_key="$(sha256sum < "$root/llama_fork/fetch.sh" | cut -c1-16)${features:+-$features}${cmake_args[*]:+-$(echo "${cmake_args[*]}" | sha256sum | cut -c1-8)}$ggml_key"
     dir=$cache_dir/llama-fork-$(echo "$folder_key" | sha256sum | cut -c1-16)
     # one build per keyed folder at a time; a run that waited finds the STAMP below (or updates
     # the folder's kvevict)
@@ -72,13 +84,8 @@ if [ -z "${KVEVICT_FORK_DIR:-}" ] && [ ! -e "$dir" ] && [ "$cache_dir" != none ]
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd -P)
     # keyed folders unused for 30 days (their STAMP is touched on every use), unless in use now
-    for old in "$cache_dir"/llama-fork-*/STAMP; do
-        d=${old%/STAMP}
-        if [ -f "$old" ] && [ "$d" != "$dir" ] && [ -n "$(find "$old" -mtime +30)" ]; then
-            # under its lock (skipped if a run holds it): a run wanting that key waits, then rebuilds
-            ( flock -n 8 || exit 0; log "removing $d (unused for 30 days)"; rm -rf "$d" ) 8> "$d.lock"
-        fi
-    done
+    ROOT=$root . "$root/scripts/lib/cargo_cache.sh"
+    kve_cache_prune "$cache_dir/llama-fork-" STAMP "$dir"
 fi
 
 if [ -f "$dir/STAMP" ] && [ "$(cat "$dir/STAMP")" = "$stamp" ] && [ -x "$dir/build/bin/llama-server" ]; then
@@ -150,7 +157,7 @@ fi
 "$cmake" -S "$dir/src" -B "$dir/build" -G Ninja -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
     -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DCMAKE_PREFIX_PATH="$dir/kvevict" "${cmake_args[@]}" >&2
+    -DCMAKE_PREFIX_PATH="$dir/kvevict${KVEVICT_LLAMA_PREFIX:+;$KVEVICT_LLAMA_PREFIX}" "${ggml_args[@]}" "${cmake_args[@]}" >&2
 "$cmake" --build "$dir/build" -j "$jobs" --target llama llama-cli llama-server llama-kvevict-needle >&2
 
 echo "$stamp" > "$dir/STAMP"

