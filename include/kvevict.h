@@ -1169,9 +1169,9 @@ int32_t kve_cuda_score_layer_prepared(const struct kve_score_params *params,
 
 /**
  * Host bytes of the context (`*host_bytes`, any alignment, 64 bytes of slack included)
- * and device bytes of the block (`*device_bytes`, 256-byte aligned) for `config`. Value
- * links (`link_threshold`) and methods that read `Wo` every round (CriticalKV) are not on
- * the device: `KVE_ERR_INVALID_ARGUMENT`. Writes only the two sizes.
+ * and device bytes of the block (`*device_bytes`, 256-byte aligned) for `config`. Methods
+ * that read `Wo` every round (CriticalKV) are not on the device:
+ * `KVE_ERR_INVALID_ARGUMENT`. Writes only the two sizes.
  */
 int32_t kve_cuda_evictor_size(const struct kve_evictor_config *config,
                               uint64_t *host_bytes,

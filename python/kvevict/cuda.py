@@ -643,8 +643,8 @@ class Evictor:
     graph). Same arguments as :class:`kvevict.Evictor`, plus ``device_memory``: a writable
     device array of at least ``Evictor.sizes(...)[1]`` bytes, 256-byte aligned (e.g.
     ``torch.empty(n, dtype=torch.uint8, device="cuda")``), kept alive by this object;
-    the host context is a numpy buffer it owns. Value links and methods that read ``Wo``
-    every round (CriticalKV) are refused (``KVE_ERR_INVALID_ARGUMENT``): use the host form.
+    the host context is a numpy buffer it owns. Methods that read ``Wo`` every round
+    (CriticalKV) are refused (``KVE_ERR_INVALID_ARGUMENT``): use the host form.
     """
 
     @staticmethod

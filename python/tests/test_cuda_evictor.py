@@ -121,14 +121,19 @@ class DeviceEvictorTests(unittest.TestCase):
                 with self.subTest(preset=preset, policy=policy):
                     self.assertGreater(self.rounds(preset, **policy), 0, preset)
 
+    def test_value_links_keep_the_host_evictors_cells(self):
+        for preset in ("laprox-span", "uniqueness"):
+            with self.subTest(preset=preset):
+                self.assertGreater(self.rounds(preset, link_threshold=kve.LINK_THRESHOLD,
+                                               keep_ratio=0.4, min_keep=16), 0, preset)
+
     def test_token_granularity_takes_every_round(self):
         # token granularity is rectangular: three rounds commit, the cells shrink each time
         self.assertEqual(self.rounds("snapkv", granularity="token", keep_ratio=0.5, min_keep=8), 3)
 
     def test_refuses_what_stays_on_the_host(self):
         cfg = dict(layers=L, hq=HQ, hkv=HKV, dk=D, d_model=DM, max_cells=CAP)
-        for preset, extra in (("criticalkv", {}),
-                              ("laprox-span", {"link_threshold": kve.LINK_THRESHOLD})):
+        for preset, extra in (("criticalkv", {}),):
             with self.assertRaises(kve.KvevictError) as e:
                 kc.Evictor.sizes(preset, **cfg, **extra)
             self.assertEqual(e.exception.name, "KVE_ERR_INVALID_ARGUMENT", preset)

@@ -37,8 +37,13 @@
 //!   entries are copied to the workspace on the stream (`cudaMemcpyAsync`: a paged round
 //!   is not graph-capturable from pageable memory). The kernels skip any entry past the
 //!   pool, so a table changed after the check cannot move an access out of the pool.
-//! - Not on the device (yet): value links (`link_threshold`) and methods that read `Wo`
-//!   every round (CriticalKV): `memory_size` and `init` refuse them (`InvalidArgument`).
+//! - Value links (`link_threshold`): each layer's `cos(v[i], v[i-1])` sums accumulate into
+//!   the sequence's `links [max_cells]` in the device block (zeroed on the stream by the
+//!   round's first scored layer: `begin` enqueues nothing), and the selection carries its
+//!   forward post-pool through them (`crate::device::select_model_linked`), as the host
+//!   form does.
+//! - Not on the device (yet): methods that read `Wo` every round (CriticalKV):
+//!   `memory_size` and `init` refuse them (`InvalidArgument`).
 
 use super::config::{resolve, Resolved};
 use super::memory::STATE_WORDS;
@@ -179,6 +184,8 @@ struct DevSlot {
     counts: *mut i32,
     idx: *mut i32,
     ring: *mut u8,
+    /// `[max_cells]` value-link sums (none without links).
+    links: *mut f32,
 }
 
 /// A sequence's host parts.
@@ -209,6 +216,7 @@ fn carve_slot(c: &mut DeviceCarve, r: &Resolved) -> Result<DevSlot> {
         counts: c.take::<i32>(u)?,
         idx: c.take::<i32>(mul(u, r.max_cells)?)?,
         ring: c.take::<u8>(ring_bytes(r)?)?,
+        links: c.take::<f32>(if r.links.is_some() { r.max_cells } else { 0 })?,
     })
 }
 
@@ -245,7 +253,14 @@ fn dev_workspace(r: &Resolved) -> Result<usize> {
         dk: r.m.dk,
         dv: r.m.dv,
     };
-    let score = device::score_workspace_size(&r.score, &shape)?;
+    let mut score = device::score_workspace_size(&r.score, &shape)?;
+    if r.links.is_some() {
+        // the links run after the layer's scores, in the same workspace
+        score = score.max(device::value_links_workspace_size(
+            r.m.hkv as u64,
+            n as u64,
+        )?);
+    }
     let m = ModelShape::new(r.m.layers as u64, r.m.hkv as u64, n as u64, w as u64)?;
     let mut sel = DeviceCarve::new(core::ptr::null_mut());
     sel.take::<f32>(mul(u, n - w)?)?; // the span's scores
@@ -342,10 +357,39 @@ fn gram_ws(r: &Resolved) -> Result<usize> {
 fn resolve_device(cfg: &EvictorConfig) -> Result<Resolved> {
     let mut r = resolve(cfg)?;
     r.decay = 0.0; // the device path carries no decode-time scores (design §3c)
-    if r.links.is_some() || r.capture.wo == WoUse::EveryRound {
+    if r.capture.wo == WoUse::EveryRound {
         return Err(Error::InvalidArgument);
     }
     Ok(r)
+}
+
+/// The model selection of a round over `m.n` cells, linked through `links` (the
+/// sequence's sums from the span's first cell) when the configuration has value links.
+///
+/// # Safety
+/// Device pointers of the declared sizes (`links`: `m.n` floats when linked).
+#[allow(clippy::too_many_arguments)]
+unsafe fn select_on(
+    r: &Resolved,
+    cfg: &crate::config::SelectConfig,
+    m: &ModelShape,
+    scores: *const f32,
+    scores_len: u64,
+    links: *const f32,
+    lists: &KeptLists,
+    ws: *mut c_void,
+    wsb: u64,
+    stream: *mut c_void,
+) -> Result<()> {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        match r.links {
+            Some(t) => device::select_model_linked(
+                cfg, m, scores, scores_len, links, m.n as u64, t, lists, ws, wsb, stream,
+            ),
+            None => device::select_model(cfg, m, scores, scores_len, lists, ws, wsb, stream),
+        }
+    }
 }
 
 /// Whether every unit of a selection keeps the same count (the round's target).
@@ -896,6 +940,25 @@ impl<'a> DeviceEvictor<'a> {
                 stream,
             )?
         };
+        if r.links.is_some() {
+            let values = v.values.as_ref().ok_or(Error::NullPointer)?;
+            if !self.slot(seq)?.scored.contains(&1) {
+                // the round's first layer: the sums start from zero (`sink_scores` with no
+                // sinks writes n zeros)
+                // SAFETY: the sequence's links hold max_cells >= n floats (device block).
+                let s = unsafe {
+                    cu::kve_cuda_sink_scores(dslot.links, 1, n as i64, n as i64, 0, stream)
+                };
+                if s != 0 {
+                    return Err(Error::Cuda);
+                }
+            }
+            // SAFETY: the values (checked above), the sequence's links and the workspace
+            // past `front`, all device memory.
+            unsafe {
+                device::accumulate_value_links(values, dslot.links, n as u64, ws, wsb, stream)?
+            };
+        }
         self.slot(seq)?.scored[layer] = 1;
         Ok(())
     }
@@ -934,13 +997,16 @@ impl<'a> DeviceEvictor<'a> {
                 idx_ld: ld as u64,
                 idx_len: (u * ld) as u64,
             };
-            // SAFETY: the sequence's scores and lists and the workspace, in the device block.
+            // SAFETY: the sequence's scores, links and lists and the workspace, in the
+            // device block.
             unsafe {
-                device::select_model(
+                select_on(
+                    &r,
                     &cfg,
                     &shape,
                     d.scores,
                     (u * p) as u64,
+                    d.links,
                     &lists,
                     ws,
                     wsb,
@@ -973,11 +1039,13 @@ impl<'a> DeviceEvictor<'a> {
                     span,
                     stream,
                 ))?;
-                device::select_model(
+                select_on(
+                    &r,
                     &cfg,
                     &shape,
                     span,
                     (u * ps) as u64,
+                    d.links.wrapping_add(start),
                     &lists,
                     sel_ws,
                     wsb - rest as u64,

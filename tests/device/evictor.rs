@@ -506,6 +506,74 @@ fn device_evictor_keeps_the_host_evictors_cells() {
     assert!(rounds >= 60, "{rounds} rounds");
 }
 
+/// Runs of similar values (each new cell's V a small step from the one before, in runs
+/// of 1 to 6 cells) over the cells `from..e.n`, both copies: what value links join.
+fn correlate(e: &mut Engine, p: &mut Pair, rng: &mut Rng, from: usize) {
+    let mut t = from.max(1);
+    while t < e.n {
+        let run = 1 + rng.below(6);
+        for t in t..(t + run).min(e.n) {
+            for l in 0..L {
+                for h in 0..HKV {
+                    for d in 0..D {
+                        let prev = e.v[l][(h * CAP + t - 1) * D + d];
+                        e.v[l][(h * CAP + t) * D + d] = prev + 0.1 * rng.normal();
+                    }
+                }
+            }
+        }
+        t += run + 1;
+    }
+    for l in 0..L {
+        p.vd[l].upload(&e.v[l]);
+    }
+}
+
+/// Value links on the device: the kept lists and compacted caches of the host evictor's
+/// linked selection, over values with linked runs; and the links change what is kept.
+#[test]
+fn device_evictor_value_links_keep_the_host_evictors_cells() {
+    need_device!();
+    let (wo, _, policies) = matrix(&mut Rng::new(27));
+    let mut rounds = 0;
+    let mut differs = 0;
+    for preset in [Preset::LaProxSpan, Preset::Uniqueness] {
+        for budget in policies {
+            let mut last = Vec::new();
+            for threshold in [None, Some(0.5f32)] {
+                let mut cfg = config(preset, None, budget);
+                cfg.link_threshold = threshold;
+                let tag = format!("{preset:?} {budget:?} links {threshold:?}");
+                let mut p = Pair::new(&cfg, &wo);
+                let queries = p.host().needs().capture.queries;
+                let mut e = Engine::empty();
+                let mut rng = Rng::new(29); // the same cells for both thresholds
+                for (turn, c) in [50usize, 24, 20].into_iter().enumerate() {
+                    if e.n + c > CAP {
+                        break;
+                    }
+                    let from = e.n;
+                    feed(&mut e, &mut p, &mut rng, c, queries);
+                    correlate(&mut e, &mut p, &mut rng, from);
+                    if round(&mut e, &mut p, None, &format!("{tag} turn {turn}"))
+                        && threshold.is_some()
+                    {
+                        rounds += 1;
+                    }
+                }
+                let now = (e.n, e.v.clone());
+                if threshold.is_some() && last.first() != Some(&now) {
+                    differs += 1;
+                }
+                last = vec![now];
+            }
+        }
+    }
+    println!("device evictor, value links: {rounds} linked rounds identical to the host's; links changed the kept cells in {differs} of 4 runs");
+    assert!(rounds >= 6, "{rounds} rounds");
+    assert!(differs >= 2, "links changed nothing: {differs}");
+}
+
 /// A round (scores of every layer and the selection) captured in a CUDA graph and
 /// replayed gives the eager round's lists.
 #[test]
@@ -559,10 +627,14 @@ fn device_evictor_refuses_bad_input_and_writes_nothing() {
     links.link_threshold = Some(0.5);
     links.preset = Preset::LaProxSpan;
     links.granularity = None;
-    assert_eq!(
-        DeviceEvictor::memory_size(&links),
-        Err(Error::InvalidArgument)
+    assert!(
+        DeviceEvictor::memory_size(&links).is_ok(),
+        "value links on the device"
     );
+    links.link_threshold = Some(f32::NAN); // the host's refusal, alike
+    let refused = Evictor::memory_size(&links).err();
+    assert!(refused.is_some());
+    assert_eq!(DeviceEvictor::memory_size(&links).err(), refused);
     let crit = config(Preset::CriticalKv, None, Budget::Explicit);
     assert_eq!(
         DeviceEvictor::memory_size(&crit),

@@ -45,9 +45,9 @@ unsafe fn attach<'a>(ev: *const kve_cuda_evictor) -> Result<(DeviceEvictor<'a>, 
 }
 
 /// Host bytes of the context (`*host_bytes`, any alignment, 64 bytes of slack included)
-/// and device bytes of the block (`*device_bytes`, 256-byte aligned) for `config`. Value
-/// links (`link_threshold`) and methods that read `Wo` every round (CriticalKV) are not on
-/// the device: `KVE_ERR_INVALID_ARGUMENT`. Writes only the two sizes.
+/// and device bytes of the block (`*device_bytes`, 256-byte aligned) for `config`. Methods
+/// that read `Wo` every round (CriticalKV) are not on the device:
+/// `KVE_ERR_INVALID_ARGUMENT`. Writes only the two sizes.
 #[no_mangle]
 pub unsafe extern "C" fn kve_cuda_evictor_size(
     config: *const kve_evictor_config,
