@@ -41,12 +41,18 @@ def pool_tensor(pool, kind, *, kv=0, layer=0):
     ``nhd-kv-outer`` ``[2, nb, bs, H, d]`` (vLLM's FlashAttention backend), ``hnd``
     ``[nb, H, bs, d]``, ``hnd-kv-inner`` ``[nb, 2, H, bs, d]``, ``trtllm``
     ``[nb, layers, 2, H, bs, d]`` (TensorRT-LLM, every layer in a block). A view, no copy."""
+    pool = np.asarray(pool) if not isinstance(pool, np.ndarray) else pool
+    return slice_pool(pool, kind, kv, layer)
+
+
+def slice_pool(pool, kind, kv, layer):
+    """:func:`pool_tensor` on any array with ``ndim``, ``shape`` and numpy-style indexing
+    (a numpy array, a torch tensor of any device)."""
     if kind not in POOL_KINDS:
         raise ValueError(f"kind: {kind!r} is not one of {sorted(POOL_KINDS)}")
     layout, take, ndim = POOL_KINDS[kind]
-    pool = np.asarray(pool) if not isinstance(pool, np.ndarray) else pool
     if pool.ndim != ndim:
-        raise ValueError(f"pool: a {kind} pool is {ndim}-D, got shape {pool.shape}")
+        raise ValueError(f"pool: a {kind} pool is {ndim}-D, got shape {tuple(pool.shape)}")
     if kv not in (0, 1):
         raise ValueError(f"kv: 0 (K) or 1 (V), got {kv!r}")
     if kind == "trtllm" and not 0 <= layer < pool.shape[1]:
