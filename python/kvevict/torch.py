@@ -447,7 +447,7 @@ class _DeviceInts:
     __slots__ = ("__cuda_array_interface__",)
 
     def __init__(self, p, shape):
-        self.__cuda_array_interface__ = {"data": (p, True), "shape": shape, "strides": None,
+        self.__cuda_array_interface__ = {"data": (p, False), "shape": shape, "strides": None,
                                          "typestr": "<i4", "version": 2}
 
 
