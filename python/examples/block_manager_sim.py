@@ -13,21 +13,30 @@ layer (``observe_queries``), ``plan`` (keep ratio r of the prompt, the window in
 sequence's block table (LaProx-span, token granularity), ``select``,
 ``compact_paged`` every layer's K and V in place in the sequence's own blocks, whose
 answer (``blocks_freed``) the block manager releases to the pool, ``commit``. Decode
-tokens continue at the original positions (the kept cells' positions). A sequence holds
+tokens continue at the original positions (the kept cells' positions).
+
+Decode-time budgets (``--budget HIGH LOW``, the evictor's cell budget policy ``cells=``):
+sequences that grow during decode are evicted whenever they pass ``HIGH`` cells (at the
+end of prefill, and after any decode token), down to ``LOW``, by the same round (the last
+window's queries observed first); each round's freed blocks go back to the pool at once,
+so a sequence never holds more than ``ceil((HIGH + 1) / bs)`` blocks in decode. A sequence holds
 an evictor slot while it runs (the evictor's per-sequence state: its counters are
 checked against the table), returned when it finishes or is preempted.
 
 Checked all along: the pool's free list and the sequences' tables partition the blocks
 (no block leaked, none owned twice, a release of a block the sequence does not own is a
 double free and raises); after compaction the kept cells hold exactly the K/V written for
-their original positions (every ``--verify-every``-th admission); after the run drained,
-every block is free again.
+their original positions (every ``--verify-every``-th round); the evictor books as many
+evictions as the sequence had rounds; after the run drained, every block is free again.
 
-Reported per keep ratio: admissions, preemptions, the mean number of running sequences
-(over the steps where the queue was not empty: the pool is the limit) and that mean
-relative to no eviction.
+Reported per keep ratio and budget: admissions, preemptions, the mean number of running
+sequences (over the steps where the queue was not empty: the pool is the limit) and that
+mean relative to no eviction, rounds (and those in decode), the most cells a sequence held
+in decode.
 
     PYTHONPATH=python python3 python/examples/block_manager_sim.py --admissions 10000
+    PYTHONPATH=python python3 python/examples/block_manager_sim.py --admissions 10000 \
+        --blocks 1024 --prompt 64 256 --out 64 256 --keep 1.0 0.1 --budget 48 32
 """
 import argparse
 import collections
@@ -86,14 +95,19 @@ class Seq:
         self.reset()
 
     def reset(self):
-        self.blocks, self.n, self.generated, self.slot = [], 0, 0, None
+        self.blocks, self.n, self.generated, self.slot, self.rounds = [], 0, 0, None, 0
         self.positions = np.zeros(0, np.uint32)
         self.next_pos = 0
 
 
 class Sim:
-    def __init__(self, blocks, block_size, keep, seed, verify_every=0):
+    def __init__(self, blocks, block_size, keep, seed, verify_every=0, budget=None):
+        """``keep < 1``: one round at the end of each prefill, keep ratio ``keep``;
+        ``budget=(high, low)``: the evictor's cell budget instead, rounds whenever a
+        sequence passes ``high`` cells (at prefill and during decode), down to ``low``."""
         self.bs, self.keep, self.verify_every = block_size, keep, verify_every
+        self.budget = None if budget is None else (int(budget[0]), int(budget[1]))
+        self.evicting = keep < 1.0 or self.budget is not None
         self.pool = BlockPool(blocks)
         rng = np.random.default_rng(seed)
         self.rng = rng
@@ -106,7 +120,7 @@ class Sim:
         self.ev, self.slots = None, []
         self.stats = collections.Counter({k: 0 for k in (
             "admissions", "finished", "preemptions", "blocks_freed_by_eviction", "tokens_evicted",
-            "verified")})
+            "verified", "rounds", "decode_rounds", "max_cells")})
 
     def values(self, seq, l, kv, pos):
         """The K (kv 0) or V (kv 1) rows of layer l written for positions pos: [len, H, d]."""
@@ -126,10 +140,13 @@ class Sim:
 
     def start_evictor(self, max_cells, max_seqs):
         """The evictor: LaProx-span at token granularity, keep ratio ``keep`` of what is
-        new since the last compression, one slot per running sequence, K/V from f16 pools."""
+        new since the last compression (or the cell budget), one slot per running
+        sequence, K/V from f16 pools."""
+        policy = (dict(cells=self.budget) if self.budget is not None
+                  else dict(keep_ratio=self.keep, min_keep=0))
         self.ev = kve.Evictor("laprox-span", layers=L, hq=HQ, hkv=HKV, dk=D, d_model=DM,
-                              max_cells=max_cells, max_seqs=max_seqs, keep_ratio=self.keep,
-                              min_keep=0, window=W, granularity="token", paged="float16")
+                              max_cells=max_cells, max_seqs=max_seqs, window=W,
+                              granularity="token", paged="float16", **policy)
         for l in range(L):
             self.ev.set_output_projection(l, self.wo[l])
         self.slots = list(range(max_seqs))
@@ -138,6 +155,7 @@ class Sim:
         """The sequence's blocks and its evictor slot go back."""
         self.pool.release(s.id, s.blocks)
         s.blocks = []
+        s.rounds = 0
         if s.slot is not None:
             self.ev.reset(s.slot)
             self.slots.append(s.slot)
@@ -160,23 +178,25 @@ class Sim:
                     chunk = vals[j * self.bs:(j + 1) * self.bs]
                     self.kv[l][b, kv, :len(chunk)] = chunk
         self.stats["admissions"] += 1
-        if self.keep < 1.0:
+        if self.evicting:
             s.slot = self.slots.pop()
-            # the prefill's queries: the evictor keeps the last window of them per layer
-            for l in range(L):
-                q = self.rng.standard_normal((HQ, W, D)).astype(np.float32)
-                self.ev.observe_queries(s.slot, l, q)
             self.evict(s)
         return True
 
     def evict(self, s):
-        """One evictor round on the sequence, straight from the pool; its trailing blocks
-        go back to the block pool."""
+        """One evictor round on the sequence if its policy asks for one (``plan``),
+        straight from the pool; its trailing blocks go back to the block pool. Returns
+        whether a round ran."""
         n, ev, slot = s.n, self.ev, s.slot
         table = np.asarray(s.blocks, np.int32)
         target = ev.plan(slot, n)
         if target >= n:
-            return
+            return False
+        # the queries of the last window (the prefill's, or the last decode steps'): the
+        # evictor keeps the last window of them per layer
+        for l in range(L):
+            q = self.rng.standard_normal((HQ, W, D)).astype(np.float32)
+            ev.observe_queries(slot, l, q)
         ev.begin(slot, n, target)
         for l in range(L):
             ev.score_layer_paged(slot, l, self.cache(l, 0), table, self.cache(l, 1))
@@ -196,14 +216,18 @@ class Sim:
             gone = s.blocks[len(s.blocks) - freed:]
             s.blocks = s.blocks[:len(s.blocks) - freed]
             self.pool.release(s.id, gone)
+        s.rounds += 1
         st = ev.stats(slot)
-        if (st["cells"], st["evictions"]) != (len(kept), 1):
-            raise AssertionError(f"the evictor books {st} for {len(kept)} kept cells")
+        if (st["cells"], st["evictions"]) != (len(kept), s.rounds):
+            raise AssertionError(f"the evictor books {st} for {len(kept)} kept cells, "
+                                 f"round {s.rounds}")
         self.stats["blocks_freed_by_eviction"] += freed
         self.stats["tokens_evicted"] += n - len(kept)
+        self.stats["rounds"] += 1
         s.positions, s.n = s.positions[kept], len(kept)
-        if self.verify_every and self.stats["admissions"] % self.verify_every == 0:
+        if self.verify_every and self.stats["rounds"] % self.verify_every == 0:
             self.verify(s)
+        return True
 
     def verify(self, s):
         """The sequence's cells hold exactly the rows written for their positions."""
@@ -218,9 +242,11 @@ class Sim:
 
     def run(self, admissions, prompt_range, out_range):
         rng = np.random.default_rng(12345)  # the same workload for every keep ratio
-        if self.keep < 1.0:
-            # a running sequence holds at least one block: at most `blocks` of them
-            self.start_evictor(prompt_range[1], self.pool.n)
+        if self.evicting:
+            # a running sequence holds at least one block: at most `blocks` of them; a
+            # sequence holds at most its prompt, or one cell past the budget's high mark
+            cap = prompt_range[1] if self.budget is None else max(prompt_range[1], self.budget[0] + 1)
+            self.start_evictor(cap, self.pool.n)
         waiting = collections.deque()
         running, next_id, steps, busy_steps, busy_running = [], 0, 0, 0, 0
         while True:
@@ -261,10 +287,13 @@ class Sim:
                 s.n += 1
                 s.next_pos += 1
                 s.generated += 1
+                self.stats["max_cells"] = max(self.stats["max_cells"], s.n)  # in decode
                 if s.generated == s.out:
                     running.remove(s)
                     self.release(s)
                     self.stats["finished"] += 1
+                elif self.budget is not None and self.evict(s):
+                    self.stats["decode_rounds"] += 1
             if steps % 64 == 0:
                 self.pool.check(running)
         self.pool.check([])
@@ -279,7 +308,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", type=int, default=2048)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--keep", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.1])
+    ap.add_argument("--keep", type=float, nargs="+", default=[1.0, 0.5, 0.25, 0.1],
+                    help="keep ratios of the one-shot round after prefill (1: no eviction)")
+    ap.add_argument("--budget", type=int, nargs=2, action="append", default=[],
+                    metavar=("HIGH", "LOW"), help="a decode-time cell budget run (repeatable): "
+                    "past HIGH cells a sequence is evicted down to LOW, at prefill and in decode")
     ap.add_argument("--admissions", type=int, default=2000)
     ap.add_argument("--prompt", type=int, nargs=2, default=[512, 1536], help="uniform range")
     ap.add_argument("--out", type=int, nargs=2, default=[16, 64], help="uniform range")
@@ -288,22 +321,27 @@ def main(argv=None):
     a = ap.parse_args(argv)
     print(f"pool {a.blocks} blocks x {a.block_size} tokens, L={L} Hkv={HKV} d={D} f16, prompts "
           f"{a.prompt[0]}..{a.prompt[1] - 1}, outputs {a.out[0]}..{a.out[1] - 1}, laprox-span "
-          f"(window {W}), token granularity, one-shot after prefill through kvevict.Evictor "
-          f"(paged); library {kve.library_path()}")
-    print(f"{'keep':>5} {'admissions':>10} {'finished':>8} {'preempt':>7} {'steps':>6} "
-          f"{'mean running':>12} {'vs no eviction':>14} {'blocks freed':>12} {'verified':>8} {'s':>6}")
+          f"(window {W}), token granularity, through kvevict.Evictor (paged); keep ratios: one "
+          f"round after prefill; budgets: rounds at prefill and in decode; library "
+          f"{kve.library_path()}")
+    print(f"{'policy':>12} {'admissions':>10} {'finished':>8} {'preempt':>7} {'steps':>6} "
+          f"{'mean running':>12} {'vs no eviction':>14} {'blocks freed':>12} {'rounds':>7} "
+          f"{'in decode':>9} {'max decode':>10} {'verified':>8} {'s':>6}")
     base, rows = None, []
-    for keep in a.keep:
+    runs = [(f"keep {k:.2f}", k, None) for k in a.keep]
+    runs += [(f"cells {h}/{lo}", 1.0, (h, lo)) for h, lo in a.budget]
+    for label, keep, budget in runs:
         t = time.time()
-        r = Sim(a.blocks, a.block_size, keep, a.seed, a.verify_every).run(a.admissions, a.prompt, a.out)
-        if base is None and keep >= 1.0:
+        r = Sim(a.blocks, a.block_size, keep, a.seed, a.verify_every, budget).run(
+            a.admissions, a.prompt, a.out)
+        if base is None and keep >= 1.0 and budget is None:
             base = r["mean_running"]
         rel = r["mean_running"] / base if base else float("nan")
-        rows.append((keep, r, rel))
-        print(f"{keep:5.2f} {r['admissions']:10d} {r['finished']:8d} {r['preemptions']:7d} "
+        rows.append((label, r, rel))
+        print(f"{label:>12} {r['admissions']:10d} {r['finished']:8d} {r['preemptions']:7d} "
               f"{r['steps']:6d} {r['mean_running']:12.1f} {rel:13.2f}x "
-              f"{r['blocks_freed_by_eviction']:12d} {r['verified']:8d} {time.time() - t:6.1f}",
-              flush=True)
+              f"{r['blocks_freed_by_eviction']:12d} {r['rounds']:7d} {r['decode_rounds']:9d} "
+              f"{r['max_cells']:10d} {r['verified']:8d} {time.time() - t:6.1f}", flush=True)
     print("no block leaked or released twice; every block free after each run")
     return rows
 

@@ -124,10 +124,10 @@ class Evictor:
         Kept sets are bit-identical to :meth:`score_layer` on the same K/V."""
         v = kve_evictor_paged_layer()
         call("kve_evictor_paged_layer_init", ctypes.byref(v), ctypes.sizeof(v))
-        v.keys, ka = _layout(keys, layout, dtype, False)
+        v.keys, ka = _layout(keys, layout, dtype, False, "keys")
         keep = [ka]
         if values is not None:
-            v.values, va = _layout(values, layout, dtype, False)
+            v.values, va = _layout(values, layout, dtype, False, "values")
             keep.append(va)
         t = _table(table)
         keep.append(t)

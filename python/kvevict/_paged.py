@@ -41,12 +41,18 @@ def pool_tensor(pool, kind, *, kv=0, layer=0):
     ``nhd-kv-outer`` ``[2, nb, bs, H, d]`` (vLLM's FlashAttention backend), ``hnd``
     ``[nb, H, bs, d]``, ``hnd-kv-inner`` ``[nb, 2, H, bs, d]``, ``trtllm``
     ``[nb, layers, 2, H, bs, d]`` (TensorRT-LLM, every layer in a block). A view, no copy."""
+    pool = np.asarray(pool) if not isinstance(pool, np.ndarray) else pool
+    return slice_pool(pool, kind, kv, layer)
+
+
+def slice_pool(pool, kind, kv, layer):
+    """:func:`pool_tensor` on any array with ``ndim``, ``shape`` and numpy-style indexing
+    (a numpy array, a torch tensor of any device)."""
     if kind not in POOL_KINDS:
         raise ValueError(f"kind: {kind!r} is not one of {sorted(POOL_KINDS)}")
     layout, take, ndim = POOL_KINDS[kind]
-    pool = np.asarray(pool) if not isinstance(pool, np.ndarray) else pool
     if pool.ndim != ndim:
-        raise ValueError(f"pool: a {kind} pool is {ndim}-D, got shape {pool.shape}")
+        raise ValueError(f"pool: a {kind} pool is {ndim}-D, got shape {tuple(pool.shape)}")
     if kv not in (0, 1):
         raise ValueError(f"kv: 0 (K) or 1 (V), got {kv!r}")
     if kind == "trtllm" and not 0 <= layer < pool.shape[1]:
@@ -54,37 +60,44 @@ def pool_tensor(pool, kind, *, kv=0, layer=0):
     return take(pool, kv, layer), layout
 
 
-def _layout(cache, layout, dtype, writable):
-    """A ``kve_paged_layout`` over a 4-D cache array; returns (struct, array)."""
+def _layout(cache, layout, dtype, writable, what="cache"):
+    """A ``kve_paged_layout`` over a 4-D cache array; returns (struct, array). Errors name
+    the argument ``what``."""
     if layout not in ("nhd", "hnd"):
         raise ValueError(f"layout: 'nhd' or 'hnd', got {layout!r}")
     orig = np.asarray(cache) if not isinstance(cache, np.ndarray) else cache
     if orig.ndim != 4:
-        raise ValueError(f"cache: expected a 4-D array [blocks, {'slots, heads' if layout == 'nhd' else 'heads, slots'}, dim], got shape {orig.shape}")
+        raise ValueError(f"{what}: expected a 4-D array [blocks, {'slots, heads' if layout == 'nhd' else 'heads, slots'}, dim], got shape {orig.shape}")
     a, code = _lib_dtype(orig, dtype)
     if a is not orig:
-        raise ValueError(f"cache: dtype {orig.dtype} would need a converted copy of the pool; "
+        raise ValueError(f"{what}: dtype {orig.dtype} would need a converted copy of the pool; "
                          "pass float32, float16 or bfloat16 (uint16 bits with dtype='bfloat16')")
     if writable and not a.flags.writeable:
-        raise ValueError("cache: array is read-only")
+        raise ValueError(f"{what}: array is read-only")
     if a.size == 0:
-        raise ValueError(f"cache: empty array, shape {a.shape}")
+        raise ValueError(f"{what}: empty array, shape {a.shape}")
     item = a.dtype.itemsize
     if any(s < 0 or s % item for s in a.strides):
-        raise ValueError(f"cache: strides {a.strides} (bytes) are negative or not a multiple of "
+        raise ValueError(f"{what}: strides {a.strides} (bytes) are negative or not a multiple of "
                          f"the item size {item}: the pool cannot be described in place")
-    _, strides = element_strides(a, False, "cache")
-    nb, x, y, d = a.shape
+    _, strides = element_strides(a, False, what)
+    return layout_struct(a.ctypes.data, code, a.shape, strides, layout), a
+
+
+def layout_struct(data, code, shape, strides, layout):
+    """A ``kve_paged_layout`` over a 4-D pool tensor at address ``data`` (host or device)
+    of ``shape`` and element ``strides``, its axes read as ``layout`` says."""
+    nb, x, y, d = shape
     sb, sx, sy, sd = strides
     bs, h, ss, sh = (x, y, sx, sy) if layout == "nhd" else (y, x, sy, sx)
     c = kve_paged_layout()
-    c.data = a.ctypes.data
-    c.len = 1 + sum((e - 1) * s for e, s in zip(a.shape, strides))
+    c.data = data
+    c.len = 1 + sum((e - 1) * s for e, s in zip(shape, strides))
     c.dtype = code
     c.num_blocks, c.block_size, c.heads, c.dim = nb, bs, h, d
     for i, s in enumerate((sb, ss, sh, sd)):
         c.stride[i] = s
-    return c, a
+    return c
 
 
 def _table(table):

@@ -45,6 +45,7 @@ from ._api import LINK_THRESHOLD, _as_score_params, _as_select_params, _wo, pref
 from ._evictor import evictor_config, requirements, stats
 from ._core import DTYPES, STATUS_CODES, KvevictError, check
 from ._lib import kve_layer_inputs, kve_model_scores, kve_tensor, lib
+from ._paged import _table, layout_struct
 
 __all__ = [
     "available", "device_count", "built_with_cuda", "score_workspace_size", "score_layer",
@@ -273,6 +274,34 @@ def _tensor(x, what, dtype=None, writable=False):
     r = _Ref()
     r.c, r.arr, r.code = c, a, code
     return r
+
+
+def _pool(x, what, layout, dtype=None, writable=False):
+    """A 4-D paged pool tensor in device memory (``layout`` "nhd" ``[blocks, slots, heads,
+    dim]`` or "hnd" ``[blocks, heads, slots, dim]``, any non-negative strides) as a
+    ``kve_paged_layout``; returns ``(struct, array)``."""
+    if layout not in ("nhd", "hnd"):
+        raise ValueError(f"layout: 'nhd' or 'hnd', got {layout!r}")
+    a = as_device_array(x, what)
+    if writable:
+        _writable(a)
+    if len(a.shape) != 4:
+        axes = "slots, heads" if layout == "nhd" else "heads, slots"
+        raise ValueError(f"{what}: expected a 4-D pool tensor [blocks, {axes}, dim], got shape "
+                         f"{a.shape} (kvevict.pool_tensor slices an engine's pool)")
+    code = _dtype_code(a, dtype)
+    if a.size == 0:
+        raise ValueError(f"{what}: empty pool, shape {a.shape}")
+    return layout_struct(a.ptr, code, a.shape, a.element_strides(), layout), a
+
+
+def _host_table(table):
+    """The block table: HOST integers (the library checks it on the host, then uploads it)."""
+    if hasattr(table, "__cuda_array_interface__"):
+        raise TypeError("table: a device array; the block table is read on the host (pass a "
+                        "numpy array or a CPU tensor: the library checks it there, then copies "
+                        "the used entries to the device)")
+    return _table(table)
 
 
 def _flat(x, what, typestr, writable=False):
@@ -636,6 +665,19 @@ def compact_varlen(src, kept, counts, *, kept_ld=None, dst, cu_seqlens, stream=N
 
 
 # ----------------------------------------------------------------------- the evictor
+def _side_inputs(v, arrays, queries, row_lse, dtype):
+    """Device ``queries`` and ``row_lse`` into a layer struct ``v`` (their arrays appended
+    to ``arrays``)."""
+    if queries is not None:
+        q = _tensor(queries, "queries", dtype)
+        v.queries = q.c
+        arrays.append(q.arr)
+    if row_lse is not None:
+        a, p, n = _flat(row_lse, "row_lse", "<f4")
+        arrays.append(a)
+        v.row_lse, v.row_lse_len = p, n
+
+
 class Evictor:
     """The evictor's device form (``kve_cuda_evictor_*``): :class:`kvevict.Evictor`'s
     rounds with the K/V, queries and kept lists in device memory, enqueued on a stream
@@ -643,8 +685,10 @@ class Evictor:
     graph). Same arguments as :class:`kvevict.Evictor`, plus ``device_memory``: a writable
     device array of at least ``Evictor.sizes(...)[1]`` bytes, 256-byte aligned (e.g.
     ``torch.empty(n, dtype=torch.uint8, device="cuda")``), kept alive by this object;
-    the host context is a numpy buffer it owns. Methods that read ``Wo`` every round
-    (CriticalKV) are refused (``KVE_ERR_INVALID_ARGUMENT``): use the host form.
+    the host context is a numpy buffer it owns. ``paged=`` (as the host form's): K/V in
+    device paged pools (:meth:`score_layer_paged`, :meth:`compact_paged`). Methods that read
+    ``Wo`` every round (CriticalKV) are refused (``KVE_ERR_INVALID_ARGUMENT``): use the host
+    form.
     """
 
     @staticmethod
@@ -703,17 +747,54 @@ class Evictor:
         check(lib.kve_evictor_layer_init(ctypes.byref(v), ctypes.sizeof(v)), "kve_evictor_layer_init")
         refs = [_tensor(keys, "keys", dtype)]
         v.keys = refs[0].c
-        for name, x in (("values", values), ("queries", queries)):
-            if x is not None:
-                refs.append(_tensor(x, name, dtype))
-                setattr(v, name, refs[-1].c)
+        if values is not None:
+            refs.append(_tensor(values, "values", dtype))
+            v.values = refs[-1].c
         arrays = [r.arr for r in refs]
-        if row_lse is not None:
-            a, p, n = _flat(row_lse, "row_lse", "<f4")
-            arrays.append(a)
-            v.row_lse, v.row_lse_len = p, n
+        _side_inputs(v, arrays, queries, row_lse, dtype)
         _call("kve_cuda_evictor_score_layer", self._ev, seq, layer, ctypes.byref(v),
               _stream(stream, arrays, "Evictor.score_layer"))
+
+    def score_layer_paged(self, seq, layer, keys, table, values=None, queries=None, row_lse=None,
+                          *, layout="nhd", stream=None, dtype=None):
+        """As :meth:`kvevict.Evictor.score_layer_paged` with the pools in device memory
+        (an evictor made with ``paged=``): ``keys`` / ``values`` 4-D device arrays (``layout``
+        "nhd" ``[blocks, slots, Hkv, d]`` or "hnd" ``[blocks, Hkv, slots, d]``, any
+        non-negative strides: an engine's pool sliced as :func:`kvevict.pool_tensor` slices
+        a host one), ``table`` the sequence's block ids in HOST memory (int32 or
+        uint32; checked on the host, its used entries then copied to the device on
+        ``stream``: keep it unchanged until the stream passes the call), ``queries`` /
+        ``row_lse`` device arrays as in :meth:`score_layer`. Kept lists bit-identical to
+        :meth:`score_layer` on the gathered K/V. A table entry past the pool
+        (``KVE_ERR_OUT_OF_BOUNDS``), repeated (``KVE_ERR_ALIASING``) or too few entries
+        (``KVE_ERR_SHAPE_MISMATCH``): nothing enqueued."""
+        v = _lib.kve_evictor_paged_layer()
+        check(lib.kve_evictor_paged_layer_init(ctypes.byref(v), ctypes.sizeof(v)),
+              "kve_evictor_paged_layer_init")
+        v.keys, ka = _pool(keys, "keys", layout, dtype)
+        arrays = [ka]
+        if values is not None:
+            v.values, va = _pool(values, "values", layout, dtype)
+            arrays.append(va)
+        t = _host_table(table)
+        v.table, v.table_len = t.ctypes.data, t.size
+        _side_inputs(v, arrays, queries, row_lse, dtype)
+        _call("kve_cuda_evictor_score_layer_paged", self._ev, seq, layer, ctypes.byref(v),
+              _stream(stream, arrays, "Evictor.score_layer_paged"))
+
+    def compact_paged(self, seq, layer, cache, table, *, layout="nhd", stream=None, dtype=None):
+        """As :meth:`kvevict.Evictor.compact_paged` with the pool in device memory (written
+        in place on ``stream``; ``table`` host memory as in :meth:`score_layer_paged`).
+        Returns ``blocks_freed`` when the selection is rectangular (token granularity, the
+        uniform allocator), else None (the counts stay on the device; nothing is read
+        back). Nothing is enqueued on error."""
+        c, a = _pool(cache, "cache", layout, dtype, writable=True)
+        t = _host_table(table)
+        freed = ctypes.c_uint64()
+        _call("kve_cuda_evictor_compact_paged", self._ev, seq, layer, ctypes.byref(c),
+              t.ctypes.data if t.size else None, t.size, ctypes.byref(freed),
+              _stream(stream, [a], "Evictor.compact_paged"))
+        return None if freed.value == 2**64 - 1 else int(freed.value)
 
     def select(self, seq, stream=None):
         """Select the round on ``stream``. Returns the cells every (layer, KV head) keeps

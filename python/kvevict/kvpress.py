@@ -20,6 +20,11 @@ Two ways in, both usable wherever kvpress takes a press (``KVPressTextGeneration
 - :class:`KvevictScorerPress` (``ScorerPress``): the library's per-layer scores only
   (``score()``: ``[B, Hkv, N]``, the window given the top score as SnapKV does), for
   kvpress's own per-layer top-k and wrappers (``AdaKVPress(KvevictScorerPress(...))``).
+- :class:`KvevictAdaKVPress` (``BasePress``, kvpress's ``AdaKVPress`` interface: ``press``,
+  ``alpha_safeguard``): AdaKV's head-adaptive selection inside each layer run by the
+  library (its ``ada`` allocator) over the scores of any ``ScorerPress`` — kvpress's own
+  (``SnapKVPress``, ``KnormPress``, ...) or :class:`KvevictScorerPress` — the evicted keys
+  masked per head as ``AdaKVPress`` masks them; ``press.kept[layer]`` the kept lists.
 
 Question-aware (the question's queries in the observation window, eval/'s ``aware``
 setting and the papers'): :func:`question_aware` runs kvpress's pipeline with the question
@@ -39,7 +44,7 @@ from typing import Optional
 import torch
 from kvpress.presses.base_press import BasePress, is_prefilling
 from kvpress.presses.scorer_press import ScorerPress
-from kvpress.utils import extract_keys_and_values, get_prerope_query_states
+from kvpress.utils import compute_n_kept, extract_keys_and_values, get_prerope_query_states
 from transformers import QuantizedCache
 from transformers.models.llama.modeling_llama import rotate_half
 
@@ -47,7 +52,7 @@ from . import torch as kt
 from ._core import ScoreParams, SelectParams
 from ._pipeline import make_score_params
 
-__all__ = ["KvevictPress", "KvevictScorerPress", "LaProxPress", "LAVaPress", "LaProxSpanPress",
+__all__ = ["KvevictPress", "KvevictScorerPress", "KvevictAdaKVPress", "LaProxPress", "LAVaPress", "LaProxSpanPress",
            "UniquenessPress", "PRESS_REGISTRY", "head_budget", "window_queries", "layer_scores",
            "question_aware"]
 
@@ -186,13 +191,18 @@ class KvevictPress(BasePress):
                 layer.values = values.index_select(2, idx).contiguous()
             module.masked_key_indices = None
             return
-        # ragged heads: mask the evicted keys per head (kvpress's attention patch)
-        assert module.config._attn_implementation != "eager", "eager mode not supported"
-        mask = torch.ones(len(kept), n, dtype=torch.bool)
-        for h, k in enumerate(kept):
-            mask[h, k] = False
-        head_idx, seq_idx = mask.nonzero(as_tuple=True)
-        module.masked_key_indices = (torch.zeros_like(head_idx).to(dev), head_idx.to(dev), seq_idx.to(dev))
+        _mask_evicted(module, kept, n, dev)
+
+
+def _mask_evicted(module, kept, n, dev):
+    """Ragged heads: mask the keys no list of ``kept`` (one per KV head) holds, per head,
+    through kvpress's attention patch (``module.masked_key_indices``, batch entry 0)."""
+    assert module.config._attn_implementation != "eager", "eager mode not supported"
+    mask = torch.ones(len(kept), n, dtype=torch.bool)
+    for h, k in enumerate(kept):
+        mask[h, k] = False
+    head_idx, seq_idx = mask.nonzero(as_tuple=True)
+    module.masked_key_indices = (torch.zeros_like(head_idx).to(dev), head_idx.to(dev), seq_idx.to(dev))
 
 
 @dataclass
@@ -243,6 +253,59 @@ class KvevictScorerPress(ScorerPress):
         w = keys.shape[2] - s.shape[1]
         top = s.max().item() + 1 if s.numel() else 1.0
         return torch.nn.functional.pad(s, (0, w), value=top)[None]
+
+
+@dataclass
+class KvevictAdaKVPress(BasePress):
+    """AdaKV (head-adaptive budgets inside a layer) with the library's selection, in the
+    interface of kvpress's ``AdaKVPress``: ``press`` (a kvpress ``ScorerPress``, whose
+    ``score()`` gives ``[1, Hkv, N]``), ``alpha_safeguard`` (each head first keeps its own
+    top ``floor(alpha·n_kept)`` positions). Per layer, ``n_kept`` positions per KV head on
+    average (kvpress's count: ``max(1, int(N·(1-r)))``), ``Hkv·n_kept`` in all, chosen by
+    the library's ``ada`` allocator over the scores of every position (a press that gives
+    its window the top score, as SnapKV's does, keeps it); the other keys are masked per
+    head as ``AdaKVPress`` masks them (sdpa / flash attention with kvpress's patch; the
+    cache keeps its shape). With ``alpha_safeguard = 0`` the kept sets are kvpress's
+    ``AdaKVPress``'s. ``kept[layer]``: the kept positions per KV head (int64, ascending)."""
+
+    press: ScorerPress = None
+    alpha_safeguard: float = 0.20
+
+    def __post_init__(self):
+        if not isinstance(self.press, ScorerPress):
+            raise TypeError(f"press: a kvpress ScorerPress, got {type(self.press).__name__}")
+        if not 0 <= self.alpha_safeguard <= 1:
+            raise ValueError(f"alpha_safeguard: in [0, 1], got {self.alpha_safeguard!r}")
+        self.kept = {}
+
+    def post_init_from_model(self, model):
+        self.press.post_init_from_model(model)
+
+    @property
+    def compression_ratio(self):
+        return self.press.compression_ratio
+
+    @compression_ratio.setter
+    def compression_ratio(self, value):
+        self.press.compression_ratio = value
+
+    def compress(self, module, hidden_states, keys, values, attentions, kwargs):
+        if self.compression_ratio == 0:
+            return keys, values
+        scores = self.press.score(module, hidden_states, keys, values, attentions, kwargs)
+        if scores.dim() != 3 or scores.shape[0] != 1:
+            raise ValueError(f"press: scores [1, Hkv, N] expected (one sequence), got "
+                             f"{tuple(scores.shape)}")
+        _, hkv, n = scores.shape
+        n_kept = compute_n_kept(n, self.compression_ratio)
+        sp = SelectParams("ada", "head", n_kept, alpha=float(self.alpha_safeguard),
+                          normalize="none")
+        s = scores.detach().to("cpu", torch.float32)
+        offsets, indices = kt.select_model(sp, s, n, 0)
+        kept = kt.kept_lists(offsets, indices, 1, hkv)[0]
+        self.kept[module.layer_idx] = kept
+        _mask_evicted(module, kept, n, keys.device)
+        return keys, values
 
 
 def question_aware(pipe, context, question, press, *, tail=1, max_new_tokens=50,

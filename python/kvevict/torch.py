@@ -20,7 +20,9 @@ positions, cells) come back as ``int64`` (copied: torch indexes with int64).
 ``data_ptr()`` and strides, enqueued on ``torch.cuda.current_stream()`` (outputs and
 workspaces allocated there with torch; nothing synchronises). The device forms of the
 selection and compaction are :data:`cuda` (``kt.cuda.select_model`` → per-unit ``counts``
-and ``idx`` on the device, ``kt.cuda.compact_in_place`` / ``compact_varlen`` over them).
+and ``idx`` on the device, ``kt.cuda.compact_in_place`` / ``compact_varlen`` over them),
+as is the device evictor ``kt.cuda.Evictor`` (paged pools included: ``kt.pool_tensor`` of a
+CUDA pool, ``score_layer_paged`` / ``compact_paged``).
 Everything else runs on the host: a CUDA tensor there is an error naming the argument, as
 is a CUDA tensor given to a library without CUDA entry points
 (:class:`~kvevict.KvevictError` ``KVE_ERR_NOT_BUILT_WITH_CUDA``).
@@ -34,6 +36,7 @@ dtype; a sparse, quantized or conjugated tensor; an output whose elements overla
 cannot express do not exist for torch (they are never negative), and a view with strides
 the numpy layer would have to copy is never copied for an output.
 """
+import ctypes
 import functools
 import inspect
 from collections import OrderedDict
@@ -433,12 +436,133 @@ def _cuda_compact_varlen(src, kept, counts, *, kept_ld=None, dtype=None):
     return dst, cu
 
 
+def _torch_pool_tensor(pool, kind, *, kv=0, layer=0):
+    """:func:`kvevict.pool_tensor` on a tensor of any device: the same slice, a view."""
+    return _paged.slice_pool(pool, kind, kv, layer)
+
+
+class _DeviceInts:
+    """``__cuda_array_interface__`` over int32 device memory the evictor owns."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, p, shape):
+        self.__cuda_array_interface__ = {"data": (p, False), "shape": shape, "strides": None,
+                                         "typestr": "<i4", "version": 2}
+
+
+class CudaEvictor(_kc.Evictor):
+    """:class:`kvevict.cuda.Evictor` over CUDA tensors: its device block allocated with
+    torch on ``device`` (default the current CUDA device), every call enqueued on that
+    device's current stream, K/V / queries / pools handed over through ``data_ptr()`` and
+    strides (nothing copied). Paged pools (``paged=`` in the config): ``keys`` /
+    ``values`` / ``cache`` 4-D tensors as :func:`pool_tensor` slices them from an engine's
+    pool (vLLM ``[num_blocks, block_size, Hkv, d]`` per K or V, ``[2, nb, bs, Hkv, d]``
+    stacked; FlashInfer NHD ``[pages, 2, bs, H, d]`` / HND ``[pages, 2, H, bs, d]``;
+    TensorRT-LLM), the block table a CPU tensor or numpy array (int32; checked on the host,
+    its used entries uploaded on the stream). Refused before anything is enqueued, naming
+    the argument: a tensor on another device than the evictor's, an unsupported dtype, an
+    output whose elements overlap."""
+
+    def __init__(self, preset, *, device=None, **config):
+        dev = torch.device(device if device is not None else "cuda")
+        if dev.type == "cuda" and dev.index is None and not _HOST_DEVICE:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.type != "cuda" and not _HOST_DEVICE:
+            raise ValueError(f"device: {dev}; the device evictor lives on a CUDA device")
+        _no_cuda_build("cuda.Evictor", "device", dev)
+        _, nbytes = _kc.Evictor.sizes(preset, **config)
+        self._block = _workspace_on(dev, max(nbytes, 1))
+        self.device = dev
+        super().__init__(preset, device_memory=_Dev(self._block, "device_memory", "bytes", True),
+                         **config)
+
+    def _on(self, function, **tensors):
+        """Every tensor on the evictor's device (else ``ValueError`` naming it); the stream."""
+        for what, t in tensors.items():
+            if isinstance(t, torch.Tensor) and t.device != self.device:
+                raise ValueError(f"kvevict.torch.cuda.Evictor.{function}: {what} is on "
+                                 f"{t.device}, the evictor on {self.device}")
+        return _cur_stream(self.device)
+
+    def _table(self, function, table):
+        if isinstance(table, torch.Tensor):
+            _check_tensor(table, "table", "index", False)
+            if table.device.type != "cpu":
+                raise ValueError(f"kvevict.torch.cuda.Evictor.{function}: table is on "
+                                 f"{table.device}; the block table is read on the host (a CPU "
+                                 "tensor: the library checks it there, then uploads it)")
+            return table.numpy()
+        return table
+
+    @staticmethod
+    def _as_dev(t, what, kind="data", written=False):
+        return None if t is None else _Dev(t, what, kind, written)
+
+    def set_output_projection(self, layer, wo):
+        """``wo`` (a tensor of any device, or numpy): read on the host (a CUDA tensor is
+        copied there once), its Gram blocks uploaded; synchronises the current stream."""
+        if isinstance(wo, torch.Tensor):
+            _check_tensor(wo, "wo", "data", False)
+            wo = to_numpy(wo.detach().cpu() if wo.device.type != "cpu" else wo, "wo", "data")
+        super().set_output_projection(layer, wo, stream=self._on("set_output_projection"))
+
+    def observe_queries(self, seq, layer, queries, dtype=None):
+        st = self._on("observe_queries", queries=queries)
+        super().observe_queries(seq, layer, _Dev(queries, "queries", "data"), stream=st,
+                                dtype=dtype)
+
+    def score_layer(self, seq, layer, keys, values=None, queries=None, row_lse=None, dtype=None):
+        st = self._on("score_layer", keys=keys, values=values, queries=queries, row_lse=row_lse)
+        super().score_layer(seq, layer, _Dev(keys, "keys", "data"), self._as_dev(values, "values"),
+                            self._as_dev(queries, "queries"), self._as_dev(row_lse, "row_lse", "f32"),
+                            stream=st, dtype=dtype)
+
+    def score_layer_paged(self, seq, layer, keys, table, values=None, queries=None, row_lse=None,
+                          *, layout="nhd", dtype=None):
+        st = self._on("score_layer_paged", keys=keys, values=values, queries=queries,
+                      row_lse=row_lse)
+        super().score_layer_paged(
+            seq, layer, _Dev(keys, "keys", "data"), self._table("score_layer_paged", table),
+            self._as_dev(values, "values"), self._as_dev(queries, "queries"),
+            self._as_dev(row_lse, "row_lse", "f32"), layout=layout, stream=st, dtype=dtype)
+
+    def select(self, seq):
+        return super().select(seq, stream=self._on("select"))
+
+    def kept_lists(self, seq):
+        """``(counts, idx)``: int32 tensors on the evictor's device over its own memory
+        (``counts[L*Hkv]``, ``idx[L*Hkv, ld]``; unit ``l*Hkv + kh`` keeps
+        ``idx[u, :counts[u]]``), valid until the sequence's next :meth:`begin`."""
+        cp, ip, ld = super().kept_lists(seq)
+        units = self.layers * self.hkv
+        if self.device.type != "cuda":  # _HOST_DEVICE: host memory
+            def host(p, n):
+                return torch.from_numpy(np.ctypeslib.as_array(
+                    ctypes.cast(p, ctypes.POINTER(ctypes.c_int32)), (n,)))
+            return host(cp, units), host(ip, units * ld).view(units, ld)
+        return (torch.as_tensor(_DeviceInts(cp, (units,)), device=self.device),
+                torch.as_tensor(_DeviceInts(ip, (units, ld)), device=self.device))
+
+    def compact(self, seq, layer, kv, dtype=None):
+        st = self._on("compact", kv=kv)
+        super().compact(seq, layer, _Dev(kv, "kv", "data", True), stream=st, dtype=dtype)
+
+    def compact_paged(self, seq, layer, cache, table, *, layout="nhd", dtype=None):
+        st = self._on("compact_paged", cache=cache)
+        return super().compact_paged(seq, layer, _Dev(cache, "cache", "data", True),
+                                     self._table("compact_paged", table), layout=layout,
+                                     stream=st, dtype=dtype)
+
+
 cuda = SimpleNamespace(
     score_layer=_cuda_score_layer, accumulate_value_links=_cuda_accumulate_value_links,
     select_model=_cuda_select_model, compact_in_place=_cuda_compact_in_place,
-    compact_varlen=_cuda_compact_varlen, available=_kc.available, built_with_cuda=_kc.built_with_cuda)
+    compact_varlen=_cuda_compact_varlen, Evictor=CudaEvictor, pool_tensor=_torch_pool_tensor,
+    available=_kc.available, built_with_cuda=_kc.built_with_cuda)
 """The device forms over CUDA tensors (``kvevict.cuda`` with outputs and workspaces
-allocated by torch on the tensors' device, enqueued on its current stream)."""
+allocated by torch on the tensors' device, enqueued on its current stream), the device
+evictor (:class:`CudaEvictor`) and :func:`pool_tensor` for CUDA pools."""
 
 # -------------------------------------------------------------------- the functions
 score_layer = _wrap(_api.score_layer, _cuda_score_layer)
@@ -446,10 +570,11 @@ accumulate_value_links = _wrap(_api.accumulate_value_links, _cuda_accumulate_val
 _HOST = {_api: ("window_row_lse", "compute_gram", "compute_value_forms", "compute_value_l1",
                 "select_model", "select_sharded", "kept_lists", "evicted_positions",
                 "compact_in_place", "compact_varlen"),
-         _paged: ("pool_tensor", "paged_gather", "paged_compact")}
+         _paged: ("paged_gather", "paged_compact")}
 for _mod, _names in _HOST.items():
     for _n in _names:
         globals()[_n] = _wrap(getattr(_mod, _n))
+pool_tensor = _wrap(_paged.pool_tensor, _torch_pool_tensor)
 
 def _wrap_class(base, methods, doc):
     ns = {"__doc__": doc, "__module__": __name__}

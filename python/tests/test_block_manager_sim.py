@@ -1,6 +1,7 @@
 """The block-manager simulation (python/examples/block_manager_sim.py) on a small pool:
 eviction by kvevict.Evictor over the paged views really returns blocks (more sequences
-run at once), every evictor slot is back after the run,
+run at once), every evictor slot is back after the run, decode-time cell budgets evict
+growing sequences again and again and return their blocks,
 the kept cells hold their positions' K/V after every compaction, no block is leaked or
 released twice, and the pool's own checks catch a double free and a leak."""
 import importlib.util
@@ -30,6 +31,26 @@ class BlockManagerSimTests(unittest.TestCase):
         self.assertGreater(runs[0.1]["blocks_freed_by_eviction"], 0)
         self.assertEqual(runs[0.1]["verified"], runs[0.1]["admissions"])
         self.assertGreater(runs[0.1]["mean_running"], 3 * runs[1.0]["mean_running"])
+
+    def test_decode_time_budget(self):
+        # sequences that grow in decode, evicted down to the budget again and again: their
+        # blocks go back at each round, the same pool holds more of them, nothing leaks
+        runs = {}
+        for budget in (None, (48, 32)):
+            s = sim.Sim(blocks=160, block_size=16, keep=1.0, seed=2, verify_every=3,
+                        budget=budget)
+            r = s.run(120, (40, 120), (60, 200))
+            self.assertEqual(r["finished"], 120)
+            self.assertEqual(len(s.pool.free), 160)
+            runs[budget] = r
+        r = runs[(48, 32)]
+        self.assertGreater(r["decode_rounds"], 120)  # several per sequence
+        self.assertLessEqual(r["max_cells"], 49)  # one past HIGH, then evicted
+        self.assertGreater(runs[None]["max_cells"], 150)
+        self.assertGreater(r["verified"], 0)
+        self.assertEqual(sorted(s.slots), list(range(160)))
+        self.assertGreater(r["blocks_freed_by_eviction"], 0)
+        self.assertGreater(r["mean_running"], 2 * runs[None]["mean_running"])
 
     def test_pool_catches_double_free_and_leaks(self):
         p = sim.BlockPool(8)

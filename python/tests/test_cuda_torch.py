@@ -111,6 +111,103 @@ class TorchDeviceFormTests(unittest.TestCase):
                     self.assertTrue(torch.equal(cu.long(), wc))
                     self.assertTrue(torch.equal(dst[: int(cu[-1])], wd))
 
+    def test_paged_evictor_every_pool_kind(self):
+        """kt.cuda.Evictor(paged=...) over vLLM (K and V separate, stacked), FlashInfer NHD
+        / HND and TensorRT-LLM pools: the host kt.Evictor's kept lists, blocks freed and
+        compacted pool (the torch pool written in place)."""
+        bs, nb = 8, 2 * (-(-N // 8)) + 1
+        shapes = {"nhd": (nb, bs, HKV, D), "nhd-kv-outer": (2, nb, bs, HKV, D),
+                  "nhd-kv-inner": (nb, 2, bs, HKV, D), "hnd-kv-inner": (nb, 2, HKV, bs, D),
+                  "trtllm": (nb, L, 2, HKV, bs, D)}
+        g = torch.Generator().manual_seed(30)
+        for kind, dt in (("nhd", torch.float16), ("nhd-kv-outer", torch.bfloat16),
+                         ("nhd-kv-inner", torch.float32), ("hnd-kv-inner", torch.float16),
+                         ("trtllm", torch.bfloat16)):
+            n_pools = 1 if kind == "trtllm" else L
+            pools = [[torch.randn(shapes[kind], generator=g).to(dt)
+                      for _ in range(2 if kind == "nhd" else 1)] for _ in range(n_pools)]
+            refs = [[p.clone() for p in ps] for ps in pools]
+            table = torch.randperm(nb, generator=g).to(torch.int32)
+
+            def caches(ps, l):
+                if kind == "nhd":
+                    return [kt.pool_tensor(ps[l][kv], "nhd") for kv in (0, 1)]
+                if kind == "trtllm":
+                    return [kt.pool_tensor(ps[0][0], kind, kv=kv, layer=l) for kv in (0, 1)]
+                return [kt.pool_tensor(ps[l][0], kind, kv=kv) for kv in (0, 1)]
+
+            pd = {torch.float32: "float32", torch.float16: "float16",
+                  torch.bfloat16: "bfloat16"}[dt]
+            kw = dict(layers=L, hq=HQ, hkv=HKV, dk=D, d_model=DM, max_cells=N,
+                      granularity="token", paged=pd)
+            host = kt.Evictor("laprox-span", **kw)
+            dev = kt.cuda.Evictor("laprox-span", device="cpu", **kw)
+            w = host.requirements["window"]
+            for ev in (host, dev):
+                ev.begin(0, N, 30)
+            for l in range(L):
+                q = self.q[l][:, -w:].to(dt)
+                for ev, ps in ((host, refs), (dev, pools)):
+                    ev.set_output_projection(l, self.wo[l])
+                    (kc, layout), (vc, _) = caches(ps, l)
+                    ev.score_layer_paged(0, l, kc, table, vc, q, layout=layout)
+            host.select(0)
+            self.assertEqual(dev.select(0), 30, kind)
+            offsets, indices = host.kept_lists(0)
+            counts, idx = dev.kept_lists(0)
+            for u in range(L * HKV):
+                want = indices[int(offsets[u]):int(offsets[u + 1])]
+                self.assertTrue(torch.equal(idx[u, :counts[u]].long(), want), f"{kind} unit {u}")
+            for l in range(L):
+                for kv in (0, 1):
+                    hc, layout = caches(refs, l)[kv]
+                    dc, _ = caches(pools, l)[kv]
+                    freed = dev.compact_paged(0, l, dc, table, layout=layout)
+                    self.assertEqual(freed, host.compact_paged(0, l, hc, table, layout=layout))
+                    self.assertEqual(freed, -(-N // bs) - (-(-30 // bs)), kind)
+            for ps, rs in zip(pools, refs):
+                for p, r in zip(ps, rs):
+                    self.assertTrue(torch.equal(p.view(torch.uint8), r.view(torch.uint8)), kind)
+
+    def test_paged_evictor_refusals(self):
+        bs, nb = 8, 2 * (-(-N // 8)) + 1
+        pool = torch.randn(2, nb, bs, HKV, D, dtype=torch.float16)
+        before = pool.clone()
+        table = torch.randperm(nb, dtype=torch.int32)
+        dev = kt.cuda.Evictor("snapkv", device="cpu", layers=L, hq=HQ, hkv=HKV, dk=D,
+                              max_cells=N, granularity="token", paged="float16")
+        dev.begin(0, N, 30)
+        kc, layout = kt.pool_tensor(pool, "nhd-kv-outer", kv=0)
+        vc, _ = kt.pool_tensor(pool, "nhd-kv-outer", kv=1)
+        q = self.q[0][:, -32:].half()
+        bad = table.clone()
+        bad[1] = bad[0]
+        cases = ((TypeError, "keys", dict(keys=kc.double())),
+                 (TypeError, "values", dict(values=vc.to(torch.int16))),
+                 (ValueError, "keys", dict(keys=kc.to("meta"))),
+                 (ValueError, "table", dict(table=table.to("meta"))),
+                 (TypeError, "table", dict(table=table.float())),
+                 (ValueError, "keys: expected a 4-D", dict(keys=pool)),
+                 (kve.KvevictError, "KVE_ERR_ALIASING", dict(table=bad)),
+                 (kve.KvevictError, "KVE_ERR_SHAPE_MISMATCH", dict(table=table[:3])))
+        for exc, name, kw in cases:
+            args = dict(keys=kc, table=table, values=vc, queries=q)
+            args.update(kw)
+            with self.assertRaises(exc, msg=name) as e:
+                dev.score_layer_paged(0, 0, **args)
+            self.assertIn(name, str(e.exception))
+        self.assertTrue(torch.equal(pool, before))
+        dev.score_layer_paged(0, 0, kc, table, vc, q)
+        dev.score_layer_paged(0, 1, kc, table, vc, q)
+        dev.select(0)
+        for exc, name, cache, t in ((ValueError, "cache", kc[:1].expand(nb, bs, HKV, D), table),
+                                    (kve.KvevictError, "KVE_ERR_OUT_OF_BOUNDS", kc,
+                                     torch.full((nb,), nb, dtype=torch.int32))):
+            with self.assertRaises(exc) as e:
+                dev.compact_paged(0, 0, cache, t)
+            self.assertIn(name, str(e.exception))
+        self.assertTrue(torch.equal(pool, before))
+
     def test_refusals(self):
         with self.assertRaises(TypeError) as e:
             kt.cuda.score_layer("lava", self.q[0], self.k[0].double(), self.v[0])

@@ -163,6 +163,28 @@ class KvpressPipelineTests(unittest.TestCase):
                               kp.LaProxSpanPress(compression_ratio=0.5), tail=0)
         print("\n" + "\n".join(report))
 
+    def test_adakv_press_in_the_pipeline(self):
+        """KvevictAdaKVPress (the library's ada allocator) in kvpress's pipeline answers as
+        kvpress's AdaKVPress over the same scorer press (SnapKV's: its window's scores tie
+        at the top, and both keep the whole window), keeping Hkv·n_kept per layer."""
+        import kvevict.kvpress as kp
+        from kvpress import AdaKVPress, SnapKVPress
+        from kvpress.utils import compute_n_kept
+        p, r = self.prompts[0], 0.7
+        ours = kp.KvevictAdaKVPress(SnapKVPress(compression_ratio=r), alpha_safeguard=0.2)
+        theirs = AdaKVPress(SnapKVPress(compression_ratio=r), alpha_safeguard=0.2)
+        with self.torch.no_grad():
+            a = self.pipe(p.context, question=p.question, press=ours,
+                          max_new_tokens=self.captures.N_ANSWER)["answer"]
+            b = self.pipe(p.context, question=p.question, press=theirs,
+                          max_new_tokens=self.captures.N_ANSWER)["answer"]
+        self.assertEqual(a, b)
+        n = len(p.context_ids)
+        self.assertEqual(len(ours.kept), self.pipe.model.config.num_hidden_layers)
+        for l, kept in ours.kept.items():
+            self.assertEqual(sum(len(k) for k in kept), len(kept) * compute_n_kept(n, r), f"layer {l}")
+            self.assertTrue(all(int(k[-1]) == n - 1 for k in kept), f"layer {l}: the window")
+
     def test_scorer_press_scores_like_snapkv(self):
         import kvevict.kvpress as kp
         from kvpress import SnapKVPress
@@ -197,6 +219,59 @@ class KvpressPipelineTests(unittest.TestCase):
             same = [len(np.intersect1d(a[0, h].topk(k).indices.numpy(), b[0, h].topk(k).indices.numpy()))
                     for h in range(a.shape[1])]
             self.assertGreaterEqual(min(same), k - 1, f"layer {l}: top-{k} overlap {same}")
+
+
+@unittest.skipIf(MISSING, f"not installed: {', '.join(MISSING)}")
+class AdaKVWrapperTests(unittest.TestCase):
+    """KvevictAdaKVPress against kvpress's AdaKVPress on the same scores (a ScorerPress
+    that returns given scores): the same masked keys, every safeguard and ratio."""
+
+    def test_masks_what_adakv_masks(self):
+        from dataclasses import dataclass
+        from types import SimpleNamespace
+
+        import torch
+        from kvpress import AdaKVPress, ScorerPress
+
+        import kvevict.kvpress as kp
+
+        @dataclass
+        class Given(ScorerPress):
+            compression_ratio: float = 0.0
+
+            def score(self, module, hidden_states, keys, values, attentions, kwargs):
+                return self.scores.clone()
+
+        def module():
+            return SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa"), layer_idx=3)
+
+        def masked(m):
+            b, h, t = m.masked_key_indices
+            self.assertTrue(bool((b == 0).all()))
+            return set(zip(h.tolist(), t.tolist()))
+
+        g = torch.Generator().manual_seed(11)
+        for hkv, n in ((2, 50), (4, 333), (8, 64)):
+            for alpha in (0.0, 0.2, 0.6, 1.0):
+                for r in (0.3, 0.75, 0.95):
+                    press = Given(compression_ratio=r)
+                    press.scores = torch.randn(1, hkv, n, generator=g)
+                    keys = torch.zeros(1, hkv, n, 4)
+                    m1, m2 = module(), module()
+                    AdaKVPress(press, alpha_safeguard=alpha).compress(m1, None, keys, keys, None, {})
+                    ours = kp.KvevictAdaKVPress(press, alpha_safeguard=alpha)
+                    out = ours.compress(m2, None, keys, keys, None, {})
+                    self.assertIs(out[0], keys)
+                    tag = f"hkv {hkv} n {n} alpha {alpha} r {r}"
+                    self.assertEqual(masked(m2), masked(m1), tag)
+                    kept = ours.kept[3]
+                    for h in range(hkv):
+                        gone = {t for hh, t in masked(m2) if hh == h}
+                        self.assertEqual(set(kept[h].tolist()), set(range(n)) - gone, tag)
+        with self.assertRaisesRegex(TypeError, "press"):
+            kp.KvevictAdaKVPress(object())
+        with self.assertRaisesRegex(ValueError, "alpha_safeguard"):
+            kp.KvevictAdaKVPress(Given(), alpha_safeguard=1.5)
 
 
 if __name__ == "__main__":

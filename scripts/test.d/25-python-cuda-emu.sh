@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python device API (kvevict.cuda, python/kvevict/cuda.py) without a GPU: build the
 # cdylib with feature cuda-emu (the REAL kernels of cuda/ on the CPU emulator of cuda/emu)
-# and run python/tests/test_cuda.py and test_cuda_evictor.py against it (KVEVICT_LIB), comparing kvevict.cuda with
+# and run python/tests/test_cuda.py, test_cuda_evictor.py and test_cuda_evictor_paged.py against it (KVEVICT_LIB), comparing kvevict.cuda with
 # the host API. Its fake device arrays are numpy memory registered with the emulated
 # runtime (kve_emu_host_register, as cudaHostRegister'd mapped memory), so the emulator
 # still aborts on a kernel pointer outside every registered range. Built in target/ as
@@ -26,5 +26,5 @@ py_venv_setup
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"  # import the installed package, not python/kvevict
-KVEVICT_LIB=$lib "$venv/bin/python" "$ROOT/python/tests/run.py" --pattern 'test_cuda.py' --pattern 'test_cuda_evictor.py' \
+KVEVICT_LIB=$lib "$venv/bin/python" "$ROOT/python/tests/run.py" --pattern 'test_cuda.py' --pattern 'test_cuda_evictor.py' --pattern 'test_cuda_evictor_paged.py' \
     --label python-cuda-emu --no-skips
