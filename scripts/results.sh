@@ -5,8 +5,8 @@
 # docs/results/accuracy.png from the CSVs. --quick: CI size (2 prompts, 2 ratios, 4 methods)
 # into eval/out/results-quick/ (scripts/test.d/30-eval.sh runs it). Steps and the results not
 # yet regenerated: eval/results.py. Needs the eval venv (eval/setup.sh, $KVEVICT_EVAL_VENV)
-# and a release build of the library (made here). The full run takes about an hour on a
-# loaded 2-core machine: run it under nice.
+# and a release build of the library (made here). The full run took 21 min on the shared
+# 2-core machine at load 6-7 (2026-12-05, prefills not cached): run it under nice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
