@@ -63,10 +63,15 @@ def git(*args):
 
 
 def commit(outputs):
-    """HEAD, plus `-dirty` when a tracked file other than the driver's outputs differs."""
-    head = git("rev-parse", "HEAD")
+    """HEAD, plus `-dirty` when a tracked file other than the driver's outputs differs;
+    `unknown (no git: ...)` outside a usable git checkout (an exported tree, no git)."""
     excl = [f":(exclude){os.path.relpath(p, ROOT)}" for p in outputs if os.path.abspath(p).startswith(ROOT + os.sep)]
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", *excl)
+    try:
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", *excl)
+    except (OSError, subprocess.CalledProcessError) as e:
+        why = (getattr(e, "stderr", "") or str(e)).strip().splitlines()
+        return f"unknown (no git: {why[0] if why else e})"
     return head + ("-dirty" if dirty else "")
 
 
