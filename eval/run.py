@@ -41,6 +41,7 @@ def log(msg):
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=20, help="number of needle prompts (depths spread 0..100%%)")
+    ap.add_argument("--pick", default="", help="comma separated prompt indices of the --prompts (default all)")
     ap.add_argument("--ratios", default=RATIOS, help="keep ratios, comma separated")
     ap.add_argument("--methods", default=",".join(methods.METHODS),
                     help=f"comma separated (default all), from: {', '.join(methods.METHODS)}")
@@ -63,6 +64,8 @@ def run(args):
     settings = ["aware", "agnostic"] if args.setting == "both" else [args.setting]
     model = Model()
     prompts = make_prompts(model.tokenizer, args.prompts, args.tokens)
+    if args.pick:
+        prompts = [prompts[int(i)] for i in args.pick.split(",") if i]
     rows = []
     for setting in settings:
         for i, p in enumerate(prompts):
