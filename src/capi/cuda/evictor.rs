@@ -20,7 +20,9 @@ use {
     },
     super::super::paged::PagedPool,
     super::super::params::read_ext,
-    super::super::{check_alias, out_param, span_ptr, to_status, to_usize, tri, Buf, Span},
+    super::super::{
+        check_alias, out_param, span_ptr, span_sized, to_status, to_usize, tri, Buf, Span,
+    },
     super::super::{Tensor as HostTensor, KVE_ERR_INVALID_ARGUMENT, KVE_OK},
     super::imp::tensor,
     crate::device::{self, Floats},
@@ -110,8 +112,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_get_requirements(
     cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (ev, ctx, _) = tri!(unsafe { attach(evictor) });
-        let end = (out as usize).saturating_add(struct_size as usize);
-        tri!(check_alias(&[Span(out as usize, end)], &[ctx]));
+        tri!(check_alias(&[span_sized(out, struct_size)], &[ctx]));
         // SAFETY: NULL or `struct_size` writable bytes (the caller's contract).
         unsafe { write_requirements(ev.needs(), out, struct_size) }
     })
@@ -222,8 +223,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_score_layer(
         if l.reserved != 0 || !l.wo.data.is_null() {
             return KVE_ERR_INVALID_ARGUMENT;
         }
-        let end = (views as usize).saturating_add(l.struct_size as usize);
-        tri!(check_alias(&[ctx], &[Span(views as usize, end)]));
+        tri!(check_alias(&[ctx], &[span_sized(views, l.struct_size)]));
         let opt = |t: &kve_tensor| match t.data.is_null() {
             true => Ok(None),
             false => tensor(t).map(Some),
@@ -289,8 +289,10 @@ pub unsafe extern "C" fn kve_cuda_evictor_score_layer_paged(
             false => Some(tri!(unsafe { device_pool(&l.values) })),
         };
         let t = tri!(Buf::new(l.table, l.table_len));
-        let end = (views as usize).saturating_add(l.struct_size as usize);
-        tri!(check_alias(&[ctx], &[Span(views as usize, end), t.span]));
+        tri!(check_alias(
+            &[ctx],
+            &[span_sized(views, l.struct_size), t.span]
+        ));
         let q = match l.queries.data.is_null() {
             true => None,
             false => Some(tri!(tensor(&l.queries))),
@@ -475,8 +477,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_get_stats(
     cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
-        let end = (out as usize).saturating_add(struct_size as usize);
-        tri!(check_alias(&[Span(out as usize, end)], &[ctx]));
+        tri!(check_alias(&[span_sized(out, struct_size)], &[ctx]));
         let s = tri!(ev.stats(tri!(to_usize(seq))));
         // SAFETY: NULL or `struct_size` writable bytes (the caller's contract).
         unsafe { write_stats(s, out, struct_size) }
