@@ -438,8 +438,8 @@ pub fn header_defines() -> std::string::String {
     group(
         "The evictor (kve_evictor_*): kve_evictor_config.policy and .granularity, \
          kve_evictor_requirements.wo, struct sizes",
-        defines![evictor::
-            KVE_POLICY_EXPLICIT,
+        defines![
+            evictor::KVE_POLICY_EXPLICIT,
             KVE_POLICY_KEEP_RATIO,
             KVE_POLICY_CELLS,
             KVE_EVICTOR_PRESET_GRANULARITY,
@@ -473,8 +473,8 @@ pub fn header_defines() -> std::string::String {
             ("KVE_MAX_BUDGET", params::MAX_BUDGET as i64),
             ("KVE_MAX_STRUCT_SIZE", params::MAX_STRUCT_SIZE as i64),
         ][..],
-        defines![params::
-            KVE_SCORE_PARAMS_V1_SIZE,
+        defines![
+            params::KVE_SCORE_PARAMS_V1_SIZE,
             KVE_SCORE_PARAMS_V2_SIZE,
             KVE_MAX_SCORE_POWER,
             KVE_SELECT_PARAMS_V1_SIZE,

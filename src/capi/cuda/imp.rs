@@ -3,7 +3,8 @@
 
 use super::super::params::{kve_select_params, select_config};
 use super::super::select::kve_model_scores;
-use super::super::{arg, kve_tensor, out_param, to_status, tri, Tensor, KVE_OK};
+use super::super::{arg, kve_tensor, out_param, tri, Tensor, KVE_OK};
+use crate::config::SelectConfig;
 use crate::cuda as cu;
 use crate::device;
 use crate::device::select::KeptLists;
@@ -58,32 +59,25 @@ pub unsafe fn device_count(count: *mut i32) -> i32 {
     KVE_OK
 }
 
-/// `kve_cuda_select_model`, or with `links` (the links, their length and the threshold)
-/// `kve_cuda_select_model_linked`: the host arguments checked (the parameters, the
-/// scores' descriptor and shape), then the device pipeline on the kept lists.
+/// The selection's host arguments of `kve_cuda_select_model(_linked)`: the parameters,
+/// the scores' descriptor, its shape, and the kept lists (device pointers).
 ///
 /// # Safety
-/// `params` and `scores` are NULL or the caller's host structs; the scores, links, lists
-/// and workspace are device memory of the declared sizes (the entry points' contract).
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn select_model(
+/// `params` and `scores` are NULL or the caller's host structs.
+pub(super) unsafe fn select_args(
     params: *const kve_select_params,
     scores: *const kve_model_scores,
-    links: Option<(*const f32, u64, f32)>,
     counts: *mut i32,
     counts_len: u64,
     idx: *mut i32,
     idx_ld: u64,
     idx_len: u64,
-    workspace: *mut c_void,
-    workspace_bytes: u64,
-    stream: *mut c_void,
-) -> i32 {
+) -> Result<(SelectConfig, kve_model_scores, ModelShape, KeptLists)> {
     // SAFETY: host structs the caller passes (NULL and alignment checked).
-    let cfg = tri!(unsafe { select_config(params) });
+    let cfg = unsafe { select_config(params)? };
     // SAFETY: a host struct the caller passes (arg checks NULL and alignment).
-    let m = tri!(unsafe { arg(scores) });
-    let shape = tri!(ModelShape::new(m.layers, m.hkv, m.n, m.window));
+    let m = unsafe { arg(scores)? };
+    let shape = ModelShape::new(m.layers, m.hkv, m.n, m.window)?;
     let lists = KeptLists {
         counts,
         counts_len,
@@ -91,18 +85,5 @@ pub(super) unsafe fn select_model(
         idx_ld,
         idx_len,
     };
-    let (ws, ws_bytes) = (workspace, workspace_bytes);
-    // SAFETY: device memory of the declared sizes (this function's contract); the pipeline
-    // checks it before any launch.
-    to_status(unsafe {
-        match links {
-            None => {
-                device::select_model(&cfg, &shape, m.scores, m.len, &lists, ws, ws_bytes, stream)
-            }
-            Some((links, links_len, threshold)) => device::select_model_linked(
-                &cfg, &shape, m.scores, m.len, links, links_len, threshold, &lists, ws, ws_bytes,
-                stream,
-            ),
-        }
-    })
+    Ok((cfg, *m, shape, lists))
 }

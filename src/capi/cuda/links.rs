@@ -9,7 +9,7 @@ use core::ffi::c_void;
 #[cfg(feature = "cuda")]
 use {
     super::super::{arg, to_status, tri},
-    super::imp::{select_model, tensor, write},
+    super::imp::{select_args, tensor, write},
     crate::device,
 };
 
@@ -85,22 +85,25 @@ pub unsafe extern "C" fn kve_cuda_select_model_linked(
     stream: *mut c_void,
 ) -> i32 {
     cuda_only!({
-        let links = Some((links, links_len, link_threshold));
-        // SAFETY: the caller's pointers, passed on (this function's contract).
-        unsafe {
-            select_model(
-                params,
-                scores,
+        // SAFETY: NULL or the caller's host structs (checked there).
+        let (cfg, m, shape, lists) =
+            tri!(unsafe { select_args(params, scores, counts, counts_len, idx, idx_ld, idx_len) });
+        // SAFETY: scores, links, lists and workspace are device memory of the declared
+        // sizes (this function's contract); the pipeline checks them before any launch.
+        to_status(unsafe {
+            device::select_model_linked(
+                &cfg,
+                &shape,
+                m.scores,
+                m.len,
                 links,
-                counts,
-                counts_len,
-                idx,
-                idx_ld,
-                idx_len,
+                links_len,
+                link_threshold,
+                &lists,
                 workspace,
                 workspace_bytes,
                 stream,
             )
-        }
+        })
     })
 }
