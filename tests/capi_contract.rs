@@ -214,18 +214,11 @@ fn gram_and_value_forms_together_are_refused() {
     let mut l = Layer::new();
     let sp = score_params(PRESET_LAPROX);
     let wo = data(HQ * D * 16, 7);
-    let mut glen = 0u64;
+    let glen = gram_len(HQ, HKV, D, 0);
     let mut flen = 0u64;
-    unsafe {
-        assert_eq!(
-            kve_gram_len(HQ as u64, HKV as u64, D as u64, 0, &mut glen),
-            KVE_OK
-        );
-        assert_eq!(
-            kve_value_forms_len(HQ as u64, HKV as u64, N as u64, 0, &mut flen),
-            KVE_OK
-        );
-    }
+    // SAFETY: a host out-parameter.
+    let st = unsafe { kve_value_forms_len(HQ as u64, HKV as u64, N as u64, 0, &mut flen) };
+    assert_eq!(st, KVE_OK);
     let mut g = vec![0f32; glen as usize];
     expect!(gram(&wo, HQ, D, 16, &mut g[..0]), KVE_ERR_OUTPUT_TOO_SMALL);
     let t = contiguous(&wo, [HQ, D, 16]);

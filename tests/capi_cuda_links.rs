@@ -104,9 +104,7 @@ fn name(st: i32) -> String {
 
 #[test]
 fn device_links_are_the_host_bits() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let exact = host_is_avx2();
     let mut rng = Rng::new(131);
     let mut checked = 0;
@@ -155,9 +153,7 @@ fn device_links_are_the_host_bits() {
 /// which cannot return a status for device data, makes links 5 and 6 NaN and no others.
 #[test]
 fn device_links_mark_non_finite_values() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let mut rng = Rng::new(5);
     for layout in [Layout::HeadMajor, Layout::Transposed] {
         let mut t = Tensor::new(Dt::F32, layout, [2, 12, 16], &mut || rng.normal());
@@ -197,9 +193,7 @@ fn device_links_workspace_size_refuses_bad_shapes() {
 
 #[test]
 fn device_links_refuse_bad_input_and_write_nothing() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let mut rng = Rng::new(6);
     let (hkv, n, dv) = (2, 20, 8);
     let t = Tensor::new(Dt::F16, Layout::HeadMajor, [hkv, n, dv], &mut || {
@@ -297,9 +291,7 @@ fn device_links_refuse_bad_input_and_write_nothing() {
 /// every link density; ties (a zero's sign aside).
 #[test]
 fn linked_pool_launcher_matches_the_core() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let mut rng = Rng::new(9);
     let rows = 3;
     for n in [1usize, 2, 255, 256, 257, 700] {
@@ -529,9 +521,7 @@ fn device_linked_call(
 
 #[test]
 fn device_linked_selection_equals_host() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let mut rng = Rng::new(21);
     let m = Model {
         layers: 3,
@@ -594,9 +584,7 @@ fn device_linked_selection_equals_host() {
 /// The host's statuses where the host can see the fault; nothing written on any.
 #[test]
 fn device_linked_selection_refuses_bad_input_and_writes_nothing() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let mut rng = Rng::new(22);
     let m = Model {
         layers: 2,

@@ -749,28 +749,10 @@ impl PagedModel {
         ((kv * self.nb + block) * self.bs + t % self.bs) * HKV * D + h * D
     }
     fn layout(&self, l: usize, kv: u32) -> kve_paged_layout {
-        let mut out = std::mem::MaybeUninit::<kve_paged_layout>::uninit();
         let p = &self.pools[l];
-        // SAFETY: a writable struct, the pool's pointer and length.
-        let st = unsafe {
-            kve_paged_layout_init(
-                out.as_mut_ptr(),
-                kvevict::PagedKind::NhdKvOuter as u32,
-                p.as_ptr() as *const c_void,
-                p.len() as u64,
-                kvevict::DType::F32 as u32,
-                self.nb as u64,
-                self.bs as u64,
-                HKV as u64,
-                D as u64,
-                1,
-                0,
-                kv,
-            )
-        };
-        assert_eq!(st, KVE_OK);
-        // SAFETY: initialised by the call above.
-        unsafe { out.assume_init() }
+        let data = p.as_ptr() as *const c_void;
+        let kind = kvevict::PagedKind::NhdKvOuter;
+        capi_common::paged_f32_layout(kind, data, p.len(), [self.nb, self.bs, HKV, D], kv)
     }
     fn views(&self, l: usize, x: &Layer) -> kve_evictor_paged_layer {
         let mut v = std::mem::MaybeUninit::<kve_evictor_paged_layer>::uninit();

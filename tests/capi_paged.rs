@@ -41,30 +41,11 @@ impl Fixture {
         Fixture { pool, table, k, v }
     }
     fn layout(&self, kv: u32) -> kve_paged_layout {
-        let mut l = std::mem::MaybeUninit::<kve_paged_layout>::uninit();
-        let st = unsafe {
-            kve_paged_layout_init(
-                l.as_mut_ptr(),
-                KVE_PAGED_NHD_KV_INNER,
-                self.pool.as_ptr() as *const c_void,
-                self.pool.len() as u64,
-                KVE_DTYPE_F32,
-                NB as u64,
-                BS as u64,
-                HKV as u64,
-                D as u64,
-                1,
-                0,
-                kv,
-            )
-        };
-        expect!(st, KVE_OK);
-        unsafe { l.assume_init() }
+        let p = self.pool.as_ptr() as *const c_void;
+        let kind = kvevict::PagedKind::NhdKvInner;
+        paged_f32_layout(kind, p, self.pool.len(), [NB, BS, HKV, D], kv)
     }
 }
-
-const KVE_PAGED_NHD_KV_INNER: u32 = 1;
-const KVE_DTYPE_F32: u32 = 0;
 
 fn gather(
     l: &kve_paged_layout,

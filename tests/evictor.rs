@@ -239,12 +239,8 @@ fn evictor(mem: &mut Vec<u8>, c: &EvictorConfig) -> Evictor<'static> {
 fn every_preset_and_granularity_matches_the_stage_calls() {
     let s = seq(150, 1);
     for &(name, preset) in &PRESETS {
-        for g in [
-            None,
-            Some(Granularity::Head),
-            Some(Granularity::Layer),
-            Some(Granularity::Token),
-        ] {
+        // the preset's own granularity, then each
+        for g in std::iter::once(None).chain(Granularity::ALL.iter().copied().map(Some)) {
             let c = config(preset, g, Budget::Explicit);
             let mut mem = Vec::new();
             let mut ev = evictor(&mut mem, &c);

@@ -237,12 +237,8 @@ fn same_as_strided<T: Elem>(seed: u64) {
     let n = 137;
     let mut case = 0;
     for &(name, preset) in &PRESETS {
-        for g in [
-            None,
-            Some(Granularity::Head),
-            Some(Granularity::Layer),
-            Some(Granularity::Token),
-        ] {
+        // the preset's own granularity, then each
+        for g in std::iter::once(None).chain(Granularity::ALL.iter().copied().map(Some)) {
             let kind = KINDS[case % KINDS.len()];
             let bs = [16, 5][case % 2];
             case += 1;
@@ -460,15 +456,7 @@ fn a_large_pool_is_checked_on_a_sorted_copy() {
         let got = PagedView::new(&pool, lay, &table, n, &mut sorted).err();
         assert_eq!(got, want, "case {case}: {table:?}");
         if tl >= used {
-            let fault = (0..used).find_map(|i| {
-                if table[i] as usize >= nb {
-                    Some(Error::OutOfBounds)
-                } else if table[..i].contains(&table[i]) {
-                    Some(Error::Aliasing)
-                } else {
-                    None
-                }
-            });
+            let fault = paged_common::table_fault(&table, used, nb);
             assert_eq!(got, fault, "case {case}");
         }
     }

@@ -42,16 +42,7 @@ fn synth(seed: u64) -> Synth {
     let hq = HKV * G;
     let q = T3::normal(&mut rng, hq, W, DK, 1.0);
     let k = T3::normal(&mut rng, HKV, N, DK, 1.0);
-    let mut v = T3::normal(&mut rng, HKV, N, DV, 1.0);
-    for h in 0..HKV {
-        for i in 0..N {
-            let s = (rng.normal() * 1.5).exp();
-            for d in 0..DV {
-                let x = v.at(h, i, d) * s;
-                v.set(h, i, d, x);
-            }
-        }
-    }
+    let v = T3::normal_rows_spread(&mut rng, HKV, N, DV, 1.5);
     let wo = T3::normal(&mut rng, hq, DV, DM, 1.0 / (DV as f64).sqrt());
     Synth { q, k, v, wo }
 }

@@ -209,18 +209,13 @@ fn bits(v: &View, a: usize, b: usize, c: usize) -> u32 {
     v.get(a, b, c).to_bits()
 }
 
-const PRESETS: [Preset; 10] = [
-    Preset::SnapKv,
-    Preset::SnapKvKvpress,
-    Preset::Lava,
-    Preset::LaProx,
-    Preset::LaProxSpan,
-    Preset::CriticalKv,
-    Preset::StreamingLlm,
-    Preset::KNorm,
-    Preset::Tova,
-    Preset::Uniqueness,
-];
+/// Every preset's scoring (tova-decay scores as tova).
+fn presets() -> impl Iterator<Item = Preset> {
+    Preset::ALL
+        .iter()
+        .copied()
+        .filter(|&p| p != Preset::TovaDecay)
+}
 
 fn granularity_configs(budget: u64) -> [SelectConfig; 4] {
     [
@@ -276,7 +271,7 @@ fn paged_equals_contiguous_for_every_scorer_layout_and_granularity() {
             let wo: Vec<Vec<f32>> = (0..layers)
                 .map(|_| (0..hq * d * dm).map(|_| rng.f() * 0.3).collect())
                 .collect();
-            for preset in PRESETS {
+            for preset in presets() {
                 let cfg = ScoreConfig::preset(preset);
                 let cross = cfg.scorer == ScorerKind::LaProx && cfg.laprox_gqa != LaproxGqa::Sum;
                 let w = (cfg.window as usize).min(n);
@@ -721,15 +716,7 @@ fn random_tables_against_a_reference() {
         let want = if tl < used {
             Some(Error::ShapeMismatch)
         } else {
-            (0..used).find_map(|i| {
-                if table[i] as usize >= nb {
-                    Some(Error::OutOfBounds)
-                } else if table[..i].contains(&table[i]) {
-                    Some(Error::Aliasing)
-                } else {
-                    None
-                }
-            })
+            paged_common::table_fault(&table, used, nb)
         };
         let at = |t: usize, hh: usize, c: usize| {
             table[t / bs] as usize * lay.stride[0]

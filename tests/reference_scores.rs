@@ -87,16 +87,7 @@ fn layer(rng: &mut Rng, c: &Case) -> (Layer, CoreLayer) {
             }
         }
     }
-    let mut v = T3::normal(rng, c.hkv, c.n, c.dv, 1.0);
-    for h in 0..c.hkv {
-        for i in 0..c.n {
-            let s = (rng.normal() * 0.8).exp();
-            for d in 0..c.dv {
-                let x = v.at(h, i, d) * s;
-                v.set(h, i, d, x);
-            }
-        }
-    }
+    let v = T3::normal_rows_spread(rng, c.hkv, c.n, c.dv, 0.8);
     let wo = T3::normal(rng, hq, c.dv, c.dm, 1.0 / (c.dv as f64).sqrt());
     let (qs, qr) = Stored::new(&q, c.dtype, c.qlay);
     let (ks, kr) = Stored::new(&k, c.dtype, c.klay);

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 
 /// An enum of the C API: its values, `from_u32` (unknown values are `BadEnum`, never
 /// transmuted) and `C_DEFINES`, the `#define`s of `include/kvevict.h` (prefix + name =
-/// value), so the header's tables come from here. `Name => "KVE_PREFIX_" { Variant = 0
+/// value), so the header's tables come from here; `ALL`, every variant. `Name => "KVE_PREFIX_" { Variant = 0
 /// => "NAME", .. }`.
 macro_rules! c_enum {
     ($(#[$m:meta])* $name:ident => $prefix:literal {
@@ -20,6 +20,8 @@ macro_rules! c_enum {
             pub const fn from_u32(v: u32) -> $crate::error::Result<Self> {
                 match v { $($n => Ok($name::$v),)+ _ => Err($crate::error::Error::BadEnum) }
             }
+            /// Every variant, in the order of their values.
+            pub const ALL: &'static [Self] = &[$($name::$v),+];
             /// The C API's name and value of every variant (`include/kvevict.h`).
             pub const C_DEFINES: &'static [(&'static str, i64)] =
                 &[$((concat!($prefix, $c), $n)),+];

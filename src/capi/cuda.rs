@@ -13,6 +13,8 @@
 //! The launchers' own names are `kve_cuda_<stage>` (an internal interface); these are
 //! the public, stable ones with status codes and `kve_tensor` descriptors.
 
+#![cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+
 use super::kve_tensor;
 use super::params::kve_select_params;
 use super::score::kve_layer_inputs;
@@ -20,14 +22,14 @@ use super::select::kve_model_scores;
 use core::ffi::c_void;
 
 /// The body of a `kve_cuda_*` entry point: `$body` with feature `cuda` (or `cuda-emu`);
-/// without, the arguments `$arg` unused and `KVE_ERR_NOT_BUILT_WITH_CUDA`.
+/// without, `KVE_ERR_NOT_BUILT_WITH_CUDA` (the arguments unused: this module and its
+/// children allow `unused_variables` in that build).
 macro_rules! cuda_only {
-    ([$($arg:ident),* $(,)?], $body:block) => {{
+    ($body:block) => {{
         #[cfg(feature = "cuda")]
         $body
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = ($($arg,)*);
             $crate::capi::KVE_ERR_NOT_BUILT_WITH_CUDA
         }
     }};
@@ -80,7 +82,7 @@ pub unsafe extern "C" fn kve_cuda_score_workspace_size(
     dv: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    cuda_only!([params, hq, hkv, n, dk, dv, out_bytes], {
+    cuda_only!({
         // SAFETY: `params` is NULL or the caller's struct of `struct_size` bytes (checked).
         let bytes = unsafe { score_config(params) }.and_then(|cfg| {
             let shape = LayerShape::from_dims(hq, hkv, n, dk, dv)?;
@@ -125,26 +127,15 @@ pub unsafe extern "C" fn kve_cuda_score_layer(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!(
-        [
-            params,
-            inputs,
-            out,
-            out_len,
-            workspace,
-            workspace_bytes,
-            stream
-        ],
-        {
-            // SAFETY: host structs the caller passes, read within their checked `struct_size`.
-            let (cfg, li) = tri!(unsafe { layer_args(params, inputs) });
-            // SAFETY: the tensors, `out` and the workspace are device memory of the declared
-            // sizes (this function's contract); the pipeline checks them before any launch.
-            to_status(unsafe {
-                device::score_layer(&cfg, &li, out, out_len, workspace, workspace_bytes, stream)
-            })
-        }
-    )
+    cuda_only!({
+        // SAFETY: host structs the caller passes, read within their checked `struct_size`.
+        let (cfg, li) = tri!(unsafe { layer_args(params, inputs) });
+        // SAFETY: the tensors, `out` and the workspace are device memory of the declared
+        // sizes (this function's contract); the pipeline checks them before any launch.
+        to_status(unsafe {
+            device::score_layer(&cfg, &li, out, out_len, workspace, workspace_bytes, stream)
+        })
+    })
 }
 
 /// Device workspace bytes of `kve_cuda_select_model`. Writes only `*out_bytes`.
@@ -157,7 +148,7 @@ pub unsafe extern "C" fn kve_cuda_select_model_workspace_size(
     window: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    cuda_only!([params, layers, hkv, n, window, out_bytes], {
+    cuda_only!({
         // SAFETY: `params` is NULL or the caller's struct of `struct_size` bytes (checked).
         let bytes = unsafe { select_config(params) }.and_then(|cfg| {
             let shape = ModelShape::new(layers, hkv, n, window)?;
@@ -194,40 +185,25 @@ pub unsafe extern "C" fn kve_cuda_select_model(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!(
-        [
-            params,
-            scores,
-            counts,
-            counts_len,
-            idx,
-            idx_ld,
-            idx_len,
-            workspace,
-            workspace_bytes,
-            stream
-        ],
-        {
-            // SAFETY: NULL or the caller's host structs (checked there).
-            let (cfg, m, shape, lists) = tri!(unsafe {
-                select_args(params, scores, counts, counts_len, idx, idx_ld, idx_len)
-            });
-            // SAFETY: scores, lists and workspace are device memory of the declared sizes (this
-            // function's contract); the pipeline checks them before any launch.
-            to_status(unsafe {
-                device::select_model(
-                    &cfg,
-                    &shape,
-                    m.scores,
-                    m.len,
-                    &lists,
-                    workspace,
-                    workspace_bytes,
-                    stream,
-                )
-            })
-        }
-    )
+    cuda_only!({
+        // SAFETY: NULL or the caller's host structs (checked there).
+        let (cfg, m, shape, lists) =
+            tri!(unsafe { select_args(params, scores, counts, counts_len, idx, idx_ld, idx_len) });
+        // SAFETY: scores, lists and workspace are device memory of the declared sizes (this
+        // function's contract); the pipeline checks them before any launch.
+        to_status(unsafe {
+            device::select_model(
+                &cfg,
+                &shape,
+                m.scores,
+                m.len,
+                &lists,
+                workspace,
+                workspace_bytes,
+                stream,
+            )
+        })
+    })
 }
 
 /// Device workspace bytes of `kve_cuda_compact_in_place` for a view and the largest
@@ -238,7 +214,7 @@ pub unsafe extern "C" fn kve_cuda_compact_in_place_workspace_size(
     max_keep: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    cuda_only!([kv, max_keep, out_bytes], {
+    cuda_only!({
         // SAFETY: a host descriptor (NULL and alignment checked).
         let v = tri!(tensor(tri!(unsafe { arg(kv) })));
         let b = tri!(device::compact_workspace_size(&v.view, max_keep));
@@ -262,35 +238,23 @@ pub unsafe extern "C" fn kve_cuda_compact_in_place(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!(
-        [
-            kv,
-            kept,
-            kept_ld,
-            counts,
-            max_keep,
-            workspace,
-            workspace_bytes,
-            stream
-        ],
-        {
-            // SAFETY: a host descriptor (NULL and alignment checked).
-            let v = tri!(tensor(tri!(unsafe { arg(kv) })));
-            // SAFETY: the view, lists and workspace are device memory (this function's contract).
-            to_status(unsafe {
-                device::compact_in_place(
-                    &v.view,
-                    kept,
-                    kept_ld,
-                    counts,
-                    max_keep,
-                    workspace,
-                    workspace_bytes,
-                    stream,
-                )
-            })
-        }
-    )
+    cuda_only!({
+        // SAFETY: a host descriptor (NULL and alignment checked).
+        let v = tri!(tensor(tri!(unsafe { arg(kv) })));
+        // SAFETY: the view, lists and workspace are device memory (this function's contract).
+        to_status(unsafe {
+            device::compact_in_place(
+                &v.view,
+                kept,
+                kept_ld,
+                counts,
+                max_keep,
+                workspace,
+                workspace_bytes,
+                stream,
+            )
+        })
+    })
 }
 
 /// Varlen compaction on the device: kept rows of every head of `src`, head after head,
@@ -306,7 +270,7 @@ pub unsafe extern "C" fn kve_cuda_compact_to_varlen(
     cu_seqlens: *mut i32,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!([src, kept, kept_ld, counts, dst, cu_seqlens, stream], {
+    cuda_only!({
         // SAFETY: a host descriptor (NULL and alignment checked).
         let v = tri!(tensor(tri!(unsafe { arg(src) })));
         // SAFETY: the view, lists and outputs are device memory (this function's contract).

@@ -18,8 +18,8 @@ use super::paged::{kve_paged_layout, PagedPool};
 use super::params::{read_ext, score_config, select_config, write_ext, Extensible};
 use super::score::opt_floats;
 use super::{
-    check_alias, kve_score_params, kve_select_params, kve_tensor, out_param, span_ptr, to_status,
-    to_usize, tri, Buf, Span, Tensor, KVE_OK,
+    check_alias, kve_score_params, kve_select_params, kve_tensor, out_param, span_ptr, span_sized,
+    to_status, to_usize, tri, Buf, Span, Tensor, KVE_OK,
 };
 use crate::config::{Granularity, Preset};
 use crate::error::{Error, Result};
@@ -465,8 +465,7 @@ pub unsafe extern "C" fn kve_evictor_get_requirements(
 ) -> i32 {
     // SAFETY: the caller's context; attach checks it.
     let (ev, ctx) = tri!(unsafe { attach(evictor) });
-    let end = (out as usize).saturating_add(struct_size as usize);
-    tri!(check_alias(&[Span(out as usize, end)], &[ctx]));
+    tri!(check_alias(&[span_sized(out, struct_size)], &[ctx]));
     // SAFETY: NULL or `struct_size` writable bytes (the caller's contract).
     unsafe { write_requirements(ev.needs(), out, struct_size) }
 }
@@ -722,10 +721,7 @@ pub unsafe extern "C" fn kve_evictor_score_layer_paged(
     let [q, wo] = [&l.queries, &l.wo].map(Tensor::optional);
     let (q, wo) = (tri!(q), tri!(wo));
     let lse = tri!(opt_floats(l.row_lse, l.row_lse_len));
-    let views_span = Span(
-        views as usize,
-        (views as usize).saturating_add(l.struct_size as usize),
-    );
+    let views_span = span_sized(views, l.struct_size);
     let spans = [
         views_span,
         k.span,
@@ -782,10 +778,7 @@ pub unsafe extern "C" fn kve_evictor_score_layer(
     let [v, q, wo] = [&l.values, &l.queries, &l.wo].map(Tensor::optional);
     let (v, q, wo) = (tri!(v), tri!(q), tri!(wo));
     let lse = tri!(opt_floats(l.row_lse, l.row_lse_len));
-    let views_span = Span(
-        views as usize,
-        (views as usize).saturating_add(l.struct_size as usize),
-    );
+    let views_span = span_sized(views, l.struct_size);
     let lse_span = lse.as_ref().map_or(Span::EMPTY, |b| b.span);
     let spans = [
         views_span,
@@ -1012,8 +1005,7 @@ pub unsafe extern "C" fn kve_evictor_get_stats(
 ) -> i32 {
     // SAFETY: the caller's context; attach checks it.
     let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
-    let end = (out as usize).saturating_add(struct_size as usize);
-    tri!(check_alias(&[Span(out as usize, end)], &[ctx]));
+    tri!(check_alias(&[span_sized(out, struct_size)], &[ctx]));
     let s = tri!(ev.stats(tri!(to_usize(seq))));
     // SAFETY: NULL or `struct_size` writable bytes (the caller's contract).
     unsafe { write_stats(s, out, struct_size) }

@@ -177,6 +177,12 @@ pub(crate) fn span_ptr<T>(p: *const T) -> Span {
     Span(a, a.saturating_add(core::mem::size_of::<T>()))
 }
 
+/// The `bytes` bytes at `p`: an extensible struct as its caller sizes it (`struct_size`).
+pub(crate) fn span_sized<T>(p: *const T, bytes: u32) -> Span {
+    let a = p as usize;
+    Span(a, a.saturating_add(bytes as usize))
+}
+
 pub(crate) fn to_usize(v: u64) -> crate::Result<usize> {
     usize::try_from(v).map_err(|_| Error::Overflow)
 }
@@ -345,6 +351,15 @@ pub(crate) use tri;
 
 // ------------------------------------------------------------------- header defines
 
+/// `(name, value)` of constants whose C name is their Rust name, in module `$m`:
+/// `defines![module:: NAME_A, NAME_B]`.
+#[cfg(feature = "std")]
+macro_rules! defines {
+    ($m:ident :: $($c:ident),+ $(,)?) => {
+        &[$((stringify!($c), $m::$c as i64)),+]
+    };
+}
+
 /// The `#define` block of `include/kvevict.h`: version, status codes and every
 /// enumeration, from the Rust constants and the core's enums (one source of truth).
 #[cfg(feature = "std")]
@@ -423,44 +438,20 @@ pub fn header_defines() -> std::string::String {
     group(
         "The evictor (kve_evictor_*): kve_evictor_config.policy and .granularity, \
          kve_evictor_requirements.wo, struct sizes",
-        &[
-            ("KVE_POLICY_EXPLICIT", evictor::KVE_POLICY_EXPLICIT as i64),
-            (
-                "KVE_POLICY_KEEP_RATIO",
-                evictor::KVE_POLICY_KEEP_RATIO as i64,
-            ),
-            ("KVE_POLICY_CELLS", evictor::KVE_POLICY_CELLS as i64),
-            (
-                "KVE_EVICTOR_PRESET_GRANULARITY",
-                evictor::KVE_EVICTOR_PRESET_GRANULARITY as i64,
-            ),
-            ("KVE_WO_NONE", evictor::KVE_WO_NONE as i64),
-            ("KVE_WO_ONCE", evictor::KVE_WO_ONCE as i64),
-            ("KVE_WO_EVERY_ROUND", evictor::KVE_WO_EVERY_ROUND as i64),
-            (
-                "KVE_EVICTOR_CONFIG_V1_SIZE",
-                evictor::KVE_EVICTOR_CONFIG_V1_SIZE as i64,
-            ),
-            (
-                "KVE_EVICTOR_CONFIG_V2_SIZE",
-                evictor::KVE_EVICTOR_CONFIG_V2_SIZE as i64,
-            ),
-            (
-                "KVE_EVICTOR_PAGED_LAYER_V1_SIZE",
-                evictor::KVE_EVICTOR_PAGED_LAYER_V1_SIZE as i64,
-            ),
-            (
-                "KVE_EVICTOR_LAYER_V1_SIZE",
-                evictor::KVE_EVICTOR_LAYER_V1_SIZE as i64,
-            ),
-            (
-                "KVE_EVICTOR_REQUIREMENTS_V1_SIZE",
-                evictor::KVE_EVICTOR_REQUIREMENTS_V1_SIZE as i64,
-            ),
-            (
-                "KVE_EVICTOR_STATS_V1_SIZE",
-                evictor::KVE_EVICTOR_STATS_V1_SIZE as i64,
-            ),
+        defines![
+            evictor::KVE_POLICY_EXPLICIT,
+            KVE_POLICY_KEEP_RATIO,
+            KVE_POLICY_CELLS,
+            KVE_EVICTOR_PRESET_GRANULARITY,
+            KVE_WO_NONE,
+            KVE_WO_ONCE,
+            KVE_WO_EVERY_ROUND,
+            KVE_EVICTOR_CONFIG_V1_SIZE,
+            KVE_EVICTOR_CONFIG_V2_SIZE,
+            KVE_EVICTOR_PAGED_LAYER_V1_SIZE,
+            KVE_EVICTOR_LAYER_V1_SIZE,
+            KVE_EVICTOR_REQUIREMENTS_V1_SIZE,
+            KVE_EVICTOR_STATS_V1_SIZE,
         ],
     );
     group(
@@ -475,35 +466,25 @@ pub fn header_defines() -> std::string::String {
             ("KVE_MAX_BLOCK_SIZE", crate::paged::MAX_BLOCK_SIZE as i64),
         ],
     );
-    group(
-        "Limits and the released sizes of the extensible structs (V1: first release)",
+    let limits = [
         &[
             ("KVE_MAX_HEADS", KVE_MAX_HEADS as i64),
             ("KVE_MAX_TOKENS", crate::error::MAX_TOKENS as i64),
             ("KVE_MAX_BUDGET", params::MAX_BUDGET as i64),
             ("KVE_MAX_STRUCT_SIZE", params::MAX_STRUCT_SIZE as i64),
-            (
-                "KVE_SCORE_PARAMS_V1_SIZE",
-                params::KVE_SCORE_PARAMS_V1_SIZE as i64,
-            ),
-            (
-                "KVE_SCORE_PARAMS_V2_SIZE",
-                params::KVE_SCORE_PARAMS_V2_SIZE as i64,
-            ),
-            ("KVE_MAX_SCORE_POWER", params::KVE_MAX_SCORE_POWER as i64),
-            (
-                "KVE_SELECT_PARAMS_V1_SIZE",
-                params::KVE_SELECT_PARAMS_V1_SIZE as i64,
-            ),
-            (
-                "KVE_LAYER_INPUTS_V1_SIZE",
-                score::KVE_LAYER_INPUTS_V1_SIZE as i64,
-            ),
-            (
-                "KVE_LAYER_INPUTS_V2_SIZE",
-                score::KVE_LAYER_INPUTS_V2_SIZE as i64,
-            ),
+        ][..],
+        defines![
+            params::KVE_SCORE_PARAMS_V1_SIZE,
+            KVE_SCORE_PARAMS_V2_SIZE,
+            KVE_MAX_SCORE_POWER,
+            KVE_SELECT_PARAMS_V1_SIZE,
         ],
+        defines![score::KVE_LAYER_INPUTS_V1_SIZE, KVE_LAYER_INPUTS_V2_SIZE],
+    ]
+    .concat();
+    group(
+        "Limits and the released sizes of the extensible structs (V1: first release)",
+        &limits,
     );
     s
 }

@@ -2,8 +2,8 @@
 
 use super::params::{read_ext, score_config, write_ext};
 use super::{
-    check_alias, kve_score_params, kve_tensor, out_param, span_ptr, to_status, to_usize, tri, Buf,
-    Span, Tensor, KVE_MAX_HEADS, KVE_OK,
+    check_alias, kve_score_params, kve_tensor, out_param, span_ptr, span_sized, to_status,
+    to_usize, tri, Buf, Span, Tensor, KVE_MAX_HEADS, KVE_OK,
 };
 use crate::error::{Error, Result};
 use crate::gram;
@@ -242,10 +242,7 @@ pub unsafe extern "C" fn kve_score_layer(
     let lse = tri!(opt_floats(inp.row_lse, inp.row_lse_len));
     let mut o = tri!(Buf::new(out, out_len));
     let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
-    let inputs_span = Span(
-        inputs as usize,
-        (inputs as usize).saturating_add(inp.struct_size as usize),
-    );
+    let inputs_span = span_sized(inputs, inp.struct_size);
     tri!(check_alias(
         &[o.span, ws.span],
         &[

@@ -1,5 +1,6 @@
-//! Helpers of the C-ABI tests (`capi_hostile.rs`, `capi_contract.rs`): a small valid
-//! layer, parameter structs from the init functions, canaries and status names.
+//! Helpers of the C-ABI tests (`capi_hostile`, `capi_contract.rs`, `capi_evictor.rs`,
+//! `capi_cuda`): a small valid layer, parameter structs from the init functions, canaries,
+//! status names and a paged pool's layout.
 #![allow(dead_code)]
 
 use kvevict::capi::*;
@@ -144,6 +145,8 @@ pub fn name(st: i32) -> String {
         .into_owned()
 }
 
+/// `$st` is the status `$want` (compared by name, so a failure says which).
+#[allow(unused_macros)] // not every including test uses it
 macro_rules! expect {
     ($st:expr, $want:expr) => {{
         let st = $st;
@@ -207,4 +210,46 @@ pub fn select_linked(
         assert!(off.iter().all(|&x| x == CANARY as u64) && idx.iter().all(|&x| x == CANARY));
     }
     (st, off, idx)
+}
+
+/// The layout of a one-layer f32 pool of K and V of `kind` (a `kvevict::PagedKind`) of `len`
+/// floats at `data` (host or device memory, not dereferenced): K (`kv = 0`) or V (1).
+pub fn paged_f32_layout(
+    kind: kvevict::PagedKind,
+    data: *const c_void,
+    len: usize,
+    [nb, bs, hkv, d]: [usize; 4],
+    kv: u32,
+) -> kve_paged_layout {
+    let mut out = std::mem::MaybeUninit::<kve_paged_layout>::uninit();
+    // SAFETY: a writable struct; the pool's pointer and length (not dereferenced).
+    let st = unsafe {
+        kve_paged_layout_init(
+            out.as_mut_ptr(),
+            kind as u32,
+            data,
+            len as u64,
+            kvevict::DType::F32 as u32,
+            nb as u64,
+            bs as u64,
+            hkv as u64,
+            d as u64,
+            1,
+            0,
+            kv,
+        )
+    };
+    assert_eq!(st, KVE_OK);
+    // SAFETY: initialised by the call above.
+    unsafe { out.assume_init() }
+}
+
+/// `kve_gram_len` of `hq` query heads over `hkv` KV heads, values of `dv`, `cross` 0 or 1
+/// (it must succeed).
+pub fn gram_len(hq: usize, hkv: usize, dv: usize, cross: u32) -> u64 {
+    let mut len = 0u64;
+    // SAFETY: a host out-parameter.
+    let st = unsafe { kve_gram_len(hq as u64, hkv as u64, dv as u64, cross, &mut len) };
+    assert_eq!(st, KVE_OK);
+    len
 }

@@ -44,9 +44,7 @@ fn host_compacted(c: &Compacted, lists: &[Vec<u32>], shared: &[u32]) -> Vec<u8> 
 /// equals the host C API's compaction of each tensor; refused calls write nothing.
 #[test]
 fn compact_batch_in_place_matches_host_compaction() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let (hkv, n, d, layers) = (3usize, 61usize, 8usize, 18usize);
     let mut rng = Rng::new(77);
     let ld = n + 5;

@@ -69,27 +69,9 @@ impl Pools {
             true => self.dev[l].vptr() as *const c_void,
             false => self.host[l].as_ptr() as *const c_void,
         };
-        let mut out = std::mem::MaybeUninit::<kve_paged_layout>::uninit();
-        // SAFETY: a writable struct; the pool's pointer and length (not dereferenced).
-        let st = unsafe {
-            kve_paged_layout_init(
-                out.as_mut_ptr(),
-                kvevict::PagedKind::NhdKvOuter as u32,
-                data,
-                self.host[l].len() as u64,
-                kvevict::DType::F32 as u32,
-                self.nb as u64,
-                self.bs as u64,
-                HKV as u64,
-                D as u64,
-                1,
-                0,
-                kv,
-            )
-        };
-        assert_eq!(st, KVE_OK);
-        // SAFETY: initialised by the call above.
-        unsafe { out.assume_init() }
+        let len = self.host[l].len();
+        let kind = kvevict::PagedKind::NhdKvOuter;
+        capi_common::paged_f32_layout(kind, data, len, [self.nb, self.bs, HKV, D], kv)
     }
     fn views(&self, l: usize, q: kve_tensor, device: bool) -> kve_evictor_paged_layer {
         let mut v = std::mem::MaybeUninit::<kve_evictor_paged_layer>::uninit();
@@ -110,9 +92,7 @@ impl Pools {
 
 #[test]
 fn device_paged_evictor_through_c_matches_the_host_one() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let mut rng = Rng::new(3030);
     for (preset, bs) in [
         (kvevict::Preset::LaProxSpan, 16),

@@ -58,9 +58,7 @@ fn prepared_scores(
 /// nothing.
 #[test]
 fn prepared_gram_scores_equal_the_recomputed_split() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let cases = SCORE_CASES;
     let laprox: Vec<_> = configs()
         .into_iter()

@@ -19,6 +19,8 @@ use kvevict::View;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 
+#[path = "../capi_common/mod.rs"]
+mod capi_common;
 #[path = "../reference/mod.rs"]
 mod reference;
 #[macro_use]

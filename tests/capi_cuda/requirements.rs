@@ -70,9 +70,7 @@ fn host_and_device_status(l: &Layer, p: &kve_score_params, edit: &Edit) -> (i32,
 #[test]
 fn requirements_table_is_what_host_and_device_read() {
     use kvevict::score::requirements::{requirements, ValueInput};
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let l = small_layer(11);
     let statuses = |p: &kve_score_params, edit: &Edit| host_and_device_status(&l, p, edit);
     let presets = [
@@ -125,9 +123,7 @@ fn requirements_table_is_what_host_and_device_read() {
 /// same rules, so a caller's error handling does not depend on where it scores.
 #[test]
 fn host_and_device_refuse_bad_inputs_alike() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let l = small_layer(13);
     let lse = [0f32; 3];
     let lse_ptr = lse.as_ptr() as usize;
@@ -183,9 +179,7 @@ fn host_and_device_refuse_bad_inputs_alike() {
 #[test]
 fn host_and_device_select_refuse_bad_scores_alike() {
     type ScoresEdit = dyn Fn(&mut kve_model_scores);
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let (layers, hkv, n, w) = (2u64, 2u64, 40u64, 8u64);
     let len = (layers * hkv * (n - w)) as usize;
     let vals: Vec<f32> = (0..len).map(|i| ((i * 37) % 11) as f32).collect();

@@ -2,9 +2,7 @@ use super::*;
 
 #[test]
 fn device_scores_match_host_for_every_scorer() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let cases = SCORE_CASES;
     let mut worst_all = 0f64;
     for (ci, &(dt, kl, vl, hq, hkv, n, d)) in cases.iter().enumerate() {
@@ -41,9 +39,7 @@ fn device_scores_match_host_for_every_scorer() {
 
 #[test]
 fn device_scores_with_row_lse_match_host() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let l = layer(
         Dt::Bf16,
         Layout::TokenRows,
@@ -123,9 +119,7 @@ fn small_f16_layer(seed: u64) -> Layer {
 
 #[test]
 fn device_score_rejects_bad_input_before_launching() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let l = small_f16_layer(3);
     let p = score_params(|_| {}, Preset::LaProx);
     let d = 32u64;
@@ -245,9 +239,7 @@ fn device_score_rejects_bad_input_before_launching() {
 /// `kve_cuda_score_workspace_size` gave for the call's shape (`dv < dk`) was refused.
 #[test]
 fn device_score_with_value_forms_fits_the_queried_workspace() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let l = small_f16_layer(5);
     for gqa in [LaproxGqa::Sum, LaproxGqa::Exact, LaproxGqa::MeanAttn] {
         let p = score_params(|p| p.laprox_gqa = gqa as u32, Preset::LaProx);
@@ -288,9 +280,7 @@ fn device_score_with_value_forms_fits_the_queried_workspace() {
 /// (the kernels' grid limit is 65535). Now `KVE_ERR_INVALID_ARGUMENT`, nothing written.
 #[test]
 fn device_score_rejects_shapes_beyond_the_kernels() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let (w, n, d) = (2u64, 6u64, 4u64);
     let buf = Buf::bytes_of(&vec![0.25f32; (n * d) as usize]);
     // `heads` heads sharing one [n, d] block (head stride 0)

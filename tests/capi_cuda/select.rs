@@ -82,9 +82,7 @@ fn device_select(
 
 #[test]
 fn device_selection_equals_host_for_every_allocator_and_granularity() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let mut rng = Rng::new(77);
     let (layers, hkv, n, w) = (5, 3, 230, 30);
     let p = n - w;
@@ -161,9 +159,7 @@ fn device_selection_equals_host_for_every_allocator_and_granularity() {
 
 #[test]
 fn device_select_rejects_bad_input_before_launching() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     let (layers, hkv, n, w) = (2usize, 2usize, 50usize, 10usize);
     let p = n - w;
     let d = Buf::bytes_of(&vec![1f32; layers * hkv * p]);
@@ -246,9 +242,7 @@ fn device_select_rejects_bad_input_before_launching() {
 /// launch chain against the launchers' checks (the fuzz target's arena is too small).
 #[test]
 fn device_select_rejects_shapes_beyond_the_kernels() {
-    if !have_device() {
-        return;
-    }
+    need_device!();
     // (allocator, granularity, normalize, layers, hkv, n, window)
     let cases = [
         // layer_stats over 65536 layers

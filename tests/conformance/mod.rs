@@ -444,17 +444,8 @@ impl Tensor {
         }
     }
     pub fn view(&self) -> KveCudaView {
-        KveCudaView {
-            data: self.buf.as_ref().expect("device tensor").vptr(),
-            dtype: self.dt.code(),
-            reserved: 0,
-            stride_head: self.st[0] as i64,
-            stride_token: self.st[1] as i64,
-            stride_dim: self.st[2] as i64,
-            heads: self.ext[0] as i64,
-            tokens: self.ext[1] as i64,
-            dim: self.ext[2] as i64,
-        }
+        let data = self.buf.as_ref().expect("device tensor").vptr();
+        cuda_view(data, self.dt.code(), self.ext, self.st)
     }
     /// The descriptor `kvevict::device` takes: the view and its buffer's byte range.
     pub fn device(&self) -> kvevict::device::Tensor {
@@ -866,4 +857,20 @@ pub fn select_params(
     let st = unsafe { kve_select_params_init(&mut p, size, alloc as u32, gran as u32, budget) };
     assert_eq!(st, KVE_OK);
     p
+}
+
+/// The launchers' view of `data`: a dtype code, extents `[heads, tokens, dim]` and
+/// strides in elements.
+pub fn cuda_view(data: *mut c_void, dtype: i32, ext: [usize; 3], st: [usize; 3]) -> KveCudaView {
+    KveCudaView {
+        data,
+        dtype,
+        reserved: 0,
+        stride_head: st[0] as i64,
+        stride_token: st[1] as i64,
+        stride_dim: st[2] as i64,
+        heads: ext[0] as i64,
+        tokens: ext[1] as i64,
+        dim: ext[2] as i64,
+    }
 }

@@ -62,17 +62,7 @@ fn config(preset: Preset, gran: Option<Granularity>, budget: Budget) -> EvictorC
 fn dview(b: &DBuf<f32>, heads: usize, n: usize, cap: usize) -> DTensor {
     let start = b.vptr() as usize;
     DTensor {
-        view: KveCudaView {
-            data: b.vptr(),
-            dtype: KVE_CUDA_F32,
-            reserved: 0,
-            stride_head: (cap * D) as i64,
-            stride_token: D as i64,
-            stride_dim: 1,
-            heads: heads as i64,
-            tokens: n as i64,
-            dim: D as i64,
-        },
+        view: cuda_view(b.vptr(), KVE_CUDA_F32, [heads, n, D], [cap * D, D, 1]),
         bytes: (start, start + heads * cap * D * 4),
     }
 }
@@ -147,6 +137,17 @@ impl Pair {
         }
         .expect("host evictor")
     }
+    /// The device evictor's context and block, to check that a refused call wrote neither.
+    fn state(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.dev_ctx.clone(), self.dev_block.download())
+    }
+    fn assert_state(&self, before: &(Vec<u8>, Vec<u8>), what: &str) {
+        assert!(self.dev_ctx == before.0, "{what}: context written");
+        assert!(
+            self.dev_block.download() == before.1,
+            "{what}: device block written"
+        );
+    }
     fn dev(&mut self) -> DeviceEvictor<'_> {
         let off = self.dev_ctx.as_ptr().align_offset(64);
         // SAFETY: the context init wrote, owned by self.
@@ -173,21 +174,7 @@ fn feed(e: &mut Engine, p: &mut Pair, rng: &mut Rng, c: usize, queries: bool) {
             let qv = kvevict::View::f32_contiguous(&q, [HQ, c, D]).unwrap();
             p.host().observe_queries(0, l, &qv).expect("host observe");
             let qd = DBuf::from(&q);
-            let start = qd.vptr() as usize;
-            let t = DTensor {
-                view: KveCudaView {
-                    data: qd.vptr(),
-                    dtype: KVE_CUDA_F32,
-                    reserved: 0,
-                    stride_head: (c * D) as i64,
-                    stride_token: D as i64,
-                    stride_dim: 1,
-                    heads: HQ as i64,
-                    tokens: c as i64,
-                    dim: D as i64,
-                },
-                bytes: (start, start + q.len() * 4),
-            };
+            let t = dview(&qd, HQ, c, c);
             // SAFETY: a device tensor; the null stream (the ring is written before qd goes).
             unsafe { p.dev().observe_queries(0, l, &t, null_stream()) }.expect("device observe");
             sync();
@@ -670,14 +657,8 @@ fn device_evictor_refuses_bad_input_and_writes_nothing() {
     let mut p = Pair::new(&cfg, &[]);
     let mut e = Engine::empty();
     feed(&mut e, &mut p, &mut rng, 70, true);
-    let before = (p.dev_ctx.clone(), p.dev_block.download());
-    let same = |p: &Pair, what: &str| {
-        assert!(p.dev_ctx == before.0, "{what}: context written");
-        assert!(
-            p.dev_block.download() == before.1,
-            "{what}: device block written"
-        );
-    };
+    let before = p.state();
+    let same = |p: &Pair, what: &str| p.assert_state(&before, what);
     let kv = dview(&p.kd[0], HKV, 70, CAP);
     let mut d = p.dev();
     assert_eq!(d.begin(0, 0, 0), Err(Error::InvalidArgument));
@@ -688,20 +669,7 @@ fn device_evictor_refuses_bad_input_and_writes_nothing() {
     // its device slot's offset computed, and overflowing, before the check)
     let q = vec![0f32; HQ * 4 * D];
     let qd = DBuf::from(&q);
-    let qt = DTensor {
-        view: KveCudaView {
-            data: qd.vptr(),
-            dtype: KVE_CUDA_F32,
-            reserved: 0,
-            stride_head: (4 * D) as i64,
-            stride_token: D as i64,
-            stride_dim: 1,
-            heads: HQ as i64,
-            tokens: 4,
-            dim: D as i64,
-        },
-        bytes: (qd.vptr() as usize, qd.vptr() as usize + q.len() * 4),
-    };
+    let qt = dview(&qd, HQ, 4, 4);
     for seq in [1, usize::MAX / 2 + 1, usize::MAX] {
         assert_eq!(d.plan(seq, 70), Err(Error::InvalidArgument));
         assert_eq!(d.begin(seq, 70, 30), Err(Error::InvalidArgument));
@@ -733,14 +701,8 @@ fn device_evictor_refuses_bad_input_and_writes_nothing() {
     drop(d);
     same(&p, "no round");
     p.dev().begin(0, 70, 30).unwrap();
-    let before = (p.dev_ctx.clone(), p.dev_block.download());
-    let same = |p: &Pair, what: &str| {
-        assert!(p.dev_ctx == before.0, "{what}: context written");
-        assert!(
-            p.dev_block.download() == before.1,
-            "{what}: device block written"
-        );
-    };
+    let before = p.state();
+    let same = |p: &Pair, what: &str| p.assert_state(&before, what);
     let good = DeviceLayerViews {
         keys: dview(&p.kd[0], HKV, 70, CAP),
         values: None,

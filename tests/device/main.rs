@@ -20,6 +20,9 @@ mod reference;
 #[path = "../conformance/mod.rs"]
 mod conformance;
 
+#[path = "../paged_common/mod.rs"]
+mod paged_common;
+
 use conformance::*;
 use half::{bf16, f16};
 use kvevict::cuda::*;

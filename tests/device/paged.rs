@@ -7,18 +7,10 @@
 //! Refused descriptors return 1 and write nothing; a table entry past the pool is skipped
 //! (nothing outside the pool read or written).
 
+use super::paged_common::KINDS;
 use super::*;
 use kvevict::paged::{compact_paged, PagedKind, PagedLayout, PagedViewMut};
 use kvevict::DType;
-
-const KINDS: [PagedKind; 6] = [
-    PagedKind::Nhd,
-    PagedKind::NhdKvInner,
-    PagedKind::NhdKvOuter,
-    PagedKind::Hnd,
-    PagedKind::HndKvInner,
-    PagedKind::TrtLlm,
-];
 
 /// A pool of `layout` (random bits, as many u32 words as its elements need).
 fn pool_words(l: &PagedLayout, rng: &mut Rng) -> (Vec<u32>, usize) {

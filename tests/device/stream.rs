@@ -20,17 +20,7 @@ fn present() -> bool {
 
 /// A device view of a stored tensor uploaded to `buf`.
 fn dview(s: &Stored, buf: &Buf) -> KveCudaView {
-    KveCudaView {
-        data: buf.vptr(),
-        dtype: s.dtype as i32,
-        reserved: 0,
-        stride_head: s.stride[0] as i64,
-        stride_token: s.stride[1] as i64,
-        stride_dim: s.stride[2] as i64,
-        heads: s.extent[0] as i64,
-        tokens: s.extent[1] as i64,
-        dim: s.extent[2] as i64,
-    }
+    conformance::cuda_view(buf.vptr(), s.dtype as i32, s.extent, s.stride)
 }
 
 fn upload(s: &Stored) -> Buf {

@@ -15,9 +15,7 @@ const MIN_KEEP: u32 = 64;
 /// answers stay on topic.
 #[test]
 fn server_chat_keep_ratio_compresses_only_what_is_new() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let (_server, port, log_path) = start_server_with(
         &s,
         "chat-keep",
@@ -111,9 +109,7 @@ fn keep_ratio_server(s: &Setup, name: &str, method: &str, trace: bool) -> (Serve
 /// again (it was: `200 -> 20 cells` before the answer), and the answer holds the pass key.
 #[test]
 fn server_chat_context_then_question_keeps_the_needle() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let (_server, port, log_path) = keep_ratio_server(&s, "chat-two-turns", "uniqueness", false);
     let mut rows = Vec::new();
     for seed in [21, 22, 23] {
@@ -164,9 +160,7 @@ fn server_chat_context_then_question_keeps_the_needle() {
 /// is inside it and the pass key is kept and answered.
 #[test]
 fn server_chat_one_message_question_last_keeps_the_needle() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let (_server, port, log_path) = keep_ratio_server(&s, "chat-one-message", "laprox-span", true);
     let mut rows = Vec::new();
     for seed in [31, 32, 33] {

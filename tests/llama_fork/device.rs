@@ -140,9 +140,7 @@ fn host_and_device(
 /// ubatch-by-ubatch placement answers the needle like the full cache.
 #[test]
 fn a_prompt_longer_than_the_budget_streams_through_one_decode() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     const BUDGET: f64 = 256.0;
     let lib = emu_lib("a_prompt_longer_than_the_budget_streams_through_one_decode");
     let common = ["--needle", "0.5", "--seed", "5", "-n", "8", "-t", "2"];
@@ -246,9 +244,7 @@ fn a_prompt_longer_than_the_budget_streams_through_one_decode() {
 /// context is made, with a clear message, and the host path of the same binary still runs.
 #[test]
 fn device_path_without_cuda_is_refused() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let args = [
         "--needle",
         "0.3",

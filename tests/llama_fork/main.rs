@@ -36,6 +36,17 @@
 #[path = "../result_row/mod.rs"]
 mod result_row;
 
+/// The fork's [`Setup`], or return from the test (no fork or model: `setup` says so, and
+/// fails instead with `KVEVICT_FORK_REQUIRED=1`).
+macro_rules! fork_or_skip {
+    () => {
+        match setup() {
+            Some(s) => s,
+            None => return,
+        }
+    };
+}
+
 mod chat;
 mod device;
 mod needle;
@@ -451,6 +462,15 @@ fn eviction_failures(log: &str) -> Vec<&str> {
         .collect()
 }
 
+/// A chat's messages as `/v1/chat/completions` takes them: `[{"role":..,"content":..},..]`.
+fn messages_json(messages: &[(String, String)]) -> String {
+    let m: Vec<String> = messages
+        .iter()
+        .map(|(r, c)| format!("{{\"role\":\"{r}\",\"content\":\"{}\"}}", json_escape(c)))
+        .collect();
+    format!("[{}]", m.join(","))
+}
+
 /// `chat_turn` with `cache_prompt` set (false: the slot's cells are not reused, the whole prompt
 /// is processed again).
 fn chat_turn_cached(
@@ -460,12 +480,8 @@ fn chat_turn_cached(
     cache_prompt: bool,
 ) -> Result<(String, f64), String> {
     let body = format!(
-        "{{\"messages\":[{}],\"max_tokens\":{max_tokens},\"temperature\":0,\"cache_prompt\":{cache_prompt}}}",
-        messages
-            .iter()
-            .map(|(r, c)| format!("{{\"role\":\"{r}\",\"content\":\"{}\"}}", json_escape(c)))
-            .collect::<Vec<_>>()
-            .join(",")
+        "{{\"messages\":{},\"max_tokens\":{max_tokens},\"temperature\":0,\"cache_prompt\":{cache_prompt}}}",
+        messages_json(messages)
     );
     match http(port, "POST", "/v1/chat/completions", &body) {
         Ok((200, b)) => Ok((

@@ -18,9 +18,7 @@ fn padded(cells: f64, pad: f64) -> f64 {
 
 #[test]
 fn needle_at_ten_percent_compacts_the_cache() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let mut table = String::from(
         "flash depth seed | method       | cells      | n_kv       | kvevict ms | answer\n",
     );
@@ -122,9 +120,7 @@ fn needle_at_ten_percent_compacts_the_cache() {
 /// the full cache answers at 10 % keep; the question-aware default is printed beside it.
 #[test]
 fn agnostic_compression_keeps_the_needle() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let mut table = String::from("flash depth | full | uniqueness 10% | laprox-span 10%\n");
     let mut failures = Vec::new();
     for flash in ["off", "on"] {
@@ -196,9 +192,7 @@ fn agnostic_compression_keeps_the_needle() {
 
 #[test]
 fn compacted_state_file_is_smaller_and_answers_the_same() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let dir = std::env::temp_dir();
     let mut lines = Vec::new();
     // question-aware (flash off) and question-agnostic (uniqueness, flash on) compression at 10%
@@ -262,9 +256,7 @@ fn compacted_state_file_is_smaller_and_answers_the_same() {
 /// never asserted.
 #[test]
 fn decode_on_the_compacted_cache_spans_the_kept_cells() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     for flash in ["off", "on"] {
         let common = [
             "--needle",
@@ -346,9 +338,7 @@ fn decode_on_the_compacted_cache_spans_the_kept_cells() {
 /// context of the same model builds its own once and evicts the same prompt to as many cells.
 #[test]
 fn laprox_gram_blocks_are_built_once_per_context() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let r = needle(
         &s,
         &[
@@ -394,9 +384,7 @@ fn laprox_gram_blocks_are_built_once_per_context() {
 /// eviction finds its queries (a missing one is an error in the log and a failed eviction).
 #[test]
 fn window_queries_are_captured_in_the_graph_when_the_method_reads_them() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let common = [
         "--needle",
         "0.5",
@@ -483,9 +471,7 @@ fn window_queries_are_captured_in_the_graph_when_the_method_reads_them() {
 /// (the numpy eval's finding, 0/19 there); with links the run continues through the digits.
 #[test]
 fn value_links_keep_a_seven_digit_key() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let (mut with, mut without) = (0, 0);
     let mut table = String::from("depth | without links | with links (0.5)\n");
     for &(depth, seed) in &PROMPTS[..3] {
@@ -526,9 +512,7 @@ fn value_links_keep_a_seven_digit_key() {
 
 #[test]
 fn cli_compresses_once_after_the_prompt() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     // a ~450-token prompt; --kv-keep 0.1: when the first answer token is decoded, the prompt's
     // cells are compressed to 10% (libllama logs it at verbosity 4)
     let sentences = [
@@ -596,9 +580,7 @@ fn cli_compresses_once_after_the_prompt() {
 /// eviction succeeds, and the q8_0 cache answers as its full cache does.
 #[test]
 fn quantized_caches_are_scored_dequantized_and_compacted_as_bytes() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let common = ["--needle", "0.5", "--seed", "5", "--kv-keep", "0.1"];
     let mut table = String::new();
     for (ctk, ctv, flash) in [

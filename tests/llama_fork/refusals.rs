@@ -4,9 +4,7 @@ use super::*;
 
 #[test]
 fn bad_eviction_settings_are_refused_at_startup() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     for exe in ["llama-cli", "llama-server"] {
         refused(
             &s,
@@ -103,9 +101,7 @@ fn bad_eviction_settings_are_refused_at_startup() {
 /// not offered), and `llama-kvevict-needle --help` prints its usage and methods.
 #[test]
 fn every_library_method_is_listed_and_the_needle_tool_has_help() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let header =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/kvevict.h"))
             .unwrap();

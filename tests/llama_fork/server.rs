@@ -28,9 +28,7 @@ fn kv_allocation(log: &str) -> (f64, u32) {
 
 #[test]
 fn server_holds_a_cell_budget_over_a_long_conversation() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     const BUDGET: u32 = 256;
     // a 4096-token context (positions keep growing) whose sequence may hold at most BUDGET cells,
     // with llama-server's default -b (2048) and -ub (512): libllama places a batch ubatch by ubatch,
@@ -99,12 +97,8 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     let history = std::cell::Cell::new(0.0f64);
     let turn = |messages: &mut Vec<(String, String)>, errors: &mut Vec<String>| -> String {
         let body = format!(
-            "{{\"messages\":[{}],\"max_tokens\":64,\"temperature\":0}}",
-            messages
-                .iter()
-                .map(|(r, c)| format!("{{\"role\":\"{r}\",\"content\":\"{}\"}}", json_escape(c)))
-                .collect::<Vec<_>>()
-                .join(",")
+            "{{\"messages\":{},\"max_tokens\":64,\"temperature\":0}}",
+            messages_json(messages)
         );
         match http(port, "POST", "/v1/chat/completions", &body) {
             Ok((200, b)) => {
@@ -313,9 +307,7 @@ const TOPICS_B: [&str; 12] = [
 /// the cache is allocated for 4 x the budget, not `-c`.
 #[test]
 fn server_default_slots_hold_a_budget_per_sequence() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     const BUDGET: u32 = 256;
     let budget = BUDGET.to_string();
     let (_server, port, log_path) = start_server_with(
@@ -381,9 +373,7 @@ fn server_default_slots_hold_a_budget_per_sequence() {
 /// freed, the stream compacted; the other sequences' cells kept), one info line per eviction.
 #[test]
 fn server_default_slots_compress_each_sequence_in_the_unified_cache() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let (_server, port, log_path) = start_server_with(
         &s,
         "default-slots-keep",
@@ -433,9 +423,7 @@ fn server_default_slots_compress_each_sequence_in_the_unified_cache() {
 /// the cache is allocated for the budget (q8_0 rows: 34 bytes per 32 values).
 #[test]
 fn server_holds_a_budget_with_a_q8_0_cache() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     const BUDGET: u32 = 256;
     let budget = BUDGET.to_string();
     let (_server, port, log_path) = start_server(
@@ -521,9 +509,7 @@ fn slots_kv(port: u16) -> Vec<(u32, u32, u32)> {
 /// evicting, and the server's RSS flat after warm-up (the first 10 rounds).
 #[test]
 fn server_soak_four_clients_thirty_turns_under_a_budget() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     const BUDGET: u32 = 256;
     const CLIENTS: usize = 4;
     const TURNS: usize = 30;

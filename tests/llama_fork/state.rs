@@ -9,9 +9,7 @@ use super::*;
 /// question answered on what was kept. A state within the budget is restored whole.
 #[test]
 fn a_state_larger_than_the_budget_is_evicted_on_restore() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let dir = std::env::temp_dir();
     let mut lines = Vec::new();
     for (flash, budget, cache) in [
@@ -86,9 +84,7 @@ fn a_state_larger_than_the_budget_is_evicted_on_restore() {
 /// it too: the method, see llama_fork/README.md.)
 #[test]
 fn the_restore_keeps_the_cells_of_a_one_shot_eviction() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     for flash in ["off", "on"] {
         let path = std::env::temp_dir().join(format!(
             "kvevict-restore-vs-oneshot-{}-{flash}.bin",
@@ -157,9 +153,7 @@ fn the_restore_keeps_the_cells_of_a_one_shot_eviction() {
 /// gets its error and the server goes on.
 #[test]
 fn server_restores_a_saved_slot_into_its_budget() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     const QUESTION: &str = "\nQuestion: what is the pass key?\nAnswer: The pass key is";
     let dir = std::env::temp_dir().join(format!("kvevict-slots-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -278,9 +272,7 @@ fn server_restores_a_saved_slot_into_its_budget() {
 /// conversation into another slot: "Context size has been exceeded"). Host and device paths.
 #[test]
 fn a_restored_sequence_without_window_queries_still_evicts() {
-    let Some(s) = setup() else {
-        return;
-    };
+    let s = fork_or_skip!();
     let lib = emu_lib("a_restored_sequence_without_window_queries_still_evicts");
     let path =
         std::env::temp_dir().join(format!("kvevict-restore-edge-{}.bin", std::process::id()));

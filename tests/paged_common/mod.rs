@@ -1,13 +1,14 @@
 //! How the engines' pool kinds keep a model's K and V in buffers, shared by the paged
-//! tests (`tests/paged.rs`, `tests/evictor_paged.rs`): separate K and V tensors per layer
+//! tests (`tests/paged.rs`, `tests/evictor_paged.rs`, `tests/device/paged.rs`): separate K and V tensors per layer
 //! (NHD, HND), K and V stacked per layer (the `*_KV_*` kinds), or every layer in one
 //! buffer (TensorRT-LLM).
+#![allow(dead_code)] // each test file uses its own subset
 
 use kvevict::paged::{PagedKind, PagedLayout};
+use kvevict::Error;
 
 /// Deterministic data (xorshift).
 pub struct Rng(pub u64);
-#[allow(dead_code)] // each test file uses its own subset
 impl Rng {
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
@@ -90,4 +91,19 @@ pub fn buffer_len(
         .map(|(l, kv)| layout(l, kv).required_len().unwrap())
         .max()
         .unwrap()
+}
+
+/// The fault a block table's first `used` entries make for a pool of `nb` blocks (the
+/// table holds at least `used`): entries in order, the first out of the pool
+/// (`OutOfBounds`) or repeated (`Aliasing`) decides; `None` when they are valid.
+pub fn table_fault(table: &[u32], used: usize, nb: usize) -> Option<Error> {
+    (0..used).find_map(|i| {
+        if table[i] as usize >= nb {
+            Some(Error::OutOfBounds)
+        } else if table[..i].contains(&table[i]) {
+            Some(Error::Aliasing)
+        } else {
+            None
+        }
+    })
 }

@@ -90,6 +90,22 @@ impl T3 {
         }
         t
     }
+    /// [`T3::normal`] (unit scale), then each row `(i, j)` times `exp(spread · N(0, 1))`,
+    /// drawn row after row: rows of log-normally spread norms (values with a few strong
+    /// tokens).
+    pub fn normal_rows_spread(rng: &mut Rng, a: usize, b: usize, c: usize, spread: f64) -> T3 {
+        let mut t = T3::normal(rng, a, b, c, 1.0);
+        for i in 0..a {
+            for j in 0..b {
+                let s = (rng.normal() * spread).exp();
+                for k in 0..c {
+                    let x = t.at(i, j, k) * s;
+                    t.set(i, j, k, x);
+                }
+            }
+        }
+        t
+    }
     #[inline]
     pub fn at(&self, i: usize, j: usize, k: usize) -> f64 {
         self.data[(i * self.b + j) * self.c + k]

@@ -77,7 +77,7 @@ pub unsafe extern "C" fn kve_cuda_compact_batch_in_place_workspace_size(
     max_keep: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    cuda_only!([items, n_items, max_keep, out_bytes], {
+    cuda_only!({
         // SAFETY: NULL or the caller's host array; c_items checks it.
         let all = tri!(unsafe { c_items(items, n_items) });
         let b = device::compact_batch_in_place_workspace_size(&all, max_keep);
@@ -104,16 +104,13 @@ pub unsafe extern "C" fn kve_cuda_compact_batch_in_place(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!(
-        [items, n_items, max_keep, workspace, workspace_bytes, stream],
-        {
-            // SAFETY: NULL or the caller's host array; c_items checks it.
-            let all = tri!(unsafe { c_items(items, n_items) });
-            // SAFETY: the tensors, lists and workspace are device memory of the declared sizes
-            // (this function's contract); the pipeline checks everything else.
-            to_status(unsafe {
-                device::compact_batch_in_place(&all, max_keep, workspace, workspace_bytes, stream)
-            })
-        }
-    )
+    cuda_only!({
+        // SAFETY: NULL or the caller's host array; c_items checks it.
+        let all = tri!(unsafe { c_items(items, n_items) });
+        // SAFETY: the tensors, lists and workspace are device memory of the declared sizes
+        // (this function's contract); the pipeline checks everything else.
+        to_status(unsafe {
+            device::compact_batch_in_place(&all, max_keep, workspace, workspace_bytes, stream)
+        })
+    })
 }

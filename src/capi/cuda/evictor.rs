@@ -20,7 +20,9 @@ use {
     },
     super::super::paged::PagedPool,
     super::super::params::read_ext,
-    super::super::{check_alias, out_param, span_ptr, to_status, to_usize, tri, Buf, Span},
+    super::super::{
+        check_alias, out_param, span_ptr, span_sized, to_status, to_usize, tri, Buf, Span,
+    },
     super::super::{Tensor as HostTensor, KVE_ERR_INVALID_ARGUMENT, KVE_OK},
     super::imp::tensor,
     crate::device::{self, Floats},
@@ -54,7 +56,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_size(
     host_bytes: *mut u64,
     device_bytes: *mut u64,
 ) -> i32 {
-    cuda_only!([config, host_bytes, device_bytes], {
+    cuda_only!({
         let mut h = tri!(out_param(host_bytes));
         let mut d = tri!(out_param(device_bytes));
         // SAFETY: NULL or the caller's config; evictor_config checks it.
@@ -83,24 +85,21 @@ pub unsafe extern "C" fn kve_cuda_evictor_init(
     config: *const kve_evictor_config,
     evictor: *mut *mut kve_cuda_evictor,
 ) -> i32 {
-    cuda_only!(
-        [memory, bytes, device_memory, device_bytes, config, evictor],
-        {
-            let mut out = tri!(out_param(evictor));
-            let mut mem = tri!(Buf::new(memory as *const u8, bytes));
-            // SAFETY: NULL or the caller's config; evictor_config checks it.
-            let (cfg, spans) = tri!(unsafe { evictor_config(config) });
-            tri!(check_alias(&[out.span, mem.span], &spans));
-            // SAFETY: Buf::new checked the host memory, unaliased; the device block is the
-            // caller's (the contract), checked for NULL, alignment, size and overlap.
-            let mut ev = tri!(unsafe {
-                DeviceEvictor::init(mem.slice_mut(), device_memory, device_bytes, &cfg)
-            });
-            // SAFETY: out_param checked it; one element.
-            unsafe { out.slice_mut()[0] = ev.as_ptr() as *mut kve_cuda_evictor };
-            KVE_OK
-        }
-    )
+    cuda_only!({
+        let mut out = tri!(out_param(evictor));
+        let mut mem = tri!(Buf::new(memory as *const u8, bytes));
+        // SAFETY: NULL or the caller's config; evictor_config checks it.
+        let (cfg, spans) = tri!(unsafe { evictor_config(config) });
+        tri!(check_alias(&[out.span, mem.span], &spans));
+        // SAFETY: Buf::new checked the host memory, unaliased; the device block is the
+        // caller's (the contract), checked for NULL, alignment, size and overlap.
+        let mut ev = tri!(unsafe {
+            DeviceEvictor::init(mem.slice_mut(), device_memory, device_bytes, &cfg)
+        });
+        // SAFETY: out_param checked it; one element.
+        unsafe { out.slice_mut()[0] = ev.as_ptr() as *mut kve_cuda_evictor };
+        KVE_OK
+    })
 }
 
 /// As `kve_evictor_get_requirements`.
@@ -110,11 +109,10 @@ pub unsafe extern "C" fn kve_cuda_evictor_get_requirements(
     out: *mut kve_evictor_requirements,
     struct_size: u32,
 ) -> i32 {
-    cuda_only!([evictor, out, struct_size], {
+    cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (ev, ctx, _) = tri!(unsafe { attach(evictor) });
-        let end = (out as usize).saturating_add(struct_size as usize);
-        tri!(check_alias(&[Span(out as usize, end)], &[ctx]));
+        tri!(check_alias(&[span_sized(out, struct_size)], &[ctx]));
         // SAFETY: NULL or `struct_size` writable bytes (the caller's contract).
         unsafe { write_requirements(ev.needs(), out, struct_size) }
     })
@@ -130,7 +128,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_set_output_projection(
     wo: *const kve_tensor,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!([evictor, layer, wo, stream], {
+    cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
         // SAFETY: NULL or the caller's descriptor; from_ptr checks it.
@@ -154,7 +152,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_observe_queries(
     queries: *const kve_tensor,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!([evictor, seq, layer, queries, stream], {
+    cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
         tri!(check_alias(&[ctx], &[span_ptr(queries)]));
@@ -174,7 +172,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_plan(
     n_cells: u64,
     target: *mut u64,
 ) -> i32 {
-    cuda_only!([evictor, seq, n_cells, target], {
+    cuda_only!({
         let mut o = tri!(out_param(target));
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
@@ -194,7 +192,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_begin(
     n_cells: u64,
     target: u64,
 ) -> i32 {
-    cuda_only!([evictor, seq, n_cells, target], {
+    cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, _, _) = tri!(unsafe { attach(evictor) });
         let (s, n, t) = (
@@ -217,7 +215,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_score_layer(
     views: *const kve_evictor_layer,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!([evictor, seq, layer, views, stream], {
+    cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
         // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
@@ -225,8 +223,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_score_layer(
         if l.reserved != 0 || !l.wo.data.is_null() {
             return KVE_ERR_INVALID_ARGUMENT;
         }
-        let end = (views as usize).saturating_add(l.struct_size as usize);
-        tri!(check_alias(&[ctx], &[Span(views as usize, end)]));
+        tri!(check_alias(&[ctx], &[span_sized(views, l.struct_size)]));
         let opt = |t: &kve_tensor| match t.data.is_null() {
             true => Ok(None),
             false => tensor(t).map(Some),
@@ -276,7 +273,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_score_layer_paged(
     views: *const kve_evictor_paged_layer,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!([evictor, seq, layer, views, stream], {
+    cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
         // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
@@ -292,8 +289,10 @@ pub unsafe extern "C" fn kve_cuda_evictor_score_layer_paged(
             false => Some(tri!(unsafe { device_pool(&l.values) })),
         };
         let t = tri!(Buf::new(l.table, l.table_len));
-        let end = (views as usize).saturating_add(l.struct_size as usize);
-        tri!(check_alias(&[ctx], &[Span(views as usize, end), t.span]));
+        tri!(check_alias(
+            &[ctx],
+            &[span_sized(views, l.struct_size), t.span]
+        ));
         let q = match l.queries.data.is_null() {
             true => None,
             false => Some(tri!(tensor(&l.queries))),
@@ -333,35 +332,23 @@ pub unsafe extern "C" fn kve_cuda_evictor_compact_paged(
     blocks_freed: *mut u64,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!(
-        [
-            evictor,
-            seq,
-            layer,
-            kv,
-            table,
-            table_len,
-            blocks_freed,
-            stream
-        ],
-        {
-            // SAFETY: the caller's context; attach checks it.
-            let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
-            // SAFETY: NULL or the caller's layout; device_pool checks it.
-            let p = tri!(unsafe { device_pool(kv) });
-            let t = tri!(Buf::new(table, table_len));
-            let mut bf = tri!(out_param(blocks_freed));
-            tri!(check_alias(&[ctx, bf.span], &[span_ptr(kv), t.span]));
-            let (s, l) = (tri!(to_usize(seq)), tri!(to_usize(layer)));
-            // SAFETY: Buf::new checked the table; no output overlaps it.
-            let table = unsafe { t.slice() };
-            // SAFETY: device memory the caller lets us write (this function's contract).
-            let r = tri!(unsafe { ev.compact_paged(s, l, &p, table, stream) });
-            // SAFETY: out_param checked it; check_alias: it overlaps no other argument.
-            unsafe { bf.slice_mut()[0] = r.map_or(u64::MAX, |r| r.blocks_freed as u64) };
-            KVE_OK
-        }
-    )
+    cuda_only!({
+        // SAFETY: the caller's context; attach checks it.
+        let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
+        // SAFETY: NULL or the caller's layout; device_pool checks it.
+        let p = tri!(unsafe { device_pool(kv) });
+        let t = tri!(Buf::new(table, table_len));
+        let mut bf = tri!(out_param(blocks_freed));
+        tri!(check_alias(&[ctx, bf.span], &[span_ptr(kv), t.span]));
+        let (s, l) = (tri!(to_usize(seq)), tri!(to_usize(layer)));
+        // SAFETY: Buf::new checked the table; no output overlaps it.
+        let table = unsafe { t.slice() };
+        // SAFETY: device memory the caller lets us write (this function's contract).
+        let r = tri!(unsafe { ev.compact_paged(s, l, &p, table, stream) });
+        // SAFETY: out_param checked it; check_alias: it overlaps no other argument.
+        unsafe { bf.slice_mut()[0] = r.map_or(u64::MAX, |r| r.blocks_freed as u64) };
+        KVE_OK
+    })
 }
 
 /// As `kve_evictor_select`, on `stream`. `*kept_cells`: the cells every (layer, KV head)
@@ -375,7 +362,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_select(
     kept_cells: *mut u64,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!([evictor, seq, kept_cells, stream], {
+    cuda_only!({
         let mut o = tri!(out_param(kept_cells));
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
@@ -401,7 +388,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_kept_lists(
     idx: *mut *const i32,
     idx_ld: *mut u64,
 ) -> i32 {
-    cuda_only!([evictor, seq, counts, idx, idx_ld], {
+    cuda_only!({
         let mut c = tri!(out_param(counts));
         let mut i = tri!(out_param(idx));
         let mut ld = tri!(out_param(idx_ld));
@@ -429,7 +416,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_compact(
     kv: *const kve_tensor,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!([evictor, seq, layer, kv, stream], {
+    cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
         tri!(check_alias(&[ctx], &[span_ptr(kv)]));
@@ -446,7 +433,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_compact(
 /// leaves the sequence ragged: no further round until `kve_cuda_evictor_seq_reset`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_cuda_evictor_commit(evictor: *mut kve_cuda_evictor, seq: u64) -> i32 {
-    cuda_only!([evictor, seq], {
+    cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, _, _) = tri!(unsafe { attach(evictor) });
         to_status(ev.commit(tri!(to_usize(seq))))
@@ -459,7 +446,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_seq_reset(
     evictor: *mut kve_cuda_evictor,
     seq: u64,
 ) -> i32 {
-    cuda_only!([evictor, seq], {
+    cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, _, _) = tri!(unsafe { attach(evictor) });
         to_status(ev.reset(tri!(to_usize(seq))))
@@ -472,7 +459,7 @@ pub unsafe extern "C" fn kve_cuda_evictor_seq_unprotect(
     evictor: *mut kve_cuda_evictor,
     seq: u64,
 ) -> i32 {
-    cuda_only!([evictor, seq], {
+    cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, _, _) = tri!(unsafe { attach(evictor) });
         to_status(ev.unprotect(tri!(to_usize(seq))))
@@ -487,11 +474,10 @@ pub unsafe extern "C" fn kve_cuda_evictor_get_stats(
     out: *mut kve_evictor_stats,
     struct_size: u32,
 ) -> i32 {
-    cuda_only!([evictor, seq, out, struct_size], {
+    cuda_only!({
         // SAFETY: the caller's context; attach checks it.
         let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
-        let end = (out as usize).saturating_add(struct_size as usize);
-        tri!(check_alias(&[Span(out as usize, end)], &[ctx]));
+        tri!(check_alias(&[span_sized(out, struct_size)], &[ctx]));
         let s = tri!(ev.stats(tri!(to_usize(seq))));
         // SAFETY: NULL or `struct_size` writable bytes (the caller's contract).
         unsafe { write_stats(s, out, struct_size) }

@@ -38,7 +38,7 @@ pub unsafe extern "C" fn kve_cuda_prepare_gram_size(
     with_lo: u32,
     out_bytes: *mut u64,
 ) -> i32 {
-    cuda_only!([gram_len, dtype, with_lo, out_bytes], {
+    cuda_only!({
         let b = DType::from_u32(dtype).and_then(|dt| {
             let n = usize::try_from(gram_len).map_err(|_| Error::Overflow)?;
             device::gram_split_size(n, dt, flag(with_lo)?)
@@ -64,20 +64,17 @@ pub unsafe extern "C" fn kve_cuda_prepare_gram(
     split_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!(
-        [gram, gram_len, dtype, with_lo, split, split_bytes, stream],
-        {
-            let dt = tri!(DType::from_u32(dtype));
-            let lo = tri!(flag(with_lo));
-            let g = Floats {
-                ptr: gram,
-                len: gram_len,
-            };
-            // SAFETY: gram and split are device memory of the declared sizes (this function's
-            // contract); everything is checked before the launch.
-            to_status(unsafe { device::gram_split(g, dt, lo, split, split_bytes, stream) })
-        }
-    )
+    cuda_only!({
+        let dt = tri!(DType::from_u32(dtype));
+        let lo = tri!(flag(with_lo));
+        let g = Floats {
+            ptr: gram,
+            len: gram_len,
+        };
+        // SAFETY: gram and split are device memory of the declared sizes (this function's
+        // contract); everything is checked before the launch.
+        to_status(unsafe { device::gram_split(g, dt, lo, split, split_bytes, stream) })
+    })
 }
 
 /// `kve_cuda_score_layer` with LaProx's Gram given split (`kve_cuda_prepare_gram`: `split`,
@@ -102,41 +99,27 @@ pub unsafe extern "C" fn kve_cuda_score_layer_prepared(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!(
-        [
-            params,
-            inputs,
-            split,
-            split_bytes,
-            with_lo,
-            out,
-            out_len,
-            workspace,
-            workspace_bytes,
-            stream
-        ],
-        {
-            // SAFETY: host structs the caller passes, read within their checked `struct_size`.
-            let (cfg, li) = tri!(unsafe { super::layer_args(params, inputs) });
-            let sp = GramSplit {
-                ptr: split,
-                bytes: split_bytes,
-                with_lo: tri!(flag(with_lo)),
-            };
-            // SAFETY: the tensors, split, `out` and the workspace are device memory of the
-            // declared sizes (this function's contract); the pipeline checks them first.
-            to_status(unsafe {
-                device::score_layer_split(
-                    &cfg,
-                    &li,
-                    Some(&sp),
-                    out,
-                    out_len,
-                    workspace,
-                    workspace_bytes,
-                    stream,
-                )
-            })
-        }
-    )
+    cuda_only!({
+        // SAFETY: host structs the caller passes, read within their checked `struct_size`.
+        let (cfg, li) = tri!(unsafe { super::layer_args(params, inputs) });
+        let sp = GramSplit {
+            ptr: split,
+            bytes: split_bytes,
+            with_lo: tri!(flag(with_lo)),
+        };
+        // SAFETY: the tensors, split, `out` and the workspace are device memory of the
+        // declared sizes (this function's contract); the pipeline checks them first.
+        to_status(unsafe {
+            device::score_layer_split(
+                &cfg,
+                &li,
+                Some(&sp),
+                out,
+                out_len,
+                workspace,
+                workspace_bytes,
+                stream,
+            )
+        })
+    })
 }

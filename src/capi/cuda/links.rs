@@ -22,7 +22,7 @@ pub unsafe extern "C" fn kve_cuda_value_links_workspace_size(
     n: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    cuda_only!([hkv, n, out_bytes], {
+    cuda_only!({
         let b = device::value_links_workspace_size(hkv, n).map(|b| b as u64);
         // SAFETY: a host out-parameter, checked before it is written.
         unsafe { write(out_bytes, b) }
@@ -48,25 +48,15 @@ pub unsafe extern "C" fn kve_cuda_accumulate_value_links(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!(
-        [values, links, links_len, workspace, workspace_bytes, stream],
-        {
-            // SAFETY: a host descriptor (NULL and alignment checked).
-            let v = tri!(tensor(tri!(unsafe { arg(values) })));
-            // SAFETY: the tensor's data, `links` and the workspace are device memory of the
-            // declared sizes (this function's contract); checked before the launch.
-            to_status(unsafe {
-                device::accumulate_value_links(
-                    &v,
-                    links,
-                    links_len,
-                    workspace,
-                    workspace_bytes,
-                    stream,
-                )
-            })
-        }
-    )
+    cuda_only!({
+        // SAFETY: a host descriptor (NULL and alignment checked).
+        let v = tri!(tensor(tri!(unsafe { arg(values) })));
+        // SAFETY: the tensor's data, `links` and the workspace are device memory of the
+        // declared sizes (this function's contract); checked before the launch.
+        to_status(unsafe {
+            device::accumulate_value_links(&v, links, links_len, workspace, workspace_bytes, stream)
+        })
+    })
 }
 
 /// `kve_cuda_select_model` whose forward post-pool carries each continuation on through
@@ -94,44 +84,26 @@ pub unsafe extern "C" fn kve_cuda_select_model_linked(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> i32 {
-    cuda_only!(
-        [
-            params,
-            scores,
-            links,
-            links_len,
-            link_threshold,
-            counts,
-            counts_len,
-            idx,
-            idx_ld,
-            idx_len,
-            workspace,
-            workspace_bytes,
-            stream
-        ],
-        {
-            // SAFETY: NULL or the caller's host structs (checked there).
-            let (cfg, m, shape, lists) = tri!(unsafe {
-                select_args(params, scores, counts, counts_len, idx, idx_ld, idx_len)
-            });
-            // SAFETY: scores, links, lists and workspace are device memory of the declared
-            // sizes (this function's contract); the pipeline checks them before any launch.
-            to_status(unsafe {
-                device::select_model_linked(
-                    &cfg,
-                    &shape,
-                    m.scores,
-                    m.len,
-                    links,
-                    links_len,
-                    link_threshold,
-                    &lists,
-                    workspace,
-                    workspace_bytes,
-                    stream,
-                )
-            })
-        }
-    )
+    cuda_only!({
+        // SAFETY: NULL or the caller's host structs (checked there).
+        let (cfg, m, shape, lists) =
+            tri!(unsafe { select_args(params, scores, counts, counts_len, idx, idx_ld, idx_len) });
+        // SAFETY: scores, links, lists and workspace are device memory of the declared
+        // sizes (this function's contract); the pipeline checks them before any launch.
+        to_status(unsafe {
+            device::select_model_linked(
+                &cfg,
+                &shape,
+                m.scores,
+                m.len,
+                links,
+                links_len,
+                link_threshold,
+                &lists,
+                workspace,
+                workspace_bytes,
+                stream,
+            )
+        })
+    })
 }

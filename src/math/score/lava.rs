@@ -1,6 +1,6 @@
 //! LAVa (design §3): `max_{h in group} maxpool(mean_j A[h,j,i]) · max_{k<P} ||V[kh,k]||_1`.
 use super::knorm::row_sums;
-use super::{pooled_mean_attention, Bufs};
+use super::{pooled_mean_attention, Bufs, Sums};
 use crate::config::{GqaReduce, ScoreConfig};
 use crate::error::{Error, Result};
 use crate::numerics::dispatch;
@@ -62,18 +62,9 @@ pub(super) fn head_factors(
     Ok(())
 }
 
-pub(super) fn score(
-    cfg: &ScoreConfig,
-    sum: &mut [f32],
-    g: usize,
-    w: usize,
-    p: usize,
-    kh: usize,
-    bufs: &mut Bufs,
-    dst: &mut [f32],
-) {
-    let c = bufs.acc[kh];
-    pooled_mean_attention(&cfg.pool, GqaReduce::Max, false, sum, g, w, p, bufs, dst);
+pub(super) fn score(cfg: &ScoreConfig, s: Sums, kh: usize, bufs: &mut Bufs, dst: &mut [f32]) {
+    let (c, p) = (bufs.acc[kh], s.p);
+    pooled_mean_attention(&cfg.pool, GqaReduce::Max, false, s, bufs, dst);
     for v in dst[..p].iter_mut() {
         *v *= c;
     }

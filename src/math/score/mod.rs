@@ -406,22 +406,22 @@ pub fn score_layer(
                 window::column_stats(q, keys, kh, g, w, rm, rs, nd, scratch, &mut st)?;
             }
         }
+        let sums = Sums {
+            sum: &mut *sum,
+            g,
+            w,
+            p,
+        };
         match cfg.scorer {
-            ScorerKind::SnapKv => snapkv::score(cfg, sum, g, w, p, &mut bufs, dst),
-            ScorerKind::Lava => lava::score(cfg, sum, g, w, p, kh, &mut bufs, dst),
+            ScorerKind::SnapKv => snapkv::score(cfg, sums, &mut bufs, dst),
+            ScorerKind::Lava => lava::score(cfg, sums, kh, &mut bufs, dst),
             ScorerKind::LaProx => {
                 laprox::score(cfg, inputs, &shape, sq, cross, kh, p, &mut bufs, dst)
             }
-            ScorerKind::CriticalKv => criticalkv::score(
-                cfg,
-                sum,
-                g,
-                w,
-                p,
-                &inputs.value_l1.unwrap_or(&[])[kh * n..kh * n + p],
-                &mut bufs,
-                dst,
-            ),
+            ScorerKind::CriticalKv => {
+                let l1 = &inputs.value_l1.unwrap_or(&[])[kh * n..kh * n + p];
+                criticalkv::score(cfg, sums, l1, &mut bufs, dst)
+            }
             ScorerKind::StreamingLlm => streaming::score(cfg, dst),
             ScorerKind::KNorm => knorm::score(keys, kh, &mut bufs, dst),
             ScorerKind::Tova => tova::accumulate(sum, g, hq, p, &mut bufs),
@@ -561,19 +561,26 @@ pub(crate) fn reduce_rows(
     }
 }
 
+/// A KV group's window attention column sums: `sum[a*p + i] = Σ_j A[a, j, i]` for its `g`
+/// query heads over the `w` window rows, `[g][p]` (the scorers overwrite it).
+pub(crate) struct Sums<'a> {
+    pub sum: &'a mut [f32],
+    pub g: usize,
+    pub w: usize,
+    pub p: usize,
+}
+
 /// `mean_j A` per query head, pooled, then reduced over the group (or reduced, then pooled),
-/// written to `dst[p]`. `sum` holds `Σ_j A`, `[g][p]`, and is overwritten.
+/// written to `dst[p]`; `s.sum` is overwritten.
 pub(crate) fn pooled_mean_attention(
     pool: &crate::config::Pool,
     gqa: crate::config::GqaReduce,
     reduce_before_pool: bool,
-    sum: &mut [f32],
-    g: usize,
-    w: usize,
-    p: usize,
+    s: Sums,
     bufs: &mut Bufs,
     dst: &mut [f32],
 ) {
+    let Sums { sum, g, w, p } = s;
     let inv = 1.0 / w as f32;
     for v in sum[..g * p].iter_mut() {
         *v *= inv;

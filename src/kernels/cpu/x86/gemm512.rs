@@ -68,55 +68,18 @@ pub(crate) unsafe fn gemm(
                 let f = |v: usize| q.add((s0 + v.min(full - s0)) * 16 * dk);
                 let fs = [f(0), f(1), f(2)];
                 let (qh, cs) = (q.add(full * 16 * dk), c.add(s0 * 16));
+                let pf = in_place && s0 == 0;
+                // `V` full slots, `KN` keys a tile (as below)
+                macro_rules! tiles_h {
+                    ($v:literal, $kn:literal) => {
+                        tiles_h::<$v, $kn>(k, ldk, dk, &fs, qh, cs, rp, ntp, &mut bad, pf)
+                    };
+                }
                 match full - s0 {
-                    0 => tiles_h::<0, 12>(
-                        k,
-                        ldk,
-                        dk,
-                        &fs,
-                        qh,
-                        cs,
-                        rp,
-                        ntp,
-                        &mut bad,
-                        in_place && s0 == 0,
-                    ),
-                    1 => tiles_h::<1, 12>(
-                        k,
-                        ldk,
-                        dk,
-                        &fs,
-                        qh,
-                        cs,
-                        rp,
-                        ntp,
-                        &mut bad,
-                        in_place && s0 == 0,
-                    ),
-                    2 => tiles_h::<2, 6>(
-                        k,
-                        ldk,
-                        dk,
-                        &fs,
-                        qh,
-                        cs,
-                        rp,
-                        ntp,
-                        &mut bad,
-                        in_place && s0 == 0,
-                    ),
-                    _ => tiles_h::<3, 6>(
-                        k,
-                        ldk,
-                        dk,
-                        &fs,
-                        qh,
-                        cs,
-                        rp,
-                        ntp,
-                        &mut bad,
-                        in_place && s0 == 0,
-                    ),
+                    0 => tiles_h!(0, 12),
+                    1 => tiles_h!(1, 12),
+                    2 => tiles_h!(2, 6),
+                    _ => tiles_h!(3, 6),
                 }
                 break;
             }
