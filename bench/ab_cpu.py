@@ -13,6 +13,9 @@ shared, loaded machine: compare binaries only within one run, by these ratios.
   bench_cpu --reps 0 --n 4096 --dump /tmp/cases        # once
   bench/ab_cpu.py --bins before=/tmp/old_bench_cpu,after=target/release/examples/bench_cpu \\
       --cases /tmp/cases/smol-4096,/tmp/cases/llama-4096 --scorers snapkv,snapkv-w8,tova
+
+The AVX2 path on an AVX-512 machine: set KVEVICT_NO_AVX512=1 (the binaries inherit it) and
+OPENBLAS_CORETYPE=Haswell, so that the sgemm it is compared with runs AVX2 kernels too.
 """
 import os
 

@@ -30,7 +30,10 @@
 //! Where the CPU has AVX-512, pass 1 and pass 2 at w = 8 run on 16-lane vectors
 //! (`softmax512`), with the same operations per lane.
 //! Both passes see identical logits (same kernel, same order), so `z - max <= 0` holds
-//! exactly; every variant keeps the same operations in the same order (same bits).
+//! exactly; every variant keeps the same operations in the same order (same bits), except
+//! the AVX2 build where it does not hand over to AVX-512 ([`keeps_exps`], design §2): its
+//! pass 1 keeps each `exp(z - m_c)` and pass 2 rescales it per row and chunk, one exp per
+//! logit instead of two, its own bits (deterministic; one pass and two passes agree).
 
 use crate::error::{Error, Result};
 use crate::numerics::{
@@ -72,6 +75,10 @@ pub(crate) fn scratch_size(ws: &mut WorkspaceSize, g: usize, w: usize, dk: usize
     ws.add::<f32>(rows.checked_mul(CHUNK).ok_or(Error::Overflow)?)?; // logits
     ws.add::<f32>(rows)?; // row max
     ws.add::<f32>(rows)?; // 1 / row denominator
+    ws.add::<f32>(rows)?; // per-chunk maxima or scales (`keeps_exps`)
+    ws.add::<f32>(rows)?; // running max (`keeps_exps`, two passes)
+    ws.add::<f32>(rows)?; // its row max and
+    ws.add::<f64>(rows)?; // denominator (`keeps_exps`, two passes)
     Ok(())
 }
 
@@ -87,6 +94,12 @@ pub(crate) struct Scratch<'s> {
     pub c: &'s mut [f32],
     pub m: &'s mut [f32],
     pub inv: &'s mut [f32],
+    /// [`keeps_exps`]: a chunk's maxima `m_c`, then its scales `exp(m_c - m)·inv` (`rows_pad`)
+    pub scale: &'s mut [f32],
+    /// [`keeps_exps`], two passes: pass 1's running max, row max and denominator, redone
+    pub mrun: &'s mut [f32],
+    pub rtmp: &'s mut [f32],
+    pub stmp: &'s mut [f64],
     pub rows: usize,
     pub rows_pad: usize,
     pub dk: usize,
@@ -109,6 +122,10 @@ pub(crate) fn load_queries<'s>(
         c: ws.take::<f32>(rows_pad * CHUNK)?,
         m: ws.take::<f32>(rows_pad)?,
         inv: ws.take::<f32>(rows_pad)?,
+        scale: ws.take::<f32>(rows_pad)?,
+        mrun: ws.take::<f32>(rows_pad)?,
+        rtmp: ws.take::<f32>(rows_pad)?,
+        stmp: ws.take::<f64>(rows_pad)?,
         rows,
         rows_pad,
         dk,
@@ -428,8 +445,34 @@ unsafe fn tiles_pf<S: Simd>(
     }
 }
 
+/// Whether the window pass of build `S` takes the AVX-512 kernels (16-lane Q·Kᵀ and softmax
+/// passes, the 8-lane bits) on this CPU.
+#[inline(always)]
+fn wide<S: Simd>() -> bool {
+    #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+    return S::AVX2 && crate::gemm512::available();
+    #[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
+    false
+}
+
+/// Whether the window pass of build `S` keeps pass 1's exps: the AVX2 build where it does
+/// not hand over to AVX-512 (design §2, "which paths share bits"). Pass 1 then turns each
+/// logit into `exp(z - m_c)`, with `m_c` its row's running max after chunk `c`, and keeps
+/// `m_c` per row and chunk; pass 2 multiplies by `exp(m_c - m)·inv` per row and chunk
+/// instead of taking a second exp per logit. The row statistics (max, denominator) are the
+/// shared bits; the probabilities round differently from the other builds (a few ulp).
+/// The two-pass form recomputes pass 1's exps and maxima chunk by chunk with the same code,
+/// so one pass and two passes still give the same bits on every build.
+#[inline(always)]
+pub(crate) fn keeps_exps<S: Simd>() -> bool {
+    S::AVX2 && !wide::<S>()
+}
+
 /// Pass 1 on one chunk of logits `c[t][rp]` (keys `c0 .. c0+nt`): the causal mask, then
 /// each row's running max (`m`, `rmax`) and f64 denominator (`rsum`), rescaled per chunk.
+/// With `keep` (the AVX2 build's own bits, [`keeps_exps`]) each logit becomes its
+/// `exp(z - m_c)` and `keep[..rp]` gets `m_c`, the running max after this chunk, for every
+/// lane (padding rows too); `m`, `rmax` and `rsum` are the same bits as without.
 #[inline(always)]
 fn chunk_row_stats<S: Simd>(
     c: &mut [f32],
@@ -442,9 +485,11 @@ fn chunk_row_stats<S: Simd>(
     m: &mut [f32],
     rmax: &mut [f32],
     rsum: &mut [f64],
+    mut keep: Option<&mut [f32]>,
 ) -> Result<()> {
     let rows = rmax.len();
     assert!(c.len() >= nt * rp && m.len() >= rp && rsum.len() == rows && rows <= rp);
+    assert!(keep.as_ref().map(|k| k.len()).unwrap_or(rp) >= rp);
     // causal mask: query j (position p + j) sees keys i <= p + j
     for t in p.saturating_sub(c0)..nt {
         let hide = (c0 + t - p).min(w);
@@ -460,19 +505,26 @@ fn chunk_row_stats<S: Simd>(
         let nb = (rows - r0).div_ceil(8).min(4);
         // SAFETY: r0 + 8·nb <= rp and t < nt: inside `c` (asserted above), `m` has rp.
         unsafe {
-            let (cp, mp) = (c.as_ptr().add(r0), m.as_ptr().add(r0));
+            let (cp, mp) = (c.as_mut_ptr().add(r0), m.as_ptr().add(r0));
             let (mx, cs) = (mx.as_mut_ptr(), cs.as_mut_ptr());
             // 16 lanes where the CPU has AVX-512 (the same bits)
             #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
-            let wide = S::AVX2 && crate::gemm512::available();
-            match nb {
+            let wide = keep.is_none() && wide::<S>();
+            match (nb, keep.is_some()) {
                 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
                 _ if wide => crate::softmax512::max_expsum(nb, cp, nt, rp, mp, mx, cs),
-                4 => max_expsum::<S, 4>(cp, nt, rp, mp, mx, cs),
-                3 => max_expsum::<S, 3>(cp, nt, rp, mp, mx, cs),
-                2 => max_expsum::<S, 2>(cp, nt, rp, mp, mx, cs),
-                _ => max_expsum::<S, 1>(cp, nt, rp, mp, mx, cs),
+                (4, false) => max_expsum::<S, 4>(cp, nt, rp, mp, mx, cs),
+                (3, false) => max_expsum::<S, 3>(cp, nt, rp, mp, mx, cs),
+                (2, false) => max_expsum::<S, 2>(cp, nt, rp, mp, mx, cs),
+                (_, false) => max_expsum::<S, 1>(cp, nt, rp, mp, mx, cs),
+                (4, true) => max_expsum_keep::<S, 4, true>(cp, nt, rp, mp, mx, cs),
+                (3, true) => max_expsum_keep::<S, 3, true>(cp, nt, rp, mp, mx, cs),
+                (2, true) => max_expsum_keep::<S, 2, true>(cp, nt, rp, mp, mx, cs),
+                (_, true) => max_expsum_keep::<S, 1, true>(cp, nt, rp, mp, mx, cs),
             }
+        }
+        if let Some(k) = keep.as_deref_mut() {
+            k[r0..r0 + 8 * nb].copy_from_slice(&mx[..8 * nb]);
         }
         for l in 0..(8 * nb).min(rows - r0) {
             let r = r0 + l;
@@ -526,6 +578,7 @@ pub(crate) fn fold_rows<S: Simd>(
         s.m,
         &mut rmax[..rows],
         &mut rsum[..rows],
+        None,
     )
 }
 
@@ -568,6 +621,25 @@ pub(crate) unsafe fn max_expsum<S: Simd, const B: usize>(
     mx: *mut f32,
     cs: *mut f32,
 ) {
+    // SAFETY: this fn's contract is `max_expsum_keep`'s without the writes.
+    unsafe { max_expsum_keep::<S, B, false>(cp as *mut f32, nt, rp, mp, mx, cs) }
+}
+
+/// [`max_expsum`]; with `KEEP` each `exp(c - max)` also replaces its logit in `cp` (the
+/// AVX2 build's pass 1, whose pass 2 rescales these instead of taking a second exp: see
+/// [`keeps_exps`]). The maxima and sums are [`max_expsum`]'s bits either way.
+///
+/// # Safety
+/// As [`max_expsum`]; with `KEEP` the `nt` rows of `8·B` floats at `cp` must be writable.
+#[inline(always)]
+pub(crate) unsafe fn max_expsum_keep<S: Simd, const B: usize, const KEEP: bool>(
+    cp: *mut f32,
+    nt: usize,
+    rp: usize,
+    mp: *const f32,
+    mx: *mut f32,
+    cs: *mut f32,
+) {
     // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `cp`,
     // `mp`, `mx`, `cs` cover the `nt` rows of `8·B` floats this fn's contract asks for.
     unsafe {
@@ -599,8 +671,11 @@ pub(crate) unsafe fn max_expsum<S: Simd, const B: usize>(
                 }
                 let e = S::exp_neg4(x);
                 for (l, e) in e.into_iter().enumerate() {
-                    let j = (4 * c + l) % B;
+                    let (u, j) = ((4 * c + l) / B, (4 * c + l) % B);
                     acc[j] = S::add(acc[j], e);
+                    if KEEP {
+                        S::store(cp.add((t + u) * rp + 8 * j), e);
+                    }
                 }
             }
             t += kb;
@@ -617,6 +692,9 @@ pub(crate) unsafe fn max_expsum<S: Simd, const B: usize>(
             let e = S::exp_neg4(x);
             for j in 0..B {
                 acc[j] = S::add(acc[j], e[j]);
+                if KEEP {
+                    S::store(cp.add(t * rp + 8 * j), e[j]);
+                }
             }
         }
         for j in 0..B {
@@ -644,12 +722,14 @@ pub(crate) fn row_stats(
     let s = &mut load_queries(queries, kh, g, w, dk, &mut Workspace::new(scratch))?;
     dispatch_wide!(fn(keys: &View, kh: usize, g: usize, w: usize, s: &mut Scratch,
                  rmax: &mut [f32], rsum: &mut [f64]) -> Result<()>, S => {
-        row_stats_impl::<S>(keys, kh, g, w, s, None, rmax, rsum)
+        row_stats_impl::<S>(keys, kh, g, w, s, None, None, rmax, rsum)
     })
 }
 
 /// Pass 1 over every key; with `store` (the one pass) each chunk's logits stay there
-/// (`[key][rows_pad]`). NaN/Inf keys are found through their logits ([`gemm`]).
+/// (`[key][rows_pad]`), and with `maxima` as well (`[chunk][rows_pad]`, [`keeps_exps`]) they
+/// become their exps, each chunk's maxima going to `maxima`. NaN/Inf keys are found through
+/// their logits ([`gemm`]).
 #[inline(always)]
 fn row_stats_impl<S: Simd>(
     keys: &View,
@@ -658,6 +738,7 @@ fn row_stats_impl<S: Simd>(
     w: usize,
     s: &mut Scratch,
     mut store: Option<&mut [f32]>,
+    mut maxima: Option<&mut [f32]>,
     rmax: &mut [f32],
     rsum: &mut [f64],
 ) -> Result<()> {
@@ -687,7 +768,8 @@ fn row_stats_impl<S: Simd>(
             // a NaN/Inf key (or an overflowing logit), found through its logits
             return Err(Error::NonFinite);
         }
-        chunk_row_stats::<S>(c, c0, nt, p, g, w, rp, s.m, rmax, rsum)?;
+        let keep = maxima.as_deref_mut().map(|mc| &mut mc[c0 / CHUNK * rp..]);
+        chunk_row_stats::<S>(c, c0, nt, p, g, w, rp, s.m, rmax, rsum, keep)?;
         c0 += nt;
     }
     if rsum.iter().any(|s| !s.is_finite() || *s <= 0.0) {
@@ -700,12 +782,14 @@ fn row_stats_impl<S: Simd>(
 /// probabilities into `dst[t][rp]` from the final row max `m` and `inv` = 1 / denominator,
 /// then that key's statistics added into `out` (while its row is in L1). `dst` may be
 /// `src` (two passes: in place); the one pass reads its store and writes `s.c`, so the
-/// store is only read.
+/// store is only read. With `KEPT` ([`keeps_exps`]) `src` holds pass 1's `exp(z - m_c)`
+/// and `inv` the chunk's scales ([`chunk_scales`]): each probability is one multiply, `m`
+/// is not read.
 ///
 /// # Safety
 /// `src` and `dst` must each hold `nt·rp` floats (the same ones, or not overlapping).
 #[inline(always)]
-unsafe fn chunk_column_stats<S: Simd>(
+unsafe fn chunk_column_stats<S: Simd, const KEPT: bool>(
     src: *const f32,
     dst: *mut f32,
     c0: usize,
@@ -726,15 +810,11 @@ unsafe fn chunk_column_stats<S: Simd>(
         let t0 = if w % 8 == 0 && !needs.cross {
             let nt8 = nt / 8 * 8;
             // w = 8 on 16 lanes where the CPU has AVX-512 (the same bits)
-            #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
-            let wide = w == 8 && S::AVX2 && crate::gemm512::available();
-            #[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
-            let wide = false;
-            if wide {
+            if !KEPT && w == 8 && wide::<S>() {
                 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
                 crate::softmax512::column_sums_w8(src, c0, nt8, p, g, m, inv, needs, out);
             } else {
-                fused_stats::<S>(src, c0, nt8, p, g, w, rp, m, inv, needs, out);
+                fused_stats::<S, KEPT>(src, c0, nt8, p, g, w, rp, m, inv, needs, out);
             }
             nt8
         } else {
@@ -749,9 +829,13 @@ unsafe fn chunk_column_stats<S: Simd>(
                 let mut z = [S::zero(); 4];
                 for (j, z) in z.iter_mut().enumerate() {
                     let o = r0 + 8 * j;
-                    *z = S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero());
+                    *z = if KEPT {
+                        S::load(sp.add(o))
+                    } else {
+                        S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
+                    };
                 }
-                let e = S::exp_neg4(z);
+                let e = if KEPT { z } else { S::exp_neg4(z) };
                 for (j, e) in e.into_iter().enumerate() {
                     let o = r0 + 8 * j;
                     S::store(dp.add(o), S::mul(e, S::load(ip.add(o))));
@@ -762,14 +846,16 @@ unsafe fn chunk_column_stats<S: Simd>(
                 // z <= 0 exactly with pass 1's maxima; the clamp bounds p by 1/denominator
                 // when the caller gave `row_lse` (its logits may round differently); padding
                 // rows have inv = 0
-                let z = S::min(
-                    S::sub(S::load(sp.add(r0)), S::load(m.as_ptr().add(r0))),
-                    S::zero(),
-                );
-                S::store(
-                    dp.add(r0),
-                    S::mul(S::exp_neg(z), S::load(inv.as_ptr().add(r0))),
-                );
+                let e = if KEPT {
+                    S::load(sp.add(r0))
+                } else {
+                    let z = S::min(
+                        S::sub(S::load(sp.add(r0)), S::load(m.as_ptr().add(r0))),
+                        S::zero(),
+                    );
+                    S::exp_neg(z)
+                };
+                S::store(dp.add(r0), S::mul(e, S::load(inv.as_ptr().add(r0))));
                 r0 += 8;
             }
             let row = core::slice::from_raw_parts(dp as *const f32, g * w);
@@ -801,11 +887,12 @@ unsafe fn chunk_column_stats<S: Simd>(
 /// and no cross terms are needed, with the same operations in the same order (so the same
 /// bits), but each probability goes straight into its head's sums (nothing stored), and
 /// the sums of 8 keys are reduced across lanes together (`transpose8`, then `hsum`'s tree).
+/// `KEPT` as in [`chunk_column_stats`]: `src` pass 1's exps, `inv` the chunk's scales.
 ///
 /// # Safety
 /// `src` must hold `nt8·rp` floats.
 #[inline(always)]
-pub(crate) unsafe fn fused_stats<S: Simd>(
+pub(crate) unsafe fn fused_stats<S: Simd, const KEPT: bool>(
     src: *const f32,
     c0: usize,
     nt8: usize,
@@ -824,9 +911,15 @@ pub(crate) unsafe fn fused_stats<S: Simd>(
         let wv = w / 8;
         let (mp, ip) = (m.as_ptr(), inv.as_ptr());
         let prob = |o: usize, e: S::V| S::mul(e, S::load(ip.add(o)));
+        // the argument of the exp, or (KEPT) pass 1's exp itself, then the exp (or nothing)
         let z = |sp: *const f32, o: usize| {
-            S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
+            if KEPT {
+                S::load(sp.add(o))
+            } else {
+                S::min(S::sub(S::load(sp.add(o)), S::load(mp.add(o))), S::zero())
+            }
         };
+        let exp4 = |x: [S::V; 4]| if KEPT { x } else { S::exp_neg4(x) };
         // 8 keys × up to 8 heads per step: each key's row is read in order (streams well from
         // the one-pass store), the heads' sums wait in `sums[a][k]`
         let mut sums = [[S::zero(); 8]; 8];
@@ -846,7 +939,7 @@ pub(crate) unsafe fn fused_stats<S: Simd>(
                     for (j, x) in x.iter_mut().enumerate() {
                         *x = z(src.add((tb + 4 * h + j) * rp), o);
                     }
-                    for (j, e) in S::exp_neg4(x).into_iter().enumerate() {
+                    for (j, e) in exp4(x).into_iter().enumerate() {
                         let q = prob(o, e);
                         pr[4 * h + j] = S::add(S::zero(), q);
                         pq[4 * h + j] = S::fma(q, q, S::zero());
@@ -892,7 +985,7 @@ pub(crate) unsafe fn fused_stats<S: Simd>(
                                 }
                             }
                         }
-                        let e = S::exp_neg4(x);
+                        let e = exp4(x);
                         for (e, &(k, a, o)) in e.into_iter().zip(at.iter()) {
                             let pr = prob(o, e);
                             sums[a][k] = S::add(sums[a][k], pr);
@@ -914,7 +1007,7 @@ pub(crate) unsafe fn fused_stats<S: Simd>(
                             for (j, x) in x.iter_mut().enumerate() {
                                 *x = z(sp, o + 8 * j);
                             }
-                            let e = S::exp_neg4(x);
+                            let e = exp4(x);
                             for (j, e) in e.into_iter().enumerate() {
                                 let pr = prob(o + 8 * j, e);
                                 sm = S::add(sm, pr);
@@ -926,7 +1019,8 @@ pub(crate) unsafe fn fused_stats<S: Simd>(
                         }
                         while v < wv {
                             let o = a * w + 8 * v;
-                            let pr = prob(o, S::exp_neg(z(sp, o)));
+                            let x = z(sp, o);
+                            let pr = prob(o, if KEPT { x } else { S::exp_neg(x) });
                             sm = S::add(sm, pr);
                             if needs.sq {
                                 sq = S::fma(pr, pr, sq);
@@ -956,9 +1050,12 @@ pub(crate) unsafe fn fused_stats<S: Simd>(
 }
 
 /// Pass 2 for KV group `kh`: statistics of the prefix columns, added into `out`
-/// (each `[g or pairs][P]`, zeroed by the caller). Uses the row statistics of pass 1 (or
-/// the caller's `row_lse`). Rejects NaN/Inf in the group's queries and in the prefix keys
-/// (through their logits, as [`row_stats`]) and in the window keys (a sweep over them).
+/// (each `[g or pairs][P]`, zeroed by the caller). Uses the row statistics of pass 1
+/// (`own_rows`: [`row_stats`] on these queries and keys, so that the [`keeps_exps`] build
+/// redoes pass 1's exps per chunk and gives the one pass's bits) or the caller's `row_lse`
+/// (`own_rows` false: `exp(z - lse)` on every build). Rejects NaN/Inf in the group's
+/// queries and in the prefix keys (through their logits, as [`row_stats`]) and in the
+/// window keys (a sweep over them).
 pub(crate) fn column_stats(
     queries: &View,
     keys: &View,
@@ -967,6 +1064,7 @@ pub(crate) fn column_stats(
     w: usize,
     rmax: &[f32],
     rsum: &[f64],
+    own_rows: bool,
     needs: Needs,
     scratch: &mut [u8],
     out: &mut Stats,
@@ -977,12 +1075,18 @@ pub(crate) fn column_stats(
         s.m[r] = rmax[r];
         s.inv[r] = (1.0 / rsum[r]) as f32;
     }
-    dispatch_wide!(fn(keys: &View, kh: usize, g: usize, w: usize, needs: Needs, s: &mut Scratch,
-                 out: &mut Stats) -> Result<()>, S => {
-        column_stats_impl::<S>(keys, kh, g, w, needs, s, out)
+    dispatch_wide!(fn(keys: &View, kh: usize, g: usize, w: usize, own_rows: bool, needs: Needs,
+                 s: &mut Scratch, out: &mut Stats) -> Result<()>, S => {
+        let kept = own_rows && keeps_exps::<S>();
+        column_stats_impl::<S>(keys, kh, g, w, needs, kept, s, out)
     })
 }
 
+/// Pass 2 over the prefix keys, chunk by chunk. With `kept` (the [`keeps_exps`] build after
+/// its own pass 1) each chunk's logits cover every key of pass 1's chunk (window keys too, so
+/// the running max is pass 1's), [`chunk_row_stats`] turns them into pass 1's exps and
+/// maxima (the same code, so the bits of the one pass's store), then the chunk's scales
+/// and the one pass's pass 2 follow.
 #[inline(always)]
 fn column_stats_impl<S: Simd>(
     keys: &View,
@@ -990,26 +1094,50 @@ fn column_stats_impl<S: Simd>(
     g: usize,
     w: usize,
     needs: Needs,
+    kept: bool,
     s: &mut Scratch,
     out: &mut Stats,
 ) -> Result<()> {
     let n = keys.extent()[1];
     let p = n - w;
-    let rp = s.rows_pad;
+    let (rows, rp) = (s.rows, s.rows_pad);
+    if kept {
+        // pass 1's state as `row_stats_impl` starts it
+        s.mrun.fill(f32::NEG_INFINITY);
+        s.rtmp.fill(f32::NEG_INFINITY);
+        s.stmp.fill(0.0);
+    }
     let mut c0 = 0;
     while c0 < p {
         let nt = CHUNK.min(p - c0);
-        let ntp = nt.div_ceil(KT) * KT;
-        let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
-        prefetch_keys(keys, kh, c0 + nt, CHUNK);
+        let nf = if kept { CHUNK.min(n - c0) } else { nt };
+        let ntp = nf.div_ceil(KT) * KT;
+        let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nf, ntp, s.k, false);
+        prefetch_keys(keys, kh, c0 + nf, CHUNK);
         let in_place = kp != s.k.as_ptr();
+        let c = &mut s.c[..ntp * rp];
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, s.c, in_place) } {
+        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c, in_place) } {
             return Err(Error::NonFinite);
         }
-        let c = s.c[..ntp * rp].as_mut_ptr();
-        // SAFETY: `c` holds the chunk's ntp·rp logits, turned into probabilities in place.
-        unsafe { chunk_column_stats::<S>(c, c, c0, nt, p, g, w, rp, s.m, s.inv, needs, out) };
+        if kept {
+            let (rm, rs) = (&mut s.rtmp[..rows], &mut s.stmp[..rows]);
+            chunk_row_stats::<S>(c, c0, nf, p, g, w, rp, s.mrun, rm, rs, Some(&mut *s.scale))?;
+            // the running max is the chunk's maxima in every row (padding rows: -inf there,
+            // 0 in `scale`; their scale is 0 either way)
+            chunk_scales::<S>(s.mrun, s.m, s.inv, s.scale);
+            let c = c.as_mut_ptr();
+            // SAFETY: `c` holds the chunk's ntp·rp exps, turned into probabilities in place.
+            unsafe {
+                chunk_column_stats::<S, true>(c, c, c0, nt, p, g, w, rp, s.m, s.scale, needs, out)
+            };
+        } else {
+            let c = c.as_mut_ptr();
+            // SAFETY: `c` holds the chunk's ntp·rp logits, turned into probabilities in place.
+            unsafe {
+                chunk_column_stats::<S, false>(c, c, c0, nt, p, g, w, rp, s.m, s.inv, needs, out)
+            };
+        }
         c0 += nt;
     }
     // the window keys take no part in the statistics but must be finite all the same
@@ -1044,11 +1172,20 @@ fn store_len(g: usize, w: usize, n: usize) -> Result<usize> {
         .ok_or(Error::Overflow)
 }
 
-/// Bytes the one-pass window adds after [`scratch_size`]: its logits store when
-/// [`one_pass_fits`], else nothing (the layer then takes two passes).
+/// f32 elements of the one pass's per-chunk row maxima ([`keeps_exps`]; taken on every
+/// build, so the workspace size does not depend on the CPU): `[ceil(N/CHUNK)][rows_pad]`.
+fn maxima_len(g: usize, w: usize, n: usize) -> Result<usize> {
+    padded_rows(g.checked_mul(w).ok_or(Error::Overflow)?)?
+        .checked_mul(n.div_ceil(CHUNK))
+        .ok_or(Error::Overflow)
+}
+
+/// Bytes the one-pass window adds after [`scratch_size`]: its logits store and per-chunk
+/// maxima when [`one_pass_fits`], else nothing (the layer then takes two passes).
 pub(crate) fn one_pass_size(ws: &mut WorkspaceSize, g: usize, w: usize, n: usize) -> Result<()> {
     if one_pass_fits(g, w, n) {
         ws.add::<f32>(store_len(g, w, n)?)?;
+        ws.add::<f32>(maxima_len(g, w, n)?)?;
     }
     Ok(())
 }
@@ -1067,7 +1204,9 @@ pub(crate) fn one_pass_ready(
     let [_, n, dk] = keys.extent();
     let mut ws = Workspace::new(scratch);
     load_queries(queries, kh, g, w, dk, &mut ws)?;
-    Ok(one_pass_fits(g, w, n) && ws.take_dirty::<f32>(store_len(g, w, n)?).is_ok())
+    Ok(one_pass_fits(g, w, n)
+        && ws.take_dirty::<f32>(store_len(g, w, n)?).is_ok()
+        && ws.take_dirty::<f32>(maxima_len(g, w, n)?).is_ok())
 }
 
 /// Both passes for KV group `kh` with one Q·Kᵀ: the logits of every key go to a store in
@@ -1093,10 +1232,12 @@ pub(crate) fn one_pass(
     let mut ws = Workspace::new(scratch);
     let s = &mut load_queries(queries, kh, g, w, dk, &mut ws)?;
     let store = ws.take_dirty::<f32>(store_len(g, w, n)?)?;
+    let maxima = ws.take_dirty::<f32>(maxima_len(g, w, n)?)?;
     dispatch_wide!(fn(keys: &View, kh: usize, g: usize, w: usize, needs: Needs, s: &mut Scratch,
-                 store: &mut [f32], rmax: &mut [f32], rsum: &mut [f64],
+                 store: &mut [f32], maxima: &mut [f32], rmax: &mut [f32], rsum: &mut [f64],
                  out: &mut Stats) -> Result<()>, S => {
-        one_pass_impl::<S>(keys, kh, g, w, needs, s, store, rmax, rsum, out)
+        let keep = keeps_exps::<S>();
+        one_pass_impl::<S>(keys, kh, g, w, needs, keep, s, store, maxima, rmax, rsum, out)
     })
 }
 
@@ -1107,15 +1248,18 @@ fn one_pass_impl<S: Simd>(
     g: usize,
     w: usize,
     needs: Needs,
+    keep: bool,
     s: &mut Scratch,
     store: &mut [f32],
+    maxima: &mut [f32],
     rmax: &mut [f32],
     rsum: &mut [f64],
     out: &mut Stats,
 ) -> Result<()> {
     let p = keys.extent()[1] - w;
     let (rows, rp) = (s.rows, s.rows_pad);
-    row_stats_impl::<S>(keys, kh, g, w, s, Some(&mut *store), rmax, rsum)?;
+    let mc = if keep { Some(&mut *maxima) } else { None };
+    row_stats_impl::<S>(keys, kh, g, w, s, Some(&mut *store), mc, rmax, rsum)?;
     for r in 0..rows {
         s.m[r] = rmax[r];
         s.inv[r] = (1.0 / rsum[r]) as f32;
@@ -1125,11 +1269,45 @@ fn one_pass_impl<S: Simd>(
         let nt = CHUNK.min(p - c0);
         let (src, dst) = (&store[c0 * rp..(c0 + nt) * rp], &mut s.c[..nt * rp]);
         let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
-        // SAFETY: `src` (the store) and `dst` (`s.c`) each hold nt·rp floats and don't overlap.
-        unsafe { chunk_column_stats::<S>(sp, dp, c0, nt, p, g, w, rp, s.m, s.inv, needs, out) };
+        if keep {
+            let mc = &maxima[c0 / CHUNK * rp..][..rp];
+            chunk_scales::<S>(mc, s.m, s.inv, s.scale);
+            // SAFETY: `src` (the store, pass 1's exps) and `dst` (`s.c`) each hold nt·rp floats
+            // and don't overlap.
+            unsafe {
+                chunk_column_stats::<S, true>(sp, dp, c0, nt, p, g, w, rp, s.m, s.scale, needs, out)
+            };
+        } else {
+            // SAFETY: `src` (the store) and `dst` (`s.c`) each hold nt·rp floats and don't
+            // overlap.
+            unsafe {
+                chunk_column_stats::<S, false>(sp, dp, c0, nt, p, g, w, rp, s.m, s.inv, needs, out)
+            };
+        }
         c0 += nt;
     }
     Ok(())
+}
+
+/// [`keeps_exps`]' factors of one chunk: `scale[r] = exp(min(mc[r] - m[r], 0))·inv[r]` for
+/// its running maxima `mc` (pass 1's `m_c`), the final maxima `m` and `inv` = 1 /
+/// denominator, every lane of `rows_pad` (padding rows: inv = 0, so 0; the clamp keeps
+/// them finite where their `m` stayed -inf).
+#[inline(always)]
+fn chunk_scales<S: Simd>(mc: &[f32], m: &[f32], inv: &[f32], scale: &mut [f32]) {
+    let rp = mc.len();
+    assert!(rp % 8 == 0 && m.len() >= rp && inv.len() >= rp && scale.len() >= rp);
+    for r0 in (0..rp).step_by(8) {
+        // SAFETY: r0 + 8 <= rp, the length of every slice (asserted).
+        unsafe {
+            let z = S::min(
+                S::sub(S::load(mc.as_ptr().add(r0)), S::load(m.as_ptr().add(r0))),
+                S::zero(),
+            );
+            let e = S::mul(S::exp_neg(z), S::load(inv.as_ptr().add(r0)));
+            S::store(scale.as_mut_ptr().add(r0), e);
+        }
+    }
 }
 
 #[cfg(all(test, feature = "std"))]
@@ -1191,7 +1369,7 @@ pub(crate) mod tests {
                 one_pass(q, k, kh, g, w, rm, rs, needs, &mut scratch, &mut st).unwrap();
             } else {
                 row_stats(q, k, kh, g, w, &mut scratch, rm, rs).unwrap();
-                column_stats(q, k, kh, g, w, rm, rs, needs, &mut scratch, &mut st).unwrap();
+                column_stats(q, k, kh, g, w, rm, rs, true, needs, &mut scratch, &mut st).unwrap();
             }
             o.stats.extend(sum.iter().chain(&sq).chain(&cross));
         }
@@ -1253,6 +1431,121 @@ pub(crate) mod tests {
             assert_eq!(bits(&a.stats), bits(&b.stats), "stats g {g} w {w} n {n}");
             assert!(n == w || a.stats.iter().any(|&x| x > 0.0));
         }
+    }
+
+    /// The AVX2 build's own bits ([`keeps_exps`]: pass 1's exps rescaled per chunk) against
+    /// the shared arithmetic on the same build (the same one pass without kept exps): the
+    /// row statistics bit-identical, every statistic within 2e-6 of its value plus 1e-7 of
+    /// its head's largest (a few ulp), and some differ (the kept path ran). Logits drift
+    /// upwards along the keys so that rows take new maxima chunk after chunk.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn kept_exps_stay_within_ulps_of_shared_bits() {
+        use crate::numerics::{has_avx2, Avx2};
+        use std::format;
+        if !has_avx2() {
+            return;
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn pass(
+            q: &View,
+            k: &View,
+            kh: usize,
+            g: usize,
+            w: usize,
+            keep: bool,
+            scratch: &mut [u8],
+            rm: &mut [f32],
+            rs: &mut [f64],
+            st: &mut Stats,
+        ) {
+            let [_, n, dk] = k.extent();
+            let mut ws = Workspace::new(scratch);
+            let s = &mut load_queries(q, kh, g, w, dk, &mut ws).unwrap();
+            let store = ws.take_dirty::<f32>(store_len(g, w, n).unwrap()).unwrap();
+            let maxima = ws.take_dirty::<f32>(maxima_len(g, w, n).unwrap()).unwrap();
+            let needs = Needs {
+                sum: true,
+                sq: true,
+                cross: g > 1 && w % 8 != 0,
+            };
+            one_pass_impl::<Avx2>(k, kh, g, w, needs, keep, s, store, maxima, rm, rs, st).unwrap();
+        }
+        let mut differ = 0;
+        for &(g, w, n, dk, f16) in &[
+            (3, 8, 1000, 64, false),
+            (4, 8, 700, 128, true),
+            (3, 32, 500, 64, false),
+            (2, 16, 300, 40, true),
+            (2, 7, 301, 24, false),
+            (1, 1, 200, 16, false),
+        ] {
+            let p = n - w;
+            let qv = vals(g * w * dk, 3 + n as u64, 1.0);
+            // keys with a slowly growing component along q's mean direction
+            let mut kv = vals(n * dk, 4 + dk as u64, 1.0);
+            for t in 0..n {
+                for d in 0..dk {
+                    kv[t * dk + d] += 3.0 * t as f32 / n as f32 * qv[d].signum();
+                }
+            }
+            let k16: Vec<half::f16> = kv.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let q = View::f32(&qv, [g, w, dk], [w * dk, dk, 1]).unwrap();
+            let k = if f16 {
+                View::f16(&k16, [1, n, dk], [n * dk, dk, 1]).unwrap()
+            } else {
+                View::f32(&kv, [1, n, dk], [n * dk, dk, 1]).unwrap()
+            };
+            let mut sz = WorkspaceSize::new();
+            scratch_size(&mut sz, g, w, dk).unwrap();
+            one_pass_size(&mut sz, g, w, n).unwrap();
+            let mut scratch = vec![0xA5u8; sz.total()];
+            let mut res = Vec::new();
+            for keep in [false, true] {
+                let (mut rm, mut rs) = (vec![0f32; g * w], vec![0f64; g * w]);
+                let (mut sum, mut sq) = (vec![0f32; g * p], vec![0f32; g * p]);
+                let mut cross = vec![0f32; pairs(g) * p];
+                let mut st = Stats {
+                    sum: &mut sum,
+                    sq: &mut sq,
+                    cross: &mut cross,
+                };
+                // SAFETY: the CPU has avx2, fma and f16c (checked above).
+                unsafe {
+                    pass(
+                        &q,
+                        &k,
+                        0,
+                        g,
+                        w,
+                        keep,
+                        &mut scratch,
+                        &mut rm,
+                        &mut rs,
+                        &mut st,
+                    )
+                };
+                res.push((rm, rs, sum, sq, cross));
+            }
+            let (a, b) = (&res[0], &res[1]);
+            let what = format!("g {g} w {w} n {n} dk {dk}");
+            assert_eq!(a.0, b.0, "row max, {what}");
+            assert_eq!(a.1, b.1, "row denominators, {what}");
+            for (x, y) in [(&a.2, &b.2), (&a.3, &b.3), (&a.4, &b.4)] {
+                for (hx, hy) in x.chunks(p).zip(y.chunks(p)) {
+                    let top = hx.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    for (u, v) in hx.iter().zip(hy) {
+                        assert!(
+                            (u - v).abs() <= 2e-6 * u.abs() + 1e-7 * top,
+                            "{u} {v}, {what}"
+                        );
+                        differ += (u != v) as usize;
+                    }
+                }
+            }
+        }
+        assert!(differ > 0, "the kept exps gave the shared bits everywhere");
     }
 
     /// The Q·Kᵀ tiles give every logit as one chain over `d` from 0 (fused on FMA builds,
@@ -1356,8 +1649,9 @@ pub(crate) mod tests {
             };
             assert_eq!(one_pass_ready(&q, &k, 0, g, w, scratch), Ok(true));
             let one = one_pass(&q, &k, 0, g, w, &mut rm, &mut rs, needs, scratch, &mut st);
-            let two = row_stats(&q, &k, 0, g, w, scratch, &mut rm, &mut rs)
-                .and_then(|_| column_stats(&q, &k, 0, g, w, &rm, &rs, needs, scratch, &mut st));
+            let two = row_stats(&q, &k, 0, g, w, scratch, &mut rm, &mut rs).and_then(|_| {
+                column_stats(&q, &k, 0, g, w, &rm, &rs, true, needs, scratch, &mut st)
+            });
             (one, two)
         };
         let kv = vals(n * dk, 6, 1.0);

@@ -101,7 +101,19 @@ unsafe fn pass2_avx2(
 ) {
     // SAFETY: `src` holds nt8 rows of 8·g floats (the caller's)
     unsafe {
-        window::fused_stats::<Avx2>(src.as_ptr(), c0, nt8, p, g, 8, 8 * g, m, inv, needs, out)
+        window::fused_stats::<Avx2, false>(
+            src.as_ptr(),
+            c0,
+            nt8,
+            p,
+            g,
+            8,
+            8 * g,
+            m,
+            inv,
+            needs,
+            out,
+        )
     }
 }
 

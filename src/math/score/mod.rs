@@ -403,7 +403,9 @@ pub fn score_layer(
             if one_pass {
                 window::one_pass(q, keys, kh, g, w, rm, rs, nd, scratch, &mut st)?;
             } else {
-                window::column_stats(q, keys, kh, g, w, rm, rs, nd, scratch, &mut st)?;
+                // the row statistics are pass 1's own unless the caller gave `row_lse`
+                let own = row_lse.is_none();
+                window::column_stats(q, keys, kh, g, w, rm, rs, own, nd, scratch, &mut st)?;
             }
         }
         let sums = Sums {

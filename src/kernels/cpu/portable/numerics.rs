@@ -4,7 +4,9 @@
 //! `window` and `gram`) are written once as `#[inline(always)]` generics over `Simd` and
 //! instantiated twice by `dispatch!`: a portable build, and an AVX2+FMA+F16C build chosen
 //! at run time when `std` can detect it, or on AArch64 a NEON build (NEON is part of the
-//! base architecture; the same bits as AVX2). `KVEVICT_PORTABLE=1` forces the portable one.
+//! base architecture; the same bits as AVX2's kernels, though the AVX2 window pass keeps
+//! its exps and so has its own scores: `window::keeps_exps`). `KVEVICT_PORTABLE=1` forces
+//! the portable one.
 
 pub(crate) use super::prefetch::{prefetch_line, prefetch_rows};
 pub use super::simd::exp_neg;
