@@ -8,7 +8,9 @@ venv=${KVEVICT_EVAL_VENV:-$PWD/.venv-eval}
 KVEVICT_EVAL_VENV=$venv eval/setup.sh
 echo "eval: building libkvevict (cargo build --release --lib)" >&2
 cargo build --release --lib 2>&1 | tail -n 3 >&2
-test -f target/release/libkvevict.so || { echo "no target/release/libkvevict.so" >&2; exit 1; }
+# (the shared library the binding loads: .so, or .dylib on macOS)
+[ -f target/release/libkvevict.so ] || [ -f target/release/libkvevict.dylib ] ||
+    { echo "no target/release/libkvevict.so" >&2; exit 1; }
 # --no-build-isolation: the venv's setuptools/wheel (setup.sh), no download per run
 "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps \
     --force-reinstall "$PWD/python"
