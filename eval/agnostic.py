@@ -31,7 +31,7 @@ import captures  # noqa: E402
 import methods  # noqa: E402
 import tasks  # noqa: E402
 from engine import CACHE_DIR, OUT_DIR, KVCache, Model  # noqa: E402
-from metrics import evaluate_selections  # noqa: E402
+from metrics import emit_table, evaluate_selections  # noqa: E402
 from needle import CONTEXT_TOKENS, answer_correct  # noqa: E402
 
 RECON_PROMPT = "\n\nRepeat the previous context exactly.\n"
@@ -468,10 +468,7 @@ def main(argv=None):
                          f"{sum(c for i, c, _ in g if i in full_ok)}/{len(full_ok)} | {np.mean([k for *_, k in g]):.3f} |")
     for sig, c in cost.items():
         lines.append(f"\n{sig}: extra tokens {np.mean([a for a, _ in c]):.2f} x N, numpy forward {np.mean([b for _, b in c]):.1f} s")
-    text = "\n".join(lines)
-    print(text)
-    with open(args.out, "a") as f:
-        f.write(text + "\n")
+    emit_table(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,11 @@ WINDOW_CAPTURE = 64  # largest observation window a method may ask for (snapkv-k
 N_ANSWER = 8
 
 
+def _array(name):
+    """A read-only attribute: the capture's array `name`, as stored."""
+    return property(lambda self: self.a[name])
+
+
 class Captures:
     """What a selection method may read. Shapes use L layers, Hq/Hkv heads, hd head dim.
 
@@ -65,21 +70,10 @@ class Captures:
     def answer_ids(self):
         return [int(t) for t in self.a["answer_ids"]]
 
-    @property
-    def first_logp(self):
-        return self.a["first_logp"]
-
-    @property
-    def q_eval(self):
-        return self.a["q_eval"]
-
-    @property
-    def keys_all(self):
-        return self.a["keys"]
-
-    @property
-    def values_all(self):
-        return self.a["values"]
+    first_logp = _array("first_logp")
+    q_eval = _array("q_eval")
+    keys_all = _array("keys")
+    values_all = _array("values")
 
 
 def split_prompt(prompt, setting, tail=1):

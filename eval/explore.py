@@ -23,7 +23,7 @@ import captures  # noqa: E402
 import methods  # noqa: E402
 from engine import OUT_DIR, Model  # noqa: E402
 from methods import Method, library_method as L  # noqa: E402
-from metrics import evaluate_selections  # noqa: E402
+from metrics import emit_table, evaluate_selections  # noqa: E402
 from needle import CONTEXT_TOKENS, NEEDLE, answer_correct, make_prompts  # noqa: E402
 
 SPAN_POOL = ("forward", 8, 0.9, 0)  # the laprox-span preset's post-pool before the sink rule
@@ -191,10 +191,7 @@ def main(argv=None):
             okf = sum(c for i, c, *_ in g if i in full_ok)
             lines.append(f"| {name} | {r:g} | {ok}/{len(g)} | {okf}/{len(full_ok)} | {np.mean([x[2] for x in g]):.3f} | "
                          f"{np.mean([x[3] for x in g]):.3f} | {np.nanmean([x[4] for x in g]):.2f} |")
-    text = "\n".join(lines)
-    print(text)
-    with open(args.out, "a") as f:
-        f.write(text + "\n")
+    emit_table(lines, args.out)
 
 
 if __name__ == "__main__":

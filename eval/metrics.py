@@ -148,3 +148,11 @@ def evaluate_selections(model, cap, selects, ratios, key):
             jobs.append((name, r, index[h]))
     evals = evaluate_many(model, cap, kepts, key)
     return [(name, r, evals[j], kepts[j]) for name, r, j in jobs]
+
+
+def emit_table(lines, path):
+    """A study's table: printed, and appended to `path`."""
+    text = "\n".join(lines)
+    print(text)
+    with open(path, "a") as f:
+        f.write(text + "\n")

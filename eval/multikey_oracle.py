@@ -52,14 +52,21 @@ def oracle(tok, dots, before=0, after=0):
     return select
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def multikey_args(doc, ratios, flag, help):
+    """The multikey studies' command line: --prompts, --ratios (default `ratios`), --seed-base
+    and the study's own string option `flag` (default empty). Returns (args, the ratios)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--ratios", default="0.1,0.25,0.5")
+    ap.add_argument("--ratios", default=ratios)
     ap.add_argument("--seed-base", type=int, default=0)
-    ap.add_argument("--margins", default="", help="before:after token margins around each code sentence, e.g. 8:0,16:0,8:8")
+    ap.add_argument(flag, default="", help=help)
     args = ap.parse_args()
-    ratios = [float(r) for r in args.ratios.split(",")]
+    return args, [float(r) for r in args.ratios.split(",")]
+
+
+def main():
+    args, ratios = multikey_args(__doc__, "0.1,0.25,0.5", "--margins",
+                                 "before:after token margins around each code sentence, e.g. 8:0,16:0,8:8")
     model = Model()
     tok = model.tokenizer
     selects = [("code+sink4+fill", oracle(tok, False)), ("code+sink4+dots", oracle(tok, True))]

@@ -16,7 +16,6 @@ union answers most questions, the multi-key misses are the selection's, not the 
     python eval/multikey_union.py --prompts 8 --ratios 0.1 --seed-base 1000
     python eval/multikey_union.py --prompts 8 --ratios 0.1 --full-layers 0-3,0-9,10-19,20-29
 """
-import argparse
 import os
 import sys
 
@@ -29,7 +28,7 @@ import methods  # noqa: E402
 import tasks  # noqa: E402
 from engine import Model  # noqa: E402
 from metrics import evaluate_selections  # noqa: E402
-from multikey_oracle import code_spans  # noqa: E402
+from multikey_oracle import code_spans, multikey_args  # noqa: E402
 from needle import answer_correct  # noqa: E402
 
 W = 8
@@ -44,14 +43,8 @@ def aware_pick(aware, n_ctx, budget):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--ratios", default="0.1,0.05")
-    ap.add_argument("--seed-base", type=int, default=0)
-    ap.add_argument("--full-layers", default="", help="layer ranges A-B kept whole, e.g. 0-9,10-19")
-    args = ap.parse_args()
+    args, ratios = multikey_args(__doc__, "0.1,0.05", "--full-layers", "layer ranges A-B kept whole, e.g. 0-9,10-19")
     spans = [range(int(x.split("-")[0]), int(x.split("-")[1]) + 1) for x in args.full_layers.split(",") if x]
-    ratios = [float(r) for r in args.ratios.split(",")]
     model = Model(verbose=False)
     tok = model.tokenizer
     tot, full, sizes = {}, 0, {}

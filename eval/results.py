@@ -144,7 +144,7 @@ def step_plot(name, ctx):
     png = os.path.join(ctx.out, "accuracy.png")
     write_plot(summaries, png)
     rel = os.path.relpath(png, ctx.gen)
-    lines = ["", f"![accuracy]({rel})", "",
+    lines = [f"![accuracy]({rel})", "",
              "Prompts answered, of those the full cache answers, against the keep ratio; from "
              f"[`needle-aware.csv`](needle-aware.csv) and [`needle-agnostic.csv`](needle-agnostic.csv)."]
     return "# Needle accuracy against the keep ratio (the plot)", "\n".join(lines) + "\n"
@@ -285,7 +285,7 @@ def main(argv=None):
         title, body = STEP_FN[name](name, ctx)
         line = ctx.stamp.line(l0, load(), time.time() - t0, datetime.datetime.now(datetime.timezone.utc))
         with open(os.path.join(ctx.gen, f"{name}.md"), "w") as f:
-            f.write(f"{title}\n\n<!-- written by scripts/results.sh: do not edit -->\n> **Generated** {line}\n{body}")
+            f.write(f"{title}\n\n<!-- written by scripts/results.sh: do not edit -->\n> **Generated** {line}\n\n{body}")
         log(f"{name}: {line}")
     write_index(ctx)
     verify(ctx, steps)

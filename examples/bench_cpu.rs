@@ -432,73 +432,68 @@ fn key_bytes(c: &Case) -> &[u8] {
     }
 }
 
-/// The bitwise OR of every 64-byte block of `b` (length a multiple of 512): a read of every
-/// byte at full width, eight independent chains, with (`pf`) or without a software prefetch
-/// 4 KiB ahead.
-///
-/// # Safety
-/// The CPU has AVX-512 F.
-#[cfg(all(target_arch = "x86_64", kvevict_avx512))]
-#[allow(clippy::incompatible_msrv)] // built with Rust >= 1.89 only (build.rs's cfg)
-#[target_feature(enable = "avx512f,avx2")]
-unsafe fn or_sweep_512(b: &[u8], pf: bool) -> u64 {
-    use std::arch::x86_64::*;
-    let p = b.as_ptr();
-    let mut a = [_mm512_setzero_si512(); 8];
-    let mut i = 0;
-    while i + 512 <= b.len() {
-        for (j, a) in a.iter_mut().enumerate() {
-            if pf {
-                // a hint only: never faults, whatever the address
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + 4096 + 64 * j) as *const i8);
+/// `$name(b, pf)`: the bitwise OR of every `$w`-byte vector of `b` (length a multiple of 8
+/// vectors): a read of every byte at full width, eight independent chains, with (`pf`) or
+/// without a software prefetch 4 KiB ahead (at the vectors `j` for which `$hint(j)`), the
+/// chains OR-ed by `$or` and reduced to a u64 by `$reduce` (of the vector `$r`). Expanded
+/// inside the function, so every intrinsic runs with its target features.
+macro_rules! or_sweep {
+    ($(#[$attr:meta])* $name:ident, $w:literal, $zero:ident, $or:ident, $load:ident,
+     |$j:ident| $hint:expr, |$r:ident| $reduce:expr) => {
+        $(#[$attr])*
+        unsafe fn $name(b: &[u8], pf: bool) -> u64 {
+            use std::arch::x86_64::*;
+            let p = b.as_ptr();
+            let mut a = [$zero(); 8];
+            let mut i = 0;
+            while i + 8 * $w <= b.len() {
+                for (j, a) in a.iter_mut().enumerate() {
+                    let $j = j;
+                    if pf && $hint {
+                        // a hint only: never faults, whatever the address
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + 4096 + $w * j) as *const i8);
+                    }
+                    // SAFETY: i + w·j + w <= i + 8·w <= b.len().
+                    *a = $or(*a, unsafe { $load(p.add(i + $w * j) as *const _) });
+                }
+                i += 8 * $w;
             }
-            // SAFETY: i + 64·j + 64 <= i + 512 <= b.len().
-            *a = _mm512_or_si512(*a, unsafe {
-                _mm512_loadu_si512(p.add(i + 64 * j) as *const _)
-            });
+            let mut $r = a[0];
+            for x in &a[1..] {
+                $r = $or($r, *x);
+            }
+            $reduce
         }
-        i += 512;
-    }
-    let mut r = a[0];
-    for x in &a[1..] {
-        r = _mm512_or_si512(r, *x);
-    }
-    _mm512_reduce_or_epi64(r) as u64
+    };
 }
 
-/// [`or_sweep_512`] on 32-byte vectors.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn or_sweep_256(b: &[u8], pf: bool) -> u64 {
-    use std::arch::x86_64::*;
-    let p = b.as_ptr();
-    let mut a = [_mm256_setzero_si256(); 8];
-    let mut i = 0;
-    while i + 256 <= b.len() {
-        for (j, a) in a.iter_mut().enumerate() {
-            if pf && j % 2 == 0 {
-                // a hint only: never faults, whatever the address
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + 4096 + 32 * j) as *const i8);
-            }
-            // SAFETY: i + 32·j + 32 <= i + 256 <= b.len().
-            *a = _mm256_or_si256(*a, unsafe {
-                _mm256_loadu_si256(p.add(i + 32 * j) as *const _)
-            });
-        }
-        i += 256;
-    }
-    let mut r = a[0];
-    for x in &a[1..] {
-        r = _mm256_or_si256(r, *x);
-    }
-    (_mm256_extract_epi64::<0>(r)
+or_sweep!(
+    /// On 64-byte vectors, every one prefetched.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F.
+    #[cfg(all(target_arch = "x86_64", kvevict_avx512))]
+    #[allow(clippy::incompatible_msrv)] // built with Rust >= 1.89 only (build.rs's cfg)
+    #[target_feature(enable = "avx512f,avx2")]
+    or_sweep_512, 64, _mm512_setzero_si512, _mm512_or_si512, _mm512_loadu_si512,
+    |_j| true,
+    |r| _mm512_reduce_or_epi64(r) as u64
+);
+
+or_sweep!(
+    /// On 32-byte vectors, every other one prefetched (one a 64-byte line).
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    or_sweep_256, 32, _mm256_setzero_si256, _mm256_or_si256, _mm256_loadu_si256,
+    |j| j % 2 == 0,
+    |r| (_mm256_extract_epi64::<0>(r)
         | _mm256_extract_epi64::<1>(r)
         | _mm256_extract_epi64::<2>(r)
         | _mm256_extract_epi64::<3>(r)) as u64
-}
+);
 
 /// `read`: the rate of reading the key buffer once, the memory bound of KNorm and TOVA: for
 /// each of the read loops this CPU runs (AVX-512 / AVX2 OR-sweeps, with and without a

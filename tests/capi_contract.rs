@@ -13,13 +13,6 @@ use std::ptr::{null, null_mut};
 mod capi_common;
 use capi_common::*;
 
-const PRESET_LAPROX: u32 = 3;
-const PRESET_CRITICALKV: u32 = 5;
-const UNIFORM: u32 = 0;
-const GLOBAL: u32 = 4;
-const HEAD: u32 = 0;
-const LAYER: u32 = 1;
-
 fn canary_u64(len: usize) -> Vec<u64> {
     vec![CANARY as u64; len]
 }

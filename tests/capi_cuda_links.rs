@@ -26,7 +26,7 @@ use std::ptr::{null, null_mut};
 mod reference;
 #[macro_use]
 mod conformance;
-use conformance::{have_device, select_params, DBuf, Dt, Layout, Rng, Tensor, DTYPES, LAYOUTS};
+use conformance::{dtype_layouts, have_device, select_params, DBuf, Dt, Layout, Rng, Tensor};
 
 type Buf = DBuf<u8>;
 
@@ -108,39 +108,37 @@ fn device_links_are_the_host_bits() {
     let exact = host_is_avx2();
     let mut rng = Rng::new(131);
     let mut checked = 0;
-    for dt in DTYPES {
-        for layout in LAYOUTS {
-            // n crosses the transposed path's 8-token body; dv its 8-lane tail
-            for &(hkv, n, dv) in &[(2, 1, 8), (2, 2, 5), (3, 9, 8), (2, 40, 20), (1, 67, 64)] {
-                let mut layers: Vec<Tensor> = (0..2)
-                    .map(|_| Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal()))
-                    .collect();
-                if n > 5 {
-                    // token 4 of head 0, layer 1, is a zero vector: it links nothing
-                    let t = &mut layers[1];
-                    for d in 0..dv {
-                        let at = t.st[1] * 4 + t.st[2] * d;
-                        t.flat[at] = 0.0;
-                    }
-                    t.buf.as_ref().unwrap().upload(&t.dt.encode(&t.flat));
+    for (dt, layout) in dtype_layouts() {
+        // n crosses the transposed path's 8-token body; dv its 8-lane tail
+        for &(hkv, n, dv) in &[(2, 1, 8), (2, 2, 5), (3, 9, 8), (2, 40, 20), (1, 67, 64)] {
+            let mut layers: Vec<Tensor> = (0..2)
+                .map(|_| Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal()))
+                .collect();
+            if n > 5 {
+                // token 4 of head 0, layer 1, is a zero vector: it links nothing
+                let t = &mut layers[1];
+                for d in 0..dv {
+                    let at = t.st[1] * 4 + t.st[2] * d;
+                    t.flat[at] = 0.0;
                 }
-                let start: Vec<f32> = (0..n).map(|i| (i % 3) as f32 * 0.25).collect();
-                let host = host_links(&layers, &start).unwrap();
-                let dev = device_links(&layers, &start);
-                for i in 0..n {
-                    let ok = if exact {
-                        dev[i].to_bits() == host[i].to_bits()
-                    } else {
-                        (dev[i] - host[i]).abs() <= 1e-5 * host[i].abs().max(1.0)
-                    };
-                    assert!(
-                        ok,
-                        "{dt:?} {layout:?} hkv {hkv} n {n} dv {dv}: token {i}: device {} host {}",
-                        dev[i], host[i]
-                    );
-                }
-                checked += 1;
+                t.buf.as_ref().unwrap().upload(&t.dt.encode(&t.flat));
             }
+            let start: Vec<f32> = (0..n).map(|i| (i % 3) as f32 * 0.25).collect();
+            let host = host_links(&layers, &start).unwrap();
+            let dev = device_links(&layers, &start);
+            for i in 0..n {
+                let ok = if exact {
+                    dev[i].to_bits() == host[i].to_bits()
+                } else {
+                    (dev[i] - host[i]).abs() <= 1e-5 * host[i].abs().max(1.0)
+                };
+                assert!(
+                    ok,
+                    "{dt:?} {layout:?} hkv {hkv} n {n} dv {dv}: token {i}: device {} host {}",
+                    dev[i], host[i]
+                );
+            }
+            checked += 1;
         }
     }
     println!(
@@ -550,14 +548,8 @@ fn device_linked_selection_equals_host() {
             })
             .collect();
         let dl = DBuf::from(&links);
-        for alloc in [
-            AllocatorKind::Uniform,
-            AllocatorKind::Ada,
-            AllocatorKind::Pyramid,
-            AllocatorKind::Lava,
-            AllocatorKind::Global,
-        ] {
-            for gran in [Granularity::Head, Granularity::Layer, Granularity::Token] {
+        for &alloc in AllocatorKind::ALL {
+            for &gran in Granularity::ALL {
                 for (budget, kernel, sinks) in [(12u64, 5u32, 0u32), (40, 1, 4), (7, 9, 1)] {
                     let mut sp = select_params(alloc, gran, budget);
                     sp.post_pool_kind = PoolKind::Forward as u32;

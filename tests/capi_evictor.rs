@@ -51,6 +51,19 @@ fn context(ev: *mut kve_evictor) -> Vec<u8> {
         .to_vec()
 }
 
+/// `kve_evictor_kept_cells` / `kve_evictor_evicted_cells`.
+type CellsFn = unsafe extern "C" fn(*mut kve_evictor, u64, *mut u32, u64, *mut u64) -> i32;
+
+/// The cells `f` reports for `seq` (read into a buffer of `N`; the call must succeed).
+fn cells_of(f: CellsFn, ev: *mut kve_evictor, seq: u64) -> Vec<u32> {
+    let (mut cells, mut count) = (vec![0u32; N], 0u64);
+    // SAFETY: a live context from `evictor`, a buffer of `N` and an out-count.
+    let st = unsafe { f(ev, seq, cells.as_mut_ptr(), N as u64, &mut count) };
+    assert_eq!(st, KVE_OK);
+    cells.truncate(count as usize);
+    cells
+}
+
 /// `f` returns `want` and leaves the context as it was.
 fn refused(ev: *mut kve_evictor, want: i32, f: impl FnOnce() -> i32) {
     let before = context(ev);
@@ -194,17 +207,9 @@ fn a_round_through_c_gives_the_rust_evictors_kept_set() {
             let mut kept = 0u64;
             assert_eq!(kve_evictor_select(ev, 1, &mut kept), KVE_OK);
             assert_eq!(kept, 30);
-            let (mut cells, mut gone) = (vec![0u32; N], vec![0u32; N]);
-            let (mut nk, mut ne) = (0u64, 0u64);
-            assert_eq!(
-                kve_evictor_kept_cells(ev, 1, cells.as_mut_ptr(), N as u64, &mut nk),
-                KVE_OK
-            );
-            assert_eq!(
-                kve_evictor_evicted_cells(ev, 1, gone.as_mut_ptr(), N as u64, &mut ne),
-                KVE_OK
-            );
-            assert_eq!((nk, ne), (30, 30));
+            let cells = cells_of(kve_evictor_kept_cells, ev, 1);
+            let gone = cells_of(kve_evictor_evicted_cells, ev, 1);
+            assert_eq!((cells.len(), gone.len()), (30, 30));
             let mut offsets = vec![0u64; L * HKV + 1];
             let mut indices = vec![0u32; L * HKV * N];
             let st = kve_evictor_kept_lists(
@@ -852,22 +857,10 @@ fn paged_rounds_through_c_match_the_strided_ones() {
             assert_eq!(kve_evictor_select(a, 0, &mut ka), KVE_OK);
             assert_eq!(kve_evictor_select(b, 0, &mut kb), KVE_OK);
             assert_eq!(ka, kb);
-            let (mut ca, mut cb) = (vec![0u32; N], vec![0u32; N]);
-            let (mut na, mut nb) = (0u64, 0u64);
-            assert_eq!(
-                kve_evictor_kept_cells(a, 0, ca.as_mut_ptr(), N as u64, &mut na),
-                KVE_OK
-            );
-            assert_eq!(
-                kve_evictor_kept_cells(b, 0, cb.as_mut_ptr(), N as u64, &mut nb),
-                KVE_OK
-            );
-            assert_eq!(
-                (&ca[..na as usize], na),
-                (&cb[..nb as usize], nb),
-                "{preset:?}"
-            );
-            assert!(na < N as u64);
+            let ca = cells_of(kve_evictor_kept_cells, a, 0);
+            assert_eq!(ca, cells_of(kve_evictor_kept_cells, b, 0), "{preset:?}");
+            let na = ca.len();
+            assert!(na < N);
             // compaction: strided K/V through `a`, the pool through `b`
             let mut freed = 77u64;
             let lay = m.layout(0, 0);
@@ -889,9 +882,9 @@ fn paged_rounds_through_c_match_the_strided_ones() {
                     let (tp, tl) = (m.table.as_ptr(), m.table.len() as u64);
                     let st = kve_evictor_compact_paged(b, 0, l as u64, &lay, tp, tl, &mut freed);
                     assert_eq!(st, KVE_OK);
-                    assert_eq!(freed as usize, N.div_ceil(bs) - (na as usize).div_ceil(bs));
+                    assert_eq!(freed as usize, N.div_ceil(bs) - na.div_ceil(bs));
                     for h in 0..HKV {
-                        for r in 0..na as usize {
+                        for r in 0..na {
                             let at = m.at(kv, r, h);
                             let want = &strided[(h * N + r) * D..][..D];
                             assert!(

@@ -354,7 +354,7 @@ fn sharded_linked_selection_equals_the_model_call() {
     let links: Vec<f32> = (0..N)
         .map(|i| count * if i % 6 == 0 { 0.2 } else { 0.8 })
         .collect();
-    let mut sel = select_params(4, 0, 3); // global, head
+    let mut sel = select_params(GLOBAL, HEAD, 3);
     sel.post_pool_kind = 3; // forward
     sel.post_pool_kernel = 2;
     sel.post_pool_decay = 1.0;

@@ -157,11 +157,44 @@ fn run(s: &Setup, args: &[&str]) -> Vec<Row> {
     result_row::run_rows(&s.exe, &s.model, args)
 }
 
+/// `run` on the needle prompt of `depth` and `seed`.
+fn run_needle(s: &Setup, args: &[&str], depth: &str, seed: &str) -> Vec<Row> {
+    run(s, &[args, &["--needle", depth, "--seed", seed]].concat())
+}
+
+/// The decode-time budget: the prompt streams through a 256-cell cache in 32-token chunks,
+/// then 16 tokens are generated; every time the next batch would not fit, kvevict evicts
+/// down to 192.
+const DECODE_256: [&str; 8] = [
+    "--max-cells",
+    "256",
+    "--evict-to",
+    "0.75",
+    "--chunk",
+    "32",
+    "-n",
+    "16",
+];
+
+/// The setup, or return from the test (skipped: no llama.cpp build or model).
+macro_rules! setup_or_skip {
+    () => {
+        match setup().expect("setup") {
+            Some(s) => s,
+            None => return,
+        }
+    };
+}
+
+/// Print a test's table, then fail with its failures, if any.
+fn report(table: &str, failures: &[String]) {
+    println!("{table}");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 #[test]
 fn needle_at_ten_percent() {
-    let Some(s) = setup().expect("setup") else {
-        return;
-    };
+    let s = setup_or_skip!();
     let mut failures = Vec::new();
     let mut exact_span = 0;
     let mut table = String::from(
@@ -222,8 +255,7 @@ fn needle_at_ten_percent() {
         PROMPTS.len() - failures.iter().filter(|f| f.contains("laprox-span")).count(),
         PROMPTS.len()
     );
-    println!("{table}");
-    assert!(failures.is_empty(), "{failures:#?}");
+    report(&table, &failures);
 }
 
 /// Question-agnostic (`--agnostic`: the context is compressed before the question is
@@ -231,9 +263,7 @@ fn needle_at_ten_percent() {
 /// of the cells; LaProx-span, which reads the window's queries, is printed beside it.
 #[test]
 fn agnostic_uniqueness_at_ten_percent() {
-    let Some(s) = setup().expect("setup") else {
-        return;
-    };
+    let s = setup_or_skip!();
     let mut failures = Vec::new();
     let mut table = String::from("depth seed | full | uniqueness | laprox-span | uniqueness ms\n");
     for (depth, seed) in PROMPTS {
@@ -244,10 +274,7 @@ fn agnostic_uniqueness_at_ten_percent() {
             "0.1",
             "--agnostic",
         ];
-        let rows = run(
-            &s,
-            &[&args[..], &["--needle", depth, "--seed", seed]].concat(),
-        );
+        let rows = run_needle(&s, &args, depth, seed);
         assert_eq!(rows.len(), 3);
         let (full, uniq, span) = (&rows[0], &rows[1], &rows[2]);
         assert_eq!(uniq.num("agnostic"), 1.0);
@@ -276,36 +303,15 @@ fn agnostic_uniqueness_at_ten_percent() {
             ));
         }
     }
-    println!("{table}");
-    assert!(failures.is_empty(), "{failures:#?}");
+    report(&table, &failures);
 }
 
 #[test]
 fn decode_time_budget_is_held() {
-    let Some(s) = setup().expect("setup") else {
-        return;
-    };
-    // the prompt streams through a 256-cell cache in 32-token chunks, then 16 tokens are
-    // generated; every time the next batch would not fit, kvevict evicts down to 192
-    let rows = run(
-        &s,
-        &[
-            "--method",
-            "laprox-span",
-            "--needle",
-            "0.5",
-            "--seed",
-            "5",
-            "--max-cells",
-            "256",
-            "--evict-to",
-            "0.75",
-            "--chunk",
-            "32",
-            "-n",
-            "16",
-        ],
-    );
+    let s = setup_or_skip!();
+    // the needle prompt through `DECODE_256`'s cache
+    let budget = [&["--method", "laprox-span"][..], &DECODE_256].concat();
+    let rows = run_needle(&s, &budget, "0.5", "5");
     assert_eq!(rows.len(), 1);
     let r = &rows[0];
     let prompt = r.num("prompt");
@@ -330,9 +336,7 @@ fn decode_time_budget_is_held() {
 /// prompts (the full cache answers all 10 of these).
 #[test]
 fn decode_time_uniqueness_keeps_the_needle() {
-    let Some(s) = setup().expect("setup") else {
-        return;
-    };
+    let s = setup_or_skip!();
     const TEN: [(&str, &str); 10] = [
         ("0.1", "1"),
         ("0.2", "2"),
@@ -348,22 +352,8 @@ fn decode_time_uniqueness_keeps_the_needle() {
     let mut recovered = 0;
     let mut table = String::new();
     for (depth, seed) in TEN {
-        let budget = [
-            "--method",
-            "uniqueness",
-            "--max-cells",
-            "256",
-            "--evict-to",
-            "0.75",
-            "--chunk",
-            "32",
-            "-n",
-            "16",
-        ];
-        let rows = run(
-            &s,
-            &[&budget[..], &["--needle", depth, "--seed", seed]].concat(),
-        );
+        let budget = [&["--method", "uniqueness"][..], &DECODE_256].concat();
+        let rows = run_needle(&s, &budget, depth, seed);
         assert_eq!(rows.len(), 1);
         let r = &rows[0];
         assert!(
@@ -392,9 +382,7 @@ fn decode_time_uniqueness_keeps_the_needle() {
 /// LaProx-span and question-agnostic `uniqueness` exact on every one (measured 5 / 5 each).
 #[test]
 fn gemma3_sliding_window_model() {
-    let Some(s) = setup().expect("setup") else {
-        return;
-    };
+    let s = setup_or_skip!();
     let venv = std::env::var_os("KVEVICT_LLAMA_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join(".venv-llama"));
@@ -452,6 +440,5 @@ fn gemma3_sliding_window_model() {
             }
         }
     }
-    println!("{table}");
-    assert!(failures.is_empty(), "{failures:#?}");
+    report(&table, &failures);
 }

@@ -478,31 +478,21 @@ fn hostile_tables_and_layouts() {
     let l = |kind, bs, layers, layer, kv| {
         PagedLayout::new(kind, DType::F32, 8, bs, 2, 3, layers, layer, kv)
     };
-    assert_eq!(
-        l(PagedKind::Nhd, 0, 1, 0, 0).err(),
-        Some(Error::InvalidArgument)
-    );
-    assert_eq!(
-        l(PagedKind::Nhd, MAX_BLOCK_SIZE + 1, 1, 0, 0).err(),
-        Some(Error::InvalidArgument)
-    );
     assert!(l(PagedKind::Nhd, MAX_BLOCK_SIZE, 1, 0, 0).is_ok());
-    assert_eq!(
-        l(PagedKind::Nhd, 4, 1, 0, 1).err(),
-        Some(Error::InvalidArgument)
-    );
-    assert_eq!(
-        l(PagedKind::NhdKvInner, 4, 1, 0, 2).err(),
-        Some(Error::InvalidArgument)
-    );
-    assert_eq!(
-        l(PagedKind::TrtLlm, 4, 2, 2, 0).err(),
-        Some(Error::InvalidArgument)
-    );
-    assert_eq!(
-        l(PagedKind::Hnd, 4, 2, 0, 0).err(),
-        Some(Error::InvalidArgument)
-    );
+    for (kind, bs, layers, layer, kv) in [
+        (PagedKind::Nhd, 0, 1, 0, 0),
+        (PagedKind::Nhd, MAX_BLOCK_SIZE + 1, 1, 0, 0),
+        (PagedKind::Nhd, 4, 1, 0, 1),
+        (PagedKind::NhdKvInner, 4, 1, 0, 2),
+        (PagedKind::TrtLlm, 4, 2, 2, 0),
+        (PagedKind::Hnd, 4, 2, 0, 0),
+    ] {
+        assert_eq!(
+            l(kind, bs, layers, layer, kv).err(),
+            Some(Error::InvalidArgument),
+            "{kind:?} block {bs}, {layers} layers, layer {layer}, kv {kv}"
+        );
+    }
     assert_eq!(
         PagedLayout::new(PagedKind::Nhd, DType::F32, usize::MAX / 2, 4, 2, 3, 1, 0, 0).err(),
         Some(Error::Overflow)

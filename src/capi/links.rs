@@ -1,9 +1,7 @@
 //! Value links (`crate::links`): accumulated per layer, consumed by
 //! `kve_select_model_linked`.
 
-use super::{
-    check_alias, kve_tensor, out_param, span_ptr, to_status, to_usize, tri, Buf, Tensor, KVE_OK,
-};
+use super::{check_alias, kve_tensor, span_ptr, to_status, to_usize, tri, Buf, Tensor};
 use crate::links;
 use core::ffi::c_void;
 
@@ -16,14 +14,9 @@ pub unsafe extern "C" fn kve_value_links_workspace_size(
     dv: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let mut out = tri!(out_param(out_bytes));
-    let b = tri!(links::value_links_workspace_size(
-        tri!(to_usize(n)),
-        tri!(to_usize(dv))
-    ));
-    // SAFETY: out_param checked non-NULL and aligned; one element.
-    unsafe { out.slice_mut()[0] = b as u64 };
-    KVE_OK
+    super::answer_size(out_bytes, || {
+        links::value_links_workspace_size(to_usize(n)?, to_usize(dv)?)
+    })
 }
 
 /// Add `sum over the Hkv heads of cos(v[h, i], v[h, i-1])` to `links[i]` for

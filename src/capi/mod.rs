@@ -187,6 +187,23 @@ pub(crate) fn to_usize(v: u64) -> crate::Result<usize> {
     usize::try_from(v).map_err(|_| Error::Overflow)
 }
 
+/// The first checks of a C buffer descriptor (`kve_tensor`, `kve_paged_layout`), in this
+/// order: `data` not NULL, `pad` 0, a known dtype, `len` a `usize`. Its dtype and length.
+pub(crate) fn data_header(
+    data: *const core::ffi::c_void,
+    pad: u32,
+    dtype: u32,
+    len: u64,
+) -> crate::Result<(DType, usize)> {
+    if data.is_null() {
+        return Err(Error::NullPointer);
+    }
+    if pad != 0 {
+        return Err(Error::InvalidArgument);
+    }
+    Ok((DType::from_u32(dtype)?, to_usize(len)?))
+}
+
 /// A checked `(pointer, length)` buffer, before any slice exists.
 pub(crate) struct Buf<T> {
     ptr: *mut T,
@@ -274,14 +291,7 @@ impl Tensor {
     /// Every check of `View::from_raw` plus the C-side ones (pad, dtype, integer sizes,
     /// head limit, address-space wrap).
     pub fn new(t: &kve_tensor) -> crate::Result<Tensor> {
-        if t.data.is_null() {
-            return Err(Error::NullPointer);
-        }
-        if t.pad != 0 {
-            return Err(Error::InvalidArgument);
-        }
-        let dtype = DType::from_u32(t.dtype)?;
-        let len = to_usize(t.len)?;
+        let (dtype, len) = data_header(t.data, t.pad, t.dtype, t.len)?;
         let mut extent = [0usize; 3];
         let mut stride = [0usize; 3];
         for a in 0..3 {
@@ -348,6 +358,16 @@ macro_rules! tri {
     };
 }
 pub(crate) use tri;
+
+/// A size query's answer: `out` checked first (NULL, alignment), then `size` computed, then
+/// written to `*out`. Nothing is written on error.
+pub(crate) fn answer_size(out: *mut u64, size: impl FnOnce() -> crate::Result<usize>) -> i32 {
+    let mut o = tri!(out_param(out));
+    let v = tri!(size());
+    // SAFETY: out_param checked non-NULL and aligned; one element.
+    unsafe { o.slice_mut()[0] = v as u64 };
+    KVE_OK
+}
 
 // ------------------------------------------------------------------- header defines
 

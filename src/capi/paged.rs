@@ -68,14 +68,7 @@ impl Pool {
     pub unsafe fn from_ptr(p: *const kve_paged_layout) -> Result<Pool> {
         // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
         let c = unsafe { super::arg(p)? };
-        if c.data.is_null() {
-            return Err(Error::NullPointer);
-        }
-        if c.pad != 0 {
-            return Err(Error::InvalidArgument);
-        }
-        let dtype = DType::from_u32(c.dtype)?;
-        let len = to_usize(c.len)?;
+        let (dtype, len) = super::data_header(c.data, c.pad, c.dtype, c.len)?;
         if (c.data as usize) % dtype.size() != 0 {
             return Err(Error::Misaligned);
         }

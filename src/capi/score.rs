@@ -2,8 +2,8 @@
 
 use super::params::{read_ext, score_config, write_ext};
 use super::{
-    check_alias, kve_score_params, kve_tensor, out_param, span_ptr, span_sized, to_status,
-    to_usize, tri, Buf, Span, Tensor, KVE_MAX_HEADS, KVE_OK,
+    answer_size, check_alias, kve_score_params, kve_tensor, out_param, span_ptr, span_sized,
+    to_status, to_usize, tri, Buf, Span, Tensor, KVE_MAX_HEADS, KVE_OK,
 };
 use crate::error::{Error, Result};
 use crate::gram;
@@ -387,15 +387,14 @@ pub unsafe extern "C" fn kve_gram_len(
     cross: u32,
     out_len: *mut u64,
 ) -> i32 {
-    let mut out = tri!(out_param(out_len));
-    let len = tri!(float_count(tri!(gram::gram_len(
-        tri!(head_count(hq)),
-        tri!(head_count(hkv)),
-        tri!(to_usize(dv)),
-        tri!(cross_flag(cross))
-    ))));
-    write_u64(&mut out, len);
-    KVE_OK
+    answer_size(out_len, || {
+        float_count(gram::gram_len(
+            head_count(hq)?,
+            head_count(hkv)?,
+            to_usize(dv)?,
+            cross_flag(cross)?,
+        )?)
+    })
 }
 
 /// Workspace bytes of `kve_compute_gram` for value dim `dv` and model dim `d_model`.
@@ -406,13 +405,9 @@ pub unsafe extern "C" fn kve_gram_workspace_size(
     d_model: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let mut out = tri!(out_param(out_bytes));
-    let b = tri!(gram::gram_workspace_size(
-        tri!(to_usize(dv)),
-        tri!(to_usize(d_model))
-    ));
-    write_u64(&mut out, b);
-    KVE_OK
+    answer_size(out_bytes, || {
+        gram::gram_workspace_size(to_usize(dv)?, to_usize(d_model)?)
+    })
 }
 
 /// LaProx's Gram matrices `G_ab = Wo_a Wo_bᵀ` of one layer, computed once per model
@@ -460,15 +455,14 @@ pub unsafe extern "C" fn kve_value_forms_len(
     cross: u32,
     out_len: *mut u64,
 ) -> i32 {
-    let mut out = tri!(out_param(out_len));
-    let len = tri!(float_count(tri!(gram::value_forms_len(
-        tri!(head_count(hq)),
-        tri!(head_count(hkv)),
-        tri!(to_usize(n)),
-        tri!(cross_flag(cross))
-    ))));
-    write_u64(&mut out, len);
-    KVE_OK
+    answer_size(out_len, || {
+        float_count(gram::value_forms_len(
+            head_count(hq)?,
+            head_count(hkv)?,
+            to_usize(n)?,
+            cross_flag(cross)?,
+        )?)
+    })
 }
 
 /// Fill token columns `t0 .. t1` of LaProx's value-form cache (`v G vᵀ` per token and
@@ -532,13 +526,9 @@ pub unsafe extern "C" fn kve_value_l1_workspace_size(
     d_model: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let mut out = tri!(out_param(out_bytes));
-    let b = tri!(gram::value_l1_workspace_size(
-        tri!(to_usize(dv)),
-        tri!(to_usize(d_model))
-    ));
-    write_u64(&mut out, b);
-    KVE_OK
+    answer_size(out_bytes, || {
+        gram::value_l1_workspace_size(to_usize(dv)?, to_usize(d_model)?)
+    })
 }
 
 /// CriticalKV's value term `mean_{h in group} ||v_i Wo_h||_1` for every token:

@@ -309,21 +309,24 @@ pub(super) unsafe fn select_with(
     ];
     check_alias(&writes, &reads)?;
     let parts = layout(&pl, &s, workspace)?;
+    let idx_ld = idx_ld as i64;
     // SAFETY: scores, lists and workspace parts are the caller's device buffers, their
-    // sizes checked above against the shape the chain launches over.
+    // sizes checked above against the shape the chain launches over; the launchers only
+    // enqueue work on `stream`. The chosen prefix positions, then the window, in every
+    // unit's list.
     unsafe {
-        launch(
-            cfg,
-            &pl,
-            &s,
-            &parts,
-            scores,
-            links,
+        choose(
+            cfg, &pl, &s, &parts, scores, links, counts, idx, idx_ld, stream,
+        )?;
+        ck(cu::kve_cuda_append_range(
             counts,
             idx,
-            idx_ld as i64,
+            idx_ld,
+            (s.layers * s.hkv) as i64,
+            s.p as i64,
+            s.w as i64,
             stream,
-        )
+        ))
     }
 }
 
@@ -402,38 +405,6 @@ unsafe fn pool_rows(
             mode,
             k,
             decay,
-            stream,
-        ))
-    }
-}
-
-/// The chosen prefix positions, then the window, in every unit's list.
-#[allow(clippy::too_many_arguments)]
-unsafe fn launch(
-    cfg: &SelectConfig,
-    pl: &Plan,
-    s: &Shape,
-    parts: &Parts,
-    scores: *const f32,
-    links: Option<Linked>,
-    counts: *mut i32,
-    idx: *mut i32,
-    idx_ld: i64,
-    stream: *mut c_void,
-) -> Result<()> {
-    // SAFETY: the pointers are device memory of the sizes checked by the public caller;
-    // the launchers only enqueue work on `stream`.
-    unsafe {
-        choose(
-            cfg, pl, s, parts, scores, links, counts, idx, idx_ld, stream,
-        )?;
-        ck(cu::kve_cuda_append_range(
-            counts,
-            idx,
-            idx_ld,
-            (s.layers * s.hkv) as i64,
-            s.p as i64,
-            s.w as i64,
             stream,
         ))
     }

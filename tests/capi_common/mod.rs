@@ -13,6 +13,13 @@ pub const N: usize = 40;
 pub const D: usize = 8;
 pub const W: usize = 8;
 pub const P: usize = N - W;
+/// C values of `KVE_PRESET_*`, `KVE_ALLOCATOR_*` and `KVE_GRANULARITY_*` (include/kvevict.h).
+pub const PRESET_LAPROX: u32 = 3;
+pub const PRESET_CRITICALKV: u32 = 5;
+pub const UNIFORM: u32 = 0;
+pub const GLOBAL: u32 = 4;
+pub const HEAD: u32 = 0;
+pub const LAYER: u32 = 1;
 
 pub fn rnd(seed: &mut u64) -> f32 {
     *seed ^= *seed << 13;

@@ -308,6 +308,33 @@ fn device_scores(
     out
 }
 
+/// `kve_cuda_score_layer` on the default stream: `len` scores into the device buffer `out`,
+/// the device workspace `ws` of `bytes`. Its status.
+///
+/// # Safety
+/// `inp`'s tensors are device memory of their declared extents.
+unsafe fn score_into(
+    p: &kve_score_params,
+    inp: &kve_layer_inputs,
+    out: &Buf,
+    len: usize,
+    ws: &Buf,
+    bytes: u64,
+) -> i32 {
+    // SAFETY: `out` and `ws` are device buffers of the sizes passed; `inp` per the contract.
+    unsafe {
+        kve_cuda_score_layer(
+            p,
+            inp,
+            out.ptr_as(),
+            len as u64,
+            ws.ptr_as(),
+            bytes,
+            null_mut(),
+        )
+    }
+}
+
 /// A device scoring call with the queried workspace and `out` (canary-filled): its status
 /// and `out` afterwards.
 fn device_call(

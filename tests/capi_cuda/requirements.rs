@@ -50,15 +50,7 @@ fn host_and_device_status(l: &Layer, p: &kve_score_params, edit: &Edit) -> (i32,
             hb,
         );
         let (dout, dws) = (Buf::new(len * 4), Buf::new(db as usize));
-        let device = kve_cuda_score_layer(
-            p,
-            &din,
-            dout.ptr_as(),
-            len as u64,
-            dws.ptr_as(),
-            db,
-            null_mut(),
-        );
+        let device = score_into(p, &din, &dout, len, &dws, db);
         (host, device)
     }
 }

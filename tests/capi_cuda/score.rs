@@ -255,15 +255,7 @@ fn device_score_with_value_forms_fits_the_queried_workspace() {
                 let len = host.len();
                 let out = Buf::new(len * 4);
                 let inp = inputs(&l, &p, Vals::Forms, None, true);
-                let st = kve_cuda_score_layer(
-                    &p,
-                    &inp,
-                    out.ptr_as(),
-                    len as u64,
-                    ws.ptr_as(),
-                    bytes,
-                    null_mut(),
-                );
+                let st = score_into(&p, &inp, &out, len, &ws, bytes);
                 assert_eq!(st, KVE_OK, "{gqa:?} dv {dv}");
                 let d = out.download_as::<f32>(len);
                 assert!(
@@ -317,15 +309,7 @@ fn device_score_rejects_shapes_beyond_the_kernels() {
             let out = Buf::new(len * 4);
             let canary = vec![0xA5A5_A5A5u32; len];
             out.upload_as(&canary);
-            let st = kve_cuda_score_layer(
-                &p,
-                &inp,
-                out.ptr_as(),
-                len as u64,
-                ws.ptr_as(),
-                bytes,
-                null_mut(),
-            );
+            let st = score_into(&p, &inp, &out, len, &ws, bytes);
             assert_eq!(st, want, "{preset:?} hq {hq} hkv {hkv}");
             if want != KVE_OK {
                 assert!(

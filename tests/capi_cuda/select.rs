@@ -97,14 +97,8 @@ fn device_selection_equals_host_for_every_allocator_and_granularity() {
     }
     let d = Buf::bytes_of(&scores);
     let mut checked = 0;
-    for alloc in [
-        AllocatorKind::Uniform,
-        AllocatorKind::Ada,
-        AllocatorKind::Pyramid,
-        AllocatorKind::Lava,
-        AllocatorKind::Global,
-    ] {
-        for gran in [Granularity::Head, Granularity::Layer, Granularity::Token] {
+    for &alloc in AllocatorKind::ALL {
+        for &gran in Granularity::ALL {
             for budget in [0u64, 7, 40, 1000] {
                 for (norm, pool, sinks) in [
                     (Normalize::LayerSum, Pool::NONE, 0),

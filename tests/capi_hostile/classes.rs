@@ -65,11 +65,11 @@ fn null_pointers() {
     inp.queries = kve_tensor::NONE;
     expect!(l.score(&sp, &inp), KVE_ERR_NULL_POINTER);
     // LaProx without gram or value forms
-    let lp = score_params(3);
+    let lp = score_params(PRESET_LAPROX);
     let inp = l.inputs();
     expect!(l.score(&lp, &inp), KVE_ERR_NULL_POINTER);
     // CriticalKV without value_l1
-    let mut ck = score_params(5);
+    let mut ck = score_params(PRESET_CRITICALKV);
     ck.window = W as u32;
     expect!(l.score(&ck, &inp), KVE_ERR_NULL_POINTER);
     // a gram pointer NULL with a non-zero length

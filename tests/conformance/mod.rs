@@ -359,6 +359,13 @@ pub const LAYOUTS: [Layout; 4] = [
     Layout::Transposed,
 ];
 
+/// Every (dtype, layout) of `DTYPES` × `LAYOUTS`, layouts inner.
+pub fn dtype_layouts() -> impl Iterator<Item = (Dt, Layout)> {
+    DTYPES
+        .into_iter()
+        .flat_map(|dt| LAYOUTS.into_iter().map(move |l| (dt, l)))
+}
+
 /// (strides, buffer length in elements) of a [h, t, d] tensor.
 pub fn strides(l: Layout, h: usize, t: usize, d: usize) -> ([usize; 3], usize) {
     match l {

@@ -8,25 +8,23 @@ use super::*;
 fn knorm_matches_reference() {
     need_device!();
     let mut rng = Rng::new(40);
-    for dt in DTYPES {
-        for layout in LAYOUTS {
-            for &(h, n, d) in &[(3usize, 700usize, 72usize), (2, 300, 128), (1, 50, 5)] {
-                let prefix = 1 + rng.below(n - 1); // < n: the core needs a window
-                let k = Tensor::new(dt, layout, [h, n, d], &mut || rng.normal());
-                let ld = prefix + 3;
-                let out = poisoned(h * ld);
-                ck(
-                    unsafe {
-                        kve_cuda_knorm(&k.view(), prefix as i64, out.ptr(), ld as i64, null_mut())
-                    },
-                    "knorm",
-                );
-                let what = format!("knorm {dt:?} {layout:?} h{h} n{n} d{d} prefix{prefix}");
-                let got = unstride(&what, &out.download(), h, prefix, ld);
-                assert_close(&what, &got, &ref_knorm(&k, prefix), 1e-5);
-                // the core's f32 sum order: bit for bit
-                assert_eq!(got, core_knorm(&k, prefix), "{what}: vs the core");
-            }
+    for (dt, layout) in dtype_layouts() {
+        for &(h, n, d) in &[(3usize, 700usize, 72usize), (2, 300, 128), (1, 50, 5)] {
+            let prefix = 1 + rng.below(n - 1); // < n: the core needs a window
+            let k = Tensor::new(dt, layout, [h, n, d], &mut || rng.normal());
+            let ld = prefix + 3;
+            let out = poisoned(h * ld);
+            ck(
+                unsafe {
+                    kve_cuda_knorm(&k.view(), prefix as i64, out.ptr(), ld as i64, null_mut())
+                },
+                "knorm",
+            );
+            let what = format!("knorm {dt:?} {layout:?} h{h} n{n} d{d} prefix{prefix}");
+            let got = unstride(&what, &out.download(), h, prefix, ld);
+            assert_close(&what, &got, &ref_knorm(&k, prefix), 1e-5);
+            // the core's f32 sum order: bit for bit
+            assert_eq!(got, core_knorm(&k, prefix), "{what}: vs the core");
         }
     }
 }

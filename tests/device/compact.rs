@@ -6,87 +6,85 @@ use super::*;
 fn compact_matches_reference() {
     need_device!();
     let mut rng = Rng::new(8);
-    for dt in DTYPES {
-        for layout in LAYOUTS {
-            for shared in [false, true] {
-                let (h, n, d) = (3usize, 257usize, 24usize);
-                let x = Tensor::new(dt, layout, [h, n, d], &mut || rng.normal());
-                let lists = if shared { 1 } else { h };
-                let mut kept = vec![0i32; lists * n];
-                let mut counts = vec![0i32; lists];
-                for l in 0..lists {
-                    let mut c = 0;
-                    for t in 0..n {
-                        if rng.unif() < 0.3 || t < 5 {
-                            kept[l * n + c] = t as i32;
-                            c += 1;
-                        }
+    for (dt, layout) in dtype_layouts() {
+        for shared in [false, true] {
+            let (h, n, d) = (3usize, 257usize, 24usize);
+            let x = Tensor::new(dt, layout, [h, n, d], &mut || rng.normal());
+            let lists = if shared { 1 } else { h };
+            let mut kept = vec![0i32; lists * n];
+            let mut counts = vec![0i32; lists];
+            for l in 0..lists {
+                let mut c = 0;
+                for t in 0..n {
+                    if rng.unif() < 0.3 || t < 5 {
+                        kept[l * n + c] = t as i32;
+                        c += 1;
                     }
-                    counts[l] = c as i32;
                 }
-                let max_keep = *counts.iter().max().unwrap() as usize;
-                let (kd, cd) = (DBuf::from(&kept), DBuf::from(&counts));
-                let kept_ld = if shared { 0 } else { n as i64 };
-                // varlen (out of place) first: reads the untouched tensor
-                let total: usize = (0..h)
-                    .map(|hh| counts[if shared { 0 } else { hh }] as usize)
-                    .sum();
-                let dst = DBuf::<u8>::new(total * d * dt.size());
-                let cu = DBuf::from(&vec![-1i32; h + 1]);
-                ck(
-                    unsafe {
-                        kve_cuda_compact_varlen(
-                            &x.view(),
-                            kd.ptr(),
-                            kept_ld,
-                            cd.ptr(),
-                            dst.vptr(),
-                            cu.ptr(),
-                            null_mut(),
-                        )
-                    },
-                    "varlen",
-                );
-                let cug = cu.download();
-                let dstv = dt.decode(&dst.download());
-                let mut acc = 0;
-                for hh in 0..h {
-                    let l = if shared { 0 } else { hh };
-                    assert_eq!(cug[hh], acc as i32, "cu_seqlens[{hh}]");
-                    for t in 0..counts[l] as usize {
-                        let src = kept[l * n + t] as usize;
-                        for dd in 0..d {
-                            assert_eq!(
-                                dstv[(acc + t) * d + dd],
-                                x.vals[(hh * n + src) * d + dd],
-                                "varlen {dt:?} {layout:?} h{hh} t{t} d{dd}"
-                            );
-                        }
-                    }
-                    acc += counts[l] as usize;
-                }
-                assert_eq!(cug[h], acc as i32);
-                // in place
-                let wsb = unsafe { kve_cuda_compact_workspace_size(&x.view(), max_keep as i64) };
-                let ws = DBuf::<u8>::new(wsb);
-                ck(
-                    unsafe {
-                        kve_cuda_compact(
-                            &x.view(),
-                            kd.ptr(),
-                            kept_ld,
-                            cd.ptr(),
-                            max_keep as i64,
-                            ws.vptr(),
-                            wsb,
-                            null_mut(),
-                        )
-                    },
-                    "compact",
-                );
-                let what = format!("in place {dt:?} {layout:?} shared {shared}");
-                assert_compacted(&what, &x, &kept, &counts, shared);
+                counts[l] = c as i32;
             }
+            let max_keep = *counts.iter().max().unwrap() as usize;
+            let (kd, cd) = (DBuf::from(&kept), DBuf::from(&counts));
+            let kept_ld = if shared { 0 } else { n as i64 };
+            // varlen (out of place) first: reads the untouched tensor
+            let total: usize = (0..h)
+                .map(|hh| counts[if shared { 0 } else { hh }] as usize)
+                .sum();
+            let dst = DBuf::<u8>::new(total * d * dt.size());
+            let cu = DBuf::from(&vec![-1i32; h + 1]);
+            ck(
+                unsafe {
+                    kve_cuda_compact_varlen(
+                        &x.view(),
+                        kd.ptr(),
+                        kept_ld,
+                        cd.ptr(),
+                        dst.vptr(),
+                        cu.ptr(),
+                        null_mut(),
+                    )
+                },
+                "varlen",
+            );
+            let cug = cu.download();
+            let dstv = dt.decode(&dst.download());
+            let mut acc = 0;
+            for hh in 0..h {
+                let l = if shared { 0 } else { hh };
+                assert_eq!(cug[hh], acc as i32, "cu_seqlens[{hh}]");
+                for t in 0..counts[l] as usize {
+                    let src = kept[l * n + t] as usize;
+                    for dd in 0..d {
+                        assert_eq!(
+                            dstv[(acc + t) * d + dd],
+                            x.vals[(hh * n + src) * d + dd],
+                            "varlen {dt:?} {layout:?} h{hh} t{t} d{dd}"
+                        );
+                    }
+                }
+                acc += counts[l] as usize;
+            }
+            assert_eq!(cug[h], acc as i32);
+            // in place
+            let wsb = unsafe { kve_cuda_compact_workspace_size(&x.view(), max_keep as i64) };
+            let ws = DBuf::<u8>::new(wsb);
+            ck(
+                unsafe {
+                    kve_cuda_compact(
+                        &x.view(),
+                        kd.ptr(),
+                        kept_ld,
+                        cd.ptr(),
+                        max_keep as i64,
+                        ws.vptr(),
+                        wsb,
+                        null_mut(),
+                    )
+                },
+                "compact",
+            );
+            let what = format!("in place {dt:?} {layout:?} shared {shared}");
+            assert_compacted(&what, &x, &kept, &counts, shared);
         }
     }
 }

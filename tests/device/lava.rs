@@ -10,31 +10,27 @@ use super::*;
 fn lava_factor_matches_reference() {
     need_device!();
     let mut rng = Rng::new(2);
-    for dt in DTYPES {
-        for layout in LAYOUTS {
-            for (hkv, n, dv) in [(3, 1000, 72), (2, 30, 12)] {
-                let prefix = 1 + rng.below(n);
-                let v = Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal());
-                let out = poisoned(hkv);
-                // SAFETY: a device view and a device output of `hkv` floats.
-                ck(
-                    unsafe {
-                        kve_cuda_lava_factor(&v.view(), prefix as i64, out.ptr(), null_mut())
-                    },
-                    "lava",
-                );
-                let l1 = |h: usize, i: usize| (0..dv).map(|d| v.at(h, i, d).abs()).sum::<f64>();
-                let want: Vec<f64> = (0..hkv)
-                    .map(|h| (0..prefix).map(|i| l1(h, i)).fold(0.0, f64::max))
-                    .collect();
-                let got = out.download();
-                assert_close(
-                    &format!("lava factor {dt:?} {layout:?} n{n}"),
-                    &got,
-                    &want,
-                    1e-5,
-                );
-            }
+    for (dt, layout) in dtype_layouts() {
+        for (hkv, n, dv) in [(3, 1000, 72), (2, 30, 12)] {
+            let prefix = 1 + rng.below(n);
+            let v = Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal());
+            let out = poisoned(hkv);
+            // SAFETY: a device view and a device output of `hkv` floats.
+            ck(
+                unsafe { kve_cuda_lava_factor(&v.view(), prefix as i64, out.ptr(), null_mut()) },
+                "lava",
+            );
+            let l1 = |h: usize, i: usize| (0..dv).map(|d| v.at(h, i, d).abs()).sum::<f64>();
+            let want: Vec<f64> = (0..hkv)
+                .map(|h| (0..prefix).map(|i| l1(h, i)).fold(0.0, f64::max))
+                .collect();
+            let got = out.download();
+            assert_close(
+                &format!("lava factor {dt:?} {layout:?} n{n}"),
+                &got,
+                &want,
+                1e-5,
+            );
         }
     }
     let v = Tensor::new(Dt::F32, Layout::Transposed, [2, 30, 12], &mut || {

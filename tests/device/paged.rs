@@ -252,6 +252,29 @@ fn paged_launchers_refuse_bad_descriptors_and_guard_the_pool() {
     }
     let (kept, counts) = (DBuf::from(&[0i32, 1, 2]), DBuf::from(&[3i32]));
     let ws = DBuf::<u8>::new(2 * n * 8 * 4);
+    // `kve_cuda_paged_compact` of `n` tokens through `table`: one kept list (`kept`,
+    // `counts`), `ws` given as `ws_bytes` long, on the default stream.
+    let compact = |b: &KveCudaPaged,
+                   table: *const u32,
+                   kept: &DBuf<i32>,
+                   counts: &DBuf<i32>,
+                   ws_bytes: usize| {
+        // SAFETY: device buffers of the declared sizes (or refused before any launch).
+        unsafe {
+            kve_cuda_paged_compact(
+                b,
+                table,
+                n as i64,
+                kept.ptr(),
+                0,
+                counts.ptr(),
+                n as i64,
+                ws.vptr(),
+                ws_bytes,
+                null_mut(),
+            )
+        }
+    };
     for (i, b) in bad.iter().enumerate() {
         // SAFETY: refused before any launch.
         unsafe {
@@ -262,18 +285,7 @@ fn paged_launchers_refuse_bad_descriptors_and_guard_the_pool() {
             );
             assert_eq!(kve_cuda_paged_compact_workspace_size(b, n as i64), 0);
             assert_eq!(
-                kve_cuda_paged_compact(
-                    b,
-                    dt.ptr(),
-                    n as i64,
-                    kept.ptr(),
-                    0,
-                    counts.ptr(),
-                    n as i64,
-                    ws.vptr(),
-                    ws.len(),
-                    null_mut()
-                ),
+                compact(b, dt.ptr(), &kept, &counts, ws.len()),
                 1,
                 "bad descriptor {i}: compact"
             );
@@ -289,21 +301,7 @@ fn paged_launchers_refuse_bad_descriptors_and_guard_the_pool() {
             kve_cuda_paged_gather(&good, null(), n as i64, out.vptr(), null_mut()),
             1
         );
-        assert_eq!(
-            kve_cuda_paged_compact(
-                &good,
-                dt.ptr(),
-                n as i64,
-                kept.ptr(),
-                0,
-                counts.ptr(),
-                n as i64,
-                ws.vptr(),
-                2 * n * 8 * 4 - 1,
-                null_mut()
-            ),
-            1
-        );
+        assert_eq!(compact(&good, dt.ptr(), &kept, &counts, ws.len() - 1), 1);
     }
     assert!(out.download().iter().all(|&w| w == 7), "refused: written");
     assert_eq!(pool.download(), words, "refused: pool written");
@@ -333,24 +331,10 @@ fn paged_launchers_refuse_bad_descriptors_and_guard_the_pool() {
         DBuf::from(&[0i32, 5, 9, 0, 0, 0, 0, 0, 0, 0]),
         DBuf::from(&[3i32]),
     );
-    // SAFETY: device buffers of the declared sizes.
-    unsafe {
-        ck(
-            kve_cuda_paged_compact(
-                &good,
-                dh.ptr(),
-                n as i64,
-                kept.ptr(),
-                0,
-                counts.ptr(),
-                n as i64,
-                ws.vptr(),
-                ws.len(),
-                null_mut(),
-            ),
-            "compact",
-        );
-    }
+    ck(
+        compact(&good, dh.ptr(), &kept, &counts, ws.len()),
+        "compact",
+    );
     // token 5 (guarded block) is not moved; token 9 (block t[2]) moves to token 2
     let after = pool.download();
     let row = |w: &[u32], b: u32, s: usize, h: usize| {

@@ -410,7 +410,7 @@ fn device_select_matches_core() {
         };
         let cfg = kvevict::SelectConfig::new(alloc, kvevict::Granularity::Head, budget);
         // the prefix part of each list
-        let lists = device_lists(&cfg, &s, layers, hkv, n, 1);
+        let lists = device_lists(&cfg, &model(&s, layers, hkv, n, 1));
         let (mut both, mut total, mut kept) = (0usize, 0usize, 0usize);
         let mut exact = true;
         for r in 0..rows {
@@ -433,26 +433,24 @@ fn device_select_matches_core() {
     }
 }
 
-/// The core's kept lists of every (layer, head) unit, window positions included.
-fn core_lists(
-    cfg: &kvevict::SelectConfig,
-    s: &[f32],
-    layers: usize,
-    hkv: usize,
-    n: usize,
-    w: usize,
-) -> Vec<Vec<i32>> {
-    let m = kvevict::ModelScores {
+/// Host scores `s` of the shape `(layers, hkv, n, w)` (as the core takes them).
+fn model(s: &[f32], layers: usize, hkv: usize, n: usize, w: usize) -> kvevict::ModelScores<'_> {
+    kvevict::ModelScores {
         scores: s,
         layers,
         hkv,
         n,
         window: w,
-    };
+    }
+}
+
+/// The core's kept lists of every (layer, head) unit, window positions included.
+fn core_lists(cfg: &kvevict::SelectConfig, m: &kvevict::ModelScores) -> Vec<Vec<i32>> {
+    let (layers, hkv, n, w) = (m.layers, m.hkv, m.n, m.window);
     let (no, ni) = kvevict::select_output_len(cfg, layers, hkv, n, w).unwrap();
     let (mut off, mut idx) = (vec![0u64; no], vec![0u32; ni]);
     let mut ws = vec![0u8; kvevict::select_workspace_size(cfg, layers, hkv, n, w).unwrap()];
-    kvevict::select_model(cfg, &m, &mut off, &mut idx, &mut ws).expect("select_model");
+    kvevict::select_model(cfg, m, &mut off, &mut idx, &mut ws).expect("select_model");
     (0..layers * hkv)
         .map(|u| {
             idx[off[u] as usize..off[u + 1] as usize]
@@ -464,14 +462,8 @@ fn core_lists(
 }
 
 /// The device pipeline's kept lists (`kvevict::device::select_model`), row stride n.
-fn device_lists(
-    cfg: &kvevict::SelectConfig,
-    s: &[f32],
-    layers: usize,
-    hkv: usize,
-    n: usize,
-    w: usize,
-) -> Vec<Vec<i32>> {
+fn device_lists(cfg: &kvevict::SelectConfig, m: &kvevict::ModelScores) -> Vec<Vec<i32>> {
+    let (s, layers, hkv, n, w) = (m.scores, m.layers, m.hkv, m.n, m.window);
     let units = layers * hkv;
     let m = kvevict::ModelShape::new(layers as u64, hkv as u64, n as u64, w as u64).expect("shape");
     let sd = DBuf::from(s);
@@ -562,8 +554,8 @@ fn device_selections_equal_select_model() {
             if p == 0 && cfg.granularity == Granularity::Token {
                 continue;
             }
-            let want = core_lists(cfg, &s, layers, hkv, n, w);
-            let got = device_lists(cfg, &s, layers, hkv, n, w);
+            let m = model(&s, layers, hkv, n, w);
+            let (want, got) = (core_lists(cfg, &m), device_lists(cfg, &m));
             let tag = format!("{name}: layers {layers} hkv {hkv} n {n} w {w} budget {budget}");
             let total: usize = want.iter().map(|l| l.len()).sum();
             let same: usize = got

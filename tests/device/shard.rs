@@ -3,6 +3,75 @@
 use super::pipelines::{core_select, layer_sums};
 use super::*;
 
+/// One shard's device rows: `rows` rows of `p` scores at `scores` (row stride `p`), the first
+/// the model's unit `unit0`, the layer sums at `sums` (`hkv` rows a layer).
+struct DeviceShard {
+    scores: *const f32,
+    sums: *const f64,
+    p: usize,
+    rows: usize,
+    unit0: usize,
+    hkv: usize,
+}
+
+impl DeviceShard {
+    /// `p`, `rows`, `unit0`, `hkv` as the launchers take them.
+    fn dims(&self) -> [i64; 4] {
+        [self.p, self.rows, self.unit0, self.hkv].map(|v| v as i64)
+    }
+
+    /// `kve_cuda_shard_count` at the prefix `(hi, lo)` of `bits` bits into `hist` (256).
+    fn count(&self, (hi, lo): (u64, u64), bits: u32, hist: &DBuf<u64>) -> i32 {
+        let [p, rows, unit0, hkv] = self.dims();
+        // SAFETY: device rows and sums of the declared sizes, or refused before any launch.
+        unsafe {
+            kve_cuda_shard_count(
+                self.scores,
+                p,
+                p,
+                rows,
+                unit0,
+                self.sums,
+                hkv,
+                hi,
+                lo,
+                bits,
+                hist.ptr(),
+                null_mut(),
+            )
+        }
+    }
+
+    /// `kve_cuda_shard_select` at the threshold `(hi, lo)` into `counts` and `idx` (row
+    /// stride `p`).
+    fn select(&self, (hi, lo): (u64, u64), counts: &DBuf<i32>, idx: &DBuf<i32>) -> i32 {
+        let [p, rows, unit0, hkv] = self.dims();
+        // SAFETY: device rows, sums and outputs of the declared sizes.
+        unsafe {
+            kve_cuda_shard_select(
+                self.scores,
+                p,
+                p,
+                rows,
+                unit0,
+                self.sums,
+                hkv,
+                hi,
+                lo,
+                counts.ptr(),
+                idx.ptr(),
+                p,
+                null_mut(),
+            )
+        }
+    }
+}
+
+/// A search key as the launchers take it: (high, low) 64-bit halves.
+fn halves(k: u128) -> (u64, u64) {
+    ((k >> 64) as u64, k as u64)
+}
+
 /// CPU + GPU split of one model-wide selection (design §4 "Selection across devices"):
 /// layers [0, split) on the GPU (kve_cuda_shard_count / _select), the rest on the CPU
 /// (the core's count_shard / select_shard), histograms added on the host, the core's
@@ -43,26 +112,19 @@ fn gpu_and_cpu_shards_match_select_model() {
             };
             let mut ws =
                 vec![0u8; shard_workspace_size(&cfg, layers - split, hkv, n, window).unwrap()];
+            let gpu = DeviceShard {
+                scores: sd.ptr(),
+                sums: lsd.ptr(),
+                p,
+                rows: gpu_rows,
+                unit0: 0,
+                hkv,
+            };
             let mut rounds = 0;
             while !search.done {
                 hist.upload(&[0u64; 256]);
                 ck(
-                    unsafe {
-                        kve_cuda_shard_count(
-                            sd.ptr(),
-                            p as i64,
-                            p as i64,
-                            gpu_rows as i64,
-                            0,
-                            lsd.ptr(),
-                            hkv as i64,
-                            (search.prefix >> 64) as u64,
-                            search.prefix as u64,
-                            search.bits,
-                            hist.ptr(),
-                            null_mut(),
-                        )
-                    },
+                    gpu.count(halves(search.prefix), search.bits, &hist),
                     "shard_count",
                 );
                 let g = hist.download();
@@ -76,23 +138,7 @@ fn gpu_and_cpu_shards_match_select_model() {
             let counts = DBuf::from(&vec![-1i32; gpu_rows]);
             let idx = DBuf::from(&vec![-1i32; gpu_rows * p]);
             ck(
-                unsafe {
-                    kve_cuda_shard_select(
-                        sd.ptr(),
-                        p as i64,
-                        p as i64,
-                        gpu_rows as i64,
-                        0,
-                        lsd.ptr(),
-                        hkv as i64,
-                        (search.threshold >> 64) as u64,
-                        search.threshold as u64,
-                        counts.ptr(),
-                        idx.ptr(),
-                        p as i64,
-                        null_mut(),
-                    )
-                },
+                gpu.select(halves(search.threshold), &counts, &idx),
                 "shard_select",
             );
             let (no, ni) = shard_output_len(layers - split, hkv, n).unwrap();
@@ -159,29 +205,22 @@ fn two_device_shards_keep_nothing_and_rejections() {
     let cfg = SelectConfig::new(AllocatorKind::Global, Granularity::Head, budget);
     let mut search = kvevict::shard::search_new(&cfg, layers, hkv, p + 1, 1).unwrap();
     let shards = [(0usize, 2usize), (2, 3)];
+    // layers [l0, l0 + ln) of the device scores and sums
+    let shard = |l0: usize, ln: usize| DeviceShard {
+        scores: sd.ptr().wrapping_add(l0 * hkv * p),
+        sums: sums.ptr().wrapping_add(l0),
+        p,
+        rows: ln * hkv,
+        unit0: l0 * hkv,
+        hkv,
+    };
     let hist = DBuf::<u64>::new(256);
     let mut rounds = 0;
     while !search.done {
         let mut h = Histogram::default();
         for &(l0, ln) in &shards {
             hist.upload(&[0u64; 256]);
-            // SAFETY: the shard's rows and sums inside the device buffers.
-            let rc = unsafe {
-                kve_cuda_shard_count(
-                    sd.ptr().wrapping_add(l0 * hkv * p),
-                    p as i64,
-                    p as i64,
-                    (ln * hkv) as i64,
-                    (l0 * hkv) as i64,
-                    sums.ptr().wrapping_add(l0),
-                    hkv as i64,
-                    (search.prefix >> 64) as u64,
-                    search.prefix as u64,
-                    search.bits,
-                    hist.ptr(),
-                    null_mut(),
-                )
-            };
+            let rc = shard(l0, ln).count(halves(search.prefix), search.bits, &hist);
             ck(rc, "shard_count");
             let mut hs = [0u64; 256];
             hs.copy_from_slice(&hist.download());
@@ -198,24 +237,7 @@ fn two_device_shards_keep_nothing_and_rejections() {
             DBuf::from(&vec![-1i32; rows]),
             DBuf::from(&vec![-1i32; rows * p]),
         );
-        // SAFETY: as above; outputs of `rows` rows.
-        let rc = unsafe {
-            kve_cuda_shard_select(
-                sd.ptr().wrapping_add(l0 * hkv * p),
-                p as i64,
-                p as i64,
-                rows as i64,
-                (l0 * hkv) as i64,
-                sums.ptr().wrapping_add(l0),
-                hkv as i64,
-                (search.threshold >> 64) as u64,
-                search.threshold as u64,
-                counts.ptr(),
-                idx.ptr(),
-                p as i64,
-                null_mut(),
-            )
-        };
+        let rc = shard(l0, ln).select(halves(search.threshold), &counts, &idx);
         ck(rc, "shard_select");
         let (gc, gi) = (counts.download(), idx.download());
         for u in 0..rows {
@@ -228,47 +250,23 @@ fn two_device_shards_keep_nothing_and_rejections() {
     );
     // KEEP_NOTHING keeps none
     let (counts, idx) = (DBuf::from(&[9i32; 2]), DBuf::from(&vec![0i32; 2 * p]));
-    // SAFETY: 2 rows of the device scores.
-    let rc = unsafe {
-        kve_cuda_shard_select(
-            sd.ptr(),
-            p as i64,
-            p as i64,
-            2,
-            0,
-            null(),
-            0,
-            u64::MAX,
-            u64::MAX,
-            counts.ptr(),
-            idx.ptr(),
-            p as i64,
-            null_mut(),
-        )
+    // 2 rows of the device scores, no layer sums
+    let two = DeviceShard {
+        scores: sd.ptr(),
+        sums: null(),
+        p,
+        rows: 2,
+        unit0: 0,
+        hkv: 0,
     };
+    let rc = two.select((u64::MAX, u64::MAX), &counts, &idx);
     ck(rc, "shard_select KEEP_NOTHING");
     assert_eq!(counts.download(), vec![0, 0]);
     // bad search states: a prefix without bits, bits not a whole byte or past the key,
     // a prefix wider than its bits
     let hist = DBuf::from(&[3u64; 256]);
     for (hi, lo, bits) in [(0, 5, 0), (0, 0, 4), (0, 0, 104), (0, 256, 8)] {
-        // SAFETY: refused before any buffer is touched.
-        let rc = unsafe {
-            kve_cuda_shard_count(
-                sd.ptr(),
-                p as i64,
-                p as i64,
-                2,
-                0,
-                null(),
-                0,
-                hi,
-                lo,
-                bits,
-                hist.ptr(),
-                null_mut(),
-            )
-        };
+        let rc = two.count((hi, lo), bits, &hist);
         assert_eq!(rc, INVALID, "shard_count prefix {lo} bits {bits}");
     }
     assert_eq!(

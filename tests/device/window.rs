@@ -19,7 +19,7 @@ const fn wc(hq: usize, hkv: usize, n: usize, w: usize, dk: usize) -> WinCase {
 
 /// Shapes: GQA groups 1..8, windows 3..45 (and w == n), head dims 8..256, N not a multiple
 /// of any tile.
-const WIN_CASES: [WinCase; 11] = [
+static WIN_CASES: [WinCase; 11] = [
     wc(8, 2, 150, 7, 64),
     wc(4, 4, 70, 3, 40),
     wc(6, 2, 300, 45, 128),
@@ -32,6 +32,16 @@ const WIN_CASES: [WinCase; 11] = [
     wc(8, 1, 70, 9, 8),
     wc(2, 1, 33, 32, 256),
 ];
+
+/// Every (case index, case, dtype index, dtype) of `WIN_CASES` × `DTYPES`, dtypes inner.
+fn case_dtypes() -> impl Iterator<Item = (usize, &'static WinCase, usize, Dt)> {
+    WIN_CASES.iter().enumerate().flat_map(|(ci, c)| {
+        DTYPES
+            .into_iter()
+            .enumerate()
+            .map(move |(di, dt)| (ci, c, di, dt))
+    })
+}
 
 /// The window inputs of a case: queries `[Hq, w, dk]` head-major, keys `[Hkv, N, dk]` in
 /// `layout`, the keys sharing a mean direction (peaked attention).
@@ -61,28 +71,51 @@ fn run_window(q: &Tensor, k: &Tensor, w: usize, op: i32, lse: Option<&DBuf<f32>>
         poisoned(hkv * np * p),
         poisoned(hkv * p),
     ];
+    let cross = if g <= 16 { outs[2].ptr() } else { null_mut() };
+    let o = [outs[0].ptr(), outs[1].ptr(), cross, outs[3].ptr()];
+    let rc = launch_window(q, k, w, o, op, lse.map_or(null(), |l| l.ptr()), true);
+    ck(rc, "kve_cuda_window");
+    outs.map(|o| o.download())
+}
+
+/// `kve_cuda_window` of `q` and `k` into the outputs `outs` (mean, l2, cross, group; NULL:
+/// not asked for), its workspace of the queried size (all 0xFF, NaN as f32, where `nan_ws`).
+/// The launcher's status.
+fn launch_window(
+    q: &Tensor,
+    k: &Tensor,
+    w: usize,
+    outs: [*mut f32; 4],
+    op: i32,
+    lse: *const f32,
+    nan_ws: bool,
+) -> i32 {
+    let (hq, hkv, n) = (q.ext[0], k.ext[0], k.ext[1]);
     // SAFETY: a pure host function of the sizes.
     let wsb = unsafe { kve_cuda_window_workspace_size(hq as i64, w as i64, n as i64, hkv as i64) };
-    let ws = DBuf::from(&vec![0xFFu8; wsb]);
-    // SAFETY: every pointer is a device buffer of the size the launcher documents.
-    let rc = unsafe {
+    let ws = if nan_ws {
+        DBuf::from(&vec![0xFFu8; wsb])
+    } else {
+        DBuf::<u8>::new(wsb)
+    };
+    let [mean, l2, cross, group] = outs;
+    // SAFETY: every pointer is NULL or a device buffer of the size the launcher documents.
+    unsafe {
         kve_cuda_window(
             &q.view(),
             &k.view(),
             w as i64,
-            outs[0].ptr(),
-            outs[1].ptr(),
-            if g <= 16 { outs[2].ptr() } else { null_mut() },
-            outs[3].ptr(),
+            mean,
+            l2,
+            cross,
+            group,
             op,
-            lse.map_or(null(), |l| l.ptr()),
+            lse,
             ws.vptr(),
             wsb,
             null_stream(),
         )
-    };
-    ck(rc, "kve_cuda_window");
-    outs.map(|o| o.download())
+    }
 }
 
 /// The four outputs against the f64 reference.
@@ -99,21 +132,19 @@ fn check_window(tag: &str, got: &[Vec<f32>; 4], want: &[Vec<f64>; 4], g: usize) 
 fn window_aggregates_match_reference() {
     need_device!();
     let mut rng = Rng::new(1);
-    for (ci, c) in WIN_CASES.iter().enumerate() {
-        for (di, dt) in DTYPES.into_iter().enumerate() {
-            // K head-major, padded or token-major (llama.cpp rows)
-            let layout = LAYOUTS[(ci + di) % 3];
-            let (q, k) = win_inputs(&mut rng, c, dt, layout);
-            let a = window_attention(&q, &k, c.w);
-            let g = c.hq / c.hkv;
-            for op in [KVE_CUDA_GQA_MEAN, KVE_CUDA_GQA_MAX, KVE_CUDA_GQA_SUM] {
-                let got = run_window(&q, &k, c.w, op, None);
-                let tag = format!(
-                    "window hq{} hkv{} w{} n{} dk{} {dt:?} K {layout:?} op{op}",
-                    c.hq, c.hkv, c.w, c.n, c.dk
-                );
-                check_window(&tag, &got, &ref_window_of(&a, c.hkv, op), g);
-            }
+    for (ci, c, di, dt) in case_dtypes() {
+        // K head-major, padded or token-major (llama.cpp rows)
+        let layout = LAYOUTS[(ci + di) % 3];
+        let (q, k) = win_inputs(&mut rng, c, dt, layout);
+        let a = window_attention(&q, &k, c.w);
+        let g = c.hq / c.hkv;
+        for op in [KVE_CUDA_GQA_MEAN, KVE_CUDA_GQA_MAX, KVE_CUDA_GQA_SUM] {
+            let got = run_window(&q, &k, c.w, op, None);
+            let tag = format!(
+                "window hq{} hkv{} w{} n{} dk{} {dt:?} K {layout:?} op{op}",
+                c.hq, c.hkv, c.w, c.n, c.dk
+            );
+            check_window(&tag, &got, &ref_window_of(&a, c.hkv, op), g);
         }
     }
 }
@@ -140,33 +171,7 @@ fn window_single_outputs_equal_all_outputs() {
             for which in 0..4 {
                 let out = poisoned(sizes[which]);
                 let o = |i: usize| if i == which { out.ptr() } else { null_mut() };
-                // SAFETY: a pure host function of the sizes.
-                let wsb = unsafe {
-                    kve_cuda_window_workspace_size(
-                        c.hq as i64,
-                        c.w as i64,
-                        c.n as i64,
-                        c.hkv as i64,
-                    )
-                };
-                let ws = DBuf::<u8>::new(wsb);
-                // SAFETY: device buffers of the documented sizes.
-                let rc = unsafe {
-                    kve_cuda_window(
-                        &q.view(),
-                        &k.view(),
-                        c.w as i64,
-                        o(0),
-                        o(1),
-                        o(2),
-                        o(3),
-                        op,
-                        null(),
-                        ws.vptr(),
-                        wsb,
-                        null_stream(),
-                    )
-                };
+                let rc = launch_window(&q, &k, c.w, [o(0), o(1), o(2), o(3)], op, null(), false);
                 ck(rc, "kve_cuda_window, one output");
                 let got = out.download();
                 let same = got
@@ -205,28 +210,8 @@ fn window_large_groups_split_heads_over_chunks() {
         // sm_86/89, split on sm_80 (163 KiB) and sm_90
         if dt == Dt::F32 && c.dk == 256 && g == 128 && smem_optin() < 152_832 {
             let outs = [sentinel(c.hq * p), sentinel(c.hq * p), sentinel(c.hkv * p)];
-            // SAFETY: a pure host function of the sizes.
-            let wsb = unsafe {
-                kve_cuda_window_workspace_size(c.hq as i64, c.w as i64, c.n as i64, c.hkv as i64)
-            };
-            let ws = DBuf::<u8>::new(wsb);
-            // SAFETY: device buffers of the documented sizes.
-            let rc = unsafe {
-                kve_cuda_window(
-                    &q.view(),
-                    &k.view(),
-                    c.w as i64,
-                    outs[0].ptr(),
-                    outs[1].ptr(),
-                    null_mut(),
-                    outs[2].ptr(),
-                    op,
-                    null(),
-                    ws.vptr(),
-                    wsb,
-                    null_stream(),
-                )
-            };
+            let o = [outs[0].ptr(), outs[1].ptr(), null_mut(), outs[2].ptr()];
+            let rc = launch_window(&q, &k, c.w, o, op, null(), false);
             assert_eq!(rc, 1, "{tag}: refused (cudaErrorInvalidValue)");
             for o in &outs {
                 assert_sentinel(&tag, o);
@@ -243,31 +228,29 @@ fn window_large_groups_split_heads_over_chunks() {
 fn window_row_lse_matches_computed_path() {
     need_device!();
     let mut rng = Rng::new(10);
-    for (ci, c) in WIN_CASES.iter().enumerate() {
-        for (di, dt) in DTYPES.into_iter().enumerate() {
-            let layout = LAYOUTS[(ci + 2 * di + 1) % 3];
-            let (q, k) = win_inputs(&mut rng, c, dt, layout);
-            let lse: Vec<f32> = ref_row_lse(&q, &k, c.w).iter().map(|&x| x as f32).collect();
-            let lsed = DBuf::from(&lse);
-            let op = rng.below(3) as i32;
-            let two_pass = run_window(&q, &k, c.w, op, None);
-            let one_pass = run_window(&q, &k, c.w, op, Some(&lsed));
-            let want = ref_window(&q, &k, c.w, op);
-            let tag = format!(
-                "window row_lse hq{} hkv{} w{} n{} dk{} {dt:?} K {layout:?} op{op}",
-                c.hq, c.hkv, c.w, c.n, c.dk
+    for (ci, c, di, dt) in case_dtypes() {
+        let layout = LAYOUTS[(ci + 2 * di + 1) % 3];
+        let (q, k) = win_inputs(&mut rng, c, dt, layout);
+        let lse: Vec<f32> = ref_row_lse(&q, &k, c.w).iter().map(|&x| x as f32).collect();
+        let lsed = DBuf::from(&lse);
+        let op = rng.below(3) as i32;
+        let two_pass = run_window(&q, &k, c.w, op, None);
+        let one_pass = run_window(&q, &k, c.w, op, Some(&lsed));
+        let want = ref_window(&q, &k, c.w, op);
+        let tag = format!(
+            "window row_lse hq{} hkv{} w{} n{} dk{} {dt:?} K {layout:?} op{op}",
+            c.hq, c.hkv, c.w, c.n, c.dk
+        );
+        let g = c.hq / c.hkv;
+        check_window(&tag, &one_pass, &want, g);
+        for x in 0..4 {
+            let t: Vec<f64> = two_pass[x].iter().map(|&v| v as f64).collect();
+            assert_close(
+                &format!("{tag} output {x} vs two-pass"),
+                &one_pass[x],
+                &t,
+                2e-4,
             );
-            let g = c.hq / c.hkv;
-            check_window(&tag, &one_pass, &want, g);
-            for x in 0..4 {
-                let t: Vec<f64> = two_pass[x].iter().map(|&v| v as f64).collect();
-                assert_close(
-                    &format!("{tag} output {x} vs two-pass"),
-                    &one_pass[x],
-                    &t,
-                    2e-4,
-                );
-            }
         }
     }
 }

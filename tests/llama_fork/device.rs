@@ -73,20 +73,20 @@ fn host_and_device(
     for device in [false, true] {
         let path = dir.join(format!("kvevict-dev-{}-{device}.bin", std::process::id()));
         let path_str = path.to_str().unwrap().to_string();
-        let mut args = vec![
-            "--needle",
+        let mut args = at(
             depth,
-            "--seed",
             seed,
-            "--flash-attn",
-            flash,
-            "--kv-evict",
-            method,
-            "--kv-keep",
-            keep,
-            "--state-file",
-            &path_str,
-        ];
+            &[
+                "--flash-attn",
+                flash,
+                "--kv-evict",
+                method,
+                "--kv-keep",
+                keep,
+                "--state-file",
+                &path_str,
+            ],
+        );
         args.extend_from_slice(extra);
         let (row, err, ok) = needle_path(s, Some(lib), device, &args);
         let tail: String = err.lines().rev().take(5).collect::<Vec<_>>().join("\n");
@@ -245,16 +245,11 @@ fn a_prompt_longer_than_the_budget_streams_through_one_decode() {
 #[test]
 fn device_path_without_cuda_is_refused() {
     let s = fork_or_skip!();
-    let args = [
-        "--needle",
+    let args = at(
         "0.3",
-        "--seed",
         "3",
-        "--kv-evict",
-        "laprox-span",
-        "--kv-keep",
-        "0.1",
-    ];
+        &["--kv-evict", "laprox-span", "--kv-keep", "0.1"],
+    );
     let (row, err, ok) = needle_path(&s, None, true, &args);
     assert!(
         !ok && row.is_none(),

@@ -94,6 +94,11 @@ fn needle(s: &Setup, args: &[&str]) -> Row {
     rows.remove(0)
 }
 
+/// The needle tool's arguments for the prompt at `depth` with `seed`, then `rest`.
+fn at<'a>(depth: &'a str, seed: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    [&["--needle", depth, "--seed", seed][..], rest].concat()
+}
+
 fn needle_with(s: &Setup, common: &[&str], extra: &[&str]) -> Row {
     needle(s, &[common, extra].concat())
 }

@@ -126,15 +126,7 @@ fn agnostic_compression_keeps_the_needle() {
     for flash in ["off", "on"] {
         let (mut full_ok, mut uniq_ok) = (0, 0);
         for (depth, seed) in PROMPTS {
-            let common = [
-                "--needle",
-                depth,
-                "--seed",
-                seed,
-                "--flash-attn",
-                flash,
-                "--agnostic",
-            ];
+            let common = at(depth, seed, &["--flash-attn", flash, "--agnostic"]);
             let full = needle_with(&s, &common, &["--kv-evict", "full"]);
             let uniq = needle_with(
                 &s,
@@ -202,18 +194,18 @@ fn compacted_state_file_is_smaller_and_answers_the_same() {
     ] {
         let path = dir.join(format!("kvevict-state-{}-{flash}.bin", std::process::id()));
         let path_str = path.to_str().unwrap().to_string();
-        let mut args = vec![
-            "--needle",
+        let mut args = at(
             "0.3",
-            "--seed",
             "3",
-            "--flash-attn",
-            flash,
-            "--kv-keep",
-            "0.1",
-            "--state-file",
-            &path_str,
-        ];
+            &[
+                "--flash-attn",
+                flash,
+                "--kv-keep",
+                "0.1",
+                "--state-file",
+                &path_str,
+            ],
+        );
         args.extend(extra);
         if extra[1] == "uniqueness" {
             args.push("--agnostic");
@@ -258,18 +250,11 @@ fn compacted_state_file_is_smaller_and_answers_the_same() {
 fn decode_on_the_compacted_cache_spans_the_kept_cells() {
     let s = fork_or_skip!();
     for flash in ["off", "on"] {
-        let common = [
-            "--needle",
+        let common = at(
             "0.5",
-            "--seed",
             "5",
-            "--bench",
-            "64",
-            "-t",
-            "1",
-            "--flash-attn",
-            flash,
-        ];
+            &["--bench", "64", "-t", "1", "--flash-attn", flash],
+        );
         let full = needle_with(&s, &common, &["--kv-evict", "full"]);
         let span = needle_with(
             &s,
@@ -341,17 +326,11 @@ fn laprox_gram_blocks_are_built_once_per_context() {
     let s = fork_or_skip!();
     let r = needle(
         &s,
-        &[
-            "--needle",
+        &at(
             "0.5",
-            "--seed",
             "5",
-            "--kv-evict",
-            "laprox-span",
-            "--kv-keep",
-            "0.1",
-            "--again",
-        ],
+            &["--kv-evict", "laprox-span", "--kv-keep", "0.1", "--again"],
+        ),
     );
     println!(
         "first context: prefill {} ms, kvevict {} ms (score {} ms, Gram blocks {} ms); second: prefill {} ms, \
@@ -385,18 +364,7 @@ fn laprox_gram_blocks_are_built_once_per_context() {
 #[test]
 fn window_queries_are_captured_in_the_graph_when_the_method_reads_them() {
     let s = fork_or_skip!();
-    let common = [
-        "--needle",
-        "0.5",
-        "--seed",
-        "3",
-        "--ctx-tokens",
-        "200",
-        "-n",
-        "4",
-        "-t",
-        "2",
-    ];
+    let common = at("0.5", "3", &["--ctx-tokens", "200", "-n", "4", "-t", "2"]);
     for (method, reads_queries) in [
         ("laprox-span", true),
         ("tova", true),
@@ -475,18 +443,18 @@ fn value_links_keep_a_seven_digit_key() {
     let (mut with, mut without) = (0, 0);
     let mut table = String::from("depth | without links | with links (0.5)\n");
     for &(depth, seed) in &PROMPTS[..3] {
-        let common = [
-            "--needle",
+        let common = at(
             depth,
-            "--seed",
             seed,
-            "--key-digits",
-            "7",
-            "--kv-evict",
-            "laprox-span",
-            "--kv-keep",
-            "0.025",
-        ];
+            &[
+                "--key-digits",
+                "7",
+                "--kv-evict",
+                "laprox-span",
+                "--kv-keep",
+                "0.025",
+            ],
+        );
         let plain = needle_with(&s, &common, &[]);
         let linked = needle_with(&s, &common, &["--kv-evict-links", "0.5"]);
         assert_eq!(plain.get("key").len(), 7, "a 7-digit key");

@@ -25,24 +25,24 @@ fn a_state_larger_than_the_budget_is_evicted_on_restore() {
         let path_str = path.to_str().unwrap().to_string();
         let r = needle(
             &s,
-            &[
-                "--needle",
+            &at(
                 "0.5",
-                "--seed",
                 "5",
-                "--flash-attn",
-                flash,
-                "--kv-keep",
-                "0.1",
-                "--state-file",
-                &path_str,
-                "--restore-max-cells",
-                budget,
-                "-ctk",
-                cache,
-                "-ctv",
-                cache,
-            ],
+                &[
+                    "--flash-attn",
+                    flash,
+                    "--kv-keep",
+                    "0.1",
+                    "--state-file",
+                    &path_str,
+                    "--restore-max-cells",
+                    budget,
+                    "-ctk",
+                    cache,
+                    "-ctv",
+                    cache,
+                ],
+            ),
         );
         remove_state_files(&path_str);
         let (cells, restored) = (r.num("cells_before"), r.num("restore_cells"));
@@ -93,29 +93,29 @@ fn the_restore_keeps_the_cells_of_a_one_shot_eviction() {
         let path_str = path.to_str().unwrap().to_string();
         let r = needle(
             &s,
-            &[
-                "--needle",
+            &at(
                 "0.5",
-                "--seed",
                 "5",
-                "--ctx-tokens",
-                "500",
-                "--filler",
-                "6,6,5,4",
-                "--agnostic",
-                "--flash-attn",
-                flash,
-                "--kv-evict",
-                "uniqueness",
-                "--kv-keep-cells",
-                "192",
-                "--state-file",
-                &path_str,
-                "--restore-max-cells",
-                "256",
-                "--kv-evict-to",
-                "0.75",
-            ],
+                &[
+                    "--ctx-tokens",
+                    "500",
+                    "--filler",
+                    "6,6,5,4",
+                    "--agnostic",
+                    "--flash-attn",
+                    flash,
+                    "--kv-evict",
+                    "uniqueness",
+                    "--kv-keep-cells",
+                    "192",
+                    "--state-file",
+                    &path_str,
+                    "--restore-max-cells",
+                    "256",
+                    "--kv-evict-to",
+                    "0.75",
+                ],
+            ),
         );
         let one_shot = std::fs::read(&path).unwrap();
         let restored = std::fs::read(format!("{path_str}.restored")).unwrap();
@@ -277,20 +277,20 @@ fn a_restored_sequence_without_window_queries_still_evicts() {
     let path =
         std::env::temp_dir().join(format!("kvevict-restore-edge-{}.bin", std::process::id()));
     let path_str = path.to_str().unwrap().to_string();
-    let args = [
-        "--needle",
+    let args = at(
         "0.5",
-        "--seed",
         "5",
-        "--ctx-tokens",
-        "500",
-        "--kv-keep",
-        "0.1",
-        "--state-file",
-        &path_str,
-        "--restore-max-cells",
-        "497",
-    ];
+        &[
+            "--ctx-tokens",
+            "500",
+            "--kv-keep",
+            "0.1",
+            "--state-file",
+            &path_str,
+            "--restore-max-cells",
+            "497",
+        ],
+    );
     let paths: &[bool] = if lib.is_some() {
         &[false, true]
     } else {
