@@ -291,10 +291,11 @@ impl Tensor {
         if t.extent[0] > KVE_MAX_HEADS {
             return Err(Error::InvalidArgument);
         }
-        if (t.data as usize) % dtype.size() != 0 {
+        if (t.data as usize) % dtype.align() != 0 {
             return Err(Error::Misaligned);
         }
-        let span = span_of(t.data as usize, len, dtype.size())?;
+        // bytes of `len` values (whole blocks of a block type: checked by the view below)
+        let span = span_of(t.data as usize, dtype.bytes(len).ok_or(Error::Overflow)?, 1)?;
         let tensor = Tensor {
             ptr: t.data as *mut u8,
             len,
