@@ -2,10 +2,13 @@
 //! scoring the quantized tensors gives bit-identical scores, value statistics and kept
 //! lists to scoring the f32 tensors holding their dequantized values (dequantized here,
 //! independently, as ggml's `dequantize_row_q8_0` / `dequantize_row_q4_0` do), in
-//! head-major and llama.cpp token-row layouts, with K and V of different dtypes; views of
-//! a block type that are not whole-block rows are refused.
+//! head-major and llama.cpp token-row layouts, with K and V of different dtypes;
+//! compaction (in place, varlen, the evictor's) moves whole blocks byte for byte, so the
+//! compacted tensor dequantizes to the dequantized tensor compacted, and writes no byte
+//! outside the kept rows; views of a block type that are not whole-block rows are refused.
 
 use half::f16;
+use kvevict::compact::{compact_in_place, compact_varlen};
 use kvevict::evictor::{Budget, EvictorConfig, LayerViews, ModelDims, WoUse, PRESETS};
 use kvevict::{
     accumulate_value_links, compute_gram, compute_value_forms, compute_value_l1, gram_len,
@@ -13,7 +16,7 @@ use kvevict::{
     stream_scores, stream_scores_len, stream_scores_workspace_size, stream_state_size,
     value_forms_len, value_links_workspace_size, window_row_lse, window_row_lse_workspace_size,
     DType, Error, Evictor, LayerInputs, LayerShape, Preset, ScoreConfig, ScorerKind,
-    StreamScoreConfig, StreamShape, StreamStat, StreamValues, View,
+    StreamScoreConfig, StreamShape, StreamStat, StreamValues, View, ViewMut,
 };
 
 const DIMS: ModelDims = ModelDims {
@@ -174,6 +177,11 @@ fn aligned(bytes: &[u8]) -> Vec<u16> {
 fn as_bytes(x: &[u16]) -> &[u8] {
     // SAFETY (test): u16 storage read as its bytes.
     unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, x.len() * 2) }
+}
+
+fn as_bytes_mut(x: &mut [u16]) -> &mut [u8] {
+    // SAFETY (test): u16 storage written as its bytes.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut u8, x.len() * 2) }
 }
 
 /// One layer's tensors: K and V stored (and as f32), queries and Wo f32.
@@ -391,8 +399,13 @@ fn config(preset: Preset) -> EvictorConfig {
     EvictorConfig::new(preset, DIMS, N, budget)
 }
 
-/// One evictor round over `layers` (K/V stored or f32): every unit's kept list.
-fn evictor_round(preset: Preset, layers: &[LayerData], stored: bool) -> Vec<Vec<u32>> {
+/// One evictor round over `layers` (K/V stored or f32): every unit's kept list, then every
+/// layer's K and V after `Evictor::compact` (a copy each), as the bits of their values.
+fn evictor_round(
+    preset: Preset,
+    layers: &[LayerData],
+    stored: bool,
+) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
     let c = config(preset);
     let mut mem = vec![0xEEu8; Evictor::memory_size(&c).unwrap()];
     let mut ev = Evictor::init(&mut mem, &c).unwrap();
@@ -419,13 +432,35 @@ fn evictor_round(preset: Preset, layers: &[LayerData], stored: bool) -> Vec<Vec<
     }
     ev.select(0).unwrap();
     let k = ev.kept(0).unwrap();
-    (0..k.offsets.len() - 1)
+    let kept = (0..k.offsets.len() - 1)
         .map(|u| k.indices[k.offsets[u] as usize..k.offsets[u + 1] as usize].to_vec())
-        .collect()
+        .collect();
+    let mut compacted = Vec::new();
+    for (l, x) in layers.iter().enumerate() {
+        for (t, al) in [(&x.k, &x.k_al), (&x.v, &x.v_al)] {
+            let values = if stored {
+                let mut b = al.clone();
+                let mut kv =
+                    ViewMut::bytes(as_bytes_mut(&mut b), t.dt, t.extent, t.stride).unwrap();
+                ev.compact(0, l, &mut kv).unwrap();
+                match t.dt {
+                    DType::F16 => b.iter().map(|&h| f16::from_bits(h).to_f32()).collect(),
+                    dt => dequantize(dt, as_bytes(&b)),
+                }
+            } else {
+                let mut f = t.f32s.clone();
+                ev.compact(0, l, &mut ViewMut::f32(&mut f, t.extent, t.stride).unwrap())
+                    .unwrap();
+                f
+            };
+            compacted.push(bits(&values));
+        }
+    }
+    (kept, compacted)
 }
 
 /// The evictor keeps the same cells from quantized K/V as from their f32 values, for every
-/// preset (each layer with its own dtype pair).
+/// preset (each layer with its own dtype pair), and its compaction moves the same rows.
 #[test]
 fn evictor_keeps_the_same_cells() {
     let layers: Vec<LayerData> = (0..DIMS.layers)
@@ -435,10 +470,11 @@ fn evictor_keeps_the_same_cells() {
         })
         .collect();
     for &(name, pr) in &PRESETS {
-        let got = evictor_round(pr, &layers, true);
-        let want = evictor_round(pr, &layers, false);
+        let (got, got_kv) = evictor_round(pr, &layers, true);
+        let (want, want_kv) = evictor_round(pr, &layers, false);
         assert_eq!(got, want, "{name}");
         assert!(got.iter().all(|k| k.len() < N), "{name}: nothing evicted");
+        assert!(got_kv == want_kv, "{name}: compacted K/V differ");
     }
 }
 
@@ -570,5 +606,147 @@ fn element_reads_equal_row_loads() {
                 }
             }
         }
+    }
+}
+
+/// A random selection of `heads` ascending lists over `n` tokens, offsets absolute into
+/// `indices` (which starts with 5 entries no list uses).
+fn selection(r: &mut Rng, heads: usize, n: usize) -> (Vec<u64>, Vec<u32>) {
+    let mut idx = vec![7u32; 5];
+    let mut off = vec![5u64];
+    for _ in 0..heads {
+        let p = 1 + r.u64() % 3; // keep about 1/p of the tokens
+        idx.extend((0..n as u32).filter(|_| r.u64() % p == 0));
+        off.push(idx.len() as u64);
+    }
+    (off, idx)
+}
+
+/// Byte range of row `(h, t)` of a block-type tensor (`d` values from a block boundary).
+fn row_range(dt: DType, st: [usize; 3], d: usize, h: usize, t: usize) -> std::ops::Range<usize> {
+    let bb = block_bytes(dt);
+    let a = (h * st[0] + t * st[1]) / 32 * bb;
+    a..a + d / 32 * bb
+}
+
+/// In-place compaction moves whole blocks: the quantized tensor after it dequantizes to the
+/// dequantized tensor compacted (the whole buffer, bit for bit), each kept row is its
+/// source row's bytes, and every byte outside the kept rows (the rows past each head's
+/// count, padding blocks between rows, the buffer's tail) is untouched.
+#[test]
+fn compact_in_place_moves_whole_blocks() {
+    let mut r = Rng(31);
+    let (h, n, d) = (3, 50, 64);
+    for dt in [DType::Q8_0, DType::Q4_0] {
+        // head-major with a padding block after every row, and llama.cpp's token rows
+        for (st, len) in [
+            ([n * (d + 32), d + 32, 1], h * n * (d + 32) + 64),
+            ([d, h * d, 1], n * h * d),
+        ] {
+            let orig = aligned(&random_blocks(&mut r, dt, len));
+            let (off, idx) = selection(&mut r, h, n);
+            let mut q = orig.clone();
+            let mut lengths = vec![0u32; h];
+            let mut view = ViewMut::bytes(as_bytes_mut(&mut q), dt, [h, n, d], st).unwrap();
+            compact_in_place(&mut view, &off, &idx, Some(&mut lengths)).unwrap();
+            let mut f = dequantize(dt, as_bytes(&orig));
+            let mut fv = ViewMut::f32(&mut f, [h, n, d], st).unwrap();
+            compact_in_place(&mut fv, &off, &idx, None).unwrap();
+            assert!(
+                bits(&dequantize(dt, as_bytes(&q))) == bits(&f),
+                "{dt:?} {st:?}"
+            );
+            let (before, after) = (as_bytes(&orig), as_bytes(&q));
+            let mut moved = vec![false; after.len()];
+            for hh in 0..h {
+                let list = &idx[off[hh] as usize..off[hh + 1] as usize];
+                assert_eq!(lengths[hh] as usize, list.len());
+                for (i, &t) in list.iter().enumerate() {
+                    let (to, from) = (
+                        row_range(dt, st, d, hh, i),
+                        row_range(dt, st, d, hh, t as usize),
+                    );
+                    assert_eq!(
+                        after[to.clone()],
+                        before[from],
+                        "{dt:?} {st:?} head {hh} row {i}"
+                    );
+                    moved[to].fill(true);
+                }
+            }
+            for (i, m) in moved.iter().enumerate() {
+                assert!(
+                    *m || after[i] == before[i],
+                    "{dt:?} {st:?}: byte {i} written"
+                );
+            }
+        }
+    }
+}
+
+/// Varlen compaction copies whole blocks: `dst` dequantizes to the dequantized compaction,
+/// and its rows past the kept ones are untouched; block types refuse a `dst` of another
+/// dtype or a source with swapped axes.
+#[test]
+fn compact_varlen_moves_whole_blocks() {
+    let mut r = Rng(37);
+    let (h, n, d) = (2, 64, 96);
+    for dt in [DType::Q8_0, DType::Q4_0] {
+        let st = [d, h * d, 1];
+        let src = aligned(&random_blocks(&mut r, dt, n * h * d));
+        let (off, idx) = selection(&mut r, h, n);
+        let total = idx.len() - 5;
+        let cap = total + 3;
+        let orig = aligned(&random_blocks(&mut r, dt, cap * d));
+        let mut dst = orig.clone();
+        let (mut cu, mut fcu) = (vec![0i32; h + 1], vec![0i32; h + 1]);
+        let sv = View::bytes(as_bytes(&src), dt, [h, n, d], st).unwrap();
+        let dstd = [1, cap, d];
+        let mut dv = ViewMut::bytes(as_bytes_mut(&mut dst), dt, dstd, [cap * d, d, 1]).unwrap();
+        compact_varlen(&sv, &off, &idx, &mut dv, &mut cu).unwrap();
+        let fsrc = dequantize(dt, as_bytes(&src));
+        let mut fdst = dequantize(dt, as_bytes(&orig));
+        let fsv = View::f32(&fsrc, [h, n, d], st).unwrap();
+        let mut fdv = ViewMut::f32(&mut fdst, dstd, [cap * d, d, 1]).unwrap();
+        compact_varlen(&fsv, &off, &idx, &mut fdv, &mut fcu).unwrap();
+        assert_eq!(cu, fcu);
+        assert!(
+            bits(&dequantize(dt, as_bytes(&dst))) == bits(&fdst),
+            "{dt:?}"
+        );
+        let tail = total * d / 32 * block_bytes(dt);
+        assert_eq!(
+            as_bytes(&dst)[tail..],
+            as_bytes(&orig)[tail..],
+            "{dt:?}: rows past the kept ones"
+        );
+        // another dtype, or the source's axes swapped: refused, nothing written
+        let other = if dt == DType::Q8_0 {
+            DType::Q4_0
+        } else {
+            DType::Q8_0
+        };
+        let mut o = aligned(&random_blocks(&mut r, other, cap * d));
+        let mut ov = ViewMut::bytes(as_bytes_mut(&mut o), other, dstd, [cap * d, d, 1]).unwrap();
+        let before = dst.clone();
+        assert_eq!(
+            compact_varlen(&sv, &off, &idx, &mut ov, &mut cu),
+            Err(Error::ShapeMismatch)
+        );
+        let swapped = View::bytes(as_bytes(&src), dt, [h, d, n], [d, 1, h * d]);
+        assert_eq!(swapped.map(|_| ()), Err(Error::InvalidArgument));
+        let sw = View::bytes(as_bytes(&src), dt, [h, n, d], st)
+            .unwrap()
+            .swap_last();
+        let mut o = aligned(&random_blocks(&mut r, dt, cap * n));
+        let o_before = o.clone();
+        let mut ov =
+            ViewMut::bytes(as_bytes_mut(&mut o), dt, [1, cap, n], [cap * n, n, 1]).unwrap();
+        assert_eq!(
+            compact_varlen(&sw, &off, &idx, &mut ov, &mut cu),
+            Err(Error::InvalidArgument)
+        );
+        assert_eq!(o, o_before);
+        assert_eq!(dst, before);
     }
 }
