@@ -75,6 +75,10 @@ impl Pool {
             return Err(Error::InvalidArgument);
         }
         let dtype = DType::from_u32(c.dtype)?;
+        if dtype.is_quantized() {
+            // (the layout's own check says so too; before any size is computed from it)
+            return Err(Error::UnsupportedDtype);
+        }
         let len = to_usize(c.len)?;
         if (c.data as usize) % dtype.size() != 0 {
             return Err(Error::Misaligned);

@@ -215,7 +215,7 @@ pub(crate) fn resolve_why(c: &EvictorConfig) -> core::result::Result<Resolved, R
     }
     if c.paged.is_some_and(|d| d.is_quantized()) {
         return because(
-            Err(Error::InvalidArgument),
+            Err(Error::UnsupportedDtype),
             cstr!(
                 "paged pools of Q8_0/Q4_0 are not supported: give quantized K/V as strided views"
             ),
