@@ -92,27 +92,33 @@ pub(crate) fn block_value(dtype: DType, b: &[u8], j: usize) -> f32 {
 
 /// `out[i]` = value `i` of the ggml blocks `src` of `dtype` (`Q8_0` or `Q4_0`;
 /// `out.len()` a multiple of 32, `src` that many values' blocks), bit-identical to ggml's
-/// `dequantize_row_q8_0` / `dequantize_row_q4_0`.
+/// `dequantize_row_q8_0` / `dequantize_row_q4_0` (the int → f32 conversions are exact and
+/// each value is one f32 product, whatever the build vectorises them to).
 #[inline]
 pub(crate) fn dequantize(dtype: DType, src: &[u8], out: &mut [f32]) {
-    let bb = dtype.block_bytes();
-    for (b, o) in src.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
-        let d = block_scale(b);
-        let o: &mut [f32; QK] = o.try_into().unwrap_or_else(|_| unreachable!());
-        if dtype == DType::Q8_0 {
-            let q: &[u8; QK] = b[2..].try_into().unwrap_or_else(|_| unreachable!());
-            for (o, &q) in o.iter_mut().zip(q) {
-                *o = (q as i8) as f32 * d;
-            }
-        } else {
-            let q: &[u8; QK / 2] = b[2..].try_into().unwrap_or_else(|_| unreachable!());
-            let (lo, hi) = o.split_at_mut(QK / 2);
-            for ((l, h), &q) in lo.iter_mut().zip(hi).zip(q) {
-                *l = ((q & 0xF) as i32 - 8) as f32 * d;
-                *h = ((q >> 4) as i32 - 8) as f32 * d;
+    // compiled for AVX2 where the CPU has it, so the loops vectorise: every key row of a
+    // Llama-3-8B layer at N = 8192 loads in 3.9 ms (q8_0) and 2.4 ms (q4_0) instead of 13.1
+    // and 17.8 (f16: 1.6; examples/bench_quantized.rs, AVX-512 machine)
+    dispatch!(fn(dtype: DType, src: &[u8], out: &mut [f32]) -> (), S => {
+        let bb = dtype.block_bytes();
+        for (b, o) in src.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
+            let d = block_scale(b);
+            let o: &mut [f32; QK] = o.try_into().unwrap_or_else(|_| unreachable!());
+            if dtype == DType::Q8_0 {
+                let q: &[u8; QK] = b[2..].try_into().unwrap_or_else(|_| unreachable!());
+                for (o, &q) in o.iter_mut().zip(q) {
+                    *o = (q as i8) as f32 * d;
+                }
+            } else {
+                let q: &[u8; QK / 2] = b[2..].try_into().unwrap_or_else(|_| unreachable!());
+                let (lo, hi) = o.split_at_mut(QK / 2);
+                for ((l, h), &q) in lo.iter_mut().zip(hi).zip(q) {
+                    *l = ((q & 0xF) as i32 - 8) as f32 * d;
+                    *h = ((q >> 4) as i32 - 8) as f32 * d;
+                }
             }
         }
-    }
+    })
 }
 
 /// `out[i] = f32(src[i])` for IEEE binary16 bits `src`, 8 at a time (F16C where the CPU
