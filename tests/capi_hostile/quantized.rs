@@ -55,9 +55,11 @@ fn qtensor(p: *const u16, dt: u32, len: usize, e: [usize; 3], s: [usize; 3]) -> 
     }
 }
 
-/// (what, the descriptor's change, the status) for a valid `[HKV, N, DQ]` head-major
-/// quantized tensor of `len` values at `p`.
-fn hostile(p: *const u16) -> Vec<(&'static str, Box<dyn Fn(&mut kve_tensor)>, i32)> {
+/// A hostile case: what, the change to a valid descriptor, the status.
+type Case = (&'static str, Box<dyn Fn(&mut kve_tensor)>, i32);
+
+/// The cases for a valid `[HKV, N, DQ]` head-major quantized tensor of `len` values at `p`.
+fn hostile(p: *const u16) -> Vec<Case> {
     let bad = KVE_ERR_INVALID_ARGUMENT;
     let odd = (p as *const u8).wrapping_add(1) as *const c_void;
     let transpose = |t: &mut kve_tensor| {
