@@ -67,11 +67,14 @@
 #define KVE_ERR_NOT_BUILT_WITH_CUDA 12
 #define KVE_ERR_CUDA 13
 #define KVE_ERR_PANIC 14
+#define KVE_ERR_UNSUPPORTED_DTYPE 15
 
 /* kve_tensor.dtype */
 #define KVE_DTYPE_F32 0
 #define KVE_DTYPE_F16 1
 #define KVE_DTYPE_BF16 2
+#define KVE_DTYPE_Q8_0 3
+#define KVE_DTYPE_Q4_0 4
 
 /* Scoring presets for kve_score_params_init (design §3 defaults). */
 #define KVE_PRESET_SNAPKV 0
@@ -198,6 +201,18 @@ typedef struct kve_evictor kve_evictor;
  * `{d, H*d, 1}`; llama.cpp's transposed V `[H*d][N]`: `{d*N, 1, N}`; PyTorch
  * `o_proj.weight` `[D, Hq*dv]` as `Wo`: `{dv, 1, Hq*dv}`.
  *
+ * ggml's block-quantized caches (`KVE_DTYPE_Q8_0`: 32 values per 34-byte block
+ * `{f16 d; int8 qs[32]}`, value `i` = `d*qs[i]`; `KVE_DTYPE_Q4_0`: 32 values per 18-byte
+ * block `{f16 d; uint8 qs[16]}`, value `j` = `d*((qs[j] & 0xF) - 8)`, value `j+16` =
+ * `d*((qs[j] >> 4) - 8)`) are passed as they are: `len`, extents and strides count
+ * values, value `e` lies in the block at byte `(e/32)*block_bytes`; `len`, `extent[2]`
+ * (the row length), `stride[0]` and `stride[1]` must be multiples of 32 and
+ * `stride[2] == 1`, so every row is whole blocks (else `KVE_ERR_INVALID_ARGUMENT`), and
+ * `data` 2-byte aligned. Scorers read such K/V dequantized exactly as ggml does (scores
+ * bit-identical to those of the dequantized f32 tensor); compaction moves their rows
+ * byte for byte. Host functions only: the `kve_cuda_*` functions refuse them
+ * (`KVE_ERR_UNSUPPORTED_DTYPE`), as do paged pools.
+ *
  * Checked on every use: `data` non-NULL and aligned for `dtype`; `pad == 0`; every
  * extent >= 1, `extent[0] <= KVE_MAX_HEADS`, `extent[1] <= 2^31`; the highest element
  * reached, `Σ (extent[i]-1)*stride[i]`, is `< len`; `len * sizeof(dtype)` fits the
@@ -214,7 +229,8 @@ typedef struct kve_tensor {
    */
   const void *data;
   /**
-   * Elements of `dtype` available from `data` (the buffer's length, not the view's).
+   * Elements of `dtype` available from `data` (the buffer's length, not the view's;
+   * values, a multiple of 32, for the block types).
    */
   uint64_t len;
   /**

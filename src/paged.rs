@@ -151,9 +151,13 @@ impl PagedLayout {
     /// Elements of `dtype` the pool buffer must hold: one past the highest element the
     /// layout reaches. Checks the dimensions (each ≥ 1, `block_size <= MAX_BLOCK_SIZE`,
     /// `heads <= 65536`: `InvalidArgument`), overflow, and that no two (block, slot, head,
-    /// dim) share an element (`Aliasing`).
+    /// dim) share an element (`Aliasing`). Pools of a block-quantized dtype (`Q8_0`,
+    /// `Q4_0`) are not supported (`UnsupportedDtype`).
     pub fn required_len(&self) -> Result<usize> {
         let e = self.extent();
+        if self.dtype.is_quantized() {
+            return Err(Error::UnsupportedDtype);
+        }
         if e.contains(&0)
             || self.block_size > MAX_BLOCK_SIZE
             || self.heads > crate::score::MAX_HEADS

@@ -154,12 +154,18 @@ fn tensor(r: &mut R, a: &Arena, small: [u64; 3]) -> kve_tensor {
     } else {
         (r.u8() as usize % 64) * 8
     };
-    let dtype = r.enum_val(3);
+    // f32, f16, bf16 and ggml's q8_0 / q4_0 (their values take at most 2 bytes each, so
+    // `es` keeps `len` inside the arena)
+    let dtype = r.enum_val(5);
     let es = if dtype == 0 { 4 } else { 2 };
     let max_len = (ARENA - off) / es;
     let mut extent = [0u64; 3];
     for (e, s) in extent.iter_mut().zip(small) {
         *e = r.size(s);
+    }
+    if dtype >= 3 && r.chance(2) {
+        // mostly whole-block rows, so the block types get past the layout check
+        extent[2] = extent[2].saturating_add(31) / 32 * 32;
     }
     let mut stride = [0u64; 3];
     match r.u8() % 8 {
@@ -200,12 +206,23 @@ fn elems(t: &kve_tensor) -> u64 {
     t.extent.iter().fold(1u64, |a, &e| a.saturating_mul(e))
 }
 
+/// Bytes of `len` elements of `dtype` (of ggml's block types: whole 32-value blocks of 34
+/// and 18 bytes, as the library counts them).
+fn bytes_of(dtype: u32, len: u64) -> usize {
+    let len = len as usize;
+    match dtype {
+        0 => len * 4,
+        3 => len / 32 * 34,
+        4 => len / 32 * 18,
+        _ => len * 2,
+    }
+}
+
 fn span(t: &kve_tensor) -> (usize, usize) {
     if t.data.is_null() {
         return (0, 0);
     }
-    let es = if t.dtype == 0 { 4 } else { 2 };
-    (t.data as usize, t.data as usize + t.len as usize * es)
+    (t.data as usize, t.data as usize + bytes_of(t.dtype, t.len))
 }
 
 fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
@@ -1775,7 +1792,7 @@ fuzz_target!(|data: &[u8]| {
                 // arbitrary strides and an offset), a block table (sometimes read from the
                 // arena), a length; then a gather, or an in-place compaction with lists,
                 // positions and outputs sometimes placed inside the pool
-                let dtype = r.enum_val(3);
+                let dtype = r.enum_val(5); // q8_0/q4_0 pools: refused
                 let es = if dtype == 0 { 4u64 } else { 2 };
                 let off = if r.chance(6) {
                     r.u8() as usize % 64
@@ -2124,7 +2141,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
         c.struct_size = size;
     }
     if size == KVE_EVICTOR_CONFIG_V2_SIZE {
-        (c.paged, c.paged_dtype) = (r.u8() as u32 % 3, r.enum_val(3));
+        (c.paged, c.paged_dtype) = (r.u8() as u32 % 3, r.enum_val(5));
     }
     c.preset = r.enum_val(10);
     (c.layers, c.hq, c.hkv) = (r.size(4), r.size(8), r.size(4));
@@ -2276,7 +2293,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
         // a K or V tensor of `d` dims in a pool over `base` (the arena or a copy), and a
         // sequence's table: mostly distinct entries of the pool, sometimes hostile
         let paged_of = |r: &mut R, base: *const u8, d: u64| {
-            let dtype = r.enum_val(3);
+            let dtype = r.enum_val(5); // q8_0/q4_0 pools: refused
             let es = if dtype == 0 { 4 } else { 2 };
             let off = (r.u8() as usize % 64) * 8;
             let len = (ARENA - off) as u64 / es;

@@ -24,6 +24,7 @@ STATUS_CODES = {
     "KVE_ERR_NOT_BUILT_WITH_CUDA": 12,
     "KVE_ERR_CUDA": 13,
     "KVE_ERR_PANIC": 14,
+    "KVE_ERR_UNSUPPORTED_DTYPE": 15,
 }
 
 
@@ -104,7 +105,10 @@ class _Enum:
         return sorted(self.by_name, key=self.by_name.get)
 
 
-DTYPES = _Enum("dtype", {"f32": 0, "float32": 0, "f16": 1, "float16": 1, "bf16": 2, "bfloat16": 2})
+DTYPES = _Enum("dtype", {"f32": 0, "float32": 0, "f16": 1, "float16": 1, "bf16": 2, "bfloat16": 2,
+                         "q8_0": 3, "q4_0": 4})
+# ggml's block-quantized dtypes: the C ABI takes them (host strided views); this binding does not
+BLOCK_DTYPES = (3, 4)
 # the library's one preset table (kve_preset_name), not a copy
 PRESETS = _Enum("preset", {lib.kve_preset_name(i).decode(): i for i in range(lib.kve_preset_count())})
 SCORERS = _Enum("scorer", {
@@ -315,7 +319,13 @@ class Tensor:
     def __init__(self, array, dtype):
         self.array = np.asarray(array)
         self.dtype = DTYPES.encode(dtype)
-        want = {0: np.dtype(np.float32).itemsize, 1: 2, 2: 2}[self.dtype]
+        if self.dtype in BLOCK_DTYPES:
+            raise TypeError(f"dtype {dtype!r}: ggml's block-quantized K/V (q8_0, q4_0) are taken by "
+                            "the C ABI (kve_tensor of KVE_DTYPE_Q8_0/Q4_0), not by this binding; "
+                            "dequantize to float32 or float16 here")
+        want = {0: np.dtype(np.float32).itemsize, 1: 2, 2: 2}.get(self.dtype)
+        if want is None:
+            raise ValueError(f"dtype {dtype!r}: unknown library dtype")
         if self.array.dtype.itemsize != want:
             raise TypeError(f"dtype {dtype!r} needs {want}-byte elements, got {self.array.dtype}")
 
@@ -348,6 +358,8 @@ def _lib_dtype(a, dtype):
     """Library dtype code of array ``a`` (``dtype`` overrides: for uint16 bf16 bits)."""
     if dtype is not None:
         code = DTYPES.encode(dtype)
+        if code in BLOCK_DTYPES:
+            Tensor(a, code)  # raises: the binding takes no block-quantized arrays
         if code == 2:
             if a.dtype.name == "bfloat16" or a.dtype in (np.uint16, np.int16):
                 return a, 2

@@ -88,6 +88,17 @@ class ErrorTests(unittest.TestCase):
         self.assertStatus("KVE_ERR_INVALID_ARGUMENT", kve.select_model, sp,
                           np.zeros((1, 2, 12), np.float32), 20, W)
 
+    def test_block_quantized_dtypes_are_refused_by_the_binding(self):
+        # the C ABI takes ggml's q8_0/q4_0 K/V; the binding says so rather than guess a layout
+        blocks = np.zeros((2, 40, 34), np.uint8)
+        for name in ("q8_0", "q4_0", 3, 4):
+            with self.assertRaises(TypeError) as cm:
+                kve.Tensor(blocks, name)
+            self.assertIn("C ABI", str(cm.exception))
+            p = kve.ScoreParams.preset("knorm", window=W)
+            with self.assertRaises(TypeError):
+                kve.score_layer(p, self.q, blocks, dtype=name)
+
     def test_evicted_positions_not_ascending(self):
         self.assertStatus("KVE_ERR_INVALID_ARGUMENT", kve.evicted_positions, [3, 2], 10)
 

@@ -96,6 +96,10 @@ statuses! {
     KVE_ERR_CUDA = 13 => Cuda: "a CUDA call failed (see cudaGetLastError)";
     /// Reserved for an internal error; never returned (built with `panic = "abort"`).
     KVE_ERR_PANIC = 14 => Panic: "internal error (reserved, never returned)";
+    /// A tensor's dtype is known but this function cannot take it: the block-quantized
+    /// `Q8_0`/`Q4_0` (host strided views only) given to a device function or a paged pool.
+    KVE_ERR_UNSUPPORTED_DTYPE = 15 => UnsupportedDtype:
+        "this function does not take the tensor's dtype (Q8_0/Q4_0: host strided views only)";
 }
 
 impl core::fmt::Display for Error {
@@ -157,11 +161,12 @@ mod tests {
             assert_eq!(e.message(), msg.trim_end_matches('\0'));
             assert_eq!(Error::ALL[i - 1], e, "ALL is in code order");
         }
-        for code in [-1, 15, 0x100, i32::MIN, i32::MAX] {
+        for code in [-1, 16, 0x100, i32::MIN, i32::MAX] {
             assert_eq!(Error::from_status(code), None);
         }
         // spot checks against the values the C header has always had (ABI)
         assert_eq!((KVE_ERR_NULL_POINTER, Error::Aliasing.status()), (1, 10));
         assert_eq!((KVE_ERR_NOT_BUILT_WITH_CUDA, KVE_ERR_PANIC), (12, 14));
+        assert_eq!(KVE_ERR_UNSUPPORTED_DTYPE, 15);
     }
 }

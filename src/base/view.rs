@@ -1,6 +1,11 @@
 //! Strided 3-D tensor views over memory the caller owns: (head, token, dim) for K, V and
 //! queries; (head, row, col) for `Wo`. One descriptor covers head-major `[H, N, d]`,
 //! llama.cpp's token-major rows `[N, H*d]` and its transposed V `[H*d, N]`.
+//!
+//! Views of ggml's block types (`Q8_0`, `Q4_0`) count values too, and have whole-block
+//! rows ([`whole_blocks`]: `len`, the row length and the outer strides multiples of 32,
+//! unit value stride; else `InvalidArgument`): a row loads dequantized (ggml's arithmetic)
+//! and moves as its bytes.
 
 use crate::error::{add, mul, Error, Result};
 use core::marker::PhantomData;
@@ -28,15 +33,18 @@ fn check_layout(
     if ptr == 0 {
         return Err(Error::NullPointer);
     }
-    if ptr % dtype.size() != 0 {
+    if ptr % dtype.align() != 0 {
         return Err(Error::Misaligned);
     }
-    mul(len, dtype.size())?;
+    dtype.bytes(len).ok_or(Error::Overflow)?;
     if extent.contains(&0) {
         return Err(Error::InvalidArgument);
     }
     if extent[1] > crate::error::MAX_TOKENS {
         return Err(Error::Overflow);
+    }
+    if dtype.is_quantized() && !whole_blocks(len, extent, stride) {
+        return Err(Error::InvalidArgument);
     }
     let last = last_offset(extent, stride)?;
     if last >= len {
@@ -45,18 +53,33 @@ fn check_layout(
     Ok(())
 }
 
-/// Element `off` of a buffer of `dtype` as f32.
+/// The layout a view of a block-quantized dtype must have: whole blocks in the buffer
+/// (`len`) and in every row (row length and outer strides multiples of 32, unit value
+/// stride), so a row is `extent[2] / 32` blocks, contiguous and starting on a block.
+pub fn whole_blocks(len: usize, extent: [usize; 3], stride: [usize; 3]) -> bool {
+    let q = crate::dtype::QK;
+    len % q == 0 && extent[2] % q == 0 && stride[2] == 1 && stride[0] % q == 0 && stride[1] % q == 0
+}
+
+/// Element `off` of a buffer of `dtype` as f32 (of a block type: value `off`, from its
+/// block).
 ///
 /// # Safety
-/// `ptr` points to at least `off + 1` readable, aligned elements of `dtype`.
+/// `ptr` points to at least `off + 1` readable, aligned elements of `dtype` (of a block
+/// type: the whole block holding value `off`).
 #[inline(always)]
 unsafe fn load(ptr: *const u8, dtype: DType, off: usize) -> f32 {
-    // SAFETY: the caller's contract: element `off` is in bounds and aligned.
+    // SAFETY: the caller's contract: element `off` (its block) is in bounds and aligned.
     unsafe {
         match dtype {
             DType::F32 => *(ptr as *const f32).add(off),
             DType::F16 => (*(ptr as *const f16).add(off)).to_f32(),
             DType::BF16 => (*(ptr as *const bf16).add(off)).to_f32(),
+            DType::Q8_0 | DType::Q4_0 => {
+                let (q, bb) = (crate::dtype::QK, dtype.block_bytes());
+                let block = core::slice::from_raw_parts(ptr.add(off / q * bb), bb);
+                crate::dtype::block_value(dtype, block, off % q)
+            }
         }
     }
 }
@@ -79,6 +102,30 @@ macro_rules! typed_constructors {
     };
 }
 
+/// The constructor over raw bytes of any dtype (ggml's `q8_0`/`q4_0` blocks, or f32/f16/bf16
+/// as bytes), for `View` and `ViewMut`.
+macro_rules! bytes_constructor {
+    ($bytes:ty, $ptr:ident, $raw:ty) => {
+        /// A view of `data` holding elements of `dtype` (a block type: whole blocks), extents
+        /// and strides in elements (values): `data.len()` must be a whole number of elements
+        /// (blocks), else `InvalidArgument`; `data` aligned for `dtype` (`Misaligned`).
+        pub fn bytes(
+            data: $bytes,
+            dtype: DType,
+            extent: [usize; 3],
+            stride: [usize; 3],
+        ) -> Result<Self> {
+            if data.len() % dtype.block_bytes() != 0 {
+                return Err(Error::InvalidArgument);
+            }
+            let len = data.len() / dtype.block_bytes() * dtype.block_len();
+            // SAFETY: a borrowed slice is valid for its length and lifetime; `len` elements
+            // of `dtype` are exactly its bytes.
+            unsafe { Self::from_raw(data.$ptr() as $raw, len, dtype, extent, stride) }
+        }
+    };
+}
+
 /// The accessors `View` and `ViewMut` share (the same fields).
 macro_rules! accessors {
     () => {
@@ -94,7 +141,11 @@ macro_rules! accessors {
         /// Start and end (exclusive) address of the declared buffer, for alias checks.
         pub fn byte_range(&self) -> (usize, usize) {
             let s = self.ptr as usize;
-            (s, s + self.len * self.dtype.size())
+            // `len` is whole blocks (checked at construction), so this is its byte size
+            (
+                s,
+                s + self.len / self.dtype.block_len() * self.dtype.block_bytes(),
+            )
         }
     };
 }
@@ -119,7 +170,8 @@ unsafe impl Sync for View<'_> {}
 
 impl<'a> View<'a> {
     /// # Safety
-    /// `ptr` must point to `len` readable elements of `dtype` that stay valid and unmodified
+    /// `ptr` must point to `len` readable elements of `dtype` (of a block type: `len / 32`
+    /// blocks, [`DType::bytes`]) that stay valid and unmodified
     /// for `'a`. Everything else (null, alignment, bounds, overflow) is checked here.
     pub unsafe fn from_raw(
         ptr: *const u8,
@@ -139,12 +191,14 @@ impl<'a> View<'a> {
         })
     }
     typed_constructors!(&'a [f32], &'a [f16], &'a [bf16], as_ptr, *const u8);
+    bytes_constructor!(&'a [u8], as_ptr, *const u8);
     /// Contiguous row-major `[a, b, c]` f32 data.
     pub fn f32_contiguous(data: &'a [f32], extent: [usize; 3]) -> Result<Self> {
         Self::f32(data, extent, [extent[1] * extent[2], extent[2], 1])
     }
     /// The same elements with the last two axes swapped (`(a, b, c)` read as `(a, c, b)`):
-    /// rows along axis 1, e.g. token rows of a transposed V.
+    /// rows along axis 1, e.g. token rows of a transposed V. (Of a block type, the result
+    /// reads value by value from each value's block, every one inside the buffer as before.)
     pub fn swap_last(&self) -> View<'a> {
         View {
             extent: [self.extent[0], self.extent[2], self.extent[1]],
@@ -190,6 +244,13 @@ impl<'a> View<'a> {
                     let src = core::slice::from_raw_parts((self.ptr as *const u16).add(base), n);
                     crate::dtype::bf16_to_f32(src, out);
                 }
+                // whole blocks from a block boundary: `base` and `n` are multiples of 32
+                // (the strides and row length, checked at construction)
+                (DType::Q8_0 | DType::Q4_0, 1) if (base | n) % crate::dtype::QK == 0 => {
+                    let (q, bb) = (crate::dtype::QK, self.dtype.block_bytes());
+                    let src = core::slice::from_raw_parts(self.ptr.add(base / q * bb), n / q * bb);
+                    crate::dtype::dequantize(self.dtype, src, out);
+                }
                 _ => {
                     for (c, o) in out.iter_mut().enumerate() {
                         *o = load(self.ptr, self.dtype, base + c * s);
@@ -213,7 +274,8 @@ pub struct ViewMut<'a> {
 
 impl<'a> ViewMut<'a> {
     /// # Safety
-    /// `ptr` must point to `len` writable elements of `dtype`, exclusively borrowed for `'a`.
+    /// `ptr` must point to `len` writable elements of `dtype` (of a block type: `len / 32`
+    /// blocks), exclusively borrowed for `'a`. Everything else is checked here.
     pub unsafe fn from_raw(
         ptr: *mut u8,
         len: usize,
@@ -238,6 +300,7 @@ impl<'a> ViewMut<'a> {
         as_mut_ptr,
         *mut u8
     );
+    bytes_constructor!(&'a mut [u8], as_mut_ptr, *mut u8);
     accessors!();
     /// A read-only view of the same memory.
     pub fn as_view(&self) -> View<'_> {
@@ -256,25 +319,28 @@ impl<'a> ViewMut<'a> {
         layout_overlaps(self.extent, self.stride)
     }
 
-    /// Copy row `(a, from, ..)` onto row `(a, to, ..)`, element by element (raw bits).
+    /// Copy row `(a, from, ..)` onto row `(a, to, ..)`, element by element (raw bits); a
+    /// row of a block type as its whole blocks, byte for byte.
     #[inline]
     pub(crate) fn move_row(&mut self, a: usize, from: usize, to: usize) {
         if from == to {
             return;
         }
-        let es = self.dtype.size();
+        let dt = self.dtype;
         let base_f = a * self.stride[0] + from * self.stride[1];
         let base_t = a * self.stride[0] + to * self.stride[1];
         let s = self.stride[2];
-        // SAFETY: both rows are inside the validated extents.
+        // SAFETY: both rows are inside the validated extents (of a block type: whole blocks
+        // from a block boundary, `s` = 1, checked at construction).
         unsafe {
             if s == 1 {
                 core::ptr::copy(
-                    self.ptr.add(base_f * es),
-                    self.ptr.add(base_t * es),
-                    self.extent[2] * es,
+                    self.ptr.add(byte_offset(dt, base_f)),
+                    self.ptr.add(byte_offset(dt, base_t)),
+                    byte_offset(dt, self.extent[2]),
                 );
             } else {
+                let es = dt.size();
                 for c in 0..self.extent[2] {
                     core::ptr::copy_nonoverlapping(
                         self.ptr.add((base_f + c * s) * es),
@@ -286,7 +352,8 @@ impl<'a> ViewMut<'a> {
         }
     }
 
-    /// Copy row `(a, from, ..)` of `src` (same dtype and row length) into row `(a2, to, ..)`.
+    /// Copy row `(a, from, ..)` of `src` (same dtype and row length) into row `(a2, to, ..)`;
+    /// a row of a block type as its whole blocks, byte for byte.
     #[inline]
     pub(crate) fn copy_row_from(
         &mut self,
@@ -296,12 +363,24 @@ impl<'a> ViewMut<'a> {
         a: usize,
         from: usize,
     ) {
-        let es = self.dtype.size();
+        let dt = self.dtype;
         let sb = a * src.stride[0] + from * src.stride[1];
         let db = a2 * self.stride[0] + to * self.stride[1];
         // SAFETY: compaction passes rows inside both views' extents (its lists are checked
-        // against them first) and views that do not overlap (checked there too).
+        // against them first) and views that do not overlap (checked there too); rows of a
+        // block type are whole blocks from a block boundary (both views, `ViewMut` and a
+        // `View` not swapped: compaction's).
         unsafe {
+            if dt.is_quantized() {
+                debug_assert!(src.stride[2] == 1 && self.stride[2] == 1);
+                core::ptr::copy_nonoverlapping(
+                    src.ptr.add(byte_offset(dt, sb)),
+                    self.ptr.add(byte_offset(dt, db)),
+                    byte_offset(dt, self.extent[2]),
+                );
+                return;
+            }
+            let es = dt.size();
             for c in 0..self.extent[2] {
                 core::ptr::copy_nonoverlapping(
                     src.ptr.add((sb + c * src.stride[2]) * es),
@@ -311,6 +390,13 @@ impl<'a> ViewMut<'a> {
             }
         }
     }
+}
+
+/// Byte offset of element `e` (of a block type: of its block) inside a validated view,
+/// where it cannot overflow (`check_layout` computed the buffer's bytes).
+#[inline(always)]
+fn byte_offset(dt: DType, e: usize) -> usize {
+    e / dt.block_len() * dt.block_bytes()
 }
 
 /// Whether two different index tuples of a layout (3 axes for views, 4 for paged pools)

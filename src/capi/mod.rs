@@ -128,6 +128,18 @@ pub extern "C" fn kve_version_string() -> *const c_char {
 /// `{d, H*d, 1}`; llama.cpp's transposed V `[H*d][N]`: `{d*N, 1, N}`; PyTorch
 /// `o_proj.weight` `[D, Hq*dv]` as `Wo`: `{dv, 1, Hq*dv}`.
 ///
+/// ggml's block-quantized caches (`KVE_DTYPE_Q8_0`: 32 values per 34-byte block
+/// `{f16 d; int8 qs[32]}`, value `i` = `d*qs[i]`; `KVE_DTYPE_Q4_0`: 32 values per 18-byte
+/// block `{f16 d; uint8 qs[16]}`, value `j` = `d*((qs[j] & 0xF) - 8)`, value `j+16` =
+/// `d*((qs[j] >> 4) - 8)`) are passed as they are: `len`, extents and strides count
+/// values, value `e` lies in the block at byte `(e/32)*block_bytes`; `len`, `extent[2]`
+/// (the row length), `stride[0]` and `stride[1]` must be multiples of 32 and
+/// `stride[2] == 1`, so every row is whole blocks (else `KVE_ERR_INVALID_ARGUMENT`), and
+/// `data` 2-byte aligned. Scorers read such K/V dequantized exactly as ggml does (scores
+/// bit-identical to those of the dequantized f32 tensor); compaction moves their rows
+/// byte for byte. Host functions only: the `kve_cuda_*` functions refuse them
+/// (`KVE_ERR_UNSUPPORTED_DTYPE`), as do paged pools.
+///
 /// Checked on every use: `data` non-NULL and aligned for `dtype`; `pad == 0`; every
 /// extent >= 1, `extent[0] <= KVE_MAX_HEADS`, `extent[1] <= 2^31`; the highest element
 /// reached, `Σ (extent[i]-1)*stride[i]`, is `< len`; `len * sizeof(dtype)` fits the
@@ -142,7 +154,8 @@ pub struct kve_tensor {
     /// First element. Host memory, except for the `kve_cuda_*` functions. Must point to
     /// writable memory for a compaction destination (the library writes through it).
     pub data: *const core::ffi::c_void,
-    /// Elements of `dtype` available from `data` (the buffer's length, not the view's).
+    /// Elements of `dtype` available from `data` (the buffer's length, not the view's;
+    /// values, a multiple of 32, for the block types).
     pub len: u64,
     /// `KVE_DTYPE_*`.
     pub dtype: u32,
@@ -301,10 +314,11 @@ impl Tensor {
         if t.extent[0] > KVE_MAX_HEADS {
             return Err(Error::InvalidArgument);
         }
-        if (t.data as usize) % dtype.size() != 0 {
+        if (t.data as usize) % dtype.align() != 0 {
             return Err(Error::Misaligned);
         }
-        let span = span_of(t.data as usize, len, dtype.size())?;
+        // bytes of `len` values (whole blocks of a block type: checked by the view below)
+        let span = span_of(t.data as usize, dtype.bytes(len).ok_or(Error::Overflow)?, 1)?;
         let tensor = Tensor {
             ptr: t.data as *mut u8,
             len,

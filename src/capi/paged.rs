@@ -69,6 +69,10 @@ impl Pool {
         // SAFETY: NULL or the caller's struct; `arg` checks NULL and alignment.
         let c = unsafe { super::arg(p)? };
         let (dtype, len) = super::data_header(c.data, c.pad, c.dtype, c.len)?;
+        if dtype.is_quantized() {
+            // (the layout's own check says so too; before any size is computed from it)
+            return Err(Error::UnsupportedDtype);
+        }
         if (c.data as usize) % dtype.size() != 0 {
             return Err(Error::Misaligned);
         }

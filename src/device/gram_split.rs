@@ -23,16 +23,20 @@ pub struct GramSplit {
     pub with_lo: bool,
 }
 
-fn code(dtype: DType) -> i32 {
+/// The launcher's dtype code; the kernels take no block-quantized values
+/// (`UnsupportedDtype`).
+fn code(dtype: DType) -> Result<i32> {
     match dtype {
-        DType::F32 => cu::KVE_CUDA_F32,
-        DType::F16 => cu::KVE_CUDA_F16,
-        DType::BF16 => cu::KVE_CUDA_BF16,
+        DType::F32 => Ok(cu::KVE_CUDA_F32),
+        DType::F16 => Ok(cu::KVE_CUDA_F16),
+        DType::BF16 => Ok(cu::KVE_CUDA_BF16),
+        DType::Q8_0 | DType::Q4_0 => Err(Error::UnsupportedDtype),
     }
 }
 
 /// Byte offset of the lo half and the total bytes for `n` Gram floats.
 fn plan(n: usize, dtype: DType, with_lo: bool) -> Result<(usize, usize)> {
+    code(dtype)?;
     let hi = mul(n, dtype.size())?;
     if dtype == DType::F32 || !with_lo || n == 0 {
         return Ok((hi, hi));
@@ -80,8 +84,9 @@ pub unsafe fn gram_split(
         core::ptr::null_mut()
     };
     let n = i64::try_from(n).map_err(|_| Error::Overflow)?;
+    let dt = code(dtype)?;
     // SAFETY: the caller's device buffers, sizes checked above.
-    ck(unsafe { cu::kve_cuda_gram_split(g, n, code(dtype), split, lo, stream) })
+    ck(unsafe { cu::kve_cuda_gram_split(g, n, dt, split, lo, stream) })
 }
 
 impl GramSplit {

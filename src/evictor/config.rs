@@ -213,6 +213,14 @@ pub(crate) fn resolve_why(c: &EvictorConfig) -> core::result::Result<Resolved, R
             cstr!("max_seqs must be >= 1 and layers within the crate's limit"),
         );
     }
+    if c.paged.is_some_and(|d| d.is_quantized()) {
+        return because(
+            Err(Error::UnsupportedDtype),
+            cstr!(
+                "paged pools of Q8_0/Q4_0 are not supported: give quantized K/V as strided views"
+            ),
+        );
+    }
     if capture.wo != WoUse::None && m.d_model == 0 {
         return because(
             Err(Error::InvalidArgument),

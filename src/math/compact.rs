@@ -87,6 +87,10 @@ pub fn compact_varlen(
     if dd != d || dst.dtype() != src.dtype() {
         return Err(Error::ShapeMismatch);
     }
+    // rows of a block type move as whole blocks: not from a view with swapped axes
+    if src.dtype().is_quantized() && src.stride()[2] != 1 {
+        return Err(Error::InvalidArgument);
+    }
     if cap < total || cu_seqlens.len() < heads + 1 || total > i32::MAX as usize {
         return Err(Error::OutputTooSmall);
     }

@@ -211,8 +211,8 @@ pub(crate) fn prefetch_keys(keys: &View, kh: usize, c0: usize, nt: usize) {
     let st = keys.stride();
     let es = keys.dtype().size();
     // f32 rows are read in place by the kernel, which the hardware prefetcher follows
-    // (a software prefetch measured slower there)
-    if keys.dtype() == DType::F32 || st[2] != 1 || c0 >= n {
+    // (a software prefetch measured slower there); rows of a block type: not here (`es`)
+    if keys.dtype() == DType::F32 || keys.dtype().is_quantized() || st[2] != 1 || c0 >= n {
         return;
     }
     let t1 = (c0 + nt).min(n);

@@ -168,6 +168,25 @@ fn device_score_rejects_bad_input_before_launching() {
         let mut x = good;
         x.keys.dtype = 9;
         check(&x, bytes, len as u64, KVE_ERR_BAD_ENUM, "dtype");
+        // ggml's block types, in a valid layout (d = 32: rows of one block; the f16 buffer
+        // holds more than the blocks): the kernels do not take them, nothing is launched
+        for dt in [kvevict::DType::Q8_0, kvevict::DType::Q4_0] {
+            for what in ["keys", "values"] {
+                let mut x = good;
+                let t = if what == "keys" {
+                    &mut x.keys
+                } else {
+                    &mut x.values
+                };
+                t.dtype = dt as u32;
+                check(&x, bytes, len as u64, KVE_ERR_UNSUPPORTED_DTYPE, what);
+            }
+            let mut b = u64::MAX;
+            let mut k = good.keys;
+            k.dtype = dt as u32;
+            let st = kve_cuda_compact_in_place_workspace_size(&k, 8, &mut b);
+            assert_eq!((st, b), (KVE_ERR_UNSUPPORTED_DTYPE, u64::MAX), "compact");
+        }
         let mut x = good;
         x.values.extent[1] -= 1;
         check(

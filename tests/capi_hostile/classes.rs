@@ -342,7 +342,7 @@ fn enums_out_of_range() {
         expect!(l.score(&sp, &inp), want);
     }
     let mut inp2 = l.inputs();
-    inp2.keys.dtype = 3;
+    inp2.keys.dtype = 5; // the first value past KVE_DTYPE_Q4_0
     expect!(l.score(&base, &inp2), KVE_ERR_BAD_ENUM);
     let mut inp2 = l.inputs();
     inp2.keys.pad = 1;

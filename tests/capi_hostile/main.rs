@@ -15,6 +15,7 @@ use capi_common::*;
 
 mod classes;
 mod cuda;
+mod quantized;
 mod search;
 mod stream;
 

@@ -28,6 +28,7 @@ fn upload(s: &Stored) -> Buf {
         DType::F32 => Buf::bytes_of(&s.f32),
         DType::F16 => Buf::bytes_of(&s.f16),
         DType::BF16 => Buf::bytes_of(&s.bf16),
+        DType::Q8_0 | DType::Q4_0 => unreachable!("f32/f16/bf16 only here"),
     }
 }
 

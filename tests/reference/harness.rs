@@ -39,6 +39,7 @@ pub fn round(x: f64, dtype: DType) -> f64 {
         DType::F32 => x as f32 as f64,
         DType::F16 => f16::from_f64(x).to_f64(),
         DType::BF16 => bf16::from_f64(x).to_f64(),
+        DType::Q8_0 | DType::Q4_0 => unreachable!("f32/f16/bf16 only here"),
     }
 }
 
@@ -84,6 +85,7 @@ impl Stored {
             DType::F32 => s.f32 = flat.iter().map(|&x| x as f32).collect(),
             DType::F16 => s.f16 = flat.iter().map(|&x| f16::from_f64(x)).collect(),
             DType::BF16 => s.bf16 = flat.iter().map(|&x| bf16::from_f64(x)).collect(),
+            DType::Q8_0 | DType::Q4_0 => unreachable!("f32/f16/bf16 only here"),
         }
         (s, rounded)
     }
@@ -92,6 +94,7 @@ impl Stored {
             DType::F32 => View::f32(&self.f32, self.extent, self.stride),
             DType::F16 => View::f16(&self.f16, self.extent, self.stride),
             DType::BF16 => View::bf16(&self.bf16, self.extent, self.stride),
+            DType::Q8_0 | DType::Q4_0 => unreachable!("f32/f16/bf16 only here"),
         }
         .unwrap()
     }
@@ -100,6 +103,7 @@ impl Stored {
             DType::F32 => ViewMut::f32(&mut self.f32, self.extent, self.stride),
             DType::F16 => ViewMut::f16(&mut self.f16, self.extent, self.stride),
             DType::BF16 => ViewMut::bf16(&mut self.bf16, self.extent, self.stride),
+            DType::Q8_0 | DType::Q4_0 => unreachable!("f32/f16/bf16 only here"),
         }
         .unwrap()
     }
@@ -109,6 +113,7 @@ impl Stored {
             DType::F32 => self.f32.iter().map(|x| x.to_bits()).collect(),
             DType::F16 => self.f16.iter().map(|x| x.to_bits() as u32).collect(),
             DType::BF16 => self.bf16.iter().map(|x| x.to_bits() as u32).collect(),
+            DType::Q8_0 | DType::Q4_0 => unreachable!("f32/f16/bf16 only here"),
         }
     }
     /// Raw bits of element `(i, j, k)`.
@@ -122,6 +127,7 @@ impl Stored {
             DType::F32 => self.f32[o] = x as f32,
             DType::F16 => self.f16[o] = f16::from_f64(x),
             DType::BF16 => self.bf16[o] = bf16::from_f64(x),
+            DType::Q8_0 | DType::Q4_0 => unreachable!("f32/f16/bf16 only here"),
         }
     }
     pub fn offset(&self, i: usize, j: usize, k: usize) -> usize {

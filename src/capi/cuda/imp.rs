@@ -16,10 +16,14 @@ fn i64_of(v: u64) -> Result<i64> {
     i64::try_from(v).map_err(|_| Error::Overflow)
 }
 
-/// Host-side checks of a device tensor (those of a host tensor), then the launcher's
-/// descriptor and the bytes the tensor declares.
+/// Host-side checks of a device tensor (those of a host tensor; the kernels take f32, f16
+/// and bf16 only: `Q8_0`/`Q4_0` are `UnsupportedDtype`, before anything is enqueued), then
+/// the launcher's descriptor and the bytes the tensor declares.
 pub(super) fn tensor(t: &kve_tensor) -> Result<device::Tensor> {
     let checked = Tensor::new(t)?;
+    if crate::dtype::DType::from_u32(t.dtype)?.is_quantized() {
+        return Err(Error::UnsupportedDtype);
+    }
     let view = cu::KveCudaView {
         data: t.data as *mut c_void,
         dtype: t.dtype as i32,

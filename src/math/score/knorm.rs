@@ -5,8 +5,9 @@
 //! Keys held as f32 or f16 rows with unit element stride run 16 at a time on AVX-512
 //! ([`crate::lanes512::squares`], `dk` a multiple of 16) or 8 at a time
 //! ([`crate::lanes::squares8`]; f16 converted as loaded), each row read in place 16 elements
-//! per step; the others (other dtypes and layouts, the last keys short of a block) through
-//! a row copy and [`crate::lanes::row_squares`]. The keys are read once: a NaN/Inf element
+//! per step; rows of ggml's block types dequantized 8 at a time into a stack buffer and
+//! summed the same way; the others (other dtypes and layouts, the last keys short of a
+//! block) through a row copy and [`crate::lanes::row_squares`]. The keys are read once: a NaN/Inf element
 //! makes its key's norm NaN/Inf, so `score_layer` checks the prefix keys through their
 //! scores (held in its workspace until every head has passed) and sweeps only the window keys.
 use super::Bufs;
@@ -18,16 +19,28 @@ use crate::numerics::{key_elem, load_key, prefetch_rows, Simd};
 use crate::simd512::dispatch_wide;
 use crate::view::{DType, View};
 
+/// Longest rows of a block type (`Q8_0`, `Q4_0`) dequantized 8 at a time on the stack
+/// ([`quantized_norms`]); longer ones go row by row.
+const QD: usize = 256;
+
 pub(super) fn score(keys: &View, kh: usize, bufs: &mut Bufs, dst: &mut [f32]) {
     let [_, _, dk] = keys.extent();
     let st = keys.stride();
     let f16 = keys.dtype() == DType::F16;
-    let lanes = if (f16 || keys.dtype() == DType::F32) && st[2] == 1 {
+    let quantized = keys.dtype().is_quantized() && dk <= QD;
+    let lanes = if (f16 || quantized || keys.dtype() == DType::F32) && st[2] == 1 {
         dst.len() / 8 * 8
     } else {
         0
     };
-    if lanes > 0 {
+    if lanes > 0 && quantized {
+        let head = &mut dst[..lanes];
+        dispatch_wide!(fn(keys: &View, kh: usize, dk: usize, head: &mut [f32]) -> (), S => {
+            let mut buf = [0f32; 8 * QD];
+            // SAFETY: `S`'s CPU features are present (our dispatch); dk <= QD.
+            unsafe { quantized_norms::<S>(keys, kh, dk, &mut buf, head) }
+        });
+    } else if lanes > 0 {
         assert!(kh < keys.extent()[0] && lanes <= keys.extent()[1]);
         let es = keys.dtype().size();
         // SAFETY: rows (kh, 0..lanes, 0..dk) are inside the view's extent, which the view
@@ -81,6 +94,37 @@ unsafe fn norms<S: Simd, const F16: bool>(k: *const u8, ld: usize, dk: usize, ou
         let neg = S::splat(-1.0);
         for o in out.chunks_exact_mut(8) {
             // IEEE sqrt (libm::sqrtf's bits), negated exactly (-0 for a zero key, as `-sqrtf`)
+            S::store(o.as_mut_ptr(), S::mul(neg, S::sqrt(S::load(o.as_ptr()))));
+        }
+    }
+}
+
+/// [`norms`] of the first `out.len()` (a multiple of 8) keys of head `kh` of `keys` (rows of
+/// a block type): each 8 rows dequantized into `buf` (`8·dk` floats) and summed as f32 rows
+/// are ([`squares8`]'s lane order), so the bits of every other path.
+///
+/// # Safety
+/// `S`'s CPU features are present; `buf` holds `8·dk` floats; `out.len()` keys exist.
+#[inline(always)]
+unsafe fn quantized_norms<S: Simd>(
+    keys: &View,
+    kh: usize,
+    dk: usize,
+    buf: &mut [f32],
+    out: &mut [f32],
+) {
+    let buf = &mut buf[..8 * dk];
+    // SAFETY: `buf` holds the 8 rows squares8 reads (dk floats, dk apart); the caller keeps
+    // `S`'s contract.
+    unsafe {
+        let neg = S::splat(-1.0);
+        for (i, o) in out.chunks_exact_mut(8).enumerate() {
+            for (r, row) in buf.chunks_exact_mut(dk).enumerate() {
+                keys.load_row(kh, i * 8 + r, row);
+            }
+            let o: &mut [f32; 8] = o.try_into().unwrap_or_else(|_| unreachable!());
+            squares8::<S, false>(buf.as_ptr() as *const u8, dk, dk, o);
+            // as `norms`: IEEE sqrt, negated exactly
             S::store(o.as_mut_ptr(), S::mul(neg, S::sqrt(S::load(o.as_ptr()))));
         }
     }
