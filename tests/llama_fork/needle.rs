@@ -544,10 +544,12 @@ fn cli_compresses_once_after_the_prompt() {
 
 /// Issue 27, finding 2: quantized KV caches. The needle prompt at 10 % keep with q8_0 and q4_0 K
 /// and V (flash attention on: ggml quantizes V only with it) and with a q8_0 K beside a transposed
-/// f16 V (flash attention off): scored on the dequantized rows, rows moved as bytes; every
-/// eviction succeeds, and the q8_0 cache answers as its full cache does.
+/// f16 V (flash attention off): the library reads the cache's own q8_0/q4_0 rows (scores from
+/// dequantized values, the Hadamard rotation folded into the queries and Wo) and moves them as
+/// bytes, in place (no dequantized copy); every eviction succeeds, and the q8_0 cache answers
+/// as its full cache does.
 #[test]
-fn quantized_caches_are_scored_dequantized_and_compacted_as_bytes() {
+fn quantized_caches_are_scored_and_compacted_in_place() {
     let s = fork_or_skip!();
     let common = ["--needle", "0.5", "--seed", "5", "--kv-keep", "0.1"];
     let mut table = String::new();
@@ -558,7 +560,12 @@ fn quantized_caches_are_scored_dequantized_and_compacted_as_bytes() {
     ] {
         let types = ["-ctk", ctk, "-ctv", ctv, "--flash-attn", flash];
         let full = needle_with(&s, &common, &[&types[..], &["--kv-evict", "full"]].concat());
-        let r = needle_with(&s, &common, &types);
+        let (r, log, ok) = needle_path(&s, None, false, &[&common[..], &types[..]].concat());
+        let r = r.filter(|_| ok).unwrap_or_else(|| panic!("{ctk}/{ctv}: the needle tool failed: {log}"));
+        assert!(
+            log.contains("host path, kve_*)") && !log.contains("dequantized copy"),
+            "{ctk}/{ctv}: evicted in place on the cache's own rows: {log}"
+        );
         table += &format!(
             "{ctk}/{ctv} flash {flash}: {} -> {} cells (n_kv {} -> {}), log problems {}, answer {:?} (full cache {:?})\n",
             r.num("cells_before"),
