@@ -561,7 +561,9 @@ fn quantized_caches_are_scored_and_compacted_in_place() {
         let types = ["-ctk", ctk, "-ctv", ctv, "--flash-attn", flash];
         let full = needle_with(&s, &common, &[&types[..], &["--kv-evict", "full"]].concat());
         let (r, log, ok) = needle_path(&s, None, false, &[&common[..], &types[..]].concat());
-        let r = r.filter(|_| ok).unwrap_or_else(|| panic!("{ctk}/{ctv}: the needle tool failed: {log}"));
+        let r = r
+            .filter(|_| ok)
+            .unwrap_or_else(|| panic!("{ctk}/{ctv}: the needle tool failed: {log}"));
         assert!(
             log.contains("host path, kve_*)") && !log.contains("dequantized copy"),
             "{ctk}/{ctv}: evicted in place on the cache's own rows: {log}"
