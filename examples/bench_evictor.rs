@@ -18,6 +18,9 @@ use half::f16;
 use kvevict::evictor::{Budget, EvictorConfig, LayerViews, ModelDims, PRESETS};
 use kvevict::*;
 
+mod common;
+use common::arg;
+
 /// Seconds of CPU time of this thread (Linux), else of wall time since the first call.
 #[cfg(target_os = "linux")]
 fn now() -> f64 {
@@ -84,14 +87,6 @@ fn data(len: usize, seed: u64) -> Vec<f16> {
 /// A head-major `[a, b, c]` view.
 fn view(x: &[f16], e: [usize; 3]) -> View<'_> {
     View::f16(x, e, [e[1] * e[2], e[2], 1]).unwrap()
-}
-
-fn arg(name: &str, default: &str) -> String {
-    let a: Vec<String> = std::env::args().collect();
-    a.iter()
-        .position(|x| x == name)
-        .map(|i| a[i + 1].clone())
-        .unwrap_or_else(|| default.to_string())
 }
 
 /// (minimum, median) in ms.

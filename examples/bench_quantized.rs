@@ -12,18 +12,13 @@ use half::f16;
 use kvevict::*;
 use std::time::Instant;
 
+mod common;
+use common::arg;
+
 const HQ: usize = 32;
 const HKV: usize = 8;
 const D: usize = 128;
 const DM: usize = 4096;
-
-fn arg(name: &str, default: &str) -> String {
-    let a: Vec<String> = std::env::args().collect();
-    a.iter()
-        .position(|x| x == name)
-        .and_then(|i| a.get(i + 1).cloned())
-        .unwrap_or_else(|| default.to_string())
-}
 
 /// xorshift64
 struct Rng(u64);

@@ -11,17 +11,12 @@ use half::f16;
 use kvevict::*;
 use std::time::Instant;
 
+mod common;
+use common::arg;
+
 const HQ: usize = 9;
 const HKV: usize = 3;
 const DV: usize = 64;
-
-fn arg(name: &str, default: &str) -> String {
-    let a: Vec<String> = std::env::args().collect();
-    a.iter()
-        .position(|x| x == name)
-        .and_then(|i| a.get(i + 1).cloned())
-        .unwrap_or_else(|| default.to_string())
-}
 
 /// xorshift64* uniform in [-1, 1)
 fn unif(s: &mut u64) -> f32 {
