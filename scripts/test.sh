@@ -12,19 +12,23 @@ ROOT=$PWD
 skip() { [[ " ${KVEVICT_SKIP:-} " == *" $1 "* ]]; }
 step() { printf '\n==== %s ====\n' "$*"; }
 t0=$(date +%s)
-names=() secs=() not_run=() failed=()
+names=() secs=() not_run=() failed=() failed_logs=()
 # run NAME CMD...: one timed step
 # Under CI a step is also cut where it would pass KVEVICT_CI_LIMIT_S (5,200 s: CI's 5,400 less the
 # time to close), its process group stopped by timeout(1): named CUT in the table, not a failure.
+# Each step's output is also kept in $logs/<name>.log: the end of a failed step's output is
+# printed again after the table, so the tail of a CI log says why a step failed.
+logs=$(mktemp -d)
 run() {
   local name=$1 s rc=0 left; shift
   s=$(date +%s)
   if [ "${CI:-}" = true ]; then
     left=$(( ${KVEVICT_CI_LIMIT_S:-5200} - (s - t0) ))
     # (through bash -c: a step may be a function of this script, exported below)
-    timeout --kill-after=20 "$(( left > 1 ? left : 1 ))" bash -eo pipefail -c '"$@"' step "$@" || rc=$?
+    timeout --kill-after=20 "$(( left > 1 ? left : 1 ))" bash -eo pipefail -c '"$@"' step "$@" 2>&1 \
+      | tee "$logs/$name.log" || rc=$?
   else
-    "$@" || rc=$?
+    "$@" 2>&1 | tee "$logs/$name.log" || rc=$?
   fi
   names+=("$name"); secs+=($(( $(date +%s) - s )))
   if [ "${CI:-}" = true ] && { [ $rc = 124 ] || [ $rc = 137 ]; } && [ $(( $(date +%s) - t0 )) -ge $(( ${KVEVICT_CI_LIMIT_S:-5200} - 30 )) ]; then
@@ -32,11 +36,18 @@ run() {
     printf -- '---- %s: CUT after %d s at the CI time limit\n' "$name" "${secs[-1]}"
     return 0
   fi
+  [ $rc = 0 ] || failed_logs+=("$name")
   printf -- '---- %s: %d s%s\n' "$name" "${secs[-1]}" "$([ $rc = 0 ] || echo " (FAILED, exit $rc)")"
   return $rc
 }
 summary() {
-  local i
+  local i f
+  for f in "${failed_logs[@]}"; do
+    [ -s "$logs/$f.log" ] || continue
+    printf '\n==== the end of failed step %s'"'"'s output (in full above) ====\n' "$f"
+    tail -n 60 "$logs/$f.log"
+  done
+  rm -rf "$logs"
   printf '\n==== step times ====\n'
   for i in "${!names[@]}"; do printf '%6d s  %s\n' "${secs[$i]}" "${names[$i]}"; done
   printf '%6d s  total\n' $(( $(date +%s) - t0 ))

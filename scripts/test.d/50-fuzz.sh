@@ -20,5 +20,13 @@ log=$(mktemp)
 rc=0
 bash fuzz/run.sh "$secs" >"$log" 2>&1 || rc=$?
 grep -E "^#[0-9]+.*DONE|stat::number_of_executed_units|stat::peak_rss|ERROR|SUMMARY|panicked|cuda-emu:" "$log" || tail -n 30 "$log"
+if [ $rc != 0 ]; then
+  # what the finding was, and the input itself (base64): a CI log is all a failed run leaves
+  grep -E -A 40 "==ERROR|panicked at|deadly signal|libFuzzer: (timeout|out-of-memory)" "$log" | head -n 80 || tail -n 80 "$log"
+  for a in $(ls -t fuzz/artifacts/capi/* 2>/dev/null | head -n 2); do
+    echo "reproducer $a (base64; decode it to FILE, then: cd fuzz && cargo +nightly fuzz run capi FILE):"
+    base64 -w 100 "$a" | head -n 60
+  done
+fi
 rm -f "$log"
 exit $rc
