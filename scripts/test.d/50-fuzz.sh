@@ -12,10 +12,12 @@ fi
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
   echo "fuzz: skipped: no nightly toolchain could be installed"; exit 0
 fi
-if ! cargo fuzz --help >/dev/null 2>&1; then
-  echo "fuzz: installing cargo-fuzz"
-  cargo install cargo-fuzz --locked -q
-fi
+# (three tries: a download that fails once should not fail the suite)
+for try in 1 2 3; do
+  cargo fuzz --help >/dev/null 2>&1 && break
+  echo "fuzz: installing cargo-fuzz (try $try)"
+  cargo install cargo-fuzz --locked -q || { [ $try -lt 3 ] && sleep 20; }
+done
 log=$(mktemp)
 rc=0
 bash fuzz/run.sh "$secs" >"$log" 2>&1 || rc=$?
