@@ -21,7 +21,7 @@ done
 log=$(mktemp)
 rc=0
 bash fuzz/run.sh "$secs" >"$log" 2>&1 || rc=$?
-grep -E "^#[0-9]+.*DONE|stat::number_of_executed_units|stat::peak_rss|ERROR|SUMMARY|panicked|cuda-emu:" "$log" || tail -n 30 "$log"
+grep -E "^#[0-9]+.*DONE|stat::number_of_executed_units|stat::peak_rss|stat::slowest|Slowest unit|ERROR|SUMMARY|panicked|cuda-emu:" "$log" || tail -n 30 "$log"
 if [ $rc != 0 ]; then
   # what the finding was, and the input itself (base64): a CI log is all a failed run leaves
   grep -E -A 40 "==ERROR|panicked at|deadly signal|libFuzzer: (timeout|out-of-memory)" "$log" | head -n 80 || tail -n 80 "$log"
