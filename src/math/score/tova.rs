@@ -402,44 +402,24 @@ unsafe fn logits<S: Simd, const F16: bool>(
                     }
                 }};
             }
-            // up to 4 rows per sweep over the keys, 16 keys at a time, then 8
+            // one sweep over the keys for `$ra` rows: 16 keys at a time, then 8
+            macro_rules! sweep {
+                ($ra:literal) => {{
+                    while t + 16 <= nt8 {
+                        blocks!(2, $ra);
+                        t += 16;
+                    }
+                    if t < nt8 {
+                        blocks!(1, $ra);
+                    }
+                }};
+            }
+            // up to 4 rows per sweep
             match (g - a0).min(4) {
-                4 => {
-                    while t + 16 <= nt8 {
-                        blocks!(2, 4);
-                        t += 16;
-                    }
-                    if t < nt8 {
-                        blocks!(1, 4);
-                    }
-                }
-                3 => {
-                    while t + 16 <= nt8 {
-                        blocks!(2, 3);
-                        t += 16;
-                    }
-                    if t < nt8 {
-                        blocks!(1, 3);
-                    }
-                }
-                2 => {
-                    while t + 16 <= nt8 {
-                        blocks!(2, 2);
-                        t += 16;
-                    }
-                    if t < nt8 {
-                        blocks!(1, 2);
-                    }
-                }
-                _ => {
-                    while t + 16 <= nt8 {
-                        blocks!(2, 1);
-                        t += 16;
-                    }
-                    if t < nt8 {
-                        blocks!(1, 1);
-                    }
-                }
+                4 => sweep!(4),
+                3 => sweep!(3),
+                2 => sweep!(2),
+                _ => sweep!(1),
             }
             a0 += 4;
         }
