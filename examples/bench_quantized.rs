@@ -68,14 +68,8 @@ fn main() {
     let wo = View::f32_contiguous(&wo, [HQ, D, DM]).unwrap();
     println!("Llama-3-8B layer, N = {n}, token rows, window 32, 1 thread, min of {reps}");
     for name in scorers.split(',') {
-        let preset = match name {
-            "snapkv" => Preset::SnapKv,
-            "knorm" => Preset::KNorm,
-            "tova" => Preset::Tova,
-            "lava" => Preset::Lava,
-            "laprox" => Preset::LaProx,
-            _ => panic!("unknown scorer {name}"),
-        };
+        let preset = kvevict::evictor::preset_from_name(name.as_bytes())
+            .unwrap_or_else(|_| panic!("unknown scorer {name}"));
         let mut cfg = ScoreConfig::preset(preset);
         if cfg.scorer != ScorerKind::Tova {
             cfg.window = 32;

@@ -1607,17 +1607,7 @@ pub(crate) mod tests {
     #[test]
     fn tiles_are_one_chain_per_logit() {
         tiles_match_scalar::<crate::numerics::Portable>();
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        tiles_match_scalar::<crate::numerics::Neon>();
-        #[cfg(target_arch = "x86_64")]
-        if crate::numerics::has_avx2() {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn avx() {
-                tiles_match_scalar::<crate::numerics::Avx2>();
-            }
-            // SAFETY: the CPU has avx2, fma and f16c.
-            unsafe { avx() };
-        }
+        crate::numerics::on_vector_builds!(S => { tiles_match_scalar::<S>() });
     }
 
     /// NaN/Inf keys, NaN queries and logits that overflow f32 are `NonFinite` from the one

@@ -593,27 +593,15 @@ mod tests {
             }
         }
         run::<crate::numerics::Portable>(false, false);
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if crate::numerics::has_neon() {
-            run::<crate::numerics::Neon>(true, false)
-        }
-        #[cfg(target_arch = "x86_64")]
-        if crate::numerics::has_avx2() {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn avx() {
-                run::<crate::numerics::Avx2>(true, false)
+        crate::numerics::on_vector_builds!(S => { run::<S>(true, false) });
+        #[cfg(all(target_arch = "x86_64", kvevict_avx512))]
+        if crate::numerics::has_avx2() && crate::gemm512::available() {
+            #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+            unsafe fn avx512() {
+                run::<crate::numerics::Avx2>(true, true)
             }
-            // SAFETY: the CPU has avx2, fma and f16c (checked just above)
-            unsafe { avx() };
-            #[cfg(kvevict_avx512)]
-            if crate::gemm512::available() {
-                #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-                unsafe fn avx512() {
-                    run::<crate::numerics::Avx2>(true, true)
-                }
-                // SAFETY: the CPU has AVX-512 F + VL too (checked just above)
-                unsafe { avx512() };
-            }
+            // SAFETY: the CPU has AVX-512 F + VL, AVX2, FMA and F16C (checked just above)
+            unsafe { avx512() };
         }
     }
 

@@ -134,6 +134,32 @@ macro_rules! dispatch {
 }
 pub(crate) use dispatch;
 
+/// Tests: `$body` with the type `$S` set to each vector build this CPU runs: NEON on
+/// AArch64, AVX2 + FMA + F16C on x86-64 (detected, the body compiled under those target
+/// features). The portable build is the caller's to add where it is checked too.
+#[cfg(all(test, feature = "std"))]
+macro_rules! on_vector_builds {
+    ($S:ident => $body:block) => {{
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        {
+            type $S = $crate::numerics::Neon;
+            $body
+        }
+        #[cfg(target_arch = "x86_64")]
+        if $crate::numerics::has_avx2() {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx() {
+                type $S = $crate::numerics::Avx2;
+                $body
+            }
+            // SAFETY: the CPU has avx2, fma and f16c (checked just above).
+            unsafe { avx() };
+        }
+    }};
+}
+#[cfg(all(test, feature = "std"))]
+pub(crate) use on_vector_builds;
+
 /// 8 consecutive key elements at element `i` of `k`, f16 (`F16`) or f32, as f32 lanes.
 ///
 /// # Safety
@@ -437,17 +463,7 @@ pub(crate) mod tests {
 
     #[test]
     fn fma_builds_match_scalar_definitions() {
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        fused_ops_match_scalar::<Neon>();
-        #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn avx() {
-                fused_ops_match_scalar::<Avx2>();
-            }
-            // SAFETY: the CPU has avx2, fma and f16c.
-            unsafe { avx() };
-        }
+        on_vector_builds!(S => { fused_ops_match_scalar::<S>() });
     }
 
     #[test]
@@ -455,22 +471,10 @@ pub(crate) mod tests {
         transpose_ok::<Portable>();
         hsum8_ok::<Portable>();
         exp4_matches::<Portable>();
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        {
-            transpose_ok::<Neon>();
-            hsum8_ok::<Neon>();
-            exp4_matches::<Neon>();
-        }
-        #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn avx() {
-                transpose_ok::<Avx2>();
-                hsum8_ok::<Avx2>();
-                exp4_matches::<Avx2>();
-            }
-            // SAFETY: the CPU has avx2, fma and f16c.
-            unsafe { avx() };
-        }
+        on_vector_builds!(S => {
+            transpose_ok::<S>();
+            hsum8_ok::<S>();
+            exp4_matches::<S>();
+        });
     }
 }
