@@ -203,18 +203,14 @@ fn base_name(name: &str) -> (&str, bool) {
 
 fn config(full: &str, p: usize) -> ScoreConfig {
     let name = base_name(full).0;
-    let preset = match name {
-        "snapkv" => Preset::SnapKv,
-        "snapkv-kvpress" => Preset::SnapKvKvpress,
-        "lava" => Preset::Lava,
-        "laprox" | "laprox-cached" => Preset::LaProx,
-        "criticalkv" => Preset::CriticalKv,
-        "knorm" => Preset::KNorm,
-        "tova" => Preset::Tova,
-        "streamingllm" => Preset::StreamingLlm,
-        "uniqueness" => Preset::Uniqueness,
-        _ => panic!("unknown scorer {name}"),
+    // the library's preset table; "laprox-cached" is LaProx (its Gram computed once)
+    let table_name = if name == "laprox-cached" {
+        "laprox"
+    } else {
+        name
     };
+    let preset = kvevict::evictor::preset_from_name(table_name.as_bytes())
+        .unwrap_or_else(|_| panic!("unknown scorer {name}"));
     let mut cfg = ScoreConfig::preset(preset);
     if full.contains("-w8") {
         // the window of the best LaProx configuration (README, needle study)

@@ -19,7 +19,7 @@ use kvevict::evictor::{Budget, EvictorConfig, LayerViews, ModelDims, PRESETS};
 use kvevict::*;
 
 mod common;
-use common::arg;
+use common::{arg, Rng};
 
 /// Seconds of CPU time of this thread (Linux), else of wall time since the first call.
 #[cfg(target_os = "linux")]
@@ -73,15 +73,8 @@ const SHAPES: [Shape; 2] = [
 ];
 
 fn data(len: usize, seed: u64) -> Vec<f16> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            f16::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
-        })
-        .collect()
+    let mut r = Rng::seeded(seed);
+    (0..len).map(|_| f16::from_f32(r.f())).collect()
 }
 
 /// A head-major `[a, b, c]` view.

@@ -13,23 +13,12 @@ use kvevict::*;
 use std::time::Instant;
 
 mod common;
-use common::arg;
+use common::{arg, Rng};
 
 const HQ: usize = 32;
 const HKV: usize = 8;
 const D: usize = 128;
 const DM: usize = 4096;
-
-/// xorshift64
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 /// Random q8_0 or q4_0 blocks for `values` values (magnitudes up to ~2) and their values.
 fn blocks(r: &mut Rng, q8: bool, values: usize) -> (Vec<u16>, Vec<f32>) {
@@ -37,9 +26,7 @@ fn blocks(r: &mut Rng, q8: bool, values: usize) -> (Vec<u16>, Vec<f32>) {
     let mut b = vec![0u8; values / 32 * bb];
     let mut x = Vec::with_capacity(values);
     for blk in b.chunks_exact_mut(bb) {
-        let d = f16::from_f32(
-            (0.5 + (r.next() >> 40) as f32 / (1u64 << 24) as f32) / if q8 { 96.0 } else { 6.0 },
-        );
+        let d = f16::from_f32((0.5 + r.unit()) / if q8 { 96.0 } else { 6.0 });
         blk[..2].copy_from_slice(&d.to_bits().to_le_bytes());
         for q in &mut blk[2..] {
             *q = r.next() as u8;
@@ -81,14 +68,8 @@ fn main() {
     let wo = View::f32_contiguous(&wo, [HQ, D, DM]).unwrap();
     println!("Llama-3-8B layer, N = {n}, token rows, window 32, 1 thread, min of {reps}");
     for name in scorers.split(',') {
-        let preset = match name {
-            "snapkv" => Preset::SnapKv,
-            "knorm" => Preset::KNorm,
-            "tova" => Preset::Tova,
-            "lava" => Preset::Lava,
-            "laprox" => Preset::LaProx,
-            _ => panic!("unknown scorer {name}"),
-        };
+        let preset = kvevict::evictor::preset_from_name(name.as_bytes())
+            .unwrap_or_else(|_| panic!("unknown scorer {name}"));
         let mut cfg = ScoreConfig::preset(preset);
         if cfg.scorer != ScorerKind::Tova {
             cfg.window = 32;

@@ -67,6 +67,18 @@ fn gather(
     }
 }
 
+/// `kve_paged_gather` of `N` tokens with every pointer as given (the hostile cases).
+unsafe fn gather_raw(
+    l: &kve_paged_layout,
+    table: *const u32,
+    table_len: u64,
+    dst: *mut c_void,
+    dst_bytes: u64,
+    out: *mut kve_tensor,
+) -> i32 {
+    unsafe { kve_paged_gather(l, table, table_len, N as u64, dst, dst_bytes, out) }
+}
+
 fn gather_bytes(l: &kve_paged_layout, n: usize) -> usize {
     let mut b = 0u64;
     expect!(
@@ -240,109 +252,85 @@ fn hostile_layouts() {
     let f = Fixture::new();
     let mut out = std::mem::MaybeUninit::<kve_paged_layout>::uninit();
     let sentinel = [0xA5u8; std::mem::size_of::<kve_paged_layout>()];
-    let init = |out: *mut kve_paged_layout,
-                kind: u32,
-                data: *const f32,
-                len: usize,
-                dtype: u32,
-                bs: u64,
-                layers: u64,
-                layer: u64,
-                kv: u32| unsafe {
+    let init = |out: *mut kve_paged_layout, a: Init| unsafe {
         kve_paged_layout_init(
             out,
-            kind,
-            data as *const c_void,
-            len as u64,
-            dtype,
+            a.kind,
+            a.data as *const c_void,
+            a.len as u64,
+            a.dtype,
             NB as u64,
-            bs,
+            a.bs,
             HKV as u64,
             D as u64,
-            layers,
-            layer,
-            kv,
+            a.layers,
+            a.layer,
+            a.kv,
         )
     };
-    let p = f.pool.as_ptr();
-    let len = f.pool.len();
-    let cases: [(&str, i32, i32); 10] = [
-        (
-            "null out",
-            init(null_mut(), 1, p, len, 0, 8, 1, 0, 0),
-            KVE_ERR_NULL_POINTER,
-        ),
-        (
-            "bad kind",
-            {
-                reset(&mut out, &sentinel);
-                init(out.as_mut_ptr(), 6, p, len, 0, 8, 1, 0, 0)
-            },
-            KVE_ERR_BAD_ENUM,
-        ),
-        (
-            "bad dtype",
-            init(out.as_mut_ptr(), 1, p, len, 7, 8, 1, 0, 0),
-            KVE_ERR_BAD_ENUM,
-        ),
-        (
-            "kv 2",
-            init(out.as_mut_ptr(), 1, p, len, 0, 8, 1, 0, 2),
-            KVE_ERR_INVALID_ARGUMENT,
-        ),
+    // a valid call; each case breaks one argument of it
+    let ok = Init {
+        kind: 1,
+        data: f.pool.as_ptr(),
+        len: f.pool.len(),
+        dtype: 0,
+        bs: 8,
+        layers: 1,
+        layer: 0,
+        kv: 0,
+    };
+    expect!(init(null_mut(), ok), KVE_ERR_NULL_POINTER);
+    reset(&mut out, &sentinel);
+    let too_large = (kvevict::paged::MAX_BLOCK_SIZE + 1) as u64;
+    let misaligned = (ok.data as usize + 2) as *const f32;
+    let cases = [
+        ("bad kind", Init { kind: 6, ..ok }, KVE_ERR_BAD_ENUM),
+        ("bad dtype", Init { dtype: 7, ..ok }, KVE_ERR_BAD_ENUM),
+        ("kv 2", Init { kv: 2, ..ok }, KVE_ERR_INVALID_ARGUMENT),
         (
             "layer without layers",
-            init(out.as_mut_ptr(), 1, p, len, 0, 8, 1, 1, 0),
+            Init { layer: 1, ..ok },
             KVE_ERR_INVALID_ARGUMENT,
         ),
         (
             "block size 0",
-            init(out.as_mut_ptr(), 1, p, len, 0, 0, 1, 0, 0),
+            Init { bs: 0, ..ok },
             KVE_ERR_INVALID_ARGUMENT,
         ),
         (
             "block size too large",
-            init(
-                out.as_mut_ptr(),
-                1,
-                p,
-                len,
-                0,
-                (kvevict::paged::MAX_BLOCK_SIZE + 1) as u64,
-                1,
-                0,
-                0,
-            ),
+            Init {
+                bs: too_large,
+                ..ok
+            },
             KVE_ERR_INVALID_ARGUMENT,
         ),
         (
             "buffer too short",
-            init(out.as_mut_ptr(), 1, p, len - 1, 0, 8, 1, 0, 1),
+            Init {
+                len: ok.len - 1,
+                kv: 1,
+                ..ok
+            },
             KVE_ERR_OUT_OF_BOUNDS,
         ),
         (
             "null data",
-            init(out.as_mut_ptr(), 1, null(), len, 0, 8, 1, 0, 0),
+            Init { data: null(), ..ok },
             KVE_ERR_NULL_POINTER,
         ),
         (
             "misaligned",
-            init(
-                out.as_mut_ptr(),
-                1,
-                (p as usize + 2) as *const f32,
-                len - 1,
-                0,
-                8,
-                1,
-                0,
-                0,
-            ),
+            Init {
+                data: misaligned,
+                len: ok.len - 1,
+                ..ok
+            },
             KVE_ERR_MISALIGNED,
         ),
     ];
-    for (what, st, want) in cases {
-        assert_eq!(name(st), name(want), "{what}");
+    for (what, a, want) in cases {
+        assert_eq!(name(init(out.as_mut_ptr(), a)), name(want), "{what}");
     }
     let bytes = unsafe { std::slice::from_raw_parts(out.as_ptr() as *const u8, sentinel.len()) };
     assert_eq!(bytes, sentinel, "out written on error");
@@ -367,6 +355,19 @@ fn hostile_layouts() {
         KVE_ERR_OUT_OF_BOUNDS
     );
     assert_eq!(b, CANARY as u64);
+}
+
+/// The arguments of `kve_paged_layout_init` a case may break (the pool's shape fixed).
+#[derive(Clone, Copy)]
+struct Init {
+    kind: u32,
+    data: *const f32,
+    len: usize,
+    dtype: u32,
+    bs: u64,
+    layers: u64,
+    layer: u64,
+    kv: u32,
 }
 
 fn reset(out: &mut std::mem::MaybeUninit<kve_paged_layout>, s: &[u8]) {
@@ -399,63 +400,27 @@ fn hostile_gathers() {
         gather(&l, &f.table, N, &mut dst[..short], &mut out),
         KVE_ERR_WORKSPACE_TOO_SMALL
     );
+    let (dp, db) = (dst.as_mut_ptr() as *mut c_void, 8 * dst.len() as u64);
+    let tp = f.table.as_ptr();
     expect!(
-        unsafe {
-            kve_paged_gather(
-                &l,
-                null(),
-                5,
-                N as u64,
-                dst.as_mut_ptr() as *mut c_void,
-                8 * dst.len() as u64,
-                &mut out,
-            )
-        },
+        unsafe { gather_raw(&l, null(), 5, dp, db, &mut out) },
         KVE_ERR_NULL_POINTER
     );
     expect!(
-        unsafe {
-            kve_paged_gather(
-                &l,
-                f.table.as_ptr(),
-                9,
-                N as u64,
-                dst.as_mut_ptr() as *mut c_void,
-                8 * dst.len() as u64,
-                null_mut(),
-            )
-        },
+        unsafe { gather_raw(&l, tp, 9, dp, db, null_mut()) },
         KVE_ERR_NULL_POINTER
     );
     // dst over the pool, the table, or out
+    let (pp, pb) = (f.pool.as_ptr() as *mut c_void, 4 * f.pool.len() as u64);
     expect!(
-        unsafe {
-            kve_paged_gather(
-                &l,
-                f.table.as_ptr(),
-                9,
-                N as u64,
-                f.pool.as_ptr() as *mut c_void,
-                4 * f.pool.len() as u64,
-                &mut out,
-            )
-        },
+        unsafe { gather_raw(&l, tp, 9, pp, pb, &mut out) },
         KVE_ERR_ALIASING
     );
     let mut big = vec![0u64; dst.len() + 8];
     let inside = unsafe { big.as_mut_ptr().add(1) } as *mut kve_tensor;
+    let (bp, bb) = (big.as_mut_ptr() as *mut c_void, 8 * big.len() as u64);
     expect!(
-        unsafe {
-            kve_paged_gather(
-                &l,
-                f.table.as_ptr(),
-                9,
-                N as u64,
-                big.as_mut_ptr() as *mut c_void,
-                8 * big.len() as u64,
-                inside,
-            )
-        },
+        unsafe { gather_raw(&l, tp, 9, bp, bb, inside) },
         KVE_ERR_ALIASING
     );
     assert!(is_canary(&out));

@@ -11,6 +11,9 @@ use kvevict::{
     Preset, ScoreConfig, ScorerKind, SelectConfig, ValueLinks, View, ViewMut,
 };
 
+mod xorshift;
+use xorshift::Rng;
+
 const DIMS: ModelDims = ModelDims {
     layers: 3,
     hq: 4,
@@ -20,26 +23,6 @@ const DIMS: ModelDims = ModelDims {
     d_model: 24,
 };
 const MAX_CELLS: usize = 160;
-
-/// Deterministic data (xorshift), values in (-1, 1) with a few large ones so that
-/// attention is peaked.
-struct Rng(u64);
-impl Rng {
-    fn f(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        let u = (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-        if self.0 % 29 == 0 {
-            u * 4.0
-        } else {
-            u
-        }
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
 
 /// One sequence's tensors: per layer queries `[Hq][n][dk]` (every position), keys
 /// `[Hkv][n][dk]`, values `[Hkv][n][dv]`, and `Wo` `[Hq][dv][D]`.
@@ -51,7 +34,7 @@ struct Seq {
 }
 
 fn seq(n: usize, seed: u64) -> Seq {
-    let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut r = Rng::seeded(seed);
     let d = DIMS;
     Seq {
         n,

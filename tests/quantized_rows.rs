@@ -19,6 +19,9 @@ use kvevict::{
     StreamScoreConfig, StreamShape, StreamStat, StreamValues, View, ViewMut,
 };
 
+mod xorshift;
+use xorshift::Rng;
+
 const DIMS: ModelDims = ModelDims {
     layers: 2,
     hq: 4,
@@ -36,30 +39,6 @@ const SHAPE: LayerShape = LayerShape {
     dv: DIMS.dv,
 };
 
-/// xorshift64
-struct Rng(u64);
-impl Rng {
-    fn u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in [-1, 1), a few times 4 larger (peaked attention).
-    fn f(&mut self) -> f32 {
-        let x = self.u64();
-        let u = (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-        if x % 29 == 0 {
-            u * 4.0
-        } else {
-            u
-        }
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-}
-
 /// Bytes per 32-value block.
 fn block_bytes(dt: DType) -> usize {
     match dt {
@@ -76,10 +55,10 @@ fn random_blocks(r: &mut Rng, dt: DType, values: usize) -> Vec<u8> {
     let mut out = vec![0u8; values / 32 * bb];
     for b in out.chunks_exact_mut(bb) {
         let top = if dt == DType::Q8_0 { 127.0 } else { 8.0 };
-        let d = (0.25 + 1.75 * (r.u64() >> 40) as f32 / (1u64 << 24) as f32) / top;
+        let d = (0.25 + 1.75 * (r.next() >> 40) as f32 / (1u64 << 24) as f32) / top;
         b[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
         for q in &mut b[2..] {
-            *q = r.u64() as u8;
+            *q = r.next() as u8;
         }
     }
     out
@@ -196,7 +175,7 @@ struct LayerData {
 
 impl LayerData {
     fn new(seed: u64, kdt: DType, vdt: DType, lay: Layout) -> LayerData {
-        let mut r = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut r = Rng::seeded(seed);
         let d = DIMS;
         let k = Kv::new(&mut r, kdt, lay, d.hkv, N, d.dk);
         let v = Kv::new(&mut r, vdt, lay, d.hkv, N, d.dv);
@@ -615,8 +594,8 @@ fn selection(r: &mut Rng, heads: usize, n: usize) -> (Vec<u64>, Vec<u32>) {
     let mut idx = vec![7u32; 5];
     let mut off = vec![5u64];
     for _ in 0..heads {
-        let p = 1 + r.u64() % 3; // keep about 1/p of the tokens
-        idx.extend((0..n as u32).filter(|_| r.u64() % p == 0));
+        let p = 1 + r.next() % 3; // keep about 1/p of the tokens
+        idx.extend((0..n as u32).filter(|_| r.next() % p == 0));
         off.push(idx.len() as u64);
     }
     (off, idx)

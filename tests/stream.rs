@@ -592,20 +592,30 @@ impl Abi {
             [self.hkv, self.n, self.dk],
             [self.n * self.dk, self.dk, 1],
         );
+        // SAFETY: every pointer is into a live buffer of the given length.
+        unsafe { self.args(&qt, &kt, pos, lse).call() }
+    }
+    /// The arguments of a feed of queries `q`, positions `pos` and keys `k` into this
+    /// state, with this workspace.
+    fn args(
+        &mut self,
+        q: &kve_tensor,
+        k: &kve_tensor,
+        pos: &[i64],
+        lse: Option<&[f32]>,
+    ) -> FeedArgs {
         let st = self.state.bytes();
-        let args = FeedArgs {
+        FeedArgs {
             state: st.as_mut_ptr(),
             bytes: st.len() as u64,
-            q: &qt,
+            q,
             pos: pos.as_ptr(),
-            npos: c as u64,
-            k: &kt,
+            npos: pos.len() as u64,
+            k,
             lse: lse.map_or((std::ptr::null(), 0), |l| (l.as_ptr(), l.len() as u64)),
             ws: self.ws.as_mut_ptr(),
             wsl: self.ws.len() as u64,
-        };
-        // SAFETY: every pointer is into a live buffer of the given length.
-        unsafe { args.call() }
+        }
     }
 }
 
@@ -702,18 +712,7 @@ fn bad_input_leaves_the_state_unchanged() {
         let kt = tensor(&a.k, 0, [a.hkv, a.n, a.dk], [a.n * a.dk, a.dk, 1]);
         let kt2 = tensor(&a.k, 0, [a.hkv, a.n - 1, a.dk], [a.n * a.dk, a.dk, 1]);
         let pos = [30i64, 31, 32, 33];
-        let st = a.state.bytes();
-        let base = FeedArgs {
-            state: st.as_mut_ptr(),
-            bytes: st.len() as u64,
-            q: &qt,
-            pos: pos.as_ptr(),
-            npos: 4,
-            k: &kt,
-            lse: (std::ptr::null(), 0),
-            ws: a.ws.as_mut_ptr(),
-            wsl: a.ws.len() as u64,
-        };
+        let base = a.args(&qt, &kt, &pos, None);
         let cases = [
             (
                 FeedArgs { npos: 3, ..base },

@@ -282,9 +282,8 @@ pub unsafe extern "C" fn kve_select_params_init(
 ) -> i32 {
     let a = tri!(AllocatorKind::from_u32(allocator));
     let g = tri!(Granularity::from_u32(granularity));
-    let v = encode_select(&SelectConfig::new(a, g, budget));
-    // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
-    to_status(unsafe { write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v) })
+    // SAFETY: `params` is NULL or `struct_size` writable bytes (this function's contract).
+    unsafe { write_select(params, struct_size, &SelectConfig::new(a, g, budget)) }
 }
 
 /// Fill `params` with LaProx-span's selection (design §3): global allocator, token
@@ -297,9 +296,8 @@ pub unsafe extern "C" fn kve_select_params_init_laprox_span(
     struct_size: u32,
     budget: u64,
 ) -> i32 {
-    let v = encode_select(&SelectConfig::laprox_span(budget));
-    // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
-    to_status(unsafe { write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v) })
+    // SAFETY: as in kve_select_params_init.
+    unsafe { write_select(params, struct_size, &SelectConfig::laprox_span(budget)) }
 }
 
 /// Fill `params` with the selection preset `preset` (`KVE_PRESET_*`) gets by default
@@ -313,8 +311,22 @@ pub unsafe extern "C" fn kve_select_params_init_preset(
     preset: u32,
     budget: u64,
 ) -> i32 {
-    let p = tri!(Preset::from_u32(preset));
-    let v = encode_select(&crate::evictor::default_select(p, budget));
+    let cfg = crate::evictor::default_select(tri!(Preset::from_u32(preset)), budget);
+    // SAFETY: as in kve_select_params_init.
+    unsafe { write_select(params, struct_size, &cfg) }
+}
+
+/// The end of every `kve_select_params_init*`: `cfg` written to the caller's `params`
+/// (`struct_size` bytes, a released size; else `KVE_ERR_INVALID_ARGUMENT`).
+///
+/// # Safety
+/// `params` is NULL or points to `struct_size` writable bytes.
+unsafe fn write_select(
+    params: *mut kve_select_params,
+    struct_size: u32,
+    cfg: &SelectConfig,
+) -> i32 {
+    let v = encode_select(cfg);
     // SAFETY: the caller passes NULL or `struct_size` writable bytes; write_ext checks the rest.
     to_status(unsafe { write_ext(params, struct_size, KVE_SELECT_PARAMS_V1_SIZE, v) })
 }

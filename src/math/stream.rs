@@ -470,9 +470,7 @@ fn row_stats_impl<S: Simd>(
 ) -> Result<()> {
     let g = s.rows / lim.len();
     let end = lim[lim.len() - 1] as usize + 1;
-    rmax.fill(f32::NEG_INFINITY);
-    rsum.fill(0.0);
-    s.m.fill(f32::NEG_INFINITY);
+    window::start_rows(s, rmax, rsum);
     let mut c0 = 0;
     while c0 < end {
         let nt = CHUNK.min(end - c0);
@@ -482,10 +480,7 @@ fn row_stats_impl<S: Simd>(
         window::fold_rows::<S>(s, nt, rmax, rsum)?;
         c0 += nt;
     }
-    if rsum.iter().any(|s| !s.is_finite() || *s <= 0.0) {
-        return Err(Error::NonFinite);
-    }
-    Ok(())
+    window::check_denominators(rsum)
 }
 
 /// One KV group's statistics in the state, `[g][N]` each.

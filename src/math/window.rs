@@ -747,11 +747,7 @@ fn row_stats_impl<S: Simd>(
     let (rows, rp) = (s.rows, s.rows_pad);
     let rmax = &mut rmax[..rows];
     let rsum = &mut rsum[..rows];
-    rmax.fill(f32::NEG_INFINITY);
-    rsum.fill(0.0);
-    // the running max starts at -inf, not 0: rows whose logits are all below -87 would
-    // otherwise underflow every exp to 0 and be rejected as non-finite
-    s.m.fill(f32::NEG_INFINITY);
+    start_rows(s, rmax, rsum);
     let mut c0 = 0;
     while c0 < n {
         let nt = CHUNK.min(n - c0);
@@ -772,6 +768,23 @@ fn row_stats_impl<S: Simd>(
         chunk_row_stats::<S>(c, c0, nt, p, g, w, rp, s.m, rmax, rsum, keep)?;
         c0 += nt;
     }
+    check_denominators(rsum)
+}
+
+/// Start pass 1's running statistics: the row maxima `rmax` and the chunk maxima `s.m` at
+/// -inf, the denominators `rsum` at 0. The running max starts at -inf, not 0: rows whose
+/// logits are all below -87 would otherwise underflow every exp to 0 and be rejected as
+/// non-finite.
+#[inline(always)]
+pub(crate) fn start_rows(s: &mut Scratch, rmax: &mut [f32], rsum: &mut [f64]) {
+    rmax.fill(f32::NEG_INFINITY);
+    rsum.fill(0.0);
+    s.m.fill(f32::NEG_INFINITY);
+}
+
+/// The end of pass 1: every row's denominator finite and positive, else `NonFinite`.
+#[inline(always)]
+pub(crate) fn check_denominators(rsum: &[f64]) -> Result<()> {
     if rsum.iter().any(|s| !s.is_finite() || *s <= 0.0) {
         return Err(Error::NonFinite);
     }
@@ -1607,17 +1620,7 @@ pub(crate) mod tests {
     #[test]
     fn tiles_are_one_chain_per_logit() {
         tiles_match_scalar::<crate::numerics::Portable>();
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        tiles_match_scalar::<crate::numerics::Neon>();
-        #[cfg(target_arch = "x86_64")]
-        if crate::numerics::has_avx2() {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn avx() {
-                tiles_match_scalar::<crate::numerics::Avx2>();
-            }
-            // SAFETY: the CPU has avx2, fma and f16c.
-            unsafe { avx() };
-        }
+        crate::numerics::on_vector_builds!(S => { tiles_match_scalar::<S>() });
     }
 
     /// NaN/Inf keys, NaN queries and logits that overflow f32 are `NonFinite` from the one

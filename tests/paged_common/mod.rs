@@ -7,40 +7,9 @@
 use kvevict::paged::{PagedKind, PagedLayout};
 use kvevict::Error;
 
-/// Deterministic data (xorshift).
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in (-1, 1).
-    pub fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-    /// As `f`, one value in 29 four times larger (peaked attention).
-    pub fn spiky(&mut self) -> f32 {
-        let u = self.f();
-        if self.0 % 29 == 0 {
-            u * 4.0
-        } else {
-            u
-        }
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    /// A random permutation of 0..n.
-    pub fn perm(&mut self, n: usize) -> Vec<u32> {
-        let mut v: Vec<u32> = (0..n as u32).collect();
-        for i in (1..n).rev() {
-            v.swap(i, self.below(i + 1));
-        }
-        v
-    }
-}
+#[path = "../xorshift/mod.rs"]
+mod xorshift;
+pub use xorshift::Rng;
 
 pub const KINDS: [PagedKind; 6] = [
     PagedKind::Nhd,

@@ -402,44 +402,24 @@ unsafe fn logits<S: Simd, const F16: bool>(
                     }
                 }};
             }
-            // up to 4 rows per sweep over the keys, 16 keys at a time, then 8
+            // one sweep over the keys for `$ra` rows: 16 keys at a time, then 8
+            macro_rules! sweep {
+                ($ra:literal) => {{
+                    while t + 16 <= nt8 {
+                        blocks!(2, $ra);
+                        t += 16;
+                    }
+                    if t < nt8 {
+                        blocks!(1, $ra);
+                    }
+                }};
+            }
+            // up to 4 rows per sweep
             match (g - a0).min(4) {
-                4 => {
-                    while t + 16 <= nt8 {
-                        blocks!(2, 4);
-                        t += 16;
-                    }
-                    if t < nt8 {
-                        blocks!(1, 4);
-                    }
-                }
-                3 => {
-                    while t + 16 <= nt8 {
-                        blocks!(2, 3);
-                        t += 16;
-                    }
-                    if t < nt8 {
-                        blocks!(1, 3);
-                    }
-                }
-                2 => {
-                    while t + 16 <= nt8 {
-                        blocks!(2, 2);
-                        t += 16;
-                    }
-                    if t < nt8 {
-                        blocks!(1, 2);
-                    }
-                }
-                _ => {
-                    while t + 16 <= nt8 {
-                        blocks!(2, 1);
-                        t += 16;
-                    }
-                    if t < nt8 {
-                        blocks!(1, 1);
-                    }
-                }
+                4 => sweep!(4),
+                3 => sweep!(3),
+                2 => sweep!(2),
+                _ => sweep!(1),
             }
             a0 += 4;
         }
@@ -613,27 +593,15 @@ mod tests {
             }
         }
         run::<crate::numerics::Portable>(false, false);
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if crate::numerics::has_neon() {
-            run::<crate::numerics::Neon>(true, false)
-        }
-        #[cfg(target_arch = "x86_64")]
-        if crate::numerics::has_avx2() {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn avx() {
-                run::<crate::numerics::Avx2>(true, false)
+        crate::numerics::on_vector_builds!(S => { run::<S>(true, false) });
+        #[cfg(all(target_arch = "x86_64", kvevict_avx512))]
+        if crate::numerics::has_avx2() && crate::gemm512::available() {
+            #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+            unsafe fn avx512() {
+                run::<crate::numerics::Avx2>(true, true)
             }
-            // SAFETY: the CPU has avx2, fma and f16c (checked just above)
-            unsafe { avx() };
-            #[cfg(kvevict_avx512)]
-            if crate::gemm512::available() {
-                #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-                unsafe fn avx512() {
-                    run::<crate::numerics::Avx2>(true, true)
-                }
-                // SAFETY: the CPU has AVX-512 F + VL too (checked just above)
-                unsafe { avx512() };
-            }
+            // SAFETY: the CPU has AVX-512 F + VL, AVX2, FMA and F16C (checked just above)
+            unsafe { avx512() };
         }
     }
 

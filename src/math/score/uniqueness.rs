@@ -704,20 +704,9 @@ mod tests {
     fn tiled_pruned_search_equals_plain_search() {
         two_scans_settle::<Portable>(false);
         same_as_brute::<Portable>(false);
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if crate::numerics::has_neon() {
-            same_as_brute::<crate::numerics::Neon>(true);
-            two_scans_settle::<crate::numerics::Neon>(true);
-        }
-        #[cfg(target_arch = "x86_64")]
-        if crate::numerics::has_avx2() {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn avx() {
-                same_as_brute::<crate::numerics::Avx2>(true);
-                two_scans_settle::<crate::numerics::Avx2>(true);
-            }
-            // SAFETY: the CPU has avx2, fma and f16c.
-            unsafe { avx() };
-        }
+        crate::numerics::on_vector_builds!(S => {
+            same_as_brute::<S>(true);
+            two_scans_settle::<S>(true);
+        });
     }
 }

@@ -478,18 +478,6 @@ pub(crate) mod tests {
             }
         }
         run::<Portable>(false);
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        if crate::numerics::has_neon() {
-            run::<crate::numerics::Neon>(true)
-        }
-        #[cfg(target_arch = "x86_64")]
-        if crate::numerics::has_avx2() {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn avx() {
-                run::<crate::numerics::Avx2>(true)
-            }
-            // SAFETY: the CPU has avx2, fma and f16c (checked just above)
-            unsafe { avx() }
-        }
+        crate::numerics::on_vector_builds!(S => { run::<S>(true) });
     }
 }

@@ -18,6 +18,37 @@ pub(crate) use crate::kernels::cpu::x86::avx2::Avx2;
 #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
 pub(crate) use crate::kernels::cpu::arm::neon::Neon;
 
+#[cfg(all(
+    feature = "std",
+    any(
+        target_arch = "x86_64",
+        all(target_arch = "aarch64", target_feature = "neon")
+    )
+))]
+use core::sync::atomic::{AtomicU8, Ordering};
+
+/// `detect()`, decided once per process and kept in `state` (0: not yet, 1: yes, 2: no):
+/// how every kernel choice below (and `gemm512::available`) remembers what it found.
+#[cfg(all(
+    feature = "std",
+    any(
+        target_arch = "x86_64",
+        all(target_arch = "aarch64", target_feature = "neon")
+    )
+))]
+#[inline]
+pub(crate) fn decided_once(state: &AtomicU8, detect: impl FnOnce() -> bool) -> bool {
+    match state.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let yes = detect();
+            state.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+            yes
+        }
+    }
+}
+
 /// Whether the NEON kernels run: always on AArch64 (NEON is part of the base
 /// architecture), unless, with `std`, the environment variable `KVEVICT_PORTABLE` is set
 /// (it forces the portable kernels, for tests). Decided once per process.
@@ -25,17 +56,8 @@ pub(crate) use crate::kernels::cpu::arm::neon::Neon;
 pub(crate) fn has_neon() -> bool {
     #[cfg(feature = "std")]
     {
-        use core::sync::atomic::{AtomicU8, Ordering};
         static STATE: AtomicU8 = AtomicU8::new(0);
-        match STATE.load(Ordering::Relaxed) {
-            1 => true,
-            2 => false,
-            _ => {
-                let yes = std::env::var_os("KVEVICT_PORTABLE").is_none();
-                STATE.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
-                yes
-            }
-        }
+        decided_once(&STATE, || std::env::var_os("KVEVICT_PORTABLE").is_none())
     }
     #[cfg(not(feature = "std"))]
     true
@@ -46,20 +68,13 @@ pub(crate) fn has_neon() -> bool {
 /// Decided once per process.
 #[cfg(all(feature = "std", target_arch = "x86_64"))]
 pub(crate) fn has_avx2() -> bool {
-    use core::sync::atomic::{AtomicU8, Ordering};
     static STATE: AtomicU8 = AtomicU8::new(0);
-    match STATE.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let yes = std::is_x86_feature_detected!("avx2")
-                && std::is_x86_feature_detected!("fma")
-                && std::is_x86_feature_detected!("f16c")
-                && std::env::var_os("KVEVICT_PORTABLE").is_none();
-            STATE.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
-            yes
-        }
-    }
+    decided_once(&STATE, || {
+        std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+            && std::env::var_os("KVEVICT_PORTABLE").is_none()
+    })
 }
 
 /// Which kernel build the scorers take on this machine (in this process): `"AVX-512"` (the
@@ -118,6 +133,32 @@ macro_rules! dispatch {
     }};
 }
 pub(crate) use dispatch;
+
+/// Tests: `$body` with the type `$S` set to each vector build this CPU runs: NEON on
+/// AArch64, AVX2 + FMA + F16C on x86-64 (detected, the body compiled under those target
+/// features). The portable build is the caller's to add where it is checked too.
+#[cfg(all(test, feature = "std"))]
+macro_rules! on_vector_builds {
+    ($S:ident => $body:block) => {{
+        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+        {
+            type $S = $crate::numerics::Neon;
+            $body
+        }
+        #[cfg(target_arch = "x86_64")]
+        if $crate::numerics::has_avx2() {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn avx() {
+                type $S = $crate::numerics::Avx2;
+                $body
+            }
+            // SAFETY: the CPU has avx2, fma and f16c (checked just above).
+            unsafe { avx() };
+        }
+    }};
+}
+#[cfg(all(test, feature = "std"))]
+pub(crate) use on_vector_builds;
 
 /// 8 consecutive key elements at element `i` of `k`, f16 (`F16`) or f32, as f32 lanes.
 ///
@@ -347,22 +388,26 @@ pub(crate) mod tests {
         }
     }
 
+    /// The exp kernels' edge inputs (every one in their domain, x <= 0): signed zeros, the
+    /// cut-off at -87.3 and either side of it, a huge one, -inf and a subnormal.
+    pub(crate) const EXP_EDGES: [f32; 9] = [
+        -0.0,
+        0.0,
+        -87.0,
+        -87.3,
+        -87.29,
+        -87.31,
+        -1e30,
+        f32::NEG_INFINITY,
+        -1e-40,
+    ];
+
     /// An FMA build's vector operations against their scalar definitions, bit for bit:
     /// exp (fused steps), max / min (NaN in `b` ignored, signed zeros), the comparison
     /// mask, `hsum`'s tree, the f16 load (every f16 bit pattern) and the square root.
     fn fused_ops_match_scalar<S: Simd>() {
         let mut xs: std::vec::Vec<f32> = (0..40_000).map(|i| -(i as f32) * 2.5e-3).collect();
-        xs.extend([
-            -0.0,
-            0.0,
-            -87.0,
-            -87.3,
-            -87.29,
-            -87.31,
-            -1e30,
-            f32::NEG_INFINITY,
-            -1e-40,
-        ]);
+        xs.extend(EXP_EDGES);
         while xs.len() % 8 != 0 {
             xs.push(-1.0);
         }
@@ -418,17 +463,7 @@ pub(crate) mod tests {
 
     #[test]
     fn fma_builds_match_scalar_definitions() {
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        fused_ops_match_scalar::<Neon>();
-        #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn avx() {
-                fused_ops_match_scalar::<Avx2>();
-            }
-            // SAFETY: the CPU has avx2, fma and f16c.
-            unsafe { avx() };
-        }
+        on_vector_builds!(S => { fused_ops_match_scalar::<S>() });
     }
 
     #[test]
@@ -436,22 +471,10 @@ pub(crate) mod tests {
         transpose_ok::<Portable>();
         hsum8_ok::<Portable>();
         exp4_matches::<Portable>();
-        #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
-        {
-            transpose_ok::<Neon>();
-            hsum8_ok::<Neon>();
-            exp4_matches::<Neon>();
-        }
-        #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn avx() {
-                transpose_ok::<Avx2>();
-                hsum8_ok::<Avx2>();
-                exp4_matches::<Avx2>();
-            }
-            // SAFETY: the CPU has avx2, fma and f16c.
-            unsafe { avx() };
-        }
+        on_vector_builds!(S => {
+            transpose_ok::<S>();
+            hsum8_ok::<S>();
+            exp4_matches::<S>();
+        });
     }
 }

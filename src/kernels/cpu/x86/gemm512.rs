@@ -11,19 +11,12 @@ use core::arch::x86_64::*;
 
 /// Whether the CPU has AVX-512 F and VL and `KVEVICT_NO_AVX512` is not set (once per process).
 pub(crate) fn available() -> bool {
-    use core::sync::atomic::{AtomicU8, Ordering};
-    static STATE: AtomicU8 = AtomicU8::new(0);
-    match STATE.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let yes = std::is_x86_feature_detected!("avx512f")
-                && std::is_x86_feature_detected!("avx512vl")
-                && std::env::var_os("KVEVICT_NO_AVX512").is_none();
-            STATE.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
-            yes
-        }
-    }
+    static STATE: core::sync::atomic::AtomicU8 = core::sync::atomic::AtomicU8::new(0);
+    crate::numerics::decided_once(&STATE, || {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::env::var_os("KVEVICT_NO_AVX512").is_none()
+    })
 }
 
 /// One vector of window rows: its packed query panel (`[d][16]`, or `[d][8]` for the last
