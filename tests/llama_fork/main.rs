@@ -52,6 +52,7 @@ mod device;
 mod needle;
 mod refusals;
 mod server;
+mod sliding_window;
 mod state;
 
 use result_row::{Row, PROMPTS};
