@@ -116,7 +116,7 @@ fn views(x: &Layer) -> kve_evictor_layer {
 
 #[test]
 fn preset_names_come_from_the_library() {
-    assert_eq!(kve_preset_count(), 11);
+    assert_eq!(kve_preset_count(), 12);
     for p in 0..kve_preset_count() {
         // SAFETY: a static string for a known preset.
         let n = unsafe { CStr::from_ptr(kve_preset_name(p)) };
