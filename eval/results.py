@@ -36,7 +36,8 @@ RATIOS = "0.5,0.25,0.1,0.05,0.025"
 # besides the library's presets: the full cache, the floor and the preset of eval/demo.py
 BASELINES = ["full", "random", "laprox-span-w8"]
 # library presets that the prefill study does not run, and why
-DECODE_ONLY = {"tova-decay": "its prefill scores are TOVA's; the decay acts only at decode time under a cell budget"}
+DECODE_ONLY = {"tova-decay": "its prefill scores are TOVA's; the decay acts only at decode time under a cell budget",
+               "h2o": "its prefill scores are unpooled SnapKV's; the memory acts only at decode time under a cell budget"}
 HIGHLIGHT = ("laprox-span", "laprox-span-w8", "uniqueness")  # drawn thick and labelled
 # eval/smoke.py's two prompts (depths 33 and 67 %, answered by the full cache; their
 # question-aware captures are cached by the smoke test that runs before)

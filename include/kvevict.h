@@ -88,6 +88,7 @@
 #define KVE_PRESET_TOVA 8
 #define KVE_PRESET_UNIQUENESS 9
 #define KVE_PRESET_TOVA_DECAY 10
+#define KVE_PRESET_H2O 11
 
 /* kve_score_params.scorer */
 #define KVE_SCORER_SNAPKV 0

@@ -116,7 +116,7 @@ fn views(x: &Layer) -> kve_evictor_layer {
 
 #[test]
 fn preset_names_come_from_the_library() {
-    assert_eq!(kve_preset_count(), 11);
+    assert_eq!(kve_preset_count(), 12);
     for p in 0..kve_preset_count() {
         // SAFETY: a static string for a known preset.
         let n = unsafe { CStr::from_ptr(kve_preset_name(p)) };
@@ -132,7 +132,7 @@ fn preset_names_come_from_the_library() {
             Ok(n.to_str().unwrap())
         );
     }
-    assert!(kve_preset_name(11).is_null());
+    assert!(kve_preset_name(12).is_null());
     let mut got = CANARY;
     for bad in [
         &b"SnapKV\0"[..],
@@ -380,7 +380,7 @@ fn hostile_configs_and_memory() {
     type Edit = fn(&mut kve_evictor_config);
     let cases: [(Edit, i32); 11] = [
         (|c| c.struct_size = 100, KVE_ERR_INVALID_ARGUMENT),
-        (|c| c.preset = 11, KVE_ERR_BAD_ENUM),
+        (|c| c.preset = 12, KVE_ERR_BAD_ENUM),
         (|c| c.policy = 3, KVE_ERR_BAD_ENUM),
         (|c| c.granularity = 3, KVE_ERR_BAD_ENUM),
         (|c| c.hq = 5, KVE_ERR_SHAPE_MISMATCH),

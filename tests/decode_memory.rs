@@ -58,25 +58,29 @@ fn f32s(t: &T3) -> Vec<f32> {
     t.data.iter().map(|&x| x as f32).collect()
 }
 
-/// The reference's kept cells of a round over the held positions `held`: TOVA's scores
-/// (the last held position's query) plus `decay · carry`, token-granular selection to
-/// `target` cells; `carry` becomes the kept cells' combined scores.
+/// The reference's kept cells of a round over the held positions `held`: the preset's
+/// scores with a window of `w` (the last `w` held positions' queries: TOVA's last one, H2O's
+/// attention averaged over them) plus `decay · carry`, token-granular selection to `target`
+/// cells; `carry` becomes the kept cells' combined scores.
 fn reference_round(
     s: &Stream,
     held: &[usize],
     target: usize,
+    (preset, w): (Preset, usize),
     decay: f64,
     carry: &mut Vec<Vec<f64>>,
 ) -> Vec<u32> {
-    let cfg = ScoreConfig::preset(Preset::TovaDecay);
-    let (n, w) = (held.len(), 1);
+    let cfg = ScoreConfig {
+        window: w as u32,
+        ..ScoreConfig::preset(preset)
+    };
+    let n = held.len();
     let p = n - w;
-    let last = held[n - 1];
     let mut flat = Vec::new();
     let mut combined = Vec::new();
     for l in 0..DIMS.layers {
         let x = Layer {
-            q: Some(gather(&s.q[l], &[last])),
+            q: Some(gather(&s.q[l], &held[p..])),
             k: gather(&s.k[l], held),
             v: None,
             wo: None,
@@ -113,17 +117,18 @@ fn reference_round(
     kept[0].clone()
 }
 
-/// One evictor round over `held` to `target` cells; the kept cells.
-fn core_round(ev: &mut Evictor, s: &Stream, held: &[usize], target: usize) -> Vec<u32> {
+/// One evictor round over `held` to `target` cells, the last `w` held positions' queries
+/// given; the kept cells.
+fn core_round(ev: &mut Evictor, s: &Stream, held: &[usize], target: usize, w: usize) -> Vec<u32> {
     let n = held.len();
     ev.begin(0, n, target).unwrap();
     for l in 0..DIMS.layers {
         let k = f32s(&gather(&s.k[l], held));
-        let q = f32s(&gather(&s.q[l], &[held[n - 1]]));
+        let q = f32s(&gather(&s.q[l], &held[n - w..]));
         let views = LayerViews {
             keys: View::f32_contiguous(&k, [DIMS.hkv, n, DIMS.dk]).unwrap(),
             values: None,
-            queries: Some(View::f32_contiguous(&q, [DIMS.hq, 1, DIMS.dk]).unwrap()),
+            queries: Some(View::f32_contiguous(&q, [DIMS.hq, w, DIMS.dk]).unwrap()),
             row_lse: None,
             wo: None,
         };
@@ -137,10 +142,17 @@ fn core_round(ev: &mut Evictor, s: &Stream, held: &[usize], target: usize) -> Ve
     out
 }
 
-/// Feeds `t` positions in ubatches of `HIGH - LOW` through a `Cells` budget with `preset`;
-/// at every eviction checks the core against the reference with `decay`, and returns the
-/// kept positions of every round.
-fn run(preset: Preset, decay: f64, t: usize, seed: u64) -> Vec<Vec<usize>> {
+/// Feeds `t` positions in ubatches of `HIGH - LOW` through a `Cells` budget with `preset`
+/// (its memory), the scoring of preset `scoring` and window `w` (the evictor's `window`); at every eviction checks the core against the
+/// reference with `decay`, and returns the kept positions of every round.
+fn run(
+    preset: Preset,
+    scoring: Preset,
+    w: usize,
+    decay: f64,
+    t: usize,
+    seed: u64,
+) -> Vec<Vec<usize>> {
     let s = stream(t, seed);
     let budget = Budget::Cells {
         high: HIGH as u64,
@@ -148,6 +160,8 @@ fn run(preset: Preset, decay: f64, t: usize, seed: u64) -> Vec<Vec<usize>> {
     };
     let mut c = EvictorConfig::new(preset, DIMS, HIGH, budget);
     c.granularity = Some(Granularity::Token);
+    c.score = Some(ScoreConfig::preset(scoring));
+    c.window = w as u32;
     let mut mem = vec![0u8; Evictor::memory_size(&c).unwrap()];
     let mut ev = Evictor::init(&mut mem, &c).unwrap();
     let mut carry = vec![Vec::new(); DIMS.layers * DIMS.hkv];
@@ -159,8 +173,8 @@ fn run(preset: Preset, decay: f64, t: usize, seed: u64) -> Vec<Vec<usize>> {
             let n = held.len();
             let target = ev.plan(0, n + (end - start)).unwrap().min(n);
             assert_eq!(target, LOW);
-            let got = core_round(&mut ev, &s, &held, target);
-            let want = reference_round(&s, &held, target, decay, &mut carry);
+            let got = core_round(&mut ev, &s, &held, target, w);
+            let want = reference_round(&s, &held, target, (scoring, w), decay, &mut carry);
             assert_eq!(got, want, "{preset:?} seed {seed} round {}", rounds.len());
             held = got.iter().map(|&i| held[i as usize]).collect();
             rounds.push(held.clone());
@@ -175,10 +189,28 @@ fn tova_decay_matches_the_f64_reference_over_a_stream() {
     let d = decode_decay(Preset::TovaDecay) as f64;
     assert_eq!(d as f32, 0.3);
     for seed in [1, 2, 3] {
-        let with = run(Preset::TovaDecay, d, 240, seed);
+        let with = run(Preset::TovaDecay, Preset::TovaDecay, 1, d, 240, seed);
         assert!(with.len() >= 15, "rounds: {}", with.len());
         // plain TOVA is the same reference without memory, and keeps other cells
-        let without = run(Preset::Tova, 0.0, 240, seed);
+        let without = run(Preset::Tova, Preset::Tova, 1, 0.0, 240, seed);
+        assert_eq!(with[0], without[0], "the first round carries nothing");
+        assert!(with != without, "seed {seed}: the memory changed no round");
+    }
+}
+
+#[test]
+fn h2o_matches_the_f64_reference_over_a_stream() {
+    let d = decode_decay(Preset::H2o) as f64;
+    assert_eq!(d as f32, 0.5);
+    // the window is the ubatch, as the fork's 128-cell budget gives it (every query read once)
+    let w = HIGH - LOW;
+    assert_eq!(ScoreConfig::preset(Preset::H2o).window, 32);
+    for seed in [4, 5, 6] {
+        let with = run(Preset::H2o, Preset::H2o, w, d, 240, seed);
+        assert!(with.len() >= 15, "rounds: {}", with.len());
+        // the same scoring without memory (a preset with none, given h2o's scoring) keeps
+        // other cells
+        let without = run(Preset::SnapKv, Preset::H2o, w, 0.0, 240, seed);
         assert_eq!(with[0], without[0], "the first round carries nothing");
         assert!(with != without, "seed {seed}: the memory changed no round");
     }
@@ -198,15 +230,15 @@ fn memory_is_decode_time_only() {
             let mut mem = vec![0u8; Evictor::memory_size(&c).unwrap()];
             let mut ev = Evictor::init(&mut mem, &c).unwrap();
             let held: Vec<usize> = (0..60).collect();
-            let first = core_round(&mut ev, &s, &held, 40);
+            let first = core_round(&mut ev, &s, &held, 40, 1);
             // the 40 kept positions, then 20 new ones
             let held: Vec<usize> = first.iter().map(|&i| i as usize).chain(60..80).collect();
             // a second round over what was kept: the memory (if any) now counts
-            kept.push((first.clone(), core_round(&mut ev, &s, &held, 30)));
+            kept.push((first.clone(), core_round(&mut ev, &s, &held, 30, 1)));
             // after a reset nothing is carried: the round is the first one's again
             ev.reset(0).unwrap();
             let all: Vec<usize> = (0..60).collect();
-            assert_eq!(core_round(&mut ev, &s, &all, 40), first, "{preset:?}");
+            assert_eq!(core_round(&mut ev, &s, &all, 40, 1), first, "{preset:?}");
         }
         let same = kept[0] == kept[1];
         match budget {

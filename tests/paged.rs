@@ -338,7 +338,7 @@ fn paged_equals_contiguous_for_every_scorer_layout_and_granularity() {
             }
         }
     }
-    assert_eq!(checked, 2 * 6 * 10 * 4);
+    assert_eq!(checked, 2 * 6 * 11 * 4);
 }
 
 /// Select, then compact both the contiguous rows (`compact_in_place`) and a copy of the

@@ -17,9 +17,16 @@ fi
 for p in "$fork/src/include/llama.h" "$fork/build/bin"; do
     [ -e "$p" ] || { echo "build.sh: no built fork at $fork (missing $p): run llama_fork/build.sh" >&2; exit 1; }
 done
+# a fork built against the pristine build's shared ggml (LLAMA_USE_SYSTEM_GGML, llama_fork/build.sh) has no
+# libggml* in its build/bin: link and rpath the folder libllama itself loads them from
+ggml=$fork/build/bin
+if ! ls "$ggml"/libggml-base.so* >/dev/null 2>&1; then
+    ggml=$(ldd "$fork/build/bin/libllama.so" | sed -n 's|.*libggml-base\.so[^ ]* => \(.*\)/libggml-base\.so.*|\1|p' | head -1)
+    [ -n "$ggml" ] || { echo "build.sh: libllama of $fork loads no libggml-base" >&2; exit 1; }
+fi
 out=${KVEVICT_DECODE_OUT:-$root/build/decode/kvevict_decode_bench}
 mkdir -p "$(dirname "$out")"
 ${CXX:-g++} -O2 -std=c++17 -Wall -Wextra -I"$fork/src/include" -I"$fork/src/ggml/include" \
-    "$root/eval/decode/kvevict_decode_bench.cpp" -L"$fork/build/bin" -lllama -lggml -lggml-base \
-    -Wl,-rpath,"$fork/build/bin" -o "$out"
+    "$root/eval/decode/kvevict_decode_bench.cpp" -L"$fork/build/bin" -L"$ggml" -lllama -lggml -lggml-base \
+    -Wl,-rpath,"$fork/build/bin" -Wl,-rpath,"$ggml" -o "$out"
 echo "KVEVICT_DECODE_BIN=$out"

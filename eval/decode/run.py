@@ -32,9 +32,9 @@ import chat  # noqa: E402
 import corpus  # noqa: E402
 
 # every decode-time method the fork accepts (llama_kv_evict_method_names), plus the references
-FORK_METHODS = ["streamingllm", "knorm", "tova", "tova-decay", "uniqueness", "laprox-span", "snapkv", "lava", "laprox",
+FORK_METHODS = ["streamingllm", "knorm", "tova", "tova-decay", "h2o", "uniqueness", "laprox-span", "snapkv", "lava", "laprox",
                 "snapkv-kvpress"]
-DEFAULT_METHODS = ["ctxshift", "streamingllm", "tova", "tova-decay", "knorm", "uniqueness", "laprox-span"]
+DEFAULT_METHODS = ["ctxshift", "streamingllm", "tova", "tova-decay", "h2o", "knorm", "uniqueness", "laprox-span"]
 OUT = os.path.join(ROOT, "docs", "results", "decode")
 _lock = threading.Lock()
 

@@ -43,7 +43,7 @@ class EvictorTests(unittest.TestCase):
     def test_every_preset_equals_select_kept(self):
         self.assertEqual(kve.PRESET_NAMES, ("snapkv", "snapkv-kvpress", "lava", "laprox",
                                             "laprox-span", "criticalkv", "streamingllm", "knorm",
-                                            "tova", "uniqueness", "tova-decay"))
+                                            "tova", "uniqueness", "tova-decay", "h2o"))
         for name in kve.PRESET_NAMES:
             for ratio in (0.3, 0.7):
                 ev = evictor(name, keep_ratio=ratio, min_keep=0)

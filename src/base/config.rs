@@ -192,6 +192,11 @@ c_enum! {
         /// Decode-time (design §3c): TOVA's scoring; under a cell budget the evictor
         /// carries each kept cell's score into the next round at decay 0.3.
         TovaDecay = 10 => "TOVA_DECAY",
+        /// Decode-time (design §3c): H2O's accumulated attention — the window queries'
+        /// attention averaged over queries and a group's heads, unpooled, w = 32 (a
+        /// 128-cell budget's ubatch: every decoded query is read once); under a cell
+        /// budget the evictor carries each kept cell's score into the next round.
+        H2o = 11 => "H2O",
     }
 }
 
@@ -256,6 +261,10 @@ impl ScoreConfig {
             Preset::Uniqueness => ScoreConfig {
                 scorer: ScorerKind::Uniqueness,
                 window: 8,
+                pool: Pool::NONE,
+                ..base
+            },
+            Preset::H2o => ScoreConfig {
                 pool: Pool::NONE,
                 ..base
             },

@@ -26,7 +26,7 @@
 //!   layer passed: on any error the context is as it was (the workspace aside).
 //! - CriticalKV without explicit score parameters gets kvpress's first stage for the
 //!   round's budget, as `select_kept` in Python does.
-//! - Under a cell budget a preset with a decode-time decay (`tova-decay`) ranks each cell by
+//! - Under a cell budget a preset with a decode-time decay (`tova-decay`, `h2o`) ranks each cell by
 //!   its round score plus the decayed score it had when last kept (`carry.rs`, design §3c);
 //!   a round abandoned after `select` forgets the memory (its cells are renumbered there).
 
