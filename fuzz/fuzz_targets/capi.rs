@@ -2137,13 +2137,13 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
     } else {
         KVE_EVICTOR_CONFIG_V2_SIZE
     };
-    if kve_evictor_config_init(&mut c, size, r.enum_val(10)) != KVE_OK {
+    if kve_evictor_config_init(&mut c, size, r.enum_val(kve_preset_count())) != KVE_OK {
         c.struct_size = size;
     }
     if size == KVE_EVICTOR_CONFIG_V2_SIZE {
         (c.paged, c.paged_dtype) = (r.u8() as u32 % 3, r.enum_val(5));
     }
-    c.preset = r.enum_val(10);
+    c.preset = r.enum_val(kve_preset_count());
     (c.layers, c.hq, c.hkv) = (r.size(4), r.size(8), r.size(4));
     (c.dk, c.dv, c.d_model) = (r.size(16), r.size(16), r.size(16));
     (c.max_cells, c.max_seqs) = (r.size(96), r.size(3));
@@ -2169,7 +2169,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
     if sane {
         // a small valid model and budget (arbitrary ones are almost always refused at
         // init, and the calls after it are the point)
-        c.preset = r.u8() as u32 % 10;
+        c.preset = r.u8() as u32 % kve_preset_count();
         c.hkv = 1 + r.u8() as u64 % 2;
         c.hq = c.hkv * (1 + r.u8() as u64 % 2);
         (c.layers, c.dk) = (1 + r.u8() as u64 % 2, 4 << (r.u8() % 2));
