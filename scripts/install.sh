@@ -10,7 +10,8 @@
 #              KVEVICT_FEATURES (e.g. "cuda"), CARGO_TARGET_DIR (as cargo reads it),
 #              KVEVICT_INSTALL_FROM (a folder holding libkvevict.a and libkvevict.so that a
 #              cargo build already made: those are installed and cargo is not run; the
-#              profile and features are then that build's. tests/c_examples.rs passes its
+#              profile is then that build's, and KVEVICT_FEATURES must name its features
+#              (they decide the static link line). tests/c_examples.rs passes its
 #              own build's, so the test compiles the library once, not a second time).
 set -euo pipefail
 
@@ -45,6 +46,8 @@ fi
 
 # libraries the static archive needs (rustc --print native-static-libs on Linux)
 static_libs="-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
+# the CUDA builds (cuda, cuda-emu) bundle C++ objects (the launchers, cudart_static or the emulator)
+case " ${features//,/ } " in *" cuda "* | *" cuda-emu "*) static_libs="-lstdc++ $static_libs" ;; esac
 
 install -d "$prefix/include" "$prefix/lib/pkgconfig" "$prefix/lib/cmake/kvevict"
 install -m 644 "$root/include/kvevict.h" "$prefix/include/kvevict.h"

@@ -263,6 +263,11 @@ fn install_and_cmake_consumer() {
         .arg(root().join("scripts/install.sh"))
         .arg(&prefix)
         .env("KVEVICT_INSTALL_FROM", lib_dir());
+    if cfg!(feature = "cuda-emu") {
+        install.env("KVEVICT_FEATURES", "cuda-emu");
+    } else if cfg!(feature = "cuda") {
+        install.env("KVEVICT_FEATURES", "cuda");
+    }
     run(&mut install);
     for f in [
         "include/kvevict.h",
