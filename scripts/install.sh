@@ -7,7 +7,12 @@
 #
 # Usage: scripts/install.sh PREFIX
 # Environment: KVEVICT_PROFILE (cargo profile, default release),
-#              KVEVICT_FEATURES (e.g. "cuda"), CARGO_TARGET_DIR (as cargo reads it).
+#              KVEVICT_FEATURES (e.g. "cuda"), CARGO_TARGET_DIR (as cargo reads it),
+#              KVEVICT_INSTALL_FROM (a folder holding libkvevict.a and libkvevict.so that a
+#              cargo build already made: those are installed and cargo is not run; the
+#              profile is then that build's, and KVEVICT_FEATURES must name its features
+#              (they decide the static link line). tests/c_examples.rs passes its
+#              own build's, so the test compiles the library once, not a second time).
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -21,20 +26,28 @@ profile=${KVEVICT_PROFILE:-release}
 features=${KVEVICT_FEATURES:-}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)
 
-args=(build --lib --manifest-path "$root/Cargo.toml" --profile "$profile")
-if [ -n "$features" ]; then
-    args+=(--features "$features")
-fi
-cargo "${args[@]}"
+if [ -n "${KVEVICT_INSTALL_FROM:-}" ]; then
+    out=$KVEVICT_INSTALL_FROM
+    [ -f "$out/libkvevict.a" ] && [ -f "$out/libkvevict.so" ] ||
+        { echo "install.sh: no libkvevict.a and libkvevict.so in KVEVICT_INSTALL_FROM=$out" >&2; exit 1; }
+else
+    args=(build --lib --manifest-path "$root/Cargo.toml" --profile "$profile")
+    if [ -n "$features" ]; then
+        args+=(--features "$features")
+    fi
+    cargo "${args[@]}"
 
-target_dir=${CARGO_TARGET_DIR:-$root/target}
-case "$profile" in
-    dev) out="$target_dir/debug" ;;
-    *) out="$target_dir/$profile" ;;
-esac
+    target_dir=${CARGO_TARGET_DIR:-$root/target}
+    case "$profile" in
+        dev) out="$target_dir/debug" ;;
+        *) out="$target_dir/$profile" ;;
+    esac
+fi
 
 # libraries the static archive needs (rustc --print native-static-libs on Linux)
 static_libs="-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
+# the CUDA builds (cuda, cuda-emu) bundle C++ objects (the launchers, cudart_static or the emulator)
+case " ${features//,/ } " in *" cuda "* | *" cuda-emu "*) static_libs="-lstdc++ $static_libs" ;; esac
 
 install -d "$prefix/include" "$prefix/lib/pkgconfig" "$prefix/lib/cmake/kvevict"
 install -m 644 "$root/include/kvevict.h" "$prefix/include/kvevict.h"
@@ -48,4 +61,4 @@ sed -e "s|@STATIC_LIBS@|$static_libs|g" \
 sed -e "s|@VERSION@|$version|g" \
     "$root/cmake/kvevictConfigVersion.cmake.in" > "$prefix/lib/cmake/kvevict/kvevictConfigVersion.cmake"
 
-echo "installed kvevict $version ($profile) to $prefix"
+echo "installed kvevict $version (${KVEVICT_INSTALL_FROM:-$profile}) to $prefix"

@@ -10,39 +10,26 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn features() -> Vec<&'static str> {
-    if cfg!(feature = "cuda-emu") {
-        vec!["--features", "cuda-emu"]
-    } else if cfg!(feature = "cuda") {
-        vec!["--features", "cuda"]
-    } else {
-        vec![]
-    }
-}
-
-/// `cargo build --lib` (dev profile) once; the directory holding libkvevict.{a,so}.
+/// The folder holding libkvevict.a and libkvevict.so of the cargo invocation that built this
+/// test: cargo builds the library's every crate type (rlib, staticlib, cdylib) beside the test
+/// binaries, in `target/<profile>/deps`, with this test's features. Linking those (instead of
+/// running `cargo build --lib` again, which compiled the whole crate a second time in another
+/// profile, ~100 s of CPU per feature set in scripts/test.sh) tests the same library. A library
+/// of other features left there by a later build would fail `cuda_device`, which checks the
+/// CUDA line against this test's features.
 fn lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = Command::new(cargo)
-            .current_dir(root())
-            .args(["build", "--lib", "--message-format=json"])
-            .args(features())
-            .output()
-            .expect("run cargo build");
-        assert!(
-            out.status.success(),
-            "cargo build --lib failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // find the uplifted libkvevict.a among the artifact messages
-        let text = String::from_utf8_lossy(&out.stdout);
-        let a = text
-            .split('"')
-            .find(|s| s.ends_with("/libkvevict.a") && !s.contains("/deps/"))
-            .expect("libkvevict.a in cargo's output");
-        Path::new(a).parent().unwrap().to_path_buf()
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let dir = exe.parent().expect("the test binary's folder").to_path_buf();
+        for f in ["libkvevict.a", "libkvevict.so"] {
+            assert!(
+                dir.join(f).is_file(),
+                "no {f} beside the test binary in {} (cargo builds the library's crate types there)",
+                dir.display()
+            );
+        }
+        dir
     })
 }
 
@@ -270,12 +257,12 @@ fn find_cmake() -> Option<PathBuf> {
 #[test]
 fn install_and_cmake_consumer() {
     let prefix = tmp("prefix");
-    // the dev profile keeps the test fast; the script is the same for release
+    // the libraries this test links (lib_dir): install.sh installs them as they are
     let mut install = Command::new("bash");
     install
         .arg(root().join("scripts/install.sh"))
         .arg(&prefix)
-        .env("KVEVICT_PROFILE", "dev");
+        .env("KVEVICT_INSTALL_FROM", lib_dir());
     if cfg!(feature = "cuda-emu") {
         install.env("KVEVICT_FEATURES", "cuda-emu");
     } else if cfg!(feature = "cuda") {

@@ -11,6 +11,8 @@ cd "$(dirname "$0")/../.."
 CUDA_ROOT=$(bash cuda/install_nvcc.sh)
 export NVCC="$CUDA_ROOT/bin/nvcc"
 echo "nvcc: $("$NVCC" --version | tail -n 1)"
-cargo build --release --features cuda 2>&1 | tail -n 3
+# (no separate `cargo build --release --features cuda` first: cargo test builds the library's
+# every crate type, rlib, staticlib and cdylib, with the kernels linked in, and c_examples links
+# the C examples against those; the separate build compiled the crate once more, for panic=abort)
 cargo test --release --features cuda --test device --test capi_cuda --test c_examples --test capi_cuda_links -- --nocapture 2>&1 | grep -E "skipped|^test |test result|panicked|error" 
 bash cuda/ptx_check.sh

@@ -34,5 +34,9 @@ export KVEVICT_LLAMA_MODEL="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
 eval "$(bash scripts/setup_llama.sh | grep '^KVEVICT_LLAMA_GEMMA=')"
 export KVEVICT_FORK_BIN KVEVICT_FORK_EMU_LIB KVEVICT_LLAMA_GEMMA KVEVICT_FORK_REQUIRED=1
 
-cargo test --release --test llama_fork -- --nocapture --test-threads 1 2>&1
+# two tests at once, each model process on one thread (KVEVICT_FORK_THREADS: `-t 1 -tb 1` after a
+# test's own arguments): the 2 cores stay busy through each test's single-threaded parts. Each
+# test's output is printed whole when it passes (--show-output), not interleaved
+export KVEVICT_FORK_THREADS=${KVEVICT_FORK_THREADS:-1}
+cargo test --release --test llama_fork -- --show-output --test-threads "${KVEVICT_FORK_TEST_THREADS:-2}" 2>&1
 echo "llama fork step: $(( $(date +%s) - t0 )) s"

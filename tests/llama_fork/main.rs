@@ -89,8 +89,33 @@ fn setup() -> Option<Setup> {
     }
 }
 
+/// `-t N -tb N` with `KVEVICT_FORK_THREADS=N`, nothing without: appended after a test's own
+/// arguments (the last `-t` counts), so every llama-kvevict-needle, llama-cli and llama-server
+/// that runs a model uses N threads. scripts/test.d/60-llama-fork.sh sets 1 and runs two tests at
+/// once (`--test-threads 2`): on 2 cores that keeps both busy through each test's single-threaded
+/// parts (model load, kvevict's scoring, the emulator, HTTP turns, decode's per-token barriers);
+/// ggml's CPU results do not depend on the thread count (each row is one thread's).
+fn thread_args() -> Vec<String> {
+    match std::env::var("KVEVICT_FORK_THREADS") {
+        Ok(n) if !n.is_empty() => {
+            assert!(
+                n.parse::<u32>().is_ok_and(|n| n > 0),
+                "KVEVICT_FORK_THREADS={n}"
+            );
+            vec!["-t".into(), n.clone(), "-tb".into(), n]
+        }
+        _ => Vec::new(),
+    }
+}
+
 fn needle(s: &Setup, args: &[&str]) -> Row {
-    let mut rows = result_row::run_rows(&s.bin.join("llama-kvevict-needle"), &s.model, args);
+    let threads = thread_args();
+    let args: Vec<&str> = args
+        .iter()
+        .copied()
+        .chain(threads.iter().map(String::as_str))
+        .collect();
+    let mut rows = result_row::run_rows(&s.bin.join("llama-kvevict-needle"), &s.model, &args);
     assert_eq!(rows.len(), 1, "one RESULT line");
     rows.remove(0)
 }
@@ -113,7 +138,11 @@ fn needle_path(
     args: &[&str],
 ) -> (Option<Row>, String, bool) {
     let mut c = Command::new(s.bin.join("llama-kvevict-needle"));
-    c.arg("-m").arg(&s.model).args(args).arg("-v");
+    c.arg("-m")
+        .arg(&s.model)
+        .args(args)
+        .args(thread_args())
+        .arg("-v");
     if let Some(lib) = lib {
         c.env("LD_LIBRARY_PATH", lib);
     }
@@ -286,6 +315,7 @@ fn start_server_with(
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(np.map(|n| ["-np", n]).iter().flatten())
             .args(args)
+            .args(thread_args())
             .args(if trace { &["-lv", "4"][..] } else { &[][..] })
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -508,6 +508,7 @@ fn cli_compresses_once_after_the_prompt() {
             "-lv",
             "4",
         ])
+        .args(thread_args())
         .stdin(std::process::Stdio::null())
         .output()
         .expect("run llama-cli");
