@@ -356,7 +356,10 @@ fn enums_out_of_range() {
     expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
     unsafe {
         let mut p = std::mem::zeroed::<kve_score_params>();
-        expect!(kve_score_params_init(&mut p, 48, 11), KVE_ERR_BAD_ENUM);
+        expect!(
+            kve_score_params_init(&mut p, 48, kve_preset_count()),
+            KVE_ERR_BAD_ENUM
+        );
         assert_eq!(p.struct_size, 0);
         let mut s = std::mem::zeroed::<kve_select_params>();
         expect!(
