@@ -221,18 +221,22 @@ struct Model {
     size_t b_win = 0, b_stats = 0, b_sel = 0, b_cmp = 0, b_uniq = 0;
     int64_t keep = 0;
 
-    kve_cuda_view kv(__nv_bfloat16* base, int l) const {
+    // A contiguous bf16 [heads][tokens][d] view at `data`.
+    kve_cuda_view view(__nv_bfloat16* data, int heads, int64_t tokens) const {
         kve_cuda_view v;
-        v.data = base + (size_t)l * hkv * n * d;
+        v.data = data;
         v.dtype = KVE_CUDA_BF16;
         v.reserved = 0;
-        v.stride_head = n * d;
+        v.stride_head = tokens * d;
         v.stride_token = d;
         v.stride_dim = 1;
-        v.heads = hkv;
-        v.tokens = n;
+        v.heads = heads;
+        v.tokens = tokens;
         v.dim = d;
         return v;
+    }
+    kve_cuda_view kv(__nv_bfloat16* base, int l) const {
+        return view(base + (size_t)l * hkv * n * d, hkv, n);
     }
     // K and V of every layer with the layer's kept lists (kept_ld = p).
     std::vector<kve_cuda_compact_item> compact_items() const {
@@ -248,19 +252,7 @@ struct Model {
             }
         return items;
     }
-    kve_cuda_view qv(int l) const {
-        kve_cuda_view v;
-        v.data = Q + (size_t)l * hq * w * d;
-        v.dtype = KVE_CUDA_BF16;
-        v.reserved = 0;
-        v.stride_head = (int64_t)w * d;
-        v.stride_token = d;
-        v.stride_dim = 1;
-        v.heads = hq;
-        v.tokens = w;
-        v.dim = d;
-        return v;
-    }
+    kve_cuda_view qv(int l) const { return view(Q + (size_t)l * hq * w * d, hq, w); }
 };
 
 // stage masks

@@ -44,15 +44,7 @@ struct View {
 };
 
 static inline View to_view(const kve_cuda_view& v) {
-    View r;
-    r.data = v.data;
-    r.sh = v.stride_head;
-    r.st = v.stride_token;
-    r.sd = v.stride_dim;
-    r.heads = v.heads;
-    r.tokens = v.tokens;
-    r.dim = v.dim;
-    return r;
+    return View{v.data, v.stride_head, v.stride_token, v.stride_dim, v.heads, v.tokens, v.dim};
 }
 
 template <typename T>
@@ -87,6 +79,28 @@ __device__ __forceinline__ uint32_t float_key(float f) {
     if (f == 0.0f) f = 0.0f;  // -0 -> +0
     uint32_t u = __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// ----------------------------------------------------- block compaction --
+// One chunk of an order-keeping block-wide compaction (NT threads, `wcount` NT / 32
+// shared ints): the threads whose `keep` is set write `i` to `out[base + their rank]`,
+// ranked by thread; returns how many the block kept. Ends on a barrier, so `wcount` may
+// be reused by the next chunk.
+template <int NT>
+__device__ __forceinline__ int block_compact(bool keep, int64_t i, int32_t* out, int64_t base,
+                                             int* wcount) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned bal = __ballot_sync(0xffffffffu, keep);
+    if (lane == 0) wcount[warp] = __popc(bal);
+    __syncthreads();
+    int off = 0, tot = 0;
+    for (int w = 0; w < NT / 32; ++w) {
+        if (w < warp) off += wcount[w];
+        tot += wcount[w];
+    }
+    if (keep) out[base + off + __popc(bal & ((1u << lane) - 1u))] = (int32_t)i;
+    __syncthreads();
+    return tot;
 }
 
 // -------------------------------------------------------------- reductions --

@@ -32,32 +32,28 @@ __device__ __forceinline__ float link_cos(float dot, float sq, float psq) {
 
 // Channels c .. c+7 of a row as f32 from 16-byte loads (rows contiguous and 16-byte
 // aligned): the values of to_f32, 8 (f16/bf16) or 2 x 4 (f32) per load.
-template <typename T> __device__ __forceinline__ void load8(const T* p, float* x);
+__device__ __forceinline__ float2 pair_f32(__half2 h) { return __half22float2(h); }
+__device__ __forceinline__ float2 pair_f32(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+template <typename T> struct Pair;  // two T in one 32-bit word
+template <> struct Pair<__half> { using type = __half2; };
+template <> struct Pair<__nv_bfloat16> { using type = __nv_bfloat162; };
+
+// f16 / bf16: the 4 pairs of one load.
+template <typename T> __device__ __forceinline__ void load8(const T* p, float* x) {
+    const uint4 a = ldg16(p);
+    const typename Pair<T>::type* h = reinterpret_cast<const typename Pair<T>::type*>(&a);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 f = pair_f32(h[i]);
+        x[2 * i] = f.x;
+        x[2 * i + 1] = f.y;
+    }
+}
 template <> __device__ __forceinline__ void load8<float>(const float* p, float* x) {
     const uint4 a = ldg16(p), b = ldg16(p + 4);
     const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int l = 0; l < 8; ++l) x[l] = __uint_as_float(w[l]);
-}
-template <> __device__ __forceinline__ void load8<__half>(const __half* p, float* x) {
-    const uint4 a = ldg16(p);
-    const __half2* h = reinterpret_cast<const __half2*>(&a);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(h[i]);
-        x[2 * i] = f.x;
-        x[2 * i + 1] = f.y;
-    }
-}
-template <> __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* p, float* x) {
-    const uint4 a = ldg16(p);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&a);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(h[i]);
-        x[2 * i] = f.x;
-        x[2 * i + 1] = f.y;
-    }
 }
 
 // vec: rows contiguous (stride_dim 1), dv a multiple of 8 and every row 16-byte aligned.

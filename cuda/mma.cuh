@@ -95,38 +95,12 @@ template <typename T> struct MM<T, true> {
 
 // ------------------------------------------------------------- SIMT f32 --
 template <> struct MM<float, false> {
-    template <int KD>
-    __device__ static void abt(float* C, int ldc, const float* A, int lda, const float* B,
-                               int ldb, int M, int N) {
-        const int tm = M / 4, tn = N / 4;
-        for (int t = threadIdx.x; t < tm * tn; t += blockDim.x) {
-            const int m0 = (t / tn) * 4, n0 = (t % tn) * 4;
-            float acc[4][4];
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) acc[r][c] = 0.0f;
-#pragma unroll 4
-            for (int k = 0; k < KD; ++k) {
-                float a[4], b[4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) a[r] = A[(m0 + r) * lda + k];
-#pragma unroll
-                for (int c = 0; c < 4; ++c) b[c] = B[(n0 + c) * ldb + k];
-#pragma unroll
-                for (int r = 0; r < 4; ++r)
-#pragma unroll
-                    for (int c = 0; c < 4; ++c) acc[r][c] = fmaf(a[r], b[c], acc[r][c]);
-            }
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-#pragma unroll
-                for (int c = 0; c < 4; ++c) C[(m0 + r) * ldc + n0 + c] = acc[r][c];
-        }
-    }
-    template <int KD>
-    __device__ static void ab(float* C, int ldc, const float* A, int lda, const float* B1,
-                              const float* B2, int ldb, int M, int N, int k_begin = 0) {
+    // C[M x N] = A[M x KD] · B where load_b(k, n) is B's element (k, n), the inner
+    // dimension from k_begin: a thread a 4x4 tile, each element its FMA chain over k in
+    // order. M, N multiples of 4.
+    template <int KD, class LoadB>
+    __device__ static void tiles(float* C, int ldc, const float* A, int lda, int M, int N,
+                                 int k_begin, LoadB load_b) {
         const int tm = M / 4, tn = N / 4;
         for (int t = threadIdx.x; t < tm * tn; t += blockDim.x) {
             const int m0 = (t / tn) * 4, n0 = (t % tn) * 4;
@@ -141,8 +115,7 @@ template <> struct MM<float, false> {
 #pragma unroll
                 for (int r = 0; r < 4; ++r) a[r] = A[(m0 + r) * lda + k];
 #pragma unroll
-                for (int c = 0; c < 4; ++c)
-                    b[c] = B1[k * ldb + n0 + c] + (B2 ? B2[k * ldb + n0 + c] : 0.0f);
+                for (int c = 0; c < 4; ++c) b[c] = load_b(k, n0 + c);
 #pragma unroll
                 for (int r = 0; r < 4; ++r)
 #pragma unroll
@@ -153,6 +126,18 @@ template <> struct MM<float, false> {
 #pragma unroll
                 for (int c = 0; c < 4; ++c) C[(m0 + r) * ldc + n0 + c] = acc[r][c];
         }
+    }
+    template <int KD>
+    __device__ static void abt(float* C, int ldc, const float* A, int lda, const float* B,
+                               int ldb, int M, int N) {
+        tiles<KD>(C, ldc, A, lda, M, N, 0, [=](int k, int n) { return B[n * ldb + k]; });
+    }
+    template <int KD>
+    __device__ static void ab(float* C, int ldc, const float* A, int lda, const float* B1,
+                              const float* B2, int ldb, int M, int N, int k_begin = 0) {
+        tiles<KD>(C, ldc, A, lda, M, N, k_begin, [=](int k, int n) {
+            return B1[k * ldb + n] + (B2 ? B2[k * ldb + n] : 0.0f);
+        });
     }
 };
 

@@ -100,18 +100,8 @@ bool paged_ok(const kve_cuda_paged* p) {
 }
 
 Pg to_pg(const kve_cuda_paged& p) {
-    Pg r;
-    r.data = static_cast<unsigned char*>(p.data);
-    r.offset = p.offset;
-    r.num_blocks = p.num_blocks;
-    r.block_size = p.block_size;
-    r.sb = p.stride_block;
-    r.ss = p.stride_slot;
-    r.sh = p.stride_head;
-    r.sd = p.stride_dim;
-    r.heads = p.heads;
-    r.dim = p.dim;
-    return r;
+    return Pg{static_cast<unsigned char*>(p.data), p.offset, p.num_blocks, p.block_size,
+              p.stride_block, p.stride_slot, p.stride_head, p.stride_dim, p.heads, p.dim};
 }
 
 dim3 rows_grid(int64_t rows, int64_t heads) {

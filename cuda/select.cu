@@ -230,24 +230,13 @@ __global__ void __launch_bounds__(SEL_NT, 4)
     }
     __syncthreads();
     const double sum = row_sum(a, r);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int32_t* out = idx + r * idx_ld;
     int64_t base = s_base;
     const int64_t lo = c * clen, hi = min(a.n, lo + clen);
     for (int64_t i0 = lo; i0 < hi; i0 += SEL_NT) {
         const int64_t i = i0 + threadIdx.x;
         const bool keep = i < hi && sel_keep(a, s, r, grp, i, sum);
-        const unsigned bal = __ballot_sync(0xffffffffu, keep);
-        if (lane == 0) wcount[warp] = __popc(bal);
-        __syncthreads();
-        int off = 0, tot = 0;
-        for (int w = 0; w < SEL_NT / 32; ++w) {
-            if (w < warp) off += wcount[w];
-            tot += wcount[w];
-        }
-        if (keep) out[base + off + __popc(bal & ((1u << lane) - 1u))] = (int32_t)i;
-        base += tot;
-        __syncthreads();
+        base += block_compact<SEL_NT>(keep, i, out, base, wcount);
     }
     if (threadIdx.x == 0 && c == chunks - 1) counts[r] = (int32_t)base;
 }

@@ -64,23 +64,12 @@ __global__ void __launch_bounds__(SH_NT)
     __shared__ int wcount[SH_NT / 32];
     const int64_t r = blockIdx.x;
     const float sc = sh_scale(a, r);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int32_t* out = idx + r * idx_ld;
     int64_t base = 0;
     for (int64_t i0 = 0; i0 < a.n; i0 += SH_NT) {
         const int64_t i = i0 + threadIdx.x;
         const bool keep = i < a.n && sh_key(a, r, i, sc) >= thr;
-        const unsigned bal = __ballot_sync(0xffffffffu, keep);
-        if (lane == 0) wcount[warp] = __popc(bal);
-        __syncthreads();
-        int off = 0, tot = 0;
-        for (int w = 0; w < SH_NT / 32; ++w) {
-            if (w < warp) off += wcount[w];
-            tot += wcount[w];
-        }
-        if (keep) out[base + off + __popc(bal & ((1u << lane) - 1u))] = (int32_t)i;
-        base += tot;
-        __syncthreads();
+        base += block_compact<SH_NT>(keep, i, out, base, wcount);
     }
     if (threadIdx.x == 0) counts[r] = (int32_t)base;
 }

@@ -204,22 +204,11 @@ __global__ void __launch_bounds__(UQ_LIST_NT)
                      int32_t* __restrict__ count) {
     const int64_t h = blockIdx.y;
     __shared__ int warp_sum[UQ_LIST_NT / 32];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int64_t base = 0;
     for (int64_t c0 = 0; c0 < n; c0 += UQ_LIST_NT) {
         const int64_t i = c0 + threadIdx.x;
         const bool open = i < n && floor[h * n + i] < UQ_CUTOFF;
-        const unsigned bal = __ballot_sync(0xffffffffu, open);
-        if (lane == 0) warp_sum[warp] = __popc(bal);
-        __syncthreads();
-        int before = 0, total = 0;
-        for (int w = 0; w < UQ_LIST_NT / 32; ++w) {
-            before += w < warp ? warp_sum[w] : 0;
-            total += warp_sum[w];
-        }
-        if (open) list[h * n + base + before + __popc(bal & ((1u << lane) - 1u))] = (int32_t)i;
-        base += total;
-        __syncthreads();  // warp_sum is rewritten by the next chunk
+        base += block_compact<UQ_LIST_NT>(open, i, list + h * n, base, warp_sum);
     }
     if (threadIdx.x == 0) count[h] = (int32_t)base;
 }

@@ -66,6 +66,27 @@ __host__ __device__ inline WinSmem win_smem(int rcp, int n_items, int kbufs) {
     return o;
 }
 
+// The buffers at win_smem's offsets in the dynamic shared memory `smem` (both passes):
+// Q, the two K tiles (one where kbufs = 1), logits, row max, row sum (pass 1) or its
+// inverse (pass 2), pass 2's accumulators and its pair tables.
+template <typename T> struct WinBufs {
+    T* q;
+    T* k0;
+    T* k1;
+    float* s;
+    float* rm;
+    float* rl;
+    float* acc;
+    unsigned char* pairs;
+};
+template <typename T>
+__device__ inline WinBufs<T> win_bufs(unsigned char* smem, const WinSmem& L) {
+    return {reinterpret_cast<T*>(smem + L.q),    reinterpret_cast<T*>(smem + L.k),
+            reinterpret_cast<T*>(smem + L.k2),   reinterpret_cast<float*>(smem + L.s),
+            reinterpret_cast<float*>(smem + L.rm), reinterpret_cast<float*>(smem + L.rl),
+            reinterpret_cast<float*>(smem + L.acc), smem + L.pairs};
+}
+
 // Pass 2's per-key accumulators: the g column sums when mean or group is asked for,
 // then the squared sums (l2) or all g(g+1)/2 cross products (cross).
 __host__ __device__ inline int win_items(int g, bool cross, bool want_sum, bool want_sq) {
@@ -182,12 +203,7 @@ __global__ void __launch_bounds__(WIN_NT, 1) window_pass1(WinArgs a, float2* __r
     using C = WinCfg<T, DKP>;
     extern __shared__ __align__(128) unsigned char smem[];
     const WinSmem L = win_smem<T, DKP>(a.rcp, 0, a.kbufs);
-    T* Qs = reinterpret_cast<T*>(smem + L.q);
-    T* const K0 = reinterpret_cast<T*>(smem + L.k);
-    T* const K1 = reinterpret_cast<T*>(smem + L.k2);
-    float* S = reinterpret_cast<float*>(smem + L.s);
-    float* rm = reinterpret_cast<float*>(smem + L.rm);
-    float* rl = reinterpret_cast<float*>(smem + L.rl);
+    [[maybe_unused]] const auto [Qs, K0, K1, S, rm, rl, acc, pairs] = win_bufs<T>(smem, L);
 
     const int hk = blockIdx.y;
     const int split = blockIdx.x;
@@ -288,14 +304,7 @@ __global__ void __launch_bounds__(WIN_NT)
     const int nsum = o.want_sum ? g : 0;
     const int n_items = win_items(g, o.cross_on != 0, o.want_sum != 0, o.want_sq != 0);
     const WinSmem L = win_smem<T, DKP>(a.rcp, n_items, a.kbufs);
-    T* Qs = reinterpret_cast<T*>(smem + L.q);
-    T* const K0 = reinterpret_cast<T*>(smem + L.k);
-    T* const K1 = reinterpret_cast<T*>(smem + L.k2);
-    float* S = reinterpret_cast<float*>(smem + L.s);
-    float* rm = reinterpret_cast<float*>(smem + L.rm);
-    float* ri = reinterpret_cast<float*>(smem + L.rl);
-    float* acc = reinterpret_cast<float*>(smem + L.acc);
-    unsigned char* pa = smem + L.pairs;
+    const auto [Qs, K0, K1, S, rm, ri, acc, pa] = win_bufs<T>(smem, L);
     unsigned char* pb = pa + WIN_MAX_PAIRS;
 
     const int hk = blockIdx.y;

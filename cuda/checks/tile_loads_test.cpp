@@ -63,6 +63,9 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float x) {
 }
 static inline float __shfl_xor_sync(unsigned, float, int) { unused("__shfl_xor_sync"); }
 static inline double __shfl_xor_sync(unsigned, double, int) { unused("__shfl_xor_sync"); }
+static inline unsigned __ballot_sync(unsigned, int) { unused("__ballot_sync"); }
+static inline int __popc(unsigned) { unused("__popc"); }
+static inline void __syncthreads() { unused("__syncthreads"); }
 static inline unsigned __float_as_uint(float f) {
     unsigned u;
     memcpy(&u, &f, 4);
