@@ -44,7 +44,7 @@ use {
     crate::error::Error,
     crate::score::LayerShape,
     crate::shape::ModelShape,
-    imp::{select_args, tensor, write},
+    imp::{tensor, write},
 };
 
 /// Number of CUDA devices the library can use; 0 (and `KVE_OK`) when there is no device
@@ -186,23 +186,10 @@ pub unsafe extern "C" fn kve_cuda_select_model(
     stream: *mut c_void,
 ) -> i32 {
     cuda_only!({
-        // SAFETY: NULL or the caller's host structs (checked there).
-        let (cfg, m, shape, lists) =
-            tri!(unsafe { select_args(params, scores, counts, counts_len, idx, idx_ld, idx_len) });
-        // SAFETY: scores, lists and workspace are device memory of the declared sizes (this
-        // function's contract); the pipeline checks them before any launch.
-        to_status(unsafe {
-            device::select_model(
-                &cfg,
-                &shape,
-                m.scores,
-                m.len,
-                &lists,
-                workspace,
-                workspace_bytes,
-                stream,
-            )
-        })
+        let lists = (counts, counts_len, idx, idx_ld, idx_len);
+        let ws = (workspace, workspace_bytes);
+        // SAFETY: the caller's pointers, passed on; `select_model` checks them.
+        to_status(unsafe { imp::select_model(params, scores, None, lists, ws, stream) })
     })
 }
 

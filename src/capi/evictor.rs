@@ -455,6 +455,29 @@ unsafe fn attach<'a>(ev: *const kve_evictor) -> Result<(Evictor<'a>, Span)> {
     Ok((e, Span(a, b)))
 }
 
+/// A scoring call's context and layer struct: the context attached, the struct read
+/// (`read_ext`: NULL, alignment, `struct_size`), its `reserved` field 0 (else
+/// `InvalidArgument`).
+///
+/// # Safety
+/// `ev` as [`attach`]'s; `views` NULL or the caller's struct.
+unsafe fn layer_call<'a, T: Extensible>(
+    ev: *const kve_evictor,
+    views: *const T,
+    first: u32,
+    defaults: T,
+    reserved: fn(&T) -> u32,
+) -> Result<(Evictor<'a>, Span, T)> {
+    // SAFETY: the caller's context; attach checks it.
+    let (e, ctx) = unsafe { attach(ev)? };
+    // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
+    let l = unsafe { read_ext(views, first, defaults)? };
+    if reserved(&l) != 0 {
+        return Err(Error::InvalidArgument);
+    }
+    Ok((e, ctx, l))
+}
+
 /// Write what an engine captures for `evictor`'s method into `out` (`struct_size`
 /// bytes: `KVE_EVICTOR_REQUIREMENTS_V1_SIZE`).
 #[no_mangle]
@@ -701,13 +724,10 @@ pub unsafe extern "C" fn kve_evictor_score_layer_paged(
     layer: u64,
     views: *const kve_evictor_paged_layer,
 ) -> i32 {
-    // SAFETY: the caller's context; attach checks it.
-    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
-    // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
-    let l = tri!(unsafe { read_ext(views, KVE_EVICTOR_PAGED_LAYER_V1_SIZE, NO_PAGED_LAYER) });
-    if l.reserved != 0 {
-        return super::KVE_ERR_INVALID_ARGUMENT;
-    }
+    let first = KVE_EVICTOR_PAGED_LAYER_V1_SIZE;
+    // SAFETY: the caller's context and struct; layer_call checks both.
+    let (mut ev, ctx, l) =
+        tri!(unsafe { layer_call(evictor, views, first, NO_PAGED_LAYER, |l| l.reserved) });
     let seq = tri!(to_usize(seq));
     let layer = tri!(to_usize(layer));
     // SAFETY: a struct on the stack, read from the caller's.
@@ -767,13 +787,12 @@ pub unsafe extern "C" fn kve_evictor_score_layer(
     layer: u64,
     views: *const kve_evictor_layer,
 ) -> i32 {
-    // SAFETY: the caller's context; attach checks it.
-    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
-    // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
-    let l = tri!(unsafe { read_ext(views, KVE_EVICTOR_LAYER_V1_SIZE, NO_LAYER) });
-    if l.reserved != 0 {
-        return super::KVE_ERR_INVALID_ARGUMENT;
-    }
+    // SAFETY: the caller's context and struct; layer_call checks both.
+    let (mut ev, ctx, l) = tri!(unsafe {
+        layer_call(evictor, views, KVE_EVICTOR_LAYER_V1_SIZE, NO_LAYER, |l| {
+            l.reserved
+        })
+    });
     let k = tri!(Tensor::new(&l.keys));
     let [v, q, wo] = [&l.values, &l.queries, &l.wo].map(Tensor::optional);
     let (v, q, wo) = (tri!(v), tri!(q), tri!(wo));

@@ -8,6 +8,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::gram;
 use crate::score::{LayerInputs, LayerShape};
+use crate::view::View;
 use core::ffi::c_void;
 
 /// The tensors of one layer, where the engine keeps them. Fill with
@@ -348,23 +349,43 @@ pub unsafe extern "C" fn kve_window_row_lse(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
-    let q = tri!(unsafe { Tensor::from_ptr(queries) });
-    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
-    let k = tri!(unsafe { Tensor::from_ptr(keys) });
+    let outs = (out, out_len, workspace, workspace_bytes);
+    // SAFETY: the caller's pointers, passed on; `two_tensors_into` checks each.
+    unsafe {
+        two_tensors_into([queries, keys], outs, |qv, kv, o, ws| {
+            crate::window_row_lse(qv, kv, window, o, ws)
+        })
+    }
+}
+
+/// A call that reads two tensors and writes `out` and the workspace
+/// (`kve_window_row_lse`, `kve_compute_value_l1`): the descriptors and buffers checked, no
+/// output over an input or over the other output, then `f(a, b, out, workspace)`.
+///
+/// # Safety
+/// Each tensor pointer is NULL or the caller's `kve_tensor`; `outs` = (out, its floats,
+/// workspace, its bytes), each NULL or the caller's buffer of that length.
+unsafe fn two_tensors_into(
+    [a, b]: [*const kve_tensor; 2],
+    (out, out_len, workspace, workspace_bytes): (*mut f32, u64, *mut c_void, u64),
+    f: impl FnOnce(&View, &View, &mut [f32], &mut [u8]) -> Result<()>,
+) -> i32 {
+    // SAFETY: NULL or the caller's `kve_tensor`s; from_ptr checks NULL and alignment.
+    let (ta, tb) = (
+        tri!(unsafe { Tensor::from_ptr(a) }),
+        tri!(unsafe { Tensor::from_ptr(b) }),
+    );
     let mut o = tri!(Buf::new(out, out_len));
     let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
     tri!(check_alias(
         &[o.span, ws.span],
-        &[q.span, k.span, span_ptr(queries), span_ptr(keys)]
+        &[ta.span, tb.span, span_ptr(a), span_ptr(b)]
     ));
-    // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
-    let qv = tri!(unsafe { q.view() });
-    // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
-    let kv = tri!(unsafe { k.view() });
+    // SAFETY: Tensor::new checked the tensors; check_alias: no output overlaps them.
+    let (va, vb) = (tri!(unsafe { ta.view() }), tri!(unsafe { tb.view() }));
     // SAFETY: Buf::new checked both; check_alias: they overlap no input nor each other.
     let (o, ws) = unsafe { (o.slice_mut(), ws.slice_mut()) };
-    to_status(crate::window_row_lse(&qv, &kv, window, o, ws))
+    to_status(f(&va, &vb, o, ws))
 }
 
 fn cross_flag(cross: u32) -> Result<bool> {
@@ -544,36 +565,25 @@ pub unsafe extern "C" fn kve_compute_value_l1(
     workspace: *mut c_void,
     workspace_bytes: u64,
 ) -> i32 {
-    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
-    let v = tri!(unsafe { Tensor::from_ptr(values) });
-    // SAFETY: NULL or the caller's `kve_tensor`; from_ptr checks NULL and alignment.
-    let w = tri!(unsafe { Tensor::from_ptr(wo) });
-    let mut o = tri!(Buf::new(out, out_len));
-    let mut ws = tri!(Buf::new(workspace as *const u8, workspace_bytes));
-    tri!(check_alias(
-        &[o.span, ws.span],
-        &[v.span, w.span, span_ptr(values), span_ptr(wo)]
-    ));
-    // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
-    let vv = tri!(unsafe { v.view() });
-    // SAFETY: Tensor::new checked the tensor; check_alias: no output overlaps it.
-    let wv = tri!(unsafe { w.view() });
-    let [a, b, c] = wv.extent();
-    // the workspace holds a head of Wo: checking its size first bounds the scan below
-    let need = tri!(gram::value_l1_workspace_size(b, c));
-    if ws.len() < need {
-        return super::KVE_ERR_WORKSPACE_TOO_SMALL;
-    }
-    for h in 0..a {
-        for r in 0..b {
-            for col in 0..c {
-                if !wv.get(h, r, col).is_finite() {
-                    return super::KVE_ERR_NON_FINITE;
+    let outs = (out, out_len, workspace, workspace_bytes);
+    // SAFETY: the caller's pointers, passed on; `two_tensors_into` checks each.
+    unsafe {
+        two_tensors_into([values, wo], outs, |vv, wv, o, ws| {
+            let [a, b, c] = wv.extent();
+            // the workspace holds a head of Wo: checking its size first bounds the scan below
+            if ws.len() < gram::value_l1_workspace_size(b, c)? {
+                return Err(Error::WorkspaceTooSmall);
+            }
+            for h in 0..a {
+                for r in 0..b {
+                    for col in 0..c {
+                        if !wv.get(h, r, col).is_finite() {
+                            return Err(Error::NonFinite);
+                        }
+                    }
                 }
             }
-        }
+            gram::compute_value_l1(vv, wv, o, ws)
+        })
     }
-    // SAFETY: Buf::new checked both; check_alias: they overlap no input nor each other.
-    let (o, ws) = unsafe { (o.slice_mut(), ws.slice_mut()) };
-    to_status(gram::compute_value_l1(&vv, &wv, o, ws))
 }

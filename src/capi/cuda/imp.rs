@@ -4,7 +4,6 @@
 use super::super::params::{kve_select_params, select_config};
 use super::super::select::kve_model_scores;
 use super::super::{arg, kve_tensor, out_param, tri, Tensor, KVE_OK};
-use crate::config::SelectConfig;
 use crate::cuda as cu;
 use crate::device;
 use crate::device::select::KeptLists;
@@ -63,24 +62,26 @@ pub unsafe fn device_count(count: *mut i32) -> i32 {
     KVE_OK
 }
 
-/// The selection's host arguments of `kve_cuda_select_model(_linked)`: the parameters,
-/// the scores' descriptor, its shape, and the kept lists (device pointers).
+/// `kve_cuda_select_model` and its linked form (`links`: the sums, their length and the
+/// threshold): the parameters and the scores' descriptor checked on the host, then the
+/// device selection into the kept lists `(counts, counts_len, idx, idx_ld, idx_len)`,
+/// enqueued on `stream`.
 ///
 /// # Safety
-/// `params` and `scores` are NULL or the caller's host structs.
-pub(super) unsafe fn select_args(
+/// `params` and `scores` are NULL or the caller's host structs; the scores, the links, the
+/// lists and the workspace `(pointer, bytes)` are device memory of the declared sizes.
+pub(super) unsafe fn select_model(
     params: *const kve_select_params,
     scores: *const kve_model_scores,
-    counts: *mut i32,
-    counts_len: u64,
-    idx: *mut i32,
-    idx_ld: u64,
-    idx_len: u64,
-) -> Result<(SelectConfig, kve_model_scores, ModelShape, KeptLists)> {
+    links: Option<(*const f32, u64, f32)>,
+    (counts, counts_len, idx, idx_ld, idx_len): (*mut i32, u64, *mut i32, u64, u64),
+    (ws, ws_bytes): (*mut c_void, u64),
+    stream: *mut c_void,
+) -> Result<()> {
     // SAFETY: host structs the caller passes (NULL and alignment checked).
     let cfg = unsafe { select_config(params)? };
     // SAFETY: a host struct the caller passes (arg checks NULL and alignment).
-    let m = unsafe { arg(scores)? };
+    let m = *unsafe { arg(scores)? };
     let shape = ModelShape::new(m.layers, m.hkv, m.n, m.window)?;
     let lists = KeptLists {
         counts,
@@ -89,5 +90,18 @@ pub(super) unsafe fn select_args(
         idx_ld,
         idx_len,
     };
-    Ok((cfg, *m, shape, lists))
+    let (s, len) = (m.scores, m.len);
+    // SAFETY: device memory of the declared sizes (this function's contract); the pipeline
+    // checks them before any launch.
+    unsafe {
+        match links {
+            None => device::select_model(&cfg, &shape, s, len, &lists, ws, ws_bytes, stream),
+            Some((l, l_len, thr)) => {
+                let (w, wb) = (ws, ws_bytes);
+                device::select_model_linked(
+                    &cfg, &shape, s, len, l, l_len, thr, &lists, w, wb, stream,
+                )
+            }
+        }
+    }
 }

@@ -9,7 +9,7 @@ use core::ffi::c_void;
 #[cfg(feature = "cuda")]
 use {
     super::super::{arg, to_status, tri},
-    super::imp::{select_args, tensor, write},
+    super::imp::{tensor, write},
     crate::device,
 };
 
@@ -85,25 +85,10 @@ pub unsafe extern "C" fn kve_cuda_select_model_linked(
     stream: *mut c_void,
 ) -> i32 {
     cuda_only!({
-        // SAFETY: NULL or the caller's host structs (checked there).
-        let (cfg, m, shape, lists) =
-            tri!(unsafe { select_args(params, scores, counts, counts_len, idx, idx_ld, idx_len) });
-        // SAFETY: scores, links, lists and workspace are device memory of the declared
-        // sizes (this function's contract); the pipeline checks them before any launch.
-        to_status(unsafe {
-            device::select_model_linked(
-                &cfg,
-                &shape,
-                m.scores,
-                m.len,
-                links,
-                links_len,
-                link_threshold,
-                &lists,
-                workspace,
-                workspace_bytes,
-                stream,
-            )
-        })
+        let links = Some((links, links_len, link_threshold));
+        let lists = (counts, counts_len, idx, idx_ld, idx_len);
+        let ws = (workspace, workspace_bytes);
+        // SAFETY: the caller's pointers, passed on; `select_model` checks them.
+        to_status(unsafe { super::imp::select_model(params, scores, links, lists, ws, stream) })
     })
 }
