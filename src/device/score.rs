@@ -395,7 +395,28 @@ pub unsafe fn score_layer_split(
     let parts = layout(cfg, &s, workspace)?;
     // SAFETY: inputs, out and the workspace parts are the caller's device buffers, their
     // sizes checked above against the shape the chain launches over.
-    unsafe { launch(cfg, &inp, &s, &parts, out, stream) }
+    unsafe {
+        launch(&Chain {
+            cfg,
+            inp: &inp,
+            s: &s,
+            parts: &parts,
+            out,
+            stream,
+        })
+    }
+}
+
+/// What every scorer's launch chain reads: the configuration, the checked inputs and
+/// shape, the workspace's parts, the output `[Hkv][P]` and the stream.
+#[derive(Clone, Copy)]
+struct Chain<'a> {
+    cfg: &'a ScoreConfig,
+    inp: &'a Inputs,
+    s: &'a Shape,
+    parts: &'a Parts,
+    out: *mut f32,
+    stream: *mut c_void,
 }
 
 /// Pooling on the device (`in` and `out` must not overlap).
@@ -551,15 +572,9 @@ unsafe fn window(
     }
 }
 
-/// SnapKV's pooled, group-reduced mean attention into `dst` `[Hkv][P]`.
-unsafe fn snapkv(
-    cfg: &ScoreConfig,
-    inp: &Inputs,
-    s: &Shape,
-    parts: &Parts,
-    dst: *mut f32,
-    stream: *mut c_void,
-) -> Result<()> {
+/// SnapKV's pooled, group-reduced mean attention into the chain's output.
+unsafe fn snapkv(c: &Chain) -> Result<()> {
+    let (cfg, inp, s, parts, dst, stream) = (c.cfg, c.inp, c.s, c.parts, c.out, c.stream);
     // SAFETY: the pointers are device memory of the sizes checked by the public caller;
     // the launchers only enqueue work on `stream`.
     unsafe {
@@ -653,14 +668,8 @@ unsafe fn value_forms(
     }
 }
 
-unsafe fn laprox(
-    cfg: &ScoreConfig,
-    inp: &Inputs,
-    s: &Shape,
-    parts: &Parts,
-    out: *mut f32,
-    stream: *mut c_void,
-) -> Result<()> {
+unsafe fn laprox(c: &Chain) -> Result<()> {
+    let (cfg, inp, s, parts, out, stream) = (c.cfg, c.inp, c.s, c.parts, c.out, c.stream);
     // SAFETY: the pointers are device memory of the sizes checked by the public caller;
     // the launchers only enqueue work on `stream`.
     unsafe {
@@ -758,21 +767,15 @@ unsafe fn laprox(
     }
 }
 
-unsafe fn launch(
-    cfg: &ScoreConfig,
-    inp: &Inputs,
-    s: &Shape,
-    parts: &Parts,
-    out: *mut f32,
-    stream: *mut c_void,
-) -> Result<()> {
+unsafe fn launch(c: &Chain) -> Result<()> {
+    let (cfg, inp, s, parts, out, stream) = (c.cfg, c.inp, c.s, c.parts, c.out, c.stream);
     // SAFETY: the pointers are device memory of the sizes checked by the public caller;
     // the launchers only enqueue work on `stream`.
     unsafe {
         let (hq, hkv, p) = (s.hq, s.hkv, s.p);
         let pi = p as i64;
         let scored = match cfg.scorer {
-            ScorerKind::SnapKv => snapkv(cfg, inp, s, parts, out, stream),
+            ScorerKind::SnapKv => snapkv(c),
             ScorerKind::Lava => {
                 let v = inp.v.ok_or(Error::InvalidArgument)?;
                 let max = cu::KVE_CUDA_GQA_MAX;
@@ -781,9 +784,9 @@ unsafe fn launch(
                 ck(cu::kve_cuda_lava_factor(&v, pi, parts.factor, stream))?;
                 reduce(x, null(), 0, 0, parts.factor, out, hq, hkv, p, max, stream)
             }
-            ScorerKind::LaProx => laprox(cfg, inp, s, parts, out, stream),
+            ScorerKind::LaProx => laprox(c),
             ScorerKind::CriticalKv => {
-                snapkv(cfg, inp, s, parts, out, stream)?;
+                snapkv(c)?;
                 let l1 = inp.l1.ok_or(Error::InvalidArgument)?;
                 // first stage: each head's top `critical_first_stage` by the base score
                 ck(cu::kve_cuda_select(
