@@ -428,7 +428,19 @@ fn row_stats(
 ) -> Result<()> {
     dispatch!(fn(keys: &View, kh: usize, lim: &[u64], s: &mut Scratch, rmax: &mut [f32],
                  rsum: &mut [f64]) -> Result<()>, S => {
-        row_stats_impl::<S>(keys, kh, lim, s, rmax, rsum)
+        let g = s.rows / lim.len();
+        let end = lim[lim.len() - 1] as usize + 1;
+        window::start_rows(s, rmax, rsum);
+        let mut c0 = 0;
+        while c0 < end {
+            let nt = CHUNK.min(end - c0);
+            if !chunk_logits::<S>(keys, kh, g, lim, c0, nt, true, s) {
+                return Err(Error::NonFinite);
+            }
+            window::fold_rows::<S>(s, nt, rmax, rsum)?;
+            c0 += nt;
+        }
+        window::check_denominators(rsum)
     })
 }
 
@@ -459,30 +471,6 @@ fn chunk_logits<S: Simd>(
     true
 }
 
-#[inline(always)]
-fn row_stats_impl<S: Simd>(
-    keys: &View,
-    kh: usize,
-    lim: &[u64],
-    s: &mut Scratch,
-    rmax: &mut [f32],
-    rsum: &mut [f64],
-) -> Result<()> {
-    let g = s.rows / lim.len();
-    let end = lim[lim.len() - 1] as usize + 1;
-    window::start_rows(s, rmax, rsum);
-    let mut c0 = 0;
-    while c0 < end {
-        let nt = CHUNK.min(end - c0);
-        if !chunk_logits::<S>(keys, kh, g, lim, c0, nt, true, s) {
-            return Err(Error::NonFinite);
-        }
-        window::fold_rows::<S>(s, nt, rmax, rsum)?;
-        c0 += nt;
-    }
-    window::check_denominators(rsum)
-}
-
 /// One KV group's statistics in the state, `[g][N]` each.
 struct Cols<'s> {
     max: &'s mut [f32],
@@ -494,44 +482,32 @@ struct Cols<'s> {
 fn column_stats(keys: &View, kh: usize, g: usize, lim: &[u64], s: &mut Scratch, out: &mut Cols) {
     dispatch!(fn(keys: &View, kh: usize, g: usize, lim: &[u64], s: &mut Scratch,
                  out: &mut Cols) -> (), S => {
-        column_stats_impl::<S>(keys, kh, g, lim, s, out)
-    })
-}
-
-#[inline(always)]
-fn column_stats_impl<S: Simd>(
-    keys: &View,
-    kh: usize,
-    g: usize,
-    lim: &[u64],
-    s: &mut Scratch,
-    out: &mut Cols,
-) {
-    let c = lim.len();
-    let n = keys.extent()[1];
-    let end = lim[c - 1] as usize + 1;
-    let rp = s.rows_pad;
-    let mut c0 = 0;
-    while c0 < end {
-        let nt = CHUNK.min(end - c0);
-        chunk_logits::<S>(keys, kh, g, lim, c0, nt, false, s);
-        window::probabilities::<S>(s, nt);
-        for t in 0..nt {
-            // rows that cannot see the key hold exact zeros: skip them
-            let hide = hidden(lim, c0 + t);
-            let row = &s.c[t * rp..t * rp + g * c];
-            for a in 0..g {
-                let pa = &row[a * c + hide..(a + 1) * c];
-                let o = a * n + c0 + t;
-                // SAFETY: plain slice reads.
-                let (s1, s2, m) = unsafe { col_stats::<S>(pa, out.max[o]) };
-                out.sum[o] += s1;
-                out.sq[o] += s2;
-                out.max[o] = m;
+        let c = lim.len();
+        let n = keys.extent()[1];
+        let end = lim[c - 1] as usize + 1;
+        let rp = s.rows_pad;
+        let mut c0 = 0;
+        while c0 < end {
+            let nt = CHUNK.min(end - c0);
+            chunk_logits::<S>(keys, kh, g, lim, c0, nt, false, s);
+            window::probabilities::<S>(s, nt);
+            for t in 0..nt {
+                // rows that cannot see the key hold exact zeros: skip them
+                let hide = hidden(lim, c0 + t);
+                let row = &s.c[t * rp..t * rp + g * c];
+                for a in 0..g {
+                    let pa = &row[a * c + hide..(a + 1) * c];
+                    let o = a * n + c0 + t;
+                    // SAFETY: plain slice reads.
+                    let (s1, s2, m) = unsafe { col_stats::<S>(pa, out.max[o]) };
+                    out.sum[o] += s1;
+                    out.sq[o] += s2;
+                    out.max[o] = m;
+                }
             }
+            c0 += nt;
         }
-        c0 += nt;
-    }
+    })
 }
 
 /// `(Σx, Σx², max(m0, max x))` of one column segment in one sweep, 8 lanes at a time (the
