@@ -23,6 +23,7 @@ use kvevict::cuda::{kve_cuda_pool_linked, KVE_CUDA_F32};
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 
+mod capi_common;
 mod reference;
 #[macro_use]
 mod conformance;
@@ -151,8 +152,7 @@ fn device_links_are_the_host_bits() {
 /// which cannot return a status for device data, makes links 5 and 6 NaN and no others.
 #[test]
 fn device_links_mark_non_finite_values() {
-    need_device!();
-    let mut rng = Rng::new(5);
+    let mut rng = device_rng!(5);
     for layout in [Layout::HeadMajor, Layout::Transposed] {
         let mut t = Tensor::new(Dt::F32, layout, [2, 12, 16], &mut || rng.normal());
         let at = t.st[0] + t.st[1] * 5 + t.st[2] * 3;
@@ -191,8 +191,7 @@ fn device_links_workspace_size_refuses_bad_shapes() {
 
 #[test]
 fn device_links_refuse_bad_input_and_write_nothing() {
-    need_device!();
-    let mut rng = Rng::new(6);
+    let mut rng = device_rng!(6);
     let (hkv, n, dv) = (2, 20, 8);
     let t = Tensor::new(Dt::F16, Layout::HeadMajor, [hkv, n, dv], &mut || {
         rng.normal()
@@ -289,8 +288,7 @@ fn device_links_refuse_bad_input_and_write_nothing() {
 /// every link density; ties (a zero's sign aside).
 #[test]
 fn linked_pool_launcher_matches_the_core() {
-    need_device!();
-    let mut rng = Rng::new(9);
+    let mut rng = device_rng!(9);
     let rows = 3;
     for n in [1usize, 2, 255, 256, 257, 700] {
         let src: Vec<f32> = (0..rows * n)
@@ -519,8 +517,7 @@ fn device_linked_call(
 
 #[test]
 fn device_linked_selection_equals_host() {
-    need_device!();
-    let mut rng = Rng::new(21);
+    let mut rng = device_rng!(21);
     let m = Model {
         layers: 3,
         hkv: 2,
@@ -576,8 +573,7 @@ fn device_linked_selection_equals_host() {
 /// The host's statuses where the host can see the fault; nothing written on any.
 #[test]
 fn device_linked_selection_refuses_bad_input_and_writes_nothing() {
-    need_device!();
-    let mut rng = Rng::new(22);
+    let mut rng = device_rng!(22);
     let m = Model {
         layers: 2,
         hkv: 2,
@@ -588,15 +584,10 @@ fn device_linked_selection_refuses_bad_input_and_writes_nothing() {
     let scores: Vec<f32> = (0..m.layers * m.hkv * p).map(|_| rng.unif()).collect();
     let ds = Buf::bytes_of(&scores);
     let links = DBuf::from(&vec![0f32; m.n + 1]);
-    let span = unsafe {
-        let mut p = std::mem::zeroed::<kve_select_params>();
-        kve_select_params_init_laprox_span(
-            &mut p,
-            std::mem::size_of::<kve_select_params>() as u32,
-            6,
-        );
-        p
-    };
+    // SAFETY: a writable struct of the size passed.
+    let span = capi_common::init_struct(|p, size| unsafe {
+        kve_select_params_init_laprox_span(p, size, 6)
+    });
     let mut avg = span;
     avg.post_pool_kind = PoolKind::Avg as u32;
     avg.post_pool_kernel = 3;

@@ -7,6 +7,7 @@ use kvevict::capi::*;
 use kvevict::*;
 use std::ffi::c_void;
 
+mod capi_common;
 mod reference;
 use reference::Rng;
 
@@ -395,15 +396,8 @@ fn capi_row_lse() {
     let qt = tensor(c.q.as_ptr(), c.q.len(), [hq, wq, d]);
     let kt = tensor(c.k.as_ptr(), c.k.len(), [hkv, n, d]);
     unsafe {
-        let mut params = std::mem::zeroed::<kve_score_params>();
-        assert_eq!(
-            kve_score_params_init(
-                &mut params,
-                std::mem::size_of::<kve_score_params>() as u32,
-                0
-            ),
-            KVE_OK
-        );
+        let params: kve_score_params =
+            capi_common::init_struct(|p, size| kve_score_params_init(p, size, 0));
         let w = params.window as usize;
         // the helper
         let mut bytes = 0u64;
@@ -454,11 +448,8 @@ fn capi_row_lse() {
             );
             (st, out)
         };
-        let mut v2 = std::mem::zeroed::<kve_layer_inputs>();
-        assert_eq!(
-            kve_layer_inputs_init(&mut v2, std::mem::size_of::<kve_layer_inputs>() as u32),
-            KVE_OK
-        );
+        let mut v2: kve_layer_inputs =
+            capi_common::init_struct(|p, size| kve_layer_inputs_init(p, size));
         assert_eq!(v2.struct_size, KVE_LAYER_INPUTS_V2_SIZE);
         assert!(v2.row_lse.is_null() && v2.row_lse_len == 0);
         v2.queries = qt;

@@ -92,8 +92,7 @@ impl Pools {
 
 #[test]
 fn device_paged_evictor_through_c_matches_the_host_one() {
-    need_device!();
-    let mut rng = Rng::new(3030);
+    let mut rng = device_rng!(3030);
     for (preset, bs) in [
         (kvevict::Preset::LaProxSpan, 16),
         (kvevict::Preset::SnapKv, 7),

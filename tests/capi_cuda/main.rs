@@ -184,30 +184,16 @@ fn layer(
 }
 
 fn score_params(f: impl FnOnce(&mut kve_score_params), preset: Preset) -> kve_score_params {
-    unsafe {
-        let mut p = std::mem::zeroed::<kve_score_params>();
-        assert_eq!(
-            kve_score_params_init(
-                &mut p,
-                std::mem::size_of::<kve_score_params>() as u32,
-                preset as u32
-            ),
-            KVE_OK
-        );
-        f(&mut p);
-        p
-    }
+    // SAFETY: a writable struct of the size passed.
+    let init = |p, size| unsafe { kve_score_params_init(p, size, preset as u32) };
+    let mut p = capi_common::init_struct(init);
+    f(&mut p);
+    p
 }
 
 fn inputs_init() -> kve_layer_inputs {
-    unsafe {
-        let mut i = std::mem::zeroed::<kve_layer_inputs>();
-        assert_eq!(
-            kve_layer_inputs_init(&mut i, std::mem::size_of::<kve_layer_inputs>() as u32),
-            KVE_OK
-        );
-        i
-    }
+    // SAFETY: a writable struct of the size passed.
+    capi_common::init_struct(|p, size| unsafe { kve_layer_inputs_init(p, size) })
 }
 
 /// How the LaProx value term reaches the scorer.

@@ -82,8 +82,7 @@ fn device_select(
 
 #[test]
 fn device_selection_equals_host_for_every_allocator_and_granularity() {
-    need_device!();
-    let mut rng = Rng::new(77);
+    let mut rng = device_rng!(77);
     let (layers, hkv, n, w) = (5, 3, 230, 30);
     let p = n - w;
     // non-negative scores of different scales per layer, with exact ties
@@ -128,15 +127,10 @@ fn device_selection_equals_host_for_every_allocator_and_granularity() {
         }
     }
     // LaProx-span's selection, and a cache that is all window
-    let sp = unsafe {
-        let mut p = std::mem::zeroed::<kve_select_params>();
-        kve_select_params_init_laprox_span(
-            &mut p,
-            std::mem::size_of::<kve_select_params>() as u32,
-            20,
-        );
-        p
-    };
+    // SAFETY: a writable struct of the size passed.
+    let sp = capi_common::init_struct(|p, size| unsafe {
+        kve_select_params_init_laprox_span(p, size, 20)
+    });
     assert_eq!(
         device_select(&sp, &d, scores.len(), layers, hkv, n, w),
         host_select(&sp, &scores, layers, hkv, n, w)

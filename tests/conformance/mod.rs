@@ -239,6 +239,16 @@ macro_rules! need_device {
     };
 }
 
+/// A device test's start: skip without a device (`need_device!`), else its data
+/// generator for the tag (`Rng::new(tag)`).
+#[allow(unused_macros)]
+macro_rules! device_rng {
+    ($tag:expr) => {{
+        need_device!();
+        Rng::new($tag)
+    }};
+}
+
 // ---------------------------------------------------------------------- rng --
 
 /// Test data from tests/reference's generator, seeded by `KVEVICT_TEST_SEED` (default 1,

@@ -6,8 +6,7 @@ use super::*;
 
 #[test]
 fn knorm_matches_reference() {
-    need_device!();
-    let mut rng = Rng::new(40);
+    let mut rng = device_rng!(40);
     for (dt, layout) in dtype_layouts() {
         for &(h, n, d) in &[(3usize, 700usize, 72usize), (2, 300, 128), (1, 50, 5)] {
             let prefix = 1 + rng.below(n - 1); // < n: the core needs a window
@@ -34,8 +33,7 @@ fn knorm_matches_reference() {
 /// refused arguments change nothing.
 #[test]
 fn score_power_matches_core() {
-    need_device!();
-    let mut rng = Rng::new(31);
+    let mut rng = device_rng!(31);
     for &(rows, n, power) in &[
         (3usize, 1000usize, 3i32),
         (2, 17, 2),
@@ -145,8 +143,7 @@ fn sink_scores_match_reference() {
 
 #[test]
 fn critical_combine_matches_reference() {
-    need_device!();
-    let mut rng = Rng::new(41);
+    let mut rng = device_rng!(41);
     let (rows, n) = (5usize, 300usize);
     let (ld_b, ld_l, ld_o, idx_ld) = (n + 1, n + 2, n + 3, n + 4);
     let base: Vec<f32> = (0..rows * n).map(|_| rng.unif() * rng.unif()).collect();

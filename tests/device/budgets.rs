@@ -6,8 +6,7 @@ use super::*;
 
 #[test]
 fn mark_forced_matches_reference() {
-    need_device!();
-    let mut rng = Rng::new(42);
+    let mut rng = device_rng!(42);
     let (rows, n) = (4usize, 400usize);
     let (ld, idx_ld) = (n + 5, n + 1);
     let s: Vec<f32> = (0..rows * ld).map(|_| rng.unif()).collect();
@@ -51,8 +50,7 @@ fn mark_forced_matches_reference() {
 
 #[test]
 fn broadcast_lists_matches_reference() {
-    need_device!();
-    let mut rng = Rng::new(43);
+    let mut rng = device_rng!(43);
     for &(src_rows, reps, src_ld, idx_ld) in &[(3usize, 4usize, 50usize, 64usize), (2, 1, 30, 30)] {
         let (mut idx, mut counts) = random_lists(&mut rng, src_rows, src_ld, src_ld);
         counts[src_rows - 1] = src_ld as i32; // one full list
@@ -257,8 +255,7 @@ fn forced_broadcast_budgets_edges_and_rejections() {
 
 #[test]
 fn append_range_matches_reference() {
-    need_device!();
-    let mut rng = Rng::new(47);
+    let mut rng = device_rng!(47);
     let (rows, ld, start, count) = (300usize, 80usize, 50usize, 30usize);
     // prefix lists of up to ld - count entries (the caller's guarantee), one empty
     let (mut idx, mut counts) = random_lists(&mut rng, rows, ld - count, ld);
@@ -291,8 +288,7 @@ fn append_range_matches_reference() {
 
 #[test]
 fn layer_budgets_match_core_exactly() {
-    need_device!();
-    let mut rng = Rng::new(44);
+    let mut rng = device_rng!(44);
     // (layers, per_layer, p, budget, beta, alpha)
     let cases: &[(usize, usize, u64, u64, u32, f32)] = &[
         (32, 8, 4000, 400, 20, 0.2),

@@ -6,8 +6,7 @@ use super::*;
 
 #[test]
 fn head_reduce_and_laprox_exact_match_reference() {
-    need_device!();
-    let mut rng = Rng::new(5);
+    let mut rng = device_rng!(5);
     let (hkv, g, n) = (3usize, 4usize, 500usize);
     let hq = hkv * g;
     let (ld_a, ld_b, ld_o) = (n + 3, n + 17, n + 5);

@@ -4,8 +4,7 @@ use super::*;
 
 #[test]
 fn compact_matches_reference() {
-    need_device!();
-    let mut rng = Rng::new(8);
+    let mut rng = device_rng!(8);
     for (dt, layout) in dtype_layouts() {
         for shared in [false, true] {
             let (h, n, d) = (3usize, 257usize, 24usize);
@@ -117,8 +116,7 @@ fn assert_compacted(what: &str, x: &Tensor, kept: &[i32], counts: &[i32], shared
 /// the largest pair's; a bad item anywhere refuses the whole call, nothing written.
 #[test]
 fn compact_batch_matches_reference() {
-    need_device!();
-    let mut rng = Rng::new(33);
+    let mut rng = device_rng!(33);
     let (h, n, d) = (2usize, 150usize, 16usize);
     let mut tensors = Vec::new();
     let mut lists = Vec::new();

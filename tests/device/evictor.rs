@@ -448,8 +448,7 @@ fn matrix(rng: &mut Rng) -> (Vec<Vec<f32>>, [Preset; 8], [Budget; 2]) {
 /// (their sequences turn ragged).
 #[test]
 fn device_evictor_keeps_the_host_evictors_cells() {
-    need_device!();
-    let mut rng = Rng::new(26);
+    let mut rng = device_rng!(26);
     let (wo, presets, policies) = matrix(&mut rng);
     let mut rounds = 0;
     for preset in presets {
@@ -565,8 +564,7 @@ fn device_evictor_value_links_keep_the_host_evictors_cells() {
 /// replayed gives the eager round's lists.
 #[test]
 fn device_evictor_round_replays_in_a_graph() {
-    need_device!();
-    let mut rng = Rng::new(27);
+    let mut rng = device_rng!(27);
     let cfg = config(Preset::SnapKv, Some(Granularity::Token), Budget::Explicit);
     let mut p = Pair::new(&cfg, &[]);
     let mut e = Engine::empty();
@@ -605,8 +603,7 @@ fn device_evictor_round_replays_in_a_graph() {
 /// Hostile inputs: a clear status, and neither the context nor the device block written.
 #[test]
 fn device_evictor_refuses_bad_input_and_writes_nothing() {
-    need_device!();
-    let mut rng = Rng::new(28);
+    let mut rng = device_rng!(28);
     let cfg = config(Preset::SnapKv, Some(Granularity::Token), Budget::cells(60));
     let ds = DeviceEvictor::memory_size(&cfg).unwrap();
     // unsupported on the device, bad blocks
@@ -757,8 +754,7 @@ fn device_evictor_refuses_bad_input_and_writes_nothing() {
 /// granularities × both policies × NHD / HND pools × block sizes 1, 4, 16.
 #[test]
 fn device_evictor_paged_matches_the_host_evictor() {
-    need_device!();
-    let mut rng = Rng::new(30);
+    let mut rng = device_rng!(30);
     let (wo, presets, policies) = matrix(&mut rng);
     let (mut rounds, mut case) = (0, 0usize);
     for preset in presets {
@@ -803,8 +799,7 @@ fn device_evictor_paged_matches_the_host_evictor() {
 /// written.
 #[test]
 fn device_evictor_paged_refuses_bad_tables_and_writes_nothing() {
-    need_device!();
-    let mut rng = Rng::new(33);
+    let mut rng = device_rng!(33);
     let mut cfg = config(Preset::SnapKv, Some(Granularity::Token), Budget::Explicit);
     cfg.paged = Some(kvevict::DType::F32);
     let mut p = Pair::new(&cfg, &[]);

@@ -89,8 +89,7 @@ fn launchers_leave_a_pending_error_alone() {
 /// the reference (the path itself: `tests/launchers.rs`).
 #[test]
 fn window_row_lse_in_a_graph() {
-    need_device!();
-    let mut rng = Rng::new(10);
+    let mut rng = device_rng!(10);
     // the row_lse path in a CUDA graph: replays equal the eager run
     let (hq, hkv, w, n, d) = (4usize, 2usize, 8usize, 300usize, 64usize);
     let p = n - w;
@@ -140,8 +139,7 @@ fn window_row_lse_in_a_graph() {
 /// gives the same numbers as an eager run, and the f64 reference's scores.
 #[test]
 fn laprox_pipeline_graph_capture_matches_eager() {
-    need_device!();
-    let mut rng = Rng::new(9);
+    let mut rng = device_rng!(9);
     let (hq, hkv, w, n, d) = (8usize, 2usize, 16usize, 600usize, 64usize);
     let p = n - w;
     let dt = Dt::Bf16;

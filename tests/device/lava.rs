@@ -8,8 +8,7 @@ use super::*;
 /// included); prefix 0 gives zeros; prefix > N and a NULL output are refused.
 #[test]
 fn lava_factor_matches_reference() {
-    need_device!();
-    let mut rng = Rng::new(2);
+    let mut rng = device_rng!(2);
     for (dt, layout) in dtype_layouts() {
         for (hkv, n, dv) in [(3, 1000, 72), (2, 30, 12)] {
             let prefix = 1 + rng.below(n);

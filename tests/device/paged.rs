@@ -75,8 +75,7 @@ fn cases() -> Vec<(PagedLayout, usize)> {
 
 #[test]
 fn paged_gather_matches_the_host_element_map() {
-    need_device!();
-    let mut rng = Rng::new(30);
+    let mut rng = device_rng!(30);
     let mut count = 0;
     for (l, n) in cases() {
         let es = l.dtype.size();
@@ -149,8 +148,7 @@ fn kept_lists(rng: &mut Rng, heads: usize, n: usize, shared: bool) -> (Vec<u64>,
 
 #[test]
 fn paged_compaction_matches_the_host_compaction_byte_for_byte() {
-    need_device!();
-    let mut rng = Rng::new(31);
+    let mut rng = device_rng!(31);
     let mut count = 0;
     for (l, n) in cases() {
         for shared in [false, true] {
@@ -215,8 +213,7 @@ fn paged_compaction_matches_the_host_compaction_byte_for_byte() {
 
 #[test]
 fn paged_launchers_refuse_bad_descriptors_and_guard_the_pool() {
-    need_device!();
-    let mut rng = Rng::new(32);
+    let mut rng = device_rng!(32);
     let l = PagedLayout::new(PagedKind::Nhd, DType::F32, 6, 4, 2, 8, 1, 0, 0).unwrap();
     let (words, _) = pool_words(&l, &mut rng);
     let pool = DBuf::from(&words);

@@ -284,8 +284,7 @@ fn references_agree_with_core_on_cpu() {
 #[test]
 fn device_scores_match_core() {
     use kvevict::{LaproxGqa, PoolPlacement, Preset, ScoreConfig};
-    need_device!();
-    let mut rng = Rng::new(21);
+    let mut rng = device_rng!(21);
     let mut cases: Vec<(Dt, [usize; 5], Layout, Layout)> = DTYPES
         .into_iter()
         .map(|dt| {
@@ -393,8 +392,7 @@ fn device_scores_match_core() {
 /// sums; uniform): the same kept counts and at least 99.9 % of the kept sets; overlap printed.
 #[test]
 fn device_select_matches_core() {
-    need_device!();
-    let mut rng = Rng::new(22);
+    let mut rng = device_rng!(22);
     let (layers, hkv, p) = (6usize, 4usize, 3000usize);
     let rows = layers * hkv;
     // one window token per unit: the device lists end with it, the comparison reads i < p
@@ -506,8 +504,7 @@ fn device_lists(cfg: &kvevict::SelectConfig, m: &kvevict::ModelScores) -> Vec<Ve
 #[test]
 fn device_selections_equal_select_model() {
     use kvevict::{AllocatorKind as A, Granularity, Normalize, Pool, SelectConfig};
-    need_device!();
-    let mut rng = Rng::new(101);
+    let mut rng = device_rng!(101);
     for &(layers, hkv, n, w, budget) in &[
         (4usize, 2usize, 40usize, 8usize, 5u64),
         (3, 3, 17, 4, 2),

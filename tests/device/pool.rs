@@ -9,8 +9,7 @@ use super::*;
 /// refused, nothing written.
 #[test]
 fn pool_matches_reference() {
-    need_device!();
-    let mut rng = Rng::new(4);
+    let mut rng = device_rng!(4);
     for (rows, n, ld_in, ld_out) in [(5, 777, 780, 777), (3, 57, 60, 64)] {
         let x: Vec<f32> = (0..rows * ld_in).map(|_| 2.0 * rng.unif() - 1.0).collect();
         let xd = DBuf::from(&x);

@@ -6,8 +6,7 @@ use super::*;
 
 #[test]
 fn select_matches_reference_exactly() {
-    need_device!();
-    let mut rng = Rng::new(7);
+    let mut rng = device_rng!(7);
     // (layers, hkv, n): shapes; modes: global, per layer, per head. Rows past 4096
     // positions are written in chunks by several blocks (5000: 2, 20000: 5).
     for &(layers, hkv, n) in &[

@@ -174,8 +174,7 @@ fn gpu_and_cpu_shards_match_select_model() {
 fn two_device_shards_keep_nothing_and_rejections() {
     use kvevict::select::Histogram;
     use kvevict::{AllocatorKind, Granularity, SelectConfig};
-    need_device!();
-    let mut rng = Rng::new(48);
+    let mut rng = device_rng!(48);
     let (layers, hkv, p, budget) = (5usize, 2usize, 40usize, 7u64);
     let s: Vec<f32> = (0..layers * hkv * p)
         .map(|_| rng.below(40) as f32 / 7.0)

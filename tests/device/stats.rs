@@ -10,8 +10,7 @@ use super::*;
 /// write nothing.
 #[test]
 fn head_reduce_all_equals_head_reduce_of_every_row() {
-    need_device!();
-    let mut rng = Rng::new(31);
+    let mut rng = device_rng!(31);
     let (hq, n, reps) = (6usize, 300usize, 4usize);
     let (ld_a, ld_o) = (n + 7, n + 2);
     let a: Vec<f32> = (0..hq * n)
@@ -124,8 +123,7 @@ fn head_reduce_all_equals_head_reduce_of_every_row() {
 
 #[test]
 fn layer_stats_and_token_reduce_match_reference() {
-    need_device!();
-    let mut rng = Rng::new(6);
+    let mut rng = device_rng!(6);
     let (layers, rpl, n) = (5usize, 3usize, 20000usize);
     let stride = rpl * n;
     let mut s: Vec<f32> = (0..layers * stride)
@@ -303,8 +301,7 @@ fn token_reduce_and_sinks_edges() {
 /// NULL scores are refused with nothing written.
 #[test]
 fn layer_stats_equal_core() {
-    need_device!();
-    let mut rng = Rng::new(61);
+    let mut rng = device_rng!(61);
     let (layers, count, stride) = (5usize, 333usize, 340usize);
     let mut s = rng.vec(layers * stride, 3.0);
     s[2 * stride..2 * stride + count].fill(0.0);

@@ -212,8 +212,7 @@ fn two_scan_cache(rng: &mut Rng, hkv: usize, dk: usize, dv: usize) -> (Vec<f32>,
 /// ones not.
 #[test]
 fn uniqueness_two_scans_match_host_scorer() {
-    need_device!();
-    let mut rng = Rng::new(37);
+    let mut rng = device_rng!(37);
     for (dt, hkv, dk, dv, w) in [(Dt::F32, 2, 24, 40, 8), (Dt::Bf16, 1, 64, 32, 32)] {
         let (kv, vv, n) = two_scan_cache(&mut rng, hkv, dk, dv);
         let (mut ki, mut vi) = (kv.into_iter(), vv.into_iter());
@@ -285,8 +284,7 @@ fn uniqueness_too_many_tokens_is_invalid_argument() {
 /// SIZE_MAX.
 #[test]
 fn uniqueness_launcher_rejects_and_writes_nothing() {
-    need_device!();
-    let mut rng = Rng::new(3);
+    let mut rng = device_rng!(3);
     let (hkv, n, d) = (2, 40, 16);
     let k = Tensor::new(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || {
         rng.normal()

@@ -256,8 +256,7 @@ fn gram_factor_reproduces_gram_on_cpu() {
 #[test]
 fn vonorm_gram_split_and_factor_equal_core() {
     use kvevict::{compute_value_forms, value_forms_len};
-    need_device!();
-    let mut rng = Rng::new(8);
+    let mut rng = device_rng!(8);
     let (hq, hkv, n, d) = (4usize, 2usize, 40usize, 24usize);
     let g = hq / hkv;
     let v = Tensor::new(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || {

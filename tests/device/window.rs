@@ -130,8 +130,7 @@ fn check_window(tag: &str, got: &[Vec<f32>; 4], want: &[Vec<f64>; 4], g: usize) 
 
 #[test]
 fn window_aggregates_match_reference() {
-    need_device!();
-    let mut rng = Rng::new(1);
+    let mut rng = device_rng!(1);
     for (ci, c, di, dt) in case_dtypes() {
         // K head-major, padded or token-major (llama.cpp rows)
         let layout = LAYOUTS[(ci + di) % 3];
@@ -157,8 +156,7 @@ fn window_aggregates_match_reference() {
 /// equals, bit for bit, the same output of a call that requests all four.
 #[test]
 fn window_single_outputs_equal_all_outputs() {
-    need_device!();
-    let mut rng = Rng::new(35);
+    let mut rng = device_rng!(35);
     for (c, dt) in [
         (wc(8, 2, 300, 8, 64), Dt::Bf16),
         (wc(6, 3, 150, 12, 40), Dt::F32),
@@ -191,8 +189,7 @@ fn window_single_outputs_equal_all_outputs() {
 /// the launch is refused with nothing written.
 #[test]
 fn window_large_groups_split_heads_over_chunks() {
-    need_device!();
-    let mut rng = Rng::new(36);
+    let mut rng = device_rng!(36);
     for (c, dt) in [
         (wc(128, 1, 70, 3, 256), Dt::F32),
         (wc(96, 1, 80, 2, 120), Dt::F32),
@@ -226,8 +223,7 @@ fn window_large_groups_split_heads_over_chunks() {
 
 #[test]
 fn window_row_lse_matches_computed_path() {
-    need_device!();
-    let mut rng = Rng::new(10);
+    let mut rng = device_rng!(10);
     for (ci, c, di, dt) in case_dtypes() {
         let layout = LAYOUTS[(ci + 2 * di + 1) % 3];
         let (q, k) = win_inputs(&mut rng, c, dt, layout);
@@ -260,8 +256,7 @@ fn window_row_lse_matches_computed_path() {
 /// (P = 0, or no outputs) succeeds without a workspace.
 #[test]
 fn window_nothing_to_do_and_rejections() {
-    need_device!();
-    let mut rng = Rng::new(9);
+    let mut rng = device_rng!(9);
     let c = wc(4, 2, 40, 8, 16);
     let (q, k) = win_inputs(&mut rng, &c, Dt::F32, Layout::HeadMajor);
     let (qd, kd) = (q.view(), k.view());
