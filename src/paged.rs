@@ -380,6 +380,43 @@ fn typed<T: PoolElement>(layout: &PagedLayout) -> Result<()> {
     Ok(())
 }
 
+/// `from_raw` and `new` of [`PagedView`] (`*const u8`, `&'a [T]`, `as_ptr`) and of
+/// [`PagedViewMut`] (`*mut u8`, `&'a mut [T]`, `as_mut_ptr`): `Pool::new` checks the pool,
+/// `new` a typed slice's element type against the layout's dtype.
+macro_rules! paged_constructors {
+    ($(#[$doc:meta])* $ptr:ty, $slice:ty, $as_ptr:ident) => {
+        $(#[$doc])*
+        pub unsafe fn from_raw(
+            ptr: $ptr,
+            len: usize,
+            layout: PagedLayout,
+            table: &'a [u32],
+            n: usize,
+            scratch: &mut [u8],
+        ) -> Result<Self> {
+            Ok(Self {
+                // SAFETY: the caller's contract; `Pool::new` checks everything else.
+                pool: unsafe { Pool::new(ptr as *mut u8, len, layout, table, n, scratch)? },
+                _life: PhantomData,
+            })
+        }
+        /// Over a typed slice (`f32`, `f16`, `bf16`: the layout's dtype).
+        pub fn new<T: PoolElement>(
+            data: $slice,
+            layout: PagedLayout,
+            table: &'a [u32],
+            n: usize,
+            scratch: &mut [u8],
+        ) -> Result<Self> {
+            typed::<T>(&layout)?;
+            let (ptr, len) = (data.$as_ptr() as $ptr, data.len());
+            // SAFETY: a borrowed slice is valid for its length and lifetime (exclusively, for
+            // a mutable one).
+            unsafe { Self::from_raw(ptr, len, layout, table, n, scratch) }
+        }
+    };
+}
+
 /// A sequence's K or V in a paged pool, read-only. Construction checks the layout against
 /// the buffer and the table entries the sequence uses (`scratch`: [`table_check_size`]
 /// bytes, or [`table_check_size_for`] the sequence), so every access stays inside the pool.
@@ -390,43 +427,13 @@ pub struct PagedView<'a> {
 }
 
 impl<'a> PagedView<'a> {
-    /// # Safety
-    /// `ptr` points to `len` readable elements of `layout.dtype`, unmodified for `'a`.
-    pub unsafe fn from_raw(
-        ptr: *const u8,
-        len: usize,
-        layout: PagedLayout,
-        table: &'a [u32],
-        n: usize,
-        scratch: &mut [u8],
-    ) -> Result<Self> {
-        Ok(PagedView {
-            // SAFETY: the caller's contract; `Pool::new` checks everything else.
-            pool: unsafe { Pool::new(ptr as *mut u8, len, layout, table, n, scratch)? },
-            _life: PhantomData,
-        })
-    }
-    /// Over a typed slice (`f32`, `f16`, `bf16`: the layout's dtype).
-    pub fn new<T: PoolElement>(
-        data: &'a [T],
-        layout: PagedLayout,
-        table: &'a [u32],
-        n: usize,
-        scratch: &mut [u8],
-    ) -> Result<Self> {
-        typed::<T>(&layout)?;
-        // SAFETY: a borrowed slice is valid for its length and lifetime.
-        unsafe {
-            Self::from_raw(
-                data.as_ptr() as *const u8,
-                data.len(),
-                layout,
-                table,
-                n,
-                scratch,
-            )
-        }
-    }
+    paged_constructors!(
+        /// # Safety
+        /// `ptr` points to `len` readable elements of `layout.dtype`, unmodified for `'a`.
+        *const u8,
+        &'a [T],
+        as_ptr
+    );
     pub fn layout(&self) -> &PagedLayout {
         &self.pool.layout
     }
@@ -447,43 +454,14 @@ pub struct PagedViewMut<'a> {
 }
 
 impl<'a> PagedViewMut<'a> {
-    /// # Safety
-    /// `ptr` points to `len` writable elements of `layout.dtype`, exclusively borrowed for `'a`.
-    pub unsafe fn from_raw(
-        ptr: *mut u8,
-        len: usize,
-        layout: PagedLayout,
-        table: &'a [u32],
-        n: usize,
-        scratch: &mut [u8],
-    ) -> Result<Self> {
-        Ok(PagedViewMut {
-            // SAFETY: the caller's contract; `Pool::new` checks everything else.
-            pool: unsafe { Pool::new(ptr, len, layout, table, n, scratch)? },
-            _life: PhantomData,
-        })
-    }
-    /// Over a typed slice (`f32`, `f16`, `bf16`: the layout's dtype).
-    pub fn new<T: PoolElement>(
-        data: &'a mut [T],
-        layout: PagedLayout,
-        table: &'a [u32],
-        n: usize,
-        scratch: &mut [u8],
-    ) -> Result<Self> {
-        typed::<T>(&layout)?;
-        // SAFETY: a borrowed slice is valid for its length and lifetime, exclusively.
-        unsafe {
-            Self::from_raw(
-                data.as_mut_ptr() as *mut u8,
-                data.len(),
-                layout,
-                table,
-                n,
-                scratch,
-            )
-        }
-    }
+    paged_constructors!(
+        /// # Safety
+        /// `ptr` points to `len` writable elements of `layout.dtype`, exclusively borrowed for
+        /// `'a`.
+        *mut u8,
+        &'a mut [T],
+        as_mut_ptr
+    );
     /// A read-only view of the same sequence.
     pub fn as_view(&self) -> PagedView<'_> {
         PagedView {

@@ -84,6 +84,31 @@ unsafe fn load(ptr: *const u8, dtype: DType, off: usize) -> f32 {
     }
 }
 
+/// `from_raw` of `View` (`*const u8`) and `ViewMut` (`*mut u8`): the layout checked by
+/// [`check_layout`], then the view.
+macro_rules! raw_constructor {
+    ($(#[$doc:meta])* $raw:ty) => {
+        $(#[$doc])*
+        pub unsafe fn from_raw(
+            ptr: $raw,
+            len: usize,
+            dtype: DType,
+            extent: [usize; 3],
+            stride: [usize; 3],
+        ) -> Result<Self> {
+            check_layout(ptr as usize, len, dtype, extent, stride)?;
+            Ok(Self {
+                ptr,
+                len,
+                dtype,
+                extent,
+                stride,
+                _life: PhantomData,
+            })
+        }
+    };
+}
+
 /// `f32` / `f16` / `bf16` constructors over typed slices, for `View` and `ViewMut`.
 macro_rules! typed_constructors {
     ($f32:ty, $f16:ty, $bf16:ty, $ptr:ident, $raw:ty) => {
@@ -169,27 +194,13 @@ unsafe impl Send for View<'_> {}
 unsafe impl Sync for View<'_> {}
 
 impl<'a> View<'a> {
-    /// # Safety
-    /// `ptr` must point to `len` readable elements of `dtype` (of a block type: `len / 32`
-    /// blocks, [`DType::bytes`]) that stay valid and unmodified
-    /// for `'a`. Everything else (null, alignment, bounds, overflow) is checked here.
-    pub unsafe fn from_raw(
-        ptr: *const u8,
-        len: usize,
-        dtype: DType,
-        extent: [usize; 3],
-        stride: [usize; 3],
-    ) -> Result<Self> {
-        check_layout(ptr as usize, len, dtype, extent, stride)?;
-        Ok(View {
-            ptr,
-            len,
-            dtype,
-            extent,
-            stride,
-            _life: PhantomData,
-        })
-    }
+    raw_constructor!(
+        /// # Safety
+        /// `ptr` must point to `len` readable elements of `dtype` (of a block type: `len / 32`
+        /// blocks, [`DType::bytes`]) that stay valid and unmodified
+        /// for `'a`. Everything else (null, alignment, bounds, overflow) is checked here.
+        *const u8
+    );
     typed_constructors!(&'a [f32], &'a [f16], &'a [bf16], as_ptr, *const u8);
     bytes_constructor!(&'a [u8], as_ptr, *const u8);
     /// Contiguous row-major `[a, b, c]` f32 data.
@@ -273,26 +284,12 @@ pub struct ViewMut<'a> {
 }
 
 impl<'a> ViewMut<'a> {
-    /// # Safety
-    /// `ptr` must point to `len` writable elements of `dtype` (of a block type: `len / 32`
-    /// blocks), exclusively borrowed for `'a`. Everything else is checked here.
-    pub unsafe fn from_raw(
-        ptr: *mut u8,
-        len: usize,
-        dtype: DType,
-        extent: [usize; 3],
-        stride: [usize; 3],
-    ) -> Result<Self> {
-        check_layout(ptr as usize, len, dtype, extent, stride)?;
-        Ok(ViewMut {
-            ptr,
-            len,
-            dtype,
-            extent,
-            stride,
-            _life: PhantomData,
-        })
-    }
+    raw_constructor!(
+        /// # Safety
+        /// `ptr` must point to `len` writable elements of `dtype` (of a block type: `len / 32`
+        /// blocks), exclusively borrowed for `'a`. Everything else is checked here.
+        *mut u8
+    );
     typed_constructors!(
         &'a mut [f32],
         &'a mut [f16],
