@@ -85,7 +85,7 @@ def run_tool(args, cmd):
 
 
 def method_args(spec, budget):
-    """A method spec "NAME[:w=W][:links=T][:to=F]" -> (tool arguments). W may be a fraction of the
+    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S]" -> (tool arguments). W may be a fraction of the
     budget ("w=0.25C"); the label is the spec itself."""
     parts = spec.split(":")
     out = ["--method", parts[0]]
@@ -99,6 +99,9 @@ def method_args(spec, budget):
             out += ["--evict-to", v]
         elif k == "keep":
             out += ["--n-keep", v]
+        elif k == "mark":
+            # the user and system turns marked through llama_kv_evict_mark, v of kept cells reserved for them
+            out += ["--mark", "user", "--mark-share", v]
         else:
             raise SystemExit(f"unknown method option {p} in {spec}")
     return out
