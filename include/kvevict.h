@@ -180,7 +180,7 @@
 #define KVE_LAYER_INPUTS_V2_SIZE 288
 
 /* kve_evictor_mark_cells: the share of the kept cells an engine reserves for marked cells by default */
-#define KVE_MARK_SHARE_DEFAULT 0.5f
+#define KVE_MARK_SHARE_DEFAULT 0.75f
 
 
 /**

@@ -301,7 +301,9 @@ def report_chat(out, name, split, c, lines, plots):
                  f"(from a snapshot of the sequence, restored for each question). **recalled**: the greedy answer after "
                  f"the answer prefix contains the value; **choice**: the value's log-likelihood beats its 3 same-kind "
                  f"distractors'. **vs full**: of the facts the full cache recalls (or chooses), the share the method "
-                 f"does too.\n")
+                 f"does too. Labels `:mark=S`: the engine's marks, the user and system turns' positions given to "
+                 f"`llama_kv_evict_mark` (`--mark user`), S of each eviction's kept cells reserved for their cells "
+                 f"(`kve_evictor_mark_cells`, design §3c).\n")
     lines.append("| method | " + " | ".join(f"{a // c}×: recalled | vs full | choice | vs full" for a in ats) + " |")
     lines.append("|---|" + "---:|---:|---:|---:|" * len(ats))
     plot = {}

@@ -15,7 +15,7 @@ from ._lib import (kve_evictor_config, kve_evictor_layer, kve_evictor_paged_laye
 from ._paged import _layout, _table
 
 # KVE_MARK_SHARE_DEFAULT (include/kvevict.h)
-MARK_SHARE_DEFAULT = 0.5
+MARK_SHARE_DEFAULT = 0.75
 
 _POLICY_EXPLICIT, _POLICY_KEEP_RATIO, _POLICY_CELLS = 0, 1, 2
 _WO = {0: None, 1: "once", 2: "every-round"}

@@ -587,7 +587,7 @@ pub unsafe extern "C" fn kve_evictor_begin(
 
 /// The share of the kept cells an engine reserves for marked cells by default
 /// (`kve_evictor_mark_cells`), chosen on the conversation benchmark's dev split.
-pub const KVE_MARK_SHARE_DEFAULT: f32 = 0.5;
+pub const KVE_MARK_SHARE_DEFAULT: f32 = 0.75;
 const _: () = assert!(KVE_MARK_SHARE_DEFAULT == crate::evictor::MARK_SHARE);
 
 /// Mark cells of sequence `seq`'s begun round (after `kve_evictor_begin`, before
