@@ -179,6 +179,9 @@
 #define KVE_LAYER_INPUTS_V1_SIZE 272
 #define KVE_LAYER_INPUTS_V2_SIZE 288
 
+/* kve_evictor_mark_cells: the share of the kept cells an engine reserves for marked cells by default */
+#define KVE_MARK_SHARE_DEFAULT 0.75f
+
 
 /**
  * An evictor's device form: a pointer into the host memory given to
@@ -1460,6 +1463,25 @@ int32_t kve_evictor_begin(struct kve_evictor *evictor,
                           uint64_t seq,
                           uint64_t n_cells,
                           uint64_t target);
+
+/**
+ * Mark cells of sequence `seq`'s begun round (after `kve_evictor_begin`, before
+ * `kve_evictor_select`): `flags[i] != 0` marks cell `i`, for the round's `n_cells` cells
+ * (`n_flags` must equal it: `KVE_ERR_SHAPE_MISMATCH`). Marked cells hold text the engine
+ * was given (user turns, a system prompt), which no later query may read again. The
+ * selection then reserves `share` (in [0, 1]; `KVE_MARK_SHARE_DEFAULT`) of each unit's
+ * prefix budget for marked cells, picked among them by the method's own selection, and
+ * gives the rest to the unmarked cells the same way (a part with too few cells leaves the
+ * rest to the other); never more than the budget. No marked cell, no unmarked one, or
+ * `share` 0: the plain selection, bit-identical. The marks last for this round only
+ * (a new `kve_evictor_begin` forgets them): an engine knows its cells' positions, which
+ * compaction keeps. Writes only the context.
+ */
+int32_t kve_evictor_mark_cells(struct kve_evictor *evictor,
+                               uint64_t seq,
+                               const uint8_t *flags,
+                               uint64_t n_flags,
+                               float share);
 
 /**
  * Set every tensor of `layer` absent and its `struct_size`

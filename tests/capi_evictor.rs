@@ -909,3 +909,111 @@ fn paged_rounds_through_c_match_the_strided_ones() {
         }
     }
 }
+
+/// `kve_evictor_mark_cells`: a round with marks through C keeps what the Rust evictor keeps
+/// with the same marks (and something else than without them); hostile arguments are
+/// refused with the context unchanged.
+#[test]
+fn marks_through_c() {
+    let mut c = config(Preset::SnapKv as u32);
+    c.window = 8;
+    let ev = evictor(&c);
+    let xs = layers(21);
+    let mut flags = vec![0u8; N];
+    flags[2..14].fill(1);
+    flags[30..34].fill(7);
+    let round = |marks: Option<(&[u8], f32)>| -> Vec<u32> {
+        // SAFETY: a live context, views of live data, buffers of the lengths passed.
+        unsafe {
+            assert_eq!(kve_evictor_begin(ev, 0, N as u64, 30), KVE_OK);
+            if let Some((f, s)) = marks {
+                let st = kve_evictor_mark_cells(ev, 0, f.as_ptr(), f.len() as u64, s);
+                assert_eq!(st, KVE_OK);
+            }
+            for (l, x) in xs.iter().enumerate() {
+                assert_eq!(kve_evictor_score_layer(ev, 0, l as u64, &views(x)), KVE_OK);
+            }
+            let mut n = 0u64;
+            assert_eq!(kve_evictor_select(ev, 0, &mut n), KVE_OK);
+            assert!(n <= 30);
+        }
+        let kept = cells_of(kve_evictor_kept_cells, ev, 0);
+        // SAFETY: a live context.
+        assert_eq!(unsafe { kve_evictor_commit(ev, 0) }, KVE_OK);
+        kept
+    };
+    let plain = round(None);
+    assert_eq!(plain, rust_round(Preset::SnapKv, &xs));
+    let marked = round(Some((&flags, KVE_MARK_SHARE_DEFAULT)));
+    assert_ne!(marked, plain);
+    let dims = ModelDims {
+        layers: L,
+        hq: HQ,
+        hkv: HKV,
+        dk: D,
+        dv: D,
+        d_model: 16,
+    };
+    let mut rc = EvictorConfig::new(Preset::SnapKv, dims, N, Budget::Explicit);
+    rc.granularity = Some(Granularity::Token);
+    rc.window = 8;
+    let mut mem = vec![0u8; Evictor::memory_size(&rc).unwrap()];
+    let mut r = Evictor::init(&mut mem, &rc).unwrap();
+    r.begin(0, N, 30).unwrap();
+    r.mark_cells(0, &flags, KVE_MARK_SHARE_DEFAULT).unwrap();
+    for (l, x) in xs.iter().enumerate() {
+        let v = LayerViews {
+            keys: View::f32_contiguous(&x.k, [HKV, N, D]).unwrap(),
+            values: None,
+            queries: Some(View::f32_contiguous(&x.q, [HQ, N, D]).unwrap()),
+            row_lse: None,
+            wo: None,
+        };
+        r.score_layer(0, l, &v).unwrap();
+    }
+    let k = r.select(0).unwrap();
+    assert_eq!(marked, k.indices[..k.offsets[1] as usize].to_vec());
+    // the marked cells' share: 11 of the 22 prefix cells
+    let kept_marked = marked.iter().filter(|&&i| flags[i as usize] != 0).count();
+    assert!(kept_marked >= 11, "{kept_marked}");
+
+    // SAFETY (below): every pointer is valid for what it declares, or deliberately NULL,
+    // short, or inside the context, which the library must refuse.
+    unsafe {
+        let f = flags.as_ptr();
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_mark_cells(ev, 0, f, N as u64, 0.5) // no round begun
+        });
+        assert_eq!(kve_evictor_begin(ev, 0, N as u64, 30), KVE_OK);
+        refused(ev, KVE_ERR_NULL_POINTER, || {
+            kve_evictor_mark_cells(std::ptr::null_mut(), 0, f, N as u64, 0.5)
+        });
+        refused(ev, KVE_ERR_NULL_POINTER, || {
+            kve_evictor_mark_cells(ev, 0, std::ptr::null(), N as u64, 0.5)
+        });
+        refused(ev, KVE_ERR_SHAPE_MISMATCH, || {
+            kve_evictor_mark_cells(ev, 0, f, N as u64 - 1, 0.5)
+        });
+        refused(ev, KVE_ERR_SHAPE_MISMATCH, || {
+            kve_evictor_mark_cells(ev, 0, std::ptr::null(), 0, 0.5)
+        });
+        for bad in [f32::NAN, -0.5, 1.01, f32::INFINITY, f32::NEG_INFINITY] {
+            refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+                kve_evictor_mark_cells(ev, 0, f, N as u64, bad)
+            });
+        }
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_mark_cells(ev, 2, f, N as u64, 0.5) // no such sequence
+        });
+        refused(ev, KVE_ERR_INVALID_ARGUMENT, || {
+            kve_evictor_mark_cells(ev, 1, f, N as u64, 0.5) // a sequence with no round
+        });
+        let inside = (ev as *const u8).add(128);
+        refused(ev, KVE_ERR_ALIASING, || {
+            kve_evictor_mark_cells(ev, 0, inside, N as u64, 0.5)
+        });
+        refused(ev, KVE_ERR_OVERFLOW, || {
+            kve_evictor_mark_cells(ev, 0, f, u64::MAX, 0.5)
+        });
+    }
+}

@@ -11,6 +11,8 @@
 //
 //   kvevict_decode_bench -m MODEL --mode ppl  --input TEXT.txt --method M --budget C [options]
 //   kvevict_decode_bench -m MODEL --mode chat --input CHAT.tsv --method M --budget C [options]
+//     [--mark user [--mark-share S]]: the user and system turns' positions marked through
+//     llama_kv_evict_mark (the engine's signal of what the user gave), S of kept cells reserved
 //
 // M: "full" (no eviction, the whole text in the cache), "ctxshift" (llama.cpp's context shift),
 // or a method of the fork (llama_kv_evict_method_names()). One JSON object on stdout per run
@@ -52,6 +54,8 @@ struct options {
     int flash = -1;            // -1 auto, 0 off, 1 on
     std::vector<int> at;       // chat: ask every question when the history reaches these token counts
     std::string nll_out;       // ppl: per-token NLL written here (f32, one per token, token 0 = NaN)
+    std::string mark = "none"; // chat: "user": the user and system turns' positions marked (llama_kv_evict_mark)
+    float mark_share = -1.0f;  // chat, with --mark: the share of kept cells reserved for them (< 0: kvevict's default)
 };
 
 double cpu_ms() {
@@ -454,8 +458,10 @@ int run_chat(const options & o) {
     }
     if (!r.init((int) (hist_tokens + q_max + 64))) return 1;
     auto head = [&](const char * status, const std::string & note) {
-        printf("{\"mode\":\"chat\",\"method\":%s,\"budget\":%d,\"evict_to\":%.3f,\"history\":%zu,\"status\":\"%s\",\"note\":%s",
-               json_str(o.method).c_str(), r.budget, o.evict_to, hist_tokens, status, json_str(note).c_str());
+        printf("{\"mode\":\"chat\",\"method\":%s,\"budget\":%d,\"evict_to\":%.3f,\"history\":%zu,\"mark\":%s,"
+               "\"mark_share\":%.3f,\"status\":\"%s\",\"note\":%s",
+               json_str(o.method).c_str(), r.budget, o.evict_to, hist_tokens, json_str(o.mark).c_str(), o.mark_share, status,
+               json_str(note).c_str());
     };
     if (!r.refused.empty()) return report_refused(r, head);
     std::string note;
@@ -588,6 +594,12 @@ int run_chat(const options & o) {
     };
     size_t fed = 0, next_at = 0;
     for (size_t ti = 0; ti < turns.size(); ti++) {
+        // the engine's signal: the positions of what the user gave (user turns, the system prompt)
+        if (o.mark == "user" && r.fork && (roles[ti] == "user" || roles[ti] == "system")) {
+            const llama_pos p0 = r.n_past, p1 = r.n_past + (llama_pos) turns[ti].size();
+            const int32_t rc = llama_kv_evict_mark(r.ctx, 0, p0, p1, o.mark_share);
+            if (rc < 0) { fprintf(stderr, "llama_kv_evict_mark: %d\n", rc); head("error", "llama_kv_evict_mark failed"); printf("}\n"); return 1; }
+        }
         // a turn per llama_decode call (the fork splits it into ubatches and evicts between them)
         if (!r.feed(turns[ti], false, 512, [](size_t, const float *) {})) {
             head("error", "llama_decode failed"); printf("}\n"); return 1;
@@ -634,6 +646,8 @@ int main(int argc, char ** argv) {
         else if (a == "-t" || a == "--threads") o.threads = atoi(next().c_str());
         else if (a == "--flash") o.flash = atoi(next().c_str());
         else if (a == "--nll-out") o.nll_out = next();
+        else if (a == "--mark") o.mark = next();
+        else if (a == "--mark-share") o.mark_share = (float) atof(next().c_str());
         else if (a == "--at") {
             std::stringstream ss(next());
             std::string x;
@@ -642,10 +656,11 @@ int main(int argc, char ** argv) {
         else if (a == "--methods") { printf("full, ctxshift, %s\n", llama_kv_evict_method_names()); return 0; }
         else { fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
     }
+    if (o.mark != "none" && o.mark != "user") { fprintf(stderr, "--mark: none or user\n"); return 2; }
     if (o.model.empty() || o.input.empty() || (o.mode != "ppl" && o.mode != "chat")) {
         fprintf(stderr, "usage: %s -m MODEL --mode ppl|chat --input FILE --method M --budget C [--evict-to F] "
                         "[--window W] [--links T] [--n-keep K] [--chunk U] [--max-tokens N] [--skip S] [--gen G] "
-                        "[-t N] [--flash -1|0|1] [--nll-out F]\n", argv[0]);
+                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user] [--mark-share S]\n", argv[0]);
         return 2;
     }
     llama_log_set(quiet_log, nullptr);

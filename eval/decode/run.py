@@ -85,7 +85,7 @@ def run_tool(args, cmd):
 
 
 def method_args(spec, budget):
-    """A method spec "NAME[:w=W][:links=T][:to=F]" -> (tool arguments). W may be a fraction of the
+    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S]" -> (tool arguments). W may be a fraction of the
     budget ("w=0.25C"); the label is the spec itself."""
     parts = spec.split(":")
     out = ["--method", parts[0]]
@@ -99,6 +99,9 @@ def method_args(spec, budget):
             out += ["--evict-to", v]
         elif k == "keep":
             out += ["--n-keep", v]
+        elif k == "mark":
+            # the user and system turns marked through llama_kv_evict_mark, v of kept cells reserved for them
+            out += ["--mark", "user", "--mark-share", v]
         else:
             raise SystemExit(f"unknown method option {p} in {spec}")
     return out
@@ -298,7 +301,9 @@ def report_chat(out, name, split, c, lines, plots):
                  f"(from a snapshot of the sequence, restored for each question). **recalled**: the greedy answer after "
                  f"the answer prefix contains the value; **choice**: the value's log-likelihood beats its 3 same-kind "
                  f"distractors'. **vs full**: of the facts the full cache recalls (or chooses), the share the method "
-                 f"does too.\n")
+                 f"does too. Labels `:mark=S`: the engine's marks, the user and system turns' positions given to "
+                 f"`llama_kv_evict_mark` (`--mark user`), S of each eviction's kept cells reserved for their cells "
+                 f"(`kve_evictor_mark_cells`, design §3c).\n")
     lines.append("| method | " + " | ".join(f"{a // c}×: recalled | vs full | choice | vs full" for a in ats) + " |")
     lines.append("|---|" + "---:|---:|---:|---:|" * len(ats))
     plot = {}

@@ -14,6 +14,9 @@ from ._lib import (kve_evictor_config, kve_evictor_layer, kve_evictor_paged_laye
                    kve_evictor_requirements, kve_evictor_stats)
 from ._paged import _layout, _table
 
+# KVE_MARK_SHARE_DEFAULT (include/kvevict.h)
+MARK_SHARE_DEFAULT = 0.75
+
 _POLICY_EXPLICIT, _POLICY_KEEP_RATIO, _POLICY_CELLS = 0, 1, 2
 _WO = {0: None, 1: "once", 2: "every-round"}
 
@@ -86,6 +89,15 @@ class Evictor:
     def begin(self, seq, n_cells, target):
         """Start a round on ``seq``'s ``n_cells`` cells ending at ``target`` cells."""
         call("kve_evictor_begin", self._ev, seq, n_cells, target)
+
+    def mark_cells(self, seq, flags, share=None):
+        """Mark cells of ``seq``'s begun round (before :meth:`select`): ``flags`` (one per
+        cell of the round, nonzero: marked) hold text the engine was given (user turns, a
+        system prompt); ``share`` of each unit's prefix budget is reserved for them
+        (None: ``KVE_MARK_SHARE_DEFAULT``). For this round only."""
+        f = np.ascontiguousarray(flags, dtype=np.uint8)
+        s = MARK_SHARE_DEFAULT if share is None else float(share)
+        call("kve_evictor_mark_cells", self._ev, seq, ptr(f), f.size, s)
 
     def score_layer(self, seq, layer, keys, values=None, queries=None, row_lse=None, wo=None):
         """Score ``layer`` of the round: ``keys`` / ``values`` ``[Hkv, n, d]``, ``queries``

@@ -385,6 +385,7 @@ _PROTOS = {
     "kve_evictor_paged_layer_init": (c_int32, [P(kve_evictor_paged_layer), c_uint32]),
     "kve_evictor_score_layer_paged": (
         c_int32, [c_void_p, c_uint64, c_uint64, P(kve_evictor_paged_layer)]),
+    "kve_evictor_mark_cells": (c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, c_float]),
     "kve_evictor_select": (c_int32, [c_void_p, c_uint64, _u64p]),
     "kve_evictor_kept_cells": (c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, _u64p]),
     "kve_evictor_evicted_cells": (c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, _u64p]),

@@ -82,6 +82,13 @@ class HeaderTests(unittest.TestCase):
             else:
                 self.assertIs(res, SCALARS[ret.split()[-1]], name)
 
+    def test_mark_share_default(self):
+        with open(HEADER) as f:
+            m = re.search(r"#define\s+KVE_MARK_SHARE_DEFAULT\s+([\d.]+)f", f.read())
+        self.assertIsNotNone(m)
+        from kvevict import _evictor
+        self.assertEqual(float(m.group(1)), _evictor.MARK_SHARE_DEFAULT)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -5,8 +5,8 @@
 //! `kve_evictor_size` → `kve_evictor_init` in the caller's memory → `kve_evictor_get_requirements`
 //! (what to capture) → `kve_evictor_set_output_projection` per layer (LaProx) → per ubatch
 //! `kve_evictor_observe_queries` per layer, then `kve_evictor_plan`; when the target is
-//! below the cells held: `kve_evictor_begin` → `kve_evictor_score_layer` per layer →
-//! `kve_evictor_select` → `kve_evictor_evicted_cells` / `kve_evictor_kept_cells` /
+//! below the cells held: `kve_evictor_begin` → (`kve_evictor_mark_cells`: the engine's
+//! marks) → `kve_evictor_score_layer` per layer → `kve_evictor_select` → `kve_evictor_evicted_cells` / `kve_evictor_kept_cells` /
 //! `kve_evictor_kept_lists` / `kve_evictor_compact` → `kve_evictor_commit`.
 //!
 //! The context (`kve_evictor*`) lives in the caller's memory and is only written by these
@@ -606,6 +606,40 @@ pub unsafe extern "C" fn kve_evictor_begin(
     let (mut ev, _) = tri!(unsafe { attach(evictor) });
     let s = tri!(to_usize(seq));
     to_status(ev.begin(s, tri!(to_usize(n_cells)), tri!(to_usize(target))))
+}
+
+/// The share of the kept cells an engine reserves for marked cells by default
+/// (`kve_evictor_mark_cells`), chosen on the conversation benchmark's dev split.
+pub const KVE_MARK_SHARE_DEFAULT: f32 = 0.75;
+const _: () = assert!(KVE_MARK_SHARE_DEFAULT == crate::evictor::MARK_SHARE);
+
+/// Mark cells of sequence `seq`'s begun round (after `kve_evictor_begin`, before
+/// `kve_evictor_select`): `flags[i] != 0` marks cell `i`, for the round's `n_cells` cells
+/// (`n_flags` must equal it: `KVE_ERR_SHAPE_MISMATCH`). Marked cells hold text the engine
+/// was given (user turns, a system prompt), which no later query may read again. The
+/// selection then reserves `share` (in [0, 1]; `KVE_MARK_SHARE_DEFAULT`) of each unit's
+/// prefix budget for marked cells, picked among them by the method's own selection, and
+/// gives the rest to the unmarked cells the same way (a part with too few cells leaves the
+/// rest to the other); never more than the budget. No marked cell, no unmarked one, or
+/// `share` 0: the plain selection, bit-identical. The marks last for this round only
+/// (a new `kve_evictor_begin` forgets them): an engine knows its cells' positions, which
+/// compaction keeps. Writes only the context.
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_mark_cells(
+    evictor: *mut kve_evictor,
+    seq: u64,
+    flags: *const u8,
+    n_flags: u64,
+    share: f32,
+) -> i32 {
+    let f = tri!(Buf::new(flags, n_flags));
+    // SAFETY: the caller's context; attach checks it.
+    let (mut ev, ctx) = tri!(unsafe { attach(evictor) });
+    tri!(check_alias(&[ctx], &[f.span]));
+    // SAFETY: Buf::new checked it; check_alias: the context (the only output) does not
+    // overlap it.
+    let flags = unsafe { f.slice() };
+    to_status(ev.mark_cells(tri!(to_usize(seq)), flags, share))
 }
 
 /// Set every tensor of `layer` absent and its `struct_size`

@@ -520,5 +520,11 @@ pub fn header_defines() -> std::string::String {
         "Limits and the released sizes of the extensible structs (V1: first release)",
         &limits,
     );
+    let _ = writeln!(
+        s,
+        "\n/* kve_evictor_mark_cells: the share of the kept cells an engine reserves for marked \
+         cells by default */\n#define KVE_MARK_SHARE_DEFAULT {:?}f",
+        evictor::KVE_MARK_SHARE_DEFAULT
+    );
     s
 }

@@ -313,6 +313,9 @@ pub(crate) fn workspace_bytes(r: &Resolved) -> Result<usize> {
     select.add::<u64>(units + 1)?;
     select.add::<u32>(mul(units, n)?)?;
     let sel = crate::select_workspace_size(&r.select, r.m.layers, r.m.hkv, n, w)?;
+    // a round with marks: the two parts' selections (`marks.rs`)
+    let marked = super::marks::marked_workspace_size(&r.select, r.m.layers, r.m.hkv, n, w)?;
+    let sel = sel.max(marked);
     let mut gram = 0;
     if r.capture.wo == WoUse::Once {
         gram = crate::gram_workspace_size(r.m.dv, r.m.d_model)?;

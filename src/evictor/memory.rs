@@ -6,8 +6,8 @@
 //! and per sequence slot `state [STATE_WORDS] u64, scored [L] u8, ring_rows [L] u64,
 //! words [L·Hkv·max_cells] (scores f32 while scoring, kept cells u32 once selected: a
 //! round needs one or the other), offsets [L·Hkv + 1] u64, links [max_cells] f32,
-//! ring [L][Hq][w][dk] f32, carry [L·Hkv·max_cells] f32` (the decode-time score memory,
-//! `carry.rs`). Parts are cut by the crate's one carver (`workspace.rs`),
+//! ring [L][Hq][w][dk] f32, carry [L·Hkv·max_cells] f32, marks [max_cells] u8` (the
+//! decode-time score memory, `carry.rs`; the round's marked cells, `marks.rs`). Parts are cut by the crate's one carver (`workspace.rs`),
 //! each 64-byte aligned, the optional ones empty when the method does not read them.
 
 use super::Resolved;
@@ -15,7 +15,7 @@ use crate::error::{add, mul, Error, Result};
 use crate::workspace::{Workspace, WorkspaceSize};
 
 /// Words of a sequence's bookkeeping ([`super::SeqState`]).
-pub(crate) const STATE_WORDS: usize = 11;
+pub(crate) const STATE_WORDS: usize = 12;
 
 /// Alignment of the block's start (the library aligns inside the caller's memory).
 pub const ALIGN: usize = 64;
@@ -94,6 +94,9 @@ pub(crate) struct Slot<'a> {
     pub ring: &'a mut [f32],
     /// Decode-time score memory `[L·Hkv][max_cells]` (`carry.rs`), empty when off.
     pub carry: &'a mut [f32],
+    /// The round's marked cells `[max_cells]` (1: marked; `marks.rs`), valid while the
+    /// state's `mark_share` is set.
+    pub marks: &'a mut [u8],
 }
 
 /// A slot's `words` as the round's scores.
@@ -127,6 +130,7 @@ fn slot_bytes(r: &Resolved) -> Result<usize> {
     s.add::<f32>(if r.links.is_some() { r.max_cells } else { 0 })?;
     s.add::<f32>(ring_len(r)?)?;
     s.add::<f32>(carry_len(r)?)?;
+    s.add::<u8>(r.max_cells)?;
     Ok(s.0)
 }
 
@@ -160,6 +164,7 @@ pub(crate) fn carve_slot<'a>(buf: &'a mut [u8], r: &Resolved) -> Result<Slot<'a>
         links: ws.take_dirty::<f32>(if r.links.is_some() { r.max_cells } else { 0 })?,
         ring: ws.take_dirty::<f32>(ring_len(r)?)?,
         carry: ws.take_dirty::<f32>(carry_len(r)?)?,
+        marks: ws.take_dirty::<u8>(r.max_cells)?,
     })
 }
 

@@ -29,11 +29,15 @@
 //! - Under a cell budget a preset with a decode-time decay (`tova-decay`, `h2o`) ranks each cell by
 //!   its round score plus the decayed score it had when last kept (`carry.rs`, design §3c);
 //!   a round abandoned after `select` forgets the memory (its cells are renumbered there).
+//! - Marks are given per round ([`Evictor::mark_cells`], between `begin` and `select`): the
+//!   engine knows which cells hold the user's text by their positions, which compaction
+//!   does not change, so the context keeps no marks across rounds (`marks.rs`).
 
 mod carry;
 mod config;
 #[cfg(feature = "cuda")]
 pub mod device;
+mod marks;
 mod memory;
 pub mod policy;
 pub mod presets;
@@ -49,6 +53,7 @@ use crate::{budget::ModelScores, ValueLinks};
 use config::{because, resolve, resolve_why, workspace_bytes};
 pub(crate) use config::{cstr, Resolved};
 pub use config::{EvictorConfig, ModelDims, Refusal};
+pub use marks::{split_budget, MARK_SHARE};
 use memory::{Layout, Slot, ALIGN};
 pub use policy::Budget;
 pub use presets::{
@@ -305,6 +310,32 @@ impl<'a> Evictor<'a> {
         Ok(())
     }
 
+    /// Mark cells of `seq`'s begun round (before `select`): `flags[i] != 0` marks cell `i`
+    /// (`flags.len()` the round's cells, else `ShapeMismatch`), text the engine was given
+    /// (user turns, a system prompt) rather than text the model wrote; `share` in [0, 1]
+    /// (else `InvalidArgument`) is the part of each unit's prefix budget reserved for
+    /// marked cells (`marks.rs`: the rule; [`MARK_SHARE`] the tuned default). A later call
+    /// in the same round replaces the marks; `begin` forgets them.
+    pub fn mark_cells(&mut self, seq: usize, flags: &[u8], share: f32) -> Result<()> {
+        if !(0.0..=1.0).contains(&share) {
+            return Err(Error::InvalidArgument);
+        }
+        let mut st = self.state(seq)?;
+        if st.phase != Phase::Scoring {
+            return Err(Error::InvalidArgument);
+        }
+        if flags.len() != st.n as usize {
+            return Err(Error::ShapeMismatch);
+        }
+        let slot = self.slot(seq)?;
+        for (m, &f) in slot.marks.iter_mut().zip(flags) {
+            *m = (f != 0) as u8;
+        }
+        st.mark_share = Some(share);
+        st.store(slot.state);
+        Ok(())
+    }
+
     /// The cells of `seq`'s round in progress (begun or selected; `InvalidArgument`
     /// without one).
     pub fn round_cells(&mut self, seq: usize) -> Result<usize> {
@@ -395,6 +426,12 @@ impl<'a> Evictor<'a> {
         let mut cfg = r.select;
         cfg.budget = policy::span_budget(st.start, st.n, window as u64, st.target);
         let (no, ni) = crate::select_output_len(&cfg, r.m.layers, r.m.hkv, m, window)?;
+        // two parts' budgets may round to more than one pyramid's
+        let ni = if st.mark_share.is_some() {
+            ni.max(units * m)
+        } else {
+            ni
+        };
         let mut ws = Workspace::new(ws);
         let span = ws.take_dirty::<f32>(if start > 0 { units * ps } else { 0 })?;
         let offsets = ws.take_dirty::<u64>(no)?;
@@ -418,14 +455,20 @@ impl<'a> Evictor<'a> {
             n: m,
             window,
         };
-        match r.links {
-            Some(threshold) => {
-                let links = ValueLinks {
-                    sums: &slot.links[start..n],
-                    threshold,
-                };
-                crate::select_model_linked(&cfg, &ms, links, offsets, indices, rest)?
+        let links = r.links.map(|threshold| ValueLinks {
+            sums: &slot.links[start..n],
+            threshold,
+        });
+        let marked = match st.mark_share {
+            Some(share) => {
+                let flags = &slot.marks[start..n];
+                marks::select_marked(&cfg, &ms, links, flags, share, offsets, indices, rest)?
             }
+            None => false,
+        };
+        match links {
+            _ if marked => {}
+            Some(links) => crate::select_model_linked(&cfg, &ms, links, offsets, indices, rest)?,
             None => crate::select_model(&cfg, &ms, offsets, indices, rest)?,
         }
         if r.decay > 0.0 && start == 0 {

@@ -34,6 +34,9 @@ pub(crate) struct SeqState {
     pub kept_total: u64,
     /// Held cells whose decode-time scores are carried (`carry.rs`; 0: none).
     pub carried: u64,
+    /// The round's marks (`marks.rs`): the share of the kept cells reserved for the marked
+    /// cells, `None` when the engine marked none this round.
+    pub mark_share: Option<f32>,
 }
 
 impl SeqState {
@@ -56,6 +59,10 @@ impl SeqState {
             evicted: w[8],
             kept_total: w[9],
             carried: w[10],
+            mark_share: match w[11] {
+                0 => None,
+                x => Some(f32::from_bits(x as u32)),
+            },
         })
     }
     pub fn store(&self, w: &mut [u64]) {
@@ -71,6 +78,8 @@ impl SeqState {
             self.evicted,
             self.kept_total,
             self.carried,
+            self.mark_share
+                .map_or(0, |s| (1 << 32) | s.to_bits() as u64),
         ];
         w.copy_from_slice(&v);
     }
@@ -105,6 +114,7 @@ impl SeqState {
         self.start = start;
         self.target = target.max(policy::least_kept(start, n, window));
         self.kept_total = 0;
+        self.mark_share = None;
         Ok(())
     }
 

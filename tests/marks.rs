@@ -1,0 +1,289 @@
+//! The engine's marks (design §3c, `src/evictor/marks.rs`): a round whose cells the engine
+//! marked (user turns, a system prompt) reserves a share of the kept cells for them. Checked
+//! against the f64 reference (tests/reference): the rule written out here on its own — the
+//! budget split, the reference selection over each part's cells, the union — and that a
+//! round without marks, with none set, with share 0 or with every prefix cell marked keeps
+//! exactly what the plain selection keeps (fixed seeds; random f32 data makes near-ties rare).
+
+mod reference;
+
+use kvevict::evictor::{
+    default_select, split_budget, Budget, EvictorConfig, LayerViews, ModelDims,
+};
+use kvevict::{Error, Evictor, Granularity, Preset, ScoreConfig, View};
+use reference::{Layer, Rng, T3};
+
+const DIMS: ModelDims = ModelDims {
+    layers: 3,
+    hq: 4,
+    hkv: 2,
+    dk: 16,
+    dv: 8,
+    d_model: 0,
+};
+const N: usize = 40;
+const W: usize = 4;
+
+struct Data {
+    q: Vec<T3>,
+    k: Vec<T3>,
+}
+
+fn data(seed: u64) -> Data {
+    let mut r = Rng::new(seed);
+    let f32_exact = |x: f64| x as f32 as f64;
+    Data {
+        q: (0..DIMS.layers)
+            .map(|_| T3::normal(&mut r, DIMS.hq, W, DIMS.dk, 1.5).map(f32_exact))
+            .collect(),
+        k: (0..DIMS.layers)
+            .map(|_| T3::normal(&mut r, DIMS.hkv, N, DIMS.dk, 1.5).map(f32_exact))
+            .collect(),
+    }
+}
+
+fn f32s(t: &T3) -> Vec<f32> {
+    t.data.iter().map(|&x| x as f32).collect()
+}
+
+fn evictor_config(preset: Preset, g: Granularity) -> EvictorConfig {
+    let mut c = EvictorConfig::new(preset, DIMS, N, Budget::Explicit);
+    c.granularity = Some(g);
+    c.window = W as u32;
+    c
+}
+
+/// The core's kept lists of one round to `target` cells, with `marks` (flags, share) given
+/// after `begin` when `Some`.
+fn core(
+    ev: &mut Evictor,
+    d: &Data,
+    target: usize,
+    marks: Option<(&[u8], f32)>,
+) -> (Vec<u64>, Vec<u32>) {
+    ev.begin(0, N, target).unwrap();
+    if let Some((flags, share)) = marks {
+        ev.mark_cells(0, flags, share).unwrap();
+    }
+    for l in 0..DIMS.layers {
+        let (k, q) = (f32s(&d.k[l]), f32s(&d.q[l]));
+        let v = LayerViews {
+            keys: View::f32_contiguous(&k, [DIMS.hkv, N, DIMS.dk]).unwrap(),
+            values: None,
+            queries: Some(View::f32_contiguous(&q, [DIMS.hq, W, DIMS.dk]).unwrap()),
+            row_lse: None,
+            wo: None,
+        };
+        ev.score_layer(0, l, &v).unwrap();
+    }
+    let kept = ev.select(0).unwrap();
+    let out = (kept.offsets.to_vec(), kept.indices.to_vec());
+    ev.commit(0).unwrap();
+    out
+}
+
+/// The reference scores `[L][Hkv][P]` of the preset.
+fn reference_scores(preset: Preset, d: &Data) -> Vec<f64> {
+    let cfg = ScoreConfig {
+        window: W as u32,
+        ..ScoreConfig::preset(preset)
+    };
+    let mut flat = Vec::new();
+    for l in 0..DIMS.layers {
+        let x = Layer {
+            q: Some(d.q[l].clone()),
+            k: d.k[l].clone(),
+            v: None,
+            wo: None,
+        };
+        let sc = reference::score_layer(&cfg, &x);
+        for kh in 0..DIMS.hkv {
+            flat.extend_from_slice(&sc.s[kh][..N - W]);
+        }
+    }
+    flat
+}
+
+/// The rule in f64: prefix budget `b` splits into `⌊share·b⌋` for the marked cells and the
+/// rest for the unmarked ones (a short part gives its rest to the other); the reference
+/// selection over the marked prefix cells (no window) and over the unmarked prefix cells
+/// plus the window; per unit the union, ascending.
+fn reference_round(
+    preset: Preset,
+    g: Granularity,
+    d: &Data,
+    target: usize,
+    flags: &[u8],
+    share: f64,
+) -> Vec<Vec<u32>> {
+    let p = N - W;
+    let s = reference_scores(preset, d);
+    let units = DIMS.layers * DIMS.hkv;
+    let mut sel = default_select(preset, 0);
+    sel.granularity = g;
+    let b = (target - W) as u64;
+    let marked: Vec<usize> = (0..p).filter(|&i| flags[i] != 0).collect();
+    let unmarked: Vec<usize> = (0..p).filter(|&i| flags[i] == 0).collect();
+    let (m, u) = (marked.len() as u64, unmarked.len() as u64);
+    if share == 0.0 || m == 0 || u == 0 {
+        sel.budget = b;
+        return reference::select_model(&sel, &s, DIMS.layers, DIMS.hkv, N, W);
+    }
+    let b = b.min(m + u);
+    // the marked cells' share, as many as there are; the unmarked cells the rest, as many
+    // as there are; what is still left back to the marked cells
+    let reserved = ((share * b as f64).floor() as u64).min(m);
+    let bu = (b - reserved).min(u);
+    let bm = (b - bu).min(m);
+    let part = |cols: &[usize], window: usize, budget: u64| -> Vec<Vec<u32>> {
+        let kp = cols.len() - window;
+        let mut g = Vec::new();
+        for unit in 0..units {
+            g.extend(cols[..kp].iter().map(|&c| s[unit * p + c]));
+        }
+        let mut c = sel;
+        c.budget = budget;
+        reference::select_model(&c, &g, DIMS.layers, DIMS.hkv, cols.len(), window)
+            .into_iter()
+            .map(|l| l.into_iter().map(|i| cols[i as usize] as u32).collect())
+            .collect()
+    };
+    let a = part(&marked, 0, bm);
+    let with_window: Vec<usize> = unmarked.iter().copied().chain(p..N).collect();
+    let z = part(&with_window, W, bu);
+    a.into_iter()
+        .zip(z)
+        .map(|(mut x, y)| {
+            x.extend(y);
+            x.sort_unstable();
+            x
+        })
+        .collect()
+}
+
+fn lists(offsets: &[u64], indices: &[u32]) -> Vec<Vec<u32>> {
+    (0..offsets.len() - 1)
+        .map(|u| indices[offsets[u] as usize..offsets[u + 1] as usize].to_vec())
+        .collect()
+}
+
+/// Runs of marked cells (a system prompt, user turns) over the prefix, some in the window.
+fn runs(r: &mut Rng) -> Vec<u8> {
+    let mut f = vec![0u8; N];
+    for _ in 0..r.range(1, 4) {
+        let a = r.range(0, N - 2);
+        let len = r.range(1, 9);
+        for x in f.iter_mut().skip(a).take(len) {
+            *x = 1;
+        }
+    }
+    f
+}
+
+#[test]
+fn split_budget_rule() {
+    assert_eq!(split_budget(10, 0.5, 3, 20), Some((3, 7)));
+    assert_eq!(split_budget(10, 0.5, 20, 3), Some((7, 3)));
+    assert_eq!(split_budget(10, 0.25, 20, 20), Some((2, 8)));
+    assert_eq!(split_budget(10, 1.0, 20, 20), Some((10, 0)));
+    assert_eq!(split_budget(50, 0.5, 4, 6), Some((4, 6)));
+    assert_eq!(split_budget(10, 0.0, 5, 5), None);
+    assert_eq!(split_budget(0, 0.5, 5, 5), None);
+    assert_eq!(split_budget(10, 0.5, 0, 5), None);
+    assert_eq!(split_budget(10, 0.5, 5, 0), None);
+}
+
+#[test]
+fn marked_rounds_match_the_f64_reference() {
+    let mut r = Rng::new(28);
+    let mut differs = 0;
+    for (preset, g) in [
+        (Preset::SnapKv, Granularity::Token),
+        (Preset::SnapKv, Granularity::Head),
+    ] {
+        let c = evictor_config(preset, g);
+        let mut mem = vec![0u8; Evictor::memory_size(&c).unwrap()];
+        let mut ev = Evictor::init(&mut mem, &c).unwrap();
+        for seed in 0..12 {
+            let d = data(100 + seed);
+            let flags = runs(&mut r);
+            let share = [0.25f32, 0.5, 0.75, 1.0][seed as usize % 4];
+            let target = r.range(W + 2, N - 4);
+            let (o, i) = core(&mut ev, &d, target, Some((&flags, share)));
+            let got = lists(&o, &i);
+            let want = reference_round(preset, g, &d, target, &flags, share as f64);
+            assert_eq!(got, want, "{preset:?} {g:?} seed {seed} share {share}");
+            // never more than the budget (the window on top)
+            for l in &got {
+                assert!(l.len() <= target, "{} > {target}", l.len());
+            }
+            let (po, pi) = core(&mut ev, &d, target, None);
+            differs += (lists(&po, &pi) != got) as u32;
+        }
+    }
+    assert!(differs > 12, "marks changed only {differs} rounds");
+}
+
+#[test]
+fn without_marks_the_selection_is_the_plain_one() {
+    let mut r = Rng::new(7);
+    for g in [Granularity::Token, Granularity::Head] {
+        let c = evictor_config(Preset::SnapKv, g);
+        let mut mem = vec![0u8; Evictor::memory_size(&c).unwrap()];
+        let mut ev = Evictor::init(&mut mem, &c).unwrap();
+        for seed in 0..6 {
+            let d = data(seed);
+            let target = r.range(W + 2, N - 4);
+            let plain = core(&mut ev, &d, target, None);
+            let want = reference_round(Preset::SnapKv, g, &d, target, &[0; N], 0.5);
+            assert_eq!(lists(&plain.0, &plain.1), want, "{g:?} seed {seed}");
+            let none = [0u8; N];
+            assert_eq!(core(&mut ev, &d, target, Some((&none, 0.5))), plain);
+            let flags = runs(&mut r);
+            assert_eq!(core(&mut ev, &d, target, Some((&flags, 0.0))), plain);
+            // every prefix cell marked: nothing to split
+            let mut all = [0u8; N];
+            all[..N - W].fill(1);
+            assert_eq!(core(&mut ev, &d, target, Some((&all, 0.5))), plain);
+            // marks last one round: the next begin forgets them
+            ev.begin(0, N, target).unwrap();
+            ev.mark_cells(0, &flags, 1.0).unwrap();
+            assert_eq!(core(&mut ev, &d, target, None), plain);
+        }
+    }
+}
+
+#[test]
+fn marks_refuse_bad_arguments() {
+    let c = evictor_config(Preset::SnapKv, Granularity::Token);
+    let mut mem = vec![0u8; Evictor::memory_size(&c).unwrap()];
+    let mut ev = Evictor::init(&mut mem, &c).unwrap();
+    let flags = [1u8; N];
+    // no round begun
+    assert_eq!(ev.mark_cells(0, &flags, 0.5), Err(Error::InvalidArgument));
+    ev.begin(0, N, 20).unwrap();
+    for bad in [f32::NAN, -0.1, 1.5, f32::INFINITY] {
+        assert_eq!(ev.mark_cells(0, &flags, bad), Err(Error::InvalidArgument));
+    }
+    assert_eq!(
+        ev.mark_cells(0, &flags[1..], 0.5),
+        Err(Error::ShapeMismatch)
+    );
+    assert_eq!(ev.mark_cells(1, &flags, 0.5), Err(Error::InvalidArgument));
+    assert_eq!(ev.mark_cells(0, &flags, 0.5), Ok(()));
+    // selected: too late
+    let d = data(1);
+    let (k, q) = (f32s(&d.k[0]), f32s(&d.q[0]));
+    for l in 0..DIMS.layers {
+        let v = LayerViews {
+            keys: View::f32_contiguous(&k, [DIMS.hkv, N, DIMS.dk]).unwrap(),
+            values: None,
+            queries: Some(View::f32_contiguous(&q, [DIMS.hq, W, DIMS.dk]).unwrap()),
+            row_lse: None,
+            wo: None,
+        };
+        ev.score_layer(0, l, &v).unwrap();
+    }
+    ev.select(0).unwrap();
+    assert_eq!(ev.mark_cells(0, &flags, 0.5), Err(Error::InvalidArgument));
+}
