@@ -204,6 +204,34 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         );
         assert_eq!(num(&v[2], "asked"), 2.0);
     }
+    // the engine's marks (llama_kv_evict_mark): the user and system turns marked, every kept
+    // cell reserved for them where they fit; the budget still holds
+    let marked = run(
+        &tool,
+        &[
+            "-m", m, "--mode", "chat", "--input", c, "--method", "uniqueness", "--budget", "64",
+            "--at", "150,300", "--gen", "4", "--mark", "user", "--mark-share", "1",
+        ],
+    );
+    assert_eq!(marked.len(), 3, "{marked:?}");
+    for q in &marked[..2] {
+        assert_eq!(get(q, "status"), "ok", "{q:?}");
+        assert!(num(q, "cells") <= 64.0, "{q:?}");
+    }
+    assert_eq!(get(&marked[2], "mark"), "user", "{marked:?}");
+    // a share outside [0, 1] is refused by the fork (LLAMA_KV_EVICT_ERR_ARG), said and exit 1
+    let o = Command::new(&tool)
+        .args([
+            "-m", m, "--mode", "chat", "--input", c, "--method", "uniqueness", "--budget", "64",
+            "--mark", "user", "--mark-share", "2",
+        ])
+        .output()
+        .expect("run the tool");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("llama_kv_evict_mark"),
+        "{o:?}"
+    );
     let v = run(
         &tool,
         &[

@@ -13,7 +13,9 @@
 # device path (kvevict's device evictor, kve_cuda_evictor_*) forced on the CPU cache through libllama relinked against kvevict's
 # cuda-emu, the real kernels on the CPU emulator taking host memory as device memory
 # (llama_fork/cuda_emu.sh: one more kvevict build, cached in the fork's folder, and one link),
-# against the host path; Gemma 3 270M's iSWA cache (eviction on its full-attention layers).
+# against the host path; Gemma 3 270M's iSWA cache (eviction on its full-attention layers); and
+# tests/decode_bench.rs: eval/decode's benchmark tool built against the fork and run small (the
+# engine's marks, llama_kv_evict_mark, included).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -38,5 +40,5 @@ export KVEVICT_FORK_BIN KVEVICT_FORK_EMU_LIB KVEVICT_LLAMA_GEMMA KVEVICT_FORK_RE
 # test's own arguments): the 2 cores stay busy through each test's single-threaded parts. Each
 # test's output is printed whole when it passes (--show-output), not interleaved
 export KVEVICT_FORK_THREADS=${KVEVICT_FORK_THREADS:-1}
-cargo test --release --test llama_fork -- --show-output --test-threads "${KVEVICT_FORK_TEST_THREADS:-2}" 2>&1
+cargo test --release --test llama_fork --test decode_bench -- --show-output --test-threads "${KVEVICT_FORK_TEST_THREADS:-2}" 2>&1
 echo "llama fork step: $(( $(date +%s) - t0 )) s"
