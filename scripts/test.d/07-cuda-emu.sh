@@ -13,21 +13,26 @@
 #     accesses, which fault on a GPU; out-of-bounds static shared arrays; overflow).
 # The emulator runs one kernel at a time per process (a launch holds its lock), so one test
 # process keeps about one core busy: the passes run as separate processes, KVEVICT_EMU_JOBS at
-# a time (default: the number of cores), each pass's output printed whole, in pass order, when
-# all have ended. Passes 1-3 share one build (their differences are environment variables the
-# emulator reads at run time); the UBSan pass has its own target folder (target/emu-ubsan), so
-# neither build replaces the other (in one folder each switch recompiled kvevict), and it is
-# compiled while the other passes run.
+# a time (default: the number of cores), each pass's output printed whole when it ends. Passes
+# 1-3 share one build (their differences are environment variables the emulator reads at run
+# time); the UBSan pass has its own target folder (target/emu-ubsan), so neither build replaces
+# the other (in one folder each switch recompiled kvevict), and it is compiled while the other
+# passes run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
-filter='^test |test result|panicked|cuda-emu:|error'
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
-# pass N: runs pass N, its output (cargo's too) into $logs/N.log, its seconds and status after it
+# pass N: runs pass N, its output (cargo's too) into $logs/N.log; when it ends, prints its title,
+# seconds and test lines (one pass at a time: a pass cut by CI's time limit leaves the others' in
+# the log) and keeps its exit status in $logs/N.rc
 pass() {
   local n=$1 s rc=0 tests=(--test cuda_emu --test device --test capi_cuda --test capi_cuda_links)
+  local titles=("" "sm_90 limit (227 KiB), forward block and thread order"
+                "sm_86/89 limit (99 KiB), reverse block and thread order"
+                "sm_80 limit (163 KiB), shuffled block and thread order"
+                "UBSan, shuffled block and thread order (target/emu-ubsan)")
   s=$(date +%s)
   case $n in
     1) env -u KVEVICT_EMU_SANITIZE -u KVEVICT_EMU_ORDER -u KVEVICT_EMU_SMEM_OPTIN \
@@ -41,7 +46,16 @@ pass() {
          CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}/emu-ubsan" \
          cargo test --release --features cuda-emu --test device ;;
   esac >"$logs/$n.log" 2>&1 || rc=$?
-  echo "$(( $(date +%s) - s )) $rc" >"$logs/$n.end"
+  echo "$rc" >"$logs/$n.rc"
+  {
+    flock 9
+    echo "-- pass $n: ${titles[$n]}: $(( $(date +%s) - s )) s$([ "$rc" = 0 ] || echo ", FAILED (exit $rc)")"
+    grep -E '^test |test result|panicked|cuda-emu:|error|runtime error' "$logs/$n.log" || true
+    if [ "$rc" != 0 ]; then
+      echo "-- pass $n failed: the end of its output"
+      tail -n 80 "$logs/$n.log"
+    fi
+  } 9>"$logs/print.lock"
   return 0
 }
 export -f pass
@@ -53,19 +67,8 @@ export logs root
 jobs=${KVEVICT_EMU_JOBS:-$(nproc)}
 printf '%s\n' 4 1 2 3 | xargs -P "$jobs" -I{} bash -c 'pass {}'
 
-titles=([1]="sm_90 limit (227 KiB), forward block and thread order"
-        [2]="sm_86/89 limit (99 KiB), reverse block and thread order"
-        [3]="sm_80 limit (163 KiB), shuffled block and thread order"
-        [4]="UBSan, shuffled block and thread order (target/emu-ubsan)")
 failed=()
 for n in 1 2 3 4; do
-  read -r secs rc <"$logs/$n.end" || { secs=?; rc=1; }
-  echo "-- pass $n: ${titles[$n]}: $secs s$([ "$rc" = 0 ] || echo ", FAILED (exit $rc)")"
-  grep -E "$filter|runtime error" "$logs/$n.log" || true
-  if [ "$rc" != 0 ]; then
-    failed+=("$n")
-    echo "-- pass $n failed: the end of its output"
-    tail -n 80 "$logs/$n.log"
-  fi
+  [ "$(cat "$logs/$n.rc" 2>/dev/null)" = 0 ] || failed+=("$n")
 done
 [ ${#failed[@]} = 0 ] || { echo "cuda-emu: FAILED passes: ${failed[*]}"; exit 1; }
