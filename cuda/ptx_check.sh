@@ -209,10 +209,32 @@ else
   echo "ok: all $ntiles tile-kernel builds have >= 5 LDG.E.128 in SASS and ld.global.nc.v4 in PTX"
 fi
 
-# Dynamic shared memory of the window / vonorm launchers against each arch's limit.
+# Dynamic shared memory of the window / vonorm launchers against each arch's limit. The table
+# program (it includes window.cu and vonorm.cu) is kept in KVEVICT_KERNEL_CACHE too, keyed by the
+# kernel sources, the program's source, its compile command and the versions of nvcc and of the
+# host compiler: its compile (~1-2 min on 2 cores) was the one left in a warm CI run.
 echo
-"$NVCC" -O1 -std=c++17 -Icuda -gencode=arch=compute_90,code=sm_90 -L"$CUDA_ROOT/lib" \
-  cuda/checks/smem_table.cu -o "$OUT_DIR/smem_table"
+compile_smem_table() {
+  "$NVCC" -O1 -std=c++17 -Icuda -gencode=arch=compute_90,code=sm_90 -L"$CUDA_ROOT/lib" \
+    cuda/checks/smem_table.cu -o "$1"
+}
+skey=""
+if [ -n "${KVEVICT_KERNEL_CACHE:-}" ]; then
+  skey=$( { cat cuda/*.cu cuda/*.cuh cuda/*.h cuda/checks/smem_table.cu; declare -f compile_smem_table
+            "$NVCC" --version; "${NVCC_CCBIN:-g++}" --version; } 2>&1 | sha256sum | cut -c1-16)
+  shit="$KVEVICT_KERNEL_CACHE/smem-table-$skey"
+fi
+if [ -n "$skey" ] && [ -x "$shit/smem_table" ]; then
+  cp "$shit/smem_table" "$OUT_DIR/smem_table"
+  touch "$shit"
+  echo "ptx_check: smem_table from $shit"
+else
+  compile_smem_table "$OUT_DIR/smem_table"
+  if [ -n "$skey" ]; then
+    tmp="$KVEVICT_KERNEL_CACHE/.smem-table-$skey.$$"
+    mkdir -p "$tmp" && cp "$OUT_DIR/smem_table" "$tmp/" && mv -T "$tmp" "$shit" 2>/dev/null || rm -rf "$tmp"
+  fi
+fi
 "$OUT_DIR/smem_table" || fail=1
 
 echo

@@ -60,6 +60,14 @@ trap summary EXIT
 cargo_cache target Cargo.toml Cargo.lock
 cargo_cache fuzz/target fuzz/Cargo.toml fuzz/Cargo.lock
 kernel_cache
+# the steps' Python venvs, keyed by the scripts that fill them (scripts/lib/venv_cache.sh)
+. scripts/lib/venv_cache.sh
+venv_cache KVEVICT_NVCC_VENV nvcc cuda/install_nvcc.sh
+venv_cache KVEVICT_CUOBJDUMP_VENV cuobjdump cuda/ptx_check.sh
+venv_cache KVEVICT_PY_VENV py scripts/lib/py_venv.sh
+venv_cache KVEVICT_EVAL_VENV eval eval/setup.sh
+venv_cache KVEVICT_LLAMA_VENV llama scripts/setup_llama.sh
+venv_cache KVEVICT_FORK_VENV fork llama_fork/fetch.sh scripts/test.d/60-llama-fork.sh
 
 step "core + C ABI + reference + conformance tests (cargo test)"
 cargo_test() { cargo test --release 2>&1 | tail -n 400; }

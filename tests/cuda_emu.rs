@@ -18,6 +18,9 @@ fn selftest() -> &'static PathBuf {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
         let exe = dir.join("cuda_emu_selftest");
+        // built under a name of this process's, then renamed: scripts/test.d/07-cuda-emu.sh runs
+        // two passes of this suite at once, and neither may run the other's half-written file
+        let part = dir.join(format!("cuda_emu_selftest.{}", std::process::id()));
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
         let st = Command::new(cxx)
             .args(["-std=c++17", "-O2", "-g", "-ffp-contract=off", "-I"])
@@ -25,10 +28,11 @@ fn selftest() -> &'static PathBuf {
             .arg(root.join("cuda/emu/selftest.cpp"))
             .arg(root.join("cuda/emu/emu.cpp"))
             .arg("-o")
-            .arg(&exe)
+            .arg(&part)
             .status()
             .expect("run the C++ compiler");
         assert!(st.success(), "building cuda/emu/selftest.cpp failed");
+        std::fs::rename(&part, &exe).expect("rename the self-test executable");
         exe
     })
 }

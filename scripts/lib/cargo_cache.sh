@@ -43,12 +43,7 @@ cargo_cache() {
         mkdir -p "$cache" 2>/dev/null && [ -w "$cache" ] || return 0
         key=$( (cd "$ROOT" && cat "$@"; rustc -vV) | sha256sum | cut -c1-16)
         dir=$cache/cargo-target-$key
-        exec {fd}> "$dir.lock"
-        if ! flock -n "$fd"; then
-            echo "cargo cache: $dir is in use by another run: $target stays in this clone"
-            exec {fd}>&-
-            return 0
-        fi
+        kve_cache_take "$dir" "$target stays in this clone" || return 0
         mkdir -p "$dir"
         ln -s "$dir" "$ROOT/$target"
         echo "cargo cache: $target -> $dir"
@@ -63,6 +58,18 @@ cargo_cache() {
     fi
     touch "$dir/.kvevict-sources"
     kve_cache_prune "$cache/cargo-target-" .kvevict-sources "$dir"
+}
+
+# kve_cache_take DIR INSTEAD: this shell takes DIR's lock (flock on DIR.lock) and holds it until it
+# exits; when another run holds it, says so and what is done INSTEAD, and returns 1.
+kve_cache_take() {
+    local fd
+    exec {fd}> "$1.lock"
+    if ! flock -n "$fd"; then
+        echo "kvevict cache: $1 is in use by another run: $2"
+        exec {fd}>&-
+        return 1
+    fi
 }
 
 # kve_cache_prune PREFIX MARK KEEP: removes the keyed folders PREFIX* whose file MARK (touched on
