@@ -286,9 +286,9 @@ fn device_paged_evictor_through_c_matches_the_host_one() {
 /// `n` int32 of device memory at `p`, after the device is idle.
 fn download_i32(p: *const i32, n: usize) -> Vec<i32> {
     let mut v = vec![0i32; n];
-    // SAFETY: no arguments; then `n` int32 of device memory into a host vector of `n`.
+    conformance::device_sync("sync before download");
+    // SAFETY: `n` int32 of device memory into a host vector of `n`.
     unsafe {
-        assert_eq!(conformance::rt::cudaDeviceSynchronize(), 0);
         let st =
             conformance::rt::cudaMemcpy(v.as_mut_ptr() as _, p as _, n * 4, conformance::rt::D2H);
         assert_eq!(st, 0);

@@ -164,9 +164,22 @@ impl<T: Copy> Drop for DBuf<T> {
     }
 }
 
+/// Held shared by every device-wide synchronisation of the tests and exclusively by a graph
+/// capture (`in_graph`): CUDA refuses `cudaDeviceSynchronize` while any stream of the device is
+/// capturing (cudaErrorStreamCaptureUnsupported, which the emulator enforces too), and the test
+/// threads of one binary share the device.
+static CAPTURE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// `cudaDeviceSynchronize`, never while another test thread captures a graph.
+pub fn device_sync(what: &str) {
+    let _shared = CAPTURE.read().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: no arguments.
+    ck(unsafe { rt::cudaDeviceSynchronize() }, what);
+}
+
 /// Copy `n` bytes host → device (`up`) or device → host, synchronising first.
 unsafe fn copy(dst: *mut c_void, src: *const c_void, n: usize, up: bool) {
-    ck(rt::cudaDeviceSynchronize(), "sync before copy");
+    device_sync("sync before copy");
     let kind = if up { rt::H2D } else { rt::D2H };
     ck(rt::cudaMemcpy(dst, src, n, kind), "cudaMemcpy");
 }
@@ -838,6 +851,9 @@ pub fn core_budgets(
 /// they would under global mode on a blocking stream (the emulator of feature
 /// `cuda-emu` enforces these rules).
 pub fn in_graph(f: &dyn Fn(*mut c_void)) {
+    // no other test thread synchronises the device during the capture (`f` itself must not:
+    // a capturing thread's synchronisation would end its capture anyway)
+    let _exclusive = CAPTURE.write().unwrap_or_else(|e| e.into_inner());
     let mut s = null_mut();
     let mut graph = null_mut();
     let mut exec = null_mut();

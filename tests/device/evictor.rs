@@ -16,8 +16,7 @@ use std::ptr::null;
 
 /// Waits for the device.
 fn sync() {
-    // SAFETY: no arguments.
-    ck(unsafe { rt::cudaDeviceSynchronize() }, "sync");
+    conformance::device_sync("sync");
 }
 
 /// `n` int32 of device memory at `p`, after a sync.
