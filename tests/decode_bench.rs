@@ -209,8 +209,24 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
     let marked = run(
         &tool,
         &[
-            "-m", m, "--mode", "chat", "--input", c, "--method", "uniqueness", "--budget", "64",
-            "--at", "150,300", "--gen", "4", "--mark", "user", "--mark-share", "1",
+            "-m",
+            m,
+            "--mode",
+            "chat",
+            "--input",
+            c,
+            "--method",
+            "uniqueness",
+            "--budget",
+            "64",
+            "--at",
+            "150,300",
+            "--gen",
+            "4",
+            "--mark",
+            "user",
+            "--mark-share",
+            "1",
         ],
     );
     assert_eq!(marked.len(), 3, "{marked:?}");
@@ -222,8 +238,20 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
     // a share outside [0, 1] is refused by the fork (LLAMA_KV_EVICT_ERR_ARG), said and exit 1
     let o = Command::new(&tool)
         .args([
-            "-m", m, "--mode", "chat", "--input", c, "--method", "uniqueness", "--budget", "64",
-            "--mark", "user", "--mark-share", "2",
+            "-m",
+            m,
+            "--mode",
+            "chat",
+            "--input",
+            c,
+            "--method",
+            "uniqueness",
+            "--budget",
+            "64",
+            "--mark",
+            "user",
+            "--mark-share",
+            "2",
         ])
         .output()
         .expect("run the tool");
