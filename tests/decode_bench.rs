@@ -180,14 +180,31 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
     s += "Q\tdog\tWhat is my dog called?\tYour dog is called\t Biscuit\t Pepper\t Rocky\n";
     std::fs::write(&chat, s).unwrap();
     let c = chat.to_str().unwrap();
-    for (method, budget) in [("uniqueness", "64"), ("ctxshift", "64")] {
-        let v = run(
-            &tool,
-            &[
-                "-m", m, "--mode", "chat", "--input", c, "--method", method, "--budget", budget,
-                "--at", "150,300", "--gen", "4",
-            ],
-        );
+    let chat_args = |method: &'static str, budget: &'static str, extra: &[&'static str]| {
+        let mut a = vec!["-m", m, "--mode", "chat", "--input", c, "--method", method];
+        a.extend(["--budget", budget]);
+        a.extend(extra);
+        a
+    };
+    let checkpoints = ["--at", "150,300", "--gen", "4"];
+    // the engine's marks (llama_kv_evict_mark, last): the user and system turns marked, every
+    // kept cell reserved for them where they fit; the budget still holds
+    let marks = [
+        "--at",
+        "150,300",
+        "--gen",
+        "4",
+        "--mark",
+        "user",
+        "--mark-share",
+        "1",
+    ];
+    for (method, budget, extra) in [
+        ("uniqueness", "64", &checkpoints[..]),
+        ("ctxshift", "64", &checkpoints[..]),
+        ("uniqueness", "64", &marks[..]),
+    ] {
+        let v = run(&tool, &chat_args(method, budget, extra));
         assert_eq!(
             v.len(),
             3,
@@ -203,56 +220,20 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
             "{v:?}"
         );
         assert_eq!(num(&v[2], "asked"), 2.0);
+        let marked = extra.contains(&"--mark");
+        assert_eq!(
+            get(&v[2], "mark"),
+            if marked { "user" } else { "none" },
+            "{v:?}"
+        );
     }
-    // the engine's marks (llama_kv_evict_mark): the user and system turns marked, every kept
-    // cell reserved for them where they fit; the budget still holds
-    let marked = run(
-        &tool,
-        &[
-            "-m",
-            m,
-            "--mode",
-            "chat",
-            "--input",
-            c,
-            "--method",
-            "uniqueness",
-            "--budget",
-            "64",
-            "--at",
-            "150,300",
-            "--gen",
-            "4",
-            "--mark",
-            "user",
-            "--mark-share",
-            "1",
-        ],
-    );
-    assert_eq!(marked.len(), 3, "{marked:?}");
-    for q in &marked[..2] {
-        assert_eq!(get(q, "status"), "ok", "{q:?}");
-        assert!(num(q, "cells") <= 64.0, "{q:?}");
-    }
-    assert_eq!(get(&marked[2], "mark"), "user", "{marked:?}");
     // a share outside [0, 1] is refused by the fork (LLAMA_KV_EVICT_ERR_ARG), said and exit 1
     let o = Command::new(&tool)
-        .args([
-            "-m",
-            m,
-            "--mode",
-            "chat",
-            "--input",
-            c,
-            "--method",
+        .args(chat_args(
             "uniqueness",
-            "--budget",
             "64",
-            "--mark",
-            "user",
-            "--mark-share",
-            "2",
-        ])
+            &["--mark", "user", "--mark-share", "2"],
+        ))
         .output()
         .expect("run the tool");
     assert_eq!(o.status.code(), Some(1), "{o:?}");
@@ -260,21 +241,7 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         String::from_utf8_lossy(&o.stderr).contains("llama_kv_evict_mark"),
         "{o:?}"
     );
-    let v = run(
-        &tool,
-        &[
-            "-m",
-            m,
-            "--mode",
-            "chat",
-            "--input",
-            c,
-            "--method",
-            "uniqueness",
-            "--budget",
-            "2048",
-        ],
-    );
+    let v = run(&tool, &chat_args("uniqueness", "2048", &[]));
     assert!(
         get(v.last().unwrap(), "note").contains("never exceeds the budget"),
         "{v:?}"
