@@ -53,6 +53,21 @@ fn evictor_config(preset: Preset, g: Granularity) -> EvictorConfig {
     c
 }
 
+/// Sequence 0's begun round scored, every layer (keys and window queries of `d`).
+fn score_layers(ev: &mut Evictor, d: &Data) {
+    for l in 0..DIMS.layers {
+        let (k, q) = (f32s(&d.k[l]), f32s(&d.q[l]));
+        let v = LayerViews {
+            keys: View::f32_contiguous(&k, [DIMS.hkv, N, DIMS.dk]).unwrap(),
+            values: None,
+            queries: Some(View::f32_contiguous(&q, [DIMS.hq, W, DIMS.dk]).unwrap()),
+            row_lse: None,
+            wo: None,
+        };
+        ev.score_layer(0, l, &v).unwrap();
+    }
+}
+
 /// The core's kept lists of one round to `target` cells, with `marks` (flags, share) given
 /// after `begin` when `Some`.
 fn core(
@@ -65,17 +80,7 @@ fn core(
     if let Some((flags, share)) = marks {
         ev.mark_cells(0, flags, share).unwrap();
     }
-    for l in 0..DIMS.layers {
-        let (k, q) = (f32s(&d.k[l]), f32s(&d.q[l]));
-        let v = LayerViews {
-            keys: View::f32_contiguous(&k, [DIMS.hkv, N, DIMS.dk]).unwrap(),
-            values: None,
-            queries: Some(View::f32_contiguous(&q, [DIMS.hq, W, DIMS.dk]).unwrap()),
-            row_lse: None,
-            wo: None,
-        };
-        ev.score_layer(0, l, &v).unwrap();
-    }
+    score_layers(ev, d);
     let kept = ev.select(0).unwrap();
     let out = (kept.offsets.to_vec(), kept.indices.to_vec());
     ev.commit(0).unwrap();
@@ -272,18 +277,7 @@ fn marks_refuse_bad_arguments() {
     assert_eq!(ev.mark_cells(1, &flags, 0.5), Err(Error::InvalidArgument));
     assert_eq!(ev.mark_cells(0, &flags, 0.5), Ok(()));
     // selected: too late
-    let d = data(1);
-    let (k, q) = (f32s(&d.k[0]), f32s(&d.q[0]));
-    for l in 0..DIMS.layers {
-        let v = LayerViews {
-            keys: View::f32_contiguous(&k, [DIMS.hkv, N, DIMS.dk]).unwrap(),
-            values: None,
-            queries: Some(View::f32_contiguous(&q, [DIMS.hq, W, DIMS.dk]).unwrap()),
-            row_lse: None,
-            wo: None,
-        };
-        ev.score_layer(0, l, &v).unwrap();
-    }
+    score_layers(&mut ev, &data(1));
     ev.select(0).unwrap();
     assert_eq!(ev.mark_cells(0, &flags, 0.5), Err(Error::InvalidArgument));
 }
