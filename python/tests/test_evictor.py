@@ -102,6 +102,33 @@ class EvictorTests(unittest.TestCase):
         cells_ev = evictor("knorm", cells=(100, 90))
         self.assertEqual((cells_ev.plan(0, 100), cells_ev.plan(0, 101)), (100, 90))
 
+    def test_marks(self):
+        # a round with the engine's marks: every marked cell fits the share of 1, so each unit
+        # keeps all of them; share 0 is the plain selection; a wrong length is refused
+        def round_(marks=None, share=None):
+            ev = evictor("snapkv", window=8, granularity="token")
+            ev.begin(0, N, 40)
+            if marks is not None:
+                ev.mark_cells(0, marks, share)
+            for l in range(L):
+                ev.score_layer(0, l, self.k[l], queries=self.q[l][:, -8:])
+            ev.select(0)
+            return ev.kept(0)
+
+        marks = np.zeros(N, np.uint8)
+        marks[10:30] = 1
+        plain, marked = round_(), round_(marks, 1.0)
+        for l in range(L):
+            for h in range(HKV):
+                self.assertTrue(set(range(10, 30)) <= set(marked[l][h].tolist()), (l, h))
+                self.assertEqual(len(marked[l][h]), len(plain[l][h]))
+        self.assert_same(round_(marks, 0.0), plain, "share 0")
+        ev = evictor("snapkv", window=8)
+        ev.begin(0, N, 40)
+        with self.assertRaises(kve.KvevictError) as e:
+            ev.mark_cells(0, marks[:-1])
+        self.assertEqual(e.exception.name, "KVE_ERR_SHAPE_MISMATCH")
+
     def test_errors(self):
         ev = evictor("snapkv")
         with self.assertRaises(kve.KvevictError) as e:
