@@ -224,7 +224,7 @@ fn a_round_through_c_gives_the_rust_evictors_kept_set() {
             assert_eq!(offsets[L * HKV], (L * HKV * 30) as u64);
             assert_eq!(&indices[..30], &cells[..30]);
             // the same round in Rust
-            let want = rust_round(preset, &xs);
+            let want = rust_round(preset, &xs, None);
             assert_eq!(&cells[..30], &want[..], "{preset:?}");
             assert_eq!(kve_evictor_commit(ev, 1), KVE_OK);
             let mut st = kve_evictor_stats {
@@ -254,7 +254,9 @@ fn a_round_through_c_gives_the_rust_evictors_kept_set() {
     }
 }
 
-fn rust_round(preset: Preset, xs: &[Layer]) -> Vec<u32> {
+/// The Rust evictor's kept cells (unit 0) of one round to 30 cells, with the engine's marks
+/// (flags, share) when `Some`.
+fn rust_round(preset: Preset, xs: &[Layer], marks: Option<(&[u8], f32)>) -> Vec<u32> {
     let dims = ModelDims {
         layers: L,
         hq: HQ,
@@ -277,6 +279,9 @@ fn rust_round(preset: Preset, xs: &[Layer]) -> Vec<u32> {
         }
     }
     ev.begin(0, N, 30).unwrap();
+    if let Some((flags, share)) = marks {
+        ev.mark_cells(0, flags, share).unwrap();
+    }
     for (l, x) in xs.iter().enumerate() {
         let v = LayerViews {
             keys: View::f32_contiguous(&x.k, [HKV, N, D]).unwrap(),
@@ -943,36 +948,13 @@ fn marks_through_c() {
         kept
     };
     let plain = round(None);
-    assert_eq!(plain, rust_round(Preset::SnapKv, &xs));
+    assert_eq!(plain, rust_round(Preset::SnapKv, &xs, None));
     let marked = round(Some((&flags, KVE_MARK_SHARE_DEFAULT)));
     assert_ne!(marked, plain);
-    let dims = ModelDims {
-        layers: L,
-        hq: HQ,
-        hkv: HKV,
-        dk: D,
-        dv: D,
-        d_model: 16,
-    };
-    let mut rc = EvictorConfig::new(Preset::SnapKv, dims, N, Budget::Explicit);
-    rc.granularity = Some(Granularity::Token);
-    rc.window = 8;
-    let mut mem = vec![0u8; Evictor::memory_size(&rc).unwrap()];
-    let mut r = Evictor::init(&mut mem, &rc).unwrap();
-    r.begin(0, N, 30).unwrap();
-    r.mark_cells(0, &flags, KVE_MARK_SHARE_DEFAULT).unwrap();
-    for (l, x) in xs.iter().enumerate() {
-        let v = LayerViews {
-            keys: View::f32_contiguous(&x.k, [HKV, N, D]).unwrap(),
-            values: None,
-            queries: Some(View::f32_contiguous(&x.q, [HQ, N, D]).unwrap()),
-            row_lse: None,
-            wo: None,
-        };
-        r.score_layer(0, l, &v).unwrap();
-    }
-    let k = r.select(0).unwrap();
-    assert_eq!(marked, k.indices[..k.offsets[1] as usize].to_vec());
+    assert_eq!(
+        marked,
+        rust_round(Preset::SnapKv, &xs, Some((&flags, KVE_MARK_SHARE_DEFAULT)))
+    );
     // the marked cells' share: 11 of the 22 prefix cells
     let kept_marked = marked.iter().filter(|&&i| flags[i as usize] != 0).count();
     assert!(kept_marked >= 11, "{kept_marked}");
