@@ -34,7 +34,8 @@ pub fn split_budget(budget: u64, share: f32, marked: u64, unmarked: u64) -> Opti
         return None;
     }
     let b = budget.min(marked + unmarked);
-    let reserved = (((share as f64) * (b as f64)).floor() as u64).min(marked);
+    // The product is non-negative, so the cast's truncation is the floor (core has no `floor`).
+    let reserved = (((share as f64) * (b as f64)) as u64).min(marked);
     let bu = (b - reserved.min(b)).min(unmarked);
     Some(((b - bu).min(marked), bu))
 }
