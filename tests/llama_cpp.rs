@@ -17,7 +17,7 @@
 //! Needs the models of `scripts/setup_llama.sh` (its venv `KVEVICT_LLAMA_VENV`, default
 //! `<repo>/.venv-llama`, or `KVEVICT_LLAMA_MODEL`) and llama.cpp (`KVEVICT_LLAMA_EXAMPLE`, the
 //! built example, or `KVEVICT_LLAMA_PREFIX`, the llama.cpp prefix setup_llama.sh prints); skips
-//! with a message without them. `scripts/test.d/40-llama.sh` installs them, builds the example
+//! with a message without them. `scripts/test.d/05-llama.sh` installs them, builds the example
 //! with CMake and runs this test with `KVEVICT_LLAMA_EXAMPLE` set to the binary; without that
 //! variable the test compiles the example itself with `cc` against the prefix's libllama and
 //! the crate's `libkvevict.a`.
@@ -112,7 +112,7 @@ fn setup_uncached() -> Result<Option<Setup>, String> {
     let py = venv.join("bin/python");
     let skip = |why: String| {
         eprintln!(
-            "SKIPPED tests/llama_cpp.rs: {why}. Run scripts/setup_llama.sh (or scripts/test.d/40-llama.sh) \
+            "SKIPPED tests/llama_cpp.rs: {why}. Run scripts/setup_llama.sh (or scripts/test.d/05-llama.sh) \
              and set what it prints (KVEVICT_LLAMA_VENV, KVEVICT_LLAMA_PREFIX)."
         );
         Ok(None)

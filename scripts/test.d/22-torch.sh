@@ -75,8 +75,8 @@ OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} KVEVICT_HF_CACHE=$venv/hf-smollm
 # kvevict.torch's device forms (data_ptr(), torch-allocated outputs) on the cuda-emu build (the
 # real kernels on the CPU emulator, told to take host memory as device memory): CPU tensors
 # stand in for CUDA ones. Built in target/emu-lib as 25-python-cuda-emu.sh builds it (one build
-# for both; a folder of its own, so target/release keeps the default build that 30-eval and
-# 40-llama link: in one folder each switch of features recompiled the crate)
+# for both; a folder of its own, so target/release keeps the default build that 30-eval
+# links: in one folder each switch of features recompiled the crate)
 (cd "$ROOT" && env -u KVEVICT_EMU_SANITIZE CARGO_TARGET_DIR="$ROOT/target/emu-lib" \
     cargo build --release --lib --features cuda-emu 2>&1 | tail -n 1)
 KVEVICT_LIB=$ROOT/target/emu-lib/release/libkvevict.so KVEVICT_TORCH_HOST_DEVICE=1 \

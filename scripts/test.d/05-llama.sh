@@ -17,7 +17,12 @@ echo "llama setup: $(( $(date +%s) - t0 )) s (venv $KVEVICT_LLAMA_VENV)"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-scripts/install.sh "$work/prefix" >/dev/null
+# the libkvevict.a/.so installed are the ones `cargo test --release` built for its tests
+# (target/release/deps), as tests/c_examples.rs does: right after the cargo test step they are
+# fresh, so this step compiles no kvevict (an install.sh build, panic=abort, and then this test's
+# panic=unwind build replaced each other in target/release: two compiles of the crate)
+cargo test --release --test llama_cpp --no-run 2>&1 | tail -n 1
+KVEVICT_INSTALL_FROM=$root/target/release/deps scripts/install.sh "$work/prefix" >/dev/null
 "$KVEVICT_LLAMA_VENV/bin/cmake" -S c_examples/llama_cpp -B "$work/build" \
     -DCMAKE_PREFIX_PATH="$KVEVICT_LLAMA_PREFIX;$work/prefix" >/dev/null
 "$KVEVICT_LLAMA_VENV/bin/cmake" --build "$work/build" -j 2 >/dev/null
