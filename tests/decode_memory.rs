@@ -5,41 +5,16 @@
 //! when it was last kept, selected at token granularity — and the kept cells compared
 //! exactly at every round (fixed seeds; random f32 data makes near-ties rare).
 
+mod evictor_reference;
 mod reference;
 
-use kvevict::evictor::{decode_decay, Budget, EvictorConfig, LayerViews, ModelDims};
+use evictor_reference::{QueriesKeys, DIMS};
+use kvevict::evictor::{decode_decay, Budget, EvictorConfig, LayerViews};
 use kvevict::{Evictor, Granularity, Preset, ScoreConfig, SelectConfig, View};
-use reference::{Layer, Rng, T3};
+use reference::{Layer, T3};
 
-const DIMS: ModelDims = ModelDims {
-    layers: 3,
-    hq: 4,
-    hkv: 2,
-    dk: 16,
-    dv: 8,
-    d_model: 0,
-};
 const HIGH: usize = 48;
 const LOW: usize = 36;
-
-/// Every position's query `[L][Hq][T][dk]` and key `[L][Hkv][T][dk]`, f32-exact values.
-struct Stream {
-    q: Vec<T3>,
-    k: Vec<T3>,
-}
-
-fn stream(t: usize, seed: u64) -> Stream {
-    let mut r = Rng::new(seed);
-    let f32_exact = |x: f64| x as f32 as f64;
-    Stream {
-        q: (0..DIMS.layers)
-            .map(|_| T3::normal(&mut r, DIMS.hq, t, DIMS.dk, 1.5).map(f32_exact))
-            .collect(),
-        k: (0..DIMS.layers)
-            .map(|_| T3::normal(&mut r, DIMS.hkv, t, DIMS.dk, 1.5).map(f32_exact))
-            .collect(),
-    }
-}
 
 /// `src`'s rows `[i][pos][..]` for the positions `pos`, as a new T3.
 fn gather(src: &T3, pos: &[usize]) -> T3 {
@@ -54,16 +29,12 @@ fn gather(src: &T3, pos: &[usize]) -> T3 {
     t
 }
 
-fn f32s(t: &T3) -> Vec<f32> {
-    t.data.iter().map(|&x| x as f32).collect()
-}
-
 /// The reference's kept cells of a round over the held positions `held`: the preset's
 /// scores with a window of `w` (the last `w` held positions' queries: TOVA's last one, H2O's
 /// attention averaged over them) plus `decay · carry`, token-granular selection to `target`
 /// cells; `carry` becomes the kept cells' combined scores.
 fn reference_round(
-    s: &Stream,
+    s: &QueriesKeys,
     held: &[usize],
     target: usize,
     (preset, w): (Preset, usize),
@@ -119,12 +90,18 @@ fn reference_round(
 
 /// One evictor round over `held` to `target` cells, the last `w` held positions' queries
 /// given; the kept cells.
-fn core_round(ev: &mut Evictor, s: &Stream, held: &[usize], target: usize, w: usize) -> Vec<u32> {
+fn core_round(
+    ev: &mut Evictor,
+    s: &QueriesKeys,
+    held: &[usize],
+    target: usize,
+    w: usize,
+) -> Vec<u32> {
     let n = held.len();
     ev.begin(0, n, target).unwrap();
     for l in 0..DIMS.layers {
-        let k = f32s(&gather(&s.k[l], held));
-        let q = f32s(&gather(&s.q[l], &held[n - w..]));
+        let k = gather(&s.k[l], held).f32s();
+        let q = gather(&s.q[l], &held[n - w..]).f32s();
         let views = LayerViews {
             keys: View::f32_contiguous(&k, [DIMS.hkv, n, DIMS.dk]).unwrap(),
             values: None,
@@ -153,7 +130,7 @@ fn run(
     t: usize,
     seed: u64,
 ) -> Vec<Vec<usize>> {
-    let s = stream(t, seed);
+    let s = QueriesKeys::new(t, t, seed);
     let budget = Budget::Cells {
         high: HIGH as u64,
         low: LOW as u64,
@@ -221,7 +198,7 @@ fn memory_is_decode_time_only() {
     // a keep ratio or the engine's own targets are one-shot: tova-decay is tova
     assert_eq!(decode_decay(Preset::Tova), 0.0);
     assert_eq!(decode_decay(Preset::LaProxSpan), 0.0);
-    let s = stream(80, 9);
+    let s = QueriesKeys::new(80, 80, 9);
     for budget in [Budget::Explicit, Budget::cells(1000)] {
         let mut kept = Vec::new();
         for preset in [Preset::Tova, Preset::TovaDecay] {

@@ -5,45 +5,19 @@
 //! round without marks, with none set, with share 0 or with every prefix cell marked keeps
 //! exactly what the plain selection keeps (fixed seeds; random f32 data makes near-ties rare).
 
+mod evictor_reference;
 mod reference;
 
-use kvevict::evictor::{
-    default_select, split_budget, Budget, EvictorConfig, LayerViews, ModelDims,
-};
+use evictor_reference::{QueriesKeys, DIMS};
+use kvevict::evictor::{default_select, split_budget, Budget, EvictorConfig, LayerViews};
 use kvevict::{Error, Evictor, Granularity, Preset, ScoreConfig, View};
-use reference::{Layer, Rng, T3};
+use reference::{Layer, Rng};
 
-const DIMS: ModelDims = ModelDims {
-    layers: 3,
-    hq: 4,
-    hkv: 2,
-    dk: 16,
-    dv: 8,
-    d_model: 0,
-};
 const N: usize = 40;
 const W: usize = 4;
 
-struct Data {
-    q: Vec<T3>,
-    k: Vec<T3>,
-}
-
-fn data(seed: u64) -> Data {
-    let mut r = Rng::new(seed);
-    let f32_exact = |x: f64| x as f32 as f64;
-    Data {
-        q: (0..DIMS.layers)
-            .map(|_| T3::normal(&mut r, DIMS.hq, W, DIMS.dk, 1.5).map(f32_exact))
-            .collect(),
-        k: (0..DIMS.layers)
-            .map(|_| T3::normal(&mut r, DIMS.hkv, N, DIMS.dk, 1.5).map(f32_exact))
-            .collect(),
-    }
-}
-
-fn f32s(t: &T3) -> Vec<f32> {
-    t.data.iter().map(|&x| x as f32).collect()
+fn data(seed: u64) -> QueriesKeys {
+    QueriesKeys::new(W, N, seed)
 }
 
 fn evictor_config(preset: Preset, g: Granularity) -> EvictorConfig {
@@ -54,9 +28,9 @@ fn evictor_config(preset: Preset, g: Granularity) -> EvictorConfig {
 }
 
 /// Sequence 0's begun round scored, every layer (keys and window queries of `d`).
-fn score_layers(ev: &mut Evictor, d: &Data) {
+fn score_layers(ev: &mut Evictor, d: &QueriesKeys) {
     for l in 0..DIMS.layers {
-        let (k, q) = (f32s(&d.k[l]), f32s(&d.q[l]));
+        let (k, q) = (d.k[l].f32s(), d.q[l].f32s());
         let v = LayerViews {
             keys: View::f32_contiguous(&k, [DIMS.hkv, N, DIMS.dk]).unwrap(),
             values: None,
@@ -72,7 +46,7 @@ fn score_layers(ev: &mut Evictor, d: &Data) {
 /// after `begin` when `Some`.
 fn core(
     ev: &mut Evictor,
-    d: &Data,
+    d: &QueriesKeys,
     target: usize,
     marks: Option<(&[u8], f32)>,
 ) -> (Vec<u64>, Vec<u32>) {
@@ -88,7 +62,7 @@ fn core(
 }
 
 /// The reference scores `[L][Hkv][P]` of the preset.
-fn reference_scores(preset: Preset, d: &Data) -> Vec<f64> {
+fn reference_scores(preset: Preset, d: &QueriesKeys) -> Vec<f64> {
     let cfg = ScoreConfig {
         window: W as u32,
         ..ScoreConfig::preset(preset)
@@ -116,7 +90,7 @@ fn reference_scores(preset: Preset, d: &Data) -> Vec<f64> {
 fn reference_round(
     preset: Preset,
     g: Granularity,
-    d: &Data,
+    d: &QueriesKeys,
     target: usize,
     flags: &[u8],
     share: f64,
