@@ -9,9 +9,9 @@ mod evictor_reference;
 mod reference;
 
 use evictor_reference::{QueriesKeys, DIMS};
-use kvevict::evictor::{decode_decay, Budget, EvictorConfig, LayerViews};
-use kvevict::{Evictor, Granularity, Preset, ScoreConfig, SelectConfig, View};
-use reference::{Layer, T3};
+use kvevict::evictor::{decode_decay, Budget, EvictorConfig};
+use kvevict::{Evictor, Granularity, Preset, ScoreConfig, SelectConfig};
+use reference::T3;
 
 const HIGH: usize = 48;
 const LOW: usize = 36;
@@ -27,6 +27,17 @@ fn gather(src: &T3, pos: &[usize]) -> T3 {
         }
     }
     t
+}
+
+/// The queries of the last `w` held positions and the keys of all `held` positions.
+fn held_round(s: &QueriesKeys, held: &[usize], w: usize) -> QueriesKeys {
+    QueriesKeys {
+        q: s.q
+            .iter()
+            .map(|q| gather(q, &held[held.len() - w..]))
+            .collect(),
+        k: s.k.iter().map(|k| gather(k, held)).collect(),
+    }
 }
 
 /// The reference's kept cells of a round over the held positions `held`: the preset's
@@ -47,16 +58,11 @@ fn reference_round(
     };
     let n = held.len();
     let p = n - w;
+    let round = held_round(s, held, w);
     let mut flat = Vec::new();
     let mut combined = Vec::new();
     for l in 0..DIMS.layers {
-        let x = Layer {
-            q: Some(gather(&s.q[l], &held[p..])),
-            k: gather(&s.k[l], held),
-            v: None,
-            wo: None,
-        };
-        let sc = reference::score_layer(&cfg, &x);
+        let sc = reference::score_layer(&cfg, &round.layer(l));
         for kh in 0..DIMS.hkv {
             let u = l * DIMS.hkv + kh;
             let row: Vec<f64> = (0..p)
@@ -99,18 +105,7 @@ fn core_round(
 ) -> Vec<u32> {
     let n = held.len();
     ev.begin(0, n, target).unwrap();
-    for l in 0..DIMS.layers {
-        let k = gather(&s.k[l], held).f32s();
-        let q = gather(&s.q[l], &held[n - w..]).f32s();
-        let views = LayerViews {
-            keys: View::f32_contiguous(&k, [DIMS.hkv, n, DIMS.dk]).unwrap(),
-            values: None,
-            queries: Some(View::f32_contiguous(&q, [DIMS.hq, w, DIMS.dk]).unwrap()),
-            row_lse: None,
-            wo: None,
-        };
-        ev.score_layer(0, l, &views).unwrap();
-    }
+    held_round(s, held, w).score_round(ev);
     ev.select(0).unwrap();
     let mut out = vec![0u32; n];
     let c = ev.kept_cells(0, &mut out).unwrap();

@@ -9,9 +9,9 @@ mod evictor_reference;
 mod reference;
 
 use evictor_reference::{QueriesKeys, DIMS};
-use kvevict::evictor::{default_select, split_budget, Budget, EvictorConfig, LayerViews};
-use kvevict::{Error, Evictor, Granularity, Preset, ScoreConfig, View};
-use reference::{Layer, Rng};
+use kvevict::evictor::{default_select, split_budget, Budget, EvictorConfig};
+use kvevict::{Error, Evictor, Granularity, Preset, ScoreConfig};
+use reference::Rng;
 
 const N: usize = 40;
 const W: usize = 4;
@@ -27,21 +27,6 @@ fn evictor_config(preset: Preset, g: Granularity) -> EvictorConfig {
     c
 }
 
-/// Sequence 0's begun round scored, every layer (keys and window queries of `d`).
-fn score_layers(ev: &mut Evictor, d: &QueriesKeys) {
-    for l in 0..DIMS.layers {
-        let (k, q) = (d.k[l].f32s(), d.q[l].f32s());
-        let v = LayerViews {
-            keys: View::f32_contiguous(&k, [DIMS.hkv, N, DIMS.dk]).unwrap(),
-            values: None,
-            queries: Some(View::f32_contiguous(&q, [DIMS.hq, W, DIMS.dk]).unwrap()),
-            row_lse: None,
-            wo: None,
-        };
-        ev.score_layer(0, l, &v).unwrap();
-    }
-}
-
 /// The core's kept lists of one round to `target` cells, with `marks` (flags, share) given
 /// after `begin` when `Some`.
 fn core(
@@ -54,7 +39,7 @@ fn core(
     if let Some((flags, share)) = marks {
         ev.mark_cells(0, flags, share).unwrap();
     }
-    score_layers(ev, d);
+    d.score_round(ev);
     let kept = ev.select(0).unwrap();
     let out = (kept.offsets.to_vec(), kept.indices.to_vec());
     ev.commit(0).unwrap();
@@ -69,13 +54,7 @@ fn reference_scores(preset: Preset, d: &QueriesKeys) -> Vec<f64> {
     };
     let mut flat = Vec::new();
     for l in 0..DIMS.layers {
-        let x = Layer {
-            q: Some(d.q[l].clone()),
-            k: d.k[l].clone(),
-            v: None,
-            wo: None,
-        };
-        let sc = reference::score_layer(&cfg, &x);
+        let sc = reference::score_layer(&cfg, &d.layer(l));
         for kh in 0..DIMS.hkv {
             flat.extend_from_slice(&sc.s[kh][..N - W]);
         }
@@ -251,7 +230,7 @@ fn marks_refuse_bad_arguments() {
     assert_eq!(ev.mark_cells(1, &flags, 0.5), Err(Error::InvalidArgument));
     assert_eq!(ev.mark_cells(0, &flags, 0.5), Ok(()));
     // selected: too late
-    score_layers(&mut ev, &data(1));
+    data(1).score_round(&mut ev);
     ev.select(0).unwrap();
     assert_eq!(ev.mark_cells(0, &flags, 0.5), Err(Error::InvalidArgument));
 }

@@ -2,8 +2,9 @@
 //! (`decode_memory`, `marks`); the including test also declares `mod reference`.
 #![allow(dead_code)]
 
-use crate::reference::{Rng, T3};
-use kvevict::evictor::ModelDims;
+use crate::reference::{Layer, Rng, T3};
+use kvevict::evictor::{LayerViews, ModelDims};
+use kvevict::{Evictor, View};
 
 /// 3 layers of 4 query heads over 2 KV heads, `dk` 16; no values or `Wo` are read.
 pub const DIMS: ModelDims = ModelDims {
@@ -35,5 +36,31 @@ impl QueriesKeys {
         let q = draw(DIMS.hq, wq);
         let k = draw(DIMS.hkv, n);
         QueriesKeys { q, k }
+    }
+
+    /// Layer `l` for the reference: the window queries and the keys, no values or `Wo`.
+    pub fn layer(&self, l: usize) -> Layer {
+        Layer {
+            q: Some(self.q[l].clone()),
+            k: self.k[l].clone(),
+            v: None,
+            wo: None,
+        }
+    }
+
+    /// Sequence 0's begun round scored by `ev`, every layer (the same tensors in f32).
+    pub fn score_round(&self, ev: &mut Evictor) {
+        for l in 0..DIMS.layers {
+            let (k, q) = (self.k[l].f32s(), self.q[l].f32s());
+            let (n, w) = (self.k[l].b, self.q[l].b);
+            let v = LayerViews {
+                keys: View::f32_contiguous(&k, [DIMS.hkv, n, DIMS.dk]).unwrap(),
+                values: None,
+                queries: Some(View::f32_contiguous(&q, [DIMS.hq, w, DIMS.dk]).unwrap()),
+                row_lse: None,
+                wo: None,
+            };
+            ev.score_layer(0, l, &v).unwrap();
+        }
     }
 }
