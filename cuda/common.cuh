@@ -81,6 +81,33 @@ __device__ __forceinline__ uint32_t float_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// ------------------------------------------------------ rows of scores --
+// Selection's input (select.cu, shard.cu): rows of `n` scores `ld` apart, each row's
+// value scaled as the core's selection compares them: score · (f32)(1 / layer sum)
+// (src/math/budget/mod.rs: scale = (1.0 / lsum) as f32, then an f32 product), the sum of
+// row r at ls[r / rpl]; the score itself without sums (ls NULL) or where a sum is <= 0.
+struct ScoreRows {
+    const float* s;
+    int64_t ld, n;
+    const double* ls;
+    int64_t rpl;
+
+    __device__ __forceinline__ float scale(int64_t r) const {
+        if (!ls) return 1.0f;
+        const double sum = ls[r / rpl];
+        return sum > 0.0 ? (float)(1.0 / sum) : 1.0f;
+    }
+    // value of (r, i), `sc` = scale(r)
+    __device__ __forceinline__ float value(int64_t r, int64_t i, float sc) const {
+        return s[r * ld + i] * sc;
+    }
+};
+
+inline ScoreRows score_rows(const float* s, int64_t ld, int64_t n, const double* ls,
+                            int64_t rpl) {
+    return ScoreRows{s, ld, n, ls, ls ? rpl : 1};
+}
+
 // ----------------------------------------------------- block compaction --
 // One chunk of an order-keeping block-wide compaction (NT threads, `wcount` NT / 32
 // shared ints): the threads whose `keep` is set write `i` to `out[base + their rank]`,

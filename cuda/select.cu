@@ -35,29 +35,18 @@ struct SelState {
 
 size_t states_bytes(int64_t groups) { return align_up((size_t)groups * sizeof(SelState), 256); }
 
-struct SelArgs {
-    const float* s;
-    int64_t ld, n, rpg;
-    const double* ls;
-    int64_t rpl;
+// The score rows (common.cuh: their values scaled by the layer sums) in groups of rpg rows.
+struct SelArgs : ScoreRows {
+    int64_t rpg;
     int pbits;
     SelState* st;
     unsigned* hist;
 };
 
-// Key value: score · (f32)(1 / layer sum), as the core's select_model rounds it
-// (src/math/budget/mod.rs: scale = (1.0 / lsum) as f32, then an f32 product).
-__device__ __forceinline__ float sel_value(const SelArgs& a, int64_t r, int64_t i, double sum) {
-    const float x = a.s[r * a.ld + i];
-    return a.ls ? x * (sum > 0.0 ? (float)(1.0 / sum) : 1.0f) : x;
-}
+// Key: the value (row r's scale `sc`) above the position's pbits bits.
 __device__ __forceinline__ unsigned long long sel_key(const SelArgs& a, int64_t r, int64_t i,
-                                                      double sum) {
-    return ((unsigned long long)float_key(sel_value(a, r, i, sum)) << a.pbits) |
-           (unsigned long long)i;
-}
-__device__ __forceinline__ double row_sum(const SelArgs& a, int64_t r) {
-    return a.ls ? a.ls[r / a.rpl] : 1.0;
+                                                      float sc) {
+    return ((unsigned long long)float_key(a.value(r, i, sc)) << a.pbits) | (unsigned long long)i;
 }
 
 __global__ void sel_init(SelArgs a, const int64_t* __restrict__ k, int64_t k_all) {
@@ -96,11 +85,11 @@ __global__ void __launch_bounds__(SEL_NT)
     if (s_mode != SEL_SEARCH) return;
     const unsigned long long want = s_prefix >> hi;
     const unsigned mask = (1u << (hi - shift)) - 1u;
-    const double sum = row_sum(a, r);
+    const float sc = a.scale(r);
     const int64_t lo = chunk * SEL_PER_BLOCK;
     const int64_t end = min(a.n, lo + SEL_PER_BLOCK);
     for (int64_t i = lo + threadIdx.x; i < end; i += blockDim.x) {
-        const unsigned long long c = sel_key(a, r, i, sum);
+        const unsigned long long c = sel_key(a, r, i, sc);
         if ((c >> hi) == want) atomicAdd(&sh[(unsigned)(c >> shift) & mask], 1u);
     }
     __syncthreads();
@@ -166,17 +155,17 @@ __global__ void __launch_bounds__(SEL_NT) sel_scan(SelArgs a, int shift) {
 
 // Whether position i of row r is kept, once the group's threshold is resolved.
 __device__ __forceinline__ bool sel_keep(const SelArgs& a, const SelState& s, int64_t r,
-                                         int64_t grp, int64_t i, double sum) {
+                                         int64_t grp, int64_t i, float sc) {
     if (s.mode == SEL_ALL) return true;
     if (s.mode != SEL_RESOLVED) return false;
-    const unsigned long long c = sel_key(a, r, i, sum);
+    const unsigned long long c = sel_key(a, r, i, sc);
     const unsigned long long top = c >> s.cut;
     if (top != s.thr) return top > s.thr;
     if (!s.exact) return true;
     // rank among equal composites: rows of the group before r
     long long rank = 0;
     for (int64_t r2 = grp * a.rpg; r2 < r; ++r2)
-        if (sel_key(a, r2, i, row_sum(a, r2)) == c) ++rank;
+        if (sel_key(a, r2, i, a.scale(r2)) == c) ++rank;
     return rank < s.need;
 }
 
@@ -199,10 +188,10 @@ __global__ void __launch_bounds__(SEL_NT, 4)
     const int64_t grp = r / a.rpg;
     if (threadIdx.x == 0) s = a.st[grp];
     __syncthreads();
-    const double sum = row_sum(a, r);
+    const float sc = a.scale(r);
     const int64_t lo = c * clen, hi = min(a.n, lo + clen);
     int mine = 0;
-    for (int64_t i = lo + threadIdx.x; i < hi; i += SEL_NT) mine += sel_keep(a, s, r, grp, i, sum);
+    for (int64_t i = lo + threadIdx.x; i < hi; i += SEL_NT) mine += sel_keep(a, s, r, grp, i, sc);
     for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
     if ((threadIdx.x & 31) == 0) wcount[threadIdx.x >> 5] = mine;
     __syncthreads();
@@ -229,13 +218,13 @@ __global__ void __launch_bounds__(SEL_NT, 4)
         s_base = b;
     }
     __syncthreads();
-    const double sum = row_sum(a, r);
+    const float sc = a.scale(r);
     int32_t* out = idx + r * idx_ld;
     int64_t base = s_base;
     const int64_t lo = c * clen, hi = min(a.n, lo + clen);
     for (int64_t i0 = lo; i0 < hi; i0 += SEL_NT) {
         const int64_t i = i0 + threadIdx.x;
-        const bool keep = i < hi && sel_keep(a, s, r, grp, i, sum);
+        const bool keep = i < hi && sel_keep(a, s, r, grp, i, sc);
         base += block_compact<SEL_NT>(keep, i, out, base, wcount);
     }
     if (threadIdx.x == 0 && c == chunks - 1) counts[r] = (int32_t)base;
@@ -285,16 +274,13 @@ extern "C" int kve_cuda_select(const float* scores, int64_t ld, int64_t n, int64
     int pbits = 0;
     while (pbits < 32 && ((int64_t)1 << pbits) < n) ++pbits;  // positions 0..n-1 fit
     const int total_bits = 32 + pbits;
-    SelArgs a;
-    a.s = scores;
-    a.ld = ld;
-    a.n = n;
-    a.rpg = rows_per_group;
-    a.ls = layer_sum;
-    a.rpl = layer_sum ? rows_per_layer : 1;
-    a.pbits = pbits;
-    a.st = reinterpret_cast<SelState*>(ws);
-    a.hist = reinterpret_cast<unsigned*>(static_cast<unsigned char*>(ws) + states_bytes(n_groups));
+    const SelArgs a{
+        score_rows(scores, ld, n, layer_sum, rows_per_layer),
+        rows_per_group,
+        pbits,
+        reinterpret_cast<SelState*>(ws),
+        reinterpret_cast<unsigned*>(static_cast<unsigned char*>(ws) + states_bytes(n_groups)),
+    };
 
     KVE_CHECK(launch_kernel(sel_init, (unsigned)n_groups, SEL_NT, 0, st, a, k, k_all));
     const int64_t chunks = ceil_div(n, SEL_PER_BLOCK);

@@ -17,23 +17,15 @@ constexpr int SH_SPACE = 104;
 constexpr int SH_NT = 256;
 constexpr int64_t SH_PER_BLOCK = 16384;
 
-struct ShArgs {
-    const float* s;
-    int64_t ld, n, rows, unit0;
-    const double* ls;
-    int64_t rpl;
+// The shard's score rows (common.cuh), unit0 the model-wide unit of its row 0.
+struct ShArgs : ScoreRows {
+    int64_t rows, unit0;
 };
 
-__device__ __forceinline__ float sh_scale(const ShArgs& a, int64_t r) {
-    if (!a.ls) return 1.0f;
-    const double sum = a.ls[r / a.rpl];
-    return sum > 0.0 ? (float)(1.0 / sum) : 1.0f;
-}
-
 __device__ __forceinline__ u128 sh_key(const ShArgs& a, int64_t r, int64_t i, float sc) {
-    const float v = a.s[r * a.ld + i] * sc;
     const uint32_t unit = (uint32_t)(a.unit0 + r);
-    return ((u128)float_key(v) << 64) | ((u128)(uint32_t)i << 32) | (u128)(uint32_t)(~unit);
+    return ((u128)float_key(a.value(r, i, sc)) << 64) | ((u128)(uint32_t)i << 32) |
+           (u128)(uint32_t)(~unit);
 }
 
 __global__ void __launch_bounds__(SH_NT)
@@ -45,7 +37,7 @@ __global__ void __launch_bounds__(SH_NT)
     for (int b = threadIdx.x; b < 256; b += blockDim.x) sh[b] = 0u;
     __syncthreads();
     const int shift = SH_SPACE - bits - 8;
-    const float sc = sh_scale(a, r);
+    const float sc = a.scale(r);
     const int64_t lo = chunk * SH_PER_BLOCK;
     const int64_t hi = min(a.n, lo + SH_PER_BLOCK);
     for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
@@ -63,7 +55,7 @@ __global__ void __launch_bounds__(SH_NT)
                         int32_t* __restrict__ idx, int64_t idx_ld) {
     __shared__ int wcount[SH_NT / 32];
     const int64_t r = blockIdx.x;
-    const float sc = sh_scale(a, r);
+    const float sc = a.scale(r);
     int32_t* out = idx + r * idx_ld;
     int64_t base = 0;
     for (int64_t i0 = 0; i0 < a.n; i0 += SH_NT) {
@@ -80,13 +72,7 @@ bool sh_args(const float* s, int64_t ld, int64_t n, int64_t rows, int64_t unit0,
     if (rows > 0 && n > 0 && (!s || ld < n)) return false;
     if (unit0 + rows > ((int64_t)1 << 32)) return false;
     if (ls && rpl <= 0) return false;
-    a.s = s;
-    a.ld = ld;
-    a.n = n;
-    a.rows = rows;
-    a.unit0 = unit0;
-    a.ls = ls;
-    a.rpl = ls ? rpl : 1;
+    a = ShArgs{score_rows(s, ld, n, ls, rpl), rows, unit0};
     return true;
 }
 

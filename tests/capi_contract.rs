@@ -303,16 +303,10 @@ fn value_l1_of(values: &[f32], wo: &[f32], out: &mut [f32]) -> i32 {
     let v = contiguous(values, [HKV, N, D]);
     let w = contiguous(wo, [HQ, D, 16]);
     let mut ws = vec![0u8; 1 << 12];
-    unsafe {
-        kve_compute_value_l1(
-            &v,
-            &w,
-            out.as_mut_ptr(),
-            out.len() as u64,
-            ws.as_mut_ptr() as *mut c_void,
-            ws.len() as u64,
-        )
-    }
+    // SAFETY: host tensors and buffers of the lengths passed.
+    into_out(out, &mut ws, |o, len, wp, bytes| unsafe {
+        kve_compute_value_l1(&v, &w, o, len, wp, bytes)
+    })
 }
 
 // -------------------------------------------------- `kve_select_model`: the scores' layout
@@ -473,6 +467,13 @@ impl Sharded {
     fn count(&self, first: usize, layers: usize, s: &kve_search, h: &mut kve_histogram) -> i32 {
         self.count_with(&self.sel, &self.shard(first, layers), first as u64, s, h)
     }
+    /// The search's first state and the histogram of its layers `0..2` in that round.
+    fn first_round(&self) -> (kve_search, kve_histogram) {
+        let s = self.init();
+        let mut h = empty();
+        expect!(self.count(0, 2, &s, &mut h), KVE_OK);
+        (s, h)
+    }
     fn step(&self, s: &mut kve_search, h: &kve_histogram) -> i32 {
         let before = *s;
         let mut done = -1;
@@ -593,9 +594,7 @@ fn sharded_search_refuses_another_model() {
 #[test]
 fn histograms_of_another_round_are_refused() {
     let m = Sharded::new(4);
-    let s0 = m.init();
-    let mut h0 = empty();
-    expect!(m.count(0, 2, &s0, &mut h0), KVE_OK);
+    let (s0, h0) = m.first_round();
     let mut rest = empty();
     expect!(m.count(2, 2, &s0, &mut rest), KVE_OK);
     let mut total = empty();
@@ -620,10 +619,7 @@ fn histograms_of_another_round_are_refused() {
     unsafe { expect!(kve_histogram_merge(&mut h1, &h0), KVE_ERR_INVALID_ARGUMENT) };
     assert_eq!(h1, keep);
     // a search of another model in the same round: its histograms do not mix either
-    let other = Sharded::new(5);
-    let o0 = other.init();
-    let mut ho = empty();
-    expect!(other.count(0, 2, &o0, &mut ho), KVE_OK);
+    let (_, mut ho) = Sharded::new(5).first_round();
     unsafe { expect!(kve_histogram_merge(&mut ho, &h0), KVE_ERR_INVALID_ARGUMENT) };
     // the search ends within 13 rounds when every shard counts each round
     let mut s = s0;
@@ -642,9 +638,7 @@ fn histograms_of_another_round_are_refused() {
 #[test]
 fn search_state_fields_are_checked() {
     let m = Sharded::new(2);
-    let s = m.init();
-    let mut h = empty();
-    expect!(m.count(0, 2, &s, &mut h), KVE_OK);
+    let (s, h) = m.first_round();
     for f in [
         (|s: &mut kve_search| s.layers = 0) as fn(&mut kve_search),
         |s| s.n = 0,

@@ -20,15 +20,10 @@ fn links_ws(n: usize, dv: usize) -> Vec<u8> {
 }
 
 fn accumulate(t: &kve_tensor, links: &mut [f32], ws: &mut [u8]) -> i32 {
-    unsafe {
-        kve_accumulate_value_links(
-            t,
-            links.as_mut_ptr(),
-            links.len() as u64,
-            ws.as_mut_ptr() as *mut c_void,
-            ws.len() as u64,
-        )
-    }
+    // SAFETY: a host tensor and buffers of the lengths passed.
+    into_out(links, ws, |l, len, w, bytes| unsafe {
+        kve_accumulate_value_links(t, l, len, w, bytes)
+    })
 }
 
 /// Two layers of V stored transposed (`[Hkv][dv][N]`, llama.cpp without flash attention):

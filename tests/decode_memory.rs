@@ -5,41 +5,16 @@
 //! when it was last kept, selected at token granularity — and the kept cells compared
 //! exactly at every round (fixed seeds; random f32 data makes near-ties rare).
 
+mod evictor_reference;
 mod reference;
 
-use kvevict::evictor::{decode_decay, Budget, EvictorConfig, LayerViews, ModelDims};
-use kvevict::{Evictor, Granularity, Preset, ScoreConfig, SelectConfig, View};
-use reference::{Layer, Rng, T3};
+use evictor_reference::{QueriesKeys, DIMS};
+use kvevict::evictor::{decode_decay, Budget, EvictorConfig};
+use kvevict::{Evictor, Granularity, Preset, ScoreConfig, SelectConfig};
+use reference::T3;
 
-const DIMS: ModelDims = ModelDims {
-    layers: 3,
-    hq: 4,
-    hkv: 2,
-    dk: 16,
-    dv: 8,
-    d_model: 0,
-};
 const HIGH: usize = 48;
 const LOW: usize = 36;
-
-/// Every position's query `[L][Hq][T][dk]` and key `[L][Hkv][T][dk]`, f32-exact values.
-struct Stream {
-    q: Vec<T3>,
-    k: Vec<T3>,
-}
-
-fn stream(t: usize, seed: u64) -> Stream {
-    let mut r = Rng::new(seed);
-    let f32_exact = |x: f64| x as f32 as f64;
-    Stream {
-        q: (0..DIMS.layers)
-            .map(|_| T3::normal(&mut r, DIMS.hq, t, DIMS.dk, 1.5).map(f32_exact))
-            .collect(),
-        k: (0..DIMS.layers)
-            .map(|_| T3::normal(&mut r, DIMS.hkv, t, DIMS.dk, 1.5).map(f32_exact))
-            .collect(),
-    }
-}
 
 /// `src`'s rows `[i][pos][..]` for the positions `pos`, as a new T3.
 fn gather(src: &T3, pos: &[usize]) -> T3 {
@@ -54,8 +29,15 @@ fn gather(src: &T3, pos: &[usize]) -> T3 {
     t
 }
 
-fn f32s(t: &T3) -> Vec<f32> {
-    t.data.iter().map(|&x| x as f32).collect()
+/// The queries of the last `w` held positions and the keys of all `held` positions.
+fn held_round(s: &QueriesKeys, held: &[usize], w: usize) -> QueriesKeys {
+    QueriesKeys {
+        q: s.q
+            .iter()
+            .map(|q| gather(q, &held[held.len() - w..]))
+            .collect(),
+        k: s.k.iter().map(|k| gather(k, held)).collect(),
+    }
 }
 
 /// The reference's kept cells of a round over the held positions `held`: the preset's
@@ -63,7 +45,7 @@ fn f32s(t: &T3) -> Vec<f32> {
 /// attention averaged over them) plus `decay · carry`, token-granular selection to `target`
 /// cells; `carry` becomes the kept cells' combined scores.
 fn reference_round(
-    s: &Stream,
+    s: &QueriesKeys,
     held: &[usize],
     target: usize,
     (preset, w): (Preset, usize),
@@ -76,16 +58,11 @@ fn reference_round(
     };
     let n = held.len();
     let p = n - w;
+    let round = held_round(s, held, w);
     let mut flat = Vec::new();
     let mut combined = Vec::new();
     for l in 0..DIMS.layers {
-        let x = Layer {
-            q: Some(gather(&s.q[l], &held[p..])),
-            k: gather(&s.k[l], held),
-            v: None,
-            wo: None,
-        };
-        let sc = reference::score_layer(&cfg, &x);
+        let sc = reference::score_layer(&cfg, &round.layer(l));
         for kh in 0..DIMS.hkv {
             let u = l * DIMS.hkv + kh;
             let row: Vec<f64> = (0..p)
@@ -119,21 +96,16 @@ fn reference_round(
 
 /// One evictor round over `held` to `target` cells, the last `w` held positions' queries
 /// given; the kept cells.
-fn core_round(ev: &mut Evictor, s: &Stream, held: &[usize], target: usize, w: usize) -> Vec<u32> {
+fn core_round(
+    ev: &mut Evictor,
+    s: &QueriesKeys,
+    held: &[usize],
+    target: usize,
+    w: usize,
+) -> Vec<u32> {
     let n = held.len();
     ev.begin(0, n, target).unwrap();
-    for l in 0..DIMS.layers {
-        let k = f32s(&gather(&s.k[l], held));
-        let q = f32s(&gather(&s.q[l], &held[n - w..]));
-        let views = LayerViews {
-            keys: View::f32_contiguous(&k, [DIMS.hkv, n, DIMS.dk]).unwrap(),
-            values: None,
-            queries: Some(View::f32_contiguous(&q, [DIMS.hq, w, DIMS.dk]).unwrap()),
-            row_lse: None,
-            wo: None,
-        };
-        ev.score_layer(0, l, &views).unwrap();
-    }
+    held_round(s, held, w).score_round(ev);
     ev.select(0).unwrap();
     let mut out = vec![0u32; n];
     let c = ev.kept_cells(0, &mut out).unwrap();
@@ -153,7 +125,7 @@ fn run(
     t: usize,
     seed: u64,
 ) -> Vec<Vec<usize>> {
-    let s = stream(t, seed);
+    let s = QueriesKeys::new(t, t, seed);
     let budget = Budget::Cells {
         high: HIGH as u64,
         low: LOW as u64,
@@ -221,7 +193,7 @@ fn memory_is_decode_time_only() {
     // a keep ratio or the engine's own targets are one-shot: tova-decay is tova
     assert_eq!(decode_decay(Preset::Tova), 0.0);
     assert_eq!(decode_decay(Preset::LaProxSpan), 0.0);
-    let s = stream(80, 9);
+    let s = QueriesKeys::new(80, 80, 9);
     for budget in [Budget::Explicit, Budget::cells(1000)] {
         let mut kept = Vec::new();
         for preset in [Preset::Tova, Preset::TovaDecay] {

@@ -209,10 +209,9 @@ fn round(ev: &mut Evictor, seq: usize, s: &Seq, target: usize, ring: bool) -> Ve
     lists(ev, seq)
 }
 
-fn evictor(mem: &mut Vec<u8>, c: &EvictorConfig) -> Evictor<'static> {
-    *mem = vec![0xEE; Evictor::memory_size(c).unwrap()];
-    // SAFETY (test): the buffer outlives the evictor in every test (leaked below).
-    let mem: &'static mut [u8] = Box::leak(std::mem::take(mem).into_boxed_slice());
+fn evictor(c: &EvictorConfig) -> Evictor<'static> {
+    // (test) a fresh buffer, leaked: it outlives the evictor
+    let mem = vec![0xEE; Evictor::memory_size(c).unwrap()].leak();
     let mut ev = Evictor::init(mem, c).unwrap();
     setup(&mut ev);
     ev
@@ -225,8 +224,7 @@ fn every_preset_and_granularity_matches_the_stage_calls() {
         // the preset's own granularity, then each
         for g in std::iter::once(None).chain(Granularity::ALL.iter().copied().map(Some)) {
             let c = config(preset, g, Budget::Explicit);
-            let mut mem = Vec::new();
-            let mut ev = evictor(&mut mem, &c);
+            let mut ev = evictor(&c);
             let w = ev.needs().window as usize;
             let target = 40.max(w + 1);
             let kept = round(&mut ev, 0, &s, target, false);
@@ -245,8 +243,7 @@ fn value_links_and_overrides_match_the_stage_calls() {
     let s = seq(150, 2);
     let mut c = config(Preset::LaProxSpan, None, Budget::Explicit);
     c.link_threshold = Some(kvevict::LINK_THRESHOLD);
-    let mut mem = Vec::new();
-    let mut ev = evictor(&mut mem, &c);
+    let mut ev = evictor(&c);
     assert!(ev.needs().capture.values);
     assert_eq!(round(&mut ev, 0, &s, 30, false), by_hand(&c, &s, 0, 22));
     // explicit parameters, the window overridden
@@ -261,11 +258,11 @@ fn value_links_and_overrides_match_the_stage_calls() {
         0,
     ));
     c.window = 12;
-    let mut ev = evictor(&mut mem, &c);
+    let mut ev = evictor(&c);
     assert_eq!(round(&mut ev, 0, &s, 50, false), by_hand(&c, &s, 0, 38));
     // a criticalkv given as parameters keeps its own first stage
     c.score = Some(ScoreConfig::preset(Preset::CriticalKv));
-    let mut ev = evictor(&mut mem, &c);
+    let mut ev = evictor(&c);
     assert_eq!(round(&mut ev, 0, &s, 50, false), by_hand(&c, &s, 0, 38));
 }
 
@@ -279,8 +276,7 @@ fn the_query_ring_gives_the_same_kept_set() {
         Preset::Tova,
     ] {
         let c = config(preset, None, Budget::Explicit);
-        let mut mem = Vec::new();
-        let mut ev = evictor(&mut mem, &c);
+        let mut ev = evictor(&c);
         // a prefill of 100 rows, then decode rows one or a few at a time
         for l in 0..DIMS.layers {
             ev.observe_queries(0, l, &s.queries(l, 0, 100)).unwrap();
@@ -318,8 +314,7 @@ fn keep_ratio_compresses_only_what_is_new() {
         min_keep: 40,
     };
     let c = config(Preset::SnapKv, Some(Granularity::Token), budget);
-    let mut mem = Vec::new();
-    let mut ev = evictor(&mut mem, &c);
+    let mut ev = evictor(&c);
     // a prompt of 120 keeps floor(120/2) = 60, the window of 32 inside
     let s1 = seq(120, 4);
     assert_eq!(ev.plan(0, 120).unwrap(), 60);
@@ -364,8 +359,7 @@ fn cell_budget_evicts_down_to_low_over_all_cells() {
         Some(Granularity::Token),
         Budget::Cells { high: 120, low: 90 },
     );
-    let mut mem = Vec::new();
-    let mut ev = evictor(&mut mem, &c);
+    let mut ev = evictor(&c);
     assert_eq!(ev.plan(0, 120).unwrap(), 120);
     assert_eq!(ev.plan(0, 121).unwrap(), 90);
     let s = seq(121, 6);
@@ -389,8 +383,7 @@ fn cell_budget_evicts_down_to_low_over_all_cells() {
 fn sequences_are_independent() {
     let mut c = config(Preset::LaProx, None, Budget::Explicit);
     c.max_seqs = 3;
-    let mut mem = Vec::new();
-    let mut ev = evictor(&mut mem, &c);
+    let mut ev = evictor(&c);
     let (a, b) = (seq(140, 8), seq(100, 9));
     // interleaved: begin both, score alternately
     ev.begin(2, a.n, 50).unwrap();
@@ -424,8 +417,7 @@ fn sequences_are_independent() {
 #[test]
 fn compaction_moves_the_kept_rows() {
     let c = config(Preset::SnapKv, None, Budget::Explicit);
-    let mut mem = Vec::new();
-    let mut ev = evictor(&mut mem, &c);
+    let mut ev = evictor(&c);
     let s = seq(100, 10);
     let kept = round(&mut ev, 0, &s, 60, false);
     let mut k = s.k[1].clone();
@@ -467,8 +459,7 @@ fn hostile_inputs_change_nothing() {
     use Error::*;
     let mut c = config(Preset::LaProxSpan, None, Budget::Explicit);
     c.max_seqs = 2;
-    let mut mem = Vec::new();
-    let mut ev = evictor(&mut mem, &c);
+    let mut ev = evictor(&c);
     let s = seq(100, 11);
     let good = |s: &'static Seq, l: usize| LayerViews {
         keys: s.keys(l),

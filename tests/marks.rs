@@ -5,45 +5,19 @@
 //! round without marks, with none set, with share 0 or with every prefix cell marked keeps
 //! exactly what the plain selection keeps (fixed seeds; random f32 data makes near-ties rare).
 
+mod evictor_reference;
 mod reference;
 
-use kvevict::evictor::{
-    default_select, split_budget, Budget, EvictorConfig, LayerViews, ModelDims,
-};
-use kvevict::{Error, Evictor, Granularity, Preset, ScoreConfig, View};
-use reference::{Layer, Rng, T3};
+use evictor_reference::{QueriesKeys, DIMS};
+use kvevict::evictor::{default_select, split_budget, Budget, EvictorConfig};
+use kvevict::{Error, Evictor, Granularity, Preset, ScoreConfig};
+use reference::Rng;
 
-const DIMS: ModelDims = ModelDims {
-    layers: 3,
-    hq: 4,
-    hkv: 2,
-    dk: 16,
-    dv: 8,
-    d_model: 0,
-};
 const N: usize = 40;
 const W: usize = 4;
 
-struct Data {
-    q: Vec<T3>,
-    k: Vec<T3>,
-}
-
-fn data(seed: u64) -> Data {
-    let mut r = Rng::new(seed);
-    let f32_exact = |x: f64| x as f32 as f64;
-    Data {
-        q: (0..DIMS.layers)
-            .map(|_| T3::normal(&mut r, DIMS.hq, W, DIMS.dk, 1.5).map(f32_exact))
-            .collect(),
-        k: (0..DIMS.layers)
-            .map(|_| T3::normal(&mut r, DIMS.hkv, N, DIMS.dk, 1.5).map(f32_exact))
-            .collect(),
-    }
-}
-
-fn f32s(t: &T3) -> Vec<f32> {
-    t.data.iter().map(|&x| x as f32).collect()
+fn data(seed: u64) -> QueriesKeys {
+    QueriesKeys::new(W, N, seed)
 }
 
 fn evictor_config(preset: Preset, g: Granularity) -> EvictorConfig {
@@ -53,26 +27,11 @@ fn evictor_config(preset: Preset, g: Granularity) -> EvictorConfig {
     c
 }
 
-/// Sequence 0's begun round scored, every layer (keys and window queries of `d`).
-fn score_layers(ev: &mut Evictor, d: &Data) {
-    for l in 0..DIMS.layers {
-        let (k, q) = (f32s(&d.k[l]), f32s(&d.q[l]));
-        let v = LayerViews {
-            keys: View::f32_contiguous(&k, [DIMS.hkv, N, DIMS.dk]).unwrap(),
-            values: None,
-            queries: Some(View::f32_contiguous(&q, [DIMS.hq, W, DIMS.dk]).unwrap()),
-            row_lse: None,
-            wo: None,
-        };
-        ev.score_layer(0, l, &v).unwrap();
-    }
-}
-
 /// The core's kept lists of one round to `target` cells, with `marks` (flags, share) given
 /// after `begin` when `Some`.
 fn core(
     ev: &mut Evictor,
-    d: &Data,
+    d: &QueriesKeys,
     target: usize,
     marks: Option<(&[u8], f32)>,
 ) -> (Vec<u64>, Vec<u32>) {
@@ -80,7 +39,7 @@ fn core(
     if let Some((flags, share)) = marks {
         ev.mark_cells(0, flags, share).unwrap();
     }
-    score_layers(ev, d);
+    d.score_round(ev);
     let kept = ev.select(0).unwrap();
     let out = (kept.offsets.to_vec(), kept.indices.to_vec());
     ev.commit(0).unwrap();
@@ -88,20 +47,14 @@ fn core(
 }
 
 /// The reference scores `[L][Hkv][P]` of the preset.
-fn reference_scores(preset: Preset, d: &Data) -> Vec<f64> {
+fn reference_scores(preset: Preset, d: &QueriesKeys) -> Vec<f64> {
     let cfg = ScoreConfig {
         window: W as u32,
         ..ScoreConfig::preset(preset)
     };
     let mut flat = Vec::new();
     for l in 0..DIMS.layers {
-        let x = Layer {
-            q: Some(d.q[l].clone()),
-            k: d.k[l].clone(),
-            v: None,
-            wo: None,
-        };
-        let sc = reference::score_layer(&cfg, &x);
+        let sc = reference::score_layer(&cfg, &d.layer(l));
         for kh in 0..DIMS.hkv {
             flat.extend_from_slice(&sc.s[kh][..N - W]);
         }
@@ -116,7 +69,7 @@ fn reference_scores(preset: Preset, d: &Data) -> Vec<f64> {
 fn reference_round(
     preset: Preset,
     g: Granularity,
-    d: &Data,
+    d: &QueriesKeys,
     target: usize,
     flags: &[u8],
     share: f64,
@@ -277,7 +230,7 @@ fn marks_refuse_bad_arguments() {
     assert_eq!(ev.mark_cells(1, &flags, 0.5), Err(Error::InvalidArgument));
     assert_eq!(ev.mark_cells(0, &flags, 0.5), Ok(()));
     // selected: too late
-    score_layers(&mut ev, &data(1));
+    data(1).score_round(&mut ev);
     ev.select(0).unwrap();
     assert_eq!(ev.mark_cells(0, &flags, 0.5), Err(Error::InvalidArgument));
 }

@@ -400,32 +400,7 @@ fn capi_row_lse() {
             capi_common::init_struct(|p, size| kve_score_params_init(p, size, 0));
         let w = params.window as usize;
         // the helper
-        let mut bytes = 0u64;
-        assert_eq!(
-            kve_window_row_lse_workspace_size(
-                hq as u64,
-                hkv as u64,
-                n as u64,
-                d as u64,
-                params.window,
-                &mut bytes
-            ),
-            KVE_OK
-        );
-        let mut ws = vec![0u8; bytes as usize];
-        let mut lse = vec![0f32; hq * w];
-        assert_eq!(
-            kve_window_row_lse(
-                &qt,
-                &kt,
-                params.window,
-                lse.as_mut_ptr(),
-                lse.len() as u64,
-                ws.as_mut_ptr() as *mut c_void,
-                bytes
-            ),
-            KVE_OK
-        );
+        let lse = capi_common::window_row_lse(&qt, &kt, params.window);
         let (q, k, _) = c.views(false);
         assert_eq!(lse, lse_of(&q, &k, params.window));
 

@@ -226,7 +226,18 @@ fn for_each_entry(
                 wb
             };
             let base = (kh * nb + k) * dv * dv;
-            if !block_entries(wa, wb, dv, dm, a == b, base, f) {
+            let diag = a == b;
+            if !block_entries(
+                Block {
+                    wa,
+                    wb,
+                    dv,
+                    dm,
+                    diag,
+                    base,
+                },
+                f,
+            ) {
                 return false;
             }
         }
@@ -234,40 +245,31 @@ fn for_each_entry(
     true
 }
 
-/// The entries of one block (`wa`, `wb`: its two heads' rows) as `f(index, value)`, in
-/// tiles of `TR × TC` entries; a diagonal block's lower triangle is skipped.
-fn block_entries(
-    wa: &[f32],
-    wb: &[f32],
+/// One Gram block: its two heads' rows of `Wo` (`dv` rows of `dm`), whether it pairs a head
+/// with itself (`diag`: its lower triangle is skipped) and its first index in the output.
+#[derive(Clone, Copy)]
+struct Block<'a> {
+    wa: &'a [f32],
+    wb: &'a [f32],
     dv: usize,
     dm: usize,
     diag: bool,
     base: usize,
-    f: &mut dyn FnMut(usize, f32) -> bool,
-) -> bool {
+}
+
+/// The entries of one block as `f(index, value)`, in tiles of `TR × TC` entries.
+fn block_entries(b: Block, f: &mut dyn FnMut(usize, f32) -> bool) -> bool {
     #[cfg(all(feature = "std", target_arch = "x86_64"))]
     if crate::numerics::has_avx2() {
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn fast(
-            wa: &[f32],
-            wb: &[f32],
-            dv: usize,
-            dm: usize,
-            diag: bool,
-            base: usize,
-            f: &mut dyn FnMut(usize, f32) -> bool,
-        ) -> bool {
+        unsafe fn fast(b: Block, f: &mut dyn FnMut(usize, f32) -> bool) -> bool {
             // SAFETY: this function only runs where the CPU has AVX2 (checked by the caller).
-            block_entries_impl(wa, wb, dv, dm, diag, base, f, |x, y, t| unsafe {
-                dot_tile_avx2(x, y, t)
-            })
+            block_entries_impl(b, f, |x, y, t| unsafe { dot_tile_avx2(x, y, t) })
         }
         // SAFETY: the CPU has avx2, fma and f16c (checked just above).
-        return unsafe { fast(wa, wb, dv, dm, diag, base, f) };
+        return unsafe { fast(b, f) };
     }
-    block_entries_impl(wa, wb, dv, dm, diag, base, f, |x, y, t| {
-        dot_tile::<TR, TC>(x, y, t)
-    })
+    block_entries_impl(b, f, |x, y, t| dot_tile::<TR, TC>(x, y, t))
 }
 
 /// [`dot_tile`] with the `LANES` lanes in one AVX2 register: the same products and sums in
@@ -319,30 +321,26 @@ const TR: usize = 2;
 const TC: usize = 4;
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn block_entries_impl(
-    wa: &[f32],
-    wb: &[f32],
-    dv: usize,
-    dm: usize,
-    diag: bool,
-    base: usize,
+    b: Block,
     f: &mut dyn FnMut(usize, f32) -> bool,
     tile: impl Fn([&[f32]; TR], [&[f32]; TC], &mut [[f64; TC]; TR]),
 ) -> bool {
+    let (dv, diag) = (b.dv, b.diag);
     let mut r0 = 0;
     while r0 < dv {
         // rows past the block repeat its last row; their entries are not reported
-        let x: [&[f32]; TR] = core::array::from_fn(|i| row_of(wa, dm, (r0 + i).min(dv - 1)));
+        let x: [&[f32]; TR] = core::array::from_fn(|i| row_of(b.wa, b.dm, (r0 + i).min(dv - 1)));
         let mut c0 = if diag { r0 - r0 % TC } else { 0 };
         while c0 < dv {
-            let y: [&[f32]; TC] = core::array::from_fn(|j| row_of(wb, dm, (c0 + j).min(dv - 1)));
+            let y: [&[f32]; TC] =
+                core::array::from_fn(|j| row_of(b.wb, b.dm, (c0 + j).min(dv - 1)));
             let mut t = [[0f64; TC]; TR];
             tile(x, y, &mut t);
             for (i, ti) in t.iter().enumerate() {
                 for (j, v) in ti.iter().enumerate() {
                     let (r, c) = (r0 + i, c0 + j);
-                    if r < dv && c < dv && (!diag || c >= r) && !f(base + r * dv + c, *v as f32) {
+                    if r < dv && c < dv && (!diag || c >= r) && !f(b.base + r * dv + c, *v as f32) {
                         return false;
                     }
                 }

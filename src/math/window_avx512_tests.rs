@@ -86,37 +86,6 @@ fn max_expsum_matches_avx2_bits() {
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pass2_avx2(
-    src: &[f32],
-    c0: usize,
-    nt8: usize,
-    p: usize,
-    g: usize,
-    m: &[f32],
-    inv: &[f32],
-    needs: Needs,
-    out: &mut Stats,
-) {
-    // SAFETY: `src` holds nt8 rows of 8·g floats (the caller's)
-    unsafe {
-        window::fused_stats::<Avx2, false>(
-            src.as_ptr(),
-            c0,
-            nt8,
-            p,
-            g,
-            8,
-            8 * g,
-            m,
-            inv,
-            needs,
-            out,
-        )
-    }
-}
-
 /// Pass 2 at w = 8 on 16 lanes gives the 8-lane bits (sums and squares, added to what
 /// the outputs held) for 1-6 heads, masked lanes and offsets into the prefix.
 #[test]
@@ -149,8 +118,14 @@ fn column_sums_w8_matches_avx2_bits() {
                     sq: &mut q1,
                     cross: &mut x1,
                 };
-                // SAFETY: the CPU was checked above; `src` holds nt8 rows of rp floats
-                unsafe { pass2_avx2(&src, c0, nt8, p, g, &m, &inv, needs, &mut o1) };
+                // SAFETY: the CPU was checked above; `src` holds nt8 rows of rp floats, `m`
+                // and `inv` rp
+                unsafe {
+                    let s = src.as_ptr();
+                    window::fused_stats::<Avx2, false>(
+                        s, c0, nt8, p, g, 8, rp, &m, &inv, needs, &mut o1,
+                    )
+                };
                 let mut o2 = Stats {
                     sum: &mut s2,
                     sq: &mut q2,

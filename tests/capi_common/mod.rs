@@ -75,6 +75,38 @@ pub fn workspace(size: impl FnOnce(&mut u64) -> i32) -> Vec<u8> {
     vec![0u8; bytes as usize]
 }
 
+/// `call(out, out_len, workspace, workspace_bytes)` over `out` and `ws`: the output and
+/// workspace arguments that end most entry points' lists. Its status.
+pub fn into_out<T>(
+    out: &mut [T],
+    ws: &mut [u8],
+    call: impl FnOnce(*mut T, u64, *mut c_void, u64) -> i32,
+) -> i32 {
+    call(
+        out.as_mut_ptr(),
+        out.len() as u64,
+        ws.as_mut_ptr().cast(),
+        ws.len() as u64,
+    )
+}
+
+/// `kve_window_row_lse` of `queries` `[Hq][wq][d]` over `keys` `[Hkv][n][d]`, its workspace
+/// sized by `kve_window_row_lse_workspace_size` (both must succeed): `[Hq][min(window, n)]`.
+pub fn window_row_lse(queries: &kve_tensor, keys: &kve_tensor, window: u32) -> Vec<f32> {
+    let ([hq, _, d], [hkv, n, _]) = (queries.extent, keys.extent);
+    // SAFETY: an out-parameter, then the caller's tensors and buffers of the sizes passed.
+    unsafe {
+        let mut ws =
+            workspace(|bytes| kve_window_row_lse_workspace_size(hq, hkv, n, d, window, bytes));
+        let mut lse = vec![0f32; (hq * n.min(window as u64)) as usize];
+        let st = into_out(&mut lse, &mut ws, |o, len, w, bytes| {
+            kve_window_row_lse(queries, keys, window, o, len, w, bytes)
+        });
+        assert_eq!(st, KVE_OK);
+        lse
+    }
+}
+
 pub fn score_params(preset: u32) -> kve_score_params {
     // SAFETY: a writable struct of the size passed.
     let mut p = init_struct(|p, size| unsafe { kve_score_params_init(p, size, preset) });

@@ -55,38 +55,8 @@ fn device_scores_with_row_lse_match_host() {
         {
             continue;
         }
-        let w = (p.window as usize).min(l.n);
-        // the LSE from the host helper, on both sides
-        let mut lse = vec![0f32; l.hq * w];
-        let mut bytes = 0u64;
-        unsafe {
-            let d = l.k.ext[2] as u64;
-            assert_eq!(
-                kve_window_row_lse_workspace_size(
-                    l.hq as u64,
-                    l.hkv as u64,
-                    l.n as u64,
-                    d,
-                    p.window,
-                    &mut bytes
-                ),
-                KVE_OK
-            );
-            let mut ws = vec![0u8; bytes as usize];
-            let (qt, kt) = (l.q.desc(false), l.k.desc(false));
-            assert_eq!(
-                kve_window_row_lse(
-                    &qt,
-                    &kt,
-                    p.window,
-                    lse.as_mut_ptr(),
-                    lse.len() as u64,
-                    ws.as_mut_ptr() as *mut c_void,
-                    bytes
-                ),
-                KVE_OK
-            );
-        }
+        // the LSE `[Hq][min(w, n)]` from the host helper, on both sides
+        let lse = capi_common::window_row_lse(&l.q.desc(false), &l.k.desc(false), p.window);
         let dl = Buf::bytes_of(&lse);
         let host = host_scores(&l, &p, Vals::Gram, Some((&lse, &dl)));
         let devs = device_scores(&l, &p, Vals::Gram, Some((&lse, &dl)));

@@ -123,6 +123,10 @@ impl T3 {
             ..*self
         }
     }
+    /// The values rounded to f32 (exact where they came from f32).
+    pub fn f32s(&self) -> Vec<f32> {
+        self.data.iter().map(|&x| x as f32).collect()
+    }
 }
 
 // ------------------------------------------------------------------------- pooling --
