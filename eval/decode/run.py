@@ -352,6 +352,10 @@ def cmd_report(args):
     for f in sorted(glob.glob(os.path.join(args.out, "chat-*.jsonl"))):
         _, name, split, c = os.path.basename(f)[:-6].split("-")
         report_chat(args.out, name, split, int(c), lines, plots)
+    # hand-written sections kept beside the records (e.g. cost.md: the search's cost before / after a change)
+    for f in sorted(glob.glob(os.path.join(args.out, "*.md"))):
+        with open(f) as fh:
+            lines.append("\n" + fh.read().strip() + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -431,8 +431,9 @@ pub fn score_layer(
                 keys,
                 inputs.values.as_ref().ok_or(Error::NullPointer)?,
                 kh,
+                // every part is written before it is read (uniqueness.rs)
                 Workspace::new(&mut *scratch)
-                    .take::<f32>(uniqueness::scratch_floats(n, shape.dk, shape.dv)?)?,
+                    .take_dirty::<f32>(uniqueness::scratch_floats(n, shape.dk, shape.dv)?)?,
                 dst,
             ),
         }

@@ -33,10 +33,16 @@
 //! The cutoff changes no score by more than `0.5^24 ≈ 6·10⁻⁸` (eval, at power 8: single
 //! needle 18/18/12 of 19 at 10/5/2.5 % against 18/18/13 without it) and makes the search sub-quadratic on
 //! real caches: `r_i` only grows as more tokens are compared, so a first scan over the
-//! pairs at most [`NEAR`] apart settles every token it finds four twins ≥ 0.5 for — on
-//! SmolLM2's caches 83 % of them (1k tokens) — and only the rest are compared with the
-//! whole cache, stopping as soon as they reach the cutoff. When over half the tokens are
-//! left (random data), every pair is compared as below, which is then cheaper.
+//! pairs at most [`NEAR`] apart settles every token it finds four twins ≥ 0.5 for, and
+//! only the rest are compared with the whole cache, stopping as soon as they reach the
+//! cutoff: first in groups of 6 in position order over the panels near the group (most
+//! settle there), then the ones still open (on SmolLM2's decode caches ~17 % of the
+//! tokens: no four twins anywhere) packed into groups of their own over the other panels,
+//! so that a token that settles early does not ride along a full scan. When over half the
+//! tokens are left after the first scan (random data), every pair is compared as below,
+//! which is then cheaper. (2026-12-06, issue 28: `NEAR` 128 → 16 and the second exact
+//! step took the scoring of SmolLM2's real decode rounds from 3.8 to 3.3 ms a head at
+//! 1,024 cells on the loaded shared machine; docs/results/decode/cost.md.)
 //!
 //! Cost of comparing every pair: every unordered pair of cached tokens once, `N·(N−1)·(dk+dv)` flops per KV head
 //! at most (both ends of a pair updated from one similarity), blocked like a GEMM: the rows
@@ -53,7 +59,12 @@
 //! counting both dot products of every pair (bench/results/uniqueness_after.txt).
 use super::Bufs;
 use crate::error::{Error, Result};
-use crate::numerics::{dispatch, dot_v, Simd};
+use crate::numerics::{dot_v, Simd};
+// the AVX-512 build of the tiles where there is one (the same bits: one FMA chain a pair)
+#[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
+use crate::numerics::dispatch as dispatch_wide;
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+use crate::simd512::dispatch_wide;
 use crate::view::{load_rows, View};
 
 /// Sharpening exponent (decision, design §3b).
@@ -73,8 +84,9 @@ pub const TWIN_RANK: usize = 4;
 pub const TWIN_CUTOFF: f32 = 0.5;
 /// The first scan compares each token with the tokens at most this far after it (and so,
 /// both ends being updated, before it); only the tokens it leaves below [`TWIN_CUTOFF`]
-/// are compared with the whole cache.
-pub const NEAR: usize = 128;
+/// are compared with the whole cache. A cost, not a result: every value gives the same
+/// bits (16 was the fastest of 0 / 16 / 32 / 128 on decode rounds of SmolLM2).
+pub const NEAR: usize = 16;
 
 /// Tokens per column panel (two vectors of lanes).
 const PANEL: usize = 16;
@@ -133,7 +145,7 @@ fn load_unit_panels<S: Simd>(view: &View, kh: usize, tmp: &mut [f32], dst: &mut 
             // SAFETY: `row` is one slice, read as both operands.
             let ss = unsafe { dot_v::<S>(row, row) };
             if ss > 0.0 {
-                let inv = 1.0 / libm::sqrtf(ss);
+                let inv = 1.0 / sqrt1::<S>(ss);
                 for v in row.iter_mut() {
                     *v *= inv;
                 }
@@ -148,6 +160,64 @@ fn load_unit_panels<S: Simd>(view: &View, kh: usize, tmp: &mut [f32], dst: &mut 
     }
 }
 
+/// `sqrt(x)` correctly rounded (`libm::sqrtf`'s bits) through `S`: inside the vector
+/// builds a VEX-encoded square root (libm's `sqrtss` is a legacy SSE instruction, which
+/// stalls on the dirty upper halves of the AVX registers: ~10 % of the scoring time).
+#[inline(always)]
+fn sqrt1<S: Simd>(x: f32) -> f32 {
+    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `l`
+    // holds the 8 floats stored.
+    unsafe {
+        let mut l = [0f32; 8];
+        S::store(l.as_mut_ptr(), S::sqrt(S::splat(x)));
+        l[0]
+    }
+}
+
+/// Tests: the tiles of the 8-lane build even where AVX-512 is present.
+#[cfg(all(test, feature = "std", target_arch = "x86_64", kvevict_avx512))]
+static NARROW: core::sync::atomic::AtomicBool = core::sync::atomic::AtomicBool::new(false);
+
+/// Whether build `S` computes its tiles 16 lanes wide (AVX-512 F present).
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+#[inline(always)]
+fn wide<S: Simd>() -> bool {
+    #[cfg(test)]
+    if NARROW.load(core::sync::atomic::Ordering::Relaxed) {
+        return false;
+    }
+    S::AVX2 && crate::gemm512::available()
+}
+
+/// [`tile`] with one 16-lane accumulator a row (a panel is one AVX-512 vector): the same
+/// FMA chain for every lane, so the same bits, in half the instructions.
+#[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+#[inline]
+unsafe fn tile512<const M: usize>(
+    rows: &[*const f32; M],
+    col: *const f32,
+    d: usize,
+) -> [[core::arch::x86_64::__m256; 2]; M] {
+    use core::arch::x86_64::*;
+    // SAFETY: the CPU has AVX-512 F (this fn's features, checked by the caller); every
+    // `rows[r]` and `col` panel holds `d` columns of 16 floats (caller).
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); M];
+        for c in 0..d {
+            let cv = _mm512_loadu_ps(col.add(c * PANEL));
+            for r in 0..M {
+                let b = _mm512_set1_ps(*rows[r].add(c * PANEL));
+                acc[r] = _mm512_fmadd_ps(b, cv, acc[r]);
+            }
+        }
+        acc.map(|a| {
+            let (lo, hi) = crate::simd512::split(a);
+            [lo, hi]
+        })
+    }
+}
+
 /// `acc[r][h]` lane `l` = `Σ_c row_r[c]·col_l[c]`, `c` in order, one FMA per term: rows `r`
 /// read at `rows[r] + 16·c` (a token inside its panel), the 16 columns at `col + 16·c + l`.
 #[inline(always)]
@@ -156,6 +226,20 @@ unsafe fn tile<S: Simd, const M: usize>(
     col: *const f32,
     d: usize,
 ) -> [[S::V; 2]; M] {
+    #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
+    if wide::<S>() {
+        // SAFETY: the CPU has AVX-512 F + VL (just checked) and the caller's contract is
+        // tile512's; an AVX2 build's `S::V` is `__m256` (`S::AVX2`), so the copy is of the
+        // same type
+        unsafe {
+            let t = tile512::<M>(rows, col, d);
+            debug_assert_eq!(
+                core::mem::size_of_val(&t),
+                core::mem::size_of::<[[S::V; 2]; M]>()
+            );
+            return core::mem::transmute_copy(&t);
+        }
+    }
     // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); every
     // `rows[r]` and `col` panel holds `d` columns of 16 floats (caller).
     unsafe {
@@ -170,18 +254,6 @@ unsafe fn tile<S: Simd, const M: usize>(
             }
         }
         acc
-    }
-}
-
-/// Largest lane (NaN-free input).
-#[inline(always)]
-unsafe fn hmax<S: Simd>(v: S::V) -> f32 {
-    // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `l` holds
-    // the 8 floats stored.
-    unsafe {
-        let mut l = [0f32; 8];
-        S::store(l.as_mut_ptr(), v);
-        l.iter().fold(l[0], |a, &b| if b > a { b } else { a })
     }
 }
 
@@ -346,11 +418,14 @@ fn kth_similarity<S: Simd>(
                         insert_top(top, floor, j0 + c, m[r][c]);
                         bits &= bits - 1;
                     }
-                    // read after the columns: a row token inside this panel may have moved
-                    if hmax::<S>(S::max(x[0], x[1])) > floor[ri[r]] {
-                        for &v in &m[r] {
-                            insert_top(top, floor, ri[r], v);
-                        }
+                    // read after the columns: a row token inside this panel may have moved;
+                    // a lane not above the floor now is not above it after any insertion
+                    let br = S::splat(floor[ri[r]]);
+                    let mut bits = S::gt_mask(x[0], br) | S::gt_mask(x[1], br) << 8;
+                    while bits != 0 {
+                        let c = bits.trailing_zeros() as usize;
+                        insert_top(top, floor, ri[r], m[r][c]);
+                        bits &= bits - 1;
                     }
                 }
             }
@@ -359,9 +434,16 @@ fn kth_similarity<S: Simd>(
     }
 }
 
-/// Rows `ri[..m]` (distinct tokens) compared with every other token, one-sided: their
-/// lists restart empty and end exact, or at or past [`TWIN_CUTOFF`] when the scan stops
-/// early. Panels are visited outward from the first row's, where twins are likeliest.
+/// A group's panels `lo..=hi` (`(1, 0)`: none).
+type Span = (usize, usize);
+const NONE: Span = (1, 0);
+
+/// Rows `ri[..m]` (distinct tokens) compared one-sided with the other tokens of the panels
+/// at most `reach` panels from the first row's, visited outward from it (where twins are
+/// likeliest), except each row's panels `seen[r]`: with `reset` their lists restart empty
+/// (`seen` then none). Stops early once every row is at or past [`TWIN_CUTOFF`]. Returns
+/// the panels visited (`lo..=hi`, the same for every row). A row whose lists restarted
+/// and whose visits then cover every panel is exact; one at or past the cutoff is settled.
 #[inline(always)]
 fn exact_rows<S: Simd>(
     kp: &[f32],
@@ -373,19 +455,25 @@ fn exact_rows<S: Simd>(
     top: &mut [f32],
     ri: &[usize; ROWS],
     m: usize,
-) {
+    reset: bool,
+    seen: &[Span; ROWS],
+    reach: usize,
+) -> Span {
     let (kb, vb) = (kp.as_ptr(), vp.as_ptr());
     let ri: [usize; ROWS] = core::array::from_fn(|r| ri[r.min(m - 1)]);
-    for &i in &ri[..m] {
-        floor[i] = -1.0;
-        top[i * TWIN_RANK..(i + 1) * TWIN_RANK].fill(-1.0);
+    if reset {
+        for &i in &ri[..m] {
+            floor[i] = -1.0;
+            top[i * TWIN_RANK..(i + 1) * TWIN_RANK].fill(-1.0);
+        }
     }
     let kr = ri.map(|i| panel_at(kb, dk, i));
     let vr = ri.map(|i| panel_at(vb, dv, i));
     let panels = n.div_ceil(PANEL);
     let p0 = ri[0] / PANEL;
+    let visited = |d: usize| (p0.saturating_sub(d), (p0 + d).min(panels - 1));
     let mut dist = 0;
-    while dist < panels {
+    while dist < panels && dist <= reach {
         let below = if dist > 0 { p0.checked_sub(dist) } else { None };
         for p in [Some(p0 + dist), below] {
             let Some(p) = p.filter(|&p| p < panels) else {
@@ -396,11 +484,15 @@ fn exact_rows<S: Simd>(
             unsafe {
                 let ck = tile::<S, ROWS>(&kr, kb.add(j0 * dk), dk);
                 let mut sel = [0usize; ROWS];
+                let mut hits = [0u32; ROWS];
                 let mut ns = 0;
-                let mut mm = [[f32::NEG_INFINITY; PANEL]; ROWS];
+                let mut mm = [[0f32; PANEL]; ROWS];
                 // lanes of tokens < n (the last panel may be partial)
                 let in_range: u32 = (1u32 << (n - j0).min(PANEL)) - 1;
                 for r in 0..m {
+                    if seen[r].0 <= p && p <= seen[r].1 {
+                        continue; // compared before
+                    }
                     let br = S::splat(floor[ri[r]]);
                     let mut hit = S::gt_mask(ck[r][0], br) | S::gt_mask(ck[r][1], br) << 8;
                     // not itself, not past n
@@ -413,14 +505,10 @@ fn exact_rows<S: Simd>(
                         continue;
                     }
                     sel[ns] = r;
+                    hits[r] = hit;
                     ns += 1;
                     S::store(mm[r].as_mut_ptr(), ck[r][0]);
                     S::store(mm[r].as_mut_ptr().add(8), ck[r][1]);
-                    for (c, x) in mm[r].iter_mut().enumerate() {
-                        if hit >> c & 1 == 0 {
-                            *x = f32::NEG_INFINITY;
-                        }
-                    }
                 }
                 if ns == 0 {
                     continue;
@@ -428,19 +516,30 @@ fn exact_rows<S: Simd>(
                 let mm = core::hint::black_box(&mut mm);
                 let col = vb.add(j0 * dv);
                 value_rows_n::<S>(ns, &vr, &sel, col, dv, mm);
+                // the other lanes cannot enter (min(ck, cv) <= ck <= the floor), or are
+                // the token itself or past n
                 for &r in &sel[..ns] {
-                    for &v in &mm[r] {
-                        insert_top(top, floor, ri[r], v);
+                    let mut bits = hits[r];
+                    while bits != 0 {
+                        let c = bits.trailing_zeros() as usize;
+                        insert_top(top, floor, ri[r], mm[r][c]);
+                        bits &= bits - 1;
                     }
                 }
             }
         }
-        dist += 1;
         if ri[..m].iter().all(|&i| floor[i] >= TWIN_CUTOFF) {
-            return;
+            return visited(dist);
         }
+        dist += 1;
     }
+    visited(dist - 1)
 }
+
+/// How far (in panels) the first exact scan of a group reaches: most tokens the near
+/// scan leaves open settle within it; the rest, the tokens with no four twins, go on
+/// packed into dense groups of their own over the remaining panels.
+const FIRST_REACH: usize = 4;
 
 /// Every token's floor, exact below [`TWIN_CUTOFF`] and at or past it otherwise (so its
 /// score, 0, is exact): pairs up to `near` apart first, then the tokens still below the
@@ -467,21 +566,58 @@ fn twin_floors<S: Simd>(
         return;
     }
     // the rows are settled in order and each only writes its own list: the tokens after
-    // a group still hold their first-scan floors when they are picked
-    let mut ri = [0usize; ROWS];
-    let mut m = 0;
-    for i in 0..n {
-        if floor[i] < TWIN_CUTOFF {
+    // a group still hold their first-scan floors when they are picked. Each group first
+    // scans the panels up to FIRST_REACH from its first row's; the rows it leaves open and
+    // incomplete wait in `rest` (with the panels they saw) for a group of their own, which
+    // compares them with every other panel: each pair enters a row's list once.
+    let panels = n.div_ceil(PANEL);
+    let (mut ri, mut m) = ([0usize; ROWS], 0);
+    let (mut rest, mut seen, mut k) = ([0usize; ROWS], [NONE; ROWS], 0);
+    // one group's exact scan (`exact_rows` over this head's panels)
+    let scan = |rows: &[usize; ROWS],
+                m,
+                reset,
+                seen: &[Span; ROWS],
+                reach,
+                floor: &mut [f32],
+                top: &mut [f32]| {
+        exact_rows::<S>(kp, vp, n, dk, dv, floor, top, rows, m, reset, seen, reach)
+    };
+    let first = |ri: &[usize; ROWS], m: usize, floor: &mut [f32], top: &mut [f32]| {
+        let span = scan(ri, m, true, &[NONE; ROWS], FIRST_REACH, floor, top);
+        let mut out = [(0usize, NONE); ROWS];
+        let mut c = 0;
+        if span != (0, panels - 1) {
+            for &i in &ri[..m] {
+                if floor[i] < TWIN_CUTOFF {
+                    out[c] = (i, span);
+                    c += 1;
+                }
+            }
+        }
+        (out, c)
+    };
+    for i in 0..=n {
+        if i < n && floor[i] < TWIN_CUTOFF {
             ri[m] = i;
             m += 1;
-            if m == ROWS {
-                exact_rows::<S>(kp, vp, n, dk, dv, floor, top, &ri, m);
-                m = 0;
+        }
+        if m == ROWS || (i == n && m > 0) {
+            let (open, c) = first(&ri, m, floor, top);
+            m = 0;
+            for &(t, span) in &open[..c] {
+                rest[k] = t;
+                seen[k] = span;
+                k += 1;
+                if k == ROWS {
+                    scan(&rest, k, false, &seen, usize::MAX, floor, top);
+                    k = 0;
+                }
             }
         }
     }
-    if m > 0 {
-        exact_rows::<S>(kp, vp, n, dk, dv, floor, top, &ri, m);
+    if k > 0 {
+        scan(&rest, k, false, &seen, usize::MAX, floor, top);
     }
 }
 
@@ -501,7 +637,7 @@ fn sharpen(r: f32) -> f32 {
 
 /// Scores of KV head `kh`'s first `dst.len()` tokens; `scratch` holds [`scratch_floats`].
 pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], dst: &mut [f32]) {
-    dispatch!(fn(keys: &View, values: &View, kh: usize, scratch: &mut [f32], dst: &mut [f32]) -> (), S => {
+    dispatch_wide!(fn(keys: &View, values: &View, kh: usize, scratch: &mut [f32], dst: &mut [f32]) -> (), S => {
         let [_, n, dk] = keys.extent();
         let dv = values.extent()[2];
         let n16 = n.div_ceil(PANEL) * PANEL;
@@ -704,9 +840,19 @@ mod tests {
     fn tiled_pruned_search_equals_plain_search() {
         two_scans_settle::<Portable>(false);
         same_as_brute::<Portable>(false);
-        crate::numerics::on_vector_builds!(S => {
-            same_as_brute::<S>(true);
-            two_scans_settle::<S>(true);
-        });
+        let vector_builds = || {
+            crate::numerics::on_vector_builds!(S => {
+                same_as_brute::<S>(true);
+                two_scans_settle::<S>(true);
+            })
+        };
+        vector_builds();
+        // the 8-lane tiles too where the 16-lane ones are taken
+        #[cfg(all(target_arch = "x86_64", kvevict_avx512))]
+        if wide::<crate::numerics::Avx2>() {
+            NARROW.store(true, core::sync::atomic::Ordering::Relaxed);
+            vector_builds();
+            NARROW.store(false, core::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
