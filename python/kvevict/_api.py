@@ -334,6 +334,17 @@ def accumulate_value_links(values, links, *, dtype=None):
     return links
 
 
+def hadamard_blocks(x, block):
+    """``x <- H x`` in place on each block of ``block`` floats of ``x`` (a writable
+    C-contiguous float32 array; ``kve_hadamard_blocks``): H the orthonormal Walsh-Hadamard
+    matrix, the rotation a quantized llama.cpp cache stores K/V rows with. Returns ``x``."""
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous
+            and x.flags.writeable):
+        raise TypeError("hadamard_blocks: x must be a writable C-contiguous float32 array")
+    call("kve_hadamard_blocks", ptr(x), x.size, int(block))
+    return x
+
+
 def kept_lists(offsets, indices, layers, hkv, dtype=np.int64):
     """CSR selection → ``kept[l][kh]``: a list (layers) of lists (KV heads) of ascending
     position arrays (``dtype``, default int64)."""

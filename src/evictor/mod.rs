@@ -39,6 +39,7 @@ mod config;
 pub mod device;
 mod marks;
 mod memory;
+pub mod options;
 pub mod policy;
 pub mod presets;
 mod state;
