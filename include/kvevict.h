@@ -1476,6 +1476,25 @@ int32_t kve_evictor_options_apply(const struct kve_evictor_options *options,
                                   const char **message);
 
 /**
+ * An engine's in-graph query ring (per sequence `window` rows `seq * window + slot`, then
+ * one scratch row `n_seqs * window`): the row each of a ubatch's `n_tokens` queries is
+ * written to, into `rows` (`rows_len >= n_tokens`). Token `i` belongs to sequence
+ * `seq_of[i]` (`0 .. n_seqs`; anything else: the scratch row); `counts[s]` (`n_seqs`
+ * of them) holds the queries of `s` written so far and is advanced. A token that a later
+ * token of its sequence in the same ubatch overwrites goes to the scratch row, so no two
+ * rows of one write collide and the ring holds each sequence's last `window` queries:
+ * the `k`-th in slot `k % window`, the last `w` starting at slot `(counts[s] - w) %
+ * window`. `window >= 1` (else `KVE_ERR_INVALID_ARGUMENT`). Writes `rows` and `counts`.
+ */
+int32_t kve_query_ring_rows(uint64_t *counts,
+                            uint64_t n_seqs,
+                            uint32_t window,
+                            const int32_t *seq_of,
+                            uint64_t n_tokens,
+                            int64_t *rows,
+                            uint64_t rows_len);
+
+/**
  * Start an evictor in `memory` (`bytes` from `kve_evictor_size`, any alignment) and
  * set `*evictor` to it: a pointer into `memory`, valid while the caller keeps the
  * memory and does not write it. No teardown: the caller frees `memory`. Writes

@@ -595,3 +595,120 @@ fn hadamard_blocks_match_the_matrix_and_the_old_adapter_bit_for_bit() {
     }
     assert!(x.iter().all(|&v| v == 1.0), "refused calls wrote nothing");
 }
+
+/// The adapter's former ring rows (`set_rows_input` in `src/llama-kv-evict.cpp`, a map of
+/// per-sequence counts and a per-ubatch count of tokens left).
+fn ring_rows_fork(counts: &mut [u64], window: u64, seq_of: &[i32]) -> Vec<i64> {
+    let n_seqs = counts.len() as u64;
+    let scratch = (n_seqs * window) as i64;
+    let mut left = std::collections::BTreeMap::<i32, u64>::new();
+    for &s in seq_of {
+        if s >= 0 && (s as u64) < n_seqs {
+            *left.entry(s).or_default() += 1;
+        }
+    }
+    let mut rows = vec![scratch; seq_of.len()];
+    for (i, &s) in seq_of.iter().enumerate() {
+        if s < 0 || s as u64 >= n_seqs {
+            continue;
+        }
+        let slot = counts[s as usize] % window;
+        counts[s as usize] += 1;
+        let l = left.get_mut(&s).unwrap();
+        *l -= 1;
+        if *l < window {
+            rows[i] = s as i64 * window as i64 + slot as i64;
+        }
+    }
+    rows
+}
+
+#[test]
+fn query_ring_rows_are_the_adapters_and_hold_each_sequences_last_window() {
+    let mut seed = 7u64;
+    let mut rnd = |m: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % m
+    };
+    for window in [1u32, 3, 8, 32] {
+        let n_seqs = 4usize;
+        let (mut counts, mut old) = (vec![0u64; n_seqs], vec![0u64; n_seqs]);
+        // what the ring holds: per row the (seq, arrival index) last written there
+        let mut ring = vec![None; n_seqs * window as usize + 1];
+        for _ubatch in 0..40 {
+            let t = 1 + rnd(70) as usize;
+            let seq_of: Vec<i32> = (0..t)
+                .map(|_| rnd(n_seqs as u64 + 1) as i32 - (rnd(9) == 0) as i32)
+                .collect();
+            let before = counts.clone();
+            let mut rows = vec![-7i64; t + 2];
+            // SAFETY: buffers of the lengths given.
+            let st = unsafe {
+                kve_query_ring_rows(
+                    counts.as_mut_ptr(),
+                    n_seqs as u64,
+                    window,
+                    seq_of.as_ptr(),
+                    t as u64,
+                    rows.as_mut_ptr(),
+                    rows.len() as u64,
+                )
+            };
+            assert_eq!(st, KVE_OK);
+            assert_eq!(&rows[t..], &[-7, -7], "only n_tokens rows written");
+            assert_eq!(
+                rows[..t],
+                ring_rows_fork(&mut old, window as u64, &seq_of)[..]
+            );
+            assert_eq!(counts, old);
+            // no two tokens of the ubatch share a row but the scratch
+            let scratch = (n_seqs * window as usize) as i64;
+            let mut seen = std::collections::HashSet::new();
+            let mut arrival = before.clone();
+            for (&r, &s) in rows[..t].iter().zip(&seq_of) {
+                assert!(r == scratch || seen.insert(r), "row {r} written twice");
+                if (0..n_seqs as i32).contains(&s) {
+                    ring[r as usize] = Some((s, arrival[s as usize]));
+                    arrival[s as usize] += 1;
+                }
+            }
+            // each sequence's last min(window, count) queries sit in their slots
+            for s in 0..n_seqs {
+                for k in counts[s].saturating_sub(window as u64)..counts[s] {
+                    let r = s * window as usize + (k % window as u64) as usize;
+                    assert_eq!(
+                        ring[r],
+                        Some((s as i32, k)),
+                        "window {window}, seq {s}, query {k}"
+                    );
+                }
+            }
+        }
+    }
+    let (mut c, s, mut r) = ([0u64; 2], [0i32; 3], [0i64; 3]);
+    // SAFETY: each call's buffers have the lengths given (or NULL with 0).
+    unsafe {
+        let (cp, sp, rp) = (c.as_mut_ptr(), s.as_ptr(), r.as_mut_ptr());
+        assert_eq!(
+            kve_query_ring_rows(cp, 2, 0, sp, 3, rp, 3),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            kve_query_ring_rows(cp, 2, 4, sp, 3, rp, 2),
+            KVE_ERR_INVALID_ARGUMENT
+        );
+        assert_eq!(
+            kve_query_ring_rows(cp, 2, 4, sp, 3, std::ptr::null_mut(), 3),
+            KVE_ERR_NULL_POINTER
+        );
+        assert_eq!(
+            kve_query_ring_rows(cp, 2, 4, cp as *const i32, 3, rp, 3),
+            KVE_ERR_ALIASING
+        );
+        assert_eq!(c, [0, 0], "refused calls advance nothing");
+        assert_eq!(kve_query_ring_rows(cp, 2, 4, sp, 3, rp, 3), KVE_OK);
+    }
+    assert_eq!((c, r), ([3, 0], [0, 1, 2]));
+}

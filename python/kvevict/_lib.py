@@ -380,6 +380,8 @@ _PROTOS = {
     "kve_value_links_workspace_size": (c_int32, [c_uint64, c_uint64, _u64p]),
     "kve_accumulate_value_links": (c_int32, [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64]),
     "kve_hadamard_blocks": (c_int32, [c_void_p, c_uint64, c_uint64]),
+    "kve_query_ring_rows": (
+        c_int32, [c_void_p, c_uint64, c_uint32, c_void_p, c_uint64, c_void_p, c_uint64]),
     "kve_evicted_positions": (c_int32, [c_void_p, c_uint64, c_uint64, c_void_p, c_uint64, _u64p]),
     # the evictor
     "kve_preset_count": (c_uint32, []),

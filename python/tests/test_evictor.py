@@ -201,3 +201,14 @@ class OptionsTests(unittest.TestCase):
         np.testing.assert_allclose(kve.hadamard_blocks(y, 64), x, rtol=0, atol=1e-5)
         with self.assertRaises(kve.KvevictError):
             kve.hadamard_blocks(x, 48)
+
+    def test_query_ring_rows(self):
+        counts = np.zeros(2, np.uint64)
+        # window 2, scratch row 4: seq 0's first of three tokens is overwritten in the ubatch
+        rows = kve.query_ring_rows(counts, 2, [0, 1, 0, 0, 5, -1])
+        self.assertEqual(rows.tolist(), [4, 2, 1, 0, 4, 4])
+        self.assertEqual(counts.tolist(), [3, 1])
+        self.assertEqual(kve.query_ring_rows(counts, 2, [1, 0]).tolist(), [3, 1])
+        self.assertEqual(counts.tolist(), [4, 2])
+        with self.assertRaises(kve.KvevictError):
+            kve.query_ring_rows(counts, 0, [0])

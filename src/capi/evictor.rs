@@ -605,6 +605,34 @@ pub unsafe extern "C" fn kve_evictor_options_apply(
     msg.answer(status, why)
 }
 
+/// An engine's in-graph query ring (per sequence `window` rows `seq * window + slot`, then
+/// one scratch row `n_seqs * window`): the row each of a ubatch's `n_tokens` queries is
+/// written to, into `rows` (`rows_len >= n_tokens`). Token `i` belongs to sequence
+/// `seq_of[i]` (`0 .. n_seqs`; anything else: the scratch row); `counts[s]` (`n_seqs`
+/// of them) holds the queries of `s` written so far and is advanced. A token that a later
+/// token of its sequence in the same ubatch overwrites goes to the scratch row, so no two
+/// rows of one write collide and the ring holds each sequence's last `window` queries:
+/// the `k`-th in slot `k % window`, the last `w` starting at slot `(counts[s] - w) %
+/// window`. `window >= 1` (else `KVE_ERR_INVALID_ARGUMENT`). Writes `rows` and `counts`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_query_ring_rows(
+    counts: *mut u64,
+    n_seqs: u64,
+    window: u32,
+    seq_of: *const i32,
+    n_tokens: u64,
+    rows: *mut i64,
+    rows_len: u64,
+) -> i32 {
+    let mut c = tri!(Buf::new(counts, n_seqs));
+    let s = tri!(Buf::new(seq_of, n_tokens));
+    let mut r = tri!(Buf::new(rows, rows_len));
+    tri!(check_alias(&[c.span, r.span], &[s.span]));
+    // SAFETY: Buf::new checked the three; check_alias: the outputs overlap nothing else.
+    let (c, s, r) = unsafe { (c.slice_mut(), s.slice(), r.slice_mut()) };
+    to_status(crate::evictor::qring::ring_rows(c, window, s, r))
+}
+
 /// Start an evictor in `memory` (`bytes` from `kve_evictor_size`, any alignment) and
 /// set `*evictor` to it: a pointer into `memory`, valid while the caller keeps the
 /// memory and does not write it. No teardown: the caller frees `memory`. Writes

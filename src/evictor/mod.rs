@@ -42,6 +42,7 @@ mod memory;
 pub mod options;
 pub mod policy;
 pub mod presets;
+pub mod qring;
 mod state;
 
 use crate::config::{Granularity, ScoreConfig};
