@@ -158,6 +158,12 @@
 #define KVE_EVICTOR_REQUIREMENTS_V1_SIZE 28
 #define KVE_EVICTOR_STATS_V1_SIZE 40
 
+/* An engine's eviction options (kve_evictor_options_apply): kve_evictor_options.flags, the largest window, the struct's size */
+#define KVE_OPTIONS_NO_WO_EVERY_ROUND 1
+#define KVE_OPTIONS_TOKEN_CELLS 2
+#define KVE_OPTIONS_MAX_WINDOW 4096
+#define KVE_EVICTOR_OPTIONS_V1_SIZE 48
+
 /* kve_paged_layout_init kind: the engines' paged pool layouts (H heads, d dim, bs tokens a block) */
 #define KVE_PAGED_NHD 0
 #define KVE_PAGED_NHD_KV_INNER 1
@@ -759,6 +765,44 @@ typedef struct kve_evictor_stats {
   uint64_t evictions;
   uint64_t cells_evicted;
 } kve_evictor_stats;
+
+/**
+ * An engine's eviction options, as its user gives them (command-line flags), for
+ * `kve_evictor_options_apply`. Zero-fill it, then set `struct_size`
+ * (`KVE_EVICTOR_OPTIONS_V1_SIZE`) and what the user gave.
+ */
+typedef struct kve_evictor_options {
+  uint32_t struct_size;
+  /**
+   * `KVE_OPTIONS_*`.
+   */
+  uint32_t flags;
+  /**
+   * The method: `kve_preset_name`'s spelling, NUL-terminated; NULL or "": laprox-span.
+   */
+  const char *method;
+  /**
+   * The cell budget per sequence (0: off): past it, down to
+   * `floor(max_cells * evict_to)`, which must exceed the window.
+   */
+  uint64_t max_cells;
+  /**
+   * The observation window (0: the method's), at most `KVE_OPTIONS_MAX_WINDOW`.
+   */
+  uint32_t window;
+  /**
+   * Value links at this threshold, at most 1 (0 or negative: off).
+   */
+  float link_threshold;
+  /**
+   * The keep ratio of what is new since the last compression, in (0, 1] (0: off).
+   */
+  double keep_ratio;
+  /**
+   * With `max_cells`: in (0, 1).
+   */
+  double evict_to;
+} kve_evictor_options;
 
 /**
  * State of a model-wide top-K search split over shards of layers (design §4, "selection
@@ -1406,6 +1450,51 @@ int32_t kve_evictor_config_check(const struct kve_evictor_config *config,
                                  const char **message);
 
 /**
+ * The ", "-separated names of every preset (`flags` 0) or of those an engine with
+ * `flags` (`KVE_OPTIONS_NO_WO_EVERY_ROUND`) may run: a static NUL-terminated string, for
+ * an engine's `--help` and messages.
+ */
+const char *kve_preset_list(uint32_t flags);
+
+/**
+ * Read an engine's eviction options into an evictor config, and check them: the method
+ * (none: laprox-span), the policy (`KVE_POLICY_KEEP_RATIO` when `keep_ratio` is set,
+ * else `KVE_POLICY_CELLS` when `max_cells` is, else `KVE_POLICY_EXPLICIT`; `high` and
+ * `low` are set whenever `max_cells` is), the window, the value links, the granularity
+ * (`KVE_OPTIONS_TOKEN_CELLS`); then as `kve_evictor_config_check` on a one-cell model.
+ * On `KVE_OK` writes `*config` (`config_size` bytes; its model shape, `max_cells` 1 and
+ * `max_seqs` 1 are for the engine to set), the method's requirements (when
+ * `requirements` is not NULL, as `kve_evictor_config_check`) and NULL into `*message`
+ * (when not NULL). On a refusal writes only `*message` (when not NULL): a static
+ * sentence naming what to change (an unknown method's lists the known ones).
+ */
+int32_t kve_evictor_options_apply(const struct kve_evictor_options *options,
+                                  struct kve_evictor_config *config,
+                                  uint32_t config_size,
+                                  struct kve_evictor_requirements *requirements,
+                                  uint32_t requirements_size,
+                                  const char **message);
+
+/**
+ * An engine's in-graph query ring (per sequence `window` rows `seq * window + slot`, then
+ * one scratch row `n_seqs * window`): the row each of a ubatch's `n_tokens` queries is
+ * written to, into `rows` (`rows_len >= n_tokens`). Token `i` belongs to sequence
+ * `seq_of[i]` (`0 .. n_seqs`; anything else: the scratch row); `counts[s]` (`n_seqs`
+ * of them) holds the queries of `s` written so far and is advanced. A token that a later
+ * token of its sequence in the same ubatch overwrites goes to the scratch row, so no two
+ * rows of one write collide and the ring holds each sequence's last `window` queries:
+ * the `k`-th in slot `k % window`, the last `w` starting at slot `(counts[s] - w) %
+ * window`. `window >= 1` (else `KVE_ERR_INVALID_ARGUMENT`). Writes `rows` and `counts`.
+ */
+int32_t kve_query_ring_rows(uint64_t *counts,
+                            uint64_t n_seqs,
+                            uint32_t window,
+                            const int32_t *seq_of,
+                            uint64_t n_tokens,
+                            int64_t *rows,
+                            uint64_t rows_len);
+
+/**
  * Start an evictor in `memory` (`bytes` from `kve_evictor_size`, any alignment) and
  * set `*evictor` to it: a pointer into `memory`, valid while the caller keeps the
  * memory and does not write it. No teardown: the caller frees `memory`. Writes
@@ -1635,6 +1724,17 @@ int32_t kve_accumulate_value_links(const struct kve_tensor *values,
                                    uint64_t links_len,
                                    void *workspace,
                                    uint64_t workspace_bytes);
+
+/**
+ * `x <- H x` on each block of `block` consecutive floats of `x` (`len` of them), in place:
+ * H the orthonormal Walsh–Hadamard matrix (`ggml_gen_hadamard`'s; symmetric, `H H = I`).
+ * An engine whose quantized cache stores K (or V) rows rotated so (llama.cpp's
+ * `attn_rot_k`, `attn_rot_v`) rotates the window queries (or `Wo`'s inputs) before it
+ * hands them to the evictor: the scores are those of the unrotated rows. `block` a power
+ * of two and `len` a multiple of it (else `KVE_ERR_INVALID_ARGUMENT`). Results are
+ * bit-identical to the plain f32 butterflies scaled by `1.0f / sqrtf(block)`. Writes `x`.
+ */
+int32_t kve_hadamard_blocks(float *x, uint64_t len, uint64_t block);
 
 /**
  * Fill `*out` with the layout of one K or V tensor of an engine's pool:

@@ -25,7 +25,7 @@ mod math;
 pub(crate) use base::span;
 pub use base::{config, dtype, error, shape, view, workspace};
 pub(crate) use math::window;
-pub use math::{budget, compact, gram, links, pool, score, select, shard, stream};
+pub use math::{budget, compact, gram, links, pool, rotate, score, select, shard, stream};
 
 pub mod capi;
 /// Raw launchers of cuda/ (kvevict_cuda.h); the public header declares the kve_cuda_*

@@ -14,12 +14,13 @@ from ._core import (ALLOCATORS, GRANULARITIES, POOLS, PRESETS, SCORERS, STATUS_C
 from ._lib import LibraryNotFound, candidate_paths
 from ._api import (LINK_THRESHOLD, ShardedSearch, accumulate_value_links, compact_in_place,
                    compact_varlen, compute_gram, compute_value_forms, compute_value_l1,
-                   evicted_positions, gram_blocks, gram_len, kept_lists, prefix_len, score_layer, score_output_len,
+                   evicted_positions, gram_blocks, gram_len, hadamard_blocks, kept_lists,
+                   query_ring_rows, prefix_len, score_layer, score_output_len,
                    score_workspace_size, select_model, select_output_len, select_sharded,
                    select_workspace_size, value_forms_len, window_row_lse)
 from ._stream import STREAM_STATS, StreamScorer
 from ._paged import POOL_KINDS, paged_compact, paged_gather, pool_tensor
-from ._evictor import Evictor
+from ._evictor import Evictor, evictor_options, preset_list
 from ._pipeline import (DEFAULT_ALLOCATOR, GramCache, gram_cache, make_score_params,
                         score_model, select_kept)
 
@@ -39,5 +40,6 @@ __all__ = [
     "kept_lists", "evicted_positions", "ShardedSearch", "select_sharded",
     "compact_in_place", "compact_varlen", "score_model", "select_kept", "make_score_params",
     "GramCache", "gram_cache", "DEFAULT_ALLOCATOR", "StreamScorer", "STREAM_STATS", "Evictor",
-    "POOL_KINDS", "pool_tensor", "paged_gather", "paged_compact",
+    "POOL_KINDS", "pool_tensor", "paged_gather", "paged_compact", "evictor_options",
+    "preset_list", "hadamard_blocks", "query_ring_rows",
 ]

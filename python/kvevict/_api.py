@@ -334,6 +334,32 @@ def accumulate_value_links(values, links, *, dtype=None):
     return links
 
 
+def hadamard_blocks(x, block):
+    """``x <- H x`` in place on each block of ``block`` floats of ``x`` (a writable
+    C-contiguous float32 array; ``kve_hadamard_blocks``): H the orthonormal Walsh-Hadamard
+    matrix, the rotation a quantized llama.cpp cache stores K/V rows with. Returns ``x``."""
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous
+            and x.flags.writeable):
+        raise TypeError("hadamard_blocks: x must be a writable C-contiguous float32 array")
+    call("kve_hadamard_blocks", ptr(x), x.size, int(block))
+    return x
+
+
+def query_ring_rows(counts, window, seq_of):
+    """The ring row of each token of a ubatch (``kve_query_ring_rows``) for an engine's
+    in-graph query ring of ``window`` rows per sequence and one scratch row: ``seq_of``
+    the tokens' sequences, ``counts`` (a writable C-contiguous uint64 array, one per
+    sequence) the queries written so far, advanced. Returns the rows (int64)."""
+    if not (isinstance(counts, np.ndarray) and counts.dtype == np.uint64 and counts.flags.c_contiguous
+            and counts.flags.writeable):
+        raise TypeError("query_ring_rows: counts must be a writable C-contiguous uint64 array")
+    s = np.ascontiguousarray(seq_of, dtype=np.int32)
+    rows = np.empty(s.size, np.int64)
+    call("kve_query_ring_rows", ptr(counts), counts.size, int(window), ptr(s), s.size, ptr(rows),
+         rows.size)
+    return rows
+
+
 def kept_lists(offsets, indices, layers, hkv, dtype=np.int64):
     """CSR selection → ``kept[l][kh]``: a list (layers) of lists (KV heads) of ascending
     position arrays (``dtype``, default int64)."""

@@ -10,8 +10,9 @@ import numpy as np
 
 from ._api import _wo, kept_lists
 from ._core import DTYPES, GRANULARITIES, PRESETS, call, floats, make_tensor, ptr
-from ._lib import (kve_evictor_config, kve_evictor_layer, kve_evictor_paged_layer,
-                   kve_evictor_requirements, kve_evictor_stats)
+from ._core import KvevictError, lib
+from ._lib import (kve_evictor_config, kve_evictor_layer, kve_evictor_options,
+                   kve_evictor_paged_layer, kve_evictor_requirements, kve_evictor_stats)
 from ._paged import _layout, _table
 
 # KVE_MARK_SHARE_DEFAULT (include/kvevict.h)
@@ -268,6 +269,47 @@ def evictor_config(preset, *, layers, hq, hkv, dk, dv=None, d_model=0, max_cells
     if select_params is not None:
         c.select = ctypes.addressof(select_params._c)
     return c
+
+
+# KVE_OPTIONS_* (include/kvevict.h)
+_NO_WO_EVERY_ROUND, _TOKEN_CELLS = 1, 2
+
+
+def preset_list(no_wo_every_round=False):
+    """The preset names (``kve_preset_list``): all, or those an engine that cannot give
+    ``Wo`` with every round may run (criticalkv left out)."""
+    return lib.kve_preset_list(_NO_WO_EVERY_ROUND if no_wo_every_round else 0).decode().split(", ")
+
+
+def evictor_options(method=None, *, window=0, keep_ratio=0.0, max_cells=0, evict_to=0.75,
+                    link_threshold=0.0, no_wo_every_round=False, token_cells=False):
+    """An engine's eviction flags read and checked by the library
+    (``kve_evictor_options_apply``): a dict of the config it gives (``preset``, ``window``,
+    ``granularity``, ``policy`` ("explicit", "keep-ratio", "cells"), ``keep_ratio``,
+    ``high``, ``low``, ``link_threshold``) and the method's ``requirements``. A refusal
+    raises :class:`KvevictError` whose ``detail`` is the library's sentence naming what
+    to change. ``method`` None: laprox-span."""
+    o = kve_evictor_options()
+    o.struct_size = ctypes.sizeof(o)
+    o.flags = (_NO_WO_EVERY_ROUND if no_wo_every_round else 0) | (_TOKEN_CELLS if token_cells else 0)
+    o.method = None if method is None else str(method).encode()
+    o.max_cells, o.window, o.link_threshold = max_cells, window, link_threshold
+    o.keep_ratio, o.evict_to = keep_ratio, evict_to
+    c, r, msg = kve_evictor_config(), kve_evictor_requirements(), ctypes.c_char_p()
+    st = lib.kve_evictor_options_apply(ctypes.byref(o), ctypes.byref(c), ctypes.sizeof(c),
+                                       ctypes.byref(r), ctypes.sizeof(r), ctypes.byref(msg))
+    if st != 0:
+        raise KvevictError(st, "kve_evictor_options_apply", (msg.value or b"").decode())
+    return {
+        "preset": PRESETS.decode(c.preset), "window": c.window,
+        "granularity": None if c.granularity == 0xFFFFFFFF else GRANULARITIES.decode(c.granularity),
+        "policy": {_POLICY_EXPLICIT: "explicit", _POLICY_KEEP_RATIO: "keep-ratio",
+                   _POLICY_CELLS: "cells"}[c.policy],
+        "keep_ratio": c.keep_ratio, "high": c.high, "low": c.low,
+        "link_threshold": c.link_threshold,
+        "requirements": {"queries": bool(r.queries), "values": bool(r.values), "wo": _WO[r.wo],
+                         "window": r.window, "granularity": GRANULARITIES.decode(r.granularity)},
+    }
 
 
 def requirements(fn, ev):

@@ -283,6 +283,20 @@ class kve_evictor_stats(ctypes.Structure):
         (f, c_uint64) for f in ("cells", "protected_cells", "evictions", "cells_evicted")]
 
 
+class kve_evictor_options(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("flags", c_uint32),
+        ("method", c_char_p),
+        ("max_cells", c_uint64),
+        ("window", c_uint32),
+        ("link_threshold", c_float),
+        ("keep_ratio", c_double),
+        ("evict_to", c_double),
+    ]
+
+
+assert ctypes.sizeof(kve_evictor_options) == 48
 assert ctypes.sizeof(kve_evictor_config) == 144
 assert ctypes.sizeof(kve_evictor_layer) == 312
 assert ctypes.sizeof(kve_evictor_paged_layer) == 376
@@ -365,6 +379,9 @@ _PROTOS = {
          c_void_p, c_uint64, c_void_p, c_uint64]),
     "kve_value_links_workspace_size": (c_int32, [c_uint64, c_uint64, _u64p]),
     "kve_accumulate_value_links": (c_int32, [P(kve_tensor), c_void_p, c_uint64, c_void_p, c_uint64]),
+    "kve_hadamard_blocks": (c_int32, [c_void_p, c_uint64, c_uint64]),
+    "kve_query_ring_rows": (
+        c_int32, [c_void_p, c_uint64, c_uint32, c_void_p, c_uint64, c_void_p, c_uint64]),
     "kve_evicted_positions": (c_int32, [c_void_p, c_uint64, c_uint64, c_void_p, c_uint64, _u64p]),
     # the evictor
     "kve_preset_count": (c_uint32, []),
@@ -374,6 +391,10 @@ _PROTOS = {
     "kve_evictor_size": (c_int32, [P(kve_evictor_config), _u64p]),
     "kve_evictor_config_check": (
         c_int32, [P(kve_evictor_config), P(kve_evictor_requirements), c_uint32, P(c_char_p)]),
+    "kve_preset_list": (c_char_p, [c_uint32]),
+    "kve_evictor_options_apply": (
+        c_int32, [P(kve_evictor_options), P(kve_evictor_config), c_uint32,
+                  P(kve_evictor_requirements), c_uint32, P(c_char_p)]),
     "kve_evictor_init": (c_int32, [c_void_p, c_uint64, P(kve_evictor_config), P(c_void_p)]),
     "kve_evictor_get_requirements": (c_int32, [c_void_p, P(kve_evictor_requirements), c_uint32]),
     "kve_evictor_set_output_projection": (c_int32, [c_void_p, c_uint64, P(kve_tensor)]),

@@ -148,3 +148,67 @@ class EvictorTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class OptionsTests(unittest.TestCase):
+    """kvevict.evictor_options / preset_list / hadamard_blocks (kve_evictor_options_apply,
+    kve_preset_list, kve_hadamard_blocks): an engine's flags read by the library."""
+
+    def test_preset_lists(self):
+        self.assertEqual(kve.preset_list(), list(kve.PRESET_NAMES))
+        self.assertEqual(kve.preset_list(no_wo_every_round=True),
+                         [n for n in kve.PRESET_NAMES if n != "criticalkv"])
+
+    def test_options(self):
+        o = kve.evictor_options(keep_ratio=0.25, max_cells=300, token_cells=True)
+        self.assertEqual((o["preset"], o["policy"], o["keep_ratio"], o["high"], o["low"]),
+                         ("laprox-span", "keep-ratio", 0.25, 300, 225))
+        self.assertEqual(o["granularity"], "token")
+        self.assertTrue(o["requirements"]["queries"])
+        o = kve.evictor_options("tova-decay", max_cells=100, evict_to=0.5)
+        self.assertEqual((o["policy"], o["high"], o["low"], o["granularity"]), ("cells", 100, 50, None))
+        o = kve.evictor_options("uniqueness", window=16, link_threshold=0.5)
+        self.assertEqual((o["policy"], o["window"], o["requirements"]["window"]), ("explicit", 16, 16))
+        self.assertFalse(o["requirements"]["queries"])
+        self.assertAlmostEqual(o["link_threshold"], 0.5)
+        # an evictor from the options' config makes the same choices
+        ev = kve.Evictor(o["preset"], layers=L, hq=HQ, hkv=HKV, dk=D, d_model=DM, max_cells=N,
+                         window=o["window"], link_threshold=o["link_threshold"])
+        self.assertEqual(ev.requirements["window"], 16)
+
+    def test_refusals_name_what_to_change(self):
+        for kw, says in [({"method": "bogus"}, "unknown eviction method (known: snapkv"),
+                         ({"method": "criticalkv", "no_wo_every_round": True}, "reads Wo at every round"),
+                         ({"link_threshold": float("nan")}, "value-link threshold"),
+                         ({"keep_ratio": 1.5}, "keep ratio must be in (0, 1]"),
+                         ({"max_cells": 8}, "budget must be larger than the observation window"),
+                         ({"max_cells": 256, "evict_to": 1.0}, "evict-to fraction"),
+                         ({"method": "snapkv", "link_threshold": 0.5}, "flat forward post-pool")]:
+            with self.assertRaises(kve.KvevictError) as e:
+                kve.evictor_options(**kw)
+            self.assertIn(says, e.exception.detail, kw)
+        self.assertEqual(kve.evictor_options("criticalkv")["requirements"]["wo"], "every-round")
+
+    def test_hadamard_blocks(self):
+        rng = np.random.default_rng(3)
+        x = rng.standard_normal(3 * 64).astype(np.float32)
+        h = np.array([[1.0]])
+        while h.shape[0] < 64:
+            h = np.block([[h, h], [h, -h]])
+        want = (x.astype(np.float64).reshape(3, 64) @ (h / 8.0)).ravel()
+        y = kve.hadamard_blocks(x.copy(), 64)
+        np.testing.assert_allclose(y, want, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(kve.hadamard_blocks(y, 64), x, rtol=0, atol=1e-5)
+        with self.assertRaises(kve.KvevictError):
+            kve.hadamard_blocks(x, 48)
+
+    def test_query_ring_rows(self):
+        counts = np.zeros(2, np.uint64)
+        # window 2, scratch row 4: seq 0's first of three tokens is overwritten in the ubatch
+        rows = kve.query_ring_rows(counts, 2, [0, 1, 0, 0, 5, -1])
+        self.assertEqual(rows.tolist(), [4, 2, 1, 0, 4, 4])
+        self.assertEqual(counts.tolist(), [3, 1])
+        self.assertEqual(kve.query_ring_rows(counts, 2, [1, 0]).tolist(), [3, 1])
+        self.assertEqual(counts.tolist(), [4, 2])
+        with self.assertRaises(kve.KvevictError):
+            kve.query_ring_rows(counts, 0, [0])

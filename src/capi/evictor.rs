@@ -15,7 +15,7 @@
 //! (`src/capi/cuda/evictor.rs`): the same config, layer and stats structs, a stream.
 
 use super::paged::{kve_paged_layout, PagedPool};
-use super::params::{read_ext, score_config, select_config, write_ext, Extensible};
+use super::params::{known_size, read_ext, score_config, select_config, write_ext, Extensible};
 use super::score::opt_floats;
 use super::{
     check_alias, kve_score_params, kve_select_params, kve_tensor, out_param, span_ptr, span_sized,
@@ -256,7 +256,7 @@ fn default_config(preset: Preset) -> kve_evictor_config {
         policy: KVE_POLICY_EXPLICIT,
         link_threshold: 0.0,
         keep_ratio: 1.0,
-        min_keep: 64,
+        min_keep: crate::evictor::options::MIN_KEEP,
         high: 0,
         low: 0,
         score: core::ptr::null(),
@@ -363,6 +363,39 @@ pub unsafe extern "C" fn kve_evictor_size(
     KVE_OK
 }
 
+/// The optional `const char **message` of the calls that say why they refuse.
+struct Message(Option<Buf<*const c_char>>);
+
+impl Message {
+    fn new(message: *mut *const c_char) -> Result<Message> {
+        Ok(Message(match message.is_null() {
+            true => None,
+            false => Some(out_param(message)?),
+        }))
+    }
+
+    fn span(&self) -> Span {
+        self.0.as_ref().map_or(Span::EMPTY, |m| m.span)
+    }
+
+    /// `why` into `*message` (when given), and `status`.
+    fn answer(&mut self, status: i32, why: *const c_char) -> i32 {
+        if let Some(m) = self.0.as_mut() {
+            // SAFETY: out_param checked it; one element.
+            unsafe { m.slice_mut()[0] = why };
+        }
+        status
+    }
+}
+
+/// The `bytes` bytes at `p`, or nothing for NULL (an optional extensible out-struct).
+fn optional_span<T>(p: *const T, bytes: u32) -> Span {
+    match p.is_null() {
+        true => Span::EMPTY,
+        false => span_sized(p, bytes),
+    }
+}
+
 /// Check `config` as `kve_evictor_size` and `kve_evictor_init` do, without memory, and
 /// say why it is refused: returns the status they return. On `KVE_OK` writes what the
 /// method reads into `requirements` (when not NULL: `requirements_size` bytes, as
@@ -377,18 +410,8 @@ pub unsafe extern "C" fn kve_evictor_config_check(
     requirements_size: u32,
     message: *mut *const c_char,
 ) -> i32 {
-    let mut msg = match message.is_null() {
-        true => None,
-        false => Some(tri!(out_param(message))),
-    };
-    let req_span = match requirements.is_null() {
-        true => Span(0, 0),
-        false => Span(
-            requirements as usize,
-            (requirements as usize).saturating_add(requirements_size as usize),
-        ),
-    };
-    let outs = [msg.as_ref().map_or(Span(0, 0), |m| m.span), req_span];
+    let mut msg = tri!(Message::new(message));
+    let outs = [msg.span(), optional_span(requirements, requirements_size)];
     // SAFETY: NULL or the caller's config; evictor_config checks it.
     let checked = match unsafe { evictor_config(config) } {
         Ok((cfg, spans)) => {
@@ -416,11 +439,198 @@ pub unsafe extern "C" fn kve_evictor_config_check(
         Ok(_) => (KVE_OK, core::ptr::null()),
         Err(r) => (to_status(Err(r.error)), r.why.as_ptr()),
     };
-    if let Some(m) = msg.as_mut() {
-        // SAFETY: out_param checked it; one element.
-        unsafe { m.slice_mut()[0] = why };
+    msg.answer(status, why)
+}
+
+/// `kve_evictor_options.flags`: the engine cannot give `Wo` with every round: methods that
+/// read it so (criticalkv) are refused and left out of its method list.
+pub const KVE_OPTIONS_NO_WO_EVERY_ROUND: u32 = 1;
+/// `kve_evictor_options.flags`: the engine's cells are shared by every head (llama.cpp,
+/// paged caches): the config gets `KVE_GRANULARITY_TOKEN`.
+pub const KVE_OPTIONS_TOKEN_CELLS: u32 = 2;
+/// The largest `kve_evictor_options.window`.
+pub const KVE_OPTIONS_MAX_WINDOW: u32 = crate::evictor::options::MAX_WINDOW;
+
+/// An engine's eviction options, as its user gives them (command-line flags), for
+/// `kve_evictor_options_apply`. Zero-fill it, then set `struct_size`
+/// (`KVE_EVICTOR_OPTIONS_V1_SIZE`) and what the user gave.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct kve_evictor_options {
+    pub struct_size: u32,
+    /// `KVE_OPTIONS_*`.
+    pub flags: u32,
+    /// The method: `kve_preset_name`'s spelling, NUL-terminated; NULL or "": laprox-span.
+    pub method: *const c_char,
+    /// The cell budget per sequence (0: off): past it, down to
+    /// `floor(max_cells * evict_to)`, which must exceed the window.
+    pub max_cells: u64,
+    /// The observation window (0: the method's), at most `KVE_OPTIONS_MAX_WINDOW`.
+    pub window: u32,
+    /// Value links at this threshold, at most 1 (0 or negative: off).
+    pub link_threshold: f32,
+    /// The keep ratio of what is new since the last compression, in (0, 1] (0: off).
+    pub keep_ratio: f64,
+    /// With `max_cells`: in (0, 1).
+    pub evict_to: f64,
+}
+
+v1_size!(kve_evictor_options, KVE_EVICTOR_OPTIONS_V1_SIZE = 48);
+
+/// The ", "-separated names of every preset (`flags` 0) or of those an engine with
+/// `flags` (`KVE_OPTIONS_NO_WO_EVERY_ROUND`) may run: a static NUL-terminated string, for
+/// an engine's `--help` and messages.
+#[no_mangle]
+pub extern "C" fn kve_preset_list(flags: u32) -> *const c_char {
+    crate::evictor::options::method_list(flags & KVE_OPTIONS_NO_WO_EVERY_ROUND != 0).as_ptr()
+}
+
+/// Read an engine's eviction options into an evictor config, and check them: the method
+/// (none: laprox-span), the policy (`KVE_POLICY_KEEP_RATIO` when `keep_ratio` is set,
+/// else `KVE_POLICY_CELLS` when `max_cells` is, else `KVE_POLICY_EXPLICIT`; `high` and
+/// `low` are set whenever `max_cells` is), the window, the value links, the granularity
+/// (`KVE_OPTIONS_TOKEN_CELLS`); then as `kve_evictor_config_check` on a one-cell model.
+/// On `KVE_OK` writes `*config` (`config_size` bytes; its model shape, `max_cells` 1 and
+/// `max_seqs` 1 are for the engine to set), the method's requirements (when
+/// `requirements` is not NULL, as `kve_evictor_config_check`) and NULL into `*message`
+/// (when not NULL). On a refusal writes only `*message` (when not NULL): a static
+/// sentence naming what to change (an unknown method's lists the known ones).
+#[no_mangle]
+pub unsafe extern "C" fn kve_evictor_options_apply(
+    options: *const kve_evictor_options,
+    config: *mut kve_evictor_config,
+    config_size: u32,
+    requirements: *mut kve_evictor_requirements,
+    requirements_size: u32,
+    message: *mut *const c_char,
+) -> i32 {
+    use crate::evictor::options::{from_options, Options};
+    let mut msg = tri!(Message::new(message));
+    let zero = kve_evictor_options {
+        struct_size: KVE_EVICTOR_OPTIONS_V1_SIZE,
+        flags: 0,
+        method: core::ptr::null(),
+        max_cells: 0,
+        window: 0,
+        link_threshold: 0.0,
+        keep_ratio: 0.0,
+        evict_to: 0.0,
+    };
+    // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
+    let o = tri!(unsafe { read_ext(options, KVE_EVICTOR_OPTIONS_V1_SIZE, zero) });
+    let mut len = 0;
+    // SAFETY: NULL or a NUL-terminated string (the caller's contract); reading stops at its
+    // NUL or after 32 bytes (no preset name is that long: unknown).
+    while !o.method.is_null() && len < 33 && unsafe { *o.method.add(len) } != 0 {
+        len += 1;
     }
-    status
+    let name = match o.method.is_null() {
+        true => &[][..],
+        // SAFETY: the `len` bytes just read.
+        false => unsafe { core::slice::from_raw_parts(o.method as *const u8, len) },
+    };
+    let outs = [
+        msg.span(),
+        span_sized(config, config_size),
+        optional_span(requirements, requirements_size),
+    ];
+    let ins = [
+        span_sized(options, o.struct_size),
+        Span(
+            o.method as usize,
+            o.method as usize + len + !o.method.is_null() as usize,
+        ),
+    ];
+    tri!(check_alias(&outs, &ins));
+    let opts = Options {
+        method: name,
+        window: o.window,
+        keep_ratio: o.keep_ratio,
+        max_cells: o.max_cells,
+        evict_to: o.evict_to,
+        link_threshold: o.link_threshold,
+        no_wo_every_round: o.flags & KVE_OPTIONS_NO_WO_EVERY_ROUND != 0,
+        token_cells: o.flags & KVE_OPTIONS_TOKEN_CELLS != 0,
+    };
+    let why = match (o.flags & !3, from_options(&opts)) {
+        (0, Ok(ch)) => {
+            let mut c = default_config(ch.config.preset);
+            c.window = ch.config.window;
+            c.granularity = ch.config.granularity.map_or(c.granularity, |g| g as u32);
+            c.link_threshold = ch.config.link_threshold.unwrap_or(0.0);
+            c.max_cells = 1;
+            (c.layers, c.hq, c.hkv, c.dk, c.dv, c.d_model) = (1, 1, 1, 1, 1, 1);
+            c.policy = match ch.config.budget {
+                Budget::KeepRatio { ratio, .. } => {
+                    c.keep_ratio = ratio;
+                    KVE_POLICY_KEEP_RATIO
+                }
+                Budget::Cells { .. } => KVE_POLICY_CELLS,
+                Budget::Explicit => KVE_POLICY_EXPLICIT,
+            };
+            (c.high, c.low) = ch.cells.unwrap_or((0, 0));
+            // both sizes first: on an error nothing is written
+            tri!(known_size::<kve_evictor_config>(
+                config_size,
+                KVE_EVICTOR_CONFIG_V1_SIZE
+            ));
+            if !requirements.is_null() {
+                let first = KVE_EVICTOR_REQUIREMENTS_V1_SIZE;
+                tri!(known_size::<kve_evictor_requirements>(
+                    requirements_size,
+                    first
+                ));
+            }
+            // SAFETY: NULL or `config_size` writable bytes (the caller's contract); checked there.
+            tri!(unsafe { write_ext(config, config_size, KVE_EVICTOR_CONFIG_V1_SIZE, c) });
+            if !requirements.is_null() {
+                // SAFETY: `requirements_size` writable bytes (the caller's contract).
+                let st = unsafe { write_requirements(ch.needs, requirements, requirements_size) };
+                if st != KVE_OK {
+                    return st;
+                }
+            }
+            Ok(core::ptr::null())
+        }
+        (0, Err(r)) => Err((r.error, r.why.as_ptr())),
+        (_, _) => Err((
+            Error::InvalidArgument,
+            cstr!("unknown option flags").as_ptr(),
+        )),
+    };
+    let (status, why) = match why {
+        Ok(p) => (KVE_OK, p),
+        Err((e, p)) => (to_status(Err(e)), p),
+    };
+    msg.answer(status, why)
+}
+
+/// An engine's in-graph query ring (per sequence `window` rows `seq * window + slot`, then
+/// one scratch row `n_seqs * window`): the row each of a ubatch's `n_tokens` queries is
+/// written to, into `rows` (`rows_len >= n_tokens`). Token `i` belongs to sequence
+/// `seq_of[i]` (`0 .. n_seqs`; anything else: the scratch row); `counts[s]` (`n_seqs`
+/// of them) holds the queries of `s` written so far and is advanced. A token that a later
+/// token of its sequence in the same ubatch overwrites goes to the scratch row, so no two
+/// rows of one write collide and the ring holds each sequence's last `window` queries:
+/// the `k`-th in slot `k % window`, the last `w` starting at slot `(counts[s] - w) %
+/// window`. `window >= 1` (else `KVE_ERR_INVALID_ARGUMENT`). Writes `rows` and `counts`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_query_ring_rows(
+    counts: *mut u64,
+    n_seqs: u64,
+    window: u32,
+    seq_of: *const i32,
+    n_tokens: u64,
+    rows: *mut i64,
+    rows_len: u64,
+) -> i32 {
+    let mut c = tri!(Buf::new(counts, n_seqs));
+    let s = tri!(Buf::new(seq_of, n_tokens));
+    let mut r = tri!(Buf::new(rows, rows_len));
+    tri!(check_alias(&[c.span, r.span], &[s.span]));
+    // SAFETY: Buf::new checked the three; check_alias: the outputs overlap nothing else.
+    let (c, s, r) = unsafe { (c.slice_mut(), s.slice(), r.slice_mut()) };
+    to_status(crate::evictor::qring::ring_rows(c, window, s, r))
 }
 
 /// Start an evictor in `memory` (`bytes` from `kve_evictor_size`, any alignment) and

@@ -45,3 +45,21 @@ pub unsafe extern "C" fn kve_accumulate_value_links(
     let (o, ws) = unsafe { (o.slice_mut(), ws.slice_mut()) };
     to_status(links::accumulate_value_links(&vv, o, ws))
 }
+
+/// `x <- H x` on each block of `block` consecutive floats of `x` (`len` of them), in place:
+/// H the orthonormal Walsh–Hadamard matrix (`ggml_gen_hadamard`'s; symmetric, `H H = I`).
+/// An engine whose quantized cache stores K (or V) rows rotated so (llama.cpp's
+/// `attn_rot_k`, `attn_rot_v`) rotates the window queries (or `Wo`'s inputs) before it
+/// hands them to the evictor: the scores are those of the unrotated rows. `block` a power
+/// of two and `len` a multiple of it (else `KVE_ERR_INVALID_ARGUMENT`). Results are
+/// bit-identical to the plain f32 butterflies scaled by `1.0f / sqrtf(block)`. Writes `x`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_hadamard_blocks(x: *mut f32, len: u64, block: u64) -> i32 {
+    let mut b = tri!(Buf::new(x, len));
+    let block = tri!(to_usize(block));
+    // SAFETY: Buf::new checked it; the one buffer.
+    to_status(crate::rotate::hadamard_blocks(
+        unsafe { b.slice_mut() },
+        block,
+    ))
+}

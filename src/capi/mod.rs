@@ -489,6 +489,16 @@ pub fn header_defines() -> std::string::String {
         ],
     );
     group(
+        "An engine's eviction options (kve_evictor_options_apply): kve_evictor_options.flags, \
+         the largest window, the struct's size",
+        defines![
+            evictor::KVE_OPTIONS_NO_WO_EVERY_ROUND,
+            KVE_OPTIONS_TOKEN_CELLS,
+            KVE_OPTIONS_MAX_WINDOW,
+            KVE_EVICTOR_OPTIONS_V1_SIZE,
+        ],
+    );
+    group(
         "kve_paged_layout_init kind: the engines' paged pool layouts (H heads, d dim, bs tokens a block)",
         &[
             ("KVE_PAGED_NHD", crate::paged::PagedKind::Nhd as i64),

@@ -159,7 +159,7 @@ pub(crate) fn encode_select(c: &SelectConfig) -> kve_select_params {
 
 /// `size` when it is a released size of `T` no older than `first` (a call introduced
 /// with a later version passes that version's size).
-fn known_size<T: Extensible>(size: u32, first: u32) -> Result<usize> {
+pub(crate) fn known_size<T: Extensible>(size: u32, first: u32) -> Result<usize> {
     if size >= first && T::SIZES.contains(&size) && size as usize <= core::mem::size_of::<T>() {
         Ok(size as usize)
     } else {

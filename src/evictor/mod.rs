@@ -39,8 +39,10 @@ mod config;
 pub mod device;
 mod marks;
 mod memory;
+pub mod options;
 pub mod policy;
 pub mod presets;
+pub mod qring;
 mod state;
 
 use crate::config::{Granularity, ScoreConfig};

@@ -14,6 +14,7 @@ pub mod gram;
 pub mod links;
 pub(crate) mod needs;
 pub mod pool;
+pub mod rotate;
 pub mod score;
 pub mod select;
 pub mod shard;
