@@ -218,6 +218,7 @@ struct AsyncCopy {
 struct Thr {
     ucontext_t ctx;
     void* sp;  // the saved stack pointer (fast switch)
+    void* fake;  // AddressSanitizer's fake stack of this thread while it is switched out
     std::vector<AsyncCopy> pend;  // cp.async not landed yet
     int committed;
     State st;
@@ -284,15 +285,38 @@ kve_emu_switch:
 void* main_sp;  // the scheduler's stack pointer while a thread runs (fast switch)
 }  // namespace
 }  // namespace kve_emu
-// Present when AddressSanitizer's runtime is linked (the fuzz target): it intercepts
-// swapcontext to follow stack switches, so ucontext is kept there.
-extern "C" void __asan_init(void) __attribute__((weak));
+// AddressSanitizer's fiber hooks, present when its runtime is linked (the fuzz target; the
+// emulator itself is not instrumented). It follows swapcontext by itself, clearing the shadow
+// of the whole 256 KiB stack at each switch (most of a device op's time under the fuzzer); the
+// fast switch tells it of each stack change instead (sanitizer/common_interface_defs.h).
+extern "C" void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size)
+    __attribute__((weak));
+extern "C" void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old,
+                                                size_t* size_old) __attribute__((weak));
+// With ASan's use-after-return detection on, each fiber's fake stack is made and destroyed per
+// thread: the hooks then cost twice swapcontext's (measured, fuzz/run.sh), so ucontext is kept.
+extern "C" int __asan_option_detect_stack_use_after_return __attribute__((weak));
 namespace kve_emu {
 namespace {
 bool fast_switch() {
-    static const bool fast =
-        KVE_EMU_FAST_SWITCH && !env_long("KVEVICT_EMU_UCONTEXT", 0) && &__asan_init == nullptr;
+    static const bool fast = KVE_EMU_FAST_SWITCH && !env_long("KVEVICT_EMU_UCONTEXT", 0) &&
+                             !(&__asan_option_detect_stack_use_after_return &&
+                               __asan_option_detect_stack_use_after_return);
     return fast;
+}
+
+// The scheduler's stack as AddressSanitizer knows it (learned as each thread first runs) and
+// its fake stack while a thread runs; the fiber hooks are no-ops without the runtime.
+const void* main_bottom;
+size_t main_size;
+void* main_fake;
+// Before a switch to the stack [bottom, bottom + size); `save` null: the stack left is done.
+void asan_leave(void** save, const void* bottom, size_t size) {
+    if (__sanitizer_start_switch_fiber) __sanitizer_start_switch_fiber(save, bottom, size);
+}
+// After a switch back to a stack that `asan_leave(&save, ...)` left.
+void asan_arrive(void* save, const void** bottom_old = nullptr, size_t* size_old = nullptr) {
+    if (__sanitizer_finish_switch_fiber) __sanitizer_finish_switch_fiber(save, bottom_old, size_old);
 }
 
 void land(Thr& t, int below) {
@@ -310,12 +334,14 @@ void land(Thr& t, int below) {
 }
 
 void thread_entry() {
+    if (fast_switch()) asan_arrive(nullptr, &main_bottom, &main_size);
     (*S.body)();
     land(S.thr[S.cur], 1 << 30);  // what an exiting thread left in flight lands anyway
     S.thr[S.cur].st = DONE;
     // returning resumes S.main (uc_link); with the fast switch, switch back for good
 #if KVE_EMU_FAST_SWITCH
     if (fast_switch()) {
+        asan_leave(nullptr, main_bottom, main_size);
         kve_emu_switch(&S.thr[S.cur].sp, main_sp);
         abort();  // a finished thread is never resumed
     }
@@ -333,7 +359,11 @@ void yield(State st) {
     Thr& t = S.thr[S.cur];
     t.st = st;
 #if KVE_EMU_FAST_SWITCH
-    if (fast_switch()) return kve_emu_switch(&t.sp, main_sp);
+    if (fast_switch()) {
+        asan_leave(&t.fake, main_bottom, main_size);
+        kve_emu_switch(&t.sp, main_sp);
+        return asan_arrive(t.fake);
+    }
 #endif
     swapcontext(&t.ctx, &S.main);
 }
@@ -421,7 +451,9 @@ void run_block(int n, const std::vector<int>& order) {
             threadIdx = S.thr[i].tid;
 #if KVE_EMU_FAST_SWITCH
             if (fast_switch()) {
+                asan_leave(&main_fake, S.stacks[i] + PAGE, STACK_BYTES);
                 kve_emu_switch(&main_sp, S.thr[i].sp);
+                asan_arrive(main_fake);
                 continue;
             }
 #endif
