@@ -552,7 +552,8 @@ pub unsafe extern "C" fn kve_evictor_options_apply(
         no_wo_every_round: o.flags & KVE_OPTIONS_NO_WO_EVERY_ROUND != 0,
         token_cells: o.flags & KVE_OPTIONS_TOKEN_CELLS != 0,
     };
-    let why = match (o.flags & !3, from_options(&opts)) {
+    let known = KVE_OPTIONS_NO_WO_EVERY_ROUND | KVE_OPTIONS_TOKEN_CELLS;
+    let why = match (o.flags & !known, from_options(&opts)) {
         (0, Ok(ch)) => {
             let mut c = default_config(ch.config.preset);
             c.window = ch.config.window;
