@@ -573,9 +573,7 @@ impl<'a> DeviceEvictor<'a> {
         Ok(self.parts(seqs)?.3)
     }
 
-    fn state(&mut self, seq: usize) -> Result<SeqState> {
-        SeqState::load(self.slot(seq)?.state)
-    }
+    seq_bookkeeping!();
 
     fn dev_gram(&self, layer: usize) -> *mut f32 {
         (self.dev as *mut f32).wrapping_add(layer * self.r.gram_len)
@@ -686,11 +684,6 @@ impl<'a> DeviceEvictor<'a> {
         slot.ring_dtype[layer] = dt;
         slot.ring_rows[layer] = seen.saturating_add(c as u64);
         Ok(())
-    }
-
-    /// As [`super::Evictor::plan`].
-    pub fn plan(&mut self, seq: usize, n_cells: usize) -> Result<usize> {
-        self.state(seq)?.plan(&self.r, n_cells)
     }
 
     /// As [`super::Evictor::begin`] (host bookkeeping only: nothing enqueued).
@@ -1221,9 +1214,5 @@ impl<'a> DeviceEvictor<'a> {
         slot.ring_rows.fill(0);
         slot.ring_dtype.fill(0);
         Ok(())
-    }
-
-    pub fn stats(&mut self, seq: usize) -> Result<SeqStats> {
-        Ok(self.state(seq)?.stats())
     }
 }

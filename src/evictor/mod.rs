@@ -33,6 +33,26 @@
 //!   engine knows which cells hold the user's text by their positions, which compaction
 //!   does not change, so the context keeps no marks across rounds (`marks.rs`).
 
+/// What the host and device forms share word for word: each form's `slot(seq)` gives the
+/// sequence's state words (its [`SeqState`]), and the policy and counters are read there.
+macro_rules! seq_bookkeeping {
+    () => {
+        fn state(&mut self, seq: usize) -> Result<SeqState> {
+            SeqState::load(self.slot(seq)?.state)
+        }
+
+        /// The cells sequence `seq` should hold now that it holds `n_cells` (`n_cells`:
+        /// nothing to do). Changes nothing.
+        pub fn plan(&mut self, seq: usize, n_cells: usize) -> Result<usize> {
+            self.state(seq)?.plan(&self.r, n_cells)
+        }
+
+        pub fn stats(&mut self, seq: usize) -> Result<SeqStats> {
+            Ok(self.state(seq)?.stats())
+        }
+    };
+}
+
 mod carry;
 mod config;
 #[cfg(feature = "cuda")]
@@ -85,13 +105,15 @@ pub struct Needs {
     pub granularity: Granularity,
 }
 
-/// One layer's tensors for the round's `n` cells.
+/// One layer's tensors for the round's `n` cells, K and V held as `KV`: [`View`]s
+/// ([`Evictor::score_layer`]) or, [`PagedLayerViews`], [`PagedView`]s through the
+/// sequence's block table ([`Evictor::score_layer_paged`]).
 #[derive(Clone, Copy, Debug)]
-pub struct LayerViews<'a> {
-    /// `[Hkv, n, dk]`.
-    pub keys: View<'a>,
-    /// `[Hkv, n, dv]` when [`Capture::values`].
-    pub values: Option<View<'a>>,
+pub struct LayerViews<'a, KV = View<'a>> {
+    /// `[Hkv, n, dk]` (paged: `Hkv` heads of `dk`, the round's `n` tokens).
+    pub keys: KV,
+    /// `[Hkv, n, dv]` when [`Capture::values`] (else not read).
+    pub values: Option<KV>,
     /// `[Hq, wq, dk]`, the last `wq >= min(w, n)` positions; `None`: the query ring.
     pub queries: Option<View<'a>>,
     /// Optional `[Hq][min(w, n)]` window row log-sum-exp (see [`LayerInputs::row_lse`]).
@@ -100,18 +122,8 @@ pub struct LayerViews<'a> {
     pub wo: Option<View<'a>>,
 }
 
-/// One layer's tensors with K and V in a paged pool ([`Evictor::score_layer_paged`]):
-/// as [`LayerViews`], K and V through the sequence's block table.
-#[derive(Clone, Copy, Debug)]
-pub struct PagedLayerViews<'a> {
-    /// `Hkv` heads of `dk`, the round's `n` tokens.
-    pub keys: PagedView<'a>,
-    /// `Hkv` heads of `dv`, when [`Capture::values`] (else not read).
-    pub values: Option<PagedView<'a>>,
-    pub queries: Option<View<'a>>,
-    pub row_lse: Option<&'a [f32]>,
-    pub wo: Option<View<'a>>,
-}
+/// One layer's tensors with K and V in a paged pool ([`Evictor::score_layer_paged`]).
+pub type PagedLayerViews<'a> = LayerViews<'a, PagedView<'a>>;
 
 /// The kept set of a selected round: per (layer, KV head) `indices[offsets[u]..offsets[u +
 /// 1]]`, ascending cells (the selection's CSR, protected cells included).
@@ -252,9 +264,7 @@ impl<'a> Evictor<'a> {
         memory::carve_slot(memory::split(self.block, &self.lay, seq).1, &self.r)
     }
 
-    fn state(&mut self, seq: usize) -> Result<SeqState> {
-        SeqState::load(self.slot(seq)?.state)
-    }
+    seq_bookkeeping!();
 
     /// Set `layer`'s output projection `wo` `[Hq, dv, D]` (methods with [`WoUse::Once`]):
     /// its Gram blocks go into the context, the engine may drop `wo` after.
@@ -293,12 +303,6 @@ impl<'a> Evictor<'a> {
         }
         slot.ring_rows[layer] = seen.saturating_add(c as u64);
         Ok(())
-    }
-
-    /// The cells sequence `seq` should hold now that it holds `n_cells` (`n_cells`:
-    /// nothing to do). Changes nothing.
-    pub fn plan(&mut self, seq: usize, n_cells: usize) -> Result<usize> {
-        self.state(seq)?.plan(&self.r, n_cells)
     }
 
     /// Start a round on `seq`'s `n_cells` cells (`1..=max_cells`) that ends holding
@@ -636,10 +640,6 @@ impl<'a> Evictor<'a> {
         let st = self.state(seq)?;
         st.unprotect().store(self.slot(seq)?.state);
         Ok(())
-    }
-
-    pub fn stats(&mut self, seq: usize) -> Result<SeqStats> {
-        Ok(self.state(seq)?.stats())
     }
 }
 
