@@ -666,6 +666,21 @@ unsafe fn attach<'a>(ev: *const kve_evictor) -> Result<(Evictor<'a>, Span)> {
     Ok((e, Span(a, b)))
 }
 
+/// `f` (commit, reset, unprotect: a sequence and nothing more) on sequence `seq` of the
+/// context, its status.
+///
+/// # Safety
+/// `ev` as [`attach`]'s.
+unsafe fn on_seq<'a>(
+    ev: *const kve_evictor,
+    seq: u64,
+    f: fn(&mut Evictor<'a>, usize) -> Result<()>,
+) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut e, _) = tri!(unsafe { attach(ev) });
+    to_status(f(&mut e, tri!(to_usize(seq))))
+}
+
 /// A scoring call's context and layer struct: the context attached, the struct read
 /// (`read_ext`: NULL, alignment, `struct_size`), its `reserved` field 0 (else
 /// `InvalidArgument`).
@@ -1234,17 +1249,15 @@ pub unsafe extern "C" fn kve_evictor_compact_paged(
 /// removed the others): they are all protected from the keep ratio.
 #[no_mangle]
 pub unsafe extern "C" fn kve_evictor_commit(evictor: *mut kve_evictor, seq: u64) -> i32 {
-    // SAFETY: the caller's context; attach checks it.
-    let (mut ev, _) = tri!(unsafe { attach(evictor) });
-    to_status(ev.commit(tri!(to_usize(seq))))
+    // SAFETY: the caller's context; on_seq attaches and checks it.
+    unsafe { on_seq(evictor, seq, Evictor::commit) }
 }
 
 /// Forget sequence `seq` (ended or cleared): counters, protection, round, query rows.
 #[no_mangle]
 pub unsafe extern "C" fn kve_evictor_seq_reset(evictor: *mut kve_evictor, seq: u64) -> i32 {
-    // SAFETY: the caller's context; attach checks it.
-    let (mut ev, _) = tri!(unsafe { attach(evictor) });
-    to_status(ev.reset(tri!(to_usize(seq))))
+    // SAFETY: the caller's context; on_seq attaches and checks it.
+    unsafe { on_seq(evictor, seq, Evictor::reset) }
 }
 
 /// The engine changed sequence `seq`'s cells itself (removed or rewound some, or copied
@@ -1253,9 +1266,8 @@ pub unsafe extern "C" fn kve_evictor_seq_reset(evictor: *mut kve_evictor, seq: u
 /// and its eviction counters. `kve_evictor_seq_reset` forgets everything.
 #[no_mangle]
 pub unsafe extern "C" fn kve_evictor_seq_unprotect(evictor: *mut kve_evictor, seq: u64) -> i32 {
-    // SAFETY: the caller's context; attach checks it.
-    let (mut ev, _) = tri!(unsafe { attach(evictor) });
-    to_status(ev.unprotect(tri!(to_usize(seq))))
+    // SAFETY: the caller's context; on_seq attaches and checks it.
+    unsafe { on_seq(evictor, seq, Evictor::unprotect) }
 }
 
 /// Sequence `seq`'s counters into `out` (`struct_size` bytes:

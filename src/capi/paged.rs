@@ -195,6 +195,26 @@ pub unsafe extern "C" fn kve_paged_layout_init(
     KVE_OK
 }
 
+/// `*bytes = size(layout)`, a size query on a pool's layout (checked as every paged call
+/// checks it); `*bytes` is written on success only.
+///
+/// # Safety
+/// `layout` NULL or a `kve_paged_layout`; `bytes` NULL or writable.
+unsafe fn layout_size(
+    layout: *const kve_paged_layout,
+    bytes: *mut u64,
+    size: impl FnOnce(&PagedLayout) -> Result<usize>,
+) -> i32 {
+    // SAFETY: the caller's contract; from_ptr checks NULL, alignment and the layout.
+    let p = tri!(unsafe { Pool::from_ptr(layout) });
+    let mut b = tri!(out_param(bytes));
+    let s = tri!(size(&p.layout));
+    tri!(check_alias(&[b.span], &[span_ptr(layout)]));
+    // SAFETY: out_param checked `bytes`.
+    unsafe { b.slice_mut()[0] = s as u64 };
+    KVE_OK
+}
+
 /// Bytes of caller memory `kve_paged_gather` needs for a sequence of `n` tokens: the
 /// table check (a bitmap over the pool's blocks) and the gathered `[heads, n, dim]` tensor.
 /// Writes `*bytes` on success only.
@@ -204,17 +224,14 @@ pub unsafe extern "C" fn kve_paged_gather_size(
     n: u64,
     bytes: *mut u64,
 ) -> i32 {
-    // SAFETY: the caller passes NULL or a `kve_paged_layout`.
-    let p = tri!(unsafe { Pool::from_ptr(layout) });
-    let n = tri!(to_usize(n));
-    let mut b = tri!(out_param(bytes));
-    let total = tri!(paged::table_check_size(&p.layout)
-        .and_then(|c| Ok((c, paged::gather_workspace_size(&p.layout, n)?)))
-        .and_then(|(c, g)| c.checked_add(g).ok_or(Error::Overflow)));
-    tri!(check_alias(&[b.span], &[span_ptr(layout)]));
-    // SAFETY: out_param checked `bytes`.
-    unsafe { b.slice_mut()[0] = total as u64 };
-    KVE_OK
+    // SAFETY: the caller passes NULL or a `kve_paged_layout`, and `bytes`.
+    unsafe {
+        layout_size(layout, bytes, |l| {
+            let (n, check) = (to_usize(n)?, paged::table_check_size(l)?);
+            let gather = paged::gather_workspace_size(l, n)?;
+            check.checked_add(gather).ok_or(Error::Overflow)
+        })
+    }
 }
 
 /// Gather the first `n` tokens of a sequence (block table `table`, `table_len >=
@@ -282,14 +299,8 @@ pub unsafe extern "C" fn kve_paged_compact_workspace_size(
     layout: *const kve_paged_layout,
     bytes: *mut u64,
 ) -> i32 {
-    // SAFETY: the caller passes NULL or a `kve_paged_layout`.
-    let p = tri!(unsafe { Pool::from_ptr(layout) });
-    let mut b = tri!(out_param(bytes));
-    let size = tri!(paged::compact_paged_workspace_size(&p.layout));
-    tri!(check_alias(&[b.span], &[span_ptr(layout)]));
-    // SAFETY: out_param checked `bytes`.
-    unsafe { b.slice_mut()[0] = size as u64 };
-    KVE_OK
+    // SAFETY: the caller passes NULL or a `kve_paged_layout`, and `bytes`.
+    unsafe { layout_size(layout, bytes, paged::compact_paged_workspace_size) }
 }
 
 /// Block-aligned compaction in place: the sequence's kept tokens move to the front of its

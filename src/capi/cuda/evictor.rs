@@ -46,6 +46,22 @@ unsafe fn attach<'a>(ev: *const kve_cuda_evictor) -> Result<(DeviceEvictor<'a>, 
     Ok((e, h, d))
 }
 
+/// `f` (commit, reset, unprotect: a sequence and nothing more) on sequence `seq` of the
+/// context, its status.
+///
+/// # Safety
+/// `ev` as [`attach`]'s.
+#[cfg(feature = "cuda")]
+unsafe fn on_seq<'a>(
+    ev: *const kve_cuda_evictor,
+    seq: u64,
+    f: fn(&mut DeviceEvictor<'a>, usize) -> Result<()>,
+) -> i32 {
+    // SAFETY: the caller's context; attach checks it.
+    let (mut e, _, _) = tri!(unsafe { attach(ev) });
+    to_status(f(&mut e, tri!(to_usize(seq))))
+}
+
 /// Host bytes of the context (`*host_bytes`, any alignment, 64 bytes of slack included)
 /// and device bytes of the block (`*device_bytes`, 256-byte aligned) for `config`. Methods
 /// that read `Wo` every round (CriticalKV) are not on the device:
@@ -434,9 +450,8 @@ pub unsafe extern "C" fn kve_cuda_evictor_compact(
 #[no_mangle]
 pub unsafe extern "C" fn kve_cuda_evictor_commit(evictor: *mut kve_cuda_evictor, seq: u64) -> i32 {
     cuda_only!({
-        // SAFETY: the caller's context; attach checks it.
-        let (mut ev, _, _) = tri!(unsafe { attach(evictor) });
-        to_status(ev.commit(tri!(to_usize(seq))))
+        // SAFETY: the caller's context; on_seq attaches and checks it.
+        unsafe { on_seq(evictor, seq, DeviceEvictor::commit) }
     })
 }
 
@@ -447,9 +462,8 @@ pub unsafe extern "C" fn kve_cuda_evictor_seq_reset(
     seq: u64,
 ) -> i32 {
     cuda_only!({
-        // SAFETY: the caller's context; attach checks it.
-        let (mut ev, _, _) = tri!(unsafe { attach(evictor) });
-        to_status(ev.reset(tri!(to_usize(seq))))
+        // SAFETY: the caller's context; on_seq attaches and checks it.
+        unsafe { on_seq(evictor, seq, DeviceEvictor::reset) }
     })
 }
 
@@ -460,9 +474,8 @@ pub unsafe extern "C" fn kve_cuda_evictor_seq_unprotect(
     seq: u64,
 ) -> i32 {
     cuda_only!({
-        // SAFETY: the caller's context; attach checks it.
-        let (mut ev, _, _) = tri!(unsafe { attach(evictor) });
-        to_status(ev.unprotect(tri!(to_usize(seq))))
+        // SAFETY: the caller's context; on_seq attaches and checks it.
+        unsafe { on_seq(evictor, seq, DeviceEvictor::unprotect) }
     })
 }
 
