@@ -68,7 +68,7 @@ fn prepared_gram_scores_equal_the_recomputed_split() {
         let l = layer(dt, kl, vl, hq, hkv, n, d, ci as u64 + 40);
         for (name, p) in &laprox {
             let what = format!("{name} {dt:?} hq={hq} hkv={hkv} n={n} d={d}");
-            let old = device_scores(&l, p, Vals::Gram, None);
+            let old = scores(&l, p, Vals::Gram, None, true);
             let mut inp = inputs(&l, p, Vals::Gram, None, true);
             inp.gram = null();
             inp.gram_len = 0;
@@ -83,7 +83,7 @@ fn prepared_gram_scores_equal_the_recomputed_split() {
             let (s0, b0) = prepared_gram(&l, p, 0);
             let (st, hi_only) = prepared_scores(&l, p, &inp, (s0.ptr_as(), b0), 0);
             assert_eq!(st, KVE_OK, "{what}");
-            let host = host_scores(&l, p, Vals::Gram, None);
+            let host = scores(&l, p, Vals::Gram, None, false);
             let e = worst_rel(&hi_only, &host, hkv);
             if dt == Dt::F32 {
                 assert!(bits(&hi_only) == bits(&old), "{what}: f32 has no lo half");

@@ -250,47 +250,35 @@ fn inputs(
     i
 }
 
-fn host_scores(
+/// `l`'s scores under `p` from `kve_score_layer` (host memory) or, `on_device`,
+/// `kve_cuda_score_layer` (the inputs as [`inputs`] gives them), each with the workspace
+/// its size query gives.
+fn scores(
     l: &Layer,
     p: &kve_score_params,
     vals: Vals,
     lse: Option<(&[f32], &Buf)>,
+    on_device: bool,
 ) -> Vec<f32> {
-    let d = l.k.ext[2] as u64;
-    let mut bytes = 0u64;
-    unsafe {
-        assert_eq!(
-            kve_score_workspace_size(p, l.hq as u64, l.hkv as u64, l.n as u64, d, d, &mut bytes),
-            KVE_OK
-        );
-        let mut ws = vec![0u8; bytes as usize];
-        let w = (p.window as usize).min(l.n);
-        let mut out = vec![0f32; l.hkv * (l.n - w)];
-        let inp = inputs(l, p, vals, lse, false);
-        let st = kve_score_layer(
-            p,
-            &inp,
-            out.as_mut_ptr(),
-            out.len() as u64,
-            ws.as_mut_ptr() as *mut c_void,
-            bytes,
-        );
-        assert_eq!(st, KVE_OK, "host score");
-        out
+    let inp = inputs(l, p, vals, lse, on_device);
+    if on_device {
+        let (st, out) = device_call(l, p, |out, len, ws, bytes| unsafe {
+            kve_cuda_score_layer(p, &inp, out, len, ws, bytes, null_mut())
+        });
+        assert_eq!(st, KVE_OK, "device score");
+        return out;
     }
-}
-
-fn device_scores(
-    l: &Layer,
-    p: &kve_score_params,
-    vals: Vals,
-    lse: Option<(&[f32], &Buf)>,
-) -> Vec<f32> {
-    let inp = inputs(l, p, vals, lse, true);
-    let (st, out) = device_call(l, p, |out, len, ws, bytes| unsafe {
-        kve_cuda_score_layer(p, &inp, out, len, ws, bytes, null_mut())
-    });
-    assert_eq!(st, KVE_OK, "device score");
+    let ([hq, hkv, n], d) = ([l.hq, l.hkv, l.n].map(|x| x as u64), l.k.ext[2] as u64);
+    let w = (p.window as usize).min(l.n);
+    let mut out = vec![0f32; l.hkv * (l.n - w)];
+    // SAFETY: an out-parameter, then host tensors and buffers of the sizes passed.
+    let st = unsafe {
+        let mut ws = capi_common::workspace(|b| kve_score_workspace_size(p, hq, hkv, n, d, d, b));
+        capi_common::into_out(&mut out, &mut ws, |o, len, wp, bytes| {
+            kve_score_layer(p, &inp, o, len, wp, bytes)
+        })
+    };
+    assert_eq!(st, KVE_OK, "host score");
     out
 }
 

@@ -12,8 +12,8 @@ fn device_scores_match_host_for_every_scorer() {
                 if vals == Vals::Forms && p.scorer != ScorerKind::LaProx as u32 {
                     continue;
                 }
-                let host = host_scores(&l, &p, vals, None);
-                let devs = device_scores(&l, &p, vals, None);
+                let host = scores(&l, &p, vals, None, false);
+                let devs = scores(&l, &p, vals, None, true);
                 let what =
                     format!("{name} {vals:?} {dt:?} {kl:?}/{vl:?} hq={hq} hkv={hkv} n={n} d={d}");
                 if p.scorer == ScorerKind::CriticalKv as u32 {
@@ -58,8 +58,8 @@ fn device_scores_with_row_lse_match_host() {
         // the LSE `[Hq][min(w, n)]` from the host helper, on both sides
         let lse = capi_common::window_row_lse(&l.q.desc(false), &l.k.desc(false), p.window);
         let dl = Buf::bytes_of(&lse);
-        let host = host_scores(&l, &p, Vals::Gram, Some((&lse, &dl)));
-        let devs = device_scores(&l, &p, Vals::Gram, Some((&lse, &dl)));
+        let host = scores(&l, &p, Vals::Gram, Some((&lse, &dl)), false);
+        let devs = scores(&l, &p, Vals::Gram, Some((&lse, &dl)), true);
         if p.scorer == ScorerKind::CriticalKv as u32 {
             let (m, e) = critical_diff(&devs, &host);
             assert!(
@@ -232,7 +232,7 @@ fn device_score_with_value_forms_fits_the_queried_workspace() {
     let l = small_f16_layer(5);
     for gqa in [LaproxGqa::Sum, LaproxGqa::Exact, LaproxGqa::MeanAttn] {
         let p = score_params(|p| p.laprox_gqa = gqa as u32, Preset::LaProx);
-        let host = host_scores(&l, &p, Vals::Forms, None);
+        let host = scores(&l, &p, Vals::Forms, None, false);
         for dv in [1u64, 16] {
             let mut bytes = 0u64;
             unsafe {
