@@ -189,6 +189,29 @@ pub fn poisoned(n: usize) -> DBuf<f32> {
     DBuf::from(&vec![f32::NAN; n])
 }
 
+/// `out` after launch `f` wrote it (`f` gets its device pointer and returns the launcher's
+/// status, checked as `what`).
+#[track_caller]
+pub fn written(out: &DBuf<f32>, what: &str, f: impl FnOnce(*mut f32) -> i32) -> Vec<f32> {
+    ck(f(out.ptr()), what);
+    out.download()
+}
+
+/// What launch `f` writes into a poisoned output of `len` floats (as [`written`]).
+#[track_caller]
+pub fn launched(len: usize, what: &str, f: impl FnOnce(*mut f32) -> i32) -> Vec<f32> {
+    written(&poisoned(len), what, f)
+}
+
+/// Kept lists to be written: `rows` counts and `rows` lists of row stride `ld`, every
+/// element `fill` (a canary).
+pub fn lists_of(rows: usize, ld: usize, fill: i32) -> (DBuf<i32>, DBuf<i32>) {
+    (
+        DBuf::from(&vec![fill; rows]),
+        DBuf::from(&vec![fill; rows * ld]),
+    )
+}
+
 /// A canary value in every element: for "nothing written".
 pub fn sentinel(n: usize) -> DBuf<f32> {
     DBuf::from(&vec![SENTINEL; n])

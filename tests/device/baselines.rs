@@ -12,15 +12,11 @@ fn knorm_matches_reference() {
             let prefix = 1 + rng.below(n - 1); // < n: the core needs a window
             let k = Tensor::new(dt, layout, [h, n, d], &mut || rng.normal());
             let ld = prefix + 3;
-            let out = poisoned(h * ld);
-            ck(
-                unsafe {
-                    kve_cuda_knorm(&k.view(), prefix as i64, out.ptr(), ld as i64, null_mut())
-                },
-                "knorm",
-            );
+            let out = launched(h * ld, "knorm", |out| unsafe {
+                kve_cuda_knorm(&k.view(), prefix as i64, out, ld as i64, null_mut())
+            });
             let what = format!("knorm {dt:?} {layout:?} h{h} n{n} d{d} prefix{prefix}");
-            let got = unstride(&what, &out.download(), h, prefix, ld);
+            let got = unstride(&what, &out, h, prefix, ld);
             assert_close(&what, &got, &ref_knorm(&k, prefix), 1e-5);
             // the core's f32 sum order: bit for bit
             assert_eq!(got, core_knorm(&k, prefix), "{what}: vs the core");
@@ -106,21 +102,18 @@ fn sink_scores_match_reference() {
     ] {
         let ld = n + 2;
         let out = poisoned(rows * ld);
-        ck(
-            unsafe {
-                kve_cuda_sink_scores(
-                    out.ptr(),
-                    rows as i64,
-                    n as i64,
-                    ld as i64,
-                    sinks as i64,
-                    null_mut(),
-                )
-            },
-            "sink_scores",
-        );
+        let got = written(&out, "sink_scores", |o| unsafe {
+            kve_cuda_sink_scores(
+                o,
+                rows as i64,
+                n as i64,
+                ld as i64,
+                sinks as i64,
+                null_mut(),
+            )
+        });
         let what = format!("sink_scores rows{rows} n{n} sinks{sinks}");
-        let got = unstride(&what, &out.download(), rows, n, ld);
+        let got = unstride(&what, &got, rows, n, ld);
         let want = ref_sinks(rows, n, sinks);
         assert_eq!(
             got,

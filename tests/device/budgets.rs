@@ -59,10 +59,7 @@ fn broadcast_lists_matches_reference() {
         }
         let (sid, scd) = (DBuf::from(&idx), DBuf::from(&counts));
         let rows = src_rows * reps;
-        let (oc, oi) = (
-            DBuf::from(&vec![-7i32; rows]),
-            DBuf::from(&vec![-7i32; rows * idx_ld]),
-        );
+        let (oc, oi) = lists_of(rows, idx_ld, -7);
         ck(
             unsafe {
                 kve_cuda_broadcast_lists(

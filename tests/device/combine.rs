@@ -4,6 +4,93 @@ use super::*;
 
 // --------------------------------------------------- head reductions, LaProx exact --
 
+/// `kve_cuda_head_reduce`'s arguments (default stream): a test states the ones it changes
+/// over a base (`HeadReduce { bm, op, ..base }`).
+#[derive(Clone, Copy)]
+struct HeadReduce {
+    a: *const f32,
+    ld_a: usize,
+    b: *const f32,
+    ld_b: usize,
+    b_mode: i32,
+    scale: *const f32,
+    out: *mut f32,
+    ld_o: usize,
+    hq: usize,
+    hkv: usize,
+    n: usize,
+    op: i32,
+}
+
+impl HeadReduce {
+    /// The launcher's status.
+    ///
+    /// # Safety
+    /// Device buffers of the sizes the arguments declare (or arguments it refuses).
+    unsafe fn launch(self) -> i32 {
+        let i = |x: usize| x as i64;
+        // SAFETY: the caller's contract.
+        unsafe {
+            kve_cuda_head_reduce(
+                self.a,
+                i(self.ld_a),
+                self.b,
+                i(self.ld_b),
+                self.b_mode,
+                self.scale,
+                self.out,
+                i(self.ld_o),
+                i(self.hq),
+                i(self.hkv),
+                i(self.n),
+                self.op,
+                null_mut(),
+            )
+        }
+    }
+}
+
+/// `kve_cuda_laprox_exact`'s arguments (default stream), as [`HeadReduce`].
+#[derive(Clone, Copy)]
+struct LaproxExact {
+    cross: *const f32,
+    ld_c: usize,
+    qv: *const f32,
+    ld_q: usize,
+    out: *mut f32,
+    ld_o: usize,
+    hkv: usize,
+    g: usize,
+    n: usize,
+    mode: i32,
+}
+
+impl LaproxExact {
+    /// The launcher's status.
+    ///
+    /// # Safety
+    /// As [`HeadReduce::launch`].
+    unsafe fn launch(self) -> i32 {
+        let i = |x: usize| x as i64;
+        // SAFETY: the caller's contract.
+        unsafe {
+            kve_cuda_laprox_exact(
+                self.cross,
+                i(self.ld_c),
+                self.qv,
+                i(self.ld_q),
+                self.out,
+                i(self.ld_o),
+                i(self.hkv),
+                i(self.g),
+                i(self.n),
+                self.mode,
+                null_mut(),
+            )
+        }
+    }
+}
+
 #[test]
 fn head_reduce_and_laprox_exact_match_reference() {
     let mut rng = device_rng!(5);
@@ -56,32 +143,36 @@ fn head_reduce_and_laprox_exact_match_reference() {
         }
         want
     };
+    let base = HeadReduce {
+        a: ad.ptr(),
+        ld_a,
+        b: null(),
+        ld_b,
+        b_mode: 0,
+        scale: null(),
+        out: null_mut(),
+        ld_o,
+        hq,
+        hkv,
+        n,
+        op: KVE_CUDA_GQA_MEAN,
+    };
     for op in 0..3 {
         for bm in 0..3 {
             for use_scale in [false, true] {
-                let out = poisoned(hkv * ld_o);
-                ck(
-                    unsafe {
-                        kve_cuda_head_reduce(
-                            ad.ptr(),
-                            ld_a as i64,
-                            if bm == 0 { null() } else { bd_of(bm).ptr() },
-                            ld_b as i64,
-                            bm,
-                            if use_scale { sd.ptr() } else { null() },
-                            out.ptr(),
-                            ld_o as i64,
-                            hq as i64,
-                            hkv as i64,
-                            n as i64,
-                            op,
-                            null_mut(),
-                        )
-                    },
-                    "head_reduce",
-                );
+                let out = launched(hkv * ld_o, "head_reduce", |out| unsafe {
+                    HeadReduce {
+                        b: if bm == 0 { null() } else { bd_of(bm).ptr() },
+                        b_mode: bm,
+                        scale: if use_scale { sd.ptr() } else { null() },
+                        out,
+                        op,
+                        ..base
+                    }
+                    .launch()
+                });
                 let what = format!("head_reduce op{op} b{bm} scale{use_scale} (strided)");
-                let got = unstride(&what, &out.download(), hkv, n, ld_o);
+                let got = unstride(&what, &out, hkv, n, ld_o);
                 let want = reference(op, bm, use_scale, hkv, g);
                 assert_close(&what, &got, &want, 1e-5);
             }
@@ -90,26 +181,17 @@ fn head_reduce_and_laprox_exact_match_reference() {
     // in place (Hkv == Hq, out == a, same row stride): plain per-head products
     for bm in 1..3 {
         let inplace = DBuf::from(&strided(&a, hq, n, ld_a));
-        ck(
-            unsafe {
-                kve_cuda_head_reduce(
-                    inplace.ptr(),
-                    ld_a as i64,
-                    bd_of(bm).ptr(),
-                    ld_b as i64,
-                    bm,
-                    null(),
-                    inplace.ptr(),
-                    ld_a as i64,
-                    hq as i64,
-                    hq as i64,
-                    n as i64,
-                    KVE_CUDA_GQA_SUM,
-                    null_mut(),
-                )
-            },
-            "head_reduce in place",
-        );
+        let call = HeadReduce {
+            a: inplace.ptr(),
+            b: bd_of(bm).ptr(),
+            b_mode: bm,
+            out: inplace.ptr(),
+            ld_o: ld_a,
+            hkv: hq,
+            op: KVE_CUDA_GQA_SUM,
+            ..base
+        };
+        ck(unsafe { call.launch() }, "head_reduce in place");
         let what = format!("head_reduce in place b{bm}");
         let got = unstride(&what, &inplace.download(), hq, n, ld_a);
         assert_close(
@@ -123,46 +205,50 @@ fn head_reduce_and_laprox_exact_match_reference() {
     // unknown b_mode or GQA op, ld_b < n; in place only element for element (not with a
     // group of g > 1, not with another row stride)
     let out = sentinel(hkv * ld_o);
-    let bd = bd_of(2).ptr() as *const f32;
-    let (ldo, ld_in) = (ld_o as i64, ld_a as i64);
-    let (o, inp) = (out.ptr(), ad.ptr());
-    for (what, bm, b_p, ld_b, hk, op, o, ld_out) in [
-        ("b_mode 1 without b", 1, null(), ld_b, hkv, 0, o, ldo),
-        ("hq % hkv != 0", 0, bd, ld_b, 5, 0, o, ldo),
-        ("b_mode 3", 3, bd, ld_b, hkv, 0, o, ldo),
-        ("GQA op 3", 0, bd, ld_b, hkv, 3, o, ldo),
-        ("ld_b < n", 2, bd, n - 1, hkv, 0, o, ldo),
-        ("in place, g > 1", 0, null(), 0, hkv, 0, inp, ld_in),
+    let base = HeadReduce {
+        b: bd_of(2).ptr(),
+        out: out.ptr(),
+        ..base
+    };
+    let in_place = HeadReduce {
+        b: null(),
+        ld_b: 0,
+        out: ad.ptr(),
+        ld_o: ld_a,
+        ..base
+    };
+    for (what, call) in [
+        (
+            "b_mode 1 without b",
+            HeadReduce {
+                b_mode: 1,
+                b: null(),
+                ..base
+            },
+        ),
+        ("hq % hkv != 0", HeadReduce { hkv: 5, ..base }),
+        ("b_mode 3", HeadReduce { b_mode: 3, ..base }),
+        ("GQA op 3", HeadReduce { op: 3, ..base }),
+        (
+            "ld_b < n",
+            HeadReduce {
+                b_mode: 2,
+                ld_b: n - 1,
+                ..base
+            },
+        ),
+        ("in place, g > 1", in_place),
         (
             "in place, other stride",
-            0,
-            null(),
-            0,
-            hq,
-            0,
-            inp,
-            ld_in + 1,
+            HeadReduce {
+                hkv: hq,
+                ld_o: ld_a + 1,
+                ..in_place
+            },
         ),
     ] {
         // SAFETY: device buffers of the declared sizes; refused before any is touched.
-        let rc = unsafe {
-            kve_cuda_head_reduce(
-                inp,
-                ld_in,
-                b_p,
-                ld_b as i64,
-                bm,
-                null(),
-                o,
-                ld_out,
-                hq as i64,
-                hk as i64,
-                n as i64,
-                op,
-                null_mut(),
-            )
-        };
-        assert_eq!(rc, INVALID, "head_reduce: {what}");
+        assert_eq!(unsafe { call.launch() }, INVALID, "head_reduce: {what}");
     }
     assert_sentinel("head_reduce refusals: out", &out);
     let got_a = unstride("head_reduce refusals: a", &ad.download(), hq, n, ld_a);
@@ -179,39 +265,42 @@ fn head_reduce_and_laprox_exact_match_reference() {
         DBuf::from(&strided(&cross, hkv * np, n, ld_c)),
         DBuf::from(&strided(&qv, hkv * np, n, ld_q)),
     );
+    let lx = LaproxExact {
+        cross: cd.ptr(),
+        ld_c,
+        qv: qd.ptr(),
+        ld_q,
+        out: null_mut(),
+        ld_o,
+        hkv,
+        g,
+        n,
+        mode: KVE_CUDA_LAPROX_EXACT,
+    };
     for mode in [
         KVE_CUDA_LAPROX_EXACT,
         KVE_CUDA_LAPROX_MEAN_ATTN,
         KVE_CUDA_LAPROX_ATTN_TERM,
         KVE_CUDA_LAPROX_VALUE_TERM,
     ] {
-        let out = poisoned(hkv * ld_o);
-        ck(
-            unsafe {
-                kve_cuda_laprox_exact(
-                    if mode == KVE_CUDA_LAPROX_VALUE_TERM {
-                        null()
-                    } else {
-                        cd.ptr()
-                    },
-                    ld_c as i64,
-                    if mode == KVE_CUDA_LAPROX_ATTN_TERM {
-                        null()
-                    } else {
-                        qd.ptr()
-                    },
-                    ld_q as i64,
-                    out.ptr(),
-                    ld_o as i64,
-                    hkv as i64,
-                    g as i64,
-                    n as i64,
-                    mode,
-                    null_mut(),
-                )
-            },
-            "laprox_exact",
-        );
+        let out = launched(hkv * ld_o, "laprox_exact", |out| unsafe {
+            LaproxExact {
+                cross: if mode == KVE_CUDA_LAPROX_VALUE_TERM {
+                    null()
+                } else {
+                    cd.ptr()
+                },
+                qv: if mode == KVE_CUDA_LAPROX_ATTN_TERM {
+                    null()
+                } else {
+                    qd.ptr()
+                },
+                out,
+                mode,
+                ..lx
+            }
+            .launch()
+        });
         let mut want = vec![0f64; hkv * n];
         for hk in 0..hkv {
             for i in 0..n {
@@ -236,51 +325,38 @@ fn head_reduce_and_laprox_exact_match_reference() {
             }
         }
         let what = format!("laprox_exact mode{mode} (strided)");
-        let got = unstride(&what, &out.download(), hkv, n, ld_o);
+        let got = unstride(&what, &out, hkv, n, ld_o);
         assert_close(&what, &got, &want, 1e-5);
     }
     // refusals (nothing written): an input the mode reads missing, an unknown mode, a row
     // stride below n, a group past 64
     let out = sentinel(hkv * ld_o);
-    let (c, q) = (cd.ptr() as *const f32, qd.ptr() as *const f32);
-    for (what, c, ld_c, q, mode, g) in [
+    let lx = LaproxExact {
+        out: out.ptr(),
+        ..lx
+    };
+    for (what, call) in [
         (
             "exact without cross",
-            null(),
-            ld_c,
-            q,
-            KVE_CUDA_LAPROX_EXACT,
-            g,
+            LaproxExact {
+                cross: null(),
+                ..lx
+            },
         ),
         (
             "mean-attn without qv",
-            c,
-            ld_c,
-            null(),
-            KVE_CUDA_LAPROX_MEAN_ATTN,
-            g,
+            LaproxExact {
+                qv: null(),
+                mode: KVE_CUDA_LAPROX_MEAN_ATTN,
+                ..lx
+            },
         ),
-        ("mode 4", c, ld_c, q, 4, g),
-        ("ld_cross < n", c, n - 1, q, KVE_CUDA_LAPROX_EXACT, g),
-        ("g 65", c, ld_c, q, KVE_CUDA_LAPROX_EXACT, 65),
+        ("mode 4", LaproxExact { mode: 4, ..lx }),
+        ("ld_cross < n", LaproxExact { ld_c: n - 1, ..lx }),
+        ("g 65", LaproxExact { g: 65, ..lx }),
     ] {
         // SAFETY: device buffers of the declared sizes; refused before any is touched.
-        let rc = unsafe {
-            kve_cuda_laprox_exact(
-                c,
-                ld_c as i64,
-                q,
-                ld_q as i64,
-                out.ptr(),
-                ld_o as i64,
-                hkv as i64,
-                g as i64,
-                n as i64,
-                mode,
-                null_mut(),
-            )
-        };
-        assert_eq!(rc, INVALID, "laprox_exact: {what}");
+        assert_eq!(unsafe { call.launch() }, INVALID, "laprox_exact: {what}");
     }
     assert_sentinel("laprox_exact refusals: out", &out);
 }

@@ -159,27 +159,17 @@ fn laprox_pipeline_graph_capture_matches_eager() {
     let gd = DBuf::from(&gram);
     let mut cfg = kvevict::ScoreConfig::preset(kvevict::Preset::LaProx);
     cfg.window = w as u32;
-    let (ws, wsb) = score_workspace(&cfg, [hq, hkv, n, d, d]);
+    let ws = score_workspace(&cfg, [hq, hkv, n, d, d]);
     let inputs = gram_inputs(&q, &k, &v, &gd);
     // SAFETY: a pure host function of the group count.
     let swsb = unsafe { kve_cuda_select_workspace_size(1) };
     let sws = DBuf::<u8>::new(swsb);
     let score = poisoned(hkv * p);
-    let counts = DBuf::from(&vec![-1i32; hkv]);
-    let idx = DBuf::from(&vec![-1i32; hkv * p]);
+    let (counts, idx) = lists_of(hkv, p, -1);
     let kk = (hkv * p / 10) as i64;
     // SAFETY: device tensors and buffers of the declared sizes.
     let run = |s: *mut c_void| unsafe {
-        kvevict::device::score_layer(
-            &cfg,
-            &inputs,
-            score.ptr(),
-            (hkv * p) as u64,
-            ws.vptr(),
-            wsb as u64,
-            s,
-        )
-        .expect("device score_layer");
+        score_layer_into(&cfg, &inputs, &score, &ws, s).expect("device score_layer");
         ck(
             kve_cuda_select(
                 score.ptr(),

@@ -13,17 +13,14 @@ fn lava_factor_matches_reference() {
         for (hkv, n, dv) in [(3, 1000, 72), (2, 30, 12)] {
             let prefix = 1 + rng.below(n);
             let v = Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal());
-            let out = poisoned(hkv);
             // SAFETY: a device view and a device output of `hkv` floats.
-            ck(
-                unsafe { kve_cuda_lava_factor(&v.view(), prefix as i64, out.ptr(), null_mut()) },
-                "lava",
-            );
+            let got = launched(hkv, "lava", |out| unsafe {
+                kve_cuda_lava_factor(&v.view(), prefix as i64, out, null_mut())
+            });
             let l1 = |h: usize, i: usize| (0..dv).map(|d| v.at(h, i, d).abs()).sum::<f64>();
             let want: Vec<f64> = (0..hkv)
                 .map(|h| (0..prefix).map(|i| l1(h, i)).fold(0.0, f64::max))
                 .collect();
-            let got = out.download();
             assert_close(
                 &format!("lava factor {dt:?} {layout:?} n{n}"),
                 &got,

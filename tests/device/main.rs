@@ -30,17 +30,32 @@ use kvevict::Pool;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 
-/// A device workspace for `kvevict::device::score_layer` of `cfg` on `[hq, hkv, n, dk, dv]`:
-/// the buffer and its size in bytes.
-fn score_workspace(
-    cfg: &kvevict::ScoreConfig,
-    [hq, hkv, n, dk, dv]: [usize; 5],
-) -> (DBuf<u8>, usize) {
+/// A device workspace for `kvevict::device::score_layer` of `cfg` on `[hq, hkv, n, dk, dv]`
+/// (its length the size asked for, in bytes).
+fn score_workspace(cfg: &kvevict::ScoreConfig, [hq, hkv, n, dk, dv]: [usize; 5]) -> DBuf<u8> {
     let shape =
         kvevict::LayerShape::from_dims(hq as u64, hkv as u64, n as u64, dk as u64, dv as u64)
             .expect("shape");
     let wsb = kvevict::device::score_workspace_size(cfg, &shape).expect("workspace");
-    (DBuf::new(wsb), wsb)
+    DBuf::new(wsb)
+}
+
+/// `kvevict::device::score_layer` of `cfg` over `inputs` on `stream`, into all of `out`
+/// with all of the workspace `ws`.
+///
+/// # Safety
+/// `inputs` describe device memory of their declared extents.
+unsafe fn score_layer_into(
+    cfg: &kvevict::ScoreConfig,
+    inputs: &kvevict::device::score::LayerInputs,
+    out: &DBuf<f32>,
+    ws: &DBuf<u8>,
+    stream: *mut c_void,
+) -> kvevict::Result<()> {
+    let (o, w) = (out.len() as u64, ws.len() as u64);
+    // SAFETY: `out` and `ws` are device buffers of the lengths passed; `inputs` per the
+    // contract.
+    unsafe { kvevict::device::score_layer(cfg, inputs, out.ptr(), o, ws.vptr(), w, stream) }
 }
 
 /// A layer's device tensors with its Gram (device floats), nothing cached.
@@ -77,10 +92,7 @@ fn select_rows(
     // SAFETY: a pure host function.
     let wsb = unsafe { kve_cuda_select_workspace_size(rows as i64) };
     let ws = DBuf::<u8>::new(wsb);
-    let (counts, idx) = (
-        DBuf::from(&vec![-1i32; rows]),
-        DBuf::from(&vec![-1i32; rows * n]),
-    );
+    let (counts, idx) = lists_of(rows, n, -1);
     ck(
         // SAFETY: device buffers of the declared sizes.
         unsafe {

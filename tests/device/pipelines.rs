@@ -362,23 +362,13 @@ fn device_scores_match_core() {
             };
             let cross = cfg.laprox_gqa != LaproxGqa::Sum;
             let (gram, gd) = (&grams[cross as usize], &gds[cross as usize]);
-            let (ws, wsb) = score_workspace(&cfg, [hq, hkv, n, d, d]);
+            let ws = score_workspace(&cfg, [hq, hkv, n, d, d]);
             let inputs = gram_inputs(&q, &k, &v, gd);
             let out = poisoned(hkv * p);
             let tag = format!("device vs core: {name} {dt:?} hq{hq} hkv{hkv} n{n} w{w} d{d}");
             // SAFETY: device tensors and buffers of the declared sizes.
-            unsafe {
-                kvevict::device::score_layer(
-                    &cfg,
-                    &inputs,
-                    out.ptr(),
-                    (hkv * p) as u64,
-                    ws.vptr(),
-                    wsb as u64,
-                    null_mut(),
-                )
-            }
-            .unwrap_or_else(|e| panic!("{tag}: {e:?}"));
+            unsafe { score_layer_into(&cfg, &inputs, &out, &ws, null_mut()) }
+                .unwrap_or_else(|e| panic!("{tag}: {e:?}"));
             let core = core_scores_with(&cfg, &q, &k, &v, Some(gram));
             let got = out.download();
             let want: Vec<f64> = core.iter().map(|&x| x as f64).collect();

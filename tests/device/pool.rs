@@ -22,26 +22,21 @@ fn pool_matches_reference() {
             (KVE_CUDA_POOL_FORWARD, Pool::forward(8, 0.9)),
             (KVE_CUDA_POOL_FORWARD, Pool::forward(1, 0.5)),
         ] {
-            let out = sentinel(rows * ld_out);
             // SAFETY: device rows of the given strides.
-            ck(
-                unsafe {
-                    kve_cuda_pool(
-                        xd.ptr(),
-                        ld_in as i64,
-                        out.ptr(),
-                        ld_out as i64,
-                        rows as i64,
-                        n as i64,
-                        mode,
-                        p.kernel as i32,
-                        p.decay,
-                        null_stream(),
-                    )
-                },
-                "pool",
-            );
-            let got = out.download();
+            let got = written(&sentinel(rows * ld_out), "pool", |out| unsafe {
+                kve_cuda_pool(
+                    xd.ptr(),
+                    ld_in as i64,
+                    out,
+                    ld_out as i64,
+                    rows as i64,
+                    n as i64,
+                    mode,
+                    p.kernel as i32,
+                    p.decay,
+                    null_stream(),
+                )
+            });
             let tag = format!("pool {:?} k{} rows {rows} n {n}", p.kind, p.kernel);
             let mut vals = Vec::new();
             let mut want = Vec::new();

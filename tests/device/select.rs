@@ -77,8 +77,7 @@ fn select_lists(
     let sd = DBuf::from(s);
     let kd = k.map(DBuf::from);
     let lsd = sums.map(DBuf::from);
-    let counts = DBuf::from(&vec![-7i32; rows]);
-    let idx = DBuf::from(&vec![-7i32; rows * idx_ld]);
+    let (counts, idx) = lists_of(rows, idx_ld, -7);
     // SAFETY: a pure host function.
     let wsb = unsafe { kve_cuda_select_workspace_size(groups as i64) };
     let ws = DBuf::<u8>::new(wsb);

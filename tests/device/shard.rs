@@ -232,10 +232,7 @@ fn two_device_shards_keep_nothing_and_rejections() {
     let mut got = Vec::new();
     for &(l0, ln) in &shards {
         let rows = ln * hkv;
-        let (counts, idx) = (
-            DBuf::from(&vec![-1i32; rows]),
-            DBuf::from(&vec![-1i32; rows * p]),
-        );
+        let (counts, idx) = lists_of(rows, p, -1);
         let rc = shard(l0, ln).select(halves(search.threshold), &counts, &idx);
         ck(rc, "shard_select");
         let (gc, gi) = (counts.download(), idx.download());

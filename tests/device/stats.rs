@@ -41,13 +41,12 @@ fn head_reduce_all_equals_head_reduce_of_every_row() {
             "head_reduce",
         );
         let want = one.download();
-        let out = poisoned(reps * ld_o);
         // SAFETY: as above.
-        let rc = unsafe {
+        let out = launched(reps * ld_o, "head_reduce_all", |out| unsafe {
             kve_cuda_head_reduce_all(
                 ad.ptr(),
                 ld_a as i64,
-                out.ptr(),
+                out,
                 ld_o as i64,
                 hq as i64,
                 reps as i64,
@@ -55,9 +54,8 @@ fn head_reduce_all_equals_head_reduce_of_every_row() {
                 op,
                 null_stream(),
             )
-        };
-        ck(rc, "head_reduce_all");
-        let got = unstride("head_reduce_all", &out.download(), reps, n, ld_o);
+        });
+        let got = unstride("head_reduce_all", &out, reps, n, ld_o);
         for r in 0..reps {
             let row = &got[r * n..(r + 1) * n];
             let same = row
@@ -187,21 +185,17 @@ fn layer_stats_and_token_reduce_match_reference() {
         );
     }
     for norm in [false, true] {
-        let out = poisoned(n);
-        ck(
-            unsafe {
-                kve_cuda_token_reduce(
-                    sd.ptr(),
-                    if norm { sums.ptr() } else { null() },
-                    layers as i64,
-                    rpl as i64,
-                    n as i64,
-                    out.ptr(),
-                    null_mut(),
-                )
-            },
-            "token_reduce",
-        );
+        let got = launched(n, "token_reduce", |out| unsafe {
+            kve_cuda_token_reduce(
+                sd.ptr(),
+                if norm { sums.ptr() } else { null() },
+                layers as i64,
+                rpl as i64,
+                n as i64,
+                out,
+                null_mut(),
+            )
+        });
         let want: Vec<f64> = (0..n)
             .map(|i| {
                 (0..layers)
@@ -216,7 +210,6 @@ fn layer_stats_and_token_reduce_match_reference() {
                     .sum()
             })
             .collect();
-        let got = out.download();
         assert_close(&format!("token_reduce norm{norm}"), &got, &want, 1e-5);
         // bit for bit the core's token-granularity arithmetic (f32, (layer, row) order)
         let core: Vec<f32> = (0..n)

@@ -110,7 +110,7 @@ fn device_uniqueness(
 /// checked unwritten.
 fn device_scores(k: &Tensor, v: &Tensor, w: usize, len: usize, what: &str) -> Vec<f32> {
     let [hkv, n, dk] = k.ext;
-    let (ws, _) = score_workspace(&uniqueness_cfg(w), [hkv, hkv, n, dk, v.ext[2]]);
+    let ws = score_workspace(&uniqueness_cfg(w), [hkv, hkv, n, dk, v.ext[2]]);
     let out = poisoned(len + 1);
     device_uniqueness(&k.device(), &v.device(), w, &out, len as u64, &ws)
         .unwrap_or_else(|e| panic!("{what}: {e:?}"));

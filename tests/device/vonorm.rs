@@ -59,28 +59,24 @@ fn vonorm_on_device(
     ngram: usize,
     sqrt: bool,
 ) -> Vec<f32> {
-    let out = poisoned(ngram * ntok);
     let launch = if factor {
         kve_cuda_vonorm_factor
     } else {
         kve_cuda_vonorm
     };
-    ck(
-        unsafe {
-            launch(
-                &v.view(),
-                ntok as i64,
-                hi.vptr(),
-                lo.as_ref().map_or(null(), |b| b.vptr()),
-                ngram as i64,
-                sqrt as i32,
-                out.ptr(),
-                null_mut(),
-            )
-        },
-        "vonorm",
-    );
-    out.download()
+    let lo = lo.as_ref().map_or(null(), |b| b.vptr());
+    launched(ngram * ntok, "vonorm", |out| unsafe {
+        launch(
+            &v.view(),
+            ntok as i64,
+            hi.vptr(),
+            lo,
+            ngram as i64,
+            sqrt as i32,
+            out,
+            null_mut(),
+        )
+    })
 }
 
 /// The f64 reference: `v_i G_m v_iᵀ` for Gram `m` (`g(m, r, c)`, KV head `m / gpk`) and
@@ -268,22 +264,10 @@ fn vonorm_gram_split_and_factor_equal_core() {
     compute_value_forms(&v.core_view(), &gram, hq, false, 0, n, &mut forms).unwrap();
     let forms64: Vec<f64> = forms.iter().map(|&x| x as f64).collect();
     let vonorm = |vv: &KveCudaView, hi: *const c_void, lo: *const c_void, sqrt: i32| {
-        let out = poisoned(hq * n);
         // SAFETY: device buffers of the documented sizes.
-        let rc = unsafe {
-            kve_cuda_vonorm(
-                vv,
-                n as i64,
-                hi,
-                lo,
-                hq as i64,
-                sqrt,
-                out.ptr(),
-                null_stream(),
-            )
-        };
-        ck(rc, "vonorm");
-        out.download()
+        launched(hq * n, "vonorm", |out| unsafe {
+            kve_cuda_vonorm(vv, n as i64, hi, lo, hq as i64, sqrt, out, null_stream())
+        })
     };
     let got = vonorm(&v.view(), gd.vptr(), null(), 0);
     assert_close("vonorm f32", &got, &forms64, 1e-5);
