@@ -223,17 +223,8 @@ extern "C" int kve_cuda_layer_budgets(int mode, const double* weights, int64_t l
         return (int)cudaErrorInvalidValue;
     if (layers == 0) return 0;
     if (!k_layer || (mode == KVE_CUDA_BUDGET_LAVA && !weights)) return (int)cudaErrorInvalidValue;
-    BudgetArgs a;
-    a.mode = mode;
-    a.weights = mode == KVE_CUDA_BUDGET_LAVA ? weights : nullptr;
-    a.layers = layers;
-    a.per_layer = per_layer;
-    a.p = p;
-    a.budget = budget;
-    a.beta = beta;
-    a.alpha = alpha;
-    a.k_layer = k_layer;
-    a.k_unit = k_unit;
+    const double* w = mode == KVE_CUDA_BUDGET_LAVA ? weights : nullptr;
+    const BudgetArgs a{mode, w, layers, per_layer, p, budget, beta, alpha, k_layer, k_unit};
     KVE_CHECK(launch_kernel(layer_budgets_kernel, 1, 1, 0, KVE_STREAM(stream), a));
     return 0;
 }
