@@ -58,6 +58,33 @@ unsafe fn score_layer_into(
     unsafe { kvevict::device::score_layer(cfg, inputs, out.ptr(), o, ws.vptr(), w, stream) }
 }
 
+/// `kve_cuda_window` of `q` over `k` (window `w`) asking for no output, without a workspace,
+/// on the default stream: its status (the arguments' check alone).
+///
+/// # Safety
+/// The descriptors' data is device memory of their extents, or refused before any access.
+unsafe fn window_without_outputs(q: &KveCudaView, k: &KveCudaView, w: i64) -> i32 {
+    let none = null_mut::<f32>();
+    // SAFETY: no output is asked for: nothing is written, nor read but the descriptors'
+    // data (the caller's contract).
+    unsafe {
+        kve_cuda_window(
+            q,
+            k,
+            w,
+            none,
+            none,
+            none,
+            none,
+            0,
+            null(),
+            null_mut(),
+            0,
+            null_mut(),
+        )
+    }
+}
+
 /// A layer's device tensors with its Gram (device floats), nothing cached.
 fn gram_inputs(
     q: &Tensor,

@@ -37,23 +37,7 @@ fn invalid_arguments_are_rejected_before_launch() {
         tokens: 1,
         dim: 1,
     };
-    let rc = unsafe {
-        kve_cuda_window(
-            &bad,
-            &bad,
-            1,
-            null_mut(),
-            null_mut(),
-            null_mut(),
-            null_mut(),
-            0,
-            null(),
-            null_mut(),
-            0,
-            null_mut(),
-        )
-    };
-    assert_eq!(rc, 1);
+    assert_eq!(unsafe { window_without_outputs(&bad, &bad, 1) }, 1);
     let rc = unsafe { kve_cuda_pool(null(), 4, null_mut(), 4, 1, 4, 0, 4, 1.0, null_mut()) };
     assert_eq!(rc, 1, "even avg kernel");
     // the changed and new launchers (all checks before any CUDA call)
