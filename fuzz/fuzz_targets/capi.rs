@@ -281,8 +281,10 @@ impl Out {
     }
 }
 
-fn workspace(r: &mut R, query: Option<u64>) -> Vec<u8> {
-    let n = match query {
+/// A workspace length for a call whose size query gave `query` (`None`: the query failed):
+/// mostly that size, sometimes a little short; a random one without a size or past 64 MiB.
+fn ws_len(r: &mut R, query: Option<u64>) -> u64 {
+    match query {
         Some(b) if b <= (64 << 20) => {
             if r.chance(8) {
                 b.saturating_sub(1 + r.u8() as u64 % 64)
@@ -291,8 +293,25 @@ fn workspace(r: &mut R, query: Option<u64>) -> Vec<u8> {
             }
         }
         _ => r.u8() as u64 * 16,
+    }
+}
+
+fn workspace(r: &mut R, query: Option<u64>) -> Vec<u8> {
+    vec![0u8; ws_len(r, query) as usize]
+}
+
+/// Floats in the arena for an input the call reads: 4-byte aligned below 256 bytes in
+/// (with `odd`, 1 in 24 two bytes off: misaligned), `want` long (half the time, where it
+/// fits) or any length that fits.
+fn floats_in(r: &mut R, a: &Arena, want: u64, odd: bool) -> (*const f32, u64) {
+    let off = (r.u8() as usize % 64) * 4 + if odd && r.chance(24) { 2 } else { 0 };
+    let room = ((ARENA - off) / 4) as u64;
+    let len = if want < room && r.chance(2) {
+        want
+    } else {
+        r.u32() as u64 % room
     };
-    vec![0u8; n as usize]
+    (a.base().wrapping_add(off) as *const f32, len)
 }
 
 /// A device workspace (`kve_cuda_*`): 256-byte aligned like cudaMalloc memory, its own
@@ -306,16 +325,7 @@ struct DevWs {
 }
 
 fn dev_workspace(r: &mut R, a: &mut Arena, query: Option<u64>) -> DevWs {
-    let n = match query {
-        Some(b) if b <= (64 << 20) => {
-            if r.chance(8) {
-                b.saturating_sub(1 + r.u8() as u64 % 64)
-            } else {
-                b
-            }
-        }
-        _ => r.u8() as u64 * 16,
-    } as usize;
+    let n = ws_len(r, query) as usize;
     let skew = if r.chance(16) {
         4 * (1 + r.u8() as usize % 63)
     } else {
@@ -1019,27 +1029,17 @@ fuzz_target!(|data: &[u8]| {
                     hkv.saturating_mul(n),
                     hq.saturating_mul(w),
                 ];
-                let fl = |r: &mut R, want: u64| {
-                    let off = (r.u8() as usize % 64) * 4 + if r.chance(24) { 2 } else { 0 };
-                    let room = ((ARENA - off) / 4) as u64;
-                    let len = if want < room && r.chance(2) {
-                        want
-                    } else {
-                        r.u32() as u64 % room
-                    };
-                    (a.base().add(off) as *const f32, len)
-                };
                 if r.chance(3) {
-                    (inp.gram, inp.gram_len) = fl(&mut r, want[0]);
+                    (inp.gram, inp.gram_len) = floats_in(&mut r, &a, want[0], true);
                 }
                 if r.chance(3) {
-                    (inp.value_forms, inp.value_forms_len) = fl(&mut r, want[1]);
+                    (inp.value_forms, inp.value_forms_len) = floats_in(&mut r, &a, want[1], true);
                 }
                 if r.chance(3) {
-                    (inp.value_l1, inp.value_l1_len) = fl(&mut r, want[2]);
+                    (inp.value_l1, inp.value_l1_len) = floats_in(&mut r, &a, want[2], true);
                 }
                 if inp.struct_size >= 288 && r.chance(3) {
-                    (inp.row_lse, inp.row_lse_len) = fl(&mut r, want[3]);
+                    (inp.row_lse, inp.row_lse_len) = floats_in(&mut r, &a, want[3], true);
                 }
                 // work of the kernels: window (x g for the cross pairs), vonorm
                 let work = elems(&inp.queries)
@@ -1623,18 +1623,9 @@ fuzz_target!(|data: &[u8]| {
                             hkv.saturating_mul(g).saturating_mul(dv.saturating_mul(dv)),
                             hkv.saturating_mul(g).saturating_mul(n),
                         ];
-                        let fl = |r: &mut R, want: u64| {
-                            if !r.chance(3) {
-                                return (std::ptr::null::<f32>(), 0u64);
-                            }
-                            let off = (r.u8() as usize % 64) * 4;
-                            let room = ((ARENA - off) / 4) as u64;
-                            let len = if want < room && r.chance(2) {
-                                want
-                            } else {
-                                r.u32() as u64 % room
-                            };
-                            (a.base().add(off) as *const f32, len)
+                        let fl = |r: &mut R, want: u64| match r.chance(3) {
+                            true => floats_in(r, &a, want, false),
+                            false => (std::ptr::null::<f32>(), 0u64),
                         };
                         let (gram, gl) = fl(&mut r, want[0]);
                         let (forms, fl_) = fl(&mut r, want[1]);
