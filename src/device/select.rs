@@ -233,6 +233,7 @@ pub unsafe fn select_model(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> Result<()> {
+    cfg.validate()?;
     // SAFETY: the caller's contract, passed on.
     unsafe {
         select_with(
@@ -274,7 +275,6 @@ pub(super) unsafe fn select_with(
     workspace_bytes: u64,
     stream: *mut c_void,
 ) -> Result<()> {
-    cfg.validate()?;
     let s = Shape::of(m);
     let (counts, idx, idx_ld) = (out.counts, out.idx, out.idx_ld);
     if scores.is_null() || counts.is_null() || idx.is_null() {
