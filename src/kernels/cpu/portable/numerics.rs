@@ -466,6 +466,19 @@ pub(crate) mod tests {
         on_vector_builds!(S => { fused_ops_match_scalar::<S>() });
     }
 
+    /// On AArch64 the scorers take the NEON kernels unless `KVEVICT_PORTABLE` asks otherwise:
+    /// what the aarch64 step's qemu run tests is the NEON path, not the portable fallback.
+    #[cfg(all(target_arch = "aarch64", target_feature = "neon"))]
+    #[test]
+    fn aarch64_takes_the_neon_kernels() {
+        let want = if std::env::var_os("KVEVICT_PORTABLE").is_some() {
+            "portable"
+        } else {
+            "NEON"
+        };
+        assert_eq!(kernel_name(), want);
+    }
+
     #[test]
     fn exp_neg4_is_exp_neg() {
         transpose_ok::<Portable>();
