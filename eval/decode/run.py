@@ -85,7 +85,7 @@ def run_tool(args, cmd):
 
 
 def method_args(spec, budget):
-    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S]" -> (tool arguments). W may be a fraction of the
+    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:cap=K]" -> (tool arguments). W may be a fraction of the
     budget ("w=0.25C"); the label is the spec itself."""
     parts = spec.split(":")
     out = ["--method", parts[0]]
@@ -102,6 +102,12 @@ def method_args(spec, budget):
         elif k == "mark":
             # the user and system turns marked through llama_kv_evict_mark, v of kept cells reserved for them
             out += ["--mark", "user", "--mark-share", v]
+        elif k == "cap":
+            # only the oldest v marked tokens marked (with mark or pmark)
+            out += ["--mark-cap", v]
+        elif k == "pmark":
+            # llama-server's proxy: every prompt batch's tokens marked (all but the assistant's replies)
+            out += ["--mark", "prompt", "--mark-share", v]
         else:
             raise SystemExit(f"unknown method option {p} in {spec}")
     return out
@@ -303,7 +309,12 @@ def report_chat(out, name, split, c, lines, plots):
                  f"distractors'. **vs full**: of the facts the full cache recalls (or chooses), the share the method "
                  f"does too. Labels `:mark=S`: the engine's marks, the user and system turns' positions given to "
                  f"`llama_kv_evict_mark` (`--mark user`), S of each eviction's kept cells reserved for their cells "
-                 f"(`kve_evictor_mark_cells`, design §3c).\n")
+                 f"(`kve_evictor_mark_cells`, design §3c); `:pmark=S`: llama-server's proxy instead, every token a prompt "
+                 f"batch wrote (all but the assistant's replies, which a server generates a token a batch: `--mark "
+                 f"prompt`); `:cap=K`: only the oldest K marked tokens marked (`--mark-cap K`). The marks are given "
+                 f"again after each restore of the snapshot (the fork forgets a restored sequence's marks); the "
+                 f"runs of 2026-12-06 before 11:30 UTC did not, so their marks were lost from the first checkpoint "
+                 f"on: those records are kept in `marks-lost-chat-*.jsonl`, not in this table.\n")
     lines.append("| method | " + " | ".join(f"{a // c}×: recalled | vs full | choice | vs full" for a in ats) + " |")
     lines.append("|---|" + "---:|---:|---:|---:|" * len(ats))
     plot = {}
