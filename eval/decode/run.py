@@ -233,7 +233,9 @@ def report_ppl(out, name, split, lines, plots):
                  f"{full['tokens'] if full else '?'} tokens, within the model's trained context). "
                  f"`ctxshift`: llama.cpp's context shift at C cells (n_keep 0, the oldest half of the rest dropped). "
                  f"Method labels `name:w=W:links=T`: the fork's method with `kv_evict_window` W (a fraction of C "
-                 f"with `C`) and `kv_evict_links` T.\n")
+                 f"with `C`) and `kv_evict_links` T; `:pmark=S`: the text's first C tokens marked as a prompt's "
+                 f"(`--mark prompt`, llama-server's proxy), the rest standing for generated text, S of each "
+                 f"eviction's kept cells reserved for them.\n")
     hdr = "| method | " + " | ".join(f"C={c} ppl (× full)" for c in budgets) + " |"
     lines.append(hdr)
     lines.append("|---|" + "---:|" * len(budgets))
@@ -311,10 +313,10 @@ def report_chat(out, name, split, c, lines, plots):
                  f"`llama_kv_evict_mark` (`--mark user`), S of each eviction's kept cells reserved for their cells "
                  f"(`kve_evictor_mark_cells`, design §3c); `:pmark=S`: llama-server's proxy instead, every token a prompt "
                  f"batch wrote (all but the assistant's replies, which a server generates a token a batch: `--mark "
-                 f"prompt`); `:cap=K`: only the oldest K marked tokens marked (`--mark-cap K`). The marks are given "
-                 f"again after each restore of the snapshot (the fork forgets a restored sequence's marks); the "
-                 f"runs of 2026-12-06 before 11:30 UTC did not, so their marks were lost from the first checkpoint "
-                 f"on: those records are kept in `marks-lost-chat-*.jsonl`, not in this table.\n")
+                 f"prompt`); `:cap=K`: only the oldest K marked tokens marked (`--mark-cap K`). The tool gives the marks "
+                 f"again after each restore of the snapshot (the fork forgets a restored sequence's marks since "
+                 f"2026-12-06 06:11; the libllama these runs linked kept them: the runs before the tool did so give "
+                 f"the same values to the last digit).\n")
     lines.append("| method | " + " | ".join(f"{a // c}×: recalled | vs full | choice | vs full" for a in ats) + " |")
     lines.append("|---|" + "---:|---:|---:|---:|" * len(ats))
     plot = {}
