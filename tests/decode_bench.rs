@@ -6,6 +6,9 @@
 //!   budget held, every token past the budget scored; llama.cpp's context shift at the same
 //!   cell count shifts and holds less than the budget;
 //! - conversation recall: every question answered at each checkpoint, from the same cells;
+//! - the engine's marks: user turns (`--mark user`), llama-server's prompt-batch proxy
+//!   (`--mark prompt`, with `--mark-cap`; in ppl mode the first tokens as the prompt's, which
+//!   changes what is kept), a share the fork refuses said and exit 1;
 //! - bad input said and finished (exit 0): a budget not above the window (refused, with the
 //!   fork's reason), a text shorter than the budget, a conversation that never exceeds it.
 //!
@@ -149,6 +152,35 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         // the fork's eviction time is inside the decode time it is a share of
         assert!(num(&r, "evict_ms") <= num(&r, "decode_wall_ms"), "{r:?}");
     }
+    // llama-server's proxy on a generation after a prompt: the first 64 tokens marked as the
+    // prompt's; the budget still holds, and the marked cells change what is kept
+    let plain = ppl("laprox-span", "64");
+    let mut v = run(
+        &tool,
+        &[
+            "-m",
+            m,
+            "--mode",
+            "ppl",
+            "--input",
+            t,
+            "--method",
+            "laprox-span",
+            "--budget",
+            "64",
+            "--mark",
+            "prompt",
+            "--mark-share",
+            "0.75",
+            "--prompt-tokens",
+            "64",
+        ],
+    );
+    let pm = v.remove(0);
+    assert_eq!(get(&pm, "status"), "ok", "{pm:?}");
+    assert!(num(&pm, "most_cells") <= 64.0, "{pm:?}");
+    assert_eq!(num(&pm, "scored"), num(&plain, "scored"), "{pm:?}");
+    assert_ne!(num(&pm, "nll"), num(&plain, "nll"), "{pm:?} {plain:?}");
     let cs = ppl("ctxshift", "64");
     assert_eq!(get(&cs, "status"), "ok", "{cs:?}");
     assert!(
@@ -199,10 +231,25 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         "--mark-share",
         "1",
     ];
+    // llama-server's proxy (every prompt batch's tokens: all but the assistant's replies), the
+    // oldest 40 marked tokens only
+    let prompt_marks = [
+        "--at",
+        "150,300",
+        "--gen",
+        "4",
+        "--mark",
+        "prompt",
+        "--mark-share",
+        "0.75",
+        "--mark-cap",
+        "40",
+    ];
     for (method, budget, extra) in [
         ("uniqueness", "64", &checkpoints[..]),
         ("ctxshift", "64", &checkpoints[..]),
         ("uniqueness", "64", &marks[..]),
+        ("laprox-span", "64", &prompt_marks[..]),
     ] {
         let v = run(&tool, &chat_args(method, budget, extra));
         assert_eq!(
@@ -220,12 +267,11 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
             "{v:?}"
         );
         assert_eq!(num(&v[2], "asked"), 2.0);
-        let marked = extra.contains(&"--mark");
-        assert_eq!(
-            get(&v[2], "mark"),
-            if marked { "user" } else { "none" },
-            "{v:?}"
-        );
+        let mark = extra
+            .iter()
+            .position(|&x| x == "--mark")
+            .map_or("none", |i| extra[i + 1]);
+        assert_eq!(get(&v[2], "mark"), mark, "{v:?}");
     }
     // a share outside [0, 1] is refused by the fork (LLAMA_KV_EVICT_ERR_ARG), said and exit 1
     let o = Command::new(&tool)

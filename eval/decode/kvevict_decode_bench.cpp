@@ -11,8 +11,12 @@
 //
 //   kvevict_decode_bench -m MODEL --mode ppl  --input TEXT.txt --method M --budget C [options]
 //   kvevict_decode_bench -m MODEL --mode chat --input CHAT.tsv --method M --budget C [options]
-//     [--mark user [--mark-share S]]: the user and system turns' positions marked through
-//     llama_kv_evict_mark (the engine's signal of what the user gave), S of kept cells reserved
+//     [--mark user|prompt [--mark-share S]]: positions marked through llama_kv_evict_mark (the
+//     engine's signal of what the user gave), S of kept cells reserved for their cells. user: the
+//     user and system turns; prompt: llama-server's proxy, every token a prompt batch wrote (all
+//     but the assistant's reply text, which a server generates one token a batch). The marks are
+//     given again after every restore of a snapshot (the fork forgets a restored sequence's marks).
+//     [--mark-cap K]: only the oldest K marked tokens are marked (an engine that favours older user text)
 //
 // M: "full" (no eviction, the whole text in the cache), "ctxshift" (llama.cpp's context shift),
 // or a method of the fork (llama_kv_evict_method_names()). One JSON object on stdout per run
@@ -54,7 +58,9 @@ struct options {
     int flash = -1;            // -1 auto, 0 off, 1 on
     std::vector<int> at;       // chat: ask every question when the history reaches these token counts
     std::string nll_out;       // ppl: per-token NLL written here (f32, one per token, token 0 = NaN)
-    std::string mark = "none"; // chat: "user": the user and system turns' positions marked (llama_kv_evict_mark)
+    std::string mark = "none"; // chat: "user" (user and system turns) or "prompt" (all but the assistant's replies) marked
+    int mark_cap = -1;         // chat, with --mark: only the first K marked tokens are marked (older text first; -1: all)
+    int prompt_tokens = -1;    // ppl, with --mark: the text's first P tokens marked (-1: the budget)
     float mark_share = -1.0f;  // chat, with --mark: the share of kept cells reserved for them (< 0: kvevict's default)
 };
 
@@ -348,6 +354,14 @@ int run_ppl(const options & o) {
                " cells): nothing is evicted and no token lies beyond the budget";
         fprintf(stderr, "kvevict_decode_bench: %s\n", note.c_str());
     }
+    // --mark prompt in ppl mode: the text's first P tokens (--prompt-tokens, default C) marked as a prompt batch's,
+    // the rest as generated text (llama-server's proxy on a long generation after a prompt)
+    if (o.mark != "none" && r.fork) {
+        const llama_pos p1 = (llama_pos) std::min(n, o.prompt_tokens >= 0 ? o.prompt_tokens : r.budget);
+        if (llama_kv_evict_mark(r.ctx, 0, 0, p1, o.mark_share) < 0) {
+            head("error", "llama_kv_evict_mark failed"); printf("}\n"); return 1;
+        }
+    }
     std::vector<float> nll(n, NAN);
     const bool ok = r.feed(toks, true, r.chunk, [&](size_t i, const float * row) {
         if (i + 1 < (size_t) n) nll[i + 1] = (float) -logprob(row, r.n_vocab, toks[i + 1]);
@@ -413,15 +427,45 @@ int run_chat(const options & o) {
     };
     const llama_vocab * vv = llama_model_get_vocab(vm);
     std::vector<std::vector<llama_token>> turns;
+    // the marked token spans [a, b) of each turn (--mark): user and system turns whole; with "prompt" also an
+    // assistant turn's template text before and after its reply (what a server's next prompt batch writes)
+    std::vector<std::vector<std::pair<size_t, size_t>>> turn_marks;
+    size_t n_mark_approx = 0; // assistant turns whose reply tokens did not split cleanly from the template's
     std::string prev;
     size_t hist_tokens = 0;
     for (size_t i = 0; i < roles.size(); i++) {
         std::vector<std::string> rs(roles.begin(), roles.begin() + i + 1), cs(contents.begin(), contents.begin() + i + 1);
         std::string all = format(rs, cs, false);
         if (all.empty() || all.compare(0, prev.size(), prev) != 0) { fprintf(stderr, "chat template failed\n"); return 1; }
-        turns.push_back(tokenize(vv, all.substr(prev.size()), i == 0, true));
+        const std::string text = all.substr(prev.size());
+        turns.push_back(tokenize(vv, text, i == 0, true));
+        const size_t n = turns.back().size();
+        turn_marks.emplace_back();
+        if (o.mark != "none" && roles[i] != "assistant") {
+            turn_marks.back().push_back({0, n});
+        } else if (o.mark == "prompt") {
+            // the reply's tokens: the template's text before it and after it tokenized on their own
+            const size_t at = text.find(contents[i]);
+            size_t pre = 0, post = 0;
+            if (at != std::string::npos) {
+                pre = tokenize(vv, text.substr(0, at), i == 0, true).size();
+                post = tokenize(vv, text.substr(at + contents[i].size()), false, true).size();
+                const size_t mid = tokenize(vv, contents[i], false, true).size();
+                n_mark_approx += pre + mid + post != n;
+            } else {
+                n_mark_approx++;
+            }
+            pre = std::min(pre, n);
+            post = std::min(post, n - pre);
+            if (pre > 0) turn_marks.back().push_back({0, pre});
+            if (post > 0) turn_marks.back().push_back({n - post, n});
+        }
         hist_tokens += turns.back().size();
         prev = all;
+    }
+    if (n_mark_approx > 0) {
+        fprintf(stderr, "kvevict_decode_bench: --mark prompt: %zu assistant turns' replies tokenize differently inside "
+                        "their template: their marked spans are approximate\n", n_mark_approx);
     }
     // a question's text: the history + the question as a user turn, with the assistant's start, then the prefix
     std::vector<std::vector<llama_token>> qtoks;
@@ -495,9 +539,22 @@ int run_chat(const options & o) {
         sn.bytes.resize(llama_state_seq_get_size(r.ctx, 0));
         sn.bytes.resize(llama_state_seq_get_data(r.ctx, sn.bytes.data(), sn.bytes.size(), 0));
     };
+    // the marked position ranges so far (merged), given to the fork again after every restore: the fork
+    // forgets a restored sequence's marks ("the engine marks the restored text again if it wants"); without
+    // this, every mark of the history before a checkpoint would be lost from that checkpoint on
+    std::vector<std::pair<llama_pos, llama_pos>> marked;
+    size_t n_marked = 0;
+    auto apply_marks = [&]() {
+        for (const auto & [p0, p1] : marked) {
+            const int32_t rc = llama_kv_evict_mark(r.ctx, 0, p0, p1, o.mark_share);
+            if (rc < 0) { fprintf(stderr, "llama_kv_evict_mark: %d\n", rc); return false; }
+        }
+        return true;
+    };
     auto restore = [&](const snapshot & sn) {
         llama_memory_seq_rm(r.mem, 0, -1, -1);
         if (llama_state_seq_set_data(r.ctx, sn.bytes.data(), sn.bytes.size(), 0) == 0) return false;
+        if (r.fork && !marked.empty() && !apply_marks()) return false;
         r.n_past = sn.past;
         r.cells = sn.cells;
         r.shifts = sn.shifts;
@@ -594,11 +651,21 @@ int run_chat(const options & o) {
     };
     size_t fed = 0, next_at = 0;
     for (size_t ti = 0; ti < turns.size(); ti++) {
-        // the engine's signal: the positions of what the user gave (user turns, the system prompt)
-        if (o.mark == "user" && r.fork && (roles[ti] == "user" || roles[ti] == "system")) {
-            const llama_pos p0 = r.n_past, p1 = r.n_past + (llama_pos) turns[ti].size();
-            const int32_t rc = llama_kv_evict_mark(r.ctx, 0, p0, p1, o.mark_share);
-            if (rc < 0) { fprintf(stderr, "llama_kv_evict_mark: %d\n", rc); head("error", "llama_kv_evict_mark failed"); printf("}\n"); return 1; }
+        // the engine's signal: the positions of what the user gave (--mark user: user turns, the system prompt;
+        // --mark prompt: every prompt batch's tokens), merged with the ranges before, all given again
+        if (r.fork && !turn_marks[ti].empty() && (o.mark_cap < 0 || n_marked < (size_t) o.mark_cap)) {
+            for (const auto & [a, b0] : turn_marks[ti]) {
+                // --mark-cap: the oldest marked text only, up to K tokens
+                const size_t b = o.mark_cap < 0 ? b0 : std::min(b0, a + ((size_t) o.mark_cap - std::min(n_marked, (size_t) o.mark_cap)));
+                if (b <= a) continue;
+                n_marked += b - a;
+                const llama_pos p0 = r.n_past + (llama_pos) a, p1 = r.n_past + (llama_pos) b;
+                if (!marked.empty() && marked.back().second == p0) marked.back().second = p1;
+                else marked.push_back({p0, p1});
+            }
+            if (llama_kv_evict_mark(r.ctx, 0, -1, -1, o.mark_share) < 0 || !apply_marks()) {
+                head("error", "llama_kv_evict_mark failed"); printf("}\n"); return 1;
+            }
         }
         // a turn per llama_decode call (the fork splits it into ubatches and evicts between them)
         if (!r.feed(turns[ti], false, 512, [](size_t, const float *) {})) {
@@ -647,6 +714,8 @@ int main(int argc, char ** argv) {
         else if (a == "--flash") o.flash = atoi(next().c_str());
         else if (a == "--nll-out") o.nll_out = next();
         else if (a == "--mark") o.mark = next();
+        else if (a == "--mark-cap") o.mark_cap = atoi(next().c_str());
+        else if (a == "--prompt-tokens") o.prompt_tokens = atoi(next().c_str());
         else if (a == "--mark-share") o.mark_share = (float) atof(next().c_str());
         else if (a == "--at") {
             std::stringstream ss(next());
@@ -656,11 +725,11 @@ int main(int argc, char ** argv) {
         else if (a == "--methods") { printf("full, ctxshift, %s\n", llama_kv_evict_method_names()); return 0; }
         else { fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
     }
-    if (o.mark != "none" && o.mark != "user") { fprintf(stderr, "--mark: none or user\n"); return 2; }
+    if (o.mark != "none" && o.mark != "user" && o.mark != "prompt") { fprintf(stderr, "--mark: none, user or prompt\n"); return 2; }
     if (o.model.empty() || o.input.empty() || (o.mode != "ppl" && o.mode != "chat")) {
         fprintf(stderr, "usage: %s -m MODEL --mode ppl|chat --input FILE --method M --budget C [--evict-to F] "
                         "[--window W] [--links T] [--n-keep K] [--chunk U] [--max-tokens N] [--skip S] [--gen G] "
-                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user] [--mark-share S]\n", argv[0]);
+                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user|prompt] [--mark-share S] [--mark-cap K] [--prompt-tokens P]\n", argv[0]);
         return 2;
     }
     llama_log_set(quiet_log, nullptr);

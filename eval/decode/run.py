@@ -85,7 +85,7 @@ def run_tool(args, cmd):
 
 
 def method_args(spec, budget):
-    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S]" -> (tool arguments). W may be a fraction of the
+    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:cap=K]" -> (tool arguments). W may be a fraction of the
     budget ("w=0.25C"); the label is the spec itself."""
     parts = spec.split(":")
     out = ["--method", parts[0]]
@@ -102,6 +102,12 @@ def method_args(spec, budget):
         elif k == "mark":
             # the user and system turns marked through llama_kv_evict_mark, v of kept cells reserved for them
             out += ["--mark", "user", "--mark-share", v]
+        elif k == "cap":
+            # only the oldest v marked tokens marked (with mark or pmark)
+            out += ["--mark-cap", v]
+        elif k == "pmark":
+            # llama-server's proxy: every prompt batch's tokens marked (all but the assistant's replies)
+            out += ["--mark", "prompt", "--mark-share", v]
         else:
             raise SystemExit(f"unknown method option {p} in {spec}")
     return out
@@ -227,7 +233,9 @@ def report_ppl(out, name, split, lines, plots):
                  f"{full['tokens'] if full else '?'} tokens, within the model's trained context). "
                  f"`ctxshift`: llama.cpp's context shift at C cells (n_keep 0, the oldest half of the rest dropped). "
                  f"Method labels `name:w=W:links=T`: the fork's method with `kv_evict_window` W (a fraction of C "
-                 f"with `C`) and `kv_evict_links` T.\n")
+                 f"with `C`) and `kv_evict_links` T; `:pmark=S`: the text's first C tokens marked as a prompt's "
+                 f"(`--mark prompt`, llama-server's proxy), the rest standing for generated text, S of each "
+                 f"eviction's kept cells reserved for them.\n")
     hdr = "| method | " + " | ".join(f"C={c} ppl (× full)" for c in budgets) + " |"
     lines.append(hdr)
     lines.append("|---|" + "---:|" * len(budgets))
@@ -303,7 +311,12 @@ def report_chat(out, name, split, c, lines, plots):
                  f"distractors'. **vs full**: of the facts the full cache recalls (or chooses), the share the method "
                  f"does too. Labels `:mark=S`: the engine's marks, the user and system turns' positions given to "
                  f"`llama_kv_evict_mark` (`--mark user`), S of each eviction's kept cells reserved for their cells "
-                 f"(`kve_evictor_mark_cells`, design §3c).\n")
+                 f"(`kve_evictor_mark_cells`, design §3c); `:pmark=S`: llama-server's proxy instead, every token a prompt "
+                 f"batch wrote (all but the assistant's replies, which a server generates a token a batch: `--mark "
+                 f"prompt`); `:cap=K`: only the oldest K marked tokens marked (`--mark-cap K`). The tool gives the marks "
+                 f"again after each restore of the snapshot (the fork forgets a restored sequence's marks since "
+                 f"2026-12-06 06:11; the libllama these runs linked kept them: the runs before the tool did so give "
+                 f"the same values to the last digit).\n")
     lines.append("| method | " + " | ".join(f"{a // c}×: recalled | vs full | choice | vs full" for a in ats) + " |")
     lines.append("|---|" + "---:|---:|---:|---:|" * len(ats))
     plot = {}
