@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::lanes::dots8;
 #[cfg(not(all(feature = "std", target_arch = "x86_64", kvevict_avx512)))]
 use crate::numerics::dispatch as dispatch_wide;
-use crate::numerics::{prefetch_rows, Simd};
+use crate::numerics::Simd;
 #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
 use crate::simd512::dispatch_wide;
 use crate::view::{load_rows, DType, View};
@@ -75,7 +75,10 @@ pub(super) fn layer(
     ) else {
         return Ok(false);
     };
-    let e = ws.take_dirty::<f32>(g * zld).ok();
+    // pass 1's exps kept for pass 2 where the workspace has room and `since` (below) holds
+    // a mark per row
+    let e = ws.take_dirty::<f32>(g * zld).ok().filter(|_| g <= MAX_KEPT);
+    let mut marks = [0usize; MAX_KEPT];
     let c = &mut Carve { q, z, k, e, zld };
     let wq = queries.extent()[1];
     let scale = 1.0 / libm::sqrtf(dk as f32);
@@ -91,42 +94,50 @@ pub(super) fn layer(
                 *v *= scale;
             }
         }
-        // three passes, each its own function (register allocation and inlining see one
-        // loop nest at a time): the logits, pass 1 (row statistics), pass 2 (probabilities)
-        dispatch_wide!(fn(keys: &View, kh: usize, g: usize, c: &mut Carve) -> Result<()>, S => {
-            group_logits::<S>(keys, kh, g, c)
+        // the logits with pass 1 (row statistics) chunk by chunk as they come, then pass 2
+        // (probabilities), each its own function
+        let (rm, rs) = (
+            &mut rmax[kh * g..(kh + 1) * g],
+            &mut rsum[kh * g..(kh + 1) * g],
+        );
+        let mut since = c.e.is_some().then(|| &mut marks[..g]);
+        let sn = since.as_deref_mut();
+        dispatch_wide!(fn(keys: &View, kh: usize, g: usize, c: &mut Carve, rm: &mut [f32],
+                          rs: &mut [f64], sn: Option<&mut [usize]>) -> Result<()>, S => {
+            group_logits::<S>(keys, kh, g, c, rm, rs, sn)
         })?;
-        let mut since = [0usize; 8];
-        let since = &mut since[..];
-        // rows 8 at a time (the `since` marks)
-        let mut a0 = 0;
-        while a0 < g {
-            let r = (g - a0).min(8);
-            let zr = &c.z[a0 * zld..];
-            let er = c.e.as_deref_mut().map(|e| &mut e[a0 * zld..]);
-            let h0 = kh * g + a0;
-            let (rm1, rs1) = (&mut rmax[h0..h0 + r], &mut rsum[h0..h0 + r]);
-            dispatch_wide!(fn(zr: &[f32], zld: usize, n: usize, r: usize, rm1: &mut [f32],
-                              rs1: &mut [f64], er: Option<&mut [f32]>, since: &mut [usize])
-                              -> Result<()>, S => {
-                pass1::<S>(zr, zld, n, r, rm1, rs1, er, since)
-            })?;
-            let er = c.e.as_deref().map(|e| &e[a0 * zld..]);
-            dispatch_wide!(fn(zr: &[f32], zld: usize, n: usize, r: usize, rm1: &[f32],
-                              rs1: &[f64], er: Option<&[f32]>, since: &[usize], inv_hq: f32,
-                              acc: &mut [f32]) -> (), S => {
-                pass2::<S>(zr, zld, n, r, rm1, rs1, er, since, inv_hq, acc)
-            });
-            a0 += r;
-        }
+        let (zr, kept) = (&c.z[..], c.e.as_deref().zip(since.as_deref()));
+        dispatch_wide!(fn(zr: &[f32], zld: usize, n: usize, g: usize, rm: &[f32],
+                          rs: &[f64], kept: Option<(&[f32], &[usize])>, inv_hq: f32,
+                          acc: &mut [f32]) -> (), S => {
+            pass2::<S>(zr, zld, n, g, rm, rs, kept, inv_hq, acc)
+        });
     }
     Ok(true)
 }
 
-/// The logits of KV group `kh` (its queries in `c.q`) into `c.z`, chunk by chunk;
-/// `NonFinite` when one is not finite (NaN/Inf keys, or an overflow).
+/// Rows per KV group whose pass-1 exps [`layer`] keeps (a `since` mark each); larger
+/// groups recompute every exp in pass 2.
+const MAX_KEPT: usize = 32;
+
+/// The logits of KV group `kh` (its queries in `c.q`) into `c.z`, chunk by chunk, each
+/// chunk's pass 1 ([`pass1_chunk`]) right after its logits, while the next keys stream
+/// in: the group's row statistics into `rmax`/`rsum` (`[g]`), `since` as [`pass1_chunk`]
+/// says. `NonFinite` when a logit is not finite (NaN/Inf keys, or an overflow).
 #[inline(always)]
-fn group_logits<S: Simd>(keys: &View, kh: usize, g: usize, c: &mut Carve) -> Result<()> {
+fn group_logits<S: Simd>(
+    keys: &View,
+    kh: usize,
+    g: usize,
+    c: &mut Carve,
+    rmax: &mut [f32],
+    rsum: &mut [f64],
+    mut since: Option<&mut [usize]>,
+) -> Result<()> {
+    assert!(rmax.len() == g && rsum.len() == g);
+    assert!(since.as_ref().is_none_or(|s| s.len() == g) && since.is_some() == c.e.is_some());
+    rmax.fill(f32::NEG_INFINITY);
+    rsum.fill(0.0);
     let [_, n, dk] = keys.extent();
     let st = keys.stride();
     let zld = c.zld;
@@ -182,6 +193,9 @@ fn group_logits<S: Simd>(keys: &View, kh: usize, g: usize, c: &mut Carve) -> Res
                 let len = kb.len() / dk;
                 logits::<S, false>(kp, dk, dk, q, g, z.add(t0), zld, len, &mut bad);
             }
+            // a non-finite logit can make pass 1 fail early: NonFinite all the same
+            let kept = c.e.as_deref_mut().zip(since.as_deref_mut());
+            pass1_chunk::<S>(&c.z[..], zld, c0, nt, rmax, rsum, kept)?;
             c0 += nt;
         }
         if !ok || S::hsum(bad) != 0.0 {
@@ -189,109 +203,156 @@ fn group_logits<S: Simd>(keys: &View, kh: usize, g: usize, c: &mut Carve) -> Res
             return Err(Error::NonFinite);
         }
     }
+    if rsum.iter().any(|s| !s.is_finite() || *s <= 0.0) {
+        return Err(Error::NonFinite);
+    }
     Ok(())
 }
 
-/// Pass 1 over the `r` (<= 8) logit rows at `z` (`zld` apart, `n` keys, all finite), chunk
-/// by chunk as the window pass: the running max, then the sum of the chunk's exps in 8
-/// lanes (lane t mod 8 in key order from +0, then `S::hsum`'s tree), folded into
-/// `rmax`/`rsum` ([`window::fold_row`]). With `e`, the exps go there too, and `since[a]` is
-/// the first key of the chunk where row `a`'s running max last rose: from there on each
-/// exp is `exp(z − final max)`, pass 2's own value.
+/// Pass 1 of the chunk of keys `c0 .. c0 + nt` for the `g` logit rows at `z` (`zld` apart,
+/// `rmax.len()` rows), as the window pass does it: the running max, then the sum of the
+/// chunk's exps in 8 lanes (lane t mod 8 in key order from +0, then `S::hsum`'s tree),
+/// folded into `rmax`/`rsum` ([`window::fold_row`]). With `kept = (e, since)`, the exps go
+/// to `e` too, and `since[a]` becomes `c0` when row `a`'s running max rises in this chunk:
+/// after the last chunk, every exp from key `since[a]` on is `exp(z − final max)`, pass
+/// 2's own value. Rows four at a time, each row's operations in the order above (the rows'
+/// chains interleave).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn pass1<S: Simd>(
+fn pass1_chunk<S: Simd>(
     z: &[f32],
     zld: usize,
-    n: usize,
-    r: usize,
+    c0: usize,
+    nt: usize,
     rmax: &mut [f32],
     rsum: &mut [f64],
-    mut e: Option<&mut [f32]>,
-    since: &mut [usize],
+    mut kept: Option<(&mut [f32], &mut [usize])>,
 ) -> Result<()> {
-    assert!(r <= 8 && r <= rmax.len() && r <= rsum.len() && r <= since.len());
-    assert!(z.len() >= (r - 1) * zld + n.div_ceil(8) * 8);
-    if let Some(e) = &e {
-        assert!(e.len() >= (r - 1) * zld + n.div_ceil(8) * 8);
+    let g = rmax.len();
+    assert!(g >= 1 && rsum.len() == g && nt >= 1);
+    let end = (g - 1) * zld + (c0 + nt).div_ceil(8) * 8;
+    assert!(
+        z.len() >= end
+            && kept
+                .as_ref()
+                .is_none_or(|(e, s)| e.len() >= end && s.len() == g)
+    );
+    let mut a0 = 0;
+    while a0 < g {
+        let zr = &z[a0 * zld..];
+        let k = kept
+            .as_mut()
+            .map(|(e, s)| (&mut e[a0 * zld..], &mut s[a0..]));
+        let (rm, rs) = (&mut rmax[a0..], &mut rsum[a0..]);
+        // SAFETY: `S`'s CPU features are present (our callers' dispatch); rows a0 .. a0 + R
+        // exist (R <= g - a0) and their vectors up to c0 + nt rounded up to 8 are inside `z`
+        // (`e`) (asserted above)
+        unsafe {
+            match (g - a0).min(4) {
+                4 => chunk_rows::<S, 4>(zr, zld, c0, nt, rm, rs, k)?,
+                3 => chunk_rows::<S, 3>(zr, zld, c0, nt, rm, rs, k)?,
+                2 => chunk_rows::<S, 2>(zr, zld, c0, nt, rm, rs, k)?,
+                _ => chunk_rows::<S, 1>(zr, zld, c0, nt, rm, rs, k)?,
+            }
+        }
+        a0 += 4;
     }
-    rmax[..r].fill(f32::NEG_INFINITY);
-    rsum[..r].fill(0.0);
-    since[..r].fill(0);
-    let mut c0 = 0;
-    // SAFETY: `S`'s CPU features are present (our dispatch); row a's vectors read (written)
-    // at c0 + t < n rounded up to 8, inside `z` (`e`) (asserted above)
+    Ok(())
+}
+
+/// [`pass1_chunk`] for the first `R` rows at `z`, side by side.
+///
+/// # Safety
+/// `S`'s CPU features are present; `z` (and `kept`'s `e`) hold `R` rows `zld` apart with
+/// their vectors up to `c0 + nt` rounded up to 8; `rmax`, `rsum` (and `since`) at least `R`
+/// entries.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn chunk_rows<S: Simd, const R: usize>(
+    z: &[f32],
+    zld: usize,
+    c0: usize,
+    nt: usize,
+    rmax: &mut [f32],
+    rsum: &mut [f64],
+    mut kept: Option<(&mut [f32], &mut [usize])>,
+) -> Result<()> {
+    let nt8 = nt / 8 * 8;
+    // SAFETY: this fn's contract: every vector read (written) is below c0 + nt rounded up
+    // to 8 in one of the R rows
     unsafe {
-        while c0 < n {
-            let nt = CHUNK.min(n - c0);
-            let nt8 = nt / 8 * 8;
-            for a in 0..r {
-                let zr = z.as_ptr().add(a * zld + c0);
-                let er = e.as_deref_mut().map(|e| e.as_mut_ptr().add(a * zld + c0));
-                let mut mv = S::splat(f32::NEG_INFINITY);
-                let mut t = 0;
-                while t < nt8 {
-                    mv = S::max(mv, S::load(zr.add(t)));
-                    t += 8;
+        let zr: [*const f32; R] = core::array::from_fn(|a| z.as_ptr().add(a * zld + c0));
+        let er: Option<[*mut f32; R]> = kept
+            .as_mut()
+            .map(|(e, _)| core::array::from_fn(|a| e.as_mut_ptr().add(a * zld + c0)));
+        let mut mv = [S::splat(f32::NEG_INFINITY); R];
+        let mut t = 0;
+        while t < nt8 {
+            for a in 0..R {
+                mv[a] = S::max(mv[a], S::load(zr[a].add(t)));
+            }
+            t += 8;
+        }
+        let mut m = [0f32; R];
+        let mut lanes = [0f32; 8];
+        for a in 0..R {
+            S::store(lanes.as_mut_ptr(), mv[a]);
+            let mut ma = rmax[a];
+            let rest = core::slice::from_raw_parts(zr[a].add(nt8), nt - nt8);
+            for &x in lanes.iter().chain(rest) {
+                if x > ma {
+                    ma = x;
                 }
-                let mut lanes = [0f32; 8];
-                S::store(lanes.as_mut_ptr(), mv);
-                let mut m = rmax[a];
-                let rest = core::slice::from_raw_parts(zr.add(nt8), nt - nt8);
-                for &x in lanes.iter().chain(rest) {
-                    if x > m {
-                        m = x;
-                    }
-                }
-                if m > rmax[a] {
+            }
+            if let Some((_, since)) = kept.as_mut() {
+                if ma > rmax[a] {
                     since[a] = c0;
                 }
-                let (mv, mut sv) = (S::splat(m), S::zero());
-                let mut t = 0;
-                while t < nt {
-                    // four vectors (those from `nt` on are zeros, unused)
-                    let mut x = [S::zero(); 4];
-                    for (i, x) in x.iter_mut().enumerate() {
-                        if t + 8 * i < nt {
-                            *x = S::sub(S::load(zr.add(t + 8 * i)), mv);
-                        }
-                    }
-                    for (i, v) in S::exp_neg4(x).into_iter().enumerate() {
-                        let t8 = t + 8 * i;
-                        if let Some(er) = er {
-                            if t8 < nt {
-                                S::store(er.add(t8), v);
-                            }
-                        }
-                        if t8 + 8 <= nt {
-                            sv = S::add(sv, v);
-                        } else if t8 < nt {
-                            // lanes past `nt` (the zero keys' logits) left out: +0 adds exactly
-                            S::store(lanes.as_mut_ptr(), v);
-                            lanes[nt - t8..].fill(0.0);
-                            sv = S::add(sv, S::load(lanes.as_ptr()));
-                        }
-                    }
-                    t += 32;
-                }
-                window::fold_row(&mut rmax[a], &mut rsum[a], m, S::hsum(sv))?;
             }
-            c0 += nt;
+            m[a] = ma;
         }
-    }
-    if rsum[..r].iter().any(|s| !s.is_finite() || *s <= 0.0) {
-        return Err(Error::NonFinite);
-    }
-    if e.is_none() {
-        // nothing to reuse: pass 2 recomputes every exp
-        since[..r].fill(n);
+        let mv: [S::V; R] = core::array::from_fn(|a| S::splat(m[a]));
+        let mut sv = [S::zero(); R];
+        let mut t = 0;
+        while t < nt {
+            for a in 0..R {
+                // four vectors (those from `nt` on are zeros, unused)
+                let mut x = [S::zero(); 4];
+                for (i, x) in x.iter_mut().enumerate() {
+                    if t + 8 * i < nt {
+                        *x = S::sub(S::load(zr[a].add(t + 8 * i)), mv[a]);
+                    }
+                }
+                for (i, v) in S::exp_neg4(x).into_iter().enumerate() {
+                    let t8 = t + 8 * i;
+                    if let Some(er) = er {
+                        if t8 < nt {
+                            S::store(er[a].add(t8), v);
+                        }
+                    }
+                    if t8 + 8 <= nt {
+                        sv[a] = S::add(sv[a], v);
+                    } else if t8 < nt {
+                        // lanes past `nt` (the zero keys' logits) left out: +0 adds exactly
+                        S::store(lanes.as_mut_ptr(), v);
+                        lanes[nt - t8..].fill(0.0);
+                        sv[a] = S::add(sv[a], S::load(lanes.as_ptr()));
+                    }
+                }
+            }
+            t += 32;
+        }
+        for a in 0..R {
+            window::fold_row(&mut rmax[a], &mut rsum[a], m[a], S::hsum(sv[a]))?;
+        }
     }
     Ok(())
 }
 
 /// Pass 2: the probabilities of the prefix keys `t < n − 1` of the `r` rows at `z`, added
-/// row by row into `acc` (`exp(z − rmax)·(1/rsum)·inv_hq`); from key `since[a]` on, the exp
-/// is pass 1's, read from `e` (the same bits), before it recomputed.
+/// row by row into `acc` (`exp(z − rmax)·(1/rsum)·inv_hq`); with `kept = (e, since)`, from
+/// key `since[a]` on the exp is pass 1's, read from `e` (the same bits), before it (and
+/// without `kept`, everywhere) recomputed.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn pass2<S: Simd>(
@@ -301,29 +362,31 @@ fn pass2<S: Simd>(
     r: usize,
     rmax: &[f32],
     rsum: &[f64],
-    e: Option<&[f32]>,
-    since: &[usize],
+    kept: Option<(&[f32], &[usize])>,
     inv_hq: f32,
     acc: &mut [f32],
 ) {
     let p = n - 1;
-    assert!(r <= rmax.len() && r <= rsum.len() && r <= since.len() && acc.len() >= p);
+    assert!(r >= 1 && r <= rmax.len() && r <= rsum.len() && acc.len() >= p);
     assert!(z.len() >= (r - 1) * zld + n.div_ceil(8) * 8);
-    if let Some(e) = e {
-        assert!(e.len() >= (r - 1) * zld + n.div_ceil(8) * 8);
+    if let Some((e, since)) = kept {
+        assert!(e.len() >= (r - 1) * zld + n.div_ceil(8) * 8 && since.len() >= r);
     }
     let p32 = p / 32 * 32;
     // SAFETY: `S`'s CPU features are present (our dispatch); reads of row a at t < p rounded
-    // up to 8 (inside `z`, and `e` from `since[a]` on, which is `n` without `e`), writes of
+    // up to 8 (inside `z`, and `e` from `since[a]` on, only with `kept`), writes of
     // `acc` below p32 (whole vectors) or through `tail`
     unsafe {
         let ih = S::splat(inv_hq);
         for a in 0..r {
             let (mv, iv) = (S::splat(rmax[a]), S::splat((1.0 / rsum[a]) as f32));
             let zr = z.as_ptr().add(a * zld);
-            let er = e.map_or(zr, |e| e.as_ptr().add(a * zld));
-            // keys from `from` on: pass 1's exps (`since` is a multiple of 32, or n)
-            let from = since[a].min(p32);
+            // keys from `from` on: pass 1's exps (`since` is a multiple of 32); all recomputed
+            // without them
+            let (er, from) = match kept {
+                Some((e, since)) => (e.as_ptr().add(a * zld), since[a].min(p32)),
+                None => (zr, p32),
+            };
             let mut t = 0;
             while t < from {
                 let mut x = [S::zero(); 4];
@@ -389,11 +452,6 @@ unsafe fn logits<S: Simd, const F16: bool>(
             let mut t = 0;
             macro_rules! blocks {
                 ($b:literal, $ra:literal) => {{
-                    if a0 == 0 {
-                        // as in tova512: 64 keys ahead, the rows of this block
-                        let kt = k.wrapping_add((t + 64) * ld * es);
-                        prefetch_rows(kt, ld * es, dk * es, 8 * $b);
-                    }
                     for i in 0..$b {
                         let (kb, zb) = (k.add((t + 8 * i) * ld * es), za.add(t + 8 * i));
                         for v in dots8::<S, $ra, F16>(kb, ld, dk, qa, zb, zld) {
