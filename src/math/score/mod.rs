@@ -310,9 +310,21 @@ pub fn score_layer(
     let rows = hq * w;
     let rmax = ws.take::<f32>(rows)?;
     let rsum = ws.take::<f64>(rows)?;
-    let sum = ws.take::<f32>(if nd.sum { g * p } else { 0 })?;
-    let sq = ws.take::<f32>(if nd.sq { g * p } else { 0 })?;
-    let cross = ws.take::<f32>(if nd.cross { window::pairs(g) * p } else { 0 })?;
+    // the column statistics: zeroed group by group before the window pass adds into them
+    // (below), so not here
+    let lens = [
+        if nd.sum { g * p } else { 0 },
+        if nd.sq { g * p } else { 0 },
+        if nd.cross { window::pairs(g) * p } else { 0 },
+    ];
+    let [sum, sq, cross] = lens.map(|n| {
+        if cfg.needs_queries() {
+            ws.take_dirty::<f32>(n)
+        } else {
+            ws.take::<f32>(n)
+        }
+    });
+    let (sum, sq, cross) = (sum?, sq?, cross?);
     let mut bufs = Bufs {
         tmp_a: ws.take::<f32>(p)?,
         tmp_b: ws.take::<f32>(p)?,
