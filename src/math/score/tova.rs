@@ -135,7 +135,7 @@ fn group_logits<S: Simd>(
     mut since: Option<&mut [usize]>,
 ) -> Result<()> {
     assert!(rmax.len() == g && rsum.len() == g);
-    assert!(since.as_ref().is_none_or(|s| s.len() == g) && since.is_some() == c.e.is_some());
+    assert!(since.as_ref().map_or(true, |s| s.len() == g) && since.is_some() == c.e.is_some());
     rmax.fill(f32::NEG_INFINITY);
     rsum.fill(0.0);
     let [_, n, dk] = keys.extent();
@@ -235,7 +235,7 @@ fn pass1_chunk<S: Simd>(
         z.len() >= end
             && kept
                 .as_ref()
-                .is_none_or(|(e, s)| e.len() >= end && s.len() == g)
+                .map_or(true, |(e, s)| e.len() >= end && s.len() == g)
     );
     let mut a0 = 0;
     while a0 < g {
@@ -375,49 +375,70 @@ fn pass2<S: Simd>(
     let p32 = p / 32 * 32;
     // SAFETY: `S`'s CPU features are present (our dispatch); reads of row a at t < p rounded
     // up to 8 (inside `z`, and `e` from `since[a]` on, only with `kept`), writes of
-    // `acc` below p32 (whole vectors) or through `tail`
+    // `acc` below p32 (whole vectors) or through `tail`; `zr`/`er` entries past `rr` unread
     unsafe {
         let ih = S::splat(inv_hq);
-        for a in 0..r {
-            let (mv, iv) = (S::splat(rmax[a]), S::splat((1.0 / rsum[a]) as f32));
-            let zr = z.as_ptr().add(a * zld);
-            // keys from `from` on: pass 1's exps (`since` is a multiple of 32); all recomputed
-            // without them
-            let (er, from) = match kept {
-                Some((e, since)) => (e.as_ptr().add(a * zld), since[a].min(p32)),
-                None => (zr, p32),
-            };
+        // rows 8 at a time; each block of 32 keys takes their terms in row order while its
+        // sums stay in registers (one read and write of `acc` per 8 rows): per key, every
+        // row's term is added in row order, as one row after the other
+        let mut a0 = 0;
+        while a0 < r {
+            let rr = (r - a0).min(8);
+            let mut mv = [S::zero(); 8];
+            let mut iv = [S::zero(); 8];
+            let mut zr = [z.as_ptr(); 8];
+            let mut er = [z.as_ptr(); 8];
+            let mut from = [0usize; 8];
+            for i in 0..rr {
+                let a = a0 + i;
+                (mv[i], iv[i]) = (S::splat(rmax[a]), S::splat((1.0 / rsum[a]) as f32));
+                zr[i] = z.as_ptr().add(a * zld);
+                // keys from `from` on: pass 1's exps (`since` is a multiple of 32); all
+                // recomputed without them
+                (er[i], from[i]) = match kept {
+                    Some((e, since)) => (e.as_ptr().add(a * zld), since[a].min(p32)),
+                    None => (zr[i], p32),
+                };
+            }
             let mut t = 0;
-            while t < from {
-                let mut x = [S::zero(); 4];
-                for (j, x) in x.iter_mut().enumerate() {
-                    *x = S::min(S::sub(S::load(zr.add(t + 8 * j)), mv), S::zero());
-                }
-                for (j, e) in S::exp_neg4(x).into_iter().enumerate() {
-                    let o = acc.as_mut_ptr().add(t + 8 * j);
-                    S::store(o, S::add(S::load(o), S::mul(S::mul(e, iv), ih)));
-                }
-                t += 32;
-            }
             while t < p32 {
-                for j in 0..4 {
-                    let e = S::load(er.add(t + 8 * j));
-                    let o = acc.as_mut_ptr().add(t + 8 * j);
-                    S::store(o, S::add(S::load(o), S::mul(S::mul(e, iv), ih)));
+                let o = acc.as_mut_ptr().add(t);
+                let mut s: [S::V; 4] = core::array::from_fn(|j| S::load(o.add(8 * j)));
+                for i in 0..rr {
+                    let e = if t < from[i] {
+                        let mut x = [S::zero(); 4];
+                        for (j, x) in x.iter_mut().enumerate() {
+                            *x = S::min(S::sub(S::load(zr[i].add(t + 8 * j)), mv[i]), S::zero());
+                        }
+                        S::exp_neg4(x)
+                    } else {
+                        core::array::from_fn(|j| S::load(er[i].add(t + 8 * j)))
+                    };
+                    for (s, e) in s.iter_mut().zip(e) {
+                        *s = S::add(*s, S::mul(S::mul(e, iv[i]), ih));
+                    }
+                }
+                for (j, s) in s.into_iter().enumerate() {
+                    S::store(o.add(8 * j), s);
                 }
                 t += 32;
             }
-            // the rest 8 at a time, the last keys through a copy of their 8 sums
-            while t < p {
-                let mut tail = [0f32; 8];
-                let r = (p - t).min(8);
-                tail[..r].copy_from_slice(&acc[t..t + r]);
-                let (o, x) = (tail.as_mut_ptr(), S::load(zr.add(t)));
-                let pr = S::mul(S::exp_neg(S::min(S::sub(x, mv), S::zero())), iv);
-                S::store(o, S::add(S::load(o), S::mul(pr, ih)));
-                acc[t..t + r].copy_from_slice(&tail[..r]);
-                t += 8;
+            for i in 0..rr {
+                let (mv, iv, zr) = (mv[i], iv[i], zr[i]);
+                let mut t = p32;
+                // the rest 8 at a time, the last keys through a copy of their 8 sums
+                while t < p {
+                    let mut tail = [0f32; 8];
+                    let r = (p - t).min(8);
+                    tail[..r].copy_from_slice(&acc[t..t + r]);
+                    let (o, x) = (tail.as_mut_ptr(), S::load(zr.add(t)));
+                    let pr = S::mul(S::exp_neg(S::min(S::sub(x, mv), S::zero())), iv);
+                    S::store(o, S::add(S::load(o), S::mul(pr, ih)));
+                    acc[t..t + r].copy_from_slice(&tail[..r]);
+                    t += 8;
+                }
             }
+            a0 += 8;
         }
     }
 }
