@@ -85,7 +85,7 @@ def run_tool(args, cmd):
 
 
 def method_args(spec, budget):
-    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:cap=K]" -> (tool arguments). W may be a fraction of the
+    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:cap=K][:cells=N]" -> (tool arguments). W may be a fraction of the
     budget ("w=0.25C"); the label is the spec itself."""
     parts = spec.split(":")
     out = ["--method", parts[0]]
@@ -105,6 +105,10 @@ def method_args(spec, budget):
         elif k == "cap":
             # only the oldest v marked tokens marked (with mark or pmark)
             out += ["--mark-cap", v]
+        elif k == "cells":
+            # the run's own cell count instead of the table's C (ctxshift at the KV bytes a fork method holds at C:
+            # an iSWA model's sliding-window layers keep their window whatever C is); recorded under C
+            out += ["--budget", v]
         elif k == "pmark":
             # llama-server's proxy: every prompt batch's tokens marked (all but the assistant's replies)
             out += ["--mark", "prompt", "--mark-share", v]
@@ -144,12 +148,16 @@ def cmd_ppl(args):
         for m in args.methods.split(","):
             if (m, c) in done or m == "full":
                 continue
-            jobs.append((m, c, base + method_args(m, c) + ["--budget", str(c), "--max-tokens", str(args.ratio * c)]))
+            # the method's own options last (":cells=N" overrides the budget); the same tokens scored: index >= C
+            jobs.append((m, c, base + ["--budget", str(c), "--max-tokens", str(args.ratio * c), "--skip", str(c)] +
+                         method_args(m, c)))
 
     def one(job):
         m, c, cmd = job
         recs, notes, line = run_tool(args, cmd)
         for r in recs:
+            # the table's C (the tool's own cell count, different with ":cells=N", as "cells")
+            r.update(cells=r.get("budget"), budget=c)
             r.update(kind="run", split=args.split, model=name, ratio=args.ratio, notes=notes, method=m,
                      command=line.replace(tfile, f"<corpus.prose('{args.split}')>"),
                      date=datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"))
@@ -181,7 +189,8 @@ def cmd_chat(args):
             # the method's own options last: they override the defaults (--evict-to)
             cmd = ["-m", model, "--mode", "chat", "--input", f, "--budget", str(c),
                    "--at", ",".join(str(r * c) for r in ratios), "--gen", str(args.gen), "-t", str(args.threads),
-                   "--evict-to", str(args.evict_to)] + method_args(m, c)
+                   "--evict-to", str(args.evict_to)] + (["--chat-template", args.chat_template] if args.chat_template else []) \
+                + method_args(m, c)
             jobs.append((m, s, cmd, f))
 
     def one(job):
@@ -191,6 +200,8 @@ def cmd_chat(args):
             return
         stamp = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
         for r in recs:
+            if "mode" in r:
+                r["cells"] = r.get("budget")  # the tool's own cell count (":cells=N"); recorded under the table's C
             r.update(kind="summary" if "mode" in r else "question", split=args.split, model=name, seed=s,
                      method=m, budget=c, date=stamp)
         recs[-1].update(notes=notes, command=line.replace(f, f"<chat.conversation('{args.split}', {s})>"))
@@ -208,6 +219,12 @@ def _nll(path):
     return np.fromfile(path, dtype=np.float32)
 
 
+def _row(method):
+    """The table row of a method label: ":cells=N" (its own cell count at each budget) as ":cells=N" whatever N."""
+    import re
+    return re.sub(r":cells=\d+", ":cells=N", method)
+
+
 def _order(labels):
     base = ["ctxshift"] + FORK_METHODS
     return sorted(labels, key=lambda m: (base.index(m.split(":")[0]) if m.split(":")[0] in base else 99, m))
@@ -223,8 +240,9 @@ def report_ppl(out, name, split, lines, plots):
     fpath = os.path.join(nll_dir, f"{name}-{split}-full.f32")
     fn = _nll(fpath) if full and os.path.exists(fpath) else None
     budgets = sorted({r["budget"] for r in recs if r["budget"] > 0})
-    methods = _order({r["method"] for r in recs if r["method"] != "full"})
-    by = {(r["method"], r["budget"]): r for r in recs}
+    # ":cells=N" (a cell count of its own per budget, e.g. context shift at a fork method's KV bytes): one row
+    methods = _order({_row(r["method"]) for r in recs if r["method"] != "full"})
+    by = {(_row(r["method"]), r["budget"]): r for r in recs}
     lines.append(f"### Streaming perplexity, {name}, {split} text\n")
     ratio = recs[0].get("ratio", 8)
     lines.append(f"Text: `corpus.prose('{split}')` (Debian python3-doc), its first {ratio}×C tokens for a budget of "
@@ -258,7 +276,8 @@ def report_ppl(out, name, split, lines, plots):
                 ppl = math.exp(r["nll"])
                 rel = ppl / ref[c] if c in ref else float("nan")
                 plot.setdefault(m, []).append((c, rel))
-                cells.append(f"{ppl:.3f} ({rel:.3f}×)")
+                own = f"; {r['cells']} cells" if r.get("cells") not in (None, c) else ""
+                cells.append(f"{ppl:.3f} ({rel:.3f}×{own})")
         lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Cost: eviction's share of decode time, the fork's eviction wall time (scoring, selection, "
@@ -268,7 +287,7 @@ def report_ppl(out, name, split, lines, plots):
     lines.append("| method | " + " | ".join(f"C={c}" for c in budgets) + " |")
     lines.append("|---|" + "---:|" * len(budgets))
     full_cpu = full["decode_cpu_ms"] / full["tokens"] if full else None
-    for m in [x for x in methods if x != "ctxshift"]:
+    for m in [x for x in methods if x.split(":")[0] != "ctxshift"]:
         cells = []
         for c in budgets:
             r = by.get((m, c))
@@ -417,6 +436,8 @@ def main():
     c.add_argument("--seeds", default="0-7")
     c.add_argument("--facts", type=int, default=4)
     c.add_argument("--gen", type=int, default=8)
+    c.add_argument("--chat-template", default="",
+                   help="a llama.cpp template name (e.g. gemma) for a model whose GGUF has none (default: the model's own)")
     c.add_argument("--methods", default=",".join(DEFAULT_METHODS))
     sub.add_parser("report")
     args = ap.parse_args()
