@@ -253,7 +253,9 @@ def report_ppl(out, name, split, lines, plots):
                  f"Method labels `name:w=W:links=T`: the fork's method with `kv_evict_window` W (a fraction of C "
                  f"with `C`) and `kv_evict_links` T; `:pmark=S`: the text's first C tokens marked as a prompt's "
                  f"(`--mark prompt`, llama-server's proxy), the rest standing for generated text, S of each "
-                 f"eviction's kept cells reserved for them.\n")
+                 f"eviction's kept cells reserved for them; `:cells=N`: the method at N cells of its own (context shift "
+                 f"at the KV bytes a fork method holds on an iSWA model, whose sliding-window layers keep their window "
+                 f"whatever C is: eval/decode/README.md), N given in each cell.\n")
     hdr = "| method | " + " | ".join(f"C={c} ppl (× full)" for c in budgets) + " |"
     lines.append(hdr)
     lines.append("|---|" + "---:|" * len(budgets))
@@ -332,10 +334,14 @@ def report_chat(out, name, split, c, lines, plots):
                  f"`llama_kv_evict_mark` (`--mark user`), S of each eviction's kept cells reserved for their cells "
                  f"(`kve_evictor_mark_cells`, design §3c); `:pmark=S`: llama-server's proxy instead, every token a prompt "
                  f"batch wrote (all but the assistant's replies, which a server generates a token a batch: `--mark "
-                 f"prompt`); `:cap=K`: only the oldest K marked tokens marked (`--mark-cap K`). The tool gives the marks "
-                 f"again after each restore of the snapshot (the fork forgets a restored sequence's marks since "
-                 f"2026-12-06 06:11; the libllama these runs linked kept them: the runs before the tool did so give "
-                 f"the same values to the last digit).\n")
+                 f"prompt`); `:cap=K`: only the oldest K marked tokens marked (`--mark-cap K`); `:cells=N`: context shift "
+                 f"at N cells instead of C (the KV bytes a fork method holds at C on an iSWA model: eval/decode/README.md). "
+                 f"The tool gives the marks again after each restore of the snapshot (the fork forgets a restored "
+                 f"sequence's marks since 2026-12-06 06:11" +
+                 ("; the libllama the SmolLM2 runs linked kept them: the runs before the tool did so give the same values "
+                  "to the last digit" if name.startswith("SmolLM2") else "") + ")." +
+                 "".join(f" History formatted with llama.cpp's `{t}` template (`--chat-template {t}`: the model's GGUF "
+                         f"has none)." for t in sorted({r.get("template", "model") for r in sums} - {"model"})) + "\n")
     lines.append("| method | " + " | ".join(f"{a // c}×: recalled | vs full | choice | vs full" for a in ats) + " |")
     lines.append("|---|" + "---:|---:|---:|---:|" * len(ats))
     plot = {}
