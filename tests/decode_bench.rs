@@ -245,11 +245,15 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         "--mark-cap",
         "40",
     ];
+    // another template than the model's (a GGUF without one, e.g. Gemma 3 270M's: `--chat-template gemma`);
+    // Gemma's writes the system turn with the first user turn (an empty first turn's text: the BOS)
+    let gemma = ["--at", "150,300", "--gen", "4", "--chat-template", "gemma"];
     for (method, budget, extra) in [
         ("uniqueness", "64", &checkpoints[..]),
         ("ctxshift", "64", &checkpoints[..]),
         ("uniqueness", "64", &marks[..]),
         ("laprox-span", "64", &prompt_marks[..]),
+        ("uniqueness", "64", &gemma[..]),
     ] {
         let v = run(&tool, &chat_args(method, budget, extra));
         assert_eq!(
@@ -272,6 +276,11 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
             .position(|&x| x == "--mark")
             .map_or("none", |i| extra[i + 1]);
         assert_eq!(get(&v[2], "mark"), mark, "{v:?}");
+        let template = extra
+            .iter()
+            .position(|&x| x == "--chat-template")
+            .map_or("model", |i| extra[i + 1]);
+        assert_eq!(get(&v[2], "template"), template, "{v:?}");
     }
     // a share outside [0, 1] is refused by the fork (LLAMA_KV_EVICT_ERR_ARG), said and exit 1
     let o = Command::new(&tool)

@@ -62,6 +62,7 @@ struct options {
     int mark_cap = -1;         // chat, with --mark: only the first K marked tokens are marked (older text first; -1: all)
     int prompt_tokens = -1;    // ppl, with --mark: the text's first P tokens marked (-1: the budget)
     float mark_share = -1.0f;  // chat, with --mark: the share of kept cells reserved for them (< 0: kvevict's default)
+    std::string chat_template; // chat: a llama.cpp template name or text (default: the model's own, else llama.cpp's chatml)
 };
 
 double cpu_ms() {
@@ -413,7 +414,16 @@ int run_chat(const options & o) {
     if (!r.load()) return 1;
     llama_model * vm = r.model;
     const char * tmpl = llama_model_chat_template(vm, nullptr);
-    std::string tmpl_s = tmpl ? tmpl : "";
+    std::string tmpl_s = !o.chat_template.empty() ? o.chat_template : tmpl ? tmpl : "";
+    // what the records say the history was formatted with
+    const std::string tmpl_label = !o.chat_template.empty() ? o.chat_template : tmpl ? "model" : "chatml (llama.cpp's default)";
+    if (o.chat_template.empty() && !tmpl) {
+        // (a GGUF without tokenizer.chat_template, e.g. some Gemma 3 conversions: llama.cpp falls back to chatml,
+        // which the model was not trained on)
+        fprintf(stderr, "kvevict_decode_bench: the model has no chat template: llama.cpp's default (chatml) used; "
+                        "--chat-template NAME (e.g. gemma) gives its own\n");
+    }
+    bool fmt_failed = false; // (an empty text is no failure: Gemma's template writes a system turn with the next user turn)
     auto format = [&](const std::vector<std::string> & rs, const std::vector<std::string> & cs, bool add_ass) {
         std::vector<llama_chat_message> m;
         for (size_t i = 0; i < rs.size(); i++) m.push_back({rs[i].c_str(), cs[i].c_str()});
@@ -423,6 +433,7 @@ int run_chat(const options & o) {
             buf.resize(n);
             n = llama_chat_apply_template(tmpl_s.empty() ? nullptr : tmpl_s.c_str(), m.data(), m.size(), add_ass, buf.data(), (int) buf.size());
         }
+        if (n < 0) fmt_failed = true;
         return n < 0 ? std::string() : std::string(buf.data(), n);
     };
     const llama_vocab * vv = llama_model_get_vocab(vm);
@@ -436,7 +447,7 @@ int run_chat(const options & o) {
     for (size_t i = 0; i < roles.size(); i++) {
         std::vector<std::string> rs(roles.begin(), roles.begin() + i + 1), cs(contents.begin(), contents.begin() + i + 1);
         std::string all = format(rs, cs, false);
-        if (all.empty() || all.compare(0, prev.size(), prev) != 0) { fprintf(stderr, "chat template failed\n"); return 1; }
+        if (fmt_failed || all.compare(0, prev.size(), prev) != 0) { fprintf(stderr, "chat template failed\n"); return 1; }
         const std::string text = all.substr(prev.size());
         turns.push_back(tokenize(vv, text, i == 0, true));
         const size_t n = turns.back().size();
@@ -503,9 +514,9 @@ int run_chat(const options & o) {
     if (!r.init((int) (hist_tokens + q_max + 64))) return 1;
     auto head = [&](const char * status, const std::string & note) {
         printf("{\"mode\":\"chat\",\"method\":%s,\"budget\":%d,\"evict_to\":%.3f,\"history\":%zu,\"mark\":%s,"
-               "\"mark_share\":%.3f,\"status\":\"%s\",\"note\":%s",
-               json_str(o.method).c_str(), r.budget, o.evict_to, hist_tokens, json_str(o.mark).c_str(), o.mark_share, status,
-               json_str(note).c_str());
+               "\"mark_share\":%.3f,\"template\":%s,\"status\":\"%s\",\"note\":%s",
+               json_str(o.method).c_str(), r.budget, o.evict_to, hist_tokens, json_str(o.mark).c_str(), o.mark_share,
+               json_str(tmpl_label).c_str(), status, json_str(note).c_str());
     };
     if (!r.refused.empty()) return report_refused(r, head);
     std::string note;
@@ -717,6 +728,7 @@ int main(int argc, char ** argv) {
         else if (a == "--mark-cap") o.mark_cap = atoi(next().c_str());
         else if (a == "--prompt-tokens") o.prompt_tokens = atoi(next().c_str());
         else if (a == "--mark-share") o.mark_share = (float) atof(next().c_str());
+        else if (a == "--chat-template") o.chat_template = next();
         else if (a == "--at") {
             std::stringstream ss(next());
             std::string x;
@@ -729,7 +741,7 @@ int main(int argc, char ** argv) {
     if (o.model.empty() || o.input.empty() || (o.mode != "ppl" && o.mode != "chat")) {
         fprintf(stderr, "usage: %s -m MODEL --mode ppl|chat --input FILE --method M --budget C [--evict-to F] "
                         "[--window W] [--links T] [--n-keep K] [--chunk U] [--max-tokens N] [--skip S] [--gen G] "
-                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user|prompt] [--mark-share S] [--mark-cap K] [--prompt-tokens P]\n", argv[0]);
+                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user|prompt] [--mark-share S] [--mark-cap K] [--prompt-tokens P] [--chat-template T]\n", argv[0]);
         return 2;
     }
     llama_log_set(quiet_log, nullptr);

