@@ -823,7 +823,10 @@ typedef struct kve_evictor_round {
   /**
    * The sequence's cells in the stream, in position order (`1 ..= max_cells` of them,
    * each below every tensor's `extent[1]`: `KVE_ERR_OUT_OF_BOUNDS`; none twice:
-   * `KVE_ERR_ALIASING`). Cells of other sequences are not read.
+   * `KVE_ERR_ALIASING`). Cells of other sequences are not read. NULL: cells `0 ..
+   * n_cells`, every tensor's `extent[1]` exactly `n_cells` (`KVE_ERR_SHAPE_MISMATCH`):
+   * K/V the engine holds (or copied) in position order, scored as they are (no gather
+   * area needed).
    */
   const uint32_t *cells;
   uint64_t n_cells;
@@ -1956,7 +1959,8 @@ int32_t kve_evictor_round_init(struct kve_evictor_round *round, uint32_t struct_
 
 /**
  * Run a whole round on sequence `seq` of a context configured with `paged = 1`
- * (`paged_dtype` at least the K/V element size; `KVE_ERR_INVALID_ARGUMENT` otherwise):
+ * (`paged_dtype` at least the K/V element size; `KVE_ERR_INVALID_ARGUMENT` otherwise;
+ * any context for `cells` NULL):
  * begin it over `round`'s cells, mark them, gather and score every layer, select, and
  * write the kept cells (indices into `round->cells`, ascending: position order) to
  * `kept` (`len` entries at least the kept count, else `KVE_ERR_OUTPUT_TOO_SMALL`) and

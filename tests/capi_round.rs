@@ -481,6 +481,42 @@ fn run_round_equals_the_stepwise_calls_q4_0() {
     same_as_stepwise(KVE_DTYPE_Q4_0);
 }
 
+/// `cells` NULL: K/V the engine gives dense in position order (a copy), scored as they are
+/// by a context without a gather area: the same as the step-by-step calls.
+#[test]
+fn a_dense_round_equals_the_stepwise_calls() {
+    for dt in [KVE_DTYPE_F16, KVE_DTYPE_Q8_0] {
+        let cfg = config(KVE_PRESET_LAPROX_SPAN, false);
+        let a = evictor(&cfg);
+        let b = clone_of(a);
+        let c = Cache::new(21 + dt as u64, dt, 8);
+        give_wo(a, &c);
+        give_wo(b, &c);
+        let [cells, _] = two_sequences(4);
+        let n = cells.len();
+        let want = stepwise(a, 0, &c, &cells, 12, None);
+        let kg: Vec<Vec<u16>> = c.k.iter().map(|k| k.gathered(&cells)).collect();
+        let vg: Vec<Vec<u16>> = c.v.iter().map(|v| v.gathered(&cells)).collect();
+        let dense =
+            |g: &Vec<u16>| tensor(u16_bytes(g), dt, [HKV, n, D], [(D * n) as u64, D as u64, 1]);
+        let mut x = round(&c, &cells, 12, None);
+        x.keys = kg.iter().map(dense).collect();
+        x.values = vg.iter().map(dense).collect();
+        x.r.cells = std::ptr::null();
+        let (st, got, _) = run(b, 0, &mut x, n);
+        assert_eq!(st, KVE_OK);
+        assert_eq!(got, want);
+        assert!(context(a) == context(b));
+        // a dense tensor of another length
+        let mut x = round(&c, &cells, 12, None);
+        x.keys = kg.iter().map(dense).collect();
+        x.r.cells = std::ptr::null();
+        let before = context(b);
+        assert_eq!(run(b, 0, &mut x, n).0, KVE_ERR_SHAPE_MISMATCH);
+        assert!(context(b) == before);
+    }
+}
+
 /// Hostile rounds: each refused with its status before the round begins, the context
 /// and the outputs as they were.
 #[test]

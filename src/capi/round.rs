@@ -29,7 +29,10 @@ pub struct kve_evictor_round {
     pub reserved: u32,
     /// The sequence's cells in the stream, in position order (`1 ..= max_cells` of them,
     /// each below every tensor's `extent[1]`: `KVE_ERR_OUT_OF_BOUNDS`; none twice:
-    /// `KVE_ERR_ALIASING`). Cells of other sequences are not read.
+    /// `KVE_ERR_ALIASING`). Cells of other sequences are not read. NULL: cells `0 ..
+    /// n_cells`, every tensor's `extent[1]` exactly `n_cells` (`KVE_ERR_SHAPE_MISMATCH`):
+    /// K/V the engine holds (or copied) in position order, scored as they are (no gather
+    /// area needed).
     pub cells: *const u32,
     pub n_cells: u64,
     /// Optional (`n_marks` 0: none): `n_cells` flags, as `kve_evictor_mark_cells`'s,
@@ -109,7 +112,8 @@ fn per_layer(
 }
 
 /// Run a whole round on sequence `seq` of a context configured with `paged = 1`
-/// (`paged_dtype` at least the K/V element size; `KVE_ERR_INVALID_ARGUMENT` otherwise):
+/// (`paged_dtype` at least the K/V element size; `KVE_ERR_INVALID_ARGUMENT` otherwise;
+/// any context for `cells` NULL):
 /// begin it over `round`'s cells, mark them, gather and score every layer, select, and
 /// write the kept cells (indices into `round->cells`, ascending: position order) to
 /// `kept` (`len` entries at least the kept count, else `KVE_ERR_OUTPUT_TOO_SMALL`) and
@@ -142,8 +146,10 @@ pub unsafe extern "C" fn kve_evictor_run_round(
         return to_status(Err(Error::InvalidArgument));
     }
     let layers = ev.layers();
-    let cells = tri!(Buf::new(r.cells, r.n_cells));
-    if cells.len() == 0 {
+    let dense = r.cells.is_null();
+    let n = tri!(to_usize(r.n_cells));
+    let cells = tri!(Buf::new(r.cells, if dense { 0 } else { r.n_cells }));
+    if n == 0 {
         return to_status(Err(Error::InvalidArgument));
     }
     let marks = match r.n_marks {
@@ -171,6 +177,12 @@ pub unsafe extern "C" fn kve_evictor_run_round(
     let [values, queries] = [values, queries].map(|b| b.map(|b| unsafe { b.slice() }));
     tri!(ev.check_distinct(cells));
     let top = cells.iter().copied().max().unwrap_or(0) as usize;
+    // every cell inside K and V (dense: exactly the round's cells)
+    let fits = |x: &Tensor| match dense {
+        true if x.extent[1] != n => Err(Error::ShapeMismatch),
+        false if x.extent[1] <= top => Err(Error::OutOfBounds),
+        _ => Ok(()),
+    };
     // layer l's tensors, checked (descriptor, bounds, no overlap with an output, every
     // cell inside): all of them before the round begins
     let tensors = |l: usize| -> Result<[Option<Tensor>; 3]> {
@@ -185,16 +197,14 @@ pub unsafe extern "C" fn kve_evictor_run_round(
             Tensor::span(&t[2]),
         ];
         check_alias(&[o.span, c.span, ctx], &spans)?;
-        match t[..2].iter().flatten().any(|x| x.extent[1] <= top) {
-            true => Err(Error::OutOfBounds),
-            false => Ok(t),
-        }
+        t[..2].iter().flatten().try_for_each(fits)?;
+        Ok(t)
     };
     for l in 0..layers {
         tri!(tensors(l));
     }
     let s = tri!(to_usize(seq));
-    tri!(ev.begin(s, cells.len(), tri!(to_usize(r.target))));
+    tri!(ev.begin(s, n, tri!(to_usize(r.target))));
     if let Some(m) = marks {
         // SAFETY: as above.
         tri!(ev.mark_cells(s, unsafe { m.slice() }, r.mark_share));
@@ -212,7 +222,10 @@ pub unsafe extern "C" fn kve_evictor_run_round(
             row_lse: None,
             wo: None,
         };
-        tri!(ev.score_layer_cells(s, l, &lv, cells));
+        tri!(match dense {
+            true => ev.score_layer(s, l, &lv),
+            false => ev.score_layer_cells(s, l, &lv, cells),
+        });
     }
     tri!(ev.select(s).map(|_| ()));
     // SAFETY: Buf::new checked it; check_alias: it overlaps nothing else.
