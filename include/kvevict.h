@@ -154,7 +154,7 @@
 #define KVE_EVICTOR_CONFIG_V1_SIZE 136
 #define KVE_EVICTOR_CONFIG_V2_SIZE 144
 #define KVE_EVICTOR_PAGED_LAYER_V1_SIZE 376
-#define KVE_EVICTOR_ROUND_V1_SIZE 104
+#define KVE_EVICTOR_ROUND_V1_SIZE 136
 #define KVE_EVICTOR_LAYER_V1_SIZE 312
 #define KVE_EVICTOR_REQUIREMENTS_V1_SIZE 28
 #define KVE_EVICTOR_STATS_V1_SIZE 40
@@ -836,6 +836,17 @@ typedef struct kve_evictor_round {
    */
   const uint8_t *marks;
   uint64_t n_marks;
+  /**
+   * Or the marks by position (`n_mark_ranges` 0: none; not with `marks`:
+   * `KVE_ERR_INVALID_ARGUMENT`): the cells' positions (`n_positions == n_cells`, else
+   * `KVE_ERR_SHAPE_MISMATCH`) and ranges `[mark_ranges[2k], mark_ranges[2k+1])` of
+   * marked positions (`n_mark_ranges` values, even, each range `p0 <= p1`, else
+   * `KVE_ERR_INVALID_ARGUMENT`): a cell is marked when a range holds its position.
+   */
+  const int32_t *positions;
+  uint64_t n_positions;
+  const int32_t *mark_ranges;
+  uint64_t n_mark_ranges;
   /**
    * Layer `l`'s K, `[Hkv, S, dk]`: `n_keys` must be the context's layers
    * (`KVE_ERR_SHAPE_MISMATCH`).

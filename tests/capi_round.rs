@@ -426,10 +426,26 @@ fn same_as_stepwise(dt: u32) {
         let seqs = two_sequences(3 + pi as u64);
         for (seq, cells) in seqs.iter().enumerate() {
             let marks: Vec<u8> = (0..cells.len()).map(|i| (i % 3 == 0) as u8).collect();
-            for m in [None, Some(&marks[..])] {
+            // the same marks by position: cell i at position 3i + 7, ranges over i in
+            // [0, 10) and [20, 25) (and a range holding no cell)
+            let positions: Vec<i32> = (0..cells.len() as i32).map(|i| 3 * i + 7).collect();
+            let ranges = [7, 37, 67, 82, -5, 0];
+            let by_pos: Vec<u8> = (0..cells.len())
+                .map(|i| (i < 10 || (20..25).contains(&i)) as u8)
+                .collect();
+            for (m, pos) in [
+                (None, false),
+                (Some(&marks[..]), false),
+                (Some(&by_pos[..]), true),
+            ] {
                 let target = (cells.len() / 2) as u64;
                 let want = stepwise(a, seq as u64, &c, cells, target, m);
-                let mut x = round(&c, cells, target, m);
+                let mut x = round(&c, cells, target, if pos { None } else { m });
+                if pos {
+                    (x.r.positions, x.r.n_positions) = (positions.as_ptr(), positions.len() as u64);
+                    (x.r.mark_ranges, x.r.n_mark_ranges) = (ranges.as_ptr(), ranges.len() as u64);
+                    x.r.mark_share = 0.5;
+                }
                 let (st, got, _) = run(b, seq as u64, &mut x, cells.len());
                 assert_eq!(st, KVE_OK, "preset {preset} dtype {dt}");
                 assert_eq!(got, want, "preset {preset} dtype {dt} seq {seq}");
@@ -561,6 +577,25 @@ fn hostile_rounds_are_refused_with_a_named_status() {
     let marks = vec![1u8; n - 1];
     refused(KVE_ERR_SHAPE_MISMATCH, &cells, n, &|x| {
         (x.r.marks, x.r.n_marks) = (marks.as_ptr(), marks.len() as u64)
+    });
+    // marks by position: a range reversed, an odd count, positions of another length, and
+    // with flags too
+    let pos: Vec<i32> = (0..n as i32).collect();
+    let by = |x: &mut Round, rg: &'static [i32], np: usize| {
+        (x.r.positions, x.r.n_positions) = (pos.as_ptr(), np as u64);
+        (x.r.mark_ranges, x.r.n_mark_ranges) = (rg.as_ptr(), rg.len() as u64);
+    };
+    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| by(x, &[5, 2], n));
+    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| {
+        by(x, &[1, 2, 3], n)
+    });
+    refused(KVE_ERR_SHAPE_MISMATCH, &cells, n, &|x| {
+        by(x, &[1, 2], n - 1)
+    });
+    let flags = vec![1u8; n];
+    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| {
+        by(x, &[1, 2], n);
+        (x.r.marks, x.r.n_marks) = (flags.as_ptr(), n as u64)
     });
     // reserved fields
     refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| x.r.reserved = 1);

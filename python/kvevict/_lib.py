@@ -281,6 +281,10 @@ class kve_evictor_round(ctypes.Structure):
         ("n_cells", c_uint64),
         ("marks", c_void_p),
         ("n_marks", c_uint64),
+        ("positions", c_void_p),
+        ("n_positions", c_uint64),
+        ("mark_ranges", c_void_p),
+        ("n_mark_ranges", c_uint64),
         ("keys", POINTER(kve_tensor)),
         ("n_keys", c_uint64),
         ("values", POINTER(kve_tensor)),
@@ -320,7 +324,7 @@ assert ctypes.sizeof(kve_evictor_options) == 48
 assert ctypes.sizeof(kve_evictor_config) == 144
 assert ctypes.sizeof(kve_evictor_layer) == 312
 assert ctypes.sizeof(kve_evictor_paged_layer) == 376
-assert ctypes.sizeof(kve_evictor_round) == 104
+assert ctypes.sizeof(kve_evictor_round) == 136
 assert ctypes.sizeof(kve_evictor_requirements) == 28
 assert ctypes.sizeof(kve_evictor_stats) == 40
 

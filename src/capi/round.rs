@@ -39,6 +39,15 @@ pub struct kve_evictor_round {
     /// with `mark_share`.
     pub marks: *const u8,
     pub n_marks: u64,
+    /// Or the marks by position (`n_mark_ranges` 0: none; not with `marks`:
+    /// `KVE_ERR_INVALID_ARGUMENT`): the cells' positions (`n_positions == n_cells`, else
+    /// `KVE_ERR_SHAPE_MISMATCH`) and ranges `[mark_ranges[2k], mark_ranges[2k+1])` of
+    /// marked positions (`n_mark_ranges` values, even, each range `p0 <= p1`, else
+    /// `KVE_ERR_INVALID_ARGUMENT`): a cell is marked when a range holds its position.
+    pub positions: *const i32,
+    pub n_positions: u64,
+    pub mark_ranges: *const i32,
+    pub n_mark_ranges: u64,
     /// Layer `l`'s K, `[Hkv, S, dk]`: `n_keys` must be the context's layers
     /// (`KVE_ERR_SHAPE_MISMATCH`).
     pub keys: *const kve_tensor,
@@ -59,7 +68,7 @@ pub struct kve_evictor_round {
 }
 
 /// `sizeof(kve_evictor_round)` of the first release.
-pub const KVE_EVICTOR_ROUND_V1_SIZE: u32 = 104;
+pub const KVE_EVICTOR_ROUND_V1_SIZE: u32 = 136;
 const _: () =
     assert!(core::mem::size_of::<kve_evictor_round>() == KVE_EVICTOR_ROUND_V1_SIZE as usize);
 impl Extensible for kve_evictor_round {
@@ -73,6 +82,10 @@ const NO_ROUND: kve_evictor_round = kve_evictor_round {
     n_cells: 0,
     marks: core::ptr::null(),
     n_marks: 0,
+    positions: core::ptr::null(),
+    n_positions: 0,
+    mark_ranges: core::ptr::null(),
+    n_mark_ranges: 0,
     keys: core::ptr::null(),
     n_keys: 0,
     values: core::ptr::null(),
@@ -157,6 +170,14 @@ pub unsafe extern "C" fn kve_evictor_run_round(
         m if m != r.n_cells => return to_status(Err(Error::ShapeMismatch)),
         m => Some(tri!(Buf::new(r.marks, m))),
     };
+    // the marks by position: ranges, and the cells' positions
+    let ranges = tri!(Buf::new(r.mark_ranges, r.n_mark_ranges));
+    let positions = match (ranges.len(), r.n_positions) {
+        (0, _) => tri!(Buf::new(r.positions, 0)),
+        _ if marks.is_some() => return to_status(Err(Error::InvalidArgument)),
+        (_, p) if p != r.n_cells => return to_status(Err(Error::ShapeMismatch)),
+        (_, p) => tri!(Buf::new(r.positions, p)),
+    };
     let keys = tri!(per_layer(r.keys, r.n_keys, layers, true)).expect("required");
     let values = tri!(per_layer(r.values, r.n_values, layers, false));
     let queries = tri!(per_layer(r.queries, r.n_queries, layers, false));
@@ -165,6 +186,8 @@ pub unsafe extern "C" fn kve_evictor_run_round(
         span_sized(round, r.struct_size),
         cells.span,
         marks.as_ref().map_or(Span::EMPTY, |m| m.span),
+        ranges.span,
+        positions.span,
         keys.span,
         span(&values),
         span(&queries),
@@ -176,6 +199,9 @@ pub unsafe extern "C" fn kve_evictor_run_round(
     // SAFETY: as above.
     let [values, queries] = [values, queries].map(|b| b.map(|b| unsafe { b.slice() }));
     tri!(ev.check_distinct(cells));
+    // SAFETY: as above.
+    let (positions, ranges) = unsafe { (positions.slice(), ranges.slice()) };
+    tri!(crate::evictor::check_ranges(ranges));
     let top = cells.iter().copied().max().unwrap_or(0) as usize;
     // every cell inside K and V (dense: exactly the round's cells)
     let fits = |x: &Tensor| match dense {
@@ -208,6 +234,8 @@ pub unsafe extern "C" fn kve_evictor_run_round(
     if let Some(m) = marks {
         // SAFETY: as above.
         tri!(ev.mark_cells(s, unsafe { m.slice() }, r.mark_share));
+    } else if !ranges.is_empty() {
+        tri!(ev.mark_positions(s, positions, ranges, r.mark_share));
     }
     for l in 0..layers {
         let [k, v, q] = tri!(tensors(l));

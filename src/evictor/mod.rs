@@ -328,6 +328,36 @@ impl<'a> Evictor<'a> {
     /// marked cells (`marks.rs`: the rule; [`MARK_SHARE`] the tuned default). A later call
     /// in the same round replaces the marks; `begin` forgets them.
     pub fn mark_cells(&mut self, seq: usize, flags: &[u8], share: f32) -> Result<()> {
+        self.mark_each(seq, flags.len(), share, |i| flags[i] != 0)
+    }
+
+    /// [`Evictor::mark_cells`] by position: cell `i` (at `positions[i]`, one per cell of
+    /// the round, else `ShapeMismatch`) is marked when a range `[ranges[2k],
+    /// ranges[2k+1])` holds it (`ranges.len()` even and every range `p0 <= p1`, else
+    /// `InvalidArgument`): what an engine keeps of its marked text, as positions.
+    pub fn mark_positions(
+        &mut self,
+        seq: usize,
+        positions: &[i32],
+        ranges: &[i32],
+        share: f32,
+    ) -> Result<()> {
+        check_ranges(ranges)?;
+        let pairs = ranges.chunks_exact(2);
+        self.mark_each(seq, positions.len(), share, |i| {
+            pairs.clone().any(|r| (r[0]..r[1]).contains(&positions[i]))
+        })
+    }
+
+    /// The marks of `seq`'s begun round: cell `i` of `n` (the round's, else
+    /// `ShapeMismatch`) marked when `marked(i)`, with `share` (in [0, 1]).
+    fn mark_each(
+        &mut self,
+        seq: usize,
+        n: usize,
+        share: f32,
+        marked: impl Fn(usize) -> bool,
+    ) -> Result<()> {
         if !(0.0..=1.0).contains(&share) {
             return Err(Error::InvalidArgument);
         }
@@ -335,12 +365,12 @@ impl<'a> Evictor<'a> {
         if st.phase != Phase::Scoring {
             return Err(Error::InvalidArgument);
         }
-        if flags.len() != st.n as usize {
+        if n != st.n as usize {
             return Err(Error::ShapeMismatch);
         }
         let slot = self.slot(seq)?;
-        for (m, &f) in slot.marks.iter_mut().zip(flags) {
-            *m = (f != 0) as u8;
+        for (i, m) in slot.marks.iter_mut().take(n).enumerate() {
+            *m = marked(i) as u8;
         }
         st.mark_share = Some(share);
         st.store(slot.state);
@@ -725,6 +755,16 @@ fn round_score(r: &Resolved, st: &SeqState) -> ScoreConfig {
         cfg.critical_first_stage = ((total / 2).max(1).saturating_sub(w)) as u32;
     }
     cfg
+}
+
+/// Ranges `[r[2k], r[2k+1])` of marked positions ([`Evictor::mark_positions`]): an even
+/// count, each `p0 <= p1` (else `InvalidArgument`).
+pub fn check_ranges(ranges: &[i32]) -> Result<()> {
+    let pairs = ranges.chunks_exact(2);
+    match !pairs.remainder().is_empty() || pairs.clone().any(|r| r[0] > r[1]) {
+        true => Err(Error::InvalidArgument),
+        false => Ok(()),
+    }
 }
 
 /// `seq`'s parts of the block for a layer scored from gathered K/V: the model, its slot,
