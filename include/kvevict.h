@@ -154,6 +154,7 @@
 #define KVE_EVICTOR_CONFIG_V1_SIZE 136
 #define KVE_EVICTOR_CONFIG_V2_SIZE 144
 #define KVE_EVICTOR_PAGED_LAYER_V1_SIZE 376
+#define KVE_EVICTOR_ROUND_V1_SIZE 136
 #define KVE_EVICTOR_LAYER_V1_SIZE 312
 #define KVE_EVICTOR_REQUIREMENTS_V1_SIZE 28
 #define KVE_EVICTOR_STATS_V1_SIZE 40
@@ -803,6 +804,77 @@ typedef struct kve_evictor_options {
    */
   double evict_to;
 } kve_evictor_options;
+
+/**
+ * A round over an engine's cache (fill with `kve_evictor_round_init`: everything absent).
+ * Layer `l`'s K is `keys[l]`, `[Hkv, S, dk]` over every cell of the engine's stream
+ * (`S` cells, any dtype, strides as the engine stores them), V likewise (`[Hkv, S, dv]`,
+ * transposed or not); the round's cells are `cells[0 .. n_cells]`, indices along axis 1,
+ * in position order.
+ * Each pointer is followed by its length, so the layout is the same for 32- and 64-bit
+ * callers.
+ */
+typedef struct kve_evictor_round {
+  uint32_t struct_size;
+  /**
+   * Must be 0.
+   */
+  uint32_t reserved;
+  /**
+   * The sequence's cells in the stream, in position order (`1 ..= max_cells` of them,
+   * each below every tensor's `extent[1]`: `KVE_ERR_OUT_OF_BOUNDS`; none twice:
+   * `KVE_ERR_ALIASING`). Cells of other sequences are not read. NULL: cells `0 ..
+   * n_cells`, every tensor's `extent[1]` exactly `n_cells` (`KVE_ERR_SHAPE_MISMATCH`):
+   * K/V the engine holds (or copied) in position order, scored as they are (no gather
+   * area needed).
+   */
+  const uint32_t *cells;
+  uint64_t n_cells;
+  /**
+   * Optional (`n_marks` 0: none): `n_cells` flags, as `kve_evictor_mark_cells`'s,
+   * with `mark_share`.
+   */
+  const uint8_t *marks;
+  uint64_t n_marks;
+  /**
+   * Or the marks by position (`n_mark_ranges` 0: none; not with `marks`:
+   * `KVE_ERR_INVALID_ARGUMENT`): the cells' positions (`n_positions == n_cells`, else
+   * `KVE_ERR_SHAPE_MISMATCH`) and ranges `[mark_ranges[2k], mark_ranges[2k+1])` of
+   * marked positions (`n_mark_ranges` values, even, each range `p0 <= p1`, else
+   * `KVE_ERR_INVALID_ARGUMENT`): a cell is marked when a range holds its position.
+   */
+  const int32_t *positions;
+  uint64_t n_positions;
+  const int32_t *mark_ranges;
+  uint64_t n_mark_ranges;
+  /**
+   * Layer `l`'s K, `[Hkv, S, dk]`: `n_keys` must be the context's layers
+   * (`KVE_ERR_SHAPE_MISMATCH`).
+   */
+  const struct kve_tensor *keys;
+  uint64_t n_keys;
+  /**
+   * Layer `l`'s V, `[Hkv, S, dv]`, when the method reads values (`n_values` 0: none,
+   * else the layers; not read when the method reads none).
+   */
+  const struct kve_tensor *values;
+  uint64_t n_values;
+  /**
+   * Layer `l`'s window queries `[Hq, wq, dk]`, as `kve_evictor_layer.queries`
+   * (`n_queries` 0: the rows `kve_evictor_observe_queries` kept, else the layers).
+   */
+  const struct kve_tensor *queries;
+  uint64_t n_queries;
+  /**
+   * Cells the round ends holding (as `kve_evictor_begin`'s `target`).
+   */
+  uint64_t target;
+  float mark_share;
+  /**
+   * Must be 0.
+   */
+  uint32_t pad;
+} kve_evictor_round;
 
 /**
  * State of a model-wide top-K search split over shards of layers (design §4, "selection
@@ -1889,6 +1961,33 @@ uint64_t kve_budget_keep_ratio_total(uint64_t n, uint64_t window, double ratio);
  * ratio clamped to [0, 1]: `+INFINITY` counts as 1, `-INFINITY` and NaN as 0.
  */
 uint64_t kve_budget_keep_ratio_prefix(uint64_t n, uint64_t window, double ratio);
+
+/**
+ * Set everything in `round` absent and its `struct_size` (`KVE_EVICTOR_ROUND_V1_SIZE`).
+ * Writes only `round`.
+ */
+int32_t kve_evictor_round_init(struct kve_evictor_round *round, uint32_t struct_size);
+
+/**
+ * Run a whole round on sequence `seq` of a context configured with `paged = 1`
+ * (`paged_dtype` at least the K/V element size; `KVE_ERR_INVALID_ARGUMENT` otherwise;
+ * any context for `cells` NULL):
+ * begin it over `round`'s cells, mark them, gather and score every layer, select, and
+ * write the kept cells (indices into `round->cells`, ascending: position order) to
+ * `kept` (`len` entries at least the kept count, else `KVE_ERR_OUTPUT_TOO_SMALL`) and
+ * their count to `*count`. Kept sets and scores are bit-identical to the step-by-step
+ * calls over the same cells given as strided views. The engine then drops the other
+ * cells (or moves the kept ones) and calls `kve_evictor_commit`. Host memory only; per
+ * layer `Wo` (`KVE_WO_EVERY_ROUND`) and row log-sum-exp are not taken (the step-by-step
+ * calls take them). On an error the round is abandoned (nothing to undo: only the
+ * context is written, and `kept`/`count` on success).
+ */
+int32_t kve_evictor_run_round(struct kve_evictor *evictor,
+                              uint64_t seq,
+                              const struct kve_evictor_round *round,
+                              uint32_t *kept,
+                              uint64_t len,
+                              uint64_t *count);
 
 /**
  * Set every tensor of `inputs` absent and its `struct_size` (pass

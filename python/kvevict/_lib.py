@@ -273,6 +273,30 @@ class kve_evictor_paged_layer(ctypes.Structure):
     ]
 
 
+class kve_evictor_round(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("reserved", c_uint32),
+        ("cells", c_void_p),
+        ("n_cells", c_uint64),
+        ("marks", c_void_p),
+        ("n_marks", c_uint64),
+        ("positions", c_void_p),
+        ("n_positions", c_uint64),
+        ("mark_ranges", c_void_p),
+        ("n_mark_ranges", c_uint64),
+        ("keys", POINTER(kve_tensor)),
+        ("n_keys", c_uint64),
+        ("values", POINTER(kve_tensor)),
+        ("n_values", c_uint64),
+        ("queries", POINTER(kve_tensor)),
+        ("n_queries", c_uint64),
+        ("target", c_uint64),
+        ("mark_share", c_float),
+        ("pad", c_uint32),
+    ]
+
+
 class kve_evictor_requirements(ctypes.Structure):
     _fields_ = [(f, c_uint32) for f in ("struct_size", "queries", "values", "wo", "row_lse_helps",
                                         "window", "granularity")]
@@ -300,6 +324,7 @@ assert ctypes.sizeof(kve_evictor_options) == 48
 assert ctypes.sizeof(kve_evictor_config) == 144
 assert ctypes.sizeof(kve_evictor_layer) == 312
 assert ctypes.sizeof(kve_evictor_paged_layer) == 376
+assert ctypes.sizeof(kve_evictor_round) == 136
 assert ctypes.sizeof(kve_evictor_requirements) == 28
 assert ctypes.sizeof(kve_evictor_stats) == 40
 
@@ -406,6 +431,9 @@ _PROTOS = {
     "kve_evictor_paged_layer_init": (c_int32, [P(kve_evictor_paged_layer), c_uint32]),
     "kve_evictor_score_layer_paged": (
         c_int32, [c_void_p, c_uint64, c_uint64, P(kve_evictor_paged_layer)]),
+    "kve_evictor_round_init": (c_int32, [P(kve_evictor_round), c_uint32]),
+    "kve_evictor_run_round": (
+        c_int32, [c_void_p, c_uint64, P(kve_evictor_round), c_void_p, c_uint64, _u64p]),
     "kve_evictor_mark_cells": (c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, c_float]),
     "kve_evictor_select": (c_int32, [c_void_p, c_uint64, _u64p]),
     "kve_evictor_kept_cells": (c_int32, [c_void_p, c_uint64, c_void_p, c_uint64, _u64p]),

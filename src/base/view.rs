@@ -272,6 +272,58 @@ impl<'a> View<'a> {
     }
 }
 
+impl View<'_> {
+    /// Rows `(h, cells[i], ..)` of every head gathered into `ws` as a dense `[H,
+    /// cells.len(), d]` view of the same dtype, raw bits (a block type's rows as their
+    /// blocks): what a scorer reads of token `i` there is what it reads of cell `cells[i]`
+    /// here. An engine's cells of one sequence in a stream it shares (by index, any order).
+    /// Every cell below `extent[1]` (`OutOfBounds`), `cells` non-empty (`InvalidArgument`),
+    /// `ws` large enough (`WorkspaceTooSmall`); repeated cells are read twice.
+    pub fn gather_rows<'w>(&self, cells: &[u32], ws: &'w mut [u8]) -> Result<View<'w>> {
+        let [h, s, d] = self.extent;
+        let n = cells.len();
+        if n == 0 {
+            return Err(Error::InvalidArgument);
+        }
+        if cells.iter().any(|&c| c as usize >= s) {
+            return Err(Error::OutOfBounds);
+        }
+        let len = mul(mul(h, n)?, d)?;
+        let dt = self.dtype;
+        let bytes = dt.bytes(len).ok_or(Error::Overflow)?;
+        let dst = crate::workspace::Workspace::new(ws).take_dirty::<u8>(bytes)?;
+        let out = dst.as_mut_ptr();
+        let [s0, s1, s2] = self.stride;
+        // a row's bytes when contiguous (a block type's always are: whole blocks, unit
+        // stride), else element by element
+        let (es, run) = match dt.is_quantized() || s2 == 1 {
+            true => (dt.bytes(d).unwrap_or(0), 1),
+            false => (dt.size(), d),
+        };
+        for hh in 0..h {
+            for (i, &c) in cells.iter().enumerate() {
+                let row = hh * s0 + c as usize * s1;
+                let to = (hh * n + i) * d;
+                for j in 0..run {
+                    // SAFETY: (hh, c, 0..d) is inside the extent (c < s checked above), which
+                    // construction proved inside this view's buffer (a block type's row
+                    // offset a multiple of 32: whole blocks); the destination run is inside
+                    // `dst` (`len` values), a buffer exclusively borrowed, distinct from it.
+                    unsafe {
+                        let (from, to) = match run {
+                            1 => (dt.bytes(row).unwrap_or(0), dt.bytes(to).unwrap_or(0)),
+                            _ => ((row + j * s2) * es, (to + j) * es),
+                        };
+                        core::ptr::copy_nonoverlapping(self.ptr.add(from), out.add(to), es);
+                    }
+                }
+            }
+        }
+        // SAFETY: `dst` holds `len` values of the dtype (written above), borrowed for 'w.
+        unsafe { View::from_raw(out, len, dt, [h, n, d], [n * d, d, 1]) }
+    }
+}
+
 /// A writable strided view, used only by compaction.
 #[derive(Debug)]
 pub struct ViewMut<'a> {

@@ -34,6 +34,7 @@ pub mod evictor;
 pub mod links;
 pub mod paged;
 pub mod params;
+pub mod round;
 pub mod score;
 pub mod select;
 pub mod stream;
@@ -48,6 +49,7 @@ pub use evictor::*;
 pub use links::*;
 pub use paged::*;
 pub use params::*;
+pub use round::*;
 pub use score::*;
 pub use select::*;
 pub use stream::*;
@@ -483,6 +485,7 @@ pub fn header_defines() -> std::string::String {
             KVE_EVICTOR_CONFIG_V1_SIZE,
             KVE_EVICTOR_CONFIG_V2_SIZE,
             KVE_EVICTOR_PAGED_LAYER_V1_SIZE,
+            KVE_EVICTOR_ROUND_V1_SIZE,
             KVE_EVICTOR_LAYER_V1_SIZE,
             KVE_EVICTOR_REQUIREMENTS_V1_SIZE,
             KVE_EVICTOR_STATS_V1_SIZE,

@@ -236,6 +236,11 @@ impl<'a> Evictor<'a> {
         self.block.as_mut_ptr()
     }
 
+    /// The configured layers.
+    pub fn layers(&self) -> usize {
+        self.r.m.layers
+    }
+
     /// The block's byte range, for the C layer's alias checks.
     pub fn byte_range(&self) -> (usize, usize) {
         let s = self.block.as_ptr() as usize;
@@ -323,6 +328,36 @@ impl<'a> Evictor<'a> {
     /// marked cells (`marks.rs`: the rule; [`MARK_SHARE`] the tuned default). A later call
     /// in the same round replaces the marks; `begin` forgets them.
     pub fn mark_cells(&mut self, seq: usize, flags: &[u8], share: f32) -> Result<()> {
+        self.mark_each(seq, flags.len(), share, |i| flags[i] != 0)
+    }
+
+    /// [`Evictor::mark_cells`] by position: cell `i` (at `positions[i]`, one per cell of
+    /// the round, else `ShapeMismatch`) is marked when a range `[ranges[2k],
+    /// ranges[2k+1])` holds it (`ranges.len()` even and every range `p0 <= p1`, else
+    /// `InvalidArgument`): what an engine keeps of its marked text, as positions.
+    pub fn mark_positions(
+        &mut self,
+        seq: usize,
+        positions: &[i32],
+        ranges: &[i32],
+        share: f32,
+    ) -> Result<()> {
+        check_ranges(ranges)?;
+        let pairs = ranges.chunks_exact(2);
+        self.mark_each(seq, positions.len(), share, |i| {
+            pairs.clone().any(|r| (r[0]..r[1]).contains(&positions[i]))
+        })
+    }
+
+    /// The marks of `seq`'s begun round: cell `i` of `n` (the round's, else
+    /// `ShapeMismatch`) marked when `marked(i)`, with `share` (in [0, 1]).
+    fn mark_each(
+        &mut self,
+        seq: usize,
+        n: usize,
+        share: f32,
+        marked: impl Fn(usize) -> bool,
+    ) -> Result<()> {
         if !(0.0..=1.0).contains(&share) {
             return Err(Error::InvalidArgument);
         }
@@ -330,12 +365,12 @@ impl<'a> Evictor<'a> {
         if st.phase != Phase::Scoring {
             return Err(Error::InvalidArgument);
         }
-        if flags.len() != st.n as usize {
+        if n != st.n as usize {
             return Err(Error::ShapeMismatch);
         }
         let slot = self.slot(seq)?;
-        for (m, &f) in slot.marks.iter_mut().zip(flags) {
-            *m = (f != 0) as u8;
+        for (i, m) in slot.marks.iter_mut().take(n).enumerate() {
+            *m = marked(i) as u8;
         }
         st.mark_share = Some(share);
         st.store(slot.state);
@@ -393,10 +428,7 @@ impl<'a> Evictor<'a> {
         if !same(&v.keys, r.m.dk) || !v.values.as_ref().map_or(true, |p| same(p, r.m.dv)) {
             return Err(Error::ShapeMismatch);
         }
-        let (model, slot, ws) = memory::split(self.block, &lay, seq);
-        let (gathered, ws) = ws.split_at_mut(config::gather_bytes(&r)?.min(ws.len()));
-        let kpart = config::gather_part(&r, r.m.dk)?.min(gathered.len());
-        let (kg, vg) = gathered.split_at_mut(kpart);
+        let [model, slot, kg, vg, ws] = gather_split(self.block, &r, &lay, seq)?;
         let keys = paged::gather(&v.keys, kg)?;
         // values the method does not read are not gathered (nor read)
         let values = match v.values.as_ref().filter(|_| r.capture.values) {
@@ -411,6 +443,76 @@ impl<'a> Evictor<'a> {
             wo: v.wo,
         };
         score_into(&r, &st, layer, &lv, model, slot, ws)
+    }
+
+    /// [`Evictor::score_layer`] from K (and V) of an engine's whole cell stream (`[Hkv, S,
+    /// d]`, any dtype a view takes, V transposed or not): the round's cells, `cells[i]`
+    /// its `i`-th in position order (`cells.len()` the round's, else `ShapeMismatch`;
+    /// each below `S`), are gathered into the workspace (config [`EvictorConfig::paged`]
+    /// at least their element size, else `InvalidArgument`) and scored, so scores are
+    /// bit-identical to those of the same rows given as a strided view.
+    pub fn score_layer_cells(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        v: &LayerViews,
+        cells: &[u32],
+    ) -> Result<()> {
+        self.r.check_layer(layer)?;
+        let st = self.state(seq)?;
+        let (r, lay) = (self.r, self.lay);
+        let Some(dt) = r.paged else {
+            return Err(Error::InvalidArgument);
+        };
+        let values = v.values.as_ref().filter(|_| r.capture.values);
+        let fits = |x: &View| x.dtype().size() <= dt.size();
+        if !fits(&v.keys) || !values.map_or(true, fits) {
+            return Err(Error::InvalidArgument);
+        }
+        if st.phase != Phase::Scoring {
+            return Err(Error::InvalidArgument);
+        }
+        let same = |x: &View, d: usize| {
+            let [h, _, dd] = x.extent();
+            h == r.m.hkv && dd == d
+        };
+        if cells.len() != st.n as usize
+            || !same(&v.keys, r.m.dk)
+            || !values.map_or(true, |x| same(x, r.m.dv))
+        {
+            return Err(Error::ShapeMismatch);
+        }
+        let [model, slot, kg, vg, ws] = gather_split(self.block, &r, &lay, seq)?;
+        let keys = v.keys.gather_rows(cells, kg)?;
+        // values the method does not read are not gathered (nor read)
+        let values = match values {
+            Some(x) => Some(x.gather_rows(cells, vg)?),
+            None => None,
+        };
+        let lv = LayerViews {
+            keys,
+            values,
+            queries: v.queries,
+            row_lse: v.row_lse,
+            wo: v.wo,
+        };
+        score_into(&r, &st, layer, &lv, model, slot, ws)
+    }
+
+    /// `cells` (a round's, at most `max_cells`: else `ShapeMismatch`) name no cell twice
+    /// (`Aliasing`): checked on a sorted copy in the workspace (its contents unspecified
+    /// after).
+    pub fn check_distinct(&mut self, cells: &[u32]) -> Result<()> {
+        if cells.len() > self.r.max_cells {
+            return Err(Error::ShapeMismatch);
+        }
+        let copy = Workspace::new(self.scratch()).take_dirty::<u32>(cells.len())?;
+        copy.copy_from_slice(cells);
+        copy.sort_unstable();
+        match copy.windows(2).any(|w| w[0] == w[1]) {
+            true => Err(Error::Aliasing),
+            false => Ok(()),
+        }
     }
 
     /// Select the round's kept set once every layer is scored: over all cells, or (keep
@@ -653,6 +755,31 @@ fn round_score(r: &Resolved, st: &SeqState) -> ScoreConfig {
         cfg.critical_first_stage = ((total / 2).max(1).saturating_sub(w)) as u32;
     }
     cfg
+}
+
+/// Ranges `[r[2k], r[2k+1])` of marked positions ([`Evictor::mark_positions`]): an even
+/// count, each `p0 <= p1` (else `InvalidArgument`).
+pub fn check_ranges(ranges: &[i32]) -> Result<()> {
+    let pairs = ranges.chunks_exact(2);
+    match !pairs.remainder().is_empty() || pairs.clone().any(|r| r[0] > r[1]) {
+        true => Err(Error::InvalidArgument),
+        false => Ok(()),
+    }
+}
+
+/// `seq`'s parts of the block for a layer scored from gathered K/V: the model, its slot,
+/// the K and V gather areas and the rest of the workspace.
+fn gather_split<'b>(
+    block: &'b mut [u8],
+    r: &Resolved,
+    lay: &Layout,
+    seq: usize,
+) -> Result<[&'b mut [u8]; 5]> {
+    let (model, slot, ws) = memory::split(block, lay, seq);
+    let (gathered, ws) = ws.split_at_mut(config::gather_bytes(r)?.min(ws.len()));
+    let kpart = config::gather_part(r, r.m.dk)?.min(gathered.len());
+    let (kg, vg) = gathered.split_at_mut(kpart);
+    Ok([model, slot, kg, vg, ws])
 }
 
 /// Score `layer` of the round `st` from `v` into the sequence's slot (`model`, `slot`:

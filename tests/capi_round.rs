@@ -1,0 +1,642 @@
+//! `kve_evictor_run_round` (`src/capi/round.rs`): one call that runs a whole round over an
+//! engine's cache as the engine holds it (every layer's K/V over a whole cell stream, the
+//! sequence's cells named by index, in position order), against the step-by-step calls it
+//! replaces (`kve_evictor_begin`, `_mark_cells`, `_score_layer` per layer on the same rows
+//! given as strided views, `_select`, `_kept_cells`): the same kept cells and the same
+//! context bytes (bit-identical scores, marks and state), for f16 (V transposed, as
+//! llama.cpp stores it without flash attention), q8_0 and q4_0 caches, a stream shared by
+//! two sequences whose cells interleave out of order. Hostile input: a named status.
+
+use half::f16;
+use kvevict::capi::*;
+use kvevict::Evictor;
+use std::ffi::c_void;
+
+const L: usize = 2;
+const HQ: usize = 4;
+const HKV: usize = 2;
+const D: usize = 32;
+const S: usize = 56; // the stream's cells
+const MAX: usize = 36; // max_cells
+const DM: usize = 16; // Wo's columns
+
+// include/kvevict.h's defines (generated from the core's enums, not Rust constants)
+const KVE_DTYPE_F32: u32 = 0;
+const KVE_DTYPE_F16: u32 = 1;
+const KVE_DTYPE_Q8_0: u32 = 3;
+const KVE_DTYPE_Q4_0: u32 = 4;
+const KVE_PRESET_SNAPKV: u32 = 0;
+const KVE_PRESET_LAPROX_SPAN: u32 = 4;
+const KVE_PRESET_CRITICALKV: u32 = 5;
+const KVE_PRESET_STREAMINGLLM: u32 = 6;
+const KVE_PRESET_KNORM: u32 = 7;
+const KVE_PRESET_UNIQUENESS: u32 = 9;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, (self.next() % (i as u64 + 1)) as usize);
+        }
+    }
+}
+
+fn block_bytes(dt: u32) -> usize {
+    match dt {
+        KVE_DTYPE_Q8_0 => 34,
+        KVE_DTYPE_Q4_0 => 18,
+        _ => 2,
+    }
+}
+fn values_per_unit(dt: u32) -> usize {
+    if dt == KVE_DTYPE_F16 {
+        1
+    } else {
+        32
+    }
+}
+
+/// One K or V tensor of the stream: `[HKV, S, D]`, token-major rows (or, `trans`, V as
+/// llama.cpp stores it without flash attention: element (h, s, d) at (h*D + d)*S + s).
+struct Kv {
+    bytes: Vec<u16>, // 2-byte aligned storage
+    dt: u32,
+    trans: bool,
+}
+
+impl Kv {
+    fn new(r: &mut Rng, dt: u32, trans: bool) -> Kv {
+        let values = HKV * S * D;
+        let units = values / values_per_unit(dt);
+        let mut b = vec![0u8; units * block_bytes(dt)];
+        for u in 0..units {
+            let x = &mut b[u * block_bytes(dt)..(u + 1) * block_bytes(dt)];
+            let scale = f16::from_f32(if dt == KVE_DTYPE_F16 {
+                r.f()
+            } else {
+                0.01 + 0.05 * r.f().abs()
+            });
+            x[..2].copy_from_slice(&scale.to_bits().to_le_bytes());
+            for q in x[2..].iter_mut() {
+                *q = r.next() as u8;
+            }
+        }
+        let mut bytes = vec![0u16; b.len() / 2];
+        for (i, w) in bytes.iter_mut().enumerate() {
+            *w = u16::from_le_bytes([b[2 * i], b[2 * i + 1]]);
+        }
+        Kv { bytes, dt, trans }
+    }
+    fn raw(&self) -> &[u8] {
+        // SAFETY: plain bytes of a live Vec<u16>.
+        unsafe {
+            std::slice::from_raw_parts(self.bytes.as_ptr() as *const u8, self.bytes.len() * 2)
+        }
+    }
+    fn stride(&self) -> [u64; 3] {
+        match self.trans {
+            true => [(D * S) as u64, 1, S as u64],
+            false => [D as u64, (HKV * D) as u64, 1],
+        }
+    }
+    /// The whole stream, as the engine hands it to `kve_evictor_run_round`.
+    fn stream(&self) -> kve_tensor {
+        tensor(self.raw(), self.dt, [HKV, S, D], self.stride())
+    }
+    /// The rows of `cells` in their order as a dense `[HKV, n, D]` tensor of the same
+    /// dtype (raw bytes): what an engine copies for the step-by-step calls.
+    fn gathered(&self, cells: &[u32]) -> Vec<u16> {
+        let n = cells.len();
+        let per = values_per_unit(self.dt);
+        let ub = block_bytes(self.dt);
+        let mut out = vec![0u8; HKV * n * D / per * ub];
+        let src = self.raw();
+        let st = self.stride();
+        for h in 0..HKV {
+            for (i, &c) in cells.iter().enumerate() {
+                for d in 0..D / per {
+                    let from = (h * st[0] as usize
+                        + c as usize * st[1] as usize
+                        + d * per * st[2] as usize)
+                        / per
+                        * ub;
+                    let to = ((h * n + i) * D + d * per) / per * ub;
+                    out[to..to + ub].copy_from_slice(&src[from..from + ub]);
+                }
+            }
+        }
+        out.chunks(2)
+            .map(|w| u16::from_le_bytes([w[0], w[1]]))
+            .collect()
+    }
+}
+
+fn tensor(b: &[u8], dt: u32, e: [usize; 3], stride: [u64; 3]) -> kve_tensor {
+    kve_tensor {
+        data: b.as_ptr() as *const c_void,
+        len: (b.len() / block_bytes(dt) * values_per_unit(dt)) as u64,
+        dtype: dt,
+        pad: 0,
+        extent: e.map(|x| x as u64),
+        stride,
+    }
+}
+
+fn f32_tensor(v: &[f32], e: [usize; 3]) -> kve_tensor {
+    kve_tensor {
+        data: v.as_ptr() as *const c_void,
+        len: v.len() as u64,
+        dtype: KVE_DTYPE_F32,
+        pad: 0,
+        extent: e.map(|x| x as u64),
+        stride: [(e[1] * e[2]) as u64, e[2] as u64, 1],
+    }
+}
+
+fn u16_bytes(v: &[u16]) -> &[u8] {
+    // SAFETY: plain bytes of a live slice.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 2) }
+}
+
+struct Cache {
+    k: Vec<Kv>,
+    v: Vec<Kv>,
+    q: Vec<Vec<f32>>, // [HQ, W, D] per layer
+    wo: Vec<Vec<f32>>,
+    w: usize,
+}
+
+impl Cache {
+    fn new(seed: u64, dt: u32, w: usize) -> Cache {
+        let mut r = Rng(seed);
+        let trans = dt == KVE_DTYPE_F16; // ggml quantizes V only untransposed (flash attention)
+        Cache {
+            k: (0..L).map(|_| Kv::new(&mut r, dt, false)).collect(),
+            v: (0..L).map(|_| Kv::new(&mut r, dt, trans)).collect(),
+            q: (0..L)
+                .map(|_| (0..HQ * w * D).map(|_| r.f()).collect())
+                .collect(),
+            wo: (0..L)
+                .map(|_| (0..HQ * D * DM).map(|_| r.f()).collect())
+                .collect(),
+            w,
+        }
+    }
+}
+
+fn config(preset: u32, paged: bool) -> kve_evictor_config {
+    let mut c = std::mem::MaybeUninit::<kve_evictor_config>::uninit();
+    // SAFETY: a writable struct of the size passed.
+    assert_eq!(
+        unsafe { kve_evictor_config_init(c.as_mut_ptr(), KVE_EVICTOR_CONFIG_V2_SIZE, preset) },
+        KVE_OK
+    );
+    // SAFETY: initialised above.
+    let mut c = unsafe { c.assume_init() };
+    (c.layers, c.hq, c.hkv, c.dk, c.dv, c.d_model) = (
+        L as u64, HQ as u64, HKV as u64, D as u64, D as u64, DM as u64,
+    );
+    c.max_cells = MAX as u64;
+    c.max_seqs = 2;
+    c.granularity = kvevict::Granularity::Token as u32;
+    c.policy = KVE_POLICY_EXPLICIT;
+    c.window = 8;
+    c.paged = paged as u32;
+    c.paged_dtype = KVE_DTYPE_F16;
+    c
+}
+
+fn evictor(c: &kve_evictor_config) -> *mut kve_evictor {
+    let mut bytes = 0u64;
+    // SAFETY: valid pointers.
+    assert_eq!(unsafe { kve_evictor_size(c, &mut bytes) }, KVE_OK);
+    let mem: &'static mut [u8] = Box::leak(vec![0x33u8; bytes as usize].into_boxed_slice());
+    let mut ev = std::ptr::null_mut();
+    // SAFETY: `bytes` writable bytes.
+    assert_eq!(
+        unsafe { kve_evictor_init(mem.as_mut_ptr() as *mut c_void, bytes, c, &mut ev) },
+        KVE_OK
+    );
+    ev
+}
+
+/// A copy of `ev`'s block (its header's padding bytes included), a context of its own.
+fn clone_of(ev: *mut kve_evictor) -> *mut kve_evictor {
+    // SAFETY: a live context from `evictor`.
+    let (s, e) = unsafe { Evictor::from_block(ev as *mut u8) }
+        .unwrap()
+        .byte_range();
+    let mem: &'static mut [u8] = Box::leak(vec![0u8; e - s + 64].into_boxed_slice());
+    let off = mem.as_ptr().align_offset(64);
+    // SAFETY: `e - s` readable bytes at `s`, a distinct buffer with room after `off`.
+    unsafe { std::ptr::copy_nonoverlapping(s as *const u8, mem.as_mut_ptr().add(off), e - s) };
+    mem[off..].as_mut_ptr() as *mut kve_evictor
+}
+
+fn context(ev: *mut kve_evictor) -> Vec<u8> {
+    // SAFETY: a live context from `evictor`.
+    unsafe { Evictor::from_block(ev as *mut u8) }
+        .unwrap()
+        .context_bytes()
+        .to_vec()
+}
+
+fn requirements(ev: *mut kve_evictor) -> kve_evictor_requirements {
+    let mut r = std::mem::MaybeUninit::<kve_evictor_requirements>::zeroed();
+    // SAFETY: a live context, a writable struct of the size passed.
+    let st = unsafe {
+        kve_evictor_get_requirements(ev, r.as_mut_ptr(), KVE_EVICTOR_REQUIREMENTS_V1_SIZE)
+    };
+    assert_eq!(st, KVE_OK);
+    // SAFETY: written above.
+    unsafe { r.assume_init() }
+}
+
+/// Wo handed over once, when the method reads it so.
+fn give_wo(ev: *mut kve_evictor, c: &Cache) {
+    if requirements(ev).wo == KVE_WO_ONCE {
+        for l in 0..L {
+            let t = f32_tensor(&c.wo[l], [HQ, D, DM]);
+            // SAFETY: a live context and tensor.
+            assert_eq!(
+                unsafe { kve_evictor_set_output_projection(ev, l as u64, &t) },
+                KVE_OK
+            );
+        }
+    }
+}
+
+/// The step-by-step round on `cells` (rows copied dense, in their order).
+fn stepwise(
+    ev: *mut kve_evictor,
+    seq: u64,
+    c: &Cache,
+    cells: &[u32],
+    target: u64,
+    marks: Option<&[u8]>,
+) -> Vec<u32> {
+    let n = cells.len();
+    let req = requirements(ev);
+    // SAFETY: a live context; buffers as the calls describe them.
+    unsafe {
+        assert_eq!(kve_evictor_begin(ev, seq, n as u64, target), KVE_OK);
+        if let Some(m) = marks {
+            assert_eq!(
+                kve_evictor_mark_cells(ev, seq, m.as_ptr(), n as u64, 0.5),
+                KVE_OK
+            );
+        }
+        let wq = c.w.min(n);
+        for l in 0..L {
+            let kg = c.k[l].gathered(cells);
+            let vg = c.v[l].gathered(cells);
+            let mut x = std::mem::MaybeUninit::<kve_evictor_layer>::uninit();
+            assert_eq!(
+                kve_evictor_layer_init(x.as_mut_ptr(), KVE_EVICTOR_LAYER_V1_SIZE),
+                KVE_OK
+            );
+            let mut x = x.assume_init();
+            let dense = [(D * n) as u64, D as u64, 1];
+            x.keys = tensor(u16_bytes(&kg), c.k[l].dt, [HKV, n, D], dense);
+            if req.values != 0 {
+                x.values = tensor(u16_bytes(&vg), c.v[l].dt, [HKV, n, D], dense);
+            }
+            if req.queries != 0 {
+                x.queries = queries(c, l, wq);
+            }
+            assert_eq!(kve_evictor_score_layer(ev, seq, l as u64, &x), KVE_OK);
+        }
+        let mut count = 0u64;
+        assert_eq!(kve_evictor_select(ev, seq, &mut count), KVE_OK);
+        let mut kept = vec![0u32; n];
+        assert_eq!(
+            kve_evictor_kept_cells(ev, seq, kept.as_mut_ptr(), n as u64, &mut count),
+            KVE_OK
+        );
+        kept.truncate(count as usize);
+        kept
+    }
+}
+
+/// Layer l's last `wq` window queries.
+fn queries(c: &Cache, l: usize, wq: usize) -> kve_tensor {
+    let mut t = f32_tensor(&c.q[l], [HQ, c.w, D]);
+    t.extent[1] = wq as u64;
+    t.data = c.q[l][(c.w - wq) * D..].as_ptr() as *const c_void;
+    t.len -= ((c.w - wq) * D) as u64;
+    t
+}
+
+struct Round {
+    keys: Vec<kve_tensor>,
+    values: Vec<kve_tensor>,
+    queries: Vec<kve_tensor>,
+    r: kve_evictor_round,
+}
+
+fn round(c: &Cache, cells: &[u32], target: u64, marks: Option<&[u8]>) -> Round {
+    let mut r = std::mem::MaybeUninit::<kve_evictor_round>::uninit();
+    // SAFETY: a writable struct of the size passed.
+    assert_eq!(
+        unsafe { kve_evictor_round_init(r.as_mut_ptr(), KVE_EVICTOR_ROUND_V1_SIZE) },
+        KVE_OK
+    );
+    // SAFETY: initialised above.
+    let mut r = unsafe { r.assume_init() };
+    let wq = c.w.min(cells.len());
+    let keys: Vec<_> = c.k.iter().map(Kv::stream).collect();
+    let values: Vec<_> = c.v.iter().map(Kv::stream).collect();
+    let queries: Vec<_> = (0..L).map(|l| queries(c, l, wq)).collect();
+    (r.cells, r.n_cells, r.target) = (cells.as_ptr(), cells.len() as u64, target);
+    (r.n_keys, r.n_values, r.n_queries) = (L as u64, L as u64, L as u64);
+    if let Some(m) = marks {
+        (r.marks, r.n_marks, r.mark_share) = (m.as_ptr(), m.len() as u64, 0.5);
+    }
+    Round {
+        keys,
+        values,
+        queries,
+        r,
+    }
+}
+
+/// `kve_evictor_run_round` with the tensors of `x`: its status, the kept cells.
+fn run(ev: *mut kve_evictor, seq: u64, x: &mut Round, cap: usize) -> (i32, Vec<u32>, u64) {
+    x.r.keys = x.keys.as_ptr();
+    x.r.values = x.values.as_ptr();
+    x.r.queries = x.queries.as_ptr();
+    let mut kept = vec![u32::MAX; cap.max(1)];
+    let mut count = u64::MAX;
+    // SAFETY: a live context; every pointer of `x` into live buffers.
+    let st =
+        unsafe { kve_evictor_run_round(ev, seq, &x.r, kept.as_mut_ptr(), cap as u64, &mut count) };
+    if st == KVE_OK {
+        kept.truncate(count as usize);
+    }
+    (st, kept, count)
+}
+
+/// Two sequences sharing the stream: their cells interleave, in position order neither
+/// ascending nor the same as each other's; the rest of the stream is free or another's.
+fn two_sequences(seed: u64) -> [Vec<u32>; 2] {
+    let mut r = Rng(seed);
+    let mut all: Vec<u32> = (0..S as u32).collect();
+    r.shuffle(&mut all);
+    [all[..MAX].to_vec(), all[MAX..MAX + 17].to_vec()]
+}
+
+const PRESETS: &[u32] = &[
+    KVE_PRESET_SNAPKV,
+    KVE_PRESET_LAPROX_SPAN,
+    KVE_PRESET_CRITICALKV,
+    KVE_PRESET_KNORM,
+    KVE_PRESET_UNIQUENESS,
+    KVE_PRESET_STREAMINGLLM,
+];
+
+fn same_as_stepwise(dt: u32) {
+    let mut compared = 0;
+    for (pi, &preset) in PRESETS.iter().enumerate() {
+        let cfg = config(preset, true);
+        let mut bytes = 0u64;
+        // SAFETY: valid pointers.
+        let st = unsafe { kve_evictor_size(&cfg, &mut bytes) };
+        assert_eq!(st, KVE_OK, "preset {preset}");
+        let a = evictor(&cfg);
+        let b = clone_of(a);
+        if requirements(a).wo == KVE_WO_EVERY_ROUND {
+            continue;
+        }
+        let c = Cache::new(
+            7 + pi as u64 + dt as u64 * 100,
+            dt,
+            requirements(a).window.max(1) as usize,
+        );
+        give_wo(a, &c);
+        give_wo(b, &c);
+        let seqs = two_sequences(3 + pi as u64);
+        for (seq, cells) in seqs.iter().enumerate() {
+            let marks: Vec<u8> = (0..cells.len()).map(|i| (i % 3 == 0) as u8).collect();
+            // the same marks by position: cell i at position 3i + 7, ranges over i in
+            // [0, 10) and [20, 25) (and a range holding no cell)
+            let positions: Vec<i32> = (0..cells.len() as i32).map(|i| 3 * i + 7).collect();
+            let ranges = [7, 37, 67, 82, -5, 0];
+            let by_pos: Vec<u8> = (0..cells.len())
+                .map(|i| (i < 10 || (20..25).contains(&i)) as u8)
+                .collect();
+            for (m, pos) in [
+                (None, false),
+                (Some(&marks[..]), false),
+                (Some(&by_pos[..]), true),
+            ] {
+                let target = (cells.len() / 2) as u64;
+                let want = stepwise(a, seq as u64, &c, cells, target, m);
+                let mut x = round(&c, cells, target, if pos { None } else { m });
+                if pos {
+                    (x.r.positions, x.r.n_positions) = (positions.as_ptr(), positions.len() as u64);
+                    (x.r.mark_ranges, x.r.n_mark_ranges) = (ranges.as_ptr(), ranges.len() as u64);
+                    x.r.mark_share = 0.5;
+                }
+                let (st, got, _) = run(b, seq as u64, &mut x, cells.len());
+                assert_eq!(st, KVE_OK, "preset {preset} dtype {dt}");
+                assert_eq!(got, want, "preset {preset} dtype {dt} seq {seq}");
+                assert!(
+                    got.len() < cells.len() && !got.is_empty(),
+                    "{} of {}",
+                    got.len(),
+                    cells.len()
+                );
+                let (ca, cb) = (context(a), context(b));
+                let first = ca.iter().zip(&cb).position(|(x, y)| x != y);
+                assert!(
+                    ca == cb && first.is_none(),
+                    "first difference at {first:?} of {}",
+                    ca.len()
+                );
+                assert!(
+                    context(a) == context(b),
+                    "context bytes differ: preset {preset} dtype {dt} seq {seq}"
+                );
+                compared += 1;
+            }
+            // SAFETY: live contexts with a selected round on `seq`.
+            unsafe {
+                assert_eq!(kve_evictor_commit(a, seq as u64), KVE_OK);
+                assert_eq!(kve_evictor_commit(b, seq as u64), KVE_OK);
+            }
+            assert!(context(a) == context(b));
+        }
+    }
+    assert!(
+        compared >= 2 * 2 * (PRESETS.len() - 1),
+        "{compared} rounds compared"
+    );
+}
+
+#[test]
+fn run_round_equals_the_stepwise_calls_f16_transposed_v() {
+    same_as_stepwise(KVE_DTYPE_F16);
+}
+
+#[test]
+fn run_round_equals_the_stepwise_calls_q8_0() {
+    same_as_stepwise(KVE_DTYPE_Q8_0);
+}
+
+#[test]
+fn run_round_equals_the_stepwise_calls_q4_0() {
+    same_as_stepwise(KVE_DTYPE_Q4_0);
+}
+
+/// `cells` NULL: K/V the engine gives dense in position order (a copy), scored as they are
+/// by a context without a gather area: the same as the step-by-step calls.
+#[test]
+fn a_dense_round_equals_the_stepwise_calls() {
+    for dt in [KVE_DTYPE_F16, KVE_DTYPE_Q8_0] {
+        let cfg = config(KVE_PRESET_LAPROX_SPAN, false);
+        let a = evictor(&cfg);
+        let b = clone_of(a);
+        let c = Cache::new(21 + dt as u64, dt, 8);
+        give_wo(a, &c);
+        give_wo(b, &c);
+        let [cells, _] = two_sequences(4);
+        let n = cells.len();
+        let want = stepwise(a, 0, &c, &cells, 12, None);
+        let kg: Vec<Vec<u16>> = c.k.iter().map(|k| k.gathered(&cells)).collect();
+        let vg: Vec<Vec<u16>> = c.v.iter().map(|v| v.gathered(&cells)).collect();
+        let dense =
+            |g: &Vec<u16>| tensor(u16_bytes(g), dt, [HKV, n, D], [(D * n) as u64, D as u64, 1]);
+        let mut x = round(&c, &cells, 12, None);
+        x.keys = kg.iter().map(dense).collect();
+        x.values = vg.iter().map(dense).collect();
+        x.r.cells = std::ptr::null();
+        let (st, got, _) = run(b, 0, &mut x, n);
+        assert_eq!(st, KVE_OK);
+        assert_eq!(got, want);
+        assert!(context(a) == context(b));
+        // a dense tensor of another length
+        let mut x = round(&c, &cells, 12, None);
+        x.keys = kg.iter().map(dense).collect();
+        x.r.cells = std::ptr::null();
+        let before = context(b);
+        assert_eq!(run(b, 0, &mut x, n).0, KVE_ERR_SHAPE_MISMATCH);
+        assert!(context(b) == before);
+    }
+}
+
+/// Hostile rounds: each refused with its status before the round begins, the context
+/// and the outputs as they were.
+#[test]
+fn hostile_rounds_are_refused_with_a_named_status() {
+    let cfg = config(KVE_PRESET_SNAPKV, true);
+    let ev = evictor(&cfg);
+    let c = Cache::new(5, KVE_DTYPE_Q8_0, requirements(ev).window as usize);
+    let [cells, _] = two_sequences(9);
+    let n = cells.len();
+    let refused = |want: i32, cells: &[u32], cap: usize, edit: &dyn Fn(&mut Round)| {
+        let mut x = round(&c, cells, 10, None);
+        edit(&mut x);
+        let before = context(ev);
+        let (st, kept, count) = run(ev, 0, &mut x, cap);
+        assert_eq!(st, want, "got {st}, want {want}");
+        assert!(
+            kept.iter().all(|&k| k == u32::MAX) && count == u64::MAX,
+            "outputs written on {want}"
+        );
+        assert!(context(ev) == before, "context changed on {want}");
+    };
+    let none: &dyn Fn(&mut Round) = &|_| {};
+    // a cell named twice
+    let mut dup = cells.clone();
+    dup[5] = dup[20];
+    refused(KVE_ERR_ALIASING, &dup, n, none);
+    // a cell past the stream
+    let mut far = cells.clone();
+    far[3] = S as u32;
+    refused(KVE_ERR_OUT_OF_BOUNDS, &far, n, none);
+    // more cells than the context holds
+    let many: Vec<u32> = (0..MAX as u32 + 1).collect();
+    refused(KVE_ERR_SHAPE_MISMATCH, &many, MAX + 1, none);
+    // no cells
+    refused(KVE_ERR_INVALID_ARGUMENT, &[], n, none);
+    // the wrong number of layers
+    refused(KVE_ERR_SHAPE_MISMATCH, &cells, n, &|x| {
+        x.r.n_keys = L as u64 + 1
+    });
+    refused(KVE_ERR_SHAPE_MISMATCH, &cells, n, &|x| x.r.n_values = 1);
+    // marks of another length
+    let marks = vec![1u8; n - 1];
+    refused(KVE_ERR_SHAPE_MISMATCH, &cells, n, &|x| {
+        (x.r.marks, x.r.n_marks) = (marks.as_ptr(), marks.len() as u64)
+    });
+    // marks by position: a range reversed, an odd count, positions of another length, and
+    // with flags too
+    let pos: Vec<i32> = (0..n as i32).collect();
+    let by = |x: &mut Round, rg: &'static [i32], np: usize| {
+        (x.r.positions, x.r.n_positions) = (pos.as_ptr(), np as u64);
+        (x.r.mark_ranges, x.r.n_mark_ranges) = (rg.as_ptr(), rg.len() as u64);
+    };
+    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| by(x, &[5, 2], n));
+    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| {
+        by(x, &[1, 2, 3], n)
+    });
+    refused(KVE_ERR_SHAPE_MISMATCH, &cells, n, &|x| {
+        by(x, &[1, 2], n - 1)
+    });
+    let flags = vec![1u8; n];
+    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| {
+        by(x, &[1, 2], n);
+        (x.r.marks, x.r.n_marks) = (flags.as_ptr(), n as u64)
+    });
+    // reserved fields
+    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| x.r.reserved = 1);
+    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| x.r.pad = 1);
+    // an unknown struct size
+    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| {
+        x.r.struct_size = 12
+    });
+    // a tensor shorter than the stream it claims
+    refused(KVE_ERR_OUT_OF_BOUNDS, &cells, n, &|x| x.keys[1].len /= 2);
+    // a stream narrower than the cells named
+    refused(KVE_ERR_OUT_OF_BOUNDS, &cells, n, &|x| {
+        x.values[0].extent[1] = 8
+    });
+    // keys missing
+    let mut x = round(&c, &cells, 10, None);
+    x.r.keys = std::ptr::null();
+    let (mut kept, mut count) = (vec![0u32; n], 0u64);
+    // SAFETY: a live context; the keys pointer is NULL on purpose.
+    let st = unsafe { kve_evictor_run_round(ev, 0, &x.r, kept.as_mut_ptr(), n as u64, &mut count) };
+    assert_eq!(st, KVE_ERR_NULL_POINTER);
+    // the kept cells written over the cell list
+    let mut x = round(&c, &cells, 10, None);
+    (x.r.keys, x.r.values, x.r.queries) = (x.keys.as_ptr(), x.values.as_ptr(), x.queries.as_ptr());
+    let mut own = cells.clone();
+    x.r.cells = own.as_ptr();
+    // SAFETY: a live context; `kept` overlaps the cells on purpose.
+    let st = unsafe { kve_evictor_run_round(ev, 0, &x.r, own.as_mut_ptr(), n as u64, &mut count) };
+    assert_eq!(st, KVE_ERR_ALIASING);
+    // a context without a gather area
+    let plain = evictor(&config(KVE_PRESET_SNAPKV, false));
+    let mut x = round(&c, &cells, 10, None);
+    assert_eq!(run(plain, 0, &mut x, n).0, KVE_ERR_INVALID_ARGUMENT);
+    // too small an output: the round ran, nothing written
+    let mut x = round(&c, &cells, 10, None);
+    let (st, kept, count) = run(ev, 0, &mut x, 3);
+    assert_eq!(st, KVE_ERR_OUTPUT_TOO_SMALL);
+    assert!(kept.iter().all(|&k| k == u32::MAX) && count == u64::MAX);
+    // and with room, the same round succeeds
+    let mut x = round(&c, &cells, 10, None);
+    let (st, kept, _) = run(ev, 0, &mut x, n);
+    assert_eq!(st, KVE_OK);
+    assert_eq!(kept.len(), 10);
+}
