@@ -129,13 +129,16 @@ fn per_layer(
 /// any context for `cells` NULL):
 /// begin it over `round`'s cells, mark them, gather and score every layer, select, and
 /// write the kept cells (indices into `round->cells`, ascending: position order) to
-/// `kept` (`len` entries at least the kept count, else `KVE_ERR_OUTPUT_TOO_SMALL`) and
-/// their count to `*count`. Kept sets and scores are bit-identical to the step-by-step
+/// `kept` (`len` at least `n_cells`, room for every cell, else `KVE_ERR_OUTPUT_TOO_SMALL`
+/// before the round begins) and their count to `*count`. Kept sets and scores are bit-identical to the step-by-step
 /// calls over the same cells given as strided views. The engine then drops the other
 /// cells (or moves the kept ones) and calls `kve_evictor_commit`. Host memory only; per
 /// layer `Wo` (`KVE_WO_EVERY_ROUND`) and row log-sum-exp are not taken (the step-by-step
-/// calls take them). On an error the round is abandoned (nothing to undo: only the
-/// context is written, and `kept`/`count` on success).
+/// calls take them). Every argument above is checked before the round begins: such an
+/// error writes nothing. An error only a layer's scoring finds (queries the scorer
+/// refuses, too few window queries observed, `Wo` not given) leaves the round begun and
+/// partly scored, as the step-by-step calls would; `kept`/`count` are written only on
+/// success, and the next round (or `kve_evictor_seq_reset`) starts clean.
 #[no_mangle]
 pub unsafe extern "C" fn kve_evictor_run_round(
     evictor: *mut kve_evictor,
@@ -164,6 +167,10 @@ pub unsafe extern "C" fn kve_evictor_run_round(
     let cells = tri!(Buf::new(r.cells, if dense { 0 } else { r.n_cells }));
     if n == 0 {
         return to_status(Err(Error::InvalidArgument));
+    }
+    // room for every cell, so that a short `kept` is refused before the round begins
+    if len < r.n_cells {
+        return to_status(Err(Error::OutputTooSmall));
     }
     let marks = match r.n_marks {
         0 => None,
