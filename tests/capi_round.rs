@@ -597,6 +597,11 @@ fn hostile_rounds_are_refused_with_a_named_status() {
         by(x, &[1, 2], n);
         (x.r.marks, x.r.n_marks) = (flags.as_ptr(), n as u64)
     });
+    // a marks' share outside [0, 1]
+    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| {
+        by(x, &[1, 2], n);
+        x.r.mark_share = 1.5
+    });
     // reserved fields
     refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| x.r.reserved = 1);
     refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| x.r.pad = 1);

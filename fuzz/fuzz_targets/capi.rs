@@ -2323,7 +2323,8 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
             }
             t
         };
-        let call = r.u8() % 13;
+        let mut snap_ok = true;
+        let call = r.u8() % 14;
         st = match call {
             0 => {
                 let rows = 1 + r.u8() as u64 % 40;
@@ -2501,6 +2502,70 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 }
                 s
             }
+            13 if !matches!(ev, Ev::Host(_)) => KVE_OK,
+            13 => {
+                // a whole round over a cell stream: cells by index (mostly distinct, inside
+                // the stream) or NULL (dense); K/V/queries per layer, sometimes the wrong count
+                let &Ev::Host(e) = &ev else { unreachable!() };
+                let stream = cells + r.u8() as u64 % 8;
+                let mut ids: Vec<u32> = (0..stream as u32).collect();
+                for i in (1..ids.len()).rev() {
+                    ids.swap(i, r.u8() as usize % (i + 1));
+                }
+                ids.truncate(cells as usize);
+                ids.sort_unstable();
+                if !sane && r.chance(8) && !ids.is_empty() {
+                    let i = r.u8() as usize % ids.len();
+                    ids[i] = if r.chance(2) { r.u32() } else { ids[0] };
+                }
+                let dense = r.chance(4);
+                let per = |r: &mut R, d: u64| -> Vec<kve_tensor> {
+                    let nl = if r.chance(16) { r.size(4) } else { l };
+                    let s = if dense { cells } else { stream };
+                    (0..nl).map(|_| tensor_of(r, [hkv, s, d])).collect()
+                };
+                let (ks, vs) = (per(r, c.dk), per(r, c.dv));
+                let rows = 1 + r.u8() as u64 % 40;
+                let qs: Vec<kve_tensor> = if r.chance(2) {
+                    (0..l).map(|_| tensor_of(r, [c.hq, rows, c.dk])).collect()
+                } else {
+                    Vec::new()
+                };
+                let marks: Vec<u8> = (0..cells).map(|_| r.u8() % 2).collect();
+                let mut rd: kve_evictor_round = std::mem::zeroed();
+                kve_evictor_round_init(&mut rd, KVE_EVICTOR_ROUND_V1_SIZE);
+                rd.cells = if dense { std::ptr::null() } else { ids.as_ptr() };
+                rd.n_cells = ids.len() as u64;
+                (rd.keys, rd.n_keys) = (ks.as_ptr(), ks.len() as u64);
+                if r.chance(2) {
+                    (rd.values, rd.n_values) = (vs.as_ptr(), vs.len() as u64);
+                }
+                (rd.queries, rd.n_queries) = (qs.as_ptr(), qs.len() as u64);
+                if r.chance(4) {
+                    (rd.marks, rd.n_marks) = (marks.as_ptr(), marks.len() as u64);
+                }
+                rd.target = r.size(128);
+                rd.mark_share = if r.chance(16) { 2.0 } else { 0.5 };
+                rd.reserved = (!sane && r.chance(32)) as u32;
+                let s = kve_evictor_run_round(e, seq, &rd, out.ptr, out.len, &mut count);
+                if s == KVE_OK && !out.in_arena {
+                    let kept = &out.own[..count as usize];
+                    assert!(
+                        kept.windows(2).all(|w| w[0] < w[1])
+                            && kept.iter().all(|&k| (k as u64) < ids.len() as u64),
+                        "round's kept cells ascending, in range"
+                    );
+                }
+                if s != KVE_OK {
+                    // a round that began may stay begun (docs/c-abi.md); outputs untouched
+                    assert!(
+                        out.untouched() && count == CANARY as u64,
+                        "round output written on error"
+                    );
+                    snap_ok = false;
+                }
+                s
+            }
             _ => {
                 let mut stats: kve_evictor_stats = std::mem::zeroed();
                 let size = if r.chance(8) {
@@ -2514,7 +2579,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 }
             }
         };
-        if st != KVE_OK {
+        if st != KVE_OK && snap_ok {
             assert!(
                 ev.snapshot() == snap,
                 "the context changed on error (status {st})"

@@ -209,6 +209,10 @@ pub unsafe extern "C" fn kve_evictor_run_round(
     // SAFETY: as above.
     let (positions, ranges) = unsafe { (positions.slice(), ranges.slice()) };
     tri!(crate::evictor::check_ranges(ranges));
+    // the marks' share, checked here so that the round never begins on a bad one
+    if (marks.is_some() || !ranges.is_empty()) && !(0.0..=1.0).contains(&r.mark_share) {
+        return to_status(Err(Error::InvalidArgument));
+    }
     let top = cells.iter().copied().max().unwrap_or(0) as usize;
     // every cell inside K and V (dense: exactly the round's cells)
     let fits = |x: &Tensor| match dense {
