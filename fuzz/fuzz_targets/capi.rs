@@ -2507,6 +2507,8 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 // a whole round over a cell stream: cells by index (mostly distinct, inside
                 // the stream) or NULL (dense); K/V/queries per layer, sometimes the wrong count
                 let &Ev::Host(e) = &ev else { unreachable!() };
+                // (the harness's own buffers stay small: `cells` may be a hostile size)
+                let cells = cells.min(512);
                 let stream = cells + r.u8() as u64 % 8;
                 let mut ids: Vec<u32> = (0..stream as u32).collect();
                 for i in (1..ids.len()).rev() {
@@ -2520,7 +2522,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 }
                 let dense = r.chance(4);
                 let per = |r: &mut R, d: u64| -> Vec<kve_tensor> {
-                    let nl = if r.chance(16) { r.size(4) } else { l };
+                    let nl = if r.chance(16) { r.u8() as u64 % 4 } else { l };
                     let s = if dense { cells } else { stream };
                     (0..nl).map(|_| tensor_of(r, [hkv, s, d])).collect()
                 };
