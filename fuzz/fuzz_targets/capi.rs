@@ -2233,6 +2233,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
     };
     let (l, hkv, n) = (c.layers, c.hkv, c.max_cells);
     let mut st = KVE_OK;
+    let mut done = Vec::new();
     for _ in 0..1 + r.u8() % 12 {
         let seq = if r.chance(16) {
             r.size(8)
@@ -2597,7 +2598,13 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 Ev::Device(e, ..) => kve_cuda_evictor_seq_reset(*e, seq),
             };
         }
-        outs.push(out);
+        // an output a call wrote on success is not one the input's last call (which may
+        // fail) must leave untouched: kept alive here, not checked at the end
+        if st == KVE_OK {
+            done.push(out);
+        } else {
+            outs.push(out);
+        }
     }
     st
 }
