@@ -409,7 +409,7 @@ impl<'a> Evictor<'a> {
     ) -> Result<()> {
         self.r.check_layer(layer)?;
         let st = self.state(seq)?;
-        let (r, lay) = (self.r, self.lay);
+        let r = self.r;
         let Some(dt) = r.paged else {
             return Err(Error::InvalidArgument);
         };
@@ -428,21 +428,7 @@ impl<'a> Evictor<'a> {
         if !same(&v.keys, r.m.dk) || !v.values.as_ref().map_or(true, |p| same(p, r.m.dv)) {
             return Err(Error::ShapeMismatch);
         }
-        let [model, slot, kg, vg, ws] = gather_split(self.block, &r, &lay, seq)?;
-        let keys = paged::gather(&v.keys, kg)?;
-        // values the method does not read are not gathered (nor read)
-        let values = match v.values.as_ref().filter(|_| r.capture.values) {
-            Some(p) => Some(paged::gather(p, vg)?),
-            None => None,
-        };
-        let lv = LayerViews {
-            keys,
-            values,
-            queries: v.queries,
-            row_lse: v.row_lse,
-            wo: v.wo,
-        };
-        score_into(&r, &st, layer, &lv, model, slot, ws)
+        self.score_gathered(seq, layer, &st, v, |p, buf| paged::gather(p, buf))
     }
 
     /// [`Evictor::score_layer`] from K (and V) of an engine's whole cell stream (`[Hkv, S,
@@ -460,7 +446,7 @@ impl<'a> Evictor<'a> {
     ) -> Result<()> {
         self.r.check_layer(layer)?;
         let st = self.state(seq)?;
-        let (r, lay) = (self.r, self.lay);
+        let r = self.r;
         let Some(dt) = r.paged else {
             return Err(Error::InvalidArgument);
         };
@@ -482,11 +468,26 @@ impl<'a> Evictor<'a> {
         {
             return Err(Error::ShapeMismatch);
         }
+        self.score_gathered(seq, layer, &st, v, |x, buf| x.gather_rows(cells, buf))
+    }
+
+    /// Score `layer` of `seq`'s round `st` from `v`'s K (and V, when the method reads
+    /// values) gathered by `gather` into the block's gather area: the checked tail of
+    /// [`Evictor::score_layer_paged`] and [`Evictor::score_layer_cells`].
+    fn score_gathered<KV>(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        st: &SeqState,
+        v: &LayerViews<'_, KV>,
+        gather: impl for<'b> Fn(&KV, &'b mut [u8]) -> Result<View<'b>>,
+    ) -> Result<()> {
+        let (r, lay) = (self.r, self.lay);
         let [model, slot, kg, vg, ws] = gather_split(self.block, &r, &lay, seq)?;
-        let keys = v.keys.gather_rows(cells, kg)?;
+        let keys = gather(&v.keys, kg)?;
         // values the method does not read are not gathered (nor read)
-        let values = match values {
-            Some(x) => Some(x.gather_rows(cells, vg)?),
+        let values = match v.values.as_ref().filter(|_| r.capture.values) {
+            Some(x) => Some(gather(x, vg)?),
             None => None,
         };
         let lv = LayerViews {
@@ -496,7 +497,7 @@ impl<'a> Evictor<'a> {
             row_lse: v.row_lse,
             wo: v.wo,
         };
-        score_into(&r, &st, layer, &lv, model, slot, ws)
+        score_into(&r, st, layer, &lv, model, slot, ws)
     }
 
     /// `cells` (a round's, at most `max_cells`: else `ShapeMismatch`) name no cell twice
