@@ -35,6 +35,49 @@ fn pool_interior<S: Simd>(p: &Pool, src: &[f32], dst: &mut [f32]) -> (usize, usi
     let i1 = i0 + (last - i0) / 8 * 8;
     let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
     let mut i = i0;
+    // 16 outputs per step while they last: two independent chains of the same operations
+    // (each output's sum or max takes one add or max per kernel tap, in order, so one chain
+    // waits on the latency of each; two keep the core busier)
+    while i + 16 <= i1 {
+        // SAFETY: as below, for outputs i .. i + 16 <= i1.
+        unsafe {
+            match p.kind {
+                PoolKind::Avg => {
+                    let (mut s0, mut s1) = (S::zero(), S::zero());
+                    for j in 0..k {
+                        s0 = S::add(s0, S::load(sp.add(i - i0 + j)));
+                        s1 = S::add(s1, S::load(sp.add(i + 8 - i0 + j)));
+                    }
+                    let inv = S::splat(1.0 / k as f32);
+                    S::store(dp.add(i), S::mul(s0, inv));
+                    S::store(dp.add(i + 8), S::mul(s1, inv));
+                }
+                PoolKind::Max => {
+                    let (mut m0, mut m1) =
+                        (S::splat(f32::NEG_INFINITY), S::splat(f32::NEG_INFINITY));
+                    for j in 0..k {
+                        m0 = S::max(m0, S::load(sp.add(i - i0 + j)));
+                        m1 = S::max(m1, S::load(sp.add(i + 8 - i0 + j)));
+                    }
+                    S::store(dp.add(i), m0);
+                    S::store(dp.add(i + 8), m1);
+                }
+                _ => {
+                    // forward (None returned above)
+                    let (mut b0, mut b1) = (S::load(sp.add(i)), S::load(sp.add(i + 8)));
+                    let mut f = 1.0f32;
+                    for j in 1..k {
+                        f *= p.decay;
+                        b0 = S::max(b0, S::mul(S::splat(f), S::load(sp.add(i - j))));
+                        b1 = S::max(b1, S::mul(S::splat(f), S::load(sp.add(i + 8 - j))));
+                    }
+                    S::store(dp.add(i), b0);
+                    S::store(dp.add(i + 8), b1);
+                }
+            }
+        }
+        i += 16;
+    }
     while i < i1 {
         // SAFETY: i0 <= i, i + 8 <= i1 <= last, so every index read below is in
         // [i - i0, i + 8 + k/2) ⊆ [0, n) (avg/max) or [i + 1 - k, i + 8) ⊆ [0, n) (forward),

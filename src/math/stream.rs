@@ -466,7 +466,19 @@ fn chunk_logits<S: Simd>(
     let rp = s.rows_pad;
     let in_place = kp != s.k.as_ptr();
     // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-    unsafe { window::gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, &mut s.c[..ntp * rp], in_place) };
+    unsafe {
+        window::gemm::<S>(
+            s.q,
+            s.dk,
+            rp,
+            kp,
+            ldk,
+            ntp,
+            &mut s.c[..ntp * rp],
+            in_place,
+            window::Pf::NONE,
+        )
+    };
     mask(s, g, lim, c0, nt);
     true
 }

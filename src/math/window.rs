@@ -230,6 +230,33 @@ pub(crate) fn prefetch_keys(keys: &View, kh: usize, c0: usize, nt: usize) {
     }
 }
 
+/// The next chunk's key rows (from key `c0`, [`CHUNK`] of them) on their way into the cache
+/// while this chunk is multiplied. The AVX2 build where it keeps its exps ([`keeps_exps`])
+/// spreads them over the first Q·Kᵀ sweep, one tile's rows as each tile starts (the [`Pf`]
+/// returned, for [`gemm`]); the other builds ask for all at once ([`prefetch_keys`]) and get
+/// `Pf::NONE`. On the Xeon (Sapphire Rapids class) of 2026-12-06 the burst of 384 prefetches
+/// per Llama-3-8B chunk stalled on the line-fill buffers (8 % of the AVX2 w = 8 samples on
+/// one prefetch instruction); spread out, `snapkv-w8` ran ~4 % faster.
+#[inline(always)]
+fn next_keys<S: Simd>(keys: &View, kh: usize, c0: usize) -> Pf {
+    if !keeps_exps::<S>() {
+        prefetch_keys(keys, kh, c0, CHUNK);
+        return Pf::NONE;
+    }
+    let [_, n, dk] = keys.extent();
+    let st = keys.stride();
+    let es = keys.dtype().size();
+    // what `prefetch_keys` asks for: rows of 2-byte elements converted by `load_keys`
+    if keys.dtype() == DType::F32 || keys.dtype().is_quantized() || st[2] != 1 || c0 >= n {
+        return Pf::NONE;
+    }
+    Pf {
+        p: (keys.byte_range().0 as *const u8).wrapping_add((kh * st[0] + c0 * st[1]) * es),
+        ld: st[1] * es,
+        bytes: dk * es,
+    }
+}
+
 /// `c[t][0 .. 8V] = Σ_d k[t][d]·q[d][..]` for `KN` keys and `V` vectors of 8 window rows:
 /// with `P16` the two halves of the 16-row panel `q16` (`[d][16]`), with `H` the 8-row panel
 /// `q8` (`[d][8]`) after them. Each logit is one FMA chain over `d` from 0, whatever the
@@ -301,8 +328,26 @@ unsafe fn tile<S: Simd, const P16: bool, const H: bool, const KN: usize>(
     }
 }
 
-/// [`tile`] over keys `0 .. ntp` (a multiple of [`KT`], so of `KN`); with `pf > 0` the rows
-/// `pf` keys ahead asked for as each tile starts (a hint, which never faults).
+/// Rows a Q·Kᵀ sweep asks the cache for, `KN` rows as each tile of `KN` keys starts: the
+/// tile at key `t` asks for rows `t ..` from `p`, each `ld` bytes after the last and `bytes`
+/// long (a hint, which never faults). `p` null: none.
+#[derive(Clone, Copy)]
+pub(crate) struct Pf {
+    pub p: *const u8,
+    pub ld: usize,
+    pub bytes: usize,
+}
+
+impl Pf {
+    pub(crate) const NONE: Pf = Pf {
+        p: core::ptr::null(),
+        ld: 0,
+        bytes: 0,
+    };
+}
+
+/// [`tile`] over keys `0 .. ntp` (a multiple of [`KT`], so of `KN`); with `pf` the rows it
+/// names asked for as each tile starts (a hint, which never faults).
 #[inline(always)]
 unsafe fn tile_run<S: Simd, const P16: bool, const H: bool, const KN: usize>(
     k: *const f32,
@@ -313,7 +358,7 @@ unsafe fn tile_run<S: Simd, const P16: bool, const H: bool, const KN: usize>(
     c: *mut f32,
     ldc: usize,
     ntp: usize,
-    pf: usize,
+    pf: Pf,
     bad: &mut S::V,
 ) {
     // SAFETY: as `tile` (our callers'): every tile starts at a key `t0` with `t0 + KN <= ntp`.
@@ -321,9 +366,8 @@ unsafe fn tile_run<S: Simd, const P16: bool, const H: bool, const KN: usize>(
         debug_assert!(KT % KN == 0 && ntp % KN == 0);
         let mut t0 = 0;
         while t0 < ntp {
-            if pf > 0 {
-                let p = k.wrapping_add((t0 + pf) * ldk) as *const u8;
-                prefetch_rows(p, ldk * 4, dk * 4, KN);
+            if !pf.p.is_null() {
+                prefetch_rows(pf.p.wrapping_add(t0 * pf.ld), pf.ld, pf.bytes, KN);
             }
             let kt = k.add(t0 * ldk);
             tile::<S, P16, H, KN>(kt, ldk, dk, q16, q8, c.add(t0 * ldc), ldc, bad);
@@ -339,9 +383,10 @@ unsafe fn tile_run<S: Simd, const P16: bool, const H: bool, const KN: usize>(
 /// its key's logits NaN/Inf: `Inf·x` is ±Inf or NaN, and NaN/Inf stay so through the sum)
 /// or a logit overflows f32, so the logits themselves check the keys.
 ///
-/// `in_place`: the keys are the view's own f32 rows, whose next ones the AVX-512 kernel asks
-/// the cache for (a hint only; converted keys come from the chunk buffer and are prefetched
-/// by [`prefetch_keys`] instead).
+/// `in_place`: the keys are the view's own f32 rows, whose next ones the kernel asks the
+/// cache for (a hint only). Converted keys come from the chunk buffer: `next` names the next
+/// chunk's rows in the view for the 8-lane kernel to ask for ([`next_keys`]), or nothing
+/// ([`prefetch_keys`] asked for them already).
 ///
 /// # Safety
 /// `k` must point to `ntp` readable rows of `dk` floats, `ldk` apart.
@@ -356,6 +401,7 @@ pub(crate) unsafe fn gemm<S: Simd>(
     ntp: usize,
     c: &mut [f32],
     in_place: bool,
+    next: Pf,
 ) -> bool {
     #[cfg(all(feature = "std", target_arch = "x86_64", kvevict_avx512))]
     if S::AVX2 && crate::gemm512::available() {
@@ -364,16 +410,16 @@ pub(crate) unsafe fn gemm<S: Simd>(
     }
     // SAFETY: the caller's contract is `gemm_tiles`'s.
     unsafe {
-        tiles_pf::<S>(
-            q,
-            dk,
-            rp,
-            k,
-            ldk,
-            ntp,
-            c,
-            if in_place { PF_AHEAD } else { 0 },
-        )
+        let pf = if in_place {
+            Pf {
+                p: k.wrapping_add(PF_AHEAD * ldk) as *const u8,
+                ld: ldk * 4,
+                bytes: dk * 4,
+            }
+        } else {
+            next
+        };
+        tiles_pf::<S>(q, dk, rp, k, ldk, ntp, c, pf)
     }
 }
 
@@ -394,7 +440,7 @@ pub(crate) unsafe fn gemm_tiles<S: Simd>(
     c: &mut [f32],
 ) -> bool {
     // SAFETY: the caller's contract is `tiles_pf`'s.
-    unsafe { tiles_pf::<S>(q, dk, rp, k, ldk, ntp, c, 0) }
+    unsafe { tiles_pf::<S>(q, dk, rp, k, ldk, ntp, c, Pf::NONE) }
 }
 
 /// [`gemm_tiles`]; with `pf > 0` (keys read in place) the first panel's sweep asks the cache
@@ -414,7 +460,7 @@ unsafe fn tiles_pf<S: Simd>(
     ldk: usize,
     ntp: usize,
     c: &mut [f32],
-    pf: usize,
+    pf: Pf,
 ) -> bool {
     // SAFETY: `S`'s CPU features are present (the `Simd` contract, kept by our callers); `k` holds
     // `ntp` rows `ldk` apart (this fn's contract) and the tiles stay inside `q` and `c` (asserted
@@ -430,7 +476,11 @@ unsafe fn tiles_pf<S: Simd>(
         // 24 rows over the keys)
         let mut r0 = 0;
         while r0 < full {
-            let (q16, cr, pfr) = (q.add(r0 * dk), c.add(r0), if r0 == 0 { pf } else { 0 });
+            let (q16, cr, pfr) = (
+                q.add(r0 * dk),
+                c.add(r0),
+                if r0 == 0 { pf } else { Pf::NONE },
+            );
             if r0 + 16 == full && full < rp {
                 tile_run::<S, true, true, 3>(k, ldk, dk, q16, q8, cr, rp, ntp, pfr, &mut bad);
             } else {
@@ -662,8 +712,13 @@ pub(crate) unsafe fn max_expsum_keep<S: Simd, const B: usize, const KEEP: bool>(
             _ => 1,
         };
         let mut t = 0;
-        while t + kb <= nt {
-            for c in 0..kb * B / 4 {
+        // one group `c` of four (key, block) vectors, `c` a constant wherever it is used: each
+        // vector's key and block, so its block's sum, known at compile time (a loop over `c`
+        // stayed a loop at B = 3, SmolLM2's w = 8: its sums in memory, its indices divided at
+        // run time; AVX2 `snapkv-w8` 4 % slower)
+        macro_rules! group {
+            ($c:expr) => {{
+                let c: usize = $c;
                 let mut x = [S::zero(); 4];
                 for (l, x) in x.iter_mut().enumerate() {
                     let (u, j) = ((4 * c + l) / B, (4 * c + l) % B);
@@ -677,6 +732,16 @@ pub(crate) unsafe fn max_expsum_keep<S: Simd, const B: usize, const KEEP: bool>(
                         S::store(cp.add((t + u) * rp + 8 * j), e);
                     }
                 }
+            }};
+        }
+        while t + kb <= nt {
+            // kb·B/4 groups: 3 at B = 3, 1 otherwise
+            if kb * B / 4 == 3 {
+                group!(0);
+                group!(1);
+                group!(2);
+            } else {
+                group!(0);
             }
             t += kb;
         }
@@ -753,14 +818,14 @@ fn row_stats_impl<S: Simd>(
         let nt = CHUNK.min(n - c0);
         let ntp = nt.div_ceil(KT) * KT;
         let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nt, ntp, s.k, false);
-        prefetch_keys(keys, kh, c0 + nt, CHUNK);
+        let next = next_keys::<S>(keys, kh, c0 + nt);
         let c = match store.as_deref_mut() {
             Some(st) => &mut st[c0 * rp..(c0 + ntp) * rp],
             None => &mut s.c[..ntp * rp],
         };
         let in_place = kp != s.k.as_ptr();
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c, in_place) } {
+        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c, in_place, next) } {
             // a NaN/Inf key (or an overflowing logit), found through its logits
             return Err(Error::NonFinite);
         }
@@ -1126,11 +1191,11 @@ fn column_stats_impl<S: Simd>(
         let nf = if kept { CHUNK.min(n - c0) } else { nt };
         let ntp = nf.div_ceil(KT) * KT;
         let (kp, ldk, _) = load_keys::<S>(keys, kh, c0, nf, ntp, s.k, false);
-        prefetch_keys(keys, kh, c0 + nf, CHUNK);
+        let next = next_keys::<S>(keys, kh, c0 + nf);
         let in_place = kp != s.k.as_ptr();
         let c = &mut s.c[..ntp * rp];
         // SAFETY: load_keys returns ntp rows of dk floats, ldk apart.
-        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c, in_place) } {
+        if !unsafe { gemm::<S>(s.q, s.dk, rp, kp, ldk, ntp, c, in_place, next) } {
             return Err(Error::NonFinite);
         }
         if kept {
