@@ -712,36 +712,51 @@ pub(crate) unsafe fn max_expsum_keep<S: Simd, const B: usize, const KEEP: bool>(
             _ => 1,
         };
         let mut t = 0;
-        // one group `c` of four (key, block) vectors, `c` a constant wherever it is used: each
-        // vector's key and block, so its block's sum, known at compile time (a loop over `c`
-        // stayed a loop at B = 3, SmolLM2's w = 8: its sums in memory, its indices divided at
-        // run time; AVX2 `snapkv-w8` 4 % slower)
-        macro_rules! group {
-            ($c:expr) => {{
-                let c: usize = $c;
+        while t + kb <= nt {
+            if kb * B / 4 == 3 {
+                // B = 3 (SmolLM2's w = 8), 4 keys: block by block, its four keys in order (the
+                // same adds into each block's sum), the sums and maxima rotated so that the
+                // block at hand is always the first. A loop over the key-major groups of four
+                // kept its sums in memory and divided its indices at run time; unrolled, its
+                // three exp_neg4 calls were left outlined (AVX2 `snapkv-w8` 7 % slower)
+                let mut a = [acc[0], acc[1], acc[2]];
+                let mut m3 = [mv[0], mv[1], mv[2]];
+                let mut o = 0;
+                for _ in 0..3 {
+                    let mut x = [S::zero(); 4];
+                    for (u, x) in x.iter_mut().enumerate() {
+                        *x = S::sub(S::load(cp.add((t + u) * rp + o)), m3[0]);
+                    }
+                    let e = S::exp_neg4(x);
+                    let mut s = a[0];
+                    for (u, e) in e.into_iter().enumerate() {
+                        s = S::add(s, e);
+                        if KEEP {
+                            S::store(cp.add((t + u) * rp + o), e);
+                        }
+                    }
+                    a = [a[1], a[2], s];
+                    m3 = [m3[1], m3[2], m3[0]];
+                    o += 8;
+                }
+                acc[0] = a[0];
+                acc[1] = a[1];
+                acc[2] = a[2];
+            } else {
+                // the kb·B = 4 (key, block) vectors of these keys, key-major
                 let mut x = [S::zero(); 4];
                 for (l, x) in x.iter_mut().enumerate() {
-                    let (u, j) = ((4 * c + l) / B, (4 * c + l) % B);
+                    let (u, j) = (l / B, l % B);
                     *x = S::sub(S::load(cp.add((t + u) * rp + 8 * j)), mv[j]);
                 }
                 let e = S::exp_neg4(x);
                 for (l, e) in e.into_iter().enumerate() {
-                    let (u, j) = ((4 * c + l) / B, (4 * c + l) % B);
+                    let (u, j) = (l / B, l % B);
                     acc[j] = S::add(acc[j], e);
                     if KEEP {
                         S::store(cp.add((t + u) * rp + 8 * j), e);
                     }
                 }
-            }};
-        }
-        while t + kb <= nt {
-            // kb·B/4 groups: 3 at B = 3, 1 otherwise
-            if kb * B / 4 == 3 {
-                group!(0);
-                group!(1);
-                group!(2);
-            } else {
-                group!(0);
             }
             t += kb;
         }
