@@ -10,7 +10,8 @@
 # Run the fork's binaries with LD_LIBRARY_PATH=<dir>/cuda-emu (ahead of their RUNPATH) and
 # KVEVICT_FORK_DEVICE_PATH=1 to take the device path on the CPU cache (tests/llama_fork/).
 # Layout: <dir>/cuda-emu/{libllama.so.0, kvevict/ (install prefix), STAMP (the build's STAMP)};
-# kvevict is built in <dir>/cargo-target-cuda-emu (CARGO_TARGET_DIR overrides), kept between runs
+# kvevict is built in <dir>/cargo-target-cuda-emu (CARGO_TARGET_DIR overrides; KVEVICT_FORK_EMU_TARGET names
+# a target folder of this clone whose cuda-emu build is taken as it stands), kept between runs
 # (its dependencies are built once; kvevict's fingerprints are dropped when the STAMP changed, so
 # a build of other sources is never reused), so <repo>/target keeps the default build. Prints
 # KVEVICT_FORK_BIN=... and KVEVICT_FORK_EMU_LIB=... on stdout.
@@ -37,14 +38,22 @@ fi
 t0=$(date +%s)
 rm -rf "$out"   # (with its STAMP: a failed relink is never reused)
 mkdir -p "$out"
-target=${CARGO_TARGET_DIR:-$dir/cargo-target-cuda-emu}
-# cargo judges kvevict fresh by mtimes: sources older than the last build there (another clone)
-# would look fresh, so kvevict's own units are rebuilt whenever the STAMP differs from the last one
-if [ "$(cat "$target/.kvevict-stamp" 2>/dev/null)" != "$(cat "$dir/STAMP")" ]; then
-    find "$target" -maxdepth 4 -type d -path '*/.fingerprint/kvevict*' -prune -exec rm -rf {} + 2>/dev/null || true
+if [ -n "${KVEVICT_FORK_EMU_TARGET:-}" ]; then
+    # this clone's own target folder (scripts/test.d/60-llama-fork.sh: target/emu-lib, which the
+    # python-cuda-emu and torch steps built from these sources): cargo's mtimes are this clone's,
+    # so its build is reused as it stands (one kvevict compile less per run)
+    env -u KVEVICT_EMU_SANITIZE KVEVICT_FEATURES=cuda-emu CARGO_TARGET_DIR="$KVEVICT_FORK_EMU_TARGET" \
+        "$root/scripts/install.sh" "$out/kvevict" >&2
+else
+    target=${CARGO_TARGET_DIR:-$dir/cargo-target-cuda-emu}
+    # cargo judges kvevict fresh by mtimes: sources older than the last build there (another clone)
+    # would look fresh, so kvevict's own units are rebuilt whenever the STAMP differs from the last one
+    if [ "$(cat "$target/.kvevict-stamp" 2>/dev/null)" != "$(cat "$dir/STAMP")" ]; then
+        find "$target" -maxdepth 4 -type d -path '*/.fingerprint/kvevict*' -prune -exec rm -rf {} + 2>/dev/null || true
+    fi
+    KVEVICT_FEATURES=cuda-emu CARGO_TARGET_DIR=$target "$root/scripts/install.sh" "$out/kvevict" >&2
+    cp "$dir/STAMP" "$target/.kvevict-stamp"
 fi
-KVEVICT_FEATURES=cuda-emu CARGO_TARGET_DIR=$target "$root/scripts/install.sh" "$out/kvevict" >&2
-cp "$dir/STAMP" "$target/.kvevict-stamp"
 
 # the constructor that switches the emulator to host memory when libllama is loaded
 printf '%s\n' 'void kve_emu_host_memory_as_device(int on);' \

@@ -21,7 +21,9 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 t0=$(date +%s)
 
-eval "$(llama_fork/cuda_emu.sh)"   # KVEVICT_FORK_BIN (llama_fork/build.sh), KVEVICT_FORK_EMU_LIB
+# kvevict with cuda-emu from target/emu-lib, as 22-torch / 25-python-cuda-emu build it (fresh when
+# they ran: no third cuda-emu compile of kvevict in this suite)
+eval "$(KVEVICT_FORK_EMU_TARGET=$root/target/emu-lib llama_fork/cuda_emu.sh)"   # KVEVICT_FORK_BIN (llama_fork/build.sh), KVEVICT_FORK_EMU_LIB
 echo "llama fork build: $(( $(date +%s) - t0 )) s ($KVEVICT_FORK_BIN)"
 
 venv=${KVEVICT_FORK_VENV:-$root/.venv-fork}
