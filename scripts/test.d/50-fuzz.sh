@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs=${KVEVICT_FUZZ_SECONDS:-60}
+# fuzz/Cargo.toml's debug line tables, not scripts/test.sh's setting: a finding's stack trace keeps its lines
+unset CARGO_PROFILE_RELEASE_DEBUG
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
   rustup toolchain install nightly --profile minimal >/dev/null 2>&1 || true
 fi
