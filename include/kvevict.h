@@ -68,6 +68,7 @@
 #define KVE_ERR_CUDA 13
 #define KVE_ERR_PANIC 14
 #define KVE_ERR_UNSUPPORTED_DTYPE 15
+#define KVE_ERR_CALLBACK 16
 
 /* kve_tensor.dtype */
 #define KVE_DTYPE_F32 0
@@ -155,6 +156,7 @@
 #define KVE_EVICTOR_CONFIG_V2_SIZE 144
 #define KVE_EVICTOR_PAGED_LAYER_V1_SIZE 376
 #define KVE_EVICTOR_ROUND_V1_SIZE 136
+#define KVE_EVICTOR_ROUND_V2_SIZE 168
 #define KVE_EVICTOR_LAYER_V1_SIZE 312
 #define KVE_EVICTOR_REQUIREMENTS_V1_SIZE 28
 #define KVE_EVICTOR_STATS_V1_SIZE 40
@@ -806,11 +808,19 @@ typedef struct kve_evictor_options {
 } kve_evictor_options;
 
 /**
+ * `kve_evictor_round.fill`: write layer `layer`'s tensors into `*out`; 0, or any other
+ * value to end the round (`KVE_ERR_CALLBACK`).
+ */
+typedef int32_t (*kve_evictor_fill_fn)(void *user, uint64_t layer, struct kve_evictor_layer *out);
+
+/**
  * A round over an engine's cache (fill with `kve_evictor_round_init`: everything absent).
  * Layer `l`'s K is `keys[l]`, `[Hkv, S, dk]` over every cell of the engine's stream
  * (`S` cells, any dtype, strides as the engine stores them), V likewise (`[Hkv, S, dv]`,
  * transposed or not); the round's cells are `cells[0 .. n_cells]`, indices along axis 1,
  * in position order.
+ * Or (`n_keys` 0, since `KVE_EVICTOR_ROUND_V2_SIZE`) the engine's `fill` gives each
+ * layer's tensors when the round reaches it.
  * Each pointer is followed by its length, so the layout is the same for 32- and 64-bit
  * callers.
  */
@@ -849,7 +859,7 @@ typedef struct kve_evictor_round {
   uint64_t n_mark_ranges;
   /**
    * Layer `l`'s K, `[Hkv, S, dk]`: `n_keys` must be the context's layers
-   * (`KVE_ERR_SHAPE_MISMATCH`).
+   * (`KVE_ERR_SHAPE_MISMATCH`), or 0 with `fill`.
    */
   const struct kve_tensor *keys;
   uint64_t n_keys;
@@ -874,6 +884,32 @@ typedef struct kve_evictor_round {
    * Must be 0.
    */
   uint32_t pad;
+  /**
+   * Since `KVE_EVICTOR_ROUND_V2_SIZE`, optional (NULL: the arrays above): with `n_keys`,
+   * `n_values` and `n_queries` 0 (else `KVE_ERR_INVALID_ARGUMENT`), called once per
+   * layer, in layer order, when the round reaches it: `fill(user, layer, out)` writes
+   * that layer's `keys`, `values`, `queries` into `*out` (a `kve_evictor_layer` the
+   * library set absent, `KVE_EVICTOR_LAYER_V1_SIZE`; `row_lse` and `wo` stay absent, else
+   * `KVE_ERR_INVALID_ARGUMENT`), as the arrays would give them. Its tensors are read
+   * until `fill` is next called or the call returns, so one buffer can hold every
+   * layer's copy in turn. A nonzero return ends the round with `KVE_ERR_CALLBACK`.
+   * `fill` must not call the library on this context. Its tensors are checked as the
+   * arrays' are, but only when it has given them: after the round has begun.
+   */
+  kve_evictor_fill_fn fill;
+  /**
+   * The layers `fill` gives: the context's layers (`KVE_ERR_SHAPE_MISMATCH`), 0 without
+   * `fill`.
+   */
+  uint64_t fill_layers;
+  /**
+   * Passed to `fill` as it is; never read by the library.
+   */
+  void *user;
+  /**
+   * Must be 0 (keeps `user` in 8 bytes on 32-bit callers).
+   */
+  uint64_t user_pad;
 } kve_evictor_round;
 
 /**
@@ -1963,7 +1999,8 @@ uint64_t kve_budget_keep_ratio_total(uint64_t n, uint64_t window, double ratio);
 uint64_t kve_budget_keep_ratio_prefix(uint64_t n, uint64_t window, double ratio);
 
 /**
- * Set everything in `round` absent and its `struct_size` (`KVE_EVICTOR_ROUND_V1_SIZE`).
+ * Set everything in `round` absent and its `struct_size` (`KVE_EVICTOR_ROUND_V1_SIZE`
+ * or `KVE_EVICTOR_ROUND_V2_SIZE`).
  * Writes only `round`.
  */
 int32_t kve_evictor_round_init(struct kve_evictor_round *round, uint32_t struct_size);
@@ -1972,7 +2009,8 @@ int32_t kve_evictor_round_init(struct kve_evictor_round *round, uint32_t struct_
  * Run a whole round on sequence `seq` of a context configured with `paged = 1`
  * (`paged_dtype` at least the K/V element size; `KVE_ERR_INVALID_ARGUMENT` otherwise;
  * any context for `cells` NULL):
- * begin it over `round`'s cells, mark them, gather and score every layer, select, and
+ * begin it over `round`'s cells, mark them, gather and score every layer (its tensors
+ * from the arrays or from `fill`), select, and
  * write the kept cells (indices into `round->cells`, ascending: position order) to
  * `kept` (`len` at least `n_cells`, room for every cell, else `KVE_ERR_OUTPUT_TOO_SMALL`
  * before the round begins) and their count to `*count`. Kept sets and scores are bit-identical to the step-by-step
@@ -1980,10 +2018,12 @@ int32_t kve_evictor_round_init(struct kve_evictor_round *round, uint32_t struct_
  * cells (or moves the kept ones) and calls `kve_evictor_commit`. Host memory only; per
  * layer `Wo` (`KVE_WO_EVERY_ROUND`) and row log-sum-exp are not taken (the step-by-step
  * calls take them). Every argument above is checked before the round begins: such an
- * error writes nothing. An error only a layer's scoring finds (queries the scorer
- * refuses, too few window queries observed, `Wo` not given) leaves the round begun and
- * partly scored, as the step-by-step calls would; `kept`/`count` are written only on
- * success, and the next round (or `kve_evictor_seq_reset`) starts clean.
+ * error writes nothing. An error found once the round has begun — a layer's tensors from
+ * `fill` refused, `fill` returning nonzero (`KVE_ERR_CALLBACK`: `fill` is not called
+ * again), or what only a layer's scoring finds (queries the scorer refuses, too few window
+ * queries observed, `Wo` not given) — leaves the round begun with the layers before it
+ * scored, as the step-by-step calls would; `kept`/`count` are written only on success,
+ * and the next round (or `kve_evictor_seq_reset`) starts clean.
  */
 int32_t kve_evictor_run_round(struct kve_evictor *evictor,
                               uint64_t seq,

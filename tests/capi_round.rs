@@ -5,7 +5,10 @@
 //! given as strided views, `_select`, `_kept_cells`): the same kept cells and the same
 //! context bytes (bit-identical scores, marks and state), for f16 (V transposed, as
 //! llama.cpp stores it without flash attention), q8_0 and q4_0 caches, a stream shared by
-//! two sequences whose cells interleave out of order. Hostile input: a named status.
+//! two sequences whose cells interleave out of order. The layers' tensors given by the
+//! engine's `fill` callback, one layer at a time (the stream's views, or a copy of one
+//! layer in one reused buffer), give the same kept cells and context bytes; a failing
+//! callback ends the round with `KVE_ERR_CALLBACK`. Hostile input: a named status.
 
 use half::f16;
 use kvevict::capi::*;
@@ -347,7 +350,7 @@ fn round(c: &Cache, cells: &[u32], target: u64, marks: Option<&[u8]>) -> Round {
     let mut r = std::mem::MaybeUninit::<kve_evictor_round>::uninit();
     // SAFETY: a writable struct of the size passed.
     assert_eq!(
-        unsafe { kve_evictor_round_init(r.as_mut_ptr(), KVE_EVICTOR_ROUND_V1_SIZE) },
+        unsafe { kve_evictor_round_init(r.as_mut_ptr(), KVE_EVICTOR_ROUND_V2_SIZE) },
         KVE_OK
     );
     // SAFETY: initialised above.
@@ -374,11 +377,17 @@ fn run(ev: *mut kve_evictor, seq: u64, x: &mut Round, cap: usize) -> (i32, Vec<u
     x.r.keys = x.keys.as_ptr();
     x.r.values = x.values.as_ptr();
     x.r.queries = x.queries.as_ptr();
+    call(ev, seq, &x.r, cap)
+}
+
+/// `kve_evictor_run_round` on `r` (its pointers into live buffers), `kept` with room for
+/// `cap`: its status, the kept cells, the count.
+fn call(ev: *mut kve_evictor, seq: u64, r: &kve_evictor_round, cap: usize) -> (i32, Vec<u32>, u64) {
     let mut kept = vec![u32::MAX; cap.max(1)];
     let mut count = u64::MAX;
-    // SAFETY: a live context; every pointer of `x` into live buffers.
+    // SAFETY: a live context; every pointer of `r` into live buffers (the caller's word).
     let st =
-        unsafe { kve_evictor_run_round(ev, seq, &x.r, kept.as_mut_ptr(), cap as u64, &mut count) };
+        unsafe { kve_evictor_run_round(ev, seq, r, kept.as_mut_ptr(), cap as u64, &mut count) };
     if st == KVE_OK {
         kept.truncate(count as usize);
     }
@@ -641,6 +650,280 @@ fn hostile_rounds_are_refused_with_a_named_status() {
     // and with room, the same round succeeds
     let mut x = round(&c, &cells, 10, None);
     let (st, kept, _) = run(ev, 0, &mut x, n);
+    assert_eq!(st, KVE_OK);
+    assert_eq!(kept.len(), 10);
+}
+
+/// What the `fill` callback of these tests gives: per layer the tensors of `layers` (or,
+/// `copy`, layer l's rows of `cells` copied dense into `buf`, one buffer reused for every
+/// layer), the layers it was asked for, a layer at which it fails, an edit of its output.
+struct Fill<'a> {
+    keys: Vec<kve_tensor>,
+    values: Vec<kve_tensor>,
+    queries: Vec<kve_tensor>,
+    copy: Option<(&'a Cache, &'a [u32])>,
+    buf: [Vec<u16>; 2],
+    asked: Vec<u64>,
+    fail_at: Option<u64>,
+    edit: Option<&'a dyn Fn(&mut kve_evictor_layer)>,
+}
+
+impl<'a> Fill<'a> {
+    fn new(x: &Round) -> Fill<'a> {
+        Fill {
+            keys: x.keys.clone(),
+            values: x.values.clone(),
+            queries: x.queries.clone(),
+            copy: None,
+            buf: [vec![], vec![]],
+            asked: vec![],
+            fail_at: None,
+            edit: None,
+        }
+    }
+}
+
+unsafe extern "C" fn fill_cb(user: *mut c_void, layer: u64, out: *mut kve_evictor_layer) -> i32 {
+    // SAFETY: `user` is the test's `Fill`, `out` the library's layer struct.
+    let (f, out) = unsafe { (&mut *(user as *mut Fill), &mut *out) };
+    f.asked.push(layer);
+    if f.fail_at == Some(layer) {
+        return -7;
+    }
+    let l = layer as usize;
+    match f.copy {
+        Some((c, cells)) => {
+            let n = cells.len();
+            let dense = [(D * n) as u64, D as u64, 1];
+            // one buffer per tensor, overwritten for every layer
+            f.buf = [c.k[l].gathered(cells), c.v[l].gathered(cells)];
+            out.keys = tensor(u16_bytes(&f.buf[0]), c.k[l].dt, [HKV, n, D], dense);
+            out.values = tensor(u16_bytes(&f.buf[1]), c.v[l].dt, [HKV, n, D], dense);
+        }
+        None => (out.keys, out.values) = (f.keys[l], f.values[l]),
+    }
+    out.queries = f.queries[l];
+    if let Some(e) = f.edit {
+        e(out);
+    }
+    0
+}
+
+/// `x` set to take its tensors from `f` through the callback (no arrays).
+fn set_fill(x: &mut Round, f: &mut Fill) {
+    (x.r.n_keys, x.r.n_values, x.r.n_queries) = (0, 0, 0);
+    x.r.fill = Some(fill_cb);
+    x.r.fill_layers = L as u64;
+    x.r.user = f as *mut Fill as *mut c_void;
+}
+
+/// `x`'s round with its tensors from `f` through the callback (no arrays).
+fn run_filled(
+    ev: *mut kve_evictor,
+    seq: u64,
+    x: &mut Round,
+    f: &mut Fill,
+    cap: usize,
+) -> (i32, Vec<u32>, u64) {
+    set_fill(x, f);
+    // `fill_cb` reads `f`, whose pointers are into live buffers
+    call(ev, seq, &x.r, cap)
+}
+
+/// The callback's round equals the arrays' round: kept cells and context bytes, over the
+/// stream (cells by index) and over a copy of one layer at a time (`cells` NULL), for
+/// f16 (V transposed), q8_0 and q4_0, every preset, with marks; the callback is asked for
+/// each layer once, in order.
+#[test]
+fn a_filled_round_equals_the_arrays_round() {
+    let mut compared = 0;
+    for dt in [KVE_DTYPE_F16, KVE_DTYPE_Q8_0, KVE_DTYPE_Q4_0] {
+        for (pi, &preset) in PRESETS.iter().enumerate() {
+            for copy in [false, true] {
+                let a = evictor(&config(preset, !copy));
+                if requirements(a).wo == KVE_WO_EVERY_ROUND {
+                    continue;
+                }
+                let b = clone_of(a);
+                let c = Cache::new(
+                    40 + pi as u64 + dt as u64,
+                    dt,
+                    requirements(a).window.max(1) as usize,
+                );
+                give_wo(a, &c);
+                give_wo(b, &c);
+                for (seq, cells) in two_sequences(11 + pi as u64).iter().enumerate() {
+                    let marks: Vec<u8> = (0..cells.len()).map(|i| (i % 4 == 1) as u8).collect();
+                    let target = (cells.len() / 3) as u64;
+                    let mut x = round(&c, cells, target, Some(&marks));
+                    if copy {
+                        let n = cells.len();
+                        let d = [(D * n) as u64, D as u64, 1];
+                        let gk: Vec<Vec<u16>> = c.k.iter().map(|k| k.gathered(cells)).collect();
+                        let gv: Vec<Vec<u16>> = c.v.iter().map(|v| v.gathered(cells)).collect();
+                        x.keys = gk
+                            .iter()
+                            .map(|g| tensor(u16_bytes(g), dt, [HKV, n, D], d))
+                            .collect();
+                        x.values = gv
+                            .iter()
+                            .map(|g| tensor(u16_bytes(g), dt, [HKV, n, D], d))
+                            .collect();
+                        x.r.cells = std::ptr::null();
+                        let want = run(a, seq as u64, &mut x, n);
+                        let mut y = round(&c, cells, target, Some(&marks));
+                        y.r.cells = std::ptr::null();
+                        let mut f = Fill::new(&y);
+                        f.copy = Some((&c, &cells[..]));
+                        let got = run_filled(b, seq as u64, &mut y, &mut f, n);
+                        assert_eq!(want.0, KVE_OK);
+                        assert_eq!(got, want, "preset {preset} dtype {dt} copy");
+                        assert_eq!(f.asked, (0..L as u64).collect::<Vec<_>>());
+                    } else {
+                        let want = run(a, seq as u64, &mut x, cells.len());
+                        let mut y = round(&c, cells, target, Some(&marks));
+                        let mut f = Fill::new(&y);
+                        let got = run_filled(b, seq as u64, &mut y, &mut f, cells.len());
+                        assert_eq!(want.0, KVE_OK);
+                        assert_eq!(got, want, "preset {preset} dtype {dt}");
+                        assert_eq!(f.asked, (0..L as u64).collect::<Vec<_>>());
+                    }
+                    assert!(
+                        context(a) == context(b),
+                        "context bytes: preset {preset} dtype {dt}"
+                    );
+                    // SAFETY: live contexts with a selected round on `seq`.
+                    unsafe {
+                        assert_eq!(kve_evictor_commit(a, seq as u64), KVE_OK);
+                        assert_eq!(kve_evictor_commit(b, seq as u64), KVE_OK);
+                    }
+                    assert!(context(a) == context(b));
+                    compared += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        compared >= 3 * 2 * 2 * (PRESETS.len() - 1),
+        "{compared} rounds compared"
+    );
+}
+
+/// A callback returning nonzero ends the round with `KVE_ERR_CALLBACK`: it is not asked
+/// again, `kept` and `count` are not written, and the next round on the sequence runs as
+/// on a context that never saw the failed one.
+#[test]
+fn a_failing_callback_ends_the_round_with_its_status() {
+    for fail_at in 0..L as u64 {
+        let cfg = config(KVE_PRESET_LAPROX_SPAN, true);
+        let a = evictor(&cfg);
+        let c = Cache::new(77, KVE_DTYPE_Q8_0, requirements(a).window as usize);
+        give_wo(a, &c);
+        let b = clone_of(a);
+        let [cells, _] = two_sequences(5);
+        let mut x = round(&c, &cells, 9, None);
+        let mut f = Fill::new(&x);
+        f.fail_at = Some(fail_at);
+        let (st, kept, count) = run_filled(b, 0, &mut x, &mut f, cells.len());
+        assert_eq!(st, KVE_ERR_CALLBACK);
+        assert!(kept.iter().all(|&k| k == u32::MAX) && count == u64::MAX);
+        assert_eq!(f.asked, (0..=fail_at).collect::<Vec<_>>());
+        // the next round starts clean: as the round on the untouched context
+        let want = run(a, 0, &mut round(&c, &cells, 9, None), cells.len());
+        let mut y = round(&c, &cells, 9, None);
+        let mut g = Fill::new(&y);
+        let got = run_filled(b, 0, &mut y, &mut g, cells.len());
+        assert_eq!(want.0, KVE_OK);
+        assert_eq!(got, want);
+        assert!(context(a) == context(b));
+    }
+}
+
+/// Hostile callback rounds: refused with a named status. What is wrong with the struct is
+/// refused before the round begins (the callback never asked, the context unchanged); what
+/// is wrong with the tensors the callback gives, when it gives them (outputs unwritten).
+#[test]
+fn hostile_callback_rounds_are_refused_with_a_named_status() {
+    let ev = evictor(&config(KVE_PRESET_SNAPKV, true));
+    let c = Cache::new(6, KVE_DTYPE_F16, requirements(ev).window as usize);
+    let [cells, _] = two_sequences(13);
+    let n = cells.len();
+    let before_begin = |want: i32, edit: &dyn Fn(&mut Round)| {
+        let mut x = round(&c, &cells, 10, None);
+        let mut f = Fill::new(&x);
+        let before = context(ev);
+        set_fill(&mut x, &mut f);
+        edit(&mut x);
+        let (st, kept, count) = call(ev, 0, &x.r, n);
+        assert_eq!(st, want);
+        assert!(f.asked.is_empty(), "callback asked on {want}");
+        assert!(kept.iter().all(|&k| k == u32::MAX) && count == u64::MAX);
+        assert!(context(ev) == before, "context changed on {want}");
+    };
+    // arrays and the callback both
+    before_begin(KVE_ERR_INVALID_ARGUMENT, &|x| {
+        (x.r.keys, x.r.n_keys) = (x.keys.as_ptr(), L as u64)
+    });
+    before_begin(KVE_ERR_INVALID_ARGUMENT, &|x| {
+        (x.r.queries, x.r.n_queries) = (x.queries.as_ptr(), L as u64)
+    });
+    // another layer count, a count without a callback, the pad
+    before_begin(KVE_ERR_SHAPE_MISMATCH, &|x| x.r.fill_layers = L as u64 + 1);
+    before_begin(KVE_ERR_SHAPE_MISMATCH, &|x| x.r.fill_layers = 0);
+    before_begin(KVE_ERR_INVALID_ARGUMENT, &|x| x.r.fill = None);
+    before_begin(KVE_ERR_INVALID_ARGUMENT, &|x| x.r.user_pad = 1);
+    // no callback, no arrays
+    before_begin(KVE_ERR_SHAPE_MISMATCH, &|x| {
+        (x.r.fill, x.r.fill_layers) = (None, 0)
+    });
+    // a V1 struct ends before `fill`: read as no callback, no arrays
+    before_begin(KVE_ERR_SHAPE_MISMATCH, &|x| {
+        x.r.struct_size = KVE_EVICTOR_ROUND_V1_SIZE
+    });
+    // a cell list the callback would never be asked for
+    let mut dup = cells.clone();
+    dup[1] = dup[2];
+    before_begin(KVE_ERR_ALIASING, &|x| x.r.cells = dup.as_ptr());
+
+    // what the callback gives, refused when it gives it
+    let mut own = vec![u32::MAX; n];
+    let own_keys = tensor(
+        // SAFETY: plain bytes of `own`, which is `kept` below.
+        unsafe { std::slice::from_raw_parts(own.as_ptr() as *const u8, n * 4) },
+        KVE_DTYPE_F16,
+        [HKV, n / D, D],
+        [(n / D * D) as u64, D as u64, 1],
+    );
+    let edits: Vec<(i32, Box<dyn Fn(&mut kve_evictor_layer)>)> = vec![
+        (
+            KVE_ERR_NULL_POINTER,
+            Box::new(|l| l.keys = kve_tensor::NONE),
+        ),
+        (KVE_ERR_OUT_OF_BOUNDS, Box::new(|l| l.keys.extent[1] = 4)),
+        (KVE_ERR_OUT_OF_BOUNDS, Box::new(|l| l.values.len /= 3)),
+        (KVE_ERR_INVALID_ARGUMENT, Box::new(|l| l.struct_size = 8)),
+        (KVE_ERR_INVALID_ARGUMENT, Box::new(|l| l.reserved = 1)),
+        (KVE_ERR_INVALID_ARGUMENT, Box::new(|l| l.wo = l.keys)),
+        (KVE_ERR_INVALID_ARGUMENT, Box::new(|l| l.row_lse_len = 3)),
+        (KVE_ERR_BAD_ENUM, Box::new(|l| l.keys.dtype = 99)),
+        (KVE_ERR_ALIASING, Box::new(move |l| l.keys = own_keys)),
+    ];
+    for (want, edit) in &edits {
+        let mut x = round(&c, &cells, 10, None);
+        let mut f = Fill::new(&x);
+        f.edit = Some(&**edit);
+        let (kept, mut count) = (own.as_mut_ptr(), u64::MAX);
+        set_fill(&mut x, &mut f);
+        // SAFETY: a live context; `kept` is `own`, which the last edit aliases on purpose.
+        let st = unsafe { kve_evictor_run_round(ev, 0, &x.r, kept, n as u64, &mut count) };
+        assert_eq!(st, *want);
+        assert_eq!(f.asked, vec![0], "asked again after {want}");
+        assert!(own.iter().all(|&k| k == u32::MAX) && count == u64::MAX);
+    }
+    // and the same round, its callback well behaved, succeeds
+    let mut x = round(&c, &cells, 10, None);
+    let mut f = Fill::new(&x);
+    let (st, kept, _) = run_filled(ev, 0, &mut x, &mut f, n);
     assert_eq!(st, KVE_OK);
     assert_eq!(kept.len(), 10);
 }

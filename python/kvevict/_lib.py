@@ -273,6 +273,10 @@ class kve_evictor_paged_layer(ctypes.Structure):
     ]
 
 
+# int32_t (*)(void *user, uint64_t layer, kve_evictor_layer *out)
+kve_evictor_fill_fn = ctypes.CFUNCTYPE(c_int32, c_void_p, c_uint64, POINTER(kve_evictor_layer))
+
+
 class kve_evictor_round(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -294,6 +298,10 @@ class kve_evictor_round(ctypes.Structure):
         ("target", c_uint64),
         ("mark_share", c_float),
         ("pad", c_uint32),
+        ("fill", kve_evictor_fill_fn),
+        ("fill_layers", c_uint64),
+        ("user", c_void_p),
+        ("user_pad", c_uint64),
     ]
 
 
@@ -324,7 +332,7 @@ assert ctypes.sizeof(kve_evictor_options) == 48
 assert ctypes.sizeof(kve_evictor_config) == 144
 assert ctypes.sizeof(kve_evictor_layer) == 312
 assert ctypes.sizeof(kve_evictor_paged_layer) == 376
-assert ctypes.sizeof(kve_evictor_round) == 136
+assert ctypes.sizeof(kve_evictor_round) == 168
 assert ctypes.sizeof(kve_evictor_requirements) == 28
 assert ctypes.sizeof(kve_evictor_stats) == 40
 

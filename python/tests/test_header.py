@@ -61,6 +61,8 @@ class HeaderTests(unittest.TestCase):
         self.assertEqual(d["KVE_SELECT_PARAMS_V1_SIZE"], ctypes.sizeof(_lib.kve_select_params))
         self.assertEqual(d["KVE_LAYER_INPUTS_V1_SIZE"], 272)
         self.assertEqual(d["KVE_LAYER_INPUTS_V2_SIZE"], ctypes.sizeof(_lib.kve_layer_inputs))
+        self.assertEqual(d["KVE_EVICTOR_ROUND_V1_SIZE"], 136)
+        self.assertEqual(d["KVE_EVICTOR_ROUND_V2_SIZE"], ctypes.sizeof(_lib.kve_evictor_round))
         self.assertEqual(d["KVE_VERSION_NUMBER"], kve.version_number())
 
     def test_prototypes(self):

@@ -100,6 +100,8 @@ statuses! {
     /// `Q8_0`/`Q4_0` (host strided views only) given to a device function or a paged pool.
     KVE_ERR_UNSUPPORTED_DTYPE = 15 => UnsupportedDtype:
         "this function does not take the tensor's dtype (Q8_0/Q4_0: host strided views only)";
+    /// A callback the caller gave returned nonzero (`kve_evictor_round.fill`).
+    KVE_ERR_CALLBACK = 16 => Callback: "a callback the caller gave returned nonzero";
 }
 
 impl core::fmt::Display for Error {

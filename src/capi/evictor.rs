@@ -16,7 +16,7 @@
 
 use super::paged::{kve_paged_layout, PagedPool};
 use super::params::{known_size, read_ext, score_config, select_config, write_ext, Extensible};
-pub use super::round::KVE_EVICTOR_ROUND_V1_SIZE;
+pub use super::round::{KVE_EVICTOR_ROUND_V1_SIZE, KVE_EVICTOR_ROUND_V2_SIZE};
 use super::score::opt_floats;
 use super::{
     check_alias, kve_score_params, kve_select_params, kve_tensor, out_param, span_ptr, span_sized,

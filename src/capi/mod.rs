@@ -486,6 +486,7 @@ pub fn header_defines() -> std::string::String {
             KVE_EVICTOR_CONFIG_V2_SIZE,
             KVE_EVICTOR_PAGED_LAYER_V1_SIZE,
             KVE_EVICTOR_ROUND_V1_SIZE,
+            KVE_EVICTOR_ROUND_V2_SIZE,
             KVE_EVICTOR_LAYER_V1_SIZE,
             KVE_EVICTOR_REQUIREMENTS_V1_SIZE,
             KVE_EVICTOR_STATS_V1_SIZE,

@@ -3,9 +3,10 @@
 //! sequence's cells in it; the library gathers them by index, scores every layer,
 //! selects, and returns the kept cells: the round an engine otherwise runs call by call
 //! (`kve_evictor_begin`, `_mark_cells`, `_score_layer` per layer, `_select`,
-//! `_kept_cells`).
+//! `_kept_cells`). The layers' tensors come as arrays (every layer at once) or from the
+//! engine's `fill` callback, one layer at a time (a copy of one layer at a time).
 
-use super::evictor::kve_evictor;
+use super::evictor::{kve_evictor, kve_evictor_layer, KVE_EVICTOR_LAYER_V1_SIZE, NO_LAYER};
 use super::params::{read_ext, Extensible};
 use super::{
     check_alias, kve_tensor, out_param, span_sized, to_status, to_usize, tri, Buf, Span, Tensor,
@@ -13,12 +14,15 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::evictor::{Evictor, LayerViews};
+use core::ffi::c_void;
 
 /// A round over an engine's cache (fill with `kve_evictor_round_init`: everything absent).
 /// Layer `l`'s K is `keys[l]`, `[Hkv, S, dk]` over every cell of the engine's stream
 /// (`S` cells, any dtype, strides as the engine stores them), V likewise (`[Hkv, S, dv]`,
 /// transposed or not); the round's cells are `cells[0 .. n_cells]`, indices along axis 1,
 /// in position order.
+/// Or (`n_keys` 0, since `KVE_EVICTOR_ROUND_V2_SIZE`) the engine's `fill` gives each
+/// layer's tensors when the round reaches it.
 /// Each pointer is followed by its length, so the layout is the same for 32- and 64-bit
 /// callers.
 #[repr(C)]
@@ -49,7 +53,7 @@ pub struct kve_evictor_round {
     pub mark_ranges: *const i32,
     pub n_mark_ranges: u64,
     /// Layer `l`'s K, `[Hkv, S, dk]`: `n_keys` must be the context's layers
-    /// (`KVE_ERR_SHAPE_MISMATCH`).
+    /// (`KVE_ERR_SHAPE_MISMATCH`), or 0 with `fill`.
     pub keys: *const kve_tensor,
     pub n_keys: u64,
     /// Layer `l`'s V, `[Hkv, S, dv]`, when the method reads values (`n_values` 0: none,
@@ -65,18 +69,43 @@ pub struct kve_evictor_round {
     pub mark_share: f32,
     /// Must be 0.
     pub pad: u32,
+    /// Since `KVE_EVICTOR_ROUND_V2_SIZE`, optional (NULL: the arrays above): with `n_keys`,
+    /// `n_values` and `n_queries` 0 (else `KVE_ERR_INVALID_ARGUMENT`), called once per
+    /// layer, in layer order, when the round reaches it: `fill(user, layer, out)` writes
+    /// that layer's `keys`, `values`, `queries` into `*out` (a `kve_evictor_layer` the
+    /// library set absent, `KVE_EVICTOR_LAYER_V1_SIZE`; `row_lse` and `wo` stay absent, else
+    /// `KVE_ERR_INVALID_ARGUMENT`), as the arrays would give them. Its tensors are read
+    /// until `fill` is next called or the call returns, so one buffer can hold every
+    /// layer's copy in turn. A nonzero return ends the round with `KVE_ERR_CALLBACK`.
+    /// `fill` must not call the library on this context. Its tensors are checked as the
+    /// arrays' are, but only when it has given them: after the round has begun.
+    pub fill: kve_evictor_fill_fn,
+    /// The layers `fill` gives: the context's layers (`KVE_ERR_SHAPE_MISMATCH`), 0 without
+    /// `fill`.
+    pub fill_layers: u64,
+    /// Passed to `fill` as it is; never read by the library.
+    pub user: *mut c_void,
+    /// Must be 0 (keeps `user` in 8 bytes on 32-bit callers).
+    pub user_pad: u64,
 }
+
+/// `kve_evictor_round.fill`: write layer `layer`'s tensors into `*out`; 0, or any other
+/// value to end the round (`KVE_ERR_CALLBACK`).
+pub type kve_evictor_fill_fn =
+    Option<unsafe extern "C" fn(user: *mut c_void, layer: u64, out: *mut kve_evictor_layer) -> i32>;
 
 /// `sizeof(kve_evictor_round)` of the first release.
 pub const KVE_EVICTOR_ROUND_V1_SIZE: u32 = 136;
+/// With `fill`, `fill_layers`, `user`, `user_pad`.
+pub const KVE_EVICTOR_ROUND_V2_SIZE: u32 = 168;
 const _: () =
-    assert!(core::mem::size_of::<kve_evictor_round>() == KVE_EVICTOR_ROUND_V1_SIZE as usize);
+    assert!(core::mem::size_of::<kve_evictor_round>() == KVE_EVICTOR_ROUND_V2_SIZE as usize);
 impl Extensible for kve_evictor_round {
-    const SIZES: &'static [u32] = &[KVE_EVICTOR_ROUND_V1_SIZE];
+    const SIZES: &'static [u32] = &[KVE_EVICTOR_ROUND_V1_SIZE, KVE_EVICTOR_ROUND_V2_SIZE];
 }
 
 const NO_ROUND: kve_evictor_round = kve_evictor_round {
-    struct_size: KVE_EVICTOR_ROUND_V1_SIZE,
+    struct_size: KVE_EVICTOR_ROUND_V2_SIZE,
     reserved: 0,
     cells: core::ptr::null(),
     n_cells: 0,
@@ -95,9 +124,14 @@ const NO_ROUND: kve_evictor_round = kve_evictor_round {
     target: 0,
     mark_share: 0.0,
     pad: 0,
+    fill: None,
+    fill_layers: 0,
+    user: core::ptr::null_mut(),
+    user_pad: 0,
 };
 
-/// Set everything in `round` absent and its `struct_size` (`KVE_EVICTOR_ROUND_V1_SIZE`).
+/// Set everything in `round` absent and its `struct_size` (`KVE_EVICTOR_ROUND_V1_SIZE`
+/// or `KVE_EVICTOR_ROUND_V2_SIZE`).
 /// Writes only `round`.
 #[no_mangle]
 pub unsafe extern "C" fn kve_evictor_round_init(
@@ -124,10 +158,35 @@ fn per_layer(
     }
 }
 
+/// Layer `layer`'s tensors from the engine's `fill` (`KVE_ERR_CALLBACK` when it returns
+/// nonzero), before the arrays' checks.
+fn filled(
+    fill: unsafe extern "C" fn(*mut c_void, u64, *mut kve_evictor_layer) -> i32,
+    user: *mut c_void,
+    layer: usize,
+) -> Result<[Option<Tensor>; 3]> {
+    let mut out = NO_LAYER;
+    // SAFETY: the caller's callback (`kve_evictor_round.fill`), given a struct of ours to
+    // write and its own `user`.
+    if unsafe { fill(user, layer as u64, &mut out) } != 0 {
+        return Err(Error::Callback);
+    }
+    let absent = out.row_lse.is_null() && out.row_lse_len == 0 && out.wo.data.is_null();
+    if out.struct_size != KVE_EVICTOR_LAYER_V1_SIZE || out.reserved != 0 || !absent {
+        return Err(Error::InvalidArgument);
+    }
+    Ok([
+        Some(Tensor::new(&out.keys)?),
+        Tensor::optional(&out.values)?,
+        Tensor::optional(&out.queries)?,
+    ])
+}
+
 /// Run a whole round on sequence `seq` of a context configured with `paged = 1`
 /// (`paged_dtype` at least the K/V element size; `KVE_ERR_INVALID_ARGUMENT` otherwise;
 /// any context for `cells` NULL):
-/// begin it over `round`'s cells, mark them, gather and score every layer, select, and
+/// begin it over `round`'s cells, mark them, gather and score every layer (its tensors
+/// from the arrays or from `fill`), select, and
 /// write the kept cells (indices into `round->cells`, ascending: position order) to
 /// `kept` (`len` at least `n_cells`, room for every cell, else `KVE_ERR_OUTPUT_TOO_SMALL`
 /// before the round begins) and their count to `*count`. Kept sets and scores are bit-identical to the step-by-step
@@ -135,10 +194,12 @@ fn per_layer(
 /// cells (or moves the kept ones) and calls `kve_evictor_commit`. Host memory only; per
 /// layer `Wo` (`KVE_WO_EVERY_ROUND`) and row log-sum-exp are not taken (the step-by-step
 /// calls take them). Every argument above is checked before the round begins: such an
-/// error writes nothing. An error only a layer's scoring finds (queries the scorer
-/// refuses, too few window queries observed, `Wo` not given) leaves the round begun and
-/// partly scored, as the step-by-step calls would; `kept`/`count` are written only on
-/// success, and the next round (or `kve_evictor_seq_reset`) starts clean.
+/// error writes nothing. An error found once the round has begun — a layer's tensors from
+/// `fill` refused, `fill` returning nonzero (`KVE_ERR_CALLBACK`: `fill` is not called
+/// again), or what only a layer's scoring finds (queries the scorer refuses, too few window
+/// queries observed, `Wo` not given) — leaves the round begun with the layers before it
+/// scored, as the step-by-step calls would; `kept`/`count` are written only on success,
+/// and the next round (or `kve_evictor_seq_reset`) starts clean.
 #[no_mangle]
 pub unsafe extern "C" fn kve_evictor_run_round(
     evictor: *mut kve_evictor,
@@ -158,10 +219,20 @@ pub unsafe extern "C" fn kve_evictor_run_round(
     };
     // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
     let r = tri!(unsafe { read_ext(round, KVE_EVICTOR_ROUND_V1_SIZE, NO_ROUND) });
-    if r.reserved != 0 || r.pad != 0 {
+    if r.reserved != 0 || r.pad != 0 || r.user_pad != 0 {
         return to_status(Err(Error::InvalidArgument));
     }
     let layers = ev.layers();
+    match r.fill {
+        Some(_) if r.n_keys != 0 || r.n_values != 0 || r.n_queries != 0 => {
+            return to_status(Err(Error::InvalidArgument))
+        }
+        Some(_) if tri!(to_usize(r.fill_layers)) != layers => {
+            return to_status(Err(Error::ShapeMismatch))
+        }
+        None if r.fill_layers != 0 => return to_status(Err(Error::InvalidArgument)),
+        _ => {}
+    }
     let dense = r.cells.is_null();
     let n = tri!(to_usize(r.n_cells));
     let cells = tri!(Buf::new(r.cells, if dense { 0 } else { r.n_cells }));
@@ -185,7 +256,7 @@ pub unsafe extern "C" fn kve_evictor_run_round(
         (_, p) if p != r.n_cells => return to_status(Err(Error::ShapeMismatch)),
         (_, p) => tri!(Buf::new(r.positions, p)),
     };
-    let keys = tri!(per_layer(r.keys, r.n_keys, layers, true)).expect("required");
+    let keys = tri!(per_layer(r.keys, r.n_keys, layers, r.fill.is_none()));
     let values = tri!(per_layer(r.values, r.n_values, layers, false));
     let queries = tri!(per_layer(r.queries, r.n_queries, layers, false));
     let span = |b: &Option<Buf<kve_tensor>>| b.as_ref().map_or(Span::EMPTY, |b| b.span);
@@ -195,16 +266,16 @@ pub unsafe extern "C" fn kve_evictor_run_round(
         marks.as_ref().map_or(Span::EMPTY, |m| m.span),
         ranges.span,
         positions.span,
-        keys.span,
+        span(&keys),
         span(&values),
         span(&queries),
     ];
     tri!(check_alias(&[c.span, o.span, ctx], &inputs));
     // SAFETY: Buf::new checked them; check_alias: no output (the context, `kept`, `count`)
     // overlaps them.
-    let (cells, keys) = unsafe { (cells.slice(), keys.slice()) };
+    let cells = unsafe { cells.slice() };
     // SAFETY: as above.
-    let [values, queries] = [values, queries].map(|b| b.map(|b| unsafe { b.slice() }));
+    let [keys, values, queries] = [keys, values, queries].map(|b| b.map(|b| unsafe { b.slice() }));
     tri!(ev.check_distinct(cells));
     // SAFETY: as above.
     let (positions, ranges) = unsafe { (positions.slice(), ranges.slice()) };
@@ -220,25 +291,28 @@ pub unsafe extern "C" fn kve_evictor_run_round(
         false if x.extent[1] <= top => Err(Error::OutOfBounds),
         _ => Ok(()),
     };
-    // layer l's tensors, checked (descriptor, bounds, no overlap with an output, every
-    // cell inside): all of them before the round begins
-    let tensors = |l: usize| -> Result<[Option<Tensor>; 3]> {
-        let t = [
-            Some(Tensor::new(&keys[l])?),
-            values.map_or(Ok(None), |v| Tensor::optional(&v[l]))?,
-            queries.map_or(Ok(None), |q| Tensor::optional(&q[l]))?,
-        ];
-        let spans = [
-            Tensor::span(&t[0]),
-            Tensor::span(&t[1]),
-            Tensor::span(&t[2]),
-        ];
-        check_alias(&[o.span, c.span, ctx], &spans)?;
+    // a layer's tensors, checked (descriptor, bounds, no overlap with an output, every
+    // cell inside)
+    let checked = |t: [Option<Tensor>; 3]| -> Result<[Option<Tensor>; 3]> {
+        check_alias(&[o.span, c.span, ctx], &t.each_ref().map(Tensor::span))?;
         t[..2].iter().flatten().try_for_each(fits)?;
         Ok(t)
     };
-    for l in 0..layers {
-        tri!(tensors(l));
+    // layer l's tensors: from the arrays (all checked before the round begins) or `fill`
+    let tensors = |l: usize| -> Result<[Option<Tensor>; 3]> {
+        checked(match (r.fill, keys) {
+            (Some(f), _) => filled(f, r.user, l)?,
+            (None, k) => [
+                k.map(|k| Tensor::new(&k[l])).transpose()?,
+                values.map_or(Ok(None), |v| Tensor::optional(&v[l]))?,
+                queries.map_or(Ok(None), |q| Tensor::optional(&q[l]))?,
+            ],
+        })
+    };
+    if r.fill.is_none() {
+        for l in 0..layers {
+            tri!(tensors(l));
+        }
     }
     let s = tri!(to_usize(seq));
     tri!(ev.begin(s, n, tri!(to_usize(r.target))));
@@ -255,7 +329,7 @@ pub unsafe extern "C" fn kve_evictor_run_round(
             t.as_ref().map(|t| unsafe { t.view() }).transpose()
         };
         let lv = LayerViews {
-            keys: tri!(view(&k)).expect("required"),
+            keys: tri!(tri!(view(&k)).ok_or(Error::NullPointer)),
             values: tri!(view(&v)),
             queries: tri!(view(&q)),
             row_lse: None,
