@@ -648,6 +648,45 @@ fn check_csr(off: &[u32], offsets_len: usize, idx: &[u32], units: usize, n: u64)
     }
 }
 
+/// The fuzz round's layers for `kve_evictor_round.fill` (the V2 form of call 13).
+struct FillData {
+    ks: Vec<kve_tensor>,
+    vs: Vec<kve_tensor>,
+    qs: Vec<kve_tensor>,
+    values: bool,
+    fail_at: u64,
+    wo: bool,
+    calls: u64,
+    failed: bool,
+}
+
+/// Gives layer `layer`'s tensors from `FillData` (absent where it has none), or fails at
+/// `fail_at`; asserts it is never called again after a failure.
+unsafe extern "C" fn fuzz_fill(user: *mut c_void, layer: u64, out: *mut kve_evictor_layer) -> i32 {
+    let d = unsafe { &mut *user.cast::<FillData>() };
+    assert!(!d.failed, "fill called again after it failed");
+    d.calls += 1;
+    if layer == d.fail_at {
+        d.failed = true;
+        return 7;
+    }
+    let o = unsafe { &mut *out };
+    let i = layer as usize;
+    if let Some(k) = d.ks.get(i) {
+        o.keys = *k;
+    }
+    if let Some(v) = d.vs.get(i).filter(|_| d.values) {
+        o.values = *v;
+    }
+    if let Some(q) = d.qs.get(i) {
+        o.queries = *q;
+    }
+    if d.wo {
+        o.wo = o.keys;
+    }
+    0
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut r = R { d: data, i: 0 };
     let op = r.u8() % 14;
@@ -2537,7 +2576,11 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 let marks: Vec<u8> = (0..cells).map(|_| r.u8() % 2).collect();
                 let mut rd: kve_evictor_round = std::mem::zeroed();
                 kve_evictor_round_init(&mut rd, KVE_EVICTOR_ROUND_V1_SIZE);
-                rd.cells = if dense { std::ptr::null() } else { ids.as_ptr() };
+                rd.cells = if dense {
+                    std::ptr::null()
+                } else {
+                    ids.as_ptr()
+                };
                 rd.n_cells = ids.len() as u64;
                 (rd.keys, rd.n_keys) = (ks.as_ptr(), ks.len() as u64);
                 if r.chance(2) {
@@ -2550,7 +2593,42 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 rd.target = r.size(128);
                 rd.mark_share = if r.chance(16) { 2.0 } else { 0.5 };
                 rd.reserved = (!sane && r.chance(32)) as u32;
+                // or the layers through the fill callback (V2): the same tensors given one layer
+                // at a time, sometimes a failure at some layer, sometimes arrays given as well or
+                // a hostile layer count / wo
+                let mut fd = FillData {
+                    ks,
+                    vs,
+                    qs,
+                    values: r.chance(2),
+                    fail_at: if r.chance(4) {
+                        r.u8() as u64 % (l + 1)
+                    } else {
+                        u64::MAX
+                    },
+                    wo: !sane && r.chance(32),
+                    calls: 0,
+                    failed: false,
+                };
+                if r.chance(3) {
+                    rd.struct_size = KVE_EVICTOR_ROUND_V2_SIZE;
+                    if sane || !r.chance(16) {
+                        (rd.keys, rd.n_keys, rd.values, rd.n_values) =
+                            (std::ptr::null(), 0, std::ptr::null(), 0);
+                        (rd.queries, rd.n_queries) = (std::ptr::null(), 0);
+                    }
+                    rd.fill = Some(fuzz_fill);
+                    rd.fill_layers = if r.chance(16) { r.u8() as u64 % 4 } else { l };
+                    rd.user = (&mut fd as *mut FillData).cast();
+                }
                 let s = kve_evictor_run_round(e, seq, &rd, out.ptr, out.len, &mut count);
+                assert!(fd.calls <= l, "fill called past the context's layers");
+                if fd.failed {
+                    assert_eq!(
+                        s, KVE_ERR_CALLBACK,
+                        "a failing fill ends the round with KVE_ERR_CALLBACK"
+                    );
+                }
                 if s == KVE_OK && !out.in_arena {
                     let kept = &out.own[..count as usize];
                     assert!(
