@@ -432,7 +432,7 @@ def cmd_report(args):
             ax.set_xscale("log", base=2)
         ax.set_xlabel(xl)
         ax.set_ylabel(yl)
-        ax.set_title(fname)
+        ax.set_title(f"{fname} ({datetime.datetime.utcnow().strftime('%Y-%m-%d')}; docs/results/decode.md)", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
