@@ -66,6 +66,16 @@ fn run(tool: &Path, args: &[&str]) -> Vec<Vec<(String, String)>> {
         .collect()
 }
 
+/// The tool run on bad input: exit 1, `said` on stderr.
+fn fails(tool: &Path, args: &[&str], said: &str) {
+    let o = Command::new(tool)
+        .args(args)
+        .output()
+        .expect("run the tool");
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains(said), "{o:?}");
+}
+
 fn parse(line: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let b = line.trim().trim_start_matches('{').trim_end_matches('}');
@@ -283,22 +293,93 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         assert_eq!(get(&v[2], "template"), template, "{v:?}");
     }
     // a share outside [0, 1] is refused by the fork (LLAMA_KV_EVICT_ERR_ARG), said and exit 1
-    let o = Command::new(&tool)
-        .args(chat_args(
-            "uniqueness",
-            "64",
-            &["--mark", "user", "--mark-share", "2"],
-        ))
-        .output()
-        .expect("run the tool");
-    assert_eq!(o.status.code(), Some(1), "{o:?}");
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("llama_kv_evict_mark"),
-        "{o:?}"
+    fails(
+        &tool,
+        &chat_args("uniqueness", "64", &["--mark", "user", "--mark-share", "2"]),
+        "llama_kv_evict_mark",
     );
     let v = run(&tool, &chat_args("uniqueness", "2048", &[]));
     assert!(
         get(v.last().unwrap(), "note").contains("never exceeds the budget"),
         "{v:?}"
+    );
+
+    // where the facts are told (`F id i`: the message that tells question id's fact): a
+    // checkpoint asks only the facts told before it, and a fact told after the first
+    // `--facts-by` tokens is said (the run goes on)
+    let late = dir.join("late.tsv");
+    let mut s = String::from("M\tsystem\tYou are a helpful assistant.\nM\tuser\tMy dog is called Biscuit.\nM\tassistant\tNoted.\n");
+    let filler = |s: &mut String, n: usize| {
+        for i in 0..n {
+            *s += &format!(
+                "M\tuser\tTell me about the flood, part {i}.\nM\tassistant\t{}\n",
+                &TEXT[..300]
+            );
+        }
+    };
+    filler(&mut s, 2);
+    s += "M\tuser\tMy cat is called Tofu.\nM\tassistant\tNoted.\n";
+    filler(&mut s, 4);
+    s += "Q\tdog\tWhat is my dog called?\tYour dog is called\t Biscuit\t Pepper\t Rocky\n";
+    s += "Q\tcat\tWhat is my cat called?\tYour cat is called\t Tofu\t Sprout\t Quill\n";
+    s += "F\tdog\t1\nF\tcat\t7\n";
+    std::fs::write(&late, s).unwrap();
+    let l = late.to_str().unwrap();
+    let v = run(
+        &tool,
+        &[
+            "-m",
+            m,
+            "--mode",
+            "chat",
+            "--input",
+            l,
+            "--method",
+            "uniqueness",
+            "--budget",
+            "64",
+            "--at",
+            "100,400",
+            "--gen",
+            "4",
+            "--facts-by",
+            "64",
+        ],
+    );
+    assert_eq!(
+        v.len(),
+        4,
+        "the dog at the first checkpoint, both at the second, the summary: {v:?}"
+    );
+    assert_eq!(get(&v[0], "question"), "dog", "{v:?}");
+    assert!(
+        num(&v[0], "told") > 0.0 && num(&v[0], "told") <= 64.0,
+        "{v:?}"
+    );
+    let cat_told = num(&v[2], "told");
+    assert_eq!(get(&v[2], "question"), "cat", "{v:?}");
+    assert!(
+        cat_told > num(&v[0], "history") && cat_told <= num(&v[2], "history"),
+        "{v:?}"
+    );
+    let sum = &v[3];
+    assert_eq!(num(sum, "asked"), 3.0, "{sum:?}");
+    assert_eq!(num(sum, "facts_end"), cat_told, "{sum:?}");
+    let note = get(sum, "note");
+    assert!(
+        note.contains("not every fact is told within the first 64 tokens: cat"),
+        "{note}"
+    );
+    assert!(note.contains("not told yet: cat"), "{note}");
+    // a record naming no question is bad input: said, exit 1
+    std::fs::write(
+        &late,
+        std::fs::read_to_string(&late).unwrap() + "F\tfish\t1\n",
+    )
+    .unwrap();
+    fails(
+        &tool,
+        &["-m", m, "--mode", "chat", "--input", l, "--method", "full"],
+        "bad record: F fish",
     );
 }

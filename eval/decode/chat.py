@@ -1,5 +1,5 @@
-"""Conversations for the recall benchmark (issue 28): facts told in early turns, FAQ filler
-turns after them, questions on each fact with an answer prefix and same-kind distractors.
+"""Conversations for the recall benchmark (issue 28): facts told in the first turns (within the first
+C tokens: layout "early"), FAQ filler turns after them, questions on each fact with an answer prefix and same-kind distractors.
 
 Two splits with nothing in common but the system prompt: other fact templates, other values,
 other filler (corpus.faq), other acknowledgements, other seeds (the driver's).
@@ -68,9 +68,16 @@ def _values(rng, vals, n):
     return rng.sample(vals, n)
 
 
-def conversation(split, seed, n_facts=4, words=3000):
-    """(messages, questions): messages [(role, content)], questions
-    [(id, question, prefix, value, distractors...)]; about `words` words of filler."""
+def conversation(split, seed, n_facts=4, words=3000, layout="early"):
+    """(messages, questions, told): messages [(role, content)], questions
+    [(id, question, prefix, value, distractors...)], told {id: index in messages of the user turn that tells
+    the fact}; about `words` words of filler.
+
+    layout "early" (the benchmark's since 2026-12-06 17:30): the facts in consecutive user turns right after
+    the system prompt, each acknowledged, then the filler: all told within the first ~130 tokens (SmolLM2,
+    Gemma 3), so that at a checkpoint of k x the budget C every fact is told and at least (k - 1) x C tokens
+    old (the tool checks it: `--facts-by C`). layout "spread" (the benchmark's before): one or two FAQ filler
+    turns before each fact, the facts over the first ~1,000 tokens."""
     rng = random.Random(f"{split}:{seed}")
     temps = rng.sample(TEMPLATES[split], n_facts)
     faq = corpus.faq(split)
@@ -94,18 +101,24 @@ def conversation(split, seed, n_facts=4, words=3000):
         msgs.append(("assistant", a))
         n_words += len(q.split()) + len(a.split())
 
-    # facts at different early turns: one or two filler turns before each (the first after one)
+    if layout not in ("early", "spread"):
+        raise ValueError(f"layout {layout!r}: early or spread")
+    told = {}
     for i, (role, text) in enumerate(facts):
-        for _ in range(1 if i == 0 else rng.randint(1, 2)):
+        # spread: facts at different early turns, one or two filler turns before each (the first after one)
+        for _ in range(0 if layout == "early" else 1 if i == 0 else rng.randint(1, 2)):
             filler()
+        told[qs[i][0]] = len(msgs)
         msgs.append((role, text))
         msgs.append(("assistant", rng.choice(ACK[split])))
     while n_words < words:
         filler()
-    return msgs, [(q[0],) + q[1:] for q in qs]
+    return msgs, qs, told
 
 
-def write(path, msgs, qs):
+def write(path, msgs, qs, told=None):
+    """The tool's input: `M role text` a message, `Q id question prefix value distractors...` a question,
+    `F id i` the message (0-based among the M records) that tells question id's fact."""
     def esc(s):
         return s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
 
@@ -114,3 +127,5 @@ def write(path, msgs, qs):
             f.write(f"M\t{role}\t{esc(text)}\n")
         for q in qs:
             f.write("Q\t" + "\t".join(esc(x) for x in q) + "\n")
+        for qid, i in (told or {}).items():
+            f.write(f"F\t{esc(qid)}\t{i}\n")

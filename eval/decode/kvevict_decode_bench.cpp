@@ -25,6 +25,11 @@
 // Chat input (UTF-8, one record a line, fields separated by TAB; "\n", "\t", "\\" escaped):
 //   M <role> <content>                       a message of the history (system, user, assistant)
 //   Q <id> <question> <answer prefix> <value> [<distractor> ...]
+//   F <id> <i>                               question id's fact is told in message i (0-based among the M
+//                                            records): the question is asked only at checkpoints after it
+//     [--facts-by N]: every fact must be told within the history's first N tokens (the budget C: at a
+//     checkpoint of k x C each fact is then at least (k - 1) x C tokens old); a fact told later is said
+//     on stderr and in the summary's note, and the run goes on
 // After the history, for each question (from a snapshot of the sequence's state, restored each
 // time): the candidates' log-likelihoods after "<question turn><prefix>" and a greedy answer.
 #include "llama.h"
@@ -63,6 +68,7 @@ struct options {
     int prompt_tokens = -1;    // ppl, with --mark: the text's first P tokens marked (-1: the budget)
     float mark_share = -1.0f;  // chat, with --mark: the share of kept cells reserved for them (< 0: kvevict's default)
     std::string chat_template; // chat: a llama.cpp template name or text (default: the model's own, else llama.cpp's chatml)
+    int facts_by = -1;         // chat: every fact (F records) told within the history's first N tokens, else said (-1: no check)
 };
 
 double cpu_ms() {
@@ -388,6 +394,8 @@ int run_ppl(const options & o) {
 struct question {
     std::string id, text, prefix;
     std::vector<std::string> cands; // [0] = the value
+    long told_msg = -1;             // the message that tells the fact (F record; -1: not given, asked everywhere)
+    size_t told = 0;                // the history's tokens up to the end of that message's turn
 };
 
 int run_chat(const options & o) {
@@ -395,6 +403,7 @@ int run_chat(const options & o) {
     std::vector<llama_chat_message> msgs;
     std::vector<std::string> roles, contents;
     std::vector<question> qs;
+    std::vector<std::pair<std::string, long>> told_recs; // F records: (question id, message index)
     {
         std::ifstream f(o.input);
         std::string line;
@@ -406,10 +415,20 @@ int run_chat(const options & o) {
                 question q{fl[1], fl[2], fl[3], {}};
                 for (size_t i = 4; i < fl.size(); i++) q.cands.push_back(fl[i]);
                 qs.push_back(q);
+            } else if (fl[0] == "F" && fl.size() == 3) {
+                told_recs.push_back({fl[1], atol(fl[2].c_str())});
             } else { fprintf(stderr, "bad record: %s\n", line.c_str()); return 1; }
         }
     }
     if (roles.empty() || qs.empty()) { fprintf(stderr, "no history or no question in %s\n", o.input.c_str()); return 1; }
+    for (const auto & [id, i] : told_recs) {
+        auto q = std::find_if(qs.begin(), qs.end(), [&](const question & x) { return x.id == id; });
+        if (q == qs.end() || i < 0 || i >= (long) roles.size()) {
+            fprintf(stderr, "bad record: F %s %ld (no such question or message)\n", id.c_str(), i);
+            return 1;
+        }
+        q->told_msg = i;
+    }
     // the model's template: incremental formatting (each turn's text = formatted(0..i) minus formatted(0..i-1))
     if (!r.load()) return 1;
     llama_model * vm = r.model;
@@ -472,6 +491,9 @@ int run_chat(const options & o) {
             if (post > 0) turn_marks.back().push_back({n - post, n});
         }
         hist_tokens += turns.back().size();
+        for (auto & q : qs) {
+            if (q.told_msg == (long) i) q.told = hist_tokens;
+        }
         prev = all;
     }
     if (n_mark_approx > 0) {
@@ -524,6 +546,22 @@ int run_chat(const options & o) {
         note = "the conversation (" + std::to_string(hist_tokens) + " tokens, questions included) never exceeds the budget (" +
                std::to_string(r.budget) + " cells): nothing is evicted";
         fprintf(stderr, "kvevict_decode_bench: %s\n", note.c_str());
+    }
+    // the facts' places: each told within the first --facts-by tokens, else said (the run goes on: its
+    // question is asked at the checkpoints after it, younger than the others there)
+    size_t facts_end = 0;
+    for (const auto & q : qs) facts_end = std::max(facts_end, q.told);
+    if (o.facts_by >= 0) {
+        std::string late;
+        for (const auto & q : qs) {
+            if (q.told_msg < 0) late += (late.empty() ? "" : ", ") + q.id + " (not given: no F record)";
+            else if (q.told > (size_t) o.facts_by) late += (late.empty() ? "" : ", ") + q.id + " (told by token " + std::to_string(q.told) + ")";
+        }
+        if (!late.empty()) {
+            std::string m = "not every fact is told within the first " + std::to_string(o.facts_by) + " tokens: " + late;
+            fprintf(stderr, "kvevict_decode_bench: %s\n", m.c_str());
+            note += (note.empty() ? "" : "; ") + m;
+        }
     }
     // checkpoints: after the first turn at which the history reaches each --at count (default: the end)
     std::vector<int> at = o.at;
@@ -588,8 +626,20 @@ int run_chat(const options & o) {
         if (r.shift) r.maybe_shift(room_needed);
         save(snap);
         const int evictions = r.ev.count, shifts = r.shifts;
+        // a fact not told yet is not asked here (said once per checkpoint)
+        std::string later;
+        for (const auto & q : qs) {
+            if (q.told > fed) later += (later.empty() ? "" : ", ") + q.id + " (told by token " + std::to_string(q.told) + ")";
+        }
+        if (!later.empty()) {
+            std::string m = "at the checkpoint of " + std::to_string(label) + " (" + std::to_string(fed) +
+                            " tokens) not asked, their facts not told yet: " + later;
+            fprintf(stderr, "kvevict_decode_bench: %s\n", m.c_str());
+            note += (note.empty() ? "" : "; ") + m;
+        }
         for (size_t qi = 0; qi < qs.size(); qi++) {
             const auto & q = qs[qi];
+            if (q.told > fed) continue;
             std::vector<double> lp;
             bool failed = !restore(snap);
             // the question and the answer prefix once; its last logits and a snapshot after it serve
@@ -647,9 +697,9 @@ int run_chat(const options & o) {
             const bool hit = !failed && lo.find(v) != std::string::npos;
             n_ok += hit;
             n_asked++;
-            printf("{\"at\":%d,\"history\":%zu,\"cells\":%d,\"evictions\":%d,\"shifts\":%d,\"question\":%s,\"value\":%s,"
+            printf("{\"at\":%d,\"history\":%zu,\"told\":%ld,\"cells\":%d,\"evictions\":%d,\"shifts\":%d,\"question\":%s,\"value\":%s,"
                    "\"answer\":%s,\"recalled\":%s,\"choice_ok\":%s,\"lp_value\":%.4f,\"status\":\"%s\"}\n",
-                   label, fed, snap.cells, evictions, shifts, json_str(q.id).c_str(), json_str(q.cands[0]).c_str(),
+                   label, fed, q.told_msg < 0 ? -1L : (long) q.told, snap.cells, evictions, shifts, json_str(q.id).c_str(), json_str(q.cands[0]).c_str(),
                    json_str(answer).c_str(), hit ? "true" : "false", (!failed && rank == 0) ? "true" : "false",
                    lp.empty() ? NAN : lp[0], failed ? "error" : "ok");
             fflush(stdout);
@@ -691,7 +741,8 @@ int run_chat(const options & o) {
     }
     head("ok", note);
     char b[256];
-    snprintf(b, sizeof b, ",\"asked\":%d,\"recalled\":%d,\"question_cpu_ms\":%.1f,", n_asked, n_ok, q_cpu);
+    snprintf(b, sizeof b, ",\"asked\":%d,\"recalled\":%d,\"facts_end\":%zu,\"facts_by\":%d,\"question_cpu_ms\":%.1f,",
+             n_asked, n_ok, facts_end, o.facts_by, q_cpu);
     // the cost line: decode CPU time of the history alone (questions excluded)
     r.decode_cpu -= q_cpu;
     printf("%s%s}\n", b, r.cost_json().c_str());
@@ -729,6 +780,7 @@ int main(int argc, char ** argv) {
         else if (a == "--prompt-tokens") o.prompt_tokens = atoi(next().c_str());
         else if (a == "--mark-share") o.mark_share = (float) atof(next().c_str());
         else if (a == "--chat-template") o.chat_template = next();
+        else if (a == "--facts-by") o.facts_by = atoi(next().c_str());
         else if (a == "--at") {
             std::stringstream ss(next());
             std::string x;
@@ -741,7 +793,7 @@ int main(int argc, char ** argv) {
     if (o.model.empty() || o.input.empty() || (o.mode != "ppl" && o.mode != "chat")) {
         fprintf(stderr, "usage: %s -m MODEL --mode ppl|chat --input FILE --method M --budget C [--evict-to F] "
                         "[--window W] [--links T] [--n-keep K] [--chunk U] [--max-tokens N] [--skip S] [--gen G] "
-                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user|prompt] [--mark-share S] [--mark-cap K] [--prompt-tokens P] [--chat-template T]\n", argv[0]);
+                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user|prompt] [--mark-share S] [--mark-cap K] [--prompt-tokens P] [--chat-template T] [--facts-by N]\n", argv[0]);
         return 2;
     }
     llama_log_set(quiet_log, nullptr);

@@ -181,16 +181,17 @@ def cmd_chat(args):
     # the history is generated long enough for the largest ratio (~1.45 tokens a word here)
     words = int(max(ratios) * c / 1.3) + 200
     for s in seeds_of(args.seeds):
-        msgs, qs = chat.conversation(args.split, s, n_facts=args.facts, words=words)
+        msgs, qs, told = chat.conversation(args.split, s, n_facts=args.facts, words=words, layout=args.layout)
         f = os.path.join(tdir, f"{args.split}-{s}.tsv")
-        chat.write(f, msgs, qs)
+        chat.write(f, msgs, qs, told)
         for m in ["full"] + args.methods.split(","):
             if (m, s) in done:
                 continue
             # the method's own options last: they override the defaults (--evict-to)
             cmd = ["-m", model, "--mode", "chat", "--input", f, "--budget", str(c),
                    "--at", ",".join(str(r * c) for r in ratios), "--gen", str(args.gen), "-t", str(args.threads),
-                   "--evict-to", str(args.evict_to)] + (["--chat-template", args.chat_template] if args.chat_template else []) \
+                   "--evict-to", str(args.evict_to), "--facts-by", str(c)] \
+                + (["--chat-template", args.chat_template] if args.chat_template else []) \
                 + method_args(m, c)
             jobs.append((m, s, cmd, f))
 
@@ -204,10 +205,15 @@ def cmd_chat(args):
             if "mode" in r:
                 r["cells"] = r.get("budget")  # the tool's own cell count (":cells=N"); recorded under the table's C
             r.update(kind="summary" if "mode" in r else "question", split=args.split, model=name, seed=s,
-                     method=m, budget=c, date=stamp)
-        recs[-1].update(notes=notes, command=line.replace(f, f"<chat.conversation('{args.split}', {s})>"))
+                     method=m, budget=c, date=stamp, layout=args.layout)
+        recs[-1].update(notes=notes, command=line.replace(
+            f, f"<chat.conversation('{args.split}', {s}" + (f", layout='{args.layout}'" if args.layout != "early" else "") + ")>"))
         append(path, recs)
-        print(f"chat {args.split} C={c} {m} seed {s}: {recs[-1].get('recalled')}/{recs[-1].get('asked')}", flush=True)
+        print(f"chat {args.split} C={c} {m} seed {s}: {recs[-1].get('recalled')}/{recs[-1].get('asked')}, facts told by "
+              f"token {recs[-1].get('facts_end')}", flush=True)
+        for n in notes:
+            if "not every fact" in n or "not told yet" in n:
+                print(f"  seed {s}: {n}", flush=True)
 
     with cf.ThreadPoolExecutor(args.jobs) as ex:
         list(ex.map(one, jobs))
@@ -325,8 +331,25 @@ def report_chat(out, name, split, c, lines, plots):
     methods = ["full"] + _order({r["method"] for r in qs if r["method"] != "full"})
     key = {(r["method"], r["seed"], r["at"], r["question"]): r for r in qs}
     lines.append(f"### Conversation recall, {name}, {split} split, budget C = {c} cells\n")
-    lines.append(f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)} conversations, `chat.conversation('{split}', seed)`), "
-                 f"{sum(1 for r in qs if r['method'] == 'full' and r['at'] == ats[0])} facts asked at each checkpoint; "
+    # where the facts are told (the tool's `told`: the history's tokens up to the end of the fact's turn)
+    last = {}
+    for r in qs:
+        if r["method"] == "full" and r.get("told", -1) >= 0:
+            last[r["seed"]] = max(last.get(r["seed"], 0), r["told"])
+    told = sorted(last.values())
+    layouts = sorted({r.get("layout", "spread") for r in sums})
+    per_at = {a: sum(1 for r in qs if r["method"] == "full" and r["at"] == a) for a in ats}
+    lines.append(f"Seeds {seeds[0]}–{seeds[-1]} ({len(seeds)} conversations, `chat.conversation('{split}', seed)`, "
+                 f"layout {' / '.join(layouts)}: " +
+                 ("the 4 facts in the first user turns, each acknowledged, then FAQ filler" if layouts == ["early"] else
+                  "FAQ filler turns before each fact") +
+                 (f"; every fact told by token {max(told)} (the last fact's turn ends at token {min(told)}–{max(told)} "
+                  f"over the seeds: `--facts-by {c}` checks each is within the first C), so at k× the budget each "
+                  f"fact is at least (k − 1)×C tokens old" if told and max(told) <= c else
+                  f"; facts told up to token {max(told)}: a checkpoint asks only the facts told before it" if told else
+                  "") + "), " +
+                 (f"{per_at[ats[0]]} facts asked at each checkpoint; " if len(set(per_at.values())) == 1 else
+                  "facts asked at the checkpoints: " + ", ".join(f"{per_at[a]}" for a in ats) + "; ") +
                  f"the questions are asked when the history reaches {', '.join(f'{a // c}×' for a in ats)} the budget "
                  f"(from a snapshot of the sequence, restored for each question). **recalled**: the greedy answer after "
                  f"the answer prefix contains the value; **choice**: the value's log-likelihood beats its 3 same-kind "
@@ -409,7 +432,7 @@ def cmd_report(args):
             ax.set_xscale("log", base=2)
         ax.set_xlabel(xl)
         ax.set_ylabel(yl)
-        ax.set_title(fname)
+        ax.set_title(f"{fname} ({datetime.datetime.utcnow().strftime('%Y-%m-%d')}; docs/results/decode.md)", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -442,6 +465,9 @@ def main():
     c.add_argument("--ratios", default="2,4,8")
     c.add_argument("--seeds", default="0-7")
     c.add_argument("--facts", type=int, default=4)
+    c.add_argument("--layout", default="early", choices=["early", "spread"],
+                   help="early: the facts in the first turns, told within the first C tokens (checked by the tool); "
+                        "spread: the layout before 2026-12-06 17:30, facts over the first ~1,000 tokens")
     c.add_argument("--gen", type=int, default=8)
     c.add_argument("--chat-template", default="",
                    help="a llama.cpp template name (e.g. gemma) for a model whose GGUF has none (default: the model's own)")
