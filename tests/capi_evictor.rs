@@ -450,6 +450,51 @@ fn hostile_configs_and_memory() {
     assert_eq!(ev as usize, 7);
 }
 
+/// Both size queries answer a huge `max_seqs` by arithmetic: every sequence slot is the same
+/// size (a loop over the slots took minutes before the sum overflowed: a fuzz timeout in
+/// `kve_cuda_evictor_size`), and a count whose bytes overflow is refused.
+#[test]
+fn size_queries_scale_with_the_sequence_count() {
+    // (host size, device form's host and device sizes); the device form's query gives
+    // KVE_ERR_NOT_BUILT_WITH_CUDA without the cuda / cuda-emu feature: checked where it is built
+    let sizes = |seqs: u64| {
+        let c = kve_evictor_config {
+            max_seqs: seqs,
+            ..config(Preset::LaProx as u32)
+        };
+        let (mut host, mut h, mut d) = (0u64, 0u64, 0u64);
+        // SAFETY: valid config and outputs.
+        let s = unsafe {
+            (
+                kve_evictor_size(&c, &mut host),
+                kve_cuda_evictor_size(&c, &mut h, &mut d),
+            )
+        };
+        (s, host, h, d)
+    };
+    let one = sizes(1);
+    let two = sizes(2);
+    let device = one.0 .1 != KVE_ERR_NOT_BUILT_WITH_CUDA;
+    let ok = if device {
+        KVE_OK
+    } else {
+        KVE_ERR_NOT_BUILT_WITH_CUDA
+    };
+    assert_eq!((one.0, two.0), ((KVE_OK, ok), (KVE_OK, ok)));
+    let big = 1u64 << 40;
+    let (s, host, h, d) = sizes(big);
+    assert_eq!(s, (KVE_OK, ok), "2^40 sequence slots: bytes fit in 64 bits");
+    // one slot more per sequence, exactly: (n - 1) times (two - one) past one
+    assert_eq!(host - one.1, (big - 1) * (two.1 - one.1));
+    if device {
+        assert_eq!(h - one.2, (big - 1) * (two.2 - one.2));
+        assert_eq!(d, one.3, "the device block does not grow with host slots");
+    }
+    let (s, ..) = sizes(1u64 << 62);
+    assert_ne!(s.0, KVE_OK);
+    assert_ne!(s.1, KVE_OK);
+}
+
 #[test]
 fn hostile_calls_change_nothing() {
     let mut c = config(Preset::SnapKv as u32);

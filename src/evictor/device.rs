@@ -335,12 +335,16 @@ fn table_scratch_bytes(r: &Resolved) -> Result<usize> {
 fn host_parts(r: &Resolved) -> Result<WorkspaceSize> {
     let mut s = WorkspaceSize::new();
     s.add::<u8>(r.m.layers)?;
-    for _ in 0..r.max_seqs {
-        s.add::<u64>(STATE_WORDS)?;
-        s.add::<u8>(r.m.layers)?;
-        s.add::<u64>(r.m.layers)?;
-        s.add::<u8>(r.m.layers)?;
-    }
+    // each part is padded on its own, so every slot is the same size: one slot times max_seqs
+    // (a loop over a hostile max_seqs ran for minutes before the sum overflowed)
+    let mut slot = WorkspaceSize::new();
+    slot.add::<u64>(STATE_WORDS)?;
+    slot.add::<u8>(r.m.layers)?;
+    slot.add::<u64>(r.m.layers)?;
+    slot.add::<u8>(r.m.layers)?;
+    s.0 = mul(slot.0, r.max_seqs)?
+        .checked_add(s.0)
+        .ok_or(Error::Overflow)?;
     s.add::<f32>(r.gram_len)?;
     s.add::<u8>(gram_ws(r)?)?;
     s.add::<u8>(table_scratch_bytes(r)?)?;
