@@ -163,12 +163,12 @@ mod tests {
             assert_eq!(e.message(), msg.trim_end_matches('\0'));
             assert_eq!(Error::ALL[i - 1], e, "ALL is in code order");
         }
-        for code in [-1, 16, 0x100, i32::MIN, i32::MAX] {
+        for code in [-1, 17, 0x100, i32::MIN, i32::MAX] {
             assert_eq!(Error::from_status(code), None);
         }
         // spot checks against the values the C header has always had (ABI)
         assert_eq!((KVE_ERR_NULL_POINTER, Error::Aliasing.status()), (1, 10));
         assert_eq!((KVE_ERR_NOT_BUILT_WITH_CUDA, KVE_ERR_PANIC), (12, 14));
-        assert_eq!(KVE_ERR_UNSUPPORTED_DTYPE, 15);
+        assert_eq!((KVE_ERR_UNSUPPORTED_DTYPE, KVE_ERR_CALLBACK), (15, 16));
     }
 }
