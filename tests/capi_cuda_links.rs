@@ -113,7 +113,7 @@ fn device_links_are_the_host_bits() {
         // n crosses the transposed path's 8-token body; dv its 8-lane tail
         for &(hkv, n, dv) in &[(2, 1, 8), (2, 2, 5), (3, 9, 8), (2, 40, 20), (1, 67, 64)] {
             let mut layers: Vec<Tensor> = (0..2)
-                .map(|_| Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal()))
+                .map(|_| Tensor::normal(&mut rng, dt, layout, [hkv, n, dv]))
                 .collect();
             if n > 5 {
                 // token 4 of head 0, layer 1, is a zero vector: it links nothing
@@ -154,7 +154,7 @@ fn device_links_are_the_host_bits() {
 fn device_links_mark_non_finite_values() {
     let mut rng = device_rng!(5);
     for layout in [Layout::HeadMajor, Layout::Transposed] {
-        let mut t = Tensor::new(Dt::F32, layout, [2, 12, 16], &mut || rng.normal());
+        let mut t = Tensor::normal(&mut rng, Dt::F32, layout, [2, 12, 16]);
         let at = t.st[0] + t.st[1] * 5 + t.st[2] * 3;
         t.flat[at] = f32::NAN;
         t.buf.as_ref().unwrap().upload(&t.dt.encode(&t.flat));
@@ -193,9 +193,7 @@ fn device_links_workspace_size_refuses_bad_shapes() {
 fn device_links_refuse_bad_input_and_write_nothing() {
     let mut rng = device_rng!(6);
     let (hkv, n, dv) = (2, 20, 8);
-    let t = Tensor::new(Dt::F16, Layout::HeadMajor, [hkv, n, dv], &mut || {
-        rng.normal()
-    });
+    let t = Tensor::normal(&mut rng, Dt::F16, Layout::HeadMajor, [hkv, n, dv]);
     let d = desc(&t);
     let bytes = device_ws_bytes(hkv, n);
     assert!(bytes >= (hkv * n * 4) as u64);
@@ -379,6 +377,14 @@ impl Model {
             window: self.w as u64,
         }
     }
+    /// The model's scores `[L][Hkv][n - w]`, element `e` being `f(e)`, and their device copy.
+    fn scores(&self, f: impl FnMut(usize) -> f32) -> (Vec<f32>, Buf) {
+        let host: Vec<f32> = (0..self.layers * self.hkv * (self.n - self.w))
+            .map(f)
+            .collect();
+        let device = Buf::bytes_of(&host);
+        (host, device)
+    }
 }
 
 /// The host's linked selection as per-unit lists.
@@ -524,11 +530,7 @@ fn device_linked_selection_equals_host() {
         n: 300,
         w: 16,
     };
-    let p = m.n - m.w;
-    let scores: Vec<f32> = (0..m.layers * m.hkv * p)
-        .map(|e| if e % 13 == 0 { 0.25 } else { rng.unif() })
-        .collect();
-    let ds = Buf::bytes_of(&scores);
+    let (scores, ds) = m.scores(|e| if e % 13 == 0 { 0.25 } else { rng.unif() });
     let heads = (m.layers * m.hkv) as f32;
     let mut checked = 0;
     for density in [0.0f32, 0.4, 0.8] {
@@ -580,9 +582,7 @@ fn device_linked_selection_refuses_bad_input_and_writes_nothing() {
         n: 40,
         w: 8,
     };
-    let p = m.n - m.w;
-    let scores: Vec<f32> = (0..m.layers * m.hkv * p).map(|_| rng.unif()).collect();
-    let ds = Buf::bytes_of(&scores);
+    let (scores, ds) = m.scores(|_| rng.unif());
     let links = DBuf::from(&vec![0f32; m.n + 1]);
     // SAFETY: a writable struct of the size passed.
     let span = capi_common::init_struct(|p, size| unsafe {

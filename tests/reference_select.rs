@@ -272,13 +272,17 @@ fn laprox_span_smallest_budget_keeps_the_continuation() {
     }
     let scores: Vec<f32> = (0..layers * hkv).flat_map(|_| one.clone()).collect();
     let n = p + window;
+    // the first unit's kept prefix positions under `cfg`
+    let prefix_of = |cfg: &SelectConfig| -> Vec<u32> {
+        let kept = core_select(cfg, &scores, layers, hkv, n, window).unwrap();
+        kept[0]
+            .iter()
+            .copied()
+            .filter(|&i| (i as usize) < p)
+            .collect()
+    };
     let cfg = SelectConfig::laprox_span(16);
-    let kept = core_select(&cfg, &scores, layers, hkv, n, window).unwrap();
-    let prefix: Vec<u32> = kept[0]
-        .iter()
-        .copied()
-        .filter(|&i| (i as usize) < p)
-        .collect();
+    let prefix = prefix_of(&cfg);
     let want: Vec<u32> = [0]
         .into_iter()
         .chain(cue as u32 + 1..=cue as u32 + 8)
@@ -292,12 +296,7 @@ fn laprox_span_smallest_budget_keeps_the_continuation() {
     let mut before = cfg;
     before.post_pool = Pool::forward(8, 0.9);
     before.post_pool_sinks = 0;
-    let old = core_select(&before, &scores, layers, hkv, n, window).unwrap();
-    let old: Vec<u32> = old[0]
-        .iter()
-        .copied()
-        .filter(|&i| (i as usize) < p)
-        .collect();
+    let old = prefix_of(&before);
     assert!(
         (1..8).all(|i| old.contains(&i)),
         "the sink's followers: {old:?}"

@@ -71,12 +71,12 @@ def _find():
 
 
 # ------------------------------------------------------------------------------ structs
+# the typed buffer that opens both tensor descriptors: elements, their count and type
+_BUFFER = [("data", c_void_p), ("len", c_uint64), ("dtype", c_uint32), ("pad", c_uint32)]
+
+
 class kve_tensor(ctypes.Structure):
-    _fields_ = [
-        ("data", c_void_p),
-        ("len", c_uint64),
-        ("dtype", c_uint32),
-        ("pad", c_uint32),
+    _fields_ = _BUFFER + [
         ("extent", c_uint64 * 3),
         ("stride", c_uint64 * 3),
     ]
@@ -84,11 +84,7 @@ class kve_tensor(ctypes.Structure):
 
 class kve_paged_layout(ctypes.Structure):
     """One K or V tensor of a paged pool (``src/capi/paged.rs``)."""
-    _fields_ = [
-        ("data", c_void_p),
-        ("len", c_uint64),
-        ("dtype", c_uint32),
-        ("pad", c_uint32),
+    _fields_ = _BUFFER + [
         ("offset", c_uint64),
         ("num_blocks", c_uint64),
         ("block_size", c_uint64),
@@ -208,16 +204,6 @@ class kve_histogram(ctypes.Structure):
     ]
 
 
-assert ctypes.sizeof(kve_tensor) == 72
-assert ctypes.sizeof(kve_score_params) == 52
-assert ctypes.sizeof(kve_select_params) == 48
-assert ctypes.sizeof(kve_layer_inputs) == 288
-assert ctypes.sizeof(kve_model_scores) == 48
-assert ctypes.sizeof(kve_stream_score_params) == 40
-assert ctypes.sizeof(kve_search) == 128
-assert ctypes.sizeof(kve_histogram) == 2072
-
-
 class kve_evictor_config(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -328,13 +314,16 @@ class kve_evictor_options(ctypes.Structure):
     ]
 
 
-assert ctypes.sizeof(kve_evictor_options) == 48
-assert ctypes.sizeof(kve_evictor_config) == 144
-assert ctypes.sizeof(kve_evictor_layer) == 312
-assert ctypes.sizeof(kve_evictor_paged_layer) == 376
-assert ctypes.sizeof(kve_evictor_round) == 168
-assert ctypes.sizeof(kve_evictor_requirements) == 28
-assert ctypes.sizeof(kve_evictor_stats) == 40
+# The C header's sizes (x86-64 / AArch64 LP64), checked once at import.
+for _struct, _size in (
+    (kve_tensor, 72), (kve_score_params, 52), (kve_select_params, 48), (kve_layer_inputs, 288),
+    (kve_model_scores, 48), (kve_stream_score_params, 40), (kve_search, 128),
+    (kve_histogram, 2072), (kve_evictor_options, 48), (kve_evictor_config, 144),
+    (kve_evictor_layer, 312), (kve_evictor_paged_layer, 376), (kve_evictor_round, 168),
+    (kve_evictor_requirements, 28), (kve_evictor_stats, 40),
+):
+    assert ctypes.sizeof(_struct) == _size, (_struct.__name__, ctypes.sizeof(_struct), _size)
+del _struct, _size
 
 # ------------------------------------------------------------------------- prototypes
 P = POINTER

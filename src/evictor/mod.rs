@@ -407,19 +407,9 @@ impl<'a> Evictor<'a> {
         layer: usize,
         v: &PagedLayerViews,
     ) -> Result<()> {
-        self.r.check_layer(layer)?;
-        let st = self.state(seq)?;
+        let size = |p: &PagedView| p.layout().dtype.size();
+        let st = self.gather_round(seq, layer, size(&v.keys), v.values.as_ref().map(size))?;
         let r = self.r;
-        let Some(dt) = r.paged else {
-            return Err(Error::InvalidArgument);
-        };
-        let fits = |p: &PagedView| p.layout().dtype.size() <= dt.size();
-        if !fits(&v.keys) || !v.values.as_ref().map_or(true, fits) {
-            return Err(Error::InvalidArgument);
-        }
-        if st.phase != Phase::Scoring {
-            return Err(Error::InvalidArgument);
-        }
         let n = st.n as usize;
         let same = |p: &PagedView, d: usize| {
             let l = p.layout();
@@ -444,20 +434,10 @@ impl<'a> Evictor<'a> {
         v: &LayerViews,
         cells: &[u32],
     ) -> Result<()> {
-        self.r.check_layer(layer)?;
-        let st = self.state(seq)?;
         let r = self.r;
-        let Some(dt) = r.paged else {
-            return Err(Error::InvalidArgument);
-        };
         let values = v.values.as_ref().filter(|_| r.capture.values);
-        let fits = |x: &View| x.dtype().size() <= dt.size();
-        if !fits(&v.keys) || !values.map_or(true, fits) {
-            return Err(Error::InvalidArgument);
-        }
-        if st.phase != Phase::Scoring {
-            return Err(Error::InvalidArgument);
-        }
+        let size = |x: &View| x.dtype().size();
+        let st = self.gather_round(seq, layer, size(&v.keys), values.map(size))?;
         let same = |x: &View, d: usize| {
             let [h, _, dd] = x.extent();
             h == r.m.hkv && dd == d
@@ -469,6 +449,31 @@ impl<'a> Evictor<'a> {
             return Err(Error::ShapeMismatch);
         }
         self.score_gathered(seq, layer, &st, v, |x, buf| x.gather_rows(cells, buf))
+    }
+
+    /// The checks [`Evictor::score_layer_paged`] and [`Evictor::score_layer_cells`] make
+    /// before their shapes, in order: `layer`, `seq`, a configured gather element type
+    /// ([`EvictorConfig::paged`]) that the keys' and values' element sizes fit, a round
+    /// being scored (`InvalidArgument` for the last three). Returns `seq`'s state.
+    fn gather_round(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        keys: usize,
+        values: Option<usize>,
+    ) -> Result<SeqState> {
+        self.r.check_layer(layer)?;
+        let st = self.state(seq)?;
+        let Some(dt) = self.r.paged else {
+            return Err(Error::InvalidArgument);
+        };
+        if keys > dt.size() || values.is_some_and(|s| s > dt.size()) {
+            return Err(Error::InvalidArgument);
+        }
+        if st.phase != Phase::Scoring {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(st)
     }
 
     /// Score `layer` of `seq`'s round `st` from `v`'s K (and V, when the method reads

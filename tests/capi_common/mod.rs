@@ -176,6 +176,22 @@ impl Layer {
         }
         st
     }
+    /// The hostile-input cases of one parameter struct: each case is one change (`edit`) to
+    /// this layer's valid inputs and the status `sp` must give on them (through [`score`],
+    /// so the output is checked untouched on every refusal).
+    ///
+    /// [`score`]: Layer::score
+    pub fn check_edits(
+        &mut self,
+        sp: &kve_score_params,
+        cases: &[(fn(&mut kve_layer_inputs), i32)],
+    ) {
+        for (k, &(edit, want)) in cases.iter().enumerate() {
+            let mut inp = self.inputs();
+            edit(&mut inp);
+            assert_eq!(name(self.score(sp, &inp)), name(want), "case {k}");
+        }
+    }
 }
 
 pub fn name(st: i32) -> String {

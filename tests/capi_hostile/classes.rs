@@ -4,7 +4,7 @@ use super::*;
 fn null_pointers() {
     let mut l = Layer::new();
     let sp = score_params(0);
-    let mut inp = l.inputs();
+    let inp = l.inputs();
     // each pointer NULL in turn; NULL with length 0 is an empty buffer: then it is too small
     let (p, i): (*const kve_score_params, *const kve_layer_inputs) = (&sp, &inp);
     let (o, on) = (l.out.as_mut_ptr(), l.out.len() as u64);
@@ -58,45 +58,49 @@ fn null_pointers() {
             KVE_ERR_NULL_POINTER
         );
     }
-    // a required tensor absent, and a tensor whose data is NULL
-    inp.keys.data = null();
-    expect!(l.score(&sp, &inp), KVE_ERR_NULL_POINTER);
-    let mut inp = l.inputs();
-    inp.queries = kve_tensor::NONE;
-    expect!(l.score(&sp, &inp), KVE_ERR_NULL_POINTER);
-    // LaProx without gram or value forms
+    // a tensor whose data is NULL, and a required tensor absent
+    l.check_edits(
+        &sp,
+        &[
+            (|i| i.keys.data = null(), KVE_ERR_NULL_POINTER),
+            (|i| i.queries = kve_tensor::NONE, KVE_ERR_NULL_POINTER),
+        ],
+    );
+    // LaProx without gram or value forms, and with a gram pointer NULL of non-zero length
     let lp = score_params(PRESET_LAPROX);
-    let inp = l.inputs();
-    expect!(l.score(&lp, &inp), KVE_ERR_NULL_POINTER);
+    l.check_edits(
+        &lp,
+        &[
+            (|_| {}, KVE_ERR_NULL_POINTER),
+            (|i| i.gram_len = 10, KVE_ERR_NULL_POINTER),
+        ],
+    );
     // CriticalKV without value_l1
     let mut ck = score_params(PRESET_CRITICALKV);
     ck.window = W as u32;
-    expect!(l.score(&ck, &inp), KVE_ERR_NULL_POINTER);
-    // a gram pointer NULL with a non-zero length
-    let mut inp = l.inputs();
-    inp.gram_len = 10;
-    expect!(l.score(&lp, &inp), KVE_ERR_NULL_POINTER);
+    l.check_edits(&ck, &[(|_| {}, KVE_ERR_NULL_POINTER)]);
 }
 
 #[test]
 fn zero_and_huge_sizes() {
     let mut l = Layer::new();
     let sp = score_params(0);
-    for (axis, v) in [(0usize, 0u64), (1, 0), (2, 0)] {
-        let mut inp = l.inputs();
-        inp.keys.extent[axis] = v;
-        expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT);
-    }
-    // "negative" sizes arrive as huge unsigned values
-    let mut inp = l.inputs();
-    inp.keys.len = u64::MAX; // len * 4 overflows
-    expect!(l.score(&sp, &inp), KVE_ERR_OVERFLOW);
-    let mut inp = l.inputs();
-    inp.keys.extent[1] = (-1i64) as u64;
-    expect!(l.score(&sp, &inp), KVE_ERR_OVERFLOW);
-    let mut inp = l.inputs();
-    inp.keys.extent[0] = (-1i64) as u64 >> 1;
-    expect!(l.score(&sp, &inp), KVE_ERR_INVALID_ARGUMENT); // more heads than KVE_MAX_HEADS
+    l.check_edits(
+        &sp,
+        &[
+            (|i| i.keys.extent[0] = 0, KVE_ERR_INVALID_ARGUMENT),
+            (|i| i.keys.extent[1] = 0, KVE_ERR_INVALID_ARGUMENT),
+            (|i| i.keys.extent[2] = 0, KVE_ERR_INVALID_ARGUMENT),
+            // "negative" sizes arrive as huge unsigned values
+            (|i| i.keys.len = u64::MAX, KVE_ERR_OVERFLOW), // len * 4 overflows
+            (|i| i.keys.extent[1] = (-1i64) as u64, KVE_ERR_OVERFLOW),
+            // more heads than KVE_MAX_HEADS
+            (
+                |i| i.keys.extent[0] = (-1i64) as u64 >> 1,
+                KVE_ERR_INVALID_ARGUMENT,
+            ),
+        ],
+    );
     let mut out = CANARY as u64;
     unsafe {
         expect!(
@@ -162,10 +166,11 @@ fn zero_and_huge_sizes() {
 #[test]
 fn products_that_overflow() {
     let mut l = Layer::new();
-    let sp = score_params(0);
-    let mut inp = l.inputs();
-    inp.keys.stride[1] = u64::MAX / 2; // (N-1) * stride overflows
-    expect!(l.score(&sp, &inp), KVE_ERR_OVERFLOW);
+    // (N-1) * stride overflows
+    l.check_edits(
+        &score_params(0),
+        &[(|i| i.keys.stride[1] = u64::MAX / 2, KVE_ERR_OVERFLOW)],
+    );
     let mut out = CANARY as u64;
     unsafe {
         expect!(
@@ -200,18 +205,15 @@ fn products_that_overflow() {
 
 #[test]
 fn strides_past_the_buffer_and_overlapping_outputs() {
-    let mut l = Layer::new();
-    let sp = score_params(0);
-    let mut inp = l.inputs();
-    inp.keys.len -= 1;
-    expect!(l.score(&sp, &inp), KVE_ERR_OUT_OF_BOUNDS);
-    let mut inp = l.inputs();
-    inp.queries.stride[0] += 1;
-    expect!(l.score(&sp, &inp), KVE_ERR_OUT_OF_BOUNDS);
-    // stride 0 (broadcast) is a valid input view
-    let mut inp = l.inputs();
-    inp.keys.stride[0] = 0;
-    expect!(l.score(&sp, &inp), KVE_OK);
+    Layer::new().check_edits(
+        &score_params(0),
+        &[
+            (|i| i.keys.len -= 1, KVE_ERR_OUT_OF_BOUNDS),
+            (|i| i.queries.stride[0] += 1, KVE_ERR_OUT_OF_BOUNDS),
+            // stride 0 (broadcast) is a valid input view
+            (|i| i.keys.stride[0] = 0, KVE_OK),
+        ],
+    );
 
     // compaction refuses a destination whose rows overlap
     let mut kv = data(HKV * N * D, 9);
@@ -254,13 +256,24 @@ fn strides_past_the_buffer_and_overlapping_outputs() {
 fn misaligned_pointers() {
     let mut l = Layer::new();
     let sp = score_params(0);
-    let mut inp = l.inputs();
-    inp.keys.data = (l.k.as_ptr() as *const u8).wrapping_add(1) as *const c_void;
-    expect!(l.score(&sp, &inp), KVE_ERR_MISALIGNED);
-    let mut inp = l.inputs();
-    inp.keys.dtype = 1; // f16 at an odd address
-    inp.keys.data = (l.k.as_ptr() as *const u8).wrapping_add(1) as *const c_void;
-    expect!(l.score(&sp, &inp), KVE_ERR_MISALIGNED);
+    // the keys one byte past their (aligned) start
+    fn odd(t: &mut kve_tensor) {
+        t.data = (t.data as *const u8).wrapping_add(1) as *const c_void;
+    }
+    l.check_edits(
+        &sp,
+        &[
+            (|i| odd(&mut i.keys), KVE_ERR_MISALIGNED),
+            // f16 at an odd address
+            (
+                |i| {
+                    i.keys.dtype = 1;
+                    odd(&mut i.keys)
+                },
+                KVE_ERR_MISALIGNED,
+            ),
+        ],
+    );
     let inp = l.inputs();
     let mut out = canary_f32(HKV * P + 1);
     unsafe {
@@ -341,12 +354,14 @@ fn enums_out_of_range() {
         f(&mut sp);
         expect!(l.score(&sp, &inp), want);
     }
-    let mut inp2 = l.inputs();
-    inp2.keys.dtype = 5; // the first value past KVE_DTYPE_Q4_0
-    expect!(l.score(&base, &inp2), KVE_ERR_BAD_ENUM);
-    let mut inp2 = l.inputs();
-    inp2.keys.pad = 1;
-    expect!(l.score(&base, &inp2), KVE_ERR_INVALID_ARGUMENT);
+    l.check_edits(
+        &base,
+        &[
+            // the first value past KVE_DTYPE_Q4_0
+            (|i| i.keys.dtype = 5, KVE_ERR_BAD_ENUM),
+            (|i| i.keys.pad = 1, KVE_ERR_INVALID_ARGUMENT),
+        ],
+    );
     // out-of-range parameters that are not enums
     let mut sp = base;
     sp.pool_kernel = 4; // even kernel for max pooling
@@ -442,9 +457,10 @@ fn struct_sizes() {
         let mut i = std::mem::zeroed::<kve_layer_inputs>();
         expect!(kve_layer_inputs_init(&mut i, 8), KVE_ERR_INVALID_ARGUMENT);
     }
-    let mut inp2 = l.inputs();
-    inp2.reserved = 3;
-    expect!(l.score(&score_params(0), &inp2), KVE_ERR_INVALID_ARGUMENT);
+    l.check_edits(
+        &score_params(0),
+        &[(|i| i.reserved = 3, KVE_ERR_INVALID_ARGUMENT)],
+    );
 }
 
 #[test]

@@ -441,6 +441,10 @@ impl Tensor {
         t.buf = Some(DBuf::from(&dt.encode(&t.flat)));
         t
     }
+    /// [`Tensor::new`] of standard normal values from `rng` (the usual random input).
+    pub fn normal(rng: &mut Rng, dt: Dt, l: Layout, ext: [usize; 3]) -> Tensor {
+        Tensor::new(dt, l, ext, &mut || rng.normal())
+    }
     /// Host-only tensor (no device copy): for the CPU checks of the references.
     pub fn host(dt: Dt, l: Layout, ext: [usize; 3], gen: &mut dyn FnMut() -> f32) -> Tensor {
         let (st, len) = strides(l, ext[0], ext[1], ext[2]);

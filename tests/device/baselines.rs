@@ -10,7 +10,7 @@ fn knorm_matches_reference() {
     for (dt, layout) in dtype_layouts() {
         for &(h, n, d) in &[(3usize, 700usize, 72usize), (2, 300, 128), (1, 50, 5)] {
             let prefix = 1 + rng.below(n - 1); // < n: the core needs a window
-            let k = Tensor::new(dt, layout, [h, n, d], &mut || rng.normal());
+            let k = Tensor::normal(&mut rng, dt, layout, [h, n, d]);
             let ld = prefix + 3;
             let out = launched(h * ld, "knorm", |out| unsafe {
                 kve_cuda_knorm(&k.view(), prefix as i64, out, ld as i64, null_mut())

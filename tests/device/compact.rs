@@ -8,7 +8,7 @@ fn compact_matches_reference() {
     for (dt, layout) in dtype_layouts() {
         for shared in [false, true] {
             let (h, n, d) = (3usize, 257usize, 24usize);
-            let x = Tensor::new(dt, layout, [h, n, d], &mut || rng.normal());
+            let x = Tensor::normal(&mut rng, dt, layout, [h, n, d]);
             let lists = if shared { 1 } else { h };
             let mut kept = vec![0i32; lists * n];
             let mut counts = vec![0i32; lists];
@@ -122,7 +122,7 @@ fn compact_batch_matches_reference() {
     let mut lists = Vec::new();
     for i in 0..35 {
         let (dt, layout) = (DTYPES[i % DTYPES.len()], LAYOUTS[(i / 2) % LAYOUTS.len()]);
-        tensors.push(Tensor::new(dt, layout, [h, n, d], &mut || rng.normal()));
+        tensors.push(Tensor::normal(&mut rng, dt, layout, [h, n, d]));
         if i % 2 == 0 {
             let shared = i % 6 == 4;
             let (kept, counts) = random_lists(&mut rng, if shared { 1 } else { h }, n, n);

@@ -93,12 +93,8 @@ fn window_row_lse_in_a_graph() {
     // the row_lse path in a CUDA graph: replays equal the eager run
     let (hq, hkv, w, n, d) = (4usize, 2usize, 8usize, 300usize, 64usize);
     let p = n - w;
-    let q = Tensor::new(Dt::Bf16, Layout::HeadMajor, [hq, w, d], &mut || {
-        rng.normal()
-    });
-    let k = Tensor::new(Dt::Bf16, Layout::TokenMajor, [hkv, n, d], &mut || {
-        rng.normal()
-    });
+    let q = Tensor::normal(&mut rng, Dt::Bf16, Layout::HeadMajor, [hq, w, d]);
+    let k = Tensor::normal(&mut rng, Dt::Bf16, Layout::TokenMajor, [hkv, n, d]);
     let lse: Vec<f32> = ref_row_lse(&q, &k, w).iter().map(|&x| x as f32).collect();
     let lsed = DBuf::from(&lse);
     let wsb = unsafe { kve_cuda_window_workspace_size(hq as i64, w as i64, n as i64, hkv as i64) };
@@ -143,9 +139,9 @@ fn laprox_pipeline_graph_capture_matches_eager() {
     let (hq, hkv, w, n, d) = (8usize, 2usize, 16usize, 600usize, 64usize);
     let p = n - w;
     let dt = Dt::Bf16;
-    let q = Tensor::new(dt, Layout::HeadMajor, [hq, w, d], &mut || rng.normal());
-    let k = Tensor::new(dt, Layout::HeadMajor, [hkv, n, d], &mut || rng.normal());
-    let v = Tensor::new(dt, Layout::HeadMajor, [hkv, n, d], &mut || rng.normal());
+    let q = Tensor::normal(&mut rng, dt, Layout::HeadMajor, [hq, w, d]);
+    let k = Tensor::normal(&mut rng, dt, Layout::HeadMajor, [hkv, n, d]);
+    let v = Tensor::normal(&mut rng, dt, Layout::HeadMajor, [hkv, n, d]);
     // G per query head [Hq][d][d] (cross = 0): the identity plus small noise
     let gram: Vec<f32> = (0..hq * d * d)
         .map(|i| {

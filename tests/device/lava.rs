@@ -12,7 +12,7 @@ fn lava_factor_matches_reference() {
     for (dt, layout) in dtype_layouts() {
         for (hkv, n, dv) in [(3, 1000, 72), (2, 30, 12)] {
             let prefix = 1 + rng.below(n);
-            let v = Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal());
+            let v = Tensor::normal(&mut rng, dt, layout, [hkv, n, dv]);
             // SAFETY: a device view and a device output of `hkv` floats.
             let got = launched(hkv, "lava", |out| unsafe {
                 kve_cuda_lava_factor(&v.view(), prefix as i64, out, null_mut())
@@ -29,9 +29,7 @@ fn lava_factor_matches_reference() {
             );
         }
     }
-    let v = Tensor::new(Dt::F32, Layout::Transposed, [2, 30, 12], &mut || {
-        rng.normal()
-    });
+    let v = Tensor::normal(&mut rng, Dt::F32, Layout::Transposed, [2, 30, 12]);
     let out = sentinel(2);
     // SAFETY: as above; the refused calls launch nothing.
     unsafe {

@@ -348,8 +348,8 @@ fn device_scores_match_core() {
         let q = Tensor::new(dt, Layout::HeadMajor, [hq, w, d], &mut || {
             2.0 * rng.normal()
         });
-        let k = Tensor::new(dt, kl, [hkv, n, d], &mut || rng.normal());
-        let v = Tensor::new(dt, vl, [hkv, n, d], &mut || rng.normal());
+        let k = Tensor::normal(&mut rng, dt, kl, [hkv, n, d]);
+        let v = Tensor::normal(&mut rng, dt, vl, [hkv, n, d]);
         let grams = [
             core_gram_of(&mut rng, hq, hkv, d, 48, false),
             core_gram_of(&mut rng, hq, hkv, d, 48, true),

@@ -286,9 +286,7 @@ fn uniqueness_too_many_tokens_is_invalid_argument() {
 fn uniqueness_launcher_rejects_and_writes_nothing() {
     let mut rng = device_rng!(3);
     let (hkv, n, d) = (2, 40, 16);
-    let k = Tensor::new(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || {
-        rng.normal()
-    });
+    let k = Tensor::normal(&mut rng, Dt::F32, Layout::HeadMajor, [hkv, n, d]);
     let (k, v) = (k.view(), k.view());
     // SAFETY: a pure host function.
     let bytes =

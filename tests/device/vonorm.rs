@@ -21,7 +21,7 @@ fn vonorm_cases(
                 }
                 let layout = LAYOUTS[rng.below(4)];
                 let (hkv, _, n, dv) = shape;
-                let v = Tensor::new(dt, layout, [hkv, n, dv], &mut || rng.normal());
+                let v = Tensor::normal(rng, dt, layout, [hkv, n, dv]);
                 case(rng, dt, layout, shape, split, v);
             }
         }
@@ -255,9 +255,7 @@ fn vonorm_gram_split_and_factor_equal_core() {
     let mut rng = device_rng!(8);
     let (hq, hkv, n, d) = (4usize, 2usize, 40usize, 24usize);
     let g = hq / hkv;
-    let v = Tensor::new(Dt::F32, Layout::HeadMajor, [hkv, n, d], &mut || {
-        rng.normal()
-    });
+    let v = Tensor::normal(&mut rng, Dt::F32, Layout::HeadMajor, [hkv, n, d]);
     let gram = core_gram(&mut rng, hq, hkv, d, hq * d);
     let gd = DBuf::from(&gram);
     let mut forms = vec![0f32; value_forms_len(hq, hkv, n, false).unwrap()];
@@ -275,9 +273,7 @@ fn vonorm_gram_split_and_factor_equal_core() {
     let want: Vec<f64> = forms.iter().map(|f| f.max(0.0).sqrt() as f64).collect();
     assert_close("vonorm f32 sqrt", &roots, &want, 1e-5);
     // f16 V with hi/lo Grams from gram_split
-    let v16 = Tensor::new(Dt::F16, Layout::HeadMajor, [hkv, n, d], &mut || {
-        rng.normal()
-    });
+    let v16 = Tensor::normal(&mut rng, Dt::F16, Layout::HeadMajor, [hkv, n, d]);
     let (hi, lo) = (DBuf::<u16>::new(gram.len()), DBuf::<u16>::new(gram.len()));
     // SAFETY: device buffers of `gram.len()` elements.
     let rc = unsafe {
