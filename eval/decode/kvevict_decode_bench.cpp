@@ -876,10 +876,14 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "--mark: none, user, prompt, facts or values\n");
         return 2;
     }
+    if (o.mode == "ppl" && (o.mark == "facts" || o.mark == "values")) {
+        fprintf(stderr, "--mark %s: chat mode only (the facts are the conversation's F records)\n", o.mark.c_str());
+        return 2;
+    }
     if (o.model.empty() || o.input.empty() || (o.mode != "ppl" && o.mode != "chat")) {
         fprintf(stderr, "usage: %s -m MODEL --mode ppl|chat --input FILE --method M --budget C [--evict-to F] "
                         "[--window W] [--links T] [--n-keep K] [--chunk U] [--max-tokens N] [--skip S] [--gen G] "
-                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user|prompt] [--mark-share S] [--mark-cap K] [--prompt-tokens P] [--chat-template T] [--facts-by N]\n", argv[0]);
+                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user|prompt|facts|values] [--mark-share S] [--mark-cap K] [--prompt-tokens P] [--chat-template T] [--facts-by N] [--kept]\n", argv[0]);
         return 2;
     }
     llama_log_set(quiet_log, nullptr);
