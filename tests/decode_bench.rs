@@ -6,6 +6,8 @@
 //!   budget held, every token past the budget scored; llama.cpp's context shift at the same
 //!   cell count shifts and holds less than the budget;
 //! - conversation recall: every question answered at each checkpoint, from the same cells;
+//! - `--kept` (what the cache holds of each fact when asked) and the diagnosis's oracle marks
+//!   (`--mark values`);
 //! - the engine's marks: user turns (`--mark user`), llama-server's prompt-batch proxy
 //!   (`--mark prompt`, with `--mark-cap`; in ppl mode the first tokens as the prompt's, which
 //!   changes what is kept), a share the fork refuses said and exit 1;
@@ -371,6 +373,49 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         "{note}"
     );
     assert!(note.contains("not told yet: cat"), "{note}");
+    // `--kept` (the diagnosis of design §3c, eighth pass): how many cells of the fact's turn and of
+    // its value the cache holds when asked, read from the saved state. The full cache holds every
+    // one; under a budget, the oracle marks of the values alone with every kept cell reserved for
+    // them (`--mark values --mark-share 1`) hold the value's cells, and the budget still holds
+    let kept = dir.join("kept.tsv");
+    std::fs::write(
+        &kept,
+        std::fs::read_to_string(&late)
+            .unwrap()
+            .replace("F\tcat\t7\n", "")
+            .replace(
+                "Q\tcat\tWhat is my cat called?\tYour cat is called\t Tofu\t Sprout\t Quill\n",
+                "",
+            ),
+    )
+    .unwrap();
+    let k = kept.to_str().unwrap();
+    for (method, extra) in [
+        ("full", &[][..]),
+        ("uniqueness", &["--mark", "values", "--mark-share", "1"][..]),
+    ] {
+        let mut a = vec![
+            "-m", m, "--mode", "chat", "--input", k, "--method", method, "--budget", "64", "--at",
+            "300", "--gen", "4", "--kept",
+        ];
+        a.extend(extra);
+        let v = run(&tool, &a);
+        assert_eq!(v.len(), 2, "one question, then the summary: {v:?}");
+        let q = &v[0];
+        assert_eq!(get(q, "question"), "dog", "{q:?}");
+        let (fc, vc) = (num(q, "fact_cells"), num(q, "value_cells"));
+        assert!(
+            fc > vc && vc >= 1.0,
+            "the turn holds the value's tokens: {q:?}"
+        );
+        assert_eq!(num(q, "value_held"), vc, "{q:?}");
+        if method == "full" {
+            assert_eq!(num(q, "held"), num(q, "history"), "{q:?}");
+            assert_eq!(num(q, "fact_held"), fc, "{q:?}");
+        } else {
+            assert!(num(q, "held") <= 64.0 && num(q, "cells") <= 64.0, "{q:?}");
+        }
+    }
     // a record naming no question is bad input: said, exit 1
     std::fs::write(
         &late,

@@ -17,6 +17,10 @@
 //     but the assistant's reply text, which a server generates one token a batch). The marks are
 //     given again after every restore of a snapshot (the fork forgets a restored sequence's marks).
 //     [--mark-cap K]: only the oldest K marked tokens are marked (an engine that favours older user text)
+//     [--mark facts|values]: a diagnosis only (an oracle, no engine knows this): the turns that tell the facts
+//     (F records) / only the values' tokens in them marked
+//     [--kept]: each question's record says how many cells of its fact's turn and of its value the
+//     (full-attention) cache holds at the checkpoint, read from the sequence's saved state
 //
 // M: "full" (no eviction, the whole text in the cache), "ctxshift" (llama.cpp's context shift),
 // or a method of the fork (llama_kv_evict_method_names()). One JSON object on stdout per run
@@ -69,6 +73,7 @@ struct options {
     float mark_share = -1.0f;  // chat, with --mark: the share of kept cells reserved for them (< 0: kvevict's default)
     std::string chat_template; // chat: a llama.cpp template name or text (default: the model's own, else llama.cpp's chatml)
     int facts_by = -1;         // chat: every fact (F records) told within the history's first N tokens, else said (-1: no check)
+    bool kept = false;         // chat: each question's record says how many of its fact's cells are held at the checkpoint
 };
 
 double cpu_ms() {
@@ -396,7 +401,40 @@ struct question {
     std::vector<std::string> cands; // [0] = the value
     long told_msg = -1;             // the message that tells the fact (F record; -1: not given, asked everywhere)
     size_t told = 0;                // the history's tokens up to the end of that message's turn
+    size_t turn0 = 0;               // where that turn starts (its tokens: [turn0, told))
+    size_t val0 = 0, val1 = 0;      // the value's tokens in it ([val0, val1); val1 == 0: not found)
 };
+
+// --kept: the positions a sequence's state holds in its first cache (llama_state_seq_get_data: a magic word and
+// the sequence id, then llama_kv_cache::state_write: the stream
+// count, each stream's cell count, then each cell's pos, n_seq_id, seq ids; an iSWA cache writes its
+// full-attention cache first). Empty when the bytes do not read as that (then the records say null).
+std::vector<llama_pos> state_positions(const std::vector<uint8_t> & b, llama_pos n_past) {
+    std::vector<llama_pos> out;
+    size_t off = 0;
+    auto rd = [&](void * dst, size_t n) {
+        if (off + n > b.size()) return false;
+        memcpy(dst, b.data() + off, n);
+        off += n;
+        return true;
+    };
+    uint32_t magic = 0, n_stream = 0, count = 0;
+    int32_t seq_id = -1;
+    if (!rd(&magic, 4) || !rd(&seq_id, 4) || seq_id != 0) return {};
+    if (!rd(&n_stream, 4) || n_stream == 0 || n_stream > 64) return {};
+    for (uint32_t s = 0; s < n_stream && count == 0; s++) {
+        if (!rd(&count, 4)) return {};
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        llama_pos pos;
+        uint32_t n_seq;
+        int32_t seq;
+        if (!rd(&pos, 4) || !rd(&n_seq, 4) || n_seq != 1 || !rd(&seq, 4) || seq != 0 || pos < 0 || pos >= n_past) return {};
+        out.push_back(pos);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
 
 int run_chat(const options & o) {
     runner r(o);
@@ -471,7 +509,7 @@ int run_chat(const options & o) {
         turns.push_back(tokenize(vv, text, i == 0, true));
         const size_t n = turns.back().size();
         turn_marks.emplace_back();
-        if (o.mark != "none" && roles[i] != "assistant") {
+        if ((o.mark == "user" || o.mark == "prompt") && roles[i] != "assistant") {
             turn_marks.back().push_back({0, n});
         } else if (o.mark == "prompt") {
             // the reply's tokens: the template's text before it and after it tokenized on their own
@@ -490,10 +528,31 @@ int run_chat(const options & o) {
             if (pre > 0) turn_marks.back().push_back({0, pre});
             if (post > 0) turn_marks.back().push_back({n - post, n});
         }
-        hist_tokens += turns.back().size();
         for (auto & q : qs) {
-            if (q.told_msg == (long) i) q.told = hist_tokens;
+            if (q.told_msg != (long) i) continue;
+            q.turn0 = hist_tokens;
+            q.told = hist_tokens + n;
+            // the value's tokens: those whose text overlaps the value's first occurrence in the turn
+            std::string txt, v = q.cands[0];
+            std::vector<size_t> at0;
+            for (llama_token t : turns.back()) { at0.push_back(txt.size()); txt += piece(vv, t); }
+            while (!v.empty() && v[0] == ' ') v.erase(0, 1);
+            std::transform(txt.begin(), txt.end(), txt.begin(), ::tolower);
+            std::transform(v.begin(), v.end(), v.begin(), ::tolower);
+            const size_t a = v.empty() ? std::string::npos : txt.find(v);
+            if (a != std::string::npos) {
+                size_t j0 = n, j1 = 0;
+                for (size_t j = 0; j < n; j++) {
+                    const size_t e = j + 1 < n ? at0[j + 1] : txt.size();
+                    if (at0[j] < a + v.size() && e > a) { j0 = std::min(j0, j); j1 = j + 1; }
+                }
+                if (j1 > j0) { q.val0 = hist_tokens + j0; q.val1 = hist_tokens + j1; }
+            }
+            // the oracle marks of the diagnosis (--mark facts: the fact's turn; values: the value's tokens)
+            if (o.mark == "facts") turn_marks.back().push_back({0, n});
+            if (o.mark == "values" && q.val1 > q.val0) turn_marks.back().push_back({q.val0 - hist_tokens, q.val1 - hist_tokens});
         }
+        hist_tokens += turns.back().size();
         prev = all;
     }
     if (n_mark_approx > 0) {
@@ -626,6 +685,19 @@ int run_chat(const options & o) {
         if (r.shift) r.maybe_shift(room_needed);
         save(snap);
         const int evictions = r.ev.count, shifts = r.shifts;
+        // --kept: what the (full-attention) cache holds of each fact here
+        const std::vector<llama_pos> held = o.kept ? state_positions(snap.bytes, r.n_past) : std::vector<llama_pos>();
+        if (getenv("KVEVICT_DECODE_DUMP")) {
+            // the held positions and their tokens (a diagnosis: KVEVICT_DECODE_DUMP=1 with --kept)
+            std::vector<llama_token> hist;
+            for (const auto & t : turns) hist.insert(hist.end(), t.begin(), t.end());
+            fprintf(stderr, "kvevict_decode_bench: held at %d (%zu cells):", label, held.size());
+            for (llama_pos p : held) fprintf(stderr, " %d:%s", p, (size_t) p < hist.size() ? json_str(piece(r.vocab, hist[p])).c_str() : "?");
+            fprintf(stderr, "\n");
+        }
+        auto n_held = [&](size_t p0, size_t p1) {
+            return (long) (std::lower_bound(held.begin(), held.end(), (llama_pos) p1) - std::lower_bound(held.begin(), held.end(), (llama_pos) p0));
+        };
         // a fact not told yet is not asked here (said once per checkpoint)
         std::string later;
         for (const auto & q : qs) {
@@ -640,6 +712,7 @@ int run_chat(const options & o) {
         for (size_t qi = 0; qi < qs.size(); qi++) {
             const auto & q = qs[qi];
             if (q.told > fed) continue;
+            const int ev_q0 = r.ev.count; // evictions while this question is asked and answered
             std::vector<double> lp;
             bool failed = !restore(snap);
             // the question and the answer prefix once; its last logits and a snapshot after it serve
@@ -691,6 +764,15 @@ int run_chat(const options & o) {
             }
             int rank = 0;
             for (size_t c = 1; c < lp.size(); c++) rank += lp[c] >= lp[0];
+            std::string kept_json;
+            if (o.kept) {
+                char kb[256];
+                if (held.empty() || q.told_msg < 0) snprintf(kb, sizeof kb, ",\"held\":null");
+                else snprintf(kb, sizeof kb, ",\"held\":%zu,\"fact_held\":%ld,\"fact_cells\":%zu,\"value_held\":%ld,\"value_cells\":%zu,"
+                              "\"q_evictions\":%d", held.size(), n_held(q.turn0, q.told), q.told - q.turn0, n_held(q.val0, q.val1),
+                              q.val1 - q.val0, r.ev.count - ev_q0);
+                kept_json = kb;
+            }
             std::string lo = answer, v = q.cands[0];
             std::transform(lo.begin(), lo.end(), lo.begin(), ::tolower);
             std::transform(v.begin(), v.end(), v.begin(), ::tolower);
@@ -698,10 +780,10 @@ int run_chat(const options & o) {
             n_ok += hit;
             n_asked++;
             printf("{\"at\":%d,\"history\":%zu,\"told\":%ld,\"cells\":%d,\"evictions\":%d,\"shifts\":%d,\"question\":%s,\"value\":%s,"
-                   "\"answer\":%s,\"recalled\":%s,\"choice_ok\":%s,\"lp_value\":%.4f,\"status\":\"%s\"}\n",
+                   "\"answer\":%s,\"recalled\":%s,\"choice_ok\":%s,\"lp_value\":%.4f,\"status\":\"%s\"%s}\n",
                    label, fed, q.told_msg < 0 ? -1L : (long) q.told, snap.cells, evictions, shifts, json_str(q.id).c_str(), json_str(q.cands[0]).c_str(),
                    json_str(answer).c_str(), hit ? "true" : "false", (!failed && rank == 0) ? "true" : "false",
-                   lp.empty() ? NAN : lp[0], failed ? "error" : "ok");
+                   lp.empty() ? NAN : lp[0], failed ? "error" : "ok", kept_json.c_str());
             fflush(stdout);
         }
         // back to the history's state to go on
@@ -781,6 +863,7 @@ int main(int argc, char ** argv) {
         else if (a == "--mark-share") o.mark_share = (float) atof(next().c_str());
         else if (a == "--chat-template") o.chat_template = next();
         else if (a == "--facts-by") o.facts_by = atoi(next().c_str());
+        else if (a == "--kept") o.kept = true;
         else if (a == "--at") {
             std::stringstream ss(next());
             std::string x;
@@ -789,11 +872,18 @@ int main(int argc, char ** argv) {
         else if (a == "--methods") { printf("full, ctxshift, %s\n", llama_kv_evict_method_names()); return 0; }
         else { fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
     }
-    if (o.mark != "none" && o.mark != "user" && o.mark != "prompt") { fprintf(stderr, "--mark: none, user or prompt\n"); return 2; }
+    if (o.mark != "none" && o.mark != "user" && o.mark != "prompt" && o.mark != "facts" && o.mark != "values") {
+        fprintf(stderr, "--mark: none, user, prompt, facts or values\n");
+        return 2;
+    }
+    if (o.mode == "ppl" && (o.mark == "facts" || o.mark == "values")) {
+        fprintf(stderr, "--mark %s: chat mode only (the facts are the conversation's F records)\n", o.mark.c_str());
+        return 2;
+    }
     if (o.model.empty() || o.input.empty() || (o.mode != "ppl" && o.mode != "chat")) {
         fprintf(stderr, "usage: %s -m MODEL --mode ppl|chat --input FILE --method M --budget C [--evict-to F] "
                         "[--window W] [--links T] [--n-keep K] [--chunk U] [--max-tokens N] [--skip S] [--gen G] "
-                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user|prompt] [--mark-share S] [--mark-cap K] [--prompt-tokens P] [--chat-template T] [--facts-by N]\n", argv[0]);
+                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user|prompt|facts|values] [--mark-share S] [--mark-cap K] [--prompt-tokens P] [--chat-template T] [--facts-by N] [--kept]\n", argv[0]);
         return 2;
     }
     llama_log_set(quiet_log, nullptr);

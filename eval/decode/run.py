@@ -86,7 +86,7 @@ def run_tool(args, cmd):
 
 
 def method_args(spec, budget):
-    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:cap=K][:cells=N]" -> (tool arguments). W may be a fraction of the
+    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:fmark=S][:vmark=S][:cap=K][:cells=N]" -> (tool arguments). W may be a fraction of the
     budget ("w=0.25C"); the label is the spec itself."""
     parts = spec.split(":")
     out = ["--method", parts[0]]
@@ -113,6 +113,10 @@ def method_args(spec, budget):
         elif k == "pmark":
             # llama-server's proxy: every prompt batch's tokens marked (all but the assistant's replies)
             out += ["--mark", "prompt", "--mark-share", v]
+        elif k in ("fmark", "vmark"):
+            # a diagnosis only, an oracle no engine has: the turns that tell the facts (fmark) or only the values'
+            # tokens in them (vmark) marked, v of kept cells reserved for them (design §3c, eighth pass)
+            out += ["--mark", "facts" if k == "fmark" else "values", "--mark-share", v]
         else:
             raise SystemExit(f"unknown method option {p} in {spec}")
     return out
@@ -190,7 +194,7 @@ def cmd_chat(args):
             # the method's own options last: they override the defaults (--evict-to)
             cmd = ["-m", model, "--mode", "chat", "--input", f, "--budget", str(c),
                    "--at", ",".join(str(r * c) for r in ratios), "--gen", str(args.gen), "-t", str(args.threads),
-                   "--evict-to", str(args.evict_to), "--facts-by", str(c)] \
+                   "--evict-to", str(args.evict_to), "--facts-by", str(c)] + (["--kept"] if args.kept else []) \
                 + (["--chat-template", args.chat_template] if args.chat_template else []) \
                 + method_args(m, c)
             jobs.append((m, s, cmd, f))
@@ -465,6 +469,8 @@ def main():
     c.add_argument("--ratios", default="2,4,8")
     c.add_argument("--seeds", default="0-7")
     c.add_argument("--facts", type=int, default=4)
+    c.add_argument("--kept", action="store_true",
+                   help="each question's record says how many of its fact's and value's cells are held when asked")
     c.add_argument("--layout", default="early", choices=["early", "spread"],
                    help="early: the facts in the first turns, told within the first C tokens (checked by the tool); "
                         "spread: the layout before 2026-12-06 17:30, facts over the first ~1,000 tokens")
