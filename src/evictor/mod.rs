@@ -343,6 +343,20 @@ impl<'a> Evictor<'a> {
         self.mark_each(seq, flags.len(), share, split, |i| flags[i] != 0)
     }
 
+    /// How the marks of `seq`'s begun round spend their budget (after a mark call, before
+    /// `select`; else `InvalidArgument`): [`Evictor::mark_cells_split`]'s `split` for marks
+    /// given another way (by position).
+    pub fn set_mark_split(&mut self, seq: usize, split: MarkSplit) -> Result<()> {
+        let mut st = self.state(seq)?;
+        if st.phase != Phase::Scoring || st.mark_share.is_none() {
+            return Err(Error::InvalidArgument);
+        }
+        st.mark_split = split;
+        let slot = self.slot(seq)?;
+        st.store(slot.state);
+        Ok(())
+    }
+
     /// [`Evictor::mark_cells`] by position: cell `i` (at `positions[i]`, one per cell of
     /// the round, else `ShapeMismatch`) is marked when a range `[ranges[2k],
     /// ranges[2k+1])` holds it (`ranges.len()` even and every range `p0 <= p1`, else
