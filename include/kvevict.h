@@ -190,6 +190,9 @@
 
 /* kve_evictor_mark_cells: the share of the kept cells an engine reserves for marked cells by default */
 #define KVE_MARK_SHARE_DEFAULT 0.75f
+/* kve_evictor_round's mark_split: one selection over the marked cells (0), or their budget split evenly over their runs of consecutive cells (1) */
+#define KVE_MARK_SPLIT_SHARE 0
+#define KVE_MARK_SPLIT_SPANS 1
 
 
 /**
@@ -881,9 +884,12 @@ typedef struct kve_evictor_round {
   uint64_t target;
   float mark_share;
   /**
-   * Must be 0.
+   * With marks, how the marked cells' budget is spent: `KVE_MARK_SPLIT_SHARE` (0, the
+   * default: one selection over them) or `KVE_MARK_SPLIT_SPANS` (1: split evenly over
+   * the runs of consecutive marked cells, one selection each); else
+   * `KVE_ERR_INVALID_ARGUMENT`. (Before issue 28's ninth pass: `pad`, which had to be 0.)
    */
-  uint32_t pad;
+  uint32_t mark_split;
   /**
    * Since `KVE_EVICTOR_ROUND_V2_SIZE`, optional (NULL: the arrays above): with `n_keys`,
    * `n_values` and `n_queries` 0 (else `KVE_ERR_INVALID_ARGUMENT`), called once per

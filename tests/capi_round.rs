@@ -613,7 +613,7 @@ fn hostile_rounds_are_refused_with_a_named_status() {
     });
     // reserved fields
     refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| x.r.reserved = 1);
-    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| x.r.pad = 1);
+    refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| x.r.mark_split = 2);
     // an unknown struct size
     refused(KVE_ERR_INVALID_ARGUMENT, &cells, n, &|x| {
         x.r.struct_size = 12
@@ -926,4 +926,47 @@ fn hostile_callback_rounds_are_refused_with_a_named_status() {
     let (st, kept, _) = run_filled(ev, 0, &mut x, &mut f, n);
     assert_eq!(st, KVE_OK);
     assert_eq!(kept.len(), 10);
+}
+
+/// `mark_split` (`KVE_MARK_SPLIT_SPANS`): marks that form one run keep what the default
+/// keeps (one span takes the whole marked budget); marks in many runs (every third cell)
+/// change some rounds; `tests/marks.rs` checks the rule against the f64 reference.
+#[test]
+fn mark_split_spans_through_a_round() {
+    let mut differs = 0;
+    for (pi, &preset) in [KVE_PRESET_SNAPKV, KVE_PRESET_UNIQUENESS]
+        .iter()
+        .enumerate()
+    {
+        let ev = evictor(&config(preset, true));
+        let c = Cache::new(
+            40 + pi as u64,
+            KVE_DTYPE_F16,
+            requirements(ev).window.max(1) as usize,
+        );
+        give_wo(ev, &c);
+        let cells = &two_sequences(9 + pi as u64)[0];
+        let one: Vec<u8> = (0..cells.len())
+            .map(|i| (2..20).contains(&i) as u8)
+            .collect();
+        let runs: Vec<u8> = (0..cells.len()).map(|i| (i % 3 == 0) as u8).collect();
+        for (marks, same) in [(&one, true), (&runs, false)] {
+            let target = (cells.len() / 3) as u64;
+            let mut kept = Vec::new();
+            for split in [KVE_MARK_SPLIT_SHARE, KVE_MARK_SPLIT_SPANS] {
+                let mut x = round(&c, cells, target, Some(marks));
+                x.r.mark_share = 1.0;
+                x.r.mark_split = split;
+                let (st, got, _) = run(ev, 0, &mut x, cells.len());
+                assert_eq!(st, KVE_OK, "preset {preset} split {split}");
+                kept.push(got);
+            }
+            if same {
+                assert_eq!(kept[0], kept[1], "preset {preset}: one run");
+            } else {
+                differs += (kept[0] != kept[1]) as u32;
+            }
+        }
+    }
+    assert!(differs > 0, "the spans changed no round");
 }

@@ -9,7 +9,9 @@ mod evictor_reference;
 mod reference;
 
 use evictor_reference::{QueriesKeys, DIMS};
-use kvevict::evictor::{default_select, split_budget, Budget, EvictorConfig};
+use kvevict::evictor::{
+    default_select, span_budgets, split_budget, Budget, EvictorConfig, MarkSplit,
+};
 use kvevict::{Error, Evictor, Granularity, Preset, ScoreConfig};
 use reference::Rng;
 
@@ -35,9 +37,24 @@ fn core(
     target: usize,
     marks: Option<(&[u8], f32)>,
 ) -> (Vec<u64>, Vec<u32>) {
+    core_split(ev, d, target, marks, MarkSplit::Share)
+}
+
+/// [`core`] with the marks' split.
+fn core_split(
+    ev: &mut Evictor,
+    d: &QueriesKeys,
+    target: usize,
+    marks: Option<(&[u8], f32)>,
+    split: MarkSplit,
+) -> (Vec<u64>, Vec<u32>) {
     ev.begin(0, N, target).unwrap();
     if let Some((flags, share)) = marks {
-        ev.mark_cells(0, flags, share).unwrap();
+        if split == MarkSplit::Share {
+            ev.mark_cells(0, flags, share).unwrap();
+        } else {
+            ev.mark_cells_split(0, flags, share, split).unwrap();
+        }
     }
     d.score_round(ev);
     let kept = ev.select(0).unwrap();
@@ -73,6 +90,7 @@ fn reference_round(
     target: usize,
     flags: &[u8],
     share: f64,
+    spans: bool,
 ) -> Vec<Vec<u32>> {
     let p = N - W;
     let s = reference_scores(preset, d);
@@ -106,7 +124,38 @@ fn reference_round(
             .map(|l| l.into_iter().map(|i| cols[i as usize] as u32).collect())
             .collect()
     };
-    let a = part(&marked, 0, bm);
+    let a = if spans {
+        // the runs of consecutive marked prefix cells; their budgets handed out one cell
+        // at a time, oldest first, to every span not yet whole, until b_m is spent
+        let mut runs: Vec<Vec<usize>> = Vec::new();
+        for &i in &marked {
+            match runs.last_mut() {
+                Some(r) if *r.last().unwrap() + 1 == i => r.push(i),
+                _ => runs.push(vec![i]),
+            }
+        }
+        let mut got = vec![0u64; runs.len()];
+        let mut left = bm;
+        while left > 0 {
+            for (g, r) in got.iter_mut().zip(&runs) {
+                if left > 0 && (*g as usize) < r.len() {
+                    *g += 1;
+                    left -= 1;
+                }
+            }
+        }
+        let mut a = vec![Vec::new(); units];
+        for (r, &b) in runs.iter().zip(&got) {
+            if b > 0 {
+                for (x, y) in a.iter_mut().zip(part(r, 0, b)) {
+                    x.extend(y);
+                }
+            }
+        }
+        a
+    } else {
+        part(&marked, 0, bm)
+    };
     let with_window: Vec<usize> = unmarked.iter().copied().chain(p..N).collect();
     let z = part(&with_window, W, bu);
     a.into_iter()
@@ -151,34 +200,64 @@ fn split_budget_rule() {
     assert_eq!(split_budget(10, 0.5, 5, 0), None);
 }
 
-#[test]
-fn marked_rounds_match_the_f64_reference() {
-    let mut r = Rng::new(28);
-    let mut differs = 0;
-    for (preset, g) in [
-        (Preset::SnapKv, Granularity::Token),
-        (Preset::SnapKv, Granularity::Head),
-    ] {
-        let c = evictor_config(preset, g);
+/// One round of [`random_rounds`]: its data, marks, share and target.
+struct Round<'a> {
+    g: Granularity,
+    seed: u64,
+    d: &'a QueriesKeys,
+    flags: &'a [u8],
+    share: f32,
+    target: usize,
+}
+
+/// `rounds` random rounds (data from `seed0`, marks from `rng`, the shares in turn) on
+/// SnapKV at token and head granularity, each passed to `f` with the evictor.
+fn random_rounds(
+    rng: u64,
+    seed0: u64,
+    rounds: u64,
+    shares: [f32; 4],
+    mut f: impl FnMut(&mut Evictor, Round),
+) {
+    let mut r = Rng::new(rng);
+    for g in [Granularity::Token, Granularity::Head] {
+        let c = evictor_config(Preset::SnapKv, g);
         let mut mem = vec![0u8; Evictor::memory_size(&c).unwrap()];
         let mut ev = Evictor::init(&mut mem, &c).unwrap();
-        for seed in 0..12 {
-            let d = data(100 + seed);
+        for seed in 0..rounds {
+            let d = data(seed0 + seed);
             let flags = runs(&mut r);
-            let share = [0.25f32, 0.5, 0.75, 1.0][seed as usize % 4];
+            let share = shares[seed as usize % 4];
             let target = r.range(W + 2, N - 4);
-            let (o, i) = core(&mut ev, &d, target, Some((&flags, share)));
-            let got = lists(&o, &i);
-            let want = reference_round(preset, g, &d, target, &flags, share as f64);
-            assert_eq!(got, want, "{preset:?} {g:?} seed {seed} share {share}");
-            // never more than the budget (the window on top)
-            for l in &got {
-                assert!(l.len() <= target, "{} > {target}", l.len());
-            }
-            let (po, pi) = core(&mut ev, &d, target, None);
-            differs += (lists(&po, &pi) != got) as u32;
+            let round = Round {
+                g,
+                seed,
+                d: &d,
+                flags: &flags,
+                share,
+                target,
+            };
+            f(&mut ev, round);
         }
     }
+}
+
+#[test]
+fn marked_rounds_match_the_f64_reference() {
+    let mut differs = 0;
+    random_rounds(28, 100, 12, [0.25, 0.5, 0.75, 1.0], |ev, x| {
+        let (g, d, target, share) = (x.g, x.d, x.target, x.share);
+        let (o, i) = core(ev, d, target, Some((x.flags, share)));
+        let got = lists(&o, &i);
+        let want = reference_round(Preset::SnapKv, g, d, target, x.flags, share as f64, false);
+        assert_eq!(got, want, "{g:?} seed {} share {share}", x.seed);
+        // never more than the budget (the window on top)
+        for l in &got {
+            assert!(l.len() <= target, "{} > {target}", l.len());
+        }
+        let (po, pi) = core(ev, d, target, None);
+        differs += (lists(&po, &pi) != got) as u32;
+    });
     assert!(differs > 12, "marks changed only {differs} rounds");
 }
 
@@ -193,7 +272,7 @@ fn without_marks_the_selection_is_the_plain_one() {
             let d = data(seed);
             let target = r.range(W + 2, N - 4);
             let plain = core(&mut ev, &d, target, None);
-            let want = reference_round(Preset::SnapKv, g, &d, target, &[0; N], 0.5);
+            let want = reference_round(Preset::SnapKv, g, &d, target, &[0; N], 0.5, false);
             assert_eq!(lists(&plain.0, &plain.1), want, "{g:?} seed {seed}");
             let none = [0u8; N];
             assert_eq!(core(&mut ev, &d, target, Some((&none, 0.5))), plain);
@@ -233,4 +312,46 @@ fn marks_refuse_bad_arguments() {
     data(1).score_round(&mut ev);
     ev.select(0).unwrap();
     assert_eq!(ev.mark_cells(0, &flags, 0.5), Err(Error::InvalidArgument));
+}
+
+#[test]
+fn span_budgets_rule() {
+    let b = |budget: u64, lens: &[u64]| {
+        let mut out = vec![u64::MAX; lens.len()];
+        span_budgets(budget, lens, &mut out);
+        out
+    };
+    assert_eq!(b(9, &[10, 10, 10]), [3, 3, 3]);
+    assert_eq!(b(10, &[10, 10, 10]), [4, 3, 3]);
+    assert_eq!(b(11, &[10, 2, 10]), [5, 2, 4]);
+    assert_eq!(b(5, &[1, 1, 8]), [1, 1, 3]);
+    assert_eq!(b(20, &[3, 4, 5]), [3, 4, 5]);
+    assert_eq!(b(2, &[3, 4, 5]), [1, 1, 0]);
+    assert_eq!(b(0, &[3, 4]), [0, 0]);
+    assert_eq!(b(7, &[7]), [7]);
+    assert_eq!(b(3, &[]), [0u64; 0]);
+}
+
+/// Marks with spans: the marked part's budget split over the runs of marked cells
+/// (`MarkSplit::Spans`) against the f64 reference, the plain split's rounds in between
+/// still the reference's, and the spans changing some rounds.
+#[test]
+fn span_split_rounds_match_the_f64_reference() {
+    let (mut differs, mut split_rounds) = (0, 0);
+    random_rounds(29, 200, 16, [0.5, 0.75, 1.0, 0.9], |ev, x| {
+        let (g, d, target, share, flags) = (x.g, x.d, x.target, x.share, x.flags);
+        let (o, i) = core_split(ev, d, target, Some((flags, share)), MarkSplit::Spans);
+        let got = lists(&o, &i);
+        let want = reference_round(Preset::SnapKv, g, d, target, flags, share as f64, true);
+        assert_eq!(got, want, "{g:?} seed {} share {share}", x.seed);
+        for l in &got {
+            assert!(l.len() <= target, "{} > {target}", l.len());
+        }
+        let plain = core(ev, d, target, Some((flags, share)));
+        let plain_want = reference_round(Preset::SnapKv, g, d, target, flags, share as f64, false);
+        assert_eq!(lists(&plain.0, &plain.1), plain_want);
+        differs += (lists(&plain.0, &plain.1) != got) as u32;
+        split_rounds += 1;
+    });
+    assert!(differs > 0, "spans changed none of {split_rounds} rounds");
 }

@@ -17,6 +17,9 @@ from ._paged import _layout, _table
 
 # KVE_MARK_SHARE_DEFAULT (include/kvevict.h)
 MARK_SHARE_DEFAULT = 0.75
+# KVE_MARK_SPLIT_SHARE / KVE_MARK_SPLIT_SPANS: kve_evictor_round's mark_split
+MARK_SPLIT_SHARE = 0
+MARK_SPLIT_SPANS = 1
 
 _POLICY_EXPLICIT, _POLICY_KEEP_RATIO, _POLICY_CELLS = 0, 1, 2
 _WO = {0: None, 1: "once", 2: "every-round"}

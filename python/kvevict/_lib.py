@@ -283,7 +283,7 @@ class kve_evictor_round(ctypes.Structure):
         ("n_queries", c_uint64),
         ("target", c_uint64),
         ("mark_share", c_float),
-        ("pad", c_uint32),
+        ("mark_split", c_uint32),
         ("fill", kve_evictor_fill_fn),
         ("fill_layers", c_uint64),
         ("user", c_void_p),

@@ -91,6 +91,11 @@ class HeaderTests(unittest.TestCase):
         from kvevict import _evictor
         self.assertEqual(float(m.group(1)), _evictor.MARK_SHARE_DEFAULT)
 
+    def test_mark_split(self):
+        from kvevict import _evictor
+        self.assertEqual(self.defines["KVE_MARK_SPLIT_SHARE"], _evictor.MARK_SPLIT_SHARE)
+        self.assertEqual(self.defines["KVE_MARK_SPLIT_SPANS"], _evictor.MARK_SPLIT_SPANS)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -839,6 +839,11 @@ pub unsafe extern "C" fn kve_evictor_begin(
 /// (`kve_evictor_mark_cells`), chosen on the conversation benchmark's dev split.
 pub const KVE_MARK_SHARE_DEFAULT: f32 = 0.75;
 const _: () = assert!(KVE_MARK_SHARE_DEFAULT == crate::evictor::MARK_SHARE);
+/// `kve_evictor_round`'s `mark_split`: one selection over the marked cells (the default).
+pub const KVE_MARK_SPLIT_SHARE: u32 = 0;
+/// `kve_evictor_round`'s `mark_split`: the marked cells' budget split evenly over their
+/// runs of consecutive cells (a user turn each), one selection per run.
+pub const KVE_MARK_SPLIT_SPANS: u32 = 1;
 
 /// Mark cells of sequence `seq`'s begun round (after `kve_evictor_begin`, before
 /// `kve_evictor_select`): `flags[i] != 0` marks cell `i`, for the round's `n_cells` cells

@@ -540,5 +540,13 @@ pub fn header_defines() -> std::string::String {
          cells by default */\n#define KVE_MARK_SHARE_DEFAULT {:?}f",
         evictor::KVE_MARK_SHARE_DEFAULT
     );
+    let _ = writeln!(
+        s,
+        "/* kve_evictor_round's mark_split: one selection over the marked cells (0), or their \
+         budget split evenly over their runs of consecutive cells (1) */\n\
+         #define KVE_MARK_SPLIT_SHARE {}\n#define KVE_MARK_SPLIT_SPANS {}",
+        evictor::KVE_MARK_SPLIT_SHARE,
+        evictor::KVE_MARK_SPLIT_SPANS
+    );
     s
 }

@@ -13,7 +13,7 @@ use super::{
     KVE_OK,
 };
 use crate::error::{Error, Result};
-use crate::evictor::{Evictor, LayerViews};
+use crate::evictor::{Evictor, LayerViews, MarkSplit};
 use core::ffi::c_void;
 
 /// A round over an engine's cache (fill with `kve_evictor_round_init`: everything absent).
@@ -67,8 +67,11 @@ pub struct kve_evictor_round {
     /// Cells the round ends holding (as `kve_evictor_begin`'s `target`).
     pub target: u64,
     pub mark_share: f32,
-    /// Must be 0.
-    pub pad: u32,
+    /// With marks, how the marked cells' budget is spent: `KVE_MARK_SPLIT_SHARE` (0, the
+    /// default: one selection over them) or `KVE_MARK_SPLIT_SPANS` (1: split evenly over
+    /// the runs of consecutive marked cells, one selection each); else
+    /// `KVE_ERR_INVALID_ARGUMENT`. (Before issue 28's ninth pass: `pad`, which had to be 0.)
+    pub mark_split: u32,
     /// Since `KVE_EVICTOR_ROUND_V2_SIZE`, optional (NULL: the arrays above): with `n_keys`,
     /// `n_values` and `n_queries` 0 (else `KVE_ERR_INVALID_ARGUMENT`), called once per
     /// layer, in layer order, when the round reaches it: `fill(user, layer, out)` writes
@@ -123,7 +126,7 @@ const NO_ROUND: kve_evictor_round = kve_evictor_round {
     n_queries: 0,
     target: 0,
     mark_share: 0.0,
-    pad: 0,
+    mark_split: 0,
     fill: None,
     fill_layers: 0,
     user: core::ptr::null_mut(),
@@ -219,7 +222,7 @@ pub unsafe extern "C" fn kve_evictor_run_round(
     };
     // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
     let r = tri!(unsafe { read_ext(round, KVE_EVICTOR_ROUND_V1_SIZE, NO_ROUND) });
-    if r.reserved != 0 || r.pad != 0 || r.user_pad != 0 {
+    if r.reserved != 0 || r.mark_split > 1 || r.user_pad != 0 {
         return to_status(Err(Error::InvalidArgument));
     }
     let layers = ev.layers();
@@ -316,11 +319,15 @@ pub unsafe extern "C" fn kve_evictor_run_round(
     }
     let s = tri!(to_usize(seq));
     tri!(ev.begin(s, n, tri!(to_usize(r.target))));
+    let marked = marks.is_some() || !ranges.is_empty();
     if let Some(m) = marks {
         // SAFETY: as above.
         tri!(ev.mark_cells(s, unsafe { m.slice() }, r.mark_share));
     } else if !ranges.is_empty() {
         tri!(ev.mark_positions(s, positions, ranges, r.mark_share));
+    }
+    if r.mark_split == 1 && marked {
+        tri!(ev.set_mark_split(s, MarkSplit::Spans));
     }
     for l in 0..layers {
         let [k, v, q] = tri!(tensors(l));

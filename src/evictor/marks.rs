@@ -14,6 +14,17 @@
 //! (budget `b_u`), each on the scores of its cells in position order (value links gathered
 //! with them: a link then joins a cell to the previous cell of its part). The kept set is
 //! the union, `b_m + b_u <= B` prefix cells a unit.
+//!
+//! Opt-in ([`MarkSplit::Spans`], issue 28's ninth pass): the marked part's budget `b_m` is
+//! split evenly over the marked spans (each run of consecutive marked prefix cells, as a
+//! user turn is) instead of one selection over all marked cells, so a newer turn's cells
+//! cannot crowd every cell of an older one out. Span `s` of `len_s` cells gets
+//! `min(len_s, t)` with `t` the largest level whose sum over the spans fits `b_m`, and the
+//! rest, one cell each, goes to the first (oldest) spans longer than `t`
+//! ([`span_budgets`]); the method's selection then runs over each span alone (window 0,
+//! its budget), and the marked part is the spans' union. Two turns whose unmarked text in
+//! between is all evicted become one span. The default ([`MarkSplit::Share`]) is the rule
+//! above, unchanged.
 
 /// The share of the kept cells reserved for marked cells that engines pass by default
 /// (`KVE_MARK_SHARE_DEFAULT`), chosen on the conversation benchmark's dev split
@@ -21,6 +32,68 @@
 /// 0.75 / 0.9 / 1 and `laprox-span` with 0.25 / 0.5 / 0.75 / 0.9 / 1: 0.75 with `uniqueness`
 /// chose the most facts over the three checkpoints).
 pub const MARK_SHARE: f32 = 0.75;
+
+/// How the marked cells' budget is spent (design §3c).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MarkSplit {
+    /// One selection over all marked cells (the default).
+    #[default]
+    Share,
+    /// The marked budget split evenly over the runs of consecutive marked cells, one
+    /// selection each ([`span_budgets`]).
+    Spans,
+}
+
+/// The level `t` of [`span_budgets`]: the largest `t` with `Σ min(len_s, t) <= budget`
+/// (the longest span's length when every span fits).
+fn span_level<I: Iterator<Item = u64>>(budget: u64, lens: impl Fn() -> I) -> u64 {
+    let fill = |t: u64| lens().map(|l| l.min(t)).sum::<u64>();
+    let (mut lo, mut hi) = (0u64, lens().max().unwrap_or(0));
+    if fill(hi) <= budget {
+        return hi;
+    }
+    // fill(lo) <= budget < fill(hi)
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fill(mid) <= budget {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// The budgets of spans of `lens` cells sharing `budget` ([`MarkSplit::Spans`]) into
+/// `out` (as long as `lens`): each `min(len, t)` at the level `t` where they fill
+/// `budget`, and the rest one each to the first spans longer than `t`. Their sum is
+/// `min(budget, Σ lens)`.
+pub fn span_budgets(budget: u64, lens: &[u64], out: &mut [u64]) {
+    let t = span_level(budget, || lens.iter().copied());
+    let mut rest = budget - lens.iter().map(|&l| l.min(t)).sum::<u64>().min(budget);
+    for (o, &l) in out.iter_mut().zip(lens) {
+        *o = l.min(t);
+        if l > t && rest > 0 {
+            *o += 1;
+            rest -= 1;
+        }
+    }
+}
+
+/// The runs `(first cell, cells)` of consecutive marked cells among `marked`.
+fn spans(marked: &[u8]) -> impl Iterator<Item = (usize, usize)> + Clone + '_ {
+    let mut i = 0;
+    core::iter::from_fn(move || {
+        while i < marked.len() && marked[i] == 0 {
+            i += 1;
+        }
+        let a = i;
+        while i < marked.len() && marked[i] != 0 {
+            i += 1;
+        }
+        (i > a).then_some((a, i - a))
+    })
+}
 
 use crate::budget::{ModelScores, ValueLinks};
 use crate::config::SelectConfig;
@@ -125,6 +198,7 @@ pub(crate) fn select_marked(
     links: Option<ValueLinks>,
     marked: &[u8],
     share: f32,
+    split: MarkSplit,
     offsets: &mut [u64],
     indices: &mut [u32],
     ws: &mut [u8],
@@ -144,14 +218,53 @@ pub(crate) fn select_marked(
     let i2 = ws.take_dirty::<u32>(units * n)?;
     let rest = ws.into_rest();
     // the marked part: its prefix cells, no window
-    let mut k = 0;
-    for i in 0..p {
-        if marked[i] != 0 {
-            cols[k] = i as u32;
-            k += 1;
+    match split {
+        MarkSplit::Share => {
+            let mut k = 0;
+            for i in 0..p {
+                if marked[i] != 0 {
+                    cols[k] = i as u32;
+                    k += 1;
+                }
+            }
+            part(cfg, m, links, &cols[..k], 0, bm, o1, i1, rest)?;
+        }
+        MarkSplit::Spans => {
+            let sp = spans(&marked[..p]);
+            let t = span_level(bm, || sp.clone().map(|(_, l)| l as u64));
+            let mut extra = bm - sp.clone().map(|(_, l)| (l as u64).min(t)).sum::<u64>();
+            o1.fill(0);
+            for (a, len) in sp {
+                let mut b = (len as u64).min(t);
+                if len as u64 > t && extra > 0 {
+                    b += 1;
+                    extra -= 1;
+                }
+                if b == 0 {
+                    continue;
+                }
+                for (j, c) in cols[..len].iter_mut().enumerate() {
+                    *c = (a + j) as u32;
+                }
+                // the span's lists into the output, appended per unit to the part's (the
+                // span's cells follow every earlier span's): from the last unit down, so
+                // no list is overwritten before it moves
+                part(cfg, m, links, &cols[..len], 0, b, offsets, indices, rest)?;
+                let add = offsets[units];
+                for u in (0..units).rev() {
+                    let (s0, s1) = (o1[u] as usize, o1[u + 1] as usize);
+                    let to = s0 + offsets[u] as usize;
+                    i1.copy_within(s0..s1, to);
+                    let (t0, t1) = (offsets[u] as usize, offsets[u + 1] as usize);
+                    i1[to + s1 - s0..to + s1 - s0 + t1 - t0].copy_from_slice(&indices[t0..t1]);
+                }
+                for u in 0..units {
+                    o1[u] += offsets[u];
+                }
+                o1[units] += add;
+            }
         }
     }
-    part(cfg, m, links, &cols[..k], 0, bm, o1, i1, rest)?;
     // the unmarked part: its prefix cells, then the window
     let mut k = 0;
     for i in 0..n {

@@ -75,7 +75,7 @@ use crate::{budget::ModelScores, ValueLinks};
 use config::{because, resolve, resolve_why, workspace_bytes};
 pub(crate) use config::{cstr, Resolved};
 pub use config::{EvictorConfig, ModelDims, Refusal};
-pub use marks::{split_budget, MARK_SHARE};
+pub use marks::{span_budgets, split_budget, MarkSplit, MARK_SHARE};
 use memory::{Layout, Slot, ALIGN};
 pub use policy::Budget;
 pub use presets::{
@@ -328,7 +328,33 @@ impl<'a> Evictor<'a> {
     /// marked cells (`marks.rs`: the rule; [`MARK_SHARE`] the tuned default). A later call
     /// in the same round replaces the marks; `begin` forgets them.
     pub fn mark_cells(&mut self, seq: usize, flags: &[u8], share: f32) -> Result<()> {
-        self.mark_each(seq, flags.len(), share, |i| flags[i] != 0)
+        self.mark_each(seq, flags.len(), share, MarkSplit::Share, |i| flags[i] != 0)
+    }
+
+    /// [`Evictor::mark_cells`] with the marked cells' budget spent as `split` says
+    /// ([`MarkSplit::Spans`]: evenly over the runs of consecutive marked cells, `marks.rs`).
+    pub fn mark_cells_split(
+        &mut self,
+        seq: usize,
+        flags: &[u8],
+        share: f32,
+        split: MarkSplit,
+    ) -> Result<()> {
+        self.mark_each(seq, flags.len(), share, split, |i| flags[i] != 0)
+    }
+
+    /// How the marks of `seq`'s begun round spend their budget (after a mark call, before
+    /// `select`; else `InvalidArgument`): [`Evictor::mark_cells_split`]'s `split` for marks
+    /// given another way (by position).
+    pub fn set_mark_split(&mut self, seq: usize, split: MarkSplit) -> Result<()> {
+        let mut st = self.state(seq)?;
+        if st.phase != Phase::Scoring || st.mark_share.is_none() {
+            return Err(Error::InvalidArgument);
+        }
+        st.mark_split = split;
+        let slot = self.slot(seq)?;
+        st.store(slot.state);
+        Ok(())
     }
 
     /// [`Evictor::mark_cells`] by position: cell `i` (at `positions[i]`, one per cell of
@@ -344,7 +370,7 @@ impl<'a> Evictor<'a> {
     ) -> Result<()> {
         check_ranges(ranges)?;
         let pairs = ranges.chunks_exact(2);
-        self.mark_each(seq, positions.len(), share, |i| {
+        self.mark_each(seq, positions.len(), share, MarkSplit::Share, |i| {
             pairs.clone().any(|r| (r[0]..r[1]).contains(&positions[i]))
         })
     }
@@ -356,6 +382,7 @@ impl<'a> Evictor<'a> {
         seq: usize,
         n: usize,
         share: f32,
+        split: MarkSplit,
         marked: impl Fn(usize) -> bool,
     ) -> Result<()> {
         if !(0.0..=1.0).contains(&share) {
@@ -373,6 +400,7 @@ impl<'a> Evictor<'a> {
             *m = marked(i) as u8;
         }
         st.mark_share = Some(share);
+        st.mark_split = split;
         st.store(slot.state);
         Ok(())
     }
@@ -576,7 +604,10 @@ impl<'a> Evictor<'a> {
         let marked = match st.mark_share {
             Some(share) => {
                 let flags = &slot.marks[start..n];
-                marks::select_marked(&cfg, &ms, links, flags, share, offsets, indices, rest)?
+                let split = st.mark_split;
+                marks::select_marked(
+                    &cfg, &ms, links, flags, share, split, offsets, indices, rest,
+                )?
             }
             None => false,
         };

@@ -1,6 +1,7 @@
 //! A sequence's bookkeeping: plain words in its slot, loaded and stored whole, so a
 //! context in caller memory holds no Rust value a corrupted word could make invalid.
 
+use super::marks::MarkSplit;
 use super::memory::STATE_WORDS;
 use super::policy;
 use super::Resolved;
@@ -37,6 +38,8 @@ pub(crate) struct SeqState {
     /// The round's marks (`marks.rs`): the share of the kept cells reserved for the marked
     /// cells, `None` when the engine marked none this round.
     pub mark_share: Option<f32>,
+    /// With `mark_share`: how the marked cells' budget is spent (bit 33 of its word).
+    pub mark_split: MarkSplit,
 }
 
 impl SeqState {
@@ -63,6 +66,11 @@ impl SeqState {
                 0 => None,
                 x => Some(f32::from_bits(x as u32)),
             },
+            mark_split: if w[11] >> 33 & 1 != 0 {
+                MarkSplit::Spans
+            } else {
+                MarkSplit::Share
+            },
         })
     }
     pub fn store(&self, w: &mut [u64]) {
@@ -79,7 +87,8 @@ impl SeqState {
             self.kept_total,
             self.carried,
             self.mark_share
-                .map_or(0, |s| (1 << 32) | s.to_bits() as u64),
+                .map_or(0, |s| (1 << 32) | s.to_bits() as u64)
+                | (((self.mark_split == MarkSplit::Spans) as u64) << 33),
         ];
         w.copy_from_slice(&v);
     }
@@ -115,6 +124,7 @@ impl SeqState {
         self.target = target.max(policy::least_kept(start, n, window));
         self.kept_total = 0;
         self.mark_share = None;
+        self.mark_split = MarkSplit::Share;
         Ok(())
     }
 
