@@ -112,3 +112,10 @@ extern "C" int kve_cuda_upload(void* dst, const void* src, size_t bytes, void* s
     KVE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, KVE_STREAM(stream)));
     return (int)cudaStreamSynchronize(KVE_STREAM(stream));
 }
+
+extern "C" int kve_cuda_download(void* dst, const void* src, size_t bytes, void* stream) {
+    if (bytes == 0) return 0;
+    if (!dst || !src) return (int)cudaErrorInvalidValue;
+    KVE_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, KVE_STREAM(stream)));
+    return (int)cudaStreamSynchronize(KVE_STREAM(stream));
+}

@@ -483,7 +483,9 @@ int kve_cuda_pool_linked(const float* in, int64_t ld_in, float* out, int64_t ld_
  * outputs distinct from the sources.
  *
  * upload: bytes of host memory src to device memory dst on stream, then waits for the
- * stream (setup only: src may be freed on return; not capturable). */
+ * stream (setup only: src may be freed on return; not capturable). download: bytes of
+ * device memory src to host memory dst on stream, then waits for the stream (dst holds
+ * them on return; not capturable). */
 int kve_cuda_ring_put(const kve_cuda_view* q, int64_t first, int64_t rows, void* ring,
                       int64_t cap, int64_t seen, void* stream);
 int kve_cuda_span_rows(const float* src, int64_t rows, int64_t ld, int64_t start, int64_t count,
@@ -492,6 +494,7 @@ int kve_cuda_shift_lists(const int32_t* src_counts, const int32_t* src_idx, int6
                          int64_t rows, int64_t start, int32_t* counts, int32_t* idx,
                          int64_t idx_ld, void* stream);
 int kve_cuda_upload(void* dst, const void* src, size_t bytes, void* stream);
+int kve_cuda_download(void* dst, const void* src, size_t bytes, void* stream);
 
 /* -------------------------------------------------------------------- paged --
  * Paged KV caches (cuda/paged.cu; the host form is src/paged.rs): one K or V tensor of a

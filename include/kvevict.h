@@ -751,66 +751,6 @@ typedef struct kve_evictor_paged_layer {
 } kve_evictor_paged_layer;
 
 /**
- * A sequence's counters.
- */
-typedef struct kve_evictor_stats {
-  uint32_t struct_size;
-  /**
-   * 1 when the last commit left per-head sets of different lengths: the sequence takes
-   * no further round until `kve_evictor_seq_reset`.
-   */
-  uint32_t ragged;
-  /**
-   * Cells held after the last commit.
-   */
-  uint64_t cells;
-  /**
-   * Cells the keep ratio never compresses again.
-   */
-  uint64_t protected_cells;
-  uint64_t evictions;
-  uint64_t cells_evicted;
-} kve_evictor_stats;
-
-/**
- * An engine's eviction options, as its user gives them (command-line flags), for
- * `kve_evictor_options_apply`. Zero-fill it, then set `struct_size`
- * (`KVE_EVICTOR_OPTIONS_V1_SIZE`) and what the user gave.
- */
-typedef struct kve_evictor_options {
-  uint32_t struct_size;
-  /**
-   * `KVE_OPTIONS_*`.
-   */
-  uint32_t flags;
-  /**
-   * The method: `kve_preset_name`'s spelling, NUL-terminated; NULL or "": laprox-span.
-   */
-  const char *method;
-  /**
-   * The cell budget per sequence (0: off): past it, down to
-   * `floor(max_cells * evict_to)`, which must exceed the window.
-   */
-  uint64_t max_cells;
-  /**
-   * The observation window (0: the method's), at most `KVE_OPTIONS_MAX_WINDOW`.
-   */
-  uint32_t window;
-  /**
-   * Value links at this threshold, at most 1 (0 or negative: off).
-   */
-  float link_threshold;
-  /**
-   * The keep ratio of what is new since the last compression, in (0, 1] (0: off).
-   */
-  double keep_ratio;
-  /**
-   * With `max_cells`: in (0, 1).
-   */
-  double evict_to;
-} kve_evictor_options;
-
-/**
  * `kve_evictor_round.fill`: write layer `layer`'s tensors into `*out`; 0, or any other
  * value to end the round (`KVE_ERR_CALLBACK`).
  */
@@ -917,6 +857,66 @@ typedef struct kve_evictor_round {
    */
   uint64_t user_pad;
 } kve_evictor_round;
+
+/**
+ * A sequence's counters.
+ */
+typedef struct kve_evictor_stats {
+  uint32_t struct_size;
+  /**
+   * 1 when the last commit left per-head sets of different lengths: the sequence takes
+   * no further round until `kve_evictor_seq_reset`.
+   */
+  uint32_t ragged;
+  /**
+   * Cells held after the last commit.
+   */
+  uint64_t cells;
+  /**
+   * Cells the keep ratio never compresses again.
+   */
+  uint64_t protected_cells;
+  uint64_t evictions;
+  uint64_t cells_evicted;
+} kve_evictor_stats;
+
+/**
+ * An engine's eviction options, as its user gives them (command-line flags), for
+ * `kve_evictor_options_apply`. Zero-fill it, then set `struct_size`
+ * (`KVE_EVICTOR_OPTIONS_V1_SIZE`) and what the user gave.
+ */
+typedef struct kve_evictor_options {
+  uint32_t struct_size;
+  /**
+   * `KVE_OPTIONS_*`.
+   */
+  uint32_t flags;
+  /**
+   * The method: `kve_preset_name`'s spelling, NUL-terminated; NULL or "": laprox-span.
+   */
+  const char *method;
+  /**
+   * The cell budget per sequence (0: off): past it, down to
+   * `floor(max_cells * evict_to)`, which must exceed the window.
+   */
+  uint64_t max_cells;
+  /**
+   * The observation window (0: the method's), at most `KVE_OPTIONS_MAX_WINDOW`.
+   */
+  uint32_t window;
+  /**
+   * Value links at this threshold, at most 1 (0 or negative: off).
+   */
+  float link_threshold;
+  /**
+   * The keep ratio of what is new since the last compression, in (0, 1] (0: off).
+   */
+  double keep_ratio;
+  /**
+   * With `max_cells`: in (0, 1).
+   */
+  double evict_to;
+} kve_evictor_options;
 
 /**
  * State of a model-wide top-K search split over shards of layers (design §4, "selection
@@ -1492,6 +1492,30 @@ int32_t kve_cuda_evictor_compact(struct kve_cuda_evictor *evictor,
                                  uint64_t layer,
                                  const struct kve_tensor *kv,
                                  void *stream);
+
+/**
+ * As `kve_evictor_run_round`, on the device form, enqueued on `stream` and waited for
+ * (not capturable): the same `kve_evictor_round` (V1 or V2, `fill` included) and the
+ * same statuses, with each layer's `keys` and `values` in DEVICE memory (f32, f16 or
+ * bf16: `Q8_0`/`Q4_0` are `KVE_ERR_UNSUPPORTED_DTYPE`; the stream's `[Hkv, S, d]`, V
+ * transposed or not, its cells gathered by `cells` on the device in the context's paged
+ * gather area, or `cells` NULL: the round's cells themselves) and its `queries` in HOST
+ * memory (converted to the keys' dtype and uploaded by the library into its workspace;
+ * absent: the ring `kve_cuda_evictor_observe_queries` filled). The kept cells (indices
+ * into `round->cells`, ascending) are read back to `kept` (HOST memory) at the end. The
+ * device form takes no marks (`n_marks`, `n_mark_ranges` or `mark_split` nonzero:
+ * `KVE_ERR_INVALID_ARGUMENT`)
+ * and needs token granularity (the round's kept cells one list; `KVE_ERR_INVALID_ARGUMENT`
+ * otherwise), both checked before the round begins. The engine then moves the kept rows
+ * (or drops the others) itself and calls `kve_cuda_evictor_commit`.
+ */
+int32_t kve_cuda_evictor_run_round(struct kve_cuda_evictor *evictor,
+                                   uint64_t seq,
+                                   const struct kve_evictor_round *round,
+                                   uint32_t *kept,
+                                   uint64_t len,
+                                   uint64_t *count,
+                                   void *stream);
 
 /**
  * As `kve_evictor_commit` (host bookkeeping). A selection that is not rectangular

@@ -547,6 +547,13 @@ extern "C" {
         stream: *mut c_void,
     ) -> c_int;
 
+    pub fn kve_cuda_download(
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        stream: *mut c_void,
+    ) -> c_int;
+
     pub fn kve_cuda_paged_gather(
         src: *const KveCudaPaged,
         table: *const u32,

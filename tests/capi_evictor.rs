@@ -754,6 +754,7 @@ fn device_form_without_cuda_is_not_built() {
             kve_cuda_evictor_seq_reset(e, 0),
             kve_cuda_evictor_seq_unprotect(e, 0),
             kve_cuda_evictor_get_stats(e, 0, stats.as_mut_ptr(), 40),
+            kve_cuda_evictor_run_round(e, 0, std::ptr::null(), std::ptr::null_mut(), 0, &mut t, s),
         ]
     };
     assert!(

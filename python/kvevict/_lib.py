@@ -556,6 +556,8 @@ _CUDA_PROTOS = {
     "kve_cuda_evictor_compact_paged": (
         c_int32, [c_void_p, c_uint64, c_uint64, P(kve_paged_layout), c_void_p, c_uint64, _u64p,
                   c_void_p]),
+    "kve_cuda_evictor_run_round": (
+        c_int32, [c_void_p, c_uint64, P(kve_evictor_round), c_void_p, c_uint64, _u64p, c_void_p]),
     "kve_cuda_evictor_commit": (c_int32, [c_void_p, c_uint64]),
     "kve_cuda_evictor_seq_reset": (c_int32, [c_void_p, c_uint64]),
     "kve_cuda_evictor_seq_unprotect": (c_int32, [c_void_p, c_uint64]),

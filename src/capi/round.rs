@@ -161,28 +161,149 @@ fn per_layer(
     }
 }
 
-/// Layer `layer`'s tensors from the engine's `fill` (`KVE_ERR_CALLBACK` when it returns
-/// nonzero), before the arrays' checks.
-fn filled(
-    fill: unsafe extern "C" fn(*mut c_void, u64, *mut kve_evictor_layer) -> i32,
-    user: *mut c_void,
-    layer: usize,
-) -> Result<[Option<Tensor>; 3]> {
-    let mut out = NO_LAYER;
-    // SAFETY: the caller's callback (`kve_evictor_round.fill`), given a struct of ours to
-    // write and its own `user`.
-    if unsafe { fill(user, layer as u64, &mut out) } != 0 {
-        return Err(Error::Callback);
+/// A round's arguments as `kve_evictor_run_round` and `kve_cuda_evictor_run_round` take
+/// them, read and checked (everything but the layers' tensors `fill` gives): the host and
+/// device forms' common front.
+pub(crate) struct RoundArgs<'a> {
+    pub r: kve_evictor_round,
+    /// `cells` NULL: the tensors hold the round's cells in position order.
+    pub dense: bool,
+    pub n: usize,
+    pub cells: &'a [u32],
+    pub marks: Option<&'a [u8]>,
+    pub positions: &'a [i32],
+    pub ranges: &'a [i32],
+    keys: Option<&'a [kve_tensor]>,
+    values: Option<&'a [kve_tensor]>,
+    queries: Option<&'a [kve_tensor]>,
+    top: usize,
+    /// The call's outputs (the context, `kept`, `count`): no tensor may overlap them.
+    pub outputs: [Span; 3],
+}
+
+impl<'a> RoundArgs<'a> {
+    /// `round` read (`KVE_EVICTOR_ROUND_V1_SIZE` or V2) and checked for a context of
+    /// `layers` layers (its bytes `ctx`) writing `kept` (room for `len` cells) and `count`:
+    /// the statuses `kve_evictor_run_round` documents, in its order.
+    ///
+    /// # Safety
+    /// `round` is NULL or the caller's struct, its pointers the caller's buffers.
+    pub unsafe fn read(
+        round: *const kve_evictor_round,
+        layers: usize,
+        outputs: [Span; 3],
+        len: u64,
+    ) -> Result<RoundArgs<'a>> {
+        // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
+        let r = unsafe { read_ext(round, KVE_EVICTOR_ROUND_V1_SIZE, NO_ROUND)? };
+        if r.reserved != 0 || r.mark_split > 1 || r.user_pad != 0 {
+            return Err(Error::InvalidArgument);
+        }
+        match r.fill {
+            Some(_) if r.n_keys != 0 || r.n_values != 0 || r.n_queries != 0 => {
+                return Err(Error::InvalidArgument)
+            }
+            Some(_) if to_usize(r.fill_layers)? != layers => return Err(Error::ShapeMismatch),
+            None if r.fill_layers != 0 => return Err(Error::InvalidArgument),
+            _ => {}
+        }
+        let dense = r.cells.is_null();
+        let n = to_usize(r.n_cells)?;
+        let cells = Buf::new(r.cells, if dense { 0 } else { r.n_cells })?;
+        if n == 0 {
+            return Err(Error::InvalidArgument);
+        }
+        // room for every cell, so that a short `kept` is refused before the round begins
+        if len < r.n_cells {
+            return Err(Error::OutputTooSmall);
+        }
+        let marks = match r.n_marks {
+            0 => None,
+            m if m != r.n_cells => return Err(Error::ShapeMismatch),
+            m => Some(Buf::new(r.marks, m)?),
+        };
+        // the marks by position: ranges, and the cells' positions
+        let ranges = Buf::new(r.mark_ranges, r.n_mark_ranges)?;
+        let positions = match (ranges.len(), r.n_positions) {
+            (0, _) => Buf::new(r.positions, 0)?,
+            _ if marks.is_some() => return Err(Error::InvalidArgument),
+            (_, p) if p != r.n_cells => return Err(Error::ShapeMismatch),
+            (_, p) => Buf::new(r.positions, p)?,
+        };
+        let keys = per_layer(r.keys, r.n_keys, layers, r.fill.is_none())?;
+        let values = per_layer(r.values, r.n_values, layers, false)?;
+        let queries = per_layer(r.queries, r.n_queries, layers, false)?;
+        let span = |b: &Option<Buf<kve_tensor>>| b.as_ref().map_or(Span::EMPTY, |b| b.span);
+        let inputs = [
+            span_sized(round, r.struct_size),
+            cells.span,
+            marks.as_ref().map_or(Span::EMPTY, |m| m.span),
+            ranges.span,
+            positions.span,
+            span(&keys),
+            span(&values),
+            span(&queries),
+        ];
+        check_alias(&outputs, &inputs)?;
+        // SAFETY: Buf::new checked them; check_alias: no output overlaps them.
+        let cells = unsafe { cells.slice() };
+        // SAFETY: as above.
+        let [keys, values, queries] =
+            [keys, values, queries].map(|b| b.map(|b| unsafe { b.slice() }));
+        // SAFETY: as above.
+        let (positions, ranges) = unsafe { (positions.slice(), ranges.slice()) };
+        crate::evictor::check_ranges(ranges)?;
+        // the marks' share, checked here so that the round never begins on a bad one
+        if (marks.is_some() || !ranges.is_empty()) && !(0.0..=1.0).contains(&r.mark_share) {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(RoundArgs {
+            r,
+            dense,
+            n,
+            cells,
+            // SAFETY: as above.
+            marks: marks.map(|m| unsafe { m.slice() }),
+            positions,
+            ranges,
+            keys,
+            values,
+            queries,
+            top: cells.iter().copied().max().unwrap_or(0) as usize,
+            outputs,
+        })
     }
-    let absent = out.row_lse.is_null() && out.row_lse_len == 0 && out.wo.data.is_null();
-    if out.struct_size != KVE_EVICTOR_LAYER_V1_SIZE || out.reserved != 0 || !absent {
-        return Err(Error::InvalidArgument);
+
+    /// Layer `l`'s K, V and queries descriptors (absent: NULL `data`), from the arrays or
+    /// from the engine's `fill` (`KVE_ERR_CALLBACK` when it returns nonzero).
+    pub fn layer(&self, l: usize) -> Result<[kve_tensor; 3]> {
+        let absent = NO_LAYER.keys;
+        let Some(fill) = self.r.fill else {
+            let at = |t: Option<&[kve_tensor]>| t.map_or(absent, |t| t[l]);
+            return Ok([at(self.keys), at(self.values), at(self.queries)]);
+        };
+        let mut out = NO_LAYER;
+        // SAFETY: the caller's callback (`kve_evictor_round.fill`), given a struct of ours
+        // to write and its own `user`.
+        if unsafe { fill(self.r.user, l as u64, &mut out) } != 0 {
+            return Err(Error::Callback);
+        }
+        let absent = out.row_lse.is_null() && out.row_lse_len == 0 && out.wo.data.is_null();
+        if out.struct_size != KVE_EVICTOR_LAYER_V1_SIZE || out.reserved != 0 || !absent {
+            return Err(Error::InvalidArgument);
+        }
+        Ok([out.keys, out.values, out.queries])
     }
-    Ok([
-        Some(Tensor::new(&out.keys)?),
-        Tensor::optional(&out.values)?,
-        Tensor::optional(&out.queries)?,
-    ])
+
+    /// A K or V tensor's cell axis (`extent[1]`) holds every cell of the round (dense:
+    /// exactly the round's cells).
+    pub fn fits(&self, cells_axis: usize) -> Result<()> {
+        match self.dense {
+            true if cells_axis != self.n => Err(Error::ShapeMismatch),
+            false if cells_axis <= self.top => Err(Error::OutOfBounds),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Run a whole round on sequence `seq` of a context configured with `paged = 1`
@@ -220,116 +341,40 @@ pub unsafe extern "C" fn kve_evictor_run_round(
         let (a, b) = ev.byte_range();
         Span(a, b)
     };
-    // SAFETY: NULL or the caller's struct; read_ext checks NULL, alignment, struct_size.
-    let r = tri!(unsafe { read_ext(round, KVE_EVICTOR_ROUND_V1_SIZE, NO_ROUND) });
-    if r.reserved != 0 || r.mark_split > 1 || r.user_pad != 0 {
-        return to_status(Err(Error::InvalidArgument));
-    }
-    let layers = ev.layers();
-    match r.fill {
-        Some(_) if r.n_keys != 0 || r.n_values != 0 || r.n_queries != 0 => {
-            return to_status(Err(Error::InvalidArgument))
-        }
-        Some(_) if tri!(to_usize(r.fill_layers)) != layers => {
-            return to_status(Err(Error::ShapeMismatch))
-        }
-        None if r.fill_layers != 0 => return to_status(Err(Error::InvalidArgument)),
-        _ => {}
-    }
-    let dense = r.cells.is_null();
-    let n = tri!(to_usize(r.n_cells));
-    let cells = tri!(Buf::new(r.cells, if dense { 0 } else { r.n_cells }));
-    if n == 0 {
-        return to_status(Err(Error::InvalidArgument));
-    }
-    // room for every cell, so that a short `kept` is refused before the round begins
-    if len < r.n_cells {
-        return to_status(Err(Error::OutputTooSmall));
-    }
-    let marks = match r.n_marks {
-        0 => None,
-        m if m != r.n_cells => return to_status(Err(Error::ShapeMismatch)),
-        m => Some(tri!(Buf::new(r.marks, m))),
-    };
-    // the marks by position: ranges, and the cells' positions
-    let ranges = tri!(Buf::new(r.mark_ranges, r.n_mark_ranges));
-    let positions = match (ranges.len(), r.n_positions) {
-        (0, _) => tri!(Buf::new(r.positions, 0)),
-        _ if marks.is_some() => return to_status(Err(Error::InvalidArgument)),
-        (_, p) if p != r.n_cells => return to_status(Err(Error::ShapeMismatch)),
-        (_, p) => tri!(Buf::new(r.positions, p)),
-    };
-    let keys = tri!(per_layer(r.keys, r.n_keys, layers, r.fill.is_none()));
-    let values = tri!(per_layer(r.values, r.n_values, layers, false));
-    let queries = tri!(per_layer(r.queries, r.n_queries, layers, false));
-    let span = |b: &Option<Buf<kve_tensor>>| b.as_ref().map_or(Span::EMPTY, |b| b.span);
-    let inputs = [
-        span_sized(round, r.struct_size),
-        cells.span,
-        marks.as_ref().map_or(Span::EMPTY, |m| m.span),
-        ranges.span,
-        positions.span,
-        span(&keys),
-        span(&values),
-        span(&queries),
-    ];
-    tri!(check_alias(&[c.span, o.span, ctx], &inputs));
-    // SAFETY: Buf::new checked them; check_alias: no output (the context, `kept`, `count`)
-    // overlaps them.
-    let cells = unsafe { cells.slice() };
-    // SAFETY: as above.
-    let [keys, values, queries] = [keys, values, queries].map(|b| b.map(|b| unsafe { b.slice() }));
-    tri!(ev.check_distinct(cells));
-    // SAFETY: as above.
-    let (positions, ranges) = unsafe { (positions.slice(), ranges.slice()) };
-    tri!(crate::evictor::check_ranges(ranges));
-    // the marks' share, checked here so that the round never begins on a bad one
-    if (marks.is_some() || !ranges.is_empty()) && !(0.0..=1.0).contains(&r.mark_share) {
-        return to_status(Err(Error::InvalidArgument));
-    }
-    let top = cells.iter().copied().max().unwrap_or(0) as usize;
-    // every cell inside K and V (dense: exactly the round's cells)
-    let fits = |x: &Tensor| match dense {
-        true if x.extent[1] != n => Err(Error::ShapeMismatch),
-        false if x.extent[1] <= top => Err(Error::OutOfBounds),
-        _ => Ok(()),
-    };
-    // a layer's tensors, checked (descriptor, bounds, no overlap with an output, every
+    // SAFETY: NULL or the caller's struct and buffers; read checks them.
+    let a = tri!(unsafe { RoundArgs::read(round, ev.layers(), [c.span, o.span, ctx], len) });
+    tri!(ev.check_distinct(a.cells));
+    // layer l's tensors, checked (descriptor, bounds, no overlap with an output, every
     // cell inside)
-    let checked = |t: [Option<Tensor>; 3]| -> Result<[Option<Tensor>; 3]> {
-        check_alias(&[o.span, c.span, ctx], &t.each_ref().map(Tensor::span))?;
-        t[..2].iter().flatten().try_for_each(fits)?;
+    let tensors = |l: usize| -> Result<[Option<Tensor>; 3]> {
+        let [k, v, q] = a.layer(l)?;
+        let t = [
+            Some(Tensor::new(&k)?),
+            Tensor::optional(&v)?,
+            Tensor::optional(&q)?,
+        ];
+        check_alias(&a.outputs, &t.each_ref().map(Tensor::span))?;
+        t[..2].iter().flatten().try_for_each(|x| a.fits(x.extent[1]))?;
         Ok(t)
     };
-    // layer l's tensors: from the arrays (all checked before the round begins) or `fill`
-    let tensors = |l: usize| -> Result<[Option<Tensor>; 3]> {
-        checked(match (r.fill, keys) {
-            (Some(f), _) => filled(f, r.user, l)?,
-            (None, k) => [
-                k.map(|k| Tensor::new(&k[l])).transpose()?,
-                values.map_or(Ok(None), |v| Tensor::optional(&v[l]))?,
-                queries.map_or(Ok(None), |q| Tensor::optional(&q[l]))?,
-            ],
-        })
-    };
-    if r.fill.is_none() {
-        for l in 0..layers {
+    // the arrays' tensors, all checked before the round begins (fill's when it gives them)
+    if a.r.fill.is_none() {
+        for l in 0..ev.layers() {
             tri!(tensors(l));
         }
     }
     let s = tri!(to_usize(seq));
-    tri!(ev.begin(s, n, tri!(to_usize(r.target))));
-    let marked = marks.is_some() || !ranges.is_empty();
-    if let Some(m) = marks {
-        // SAFETY: as above.
-        tri!(ev.mark_cells(s, unsafe { m.slice() }, r.mark_share));
-    } else if !ranges.is_empty() {
-        tri!(ev.mark_positions(s, positions, ranges, r.mark_share));
+    tri!(ev.begin(s, a.n, tri!(to_usize(a.r.target))));
+    let marked = a.marks.is_some() || !a.ranges.is_empty();
+    if let Some(m) = a.marks {
+        tri!(ev.mark_cells(s, m, a.r.mark_share));
+    } else if !a.ranges.is_empty() {
+        tri!(ev.mark_positions(s, a.positions, a.ranges, a.r.mark_share));
     }
-    if r.mark_split == 1 && marked {
+    if a.r.mark_split == 1 && marked {
         tri!(ev.set_mark_split(s, MarkSplit::Spans));
     }
-    for l in 0..layers {
+    for l in 0..ev.layers() {
         let [k, v, q] = tri!(tensors(l));
         let view = |t: &Option<Tensor>| {
             // SAFETY: checked by Tensor::new; no output overlaps it.
@@ -342,9 +387,9 @@ pub unsafe extern "C" fn kve_evictor_run_round(
             row_lse: None,
             wo: None,
         };
-        tri!(match dense {
+        tri!(match a.dense {
             true => ev.score_layer(s, l, &lv),
-            false => ev.score_layer_cells(s, l, &lv, cells),
+            false => ev.score_layer_cells(s, l, &lv, a.cells),
         });
     }
     tri!(ev.select(s).map(|_| ()));

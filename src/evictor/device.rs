@@ -280,7 +280,7 @@ fn dev_workspace(r: &Resolved) -> Result<usize> {
     };
     let compact = device::compact_workspace_size(&view, n as u64)?;
     let score = score
-        .checked_add(paged_front(r)?.bytes())
+        .checked_add(round_front(r)?)
         .ok_or(Error::Overflow)?;
     Ok(score
         .max(sel.bytes())
@@ -310,6 +310,23 @@ fn paged_front(r: &Resolved) -> Result<DeviceCarve> {
 }
 
 /// The workspace of a paged compaction: the table, then the staged rows.
+/// Bytes of a round's window queries uploaded from host memory (`run_round`'s; f32 at
+/// most): `[Hq, w, dk]`, none for a method that reads no queries.
+fn query_upload_bytes(r: &Resolved) -> Result<usize> {
+    match r.capture.queries {
+        true => mul(mul(r.m.hq, (r.score.window as usize).min(r.max_cells))?, mul(r.m.dk, 4)?),
+        false => Ok(0),
+    }
+}
+
+/// The workspace's front a scored layer leaves alone: the paged gathers, then the
+/// uploaded queries (256-byte aligned).
+fn round_front(r: &Resolved) -> Result<usize> {
+    let mut c = paged_front(r)?;
+    c.take::<u8>(query_upload_bytes(r)?)?;
+    Ok(c.bytes())
+}
+
 fn paged_compact_carve(r: &Resolved) -> Result<DeviceCarve> {
     let mut c = DeviceCarve::new(core::ptr::null_mut());
     let es = paged_es(r);
@@ -348,6 +365,7 @@ fn host_parts(r: &Resolved) -> Result<WorkspaceSize> {
     s.add::<f32>(r.gram_len)?;
     s.add::<u8>(gram_ws(r)?)?;
     s.add::<u8>(table_scratch_bytes(r)?)?;
+    s.add::<u8>(query_upload_bytes(r)?)?;
     Ok(s)
 }
 
@@ -533,13 +551,14 @@ impl<'a> DeviceEvictor<'a> {
     fn parts(
         &mut self,
         seq: usize,
-    ) -> Result<(Option<HostSlot<'_>>, &mut [f32], &mut [u8], &mut [u8])> {
-        let (l, seqs, gl, gw, tb) = (
+    ) -> Result<(Option<HostSlot<'_>>, &mut [f32], &mut [u8], &mut [u8], &mut [u8])> {
+        let (l, seqs, gl, gw, tb, qb) = (
             self.r.m.layers,
             self.r.max_seqs,
             self.r.gram_len,
             gram_ws(&self.r)?,
             table_scratch_bytes(&self.r)?,
+            query_upload_bytes(&self.r)?,
         );
         let mut ws = self.host();
         ws.take_dirty::<u8>(l)?;
@@ -557,7 +576,8 @@ impl<'a> DeviceEvictor<'a> {
         }
         let g = ws.take_dirty::<f32>(gl)?;
         let gws = ws.take_dirty::<u8>(gw)?;
-        Ok((found, g, gws, ws.take_dirty::<u8>(tb)?))
+        let tbl = ws.take_dirty::<u8>(tb)?;
+        Ok((found, g, gws, tbl, ws.take_dirty::<u8>(qb)?))
     }
 
     fn slot(&mut self, seq: usize) -> Result<HostSlot<'_>> {
@@ -567,7 +587,7 @@ impl<'a> DeviceEvictor<'a> {
     /// The Gram scratch (host): `gram_len` floats and the Gram's workspace.
     fn gram_scratch(&mut self) -> Result<(&mut [f32], &mut [u8])> {
         let seqs = self.r.max_seqs;
-        let (_, g, ws, _) = self.parts(seqs)?;
+        let (_, g, ws, _, _) = self.parts(seqs)?;
         Ok((g, ws))
     }
 
@@ -575,6 +595,11 @@ impl<'a> DeviceEvictor<'a> {
     fn table_scratch(&mut self) -> Result<&mut [u8]> {
         let seqs = self.r.max_seqs;
         Ok(self.parts(seqs)?.3)
+    }
+
+    fn query_staging(&mut self) -> Result<&mut [u8]> {
+        let seqs = self.r.max_seqs;
+        Ok(self.parts(seqs)?.4)
     }
 
     seq_bookkeeping!();
@@ -810,7 +835,7 @@ impl<'a> DeviceEvictor<'a> {
             Some(p) => Some(gather(&mut c, &p, r.m.dv)?),
             None => None,
         };
-        let front = paged_front(&r)?.bytes();
+        let front = round_front(&r)?;
         let lv = DeviceLayerViews {
             keys,
             values,
@@ -823,7 +848,7 @@ impl<'a> DeviceEvictor<'a> {
     }
 
     /// Scoring with the workspace's first `front` bytes kept (a paged layer's gathered
-    /// K/V, which then lie inside the device block: not alias-checked against it).
+    /// K/V, uploaded queries: inside the device block, not alias-checked against it).
     unsafe fn score_inner(
         &mut self,
         seq: usize,
@@ -888,16 +913,19 @@ impl<'a> DeviceEvictor<'a> {
             };
         }
         let mut spans = [Span::EMPTY; 4];
-        if front == 0 {
-            spans[0] = v.keys.span();
-            if let Some(val) = v.values {
-                spans[1] = val.span();
-            }
+        spans[0] = v.keys.span();
+        if let Some(val) = v.values {
+            spans[1] = val.span();
         }
         if let Some(q) = v.queries {
             spans[2] = q.span();
         }
         spans[3] = device::span_of(v.row_lse.ptr, v.row_lse.len as usize)?;
+        // what the library put in the workspace's front (gathered K/V, uploaded queries)
+        let ws0 = self.dev_ws().0 as usize;
+        for x in spans.iter_mut().filter(|x| x.0 >= ws0 && x.1 <= ws0 + front) {
+            *x = Span::EMPTY;
+        }
         check_alias(
             &[Span(self.dev as usize, self.dev as usize + self.dl.total)],
             &spans,
@@ -1077,6 +1105,166 @@ impl<'a> DeviceEvictor<'a> {
             idx: d.idx,
             idx_ld: self.r.max_cells,
         })
+    }
+
+    /// The context's layers.
+    pub fn layers(&self) -> usize {
+        self.r.m.layers
+    }
+
+    /// `cells` a round over a whole cell stream names ([`DeviceEvictor::score_layer_stream`]),
+    /// checked before the round begins: a context with paged views (`InvalidArgument`), at
+    /// most `max_cells` (`ShapeMismatch`), none twice (`Aliasing`); a selection every unit
+    /// shares (token granularity: `InvalidArgument`), so that one kept list is the round's.
+    pub fn check_stream_round(&mut self, cells: Option<&[u32]>) -> Result<()> {
+        if self.r.select.granularity != Granularity::Token {
+            return Err(Error::InvalidArgument);
+        }
+        let Some(cells) = cells else { return Ok(()) };
+        if self.r.paged.is_none() {
+            return Err(Error::InvalidArgument);
+        }
+        let max = self.r.max_cells;
+        super::distinct_cells(cells, max, self.table_scratch()?)
+    }
+
+    /// Window queries `q` (HOST memory, `[Hq, wq, dk]`, any dtype a view takes), their
+    /// last `min(wq, w)` rows converted to `dtype` (the keys') in the context's staging
+    /// area and uploaded to the workspace's query area on `stream` (waited for): the
+    /// device tensor.
+    unsafe fn upload_queries(&mut self, q: &View, dtype: i32, stream: *mut c_void) -> Result<Tensor> {
+        let r = self.r;
+        let [hq, wq, dk] = q.extent();
+        if hq != r.m.hq || dk != r.m.dk {
+            return Err(Error::ShapeMismatch);
+        }
+        let rows = wq.min((r.score.window as usize).min(r.max_cells));
+        let es = match dtype {
+            cu::KVE_CUDA_F32 => 4,
+            cu::KVE_CUDA_F16 | cu::KVE_CUDA_BF16 => 2,
+            _ => return Err(Error::UnsupportedDtype),
+        };
+        let bytes = hq * rows * dk * es;
+        let (ws, _) = self.dev_ws();
+        let at = (ws as *mut u8).wrapping_add(paged_front(&r)?.bytes());
+        let stage = &mut self.query_staging()?[..bytes];
+        for (i, out) in stage.chunks_exact_mut(es).enumerate() {
+            let x = q.get(i / (rows * dk), wq - rows + i / dk % rows, i % dk);
+            match dtype {
+                cu::KVE_CUDA_F32 => out.copy_from_slice(&x.to_le_bytes()),
+                cu::KVE_CUDA_F16 => out.copy_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+                _ => out.copy_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+            }
+        }
+        // SAFETY: `bytes` of the staging area to the workspace's query area (round_front).
+        if unsafe { cu::kve_cuda_upload(at as _, stage.as_ptr() as _, bytes, stream) } != 0 {
+            return Err(Error::Cuda);
+        }
+        Ok(Tensor {
+            view: cu::KveCudaView {
+                data: at as *mut c_void,
+                dtype,
+                reserved: 0,
+                stride_head: (rows * dk) as i64,
+                stride_token: dk as i64,
+                stride_dim: 1,
+                heads: hq as i64,
+                tokens: rows as i64,
+                dim: dk as i64,
+            },
+            bytes: (at as usize, at as usize + bytes),
+        })
+    }
+
+    /// Score `layer` of `seq`'s round from device K (and V) over a whole cell stream
+    /// (`[Hkv, S, d]`, any strides: V transposed too), the round's cells `cells[i]`
+    /// gathered on the device ([`DeviceEvictor::score_layer_paged`] with one cell a
+    /// block), or (`cells` None) tensors holding exactly the round's cells, with the window
+    /// queries from HOST memory (`queries`, uploaded in the keys' dtype; None: the ring).
+    ///
+    /// # Safety
+    /// `keys`, `values` describe device memory; `stream` as above.
+    pub unsafe fn score_layer_stream(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        keys: &Tensor,
+        values: Option<&Tensor>,
+        queries: Option<&View>,
+        cells: Option<&[u32]>,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let r = self.r;
+        self.r.check_layer(layer)?;
+        let q = match queries.filter(|_| r.capture.queries) {
+            // SAFETY: the caller's stream.
+            Some(q) => Some(unsafe { self.upload_queries(q, keys.view.dtype, stream)? }),
+            None => None,
+        };
+        let Some(cells) = cells else {
+            let lv = DeviceLayerViews {
+                keys: *keys,
+                values: values.copied(),
+                queries: q,
+                row_lse: Floats::NONE,
+            };
+            // SAFETY: the caller's device tensors and stream; the queries in the front.
+            return unsafe { self.score_inner(seq, layer, &lv, round_front(&r)?, stream) };
+        };
+        // a stream as a pool of one-cell blocks: block b is cell b
+        let pool = |t: &Tensor| -> Result<DevicePool> {
+            let v = &t.view;
+            let dtype = crate::dtype::DType::from_u32(v.dtype as u32)?;
+            let st = |x: i64| usize::try_from(x).map_err(|_| Error::InvalidArgument);
+            Ok(DevicePool {
+                data: v.data,
+                len: (t.bytes.1 - t.bytes.0) / dtype.size(),
+                layout: paged::PagedLayout {
+                    dtype,
+                    offset: 0,
+                    num_blocks: st(v.tokens)?,
+                    block_size: 1,
+                    heads: st(v.heads)?,
+                    dim: st(v.dim)?,
+                    stride: [st(v.stride_token)?, 1, st(v.stride_head)?, st(v.stride_dim)?],
+                },
+            })
+        };
+        let pv = DevicePagedLayerViews {
+            keys: pool(keys)?,
+            values: values.map(pool).transpose()?,
+            table: cells,
+            queries: q,
+            row_lse: Floats::NONE,
+        };
+        // SAFETY: the caller's device tensors and stream.
+        unsafe { self.score_layer_paged(seq, layer, &pv, stream) }
+    }
+
+    /// The kept cells of `seq`'s round selected at token granularity (every unit keeps the
+    /// same `count` cells): unit 0's list read back to `out` (ascending indices into the
+    /// round's cells), waiting for `stream`.
+    ///
+    /// # Safety
+    /// `stream` as above.
+    pub unsafe fn kept_to_host(
+        &mut self,
+        seq: usize,
+        count: usize,
+        out: &mut [u32],
+        stream: *mut c_void,
+    ) -> Result<usize> {
+        let k = self.kept(seq)?;
+        if count > out.len() || count > self.state(seq)?.n as usize {
+            return Err(Error::OutputTooSmall);
+        }
+        // SAFETY: `count` int32 of the device block's list (non-negative: the same bytes
+        // as u32) to `out`, which holds them.
+        let st = unsafe { cu::kve_cuda_download(out.as_mut_ptr() as _, k.idx as _, count * 4, stream) };
+        if st != 0 {
+            return Err(Error::Cuda);
+        }
+        Ok(count)
     }
 
     /// Move `layer`'s kept rows of `kv` (device, `[Hkv, n, d]`, K or V) to the front of

@@ -537,16 +537,8 @@ impl<'a> Evictor<'a> {
     /// (`Aliasing`): checked on a sorted copy in the workspace (its contents unspecified
     /// after).
     pub fn check_distinct(&mut self, cells: &[u32]) -> Result<()> {
-        if cells.len() > self.r.max_cells {
-            return Err(Error::ShapeMismatch);
-        }
-        let copy = Workspace::new(self.scratch()).take_dirty::<u32>(cells.len())?;
-        copy.copy_from_slice(cells);
-        copy.sort_unstable();
-        match copy.windows(2).any(|w| w[0] == w[1]) {
-            true => Err(Error::Aliasing),
-            false => Ok(()),
-        }
+        let max = self.r.max_cells;
+        distinct_cells(cells, max, self.scratch())
     }
 
     /// Select the round's kept set once every layer is scored: over all cells, or (keep
@@ -796,6 +788,21 @@ fn round_score(r: &Resolved, st: &SeqState) -> ScoreConfig {
 
 /// Ranges `[r[2k], r[2k+1])` of marked positions ([`Evictor::mark_positions`]): an even
 /// count, each `p0 <= p1` (else `InvalidArgument`).
+/// `cells` (a round's, at most `max`: else `ShapeMismatch`) name no cell twice
+/// (`Aliasing`): checked on a sorted copy in `scratch` (its contents unspecified after).
+pub(crate) fn distinct_cells(cells: &[u32], max: usize, scratch: &mut [u8]) -> Result<()> {
+    if cells.len() > max {
+        return Err(Error::ShapeMismatch);
+    }
+    let copy = Workspace::new(scratch).take_dirty::<u32>(cells.len())?;
+    copy.copy_from_slice(cells);
+    copy.sort_unstable();
+    match copy.windows(2).any(|w| w[0] == w[1]) {
+        true => Err(Error::Aliasing),
+        false => Ok(()),
+    }
+}
+
 pub fn check_ranges(ranges: &[i32]) -> Result<()> {
     let pairs = ranges.chunks_exact(2);
     match !pairs.remainder().is_empty() || pairs.clone().any(|r| r[0] > r[1]) {

@@ -536,6 +536,7 @@ mod compact;
 mod evictor_paged;
 mod gram;
 mod requirements;
+mod round;
 mod score;
 mod select;
 mod shapes;

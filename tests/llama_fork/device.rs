@@ -4,10 +4,11 @@
 
 use super::*;
 
-/// The device path (kvevict's device evictor `kve_cuda_evictor_*`: scoring, selection and
-/// compaction of the K/V rows on the device) against the host path (`kve_evictor_*`), on the
-/// cuda-emu relink of libllama: byte-identical compacted state files (same kept cells, same rows
-/// moved, same cell metadata) and the same answers.
+/// The device path (kvevict's device evictor `kve_cuda_evictor_*`: one round,
+/// `kve_cuda_evictor_run_round`, scoring and selecting on the device; rows compacted as
+/// bytes) against the host path (`kve_evictor_*`), on the cuda-emu relink of libllama:
+/// byte-identical compacted state files (same kept cells, same rows moved, same cell
+/// metadata) and the same answers.
 #[test]
 fn device_path_on_the_emulator_matches_the_host_path() {
     let Some((s, lib)) = setup_with_emu("device_path_on_the_emulator_matches_the_host_path") else {

@@ -10,6 +10,7 @@ use super::super::evictor::{
 };
 use super::super::kve_tensor;
 use super::super::paged::kve_paged_layout;
+use super::super::round::kve_evictor_round;
 use core::ffi::c_void;
 
 #[cfg(feature = "cuda")]
@@ -20,13 +21,14 @@ use {
     },
     super::super::paged::PagedPool,
     super::super::params::read_ext,
+    super::super::round::RoundArgs,
     super::super::{
         check_alias, out_param, span_ptr, span_sized, to_status, to_usize, tri, Buf, Span,
     },
     super::super::{Tensor as HostTensor, KVE_ERR_INVALID_ARGUMENT, KVE_OK},
     super::imp::tensor,
     crate::device::{self, Floats},
-    crate::error::Result,
+    crate::error::{Error, Result},
     crate::evictor::device::{DeviceEvictor, DeviceLayerViews, DevicePagedLayerViews, DevicePool},
 };
 
@@ -442,6 +444,82 @@ pub unsafe extern "C" fn kve_cuda_evictor_compact(
         let (s, l) = (tri!(to_usize(seq)), tri!(to_usize(layer)));
         // SAFETY: device memory the caller lets us write (this function's contract).
         to_status(unsafe { ev.compact(s, l, &t, stream) })
+    })
+}
+
+/// As `kve_evictor_run_round`, on the device form, enqueued on `stream` and waited for
+/// (not capturable): the same `kve_evictor_round` (V1 or V2, `fill` included) and the
+/// same statuses, with each layer's `keys` and `values` in DEVICE memory (f32, f16 or
+/// bf16: `Q8_0`/`Q4_0` are `KVE_ERR_UNSUPPORTED_DTYPE`; the stream's `[Hkv, S, d]`, V
+/// transposed or not, its cells gathered by `cells` on the device in the context's paged
+/// gather area, or `cells` NULL: the round's cells themselves) and its `queries` in HOST
+/// memory (converted to the keys' dtype and uploaded by the library into its workspace;
+/// absent: the ring `kve_cuda_evictor_observe_queries` filled). The kept cells (indices
+/// into `round->cells`, ascending) are read back to `kept` (HOST memory) at the end. The
+/// device form takes no marks (`n_marks`, `n_mark_ranges` or `mark_split` nonzero:
+/// `KVE_ERR_INVALID_ARGUMENT`)
+/// and needs token granularity (the round's kept cells one list; `KVE_ERR_INVALID_ARGUMENT`
+/// otherwise), both checked before the round begins. The engine then moves the kept rows
+/// (or drops the others) itself and calls `kve_cuda_evictor_commit`.
+#[no_mangle]
+pub unsafe extern "C" fn kve_cuda_evictor_run_round(
+    evictor: *mut kve_cuda_evictor,
+    seq: u64,
+    round: *const kve_evictor_round,
+    kept: *mut u32,
+    len: u64,
+    count: *mut u64,
+    stream: *mut c_void,
+) -> i32 {
+    cuda_only!({
+        let mut c = tri!(out_param(count));
+        let mut o = tri!(Buf::new(kept, len));
+        // SAFETY: the caller's context; attach checks it.
+        let (mut ev, ctx, _) = tri!(unsafe { attach(evictor) });
+        let layers = ev.layers();
+        // SAFETY: NULL or the caller's struct and buffers; read checks them.
+        let a = tri!(unsafe { RoundArgs::read(round, layers, [c.span, o.span, ctx], len) });
+        if a.marks.is_some() || !a.ranges.is_empty() || a.r.mark_split != 0 {
+            return KVE_ERR_INVALID_ARGUMENT;
+        }
+        let cells = (!a.dense).then_some(a.cells);
+        tri!(ev.check_stream_round(cells));
+        // layer l's tensors, checked (device K/V, host queries; no overlap with an
+        // output, every cell inside)
+        let tensors = |l: usize| -> Result<(device::Tensor, Option<device::Tensor>, Option<HostTensor>)> {
+            let [k, v, q] = a.layer(l)?;
+            let opt = |t: &kve_tensor| match t.data.is_null() {
+                true => Ok(None),
+                false => tensor(t).map(Some),
+            };
+            let (k, v, q) = (tensor(&k)?, opt(&v)?, HostTensor::optional(&q)?);
+            let vs = v.as_ref().map_or(Span::EMPTY, device::Tensor::span);
+            check_alias(&a.outputs, &[k.span(), vs, HostTensor::span(&q)])?;
+            a.fits(k.view.tokens as usize)?;
+            v.as_ref().map_or(Ok(()), |v| a.fits(v.view.tokens as usize))?;
+            Ok((k, v, q))
+        };
+        if a.r.fill.is_none() {
+            for l in 0..layers {
+                tri!(tensors(l));
+            }
+        }
+        let s = tri!(to_usize(seq));
+        tri!(ev.begin(s, a.n, tri!(to_usize(a.r.target))));
+        for l in 0..layers {
+            let (k, v, q) = tri!(tensors(l));
+            // SAFETY: checked by Tensor::new; host memory no output overlaps.
+            let qv = tri!(q.as_ref().map(|q| unsafe { q.view() }).transpose());
+            // SAFETY: device tensors by this function's contract; the caller's stream.
+            tri!(unsafe { ev.score_layer_stream(s, l, &k, v.as_ref(), qv.as_ref(), cells, stream) });
+        }
+        // SAFETY: the caller's stream.
+        let k = tri!(tri!(unsafe { ev.select(s, stream) }).ok_or(Error::InvalidArgument));
+        // SAFETY: Buf::new checked it; check_alias: it overlaps nothing else; the stream.
+        let n = tri!(unsafe { ev.kept_to_host(s, k, o.slice_mut(), stream) });
+        // SAFETY: out_param checked it; one element.
+        unsafe { c.slice_mut()[0] = n as u64 };
+        KVE_OK
     })
 }
 
