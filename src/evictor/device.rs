@@ -348,7 +348,8 @@ fn table_scratch_bytes(r: &Resolved) -> Result<usize> {
     }
 }
 
-/// Host bytes after the header: gram flags, slots, the Gram scratch.
+/// Host bytes after the header: gram flags, slots, the Gram scratch, the queries' staging copy, the
+/// table check's scratch.
 fn host_parts(r: &Resolved) -> Result<WorkspaceSize> {
     let mut s = WorkspaceSize::new();
     s.add::<u8>(r.m.layers)?;
@@ -364,8 +365,10 @@ fn host_parts(r: &Resolved) -> Result<WorkspaceSize> {
         .ok_or(Error::Overflow)?;
     s.add::<f32>(r.gram_len)?;
     s.add::<u8>(gram_ws(r)?)?;
-    s.add::<u8>(table_scratch_bytes(r)?)?;
+    // the queries' staging copy, then the table check's scratch last (tests leave the
+    // context's tail out of their "nothing written" comparisons)
     s.add::<u8>(query_upload_bytes(r)?)?;
+    s.add::<u8>(table_scratch_bytes(r)?)?;
     Ok(s)
 }
 
@@ -576,8 +579,8 @@ impl<'a> DeviceEvictor<'a> {
         }
         let g = ws.take_dirty::<f32>(gl)?;
         let gws = ws.take_dirty::<u8>(gw)?;
-        let tbl = ws.take_dirty::<u8>(tb)?;
-        Ok((found, g, gws, tbl, ws.take_dirty::<u8>(qb)?))
+        let stage = ws.take_dirty::<u8>(qb)?;
+        Ok((found, g, gws, ws.take_dirty::<u8>(tb)?, stage))
     }
 
     fn slot(&mut self, seq: usize) -> Result<HostSlot<'_>> {
