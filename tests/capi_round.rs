@@ -15,13 +15,9 @@ use kvevict::capi::*;
 use kvevict::Evictor;
 use std::ffi::c_void;
 
-const L: usize = 2;
-const HQ: usize = 4;
-const HKV: usize = 2;
-const D: usize = 32;
-const S: usize = 56; // the stream's cells
-const MAX: usize = 36; // max_cells
-const DM: usize = 16; // Wo's columns
+#[path = "capi_common/round_shape.rs"]
+mod round_shape;
+use round_shape::*;
 
 // include/kvevict.h's defines (generated from the core's enums, not Rust constants)
 const KVE_DTYPE_F32: u32 = 0;

@@ -354,7 +354,10 @@ pub unsafe extern "C" fn kve_evictor_run_round(
             Tensor::optional(&q)?,
         ];
         check_alias(&a.outputs, &t.each_ref().map(Tensor::span))?;
-        t[..2].iter().flatten().try_for_each(|x| a.fits(x.extent[1]))?;
+        t[..2]
+            .iter()
+            .flatten()
+            .try_for_each(|x| a.fits(x.extent[1]))?;
         Ok(t)
     };
     // the arrays' tensors, all checked before the round begins (fill's when it gives them)

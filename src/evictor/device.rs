@@ -279,9 +279,7 @@ fn dev_workspace(r: &Resolved) -> Result<usize> {
         dim: r.m.dk.max(r.m.dv) as i64,
     };
     let compact = device::compact_workspace_size(&view, n as u64)?;
-    let score = score
-        .checked_add(round_front(r)?)
-        .ok_or(Error::Overflow)?;
+    let score = score.checked_add(round_front(r)?).ok_or(Error::Overflow)?;
     Ok(score
         .max(sel.bytes())
         .max(compact)
@@ -314,7 +312,10 @@ fn paged_front(r: &Resolved) -> Result<DeviceCarve> {
 /// most): `[Hq, w, dk]`, none for a method that reads no queries.
 fn query_upload_bytes(r: &Resolved) -> Result<usize> {
     match r.capture.queries {
-        true => mul(mul(r.m.hq, (r.score.window as usize).min(r.max_cells))?, mul(r.m.dk, 4)?),
+        true => mul(
+            mul(r.m.hq, (r.score.window as usize).min(r.max_cells))?,
+            mul(r.m.dk, 4)?,
+        ),
         false => Ok(0),
     }
 }
@@ -554,7 +555,13 @@ impl<'a> DeviceEvictor<'a> {
     fn parts(
         &mut self,
         seq: usize,
-    ) -> Result<(Option<HostSlot<'_>>, &mut [f32], &mut [u8], &mut [u8], &mut [u8])> {
+    ) -> Result<(
+        Option<HostSlot<'_>>,
+        &mut [f32],
+        &mut [u8],
+        &mut [u8],
+        &mut [u8],
+    )> {
         let (l, seqs, gl, gw, tb, qb) = (
             self.r.m.layers,
             self.r.max_seqs,
@@ -926,7 +933,10 @@ impl<'a> DeviceEvictor<'a> {
         spans[3] = device::span_of(v.row_lse.ptr, v.row_lse.len as usize)?;
         // what the library put in the workspace's front (gathered K/V, uploaded queries)
         let ws0 = self.dev_ws().0 as usize;
-        for x in spans.iter_mut().filter(|x| x.0 >= ws0 && x.1 <= ws0 + front) {
+        for x in spans
+            .iter_mut()
+            .filter(|x| x.0 >= ws0 && x.1 <= ws0 + front)
+        {
             *x = Span::EMPTY;
         }
         check_alias(
@@ -1135,7 +1145,12 @@ impl<'a> DeviceEvictor<'a> {
     /// last `min(wq, w)` rows converted to `dtype` (the keys') in the context's staging
     /// area and uploaded to the workspace's query area on `stream` (waited for): the
     /// device tensor.
-    unsafe fn upload_queries(&mut self, q: &View, dtype: i32, stream: *mut c_void) -> Result<Tensor> {
+    unsafe fn upload_queries(
+        &mut self,
+        q: &View,
+        dtype: i32,
+        stream: *mut c_void,
+    ) -> Result<Tensor> {
         let r = self.r;
         let [hq, wq, dk] = q.extent();
         if hq != r.m.hq || dk != r.m.dk {
@@ -1229,7 +1244,12 @@ impl<'a> DeviceEvictor<'a> {
                     block_size: 1,
                     heads: st(v.heads)?,
                     dim: st(v.dim)?,
-                    stride: [st(v.stride_token)?, 1, st(v.stride_head)?, st(v.stride_dim)?],
+                    stride: [
+                        st(v.stride_token)?,
+                        1,
+                        st(v.stride_head)?,
+                        st(v.stride_dim)?,
+                    ],
                 },
             })
         };
@@ -1263,7 +1283,8 @@ impl<'a> DeviceEvictor<'a> {
         }
         // SAFETY: `count` int32 of the device block's list (non-negative: the same bytes
         // as u32) to `out`, which holds them.
-        let st = unsafe { cu::kve_cuda_download(out.as_mut_ptr() as _, k.idx as _, count * 4, stream) };
+        let st =
+            unsafe { cu::kve_cuda_download(out.as_mut_ptr() as _, k.idx as _, count * 4, stream) };
         if st != 0 {
             return Err(Error::Cuda);
         }

@@ -14,13 +14,9 @@
 use super::*;
 use kvevict::capi::kve_cuda_evictor;
 
-const L: usize = 2;
-const HQ: usize = 4;
-const HKV: usize = 2;
-const D: usize = 32;
-const S: usize = 56; // the stream's cells
-const MAX: usize = 36; // max_cells
-const DM: usize = 16; // Wo's columns
+#[path = "../capi_common/round_shape.rs"]
+mod round_shape;
+use round_shape::*;
 const W: usize = 8;
 
 /// One cache: per layer K and V `[HKV, cells, D]` (host bytes and device copy), window
@@ -39,9 +35,16 @@ impl Cache {
             k: (0..L)
                 .map(|_| Tensor::new(dt, Layout::TokenRows, e, rng, 1.0))
                 .collect(),
-            v: (0..L).map(|_| Tensor::new(dt, v_layout, e, rng, 1.0)).collect(),
+            v: (0..L)
+                .map(|_| Tensor::new(dt, v_layout, e, rng, 1.0))
+                .collect(),
             q: (0..L)
-                .map(|_| rng.normals(HQ * W * D, 1.0).into_iter().map(|x| dt.round(x)).collect())
+                .map(|_| {
+                    rng.normals(HQ * W * D, 1.0)
+                        .into_iter()
+                        .map(|x| dt.round(x))
+                        .collect()
+                })
                 .collect(),
             wo: (0..L).map(|_| rng.normals(HQ * D * DM, 0.2)).collect(),
         }
@@ -66,8 +69,9 @@ fn config(preset: u32, dt: Dt, paged: bool) -> kve_evictor_config {
     assert_eq!(st, KVE_OK);
     // SAFETY: initialised above.
     let mut c = unsafe { c.assume_init() };
-    (c.layers, c.hq, c.hkv, c.dk, c.dv, c.d_model) =
-        (L as u64, HQ as u64, HKV as u64, D as u64, D as u64, DM as u64);
+    (c.layers, c.hq, c.hkv, c.dk, c.dv, c.d_model) = (
+        L as u64, HQ as u64, HKV as u64, D as u64, D as u64, DM as u64,
+    );
     (c.max_cells, c.max_seqs, c.granularity) = (MAX as u64, 2, Granularity::Token as u32);
     (c.policy, c.window) = (KVE_POLICY_EXPLICIT, W as u32);
     (c.paged, c.paged_dtype) = (paged as u32, dt.code() as u32);
@@ -92,11 +96,15 @@ fn pair(c: &kve_evictor_config, cache: &Cache) -> Pair {
         let mut dmem = vec![0u8; ch as usize];
         let block = Buf::new(cd as usize);
         let (mut he, mut de) = (null_mut(), null_mut());
-        assert_eq!(kve_evictor_init(hmem.as_mut_ptr() as _, hb, c, &mut he), KVE_OK);
+        assert_eq!(
+            kve_evictor_init(hmem.as_mut_ptr() as _, hb, c, &mut he),
+            KVE_OK
+        );
         let st = kve_cuda_evictor_init(dmem.as_mut_ptr() as _, ch, block.vptr(), cd, c, &mut de);
         assert_eq!(st, KVE_OK);
         let mut req = std::mem::MaybeUninit::<kve_evictor_requirements>::zeroed();
-        let st = kve_evictor_get_requirements(he, req.as_mut_ptr(), KVE_EVICTOR_REQUIREMENTS_V1_SIZE);
+        let st =
+            kve_evictor_get_requirements(he, req.as_mut_ptr(), KVE_EVICTOR_REQUIREMENTS_V1_SIZE);
         assert_eq!(st, KVE_OK);
         let req = req.assume_init();
         if req.wo == KVE_WO_ONCE {
@@ -107,7 +115,12 @@ fn pair(c: &kve_evictor_config, cache: &Cache) -> Pair {
                 assert_eq!(st, KVE_OK);
             }
         }
-        Pair { he, de, block, _mem: (hmem, dmem) }
+        Pair {
+            he,
+            de,
+            block,
+            _mem: (hmem, dmem),
+        }
     }
 }
 
@@ -119,10 +132,20 @@ struct Round {
     r: kve_evictor_round,
 }
 
-fn round(c: &Cache, cells: Option<&[u32]>, n: usize, target: u64, device: bool, size: u32) -> Round {
+fn round(
+    c: &Cache,
+    cells: Option<&[u32]>,
+    n: usize,
+    target: u64,
+    device: bool,
+    size: u32,
+) -> Round {
     let mut r = std::mem::MaybeUninit::<kve_evictor_round>::uninit();
     // SAFETY: a writable struct of the size passed (V2: room for every field).
-    assert_eq!(unsafe { kve_evictor_round_init(r.as_mut_ptr(), KVE_EVICTOR_ROUND_V2_SIZE) }, KVE_OK);
+    assert_eq!(
+        unsafe { kve_evictor_round_init(r.as_mut_ptr(), KVE_EVICTOR_ROUND_V2_SIZE) },
+        KVE_OK
+    );
     // SAFETY: initialised above.
     let mut r = unsafe { r.assume_init() };
     r.struct_size = size;
@@ -138,8 +161,11 @@ fn round(c: &Cache, cells: Option<&[u32]>, n: usize, target: u64, device: bool, 
 
 impl Round {
     fn ready(&mut self) -> &kve_evictor_round {
-        (self.r.keys, self.r.values, self.r.queries) =
-            (self.keys.as_ptr(), self.values.as_ptr(), self.queries.as_ptr());
+        (self.r.keys, self.r.values, self.r.queries) = (
+            self.keys.as_ptr(),
+            self.values.as_ptr(),
+            self.queries.as_ptr(),
+        );
         &self.r
     }
 }
@@ -151,7 +177,15 @@ fn run(p: &Pair, device: bool, seq: u64, r: &kve_evictor_round, cap: usize) -> (
     // SAFETY: live contexts; every pointer of `r` into live buffers.
     let st = unsafe {
         match device {
-            true => kve_cuda_evictor_run_round(p.de, seq, r, kept.as_mut_ptr(), cap as u64, &mut count, null_mut()),
+            true => kve_cuda_evictor_run_round(
+                p.de,
+                seq,
+                r,
+                kept.as_mut_ptr(),
+                cap as u64,
+                &mut count,
+                null_mut(),
+            ),
             false => kve_evictor_run_round(p.he, seq, r, kept.as_mut_ptr(), cap as u64, &mut count),
         }
     };
@@ -183,7 +217,11 @@ const PRESETS: [Preset; 5] = [
 fn device_round_keeps_the_host_rounds_cells() {
     let mut rng = device_rng!(2727);
     let mut compared = 0;
-    for (dt, vl) in [(Dt::F16, Layout::Transposed), (Dt::F32, Layout::TokenRows), (Dt::Bf16, Layout::TokenRows)] {
+    for (dt, vl) in [
+        (Dt::F16, Layout::Transposed),
+        (Dt::F32, Layout::TokenRows),
+        (Dt::Bf16, Layout::TokenRows),
+    ] {
         for preset in PRESETS {
             for dense in [false, true] {
                 let tag = format!("{preset:?} {dt:?} V {vl:?} dense {dense}");
@@ -204,7 +242,11 @@ fn device_round_keeps_the_host_rounds_cells() {
                     // SAFETY: live contexts.
                     unsafe { assert_eq!(kve_cuda_evictor_seq_reset(p.de, seq), KVE_OK) };
                     let mut d1 = round(&cache, cells, n, target, true, KVE_EVICTOR_ROUND_V1_SIZE);
-                    assert_eq!(run(&p, true, seq, d1.ready(), n), (KVE_OK, hk.clone()), "{tag}: V1");
+                    assert_eq!(
+                        run(&p, true, seq, d1.ready(), n),
+                        (KVE_OK, hk.clone()),
+                        "{tag}: V1"
+                    );
                     // SAFETY: live contexts.
                     unsafe {
                         assert_eq!(kve_evictor_commit(p.he, seq), KVE_OK);
@@ -246,12 +288,30 @@ fn device_round_from_fill_and_a_failing_fill() {
         let cache = Cache::new(&mut rng, Dt::F16, Layout::Transposed, S);
         let cells = cells_of(&mut rng);
         let p = pair(&config(preset as u32, Dt::F16, true), &cache);
-        let mut h = round(&cache, Some(&cells), MAX, 20, false, KVE_EVICTOR_ROUND_V2_SIZE);
+        let mut h = round(
+            &cache,
+            Some(&cells),
+            MAX,
+            20,
+            false,
+            KVE_EVICTOR_ROUND_V2_SIZE,
+        );
         let (hs, hk) = run(&p, false, 0, h.ready(), MAX);
         assert_eq!(hs, KVE_OK);
-        let x = round(&cache, Some(&cells), MAX, 20, true, KVE_EVICTOR_ROUND_V2_SIZE);
+        let x = round(
+            &cache,
+            Some(&cells),
+            MAX,
+            20,
+            true,
+            KVE_EVICTOR_ROUND_V2_SIZE,
+        );
         for fail_at in [u64::MAX, 1] {
-            let mut f = Fill { x: &x, fail_at, asked: vec![] };
+            let mut f = Fill {
+                x: &x,
+                fail_at,
+                asked: vec![],
+            };
             let mut r = x.r;
             (r.n_keys, r.n_values, r.n_queries) = (0, 0, 0);
             (r.fill, r.fill_layers, r.user) = (FILL, L as u64, &mut f as *mut Fill as *mut c_void);
@@ -261,7 +321,11 @@ fn device_round_from_fill_and_a_failing_fill() {
             match fail_at {
                 u64::MAX => {
                     assert_eq!((st, &kept), (KVE_OK, &hk), "{preset:?}: fill");
-                    assert_eq!(f.asked, [0, 1], "{preset:?}: each layer asked once, in order");
+                    assert_eq!(
+                        f.asked,
+                        [0, 1],
+                        "{preset:?}: each layer asked once, in order"
+                    );
                 }
                 _ => {
                     assert_eq!(st, KVE_ERR_CALLBACK, "{preset:?}: failing fill");
@@ -278,25 +342,75 @@ fn hostile_device_rounds_are_refused_as_the_host_refuses_them() {
     let cache = Cache::new(&mut rng, Dt::F16, Layout::Transposed, S);
     let cells = cells_of(&mut rng);
     let p = pair(&config(Preset::SnapKv as u32, Dt::F16, true), &cache);
-    let mut h = round(&cache, Some(&cells), MAX, 20, false, KVE_EVICTOR_ROUND_V2_SIZE);
-    let mut d = round(&cache, Some(&cells), MAX, 20, true, KVE_EVICTOR_ROUND_V2_SIZE);
+    let mut h = round(
+        &cache,
+        Some(&cells),
+        MAX,
+        20,
+        false,
+        KVE_EVICTOR_ROUND_V2_SIZE,
+    );
+    let mut d = round(
+        &cache,
+        Some(&cells),
+        MAX,
+        20,
+        true,
+        KVE_EVICTOR_ROUND_V2_SIZE,
+    );
     let (hr, dr) = (*h.ready(), *d.ready());
     let mut repeated = cells.clone();
     repeated[5] = repeated[9];
     let mut outside = cells.clone();
     outside[3] = S as u32;
     let mut cases: Vec<(&str, Box<dyn Fn(&mut kve_evictor_round)>, i32)> = vec![
-        ("struct_size", Box::new(|r| r.struct_size = 8), KVE_ERR_INVALID_ARGUMENT),
-        ("reserved", Box::new(|r| r.reserved = 1), KVE_ERR_INVALID_ARGUMENT),
-        ("no cells", Box::new(|r| r.n_cells = 0), KVE_ERR_INVALID_ARGUMENT),
-        ("too many cells", Box::new(|r| r.n_cells = MAX as u64 + 1), KVE_ERR_OUTPUT_TOO_SMALL),
-        ("one layer", Box::new(|r| r.n_keys = 1), KVE_ERR_SHAPE_MISMATCH),
-        ("fill and arrays", Box::new(|r| (r.fill, r.fill_layers) = (FILL, L as u64)), KVE_ERR_INVALID_ARGUMENT),
-        ("mark_split", Box::new(|r| r.mark_split = 2), KVE_ERR_INVALID_ARGUMENT),
+        (
+            "struct_size",
+            Box::new(|r| r.struct_size = 8),
+            KVE_ERR_INVALID_ARGUMENT,
+        ),
+        (
+            "reserved",
+            Box::new(|r| r.reserved = 1),
+            KVE_ERR_INVALID_ARGUMENT,
+        ),
+        (
+            "no cells",
+            Box::new(|r| r.n_cells = 0),
+            KVE_ERR_INVALID_ARGUMENT,
+        ),
+        (
+            "too many cells",
+            Box::new(|r| r.n_cells = MAX as u64 + 1),
+            KVE_ERR_OUTPUT_TOO_SMALL,
+        ),
+        (
+            "one layer",
+            Box::new(|r| r.n_keys = 1),
+            KVE_ERR_SHAPE_MISMATCH,
+        ),
+        (
+            "fill and arrays",
+            Box::new(|r| (r.fill, r.fill_layers) = (FILL, L as u64)),
+            KVE_ERR_INVALID_ARGUMENT,
+        ),
+        (
+            "mark_split",
+            Box::new(|r| r.mark_split = 2),
+            KVE_ERR_INVALID_ARGUMENT,
+        ),
     ];
     let (rp, op) = (repeated.as_ptr(), outside.as_ptr());
-    cases.push(("repeated cell", Box::new(move |r| r.cells = rp), KVE_ERR_ALIASING));
-    cases.push(("cell outside", Box::new(move |r| r.cells = op), KVE_ERR_OUT_OF_BOUNDS));
+    cases.push((
+        "repeated cell",
+        Box::new(move |r| r.cells = rp),
+        KVE_ERR_ALIASING,
+    ));
+    cases.push((
+        "cell outside",
+        Box::new(move |r| r.cells = op),
+        KVE_ERR_OUT_OF_BOUNDS,
+    ));
     let before = p.block.download();
     for (what, f, want) in &cases {
         let (mut a, mut b) = (hr, dr);
@@ -310,42 +424,91 @@ fn hostile_device_rounds_are_refused_as_the_host_refuses_them() {
     // NULL round and count, a short kept
     let mut count = 0u64;
     let mut kept = vec![0u32; MAX];
-    // SAFETY: live context; NULL or short outputs are refused before anything is written.
-    unsafe {
-        let st = kve_cuda_evictor_run_round(p.de, 0, null(), kept.as_mut_ptr(), MAX as u64, &mut count, null_mut());
-        assert_eq!(st, KVE_ERR_NULL_POINTER);
-        let st = kve_cuda_evictor_run_round(p.de, 0, &dr, kept.as_mut_ptr(), MAX as u64, null_mut(), null_mut());
-        assert_eq!(st, KVE_ERR_NULL_POINTER);
-        let st = kve_cuda_evictor_run_round(p.de, 0, &dr, kept.as_mut_ptr(), MAX as u64 - 1, &mut count, null_mut());
-        assert_eq!(st, KVE_ERR_OUTPUT_TOO_SMALL);
+    // NULL or short outputs: refused before anything is written
+    let cases: [(&str, *const kve_evictor_round, u64, *mut u64, i32); 3] = [
+        (
+            "NULL round",
+            null(),
+            MAX as u64,
+            &mut count,
+            KVE_ERR_NULL_POINTER,
+        ),
+        (
+            "NULL count",
+            &dr,
+            MAX as u64,
+            null_mut(),
+            KVE_ERR_NULL_POINTER,
+        ),
+        (
+            "short kept",
+            &dr,
+            MAX as u64 - 1,
+            &mut count,
+            KVE_ERR_OUTPUT_TOO_SMALL,
+        ),
+    ];
+    for (what, round, len, cnt, want) in cases {
+        // SAFETY: live context; the pointers are NULL or live buffers of at least `len`.
+        let st = unsafe {
+            kve_cuda_evictor_run_round(p.de, 0, round, kept.as_mut_ptr(), len, cnt, null_mut())
+        };
+        assert_eq!(st, want, "{what}");
     }
     // the device form's own refusals: marks (cells' flags, ranges or the split), a quantized device cache
     let marks = vec![1u8; MAX];
     let mut b = dr;
     (b.marks, b.n_marks, b.mark_share) = (marks.as_ptr(), MAX as u64, 0.5);
-    assert_eq!(run(&p, true, 0, &b, MAX).0, KVE_ERR_INVALID_ARGUMENT, "marks");
+    assert_eq!(
+        run(&p, true, 0, &b, MAX).0,
+        KVE_ERR_INVALID_ARGUMENT,
+        "marks"
+    );
     let ranges = [0i32, 4];
     let pos: Vec<i32> = (0..MAX as i32).collect();
     let mut b = dr;
-    (b.mark_ranges, b.n_mark_ranges, b.positions, b.n_positions) = (ranges.as_ptr(), 2, pos.as_ptr(), MAX as u64);
+    (b.mark_ranges, b.n_mark_ranges, b.positions, b.n_positions) =
+        (ranges.as_ptr(), 2, pos.as_ptr(), MAX as u64);
     b.mark_share = 0.5;
-    assert_eq!(run(&p, true, 0, &b, MAX).0, KVE_ERR_INVALID_ARGUMENT, "mark ranges");
+    assert_eq!(
+        run(&p, true, 0, &b, MAX).0,
+        KVE_ERR_INVALID_ARGUMENT,
+        "mark ranges"
+    );
     let mut b = dr;
     b.mark_split = KVE_MARK_SPLIT_SPANS;
-    assert_eq!(run(&p, true, 0, &b, MAX).0, KVE_ERR_INVALID_ARGUMENT, "mark split");
+    assert_eq!(
+        run(&p, true, 0, &b, MAX).0,
+        KVE_ERR_INVALID_ARGUMENT,
+        "mark split"
+    );
     let mut q8 = d.keys.clone();
     q8[1].dtype = 3; // KVE_DTYPE_Q8_0
     q8[1].len = (HKV * S * D) as u64;
     q8[1].stride = [D as u64, (HKV * D) as u64, 1];
     let mut b = dr;
     b.keys = q8.as_ptr();
-    assert_eq!(run(&p, true, 0, &b, MAX).0, KVE_ERR_UNSUPPORTED_DTYPE, "q8_0 keys");
-    assert!(p.block.download() == before, "a refused round wrote the device block");
+    assert_eq!(
+        run(&p, true, 0, &b, MAX).0,
+        KVE_ERR_UNSUPPORTED_DTYPE,
+        "q8_0 keys"
+    );
+    assert!(
+        p.block.download() == before,
+        "a refused round wrote the device block"
+    );
     // cells without paged views, and a per-head selection: refused before the round begins
-    for (what, paged, gran) in [("not paged", false, Granularity::Token), ("per head", true, Granularity::Head)] {
+    for (what, paged, gran) in [
+        ("not paged", false, Granularity::Token),
+        ("per head", true, Granularity::Head),
+    ] {
         let mut c = config(Preset::SnapKv as u32, Dt::F16, paged);
         c.granularity = gran as u32;
         let q = pair(&c, &cache);
-        assert_eq!(run(&q, true, 0, &dr, MAX).0, KVE_ERR_INVALID_ARGUMENT, "{what}");
+        assert_eq!(
+            run(&q, true, 0, &dr, MAX).0,
+            KVE_ERR_INVALID_ARGUMENT,
+            "{what}"
+        );
     }
 }

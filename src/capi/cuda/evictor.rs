@@ -486,19 +486,21 @@ pub unsafe extern "C" fn kve_cuda_evictor_run_round(
         tri!(ev.check_stream_round(cells));
         // layer l's tensors, checked (device K/V, host queries; no overlap with an
         // output, every cell inside)
-        let tensors = |l: usize| -> Result<(device::Tensor, Option<device::Tensor>, Option<HostTensor>)> {
-            let [k, v, q] = a.layer(l)?;
-            let opt = |t: &kve_tensor| match t.data.is_null() {
-                true => Ok(None),
-                false => tensor(t).map(Some),
+        let tensors =
+            |l: usize| -> Result<(device::Tensor, Option<device::Tensor>, Option<HostTensor>)> {
+                let [k, v, q] = a.layer(l)?;
+                let opt = |t: &kve_tensor| match t.data.is_null() {
+                    true => Ok(None),
+                    false => tensor(t).map(Some),
+                };
+                let (k, v, q) = (tensor(&k)?, opt(&v)?, HostTensor::optional(&q)?);
+                let vs = v.as_ref().map_or(Span::EMPTY, device::Tensor::span);
+                check_alias(&a.outputs, &[k.span(), vs, HostTensor::span(&q)])?;
+                a.fits(k.view.tokens as usize)?;
+                v.as_ref()
+                    .map_or(Ok(()), |v| a.fits(v.view.tokens as usize))?;
+                Ok((k, v, q))
             };
-            let (k, v, q) = (tensor(&k)?, opt(&v)?, HostTensor::optional(&q)?);
-            let vs = v.as_ref().map_or(Span::EMPTY, device::Tensor::span);
-            check_alias(&a.outputs, &[k.span(), vs, HostTensor::span(&q)])?;
-            a.fits(k.view.tokens as usize)?;
-            v.as_ref().map_or(Ok(()), |v| a.fits(v.view.tokens as usize))?;
-            Ok((k, v, q))
-        };
         if a.r.fill.is_none() {
             for l in 0..layers {
                 tri!(tensors(l));
@@ -511,7 +513,9 @@ pub unsafe extern "C" fn kve_cuda_evictor_run_round(
             // SAFETY: checked by Tensor::new; host memory no output overlaps.
             let qv = tri!(q.as_ref().map(|q| unsafe { q.view() }).transpose());
             // SAFETY: device tensors by this function's contract; the caller's stream.
-            tri!(unsafe { ev.score_layer_stream(s, l, &k, v.as_ref(), qv.as_ref(), cells, stream) });
+            tri!(unsafe {
+                ev.score_layer_stream(s, l, &k, v.as_ref(), qv.as_ref(), cells, stream)
+            });
         }
         // SAFETY: the caller's stream.
         let k = tri!(tri!(unsafe { ev.select(s, stream) }).ok_or(Error::InvalidArgument));
