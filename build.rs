@@ -7,11 +7,11 @@
 //   KVEVICT_CUDA_ARCHS   comma/space list of SM numbers, e.g. "90" or "80,86,89,90";
 //                        default 80,86,89,90 plus PTX for compute_90
 //   KVEVICT_CUDA_LIB_DIR directory holding libcudart_static.a (else found next to nvcc)
-//   KVEVICT_KERNEL_CACHE a folder of compiled kernel archives kept between builds (set by
-//                        scripts/test.sh): one per content of cuda/ (and cuda/emu), build.rs,
-//                        the compiler's command line and version, so a fresh clone or another
-//                        profile with the same kernels links the archive instead of compiling
-//                        them again
+//   KVEVICT_KERNEL_CACHE a folder of compiled kernel objects kept between builds (set by
+//                        scripts/test.sh): one per source, keyed by its text and the headers it
+//                        includes, build.rs, the mode, the compiler's command line and version,
+//                        so a fresh clone or another profile links the objects instead of
+//                        compiling them again, and a changed source recompiles its object only
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     avx512_cfg();
@@ -206,19 +206,14 @@ mod cuda_build {
         if let Some(p) = ptx {
             b.flag(format!("-gencode=arch=compute_{p},code=compute_{p}"));
         }
-        for f in SOURCES {
-            b.file(cuda_dir.join(f));
-        }
-        let inputs: Vec<PathBuf> = SOURCES
-            .iter()
-            .chain(HEADERS)
-            .map(|f| cuda_dir.join(f))
-            .collect();
+        let sources: Vec<PathBuf> = SOURCES.iter().map(|f| cuda_dir.join(f)).collect();
         compile_cached(
             &b,
             "kvevict_cuda",
-            &inputs,
+            &sources,
+            &[cuda_dir.clone()],
             &format!("nvcc {list:?} {ptx:?}"),
+            true,
         );
 
         println!("cargo:rustc-link-search=native={}", lib_dir.display());
@@ -261,15 +256,20 @@ mod cuda_build {
             .flag("-ffp-contract=off") // no fusing the device code does not do
             .flag("-fno-strict-aliasing")
             .warnings(false);
+        let mut sources = Vec::new();
         for f in SOURCES {
             let src = std::fs::read_to_string(cuda_dir.join(f))
                 .unwrap_or_else(|e| fail(&format!("cuda/{f}: {e}")));
             let dst = out.join(f.replace(".cu", ".cpp"));
             let text = format!("#line 1 \"cuda/{f}\"\n{}", emu_shared_rewrite(&src));
-            std::fs::write(&dst, text).unwrap_or_else(|e| fail(&format!("{}: {e}", dst.display())));
-            b.file(dst);
+            // (rewritten only when changed: the file's mtime stays that of its last content)
+            if std::fs::read_to_string(&dst).ok().as_deref() != Some(text.as_str()) {
+                std::fs::write(&dst, text)
+                    .unwrap_or_else(|e| fail(&format!("{}: {e}", dst.display())));
+            }
+            sources.push(dst);
         }
-        b.file(emu_dir.join("emu.cpp"));
+        sources.push(emu_dir.join("emu.cpp"));
         // KVEVICT_EMU_SANITIZE=undefined: the kernels under UBSan (misaligned vector
         // loads and stores, which fault on a GPU; out-of-bounds static shared arrays;
         // integer overflow), the first finding aborts.
@@ -286,13 +286,14 @@ mod cuda_build {
                 "KVEVICT_EMU_SANITIZE={other}: only \"undefined\" is supported"
             )),
         }
-        let inputs: Vec<PathBuf> = SOURCES
-            .iter()
-            .chain(HEADERS)
-            .map(|f| cuda_dir.join(f))
-            .chain(EMU_FILES.iter().map(|f| emu_dir.join(f)))
-            .collect();
-        compile_cached(&b, "kvevict_cuda", &inputs, &format!("emu {san}"));
+        compile_cached(
+            &b,
+            "kvevict_cuda",
+            &sources,
+            &[emu_dir.clone(), cuda_dir.to_path_buf()],
+            format!("emu {san}").trim_end(),
+            false,
+        );
         if san == "undefined" {
             let cxx = b.get_compiler();
             let out = std::process::Command::new(cxx.path())
@@ -310,68 +311,253 @@ mod cuda_build {
         }
     }
 
-    /// `b.compile(name)`, or with `KVEVICT_KERNEL_CACHE` set, the archive a build with the same
-    /// inputs left there: the key hashes `what` (mode and flags), build.rs, every input file's
-    /// name and content, and the compiler's path, full argument list (flags from the
-    /// environment included) and `--version`. A miss compiles, then stores the archive (written
-    /// to a temporary name, then renamed: a concurrent build never reads half of one).
-    fn compile_cached(b: &cc::Build, name: &str, inputs: &[PathBuf], what: &str) {
+    /// The kernels as `lib<name>.a` in OUT_DIR: every source compiled to its own object (`jobs`
+    /// compiles at a time: cargo's NUM_JOBS), archived, and for nvcc (relocatable device code,
+    /// `--device-c`, as cc gives more than one .cu file) device-linked into the archive as cc's
+    /// `compile` does. With `KVEVICT_KERNEL_CACHE` set, an object is taken from there when a build
+    /// with the same key left it, so a changed source recompiles its own object only, in every
+    /// build mode. An object's key hashes: `what` (the mode: nvcc archs, emu, emu + UBSan), build.rs,
+    /// the compiler's path, full argument list (flags from the environment included, the clone's
+    /// and OUT_DIR's paths made relative) and `--version`, the source's name and text, and the name
+    /// and text of every file of `dirs` it includes, transitively (`includes`: a header change
+    /// misses every object that includes it). The device-link object's key hashes the objects'
+    /// keys. Cache files are written to a temporary name, then renamed: a concurrent build never
+    /// reads half of one; a hit's mtime is set to now (its last use, for clean-ups).
+    fn compile_cached(
+        b: &cc::Build,
+        name: &str,
+        sources: &[PathBuf],
+        dirs: &[PathBuf],
+        what: &str,
+        nvcc: bool,
+    ) {
         println!("cargo:rerun-if-env-changed=KVEVICT_KERNEL_CACHE");
-        let cache = match env::var_os("KVEVICT_KERNEL_CACHE") {
-            Some(c) if !c.is_empty() => PathBuf::from(c),
-            _ => return b.compile(name),
-        };
+        let cache = env::var_os("KVEVICT_KERNEL_CACHE")
+            .filter(|c| !c.is_empty())
+            .map(PathBuf::from);
+        if let Some(c) = &cache {
+            let _ = std::fs::create_dir_all(c); // (none made: every store fails, every object compiles)
+        }
         let tool = b.get_compiler();
-        let version = std::process::Command::new(tool.path())
-            .arg("--version")
-            .output()
-            .map(|o| o.stdout)
-            .unwrap_or_default();
         let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into()));
-        // FNV-1a, 64 bits, over length-prefixed parts
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut add = |bytes: &[u8]| {
-            for &x in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
-                h = (h ^ x as u64).wrapping_mul(0x0100_0000_01b3);
-            }
-        };
-        add(what.as_bytes());
-        add(&std::fs::read(root.join("build.rs")).unwrap_or_default());
-        add(tool.path().as_os_str().as_encoded_bytes());
-        // (the clone's and OUT_DIR's paths left out: a fresh clone elsewhere hits the same entry)
         let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
+        let objdir = out.join(format!("{name}-objects"));
+        std::fs::create_dir_all(&objdir)
+            .unwrap_or_else(|e| fail(&format!("{}: {e}", objdir.display())));
         let (root_s, out_s) = (root.to_string_lossy(), out.to_string_lossy());
-        for a in tool.args() {
-            let a = a
-                .to_string_lossy()
+        let rel = |p: &Path| {
+            p.to_string_lossy()
                 .replace(&*out_s, "<out>")
-                .replace(&*root_s, "<root>");
-            add(a.as_bytes());
+                .replace(&*root_s, "<root>")
+        };
+        let mut base = Fnv::new();
+        base.add(b"kernel object v1");
+        base.add(what.as_bytes());
+        base.add(&std::fs::read(root.join("build.rs")).unwrap_or_default());
+        base.add(tool.path().as_os_str().as_encoded_bytes());
+        // (the clone's and OUT_DIR's paths left out: a fresh clone elsewhere hits the same entry)
+        for a in tool.args() {
+            base.add(rel(Path::new(a)).as_bytes());
         }
-        add(&version);
-        for f in inputs {
-            add(f.file_name().unwrap_or_default().as_encoded_bytes());
-            add(&std::fs::read(f).unwrap_or_else(|e| fail(&format!("{}: {e}", f.display()))));
+        base.add(
+            &std::process::Command::new(tool.path())
+                .arg("--version")
+                .output()
+                .map(|o| o.stdout)
+                .unwrap_or_default(),
+        );
+        // (source, object, key), and the sources to compile
+        let mut objects = Vec::new();
+        let mut todo = Vec::new();
+        for src in sources {
+            let mut h = base.clone();
+            h.add(src.file_name().unwrap_or_default().as_encoded_bytes());
+            h.add(&read(src));
+            for dep in includes(src, dirs) {
+                // (a header that the lists in `build` and `emu_build` miss still reruns this)
+                println!("cargo:rerun-if-changed={}", dep.display());
+                h.add(rel(&dep).as_bytes());
+                h.add(&read(&dep));
+            }
+            let stem = src.file_stem().unwrap_or_default().to_string_lossy();
+            let obj = objdir.join(format!("{stem}.o"));
+            let entry = cache
+                .as_ref()
+                .map(|c| c.join(format!("{name}-{stem}-{:016x}.o", h.0)));
+            if !entry.as_ref().is_some_and(|e| take(e, &obj)) {
+                todo.push((src.clone(), obj.clone(), entry));
+            }
+            objects.push((obj, h.0));
         }
-        let lib = format!("lib{name}.a");
-        let entry = cache.join(format!("{name}-{h:016x}"));
-        if std::fs::copy(entry.join(&lib), out.join(&lib)).is_ok() {
-            // (the entry's mtime marks its last use, for clean-ups: a file removed and made anew)
-            let _ = std::fs::remove_file(entry.join(".used"));
-            let _ = std::fs::write(entry.join(".used"), b"");
-            println!("cargo:rustc-link-lib=static={name}");
-            println!("cargo:rustc-link-search=native={}", out.display());
-            println!("cargo:rustc-link-lib=stdc++");
-            return;
+        let jobs = env::var("NUM_JOBS")
+            .ok()
+            .and_then(|j| j.parse::<usize>().ok())
+            .unwrap_or(1)
+            .max(1);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..jobs.min(todo.len()) {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((src, obj, entry)) = todo.get(i) else {
+                        break;
+                    };
+                    let mut cmd = tool.to_command();
+                    cmd.arg("-c");
+                    if nvcc {
+                        cmd.arg("--device-c");
+                    }
+                    cmd.arg("-o").arg(obj).arg(src);
+                    run(&mut cmd);
+                    if let Some(e) = entry {
+                        store(obj, e);
+                    }
+                });
+            }
+        });
+        eprintln!(
+            "kvevict build.rs: {name} ({what}): {} of {} objects compiled, the rest from the kernel cache",
+            todo.len(),
+            sources.len()
+        );
+        let lib = out.join(format!("lib{name}.a"));
+        let _ = std::fs::remove_file(&lib);
+        let mut ar = b.get_archiver();
+        ar.arg("crs").arg(&lib);
+        ar.args(objects.iter().map(|o| &o.0));
+        run(&mut ar);
+        if nvcc {
+            // the device link of every object's relocatable device code, one more object
+            let mut h = base.clone();
+            h.add(b"device link");
+            for o in &objects {
+                h.add(&o.1.to_le_bytes());
+            }
+            let dlink = objdir.join(format!("{name}_dlink.o"));
+            let entry = cache
+                .as_ref()
+                .map(|c| c.join(format!("{name}-dlink-{:016x}.o", h.0)));
+            if !entry.as_ref().is_some_and(|e| take(e, &dlink)) {
+                let mut cmd = tool.to_command();
+                cmd.arg("--device-link").arg("-o").arg(&dlink).arg(&lib);
+                run(&mut cmd);
+                if let Some(e) = entry {
+                    store(&dlink, &e);
+                }
+            }
+            let mut ar = b.get_archiver();
+            ar.arg("rs").arg(&lib).arg(&dlink);
+            run(&mut ar);
         }
-        b.compile(name);
-        let tmp = cache.join(format!(".{name}-{h:016x}.{}", std::process::id()));
-        let stored = std::fs::create_dir_all(&tmp)
-            .and_then(|_| std::fs::copy(out.join(&lib), tmp.join(&lib)))
-            .and_then(|_| std::fs::rename(&tmp, &entry));
-        if stored.is_err() {
-            let _ = std::fs::remove_dir_all(&tmp); // (another build stored it first, or no room)
+        println!("cargo:rustc-link-lib=static={name}");
+        println!("cargo:rustc-link-search=native={}", out.display());
+        println!("cargo:rustc-link-lib=stdc++");
+    }
+
+    /// FNV-1a, 64 bits, over length-prefixed parts
+    #[derive(Clone)]
+    struct Fnv(u64);
+    impl Fnv {
+        fn new() -> Self {
+            Fnv(0xcbf2_9ce4_8422_2325)
         }
+        fn add(&mut self, bytes: &[u8]) {
+            for &x in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+                self.0 = (self.0 ^ x as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+    }
+
+    fn read(f: &Path) -> Vec<u8> {
+        std::fs::read(f).unwrap_or_else(|e| fail(&format!("{}: {e}", f.display())))
+    }
+
+    fn run(cmd: &mut std::process::Command) {
+        match cmd.status() {
+            Ok(s) if s.success() => {}
+            Ok(s) => fail(&format!("{cmd:?}: {s}")),
+            Err(e) => fail(&format!("{cmd:?}: {e}")),
+        }
+    }
+
+    /// A cached file copied to `dst` (true), its mtime set to now (its last use).
+    fn take(entry: &Path, dst: &Path) -> bool {
+        if std::fs::copy(entry, dst).is_err() {
+            return false;
+        }
+        let _ = std::fs::File::options()
+            .write(true)
+            .open(entry)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+        true
+    }
+
+    /// `src` stored as `entry` (through a temporary name; a failure only loses the entry).
+    fn store(src: &Path, entry: &Path) {
+        let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::copy(src, &tmp)
+            .and_then(|_| std::fs::rename(&tmp, entry))
+            .is_err()
+        {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+
+    /// Every file under `dirs` that `src` includes, directly or through another: `#include "f"`
+    /// looked up in the including file's folder, then in `dirs` in order; `#include <f>` in
+    /// `dirs` (a name found in none is the compiler's own, which its version stands for). Every
+    /// `#include` line counts, also one in an `#if` branch or a comment (more than needed, never
+    /// less). An `#include` of any other form (a macro, `#include_next`) cannot be followed: then
+    /// every file in `dirs` counts. Sorted, each once.
+    fn includes(src: &Path, dirs: &[PathBuf]) -> Vec<PathBuf> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut stack = vec![src.to_path_buf()];
+        while let Some(f) = stack.pop() {
+            let text = String::from_utf8_lossy(&read(&f)).into_owned();
+            for line in text.lines() {
+                let Some(rest) = line.trim_start().strip_prefix('#') else {
+                    continue;
+                };
+                let Some(rest) = rest.trim_start().strip_prefix("include") else {
+                    continue;
+                };
+                let rest = rest.trim_start();
+                let (quoted, close) = match rest.chars().next() {
+                    Some('"') => (true, '"'),
+                    Some('<') => (false, '>'),
+                    _ => return every_file(dirs),
+                };
+                let Some((inc, _)) = rest[1..].split_once(close) else {
+                    return every_file(dirs);
+                };
+                let here = f.parent().map(Path::to_path_buf);
+                let found = quoted
+                    .then_some(here)
+                    .flatten()
+                    .into_iter()
+                    .chain(dirs.iter().cloned())
+                    .map(|d| d.join(inc))
+                    .find(|p| p.is_file());
+                if let Some(p) = found {
+                    if seen.insert(p.clone()) {
+                        stack.push(p);
+                    }
+                }
+            }
+        }
+        seen.remove(src);
+        seen.into_iter().collect()
+    }
+
+    fn every_file(dirs: &[PathBuf]) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = dirs
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flat_map(|rd| rd.flatten().map(|e| e.path()))
+            .filter(|p| p.is_file())
+            .collect();
+        v.sort();
+        v
     }
 
     /// `extern __shared__ [__align__(n)] T name[];` (dynamic shared memory, which C++

@@ -96,27 +96,66 @@ export -f compile_one
 export NVCC OUT_DIR cuobjdump
 t0=$(date +%s)
 jobs=${KVEVICT_PTX_JOBS:-$(nproc)}
-# KVEVICT_KERNEL_CACHE (scripts/test.sh): the compiled tree is kept there, keyed by the sources,
-# the archs, this compile step and the tools' versions; the checks below run on it either way
-key=""
-if [ -n "${KVEVICT_KERNEL_CACHE:-}" ]; then
-  key=$( { cat cuda/*.cu cuda/*.cuh cuda/*.h; echo "$archs"; declare -f compile_one
-           "$NVCC" --version; "$cuobjdump" --version; } | sha256sum | cut -c1-16)
-  hit="$KVEVICT_KERNEL_CACHE/ptx-$key"
+
+# kernel_deps FILE: FILE and every file it includes, transitively (`#include "x"` / `<x>` found
+# next to the including file or in cuda/; a name found in neither is the toolkit's, which nvcc's
+# version stands for), sorted. Every #include line counts, also one in an #if branch (more than
+# needed, never less); one of another form (a macro, #include_next) counts every file of cuda/.
+kernel_deps() {
+  local todo=("$1") seen=" " f n d
+  while [ ${#todo[@]} -gt 0 ]; do
+    f=${todo[-1]}; unset 'todo[-1]'
+    case "$seen" in *" $f "*) continue ;; esac
+    seen+="$f "
+    while IFS= read -r n; do
+      case "$n" in
+        \"*\"*|\<*\>*) n=${n:1}; n=${n%%[\">]*} ;;
+        *) ls cuda/*.cu cuda/*.cuh cuda/*.h cuda/checks/*; return 0 ;;
+      esac
+      for d in "$(dirname "$f")" cuda; do
+        if [ -f "$d/$n" ]; then todo+=("$d/$n"); break; fi
+      done
+    done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*//p' "$f")
+  done
+  printf '%s\n' $seen | sort
+}
+# KVEVICT_KERNEL_CACHE (scripts/test.sh): each (arch, source)'s ptxas report, PTX and SASS are kept
+# there (ptx-<arch>-<source>-<key>), keyed by the source and the files it includes (kernel_deps),
+# the arch, this compile step and the tools' versions, so a changed source recompiles its own four
+# cubins only (and a changed header those of the sources that include it); the checks below run
+# on the tree either way
+tools=$( { "$NVCC" --version; "$cuobjdump" --version; declare -f compile_one; } | sha256sum | cut -c1-16)
+todo=() hits=0
+for a in $archs; do
+  for s in $sources; do
+    name=$(basename "$s" .cu)
+    if [ -n "${KVEVICT_KERNEL_CACHE:-}" ]; then
+      key=$( { echo "$tools sm_$a"; for f in $(kernel_deps "$s"); do echo "== $f"; cat "$f"; done; } \
+             | sha256sum | cut -c1-16)
+      hit="$KVEVICT_KERNEL_CACHE/ptx-sm_$a-$name-$key"
+      if [ -f "$hit/ptxas.log" ]; then
+        mkdir -p "$OUT_DIR/sm_$a"
+        cp -a "$hit" "$OUT_DIR/sm_$a/$name"
+        touch "$hit"
+        hits=$((hits + 1))
+        continue
+      fi
+    fi
+    todo+=("$a $s ${hit:-}")
+  done
+done
+if [ ${#todo[@]} -gt 0 ]; then
+  printf '%s\n' "${todo[@]}" | cut -d' ' -f1,2 | xargs -P "$jobs" -n 2 bash -c 'compile_one "$0" "$1"'
 fi
-if [ -n "$key" ] && [ -d "$hit" ]; then
-  cp -a "$hit/." "$OUT_DIR/"
-  touch "$hit"
-  echo "ptx_check: compiled tree from $hit"
-else
-  for a in $archs; do for s in $sources; do echo "$a $s"; done; done |
-    xargs -P "$jobs" -n 2 bash -c 'compile_one "$0" "$1"'
-  echo "ptx_check: compiled $(echo $sources | wc -w) sources x $(echo $archs | wc -w) archs in $(( $(date +%s) - t0 )) s"
-  if [ -n "$key" ]; then
-    tmp="$KVEVICT_KERNEL_CACHE/.ptx-$key.$$"
-    cp -a "$OUT_DIR" "$tmp" && mv -T "$tmp" "$hit" 2>/dev/null || rm -rf "$tmp"
-  fi
-fi
+# (only what the checks read is kept: the .ii, .cudafe and cubin files are ~20x that)
+for t in "${todo[@]}"; do
+  read -r a s hit <<<"$t"
+  [ -n "$hit" ] || continue
+  d="$OUT_DIR/sm_$a/$(basename "$s" .cu)"
+  tmp="$hit.$$"
+  mkdir -p "$tmp" && cp "$d"/ptxas.log "$d"/*.ptx "$d"/*.sass "$tmp"/ && mv -T "$tmp" "$hit" 2>/dev/null || rm -rf "$tmp"
+done
+echo "ptx_check: compiled ${#todo[@]} of $(( $(echo $sources | wc -w) * $(echo $archs | wc -w) )) (source, arch) pairs in $(( $(date +%s) - t0 )) s (the rest, $hits, from the kernel cache)"
 
 # kernels.tsv: arch, source, mangled kernel, registers, static smem, stack, spill
 # stores, spill loads, SASS LDG.E.128, PTX ld.global(.nc).v4 (all in bytes / counts).
@@ -211,7 +250,7 @@ fi
 
 # Dynamic shared memory of the window / vonorm launchers against each arch's limit. The table
 # program (it includes window.cu and vonorm.cu) is kept in KVEVICT_KERNEL_CACHE too, keyed by the
-# kernel sources, the program's source, its compile command and the versions of nvcc and of the
+# program's source and the files it includes (kernel_deps), its compile command and the versions of nvcc and of the
 # host compiler: its compile (~1-2 min on 2 cores) was the one left in a warm CI run.
 echo
 compile_smem_table() {
@@ -220,8 +259,9 @@ compile_smem_table() {
 }
 skey=""
 if [ -n "${KVEVICT_KERNEL_CACHE:-}" ]; then
-  skey=$( { cat cuda/*.cu cuda/*.cuh cuda/*.h cuda/checks/smem_table.cu; declare -f compile_smem_table
-            "$NVCC" --version; "${NVCC_CCBIN:-g++}" --version; } 2>&1 | sha256sum | cut -c1-16)
+  skey=$( { for f in $(kernel_deps cuda/checks/smem_table.cu); do echo "== $f"; cat "$f"; done
+            declare -f compile_smem_table; "$NVCC" --version; "${NVCC_CCBIN:-g++}" --version; } 2>&1 \
+          | sha256sum | cut -c1-16)
   shit="$KVEVICT_KERNEL_CACHE/smem-table-$skey"
 fi
 if [ -n "$skey" ] && [ -x "$shit/smem_table" ]; then

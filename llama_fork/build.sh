@@ -121,8 +121,11 @@ rm -rf "$dir/kvevict.stage"
 # source: the pristine tree with the series applied, staged; only files whose content differs
 # from the previous build's source are copied over, so an incremental build recompiles only
 # what the series changed (files a previous series added and this one does not are left in place:
-# nothing builds them unless a CMakeLists names them). Skipped when the source in place is the
-# patched source of this llama.cpp key (SRC_STAMP, written once it is complete).
+# nothing builds them unless a CMakeLists names them). A copied file gets the time of the copy, not
+# the staged file's: a file the previous series patched and this one leaves pristine has the
+# pristine source's old mtime in the stage, and ninja (mtimes only) would keep its stale object.
+# Skipped when the source in place is the patched source of this llama.cpp key (SRC_STAMP, written
+# once it is complete).
 if [ -f "$dir/SRC_STAMP" ] && [ "$(cat "$dir/SRC_STAMP")" = "$llama_key" ] && [ -d "$dir/src" ]; then
     log "patched source in place ($llama_key)"
 else
@@ -141,10 +144,10 @@ else
             case "$line" in
                 "Files $stage/"*" differ")
                     f=${line#"Files $stage/"}; f=${f%% and *}
-                    cp -p "$stage/$f" "$dir/src/$f" ;;
+                    cp "$stage/$f" "$dir/src/$f" ;;
                 "Only in $stage"*)
                     d=${line#"Only in "}; d=${d%%: *}; n=${line#*: }
-                    rel=${d#"$stage"}; cp -a "$d/$n" "$dir/src$rel/$n" ;;
+                    rel=${d#"$stage"}; cp -R "$d/$n" "$dir/src$rel/$n" ;;
             esac
         done
         rm -rf "$stage"

@@ -85,10 +85,12 @@ kve_cache_prune() {
     done
 }
 
-# kernel_cache: exports KVEVICT_KERNEL_CACHE=$cache/kernels (build.rs: compiled kernel archives
-# keyed by their inputs' content, the compiler's command line and version, so the kernels of
-# cuda/ are compiled once per content of cuda/ and compiler setup, not once per clone, profile
-# and feature set); entries unused for 30 days are removed. Off with KVEVICT_CACHE_DIR=none.
+# kernel_cache: exports KVEVICT_KERNEL_CACHE=$cache/kernels (build.rs: compiled kernel objects,
+# one per source, keyed by its text and the headers it includes, the mode, the compiler's command
+# line and version, so each kernel source is compiled once per content and compiler setup, not
+# once per clone, profile and feature set, and a changed source recompiles its own object only;
+# cuda/ptx_check.sh's per-(arch, source) reports and smem_table too); entries unused for 30 days
+# are removed. Off with KVEVICT_CACHE_DIR=none.
 kernel_cache() {
     local cache
     cache=$(kve_cache_dir)
