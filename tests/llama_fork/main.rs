@@ -209,6 +209,23 @@ fn remove_state_files(path: &str) {
     }
 }
 
+/// The positions of the cells a single-stream, one-sequence state file holds
+/// (`llama_state_seq_save_file`; llama_fork/state_cells.py reads it the same way).
+fn state_positions(path: &str) -> Vec<i32> {
+    let b = std::fs::read(path).unwrap();
+    let word = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+    assert_eq!(word(0), 0x6767_7371, "{path}: not a sequence state file");
+    let o = 12 + 4 * word(8) as usize; // after the token list
+    assert_eq!(word(o), 1, "{path}: one stream expected");
+    (0..word(o + 4) as usize)
+        .map(|c| {
+            let at = o + 8 + 12 * c; // each cell: position, 1, the sequence
+            assert_eq!(word(at + 4), 1, "{path}: a cell of one sequence expected");
+            word(at) as i32
+        })
+        .collect()
+}
+
 fn json_escape(s: &str) -> String {
     let mut o = String::new();
     for c in s.chars() {

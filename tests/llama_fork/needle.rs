@@ -600,3 +600,85 @@ fn quantized_caches_are_scored_and_compacted_in_place() {
     }
     print!("{table}");
 }
+
+/// `llama_context_params.kv_evict_mark_split` (the needle tool's `--mark-split spans`): six marked
+/// runs of 24 positions (`llama_kv_evict_mark`, share 0.5) outgrow their part of a 10 % one-shot
+/// compression. Split over the runs (`KVE_MARK_SPLIT_SPANS`), every run keeps `t` or `t + 1`
+/// cells, the oldest runs the extra ones (kvevict's `span_budgets` for runs of equal length);
+/// one selection over all marked cells (the default) keeps other cells, as many in all.
+#[test]
+fn mark_split_spreads_the_marked_budget_over_the_runs() {
+    let s = fork_or_skip!();
+    let runs: Vec<(i32, i32)> = (0..6).map(|r| (100 + 150 * r, 124 + 150 * r)).collect();
+    let run_args: Vec<String> = runs.iter().map(|(a, b)| format!("{a}:{b}")).collect();
+    let mut lines = Vec::new();
+    for method in ["uniqueness", "laprox-span"] {
+        let mut kept = Vec::new();
+        for split in ["share", "spans"] {
+            let path = std::env::temp_dir().join(format!(
+                "kvevict-mark-split-{}-{method}-{split}.bin",
+                std::process::id()
+            ));
+            let path_str = path.to_str().unwrap().to_string();
+            let mut args = at(
+                "0.5",
+                "4",
+                &[
+                    "--kv-evict",
+                    method,
+                    "--kv-keep",
+                    "0.1",
+                    "--mark-share",
+                    "0.5",
+                    "--mark-split",
+                    split,
+                    "--state-file",
+                    &path_str,
+                ],
+            );
+            for r in &run_args {
+                args.extend(["--mark", r.as_str()]);
+            }
+            if method == "uniqueness" {
+                args.push("--agnostic");
+            }
+            let row = needle(&s, &args);
+            let pos = state_positions(&path_str);
+            remove_state_files(&path_str);
+            assert_eq!(pos.len() as f64, row.num("cells_after"));
+            let per_run: Vec<usize> = runs
+                .iter()
+                .map(|&(a, b)| pos.iter().filter(|&&p| p >= a && p < b).count())
+                .collect();
+            lines.push(format!(
+                "{method} {split}: {} -> {} cells, kept per marked run {per_run:?}, answer {:?}",
+                row.num("cells_before"),
+                pos.len(),
+                row.get("answer")
+            ));
+            kept.push((pos, per_run));
+        }
+        let (share, spans) = (&kept[0], &kept[1]);
+        let (lo, hi) = (
+            *spans.1.iter().min().unwrap(),
+            *spans.1.iter().max().unwrap(),
+        );
+        assert!(
+            lo >= 1 && hi - lo <= 1 && spans.1.windows(2).all(|w| w[0] >= w[1]),
+            "{method}: spans keep {:?} per run",
+            spans.1
+        );
+        assert!(
+            hi < 24,
+            "{method}: the marked runs must outgrow their budget"
+        );
+        assert_eq!(share.0.len(), spans.0.len(), "{method}: cells kept");
+        assert_eq!(
+            share.1.iter().sum::<usize>(),
+            spans.1.iter().sum::<usize>(),
+            "{method}: marked cells kept"
+        );
+        assert_ne!(share.0, spans.0, "{method}: the split changed no cell");
+    }
+    println!("{}", lines.join("\n"));
+}
