@@ -190,7 +190,7 @@
 
 /* kve_evictor_mark_cells: the share of the kept cells an engine reserves for marked cells by default */
 #define KVE_MARK_SHARE_DEFAULT 0.75f
-/* kve_evictor_round's mark_split: one selection over the marked cells (0), or their budget split evenly over their runs of consecutive cells (1) */
+/* kve_evictor_round's mark_split: one selection over the marked cells (0), or their budget split evenly over their spans: each mark range, or run of one flag value (1) */
 #define KVE_MARK_SPLIT_SHARE 0
 #define KVE_MARK_SPLIT_SPANS 1
 
@@ -826,7 +826,9 @@ typedef struct kve_evictor_round {
   /**
    * With marks, how the marked cells' budget is spent: `KVE_MARK_SPLIT_SHARE` (0, the
    * default: one selection over them) or `KVE_MARK_SPLIT_SPANS` (1: split evenly over
-   * the runs of consecutive marked cells, one selection each); else
+   * the marked spans, one selection each: by position, the cells of each range, also
+   * when the text between two ranges is evicted; by `marks`, each run of consecutive
+   * cells with the same nonzero flag); else
    * `KVE_ERR_INVALID_ARGUMENT`. (Before issue 28's ninth pass: `pad`, which had to be 0.)
    */
   uint32_t mark_split;

@@ -432,11 +432,18 @@ fn same_as_stepwise(dt: u32) {
         for (seq, cells) in seqs.iter().enumerate() {
             let marks: Vec<u8> = (0..cells.len()).map(|i| (i % 3 == 0) as u8).collect();
             // the same marks by position: cell i at position 3i + 7, ranges over i in
-            // [0, 10) and [20, 25) (and a range holding no cell)
+            // [0, 10) and [20, 25) (and a range holding no cell); a range's cells are flagged
+            // with its index + 1 (its span for KVE_MARK_SPLIT_SPANS), the same context bytes
             let positions: Vec<i32> = (0..cells.len() as i32).map(|i| 3 * i + 7).collect();
             let ranges = [7, 37, 67, 82, -5, 0];
             let by_pos: Vec<u8> = (0..cells.len())
-                .map(|i| (i < 10 || (20..25).contains(&i)) as u8)
+                .map(|i| {
+                    if i < 10 {
+                        1
+                    } else {
+                        2 * (20..25).contains(&i) as u8
+                    }
+                })
                 .collect();
             for (m, pos) in [
                 (None, false),

@@ -10,7 +10,8 @@
 //!   (`--mark values`);
 //! - the engine's marks: user turns (`--mark user`), llama-server's prompt-batch proxy
 //!   (`--mark prompt`, with `--mark-cap`; in ppl mode the first tokens as the prompt's, which
-//!   changes what is kept), a share the fork refuses said and exit 1;
+//!   changes what is kept), the marked budget split over the turns (`--mark-split spans`), a
+//!   share the fork refuses said and exit 1;
 //! - bad input said and finished (exit 0): a budget not above the window (refused, with the
 //!   fork's reason), a text shorter than the budget, a conversation that never exceeds it.
 //!
@@ -257,6 +258,19 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         "--mark-cap",
         "40",
     ];
+    // the marked budget split over the marked turns (the fork's kv_evict_mark_split 1)
+    let split_marks = [
+        "--at",
+        "150,300",
+        "--gen",
+        "4",
+        "--mark",
+        "user",
+        "--mark-share",
+        "1",
+        "--mark-split",
+        "spans",
+    ];
     // another template than the model's (a GGUF without one, e.g. Gemma 3 270M's: `--chat-template gemma`);
     // Gemma's writes the system turn with the first user turn (an empty first turn's text: the BOS)
     let gemma = ["--at", "150,300", "--gen", "4", "--chat-template", "gemma"];
@@ -264,6 +278,7 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         ("uniqueness", "64", &checkpoints[..]),
         ("ctxshift", "64", &checkpoints[..]),
         ("uniqueness", "64", &marks[..]),
+        ("uniqueness", "64", &split_marks[..]),
         ("laprox-span", "64", &prompt_marks[..]),
         ("uniqueness", "64", &gemma[..]),
     ] {
@@ -288,6 +303,11 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
             .position(|&x| x == "--mark")
             .map_or("none", |i| extra[i + 1]);
         assert_eq!(get(&v[2], "mark"), mark, "{v:?}");
+        let split = extra
+            .iter()
+            .position(|&x| x == "--mark-split")
+            .map_or("none", |i| extra[i + 1]);
+        assert_eq!(get(&v[2], "mark_split"), split, "{v:?}");
         let template = extra
             .iter()
             .position(|&x| x == "--chat-template")

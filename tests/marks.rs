@@ -125,12 +125,13 @@ fn reference_round(
             .collect()
     };
     let a = if spans {
-        // the runs of consecutive marked prefix cells; their budgets handed out one cell
-        // at a time, oldest first, to every span not yet whole, until b_m is spent
+        // the runs of consecutive prefix cells with one nonzero flag; their budgets handed
+        // out one cell at a time, oldest first, to every span not yet whole, until b_m is
+        // spent
         let mut runs: Vec<Vec<usize>> = Vec::new();
         for &i in &marked {
             match runs.last_mut() {
-                Some(r) if *r.last().unwrap() + 1 == i => r.push(i),
+                Some(r) if *r.last().unwrap() + 1 == i && flags[r[0]] == flags[i] => r.push(i),
                 _ => runs.push(vec![i]),
             }
         }
@@ -174,14 +175,17 @@ fn lists(offsets: &[u64], indices: &[u32]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Runs of marked cells (a system prompt, user turns) over the prefix, some in the window.
+/// Runs of marked cells (a system prompt, user turns) over the prefix, some in the window,
+/// each flagged 1, 2 or 3 (a later run overwrites an earlier one's cells: neighbouring runs,
+/// spans of their own when their flags differ).
 fn runs(r: &mut Rng) -> Vec<u8> {
     let mut f = vec![0u8; N];
-    for _ in 0..r.range(1, 4) {
+    for _ in 0..r.range(1, 5) {
         let a = r.range(0, N - 2);
         let len = r.range(1, 9);
+        let v = r.range(1, 4) as u8;
         for x in f.iter_mut().skip(a).take(len) {
-            *x = 1;
+            *x = v;
         }
     }
     f
@@ -354,4 +358,51 @@ fn span_split_rounds_match_the_f64_reference() {
         split_rounds += 1;
     });
     assert!(differs > 0, "spans changed none of {split_rounds} rounds");
+}
+
+/// Marks by position: each range is a span of its own, also when two ranges touch (the
+/// text between two turns all evicted): the split over `[a, b)` and `[b, c)` keeps what
+/// flags 1 and 2 on those cells keep, and not what one run of flag 1 keeps (some rounds);
+/// without the split the ranges keep what the flags keep.
+#[test]
+fn position_ranges_are_spans_of_their_own() {
+    let mut r = Rng::new(31);
+    let mut differs = 0;
+    let c = evictor_config(Preset::SnapKv, Granularity::Token);
+    let mut mem = vec![0u8; Evictor::memory_size(&c).unwrap()];
+    let mut ev = Evictor::init(&mut mem, &c).unwrap();
+    // the cells' positions: ascending with gaps (evicted text)
+    let positions: Vec<i32> = (0..N as i32).map(|i| 3 * i + (i % 2)).collect();
+    for seed in 0..24 {
+        let d = data(500 + seed);
+        let target = r.range(W + 2, N - 12);
+        let (a, b) = (r.range(0, 10), r.range(11, 20));
+        let c3 = r.range(21, N - W);
+        let ranges = [positions[a], positions[b], positions[b], positions[c3]];
+        let mut flags = vec![0u8; N];
+        flags[a..b].fill(1);
+        flags[b..c3].fill(2);
+        let one: Vec<u8> = flags.iter().map(|&f| (f != 0) as u8).collect();
+        for (split, share) in [(MarkSplit::Spans, 1.0), (MarkSplit::Share, 0.75)] {
+            ev.begin(0, N, target).unwrap();
+            ev.mark_positions(0, &positions, &ranges, share).unwrap();
+            if split == MarkSplit::Spans {
+                ev.set_mark_split(0, split).unwrap();
+            }
+            d.score_round(&mut ev);
+            let kept = ev.select(0).unwrap();
+            let got = (kept.offsets.to_vec(), kept.indices.to_vec());
+            ev.commit(0).unwrap();
+            assert_eq!(
+                got,
+                core_split(&mut ev, &d, target, Some((&flags, share)), split)
+            );
+            let merged = core_split(&mut ev, &d, target, Some((&one, share)), split);
+            match split {
+                MarkSplit::Spans => differs += (got != merged) as u32,
+                MarkSplit::Share => assert_eq!(got, merged),
+            }
+        }
+    }
+    assert!(differs > 0, "the ranges' spans changed no round");
 }

@@ -7,7 +7,7 @@
 // tools/completion does it), implemented here at the same cell count.
 //
 // Public llama.h API only, plus the fork's llama_context_params fields (kv_evict_method,
-// kv_max_cells, kv_evict_to, kv_evict_window, kv_evict_links) and llama_kv_evict_* calls.
+// kv_max_cells, kv_evict_to, kv_evict_window, kv_evict_links, kv_evict_mark_split) and llama_kv_evict_* calls.
 //
 //   kvevict_decode_bench -m MODEL --mode ppl  --input TEXT.txt --method M --budget C [options]
 //   kvevict_decode_bench -m MODEL --mode chat --input CHAT.tsv --method M --budget C [options]
@@ -17,6 +17,9 @@
 //     but the assistant's reply text, which a server generates one token a batch). The marks are
 //     given again after every restore of a snapshot (the fork forgets a restored sequence's marks).
 //     [--mark-cap K]: only the oldest K marked tokens are marked (an engine that favours older user text)
+//     [--mark-split spans|none]: how the marked cells' budget is spent (the fork's kv_evict_mark_split):
+//     spans, split evenly over the marked ranges (a turn each, KVE_MARK_SPLIT_SPANS), or none (default),
+//     one selection over every marked cell
 //     [--mark facts|values]: a diagnosis only (an oracle, no engine knows this): the turns that tell the facts
 //     (F records) / only the values' tokens in them marked
 //     [--kept]: each question's record says how many cells of its fact's turn and of its value the
@@ -71,6 +74,7 @@ struct options {
     int mark_cap = -1;         // chat, with --mark: only the first K marked tokens are marked (older text first; -1: all)
     int prompt_tokens = -1;    // ppl, with --mark: the text's first P tokens marked (-1: the budget)
     float mark_share = -1.0f;  // chat, with --mark: the share of kept cells reserved for them (< 0: kvevict's default)
+    std::string mark_split = "none"; // with --mark: "spans" (the marked budget split over the marked ranges) or "none"
     std::string chat_template; // chat: a llama.cpp template name or text (default: the model's own, else llama.cpp's chatml)
     int facts_by = -1;         // chat: every fact (F records) told within the history's first N tokens, else said (-1: no check)
     bool kept = false;         // chat: each question's record says how many of its fact's cells are held at the checkpoint
@@ -234,6 +238,7 @@ struct runner {
             cp.kv_max_cells = (uint32_t) budget;
             cp.kv_evict_to = o.evict_to;
             cp.kv_evict_links = o.links;
+            cp.kv_evict_mark_split = o.mark_split == "spans" ? 1 : 0;
             cp.kv_evict_cb = on_evict;
             cp.kv_evict_cb_data = &ev;
         }
@@ -356,8 +361,8 @@ int run_ppl(const options & o) {
     const int skip = o.skip >= 0 ? o.skip : r.budget;
     auto head = [&](const char * status, const std::string & note) {
         printf("{\"mode\":\"ppl\",\"method\":%s,\"budget\":%d,\"evict_to\":%.3f,\"tokens\":%d,\"skip\":%d,"
-               "\"status\":\"%s\",\"note\":%s", json_str(o.method).c_str(), r.budget, o.evict_to, n, skip, status,
-               json_str(note).c_str());
+               "\"mark_split\":%s,\"status\":\"%s\",\"note\":%s", json_str(o.method).c_str(), r.budget, o.evict_to, n,
+               skip, json_str(o.mark_split).c_str(), status, json_str(note).c_str());
     };
     if (!r.refused.empty()) return report_refused(r, head);
     std::string note;
@@ -595,9 +600,9 @@ int run_chat(const options & o) {
     if (!r.init((int) (hist_tokens + q_max + 64))) return 1;
     auto head = [&](const char * status, const std::string & note) {
         printf("{\"mode\":\"chat\",\"method\":%s,\"budget\":%d,\"evict_to\":%.3f,\"history\":%zu,\"mark\":%s,"
-               "\"mark_share\":%.3f,\"template\":%s,\"status\":\"%s\",\"note\":%s",
+               "\"mark_share\":%.3f,\"mark_split\":%s,\"template\":%s,\"status\":\"%s\",\"note\":%s",
                json_str(o.method).c_str(), r.budget, o.evict_to, hist_tokens, json_str(o.mark).c_str(), o.mark_share,
-               json_str(tmpl_label).c_str(), status, json_str(note).c_str());
+               json_str(o.mark_split).c_str(), json_str(tmpl_label).c_str(), status, json_str(note).c_str());
     };
     if (!r.refused.empty()) return report_refused(r, head);
     std::string note;
@@ -861,6 +866,7 @@ int main(int argc, char ** argv) {
         else if (a == "--mark-cap") o.mark_cap = atoi(next().c_str());
         else if (a == "--prompt-tokens") o.prompt_tokens = atoi(next().c_str());
         else if (a == "--mark-share") o.mark_share = (float) atof(next().c_str());
+        else if (a == "--mark-split") o.mark_split = next();
         else if (a == "--chat-template") o.chat_template = next();
         else if (a == "--facts-by") o.facts_by = atoi(next().c_str());
         else if (a == "--kept") o.kept = true;
@@ -876,6 +882,10 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "--mark: none, user, prompt, facts or values\n");
         return 2;
     }
+    if (o.mark_split != "none" && o.mark_split != "spans") {
+        fprintf(stderr, "--mark-split: spans or none\n");
+        return 2;
+    }
     if (o.mode == "ppl" && (o.mark == "facts" || o.mark == "values")) {
         fprintf(stderr, "--mark %s: chat mode only (the facts are the conversation's F records)\n", o.mark.c_str());
         return 2;
@@ -883,7 +893,7 @@ int main(int argc, char ** argv) {
     if (o.model.empty() || o.input.empty() || (o.mode != "ppl" && o.mode != "chat")) {
         fprintf(stderr, "usage: %s -m MODEL --mode ppl|chat --input FILE --method M --budget C [--evict-to F] "
                         "[--window W] [--links T] [--n-keep K] [--chunk U] [--max-tokens N] [--skip S] [--gen G] "
-                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user|prompt|facts|values] [--mark-share S] [--mark-cap K] [--prompt-tokens P] [--chat-template T] [--facts-by N] [--kept]\n", argv[0]);
+                        "[-t N] [--flash -1|0|1] [--nll-out F] [--mark none|user|prompt|facts|values] [--mark-share S] [--mark-split spans|none] [--mark-cap K] [--prompt-tokens P] [--chat-template T] [--facts-by N] [--kept]\n", argv[0]);
         return 2;
     }
     llama_log_set(quiet_log, nullptr);

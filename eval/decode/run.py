@@ -86,7 +86,7 @@ def run_tool(args, cmd):
 
 
 def method_args(spec, budget):
-    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:fmark=S][:vmark=S][:cap=K][:cells=N]" -> (tool arguments). W may be a fraction of the
+    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:fmark=S][:vmark=S][:cap=K][:split=spans|none][:cells=N]" -> (tool arguments). W may be a fraction of the
     budget ("w=0.25C"); the label is the spec itself."""
     parts = spec.split(":")
     out = ["--method", parts[0]]
@@ -106,6 +106,12 @@ def method_args(spec, budget):
         elif k == "cap":
             # only the oldest v marked tokens marked (with mark or pmark)
             out += ["--mark-cap", v]
+        elif k == "split":
+            # how the marked cells' budget is spent (with a mark option): "spans", split evenly over the marked
+            # ranges (a turn each; KVE_MARK_SPLIT_SPANS, design §3c tenth pass), or "none", one selection over them
+            if v not in ("spans", "none"):
+                raise SystemExit(f"split=spans or split=none, not {v} in {spec}")
+            out += ["--mark-split", v]
         elif k == "cells":
             # the run's own cell count instead of the table's C (ctxshift at the KV bytes a fork method holds at C:
             # an iSWA model's sliding-window layers keep their window whatever C is); recorded under C
@@ -362,7 +368,9 @@ def report_chat(out, name, split, c, lines, plots):
                  f"`llama_kv_evict_mark` (`--mark user`), S of each eviction's kept cells reserved for their cells "
                  f"(`kve_evictor_mark_cells`, design §3c); `:pmark=S`: llama-server's proxy instead, every token a prompt "
                  f"batch wrote (all but the assistant's replies, which a server generates a token a batch: `--mark "
-                 f"prompt`); `:cap=K`: only the oldest K marked tokens marked (`--mark-cap K`); `:cells=N`: context shift "
+                 f"prompt`); `:cap=K`: only the oldest K marked tokens marked (`--mark-cap K`); `:split=spans`: the marks' "
+                 f"budget split evenly over the marked ranges, a turn each (`--mark-split spans`, `KVE_MARK_SPLIT_SPANS`, "
+                 f"design §3c tenth pass); `:cells=N`: context shift "
                  f"at N cells instead of C (the KV bytes a fork method holds at C on an iSWA model: eval/decode/README.md). "
                  f"The tool gives the marks again after each restore of the snapshot (the fork forgets a restored "
                  f"sequence's marks since 2026-12-06 06:11" +

@@ -842,7 +842,8 @@ const _: () = assert!(KVE_MARK_SHARE_DEFAULT == crate::evictor::MARK_SHARE);
 /// `kve_evictor_round`'s `mark_split`: one selection over the marked cells (the default).
 pub const KVE_MARK_SPLIT_SHARE: u32 = 0;
 /// `kve_evictor_round`'s `mark_split`: the marked cells' budget split evenly over their
-/// runs of consecutive cells (a user turn each), one selection per run.
+/// spans (each mark range's cells, a user turn each; by flags, each run of consecutive
+/// cells with the same nonzero flag), one selection per span.
 pub const KVE_MARK_SPLIT_SPANS: u32 = 1;
 
 /// Mark cells of sequence `seq`'s begun round (after `kve_evictor_begin`, before

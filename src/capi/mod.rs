@@ -543,7 +543,7 @@ pub fn header_defines() -> std::string::String {
     let _ = writeln!(
         s,
         "/* kve_evictor_round's mark_split: one selection over the marked cells (0), or their \
-         budget split evenly over their runs of consecutive cells (1) */\n\
+         budget split evenly over their spans: each mark range, or run of one flag value (1) */\n\
          #define KVE_MARK_SPLIT_SHARE {}\n#define KVE_MARK_SPLIT_SPANS {}",
         evictor::KVE_MARK_SPLIT_SHARE,
         evictor::KVE_MARK_SPLIT_SPANS

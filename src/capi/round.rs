@@ -69,7 +69,9 @@ pub struct kve_evictor_round {
     pub mark_share: f32,
     /// With marks, how the marked cells' budget is spent: `KVE_MARK_SPLIT_SHARE` (0, the
     /// default: one selection over them) or `KVE_MARK_SPLIT_SPANS` (1: split evenly over
-    /// the runs of consecutive marked cells, one selection each); else
+    /// the marked spans, one selection each: by position, the cells of each range, also
+    /// when the text between two ranges is evicted; by `marks`, each run of consecutive
+    /// cells with the same nonzero flag); else
     /// `KVE_ERR_INVALID_ARGUMENT`. (Before issue 28's ninth pass: `pad`, which had to be 0.)
     pub mark_split: u32,
     /// Since `KVE_EVICTOR_ROUND_V2_SIZE`, optional (NULL: the arrays above): with `n_keys`,

@@ -16,15 +16,19 @@
 //! the union, `b_m + b_u <= B` prefix cells a unit.
 //!
 //! Opt-in ([`MarkSplit::Spans`], issue 28's ninth pass): the marked part's budget `b_m` is
-//! split evenly over the marked spans (each run of consecutive marked prefix cells, as a
-//! user turn is) instead of one selection over all marked cells, so a newer turn's cells
+//! split evenly over the marked spans (each run of consecutive prefix cells with the same
+//! nonzero mark: by position, the cells of one of the engine's ranges, a user turn each)
+//! instead of one selection over all marked cells, so a newer turn's cells
 //! cannot crowd every cell of an older one out. Span `s` of `len_s` cells gets
 //! `min(len_s, t)` with `t` the largest level whose sum over the spans fits `b_m`, and the
 //! rest, one cell each, goes to the first (oldest) spans longer than `t`
 //! ([`span_budgets`]); the method's selection then runs over each span alone (window 0,
-//! its budget), and the marked part is the spans' union. Two turns whose unmarked text in
-//! between is all evicted become one span. The default ([`MarkSplit::Share`]) is the rule
-//! above, unchanged.
+//! its budget), and the marked part is the spans' union. Two ranges stay two spans when
+//! the unmarked text between them is all evicted (as it is with share 1 once the marked
+//! text is more than the budget: with plain runs of marked cells every kept turn would then
+//! be one span, the newest turns each as large a part as all older ones together; design
+//! §3c, tenth pass); flags given per cell name their spans by value. The default
+//! ([`MarkSplit::Share`]) is the rule above, unchanged (it reads only nonzero).
 
 /// The share of the kept cells reserved for marked cells that engines pass by default
 /// (`KVE_MARK_SHARE_DEFAULT`), chosen on the conversation benchmark's dev split
@@ -39,8 +43,8 @@ pub enum MarkSplit {
     /// One selection over all marked cells (the default).
     #[default]
     Share,
-    /// The marked budget split evenly over the runs of consecutive marked cells, one
-    /// selection each ([`span_budgets`]).
+    /// The marked budget split evenly over the marked spans (runs of consecutive cells
+    /// with the same nonzero mark), one selection each ([`span_budgets`]).
     Spans,
 }
 
@@ -80,7 +84,8 @@ pub fn span_budgets(budget: u64, lens: &[u64], out: &mut [u64]) {
     }
 }
 
-/// The runs `(first cell, cells)` of consecutive marked cells among `marked`.
+/// The runs `(first cell, cells)` of consecutive cells with the same nonzero mark among
+/// `marked`.
 fn spans(marked: &[u8]) -> impl Iterator<Item = (usize, usize)> + Clone + '_ {
     let mut i = 0;
     core::iter::from_fn(move || {
@@ -88,7 +93,7 @@ fn spans(marked: &[u8]) -> impl Iterator<Item = (usize, usize)> + Clone + '_ {
             i += 1;
         }
         let a = i;
-        while i < marked.len() && marked[i] != 0 {
+        while i < marked.len() && marked[i] != 0 && marked[i] == marked[a] {
             i += 1;
         }
         (i > a).then_some((a, i - a))

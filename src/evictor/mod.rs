@@ -328,11 +328,13 @@ impl<'a> Evictor<'a> {
     /// marked cells (`marks.rs`: the rule; [`MARK_SHARE`] the tuned default). A later call
     /// in the same round replaces the marks; `begin` forgets them.
     pub fn mark_cells(&mut self, seq: usize, flags: &[u8], share: f32) -> Result<()> {
-        self.mark_each(seq, flags.len(), share, MarkSplit::Share, |i| flags[i] != 0)
+        self.mark_each(seq, flags.len(), share, MarkSplit::Share, |i| flags[i])
     }
 
     /// [`Evictor::mark_cells`] with the marked cells' budget spent as `split` says
-    /// ([`MarkSplit::Spans`]: evenly over the runs of consecutive marked cells, `marks.rs`).
+    /// ([`MarkSplit::Spans`]: evenly over the marked spans, `marks.rs`: each run of
+    /// consecutive cells with the same nonzero flag, so an engine that gives neighbouring
+    /// turns different flags keeps them apart).
     pub fn mark_cells_split(
         &mut self,
         seq: usize,
@@ -340,7 +342,7 @@ impl<'a> Evictor<'a> {
         share: f32,
         split: MarkSplit,
     ) -> Result<()> {
-        self.mark_each(seq, flags.len(), share, split, |i| flags[i] != 0)
+        self.mark_each(seq, flags.len(), share, split, |i| flags[i])
     }
 
     /// How the marks of `seq`'s begun round spend their budget (after a mark call, before
@@ -360,7 +362,10 @@ impl<'a> Evictor<'a> {
     /// [`Evictor::mark_cells`] by position: cell `i` (at `positions[i]`, one per cell of
     /// the round, else `ShapeMismatch`) is marked when a range `[ranges[2k],
     /// ranges[2k+1])` holds it (`ranges.len()` even and every range `p0 <= p1`, else
-    /// `InvalidArgument`): what an engine keeps of its marked text, as positions.
+    /// `InvalidArgument`): what an engine keeps of its marked text, as positions. Each
+    /// range is a span of its own for [`MarkSplit::Spans`] (the cells of range `k`, the
+    /// first range that holds them, are flagged `k % 255 + 1`), also when the text between
+    /// two ranges is all evicted.
     pub fn mark_positions(
         &mut self,
         seq: usize,
@@ -371,19 +376,23 @@ impl<'a> Evictor<'a> {
         check_ranges(ranges)?;
         let pairs = ranges.chunks_exact(2);
         self.mark_each(seq, positions.len(), share, MarkSplit::Share, |i| {
-            pairs.clone().any(|r| (r[0]..r[1]).contains(&positions[i]))
+            let k = pairs
+                .clone()
+                .position(|r| (r[0]..r[1]).contains(&positions[i]));
+            k.map_or(0, |k| (k % 255) as u8 + 1)
         })
     }
 
     /// The marks of `seq`'s begun round: cell `i` of `n` (the round's, else
-    /// `ShapeMismatch`) marked when `marked(i)`, with `share` (in [0, 1]).
+    /// `ShapeMismatch`) marked when `marked(i)` is nonzero (its value names its span),
+    /// with `share` (in [0, 1]).
     fn mark_each(
         &mut self,
         seq: usize,
         n: usize,
         share: f32,
         split: MarkSplit,
-        marked: impl Fn(usize) -> bool,
+        marked: impl Fn(usize) -> u8,
     ) -> Result<()> {
         if !(0.0..=1.0).contains(&share) {
             return Err(Error::InvalidArgument);
@@ -397,7 +406,7 @@ impl<'a> Evictor<'a> {
         }
         let slot = self.slot(seq)?;
         for (i, m) in slot.marks.iter_mut().take(n).enumerate() {
-            *m = marked(i) as u8;
+            *m = marked(i);
         }
         st.mark_share = Some(share);
         st.mark_split = split;
