@@ -648,6 +648,12 @@ fn check_csr(off: &[u32], offsets_len: usize, idx: &[u32], units: usize, n: u64)
     }
 }
 
+/// `KVEVICT_FUZZ_TRACE` set: the harness says what some arms did (stderr).
+fn trace() -> bool {
+    static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *T.get_or_init(|| std::env::var_os("KVEVICT_FUZZ_TRACE").is_some())
+}
+
 /// The fuzz round's layers for `kve_evictor_round.fill` (the V2 form of call 13).
 struct FillData {
     ks: Vec<kve_tensor>,
@@ -2210,6 +2216,9 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
         (c.min_keep, c.high, c.low) = (0, c.max_cells, c.max_cells / 2);
         c.link_threshold = 0.0;
         (c.policy, c.granularity) = (r.u8() as u32 % 3, KVE_EVICTOR_PRESET_GRANULARITY);
+        if device && r.u8() < 192 {
+            c.granularity = KVE_GRANULARITY_TOKEN; // the only one the device round takes
+        }
         (c.score, c.select) = (std::ptr::null(), std::ptr::null());
         (c.paged, c.paged_dtype) = (c.paged % 2, r.u8() as u32 % 3);
     }
@@ -2542,11 +2551,12 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 }
                 s
             }
-            13 if !matches!(ev, Ev::Host(_)) => KVE_OK,
             13 => {
                 // a whole round over a cell stream: cells by index (mostly distinct, inside
-                // the stream) or NULL (dense); K/V/queries per layer, sometimes the wrong count
-                let &Ev::Host(e) = &ev else { unreachable!() };
+                // the stream) or NULL (dense); K/V/queries per layer, sometimes the wrong count.
+                // The device form: K/V over the arena (registered: device memory), queries and
+                // the kept cells host memory as the library reads them (marks and per-head
+                // granularity refused there, before the round begins)
                 // (the harness's own buffers stay small: `cells` may be a hostile size)
                 let cells = cells.min(512);
                 let stream = cells + r.u8() as u64 % 8;
@@ -2566,7 +2576,16 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                     let s = if dense { cells } else { stream };
                     (0..nl).map(|_| tensor_of(r, [hkv, s, d])).collect()
                 };
-                let (ks, vs) = (per(r, c.dk), per(r, c.dv));
+                let (mut ks, mut vs) = (per(r, c.dk), per(r, c.dv));
+                if sane && matches!(ev, Ev::Device(..)) && r.u8() < 224 {
+                    // the device form scores K and V in the context's paged dtype: mostly given
+                    for t in ks.iter_mut().chain(vs.iter_mut()) {
+                        let end = t.data as usize - a.base() as usize + t.len as usize * 4;
+                        if t.dtype < 3 && end <= ARENA {
+                            t.dtype = c.paged_dtype;
+                        }
+                    }
+                }
                 let rows = 1 + r.u8() as u64 % 40;
                 let qs: Vec<kve_tensor> = if r.chance(2) {
                     (0..l).map(|_| tensor_of(r, [c.hq, rows, c.dk])).collect()
@@ -2621,7 +2640,25 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                     rd.fill_layers = if r.chance(16) { r.u8() as u64 % 4 } else { l };
                     rd.user = (&mut fd as *mut FillData).cast();
                 }
-                let s = kve_evictor_run_round(e, seq, &rd, out.ptr, out.len, &mut count);
+                if r.chance(8) {
+                    rd.mark_split = r.u8() as u32 % 3;
+                }
+                let s = match &ev {
+                    Ev::Host(e) => {
+                        kve_evictor_run_round(*e, seq, &rd, out.ptr, out.len, &mut count)
+                    }
+                    Ev::Device(e, ..) => {
+                        kve_cuda_evictor_run_round(*e, seq, &rd, out.ptr, out.len, &mut count, NULL)
+                    }
+                };
+                if trace() {
+                    // KVEVICT_FUZZ_TRACE=1: which form ran a round and its status (how often a
+                    // device round gets past its checks)
+                    eprintln!("round device={} status={s}", matches!(ev, Ev::Device(..)));
+                }
+                if matches!(ev, Ev::Device(..)) && (rd.n_marks != 0 || rd.mark_split != 0) {
+                    assert_ne!(s, KVE_OK, "the device round took marks");
+                }
                 assert!(fd.calls <= l, "fill called past the context's layers");
                 if fd.failed {
                     assert_eq!(
