@@ -231,26 +231,14 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         a.extend(extra);
         a
     };
+    // every run below: two checkpoints of one question, then its own flags
     let checkpoints = ["--at", "150,300", "--gen", "4"];
     // the engine's marks (llama_kv_evict_mark, last): the user and system turns marked, every
     // kept cell reserved for them where they fit; the budget still holds
-    let marks = [
-        "--at",
-        "150,300",
-        "--gen",
-        "4",
-        "--mark",
-        "user",
-        "--mark-share",
-        "1",
-    ];
+    let marks = ["--mark", "user", "--mark-share", "1"];
     // llama-server's proxy (every prompt batch's tokens: all but the assistant's replies), the
     // oldest 40 marked tokens only
     let prompt_marks = [
-        "--at",
-        "150,300",
-        "--gen",
-        "4",
         "--mark",
         "prompt",
         "--mark-share",
@@ -260,10 +248,6 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
     ];
     // the marked budget split over the marked turns (the fork's kv_evict_mark_split 1)
     let split_marks = [
-        "--at",
-        "150,300",
-        "--gen",
-        "4",
         "--mark",
         "user",
         "--mark-share",
@@ -273,16 +257,18 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
     ];
     // another template than the model's (a GGUF without one, e.g. Gemma 3 270M's: `--chat-template gemma`);
     // Gemma's writes the system turn with the first user turn (an empty first turn's text: the BOS)
-    let gemma = ["--at", "150,300", "--gen", "4", "--chat-template", "gemma"];
+    let gemma = ["--chat-template", "gemma"];
     for (method, budget, extra) in [
-        ("uniqueness", "64", &checkpoints[..]),
-        ("ctxshift", "64", &checkpoints[..]),
+        ("uniqueness", "64", &[][..]),
+        ("ctxshift", "64", &[][..]),
         ("uniqueness", "64", &marks[..]),
         ("uniqueness", "64", &split_marks[..]),
         ("laprox-span", "64", &prompt_marks[..]),
         ("uniqueness", "64", &gemma[..]),
     ] {
-        let v = run(&tool, &chat_args(method, budget, extra));
+        let mut args = chat_args(method, budget, &checkpoints);
+        args.extend(extra);
+        let v = run(&tool, &args);
         assert_eq!(
             v.len(),
             3,
