@@ -2217,7 +2217,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
         c.link_threshold = 0.0;
         (c.policy, c.granularity) = (r.u8() as u32 % 3, KVE_EVICTOR_PRESET_GRANULARITY);
         if device && r.u8() < 192 {
-            c.granularity = KVE_GRANULARITY_TOKEN; // the only one the device round takes
+            c.granularity = kvevict::Granularity::Token as u32; // the only one the device round takes
         }
         (c.score, c.select) = (std::ptr::null(), std::ptr::null());
         (c.paged, c.paged_dtype) = (c.paged % 2, r.u8() as u32 % 3);
