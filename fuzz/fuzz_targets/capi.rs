@@ -2579,9 +2579,13 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 let (mut ks, mut vs) = (per(r, c.dk), per(r, c.dv));
                 if sane && matches!(ev, Ev::Device(..)) && r.u8() < 224 {
                     // the device form scores K and V in the context's paged dtype: mostly given
+                    // (only a tensor inside the arena whose f32 reading still fits there; a
+                    // hostile one, NULL or outside it, stays as it is)
                     for t in ks.iter_mut().chain(vs.iter_mut()) {
-                        let end = t.data as usize - a.base() as usize + t.len as usize * 4;
-                        if t.dtype < 3 && end <= ARENA {
+                        let end = (t.data as usize)
+                            .checked_sub(a.base() as usize)
+                            .and_then(|o| (t.len as usize).checked_mul(4)?.checked_add(o));
+                        if t.dtype < 3 && end.is_some_and(|e| e <= ARENA) {
                             t.dtype = c.paged_dtype;
                         }
                     }
