@@ -72,7 +72,14 @@ fn host_and_device(
     let mut files = Vec::new();
     let mut rows = Vec::new();
     for device in [false, true] {
-        let path = dir.join(format!("kvevict-dev-{}-{device}.bin", std::process::id()));
+        // one file per call: two tests of this file run host_and_device at once in one
+        // process, and a shared name let one's state file be read by the other's reload
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!(
+            "kvevict-dev-{}-{call}-{device}.bin",
+            std::process::id()
+        ));
         let path_str = path.to_str().unwrap().to_string();
         let mut args = at(
             depth,
