@@ -51,7 +51,10 @@ struct R<'a> {
 
 impl R<'_> {
     fn u8(&mut self) -> u8 {
-        let v = self.d.get(self.i).copied().unwrap_or(0);
+        // past the input's end, bytes hashed from the index (zeros would make every `chance`
+        // true, so a short input took every rare, hostile branch at once)
+        let past = || ((self.i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8;
+        let v = self.d.get(self.i).copied().unwrap_or_else(past);
         self.i += 1;
         v
     }
@@ -2163,6 +2166,33 @@ impl Ev {
     }
 }
 
+/// `round` on a fresh host evictor of config `c` (its fill data reset): the status and,
+/// on success, the kept cells.
+unsafe fn host_twin_round(
+    c: &kve_evictor_config,
+    seq: u64,
+    round: &kve_evictor_round,
+    fd: &mut FillData,
+    max: usize,
+) -> (i32, Vec<u32>) {
+    let mut bytes = 0u64;
+    let st = kve_evictor_size(c, &mut bytes);
+    if st != KVE_OK {
+        return (st, Vec::new());
+    }
+    let mut mem = vec![0u64; bytes as usize / 8 + 1];
+    let mut ev = std::ptr::null_mut();
+    let st = kve_evictor_init(mem.as_mut_ptr() as *mut c_void, bytes, c, &mut ev);
+    if st != KVE_OK {
+        return (st, Vec::new());
+    }
+    (fd.calls, fd.failed) = (0, false);
+    let (mut kept, mut count) = (vec![0u32; max], 0u64);
+    let st = kve_evictor_run_round(ev, seq, round, kept.as_mut_ptr(), max as u64, &mut count);
+    kept.truncate(if st == KVE_OK { count as usize } else { 0 });
+    (st, kept)
+}
+
 /// An evictor (host form, or the device form when `device`) from an arbitrary config,
 /// then up to 12 arbitrary calls on it with views over the arena (device memory for the
 /// device form); returns the last status. A compaction works on a copy of the arena.
@@ -2216,11 +2246,14 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
         (c.min_keep, c.high, c.low) = (0, c.max_cells, c.max_cells / 2);
         c.link_threshold = 0.0;
         (c.policy, c.granularity) = (r.u8() as u32 % 3, KVE_EVICTOR_PRESET_GRANULARITY);
-        if device && r.u8() < 192 {
-            c.granularity = kvevict::Granularity::Token as u32; // the only one the device round takes
-        }
         (c.score, c.select) = (std::ptr::null(), std::ptr::null());
         (c.paged, c.paged_dtype) = (c.paged % 2, r.u8() as u32 % 3);
+        if device && r.u8() < 192 {
+            // what the device round takes: token granularity, and `paged` (a V2 config) for
+            // its gather of the round's cells out of the engine's stream
+            c.granularity = kvevict::Granularity::Token as u32;
+            (c.struct_size, c.paged) = (KVE_EVICTOR_CONFIG_V2_SIZE, 1);
+        }
     }
     let (mut bytes, mut dev_bytes) = (CANARY as u64, CANARY as u64);
     let st = if device {
@@ -2282,7 +2315,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
     let (l, hkv, n) = (c.layers, c.hkv, c.max_cells);
     let mut st = KVE_OK;
     let mut done = Vec::new();
-    for _ in 0..1 + r.u8() % 12 {
+    for nth in 0..1 + r.u8() % 12 {
         let seq = if r.chance(16) {
             r.size(8)
         } else {
@@ -2591,7 +2624,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                     }
                 }
                 let rows = 1 + r.u8() as u64 % 40;
-                let qs: Vec<kve_tensor> = if r.chance(2) {
+                let qs: Vec<kve_tensor> = if r.u8() < if sane { 224 } else { 128 } {
                     (0..l).map(|_| tensor_of(r, [c.hq, rows, c.dk])).collect()
                 } else {
                     Vec::new()
@@ -2606,14 +2639,20 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 };
                 rd.n_cells = ids.len() as u64;
                 (rd.keys, rd.n_keys) = (ks.as_ptr(), ks.len() as u64);
-                if r.chance(2) {
+                // (values: what LAVa, LaProx and value links read)
+                let with_values = |r: &mut R| r.u8() < if sane { 224 } else { 128 };
+                if with_values(r) {
                     (rd.values, rd.n_values) = (vs.as_ptr(), vs.len() as u64);
                 }
                 (rd.queries, rd.n_queries) = (qs.as_ptr(), qs.len() as u64);
                 if r.chance(4) {
                     (rd.marks, rd.n_marks) = (marks.as_ptr(), marks.len() as u64);
                 }
-                rd.target = r.size(128);
+                // a sane round's target is below its cells (0 or all of them: refused or nothing to do)
+                rd.target = match sane && r.u8() < 224 {
+                    true => 1 + r.u8() as u64 % (ids.len() as u64 - 1).max(1),
+                    false => r.size(128),
+                };
                 rd.mark_share = if r.chance(16) { 2.0 } else { 0.5 };
                 rd.reserved = (!sane && r.chance(32)) as u32;
                 // or the layers through the fill callback (V2): the same tensors given one layer
@@ -2623,7 +2662,7 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                     ks,
                     vs,
                     qs,
-                    values: r.chance(2),
+                    values: with_values(r),
                     fail_at: if r.chance(4) {
                         r.u8() as u64 % (l + 1)
                     } else {
@@ -2658,7 +2697,37 @@ unsafe fn evictor_calls(r: &mut R, a: &Arena, outs: &mut Vec<Out>, device: bool)
                 if trace() {
                     // KVEVICT_FUZZ_TRACE=1: which form ran a round and its status (how often a
                     // device round gets past its checks)
-                    eprintln!("round device={} status={s}", matches!(ev, Ev::Device(..)));
+                    eprintln!(
+                        "round device={} sane={sane} v2={} marks={} split={} status={s}",
+                        matches!(ev, Ev::Device(..)),
+                        rd.struct_size == KVE_EVICTOR_ROUND_V2_SIZE,
+                        rd.n_marks != 0,
+                        rd.mark_split
+                    );
+                }
+                if let (Ev::Device(..), true, 0, KVE_OK) = (&ev, sane, nth, s) {
+                    // the same round on a fresh host evictor of the same config (the device
+                    // context was fresh too: its first call): it keeps as many cells (the host
+                    // may refuse what the device takes: NaN/Inf in device buffers are not
+                    // detected). The cells themselves are only traced: the two forms sum in
+                    // another order, so a near tie may go either way
+                    let (n_host, kept_host) = host_twin_round(&c, seq, &rd, &mut fd, max);
+                    if trace() {
+                        let same = n_host == KVE_OK
+                            && !out.in_arena
+                            && kept_host[..] == out.own[..kept_host.len().min(count as usize)];
+                        eprintln!(
+                            "twin host status={n_host} device count={count} dtype={} same={same}",
+                            c.paged_dtype
+                        );
+                    }
+                    if n_host == KVE_OK {
+                        assert_eq!(
+                            kept_host.len() as u64,
+                            count,
+                            "the device round kept another number of cells than the host round"
+                        );
+                    }
                 }
                 if matches!(ev, Ev::Device(..)) && (rd.n_marks != 0 || rd.mark_split != 0) {
                     assert_ne!(s, KVE_OK, "the device round took marks");
