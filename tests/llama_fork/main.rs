@@ -29,6 +29,11 @@
 //!   dequantized, un-rotated rows, compacted as bytes) through the needle tool and the server;
 //!   every library method in `--help` and the unknown-method message, one info line per eviction.
 //!
+//! The needle tests that compare methods on one prompt run them from one prefill
+//! (`--kv-evict A,B,...`: the first entry's context prefills, the later entries load its
+//! prefilled sequence; `needle_entries`), checked against separate runs
+//! (`one_prefill_for_several_entries_matches_separate_runs`).
+//!
 //! Needs `KVEVICT_FORK_BIN` (llama_fork/build.sh prints it) and `KVEVICT_LLAMA_MODEL`;
 //! skips with a message without them, unless `KVEVICT_FORK_REQUIRED=1`
 //! (scripts/test.d/60-llama-fork.sh sets it, so there a missing build fails).
@@ -108,16 +113,45 @@ fn thread_args() -> Vec<String> {
     }
 }
 
-fn needle(s: &Setup, args: &[&str]) -> Row {
+/// llama-kvevict-needle's RESULT rows (with `thread_args`).
+fn needle_rows(s: &Setup, args: &[&str]) -> Vec<Row> {
     let threads = thread_args();
     let args: Vec<&str> = args
         .iter()
         .copied()
         .chain(threads.iter().map(String::as_str))
         .collect();
-    let mut rows = result_row::run_rows(&s.bin.join("llama-kvevict-needle"), &s.model, &args);
+    result_row::run_rows(&s.bin.join("llama-kvevict-needle"), &s.model, &args)
+}
+
+fn needle(s: &Setup, args: &[&str]) -> Row {
+    let mut rows = needle_rows(s, args);
     assert_eq!(rows.len(), 1, "one RESULT line");
     rows.remove(0)
+}
+
+/// `--kv-evict` with several entries (`METHOD`, `full`, `METHOD+holes`), `common` before it: the
+/// prompt prefilled once, in the first entry's context; every later entry loads that prefilled
+/// sequence into a fresh context of its own and must read no window queries (the tool refuses
+/// one that does). One RESULT row per entry, in order, each what a run of that entry alone gives
+/// (`one_prefill_for_several_entries_matches_separate_runs`).
+fn needle_entries(s: &Setup, common: &[&str], entries: &[&str]) -> Vec<Row> {
+    let list = entries.join(",");
+    let rows = needle_rows(s, &[common, &["--kv-evict", &list]].concat());
+    check_entries(&rows, entries);
+    rows
+}
+
+/// The rows of a run with the `--kv-evict` entries `entries`: one each, in order, the first
+/// prefilled, the later ones on its prefilled sequence.
+fn check_entries(rows: &[Row], entries: &[&str]) {
+    assert_eq!(rows.len(), entries.len(), "one RESULT line per entry");
+    for (i, (r, e)) in rows.iter().zip(entries).enumerate() {
+        assert_eq!(r.num("entry"), i as f64, "{e}: entry");
+        assert_eq!(r.get("method"), e.trim_end_matches("+holes"), "entry {i}");
+        assert_eq!(r.num("holes") == 1.0, e.ends_with("+holes"), "{e}: holes");
+        assert_eq!(r.num("prefilled") == 1.0, i == 0, "{e}: prefilled");
+    }
 }
 
 /// The needle tool's arguments for the prompt at `depth` with `seed`, then `rest`.
@@ -137,6 +171,17 @@ fn needle_path(
     device: bool,
     args: &[&str],
 ) -> (Option<Row>, String, bool) {
+    let (rows, err, ok) = needle_path_rows(s, lib, device, args);
+    (rows.into_iter().next(), err, ok)
+}
+
+/// `needle_path` with every RESULT row (several `--kv-evict` entries).
+fn needle_path_rows(
+    s: &Setup,
+    lib: Option<&Path>,
+    device: bool,
+    args: &[&str],
+) -> (Vec<Row>, String, bool) {
     let mut c = Command::new(s.bin.join("llama-kvevict-needle"));
     c.arg("-m")
         .arg(&s.model)
@@ -152,11 +197,12 @@ fn needle_path(
         c.env_remove("KVEVICT_FORK_DEVICE_PATH");
     }
     let o = c.output().expect("run llama-kvevict-needle");
-    let row = String::from_utf8_lossy(&o.stdout)
+    let rows = String::from_utf8_lossy(&o.stdout)
         .lines()
-        .find_map(|l| l.strip_prefix("RESULT ").map(Row::parse));
+        .filter_map(|l| l.strip_prefix("RESULT ").map(Row::parse))
+        .collect();
     (
-        row,
+        rows,
         String::from_utf8_lossy(&o.stderr).to_string(),
         o.status.success(),
     )

@@ -26,22 +26,26 @@ fn needle_at_ten_percent_compacts_the_cache() {
     for flash in ["off", "on"] {
         let (mut full_exact, mut span_exact, mut span_key) = (0, 0, 0);
         for (depth, seed) in PROMPTS {
-            let common = ["--needle", depth, "--seed", seed, "--flash-attn", flash];
-            let full = needle_with(&s, &common, &["--kv-evict", "full"]);
-            let span = needle_with(
-                &s,
-                &common,
-                &["--kv-evict", "laprox-span", "--kv-keep", "0.1"],
-            );
-            // the baseline that loses the needle (outside its sink + window), once per prompt:
-            // with flash attention off
-            let stream = (flash == "off").then(|| {
-                needle_with(
-                    &s,
-                    &common,
-                    &["--kv-evict", "streamingllm", "--kv-keep", "0.1"],
-                )
-            });
+            let common = [
+                "--needle",
+                depth,
+                "--seed",
+                seed,
+                "--flash-attn",
+                flash,
+                "--kv-keep",
+                "0.1",
+            ];
+            // one prefill (laprox-span's context) for laprox-span, the baseline that loses the
+            // needle (outside its sink + window; with flash attention off) and the full cache
+            let entries: &[&str] = match flash {
+                "off" => &["laprox-span", "streamingllm", "full"],
+                _ => &["laprox-span", "full"],
+            };
+            let mut rows = needle_entries(&s, &common, entries).into_iter();
+            let span = rows.next().unwrap();
+            let stream = (flash == "off").then(|| rows.next().unwrap());
+            let full = rows.next().unwrap();
             assert_eq!(
                 full.num("bad_calls_ok"),
                 1.0,
@@ -126,21 +130,21 @@ fn agnostic_compression_keeps_the_needle() {
     for flash in ["off", "on"] {
         let (mut full_ok, mut uniq_ok) = (0, 0);
         for (depth, seed) in PROMPTS {
-            let common = at(depth, seed, &["--flash-attn", flash, "--agnostic"]);
-            let full = needle_with(&s, &common, &["--kv-evict", "full"]);
-            let uniq = needle_with(
-                &s,
-                &common,
-                &["--kv-evict", "uniqueness", "--kv-keep", "0.1"],
+            let common = at(
+                depth,
+                seed,
+                &["--flash-attn", flash, "--agnostic", "--kv-keep", "0.1"],
             );
-            // the question-aware default beside it (printed), with flash attention off
-            let span = (flash == "off").then(|| {
-                needle_with(
-                    &s,
-                    &common,
-                    &["--kv-evict", "laprox-span", "--kv-keep", "0.1"],
-                )
-            });
+            // one prefill for uniqueness, the full cache and (printed, flash attention off) the
+            // question-aware default, whose context prefills (it reads the window queries)
+            let entries: &[&str] = match flash {
+                "off" => &["laprox-span", "uniqueness", "full"],
+                _ => &["uniqueness", "full"],
+            };
+            let mut rows = needle_entries(&s, &common, entries).into_iter();
+            let span = (flash == "off").then(|| rows.next().unwrap());
+            let uniq = rows.next().unwrap();
+            let full = rows.next().unwrap();
             for r in [Some(&uniq), span.as_ref()].into_iter().flatten() {
                 assert_eq!(r.num("agnostic"), 1.0);
                 let before = r.num("cells_before");
@@ -253,19 +257,25 @@ fn decode_on_the_compacted_cache_spans_the_kept_cells() {
         let common = at(
             "0.5",
             "5",
-            &["--bench", "64", "-t", "1", "--flash-attn", flash],
+            &[
+                "--bench",
+                "64",
+                "-t",
+                "1",
+                "--flash-attn",
+                flash,
+                "--kv-keep",
+                "0.1",
+            ],
         );
-        let full = needle_with(&s, &common, &["--kv-evict", "full"]);
-        let span = needle_with(
-            &s,
-            &common,
-            &["--kv-evict", "laprox-span", "--kv-keep", "0.1"],
-        );
-        // the same number of cells removed with llama_memory_seq_rm: holes, the span stays
-        let holes = needle_with(
-            &s,
-            &common,
-            &["--kv-evict", "laprox-span", "--kv-keep", "0.1", "--holes"],
+        // one prefill; holes: the same number of cells removed with llama_memory_seq_rm, the
+        // span stays
+        let mut rows =
+            needle_entries(&s, &common, &["laprox-span", "laprox-span+holes", "full"]).into_iter();
+        let (span, holes, full) = (
+            rows.next().unwrap(),
+            rows.next().unwrap(),
+            rows.next().unwrap(),
         );
         let (f, c, h) = (
             full.num("cpu_ms_per_tok"),
@@ -562,11 +572,17 @@ fn quantized_caches_are_scored_and_compacted_in_place() {
         ("q5_0", "q5_0", "on"),
     ] {
         let types = ["-ctk", ctk, "-ctv", ctv, "--flash-attn", flash];
-        let full = needle_with(&s, &common, &[&types[..], &["--kv-evict", "full"]].concat());
-        let (r, log, ok) = needle_path(&s, None, false, &[&common[..], &types[..]].concat());
-        let r = r
-            .filter(|_| ok)
-            .unwrap_or_else(|| panic!("{ctk}/{ctv}: the needle tool failed: {log}"));
+        // one prefill, the full cache on laprox-span's prefilled sequence
+        let entries = ["laprox-span", "full"];
+        let (rows, log, ok) = needle_path_rows(
+            &s,
+            None,
+            false,
+            &[&common[..], &types[..], &["--kv-evict", &entries.join(",")]].concat(),
+        );
+        assert!(ok, "{ctk}/{ctv}: the needle tool failed: {log}");
+        check_entries(&rows, &entries);
+        let (r, full) = (&rows[0], &rows[1]);
         // q5_0, a type the library does not read: dequantized one layer at a time (the round's fill)
         let copy = ctk == "q5_0";
         assert!(
@@ -681,4 +697,120 @@ fn mark_split_spreads_the_marked_budget_over_the_runs() {
         assert_ne!(share.0, spans.0, "{method}: the split changed no cell");
     }
     println!("{}", lines.join("\n"));
+}
+
+/// `--kv-evict A,B,...` (what the tests above run: one prefill, in the first entry's context, the
+/// later entries on its prefilled sequence loaded into fresh contexts of their own) gives every
+/// entry exactly what a run of that entry alone gives: every RESULT value but the timings and the
+/// entry's index, among them the sequence's state after the compression (`state_hash`: the kept
+/// cells, their positions and K/V rows), the cells and spans, and the answer. Question-aware with
+/// flash attention off (V transposed), a method that reads no queries, holes and the full cache
+/// after a decode benchmark; question-agnostic with flash attention on and a q8_0 cache. A later
+/// entry that reads window queries (which a loaded sequence lacks) is refused.
+#[test]
+fn one_prefill_for_several_entries_matches_separate_runs() {
+    let s = fork_or_skip!();
+    // (~600 tokens: still two ubatches of the prefill)
+    let cases: [(Vec<&str>, &[&str]); 2] = [
+        (
+            at(
+                "0.3",
+                "3",
+                &[
+                    "--ctx-tokens",
+                    "600",
+                    "--flash-attn",
+                    "off",
+                    "--kv-keep",
+                    "0.1",
+                    "--bench",
+                    "8",
+                ],
+            ),
+            &["laprox-span", "streamingllm", "laprox-span+holes", "full"],
+        ),
+        (
+            at(
+                "0.7",
+                "7",
+                &[
+                    "--ctx-tokens",
+                    "600",
+                    "--flash-attn",
+                    "on",
+                    "--agnostic",
+                    "-ctk",
+                    "q8_0",
+                    "-ctv",
+                    "q8_0",
+                    "--kv-keep",
+                    "0.1",
+                ],
+            ),
+            &["uniqueness", "full"],
+        ),
+    ];
+    const TIMES: [&str; 14] = [
+        "prefill_ms",
+        "evict_ms",
+        "score_ms",
+        "select_ms",
+        "compact_ms",
+        "tok_s",
+        "cpu_ms_per_tok",
+        "gram_ms",
+        "again_prefill_ms",
+        "again_evict_ms",
+        "again_score_ms",
+        "load_ms",
+        "answer_ms",
+        "entry",
+    ];
+    for (common, entries) in cases {
+        let combined = needle_entries(&s, &common, entries);
+        for (c, e) in combined.iter().zip(entries) {
+            let (method, holes) = match e.strip_suffix("+holes") {
+                Some(m) => (m, &["--holes"][..]),
+                None => (*e, &[][..]),
+            };
+            let alone = needle(&s, &[&common[..], &["--kv-evict", method], holes].concat());
+            let values = |r: &Row| -> Vec<(String, String)> {
+                r.fields()
+                    .iter()
+                    .filter(|(k, _)| !TIMES.contains(&k.as_str()) && k != "prefilled")
+                    .cloned()
+                    .collect()
+            };
+            assert_eq!(values(c), values(&alone), "{e}: one prefill vs its own");
+            assert_eq!(alone.num("prefilled"), 1.0);
+            println!(
+                "{e}: cells {} -> {}, state {}, answer {:?}: the same alone",
+                c.get("cells_before"),
+                c.get("cells_after"),
+                c.get("state_hash"),
+                c.get("answer")
+            );
+        }
+        // every entry saw another sequence state (the compression changed it), but the full cache's
+        let hashes: std::collections::HashSet<&str> =
+            combined.iter().map(|r| r.get("state_hash")).collect();
+        assert_eq!(hashes.len(), entries.len(), "state hashes: {hashes:?}");
+    }
+    // a later entry that reads window queries: refused before anything is evicted
+    let o = Command::new(s.bin.join("llama-kvevict-needle"))
+        .arg("-m")
+        .arg(&s.model)
+        .args(at(
+            "0.3",
+            "3",
+            &["--ctx-tokens", "100", "--kv-evict", "full,laprox-span"],
+        ))
+        .args(thread_args())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("only the first entry may read window queries"),
+        "{err}"
+    );
 }
