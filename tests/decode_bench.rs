@@ -10,8 +10,8 @@
 //!   (`--mark values`);
 //! - the engine's marks: user turns (`--mark user`), llama-server's prompt-batch proxy
 //!   (`--mark prompt`, with `--mark-cap`; in ppl mode the first tokens as the prompt's, which
-//!   changes what is kept), the marked budget split over the turns (`--mark-split spans`), a
-//!   share the fork refuses said and exit 1;
+//!   changes what is kept), the marked budget split over the turns (`--mark-split spans`), each
+//!   message's range its own (`--mark-ranges messages`), a share the fork refuses said and exit 1;
 //! - bad input said and finished (exit 0): a budget not above the window (refused, with the
 //!   fork's reason), a text shorter than the budget, a conversation that never exceeds it.
 //!
@@ -255,6 +255,14 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         "--mark-split",
         "spans",
     ];
+    // each message's range its own (`--mark-ranges messages`: the system prompt and the first
+    // user turn two spans, also inside Gemma's first turn), value links inside the spans
+    let message_marks = [
+        &split_marks[..],
+        &["--links", "0.5", "--mark-ranges", "messages"],
+        &["--chat-template", "gemma"],
+    ]
+    .concat();
     // another template than the model's (a GGUF without one, e.g. Gemma 3 270M's: `--chat-template gemma`);
     // Gemma's writes the system turn with the first user turn (an empty first turn's text: the BOS)
     let gemma = ["--chat-template", "gemma"];
@@ -263,6 +271,7 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         ("ctxshift", "64", &[][..]),
         ("uniqueness", "64", &marks[..]),
         ("uniqueness", "64", &split_marks[..]),
+        ("uniqueness", "64", &message_marks[..]),
         ("laprox-span", "64", &prompt_marks[..]),
         ("uniqueness", "64", &gemma[..]),
     ] {
@@ -294,6 +303,11 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
             .position(|&x| x == "--mark-split")
             .map_or("none", |i| extra[i + 1]);
         assert_eq!(get(&v[2], "mark_split"), split, "{v:?}");
+        let ranges = extra
+            .iter()
+            .position(|&x| x == "--mark-ranges")
+            .map_or("merged", |i| extra[i + 1]);
+        assert_eq!(get(&v[2], "mark_ranges"), ranges, "{v:?}");
         let template = extra
             .iter()
             .position(|&x| x == "--chat-template")

@@ -83,6 +83,10 @@ fn reference_scores(preset: Preset, d: &QueriesKeys) -> Vec<f64> {
 /// rest for the unmarked ones (a short part gives its rest to the other); the reference
 /// selection over the marked prefix cells (no window) and over the unmarked prefix cells
 /// plus the window; per unit the union, ascending.
+/// `sel` overrides the preset's selection; value links `(sums [N], threshold)`: each part's
+/// selection reads the sums of its own cells (a cell's link is to the cell before it in the
+/// round), the reference's linked forward post-pool over them.
+#[allow(clippy::too_many_arguments)]
 fn reference_round(
     preset: Preset,
     g: Granularity,
@@ -91,11 +95,13 @@ fn reference_round(
     flags: &[u8],
     share: f64,
     spans: bool,
+    sel: Option<kvevict::SelectConfig>,
+    links: Option<(&[f64], f64)>,
 ) -> Vec<Vec<u32>> {
+    let mut sel = sel.unwrap_or(default_select(preset, 0));
     let p = N - W;
     let s = reference_scores(preset, d);
     let units = DIMS.layers * DIMS.hkv;
-    let mut sel = default_select(preset, 0);
     sel.granularity = g;
     let b = (target - W) as u64;
     let marked: Vec<usize> = (0..p).filter(|&i| flags[i] != 0).collect();
@@ -103,7 +109,7 @@ fn reference_round(
     let (m, u) = (marked.len() as u64, unmarked.len() as u64);
     if share == 0.0 || m == 0 || u == 0 {
         sel.budget = b;
-        return reference::select_model(&sel, &s, DIMS.layers, DIMS.hkv, N, W);
+        return reference::select_model_linked(&sel, &s, links, DIMS.layers, DIMS.hkv, N, W);
     }
     let b = b.min(m + u);
     // the marked cells' share, as many as there are; the unmarked cells the rest, as many
@@ -119,7 +125,10 @@ fn reference_round(
         }
         let mut c = sel;
         c.budget = budget;
-        reference::select_model(&c, &g, DIMS.layers, DIMS.hkv, cols.len(), window)
+        let sums: Vec<f64> =
+            links.map_or(Vec::new(), |(l, _)| cols.iter().map(|&c| l[c]).collect());
+        let l = links.map(|(_, t)| (&sums[..], t));
+        reference::select_model_linked(&c, &g, l, DIMS.layers, DIMS.hkv, cols.len(), window)
             .into_iter()
             .map(|l| l.into_iter().map(|i| cols[i as usize] as u32).collect())
             .collect()
@@ -253,7 +262,17 @@ fn marked_rounds_match_the_f64_reference() {
         let (g, d, target, share) = (x.g, x.d, x.target, x.share);
         let (o, i) = core(ev, d, target, Some((x.flags, share)));
         let got = lists(&o, &i);
-        let want = reference_round(Preset::SnapKv, g, d, target, x.flags, share as f64, false);
+        let want = reference_round(
+            Preset::SnapKv,
+            g,
+            d,
+            target,
+            x.flags,
+            share as f64,
+            false,
+            None,
+            None,
+        );
         assert_eq!(got, want, "{g:?} seed {} share {share}", x.seed);
         // never more than the budget (the window on top)
         for l in &got {
@@ -276,7 +295,17 @@ fn without_marks_the_selection_is_the_plain_one() {
             let d = data(seed);
             let target = r.range(W + 2, N - 4);
             let plain = core(&mut ev, &d, target, None);
-            let want = reference_round(Preset::SnapKv, g, &d, target, &[0; N], 0.5, false);
+            let want = reference_round(
+                Preset::SnapKv,
+                g,
+                &d,
+                target,
+                &[0; N],
+                0.5,
+                false,
+                None,
+                None,
+            );
             assert_eq!(lists(&plain.0, &plain.1), want, "{g:?} seed {seed}");
             let none = [0u8; N];
             assert_eq!(core(&mut ev, &d, target, Some((&none, 0.5))), plain);
@@ -346,13 +375,33 @@ fn span_split_rounds_match_the_f64_reference() {
         let (g, d, target, share, flags) = (x.g, x.d, x.target, x.share, x.flags);
         let (o, i) = core_split(ev, d, target, Some((flags, share)), MarkSplit::Spans);
         let got = lists(&o, &i);
-        let want = reference_round(Preset::SnapKv, g, d, target, flags, share as f64, true);
+        let want = reference_round(
+            Preset::SnapKv,
+            g,
+            d,
+            target,
+            flags,
+            share as f64,
+            true,
+            None,
+            None,
+        );
         assert_eq!(got, want, "{g:?} seed {} share {share}", x.seed);
         for l in &got {
             assert!(l.len() <= target, "{} > {target}", l.len());
         }
         let plain = core(ev, d, target, Some((flags, share)));
-        let plain_want = reference_round(Preset::SnapKv, g, d, target, flags, share as f64, false);
+        let plain_want = reference_round(
+            Preset::SnapKv,
+            g,
+            d,
+            target,
+            flags,
+            share as f64,
+            false,
+            None,
+            None,
+        );
         assert_eq!(lists(&plain.0, &plain.1), plain_want);
         differs += (lists(&plain.0, &plain.1) != got) as u32;
         split_rounds += 1;
@@ -405,4 +454,142 @@ fn position_ranges_are_spans_of_their_own() {
         }
     }
     assert!(differs > 0, "the ranges' spans changed no round");
+}
+
+/// Values `[Hkv][N][dv]` per layer with runs of linked cells: a linked cell's value is the
+/// cell before it plus 1 % noise in every layer and head (mean link ~1), the others drawn
+/// afresh (mean link ~0), so no link is near the threshold 0.5 and f32 and f64 agree on
+/// every one. Returns the values (f32-exact) and the f64 link sums `Σ_{l,h} cos(v_i,
+/// v_{i-1})` (`sums[0] = 0`).
+fn linked_values(seed: u64) -> (Vec<reference::T3>, Vec<f64>) {
+    let mut r = Rng::new(seed);
+    let linked: Vec<bool> = (0..N).map(|i| i > 0 && r.range(0, 5) < 2).collect();
+    let f32_exact = |x: f64| x as f32 as f64;
+    let vals: Vec<reference::T3> = (0..DIMS.layers)
+        .map(|_| {
+            let mut t = reference::T3::normal(&mut r, DIMS.hkv, N, DIMS.dv, 1.0);
+            for h in 0..DIMS.hkv {
+                for (i, _) in linked.iter().enumerate().filter(|&(_, &l)| l) {
+                    for c in 0..DIMS.dv {
+                        let prev = t.data[(h * N + i - 1) * DIMS.dv + c];
+                        t.data[(h * N + i) * DIMS.dv + c] = prev + 0.01 * r.normal();
+                    }
+                }
+            }
+            t.data.iter_mut().for_each(|x| *x = f32_exact(*x));
+            t
+        })
+        .collect();
+    let mut sums = vec![0f64; N];
+    for t in &vals {
+        for h in 0..DIMS.hkv {
+            for (i, s) in sums.iter_mut().enumerate().skip(1) {
+                let (a, b) = (t.row(h, i), t.row(h, i - 1));
+                let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+                let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+                let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+                *s += dot / (na * nb);
+            }
+        }
+    }
+    (vals, sums)
+}
+
+/// The kept lists of one round of `d` with values `vals` (value links), marks as
+/// [`core_split`] gives them.
+fn core_linked(
+    ev: &mut Evictor,
+    d: &QueriesKeys,
+    vals: &[reference::T3],
+    target: usize,
+    marks: Option<(&[u8], f32)>,
+    split: MarkSplit,
+) -> Vec<Vec<u32>> {
+    // a ragged commit (head granularity) ends the sequence's rounds: each round anew
+    ev.reset(0).unwrap();
+    ev.begin(0, N, target).unwrap();
+    if let Some((flags, share)) = marks {
+        ev.mark_cells_split(0, flags, share, split).unwrap();
+    }
+    for (l, val) in vals.iter().enumerate() {
+        let (k, q, v) = (d.k[l].f32s(), d.q[l].f32s(), val.f32s());
+        let lv = kvevict::evictor::LayerViews {
+            keys: kvevict::View::f32_contiguous(&k, [DIMS.hkv, N, DIMS.dk]).unwrap(),
+            values: Some(kvevict::View::f32_contiguous(&v, [DIMS.hkv, N, DIMS.dv]).unwrap()),
+            queries: Some(kvevict::View::f32_contiguous(&q, [DIMS.hq, W, DIMS.dk]).unwrap()),
+            row_lse: None,
+            wo: None,
+        };
+        ev.score_layer(0, l, &lv).unwrap();
+    }
+    let kept = ev.select(0).unwrap();
+    let out = lists(kept.offsets, kept.indices);
+    ev.commit(0).unwrap();
+    out
+}
+
+/// Marks with value links (issue 28's eleventh pass: `uniqueness` with marks, the split over
+/// the turns and `kv_evict_links`): each part's — and with the split each span's — linked
+/// selection reads its own cells' link sums, against the f64 reference (SnapKV's scores, the
+/// `uniqueness` / `laprox-span` selection: flat forward post-pool 9, links at 0.5), both
+/// splits, token and head granularity; and the links change some marked rounds.
+#[test]
+fn linked_marked_rounds_match_the_f64_reference() {
+    let sel = default_select(Preset::Uniqueness, 0);
+    let mut r = Rng::new(41);
+    let (mut differs, mut rounds) = (0, 0);
+    for g in [Granularity::Token, Granularity::Head] {
+        let mut c = evictor_config(Preset::SnapKv, g);
+        c.select = Some(sel);
+        c.link_threshold = Some(kvevict::LINK_THRESHOLD);
+        let mut mem = vec![0u8; Evictor::memory_size(&c).unwrap()];
+        let mut ev = Evictor::init(&mut mem, &c).unwrap();
+        let plain_c = EvictorConfig {
+            link_threshold: None,
+            ..c
+        };
+        let mut plain_mem = vec![0u8; Evictor::memory_size(&plain_c).unwrap()];
+        let mut plain = Evictor::init(&mut plain_mem, &plain_c).unwrap();
+        for seed in 0..16u64 {
+            let d = data(700 + seed);
+            let (vals, sums) = linked_values(900 + seed);
+            let flags = runs(&mut r);
+            let share = [0.5f32, 0.75, 1.0, 0.9][seed as usize % 4];
+            let target = r.range(W + 2, N - 4);
+            let links = Some((&sums[..], kvevict::LINK_THRESHOLD as f64));
+            // the reference round, linked or not, with these marks (`None`: unmarked)
+            let want = |links, marks: Option<(&[u8], bool)>| {
+                let (f, spans) = marks.unwrap_or((&[0; N], false));
+                let sh = if marks.is_some() { share as f64 } else { 0.0 };
+                reference_round(
+                    Preset::SnapKv,
+                    g,
+                    &d,
+                    target,
+                    f,
+                    sh,
+                    spans,
+                    Some(sel),
+                    links,
+                )
+            };
+            for split in [MarkSplit::Spans, MarkSplit::Share] {
+                let spans = split == MarkSplit::Spans;
+                let marks = Some((&flags[..], share));
+                let got = core_linked(&mut ev, &d, &vals, target, marks, split);
+                let w = want(links, Some((&flags, spans)));
+                assert_eq!(got, w, "{g:?} seed {seed} share {share} {split:?}");
+                let unlinked = core_linked(&mut plain, &d, &vals, target, marks, split);
+                let w = want(None, Some((&flags, spans)));
+                assert_eq!(unlinked, w, "{g:?} seed {seed} unlinked");
+                differs += (got != unlinked) as u32;
+                rounds += 1;
+            }
+            // no marks: the plain linked selection
+            let got = core_linked(&mut ev, &d, &vals, target, None, MarkSplit::Share);
+            let want = want(links, None);
+            assert_eq!(got, want, "{g:?} seed {seed} unmarked");
+        }
+    }
+    assert!(differs > 0, "links changed none of {rounds} marked rounds");
 }

@@ -20,6 +20,10 @@
 //     [--mark-split spans|none]: how the marked cells' budget is spent (the fork's kv_evict_mark_split):
 //     spans, split evenly over the marked ranges (a turn each, KVE_MARK_SPLIT_SPANS), or none (default),
 //     one selection over every marked cell
+//     [--mark-ranges merged|messages]: the marked ranges as given to llama_kv_evict_mark: merged (default), a
+//     range that touches the one before extends it (the system prompt and the first user turn one range), or
+//     messages, each message's (template turn's) range its own, as an engine that knows its messages marks them
+//     (with --mark-split spans: a span each)
 //     [--mark facts|values]: a diagnosis only (an oracle, no engine knows this): the turns that tell the facts
 //     (F records) / only the values' tokens in them marked
 //     [--kept]: each question's record says how many cells of its fact's turn and of its value the
@@ -75,6 +79,7 @@ struct options {
     int prompt_tokens = -1;    // ppl, with --mark: the text's first P tokens marked (-1: the budget)
     float mark_share = -1.0f;  // chat, with --mark: the share of kept cells reserved for them (< 0: kvevict's default)
     std::string mark_split = "none"; // with --mark: "spans" (the marked budget split over the marked ranges) or "none"
+    std::string mark_ranges = "merged"; // chat, with --mark: "merged" (touching ranges one) or "messages" (a range each)
     std::string chat_template; // chat: a llama.cpp template name or text (default: the model's own, else llama.cpp's chatml)
     int facts_by = -1;         // chat: every fact (F records) told within the history's first N tokens, else said (-1: no check)
     bool kept = false;         // chat: each question's record says how many of its fact's cells are held at the checkpoint
@@ -504,6 +509,7 @@ int run_chat(const options & o) {
     // assistant turn's template text before and after its reply (what a server's next prompt batch writes)
     std::vector<std::vector<std::pair<size_t, size_t>>> turn_marks;
     size_t n_mark_approx = 0; // assistant turns whose reply tokens did not split cleanly from the template's
+    size_t n_ranges_unsplit = 0; // --mark-ranges messages: turns holding an earlier message not split cleanly
     std::string prev;
     size_t hist_tokens = 0;
     for (size_t i = 0; i < roles.size(); i++) {
@@ -515,7 +521,20 @@ int run_chat(const options & o) {
         const size_t n = turns.back().size();
         turn_marks.emplace_back();
         if ((o.mark == "user" || o.mark == "prompt") && roles[i] != "assistant") {
-            turn_marks.back().push_back({0, n});
+            // --mark-ranges messages: a turn that also writes an earlier message (Gemma's template writes the
+            // system prompt inside the first user turn) is two ranges, split after that message's text where
+            // the tokens split cleanly there (else one range, said in the note); only a system message is looked for
+            size_t cut = 0;
+            for (size_t j = 0; o.mark_ranges == "messages" && j < i && cut == 0; j++) {
+                const size_t at = contents[j].empty() ? std::string::npos : text.find(contents[j]);
+                if (roles[j] != "system" || at == std::string::npos) continue;
+                const std::string head_text = text.substr(0, at + contents[j].size());
+                const auto h = tokenize(vv, head_text, i == 0, true);
+                if (h.size() < n && std::equal(h.begin(), h.end(), turns.back().begin())) cut = h.size();
+                else n_ranges_unsplit++;
+            }
+            if (cut > 0) turn_marks.back().push_back({0, cut});
+            turn_marks.back().push_back({cut, n});
         } else if (o.mark == "prompt") {
             // the reply's tokens: the template's text before it and after it tokenized on their own
             const size_t at = text.find(contents[i]);
@@ -564,6 +583,10 @@ int run_chat(const options & o) {
         fprintf(stderr, "kvevict_decode_bench: --mark prompt: %zu assistant turns' replies tokenize differently inside "
                         "their template: their marked spans are approximate\n", n_mark_approx);
     }
+    if (n_ranges_unsplit > 0) {
+        fprintf(stderr, "kvevict_decode_bench: --mark-ranges messages: %zu turns that also write the system prompt do "
+                        "not tokenize cleanly after it: marked as one range\n", n_ranges_unsplit);
+    }
     // a question's text: the history + the question as a user turn, with the assistant's start, then the prefix
     std::vector<std::vector<llama_token>> qtoks;
     std::vector<std::vector<std::vector<llama_token>>> ctoks;
@@ -600,9 +623,10 @@ int run_chat(const options & o) {
     if (!r.init((int) (hist_tokens + q_max + 64))) return 1;
     auto head = [&](const char * status, const std::string & note) {
         printf("{\"mode\":\"chat\",\"method\":%s,\"budget\":%d,\"evict_to\":%.3f,\"history\":%zu,\"mark\":%s,"
-               "\"mark_share\":%.3f,\"mark_split\":%s,\"template\":%s,\"status\":\"%s\",\"note\":%s",
+               "\"mark_share\":%.3f,\"mark_split\":%s,\"mark_ranges\":%s,\"template\":%s,\"status\":\"%s\",\"note\":%s",
                json_str(o.method).c_str(), r.budget, o.evict_to, hist_tokens, json_str(o.mark).c_str(), o.mark_share,
-               json_str(o.mark_split).c_str(), json_str(tmpl_label).c_str(), status, json_str(note).c_str());
+               json_str(o.mark_split).c_str(), json_str(o.mark_ranges).c_str(), json_str(tmpl_label).c_str(), status,
+               json_str(note).c_str());
     };
     if (!r.refused.empty()) return report_refused(r, head);
     std::string note;
@@ -698,6 +722,8 @@ int run_chat(const options & o) {
             for (const auto & t : turns) hist.insert(hist.end(), t.begin(), t.end());
             fprintf(stderr, "kvevict_decode_bench: held at %d (%zu cells):", label, held.size());
             for (llama_pos p : held) fprintf(stderr, " %d:%s", p, (size_t) p < hist.size() ? json_str(piece(r.vocab, hist[p])).c_str() : "?");
+            fprintf(stderr, "\nkvevict_decode_bench: marked ranges:");
+            for (const auto & [p0, p1] : marked) fprintf(stderr, " [%d, %d)", p0, p1);
             fprintf(stderr, "\n");
         }
         auto n_held = [&](size_t p0, size_t p1) {
@@ -808,7 +834,7 @@ int run_chat(const options & o) {
                 if (b <= a) continue;
                 n_marked += b - a;
                 const llama_pos p0 = r.n_past + (llama_pos) a, p1 = r.n_past + (llama_pos) b;
-                if (!marked.empty() && marked.back().second == p0) marked.back().second = p1;
+                if (!marked.empty() && marked.back().second == p0 && o.mark_ranges == "merged") marked.back().second = p1;
                 else marked.push_back({p0, p1});
             }
             if (llama_kv_evict_mark(r.ctx, 0, -1, -1, o.mark_share) < 0 || !apply_marks()) {
@@ -867,6 +893,7 @@ int main(int argc, char ** argv) {
         else if (a == "--prompt-tokens") o.prompt_tokens = atoi(next().c_str());
         else if (a == "--mark-share") o.mark_share = (float) atof(next().c_str());
         else if (a == "--mark-split") o.mark_split = next();
+        else if (a == "--mark-ranges") o.mark_ranges = next();
         else if (a == "--chat-template") o.chat_template = next();
         else if (a == "--facts-by") o.facts_by = atoi(next().c_str());
         else if (a == "--kept") o.kept = true;
@@ -884,6 +911,10 @@ int main(int argc, char ** argv) {
     }
     if (o.mark_split != "none" && o.mark_split != "spans") {
         fprintf(stderr, "--mark-split: spans or none\n");
+        return 2;
+    }
+    if (o.mark_ranges != "merged" && o.mark_ranges != "messages") {
+        fprintf(stderr, "--mark-ranges: merged or messages\n");
         return 2;
     }
     if (o.mode == "ppl" && (o.mark == "facts" || o.mark == "values")) {

@@ -86,7 +86,7 @@ def run_tool(args, cmd):
 
 
 def method_args(spec, budget):
-    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:fmark=S][:vmark=S][:cap=K][:split=spans|none][:cells=N]" -> (tool arguments). W may be a fraction of the
+    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:fmark=S][:vmark=S][:cap=K][:split=spans|none][:ranges=messages|merged][:cells=N]" -> (tool arguments). W may be a fraction of the
     budget ("w=0.25C"); the label is the spec itself."""
     parts = spec.split(":")
     out = ["--method", parts[0]]
@@ -112,6 +112,13 @@ def method_args(spec, budget):
             if v not in ("spans", "none"):
                 raise SystemExit(f"split=spans or split=none, not {v} in {spec}")
             out += ["--mark-split", v]
+        elif k == "ranges":
+            # the marked ranges given to the fork (with a mark option): "messages", each message's (template turn's)
+            # range its own, so the system prompt and the first user turn are two spans (design §3c eleventh pass),
+            # or "merged" (the tool's default), a range that touches the one before extends it
+            if v not in ("messages", "merged"):
+                raise SystemExit(f"ranges=messages or ranges=merged, not {v} in {spec}")
+            out += ["--mark-ranges", v]
         elif k == "cells":
             # the run's own cell count instead of the table's C (ctxshift at the KV bytes a fork method holds at C:
             # an iSWA model's sliding-window layers keep their window whatever C is); recorded under C
@@ -370,7 +377,10 @@ def report_chat(out, name, split, c, lines, plots):
                  f"batch wrote (all but the assistant's replies, which a server generates a token a batch: `--mark "
                  f"prompt`); `:cap=K`: only the oldest K marked tokens marked (`--mark-cap K`); `:split=spans`: the marks' "
                  f"budget split evenly over the marked ranges, a turn each (`--mark-split spans`, `KVE_MARK_SPLIT_SPANS`, "
-                 f"design §3c tenth pass); `:cells=N`: context shift "
+                 f"design §3c tenth pass); `:ranges=messages`: each message's marked range its own, the system prompt "
+                 f"a span apart from the first user turn (`--mark-ranges messages`, design §3c eleventh pass; before it "
+                 f"a range that touched the one before was merged with it); `:links=T`: value links at T "
+                 f"(`kv_evict_links`); `:cells=N`: context shift "
                  f"at N cells instead of C (the KV bytes a fork method holds at C on an iSWA model: eval/decode/README.md). "
                  f"The tool gives the marks again after each restore of the snapshot (the fork forgets a restored "
                  f"sequence's marks since 2026-12-06 06:11" +

@@ -83,6 +83,11 @@ impl Row {
         }
         Row(out)
     }
+    /// Every (key, raw value) pair, in the line's order.
+    #[allow(dead_code)] // (tests/llama_fork/ only)
+    pub fn fields(&self) -> &[(String, String)] {
+        &self.0
+    }
     pub fn get(&self, k: &str) -> &str {
         self.0
             .iter()
