@@ -11,7 +11,8 @@
 //! - the engine's marks: user turns (`--mark user`), llama-server's prompt-batch proxy
 //!   (`--mark prompt`, with `--mark-cap`; in ppl mode the first tokens as the prompt's, which
 //!   changes what is kept), the marked budget split over the turns (`--mark-split spans`), each
-//!   message's range its own (`--mark-ranges messages`), a share the fork refuses said and exit 1;
+//!   message's range its own (`--mark-ranges messages`), the fork's own marks of each prompt
+//!   (`--mark-split prompts`, llama-server's `--kv-mark-prompts`), a share the fork refuses said and exit 1;
 //! - bad input said and finished (exit 0): a budget not above the window (refused, with the
 //!   fork's reason), a text shorter than the budget, a conversation that never exceeds it.
 //!
@@ -263,6 +264,9 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         &["--chat-template", "gemma"],
     ]
     .concat();
+    // llama-server's --kv-mark-prompts (`--mark-split prompts`): the fork marks each prompt (each
+    // multi-token decode) itself, the tool feeds the replies a token a call, value links inside the spans
+    let server_marks = ["--mark-split", "prompts", "--links", "0.5"];
     // another template than the model's (a GGUF without one, e.g. Gemma 3 270M's: `--chat-template gemma`);
     // Gemma's writes the system turn with the first user turn (an empty first turn's text: the BOS)
     let gemma = ["--chat-template", "gemma"];
@@ -273,6 +277,7 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         ("uniqueness", "64", &split_marks[..]),
         ("uniqueness", "64", &message_marks[..]),
         ("laprox-span", "64", &prompt_marks[..]),
+        ("uniqueness", "64", &server_marks[..]),
         ("uniqueness", "64", &gemma[..]),
     ] {
         let mut args = chat_args(method, budget, &checkpoints);
@@ -319,6 +324,20 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
         &tool,
         &chat_args("uniqueness", "64", &["--mark", "user", "--mark-share", "2"]),
         "llama_kv_evict_mark",
+    );
+    // the fork's own prompt marks take no marks of the tool's: said, exit 2
+    let o = Command::new(&tool)
+        .args(chat_args(
+            "uniqueness",
+            "64",
+            &["--mark", "user", "--mark-split", "prompts"],
+        ))
+        .output()
+        .expect("run the tool");
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("without --mark"),
+        "{o:?}"
     );
     let v = run(&tool, &chat_args("uniqueness", "2048", &[]));
     assert!(

@@ -19,7 +19,10 @@
 //     [--mark-cap K]: only the oldest K marked tokens are marked (an engine that favours older user text)
 //     [--mark-split spans|none]: how the marked cells' budget is spent (the fork's kv_evict_mark_split):
 //     spans, split evenly over the marked ranges (a turn each, KVE_MARK_SPLIT_SPANS), or none (default),
-//     one selection over every marked cell
+//     one selection over every marked cell; or prompts (chat, without --mark), what llama-server's --kv-mark-prompts
+//     does: the fork marks each multi-token decode as a range (kv_evict_mark_split 2, share 1) and the tool marks
+//     nothing, feeding as a server does: the text before each assistant reply in one llama_decode (the reply's
+//     template end, the user turns, the next reply's start), the reply's text a token a call (generated)
 //     [--mark-ranges merged|messages]: the marked ranges as given to llama_kv_evict_mark: merged (default), a
 //     range that touches the one before extends it (the system prompt and the first user turn one range), or
 //     messages, each message's (template turn's) range its own, as an engine that knows its messages marks them
@@ -78,7 +81,8 @@ struct options {
     int mark_cap = -1;         // chat, with --mark: only the first K marked tokens are marked (older text first; -1: all)
     int prompt_tokens = -1;    // ppl, with --mark: the text's first P tokens marked (-1: the budget)
     float mark_share = -1.0f;  // chat, with --mark: the share of kept cells reserved for them (< 0: kvevict's default)
-    std::string mark_split = "none"; // with --mark: "spans" (the marked budget split over the marked ranges) or "none"
+    std::string mark_split = "none"; // with --mark: "spans" (the marked budget split over the marked ranges) or "none";
+                                     // "prompts" (chat, no --mark): the fork marks each prompt (kv_evict_mark_split 2)
     std::string mark_ranges = "merged"; // chat, with --mark: "merged" (touching ranges one) or "messages" (a range each)
     std::string chat_template; // chat: a llama.cpp template name or text (default: the model's own, else llama.cpp's chatml)
     int facts_by = -1;         // chat: every fact (F records) told within the history's first N tokens, else said (-1: no check)
@@ -243,7 +247,7 @@ struct runner {
             cp.kv_max_cells = (uint32_t) budget;
             cp.kv_evict_to = o.evict_to;
             cp.kv_evict_links = o.links;
-            cp.kv_evict_mark_split = o.mark_split == "spans" ? 1 : 0;
+            cp.kv_evict_mark_split = o.mark_split == "prompts" ? 2 : o.mark_split == "spans" ? 1 : 0;
             cp.kv_evict_cb = on_evict;
             cp.kv_evict_cb_data = &ev;
         }
@@ -508,6 +512,8 @@ int run_chat(const options & o) {
     // the marked token spans [a, b) of each turn (--mark): user and system turns whole; with "prompt" also an
     // assistant turn's template text before and after its reply (what a server's next prompt batch writes)
     std::vector<std::vector<std::pair<size_t, size_t>>> turn_marks;
+    // --mark-split prompts: each turn's reply tokens [a, b) (generated a token a call); a == b: none (not an assistant's)
+    std::vector<std::pair<size_t, size_t>> reply_of;
     size_t n_mark_approx = 0; // assistant turns whose reply tokens did not split cleanly from the template's
     size_t n_ranges_unsplit = 0; // --mark-ranges messages: turns holding an earlier message not split cleanly
     std::string prev;
@@ -520,6 +526,23 @@ int run_chat(const options & o) {
         turns.push_back(tokenize(vv, text, i == 0, true));
         const size_t n = turns.back().size();
         turn_marks.emplace_back();
+        reply_of.push_back({n, n});
+        if (o.mark_split == "prompts" && roles[i] == "assistant") {
+            // the reply's tokens: the template's text before it and after it tokenized on their own (where they do
+            // not split cleanly, the whole turn is prompt text)
+            const size_t at = text.find(contents[i]);
+            if (at != std::string::npos && !contents[i].empty()) {
+                const size_t pre = tokenize(vv, text.substr(0, at), i == 0, true).size();
+                const size_t post = tokenize(vv, text.substr(at + contents[i].size()), false, true).size();
+                if (pre + post < n && pre + tokenize(vv, contents[i], false, true).size() + post == n) {
+                    reply_of.back() = {pre, n - post};
+                } else {
+                    n_mark_approx++;
+                }
+            } else {
+                n_mark_approx++;
+            }
+        }
         if ((o.mark == "user" || o.mark == "prompt") && roles[i] != "assistant") {
             // --mark-ranges messages: a turn that also writes an earlier message (Gemma's template writes the
             // system prompt inside the first user turn) is two ranges, split after that message's text where
@@ -580,8 +603,8 @@ int run_chat(const options & o) {
         prev = all;
     }
     if (n_mark_approx > 0) {
-        fprintf(stderr, "kvevict_decode_bench: --mark prompt: %zu assistant turns' replies tokenize differently inside "
-                        "their template: their marked spans are approximate\n", n_mark_approx);
+        fprintf(stderr, "kvevict_decode_bench: --mark prompt / --mark-split prompts: %zu assistant turns' replies tokenize "
+                        "differently inside their template: their marked spans (prompt text) are approximate\n", n_mark_approx);
     }
     if (n_ranges_unsplit > 0) {
         fprintf(stderr, "kvevict_decode_bench: --mark-ranges messages: %zu turns that also write the system prompt do "
@@ -824,6 +847,19 @@ int run_chat(const options & o) {
         return true;
     };
     size_t fed = 0, next_at = 0;
+    // --mark-split prompts: the prompt text not decoded yet, fed in one llama_decode (a range of the fork's marks, given
+    // again after a restore as the fork had it) before a reply or a checkpoint
+    std::vector<llama_token> pending;
+    auto flush = [&]() {
+        for (size_t i = 0; i < pending.size(); i += 512) {
+            const size_t n = std::min<size_t>(512, pending.size() - i);
+            if (n > 1) marked.push_back({r.n_past, r.n_past + (llama_pos) n});
+            if (!r.feed(std::vector<llama_token>(pending.begin() + i, pending.begin() + i + n), false, 512,
+                        [](size_t, const float *) {})) return false;
+        }
+        pending.clear();
+        return true;
+    };
     for (size_t ti = 0; ti < turns.size(); ti++) {
         // the engine's signal: the positions of what the user gave (--mark user: user turns, the system prompt;
         // --mark prompt: every prompt batch's tokens), merged with the ranges before, all given again
@@ -841,11 +877,22 @@ int run_chat(const options & o) {
                 head("error", "llama_kv_evict_mark failed"); printf("}\n"); return 1;
             }
         }
-        // a turn per llama_decode call (the fork splits it into ubatches and evicts between them)
-        if (!r.feed(turns[ti], false, 512, [](size_t, const float *) {})) {
+        if (o.mark_split == "prompts") {
+            // as a server: the prompt text gathered, the reply's tokens one a call after it
+            const auto & t = turns[ti];
+            const auto [a, b] = reply_of[ti];
+            pending.insert(pending.end(), t.begin(), t.begin() + a);
+            bool ok = a == b || flush();
+            for (size_t j = a; ok && j < b; j++) ok = r.feed({t[j]}, false, 1, [](size_t, const float *) {});
+            pending.insert(pending.end(), t.begin() + b, t.end());
+            if (!ok) { head("error", "llama_decode failed"); printf("}\n"); return 1; }
+        } else if (!r.feed(turns[ti], false, 512, [](size_t, const float *) {})) {
+            // a turn per llama_decode call (the fork splits it into ubatches and evicts between them)
             head("error", "llama_decode failed"); printf("}\n"); return 1;
         }
         fed += turns[ti].size();
+        const bool asked = next_at < at.size() && (fed >= (size_t) at[next_at] || ti + 1 == turns.size());
+        if (asked && !flush()) { head("error", "llama_decode failed"); printf("}\n"); return 1; }
         while (next_at < at.size() && (fed >= (size_t) at[next_at] || ti + 1 == turns.size())) {
             if (!checkpoint(at[next_at], fed)) { head("error", "a checkpoint failed"); printf("}\n"); return 1; }
             next_at++;
@@ -909,10 +956,15 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "--mark: none, user, prompt, facts or values\n");
         return 2;
     }
-    if (o.mark_split != "none" && o.mark_split != "spans") {
-        fprintf(stderr, "--mark-split: spans or none\n");
+    if (o.mark_split != "none" && o.mark_split != "spans" && o.mark_split != "prompts") {
+        fprintf(stderr, "--mark-split: spans, none or prompts\n");
         return 2;
     }
+    if (o.mark_split == "prompts" && (o.mode != "chat" || o.mark != "none")) {
+        fprintf(stderr, "--mark-split prompts: chat mode, without --mark (the fork marks each prompt itself)\n");
+        return 2;
+    }
+    if (o.mark_split == "prompts") o.mark_share = 1.0f; // the fork's share for its prompt marks
     if (o.mark_ranges != "merged" && o.mark_ranges != "messages") {
         fprintf(stderr, "--mark-ranges: merged or messages\n");
         return 2;

@@ -86,7 +86,7 @@ def run_tool(args, cmd):
 
 
 def method_args(spec, budget):
-    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:fmark=S][:vmark=S][:cap=K][:split=spans|none][:ranges=messages|merged][:cells=N]" -> (tool arguments). W may be a fraction of the
+    """A method spec "NAME[:w=W][:links=T][:to=F][:mark=S][:pmark=S][:fmark=S][:vmark=S][:cap=K][:split=spans|none|prompts][:ranges=messages|merged][:cells=N]" -> (tool arguments). W may be a fraction of the
     budget ("w=0.25C"); the label is the spec itself."""
     parts = spec.split(":")
     out = ["--method", parts[0]]
@@ -108,9 +108,11 @@ def method_args(spec, budget):
             out += ["--mark-cap", v]
         elif k == "split":
             # how the marked cells' budget is spent (with a mark option): "spans", split evenly over the marked
-            # ranges (a turn each; KVE_MARK_SPLIT_SPANS, design §3c tenth pass), or "none", one selection over them
-            if v not in ("spans", "none"):
-                raise SystemExit(f"split=spans or split=none, not {v} in {spec}")
+            # ranges (a turn each; KVE_MARK_SPLIT_SPANS, design §3c tenth pass), or "none", one selection over them;
+            # "prompts" (no mark option): llama-server's --kv-mark-prompts, the fork marks each prompt itself and the
+            # tool feeds as a server does (design §3c twelfth pass)
+            if v not in ("spans", "none", "prompts"):
+                raise SystemExit(f"split=spans, none or prompts, not {v} in {spec}")
             out += ["--mark-split", v]
         elif k == "ranges":
             # the marked ranges given to the fork (with a mark option): "messages", each message's (template turn's)

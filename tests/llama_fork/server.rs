@@ -26,6 +26,9 @@ fn kv_allocation(log: &str) -> (f64, u32) {
     (mib.trim().parse().unwrap(), cells.trim().parse().unwrap())
 }
 
+/// With the configuration that remembers the user's turns (design §3c, eleventh and twelfth passes):
+/// `uniqueness`, value links and `--kv-mark-prompts` (each request's new prompt text a marked span of
+/// its own); the default method under a budget is covered by the default-slot tests below.
 #[test]
 fn server_holds_a_cell_budget_over_a_long_conversation() {
     let s = fork_or_skip!();
@@ -44,7 +47,10 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
             "-t",
             "2",
             "--kv-evict",
-            "laprox-span",
+            "uniqueness",
+            "--kv-evict-links",
+            "0.5",
+            "--kv-mark-prompts",
             "--kv-max-cells",
             &budget,
             "--kv-evict-to",
@@ -137,7 +143,7 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
         .copied()
         .filter(|l| l.contains("evict: seq "))
         .collect();
-    // "... most cells held N; host path, kve_*)" / "... most cells held N)": the digits after the label
+    // "... most cells held N; R marked ranges; host path, kve_*)": the digits after the label
     let most = |l: &str| -> u32 {
         let tail = l.rsplit("most cells held ").next().unwrap();
         let digits: String = tail.chars().take_while(|c| c.is_ascii_digit()).collect();
@@ -146,13 +152,26 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
             .unwrap_or_else(|_| panic!("no cell count in {l:?}"))
     };
     let held = held_lines.iter().map(|l| most(l)).max().unwrap_or(0);
+    // the marks: each request's prompt text a range, so the later evictions see several (the server reuses
+    // the cached prefix after an eviction and decodes only what is new)
+    let ranges: Vec<u32> = evictions
+        .iter()
+        .map(|l| {
+            let head = l.split(" marked ranges").next().unwrap();
+            let digits: String = head.rsplit("; ").next().unwrap().chars().collect();
+            digits
+                .parse()
+                .unwrap_or_else(|_| panic!("no marked ranges in {l:?}"))
+        })
+        .collect();
     let kv_bytes_per_cell = 30 * 2 * 192 * 2; // SmolLM2: layers x (K, V) x n_embd_k_gqa x f16
                                               // the allocation llama.cpp logs: "llama_kv_cache: size =    7.03 MiB (   320 cells, ..."
     let (alloc_mib, alloc_cells) = kv_allocation(&log_text);
     println!(
         "llama-server (default -b 2048 -ub 512), {} turns over /v1/chat/completions in {secs:.1} s: history {history_tokens} tokens, budget {BUDGET} cells \
          (cells in use: {:.1} MiB of f16 K+V at most, against {:.1} MiB for the whole history; allocated {alloc_cells} cells, \
-         {alloc_mib:.2} MiB, against {:.1} MiB for -c 4096), {} evictions, most cells held {held}; last answer {last:?} (green recalled: {})",
+         {alloc_mib:.2} MiB, against {:.1} MiB for -c 4096), {} evictions, most cells held {held}, marked ranges {ranges:?}; \
+         last answer {last:?} (green recalled: {})",
         turns + 1,
         (BUDGET * kv_bytes_per_cell) as f64 / 1048576.0,
         history_tokens * kv_bytes_per_cell as f64 / 1048576.0,
@@ -169,6 +188,10 @@ fn server_holds_a_cell_budget_over_a_long_conversation() {
     assert!(
         held <= BUDGET,
         "a sequence held {held} cells, budget {BUDGET}"
+    );
+    assert!(
+        ranges.iter().max().copied().unwrap_or(0) >= 4,
+        "--kv-mark-prompts: the evictions saw fewer than 4 marked ranges ({ranges:?}):\n{log_text}"
     );
     assert!(
         held_lines.len() > evictions.len(),
