@@ -573,17 +573,13 @@ fn sharded_search_refuses_another_model() {
     let ms = model(part, part.len() - HKV, 1, N - 1, W);
     unsafe {
         expect!(
-            kve_select_shard(
+            select_shard(
                 &m.sel,
-                &ms,
-                0,
+                (&ms, 0),
                 &fin,
-                off.as_mut_ptr(),
-                off.len() as u64,
-                idx.as_mut_ptr(),
-                idx.len() as u64,
-                ws.as_mut_ptr() as *mut c_void,
-                ws.len() as u64
+                &mut off,
+                &mut idx,
+                (ws.as_mut_ptr() as *mut c_void, ws.len() as u64)
             ),
             KVE_ERR_SHAPE_MISMATCH
         );

@@ -42,6 +42,13 @@ fn evictor(c: &kve_evictor_config) -> *mut kve_evictor {
     ev
 }
 
+/// A SnapKV evictor of window 8.
+fn snapkv_evictor() -> *mut kve_evictor {
+    let mut c = config(Preset::SnapKv as u32);
+    c.window = 8;
+    evictor(&c)
+}
+
 /// The context bytes (workspace aside), through the Rust view of the same block.
 fn context(ev: *mut kve_evictor) -> Vec<u8> {
     // SAFETY: a live context from `evictor`.
@@ -498,9 +505,7 @@ fn size_queries_scale_with_the_sequence_count() {
 
 #[test]
 fn hostile_calls_change_nothing() {
-    let mut c = config(Preset::SnapKv as u32);
-    c.window = 8;
-    let ev = evictor(&c);
+    let ev = snapkv_evictor();
     let xs = layers(9);
     let mut out = CANARY as u64;
     let mut junk = vec![0u64; 64];
@@ -967,9 +972,7 @@ fn paged_rounds_through_c_match_the_strided_ones() {
 /// refused with the context unchanged.
 #[test]
 fn marks_through_c() {
-    let mut c = config(Preset::SnapKv as u32);
-    c.window = 8;
-    let ev = evictor(&c);
+    let ev = snapkv_evictor();
     let xs = layers(21);
     let mut flags = vec![0u8; N];
     flags[2..14].fill(1);

@@ -298,26 +298,17 @@ fn the_tool_measures_under_a_budget_and_says_what_it_cannot_do() {
             "{v:?}"
         );
         assert_eq!(num(&v[2], "asked"), 2.0);
-        let mark = extra
-            .iter()
-            .position(|&x| x == "--mark")
-            .map_or("none", |i| extra[i + 1]);
-        assert_eq!(get(&v[2], "mark"), mark, "{v:?}");
-        let split = extra
-            .iter()
-            .position(|&x| x == "--mark-split")
-            .map_or("none", |i| extra[i + 1]);
-        assert_eq!(get(&v[2], "mark_split"), split, "{v:?}");
-        let ranges = extra
-            .iter()
-            .position(|&x| x == "--mark-ranges")
-            .map_or("merged", |i| extra[i + 1]);
-        assert_eq!(get(&v[2], "mark_ranges"), ranges, "{v:?}");
-        let template = extra
-            .iter()
-            .position(|&x| x == "--chat-template")
-            .map_or("model", |i| extra[i + 1]);
-        assert_eq!(get(&v[2], "template"), template, "{v:?}");
+        // the summary's field, the option that sets it, its value when not given
+        for (field, option, default) in [
+            ("mark", "--mark", "none"),
+            ("mark_split", "--mark-split", "none"),
+            ("mark_ranges", "--mark-ranges", "merged"),
+            ("template", "--chat-template", "model"),
+        ] {
+            let given = extra.iter().position(|&x| x == option);
+            let want = given.map_or(default, |i| extra[i + 1]);
+            assert_eq!(get(&v[2], field), want, "{v:?}");
+        }
     }
     // a share outside [0, 1] is refused by the fork (LLAMA_KV_EVICT_ERR_ARG), said and exit 1
     fails(

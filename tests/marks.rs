@@ -223,6 +223,39 @@ struct Round<'a> {
     target: usize,
 }
 
+impl Round<'_> {
+    /// The f64 reference's kept lists of this round's marks (`spans`: split over the runs).
+    fn reference(&self, spans: bool) -> Vec<Vec<u32>> {
+        reference_round(
+            Preset::SnapKv,
+            self.g,
+            self.d,
+            self.target,
+            self.flags,
+            self.share as f64,
+            spans,
+            None,
+            None,
+        )
+    }
+
+    /// The kept lists `(offsets, indices)` checked against [`Round::reference`] and the budget
+    /// (never more, the window on top); returns them.
+    fn checked(&self, (o, i): (Vec<u64>, Vec<u32>), spans: bool) -> Vec<Vec<u32>> {
+        let got = lists(&o, &i);
+        let (g, seed, share) = (self.g, self.seed, self.share);
+        assert_eq!(
+            got,
+            self.reference(spans),
+            "{g:?} seed {seed} share {share}"
+        );
+        for l in &got {
+            assert!(l.len() <= self.target, "{} > {}", l.len(), self.target);
+        }
+        got
+    }
+}
+
 /// `rounds` random rounds (data from `seed0`, marks from `rng`, the shares in turn) on
 /// SnapKV at token and head granularity, each passed to `f` with the evictor.
 fn random_rounds(
@@ -259,25 +292,8 @@ fn random_rounds(
 fn marked_rounds_match_the_f64_reference() {
     let mut differs = 0;
     random_rounds(28, 100, 12, [0.25, 0.5, 0.75, 1.0], |ev, x| {
-        let (g, d, target, share) = (x.g, x.d, x.target, x.share);
-        let (o, i) = core(ev, d, target, Some((x.flags, share)));
-        let got = lists(&o, &i);
-        let want = reference_round(
-            Preset::SnapKv,
-            g,
-            d,
-            target,
-            x.flags,
-            share as f64,
-            false,
-            None,
-            None,
-        );
-        assert_eq!(got, want, "{g:?} seed {} share {share}", x.seed);
-        // never more than the budget (the window on top)
-        for l in &got {
-            assert!(l.len() <= target, "{} > {target}", l.len());
-        }
+        let (d, target) = (x.d, x.target);
+        let got = x.checked(core(ev, d, target, Some((x.flags, x.share))), false);
         let (po, pi) = core(ev, d, target, None);
         differs += (lists(&po, &pi) != got) as u32;
     });
@@ -372,37 +388,10 @@ fn span_budgets_rule() {
 fn span_split_rounds_match_the_f64_reference() {
     let (mut differs, mut split_rounds) = (0, 0);
     random_rounds(29, 200, 16, [0.5, 0.75, 1.0, 0.9], |ev, x| {
-        let (g, d, target, share, flags) = (x.g, x.d, x.target, x.share, x.flags);
-        let (o, i) = core_split(ev, d, target, Some((flags, share)), MarkSplit::Spans);
-        let got = lists(&o, &i);
-        let want = reference_round(
-            Preset::SnapKv,
-            g,
-            d,
-            target,
-            flags,
-            share as f64,
-            true,
-            None,
-            None,
-        );
-        assert_eq!(got, want, "{g:?} seed {} share {share}", x.seed);
-        for l in &got {
-            assert!(l.len() <= target, "{} > {target}", l.len());
-        }
-        let plain = core(ev, d, target, Some((flags, share)));
-        let plain_want = reference_round(
-            Preset::SnapKv,
-            g,
-            d,
-            target,
-            flags,
-            share as f64,
-            false,
-            None,
-            None,
-        );
-        assert_eq!(lists(&plain.0, &plain.1), plain_want);
+        let (d, target, marks) = (x.d, x.target, Some((x.flags, x.share)));
+        let got = x.checked(core_split(ev, d, target, marks, MarkSplit::Spans), true);
+        let plain = core(ev, d, target, marks);
+        assert_eq!(lists(&plain.0, &plain.1), x.reference(false));
         differs += (lists(&plain.0, &plain.1) != got) as u32;
         split_rounds += 1;
     });

@@ -209,6 +209,27 @@ macro_rules! expect {
     }};
 }
 
+/// `kve_select_shard` of `shard` (its layers from `first`) under `search` into `off`, `idx`
+/// and the workspace `(pointer, bytes)`: the status.
+///
+/// # Safety
+/// The workspace is writable for its bytes, or what the call must refuse.
+pub unsafe fn select_shard(
+    sel: &kve_select_params,
+    (shard, first): (&kve_model_scores, usize),
+    search: &kve_search,
+    off: &mut [u64],
+    idx: &mut [u32],
+    (wp, wl): (*mut c_void, u64),
+) -> i32 {
+    let (ol, il) = (off.len() as u64, idx.len() as u64);
+    // SAFETY: the outputs as they are, the workspace the caller's.
+    unsafe {
+        let (o, i) = (off.as_mut_ptr(), idx.as_mut_ptr());
+        kve_select_shard(sel, shard, first as u64, search, o, ol, i, il, wp, wl)
+    }
+}
+
 pub fn select(
     sel: &kve_select_params,
     scores: &[f32],

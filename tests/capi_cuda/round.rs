@@ -159,6 +159,12 @@ fn round(
     }
 }
 
+/// The host and the device [`round`] of `cells` (`MAX` of them, target 20, V2).
+fn host_and_device(c: &Cache, cells: &[u32]) -> (Round, Round) {
+    let r = |device| round(c, Some(cells), MAX, 20, device, KVE_EVICTOR_ROUND_V2_SIZE);
+    (r(false), r(true))
+}
+
 impl Round {
     fn ready(&mut self) -> &kve_evictor_round {
         (self.r.keys, self.r.values, self.r.queries) = (
@@ -288,24 +294,9 @@ fn device_round_from_fill_and_a_failing_fill() {
         let cache = Cache::new(&mut rng, Dt::F16, Layout::Transposed, S);
         let cells = cells_of(&mut rng);
         let p = pair(&config(preset as u32, Dt::F16, true), &cache);
-        let mut h = round(
-            &cache,
-            Some(&cells),
-            MAX,
-            20,
-            false,
-            KVE_EVICTOR_ROUND_V2_SIZE,
-        );
+        let (mut h, x) = host_and_device(&cache, &cells);
         let (hs, hk) = run(&p, false, 0, h.ready(), MAX);
         assert_eq!(hs, KVE_OK);
-        let x = round(
-            &cache,
-            Some(&cells),
-            MAX,
-            20,
-            true,
-            KVE_EVICTOR_ROUND_V2_SIZE,
-        );
         for fail_at in [u64::MAX, 1] {
             let mut f = Fill {
                 x: &x,
@@ -342,22 +333,7 @@ fn hostile_device_rounds_are_refused_as_the_host_refuses_them() {
     let cache = Cache::new(&mut rng, Dt::F16, Layout::Transposed, S);
     let cells = cells_of(&mut rng);
     let p = pair(&config(Preset::SnapKv as u32, Dt::F16, true), &cache);
-    let mut h = round(
-        &cache,
-        Some(&cells),
-        MAX,
-        20,
-        false,
-        KVE_EVICTOR_ROUND_V2_SIZE,
-    );
-    let mut d = round(
-        &cache,
-        Some(&cells),
-        MAX,
-        20,
-        true,
-        KVE_EVICTOR_ROUND_V2_SIZE,
-    );
+    let (mut h, mut d) = host_and_device(&cache, &cells);
     let (hr, dr) = (*h.ready(), *d.ready());
     let mut repeated = cells.clone();
     repeated[5] = repeated[9];

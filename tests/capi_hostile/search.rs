@@ -154,18 +154,7 @@ fn forged_search_states_are_refused() {
         let mut idx = vec![CANARY; 2 * HKV * N];
         unsafe {
             expect!(
-                kve_select_shard(
-                    &sel,
-                    &ms,
-                    0,
-                    &bad,
-                    off.as_mut_ptr(),
-                    off.len() as u64,
-                    idx.as_mut_ptr(),
-                    idx.len() as u64,
-                    wp,
-                    wl
-                ),
+                select_shard(&sel, (&ms, 0), &bad, &mut off, &mut idx, (wp, wl)),
                 KVE_ERR_INVALID_ARGUMENT
             );
         }
@@ -255,17 +244,13 @@ fn sharded_search_through_the_c_api_matches_select_model() {
         let mut ws = vec![0u8; wsb as usize];
         unsafe {
             assert_eq!(
-                kve_select_shard(
+                select_shard(
                     &sel,
-                    &ms,
-                    l0 as u64,
+                    (&ms, l0),
                     &s,
-                    o2.as_mut_ptr(),
-                    ol,
-                    i2.as_mut_ptr(),
-                    il,
-                    ws.as_mut_ptr() as _,
-                    wsb
+                    &mut o2,
+                    &mut i2,
+                    (ws.as_mut_ptr() as _, wsb)
                 ),
                 KVE_OK
             );

@@ -68,7 +68,6 @@ fn host_and_device(
     (depth, seed, keep): (&str, &str, &str),
     extra: &[&str],
 ) -> (Row, Row, Vec<u8>) {
-    let dir = std::env::temp_dir();
     let mut files = Vec::new();
     let mut rows = Vec::new();
     for device in [false, true] {
@@ -76,11 +75,7 @@ fn host_and_device(
         // process, and a shared name let one's state file be read by the other's reload
         static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = dir.join(format!(
-            "kvevict-dev-{}-{call}-{device}.bin",
-            std::process::id()
-        ));
-        let path_str = path.to_str().unwrap().to_string();
+        let (path, path_str) = state_file(&format!("dev-{call}-{device}"));
         let mut args = at(
             depth,
             seed,

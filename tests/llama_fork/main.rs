@@ -247,6 +247,14 @@ fn refused(s: &Setup, exe: &str, args: &[&str], message: &str) {
     );
 }
 
+/// A `--state-file` path of this process in the temporary folder, `kvevict-{what}-{pid}.bin`, as a
+/// path and as the tools' argument.
+fn state_file(what: &str) -> (std::path::PathBuf, String) {
+    let path = std::env::temp_dir().join(format!("kvevict-{what}-{}.bin", std::process::id()));
+    let path_str = path.to_str().unwrap().to_string();
+    (path, path_str)
+}
+
 /// The files `--state-file PATH` leaves: PATH, PATH.full, PATH.txt and (with `--restore-max-cells`)
 /// PATH.restored.
 fn remove_state_files(path: &str) {

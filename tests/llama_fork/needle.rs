@@ -189,15 +189,13 @@ fn agnostic_compression_keeps_the_needle() {
 #[test]
 fn compacted_state_file_is_smaller_and_answers_the_same() {
     let s = fork_or_skip!();
-    let dir = std::env::temp_dir();
     let mut lines = Vec::new();
     // question-aware (flash off) and question-agnostic (uniqueness, flash on) compression at 10%
     for (flash, extra) in [
         ("off", ["--kv-evict", "laprox-span"]),
         ("on", ["--kv-evict", "uniqueness"]),
     ] {
-        let path = dir.join(format!("kvevict-state-{}-{flash}.bin", std::process::id()));
-        let path_str = path.to_str().unwrap().to_string();
+        let (path, path_str) = state_file(&format!("state-{flash}"));
         let mut args = at(
             "0.3",
             "3",
@@ -631,11 +629,7 @@ fn mark_split_spreads_the_marked_budget_over_the_runs() {
     for method in ["uniqueness", "laprox-span"] {
         let mut kept = Vec::new();
         for split in ["share", "spans"] {
-            let path = std::env::temp_dir().join(format!(
-                "kvevict-mark-split-{}-{method}-{split}.bin",
-                std::process::id()
-            ));
-            let path_str = path.to_str().unwrap().to_string();
+            let (_, path_str) = state_file(&format!("mark-split-{method}-{split}"));
             let mut args = at(
                 "0.5",
                 "4",

@@ -2,6 +2,11 @@
 
 use super::*;
 
+/// The restore tests' needle prompt (depth 0.5, seed 5) and `rest`.
+fn restore_args<'a>(rest: &[&'a str]) -> Vec<&'a str> {
+    at("0.5", "5", rest)
+}
+
 /// A sequence state with more cells than `--kv-max-cells` (the uncompressed prompt's state file,
 /// ~990 cells) loaded into a context with a 256-cell budget: evicted to 0.75 x 256 = 192 cells as
 /// it is read, scored question-agnostically on the state's own K/V bytes (V transposed with
@@ -10,7 +15,6 @@ use super::*;
 #[test]
 fn a_state_larger_than_the_budget_is_evicted_on_restore() {
     let s = fork_or_skip!();
-    let dir = std::env::temp_dir();
     let mut lines = Vec::new();
     for (flash, budget, cache) in [
         ("off", "256", "f16"),
@@ -18,31 +22,23 @@ fn a_state_larger_than_the_budget_is_evicted_on_restore() {
         ("on", "256", "q8_0"),
         ("off", "2048", "f16"),
     ] {
-        let path = dir.join(format!(
-            "kvevict-restore-{}-{flash}-{budget}-{cache}.bin",
-            std::process::id()
-        ));
-        let path_str = path.to_str().unwrap().to_string();
+        let (_, path_str) = state_file(&format!("restore-{flash}-{budget}-{cache}"));
         let r = needle(
             &s,
-            &at(
-                "0.5",
-                "5",
-                &[
-                    "--flash-attn",
-                    flash,
-                    "--kv-keep",
-                    "0.1",
-                    "--state-file",
-                    &path_str,
-                    "--restore-max-cells",
-                    budget,
-                    "-ctk",
-                    cache,
-                    "-ctv",
-                    cache,
-                ],
-            ),
+            &restore_args(&[
+                "--flash-attn",
+                flash,
+                "--kv-keep",
+                "0.1",
+                "--state-file",
+                &path_str,
+                "--restore-max-cells",
+                budget,
+                "-ctk",
+                cache,
+                "-ctv",
+                cache,
+            ]),
         );
         remove_state_files(&path_str);
         let (cells, restored) = (r.num("cells_before"), r.num("restore_cells"));
@@ -86,36 +82,28 @@ fn a_state_larger_than_the_budget_is_evicted_on_restore() {
 fn the_restore_keeps_the_cells_of_a_one_shot_eviction() {
     let s = fork_or_skip!();
     for flash in ["off", "on"] {
-        let path = std::env::temp_dir().join(format!(
-            "kvevict-restore-vs-oneshot-{}-{flash}.bin",
-            std::process::id()
-        ));
-        let path_str = path.to_str().unwrap().to_string();
+        let (path, path_str) = state_file(&format!("restore-vs-oneshot-{flash}"));
         let r = needle(
             &s,
-            &at(
-                "0.5",
-                "5",
-                &[
-                    "--ctx-tokens",
-                    "500",
-                    "--filler",
-                    "6,6,5,4",
-                    "--agnostic",
-                    "--flash-attn",
-                    flash,
-                    "--kv-evict",
-                    "uniqueness",
-                    "--kv-keep-cells",
-                    "192",
-                    "--state-file",
-                    &path_str,
-                    "--restore-max-cells",
-                    "256",
-                    "--kv-evict-to",
-                    "0.75",
-                ],
-            ),
+            &restore_args(&[
+                "--ctx-tokens",
+                "500",
+                "--filler",
+                "6,6,5,4",
+                "--agnostic",
+                "--flash-attn",
+                flash,
+                "--kv-evict",
+                "uniqueness",
+                "--kv-keep-cells",
+                "192",
+                "--state-file",
+                &path_str,
+                "--restore-max-cells",
+                "256",
+                "--kv-evict-to",
+                "0.75",
+            ]),
         );
         let one_shot = std::fs::read(&path).unwrap();
         let restored = std::fs::read(format!("{path_str}.restored")).unwrap();
@@ -274,23 +262,17 @@ fn server_restores_a_saved_slot_into_its_budget() {
 fn a_restored_sequence_without_window_queries_still_evicts() {
     let s = fork_or_skip!();
     let lib = emu_lib("a_restored_sequence_without_window_queries_still_evicts");
-    let path =
-        std::env::temp_dir().join(format!("kvevict-restore-edge-{}.bin", std::process::id()));
-    let path_str = path.to_str().unwrap().to_string();
-    let args = at(
-        "0.5",
-        "5",
-        &[
-            "--ctx-tokens",
-            "500",
-            "--kv-keep",
-            "0.1",
-            "--state-file",
-            &path_str,
-            "--restore-max-cells",
-            "497",
-        ],
-    );
+    let (_, path_str) = state_file("restore-edge");
+    let args = restore_args(&[
+        "--ctx-tokens",
+        "500",
+        "--kv-keep",
+        "0.1",
+        "--state-file",
+        &path_str,
+        "--restore-max-cells",
+        "497",
+    ]);
     let paths: &[bool] = if lib.is_some() {
         &[false, true]
     } else {
