@@ -10,6 +10,8 @@ answer contains its key word. Prints one line per session and a summary table.
     llama_fork/server_recall.py --bin BUILD/bin --model SmolLM2-135M-Instruct.Q4_1.gguf \
         [--budget 256] [--turns 20] [--max-tokens 32] [--methods full,laprox-span,...]
 
+A method may carry the fork's flags: "uniqueness+--kv-evict-links=0.5+--kv-mark-prompts".
+
 Standard library only; run with any python3.
 """
 import argparse
@@ -61,8 +63,12 @@ def session(args, method, fact):
     cmd = [os.path.join(args.bin, "llama-server"), "-m", args.model, "--host", "127.0.0.1",
            "--port", str(port), "-c", "4096", "-np", "1", "-t", str(args.threads), "-lv", "4"]
     # llama-server's default -b 2048 -ub 512: under the budget n_ubatch is capped to what an eviction frees
-    if method != "full":
-        cmd += ["--kv-evict", method, "--kv-max-cells", str(args.budget), "--kv-evict-to", "0.75"]
+    # a method "NAME+FLAG[=VALUE]+...": the fork's flags after it, e.g. "uniqueness+--kv-evict-links=0.5+--kv-mark-prompts"
+    name, *flags = method.split("+")
+    if name != "full":
+        cmd += ["--kv-evict", name, "--kv-max-cells", str(args.budget), "--kv-evict-to", "0.75"]
+        for f in flags:
+            cmd += f.split("=", 1)
     log = tempfile.NamedTemporaryFile("w+", prefix="kvevict-recall-", suffix=".log", delete=False)
     srv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:

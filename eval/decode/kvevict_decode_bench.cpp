@@ -20,8 +20,8 @@
 //     [--mark-split spans|none]: how the marked cells' budget is spent (the fork's kv_evict_mark_split):
 //     spans, split evenly over the marked ranges (a turn each, KVE_MARK_SPLIT_SPANS), or none (default),
 //     one selection over every marked cell; or prompts (chat, without --mark), what llama-server's --kv-mark-prompts
-//     does: the fork marks each multi-token decode as a range (kv_evict_mark_split 2, share 1) and the tool marks
-//     nothing, feeding as a server does: the text before each assistant reply in one llama_decode (the reply's
+//     does: the fork marks each message of each multi-token decode as a range (kv_evict_mark_split 2, share 1:
+//     a message from each control token that ends no generation) and the tool marks nothing, feeding as a server does: the text before each assistant reply in one llama_decode (the reply's
 //     template end, the user turns, the next reply's start), the reply's text a token a call (generated)
 //     [--mark-ranges merged|messages]: the marked ranges as given to llama_kv_evict_mark: merged (default), a
 //     range that touches the one before extends it (the system prompt and the first user turn one range), or
@@ -853,7 +853,21 @@ int run_chat(const options & o) {
     auto flush = [&]() {
         for (size_t i = 0; i < pending.size(); i += 512) {
             const size_t n = std::min<size_t>(512, pending.size() - i);
-            if (n > 1) marked.push_back({r.n_past, r.n_past + (llama_pos) n});
+            if (n > 1) {
+                // the fork's ranges of this decode (kv_evict_mark_split 2): a message from each control token that ends
+                // no generation, the text before the first unmarked, the last (the reply's header) joined to the one before
+                std::vector<llama_pos> cut;
+                for (size_t j = 0; j < n; j++) {
+                    const llama_token t = pending[i + j];
+                    if (!llama_vocab_is_eog(r.vocab, t) && (llama_vocab_get_attr(r.vocab, t) & LLAMA_TOKEN_ATTR_CONTROL)) {
+                        cut.push_back(r.n_past + (llama_pos) j);
+                    }
+                }
+                if (cut.size() > 1) cut.pop_back();
+                if (cut.empty()) cut.push_back(r.n_past);
+                cut.push_back(r.n_past + (llama_pos) n);
+                for (size_t k = 0; k + 1 < cut.size(); k++) marked.push_back({cut[k], cut[k + 1]});
+            }
             if (!r.feed(std::vector<llama_token>(pending.begin() + i, pending.begin() + i + n), false, 512,
                         [](size_t, const float *) {})) return false;
         }
