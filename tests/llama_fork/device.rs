@@ -214,11 +214,13 @@ fn a_prompt_longer_than_the_budget_streams_through_one_decode() {
                 if device { r.num("evictions") } else { 0.0 },
                 "path taken:\n{err}"
             );
-            rows.push(r);
+            rows.push((flash, r));
         }
     }
-    // the host and device paths keep the same cells: same evictions, cells and answer
-    for pair in rows.chunks(2).filter(|p| p.len() == 2) {
+    // the host and device paths keep the same cells: same evictions, cells and answer (the pairs of
+    // one configuration: without the emulator's relink each configuration has its host row only)
+    for pair in rows.chunks(2).filter(|p| p.len() == 2 && p[0].0 == p[1].0) {
+        let pair = [&pair[0].1, &pair[1].1];
         for k in ["evictions", "cells_end", "answer"] {
             assert_eq!(pair[0].get(k), pair[1].get(k), "host vs device path: {k}");
         }
@@ -268,6 +270,40 @@ fn device_path_without_cuda_is_refused() {
     // needle_at_ten_percent_compacts_the_cache's)
     let short = [&args[..], &["--ctx-tokens", "200"]].concat();
     let (row, _, ok) = needle_path(&s, None, false, &short);
+    assert!(ok && row.is_some_and(|r| r.num("cells_after") > 0.0));
+}
+
+/// `kv_evict_mark_split` 2 (`--kv-mark-prompts`: the adapter marks each prompt's messages) on the
+/// device path, which takes no marks: refused when the context is made, with a clear message; the
+/// host path of the same binary runs it.
+#[test]
+fn prompt_marks_on_the_device_path_are_refused() {
+    let Some((s, lib)) = setup_with_emu("prompt_marks_on_the_device_path_are_refused") else {
+        return;
+    };
+    let args = at(
+        "0.3",
+        "3",
+        &[
+            "--kv-evict",
+            "uniqueness",
+            "--kv-keep",
+            "0.1",
+            "--ctx-tokens",
+            "200",
+            "--mark-split",
+            "prompts",
+        ],
+    );
+    let (row, err, ok) = needle_path(&s, Some(&lib), true, &args);
+    assert!(!ok && row.is_none(), "the device path took prompt marks");
+    assert!(
+        err.contains("the device path takes no marks")
+            && err.contains("KV eviction: cannot set up kvevict for this cache"),
+        "no clear refusal in:\n{}",
+        err.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+    );
+    let (row, _, ok) = needle_path(&s, Some(&lib), false, &args);
     assert!(ok && row.is_some_and(|r| r.num("cells_after") > 0.0));
 }
 
