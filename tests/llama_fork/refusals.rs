@@ -80,6 +80,12 @@ fn bad_eviction_settings_are_refused_at_startup() {
             &["--kv-evict-links", "0.5"],
             "value links need eviction",
         );
+        refused(
+            &s,
+            exe,
+            &["--kv-mark-prompts"],
+            "(--kv-mark-prompts) needs eviction",
+        );
     }
     // the needle tool checks the same way before loading anything
     refused(
