@@ -211,10 +211,13 @@ unsafe fn tile512<const M: usize>(
                 acc[r] = _mm512_fmadd_ps(b, cv, acc[r]);
             }
         }
-        acc.map(|a| {
-            let (lo, hi) = crate::simd512::split(a);
-            [lo, hi]
-        })
+        // a loop, not `acc.map`: `map` and its closure were not inlined (calls in the tile loop)
+        let mut out = [[_mm256_setzero_ps(); 2]; M];
+        for r in 0..M {
+            let (lo, hi) = crate::simd512::split(acc[r]);
+            out[r] = [lo, hi];
+        }
+        out
     }
 }
 
@@ -573,51 +576,76 @@ fn twin_floors<S: Simd>(
     let panels = n.div_ceil(PANEL);
     let (mut ri, mut m) = ([0usize; ROWS], 0);
     let (mut rest, mut seen, mut k) = ([0usize; ROWS], [NONE; ROWS], 0);
-    // one group's exact scan (`exact_rows` over this head's panels)
-    let scan = |rows: &[usize; ROWS],
-                m,
-                reset,
-                seen: &[Span; ROWS],
-                reach,
-                floor: &mut [f32],
-                top: &mut [f32]| {
-        exact_rows::<S>(kp, vp, n, dk, dv, floor, top, rows, m, reset, seen, reach)
-    };
-    let first = |ri: &[usize; ROWS], m: usize, floor: &mut [f32], top: &mut [f32]| {
-        let span = scan(ri, m, true, &[NONE; ROWS], FIRST_REACH, floor, top);
-        let mut out = [(0usize, NONE); ROWS];
-        let mut c = 0;
-        if span != (0, panels - 1) {
-            for &i in &ri[..m] {
-                if floor[i] < TWIN_CUTOFF {
-                    out[c] = (i, span);
-                    c += 1;
-                }
-            }
-        }
-        (out, c)
-    };
+    // (no closures here: a closure does not take the caller's `target_feature`s, so the
+    // vector code inlined into one ran without them, every intrinsic a call)
     for i in 0..=n {
         if i < n && floor[i] < TWIN_CUTOFF {
             ri[m] = i;
             m += 1;
         }
         if m == ROWS || (i == n && m > 0) {
-            let (open, c) = first(&ri, m, floor, top);
+            // the group's first scan; its rows left open wait in `rest` with the panels seen
+            let span = exact_rows::<S>(
+                kp,
+                vp,
+                n,
+                dk,
+                dv,
+                floor,
+                top,
+                &ri,
+                m,
+                true,
+                &[NONE; ROWS],
+                FIRST_REACH,
+            );
+            let count = m;
             m = 0;
-            for &(t, span) in &open[..c] {
+            if span == (0, panels - 1) {
+                continue;
+            }
+            for &t in &ri[..count] {
+                if floor[t] >= TWIN_CUTOFF {
+                    continue;
+                }
                 rest[k] = t;
                 seen[k] = span;
                 k += 1;
                 if k == ROWS {
-                    scan(&rest, k, false, &seen, usize::MAX, floor, top);
+                    exact_rows::<S>(
+                        kp,
+                        vp,
+                        n,
+                        dk,
+                        dv,
+                        floor,
+                        top,
+                        &rest,
+                        k,
+                        false,
+                        &seen,
+                        usize::MAX,
+                    );
                     k = 0;
                 }
             }
         }
     }
     if k > 0 {
-        scan(&rest, k, false, &seen, usize::MAX, floor, top);
+        exact_rows::<S>(
+            kp,
+            vp,
+            n,
+            dk,
+            dv,
+            floor,
+            top,
+            &rest,
+            k,
+            false,
+            &seen,
+            usize::MAX,
+        );
     }
 }
 
