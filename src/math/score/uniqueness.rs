@@ -575,7 +575,8 @@ fn twin_floors<S: Simd>(
     // compares them with every other panel: each pair enters a row's list once.
     let panels = n.div_ceil(PANEL);
     let (mut ri, mut m) = ([0usize; ROWS], 0);
-    let (mut rest, mut seen, mut k) = ([0usize; ROWS], [NONE; ROWS], 0);
+    // room for a full group of open rows beside the ROWS - 1 that may wait
+    let (mut rest, mut seen, mut k) = ([0usize; 2 * ROWS], [NONE; 2 * ROWS], 0);
     // (no closures here: a closure does not take the caller's `target_feature`s, so the
     // vector code inlined into one ran without them, every intrinsic a call)
     for i in 0..=n {
@@ -585,67 +586,31 @@ fn twin_floors<S: Simd>(
         }
         if m == ROWS || (i == n && m > 0) {
             // the group's first scan; its rows left open wait in `rest` with the panels seen
-            let span = exact_rows::<S>(
-                kp,
-                vp,
-                n,
-                dk,
-                dv,
-                floor,
-                top,
-                &ri,
-                m,
-                true,
-                &[NONE; ROWS],
-                FIRST_REACH,
-            );
-            let count = m;
+            let (reset, none) = (true, [NONE; ROWS]);
+            #[rustfmt::skip] // (one line, as the call below with the same arguments)
+            let span = exact_rows::<S>(kp, vp, n, dk, dv, floor, top, &ri, m, reset, &none, FIRST_REACH);
+            if span != (0, panels - 1) {
+                for &t in &ri[..m] {
+                    if floor[t] < TWIN_CUTOFF {
+                        (rest[k], seen[k]) = (t, span);
+                        k += 1;
+                    }
+                }
+            }
             m = 0;
-            if span == (0, panels - 1) {
-                continue;
-            }
-            for &t in &ri[..count] {
-                if floor[t] >= TWIN_CUTOFF {
-                    continue;
-                }
-                rest[k] = t;
-                seen[k] = span;
-                k += 1;
-                if k == ROWS {
-                    exact_rows::<S>(
-                        kp,
-                        vp,
-                        n,
-                        dk,
-                        dv,
-                        floor,
-                        top,
-                        &rest,
-                        k,
-                        false,
-                        &seen,
-                        usize::MAX,
-                    );
-                    k = 0;
-                }
-            }
         }
-    }
-    if k > 0 {
-        exact_rows::<S>(
-            kp,
-            vp,
-            n,
-            dk,
-            dv,
-            floor,
-            top,
-            &rest,
-            k,
-            false,
-            &seen,
-            usize::MAX,
-        );
+        // the open rows in groups of their own, in the order they came: each full group as
+        // it fills, the last at the end
+        while k >= ROWS || (i == n && k > 0) {
+            let g = k.min(ROWS);
+            let rows: [usize; ROWS] = core::array::from_fn(|r| rest[r]);
+            let saw: [Span; ROWS] = core::array::from_fn(|r| seen[r]);
+            #[rustfmt::skip]
+            exact_rows::<S>(kp, vp, n, dk, dv, floor, top, &rows, g, false, &saw, usize::MAX);
+            rest.copy_within(g..k, 0);
+            seen.copy_within(g..k, 0);
+            k -= g;
+        }
     }
 }
 
