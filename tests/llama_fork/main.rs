@@ -255,6 +255,19 @@ fn state_file(what: &str) -> (std::path::PathBuf, String) {
     (path, path_str)
 }
 
+/// The tool's arguments that compress the prompt to 10 % with flash attention `flash` and save
+/// the sequence state to `path` (a [`state_file`]).
+fn keep_and_save<'a>(flash: &'a str, path: &'a str) -> [&'a str; 6] {
+    [
+        "--flash-attn",
+        flash,
+        "--kv-keep",
+        "0.1",
+        "--state-file",
+        path,
+    ]
+}
+
 /// The files `--state-file PATH` leaves: PATH, PATH.full, PATH.txt and (with `--restore-max-cells`)
 /// PATH.restored.
 fn remove_state_files(path: &str) {

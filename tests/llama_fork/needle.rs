@@ -196,18 +196,7 @@ fn compacted_state_file_is_smaller_and_answers_the_same() {
         ("on", ["--kv-evict", "uniqueness"]),
     ] {
         let (path, path_str) = state_file(&format!("state-{flash}"));
-        let mut args = at(
-            "0.3",
-            "3",
-            &[
-                "--flash-attn",
-                flash,
-                "--kv-keep",
-                "0.1",
-                "--state-file",
-                &path_str,
-            ],
-        );
+        let mut args = at("0.3", "3", &keep_and_save(flash, &path_str));
         args.extend(extra);
         if extra[1] == "uniqueness" {
             args.push("--agnostic");

@@ -25,20 +25,13 @@ fn a_state_larger_than_the_budget_is_evicted_on_restore() {
         let (_, path_str) = state_file(&format!("restore-{flash}-{budget}-{cache}"));
         let r = needle(
             &s,
-            &restore_args(&[
-                "--flash-attn",
-                flash,
-                "--kv-keep",
-                "0.1",
-                "--state-file",
-                &path_str,
-                "--restore-max-cells",
-                budget,
-                "-ctk",
-                cache,
-                "-ctv",
-                cache,
-            ]),
+            &restore_args(
+                &[
+                    &keep_and_save(flash, &path_str)[..],
+                    &["--restore-max-cells", budget, "-ctk", cache, "-ctv", cache],
+                ]
+                .concat(),
+            ),
         );
         remove_state_files(&path_str);
         let (cells, restored) = (r.num("cells_before"), r.num("restore_cells"));
