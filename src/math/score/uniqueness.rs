@@ -33,16 +33,19 @@
 //! The cutoff changes no score by more than `0.5^24 ≈ 6·10⁻⁸` (eval, at power 8: single
 //! needle 18/18/12 of 19 at 10/5/2.5 % against 18/18/13 without it) and makes the search sub-quadratic on
 //! real caches: `r_i` only grows as more tokens are compared, so a first scan over the
-//! pairs at most [`NEAR`] apart settles every token it finds four twins ≥ 0.5 for, and
+//! pairs at most [`NEAR`] apart settles every token it finds four twins ≥ 0.5 for (it only
+//! counts them: no top lists, value dots only where the key cosine reaches 0.5), and
 //! only the rest are compared with the whole cache, stopping as soon as they reach the
-//! cutoff: first in groups of 6 in position order over the panels near the group (most
-//! settle there), then the ones still open (on SmolLM2's decode caches ~17 % of the
-//! tokens: no four twins anywhere) packed into groups of their own over the other panels,
-//! so that a token that settles early does not ride along a full scan. When over half the
-//! tokens are left after the first scan (random data), every pair is compared as below,
-//! which is then cheaper. (2026-12-06, issue 28: `NEAR` 128 → 16 and the second exact
-//! step took the scoring of SmolLM2's real decode rounds from 3.8 to 3.3 ms a head at
-//! 1,024 cells on the loaded shared machine; docs/results/decode/cost.md.)
+//! cutoff: first in groups of 6 in position order over the panels near the group (many
+//! settle there), then the ones still open (no four twins anywhere) packed into groups of
+//! their own over the other panels, so that a token that settles early does not ride along
+//! a full scan. When over half the tokens are left after the first scan, every pair is
+//! compared as below, which is then cheaper — on SmolLM2's decode rounds at 512 cells that
+//! is three heads in four (69 % open after the near scan, 27 % after every pair), so the
+//! all-pairs search below is most of the cost. (2026-12-06, issue 28: `NEAR` 128 → 16 and
+//! the second exact step took the scoring of SmolLM2's real decode rounds from 3.8 to 3.3 ms
+//! a head at 1,024 cells on the loaded shared machine; 2026-12-07: the counting first scan,
+//! 13–14 % off the fork's eviction time at 512 and 1,024 cells; docs/results/decode/cost.md.)
 //!
 //! Cost of comparing every pair: every unordered pair of cached tokens once, `N·(N−1)·(dk+dv)` flops per KV head
 //! at most (both ends of a pair updated from one similarity), blocked like a GEMM: the rows
@@ -437,6 +440,90 @@ fn kth_similarity<S: Simd>(
     }
 }
 
+/// The first scan, counting only: `floor[i]` = [`TWIN_CUTOFF`] where token `i` has
+/// [`TWIN_RANK`] twins or more (`min(ck, cv)` at or past the cutoff) among the pairs of the
+/// panels up to `near` tokens past each row tile (its 4th twin is then at or past the cutoff:
+/// settled, score 0), −1 elsewhere (open). The same settled set as [`kth_similarity`] with
+/// `near`, for less: an open token's list restarts in the exact scans anyway, so only
+/// "four twins at the cutoff" is used, and a fixed cutoff gates the value dots and skips the
+/// list inserts that floors starting at −1 let every early pair through.
+#[inline(always)]
+fn settle_near<S: Simd>(
+    kp: &[f32],
+    vp: &[f32],
+    n: usize,
+    dk: usize,
+    dv: usize,
+    floor: &mut [f32],
+    near: usize,
+) {
+    let n16 = floor.len();
+    assert!(n16 % PANEL == 0 && n16 >= n && kp.len() >= n16 * dk && vp.len() >= n16 * dv);
+    floor.fill(0.0); // twins counted so far (small whole numbers: exact in f32)
+    if n == 0 {
+        return;
+    }
+    let (kb, vb) = (kp.as_ptr(), vp.as_ptr());
+    // `x > below` is `x >= TWIN_CUTOFF` (no float lies between)
+    let below = f32::from_bits(TWIN_CUTOFF.to_bits() - 1);
+    let mut i0 = 0;
+    while i0 < n {
+        // rows past n repeat row n-1 (readable) and are masked out below
+        let ri: [usize; ROWS] = core::array::from_fn(|r| (i0 + r).min(n - 1));
+        let kr = ri.map(|i| panel_at(kb, dk, i));
+        let vr = ri.map(|i| panel_at(vb, dv, i));
+        let end = n.min((i0 + ROWS).saturating_add(near));
+        for j0 in (i0 / PANEL * PANEL..end).step_by(PANEL) {
+            // SAFETY: every pointer is a row or panel inside kp/vp (asserted above).
+            unsafe {
+                let ck = tile::<S, ROWS>(&kr, kb.add(j0 * dk), dk);
+                let cut = S::splat(below);
+                let edge = j0 < i0 + ROWS || j0 + PANEL > n;
+                let (mut sel, mut hits, mut ns) = ([0usize; ROWS], [0u32; ROWS], 0);
+                let mut m = [[0f32; PANEL]; ROWS];
+                for r in 0..ROWS {
+                    // the pairs whose key cosine reaches the cutoff (min(ck, cv) <= ck)
+                    let mut hit = S::gt_mask(ck[r][0], cut) | S::gt_mask(ck[r][1], cut) << 8;
+                    if edge {
+                        // only pairs j > i, j < n: the others are another tile's or none
+                        let live = (0..PANEL).filter(|&c| j0 + c > i0 + r && j0 + c < n);
+                        hit &= live.fold(0u32, |a, c| a | 1 << c);
+                    }
+                    if hit != 0 {
+                        (sel[ns], hits[r]) = (r, hit);
+                        ns += 1;
+                        S::store(m[r].as_mut_ptr(), ck[r][0]);
+                        S::store(m[r].as_mut_ptr().add(8), ck[r][1]);
+                    }
+                }
+                if ns == 0 {
+                    continue;
+                }
+                let m = core::hint::black_box(&mut m);
+                value_rows_n::<S>(ns, &vr, &sel, vb.add(j0 * dv), dv, m);
+                // both ends of every pair at the cutoff count it
+                for &r in &sel[..ns] {
+                    let x = [S::load(m[r].as_ptr()), S::load(m[r].as_ptr().add(8))];
+                    let mut bits = (S::gt_mask(x[0], cut) | S::gt_mask(x[1], cut) << 8) & hits[r];
+                    floor[ri[r]] += bits.count_ones() as f32;
+                    while bits != 0 {
+                        floor[j0 + bits.trailing_zeros() as usize] += 1.0;
+                        bits &= bits - 1;
+                    }
+                }
+            }
+        }
+        i0 += ROWS;
+    }
+    for f in floor.iter_mut() {
+        *f = if *f >= TWIN_RANK as f32 {
+            TWIN_CUTOFF
+        } else {
+            -1.0
+        };
+    }
+}
+
 /// A group's panels `lo..=hi` (`(1, 0)`: none).
 type Span = (usize, usize);
 const NONE: Span = (1, 0);
@@ -545,9 +632,11 @@ fn exact_rows<S: Simd>(
 const FIRST_REACH: usize = 4;
 
 /// Every token's floor, exact below [`TWIN_CUTOFF`] and at or past it otherwise (so its
-/// score, 0, is exact): pairs up to `near` apart first, then the tokens still below the
-/// cutoff against the whole cache — or, when those are over half the tokens, every pair
-/// (cheaper then).
+/// score, 0, is exact): pairs up to `near` apart first, counted ([`settle_near`]), then the
+/// tokens still below the cutoff against the whole cache — or, when those are over half the
+/// tokens, every pair (cheaper then: on SmolLM2's decode rounds at 512 cells, 69 % of the
+/// tokens are still open after the near scan, 27 % after every pair, and three heads in
+/// four take this path).
 #[inline(always)]
 fn twin_floors<S: Simd>(
     kp: &[f32],
@@ -559,10 +648,12 @@ fn twin_floors<S: Simd>(
     top: &mut [f32],
     near: usize,
 ) {
-    kth_similarity::<S>(kp, vp, n, dk, dv, floor, top, near);
     if near.saturating_add(ROWS) >= n {
-        return; // every pair was compared (the first row tile reaches the last token)
+        // the first row tile reaches the last token: every pair, once
+        kth_similarity::<S>(kp, vp, n, dk, dv, floor, top, near);
+        return;
     }
+    settle_near::<S>(kp, vp, n, dk, dv, floor, near);
     let open = floor[..n].iter().filter(|&&f| f < TWIN_CUTOFF).count();
     if 2 * open > n {
         kth_similarity::<S>(kp, vp, n, dk, dv, floor, top, usize::MAX);
@@ -808,6 +899,16 @@ mod tests {
             let (mut floor, mut top) = (std::vec![0f32; n16], std::vec![0f32; n16 * TWIN_RANK]);
             kth_similarity::<S>(&kp, &vp, n, dk, dv, &mut floor, &mut top, near);
             let first: Vec<f32> = floor.clone();
+            // the counting first scan settles the same tokens as the top lists' first scan
+            settle_near::<S>(&kp, &vp, n, dk, dv, &mut floor, near);
+            for i in 0..n {
+                let settled = first[i] >= TWIN_CUTOFF;
+                assert_eq!(
+                    floor[i] >= TWIN_CUTOFF,
+                    settled,
+                    "n {n} near {near} token {i}"
+                );
+            }
             twin_floors::<S>(&kp, &vp, n, dk, dv, &mut floor, &mut top, near);
             let r = brute(&kp, &vp, n, dk, dv, fused);
             for i in 0..n {
