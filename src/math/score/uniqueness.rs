@@ -310,6 +310,40 @@ unsafe fn value_rows_n<S: Simd>(
     }
 }
 
+/// The value cosines of the rows of a tile with some lane to look at (`hits[r]`, 0: none):
+/// `m[r]` = `min(ck, cv)` lane by lane for those rows, returned (`sel[..ns]`) in row order.
+///
+/// # Safety
+/// `S`'s CPU features are present; `vr[r]` and `col` hold `dv` panel columns.
+#[inline(always)]
+unsafe fn value_pass<S: Simd>(
+    ck: &[[S::V; 2]; ROWS],
+    hits: &[u32; ROWS],
+    vr: &[*const f32; ROWS],
+    col: *const f32,
+    dv: usize,
+    m: &mut [[f32; PANEL]; ROWS],
+) -> ([usize; ROWS], usize) {
+    let (mut sel, mut ns) = ([0usize; ROWS], 0);
+    for r in 0..ROWS {
+        if hits[r] != 0 {
+            sel[ns] = r;
+            ns += 1;
+            // SAFETY: m[r] holds 16 floats (the caller's features, as for every call here)
+            unsafe {
+                S::store(m[r].as_mut_ptr(), ck[r][0]);
+                S::store(m[r].as_mut_ptr().add(8), ck[r][1]);
+            }
+        }
+    }
+    if ns > 0 {
+        let m = core::hint::black_box(m);
+        // SAFETY: forwarded (this fn's contract)
+        unsafe { value_rows_n::<S>(ns, vr, &sel, col, dv, m) };
+    }
+    (sel, ns)
+}
+
 /// Token `i`'s element 0 in packed panels `[n16/16][d][16]` at `base` (element `c` is
 /// `16·c` further). Safe to call while `i` is inside the packed tokens.
 #[inline(always)]
@@ -332,6 +366,45 @@ fn insert_top(top: &mut [f32], floor: &mut [f32], t: usize, m: f32) {
     }
     l[k] = m;
     floor[t] = l[TWIN_RANK - 1];
+}
+
+/// Row tile `i0..i0 + ROWS`: each row's token (rows past `n` repeat token `n - 1`, readable,
+/// and are masked out by [`pairs_after`]) and its K and V panel addresses.
+#[inline(always)]
+fn row_tile(
+    (kb, vb): (*const f32, *const f32),
+    (dk, dv): (usize, usize),
+    i0: usize,
+    n: usize,
+) -> ([usize; ROWS], [*const f32; ROWS], [*const f32; ROWS]) {
+    let ri: [usize; ROWS] = core::array::from_fn(|r| (i0 + r).min(n - 1));
+    (
+        ri,
+        ri.map(|i| panel_at(kb, dk, i)),
+        ri.map(|i| panel_at(vb, dv, i)),
+    )
+}
+
+/// The upper triangle's (row tile, panel) pairs up to `near` tokens past each row tile: row
+/// tiles `i0` in steps of [`ROWS`], panels `j0` from the one holding `i0` (in the panels that
+/// overlap the row tile, and past `n`, the pairs `j <= i` are masked: another tile's, or none).
+#[inline(always)]
+fn upper_tiles(n: usize, near: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n).step_by(ROWS).flat_map(move |i0| {
+        let end = n.min((i0 + ROWS).saturating_add(near));
+        (i0 / PANEL * PANEL..end)
+            .step_by(PANEL)
+            .map(move |j0| (i0, j0))
+    })
+}
+
+/// The lanes of panel `j0` that pair with row token `i` in the upper triangle: `i < j < n`
+/// (the others are another tile's pairs, or none).
+#[inline(always)]
+fn pairs_after(i: usize, j0: usize, n: usize) -> u32 {
+    let lo = (i + 1).saturating_sub(j0).min(PANEL); // first lane past i
+    let hi = n.saturating_sub(j0).min(PANEL); // lanes before n
+    ((1u32 << hi) - 1) & !((1u32 << lo) - 1)
 }
 
 /// `floor[i]` = the [`TWIN_RANK`]-th largest of `min(kn_i·kn_j, vn_i·vn_j)` over `j != i,
@@ -360,83 +433,72 @@ fn kth_similarity<S: Simd>(
     top.fill(-1.0);
     let (kb, vb) = (kp.as_ptr(), vp.as_ptr());
     // a token's element c sits at its panel's base + 16·c + its lane
-    let mut i0 = 0;
-    while i0 < n {
-        // rows past n repeat row n-1 (readable) and are masked out below
-        let ri: [usize; ROWS] = core::array::from_fn(|r| (i0 + r).min(n - 1));
-        let kr = ri.map(|i| panel_at(kb, dk, i));
-        let vr = ri.map(|i| panel_at(vb, dv, i));
-        // upper triangle: panels from the one holding i0; in the panels that overlap the
-        // row tile (and past n) the pairs j <= i are masked, computed by another tile
-        let end = n.min((i0 + ROWS).saturating_add(near));
-        for j0 in (i0 / PANEL * PANEL..end).step_by(PANEL) {
-            // SAFETY: every pointer is a row or panel inside kp/vp (asserted above) and
-            // floor[j0 .. j0+16] is inside floor (j0 + 16 <= n16).
-            unsafe {
-                let ck = tile::<S, ROWS>(&kr, kb.add(j0 * dk), dk);
-                // rows where some key cosine beats min(floor_i, floor_j): only those can
-                // enter a top list, since min(ck, cv) <= ck
-                let fp = floor.as_ptr();
-                let b = [S::load(fp.add(j0)), S::load(fp.add(j0 + 8))];
-                let edge = j0 < i0 + ROWS || j0 + PANEL > n;
-                let mut sel = [0usize; ROWS];
-                let mut ns = 0;
-                for r in 0..ROWS {
-                    let br = S::splat(floor[ri[r]]);
-                    let mut hit = S::gt_mask(ck[r][0], S::min(br, b[0]))
-                        | S::gt_mask(ck[r][1], S::min(br, b[1])) << 8;
-                    if edge {
-                        // only pairs j > i, j < n: the others are another tile's or none
-                        let live = (0..PANEL).filter(|&c| j0 + c > i0 + r && j0 + c < n);
-                        hit &= live.fold(0u32, |a, c| a | 1 << c);
-                    }
-                    sel[ns] = r;
-                    ns += usize::from(hit != 0);
+    for (i0, j0) in upper_tiles(n, near) {
+        let (ri, kr, vr) = row_tile((kb, vb), (dk, dv), i0, n);
+        // SAFETY: every pointer is a row or panel inside kp/vp (asserted above) and
+        // floor[j0 .. j0+16] is inside floor (j0 + 16 <= n16).
+        unsafe {
+            let ck = tile::<S, ROWS>(&kr, kb.add(j0 * dk), dk);
+            // rows where some key cosine beats min(floor_i, floor_j): only those can
+            // enter a top list, since min(ck, cv) <= ck
+            let fp = floor.as_ptr();
+            let b = [S::load(fp.add(j0)), S::load(fp.add(j0 + 8))];
+            let edge = j0 < i0 + ROWS || j0 + PANEL > n;
+            let mut sel = [0usize; ROWS];
+            let mut ns = 0;
+            for r in 0..ROWS {
+                let br = S::splat(floor[ri[r]]);
+                let mut hit = S::gt_mask(ck[r][0], S::min(br, b[0]))
+                    | S::gt_mask(ck[r][1], S::min(br, b[1])) << 8;
+                if edge {
+                    hit &= pairs_after(i0 + r, j0, n);
                 }
-                if ns == 0 {
-                    continue;
-                }
-                let mut m = [[f32::NEG_INFINITY; PANEL]; ROWS];
-                for &r in &sel[..ns] {
-                    S::store(m[r].as_mut_ptr(), ck[r][0]);
-                    S::store(m[r].as_mut_ptr().add(8), ck[r][1]);
-                    if edge {
-                        for (c, x) in m[r].iter_mut().enumerate() {
-                            if j0 + c <= i0 + r || j0 + c >= n {
-                                *x = f32::NEG_INFINITY;
-                            }
+                sel[ns] = r;
+                ns += usize::from(hit != 0);
+            }
+            if ns == 0 {
+                continue;
+            }
+            let mut m = [[f32::NEG_INFINITY; PANEL]; ROWS];
+            for &r in &sel[..ns] {
+                S::store(m[r].as_mut_ptr(), ck[r][0]);
+                S::store(m[r].as_mut_ptr().add(8), ck[r][1]);
+                if edge {
+                    let live = pairs_after(i0 + r, j0, n);
+                    for (c, x) in m[r].iter_mut().enumerate() {
+                        if live >> c & 1 == 0 {
+                            *x = f32::NEG_INFINITY;
                         }
                     }
                 }
-                let m = core::hint::black_box(&mut m);
-                let col = vb.add(j0 * dv);
-                value_rows_n::<S>(ns, &vr, &sel, col, dv, m);
-                // both ends of every computed pair (masked pairs are -inf and enter nothing);
-                // insertion order does not matter: a top list is a multiset's largest values.
-                // Vector compares against the floors first: most pairs enter no list.
-                for &r in &sel[..ns] {
-                    let x = [S::load(m[r].as_ptr()), S::load(m[r].as_ptr().add(8))];
-                    let fp = floor.as_ptr();
-                    let mut bits = S::gt_mask(x[0], S::load(fp.add(j0)))
-                        | S::gt_mask(x[1], S::load(fp.add(j0 + 8))) << 8;
-                    while bits != 0 {
-                        let c = bits.trailing_zeros() as usize;
-                        insert_top(top, floor, j0 + c, m[r][c]);
-                        bits &= bits - 1;
-                    }
-                    // read after the columns: a row token inside this panel may have moved;
-                    // a lane not above the floor now is not above it after any insertion
-                    let br = S::splat(floor[ri[r]]);
-                    let mut bits = S::gt_mask(x[0], br) | S::gt_mask(x[1], br) << 8;
-                    while bits != 0 {
-                        let c = bits.trailing_zeros() as usize;
-                        insert_top(top, floor, ri[r], m[r][c]);
-                        bits &= bits - 1;
-                    }
+            }
+            let m = core::hint::black_box(&mut m);
+            let col = vb.add(j0 * dv);
+            value_rows_n::<S>(ns, &vr, &sel, col, dv, m);
+            // both ends of every computed pair (masked pairs are -inf and enter nothing);
+            // insertion order does not matter: a top list is a multiset's largest values.
+            // Vector compares against the floors first: most pairs enter no list.
+            for &r in &sel[..ns] {
+                let x = [S::load(m[r].as_ptr()), S::load(m[r].as_ptr().add(8))];
+                let fp = floor.as_ptr();
+                let mut bits = S::gt_mask(x[0], S::load(fp.add(j0)))
+                    | S::gt_mask(x[1], S::load(fp.add(j0 + 8))) << 8;
+                while bits != 0 {
+                    let c = bits.trailing_zeros() as usize;
+                    insert_top(top, floor, j0 + c, m[r][c]);
+                    bits &= bits - 1;
+                }
+                // read after the columns: a row token inside this panel may have moved;
+                // a lane not above the floor now is not above it after any insertion
+                let br = S::splat(floor[ri[r]]);
+                let mut bits = S::gt_mask(x[0], br) | S::gt_mask(x[1], br) << 8;
+                while bits != 0 {
+                    let c = bits.trailing_zeros() as usize;
+                    insert_top(top, floor, ri[r], m[r][c]);
+                    bits &= bits - 1;
                 }
             }
         }
-        i0 += ROWS;
     }
 }
 
@@ -466,54 +528,34 @@ fn settle_near<S: Simd>(
     let (kb, vb) = (kp.as_ptr(), vp.as_ptr());
     // `x > below` is `x >= TWIN_CUTOFF` (no float lies between)
     let below = f32::from_bits(TWIN_CUTOFF.to_bits() - 1);
-    let mut i0 = 0;
-    while i0 < n {
-        // rows past n repeat row n-1 (readable) and are masked out below
-        let ri: [usize; ROWS] = core::array::from_fn(|r| (i0 + r).min(n - 1));
-        let kr = ri.map(|i| panel_at(kb, dk, i));
-        let vr = ri.map(|i| panel_at(vb, dv, i));
-        let end = n.min((i0 + ROWS).saturating_add(near));
-        for j0 in (i0 / PANEL * PANEL..end).step_by(PANEL) {
-            // SAFETY: every pointer is a row or panel inside kp/vp (asserted above).
-            unsafe {
-                let ck = tile::<S, ROWS>(&kr, kb.add(j0 * dk), dk);
-                let cut = S::splat(below);
-                let edge = j0 < i0 + ROWS || j0 + PANEL > n;
-                let (mut sel, mut hits, mut ns) = ([0usize; ROWS], [0u32; ROWS], 0);
-                let mut m = [[0f32; PANEL]; ROWS];
-                for r in 0..ROWS {
-                    // the pairs whose key cosine reaches the cutoff (min(ck, cv) <= ck)
-                    let mut hit = S::gt_mask(ck[r][0], cut) | S::gt_mask(ck[r][1], cut) << 8;
-                    if edge {
-                        // only pairs j > i, j < n: the others are another tile's or none
-                        let live = (0..PANEL).filter(|&c| j0 + c > i0 + r && j0 + c < n);
-                        hit &= live.fold(0u32, |a, c| a | 1 << c);
-                    }
-                    if hit != 0 {
-                        (sel[ns], hits[r]) = (r, hit);
-                        ns += 1;
-                        S::store(m[r].as_mut_ptr(), ck[r][0]);
-                        S::store(m[r].as_mut_ptr().add(8), ck[r][1]);
-                    }
+    for (i0, j0) in upper_tiles(n, near) {
+        let (ri, kr, vr) = row_tile((kb, vb), (dk, dv), i0, n);
+        // SAFETY: every pointer is a row or panel inside kp/vp (asserted above).
+        unsafe {
+            let ck = tile::<S, ROWS>(&kr, kb.add(j0 * dk), dk);
+            let cut = S::splat(below);
+            let edge = j0 < i0 + ROWS || j0 + PANEL > n;
+            let mut hits = [0u32; ROWS];
+            for r in 0..ROWS {
+                // the pairs whose key cosine reaches the cutoff (min(ck, cv) <= ck)
+                hits[r] = S::gt_mask(ck[r][0], cut) | S::gt_mask(ck[r][1], cut) << 8;
+                if edge {
+                    hits[r] &= pairs_after(i0 + r, j0, n);
                 }
-                if ns == 0 {
-                    continue;
-                }
-                let m = core::hint::black_box(&mut m);
-                value_rows_n::<S>(ns, &vr, &sel, vb.add(j0 * dv), dv, m);
-                // both ends of every pair at the cutoff count it
-                for &r in &sel[..ns] {
-                    let x = [S::load(m[r].as_ptr()), S::load(m[r].as_ptr().add(8))];
-                    let mut bits = (S::gt_mask(x[0], cut) | S::gt_mask(x[1], cut) << 8) & hits[r];
-                    floor[ri[r]] += bits.count_ones() as f32;
-                    while bits != 0 {
-                        floor[j0 + bits.trailing_zeros() as usize] += 1.0;
-                        bits &= bits - 1;
-                    }
+            }
+            let mut m = [[0f32; PANEL]; ROWS];
+            let (sel, ns) = value_pass::<S>(&ck, &hits, &vr, vb.add(j0 * dv), dv, &mut m);
+            // both ends of every pair at the cutoff count it
+            for &r in &sel[..ns] {
+                let x = [S::load(m[r].as_ptr()), S::load(m[r].as_ptr().add(8))];
+                let mut bits = (S::gt_mask(x[0], cut) | S::gt_mask(x[1], cut) << 8) & hits[r];
+                floor[ri[r]] += bits.count_ones() as f32;
+                while bits != 0 {
+                    floor[j0 + bits.trailing_zeros() as usize] += 1.0;
+                    bits &= bits - 1;
                 }
             }
         }
-        i0 += ROWS;
     }
     for f in floor.iter_mut() {
         *f = if *f >= TWIN_RANK as f32 {
@@ -573,10 +615,7 @@ fn exact_rows<S: Simd>(
             // SAFETY: rows and the panel are inside kp/vp (asserted by the caller's caller).
             unsafe {
                 let ck = tile::<S, ROWS>(&kr, kb.add(j0 * dk), dk);
-                let mut sel = [0usize; ROWS];
                 let mut hits = [0u32; ROWS];
-                let mut ns = 0;
-                let mut mm = [[0f32; PANEL]; ROWS];
                 // lanes of tokens < n (the last panel may be partial)
                 let in_range: u32 = (1u32 << (n - j0).min(PANEL)) - 1;
                 for r in 0..m {
@@ -584,28 +623,16 @@ fn exact_rows<S: Simd>(
                         continue; // compared before
                     }
                     let br = S::splat(floor[ri[r]]);
-                    let mut hit = S::gt_mask(ck[r][0], br) | S::gt_mask(ck[r][1], br) << 8;
+                    let hit = S::gt_mask(ck[r][0], br) | S::gt_mask(ck[r][1], br) << 8;
                     // not itself, not past n
                     let mut live = in_range;
                     if (j0..j0 + PANEL).contains(&ri[r]) {
                         live &= !(1 << (ri[r] - j0));
                     }
-                    hit &= live;
-                    if hit == 0 {
-                        continue;
-                    }
-                    sel[ns] = r;
-                    hits[r] = hit;
-                    ns += 1;
-                    S::store(mm[r].as_mut_ptr(), ck[r][0]);
-                    S::store(mm[r].as_mut_ptr().add(8), ck[r][1]);
+                    hits[r] = hit & live;
                 }
-                if ns == 0 {
-                    continue;
-                }
-                let mm = core::hint::black_box(&mut mm);
-                let col = vb.add(j0 * dv);
-                value_rows_n::<S>(ns, &vr, &sel, col, dv, mm);
+                let mut mm = [[0f32; PANEL]; ROWS];
+                let (sel, ns) = value_pass::<S>(&ck, &hits, &vr, vb.add(j0 * dv), dv, &mut mm);
                 // the other lanes cannot enter (min(ck, cv) <= ck <= the floor), or are
                 // the token itself or past n
                 for &r in &sel[..ns] {
