@@ -73,11 +73,7 @@ pub struct kve_layer_inputs {
 pub const KVE_LAYER_INPUTS_V1_SIZE: u32 = 272;
 /// `sizeof(kve_layer_inputs)` with `row_lse`.
 pub const KVE_LAYER_INPUTS_V2_SIZE: u32 = 288;
-const _: () =
-    assert!(core::mem::size_of::<kve_layer_inputs>() == KVE_LAYER_INPUTS_V2_SIZE as usize);
-impl super::params::Extensible for kve_layer_inputs {
-    const SIZES: &'static [u32] = &[KVE_LAYER_INPUTS_V1_SIZE, KVE_LAYER_INPUTS_V2_SIZE];
-}
+super::params::extensible!(kve_layer_inputs: [KVE_LAYER_INPUTS_V1_SIZE, KVE_LAYER_INPUTS_V2_SIZE]);
 
 pub(crate) const NO_INPUTS: kve_layer_inputs = kve_layer_inputs {
     struct_size: KVE_LAYER_INPUTS_V2_SIZE,

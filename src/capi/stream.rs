@@ -1,7 +1,7 @@
 //! Scoring from any query stream (`crate::stream`): size the state, start it, feed query
 //! chunks with their positions, finish into scores `[Hkv][N]` for every key.
 
-use super::params::{read_ext, write_ext, Extensible};
+use super::params::{extensible, read_ext, write_ext};
 use super::{
     arg, check_alias, kve_tensor, out_param, span_ptr, to_status, to_usize, tri, Buf, Span, Tensor,
     KVE_MAX_HEADS, KVE_OK,
@@ -37,15 +37,9 @@ pub struct kve_stream_score_params {
     pub reserved: u32,
 }
 
-impl Extensible for kve_stream_score_params {
-    const SIZES: &'static [u32] = &[KVE_STREAM_SCORE_PARAMS_V1_SIZE];
-}
-
 /// `sizeof(kve_stream_score_params)` of the first release.
 pub const KVE_STREAM_SCORE_PARAMS_V1_SIZE: u32 = 40;
-const _: () = assert!(
-    core::mem::size_of::<kve_stream_score_params>() == KVE_STREAM_SCORE_PARAMS_V1_SIZE as usize
-);
+extensible!(kve_stream_score_params: [KVE_STREAM_SCORE_PARAMS_V1_SIZE]);
 
 const DEFAULT_PARAMS: kve_stream_score_params = kve_stream_score_params {
     struct_size: KVE_STREAM_SCORE_PARAMS_V1_SIZE,
