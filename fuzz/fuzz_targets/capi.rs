@@ -445,6 +445,27 @@ fn padded<T>(r: &mut R, p: T) -> Box<Padded<T>> {
     b
 }
 
+/// A pooling step of the score and stream params, `(pool_kind, pool_kernel, pool_decay)`:
+/// any kind, kernel or decay, refused ones (huge kernels, negative or NaN decays) included.
+fn pool(r: &mut R) -> (u32, u32, f32) {
+    let kind = r.enum_val(4);
+    let kernel = if r.chance(8) {
+        r.u32()
+    } else {
+        r.u8() as u32 % 12
+    };
+    let decay = [0.9, 1.0, 0.0, -1.0, f32::NAN, 0.5][r.u8() as usize % 6];
+    (kind, kernel, decay)
+}
+
+/// The post-pool of the select and stream params, `(post_pool_kind, _kernel, _decay)`.
+fn post_pool(r: &mut R) -> (u32, u32, f32) {
+    let kind = r.enum_val(4);
+    let kernel = r.u8() as u32 % 12;
+    let decay = [0.9, 1.0, 0.0, f32::NAN][r.u8() as usize % 4];
+    (kind, kernel, decay)
+}
+
 fn score_params(r: &mut R) -> kve_score_params {
     let mut p: kve_score_params = unsafe { std::mem::zeroed() };
     // V1 (48 bytes, no power) or V2 (52)
@@ -467,13 +488,7 @@ fn score_params(r: &mut R) -> kve_score_params {
     };
     if r.chance(3) {
         p.scorer = r.enum_val(8);
-        p.pool_kind = r.enum_val(4);
-        p.pool_kernel = if r.chance(8) {
-            r.u32()
-        } else {
-            r.u8() as u32 % 12
-        };
-        p.pool_decay = [0.9, 1.0, 0.0, -1.0, f32::NAN, 0.5][r.u8() as usize % 6];
+        (p.pool_kind, p.pool_kernel, p.pool_decay) = pool(r);
         p.gqa = r.enum_val(3);
         p.reduce_before_pool = r.enum_val(2);
         p.laprox_gqa = r.enum_val(3);
@@ -510,9 +525,7 @@ fn select_params(r: &mut R) -> kve_select_params {
         p.alpha = [0.2, 0.0, 1.0, 1.5, f32::NAN][r.u8() as usize % 5];
         p.beta = r.u8() as u32 % 30;
         p.normalize = r.enum_val(2);
-        p.post_pool_kind = r.enum_val(4);
-        p.post_pool_kernel = r.u8() as u32 % 12;
-        p.post_pool_decay = [0.9, 1.0, 0.0, f32::NAN][r.u8() as usize % 4];
+        (p.post_pool_kind, p.post_pool_kernel, p.post_pool_decay) = post_pool(r);
     }
     p
 }
@@ -525,16 +538,8 @@ fn stream_params(r: &mut R) -> kve_stream_score_params {
     p.stat = r.enum_val(4);
     if r.chance(3) {
         p.gqa = r.enum_val(3);
-        p.pool_kind = r.enum_val(4);
-        p.pool_kernel = if r.chance(8) {
-            r.u32()
-        } else {
-            r.u8() as u32 % 12
-        };
-        p.pool_decay = [0.9, 1.0, 0.0, -1.0, f32::NAN, 0.5][r.u8() as usize % 6];
-        p.post_pool_kind = r.enum_val(4);
-        p.post_pool_kernel = r.u8() as u32 % 12;
-        p.post_pool_decay = [0.9, 1.0, 0.0, f32::NAN][r.u8() as usize % 4];
+        (p.pool_kind, p.pool_kernel, p.pool_decay) = pool(r);
+        (p.post_pool_kind, p.post_pool_kernel, p.post_pool_decay) = post_pool(r);
         p.reserved = if r.chance(16) { 1 } else { 0 };
     }
     p

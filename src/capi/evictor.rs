@@ -15,7 +15,9 @@
 //! (`src/capi/cuda/evictor.rs`): the same config, layer and stats structs, a stream.
 
 use super::paged::{kve_paged_layout, PagedPool};
-use super::params::{known_size, read_ext, score_config, select_config, write_ext, Extensible};
+use super::params::{
+    extensible, known_size, read_ext, score_config, select_config, write_ext, Extensible,
+};
 pub use super::round::{KVE_EVICTOR_ROUND_V1_SIZE, KVE_EVICTOR_ROUND_V2_SIZE};
 use super::score::opt_floats;
 use super::{
@@ -37,10 +39,7 @@ macro_rules! v1_size {
     ($t:ty, $name:ident = $size:literal) => {
         #[doc = concat!("`sizeof(", stringify!($t), ")` of the first release.")]
         pub const $name: u32 = $size;
-        const _: () = assert!(core::mem::size_of::<$t>() == $name as usize);
-        impl Extensible for $t {
-            const SIZES: &'static [u32] = &[$name];
-        }
+        extensible!($t: [$name]);
     };
 }
 
@@ -115,11 +114,7 @@ pub struct kve_evictor_config {
 pub const KVE_EVICTOR_CONFIG_V1_SIZE: u32 = 136;
 /// `sizeof(kve_evictor_config)` with `paged` and `paged_dtype`.
 pub const KVE_EVICTOR_CONFIG_V2_SIZE: u32 = 144;
-const _: () =
-    assert!(core::mem::size_of::<kve_evictor_config>() == KVE_EVICTOR_CONFIG_V2_SIZE as usize);
-impl Extensible for kve_evictor_config {
-    const SIZES: &'static [u32] = &[KVE_EVICTOR_CONFIG_V1_SIZE, KVE_EVICTOR_CONFIG_V2_SIZE];
-}
+extensible!(kve_evictor_config: [KVE_EVICTOR_CONFIG_V1_SIZE, KVE_EVICTOR_CONFIG_V2_SIZE]);
 
 /// One layer's tensors for the round's `n` cells (fill with `kve_evictor_layer_init`:
 /// every tensor absent). A tensor with `data == NULL` is absent.
@@ -925,12 +920,7 @@ pub struct kve_evictor_paged_layer {
 
 /// `sizeof(kve_evictor_paged_layer)` of the first release.
 pub const KVE_EVICTOR_PAGED_LAYER_V1_SIZE: u32 = 376;
-const _: () = assert!(
-    core::mem::size_of::<kve_evictor_paged_layer>() == KVE_EVICTOR_PAGED_LAYER_V1_SIZE as usize
-);
-impl Extensible for kve_evictor_paged_layer {
-    const SIZES: &'static [u32] = &[KVE_EVICTOR_PAGED_LAYER_V1_SIZE];
-}
+extensible!(kve_evictor_paged_layer: [KVE_EVICTOR_PAGED_LAYER_V1_SIZE]);
 
 const NO_POOL: kve_paged_layout = kve_paged_layout {
     data: core::ptr::null(),

@@ -104,16 +104,24 @@ pub const KVE_SELECT_PARAMS_V1_SIZE: u32 = 48;
 pub(crate) trait Extensible: Copy {
     const SIZES: &'static [u32];
 }
-impl Extensible for kve_score_params {
-    const SIZES: &'static [u32] = &[KVE_SCORE_PARAMS_V1_SIZE, KVE_SCORE_PARAMS_V2_SIZE];
+
+/// `extensible!(T: [V1, V2, ..])`: `T`'s `Extensible` impl with these released sizes, and a
+/// compile-time check that the last is `sizeof(T)`.
+macro_rules! extensible {
+    ($t:ty: [$($size:expr),+ $(,)?]) => {
+        impl $crate::capi::params::Extensible for $t {
+            const SIZES: &'static [u32] = &[$($size),+];
+        }
+        const _: () = {
+            let sizes = <$t as $crate::capi::params::Extensible>::SIZES;
+            assert!(core::mem::size_of::<$t>() == sizes[sizes.len() - 1] as usize);
+        };
+    };
 }
-impl Extensible for kve_select_params {
-    const SIZES: &'static [u32] = &[KVE_SELECT_PARAMS_V1_SIZE];
-}
-const _: () =
-    assert!(core::mem::size_of::<kve_score_params>() == KVE_SCORE_PARAMS_V2_SIZE as usize);
-const _: () =
-    assert!(core::mem::size_of::<kve_select_params>() == KVE_SELECT_PARAMS_V1_SIZE as usize);
+pub(crate) use extensible;
+
+extensible!(kve_score_params: [KVE_SCORE_PARAMS_V1_SIZE, KVE_SCORE_PARAMS_V2_SIZE]);
+extensible!(kve_select_params: [KVE_SELECT_PARAMS_V1_SIZE]);
 
 fn flag(v: u32) -> Result<bool> {
     match v {

@@ -7,7 +7,7 @@
 //! engine's `fill` callback, one layer at a time (a copy of one layer at a time).
 
 use super::evictor::{kve_evictor, kve_evictor_layer, KVE_EVICTOR_LAYER_V1_SIZE, NO_LAYER};
-use super::params::{read_ext, Extensible};
+use super::params::{extensible, read_ext};
 use super::{
     check_alias, kve_tensor, out_param, span_sized, to_status, to_usize, tri, Buf, Span, Tensor,
     KVE_OK,
@@ -103,11 +103,7 @@ pub type kve_evictor_fill_fn =
 pub const KVE_EVICTOR_ROUND_V1_SIZE: u32 = 136;
 /// With `fill`, `fill_layers`, `user`, `user_pad`.
 pub const KVE_EVICTOR_ROUND_V2_SIZE: u32 = 168;
-const _: () =
-    assert!(core::mem::size_of::<kve_evictor_round>() == KVE_EVICTOR_ROUND_V2_SIZE as usize);
-impl Extensible for kve_evictor_round {
-    const SIZES: &'static [u32] = &[KVE_EVICTOR_ROUND_V1_SIZE, KVE_EVICTOR_ROUND_V2_SIZE];
-}
+extensible!(kve_evictor_round: [KVE_EVICTOR_ROUND_V1_SIZE, KVE_EVICTOR_ROUND_V2_SIZE]);
 
 const NO_ROUND: kve_evictor_round = kve_evictor_round {
     struct_size: KVE_EVICTOR_ROUND_V2_SIZE,

@@ -73,11 +73,7 @@ pub struct kve_layer_inputs {
 pub const KVE_LAYER_INPUTS_V1_SIZE: u32 = 272;
 /// `sizeof(kve_layer_inputs)` with `row_lse`.
 pub const KVE_LAYER_INPUTS_V2_SIZE: u32 = 288;
-const _: () =
-    assert!(core::mem::size_of::<kve_layer_inputs>() == KVE_LAYER_INPUTS_V2_SIZE as usize);
-impl super::params::Extensible for kve_layer_inputs {
-    const SIZES: &'static [u32] = &[KVE_LAYER_INPUTS_V1_SIZE, KVE_LAYER_INPUTS_V2_SIZE];
-}
+super::params::extensible!(kve_layer_inputs: [KVE_LAYER_INPUTS_V1_SIZE, KVE_LAYER_INPUTS_V2_SIZE]);
 
 pub(crate) const NO_INPUTS: kve_layer_inputs = kve_layer_inputs {
     struct_size: KVE_LAYER_INPUTS_V2_SIZE,
@@ -318,17 +314,16 @@ pub unsafe extern "C" fn kve_window_row_lse_workspace_size(
     window: u32,
     out_bytes: *mut u64,
 ) -> i32 {
-    let mut out = tri!(out_param(out_bytes));
-    let shape = LayerShape {
-        hq: tri!(head_count(hq)),
-        hkv: tri!(head_count(hkv)),
-        n: tri!(to_usize(n)),
-        dk: tri!(to_usize(dk)),
-        dv: 1,
-    };
-    let bytes = tri!(crate::window_row_lse_workspace_size(&shape, window));
-    write_u64(&mut out, bytes);
-    KVE_OK
+    answer_size(out_bytes, || {
+        let shape = LayerShape {
+            hq: head_count(hq)?,
+            hkv: head_count(hkv)?,
+            n: to_usize(n)?,
+            dk: to_usize(dk)?,
+            dv: 1,
+        };
+        crate::window_row_lse_workspace_size(&shape, window)
+    })
 }
 
 /// The window rows' log-sum-exp, the `row_lse` input of `kve_layer_inputs`:

@@ -1,10 +1,10 @@
 //! Scoring from any query stream (`crate::stream`): size the state, start it, feed query
 //! chunks with their positions, finish into scores `[Hkv][N]` for every key.
 
-use super::params::{read_ext, write_ext, Extensible};
+use super::params::{extensible, read_ext, write_ext};
 use super::{
-    arg, check_alias, kve_tensor, out_param, span_ptr, to_status, to_usize, tri, Buf, Span, Tensor,
-    KVE_MAX_HEADS, KVE_OK,
+    answer_size, arg, check_alias, kve_tensor, out_param, span_ptr, to_status, to_usize, tri, Buf,
+    Span, Tensor, KVE_MAX_HEADS, KVE_OK,
 };
 use crate::config::{GqaReduce, Pool, PoolKind};
 use crate::error::{Error, Result};
@@ -37,15 +37,9 @@ pub struct kve_stream_score_params {
     pub reserved: u32,
 }
 
-impl Extensible for kve_stream_score_params {
-    const SIZES: &'static [u32] = &[KVE_STREAM_SCORE_PARAMS_V1_SIZE];
-}
-
 /// `sizeof(kve_stream_score_params)` of the first release.
 pub const KVE_STREAM_SCORE_PARAMS_V1_SIZE: u32 = 40;
-const _: () = assert!(
-    core::mem::size_of::<kve_stream_score_params>() == KVE_STREAM_SCORE_PARAMS_V1_SIZE as usize
-);
+extensible!(kve_stream_score_params: [KVE_STREAM_SCORE_PARAMS_V1_SIZE]);
 
 const DEFAULT_PARAMS: kve_stream_score_params = kve_stream_score_params {
     struct_size: KVE_STREAM_SCORE_PARAMS_V1_SIZE,
@@ -143,10 +137,9 @@ pub unsafe extern "C" fn kve_stream_state_size(
     dk: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let mut out = tri!(out_param(out_bytes));
-    let bytes = tri!(crate::stream_state_size(&tri!(shape(hq, hkv, n, dk))));
-    write_u64(&mut out, bytes as u64);
-    KVE_OK
+    answer_size(out_bytes, || {
+        crate::stream_state_size(&shape(hq, hkv, n, dk)?)
+    })
 }
 
 /// Start an empty stream in `state` (8-byte aligned, `state_bytes` at least
@@ -178,14 +171,9 @@ pub unsafe extern "C" fn kve_stream_feed_workspace_size(
     chunk: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let mut out = tri!(out_param(out_bytes));
-    let sh = tri!(shape(hq, hkv, n, dk));
-    let bytes = tri!(crate::stream_feed_workspace_size(
-        &sh,
-        tri!(to_usize(chunk))
-    ));
-    write_u64(&mut out, bytes as u64);
-    KVE_OK
+    answer_size(out_bytes, || {
+        crate::stream_feed_workspace_size(&shape(hq, hkv, n, dk)?, to_usize(chunk)?)
+    })
 }
 
 /// Feed `c` queries into the stream: `queries` `[Hq, c, dk]` (post-RoPE), `positions[c]`
@@ -273,12 +261,9 @@ pub unsafe extern "C" fn kve_stream_scores_workspace_size(
     dk: u64,
     out_bytes: *mut u64,
 ) -> i32 {
-    let mut out = tri!(out_param(out_bytes));
-    let bytes = tri!(crate::stream_scores_workspace_size(&tri!(shape(
-        hq, hkv, n, dk
-    ))));
-    write_u64(&mut out, bytes as u64);
-    KVE_OK
+    answer_size(out_bytes, || {
+        crate::stream_scores_workspace_size(&shape(hq, hkv, n, dk)?)
+    })
 }
 
 /// Finish the stream into `out[kh*N + i]`, one score per KV head and key, for all `N`
