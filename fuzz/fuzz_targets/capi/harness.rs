@@ -249,6 +249,15 @@ impl Out {
     }
 }
 
+/// What the oracles check after a call: the arena's bytes before it, the outputs (their
+/// canaries), and whether a destination tensor (varlen compaction) or a device workspace
+/// was left inside the arena (an output too).
+pub struct Checks {
+    pub before: Vec<u8>,
+    pub outs: Vec<Out>,
+    pub dst_in_arena: bool,
+}
+
 /// A workspace length for a call whose size query gave `query` (`None`: the query failed):
 /// mostly that size, sometimes a little short; a random one without a size or past 64 MiB.
 pub fn ws_len(r: &mut R, query: Option<u64>) -> u64 {
