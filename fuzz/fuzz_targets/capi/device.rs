@@ -201,25 +201,8 @@ pub unsafe fn select_model(r: &mut R, a: &mut Arena, ck: &mut Checks) -> Option<
     let sp0 = select_params(r);
     let spb = padded(r, sp0);
     let sp = &spb.p;
-    let (layers, hkv, n, w) = (r.size(6), r.size(4), r.size(120), r.u8() as u64 % 40);
-    let off = (r.u8() as usize % 64) * 4 + if r.chance(32) { 2 } else { 0 };
-    let room = ((ARENA - off) / 4) as u64;
-    let len = if r.chance(4) {
-        r.u32() as u64 % room
-    } else {
-        layers
-            .saturating_mul(hkv)
-            .saturating_mul(n.saturating_sub(w))
-            .min(room)
-    };
-    let ms = kve_model_scores {
-        scores: a.base().add(off) as *const f32,
-        len,
-        layers,
-        hkv,
-        n,
-        window: w,
-    };
+    let ms = model_scores(r, a, true);
+    let (layers, hkv, n, w, len) = (ms.layers, ms.hkv, ms.n, ms.window, ms.len);
     let units = layers.saturating_mul(hkv);
     let p = n - w.min(n);
     let mut wl = 0u64;

@@ -474,6 +474,31 @@ pub fn score_params(r: &mut R) -> kve_score_params {
     p
 }
 
+/// Model scores for a selection: dimensions drawn, the scores a slice of the arena at a drawn
+/// offset (2 bytes off alignment 1 time in 32 with `misalign`, drawn only then), their
+/// length the dimensions' (or 1 time in 4 arbitrary), never past the arena.
+pub unsafe fn model_scores(r: &mut R, a: &Arena, misalign: bool) -> kve_model_scores {
+    let (layers, hkv, n, w) = (r.size(6), r.size(4), r.size(120), r.u8() as u64 % 40);
+    let off = (r.u8() as usize % 64) * 4 + if misalign && r.chance(32) { 2 } else { 0 };
+    let room = ((ARENA - off) / 4) as u64;
+    let len = if r.chance(4) {
+        r.u32() as u64 % room
+    } else {
+        layers
+            .saturating_mul(hkv)
+            .saturating_mul(n.saturating_sub(w))
+            .min(room)
+    };
+    kve_model_scores {
+        scores: a.base().add(off) as *const f32,
+        len,
+        layers,
+        hkv,
+        n,
+        window: w,
+    }
+}
+
 pub fn select_params(r: &mut R) -> kve_select_params {
     let mut p: kve_select_params = unsafe { std::mem::zeroed() };
     let alloc = r.enum_val(5);

@@ -160,24 +160,8 @@ pub unsafe fn select_model(op: u8, r: &mut R, a: &mut Arena, ck: &mut Checks) ->
     let sp0 = select_params(r);
     let spb = padded(r, sp0);
     let sp = &spb.p;
-    let (layers, hkv, n, w) = (r.size(6), r.size(4), r.size(120), r.u8() as u64 % 40);
-    let off = (r.u8() as usize % 64) * 4;
-    let len = if r.chance(4) {
-        r.u32() as u64 % ((ARENA - off) / 4) as u64
-    } else {
-        layers
-            .saturating_mul(hkv)
-            .saturating_mul(n.saturating_sub(w))
-            .min(((ARENA - off) / 4) as u64)
-    };
-    let ms = kve_model_scores {
-        scores: a.base().add(off) as *const f32,
-        len,
-        layers,
-        hkv,
-        n,
-        window: w,
-    };
+    let ms = model_scores(r, a, false);
+    let (layers, hkv, n, w) = (ms.layers, ms.hkv, ms.n, ms.window);
     let (mut ol, mut il, mut wl) = (0u64, 0u64, 0u64);
     let ok = kve_select_output_len(sp, layers, hkv, n, w, &mut ol, &mut il) == KVE_OK
         && kve_select_workspace_size(sp, layers, hkv, n, w, &mut wl) == KVE_OK
