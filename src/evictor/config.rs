@@ -88,6 +88,9 @@ pub(crate) struct Resolved {
     pub gram_len: usize,
     /// Decode-time score memory (`carry.rs`): 0 = off.
     pub decay: f32,
+    /// Cells whose `uniqueness` twin lists a sequence carries from round to round (the
+    /// cell budget's `high`, at most `max_cells`; 0 = off: other scorers, other budgets).
+    pub twins: usize,
     /// The largest element type of paged K/V (`None`: no paged views).
     pub paged: Option<DType>,
 }
@@ -249,6 +252,12 @@ pub(crate) fn resolve_why(c: &EvictorConfig) -> core::result::Result<Resolved, R
         decay: match c.budget {
             Budget::Cells { .. } => decode_decay(c.preset),
             _ => 0.0,
+        },
+        twins: match c.budget {
+            Budget::Cells { high, .. } if score.scorer == ScorerKind::Uniqueness => {
+                c.max_cells.min(usize::try_from(high).unwrap_or(usize::MAX))
+            }
+            _ => 0,
         },
         paged: c.paged,
     })

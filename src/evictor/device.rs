@@ -383,6 +383,7 @@ fn gram_ws(r: &Resolved) -> Result<usize> {
 fn resolve_device(cfg: &EvictorConfig) -> Result<Resolved> {
     let mut r = resolve(cfg)?;
     r.decay = 0.0; // the device path carries no decode-time scores (design §3c)
+    r.twins = 0; // nor twin lists
     if r.capture.wo == WoUse::EveryRound {
         return Err(Error::InvalidArgument);
     }

@@ -6,8 +6,10 @@
 //! and per sequence slot `state [STATE_WORDS] u64, scored [L] u8, ring_rows [L] u64,
 //! words [L·Hkv·max_cells] (scores f32 while scoring, kept cells u32 once selected: a
 //! round needs one or the other), offsets [L·Hkv + 1] u64, links [max_cells] f32,
-//! ring [L][Hq][w][dk] f32, carry [L·Hkv·max_cells] f32, marks [max_cells] u8` (the
-//! decode-time score memory, `carry.rs`; the round's marked cells, `marks.rs`). Parts are cut by the crate's one carver (`workspace.rs`),
+//! ring [L][Hq][w][dk] f32, carry [L·Hkv·max_cells] f32, marks [max_cells] u8,
+//! twins [L·Hkv·cap·TWIN_WORDS] u32` (the decode-time score memory, `carry.rs`; the round's
+//! marked cells, `marks.rs`; `uniqueness`'s twin lists under a cell budget, `cap` =
+//! `Resolved::twins`). Parts are cut by the crate's one carver (`workspace.rs`),
 //! each 64-byte aligned, the optional ones empty when the method does not read them.
 
 use super::Resolved;
@@ -97,6 +99,9 @@ pub(crate) struct Slot<'a> {
     /// The round's marked cells `[max_cells]` (1: marked; `marks.rs`), valid while the
     /// state's `mark_share` is set.
     pub marks: &'a mut [u8],
+    /// `uniqueness`'s twin lists `[L·Hkv][cap][TWIN_WORDS]`, valid for the state's
+    /// `carried` cells (`score/uniqueness/twins.rs`), empty when off.
+    pub twins: &'a mut [u32],
 }
 
 /// A slot's `words` as the round's scores.
@@ -131,7 +136,16 @@ fn slot_bytes(r: &Resolved) -> Result<usize> {
     s.add::<f32>(ring_len(r)?)?;
     s.add::<f32>(carry_len(r)?)?;
     s.add::<u8>(r.max_cells)?;
+    s.add::<u32>(twins_len(r)?)?;
     Ok(s.0)
+}
+
+/// Words of the carried twin lists: `[L·Hkv][cap][TWIN_WORDS]` when on.
+pub(crate) fn twins_len(r: &Resolved) -> Result<usize> {
+    mul(
+        mul(r.m.layers, r.m.hkv)?,
+        mul(r.twins, crate::score::TWIN_WORDS)?,
+    )
 }
 
 /// Floats of the decode-time score memory: `[L·Hkv][max_cells]` when on.
@@ -165,6 +179,7 @@ pub(crate) fn carve_slot<'a>(buf: &'a mut [u8], r: &Resolved) -> Result<Slot<'a>
         ring: ws.take_dirty::<f32>(ring_len(r)?)?,
         carry: ws.take_dirty::<f32>(carry_len(r)?)?,
         marks: ws.take_dirty::<u8>(r.max_cells)?,
+        twins: ws.take_dirty::<u32>(twins_len(r)?)?,
     })
 }
 

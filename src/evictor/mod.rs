@@ -68,7 +68,7 @@ mod state;
 use crate::config::{Granularity, ScoreConfig};
 use crate::error::{Error, Result};
 use crate::paged::{self, PagedCompaction, PagedView, PagedViewMut};
-use crate::score::LayerInputs;
+use crate::score::{CarriedTwins, LayerInputs};
 use crate::view::{View, ViewMut};
 use crate::workspace::Workspace;
 use crate::{budget::ModelScores, ValueLinks};
@@ -622,6 +622,15 @@ impl<'a> Evictor<'a> {
             carry::keep_carried(slot.carry, scores, offsets, indices, units, r.max_cells, p);
             st.carried = 0;
         }
+        if r.twins > 0 && start == 0 && n <= r.twins {
+            // each unit's lists follow its kept cells to the front (`twins.rs`)
+            let words = r.twins * crate::score::TWIN_WORDS;
+            for u in 0..units {
+                let kept = &indices[offsets[u] as usize..offsets[u + 1] as usize];
+                crate::score::remap_twins(&mut slot.twins[u * words..(u + 1) * words], kept);
+            }
+            st.carried = 0;
+        }
         // every unit's list: the protected cells, then the span's, shifted back
         let kept = memory::cells(slot.words);
         let mut o = 0usize;
@@ -755,11 +764,17 @@ impl<'a> Evictor<'a> {
         }
         let units = self.r.m.layers * self.r.m.hkv;
         let decay = self.r.decay;
+        // the twin lists were carried through the selection (`select`)
+        let twins = self.r.twins > 0 && st.start == 0 && st.n as usize <= self.r.twins;
         let slot = self.slot(seq)?;
         let len = |u: usize| slot.offsets[u + 1] - slot.offsets[u];
         let held = (0..units).map(len).max().unwrap_or(0);
         st.commit(held, (0..units).any(|u| len(u) != held))?;
-        st.carried = if decay > 0.0 && !st.ragged { held } else { 0 };
+        st.carried = if (decay > 0.0 || twins) && !st.ragged {
+            held
+        } else {
+            0
+        };
         st.store(slot.state);
         Ok(())
     }
@@ -908,7 +923,16 @@ fn score_into(
         crate::compute_value_l1(values, wo, l1, rest)?;
         inputs.value_l1 = Some(l1);
     }
-    crate::score_layer(&cfg, &inputs, stage, rest)?;
+    // uniqueness under a cell budget: the twin lists of the cells the last round kept
+    // (`score/uniqueness/twins.rs`). They change only inside the head loop, after every
+    // check that can reject the input (finite unit rows give finite scores).
+    let words = r.m.hkv * r.twins * crate::score::TWIN_WORDS;
+    let twins = (r.twins > 0 && n <= r.twins && st.start == 0).then(|| CarriedTwins {
+        lists: &mut slot.twins[layer * words..(layer + 1) * words],
+        cap: r.twins,
+        held: st.carried as usize,
+    });
+    crate::score::score_layer_carried(&cfg, &inputs, stage, rest, twins)?;
     if r.decay > 0.0 {
         let (carried, hkv) = (st.carried as usize, r.m.hkv);
         carry::add_carried(

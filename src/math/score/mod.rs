@@ -255,6 +255,29 @@ pub fn score_layer(
     out: &mut [f32],
     workspace: &mut [u8],
 ) -> Result<()> {
+    score_layer_carried(cfg, inputs, out, workspace, None)
+}
+
+/// Twin lists a decode round carries from the last (`uniqueness`, `uniqueness/twins.rs`):
+/// the layer's `[Hkv][cap][TWIN_WORDS]` words, valid for its first `held` cells.
+pub(crate) struct CarriedTwins<'a> {
+    pub lists: &'a mut [u32],
+    pub cap: usize,
+    pub held: usize,
+}
+
+/// Words of one cell's carried twin list.
+pub(crate) const TWIN_WORDS: usize = uniqueness::TWIN_WORDS;
+pub(crate) use uniqueness::remap_twins;
+
+/// [`score_layer`], `uniqueness` taking `twins` where given (`n <= cap`): the same scores.
+pub(crate) fn score_layer_carried(
+    cfg: &ScoreConfig,
+    inputs: &LayerInputs,
+    out: &mut [f32],
+    workspace: &mut [u8],
+    mut twins: Option<CarriedTwins>,
+) -> Result<()> {
     cfg.validate()?;
     let shape = layer_shape(cfg, inputs)?;
     let keys = inputs.keys.as_ref().ok_or(Error::NullPointer)?;
@@ -439,15 +462,21 @@ pub fn score_layer(
             ScorerKind::StreamingLlm => streaming::score(cfg, dst),
             ScorerKind::KNorm => knorm::score(keys, kh, &mut bufs, dst),
             ScorerKind::Tova => tova::accumulate(sum, g, hq, p, &mut bufs),
-            ScorerKind::Uniqueness => uniqueness::score(
-                keys,
-                inputs.values.as_ref().ok_or(Error::NullPointer)?,
-                kh,
+            ScorerKind::Uniqueness => {
+                let values = inputs.values.as_ref().ok_or(Error::NullPointer)?;
                 // every part is written before it is read (uniqueness.rs)
-                Workspace::new(&mut *scratch)
-                    .take_dirty::<f32>(uniqueness::scratch_floats(n, shape.dk, shape.dv)?)?,
-                dst,
-            ),
+                let sf = uniqueness::scratch_floats(n, shape.dk, shape.dv)?;
+                let scratch = Workspace::new(&mut *scratch).take_dirty::<f32>(sf)?;
+                match twins.as_mut().filter(|t| n <= t.cap) {
+                    Some(t) => {
+                        let words = t.cap * TWIN_WORDS;
+                        let lists = &mut t.lists[kh * words..(kh + 1) * words];
+                        let held = t.held.min(n);
+                        uniqueness::score_carried(keys, values, kh, scratch, dst, lists, held)
+                    }
+                    None => uniqueness::score(keys, values, kh, scratch, dst),
+                }
+            }
         }
     }
     if cfg.scorer == ScorerKind::Tova {

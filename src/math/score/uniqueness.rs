@@ -70,6 +70,9 @@ use crate::numerics::dispatch as dispatch_wide;
 use crate::simd512::dispatch_wide;
 use crate::view::{load_rows, View};
 
+mod twins;
+pub(crate) use twins::{remap as remap_twins, WORDS as TWIN_WORDS};
+
 /// Sharpening exponent (decision, design §3b).
 pub const POWER: i32 = 24;
 /// How many tokens before a unique token receive its whole score (the words that introduce
@@ -749,30 +752,70 @@ fn sharpen(r: f32) -> f32 {
 /// Scores of KV head `kh`'s first `dst.len()` tokens; `scratch` holds [`scratch_floats`].
 pub(super) fn score(keys: &View, values: &View, kh: usize, scratch: &mut [f32], dst: &mut [f32]) {
     dispatch_wide!(fn(keys: &View, values: &View, kh: usize, scratch: &mut [f32], dst: &mut [f32]) -> (), S => {
-        let [_, n, dk] = keys.extent();
-        let dv = values.extent()[2];
-        let n16 = n.div_ceil(PANEL) * PANEL;
-        let (kp, rest) = scratch.split_at_mut(n16 * dk);
-        let (vp, rest) = rest.split_at_mut(n16 * dv);
-        let (floor, rest) = rest.split_at_mut(n16);
-        let (top, tmp) = rest.split_at_mut(n16 * TWIN_RANK);
-        load_unit_panels::<S>(keys, kh, tmp, kp);
-        load_unit_panels::<S>(values, kh, tmp, vp);
+        let (n, dk, dv) = (keys.extent()[1], keys.extent()[2], values.extent()[2]);
+        let [kp, vp, floor, top] = unit_panels::<S>(keys, values, kh, scratch);
         twin_floors::<S>(kp, vp, n, dk, dv, floor, top, NEAR);
-        for (out, &b) in dst.iter_mut().zip(floor.iter()) {
-            *out = sharpen(b);
-        }
-        // ascending: dst[i + 1 ..] are still unlent when dst[i] reads them
-        for i in 0..dst.len() {
-            let mut f = 1.0f32;
-            for j in 1..=BACK_REACH.min(dst.len() - 1 - i) {
-                if j > BACK_FLAT {
-                    f *= BACK_DECAY;
-                }
-                dst[i] = dst[i].max(f * dst[i + j]);
-            }
-        }
+        lend(floor, dst);
     })
+}
+
+/// [`score`] for a decode round whose first `held` cells kept their twin lists from the
+/// last round (`lists`: `n·`[`TWIN_WORDS`] words, [`remap_twins`]; `twins.rs`): the same
+/// scores, comparing mostly the pairs with a new cell; every cell's list is then ready
+/// for the next round.
+pub(super) fn score_carried(
+    keys: &View,
+    values: &View,
+    kh: usize,
+    scratch: &mut [f32],
+    dst: &mut [f32],
+    lists: &mut [u32],
+    held: usize,
+) {
+    dispatch_wide!(fn(keys: &View, values: &View, kh: usize, scratch: &mut [f32], dst: &mut [f32], lists: &mut [u32], held: usize) -> (), S => {
+        let (n, dk, dv) = (keys.extent()[1], keys.extent()[2], values.extent()[2]);
+        let [kp, vp, floor, gate] = unit_panels::<S>(keys, values, kh, scratch);
+        twins::carried_floors::<S>(kp, vp, n, held, dk, dv, floor, gate, lists);
+        lend(floor, dst);
+    })
+}
+
+/// [`scratch_floats`]' parts: head `kh`'s unit K and V rows in panels (loaded), every
+/// token's floor and top list (`n16·TWIN_RANK` floats).
+#[inline(always)]
+fn unit_panels<'s, S: Simd>(
+    keys: &View,
+    values: &View,
+    kh: usize,
+    scratch: &'s mut [f32],
+) -> [&'s mut [f32]; 4] {
+    let (n, dk, dv) = (keys.extent()[1], keys.extent()[2], values.extent()[2]);
+    let n16 = n.div_ceil(PANEL) * PANEL;
+    let (kp, rest) = scratch.split_at_mut(n16 * dk);
+    let (vp, rest) = rest.split_at_mut(n16 * dv);
+    let (floor, rest) = rest.split_at_mut(n16);
+    let (top, tmp) = rest.split_at_mut(n16 * TWIN_RANK);
+    load_unit_panels::<S>(keys, kh, tmp, kp);
+    load_unit_panels::<S>(values, kh, tmp, vp);
+    [kp, vp, floor, top]
+}
+
+/// Each token's sharpened score from its floor, then lent backwards (the module's rule).
+#[inline(always)]
+fn lend(floor: &[f32], dst: &mut [f32]) {
+    for (out, &b) in dst.iter_mut().zip(floor.iter()) {
+        *out = sharpen(b);
+    }
+    // ascending: dst[i + 1 ..] are still unlent when dst[i] reads them
+    for i in 0..dst.len() {
+        let mut f = 1.0f32;
+        for j in 1..=BACK_REACH.min(dst.len() - 1 - i) {
+            if j > BACK_FLAT {
+                f *= BACK_DECAY;
+            }
+            dst[i] = dst[i].max(f * dst[i + j]);
+        }
+    }
 }
 
 #[cfg(all(test, feature = "std"))]
@@ -812,6 +855,11 @@ mod tests {
     /// (filler, many twins), every 9th is unique, and tokens 0..3 have two twins among
     /// themselves and their 3rd and 4th in the last 3 positions, beyond a short first scan.
     fn text_like(n: usize, d: usize, seed: u64) -> Vec<f32> {
+        pack(text_rows(n, d, seed), n, d)
+    }
+
+    /// [`text_like`]'s rows, unpacked.
+    fn text_rows(n: usize, d: usize, seed: u64) -> Vec<f32> {
         let mut rnd = lcg(seed);
         let vocab: Vec<f32> = (0..9 * d).map(|_| rnd()).collect();
         let mut rows = std::vec![0f32; n * d];
@@ -826,7 +874,7 @@ mod tests {
                 };
             }
         }
-        pack(rows, n, d)
+        rows
     }
 
     fn pack(mut rows: Vec<f32>, n: usize, d: usize) -> Vec<f32> {
@@ -955,6 +1003,88 @@ mod tests {
             }
         }
         assert!(second_scan > 0);
+    }
+
+    /// Decode rounds: each adds new tokens after the cells kept from the last, evicts a
+    /// quarter (the most redundant, or a spread), and the carried lists give the plain
+    /// search's floors every round (settled tokens settled, the others bit for bit).
+    fn carried_rounds<S: Simd>(fused: bool) {
+        let (total, dk, dv) = (1200, 16, 24);
+        let (kr, vr) = (text_rows(total, dk, 11), text_rows(total, dv, 13));
+        let mut rnd = lcg(17);
+        for (start, step, worst) in [
+            (96, 40, true),
+            (200, 64, false),
+            (5, 3, true),
+            (64, 1, false),
+        ] {
+            let mut cells: Vec<usize> = (0..start).collect();
+            let (mut next, mut held) = (start, 0);
+            let mut lists: Vec<u32> = Vec::new();
+            for round in 0..12 {
+                let n = cells.len();
+                let pick = |rows: &[f32], d: usize| {
+                    let r: Vec<f32> = cells
+                        .iter()
+                        .flat_map(|&t| rows[t * d..(t + 1) * d].to_vec())
+                        .collect();
+                    pack(r, n, d)
+                };
+                let (kp, vp) = (pick(&kr, dk), pick(&vr, dv));
+                let n16 = n.div_ceil(PANEL) * PANEL;
+                let (mut floor, mut gate) =
+                    (std::vec![0f32; n16], std::vec![0f32; n16 * TWIN_RANK]);
+                lists.resize(n * TWIN_WORDS, 0);
+                twins::carried_floors::<S>(
+                    &kp, &vp, n, held, dk, dv, &mut floor, &mut gate, &mut lists,
+                );
+                let r = brute(&kp, &vp, n, dk, dv, fused);
+                for i in 0..n {
+                    let what = std::format!(
+                        "start {start} round {round} cell {i}/{n} held {held}: {} vs {}",
+                        floor[i],
+                        r[i]
+                    );
+                    if r[i] >= TWIN_CUTOFF {
+                        assert!(floor[i] >= TWIN_CUTOFF, "{what}");
+                    } else {
+                        assert_eq!(floor[i].to_bits(), r[i].to_bits(), "{what}");
+                    }
+                }
+                // evict a quarter: the most redundant (as uniqueness would), or a spread
+                let mut order: Vec<usize> = (0..n).collect();
+                if worst {
+                    order.sort_by(|&a, &b| r[b].total_cmp(&r[a]));
+                } else {
+                    order.sort_by_key(|&i| (i * 7919 + round) % n);
+                }
+                let mut kept: Vec<u32> = order[n / 4..].iter().map(|&i| i as u32).collect();
+                kept.sort();
+                remap_twins(&mut lists, &kept);
+                cells = kept.iter().map(|&i| cells[i as usize]).collect();
+                held = cells.len();
+                // now and then a round with nothing new
+                let add = if rnd() > 0.2 {
+                    step.min(total - next)
+                } else {
+                    0
+                };
+                cells.extend(next..next + add);
+                next += add;
+            }
+        }
+    }
+
+    #[test]
+    fn carried_twin_lists_equal_plain_search() {
+        carried_rounds::<Portable>(false);
+        crate::numerics::on_vector_builds!(S => { carried_rounds::<S>(true) });
+        #[cfg(all(target_arch = "x86_64", kvevict_avx512))]
+        if wide::<crate::numerics::Avx2>() {
+            NARROW.store(true, core::sync::atomic::Ordering::Relaxed);
+            crate::numerics::on_vector_builds!(S => { carried_rounds::<S>(true) });
+            NARROW.store(false, core::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     #[test]
