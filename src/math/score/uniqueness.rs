@@ -46,6 +46,8 @@
 //! the second exact step took the scoring of SmolLM2's real decode rounds from 3.8 to 3.3 ms
 //! a head at 1,024 cells on the loaded shared machine; 2026-12-07: the counting first scan,
 //! 13–14 % off the fork's eviction time at 512 and 1,024 cells; docs/results/decode/cost.md.)
+//! Under a cell budget the evictor carries each cell's twin list from one round to the next
+//! and only the pairs with a new cell are compared ([`score_carried`], `uniqueness/twins.rs`).
 //!
 //! Cost of comparing every pair: every unordered pair of cached tokens once, `N·(N−1)·(dk+dv)` flops per KV head
 //! at most (both ends of a pair updated from one similarity), blocked like a GEMM: the rows
