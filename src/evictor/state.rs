@@ -138,7 +138,13 @@ impl SeqState {
         target: usize,
     ) -> Result<()> {
         let mut st = SeqState::load(words)?;
+        // an abandoned round that scored a layer offered its pairs to the carried twin
+        // lists (`score/uniqueness/twins.rs`): they no longer describe the held cells
+        let touched = r.twins > 0 && st.phase == Phase::Scoring && scored.iter().any(|&s| s != 0);
         st.begin(r, n_cells, target)?;
+        if touched {
+            st.carried = 0;
+        }
         st.store(words);
         scored.fill(0);
         Ok(())
