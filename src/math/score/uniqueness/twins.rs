@@ -13,14 +13,17 @@
 //!   its exact 4th twin (nothing outside the list can be larger), and only the others
 //!   (their twins evicted) are compared again with every cell ("rescans");
 //! - a full list raises `b` to its last value (what was turned away or pushed out this
-//!   round is at most that).
+//!   round is at most that), and a pair at or under `b` below the cutoff is turned away
+//!   without a change of it ([`gate_of`]: else a list that lost partners would take
+//!   every new pair until full).
 //!
 //! Each pair's similarity is the same tile arithmetic as [`super::kth_similarity`]'s (one
 //! FMA chain a pair, the same bits whichever cell is the row), so the floors — and the
-//! scores — equal the plain search's bit for bit (tests below, over many rounds). Measured
-//! on SmolLM2's decode rounds at 512 cells before building it (a probe, not kept): 25–31 %
-//! of a round's cells new, 4 % settled cells that lost their twins, 0.6 % open cells whose
-//! 8-entry list lost more than 4 (with 4 entries: 57 %).
+//! scores — equal the plain search's bit for bit (`uniqueness.rs`'s tests, over many
+//! rounds; `tests/uniqueness_carry.rs` through the evictor). Measured on SmolLM2's decode
+//! rounds at 512 cells before building it (a probe, not kept): 25–31 % of a round's cells
+//! new, 4 % of the old cells settled with their twins evicted, and of the old open cells
+//! 2.7 % with fewer than 4 of an 8-entry list left (57 % of a 4-entry one).
 
 use super::{
     pairs_after, panel_at, row_tile, tile, value_pass, Simd, PANEL, ROWS, TWIN_CUTOFF, TWIN_RANK,
