@@ -96,6 +96,13 @@ pub(crate) struct Resolved {
 }
 
 impl Resolved {
+    /// Whether a round over `n` cells, the first `start` protected, carries `uniqueness`'s
+    /// twin lists (`score/uniqueness/twins.rs`): scored with them, renumbered by `select`,
+    /// kept by `commit`.
+    pub fn carries_twins(&self, start: u64, n: u64) -> bool {
+        self.twins > 0 && start == 0 && n <= self.twins as u64
+    }
+
     /// What the engine captures, the window and the granularity.
     pub fn needs(&self) -> Needs {
         Needs {

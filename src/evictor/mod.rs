@@ -622,7 +622,7 @@ impl<'a> Evictor<'a> {
             carry::keep_carried(slot.carry, scores, offsets, indices, units, r.max_cells, p);
             st.carried = 0;
         }
-        if r.twins > 0 && start == 0 && n <= r.twins {
+        if r.carries_twins(st.start, st.n) {
             // each unit's lists follow its kept cells to the front (`twins.rs`)
             let words = r.twins * crate::score::TWIN_WORDS;
             for u in 0..units {
@@ -764,8 +764,7 @@ impl<'a> Evictor<'a> {
         }
         let units = self.r.m.layers * self.r.m.hkv;
         let decay = self.r.decay;
-        // the twin lists were carried through the selection (`select`)
-        let twins = self.r.twins > 0 && st.start == 0 && st.n as usize <= self.r.twins;
+        let twins = self.r.carries_twins(st.start, st.n);
         let slot = self.slot(seq)?;
         let len = |u: usize| slot.offsets[u + 1] - slot.offsets[u];
         let held = (0..units).map(len).max().unwrap_or(0);
@@ -927,7 +926,7 @@ fn score_into(
     // (`score/uniqueness/twins.rs`). They change only inside the head loop, after every
     // check that can reject the input (finite unit rows give finite scores).
     let words = r.m.hkv * r.twins * crate::score::TWIN_WORDS;
-    let twins = (r.twins > 0 && n <= r.twins && st.start == 0).then(|| CarriedTwins {
+    let twins = r.carries_twins(st.start, st.n).then(|| CarriedTwins {
         lists: &mut slot.twins[layer * words..(layer + 1) * words],
         cap: r.twins,
         held: st.carried as usize,

@@ -270,7 +270,8 @@ pub(crate) struct CarriedTwins<'a> {
 pub(crate) const TWIN_WORDS: usize = uniqueness::TWIN_WORDS;
 pub(crate) use uniqueness::remap_twins;
 
-/// [`score_layer`], `uniqueness` taking `twins` where given (`n <= cap`): the same scores.
+/// [`score_layer`], `uniqueness` taking `twins` where given (the caller's `n <= cap`): the
+/// same scores.
 pub(crate) fn score_layer_carried(
     cfg: &ScoreConfig,
     inputs: &LayerInputs,
@@ -467,7 +468,7 @@ pub(crate) fn score_layer_carried(
                 // every part is written before it is read (uniqueness.rs)
                 let sf = uniqueness::scratch_floats(n, shape.dk, shape.dv)?;
                 let scratch = Workspace::new(&mut *scratch).take_dirty::<f32>(sf)?;
-                match twins.as_mut().filter(|t| n <= t.cap) {
+                match twins.as_mut() {
                     Some(t) => {
                         let words = t.cap * TWIN_WORDS;
                         let lists = &mut t.lists[kh * words..(kh + 1) * words];
