@@ -62,7 +62,7 @@ kve_version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)
 script_hash=$(cat "$root/llama_fork/build.sh" "$root/llama_fork/fetch.sh" "$root/scripts/llama_pristine.sh" | sha256sum | cut -c1-8)
 llama_key="$(cat "${patches[@]}" | sha256sum | cut -c1-16)-$script_hash${features:+-$features}${cmake_args[*]:+-$(echo "${cmake_args[*]}" | sha256sum | cut -c1-8)}$ggml_key"
 # the STAMP of a finished build: the llama.cpp key and kvevict's sources (the fork links them)
-kve_hash=$(cd "$root" && cat Cargo.toml Cargo.lock build.rs include/kvevict.h $(git ls-files src) | sha256sum | cut -c1-16)
+kve_hash=$(cd "$root" && cat Cargo.toml Cargo.lock build.rs include/kvevict.h include/kvevict_ggml.hpp $(git ls-files src) | sha256sum | cut -c1-16)
 stamp="$llama_key-kvevict-$kve_version-$kve_hash"
 
 if [ -n "${KVEVICT_CACHE_DIR:-}" ]; then cache_dir=$KVEVICT_CACHE_DIR

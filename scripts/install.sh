@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build kvevict and install it under PREFIX:
-#   PREFIX/include/kvevict.h
+#   PREFIX/include/kvevict.h, PREFIX/include/kvevict_ggml.hpp (the glue for engines built on ggml)
 #   PREFIX/lib/libkvevict.a, PREFIX/lib/libkvevict.so
 #   PREFIX/lib/pkgconfig/kvevict.pc
 #   PREFIX/lib/cmake/kvevict/kvevictConfig.cmake (+ ConfigVersion)  -> target kvevict::kvevict
@@ -51,6 +51,7 @@ case " ${features//,/ } " in *" cuda "* | *" cuda-emu "*) static_libs="-lstdc++ 
 
 install -d "$prefix/include" "$prefix/lib/pkgconfig" "$prefix/lib/cmake/kvevict"
 install -m 644 "$root/include/kvevict.h" "$prefix/include/kvevict.h"
+install -m 644 "$root/include/kvevict_ggml.hpp" "$prefix/include/kvevict_ggml.hpp"
 install -m 644 "$out/libkvevict.a" "$prefix/lib/libkvevict.a"
 install -m 755 "$out/libkvevict.so" "$prefix/lib/libkvevict.so"
 

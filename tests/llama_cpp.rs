@@ -67,14 +67,26 @@ fn staticlib() -> Option<PathBuf> {
     best.map(|(_, p)| p)
 }
 
-fn build_with_cc(prefix: &Path) -> Result<PathBuf, String> {
+/// `src` compiled by `compiler` (with `flags`) against the llama.cpp prefix's headers and
+/// `libs`, kvevict's header folder and the crate's `libkvevict.a`, into a temporary binary.
+fn compile(
+    prefix: &Path,
+    compiler: &str,
+    flags: &[&str],
+    src: &str,
+    libs: &[&str],
+) -> Result<PathBuf, String> {
     let lib = staticlib().ok_or("no libkvevict.a next to the test binary")?;
-    let out = std::env::temp_dir().join(format!("kvevict_llama-{}", std::process::id()));
+    let stem = Path::new(src)
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let out = std::env::temp_dir().join(format!("{stem}-{}", std::process::id()));
     let libdir = prefix.join("lib");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let o = Command::new(&cc)
-        .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"])
-        .arg(root().join("c_examples/llama_cpp/kvevict_llama.c"))
+    let o = Command::new(compiler)
+        .args(flags)
+        .arg(root().join(src))
         .arg("-I")
         .arg(prefix.join("include"))
         .arg("-I")
@@ -83,18 +95,31 @@ fn build_with_cc(prefix: &Path) -> Result<PathBuf, String> {
         .arg(&out)
         .arg(format!("-L{}", libdir.display()))
         .arg(format!("-Wl,-rpath,{}", libdir.display()))
-        .args(["-lllama", "-lggml", "-lggml-base"])
+        .args(libs)
         .arg(&lib)
         .args(["-lm", "-lpthread", "-ldl"])
         .output()
-        .map_err(|e| format!("cannot run {cc}: {e}"))?;
+        .map_err(|e| format!("cannot run {compiler}: {e}"))?;
     if !o.status.success() {
         return Err(format!(
-            "{cc} failed:\n{}",
+            "{compiler} failed:\n{}",
             String::from_utf8_lossy(&o.stderr)
         ));
     }
     Ok(out)
+}
+
+fn build_with_cc(prefix: &Path) -> Result<PathBuf, String> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let flags = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror"];
+    let libs = ["-lllama", "-lggml", "-lggml-base"];
+    compile(
+        prefix,
+        &cc,
+        &flags,
+        "c_examples/llama_cpp/kvevict_llama.c",
+        &libs,
+    )
 }
 
 /// `Ok(None)`: skip, with the reason printed.
@@ -441,4 +466,47 @@ fn gemma3_sliding_window_model() {
         }
     }
     report(&table, &failures);
+}
+
+/// kvevict's ggml glue (`include/kvevict_ggml.hpp`, what the fork's adapter runs on) against
+/// this llama.cpp's ggml: `tests/ggml_glue/glue_test.cpp` builds K/V caches of ggml tensors
+/// on the CPU backend (f32, f16, q8_0 read in place, V stored transposed, q5_0 on a
+/// dequantized copy), writes the window queries through a ggml graph into the glue's rings,
+/// and checks that a round through the glue keeps exactly the cells the same round keeps
+/// when run by hand through the C API on f32 copies of the cache's values (`uniqueness`,
+/// `snapkv`, `laprox-span` with a q8_0 `Wo`); then the policy the glue holds (the keep
+/// ratio's trigger, the prompt marks, refusals). Needs only `KVEVICT_LLAMA_PREFIX` (ggml's
+/// headers and libraries) and a C++17 compiler (`CXX`, default `c++`).
+#[test]
+fn ggml_glue_keeps_what_the_c_api_keeps() {
+    let Some(prefix) = std::env::var_os("KVEVICT_LLAMA_PREFIX").map(PathBuf::from) else {
+        eprintln!("SKIPPED ggml_glue_keeps_what_the_c_api_keeps: KVEVICT_LLAMA_PREFIX is not set");
+        return;
+    };
+    if !prefix.join("include/ggml-cpu.h").is_file() {
+        eprintln!(
+            "SKIPPED ggml_glue_keeps_what_the_c_api_keeps: no ggml headers in {}",
+            prefix.display()
+        );
+        return;
+    }
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let flags = ["-O1", "-std=c++17", "-Wall", "-Wextra", "-Werror"];
+    let libs = ["-lggml", "-lggml-base", "-lggml-cpu"];
+    let exe = compile(
+        &prefix,
+        &cxx,
+        &flags,
+        "tests/ggml_glue/glue_test.cpp",
+        &libs,
+    )
+    .expect("build the glue test");
+    let o = Command::new(&exe).output().expect("run the glue test");
+    let _ = std::fs::remove_file(&exe);
+    let out = String::from_utf8_lossy(&o.stdout);
+    println!("{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success() && out.contains("ok: 0 failed"),
+        "the glue test failed"
+    );
 }
