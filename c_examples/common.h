@@ -62,4 +62,33 @@ static inline void* xmalloc(size_t bytes) {
     return p;
 }
 
+/* The kept lists of kve_select_model over `ms`, in buffers of the sizes the library asks for:
+ * unit u keeps indices[offsets[u] .. offsets[u + 1]]. With `keep_ws` the workspace stays
+ * allocated (`ws`, `ws_bytes`) for another selection over the same scores, else it is freed
+ * (`ws` NULL); the caller frees the rest. */
+typedef struct {
+    uint64_t* offsets;
+    uint64_t off_len;
+    uint32_t* indices;
+    uint64_t idx_len;
+    void* ws;
+    uint64_t ws_bytes;
+} kept_lists;
+
+static inline kept_lists select_lists(const kve_select_params* sel, const kve_model_scores* ms,
+                                      int keep_ws) {
+    kept_lists k;
+    CHECK(kve_select_output_len(sel, ms->layers, ms->hkv, ms->n, ms->window, &k.off_len, &k.idx_len));
+    CHECK(kve_select_workspace_size(sel, ms->layers, ms->hkv, ms->n, ms->window, &k.ws_bytes));
+    k.offsets = xmalloc(sizeof(uint64_t) * k.off_len);
+    k.indices = xmalloc(sizeof(uint32_t) * k.idx_len);
+    k.ws = xmalloc(k.ws_bytes);
+    CHECK(kve_select_model(sel, ms, k.offsets, k.off_len, k.indices, k.idx_len, k.ws, k.ws_bytes));
+    if (!keep_ws) {
+        free(k.ws);
+        k.ws = NULL;
+    }
+    return k;
+}
+
 #endif

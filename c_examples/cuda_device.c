@@ -113,14 +113,7 @@ int main(void) {
     }
     free(ws);
     kve_model_scores ms = {host_scores, slen * L, L, HKV, N, w};
-    uint64_t no, ni, sws;
-    CHECK(kve_select_output_len(&sel, L, HKV, N, w, &no, &ni));
-    CHECK(kve_select_workspace_size(&sel, L, HKV, N, w, &sws));
-    uint64_t* off = xmalloc(8 * no);
-    uint32_t* kept = xmalloc(4 * ni);
-    ws = xmalloc(sws);
-    CHECK(kve_select_model(&sel, &ms, off, no, kept, ni, ws, sws));
-    free(ws);
+    kept_lists sl = select_lists(&sel, &ms, 0);
 
     /* device: everything on one stream */
     cudaStream_t stream;
@@ -168,11 +161,11 @@ int main(void) {
     int32_t* idx = xmalloc(4 * N);
     CUDA(cudaMemcpy(&count, dcounts, 4, D2H));
     CUDA(cudaMemcpy(idx, didx, 4 * N, D2H));
-    uint64_t host_count = off[1] - off[0];
+    uint64_t host_count = sl.offsets[1] - sl.offsets[0];
     uint64_t same = 0;
-    for (int32_t t = 0, h = (int32_t)off[0]; t < count; t++) {
-        while ((uint64_t)h < off[1] && kept[h] < (uint32_t)idx[t]) h++;
-        same += (uint64_t)h < off[1] && kept[h] == (uint32_t)idx[t];
+    for (int32_t t = 0, h = (int32_t)sl.offsets[0]; t < count; t++) {
+        while ((uint64_t)h < sl.offsets[1] && sl.indices[h] < (uint32_t)idx[t]) h++;
+        same += (uint64_t)h < sl.offsets[1] && sl.indices[h] == (uint32_t)idx[t];
     }
     /* and the compacted K rows of layer 0: row t holds original row idx[t] */
     uint16_t* k0 = xmalloc(2 * row * (size_t)count);
@@ -187,7 +180,7 @@ int main(void) {
     cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dgram); cudaFree(dscores); cudaFree(dws);
     cudaFree(dsel_ws); cudaFree(dcounts); cudaFree(didx); cudaFree(dcws);
     cudaStreamDestroy(stream);
-    free(q); free(k); free(v); free(wo); free(gram); free(host_scores); free(off); free(kept);
+    free(q); free(k); free(v); free(wo); free(gram); free(host_scores); free(sl.offsets); free(sl.indices);
     free(idx); free(k0);
     /* near-ties may fall either way between the two paths; a few differences are fine */
     return rows_ok && (uint64_t)count == host_count && same + 2 >= host_count ? 0 : 1;

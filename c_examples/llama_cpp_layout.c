@@ -113,26 +113,20 @@ int main(void) {
     free(ws);
 
     /* ---- one token set for the whole model ---- */
-    uint64_t off_len, idx_len, sel_ws;
-    CHECK(kve_select_output_len(&sel, LAYERS, HKV, n, w, &off_len, &idx_len));
-    CHECK(kve_select_workspace_size(&sel, LAYERS, HKV, n, w, &sel_ws));
-    uint64_t* offsets = xmalloc(sizeof(uint64_t) * off_len);
-    uint32_t* indices = xmalloc(sizeof(uint32_t) * idx_len);
-    ws = xmalloc(sel_ws);
     kve_model_scores ms = {scores, score_len * LAYERS, LAYERS, HKV, n, w};
     /* without the links first, for comparison */
-    CHECK(kve_select_model(&sel, &ms, offsets, off_len, indices, idx_len, ws, sel_ws));
+    kept_lists sl = select_lists(&sel, &ms, 1);
     int run_plain = 0;
-    for (uint64_t i = offsets[0]; i < offsets[1]; i++)
-        if (indices[i] >= RUN_AT && indices[i] < RUN_AT + RUN_LEN) run_plain++;
+    for (uint64_t i = sl.offsets[0]; i < sl.offsets[1]; i++)
+        if (sl.indices[i] >= RUN_AT && sl.indices[i] < RUN_AT + RUN_LEN) run_plain++;
     /* LaProx-span's threshold: mean link over layers and heads above 0.5 */
-    CHECK(kve_select_model_linked(&sel, &ms, links, n, 0.5f, offsets, off_len, indices, idx_len,
-                                  ws, sel_ws));
-    free(ws);
+    CHECK(kve_select_model_linked(&sel, &ms, links, n, 0.5f, sl.offsets, sl.off_len, sl.indices,
+                                  sl.idx_len, sl.ws, sl.ws_bytes));
+    free(sl.ws);
 
     /* every unit holds the same list at token granularity: take (layer 0, head 0) */
-    const uint32_t* kept = indices + offsets[0];
-    uint64_t kept_len = offsets[1] - offsets[0];
+    const uint32_t* kept = sl.indices + sl.offsets[0];
+    uint64_t kept_len = sl.offsets[1] - sl.offsets[0];
     printf("kept prefix cells:");
     for (uint64_t i = 0; i < kept_len && kept[i] < p; i++) printf(" %u", kept[i]);
     printf("\n");
@@ -163,6 +157,6 @@ int main(void) {
     for (int l = 0; l < LAYERS; l++) {
         free(k_cache[l]); free(v_cache[l]); free(q_win[l]); free(wo[l]); free(gram[l]);
     }
-    free(scores); free(links); free(offsets); free(indices); free(evict);
+    free(scores); free(links); free(sl.offsets); free(sl.indices); free(evict);
     return 0;
 }

@@ -63,14 +63,8 @@ int main(void) {
     kve_select_params sel;
     CHECK(kve_select_params_init_laprox_span(&sel, (uint32_t)sizeof sel, kve_budget_keep_ratio_prefix(N0, w, 0.25)));
     kve_model_scores ms = {scores, slen * LAYERS, LAYERS, HKV, N0, w};
-    uint64_t olen, ilen, selws;
-    CHECK(kve_select_output_len(&sel, LAYERS, HKV, N0, w, &olen, &ilen));
-    CHECK(kve_select_workspace_size(&sel, LAYERS, HKV, N0, w, &selws));
-    uint64_t* offsets = xmalloc(sizeof(uint64_t) * olen);
-    uint32_t* indices = xmalloc(sizeof(uint32_t) * ilen);
-    void* sws2 = xmalloc(selws);
-    CHECK(kve_select_model(&sel, &ms, offsets, olen, indices, ilen, sws2, selws));
-    const uint64_t kept = offsets[1] - offsets[0];
+    kept_lists sl = select_lists(&sel, &ms, 0);
+    const uint64_t kept = sl.offsets[1] - sl.offsets[0];
 
     /* ---- compact every layer's K and V in place; release the trailing blocks ---- */
     uint64_t cws_bytes, freed = 0;
@@ -79,7 +73,7 @@ int main(void) {
     uint32_t* kept_pos = xmalloc(sizeof(uint32_t) * kept);
     for (int l = 0; l < LAYERS; l++)
         for (int kv = 0; kv < 2; kv++)
-            CHECK(kve_paged_compact(&kl[l][kv], table0, 10, N0, offsets + l * HKV, 2, indices, ilen, NULL, 0,
+            CHECK(kve_paged_compact(&kl[l][kv], table0, 10, N0, sl.offsets + l * HKV, 2, sl.indices, sl.idx_len, NULL, 0,
                                     kept_pos, kept, NULL, 0, &freed, cws, cws_bytes));
     printf("kept %llu of %d tokens (window %llu, prefix %llu)\n", (unsigned long long)kept, N0,
            (unsigned long long)w, (unsigned long long)p);

@@ -58,21 +58,14 @@ int main(void) {
     free(ws);
 
     /* ---- ragged selection ---- */
-    uint64_t olen, ilen, selws;
-    CHECK(kve_select_output_len(&sel, LAYERS, HKV, N, WINDOW, &olen, &ilen));
-    CHECK(kve_select_workspace_size(&sel, LAYERS, HKV, N, WINDOW, &selws));
-    uint64_t* offsets = xmalloc(sizeof(uint64_t) * olen);
-    uint32_t* indices = xmalloc(sizeof(uint32_t) * ilen);
-    ws = xmalloc(selws);
     kve_model_scores ms = {scores, slen * LAYERS, LAYERS, HKV, N, WINDOW};
-    CHECK(kve_select_model(&sel, &ms, offsets, olen, indices, ilen, ws, selws));
-    free(ws);
+    kept_lists sl = select_lists(&sel, &ms, 0);
     printf("LAVa, average capacity %d per head (window %d, prefix %llu): kept %llu rows of %d\n", CAPACITY,
-           WINDOW, (unsigned long long)p, (unsigned long long)offsets[LAYERS * HKV], LAYERS * HKV * N);
+           WINDOW, (unsigned long long)p, (unsigned long long)sl.offsets[LAYERS * HKV], LAYERS * HKV * N);
 
     int errors = 0;
     for (int l = 0; l < LAYERS; l++) {
-        const uint64_t* lo = offsets + l * HKV; /* this layer's HKV+1 offsets */
+        const uint64_t* lo = sl.offsets + l * HKV; /* this layer's HKV+1 offsets */
         float* k_before = xmalloc(sizeof(float) * HKV * N * D);
         memcpy(k_before, k[l], sizeof(float) * HKV * N * D);
 
@@ -82,14 +75,14 @@ int main(void) {
         int32_t cu_seqlens[HKV + 1];
         kve_tensor src = {k[l], (uint64_t)HKV * N * D, KVE_DTYPE_F32, 0, {HKV, N, D}, {N * D, D, 1}};
         kve_tensor dst = {flat, total * D, KVE_DTYPE_F32, 0, {1, total, D}, {total * D, D, 1}};
-        CHECK(kve_compact_varlen(&src, lo, HKV + 1, indices, ilen, &dst, cu_seqlens, HKV + 1));
+        CHECK(kve_compact_varlen(&src, lo, HKV + 1, sl.indices, sl.idx_len, &dst, cu_seqlens, HKV + 1));
 
         /* 1. in place, K then V with the same lists */
         uint32_t lengths[HKV];
         kve_tensor tk = {k[l], (uint64_t)HKV * N * D, KVE_DTYPE_F32, 0, {HKV, N, D}, {N * D, D, 1}};
         kve_tensor tv = {v[l], (uint64_t)HKV * N * D, KVE_DTYPE_F32, 0, {HKV, N, D}, {N * D, D, 1}};
-        CHECK(kve_compact_in_place(&tk, lo, HKV + 1, indices, ilen, lengths, HKV));
-        CHECK(kve_compact_in_place(&tv, lo, HKV + 1, indices, ilen, NULL, 0));
+        CHECK(kve_compact_in_place(&tk, lo, HKV + 1, sl.indices, sl.idx_len, lengths, HKV));
+        CHECK(kve_compact_in_place(&tv, lo, HKV + 1, sl.indices, sl.idx_len, NULL, 0));
 
         printf("layer %d: lengths", l);
         for (int h = 0; h < HKV; h++) printf(" %u", lengths[h]);
@@ -101,7 +94,7 @@ int main(void) {
         for (int h = 0; h < HKV; h++) {
             if ((int64_t)lengths[h] != (int64_t)(cu_seqlens[h + 1] - cu_seqlens[h])) errors++;
             for (uint32_t r = 0; r < lengths[h]; r++) {
-                uint32_t t = indices[lo[h] + r];
+                uint32_t t = sl.indices[lo[h] + r];
                 const float* want = k_before + ((size_t)h * N + t) * D;
                 if (memcmp(k[l] + ((size_t)h * N + r) * D, want, sizeof(float) * D) != 0) errors++;
                 if (memcmp(flat + ((size_t)cu_seqlens[h] + r) * D, want, sizeof(float) * D) != 0) errors++;
@@ -115,6 +108,6 @@ int main(void) {
     for (int l = 0; l < LAYERS; l++) {
         free(k[l]); free(v[l]); free(q[l]);
     }
-    free(scores); free(offsets); free(indices);
+    free(scores); free(sl.offsets); free(sl.indices);
     return errors != 0;
 }

@@ -315,6 +315,26 @@ c_enum! {
     }
 }
 
+impl Granularity {
+    /// The unit whose set layer `l`'s KV head `kh` keeps (`hkv` heads a layer): units are
+    /// numbered `l * hkv + kh` (head), `l` (layer), or there is one (token).
+    pub(crate) fn unit(self, l: usize, kh: usize, hkv: usize) -> usize {
+        match self {
+            Granularity::Head => l * hkv + kh,
+            Granularity::Layer => l,
+            Granularity::Token => 0,
+        }
+    }
+
+    /// Units a layer of `hkv` heads has to itself: its heads (head), else one.
+    pub(crate) fn per_layer(self, hkv: usize) -> usize {
+        match self {
+            Granularity::Head => hkv,
+            _ => 1,
+        }
+    }
+}
+
 c_enum! {
     /// How layer scores are normalised before model-wide comparison.
     Normalize => "KVE_NORMALIZE_" {

@@ -39,13 +39,6 @@ fn check_cfg(cfg: &SelectConfig) -> Result<()> {
     Ok(())
 }
 
-fn units_per_layer(cfg: &SelectConfig, hkv: usize) -> usize {
-    match cfg.granularity {
-        Granularity::Head => hkv,
-        _ => 1,
-    }
-}
-
 fn check_dims(layers: usize, hkv: usize, n: usize) -> Result<()> {
     ModelShape::new(layers as u64, hkv as u64, n as u64, 0).map(|_| ())
 }
@@ -62,7 +55,7 @@ pub fn search_new(
     check_cfg(cfg)?;
     check_dims(layers, hkv, n)?;
     let p = (n - window.min(n)) as u64;
-    let nu = (layers * units_per_layer(cfg, hkv)) as u64;
+    let nu = (layers * cfg.granularity.per_layer(hkv)) as u64;
     Ok(ShardSearch::new(
         nu.saturating_mul(cfg.budget.min(p)),
         nu * p,
@@ -375,7 +368,7 @@ pub fn shard_workspace_size(
     check_cfg(cfg)?;
     check_dims(layers, hkv, n)?;
     let p = n - window.min(n);
-    let nu = mul(layers, units_per_layer(cfg, hkv))?;
+    let nu = mul(layers, cfg.granularity.per_layer(hkv))?;
     let mut ws = WorkspaceSize::new();
     ws.add::<f32>(mul(nu, p)?)?; // scores at the selection granularity, pooled
     ws.add::<f32>(p)?; // pooling scratch
@@ -453,7 +446,7 @@ fn prepare<'a>(
     if workspace.len() < shard_workspace_size(cfg, layers, hkv, m.n, m.window)? {
         return Err(Error::WorkspaceTooSmall);
     }
-    let upl = units_per_layer(cfg, hkv);
+    let upl = cfg.granularity.per_layer(hkv);
     let nu = layers * upl;
     let sinks = cfg.post_pool_sinks as usize;
     let mut ws = Workspace::new(workspace);
@@ -590,7 +583,7 @@ pub fn select_shard_linked(
     }
     let pr = prepare(cfg, m, first_layer, links, workspace)?;
     let (layers, hkv, n, p) = (m.layers, m.hkv, m.n, pr.p);
-    let upl = units_per_layer(cfg, hkv);
+    let upl = cfg.granularity.per_layer(hkv);
     let t = search.threshold;
     let unit = |l: usize, kh: usize| if upl == 1 { l } else { l * hkv + kh };
     // count first, so nothing is written when the outputs are too small

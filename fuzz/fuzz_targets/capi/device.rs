@@ -8,16 +8,8 @@ use std::ffi::c_void;
 /// Op 9: `kve_cuda_score_layer`, op 0 on the device (the kernels on the emulator).
 pub unsafe fn score_layer(r: &mut R, a: &mut Arena, ck: &mut Checks) -> Option<i32> {
     let st;
-    let sp0 = score_params(r);
-    let spb = padded(r, sp0);
+    let (spb, mut inp) = score_call(r, a, |r| if r.chance(2) { 288 } else { 272 });
     let sp = &spb.p;
-    let mut inp: kve_layer_inputs = std::mem::zeroed();
-    kve_layer_inputs_init(&mut inp, if r.chance(2) { 288 } else { 272 });
-    inp.queries = tensor(r, a, [8, 40, 32]);
-    inp.keys = tensor(r, a, [4, 96, 32]);
-    if r.chance(2) {
-        inp.values = tensor(r, a, [4, 96, 32]);
-    }
     wide_heads(r, &mut inp.queries);
     if let Some(h) = wide_heads(r, &mut inp.keys) {
         if !inp.values.data.is_null() && r.chance(2) {

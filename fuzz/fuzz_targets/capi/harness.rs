@@ -440,6 +440,26 @@ pub fn post_pool(r: &mut R) -> (u32, u32, f32) {
     (kind, kernel, decay)
 }
 
+/// The start of ops 0 and 9 (`kve_score_layer` and `kve_cuda_score_layer`): score params
+/// (maybe padded), then layer inputs declaring `size(r)` bytes with queries, keys and (one
+/// time in two) values over the arena, drawn in that order.
+pub unsafe fn score_call(
+    r: &mut R,
+    a: &Arena,
+    size: impl FnOnce(&mut R) -> u32,
+) -> (Box<Padded<kve_score_params>>, kve_layer_inputs) {
+    let sp0 = score_params(r);
+    let spb = padded(r, sp0);
+    let mut inp: kve_layer_inputs = std::mem::zeroed();
+    kve_layer_inputs_init(&mut inp, size(r));
+    inp.queries = tensor(r, a, [8, 40, 32]);
+    inp.keys = tensor(r, a, [4, 96, 32]);
+    if r.chance(2) {
+        inp.values = tensor(r, a, [4, 96, 32]);
+    }
+    (spb, inp)
+}
+
 pub fn score_params(r: &mut R) -> kve_score_params {
     let mut p: kve_score_params = unsafe { std::mem::zeroed() };
     // V1 (48 bytes, no power) or V2 (52)

@@ -8,16 +8,8 @@ use std::ffi::c_void;
 /// Op 0: `kve_score_layer` (host), its inputs and precomputed statistics views over the arena.
 pub unsafe fn score_layer(r: &mut R, a: &mut Arena, ck: &mut Checks) -> Option<i32> {
     let st;
-    let sp0 = score_params(r);
-    let spb = padded(r, sp0);
+    let (spb, mut inp) = score_call(r, a, |_| 272);
     let sp = &spb.p;
-    let mut inp: kve_layer_inputs = std::mem::zeroed();
-    kve_layer_inputs_init(&mut inp, 272);
-    inp.queries = tensor(r, a, [8, 40, 32]);
-    inp.keys = tensor(r, a, [4, 96, 32]);
-    if r.chance(2) {
-        inp.values = tensor(r, a, [4, 96, 32]);
-    }
     let fl = |r: &mut R| {
         let off = (r.u8() as usize % 64) * 4;
         let len = r.u32() as u64 % ((ARENA - off) / 4) as u64;

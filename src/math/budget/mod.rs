@@ -372,10 +372,7 @@ fn select(
         scale[u] = if global { norm(l) } else { 1.0 };
     }
     let arr: &[f32] = if copy.is_empty() { m.scores } else { copy };
-    let per_layer = match cfg.granularity {
-        Granularity::Head => hkv,
-        _ => 1,
-    };
+    let per_layer = cfg.granularity.per_layer(hkv);
 
     // thresholds
     {
@@ -427,11 +424,7 @@ fn select(
     let mut o = 0usize;
     for l in 0..layers {
         for kh in 0..hkv {
-            let u = match cfg.granularity {
-                Granularity::Head => l * hkv + kh,
-                Granularity::Layer => l,
-                Granularity::Token => 0,
-            };
+            let u = cfg.granularity.unit(l, kh, hkv);
             offsets[l * hkv + kh] = o as u64;
             let t = thr[u];
             for i in 0..p {
