@@ -7,8 +7,7 @@
 //   ev.alloc_rings(n_head * head_dim);     // query rings next to the K caches (methods that read queries)
 //   ... graph: ev.capture(ctx, gf, layer, q, idx) after each layer's post-RoPE query; before compute ev.ring_rows(...)
 //   ev.target(seq, positions, incoming, prompt) // how many cells seq keeps now (keep ratio, budget), or all of them
-//   ev.round(...)                          // one eviction round: the kept cells, the engine drops the others
-//   ev.committed(...)                      // the round's cells dropped by the engine: protect, count
+//   ev.evict(cache, cells, reason, drop)   // one eviction: the round, the engine's drop of the other cells, the log
 //
 // The cache as ggml holds it (llama.cpp's layout): per layer a K tensor [row, size, streams] (row = Hkv x head_dim,
 // one cell a row) and a V tensor of the same shape, or stored transposed (element (cell i, dim j) of a stream at
@@ -29,7 +28,10 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -153,6 +155,10 @@ public:
 
     ~evictor() { release(); }
 
+    // where the glue's messages go (ggml's log callback: the engine's logger), and what it is told after each eviction
+    void set_log(ggml_log_callback cb, void * user) { log_cb = cb; log_user = user; }
+    std::function<void(int32_t seq, uint32_t before, uint32_t after, double ms, const char * reason)> on_evict;
+
     // the engine's eviction parameters read by the library into cfg and req: null, or why they are refused.
     // (A kvevict cell is one token of every head, as a ggml KV cache's.)
     const char * check(const char * method, uint32_t window_, float keep, uint32_t max_cells_, float evict_to,
@@ -186,6 +192,12 @@ public:
         return nullptr;
     }
     const char * method() const { return kve_preset_name(cfg.preset); }
+    // the settings check() read, in one log line
+    void log_settings() const {
+        log(GGML_LOG_LEVEL_INFO, "kvevict: KV eviction '%s', window %u, keep %.3f, max cells %u (evicted down to %llu), value "
+            "links %.2f\n", method(), window, cfg.policy == KVE_POLICY_KEEP_RATIO ? cfg.keep_ratio : 0.0, max_cells,
+            (unsigned long long) cfg.low, cfg.link_threshold);
+    }
     bool device() const { return dev != nullptr; }
     bool host_mem() const { return host_mem_; }
     bool on_cpu() const { return cpu_; }
@@ -196,8 +208,22 @@ public:
     // the evictor for the cache's cells (every stream, max_seqs sequences) of a model of `layers` layers with hq
     // query heads, hkv KV heads of head_dim and a residual width d_model: the device form when every K/V tensor is in
     // one CUDA0 buffer type (force_device: any one type); null, or why not
+    // wo: each layer's attention output weight, read at the first round if the method needs it (LaProx)
     const char * init(const cache & kv, uint32_t max_seqs, int32_t hq, int32_t hkv, int32_t head_dim, int32_t d_model,
-                      bool force_device) {
+                      bool force_device, std::vector<ggml_tensor *> wo = {}) {
+        const char * why = setup(kv, max_seqs, hq, hkv, head_dim, d_model, force_device);
+        wo_ = std::move(wo);
+        if (!why) {
+            const uint32_t pol = cfg.policy;
+            log(GGML_LOG_LEVEL_INFO, "kvevict: evictor '%s' (%s): %u cells x %u sequences, window %u, %s, %.2f MiB\n",
+                method(), dev ? "device form, kve_cuda_evictor_*" : "kve_evictor_*", kv.size, max_seqs, window,
+                pol == KVE_POLICY_KEEP_RATIO ? "keep ratio on what is new" : pol == KVE_POLICY_CELLS ? "cell budget" : "explicit",
+                bytes() / 1048576.0);
+        }
+        return why;
+    }
+    const char * setup(const cache & kv, uint32_t max_seqs, int32_t hq, int32_t hkv, int32_t head_dim, int32_t d_model,
+                       bool force_device) {
         c_ = kv; n_head = hq; n_head_kv = hkv; hd = head_dim;
         cfg.layers = kv.k.size(); cfg.hq = hq; cfg.hkv = hkv; cfg.dk = cfg.dv = head_dim; cfg.d_model = d_model;
         const kve_evictor_config c = shaped(kv.size, max_seqs);
@@ -239,9 +265,10 @@ public:
     // the query rings (methods that read queries): per layer an f32 tensor [row, max_seqs*window + 1] in its K cache's
     // buffer type; row seq*window + slot holds a query of seq (slot = arrival % window), the last row takes the others.
     // Null, or why not; bytes_out: their size
-    const char * alloc_rings(int64_t row, uint32_t max_seqs, size_t & bytes_out) {
-        bytes_out = 0;
+    const char * alloc_rings(int64_t row, uint32_t max_seqs) {
+        size_t bytes = 0;
         if (!req.queries) {
+            log(GGML_LOG_LEVEL_INFO, "kvevict: no query capture ('%s' reads no queries)\n", method());
             return nullptr;
         }
         ring_n.assign(max_seqs, 0);
@@ -267,9 +294,11 @@ public:
                 return "cannot allocate the query rings";
             }
             ggml_backend_buffer_clear(buf, 0);
-            bytes_out += ggml_backend_buffer_get_size(buf);
+            bytes += ggml_backend_buffer_get_size(buf);
             qring_buf.emplace_back(buf);
         }
+        log(GGML_LOG_LEVEL_INFO, "kvevict: query capture in the graph: rings of %u queries x %u sequences in %zu layers, %.2f MiB\n",
+            window, max_seqs, c_.k.size(), bytes / 1048576.0);
         return nullptr;
     }
     bool captures() const { return !qring.empty(); }
@@ -436,6 +465,72 @@ public:
         return r.restored || (req.queries && n_q < std::min<uint64_t>(window, r.cell.size()));
     }
 
+    // One eviction of r.seq's cells in cache kv down to r.target (cells in position order): nothing if r.target or the
+    // window holds them all; else the round, then drop(the other cells) by the engine (it returns the attention span
+    // it has after, -1 if it dropped nothing), then the bookkeeping, the log line and on_evict. The cells evicted, or
+    // UNSUPPORTED / KVEVICT (the message logged). The cache's writes must be finished
+    static constexpr int32_t KVEVICT = -2;
+    int32_t evict(const cache & kv, const round_in & r, const char * reason,
+                  const std::function<int64_t(const std::vector<uint32_t> &)> & drop) {
+        const uint32_t n = (uint32_t) r.cell.size();
+        if (r.target >= n || n <= std::min(window, n)) {
+            return 0;
+        }
+        for (uint32_t i = 1; i < n; i++) {
+            if (r.pos[i] == r.pos[i - 1]) {
+                log(GGML_LOG_LEVEL_ERROR, "kvevict: KV eviction needs one cell per position and sequence\n");
+                return UNSUPPORTED;
+            }
+        }
+        if (!r.restored && agnostic(r)) {
+            log(GGML_LOG_LEVEL_INFO, "kvevict: seq %d: %llu of its %u window queries captured (cells copied or restored): scored "
+                "with 'uniqueness'\n", r.seq, (unsigned long long) ring_count(r.seq), std::min(window, n));
+        }
+        if (!wo_ready()) { // at the first eviction (a context made only to measure memory has no weights to read)
+            const int64_t t0 = ggml_time_us();
+            if (const char * why = set_output_projection(wo_)) {
+                log(GGML_LOG_LEVEL_ERROR, "kvevict: %s\n", why);
+                return UNSUPPORTED;
+            }
+            log(GGML_LOG_LEVEL_INFO, "kvevict: LaProx Gram blocks of %zu layers in %.1f ms (once per context)\n", wo_.size(),
+                1e-3 * (double) (ggml_time_us() - t0));
+        }
+        std::vector<uint32_t> kept, dropped;
+        const int32_t st = round(kv, r, kept);
+        if (st != KVE_OK) {
+            log(GGML_LOG_LEVEL_ERROR, "kvevict: sequence %d: %s\n", r.seq, why());
+            return st == UNSUPPORTED ? UNSUPPORTED : KVEVICT;
+        }
+        for (uint32_t i = 0, j = 0; i < n; i++) { // the kept positions' cells stay; the sequence leaves the others
+            if (j < kept.size() && kept[j] == i) {
+                j++;
+            } else {
+                dropped.push_back(r.cell[i]);
+            }
+        }
+        const int64_t n_kv = drop(dropped);
+        if (n_kv < 0) {
+            return UNSUPPORTED;
+        }
+        committed(r.seq, n, (uint32_t) kept.size(), r.pos[kept.back()]);
+        const double ms = since_round_ms();
+        log(GGML_LOG_LEVEL_INFO, "evict: seq %d: %u -> %zu cells (%s), n_kv %lld (score %.2f ms, select %.2f ms, compact %.2f "
+            "ms; evictions %u, most cells held %u; %zu marked ranges; %s)\n", r.seq, n, kept.size(), reason, (long long) n_kv,
+            round_ms(), 0.0, ms - round_ms(), evictions, cells_max, last_ranges, round_path());
+        if (on_evict) {
+            on_evict(r.seq, n, (uint32_t) kept.size(), ms, reason);
+        }
+        return (int32_t) (n - kept.size());
+    }
+    // a ubatch of n tokens placed for seq, which then holds `cells` (the largest such count is in the eviction lines)
+    void placed(int32_t seq, uint64_t cells, uint32_t n) {
+        if (cells > cells_max) {
+            cells_max = (uint32_t) cells;
+            log(GGML_LOG_LEVEL_INFO, "place: seq %d: %u cells with this ubatch of %u tokens (budget %u; most cells held %u)\n", seq,
+                cells_max, n, max_cells, cells_max);
+        }
+    }
+
     // One eviction round of r.seq's cells in cache kv (or, r.restored, a host copy of the state restored into r.seq:
     // its stream 0 and slot 0): kept gets the kept cells (ascending indices into r.cell). KVE_OK, UNSUPPORTED (why()
     // says why) or the library's status; the engine then drops the others and calls committed(). Wo must be set
@@ -597,7 +692,6 @@ public:
     // the last round's: ms scoring and selecting, ms since it started; marked ranges; path ("kve_*", ...)
     double round_ms() const { return 1e-3 * (double) (t1_us - t0_us); }
     double since_round_ms() const { return 1e-3 * (double) (ggml_time_us() - t0_us); }
-    size_t round_ranges() const { return last_ranges; }
     const char * round_path() const {
         return dev && !last_agnostic ? (last_direct ? "device path, kve_cuda_*" : "device path, kve_cuda_* on a dequantized copy")
                                      : last_direct ? "host path, kve_*" : "host path, dequantized copy";
@@ -623,6 +717,22 @@ private:
     ggml_backend_buffer_t dev_block = nullptr, dev_scratch = nullptr;
     bool host_mem_ = true, cpu_ = true, wo_set = false;
     std::string why_;
+    std::vector<ggml_tensor *> wo_;
+    uint32_t cells_max = 0;
+    ggml_log_callback log_cb = nullptr;
+    void * log_user = nullptr;
+
+    void log(ggml_log_level level, const char * fmt, ...) const {
+        if (!log_cb) {
+            return;
+        }
+        char buf[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(buf, sizeof buf, fmt, ap);
+        va_end(ap);
+        log_cb(level, buf, log_user);
+    }
     std::vector<ggml_tensor *> qring;
     std::vector<ggml_context_ptr> qring_ctx;
     std::vector<ggml_backend_buffer_ptr> qring_buf;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 
 static int fails = 0;
 #define CHECK(c, ...)                                                                  \
@@ -69,13 +70,14 @@ static void round_case(const char * method, ggml_type tk, ggml_type tv, bool v_t
     }
 
     kve_ggml::evictor ev;
+    std::string log;
+    ev.set_log([](ggml_log_level, const char * text, void * user) { *(std::string *) user += text; }, &log);
     const char * why = ev.check(method, WINDOW, 0.0f, 0, 0.75f, 0.0f, 0);
     CHECK(!why, "%s", why);
-    why = ev.init(c, STREAMS, HQ, HKV, HD, D, false);
+    why = ev.init(c, STREAMS, HQ, HKV, HD, D, false, wo);
     CHECK(!why, "%s", why);
     CHECK(ev.host_mem() && ev.on_cpu() && !ev.device(), "a CPU cache");
-    size_t ring_bytes = 0;
-    why = ev.alloc_rings(HQ * HD, STREAMS, ring_bytes);
+    why = ev.alloc_rings(HQ * HD, STREAMS);
     CHECK(!why, "%s", why);
     CHECK(ev.captures() == (bool) ev.req.queries, "rings exactly for methods that read queries");
 
@@ -101,13 +103,9 @@ static void round_case(const char * method, ggml_type tk, ggml_type tv, bool v_t
         CHECK(ev.ring_count(1) == T && ev.ring_count(0) == 0, "ring counts %llu %llu",
               (unsigned long long) ev.ring_count(1), (unsigned long long) ev.ring_count(0));
     }
-    if (!ev.wo_ready()) {
-        why = ev.set_output_projection(wo);
-        CHECK(!why, "%s", why);
-        for (int li = 0; li < L; li++) {
-            std::vector<float> w((size_t) HQ * HD * D);
-            CHECK(kve_ggml::weight_f32(wo[li], w.data()) && w == wf[li], "Wo read back as ggml dequantizes it");
-        }
+    for (int li = 0; li < L; li++) {
+        std::vector<float> w((size_t) HQ * HD * D);
+        CHECK(kve_ggml::weight_f32(wo[li], w.data()) && w == wf[li], "Wo read back as ggml dequantizes it");
     }
 
     // sequence 1: 40 cells of stream 1 in a shuffled order, positions 0..39
@@ -123,9 +121,20 @@ static void round_case(const char * method, ggml_type tk, ggml_type tv, bool v_t
         r.pos.push_back(p);
     }
     CHECK(!ev.agnostic(r), "sequence 1 has its window queries");
-    std::vector<uint32_t> kept;
-    const int32_t st = ev.round(c, r, kept);
-    CHECK(st == KVE_OK, "glue round: %s", ev.why());
+    // the eviction: the round, the other cells handed to the engine's drop, the bookkeeping
+    std::vector<uint32_t> dropped, kept;
+    const int32_t evicted = ev.evict(c, r, "test", [&](const std::vector<uint32_t> & d) {
+        dropped = d;
+        return (int64_t) 16;
+    });
+    CHECK(evicted == 28 && dropped.size() == 28, "evicted %d, dropped %zu: %s", evicted, dropped.size(), log.c_str());
+    for (uint32_t i = 0; i < 40; i++) {
+        if (std::find(dropped.begin(), dropped.end(), r.cell[i]) == dropped.end()) {
+            kept.push_back(i);
+        }
+    }
+    CHECK(log.find("evict: seq 1: 40 -> 12 cells (test), n_kv 16") != std::string::npos, "the eviction's line: %s",
+          log.c_str());
 
     // the reference: a host evictor of 40 cells, the rows as f32 token rows in position order (the cache's values)
     kve_evictor_config rc = ev.cfg;
@@ -175,7 +184,8 @@ static void round_case(const char * method, ggml_type tk, ggml_type tv, bool v_t
           ggml_type_name(tv), v_trans ? " (V transposed)" : "", kept.size(), want.size());
     printf("%s %s/%s%s: %s, kept %zu of 40\n", method, ggml_type_name(tk), ggml_type_name(tv),
            v_trans ? " (V transposed)" : "", ev.round_path(), kept.size());
-    ev.committed(r.seq, 40, (uint32_t) kept.size(), r.pos[kept.back()]);
+    r.target = 40;
+    CHECK(ev.evict(c, r, "test", [](const std::vector<uint32_t> &) { return (int64_t) -1; }) == 0, "a target of all: no round");
     CHECK(ev.stats(1).evictions == 1 && ev.stats(1).cells_evicted == 40 - kept.size() && ev.stats(0).evictions == 0,
           "per-sequence counts");
 }
