@@ -153,6 +153,9 @@ public:
     double t_score_ms = 0, t_select_ms = 0, t_compact_ms = 0;
     uint32_t evictions = 0;
 
+    evictor() = default;
+    evictor(const evictor &) = delete; // (it owns ggml buffers)
+    evictor & operator=(const evictor &) = delete;
     ~evictor() { release(); }
 
     // where the glue's messages go (ggml's log callback: the engine's logger), and what it is told after each eviction
