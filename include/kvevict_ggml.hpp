@@ -150,7 +150,7 @@ public:
     kve_evictor_config cfg = {};    // the parameters' reading (check), shaped by init
     kve_evictor_requirements req = {};
     uint32_t window = 8, max_cells = 0, mark_split = KVE_MARK_SPLIT_SHARE;
-    double t_score_ms = 0, t_select_ms = 0, t_compact_ms = 0;
+    double t_score_ms = 0, t_compact_ms = 0; // totals (scoring and selection are one call, run_round)
     uint32_t evictions = 0;
 
     evictor() = default;
@@ -225,46 +225,6 @@ public:
         }
         return why;
     }
-    const char * setup(const cache & kv, uint32_t max_seqs, int32_t hq, int32_t hkv, int32_t head_dim, int32_t d_model,
-                       bool force_device) {
-        c_ = kv; n_head = hq; n_head_kv = hkv; hd = head_dim;
-        cfg.layers = kv.k.size(); cfg.hq = hq; cfg.hkv = hkv; cfg.dk = cfg.dv = head_dim; cfg.d_model = d_model;
-        const kve_evictor_config c = shaped(kv.size, max_seqs);
-        ggml_backend_buffer_type_t buft = nullptr;
-        bool one_type = true;
-        host_mem_ = cpu_ = true;
-        for (size_t li = 0; li < kv.k.size(); li++) {
-            for (const ggml_tensor * t : {kv.k[li], kv.v[li]}) {
-                const ggml_backend_buffer_t buf = t ? buffer_of(t) : nullptr;
-                if (!buf) {
-                    return "a layer has no K/V cache in memory";
-                }
-                one_type = one_type && (!buft || buft == ggml_backend_buffer_get_type(buf));
-                buft = ggml_backend_buffer_get_type(buf);
-                host_mem_ = host_mem_ && ggml_backend_buffer_is_host(buf);
-                // (the CPU buffer type has no device: ggml_backend_cpu_buffer_type's FIXME)
-                const ggml_backend_dev_t bd = ggml_backend_buft_get_device(buft);
-                cpu_ = cpu_ && (buft == ggml_backend_cpu_buffer_type() || (bd && ggml_backend_dev_type(bd) == GGML_BACKEND_DEVICE_TYPE_CPU));
-            }
-        }
-        if (force_device || (one_type && !host_mem_ && strcmp(ggml_backend_buft_name(buft), "CUDA0") == 0)) {
-            if (!one_type) {
-                return "the device path needs the whole KV cache in one buffer type (is it partly offloaded?)";
-            }
-            const char * why = init_device(c, buft);
-            return why || mark_split != MARK_PROMPTS ? why :
-                "the device path takes no marks: run without kv_evict_mark_split 2 (--kv-mark-prompts)";
-        }
-        // (a cache in another device's memory is scored on a host copy of its rows, compacted as bytes)
-        uint64_t n = 0;
-        int32_t st = kve_evictor_size(&c, &n);
-        if (st == KVE_OK) {
-            mem.resize(n);
-            st = kve_evictor_init(mem.data(), n, &c, &kev);
-        }
-        return st == KVE_OK ? nullptr : status("kve_evictor_init", st);
-    }
-
     // the query rings (methods that read queries): per layer an f32 tensor [row, max_seqs*window + 1] in its K cache's
     // buffer type; row seq*window + slot holds a query of seq (slot = arrival % window), the last row takes the others.
     // Null, or why not; bytes_out: their size
@@ -711,6 +671,47 @@ public:
     const char * why() const { return why_.c_str(); }
 
 private:
+    // init's work: the form and its memory
+    const char * setup(const cache & kv, uint32_t max_seqs, int32_t hq, int32_t hkv, int32_t head_dim, int32_t d_model,
+                       bool force_device) {
+        c_ = kv; n_head = hq; n_head_kv = hkv; hd = head_dim;
+        cfg.layers = kv.k.size(); cfg.hq = hq; cfg.hkv = hkv; cfg.dk = cfg.dv = head_dim; cfg.d_model = d_model;
+        const kve_evictor_config c = shaped(kv.size, max_seqs);
+        ggml_backend_buffer_type_t buft = nullptr;
+        bool one_type = true;
+        host_mem_ = cpu_ = true;
+        for (size_t li = 0; li < kv.k.size(); li++) {
+            for (const ggml_tensor * t : {kv.k[li], kv.v[li]}) {
+                const ggml_backend_buffer_t buf = t ? buffer_of(t) : nullptr;
+                if (!buf) {
+                    return "a layer has no K/V cache in memory";
+                }
+                one_type = one_type && (!buft || buft == ggml_backend_buffer_get_type(buf));
+                buft = ggml_backend_buffer_get_type(buf);
+                host_mem_ = host_mem_ && ggml_backend_buffer_is_host(buf);
+                // (the CPU buffer type has no device: ggml_backend_cpu_buffer_type's FIXME)
+                const ggml_backend_dev_t bd = ggml_backend_buft_get_device(buft);
+                cpu_ = cpu_ && (buft == ggml_backend_cpu_buffer_type() || (bd && ggml_backend_dev_type(bd) == GGML_BACKEND_DEVICE_TYPE_CPU));
+            }
+        }
+        if (force_device || (one_type && !host_mem_ && strcmp(ggml_backend_buft_name(buft), "CUDA0") == 0)) {
+            if (!one_type) {
+                return "the device path needs the whole KV cache in one buffer type (is it partly offloaded?)";
+            }
+            const char * why = init_device(c, buft);
+            return why || mark_split != MARK_PROMPTS ? why :
+                "the device path takes no marks: run without kv_evict_mark_split 2 (--kv-mark-prompts)";
+        }
+        // (a cache in another device's memory is scored on a host copy of its rows, compacted as bytes)
+        uint64_t n = 0;
+        int32_t st = kve_evictor_size(&c, &n);
+        if (st == KVE_OK) {
+            mem.resize(n);
+            st = kve_evictor_init(mem.data(), n, &c, &kev);
+        }
+        return st == KVE_OK ? nullptr : status("kve_evictor_init", st);
+    }
+
     cache c_;
     int32_t n_head = 0, n_head_kv = 0, hd = 0;
     int64_t qrow = 0;
