@@ -506,6 +506,10 @@ public:
                 return UNSUPPORTED;
             }
         }
+        if (kv.v_trans && ggml_blck_size(kv.v[0]->type) != 1) { // (element by element: no blocks across cells)
+            why_ = std::string("KV eviction reads a transposed V cache of f32, f16 or bf16, not ") + ggml_type_name(kv.v[0]->type);
+            return UNSUPPORTED;
+        }
         // no window of its own: scored by a question-agnostic host evictor (uniqueness; the method itself if it
         // reads no queries), in its slot 0
         std::vector<uint8_t> agn_mem;
@@ -566,9 +570,14 @@ public:
                 } else if (!trans) {
                     tr->to_float(raw.data() + (size_t) r.cell[i] * eb, out, ne0);
                 }
-                for (int64_t j = 0; trans && j < ne0; j++) { // transposed V: f16 or f32 (ggml quantizes V only with flash attention)
+                // transposed V (f32, f16 or bf16: ggml quantizes V only with flash attention, which stores it by rows)
+                for (int64_t j = 0; trans && j < ne0; j++) {
                     const uint8_t * el = raw.data() + ((size_t) j * size + r.cell[i]) * eb;
-                    out[j] = t->type == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *) el) : *(const float *) el;
+                    if (t->type == GGML_TYPE_F32) {
+                        memcpy(&out[j], el, sizeof(float));
+                    } else {
+                        tr->to_float(el, &out[j], 1);
+                    }
                 }
             }
             x = tensor3(d ? upload(off_d, dst.data(), dst.size() * sizeof(float)) : (const char *) dst.data(), dst.size(),

@@ -1,8 +1,9 @@
 // include/kvevict_ggml.hpp against a real ggml (the pristine llama.cpp's): a KV cache of ggml tensors on the CPU backend
 // in the layouts llama.cpp uses (f32 / f16 / q8_0 rows read in place, V stored transposed, q5_0 scored on a dequantized
-// copy), the query rings written by a ggml graph, and one round of the glue against the same round run by hand through
-// kvevict's C API on f32 copies of the same values: the kept cells must be the same. Then the policy the glue holds
-// (the keep ratio's trigger, the prompt marks). Built and run by tests/ggml_glue.rs; exits nonzero on a failure.
+// copy, a q5_0 K beside a transposed bf16 V on a copy), the query rings written by a ggml graph, and one round of the
+// glue against the same round run by hand through kvevict's C API on f32 copies of the same values: the kept cells
+// must be the same. Then the policy the glue holds (the keep ratio's trigger, the prompt marks) and what it refuses.
+// Built and run by tests/ggml_glue.rs; exits nonzero on a failure.
 #include "kvevict_ggml.hpp"
 #include "ggml-cpu.h"
 
@@ -188,6 +189,13 @@ static void round_case(const char * method, ggml_type tk, ggml_type tv, bool v_t
     CHECK(ev.evict(c, r, "test", [](const std::vector<uint32_t> &) { return (int64_t) -1; }) == 0, "a target of all: no round");
     CHECK(ev.stats(1).evictions == 1 && ev.stats(1).cells_evicted == 40 - kept.size() && ev.stats(0).evictions == 0,
           "per-sequence counts");
+    if (tv == GGML_TYPE_Q8_0) { // a transposed V of a block type: refused, nothing dropped
+        kve_ggml::cache ct = c;
+        ct.v_trans = true;
+        r.target = 12;
+        CHECK(ev.evict(ct, r, "test", [](const std::vector<uint32_t> &) { return (int64_t) 0; }) == kve_ggml::evictor::UNSUPPORTED &&
+              std::string(ev.why()).find("transposed V") != std::string::npos, "a transposed q8_0 V: %s", ev.why());
+    }
 }
 
 // the policy: the keep ratio's trigger after a prompt, the prompt marks, refusals
@@ -228,6 +236,7 @@ int main() {
         round_case(method, GGML_TYPE_F32, GGML_TYPE_F32, true, cpu.get());
         round_case(method, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, false, cpu.get());
         round_case(method, GGML_TYPE_Q5_0, GGML_TYPE_Q5_0, false, cpu.get());
+        round_case(method, GGML_TYPE_Q5_0, GGML_TYPE_BF16, true, cpu.get()); // a copy with V transposed (no flash attention)
     }
     policy(cpu.get());
     printf("%s: %d failed\n", fails ? "FAILED" : "ok", fails);
