@@ -43,6 +43,14 @@ fn check_dims(layers: usize, hkv: usize, n: usize) -> Result<()> {
     ModelShape::new(layers as u64, hkv as u64, n as u64, 0).map(|_| ())
 }
 
+/// [`check_cfg`] and [`check_dims`], then the model's selection units: `layers` times the
+/// granularity's units a layer (at most `MAX_UNITS`: no overflow).
+fn checked_units(cfg: &SelectConfig, layers: usize, hkv: usize, n: usize) -> Result<usize> {
+    check_cfg(cfg)?;
+    check_dims(layers, hkv, n)?;
+    Ok(layers * cfg.granularity.per_layer(hkv))
+}
+
 /// A search for the model of `layers` layers (all shards together): `global` allocator,
 /// head or layer granularity; `k` = units · min(budget, P) as in [`crate::select_model`].
 pub fn search_new(
@@ -52,10 +60,8 @@ pub fn search_new(
     n: usize,
     window: usize,
 ) -> Result<ShardSearch> {
-    check_cfg(cfg)?;
-    check_dims(layers, hkv, n)?;
+    let nu = checked_units(cfg, layers, hkv, n)? as u64;
     let p = (n - window.min(n)) as u64;
-    let nu = (layers * cfg.granularity.per_layer(hkv)) as u64;
     Ok(ShardSearch::new(
         nu.saturating_mul(cfg.budget.min(p)),
         nu * p,
@@ -365,10 +371,8 @@ pub fn shard_workspace_size(
     n: usize,
     window: usize,
 ) -> Result<usize> {
-    check_cfg(cfg)?;
-    check_dims(layers, hkv, n)?;
+    let nu = checked_units(cfg, layers, hkv, n)?;
     let p = n - window.min(n);
-    let nu = mul(layers, cfg.granularity.per_layer(hkv))?;
     let mut ws = WorkspaceSize::new();
     ws.add::<f32>(mul(nu, p)?)?; // scores at the selection granularity, pooled
     ws.add::<f32>(p)?; // pooling scratch
