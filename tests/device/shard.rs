@@ -14,56 +14,35 @@ struct DeviceShard {
     hkv: usize,
 }
 
-impl DeviceShard {
-    /// `p`, `rows`, `unit0`, `hkv` as the launchers take them.
-    fn dims(&self) -> [i64; 4] {
-        [self.p, self.rows, self.unit0, self.hkv].map(|v| v as i64)
-    }
+/// `$launcher` over the shard's rows: the scores (row stride `p`), `p`, `rows`, `unit0`, the
+/// sums and `hkv`, the arguments both launchers start with, then `$rest`.
+macro_rules! on_rows {
+    ($shard:expr, $launcher:ident($($rest:expr),* $(,)?)) => {{
+        let d = $shard;
+        let [p, rows, unit0, hkv] = [d.p, d.rows, d.unit0, d.hkv].map(|v| v as i64);
+        // SAFETY: device rows and sums of the declared sizes (and outputs, the caller's), or
+        // refused before any launch.
+        unsafe { $launcher(d.scores, p, p, rows, unit0, d.sums, hkv, $($rest),*) }
+    }};
+}
 
+impl DeviceShard {
     /// `kve_cuda_shard_count` at the prefix `(hi, lo)` of `bits` bits into `hist` (256).
     fn count(&self, (hi, lo): (u64, u64), bits: u32, hist: &DBuf<u64>) -> i32 {
-        let [p, rows, unit0, hkv] = self.dims();
-        // SAFETY: device rows and sums of the declared sizes, or refused before any launch.
-        unsafe {
-            kve_cuda_shard_count(
-                self.scores,
-                p,
-                p,
-                rows,
-                unit0,
-                self.sums,
-                hkv,
-                hi,
-                lo,
-                bits,
-                hist.ptr(),
-                null_mut(),
-            )
-        }
+        on_rows!(
+            self,
+            kve_cuda_shard_count(hi, lo, bits, hist.ptr(), null_mut())
+        )
     }
 
     /// `kve_cuda_shard_select` at the threshold `(hi, lo)` into `counts` and `idx` (row
     /// stride `p`).
     fn select(&self, (hi, lo): (u64, u64), counts: &DBuf<i32>, idx: &DBuf<i32>) -> i32 {
-        let [p, rows, unit0, hkv] = self.dims();
-        // SAFETY: device rows, sums and outputs of the declared sizes.
-        unsafe {
-            kve_cuda_shard_select(
-                self.scores,
-                p,
-                p,
-                rows,
-                unit0,
-                self.sums,
-                hkv,
-                hi,
-                lo,
-                counts.ptr(),
-                idx.ptr(),
-                p,
-                null_mut(),
-            )
-        }
+        let ld = self.p as i64;
+        on_rows!(
+            self,
+            kve_cuda_shard_select(hi, lo, counts.ptr(), idx.ptr(), ld, null_mut())
+        )
     }
 }
 
