@@ -24,7 +24,7 @@
 
 mod result_row;
 
-use result_row::{Row, PROMPTS};
+use result_row::{report, Row, PROMPTS};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -209,12 +209,6 @@ macro_rules! setup_or_skip {
             None => return,
         }
     };
-}
-
-/// Print a test's table, then fail with its failures, if any.
-fn report(table: &str, failures: &[String]) {
-    println!("{table}");
-    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 #[test]

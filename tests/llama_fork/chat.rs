@@ -16,13 +16,7 @@ const MIN_KEEP: u32 = 64;
 #[test]
 fn server_chat_keep_ratio_compresses_only_what_is_new() {
     let s = fork_or_skip!();
-    let (_server, port, log_path) = start_server_with(
-        &s,
-        "chat-keep",
-        &["-c", "4096", "-t", "2", "--kv-keep", "0.1"],
-        Some("1"),
-        false,
-    );
+    let (_server, port, log_path) = keep_ratio_server(&s, "chat-keep", None, false);
     let topics = ["the moon", "rivers", "bread", "owls", "volcanoes"];
     let mut messages = vec![(
         "user".to_string(),
@@ -88,18 +82,19 @@ fn server_chat_keep_ratio_compresses_only_what_is_new() {
     let _ = std::fs::remove_file(&log_path);
 }
 
-/// One slot, `--kv-evict METHOD --kv-keep 0.1`, the server's default window.
-fn keep_ratio_server(s: &Setup, name: &str, method: &str, trace: bool) -> (Server, u16, PathBuf) {
-    let args = [
-        "-c",
-        "4096",
-        "-t",
-        "2",
-        "--kv-evict",
-        method,
-        "--kv-keep",
-        "0.1",
-    ];
+/// One slot, `--kv-keep 0.1` (with `--kv-evict METHOD`, or the server's default method), the
+/// server's default window.
+fn keep_ratio_server(
+    s: &Setup,
+    name: &str,
+    method: Option<&str>,
+    trace: bool,
+) -> (Server, u16, PathBuf) {
+    let mut args = vec!["-c", "4096", "-t", "2"];
+    if let Some(m) = method {
+        args.extend(["--kv-evict", m]);
+    }
+    args.extend(["--kv-keep", "0.1"]);
     start_server_with(s, name, &args, Some("1"), trace)
 }
 
@@ -110,7 +105,8 @@ fn keep_ratio_server(s: &Setup, name: &str, method: &str, trace: bool) -> (Serve
 #[test]
 fn server_chat_context_then_question_keeps_the_needle() {
     let s = fork_or_skip!();
-    let (_server, port, log_path) = keep_ratio_server(&s, "chat-two-turns", "uniqueness", false);
+    let (_server, port, log_path) =
+        keep_ratio_server(&s, "chat-two-turns", Some("uniqueness"), false);
     let mut rows = Vec::new();
     for seed in [21, 22, 23] {
         let (context, key) = needle_context(seed);
@@ -161,7 +157,8 @@ fn server_chat_context_then_question_keeps_the_needle() {
 #[test]
 fn server_chat_one_message_question_last_keeps_the_needle() {
     let s = fork_or_skip!();
-    let (_server, port, log_path) = keep_ratio_server(&s, "chat-one-message", "laprox-span", true);
+    let (_server, port, log_path) =
+        keep_ratio_server(&s, "chat-one-message", Some("laprox-span"), true);
     let mut rows = Vec::new();
     for seed in [31, 32, 33] {
         let (context, key) = needle_context(seed);

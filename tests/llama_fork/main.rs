@@ -60,7 +60,7 @@ mod server;
 mod sliding_window;
 mod state;
 
-use result_row::{Row, PROMPTS};
+use result_row::{report, Row, PROMPTS};
 
 use std::path::{Path, PathBuf};
 

@@ -15,6 +15,12 @@ pub const PROMPTS: &[(&str, &str)] = &[
 use std::path::Path;
 use std::process::Command;
 
+/// Print a test's table, then fail with its failures, if any.
+pub fn report(table: &str, failures: &[String]) {
+    println!("{table}");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// Runs `exe -m model args…`, asserts it succeeded, echoes its other lines to stderr and
 /// returns its RESULT lines.
 pub fn run_rows(exe: &Path, model: &Path, args: &[&str]) -> Vec<Row> {
