@@ -26,37 +26,43 @@ fn kv_allocation(log: &str) -> (f64, u32) {
     (mib.trim().parse().unwrap(), cells.trim().parse().unwrap())
 }
 
+/// The cell budget (`--kv-max-cells`) of every test here.
+const BUDGET: u32 = 256;
+
+/// `start_server_with` on a `ctx`-token context, 2 threads, `args`, then `--kv-max-cells BUDGET`
+/// (libllama's info lines logged).
+fn budget_server(
+    s: &Setup,
+    name: &str,
+    ctx: &str,
+    args: &[&str],
+    np: Option<&str>,
+) -> (Server, u16, PathBuf) {
+    let budget = BUDGET.to_string();
+    let args = [&["-c", ctx, "-t", "2"], args, &["--kv-max-cells", &budget]].concat();
+    start_server_with(s, name, &args, np, true)
+}
+
 /// With the configuration that remembers the user's turns (design §3c, eleventh and twelfth passes):
 /// `uniqueness`, value links and `--kv-mark-prompts` (each request's new prompt text a marked span of
 /// its own); the default method under a budget is covered by the default-slot tests below.
 #[test]
 fn server_holds_a_cell_budget_over_a_long_conversation() {
+    let remember = [
+        "--kv-evict",
+        "uniqueness",
+        "--kv-evict-links",
+        "0.5",
+        "--kv-mark-prompts",
+        "--kv-evict-to",
+        "0.75",
+    ];
     let s = fork_or_skip!();
-    const BUDGET: u32 = 256;
     // a 4096-token context (positions keep growing) whose sequence may hold at most BUDGET cells,
     // with llama-server's default -b (2048) and -ub (512): libllama places a batch ubatch by ubatch,
     // evicting between them, and caps n_ubatch to the 64 cells an eviction to 0.75 * BUDGET frees,
     // so the cache allocates BUDGET cells, not BUDGET + n_batch (2304) or BUDGET + n_ubatch
-    let budget = BUDGET.to_string();
-    let (_server, port, log_path) = start_server(
-        &s,
-        "conversation",
-        &[
-            "-c",
-            "4096",
-            "-t",
-            "2",
-            "--kv-evict",
-            "uniqueness",
-            "--kv-evict-links",
-            "0.5",
-            "--kv-mark-prompts",
-            "--kv-max-cells",
-            &budget,
-            "--kv-evict-to",
-            "0.75",
-        ],
-    );
+    let (_server, port, log_path) = budget_server(&s, "conversation", "4096", &remember, Some("1"));
     let t0 = std::time::Instant::now();
 
     // the later topics are for when the answers come out short: the conversation goes on
@@ -314,15 +320,8 @@ const TOPICS_C: [&str; 6] = [
 #[test]
 fn server_default_slots_hold_a_budget_per_sequence() {
     let s = fork_or_skip!();
-    const BUDGET: u32 = 256;
-    let budget = BUDGET.to_string();
-    let (_server, port, log_path) = start_server_with(
-        &s,
-        "default-slots-budget",
-        &["-c", "4096", "-t", "2", "--kv-max-cells", &budget],
-        None,
-        true,
-    );
+    // (no -np: llama-server's default slots)
+    let (_server, port, log_path) = budget_server(&s, "default-slots-budget", "4096", &[], None);
     let t0 = std::time::Instant::now();
     let min_history = 1.5 * BUDGET as f64;
     let (a, b) = std::thread::scope(|sc| {
@@ -430,24 +429,8 @@ fn server_default_slots_compress_each_sequence_in_the_unified_cache() {
 #[test]
 fn server_holds_a_budget_with_a_q8_0_cache() {
     let s = fork_or_skip!();
-    const BUDGET: u32 = 256;
-    let budget = BUDGET.to_string();
-    let (_server, port, log_path) = start_server(
-        &s,
-        "q8_0-budget",
-        &[
-            "-c",
-            "4096",
-            "-t",
-            "2",
-            "-ctk",
-            "q8_0",
-            "-ctv",
-            "q8_0",
-            "--kv-max-cells",
-            &budget,
-        ],
-    );
+    let types = ["-ctk", "q8_0", "-ctv", "q8_0"];
+    let (_server, port, log_path) = budget_server(&s, "q8_0-budget", "4096", &types, Some("1"));
     let (turns, history, errors) = converse(
         port,
         "My name is Alice. Hello!",
@@ -516,29 +499,13 @@ fn slots_kv(port: u16) -> Vec<(u32, u32, u32)> {
 #[test]
 fn server_soak_four_clients_thirty_turns_under_a_budget() {
     let s = fork_or_skip!();
-    const BUDGET: u32 = 256;
     const CLIENTS: usize = 4;
     const TURNS: usize = 30;
     const WARM_UP: usize = 10;
-    let budget = BUDGET.to_string();
-    let (server, port, log_path) = start_server_with(
-        &s,
-        "soak",
-        // (--cache-ram 0: no host-memory prompt cache of idle slots, which grows by design up to its
-        // own limit; the RSS measured is the contexts' and the evictor's)
-        &[
-            "-c",
-            "8192",
-            "-t",
-            "2",
-            "--cache-ram",
-            "0",
-            "--kv-max-cells",
-            &budget,
-        ],
-        Some("4"),
-        true,
-    );
+    // (--cache-ram 0: no host-memory prompt cache of idle slots, which grows by design up to its
+    // own limit; the RSS measured is the contexts' and the evictor's)
+    let (server, port, log_path) =
+        budget_server(&s, "soak", "8192", &["--cache-ram", "0"], Some("4"));
     let pid = server.0.id();
     let t0 = std::time::Instant::now();
     let topics: Vec<&str> = TOPICS_A.iter().chain(TOPICS_B.iter()).copied().collect();
