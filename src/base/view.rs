@@ -175,17 +175,28 @@ macro_rules! accessors {
     };
 }
 
-/// A read-only strided view. Construction validates pointer, alignment and bounds, so every
-/// access through it stays inside the declared buffer.
-#[derive(Clone, Copy, Debug)]
-pub struct View<'a> {
-    ptr: *const u8,
-    len: usize,
-    dtype: DType,
-    extent: [usize; 3],
-    stride: [usize; 3],
-    _life: PhantomData<&'a [u8]>,
+/// The struct of `View` (`*const u8`, borrowing `&'a [u8]`) and `ViewMut` (`*mut u8`,
+/// `&'a mut [u8]`): the fields the macros above build and read.
+macro_rules! view_struct {
+    ($(#[$attr:meta])* $name:ident, $raw:ty, $borrow:ty) => {
+        $(#[$attr])*
+        pub struct $name<'a> {
+            ptr: $raw,
+            len: usize,
+            dtype: DType,
+            extent: [usize; 3],
+            stride: [usize; 3],
+            _life: PhantomData<$borrow>,
+        }
+    };
 }
+
+view_struct!(
+    /// A read-only strided view. Construction validates pointer, alignment and bounds, so every
+    /// access through it stays inside the declared buffer.
+    #[derive(Clone, Copy, Debug)]
+    View, *const u8, &'a [u8]
+);
 
 // SAFETY: a View stands for the borrow `&'a [u8]` it was made from (`_life`) and only ever
 // reads plain numbers through `ptr`, so it may move to another thread like that borrow.
@@ -324,16 +335,11 @@ impl View<'_> {
     }
 }
 
-/// A writable strided view, used only by compaction.
-#[derive(Debug)]
-pub struct ViewMut<'a> {
-    ptr: *mut u8,
-    len: usize,
-    dtype: DType,
-    extent: [usize; 3],
-    stride: [usize; 3],
-    _life: PhantomData<&'a mut [u8]>,
-}
+view_struct!(
+    /// A writable strided view, used only by compaction.
+    #[derive(Debug)]
+    ViewMut, *mut u8, &'a mut [u8]
+);
 
 impl<'a> ViewMut<'a> {
     raw_constructor!(
