@@ -359,6 +359,20 @@ fn laprox_gram_blocks_are_built_once_per_context() {
 #[test]
 fn window_queries_are_captured_in_the_graph_when_the_method_reads_them() {
     let s = fork_or_skip!();
+    // the layers captured (every one when the method reads queries, none otherwise) and a log
+    // without warnings or errors, printed with `what` the run says besides
+    let captured = |r: &Row, method: &str, reads_queries: bool, what: String| {
+        println!(
+            "{method} {what}: {} of {} layers captured, log problems {}, answer {:?}",
+            r.num("capture_layers"),
+            r.num("n_layer"),
+            r.num("log_problems"),
+            r.get("answer")
+        );
+        let want = if reads_queries { r.num("n_layer") } else { 0.0 };
+        assert_eq!(r.num("capture_layers"), want, "{method}: layers captured");
+        assert_eq!(r.num("log_problems"), 0.0, "{method}: warnings or errors");
+    };
     let common = at("0.5", "3", &["--ctx-tokens", "200", "-n", "4", "-t", "2"]);
     for (method, reads_queries) in [
         ("laprox-span", true),
@@ -367,22 +381,14 @@ fn window_queries_are_captured_in_the_graph_when_the_method_reads_them() {
         ("knorm", false),
     ] {
         let r = needle_with(&s, &common, &["--kv-evict", method, "--kv-keep", "0.25"]);
-        println!(
-            "{method} one-shot: {} of {} layers captured, cells {} -> {}, log problems {}, answer {:?}",
-            r.num("capture_layers"),
-            r.num("n_layer"),
-            r.num("cells_before"),
-            r.num("cells_after"),
-            r.num("log_problems"),
-            r.get("answer")
+        let (before, after) = (r.num("cells_before"), r.num("cells_after"));
+        captured(
+            &r,
+            method,
+            reads_queries,
+            format!("one-shot, cells {before} -> {after}"),
         );
-        let want = if reads_queries { r.num("n_layer") } else { 0.0 };
-        assert_eq!(r.num("capture_layers"), want, "{method}: layers captured");
-        assert!(
-            r.num("cells_after") < r.num("cells_before"),
-            "{method}: evicted"
-        );
-        assert_eq!(r.num("log_problems"), 0.0, "{method}: warnings or errors");
+        assert!(after < before, "{method}: evicted");
     }
     for (method, reads_queries) in [("laprox-span", true), ("uniqueness", false)] {
         let r = needle_with(
@@ -399,32 +405,21 @@ fn window_queries_are_captured_in_the_graph_when_the_method_reads_them() {
                 "5",
             ],
         );
-        println!(
-            "{method} under --kv-max-cells 64, -ub 5: {} of {} layers captured, {} evictions, most held {}, \
-             log problems {}, answer {:?}",
-            r.num("capture_layers"),
-            r.num("n_layer"),
-            r.num("evictions"),
-            r.num("most_held"),
-            r.num("log_problems"),
-            r.get("answer")
-        );
-        let want = if reads_queries { r.num("n_layer") } else { 0.0 };
-        assert_eq!(r.num("capture_layers"), want, "{method}: layers captured");
+        let (evictions, most_held) = (r.num("evictions"), r.num("most_held"));
+        let what =
+            format!("under --kv-max-cells 64, -ub 5, {evictions} evictions, most held {most_held}");
+        captured(&r, method, reads_queries, what);
         assert_eq!(r.num("n_ubatch"), 5.0);
         // (ubatches of 5 from 48 cells: 63 held at most)
         assert!(
-            r.num("most_held") <= 64.0 && r.num("most_held") > 64.0 - 5.0,
-            "{method}: the budget is reached and never passed: {}",
-            r.num("most_held")
+            most_held <= 64.0 && most_held > 64.0 - 5.0,
+            "{method}: the budget is reached and never passed: {most_held}"
         );
         // (prompt - 64) / 16 cells to free at 16 per eviction, at least
         assert!(
-            r.num("evictions") >= ((r.num("prompt") - 64.0) / 16.0).floor(),
-            "{method}: {} evictions",
-            r.num("evictions")
+            evictions >= ((r.num("prompt") - 64.0) / 16.0).floor(),
+            "{method}: {evictions} evictions"
         );
-        assert_eq!(r.num("log_problems"), 0.0, "{method}: warnings or errors");
     }
 }
 
