@@ -79,12 +79,13 @@ def mk2(window=W, sinks=0, base=None, post_pool=None, power=None):
 _FLOORS = {}
 
 
-def floors(cap):
-    """[L, Hkv, n] every token's 4th largest min(cos k, cos v) over the other tokens (numpy,
-    float64; the library's `uniqueness` floor)."""
-    key = id(cap)
+def floors(cap, rank=4):
+    """[L, Hkv, n] every token's `rank`-th largest min(cos k, cos v) over the other tokens
+    (numpy, float64; the library's `uniqueness` floor at rank 4)."""
+    key = (id(cap), rank)
     if key not in _FLOORS:
-        _FLOORS.clear()
+        for k in [k for k in _FLOORS if k[0] != id(cap)]:
+            del _FLOORS[k]
         out = np.empty((cap.n_layers, cap.n_kv_heads, cap.n))
         for l in range(cap.n_layers):
             for h in range(cap.n_kv_heads):
@@ -92,14 +93,15 @@ def floors(cap):
                 k /= np.linalg.norm(k, axis=1, keepdims=True); v /= np.linalg.norm(v, axis=1, keepdims=True)
                 sim = np.minimum(k @ k.T, v @ v.T)
                 np.fill_diagonal(sim, -np.inf)
-                out[l, h] = -np.partition(-sim, 3, axis=1)[:, 3]
+                out[l, h] = -np.partition(-sim, rank - 1, axis=1)[:, rank - 1]
         _FLOORS[key] = (cap, out)
     return _FLOORS[key][1]
 
 
-def emu_scores(cap, w, flat=6, reach=10, decay=0.729, power=24):
-    """The library's `uniqueness` scores in numpy with another backward lend (flat / reach)."""
-    r = floors(cap)[:, :, : cap.n - w]
+def emu_scores(cap, w, flat=6, reach=10, decay=0.729, power=24, rank=4):
+    """The library's `uniqueness` scores in numpy with another backward lend (flat / reach)
+    or twin rank."""
+    r = floors(cap, rank)[:, :, : cap.n - w]
     u = np.where(r >= 0.5, 0.0, np.maximum(0.0, 1.0 - r) ** power)
     out = u.copy()
     P = u.shape[2]
@@ -109,12 +111,12 @@ def emu_scores(cap, w, flat=6, reach=10, decay=0.729, power=24):
     return np.ascontiguousarray(out, np.float32)
 
 
-def mk3(window=1, flat=6, reach=10, post_pool=None, check=False):
+def mk3(window=1, flat=6, reach=10, post_pool=None, check=False, rank=4):
     """Selection of numpy-emulated `uniqueness` scores with another lend (`check`: the
     emulation at the library's lend against the library's scores)."""
     def sel(cap, r):
         b = methods.head_budget(cap.n, r, window) - window
-        s = emu_scores(cap, window, flat, reach)
+        s = emu_scores(cap, window, flat, reach, rank=rank)
         if check:
             lib = methods.library_scores(cap, "uniqueness", window)
             err = np.abs(s - lib).max() / max(np.abs(lib).max(), 1e-30)
@@ -135,6 +137,13 @@ def mk_keep1(threshold=0.04):
         kept = methods.library_select(cap, s, b, W, "uniqueness")
         drop = np.arange(cap.n - W, cap.n - 1)
         return [[np.setdiff1d(k, drop).astype(np.int64) for k in row] for row in kept]
+    return sel
+
+
+def mk3r(hi, lo, threshold=0.04):
+    """`hi` (a select) at a keep ratio >= `threshold`, `lo` below."""
+    def sel(cap, r):
+        return (hi if r >= threshold else lo)(cap, r)
     return sel
 
 
@@ -168,6 +177,13 @@ def variants():
          "e-w1": mk3(1, check=True), "e-w1-l3r5": mk3(1, 3, 5), "e-w1-l4r6": mk3(1, 4, 6),
          "e-w1-l6r6": mk3(1, 6, 6), "e-w1-l2r4": mk3(1, 2, 4),
          "e-w1-l4r6f5": mk3(1, 4, 6, ("forward", 5, 1.0, 1)), "e-w1-l6r10f5": mk3(1, 6, 10, ("forward", 5, 1.0, 1)),
+         "e-w1-k2": mk3(1, rank=2), "e-w1-k3": mk3(1, rank=3), "e-w1-k6": mk3(1, rank=6),
+         "e-w1-k8": mk3(1, rank=8),
+         "e-k6": mk3(8, rank=6), "e-k8": mk3(8, rank=8),
+         # the twin rank and the window by keep ratio: (window 8, rank a) at 4 % and above,
+         # (window 1, rank b) below
+         "w8|w1k6<4%": mk3r(mk(), mk3(1, rank=6)), "w8|w1k8<4%": mk3r(mk(), mk3(1, rank=8)),
+         "k6|w1k6<4%": mk3r(mk3(8, rank=6), mk3(1, rank=6)), "k8|w1k8<4%": mk3r(mk3(8, rank=8), mk3(1, rank=8)),
          "w8keep1<4%": mk_keep1(),
          # the same by ratio: window 1 below 4 %
          "w8|w1<4%": mk2(base=lambda cap, r: (8 if r >= 0.04 else 1, 0, None))}
