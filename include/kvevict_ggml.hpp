@@ -135,6 +135,13 @@ struct round_in {
     bool restored = false;   // the cells of a restored state (no window queries of its own): question-agnostic
 };
 
+// a token of a decode, as the policy reads it: its sequence, its position, and whether it starts a message (a control
+// token that ends no generation: <|im_start|>, <start_of_turn>, BOS)
+struct batch_token {
+    int32_t seq = 0, pos = 0;
+    bool starts = false;
+};
+
 // per sequence: what the engine sees in its stats
 struct seq_stats {
     uint32_t evictions = 0;
@@ -205,6 +212,11 @@ public:
     bool host_mem() const { return host_mem_; }
     bool on_cpu() const { return cpu_; }
     size_t bytes() const { return mem.size() + (dev_block ? ggml_backend_buffer_get_size(dev_block) : 0); }
+    // what a keep ratio in (0, 1] keeps of `cells` cells: the window and that share of the cells before it
+    uint32_t keep_cells(uint32_t cells, float keep) const {
+        const uint32_t w = std::min(window, cells);
+        return (uint32_t) kve_budget_keep_ratio_total(cells, w, keep) + w;
+    }
     // the most a ubatch may hold under the budget: what an eviction frees
     uint32_t ubatch_cap() const { return max_cells - (uint32_t) cfg.low; }
 
@@ -325,6 +337,29 @@ public:
         return nullptr;
     }
 
+    // Per decode, before it runs, its tokens: for each of its sequences in ascending order, compress(seq) when the keep
+    // ratio compresses it now (prompt_done), then, with mark_split 2, its prompt marked (mark_prompt)
+    void decode(const std::vector<batch_token> & toks, const std::function<void(int32_t seq)> & compress) {
+        std::map<int32_t, std::array<int32_t, 3>> n; // per sequence: tokens, first and last position
+        for (const batch_token & t : toks) {
+            auto it = n.try_emplace(t.seq, std::array<int32_t, 3>{0, t.pos, t.pos}).first;
+            it->second = {it->second[0] + 1, std::min(it->second[1], t.pos), std::max(it->second[2], t.pos)};
+        }
+        for (const auto & [seq, c] : n) {
+            if (prompt_done(seq, (uint32_t) c[0])) {
+                compress(seq);
+            }
+            if (mark_split == MARK_PROMPTS) {
+                std::vector<int32_t> starts;
+                for (const batch_token & t : toks) {
+                    if (t.seq == seq && t.starts) {
+                        starts.push_back(t.pos);
+                    }
+                }
+                mark_prompt(seq, (uint32_t) c[0], c[1], c[2], std::move(starts));
+            }
+        }
+    }
     // Per decode of n tokens of seq: true when the keep ratio compresses the sequence now (the first one-token decode
     // after a prompt)
     bool prompt_done(int32_t seq, uint32_t n) {

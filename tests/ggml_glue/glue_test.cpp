@@ -204,6 +204,14 @@ static void policy(ggml_backend_t cpu) {
     CHECK(ev.check("uniqueness", 0, 0.5f, 0, 0.75f, 0.0f, 0) == nullptr, "keep ratio");
     CHECK(!ev.prompt_done(0, 10) && ev.prompt_done(0, 1) && !ev.prompt_done(0, 1), "the first decode after a prompt");
     CHECK(!ev.prompt_done(1, 1), "no prompt, no trigger");
+    CHECK(ev.keep_cells(100, 0.5f) == 8 + (uint32_t) kve_budget_keep_ratio_total(100, 8, 0.5) && ev.keep_cells(5, 0.5f) == 5,
+          "a keep ratio keeps the window and its share of the rest");
+    // a decode's tokens: a prompt of seq 2 (4 tokens), then its first generated token with one of seq 3 -> seq 2 compressed
+    std::vector<int32_t> compressed;
+    auto tok = [](int32_t seq, int32_t pos) { return kve_ggml::batch_token{seq, pos, false}; };
+    ev.decode({tok(2, 0), tok(2, 1), tok(2, 2), tok(2, 3)}, [&](int32_t seq) { compressed.push_back(seq); });
+    ev.decode({tok(3, 0), tok(2, 4)}, [&](int32_t seq) { compressed.push_back(seq); });
+    CHECK(compressed == std::vector<int32_t>{2}, "the keep ratio compresses seq 2 after its prompt, only");
 
     kve_ggml::evictor m;
     CHECK(m.check("uniqueness", 0, 0.0f, 64, 0.75f, 0.5f, 2) == nullptr, "cell budget, prompt marks");
@@ -220,6 +228,15 @@ static void policy(ggml_backend_t cpu) {
           "bad ranges and shares refused");
     m.forget(0);
     CHECK(m.marked(0).empty(), "forget drops the marks");
+    // the same marks from a decode's tokens, two sequences in one batch; a decode of one token marks nothing
+    std::vector<kve_ggml::batch_token> toks;
+    for (int32_t p = 0; p < 20; p++) {
+        toks.push_back({0, p, p == 0 || p == 8 || p == 15});
+        toks.push_back({1, 100 + p, p == 4});
+    }
+    m.decode(toks, [](int32_t) {});
+    m.decode({{0, 20, false}}, [](int32_t) {});
+    CHECK(m.marked(0) == (R{{0, 8}, {8, 20}}) && m.marked(1) == (R{{104, 120}}), "decode marks each sequence's prompt");
 
     kve_ggml::evictor bad;
     CHECK(bad.check("bogus", 0, 0.0f, 64, 0.75f, 0.0f, 0) != nullptr, "unknown method");
